@@ -1,0 +1,114 @@
+//! Write [Marmot](https://github.com/marmot-rt/marmot) actors in Rust.
+//!
+//! A Marmot actor is a WebAssembly component addressed by `(type, id)`. It
+//! wakes on a message, an alarm, a webhook or an answered input, runs one
+//! *turn*, and goes back to sleep. Everything a turn writes — state, events —
+//! commits atomically when the handler returns `Ok`; an `Err` or a panic
+//! commits nothing.
+//!
+//! Implement [`Actor`] for a type and export it with [`export_actor!`]:
+//!
+//! ```
+//! use marmot_guest::{Actor, Context, Message, Reply, Result, state};
+//! use serde::Deserialize;
+//!
+//! #[derive(Deserialize)]
+//! struct Add {
+//!     by: Option<i64>,
+//! }
+//!
+//! struct Counter;
+//!
+//! impl Actor for Counter {
+//!     fn on_message(_ctx: &Context, msg: Message) -> Result<Reply> {
+//!         let add: Add = msg.json_or_default()?;
+//!         let n = state::get_json::<i64>("n")?.unwrap_or(0) + add.by.unwrap_or(1);
+//!         state::set_json("n", &n)?;
+//!         Reply::json(&serde_json::json!({ "n": n }))
+//!     }
+//! }
+//!
+//! marmot_guest::export_actor!(Counter);
+//! ```
+//!
+//! Build with `cargo build --target wasm32-wasip2 --release` and deploy the
+//! `.wasm` file with `marmot deploy counter target/wasm32-wasip2/release/counter.wasm`.
+
+#![deny(missing_docs)]
+
+#[doc(hidden)]
+pub mod bindings;
+mod error;
+pub mod events;
+mod handler;
+pub mod log;
+mod message;
+pub mod state;
+
+pub use error::{Error, Result};
+pub use handler::{Actor, Alarm, Context, InputAnswer, Webhook};
+pub use message::{Message, Reply};
+
+/// Host-side failures as the host reports them.
+pub use bindings::marmot::actor::types::Error as HostError;
+
+/// Capabilities whose host support is still landing, as generated from WIT.
+///
+/// They keep their final shape; until the node supports one it returns
+/// [`HostError::Unsupported`].
+pub mod raw {
+    pub use crate::bindings::marmot::actor::{actors, alarms, files, http, inputs, js, model};
+}
+
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::bindings::__export_actor_world;
+    pub use crate::bindings::exports::marmot::actor::handlers::Guest;
+    pub use crate::handler::dispatch;
+}
+
+/// Export `$ty`, which implements [`Actor`], as this component's handlers.
+///
+/// Call it once per crate, at the top level.
+#[macro_export]
+macro_rules! export_actor {
+    ($ty:ty) => {
+        #[doc(hidden)]
+        struct __MarmotActorExport;
+
+        impl $crate::__private::Guest for __MarmotActorExport {
+            fn on_message(
+                ctx: $crate::bindings::marmot::actor::types::Context,
+                msg: $crate::bindings::marmot::actor::types::Message,
+            ) -> ::core::result::Result<$crate::bindings::marmot::actor::types::Reply, ::std::string::String> {
+                $crate::__private::dispatch::on_message::<$ty>(ctx, msg)
+            }
+            fn on_alarm(
+                ctx: $crate::bindings::marmot::actor::types::Context,
+                alarm: $crate::bindings::marmot::actor::types::Alarm,
+            ) -> ::core::result::Result<(), ::std::string::String> {
+                $crate::__private::dispatch::on_alarm::<$ty>(ctx, alarm)
+            }
+            fn on_webhook(
+                ctx: $crate::bindings::marmot::actor::types::Context,
+                req: $crate::bindings::marmot::actor::types::Webhook,
+            ) -> ::core::result::Result<(), ::std::string::String> {
+                $crate::__private::dispatch::on_webhook::<$ty>(ctx, req)
+            }
+            fn on_input(
+                ctx: $crate::bindings::marmot::actor::types::Context,
+                input: $crate::bindings::marmot::actor::types::InputAnswer,
+            ) -> ::core::result::Result<(), ::std::string::String> {
+                $crate::__private::dispatch::on_input::<$ty>(ctx, input)
+            }
+            fn on_upgrade(
+                ctx: $crate::bindings::marmot::actor::types::Context,
+                from_version: u32,
+            ) -> ::core::result::Result<(), ::std::string::String> {
+                $crate::__private::dispatch::on_upgrade::<$ty>(ctx, from_version)
+            }
+        }
+
+        $crate::__private::__export_actor_world!(__MarmotActorExport with_types_in $crate::bindings);
+    };
+}

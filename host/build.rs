@@ -1,0 +1,94 @@
+//! Builds the example and test actors for `wasm32-wasip2`.
+//!
+//! `marmot dev` embeds the examples so trying Marmot is one command, and the
+//! integration tests deploy the test guests. Each guest becomes a
+//! `MARMOT_GUEST_<NAME>` constant pointing at its `.wasm` file, so a guest
+//! that fails to build fails the host build rather than a test at run time.
+//!
+//! The guests are built by a nested cargo with its own target directory
+//! (`target/wasm-guests`) so it never waits on the outer build's lock.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const GUESTS: &[(&str, &str)] = &[
+    ("counter", "examples/counter"),
+    ("notes", "examples/notes"),
+    ("marmot-testkit", "tests/guests/testkit"),
+];
+
+fn main() {
+    let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
+    let root = manifest_dir.parent().unwrap().to_path_buf();
+    for dir in ["wit", "guest-sdk", "Cargo.lock"] {
+        println!("cargo:rerun-if-changed={}", root.join(dir).display());
+    }
+    for (_, dir) in GUESTS {
+        println!("cargo:rerun-if-changed={}", root.join(dir).display());
+    }
+
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+        .join("wasm-guests");
+    check_target_installed();
+
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(&root)
+        .args(["build", "--target", "wasm32-wasip2", "--profile", "guest"])
+        .arg("--target-dir")
+        .arg(&target_dir);
+    for (name, _) in GUESTS {
+        cmd.args(["-p", name]);
+    }
+    // The outer build's flags and wrappers (clippy, coverage) are for the
+    // host; the guests get a plain build.
+    for var in [
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTFLAGS",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTC_WRAPPER",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "CARGO_PRIMARY_PACKAGE",
+    ] {
+        cmd.env_remove(var);
+    }
+    let status = cmd
+        .status()
+        .expect("failed to run cargo to build the wasm32-wasip2 guests");
+    if !status.success() {
+        panic!(
+            "building the example and test actors for wasm32-wasip2 failed (see above). \
+             If the target is missing, run `rustup target add wasm32-wasip2`."
+        );
+    }
+    let out = target_dir.join("wasm32-wasip2").join("guest");
+    for (name, _) in GUESTS {
+        let file = out.join(format!("{}.wasm", name.replace('-', "_")));
+        assert!(
+            file.exists(),
+            "guest `{name}` was not built at {}",
+            file.display()
+        );
+        let var = format!("MARMOT_GUEST_{}", name.replace('-', "_").to_uppercase());
+        println!("cargo:rustc-env={var}={}", file.display());
+    }
+}
+
+/// Fail with a clear message instead of a wall of `can't find crate for core`.
+fn check_target_installed() {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let Ok(out) = Command::new(&rustc).args(["--print", "sysroot"]).output() else {
+        return;
+    };
+    let sysroot = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let lib = Path::new(&sysroot).join("lib/rustlib/wasm32-wasip2");
+    if !sysroot.is_empty() && !lib.exists() {
+        panic!(
+            "the wasm32-wasip2 target is not installed for this toolchain ({sysroot}); \
+             run `rustup target add wasm32-wasip2`"
+        );
+    }
+}

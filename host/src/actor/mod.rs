@@ -1,0 +1,168 @@
+//! Virtual actors: activation, mailboxes, turns and hibernation.
+//!
+//! An actor is *active* while a task owns it: the task holds its mailbox, its
+//! state cache and (once a turn needs it) a wasmtime instance. Turns of one
+//! actor run one at a time, in mailbox order. When the mailbox stays empty
+//! for the type's idle timeout, and every commit the actor produced is
+//! durable, the task removes itself from the [`Registry`] and everything it
+//! held is freed: the actor is *hibernated* and costs only disk. The next
+//! message wakes it from redb.
+//!
+//! The lifecycle is `hibernated → active → hibernated`; the [`Registry`]'s
+//! shard lock makes "check the mailbox is empty, then leave" atomic with
+//! respect to senders, so no message is ever delivered to a task that is on
+//! its way out.
+
+mod registry;
+mod task;
+
+pub use registry::Registry;
+
+use bytes::Bytes;
+use tokio::sync::{OwnedSemaphorePermit, oneshot};
+
+/// Something for an actor to do.
+pub enum Envelope {
+    /// A message whose sender waits for the reply.
+    Message(Box<Delivery>),
+    /// Durable messages were added to the actor's inbox.
+    InboxPoke,
+    /// Delete the actor and everything it owns.
+    Delete(oneshot::Sender<Result<bool, TurnError>>),
+    /// Crash recovery: run the inbox, then release the permit.
+    Recover(OwnedSemaphorePermit),
+}
+
+/// A message and where its reply goes.
+pub struct Delivery {
+    /// The message id.
+    pub message_id: String,
+    /// The body.
+    pub body: Bytes,
+    /// The sender's content type.
+    pub content_type: Option<String>,
+    /// The sender's `Idempotency-Key`.
+    pub idempotency_key: Option<String>,
+    /// Completed once the turn is durable (or failed).
+    pub reply: oneshot::Sender<Result<TurnReply, TurnError>>,
+}
+
+/// The reply to a message, released only after its turn is durable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnReply {
+    /// HTTP status chosen by the actor.
+    pub status: u16,
+    /// Body.
+    pub body: Bytes,
+    /// Content type chosen by the actor.
+    pub content_type: Option<String>,
+    /// The message id of the turn that produced it.
+    pub message_id: String,
+    /// True when this is a stored reply returned for a repeated
+    /// `Idempotency-Key` (the turn did not run again).
+    pub replayed: bool,
+}
+
+/// Why a message produced no reply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TurnError {
+    /// No such type.
+    #[error("unknown actor type `{0}`")]
+    UnknownType(String),
+    /// No such actor.
+    #[error("actor not found")]
+    NotFound,
+    /// The mailbox is full.
+    #[error("the actor's mailbox is full ({0} messages queued); retry later")]
+    MailboxFull(usize),
+    /// No instance slot is free.
+    #[error("the node has no free instance slot; retry later")]
+    Overloaded,
+    /// The guest's handler returned an error.
+    #[error("{0}")]
+    ActorError(String),
+    /// The guest trapped.
+    #[error("actor trapped ({kind}): {message}")]
+    Trap {
+        /// `cpu`, `memory`, `stack_overflow` or `trap`.
+        kind: &'static str,
+        /// What happened.
+        message: String,
+    },
+    /// The turn ran past its wall-clock limit.
+    #[error("the turn exceeded its time limit of {0} ms")]
+    Timeout(u64),
+    /// `on-upgrade` failed; the actor stays on its old version.
+    #[error("upgrading the actor to version {to} failed: {reason}")]
+    UpgradeFailed {
+        /// Target version.
+        to: u32,
+        /// Why.
+        reason: String,
+    },
+    /// The same idempotency key is queued as a durable message.
+    #[error("a durable message with this Idempotency-Key is queued and has not run yet")]
+    IdempotencyInProgress,
+    /// The durable message with this idempotency key failed.
+    #[error("the durable message with this Idempotency-Key failed: {0}")]
+    PreviouslyFailed(String),
+    /// The code could not be loaded.
+    #[error("cannot load the actor's code: {0}")]
+    Code(String),
+    /// Storage failed; nothing was committed.
+    #[error("{0}")]
+    Storage(String),
+    /// The actor task went away.
+    #[error("the actor stopped before replying")]
+    Stopped,
+}
+
+impl TurnError {
+    /// Stable snake_case code for the API.
+    pub fn code(&self) -> &'static str {
+        match self {
+            TurnError::UnknownType(_) => "unknown_type",
+            TurnError::NotFound => "actor_not_found",
+            TurnError::MailboxFull(_) => "mailbox_full",
+            TurnError::Overloaded => "overloaded",
+            TurnError::ActorError(_) => "actor_error",
+            TurnError::Trap { kind, .. } => match *kind {
+                "cpu" => "cpu_limit_exceeded",
+                "memory" => "memory_limit_exceeded",
+                "stack_overflow" => "stack_overflow",
+                _ => "actor_trapped",
+            },
+            TurnError::Timeout(_) => "turn_timeout",
+            TurnError::UpgradeFailed { .. } => "upgrade_failed",
+            TurnError::IdempotencyInProgress => "idempotency_key_in_use",
+            TurnError::PreviouslyFailed(_) => "turn_failed",
+            TurnError::Code(_) => "code_unavailable",
+            TurnError::Storage(_) => "storage_error",
+            TurnError::Stopped => "actor_stopped",
+        }
+    }
+
+    /// HTTP status.
+    pub fn status(&self) -> u16 {
+        match self {
+            TurnError::UnknownType(_) | TurnError::NotFound => 404,
+            TurnError::MailboxFull(_) => 429,
+            TurnError::Overloaded | TurnError::Storage(_) | TurnError::Stopped => 503,
+            TurnError::IdempotencyInProgress => 409,
+            TurnError::Timeout(_) => 504,
+            _ => 500,
+        }
+    }
+}
+
+impl From<crate::storage::StorageError> for TurnError {
+    fn from(e: crate::storage::StorageError) -> Self {
+        TurnError::Storage(e.to_string())
+    }
+}
+
+impl From<crate::storage::CommitFailed> for TurnError {
+    fn from(e: crate::storage::CommitFailed) -> Self {
+        TurnError::Storage(e.to_string())
+    }
+}

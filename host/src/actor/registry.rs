@@ -1,0 +1,259 @@
+//! Who is awake: the map from actor key to its running task.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::{Notify, mpsc};
+
+use super::task::ActorTask;
+use super::{Envelope, TurnError};
+use crate::catalog::TypeEntry;
+use crate::clock::now_ms;
+use crate::ids::ActorKey;
+use crate::node::Node;
+use crate::storage::CommitTracker;
+
+const SHARDS: usize = 64;
+
+/// What an active actor shares with the rest of the node.
+pub(crate) struct Shared {
+    /// Commit bookkeeping with the writer.
+    pub tracker: Arc<CommitTracker>,
+    /// The actor's type.
+    pub ty: Arc<TypeEntry>,
+    /// Last time a message was delivered (for LRU eviction).
+    pub last_used_ms: AtomicU64,
+    /// Set when durable messages were added to the inbox.
+    pub inbox_dirty: AtomicBool,
+    /// Asks the task to hibernate as soon as it is idle.
+    pub hibernate: Notify,
+}
+
+struct Handle {
+    tx: mpsc::Sender<Envelope>,
+    shared: Arc<Shared>,
+}
+
+/// The active actors of a node.
+pub struct Registry {
+    shards: Box<[Mutex<HashMap<ActorKey, Handle>>]>,
+    hasher: std::collections::hash_map::RandomState,
+    active: AtomicUsize,
+    evicting: AtomicBool,
+    max_active: usize,
+    mailbox_capacity: usize,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new(max_active: usize, mailbox_capacity: usize) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: Default::default(),
+            active: AtomicUsize::new(0),
+            evicting: AtomicBool::new(false),
+            max_active,
+            mailbox_capacity,
+        }
+    }
+
+    fn shard(&self, key: &ActorKey) -> MutexGuard<'_, HashMap<ActorKey, Handle>> {
+        let mut h = self.hasher.build_hasher();
+        key.hash(&mut h);
+        self.shards[h.finish() as usize % SHARDS]
+            .lock()
+            .expect("registry shard lock")
+    }
+
+    /// Actors awake now.
+    pub fn active_count(&self) -> usize {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Whether `key` is awake.
+    pub fn is_active(&self, key: &ActorKey) -> bool {
+        self.shard(key).contains_key(key)
+    }
+
+    /// Deliver `env` to the actor, waking it if it is hibernated.
+    pub fn deliver(
+        &self,
+        node: &Arc<Node>,
+        key: &ActorKey,
+        env: Envelope,
+    ) -> Result<(), TurnError> {
+        let mut shard = self.shard(key);
+        let env = match shard.get(key) {
+            Some(h) => match h.tx.try_send(env) {
+                Ok(()) => {
+                    h.shared.last_used_ms.store(now_ms(), Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    node.metrics.mailbox_full.inc();
+                    return Err(TurnError::MailboxFull(self.mailbox_capacity));
+                }
+                // The task died without deregistering (it panicked): replace it.
+                Err(mpsc::error::TrySendError::Closed(env)) => {
+                    shard.remove(key);
+                    self.active.fetch_sub(1, Ordering::Relaxed);
+                    env
+                }
+            },
+            None => env,
+        };
+        let ty = node
+            .catalog
+            .get(key.ty())
+            .ok_or_else(|| TurnError::UnknownType(key.ty().to_owned()))?;
+        let (tx, rx) = mpsc::channel(self.mailbox_capacity);
+        tx.try_send(env).ok().expect("a new mailbox has room");
+        self.wake(node, shard, key, ty, tx, rx);
+        Ok(())
+    }
+
+    /// Tell the actor its inbox has new rows, waking it if needed.
+    pub fn poke(&self, node: &Arc<Node>, key: &ActorKey) {
+        let shard = self.shard(key);
+        if let Some(h) = shard.get(key) {
+            h.shared.inbox_dirty.store(true, Ordering::Release);
+            // A full mailbox means the task is busy and will see the flag.
+            let _ = h.tx.try_send(Envelope::InboxPoke);
+            return;
+        }
+        let Some(ty) = node.catalog.get(key.ty()) else {
+            tracing::warn!(actor = %key, "durable message for a type that no longer exists");
+            return;
+        };
+        let (tx, rx) = mpsc::channel(self.mailbox_capacity);
+        self.wake(node, shard, key, ty, tx, rx);
+    }
+
+    fn wake(
+        &self,
+        node: &Arc<Node>,
+        mut shard: MutexGuard<'_, HashMap<ActorKey, Handle>>,
+        key: &ActorKey,
+        ty: Arc<TypeEntry>,
+        tx: mpsc::Sender<Envelope>,
+        rx: mpsc::Receiver<Envelope>,
+    ) {
+        let shared = Arc::new(Shared {
+            tracker: Arc::new(CommitTracker::default()),
+            ty,
+            last_used_ms: AtomicU64::new(now_ms()),
+            // A waking actor always looks at its inbox once.
+            inbox_dirty: AtomicBool::new(true),
+            hibernate: Notify::new(),
+        });
+        shard.insert(
+            key.clone(),
+            Handle {
+                tx,
+                shared: shared.clone(),
+            },
+        );
+        drop(shard);
+        let active = self.active.fetch_add(1, Ordering::Relaxed) + 1;
+        node.metrics.actors_active.inc();
+        let task = ActorTask::new(node.clone(), key.clone(), shared);
+        tokio::spawn(task.run(rx));
+        if active > self.max_active {
+            self.evict(node);
+        }
+    }
+
+    /// Remove `key` if its mailbox is empty and nothing new arrived; called
+    /// by the actor's own task. Returns whether it left.
+    pub(crate) fn try_leave(
+        &self,
+        key: &ActorKey,
+        shared: &Arc<Shared>,
+        rx: &mut mpsc::Receiver<Envelope>,
+    ) -> bool {
+        let mut shard = self.shard(key);
+        if !rx.is_empty() || shared.inbox_dirty.load(Ordering::Acquire) {
+            return false;
+        }
+        if shard
+            .get(key)
+            .is_some_and(|h| Arc::ptr_eq(&h.shared, shared))
+        {
+            shard.remove(key);
+        }
+        rx.close();
+        drop(shard);
+        self.active.fetch_sub(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Ask the least recently used idle actors to hibernate until the node
+    /// is back under its cap (with 5% headroom so this does not run on every
+    /// wake).
+    pub(crate) fn evict(&self, node: &Arc<Node>) {
+        if self.evicting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let node = node.clone();
+        tokio::spawn(async move {
+            let reg = &node.registry;
+            let target = reg.max_active - reg.max_active / 20;
+            let active = reg.active_count();
+            if active > target {
+                let mut all: Vec<(u64, Arc<Shared>)> = Vec::with_capacity(active);
+                for shard in reg.shards.iter() {
+                    let shard = shard.lock().expect("registry shard lock");
+                    all.extend(shard.values().map(|h| {
+                        (
+                            h.shared.last_used_ms.load(Ordering::Relaxed),
+                            h.shared.clone(),
+                        )
+                    }));
+                }
+                all.sort_unstable_by_key(|(t, _)| *t);
+                let excess = active - target;
+                for (_, shared) in all.into_iter().take(excess) {
+                    shared.hibernate.notify_one();
+                }
+            }
+            reg.evicting.store(false, Ordering::Release);
+        });
+    }
+
+    /// Ask every active actor of `ty` to hibernate when idle.
+    pub(crate) fn hibernate_type(&self, ty: &str) {
+        for shard in self.shards.iter() {
+            let shard = shard.lock().expect("registry shard lock");
+            for (k, h) in shard.iter() {
+                if k.ty() == ty {
+                    h.shared.hibernate.notify_one();
+                }
+            }
+        }
+    }
+
+    /// Ask every active actor to hibernate when idle (benchmarks, shutdown).
+    pub fn hibernate_all(&self) {
+        for shard in self.shards.iter() {
+            for h in shard.lock().expect("registry shard lock").values() {
+                h.shared.hibernate.notify_one();
+            }
+        }
+    }
+
+    /// Active actors of `ty`.
+    pub(crate) fn count_type(&self, ty: &str) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                s.lock()
+                    .expect("registry shard lock")
+                    .keys()
+                    .filter(|k| k.ty() == ty)
+                    .count()
+            })
+            .sum()
+    }
+}

@@ -1,0 +1,875 @@
+//! The task that owns one active actor.
+//!
+//! Turns are pipelined: after a successful turn the task hands its writes
+//! to the storage writer together with the reply, and goes straight on to
+//! the next envelope. The reply is released by the writer once the commit is
+//! durable (the output gate), so the actor never waits for an fsync but no
+//! caller ever sees an effect that could still be lost. If a commit fails,
+//! the writer raises the actor's minimum generation; the task notices before
+//! its next turn and reloads everything from disk.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
+
+use super::registry::Shared;
+use super::{Delivery, Envelope, TurnError, TurnReply};
+use crate::clock::now_ms;
+use crate::ids::ActorKey;
+use crate::node::Node;
+use crate::sandbox::bindings::{Context, Message};
+use crate::sandbox::turn::{FinishedTurn, StateCache, TurnState};
+use crate::sandbox::{Instance, TrapKind};
+use crate::storage::schema::{
+    ActorRecord, EventRecord, IdemOutcome, IdemRecord, InboxRecord, StoredReply,
+};
+use crate::storage::{CommitFailed, TurnCommit, WriteOp};
+
+/// Cap on the state cache of one actor before committed entries are dropped.
+const STATE_CACHE_BYTES: usize = 8 << 20;
+/// Inbox rows read per batch.
+const INBOX_BATCH: usize = 64;
+
+struct Live {
+    inst: Instance,
+    version: u32,
+    turn_timeout: Duration,
+}
+
+/// What a turn runs.
+enum TurnInput {
+    Message(Message),
+    Upgrade(u32),
+}
+
+/// What a successful turn returned.
+enum TurnOutput {
+    Reply(TurnReply),
+    Done,
+}
+
+/// Where a commit's outcome goes.
+type OnDurable = Box<dyn FnOnce(Result<(), CommitFailed>) + Send>;
+
+/// Extra rows a commit carries besides the turn's own writes.
+#[derive(Default)]
+struct CommitExtras {
+    idempotency: Option<(String, IdemRecord)>,
+    inbox_done: Option<u64>,
+    inbox_update: Option<(u64, InboxRecord)>,
+    events: Vec<(String, Vec<u8>)>,
+}
+
+pub(crate) struct ActorTask {
+    node: Arc<Node>,
+    key: ActorKey,
+    shared: Arc<Shared>,
+    /// The actor's record; `None` until loaded (or when it does not exist).
+    record: Option<ActorRecord>,
+    live: Option<Live>,
+    cache: StateCache,
+    /// Commits from generations below the tracker's minimum are refused.
+    generation: u64,
+    /// Last turn sequence number handed out.
+    seq: u64,
+    /// Last turn sequence number submitted for commit.
+    submitted_seq: u64,
+    /// Highest inbox seq run in this activation.
+    inbox_cursor: u64,
+    /// Idempotency records written by commits that may not be durable yet.
+    idem_pending: HashMap<String, (u64, IdemOutcome)>,
+    woke_at: Instant,
+    wake_recorded: bool,
+    last_activity: Instant,
+}
+
+impl ActorTask {
+    pub(crate) fn new(node: Arc<Node>, key: ActorKey, shared: Arc<Shared>) -> Self {
+        let now = Instant::now();
+        Self {
+            node,
+            key,
+            shared,
+            record: None,
+            live: None,
+            cache: StateCache::default(),
+            generation: 0,
+            seq: 0,
+            submitted_seq: 0,
+            inbox_cursor: 0,
+            idem_pending: HashMap::new(),
+            woke_at: now,
+            wake_recorded: false,
+            last_activity: now,
+        }
+    }
+
+    fn idle_timeout(&self) -> Duration {
+        let ty = &self.shared.ty;
+        ty.version(ty.latest_version())
+            .map(|v| v.config.resolve(&self.node.config.defaults).idle_timeout)
+            .unwrap_or(Duration::from_millis(
+                self.node.config.defaults.idle_timeout_ms,
+            ))
+    }
+
+    pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Envelope>) {
+        let idle = self.idle_timeout();
+        let sleep = tokio::time::sleep(idle);
+        tokio::pin!(sleep);
+        loop {
+            if self.shared.inbox_dirty.swap(false, Ordering::AcqRel) {
+                self.drain_inbox().await;
+                self.last_activity = Instant::now();
+            }
+            tokio::select! {
+                biased;
+                env = rx.recv() => {
+                    let Some(env) = env else { break };
+                    self.handle(env).await;
+                    self.last_activity = Instant::now();
+                }
+                () = self.shared.hibernate.notified() => {
+                    if self.try_hibernate(&mut rx).await {
+                        return;
+                    }
+                }
+                () = &mut sleep => {
+                    let deadline = self.last_activity + idle;
+                    if Instant::now() >= deadline {
+                        if self.try_hibernate(&mut rx).await {
+                            return;
+                        }
+                        sleep.as_mut().reset((Instant::now() + idle).into());
+                    } else {
+                        sleep.as_mut().reset(deadline.into());
+                    }
+                }
+            }
+        }
+    }
+
+    async fn try_hibernate(&mut self, rx: &mut mpsc::Receiver<Envelope>) -> bool {
+        // Everything this activation produced must be durable before its
+        // in-memory view is dropped.
+        self.shared
+            .tracker
+            .wait_committed(self.submitted_seq, self.generation)
+            .await;
+        if !self.node.registry.try_leave(&self.key, &self.shared, rx) {
+            return false;
+        }
+        self.node.metrics.actors_active.dec();
+        self.node.metrics.hibernations.inc();
+        tracing::debug!(actor = %self.key, "hibernated");
+        true
+    }
+
+    async fn handle(&mut self, env: Envelope) {
+        match env {
+            Envelope::Message(d) => self.on_message(*d).await,
+            Envelope::InboxPoke => {}
+            Envelope::Delete(reply) => {
+                let r = self.delete().await;
+                let _ = reply.send(r);
+            }
+            Envelope::Recover(permit) => {
+                self.shared.inbox_dirty.store(false, Ordering::Release);
+                self.drain_inbox().await;
+                drop(permit);
+            }
+        }
+    }
+
+    /// Checks before any turn: the type still exists, no commit failed
+    /// underneath us, and the actor's record is loaded (created if asked).
+    async fn ready(&mut self, create: bool) -> Result<(), TurnError> {
+        if self.shared.ty.is_deleted() {
+            return Err(TurnError::UnknownType(self.key.ty().to_owned()));
+        }
+        let min = self.shared.tracker.min_generation();
+        if min > self.generation {
+            tracing::warn!(actor = %self.key, "a commit failed; reloading the actor from disk");
+            self.generation = min;
+            self.reset();
+        }
+        if self.record.is_none() {
+            let on_disk = self.node.storage.reader()?.actor(&self.key)?;
+            self.record = match on_disk {
+                Some(r) => Some(r),
+                None if create => {
+                    let key = self.key.clone();
+                    let version = self.shared.ty.latest_version();
+                    Some(
+                        self.node
+                            .storage
+                            .writer()
+                            .call(|done| WriteOp::GetOrCreate { key, version, done })
+                            .await?,
+                    )
+                }
+                None => return Err(TurnError::NotFound),
+            };
+        }
+        Ok(())
+    }
+
+    /// Forget the in-memory view; the next turn reloads from disk.
+    fn reset(&mut self) {
+        self.record = None;
+        self.live = None;
+        self.cache = StateCache::default();
+        self.idem_pending.clear();
+        self.inbox_cursor = 0;
+        self.shared.inbox_dirty.store(true, Ordering::Release);
+    }
+
+    fn record(&self) -> &ActorRecord {
+        self.record.as_ref().expect("record loaded by ready()")
+    }
+
+    async fn on_message(&mut self, d: Delivery) {
+        let Delivery {
+            message_id,
+            body,
+            content_type,
+            idempotency_key,
+            reply,
+        } = d;
+        if let Err(e) = self.ready(true).await {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        if let Some(k) = &idempotency_key {
+            match self.idempotency(k) {
+                Ok(None) => {}
+                Ok(Some((seq, outcome))) => {
+                    self.replay(seq, outcome, reply);
+                    return;
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
+            }
+        }
+        if let Err(e) = self.ensure_version().await {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        let msg = Message {
+            id: message_id.clone(),
+            body: body.to_vec(),
+            content_type,
+        };
+        let version = self.record().version;
+        match self
+            .run_turn("message", version, &message_id, TurnInput::Message(msg))
+            .await
+        {
+            Ok((TurnOutput::Reply(out), finished)) => {
+                let extras = CommitExtras {
+                    idempotency: idempotency_key.map(|k| {
+                        (
+                            k,
+                            self.idem_record(IdemOutcome::Done {
+                                message_id: message_id.clone(),
+                                reply: StoredReply {
+                                    status: out.status,
+                                    body: out.body.to_vec(),
+                                    content_type: out.content_type.clone(),
+                                },
+                            }),
+                        )
+                    }),
+                    ..Default::default()
+                };
+                self.submit(
+                    finished,
+                    extras,
+                    Box::new(move |r| {
+                        let _ = reply.send(r.map(|()| out).map_err(TurnError::from));
+                    }),
+                );
+            }
+            Ok((TurnOutput::Done, _)) => unreachable!("on-message always replies"),
+            Err(e) => {
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
+
+    /// The idempotency record for `key`: pending in memory or on disk.
+    fn idempotency(&mut self, key: &str) -> Result<Option<(u64, IdemOutcome)>, TurnError> {
+        if let Some((seq, o)) = self.idem_pending.get(key) {
+            return Ok(Some((*seq, o.clone())));
+        }
+        let num = self.record().num;
+        let rec = self.node.storage.reader()?.idempotency(num, key)?;
+        Ok(rec
+            .filter(|r| r.expires_at_ms > now_ms())
+            .map(|r| (0, r.outcome)))
+    }
+
+    /// Answer a repeated idempotency key without running the turn again.
+    /// A reply whose commit is still in flight is released only once durable.
+    fn replay(
+        &self,
+        seq: u64,
+        outcome: IdemOutcome,
+        reply: oneshot::Sender<Result<TurnReply, TurnError>>,
+    ) {
+        let result = match outcome {
+            IdemOutcome::Done { message_id, reply } => Ok(TurnReply {
+                status: reply.status,
+                body: Bytes::from(reply.body),
+                content_type: reply.content_type,
+                message_id,
+                replayed: true,
+            }),
+            IdemOutcome::Queued { .. } => Err(TurnError::IdempotencyInProgress),
+            IdemOutcome::Failed { error, .. } => Err(TurnError::PreviouslyFailed(error)),
+        };
+        if seq == 0 || self.shared.tracker.committed_seq() >= seq {
+            let _ = reply.send(result);
+            return;
+        }
+        let tracker = self.shared.tracker.clone();
+        let generation = self.generation;
+        tokio::spawn(async move {
+            tracker.wait_committed(seq, generation).await;
+            let result = if tracker.min_generation() > generation {
+                Err(TurnError::Storage(CommitFailed::Superseded.to_string()))
+            } else {
+                result
+            };
+            let _ = reply.send(result);
+        });
+    }
+
+    fn idem_record(&self, outcome: IdemOutcome) -> IdemRecord {
+        IdemRecord {
+            outcome,
+            expires_at_ms: now_ms() + self.node.config.limits.idempotency_ttl_ms,
+        }
+    }
+
+    /// Run `on-upgrade` once if the type has a newer version than the one the
+    /// actor's state belongs to.
+    async fn ensure_version(&mut self) -> Result<(), TurnError> {
+        let latest = self.shared.ty.latest_version();
+        let from = self.record().version;
+        if from >= latest {
+            return Ok(());
+        }
+        let turn_id = format!("upgrade-{from}-{latest}");
+        match self
+            .run_turn("upgrade", latest, &turn_id, TurnInput::Upgrade(from))
+            .await
+        {
+            Ok((_, finished)) => {
+                tracing::info!(actor = %self.key, from, to = latest, "actor upgraded");
+                self.record.as_mut().expect("record").version = latest;
+                self.submit(finished, CommitExtras::default(), Box::new(|_| {}));
+                Ok(())
+            }
+            Err(e) => Err(TurnError::UpgradeFailed {
+                to: latest,
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// Make sure an instance of `version` is live.
+    async fn instance(&mut self, version: u32) -> Result<&mut Live, TurnError> {
+        if self.live.as_ref().is_some_and(|l| l.version == version) {
+            return Ok(self.live.as_mut().expect("checked"));
+        }
+        self.live = None;
+        let node = &self.node;
+        let prepared = self
+            .shared
+            .ty
+            .prepared(version, &node.storage, &node.sandbox, &node.config.defaults)
+            .await
+            .map_err(|e| TurnError::Code(e.to_string()))?;
+        let host = node.sandbox.new_host(&prepared.config);
+        let inst = match node.sandbox.instantiate(&prepared.pre, host).await {
+            Ok(i) => i,
+            Err(e) => {
+                let msg = format!("{e:#}");
+                if msg.contains("concurrent") || msg.contains("pooling") {
+                    tracing::warn!(actor = %self.key, error = %msg, "no instance slot free");
+                    node.registry.evict(node);
+                    return Err(TurnError::Overloaded);
+                }
+                return Err(TurnError::Trap {
+                    kind: "trap",
+                    message: format!("instantiation failed: {msg}"),
+                });
+            }
+        };
+        if !self.wake_recorded {
+            self.wake_recorded = true;
+            node.metrics
+                .wake_seconds
+                .observe(self.woke_at.elapsed().as_secs_f64());
+        }
+        self.live = Some(Live {
+            inst,
+            version,
+            turn_timeout: prepared.config.turn_timeout,
+        });
+        Ok(self.live.as_mut().expect("just set"))
+    }
+
+    /// Run one handler. On success the turn's writes are in the returned
+    /// [`FinishedTurn`] (and in the cache); on failure they are gone.
+    async fn run_turn(
+        &mut self,
+        kind: &'static str,
+        version: u32,
+        turn_id: &str,
+        input: TurnInput,
+    ) -> Result<(TurnOutput, FinishedTurn), TurnError> {
+        let started = Instant::now();
+        let key = self.key.clone();
+        let span = tracing::info_span!(
+            "turn",
+            actor_type = key.ty(),
+            actor_id = key.id(),
+            version,
+            kind,
+            turn_id
+        );
+        if let Err(e) = self.instance(version).await {
+            self.node.metrics.turn(kind, "not_started");
+            return Err(e);
+        }
+        self.seq += 1;
+        let rec = self.record.as_ref().expect("record loaded");
+        let turn = TurnState::new(
+            key.clone(),
+            rec.num,
+            version,
+            self.seq,
+            std::mem::take(&mut self.cache),
+            rec.state_bytes,
+            rec.state_keys,
+            rec.last_event_seq,
+            self.node.turn_limits.clone(),
+            self.node.storage.clone(),
+        );
+        let live = self.live.as_mut().expect("instance made live above");
+        let Instance { store, actor } = &mut live.inst;
+        store.data_mut().turn = Some(turn);
+        store.data_mut().cpu_ticks = 0;
+        store.set_epoch_deadline(1);
+        let ctx = Context {
+            actor_type: key.ty().to_owned(),
+            id: key.id().to_owned(),
+            version,
+            turn_id: turn_id.to_owned(),
+        };
+        let handlers = actor.marmot_actor_handlers();
+        let call =
+            async {
+                match input {
+                    TurnInput::Message(m) => handlers
+                        .call_on_message(&mut *store, &ctx, &m)
+                        .await
+                        .map(|r| {
+                            r.map(|reply| {
+                                TurnOutput::Reply(TurnReply {
+                                    status: reply.status,
+                                    body: Bytes::from(reply.body),
+                                    content_type: reply.content_type,
+                                    message_id: m.id.clone(),
+                                    replayed: false,
+                                })
+                            })
+                        }),
+                    TurnInput::Upgrade(from) => handlers
+                        .call_on_upgrade(&mut *store, &ctx, from)
+                        .await
+                        .map(|r| r.map(|()| TurnOutput::Done)),
+                }
+            };
+        let result = tokio::time::timeout(live.turn_timeout, call)
+            .instrument(span.clone())
+            .await;
+        let turn_timeout = live.turn_timeout;
+        let turn = store.data_mut().turn.take();
+        let stderr_tail = forward_output(&key, version, store.data());
+        self.node
+            .metrics
+            .turn_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let Some(turn) = turn else {
+            // Only a host bug gets here; the instance is suspect.
+            self.live = None;
+            self.reset();
+            return Err(TurnError::Trap {
+                kind: "trap",
+                message: "host lost the turn state".into(),
+            });
+        };
+        match result {
+            Ok(Ok(Ok(out))) => {
+                let (cache, finished) = turn.finish();
+                self.cache = cache;
+                self.cache
+                    .trim(STATE_CACHE_BYTES, self.shared.tracker.committed_seq());
+                self.node.metrics.turn(kind, "ok");
+                Ok((out, finished))
+            }
+            Ok(Ok(Err(msg))) => {
+                self.cache = turn.abandon();
+                self.node.metrics.turn(kind, "error");
+                span.in_scope(
+                    || tracing::info!(error = %msg, "turn failed: the actor returned an error"),
+                );
+                Err(TurnError::ActorError(msg))
+            }
+            Ok(Err(trap)) => {
+                self.cache = turn.abandon();
+                self.live = None;
+                let kind_of = TrapKind::of(&trap);
+                self.node.metrics.trap(kind_of.label());
+                self.node.metrics.turn(kind, "trap");
+                let mut message = trap_message(&trap);
+                if let Some(tail) = stderr_tail {
+                    message = format!("{message}; guest stderr: {tail}");
+                }
+                span.in_scope(|| tracing::warn!(reason = kind_of.label(), error = %message, "turn trapped; instance discarded"));
+                Err(TurnError::Trap {
+                    kind: kind_of.label(),
+                    message,
+                })
+            }
+            Err(_elapsed) => {
+                self.cache = turn.abandon();
+                self.live = None;
+                self.node.metrics.trap("timeout");
+                self.node.metrics.turn(kind, "timeout");
+                span.in_scope(|| {
+                    tracing::warn!("turn exceeded its wall-clock limit; instance discarded")
+                });
+                Err(TurnError::Timeout(turn_timeout.as_millis() as u64))
+            }
+        }
+    }
+
+    /// Turn a finished turn into one commit and hand it to the writer.
+    fn submit(&mut self, finished: FinishedTurn, mut extras: CommitExtras, on_durable: OnDurable) {
+        let max_events = self.node.config.limits.max_events_per_actor;
+        let now = now_ms();
+        let record = self.record.as_mut().expect("record loaded");
+        record.turns += 1;
+        record.last_turn_at_ms = now;
+        record.state_bytes = finished.state_bytes;
+        record.state_keys = finished.state_keys;
+        let mut events = Vec::with_capacity(finished.events.len() + extras.events.len());
+        for (kind, data) in finished.events.into_iter().chain(extras.events.drain(..)) {
+            record.last_event_seq += 1;
+            events.push((
+                record.last_event_seq,
+                EventRecord {
+                    kind,
+                    data,
+                    at_ms: now,
+                },
+            ));
+        }
+        if record.first_event_seq == 0 && !events.is_empty() {
+            record.first_event_seq = events[0].0;
+        }
+        let mut trim_events_below = None;
+        if record.last_event_seq >= record.first_event_seq + max_events
+            && record.first_event_seq > 0
+        {
+            let first = record.last_event_seq + 1 - max_events;
+            trim_events_below = Some(first);
+            record.first_event_seq = first;
+        }
+        let seq = if self.seq > self.submitted_seq {
+            self.seq
+        } else {
+            // A commit without a turn of its own (recovery bookkeeping).
+            self.seq += 1;
+            self.seq
+        };
+        self.submitted_seq = seq;
+        if let Some((k, rec)) = &extras.idempotency {
+            if self.idem_pending.len() > 1024 {
+                let committed = self.shared.tracker.committed_seq();
+                self.idem_pending.retain(|_, (s, _)| *s > committed);
+            }
+            self.idem_pending
+                .insert(k.clone(), (seq, rec.outcome.clone()));
+        }
+        let commit = TurnCommit {
+            key: self.key.clone(),
+            tracker: self.shared.tracker.clone(),
+            generation: self.generation,
+            seq,
+            record: record.clone(),
+            state: finished.writes,
+            events,
+            trim_events_below,
+            idempotency: extras.idempotency,
+            inbox_done: extras.inbox_done,
+            inbox_update: extras.inbox_update,
+            on_durable,
+        };
+        self.node
+            .storage
+            .writer()
+            .submit(WriteOp::Turn(Box::new(commit)));
+    }
+
+    /// Run every durable message in the inbox, oldest first.
+    async fn drain_inbox(&mut self) {
+        loop {
+            match self.ready(false).await {
+                Ok(()) => {}
+                Err(TurnError::NotFound) => return,
+                Err(e) => {
+                    tracing::warn!(actor = %self.key, error = %e, "cannot run the inbox now");
+                    return;
+                }
+            }
+            let num = self.record().num;
+            let rows = match self
+                .node
+                .storage
+                .reader()
+                .and_then(|r| r.inbox(num, self.inbox_cursor, INBOX_BATCH))
+            {
+                Ok(rows) => rows,
+                Err(e) => {
+                    tracing::error!(actor = %self.key, error = %e, "failed to read the inbox");
+                    return;
+                }
+            };
+            if rows.is_empty() {
+                return;
+            }
+            for (seq, row) in rows {
+                self.inbox_cursor = seq;
+                self.run_inbox_message(seq, row).await;
+                if self.shared.tracker.min_generation() > self.generation {
+                    // A commit failed: start over from what is on disk.
+                    break;
+                }
+            }
+        }
+    }
+
+    async fn run_inbox_message(&mut self, seq: u64, mut row: InboxRecord) {
+        let max_attempts = self.node.config.recovery.max_attempts;
+        if seq <= self.node.boot_inbox_seq {
+            // Present at boot: it may be what crashed the node. Count the
+            // attempt durably before running it again.
+            if row.attempts >= max_attempts {
+                self.node.metrics.turns_failed_recovery.inc();
+                tracing::error!(actor = %self.key, message_id = %row.message_id, attempts = row.attempts,
+                    "durable message keeps crashing the node; giving up");
+                let error = format!(
+                    "the turn was started {} times after crashes and never finished",
+                    row.attempts
+                );
+                self.fail_inbox_message(seq, row, "recovery_exhausted", error);
+                return;
+            }
+            row.attempts += 1;
+            let (tx, rx) = oneshot::channel();
+            self.submit(
+                FinishedTurn::unchanged(self.record()),
+                CommitExtras {
+                    inbox_update: Some((seq, row.clone())),
+                    ..Default::default()
+                },
+                Box::new(move |r| {
+                    let _ = tx.send(r);
+                }),
+            );
+            match rx.await {
+                Ok(Ok(())) => {}
+                _ => return,
+            }
+        }
+        if let Some(k) = &row.idempotency_key {
+            // A waiting sender may have run a message with the same key
+            // between the enqueue and now; its effect must not repeat.
+            if let Ok(Some((_, IdemOutcome::Done { message_id, .. }))) = self.idempotency(k)
+                && message_id != row.message_id
+            {
+                self.submit(
+                    FinishedTurn::unchanged(self.record()),
+                    CommitExtras {
+                        inbox_done: Some(seq),
+                        ..Default::default()
+                    },
+                    done_inbox(&self.node),
+                );
+                return;
+            }
+        }
+        if let Err(e) = self.ensure_version().await {
+            self.fail_inbox_message(seq, row, e.code(), e.to_string());
+            return;
+        }
+        let msg = Message {
+            id: row.message_id.clone(),
+            body: row.body.clone(),
+            content_type: row.content_type.clone(),
+        };
+        let version = self.record().version;
+        match self
+            .run_turn("message", version, &row.message_id, TurnInput::Message(msg))
+            .await
+        {
+            Ok((TurnOutput::Reply(out), finished)) => {
+                let idempotency = row.idempotency_key.clone().map(|k| {
+                    (
+                        k,
+                        self.idem_record(IdemOutcome::Done {
+                            message_id: row.message_id.clone(),
+                            reply: StoredReply {
+                                status: out.status,
+                                body: out.body.to_vec(),
+                                content_type: out.content_type,
+                            },
+                        }),
+                    )
+                });
+                self.submit(
+                    finished,
+                    CommitExtras {
+                        idempotency,
+                        inbox_done: Some(seq),
+                        ..Default::default()
+                    },
+                    done_inbox(&self.node),
+                );
+            }
+            Ok((TurnOutput::Done, _)) => unreachable!("on-message always replies"),
+            Err(e) => self.fail_inbox_message(seq, row, e.code(), e.to_string()),
+        }
+    }
+
+    /// A durable message failed: record a visible `turn_failed` event and
+    /// take it out of the inbox, in one commit.
+    fn fail_inbox_message(&mut self, seq: u64, row: InboxRecord, code: &str, error: String) {
+        let data = serde_json::json!({
+            "message_id": row.message_id,
+            "error": { "code": code, "message": error },
+            "attempts": row.attempts,
+        });
+        let idempotency = row.idempotency_key.clone().map(|k| {
+            (
+                k,
+                self.idem_record(IdemOutcome::Failed {
+                    message_id: row.message_id.clone(),
+                    error: error.clone(),
+                }),
+            )
+        });
+        self.submit(
+            FinishedTurn::unchanged(self.record()),
+            CommitExtras {
+                idempotency,
+                inbox_done: Some(seq),
+                events: vec![(
+                    "turn_failed".to_owned(),
+                    serde_json::to_vec(&data).expect("json"),
+                )],
+                ..Default::default()
+            },
+            done_inbox(&self.node),
+        );
+    }
+
+    /// Delete the actor's durable data; the task stays up as a fresh actor.
+    async fn delete(&mut self) -> Result<bool, TurnError> {
+        self.shared
+            .tracker
+            .wait_committed(self.submitted_seq, self.generation)
+            .await;
+        let key = self.key.clone();
+        let existed = self
+            .node
+            .storage
+            .writer()
+            .call(|done| WriteOp::DeleteActor { key, done })
+            .await?;
+        self.reset();
+        self.shared.inbox_dirty.store(false, Ordering::Release);
+        tracing::info!(actor = %self.key, existed, "actor deleted");
+        Ok(existed)
+    }
+}
+
+impl FinishedTurn {
+    /// A commit that changes no state (bookkeeping only).
+    fn unchanged(record: &ActorRecord) -> Self {
+        Self {
+            writes: Vec::new(),
+            events: Vec::new(),
+            state_bytes: record.state_bytes,
+            state_keys: record.state_keys,
+        }
+    }
+}
+
+fn done_inbox(node: &Arc<Node>) -> OnDurable {
+    let node = node.clone();
+    Box::new(move |r| {
+        if r.is_ok() {
+            node.metrics.inbox_depth.dec();
+        }
+    })
+}
+
+/// Send what the guest printed to the node's logs; return the last stderr
+/// line (a panic message, usually) for error reports.
+fn forward_output(key: &ActorKey, version: u32, host: &crate::sandbox::Host) -> Option<String> {
+    let mut tail = None;
+    for (stream, out) in [("stdout", &host.stdout), ("stderr", &host.stderr)] {
+        if out.is_empty() {
+            continue;
+        }
+        let (bytes, dropped) = out.drain();
+        let text = String::from_utf8_lossy(&bytes);
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            tracing::info!(target: "marmot::guest", actor = %key, version, stream, "{line}");
+            if stream == "stderr" {
+                tail = Some(line.chars().take(500).collect::<String>());
+            }
+        }
+        if dropped > 0 {
+            tracing::warn!(target: "marmot::guest", actor = %key, stream, dropped, "guest output over the per-turn cap was dropped");
+        }
+    }
+    tail
+}
+
+fn trap_message(err: &wasmtime::Error) -> String {
+    if let Some(t) = err.downcast_ref::<crate::sandbox::LimitTrap>() {
+        return t.to_string();
+    }
+    if let Some(t) = err.downcast_ref::<wasmtime::Trap>() {
+        return t.to_string();
+    }
+    let root = err.root_cause().to_string();
+    if root.contains("growing memory") {
+        return format!("memory limit exceeded: {root}");
+    }
+    root.chars().take(500).collect()
+}

@@ -1,0 +1,289 @@
+//! `/v1/actors`: messages, inspection and deletion.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use serde::Deserialize;
+
+use super::{ApiError, AppState, Path, Query};
+use crate::ids::{ActorKey, validate_idempotency_key};
+use crate::storage::EnqueueOutcome;
+
+fn key(ty: &str, id: &str) -> Result<ActorKey, ApiError> {
+    Ok(ActorKey::new(ty, id)?)
+}
+
+fn known_type(s: &AppState, ty: &str) -> Result<(), ApiError> {
+    if s.node.catalog().get(ty).is_none() {
+        return Err(ApiError::not_found(
+            "unknown_type",
+            format!("unknown actor type `{ty}`"),
+        ));
+    }
+    Ok(())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SendParams {
+    #[serde(default = "yes")]
+    wait: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+pub(super) async fn send(
+    State(s): State<AppState>,
+    Path((ty, id)): Path<(String, String)>,
+    Query(q): Query<SendParams>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let key = key(&ty, &id)?;
+    let body = body?;
+    known_type(&s, &ty)?;
+    let idempotency_key = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => {
+            let k = v.to_str().map_err(|_| {
+                ApiError::bad_request(
+                    "invalid_idempotency_key",
+                    "Idempotency-Key must be visible ASCII",
+                )
+            })?;
+            validate_idempotency_key(k)?;
+            Some(k.to_owned())
+        }
+    };
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if !q.wait {
+        let outcome = s
+            .node
+            .enqueue(&key, body, content_type, idempotency_key)
+            .await?;
+        let (id, duplicate) = match outcome {
+            EnqueueOutcome::Queued { message_id } => (message_id, false),
+            EnqueueOutcome::Duplicate { message_id } => (message_id, true),
+        };
+        let mut resp = (
+            StatusCode::ACCEPTED,
+            axum::Json(serde_json::json!({ "message_id": id })),
+        )
+            .into_response();
+        if duplicate {
+            resp.headers_mut()
+                .insert("idempotent-replayed", HeaderValue::from_static("true"));
+        }
+        return Ok(resp);
+    }
+    let reply = s
+        .node
+        .send(&key, body, content_type, idempotency_key)
+        .await?;
+    let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::OK);
+    let content_type = reply
+        .content_type
+        .as_deref()
+        .and_then(|c| HeaderValue::from_str(c).ok())
+        .unwrap_or(HeaderValue::from_static("application/json"));
+    let mut resp = (status, reply.body).into_response();
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, content_type);
+    if let Ok(v) = HeaderValue::from_str(&reply.message_id) {
+        h.insert("x-marmot-message-id", v);
+    }
+    if reply.replayed {
+        h.insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    Ok(resp)
+}
+
+pub(super) async fn info(
+    State(s): State<AppState>,
+    Path((ty, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let key = key(&ty, &id)?;
+    known_type(&s, &ty)?;
+    match s.node.actor_info(&key)? {
+        Some(info) => Ok(axum::Json(info).into_response()),
+        None => Err(ApiError::not_found(
+            "actor_not_found",
+            format!("actor {key} does not exist"),
+        )),
+    }
+}
+
+pub(super) async fn delete(
+    State(s): State<AppState>,
+    Path((ty, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let key = key(&ty, &id)?;
+    known_type(&s, &ty)?;
+    if s.node.delete_actor(&key).await? {
+        Ok(axum::Json(serde_json::json!({ "deleted": true })).into_response())
+    } else {
+        Err(ApiError::not_found(
+            "actor_not_found",
+            format!("actor {key} does not exist"),
+        ))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListParams {
+    #[serde(default)]
+    prefix: String,
+    #[serde(default)]
+    cursor: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+pub(super) async fn list(
+    State(s): State<AppState>,
+    Path(ty): Path<String>,
+    Query(q): Query<ListParams>,
+) -> Result<Response, ApiError> {
+    crate::ids::validate_type_name(&ty)?;
+    known_type(&s, &ty)?;
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let page = s
+        .node
+        .list_actors(&ty, &q.prefix, q.cursor.as_deref(), limit)?;
+    Ok(axum::Json(serde_json::json!({
+        "actors": page.items,
+        "next_cursor": page.next_cursor,
+    }))
+    .into_response())
+}
+
+/// A state value as JSON: the value itself when it is JSON, else base64.
+fn value_json(key: &str, v: &[u8]) -> serde_json::Value {
+    match serde_json::from_slice::<serde_json::Value>(v) {
+        Ok(j) => serde_json::json!({ "key": key, "value": j }),
+        Err(_) => serde_json::json!({
+            "key": key,
+            "value_base64": base64::engine::general_purpose::STANDARD.encode(v),
+        }),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct StateParams {
+    #[serde(default)]
+    prefix: String,
+    #[serde(default)]
+    after: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+pub(super) async fn state(
+    State(s): State<AppState>,
+    Path((ty, id)): Path<(String, String)>,
+    Query(q): Query<StateParams>,
+) -> Result<Response, ApiError> {
+    let key = key(&ty, &id)?;
+    known_type(&s, &ty)?;
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let Some(entries) = s
+        .node
+        .read_state(&key, &q.prefix, q.after.as_deref(), limit)?
+    else {
+        return Err(ApiError::not_found(
+            "actor_not_found",
+            format!("actor {key} does not exist"),
+        ));
+    };
+    let next = (entries.len() == limit)
+        .then(|| entries.last().map(|(k, _)| k.clone()))
+        .flatten();
+    let entries: Vec<_> = entries.iter().map(|(k, v)| value_json(k, v)).collect();
+    Ok(axum::Json(serde_json::json!({ "entries": entries, "next_after": next })).into_response())
+}
+
+pub(super) async fn state_key(
+    State(s): State<AppState>,
+    Path((ty, id, state_key)): Path<(String, String, String)>,
+) -> Result<Response, ApiError> {
+    let key = key(&ty, &id)?;
+    known_type(&s, &ty)?;
+    match s.node.read_state_key(&key, &state_key)? {
+        None => Err(ApiError::not_found(
+            "actor_not_found",
+            format!("actor {key} does not exist"),
+        )),
+        Some(None) => Err(ApiError::not_found(
+            "key_not_found",
+            format!("no state under `{state_key}`"),
+        )),
+        Some(Some(v)) => {
+            let ct = if serde_json::from_slice::<serde::de::IgnoredAny>(&v).is_ok() {
+                "application/json"
+            } else {
+                "application/octet-stream"
+            };
+            Ok(([(header::CONTENT_TYPE, ct)], v).into_response())
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct EventParams {
+    #[serde(default)]
+    after: u64,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+pub(super) async fn events(
+    State(s): State<AppState>,
+    Path((ty, id)): Path<(String, String)>,
+    Query(q): Query<EventParams>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let key = key(&ty, &id)?;
+    known_type(&s, &ty)?;
+    if headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"))
+    {
+        return Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "not_supported",
+            "live event streams are not supported by this node yet; page with ?after=N",
+        ));
+    }
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let Some(events) = s.node.events(&key, q.after, limit)? else {
+        return Err(ApiError::not_found(
+            "actor_not_found",
+            format!("actor {key} does not exist"),
+        ));
+    };
+    let next_after = events.last().map_or(q.after, |(seq, _)| *seq);
+    let events: Vec<_> = events
+        .into_iter()
+        .map(|(seq, e)| {
+            let data = serde_json::from_slice::<serde_json::Value>(&e.data)
+                .unwrap_or(serde_json::Value::Null);
+            serde_json::json!({ "seq": seq, "kind": e.kind, "data": data, "at_ms": e.at_ms })
+        })
+        .collect();
+    Ok(
+        axum::Json(serde_json::json!({ "events": events, "next_after": next_after }))
+            .into_response(),
+    )
+}

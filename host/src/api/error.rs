@@ -1,0 +1,145 @@
+//! The one error type every handler returns: `{"error": {"code", "message"}}`.
+
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use crate::actor::TurnError;
+use crate::node::{DeleteTypeError, DeployError};
+use crate::storage::StorageError;
+
+/// An API error.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Stable snake_case code.
+    pub code: &'static str,
+    /// Human sentence.
+    pub message: String,
+    /// Seconds to wait before retrying, when known.
+    pub retry_after: Option<u32>,
+}
+
+impl ApiError {
+    /// An error with `status`, `code` and `message`.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// 400.
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    /// 404.
+    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, code, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({
+            "error": { "code": self.code, "message": self.message }
+        });
+        let mut resp = (self.status, axum::Json(body)).into_response();
+        if let Some(s) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        resp
+    }
+}
+
+impl From<TurnError> for ApiError {
+    fn from(e: TurnError) -> Self {
+        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut err = Self::new(status, e.code(), e.to_string());
+        if matches!(e, TurnError::MailboxFull(_) | TurnError::Overloaded) {
+            err.retry_after = Some(1);
+        }
+        err
+    }
+}
+
+impl From<StorageError> for ApiError {
+    fn from(e: StorageError) -> Self {
+        tracing::error!(error = %e, "storage error while serving a request");
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage_error",
+            e.to_string(),
+        )
+    }
+}
+
+impl From<DeployError> for ApiError {
+    fn from(e: DeployError) -> Self {
+        match e {
+            DeployError::Name(e) => Self::bad_request("invalid_type_name", e.to_string()),
+            DeployError::Config(m) => Self::bad_request("invalid_config", m),
+            DeployError::Code(c) => Self::bad_request("invalid_code", c.to_string()),
+            DeployError::TooLarge { .. } => Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                e.to_string(),
+            ),
+            DeployError::Storage(s) => s.into(),
+        }
+    }
+}
+
+impl From<DeleteTypeError> for ApiError {
+    fn from(e: DeleteTypeError) -> Self {
+        match e {
+            DeleteTypeError::Unknown(_) => Self::not_found("unknown_type", e.to_string()),
+            DeleteTypeError::HasActors { .. } => {
+                Self::new(StatusCode::CONFLICT, "type_has_actors", e.to_string())
+            }
+            DeleteTypeError::Storage(s) => s.into(),
+        }
+    }
+}
+
+impl From<crate::ids::IdError> for ApiError {
+    fn from(e: crate::ids::IdError) -> Self {
+        let code = match e {
+            crate::ids::IdError::Type { .. } => "invalid_type_name",
+            crate::ids::IdError::Id { .. } => "invalid_actor_id",
+            crate::ids::IdError::IdempotencyKey { .. } => "invalid_idempotency_key",
+        };
+        Self::bad_request(code, e.to_string())
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(e: PathRejection) -> Self {
+        Self::bad_request("invalid_path", e.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(e: QueryRejection) -> Self {
+        Self::bad_request("invalid_query", e.body_text())
+    }
+}
+
+impl From<BytesRejection> for ApiError {
+    fn from(e: BytesRejection) -> Self {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                "request body exceeds the size limit",
+            )
+        } else {
+            Self::bad_request("invalid_body", e.body_text())
+        }
+    }
+}

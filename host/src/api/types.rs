@@ -1,0 +1,201 @@
+//! `/v1/types`: deploy, inspect and delete actor types.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use serde::Deserialize;
+
+use super::{ApiError, AppState, Path, Query};
+use crate::config::TypeConfig;
+use crate::ids::validate_type_name;
+
+/// The JSON deploy manifest.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Manifest {
+    kind: String,
+    #[serde(default)]
+    code: Option<String>,
+    #[serde(default)]
+    code_base64: Option<String>,
+    #[serde(default)]
+    agent: Option<serde_json::Value>,
+    #[serde(default)]
+    config: TypeConfig,
+}
+
+fn unsupported_kind(kind: &str) -> ApiError {
+    ApiError::bad_request(
+        "unsupported_kind",
+        format!("actor kind `{kind}` is not supported by this node yet; deploy a Wasm component"),
+    )
+}
+
+pub(super) async fn deploy(
+    State(s): State<AppState>,
+    Path(ty): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    validate_type_name(&ty)?;
+    let body = body?;
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .unwrap_or_default();
+    let (code, config) = match content_type.as_str() {
+        "application/wasm" | "application/octet-stream" => (body.to_vec(), TypeConfig::default()),
+        "application/json" => {
+            let m: Manifest = serde_json::from_slice(&body).map_err(|e| {
+                ApiError::bad_request("invalid_manifest", format!("invalid deploy manifest: {e}"))
+            })?;
+            match m.kind.as_str() {
+                "wasm" => {
+                    if m.code.is_some() || m.agent.is_some() {
+                        return Err(ApiError::bad_request(
+                            "invalid_manifest",
+                            "a `wasm` manifest carries its component in `code_base64`",
+                        ));
+                    }
+                    let b64 = m.code_base64.ok_or_else(|| {
+                        ApiError::bad_request(
+                            "invalid_manifest",
+                            "`code_base64` is required for kind `wasm`",
+                        )
+                    })?;
+                    let code = base64::engine::general_purpose::STANDARD
+                        .decode(b64.trim())
+                        .map_err(|e| {
+                            ApiError::bad_request(
+                                "invalid_manifest",
+                                format!("`code_base64` is not valid base64: {e}"),
+                            )
+                        })?;
+                    (code, m.config)
+                }
+                "js" | "agent" => return Err(unsupported_kind(&m.kind)),
+                other => {
+                    return Err(ApiError::bad_request(
+                        "invalid_manifest",
+                        format!("unknown kind `{other}`; expected `wasm`, `js` or `agent`"),
+                    ));
+                }
+            }
+        }
+        "text/javascript" | "application/javascript" => return Err(unsupported_kind("js")),
+        "" => {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "set Content-Type to application/wasm, text/javascript or application/json",
+            ));
+        }
+        other => {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                format!(
+                    "content type `{other}` is not deployable; use application/wasm, \
+                     text/javascript or application/json"
+                ),
+            ));
+        }
+    };
+    let deployed = s.node.deploy(&ty, code, config).await?;
+    let status = if deployed.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, axum::Json(deployed)).into_response())
+}
+
+fn type_json(s: &AppState, entry: &crate::catalog::TypeEntry) -> serde_json::Value {
+    let rec = entry.record();
+    let versions: Vec<serde_json::Value> = rec
+        .versions
+        .iter()
+        .map(|v| {
+            serde_json::json!({
+                "version": v.version,
+                "kind": v.kind.as_str(),
+                "sha256": v.sha256,
+                "code_bytes": v.code_bytes,
+                "deployed_at_ms": v.deployed_at_ms,
+                "config": v.config.redacted(),
+            })
+        })
+        .collect();
+    let latest = rec.latest();
+    serde_json::json!({
+        "type": rec.name,
+        "version": latest.version,
+        "kind": latest.kind.as_str(),
+        "created_at_ms": rec.created_at_ms,
+        "config": latest.config.redacted(),
+        "active_actors": s.node.registry().count_type(&rec.name),
+        "versions": versions,
+    })
+}
+
+pub(super) async fn list(State(s): State<AppState>) -> Response {
+    let types: Vec<serde_json::Value> = s
+        .node
+        .catalog()
+        .all()
+        .iter()
+        .map(|e| {
+            let rec = e.record();
+            let latest = rec.latest();
+            serde_json::json!({
+                "type": rec.name,
+                "version": latest.version,
+                "kind": latest.kind.as_str(),
+                "sha256": latest.sha256,
+            })
+        })
+        .collect();
+    axum::Json(serde_json::json!({ "types": types })).into_response()
+}
+
+pub(super) async fn get(
+    State(s): State<AppState>,
+    Path(ty): Path<String>,
+) -> Result<Response, ApiError> {
+    validate_type_name(&ty)?;
+    let entry =
+        s.node.catalog().get(&ty).ok_or_else(|| {
+            ApiError::not_found("unknown_type", format!("unknown actor type `{ty}`"))
+        })?;
+    Ok(axum::Json(type_json(&s, &entry)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DeleteParams {
+    #[serde(default)]
+    force: bool,
+}
+
+pub(super) async fn delete(
+    State(s): State<AppState>,
+    Path(ty): Path<String>,
+    Query(q): Query<DeleteParams>,
+) -> Result<Response, ApiError> {
+    validate_type_name(&ty)?;
+    let deleted = s.node.delete_type(&ty, q.force).await?;
+    Ok(
+        axum::Json(serde_json::json!({ "type": ty, "deleted": true, "actors_deleted": deleted }))
+            .into_response(),
+    )
+}

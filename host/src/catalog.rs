@@ -1,0 +1,213 @@
+//! Deployed actor types and their versions, in memory.
+//!
+//! The catalog mirrors the `types` table and keeps, per version, the compiled
+//! [`Prepared`] code (compiled or loaded from the on-disk cache on first use,
+//! once, however many actors wake at the same time).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use tokio::sync::OnceCell;
+
+use crate::config::{ResolvedTypeConfig, TypeDefaults};
+use crate::sandbox::{CodeError, Prepared, Sandbox};
+use crate::storage::schema::{TypeRecord, VersionRecord};
+use crate::storage::{Storage, StorageError};
+
+/// A version ready to instantiate.
+pub struct PreparedVersion {
+    /// The version number.
+    pub version: u32,
+    /// Compiled code, linked against the host.
+    pub pre: Prepared,
+    /// The type's settings as of this version.
+    pub config: ResolvedTypeConfig,
+}
+
+/// One actor type.
+pub struct TypeEntry {
+    name: String,
+    record: RwLock<TypeRecord>,
+    latest: AtomicU32,
+    deleted: AtomicBool,
+    prepared: Mutex<HashMap<u32, Arc<OnceCell<Arc<PreparedVersion>>>>>,
+}
+
+/// Why a version could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The version's code is missing from storage.
+    #[error("code of {ty} version {version} is missing")]
+    Missing {
+        /// Type.
+        ty: String,
+        /// Version.
+        version: u32,
+    },
+    /// Storage failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The code no longer compiles (engine change?).
+    #[error(transparent)]
+    Code(#[from] CodeError),
+}
+
+impl TypeEntry {
+    fn new(record: TypeRecord) -> Self {
+        Self {
+            name: record.name.clone(),
+            latest: AtomicU32::new(record.latest().version),
+            record: RwLock::new(record),
+            deleted: AtomicBool::new(false),
+            prepared: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The type's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The current version number.
+    pub fn latest_version(&self) -> u32 {
+        self.latest.load(Ordering::Acquire)
+    }
+
+    /// Whether the type was deleted (its actors must stop).
+    pub fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire)
+    }
+
+    /// A copy of the stored record.
+    pub fn record(&self) -> TypeRecord {
+        self.record.read().expect("type record lock").clone()
+    }
+
+    /// The record of one version.
+    pub fn version(&self, version: u32) -> Option<VersionRecord> {
+        self.record
+            .read()
+            .expect("type record lock")
+            .versions
+            .iter()
+            .find(|v| v.version == version)
+            .cloned()
+    }
+
+    /// The compiled code of `version`, compiling or loading it on first use.
+    pub async fn prepared(
+        &self,
+        version: u32,
+        storage: &Arc<Storage>,
+        sandbox: &Arc<Sandbox>,
+        defaults: &TypeDefaults,
+    ) -> Result<Arc<PreparedVersion>, LoadError> {
+        let cell = self
+            .prepared
+            .lock()
+            .expect("prepared lock")
+            .entry(version)
+            .or_default()
+            .clone();
+        cell.get_or_try_init(|| async {
+            let meta = self.version(version).ok_or_else(|| LoadError::Missing {
+                ty: self.name.clone(),
+                version,
+            })?;
+            let code = storage
+                .reader()?
+                .code(&self.name, version)?
+                .ok_or_else(|| LoadError::Missing {
+                    ty: self.name.clone(),
+                    version,
+                })?;
+            let sandbox = sandbox.clone();
+            let pre = tokio::task::spawn_blocking(move || sandbox.prepare(&code))
+                .await
+                .map_err(|e| {
+                    LoadError::Code(CodeError::Invalid(format!("compiler panicked: {e}")))
+                })??;
+            Ok(Arc::new(PreparedVersion {
+                version,
+                pre,
+                config: meta.config.resolve(defaults),
+            }))
+        })
+        .await
+        .cloned()
+    }
+
+    /// Install a version that was just compiled for its deploy.
+    fn install(&self, record: TypeRecord, prepared: Arc<PreparedVersion>) {
+        let version = prepared.version;
+        self.prepared
+            .lock()
+            .expect("prepared lock")
+            .insert(version, Arc::new(OnceCell::new_with(Some(prepared))));
+        *self.record.write().expect("type record lock") = record;
+        self.latest.store(version, Ordering::Release);
+    }
+}
+
+/// Every deployed type.
+#[derive(Default)]
+pub struct Catalog {
+    types: RwLock<HashMap<String, Arc<TypeEntry>>>,
+    /// Serializes deploys and deletes.
+    pub(crate) deploy_lock: tokio::sync::Mutex<()>,
+}
+
+impl Catalog {
+    /// Load every type record (code is compiled lazily).
+    pub fn load(storage: &Storage) -> Result<Self, StorageError> {
+        let catalog = Self::default();
+        {
+            let mut types = catalog.types.write().expect("catalog lock");
+            for rec in storage.reader()?.types()? {
+                types.insert(rec.name.clone(), Arc::new(TypeEntry::new(rec)));
+            }
+        }
+        Ok(catalog)
+    }
+
+    /// A type by name.
+    pub fn get(&self, name: &str) -> Option<Arc<TypeEntry>> {
+        self.types.read().expect("catalog lock").get(name).cloned()
+    }
+
+    /// Every type, by name.
+    pub fn all(&self) -> Vec<Arc<TypeEntry>> {
+        let mut v: Vec<_> = self
+            .types
+            .read()
+            .expect("catalog lock")
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    /// Record a committed deploy.
+    pub(crate) fn install(&self, record: TypeRecord, prepared: Arc<PreparedVersion>) {
+        let mut types = self.types.write().expect("catalog lock");
+        match types.get(&record.name) {
+            Some(entry) => entry.install(record, prepared),
+            None => {
+                let entry = TypeEntry::new(record.clone());
+                entry.install(record.clone(), prepared);
+                types.insert(record.name.clone(), Arc::new(entry));
+            }
+        }
+    }
+
+    /// Forget a type; its live actors see `is_deleted`.
+    pub(crate) fn remove(&self, name: &str) -> Option<Arc<TypeEntry>> {
+        let entry = self.types.write().expect("catalog lock").remove(name);
+        if let Some(e) = &entry {
+            e.deleted.store(true, Ordering::Release);
+        }
+        entry
+    }
+}

@@ -1,0 +1,223 @@
+//! Client commands: talk to a node over HTTP.
+
+use std::path::Path;
+
+use anyhow::Context as _;
+use reqwest::{Method, StatusCode};
+
+use super::ClientArgs;
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+impl Client {
+    fn new(args: &ClientArgs) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .build()
+            .context("cannot build the HTTP client")?;
+        Ok(Self {
+            http,
+            base: args.url.trim_end_matches('/').to_owned(),
+            token: args.token(),
+        })
+    }
+
+    fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        let mut r = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(t) = &self.token {
+            r = r.bearer_auth(t);
+        }
+        r
+    }
+
+    /// Send and return the body, turning API errors into one-line errors.
+    async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<(StatusCode, Vec<u8>)> {
+        let resp = req
+            .send()
+            .await
+            .with_context(|| format!("cannot reach marmot at {}", self.base))?;
+        let status = resp.status();
+        let body = resp.bytes().await.context("reading the response")?.to_vec();
+        if status.is_client_error() || status.is_server_error() {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body)
+                && let Some(err) = v.get("error")
+            {
+                let code = err.get("code").and_then(|c| c.as_str()).unwrap_or("error");
+                let msg = err.get("message").and_then(|c| c.as_str()).unwrap_or("");
+                anyhow::bail!("{msg} ({code}, HTTP {})", status.as_u16());
+            }
+            anyhow::bail!(
+                "HTTP {}: {}",
+                status.as_u16(),
+                String::from_utf8_lossy(&body)
+                    .chars()
+                    .take(300)
+                    .collect::<String>()
+            );
+        }
+        Ok((status, body))
+    }
+}
+
+fn seg(s: &str) -> String {
+    // Percent-encode a path segment.
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn print_json(body: &[u8]) {
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(v) => println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default()),
+        Err(_) => println!("{}", String::from_utf8_lossy(body)),
+    }
+}
+
+pub(super) async fn deploy(args: &ClientArgs, ty: &str, file: &Path) -> anyhow::Result<()> {
+    let c = Client::new(args)?;
+    let bytes = std::fs::read(file).with_context(|| format!("cannot read `{}`", file.display()))?;
+    let content_type = match file.extension().and_then(|e| e.to_str()) {
+        Some("wasm") => "application/wasm",
+        Some("js") | Some("mjs") => "text/javascript",
+        Some("json") => "application/json",
+        _ => anyhow::bail!(
+            "cannot tell what `{}` is: use a .wasm component, a .js module or a .json manifest",
+            file.display()
+        ),
+    };
+    eprintln!(
+        "deploying {} ({} bytes) as `{ty}`…",
+        file.display(),
+        bytes.len()
+    );
+    let (status, body) = c
+        .send(
+            c.request(Method::PUT, &format!("/v1/types/{}", seg(ty)))
+                .header("content-type", content_type)
+                .body(bytes),
+        )
+        .await?;
+    if status == StatusCode::OK {
+        eprintln!("unchanged: identical code and config are already current");
+    }
+    print_json(&body);
+    Ok(())
+}
+
+pub(super) async fn call(
+    args: &ClientArgs,
+    ty: &str,
+    id: &str,
+    json: Option<String>,
+    no_wait: bool,
+    idempotency_key: Option<String>,
+) -> anyhow::Result<()> {
+    let c = Client::new(args)?;
+    let body = json.unwrap_or_default();
+    if !body.is_empty() {
+        serde_json::from_str::<serde_json::Value>(&body)
+            .with_context(|| "the message is not valid JSON")?;
+    }
+    let mut path = format!("/v1/actors/{}/{}", seg(ty), seg(id));
+    if no_wait {
+        path.push_str("?wait=false");
+    }
+    let mut req = c
+        .request(Method::POST, &path)
+        .header("content-type", "application/json")
+        .body(body);
+    if let Some(k) = idempotency_key {
+        req = req.header("idempotency-key", k);
+    }
+    let (_, body) = c.send(req).await?;
+    print_json(&body);
+    Ok(())
+}
+
+pub(super) async fn actors(
+    args: &ClientArgs,
+    ty: &str,
+    prefix: &str,
+    limit: usize,
+) -> anyhow::Result<()> {
+    let c = Client::new(args)?;
+    let mut cursor: Option<String> = None;
+    let mut shown = 0;
+    println!(
+        "{:<40} {:<11} {:>8} {:>10} {:>12}",
+        "ID", "STATUS", "VERSION", "TURNS", "STATE BYTES"
+    );
+    while shown < limit {
+        let page = (limit - shown).min(1000);
+        let mut req = c
+            .request(Method::GET, &format!("/v1/actors/{}", seg(ty)))
+            .query(&[("prefix", prefix), ("limit", &page.to_string())]);
+        if let Some(cur) = &cursor {
+            req = req.query(&[("cursor", cur)]);
+        }
+        let (_, body) = c.send(req).await?;
+        let v: serde_json::Value = serde_json::from_slice(&body).context("invalid response")?;
+        let items = v["actors"].as_array().cloned().unwrap_or_default();
+        for a in &items {
+            println!(
+                "{:<40} {:<11} {:>8} {:>10} {:>12}",
+                a["id"].as_str().unwrap_or(""),
+                a["status"].as_str().unwrap_or(""),
+                a["version"],
+                a["turns"],
+                a["state_bytes"]
+            );
+        }
+        shown += items.len();
+        match v["next_cursor"].as_str() {
+            Some(next) if !items.is_empty() => cursor = Some(next.to_owned()),
+            _ => break,
+        }
+    }
+    Ok(())
+}
+
+pub(super) async fn inspect(args: &ClientArgs, ty: &str, id: &str) -> anyhow::Result<()> {
+    let c = Client::new(args)?;
+    let base = format!("/v1/actors/{}/{}", seg(ty), seg(id));
+    let (_, info) = c.send(c.request(Method::GET, &base)).await?;
+    let (_, state) = c
+        .send(
+            c.request(Method::GET, &format!("{base}/state"))
+                .query(&[("limit", "50")]),
+        )
+        .await?;
+    let info: serde_json::Value = serde_json::from_slice(&info).context("invalid response")?;
+    let state: serde_json::Value = serde_json::from_slice(&state).context("invalid response")?;
+    let last = info["last_event_seq"].as_u64().unwrap_or(0);
+    let (_, events) = c
+        .send(
+            c.request(Method::GET, &format!("{base}/events"))
+                .query(&[("after", last.saturating_sub(10).to_string())]),
+        )
+        .await?;
+    let events: serde_json::Value = serde_json::from_slice(&events).context("invalid response")?;
+    let out = serde_json::json!({
+        "actor": info,
+        "state": state["entries"],
+        "recent_events": events["events"],
+    });
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
+
+pub(super) async fn types(args: &ClientArgs) -> anyhow::Result<()> {
+    let c = Client::new(args)?;
+    let (_, body) = c.send(c.request(Method::GET, "/v1/types")).await?;
+    print_json(&body);
+    Ok(())
+}

@@ -1,0 +1,202 @@
+//! The `marmot` command line (PRODUCT.md §6).
+//!
+//! Server commands (`dev`, `serve`) run a [`Node`](crate::node::Node) and the
+//! HTTP API; client commands talk to a node over HTTP. Errors are printed as
+//! one line and the process exits non-zero.
+
+mod client;
+mod server;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Marmot: hibernating WebAssembly actors for AI agents.
+#[derive(Parser)]
+#[command(name = "marmot", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Log filter (tracing env-filter syntax).
+    #[arg(long, global = true, env = "MARMOT_LOG", default_value = "info")]
+    log: String,
+    /// Log format.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "MARMOT_LOG_FORMAT",
+        default_value = "text"
+    )]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a development node on 127.0.0.1 with auth off and the examples deployed.
+    Dev(server::DevArgs),
+    /// Run a production node (bearer auth required).
+    Serve(server::ServeArgs),
+    /// Deploy FILE (.wasm component, or .json manifest) as a new version of TYPE.
+    Deploy {
+        /// Actor type.
+        #[arg(value_name = "TYPE")]
+        ty: String,
+        /// The component or manifest.
+        file: PathBuf,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Send a message to actor (TYPE, ID) and print the reply.
+    Call {
+        /// Actor type.
+        #[arg(value_name = "TYPE")]
+        ty: String,
+        /// Actor id.
+        id: String,
+        /// The message (JSON); empty when absent.
+        json: Option<String>,
+        /// Enqueue durably and return the message id instead of waiting.
+        #[arg(long)]
+        no_wait: bool,
+        /// Idempotency key: a repeat returns the first reply.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List actors of TYPE.
+    Actors {
+        /// Actor type.
+        #[arg(value_name = "TYPE")]
+        ty: String,
+        /// Only ids starting with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Most actors to list.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show an actor's status, state and recent events.
+    Inspect {
+        /// Actor type.
+        #[arg(value_name = "TYPE")]
+        ty: String,
+        /// Actor id.
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List deployed types.
+    Types {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Run a benchmark scenario and print percentiles.
+    Bench(crate::bench::BenchArgs),
+}
+
+/// Where the node is.
+#[derive(Args, Clone)]
+pub struct ClientArgs {
+    /// Node URL.
+    #[arg(long, env = "MARMOT_URL", default_value = "http://127.0.0.1:7878")]
+    pub url: String,
+    /// Bearer token (defaults to MARMOT_ADMIN_TOKEN).
+    #[arg(long, env = "MARMOT_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+impl ClientArgs {
+    fn token(&self) -> Option<String> {
+        self.token
+            .clone()
+            .or_else(|| std::env::var("MARMOT_ADMIN_TOKEN").ok())
+            .filter(|t| !t.is_empty())
+    }
+}
+
+/// Entry point of the `marmot` binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log, cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(run(cli.command));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn one_line(e: &anyhow::Error) -> String {
+    format!("{e:#}").replace('\n', " ")
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Dev(args) => server::dev(args).await,
+        Command::Serve(args) => server::serve(args).await,
+        Command::Deploy { ty, file, client } => client::deploy(&client, &ty, &file).await,
+        Command::Call {
+            ty,
+            id,
+            json,
+            no_wait,
+            idempotency_key,
+            client,
+        } => client::call(&client, &ty, &id, json, no_wait, idempotency_key).await,
+        Command::Actors {
+            ty,
+            prefix,
+            limit,
+            client,
+        } => client::actors(&client, &ty, &prefix, limit).await,
+        Command::Inspect { ty, id, client } => client::inspect(&client, &ty, &id).await,
+        Command::Types { client } => client::types(&client).await,
+        Command::Bench(args) => crate::bench::run(args).await,
+    }
+}
+
+fn init_logging(filter: &str, format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_new(filter).unwrap_or_else(|e| {
+        eprintln!("warning: invalid log filter `{filter}` ({e}); using `info`");
+        EnvFilter::new("info")
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Parse `--listen`.
+pub(crate) fn parse_listen(s: &str) -> anyhow::Result<SocketAddr> {
+    s.parse().map_err(|e| {
+        anyhow::anyhow!("invalid listen address `{s}`: {e} (expected e.g. 127.0.0.1:7878)")
+    })
+}

@@ -1,0 +1,142 @@
+//! `marmot dev` and `marmot serve`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::Args;
+
+use crate::config::{NodeConfig, TypeConfig};
+use crate::node::Node;
+
+/// `marmot dev`.
+#[derive(Args)]
+pub struct DevArgs {
+    /// Address to listen on (loopback only: auth is off).
+    #[arg(long, env = "MARMOT_LISTEN", default_value = "127.0.0.1:7878")]
+    listen: String,
+    /// Data directory.
+    #[arg(long = "data", env = "MARMOT_DATA_DIR", default_value = ".marmot")]
+    data: PathBuf,
+    /// Do not deploy the example actors.
+    #[arg(long)]
+    no_examples: bool,
+}
+
+/// `marmot serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Config file (TOML).
+    #[arg(long, env = "MARMOT_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to listen on (overrides the config file).
+    #[arg(long, env = "MARMOT_LISTEN")]
+    listen: Option<String>,
+    /// Data directory (overrides the config file).
+    #[arg(long = "data", env = "MARMOT_DATA_DIR")]
+    data: Option<PathBuf>,
+}
+
+pub(super) async fn dev(args: DevArgs) -> anyhow::Result<()> {
+    let listen = super::parse_listen(&args.listen)?;
+    if !listen.ip().is_loopback() {
+        anyhow::bail!(
+            "`marmot dev` runs with auth off and only listens on loopback; \
+             use `marmot serve` with an admin token to listen on {}",
+            listen.ip()
+        );
+    }
+    let config = NodeConfig {
+        listen,
+        data_dir: args.data,
+        admin_token: None,
+        ..NodeConfig::default()
+    };
+    let node = Node::start(config).await?;
+    if !args.no_examples {
+        for (name, code) in crate::guests::EXAMPLES {
+            let d = node
+                .deploy(name, code.to_vec(), TypeConfig::default())
+                .await
+                .with_context(|| format!("failed to deploy the `{name}` example"))?;
+            tracing::info!(
+                ty = name,
+                version = d.version,
+                new = d.created,
+                "example ready"
+            );
+        }
+    }
+    let listener = bind(listen).await?;
+    let addr = listener.local_addr()?;
+    eprintln!(
+        "\nmarmot dev listening on http://{addr} (auth off, data in {})\n\
+         try:\n  curl -s -X POST http://{addr}/v1/actors/counter/alice -d '{{\"by\": 2}}'\n  \
+         curl -s http://{addr}/v1/actors/counter/alice\n",
+        node.config().data_dir.display()
+    );
+    run_server(node, listener).await
+}
+
+pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut config = match &args.config {
+        Some(path) => NodeConfig::from_file(path)?,
+        None => NodeConfig::default(),
+    };
+    if let Some(l) = &args.listen {
+        config.listen = super::parse_listen(l)?;
+    }
+    if let Some(d) = args.data {
+        config.data_dir = d;
+    }
+    if let Ok(t) = std::env::var("MARMOT_ADMIN_TOKEN")
+        && !t.is_empty()
+    {
+        config.admin_token = Some(t);
+    }
+    if config.admin_token.is_none() {
+        anyhow::bail!(
+            "`marmot serve` requires an admin token: set MARMOT_ADMIN_TOKEN or `admin_token` \
+             in the config file (use `marmot dev` for a local node without auth)"
+        );
+    }
+    let listen = config.listen;
+    let node = Node::start(config).await?;
+    let listener = bind(listen).await?;
+    tracing::info!(addr = %listener.local_addr()?, "marmot serve listening");
+    run_server(node, listener).await
+}
+
+async fn bind(addr: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))
+}
+
+async fn run_server(node: Arc<Node>, listener: tokio::net::TcpListener) -> anyhow::Result<()> {
+    crate::api::serve(node.clone(), listener, shutdown_signal()).await?;
+    tracing::info!("shutting down: flushing storage");
+    node.flush().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

@@ -1,0 +1,310 @@
+//! Node and actor-type configuration, with the defaults of PRODUCT.md §7.
+//!
+//! [`NodeConfig`] comes from `marmot.toml` (for `marmot serve`), flags and
+//! environment variables. [`TypeConfig`] comes with each deploy and is stored
+//! with the version it belongs to; unset keys fall back to the node's
+//! [`TypeDefaults`].
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Everything a node needs to start.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeConfig {
+    /// Address the HTTP API listens on.
+    pub listen: SocketAddr,
+    /// Directory holding the database and the compiled-code cache.
+    pub data_dir: PathBuf,
+    /// Bearer token required on every API call except health checks. `None`
+    /// turns authentication off, which only `marmot dev` on loopback allows.
+    pub admin_token: Option<String>,
+    /// Limits that protect the node.
+    pub limits: Limits,
+    /// Defaults for per-type settings.
+    pub defaults: TypeDefaults,
+    /// Storage tuning.
+    pub storage: StorageConfig,
+    /// Crash recovery.
+    pub recovery: RecoveryConfig,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7878)),
+            data_dir: PathBuf::from(".marmot"),
+            admin_token: None,
+            limits: Limits::default(),
+            defaults: TypeDefaults::default(),
+            storage: StorageConfig::default(),
+            recovery: RecoveryConfig::default(),
+        }
+    }
+}
+
+impl NodeConfig {
+    /// Read a TOML config file; unknown keys are an error.
+    pub fn from_file(path: &Path) -> anyhow::Result<Self> {
+        use anyhow::Context as _;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("failed to read config file `{}`", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("invalid config file `{}`", path.display()))
+    }
+
+    /// A configuration for tests and benchmarks: data in `dir`, loopback on
+    /// an ephemeral port, auth off.
+    pub fn for_dir(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            data_dir: dir.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Check values that would make the node misbehave.
+    pub fn validate(&self) -> Result<(), String> {
+        let l = &self.limits;
+        if l.max_active_actors == 0 {
+            return Err("limits.max_active_actors must be at least 1".into());
+        }
+        if l.mailbox_capacity == 0 {
+            return Err("limits.mailbox_capacity must be at least 1".into());
+        }
+        if self.defaults.max_memory_bytes > l.max_guest_memory_bytes {
+            return Err(format!(
+                "defaults.max_memory_bytes ({}) exceeds limits.max_guest_memory_bytes ({})",
+                self.defaults.max_memory_bytes, l.max_guest_memory_bytes
+            ));
+        }
+        if self.recovery.max_attempts == 0 {
+            return Err("recovery.max_attempts must be at least 1".into());
+        }
+        if let Some(t) = &self.admin_token
+            && t.len() < 16
+        {
+            return Err("admin token must be at least 16 characters".into());
+        }
+        Ok(())
+    }
+}
+
+/// Node-wide limits.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Active (awake) actors; beyond it the least recently used hibernate.
+    pub max_active_actors: usize,
+    /// Messages queued per actor before senders get 429.
+    pub mailbox_capacity: usize,
+    /// Largest message body.
+    pub max_message_bytes: usize,
+    /// Largest deployable code.
+    pub max_code_bytes: usize,
+    /// Largest state value.
+    pub max_value_bytes: usize,
+    /// Largest total state of one actor.
+    pub max_state_bytes: u64,
+    /// Largest event payload.
+    pub max_event_bytes: usize,
+    /// Events kept per actor; older ones are trimmed.
+    pub max_events_per_actor: u64,
+    /// How long idempotency records are kept.
+    pub idempotency_ttl_ms: u64,
+    /// Upper bound for any type's `max_memory_bytes`; sizes the instance pool.
+    pub max_guest_memory_bytes: u64,
+    /// Log lines a turn may write (guest `log` and stdout/stderr).
+    pub max_log_lines_per_turn: u32,
+    /// Largest log line kept; longer ones are cut.
+    pub max_log_line_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_active_actors: 10_000,
+            mailbox_capacity: 1024,
+            max_message_bytes: 1 << 20,
+            max_code_bytes: 64 << 20,
+            max_value_bytes: 1 << 20,
+            max_state_bytes: 1 << 30,
+            max_event_bytes: 256 << 10,
+            max_events_per_actor: 10_000,
+            idempotency_ttl_ms: 24 * 3600 * 1000,
+            max_guest_memory_bytes: 64 << 20,
+            max_log_lines_per_turn: 1000,
+            max_log_line_bytes: 8 << 10,
+        }
+    }
+}
+
+/// Defaults for settings a type may override.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TypeDefaults {
+    /// Hibernate after this long without work.
+    pub idle_timeout_ms: u64,
+    /// Wall-clock limit of one turn.
+    pub turn_timeout_ms: u64,
+    /// CPU a guest may burn without calling the host.
+    pub cpu_slice_ms: u64,
+    /// Guest linear memory.
+    pub max_memory_bytes: u64,
+}
+
+impl Default for TypeDefaults {
+    fn default() -> Self {
+        Self {
+            idle_timeout_ms: 30_000,
+            turn_timeout_ms: 15 * 60 * 1000,
+            cpu_slice_ms: 10_000,
+            max_memory_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Storage tuning.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// redb page cache.
+    pub cache_bytes: usize,
+    /// Most write operations folded into one commit.
+    pub max_batch: usize,
+    /// Save allocator state with every commit so that opening after a crash
+    /// is instant instead of a full repair scan (slower commits).
+    pub quick_repair: bool,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            cache_bytes: 64 << 20,
+            max_batch: 4096,
+            quick_repair: false,
+        }
+    }
+}
+
+/// Crash recovery.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RecoveryConfig {
+    /// Recovery runs of one durable message before it is given up with a
+    /// `turn_failed` event.
+    pub max_attempts: u32,
+    /// Actors recovered at once after a restart.
+    pub concurrency: usize,
+}
+
+impl Default for RecoveryConfig {
+    fn default() -> Self {
+        Self {
+            max_attempts: 3,
+            concurrency: 64,
+        }
+    }
+}
+
+/// Per-type configuration, sent with a deploy and stored with the version.
+///
+/// Every key is optional; unset ones use the node's [`TypeDefaults`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TypeConfig {
+    /// Hibernate after this long without work.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_ms: Option<u64>,
+    /// Wall-clock limit of one turn.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub turn_timeout_ms: Option<u64>,
+    /// CPU a guest may burn without calling the host.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_slice_ms: Option<u64>,
+    /// Guest linear memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_memory_bytes: Option<u64>,
+    /// Hosts the `http` capability may reach.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allowed_hosts: Vec<String>,
+    /// Secrets the type may name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
+    /// Secret for verifying inbound webhooks (`whsec_…`). Never shown back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub webhook_secret: Option<String>,
+    /// Environment visible to the guest through WASI.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+}
+
+impl TypeConfig {
+    /// Check the values against the node's limits.
+    pub fn validate(&self, limits: &Limits) -> Result<(), String> {
+        if let Some(m) = self.max_memory_bytes {
+            if m < (1 << 20) {
+                return Err("config.max_memory_bytes must be at least 1 MiB".into());
+            }
+            if m > limits.max_guest_memory_bytes {
+                return Err(format!(
+                    "config.max_memory_bytes ({m}) exceeds this node's limit ({})",
+                    limits.max_guest_memory_bytes
+                ));
+            }
+        }
+        for (name, v) in [
+            ("idle_timeout_ms", self.idle_timeout_ms),
+            ("turn_timeout_ms", self.turn_timeout_ms),
+            ("cpu_slice_ms", self.cpu_slice_ms),
+        ] {
+            if v == Some(0) {
+                return Err(format!("config.{name} must be greater than 0"));
+            }
+        }
+        for (k, _) in &self.env {
+            if k.is_empty() || k.contains('=') || k.contains('\0') {
+                return Err(format!("config.env has an invalid variable name `{k}`"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The settings with defaults applied.
+    pub fn resolve(&self, d: &TypeDefaults) -> ResolvedTypeConfig {
+        ResolvedTypeConfig {
+            idle_timeout: Duration::from_millis(self.idle_timeout_ms.unwrap_or(d.idle_timeout_ms)),
+            turn_timeout: Duration::from_millis(self.turn_timeout_ms.unwrap_or(d.turn_timeout_ms)),
+            cpu_slice: Duration::from_millis(self.cpu_slice_ms.unwrap_or(d.cpu_slice_ms)),
+            max_memory_bytes: self.max_memory_bytes.unwrap_or(d.max_memory_bytes),
+            env: self.env.clone(),
+        }
+    }
+
+    /// The config as shown by the API: secrets redacted.
+    pub fn redacted(&self) -> Self {
+        let mut c = self.clone();
+        if c.webhook_secret.is_some() {
+            c.webhook_secret = Some("<redacted>".into());
+        }
+        c
+    }
+}
+
+/// A type's settings with defaults applied.
+#[derive(Debug, Clone)]
+pub struct ResolvedTypeConfig {
+    /// Hibernate after this long without work.
+    pub idle_timeout: Duration,
+    /// Wall-clock limit of one turn.
+    pub turn_timeout: Duration,
+    /// CPU a guest may burn without calling the host.
+    pub cpu_slice: Duration,
+    /// Guest linear memory.
+    pub max_memory_bytes: u64,
+    /// WASI environment.
+    pub env: BTreeMap<String, String>,
+}

@@ -1,0 +1,11 @@
+//! Example actors built into the binary so `marmot dev` can deploy them at
+//! once. Built from `examples/` by `build.rs`.
+
+/// `examples/counter`: adds `by` (default 1) and replies with the count.
+pub const COUNTER: &[u8] = include_bytes!(env!("MARMOT_GUEST_COUNTER"));
+
+/// `examples/notes`: per-user notes.
+pub const NOTES: &[u8] = include_bytes!(env!("MARMOT_GUEST_NOTES"));
+
+/// The examples `marmot dev` deploys: (type name, component).
+pub const EXAMPLES: &[(&str, &[u8])] = &[("counter", COUNTER), ("notes", NOTES)];

@@ -1,0 +1,191 @@
+//! Names users choose: actor types, actor ids, idempotency keys, state keys.
+//!
+//! Validation lives here so that the HTTP API, the CLI and the guest-facing
+//! capabilities agree on what is allowed.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// An actor's address: `(type, id)`. Cheap to clone.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ActorKey {
+    ty: Arc<str>,
+    id: Arc<str>,
+}
+
+impl ActorKey {
+    /// Validate and build a key.
+    pub fn new(ty: &str, id: &str) -> Result<Self, IdError> {
+        validate_type_name(ty)?;
+        validate_actor_id(id)?;
+        Ok(Self::new_unchecked(ty, id))
+    }
+
+    /// Build a key from names read back from storage (already validated).
+    pub fn new_unchecked(ty: &str, id: &str) -> Self {
+        Self {
+            ty: ty.into(),
+            id: id.into(),
+        }
+    }
+
+    /// The actor type.
+    pub fn ty(&self) -> &str {
+        &self.ty
+    }
+
+    /// The actor id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl fmt::Debug for ActorKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{:?}", self.ty, self.id)
+    }
+}
+
+impl fmt::Display for ActorKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.ty, self.id)
+    }
+}
+
+/// A name or id that is not allowed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdError {
+    /// Bad actor type name.
+    #[error("invalid actor type `{name}`: {why}")]
+    Type {
+        /// The name (truncated).
+        name: String,
+        /// Why.
+        why: &'static str,
+    },
+    /// Bad actor id.
+    #[error("invalid actor id: {why}")]
+    Id {
+        /// Why.
+        why: &'static str,
+    },
+    /// Bad idempotency key.
+    #[error("invalid Idempotency-Key: {why}")]
+    IdempotencyKey {
+        /// Why.
+        why: &'static str,
+    },
+}
+
+/// Longest actor type name.
+pub const MAX_TYPE_NAME: usize = 64;
+/// Longest actor id, in bytes.
+pub const MAX_ACTOR_ID: usize = 256;
+/// Longest state key, in bytes.
+pub const MAX_STATE_KEY: usize = 1024;
+/// Longest idempotency key.
+pub const MAX_IDEMPOTENCY_KEY: usize = 256;
+
+/// Type names: 1–64 characters of `a-z`, `0-9`, `-`, `_`, starting with a
+/// letter or digit (they appear in URLs, metrics and logs).
+pub fn validate_type_name(name: &str) -> Result<(), IdError> {
+    let err = |why| IdError::Type {
+        name: name.chars().take(80).collect(),
+        why,
+    };
+    if name.is_empty() {
+        return Err(err("must not be empty"));
+    }
+    if name.len() > MAX_TYPE_NAME {
+        return Err(err("must be at most 64 characters"));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+    {
+        return Err(err("may only contain a-z, 0-9, '-' and '_'"));
+    }
+    if !name.as_bytes()[0].is_ascii_alphanumeric() {
+        return Err(err("must start with a letter or digit"));
+    }
+    Ok(())
+}
+
+/// Actor ids: UTF-8, 1–256 bytes, no control characters.
+pub fn validate_actor_id(id: &str) -> Result<(), IdError> {
+    if id.is_empty() {
+        return Err(IdError::Id {
+            why: "must not be empty",
+        });
+    }
+    if id.len() > MAX_ACTOR_ID {
+        return Err(IdError::Id {
+            why: "must be at most 256 bytes",
+        });
+    }
+    if id.chars().any(char::is_control) {
+        return Err(IdError::Id {
+            why: "must not contain control characters",
+        });
+    }
+    Ok(())
+}
+
+/// Idempotency keys: 1–256 bytes of visible ASCII.
+pub fn validate_idempotency_key(key: &str) -> Result<(), IdError> {
+    if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY {
+        return Err(IdError::IdempotencyKey {
+            why: "must be 1 to 256 characters",
+        });
+    }
+    if !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(IdError::IdempotencyKey {
+            why: "must be visible ASCII without spaces",
+        });
+    }
+    Ok(())
+}
+
+/// A new message id: 48 bits of milliseconds then 80 random bits, as 32 hex
+/// digits, so ids sort by time.
+pub fn new_message_id() -> String {
+    let ms = crate::clock::now_ms() & 0xffff_ffff_ffff;
+    let r: u128 = rand::random::<u128>() & ((1u128 << 80) - 1);
+    format!("{:032x}", (u128::from(ms) << 80) | r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_names() {
+        assert!(validate_type_name("counter").is_ok());
+        assert!(validate_type_name("a-b_c9").is_ok());
+        assert!(validate_type_name("").is_err());
+        assert!(validate_type_name("Counter").is_err());
+        assert!(validate_type_name("-x").is_err());
+        assert!(validate_type_name("a/b").is_err());
+        assert!(validate_type_name(&"a".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn actor_ids() {
+        assert!(validate_actor_id("alice").is_ok());
+        assert!(validate_actor_id("ticket/42 ünïcode").is_ok());
+        assert!(validate_actor_id(&"x".repeat(256)).is_ok());
+        assert!(validate_actor_id(&"x".repeat(257)).is_err());
+        assert!(validate_actor_id("").is_err());
+        assert!(validate_actor_id("a\nb").is_err());
+        assert!(validate_actor_id("a\u{7f}b").is_err());
+    }
+
+    #[test]
+    fn message_ids_sort_by_time() {
+        let a = new_message_id();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let b = new_message_id();
+        assert_eq!(a.len(), 32);
+        assert!(a < b);
+    }
+}

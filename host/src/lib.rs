@@ -1,0 +1,31 @@
+//! Marmot: a hibernating WebAssembly actor runtime for AI agents.
+//!
+//! One node hosts many *actors*, each addressed by `(type, id)`. An actor
+//! wakes on a message, runs one *turn* in a wasmtime sandbox, commits what it
+//! wrote to redb, and hibernates when idle. The modules map onto those parts:
+//!
+//! | module | concern |
+//! |---|---|
+//! | [`node`] | wiring: open storage, load types, recover, serve |
+//! | [`actor`] | activation, mailboxes, turns, hibernation |
+//! | [`sandbox`] | wasmtime engine, compiled-code cache, host capabilities |
+//! | [`catalog`] | deployed types and their versions |
+//! | [`storage`] | redb schema and the group-commit writer |
+//! | [`api`] | the HTTP API |
+//! | [`cli`] | the `marmot` command line |
+//! | [`metrics`] | Prometheus metrics |
+//! | [`bench`] | `marmot bench` scenarios |
+
+pub mod actor;
+pub mod api;
+pub mod bench;
+pub mod catalog;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod guests;
+pub mod ids;
+pub mod metrics;
+pub mod node;
+pub mod sandbox;
+pub mod storage;

@@ -1,0 +1,5 @@
+//! The `marmot` command line.
+
+fn main() -> std::process::ExitCode {
+    marmot::cli::main()
+}

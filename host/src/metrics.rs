@@ -1,0 +1,179 @@
+//! Prometheus metrics for `GET /metrics`.
+//!
+//! Hot-path handles (counters per outcome, histograms) are created once at
+//! start-up so that recording a turn is a few atomic operations, never a label
+//! lookup.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Label set for turn counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TurnLabels {
+    /// `message`, `upgrade`, …
+    pub kind: &'static str,
+    /// `ok`, `error`, `trap`, …
+    pub outcome: &'static str,
+}
+
+/// Label set for sandbox traps.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TrapLabels {
+    /// `cpu`, `memory`, `timeout`, `trap`, `stack_overflow`.
+    pub reason: &'static str,
+}
+
+/// Every metric the node exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Actors awake in memory.
+    pub actors_active: Gauge,
+    /// Actors on disk and not awake.
+    pub actors_hibernated: Gauge,
+    /// Turns by kind and outcome.
+    pub turns: Family<TurnLabels, Counter>,
+    /// Turn duration (guest execution, not commit).
+    pub turn_seconds: Histogram,
+    /// Time from a message reaching a hibernated actor to its instance being ready.
+    pub wake_seconds: Histogram,
+    /// Hibernations.
+    pub hibernations: Counter,
+    /// Commits of the storage writer.
+    pub commits: Counter,
+    /// Failed commits.
+    pub commit_failures: Counter,
+    /// Operations per commit.
+    pub commit_batch_size: Histogram,
+    /// Commit latency including fsync.
+    pub commit_seconds: Histogram,
+    /// Messages refused because a mailbox was full.
+    pub mailbox_full: Counter,
+    /// Sandbox traps by reason.
+    pub traps: Family<TrapLabels, Counter>,
+    /// Durable messages waiting in inboxes (approximate, since start).
+    pub inbox_depth: Gauge,
+    /// Durable messages given up after repeated crashes.
+    pub turns_failed_recovery: Counter,
+}
+
+impl Metrics {
+    /// Register every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("marmot");
+        let actors_active = Gauge::default();
+        registry.register(
+            "actors_active",
+            "Actors awake in memory",
+            actors_active.clone(),
+        );
+        let actors_hibernated = Gauge::default();
+        registry.register(
+            "actors_hibernated",
+            "Actors stored on disk and not awake",
+            actors_hibernated.clone(),
+        );
+        let turns = Family::<TurnLabels, Counter>::default();
+        registry.register("turns", "Turns by kind and outcome", turns.clone());
+        let turn_seconds = Histogram::new(exponential_buckets(10e-6, 2.0, 22));
+        registry.register(
+            "turn_duration_seconds",
+            "Guest execution time of a turn",
+            turn_seconds.clone(),
+        );
+        let wake_seconds = Histogram::new(exponential_buckets(10e-6, 2.0, 20));
+        registry.register(
+            "wake_duration_seconds",
+            "Time to wake a hibernated actor (load and instantiate)",
+            wake_seconds.clone(),
+        );
+        let hibernations = Counter::default();
+        registry.register("hibernations", "Actors put to sleep", hibernations.clone());
+        let commits = Counter::default();
+        registry.register("commits", "Storage commits (each fsync'd)", commits.clone());
+        let commit_failures = Counter::default();
+        registry.register(
+            "commit_failures",
+            "Storage commits that failed",
+            commit_failures.clone(),
+        );
+        let commit_batch_size = Histogram::new(exponential_buckets(1.0, 2.0, 14));
+        registry.register(
+            "commit_batch_size",
+            "Write operations folded into one commit",
+            commit_batch_size.clone(),
+        );
+        let commit_seconds = Histogram::new(exponential_buckets(50e-6, 2.0, 16));
+        registry.register(
+            "commit_duration_seconds",
+            "Commit latency including fsync",
+            commit_seconds.clone(),
+        );
+        let mailbox_full = Counter::default();
+        registry.register(
+            "mailbox_full",
+            "Messages refused because the actor's mailbox was full",
+            mailbox_full.clone(),
+        );
+        let traps = Family::<TrapLabels, Counter>::default();
+        registry.register("sandbox_traps", "Sandbox traps by reason", traps.clone());
+        let inbox_depth = Gauge::default();
+        registry.register(
+            "inbox_depth",
+            "Durable messages accepted and not yet run",
+            inbox_depth.clone(),
+        );
+        let turns_failed_recovery = Counter::default();
+        registry.register(
+            "recovery_given_up",
+            "Durable messages given up after repeated crashes",
+            turns_failed_recovery.clone(),
+        );
+        Self {
+            registry,
+            actors_active,
+            actors_hibernated,
+            turns,
+            turn_seconds,
+            wake_seconds,
+            hibernations,
+            commits,
+            commit_failures,
+            commit_batch_size,
+            commit_seconds,
+            mailbox_full,
+            traps,
+            inbox_depth,
+            turns_failed_recovery,
+        }
+    }
+
+    /// Count a turn.
+    pub fn turn(&self, kind: &'static str, outcome: &'static str) {
+        self.turns
+            .get_or_create(&TurnLabels { kind, outcome })
+            .inc();
+    }
+
+    /// Count a trap.
+    pub fn trap(&self, reason: &'static str) {
+        self.traps.get_or_create(&TrapLabels { reason }).inc();
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(8 << 10);
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,101 @@
+//! The data every store carries, and the guard every host call passes.
+
+use std::sync::Arc;
+
+use wasmtime::component::ResourceTable;
+use wasmtime::{StoreLimits, StoreLimitsBuilder};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use super::output::GuestOutput;
+use super::turn::TurnState;
+use crate::config::ResolvedTypeConfig;
+
+/// What a trap was caused by, when the host caused it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LimitTrap {
+    /// The guest ran too long without calling the host.
+    #[error("CPU limit exceeded: the guest ran {0} ms without calling the host")]
+    Cpu(u64),
+    /// A host call was made outside a turn (a bug in the host).
+    #[error("host call outside a turn")]
+    NoTurn,
+}
+
+/// Store data for one actor instance.
+pub struct Host {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    pub(crate) limits: StoreLimits,
+    /// The running turn, if any.
+    pub(crate) turn: Option<TurnState>,
+    /// Epoch ticks the guest has run since its last host call.
+    pub(crate) cpu_ticks: u64,
+    /// Ticks allowed between host calls.
+    pub(crate) cpu_tick_limit: u64,
+    /// Milliseconds per tick (for messages).
+    pub(crate) tick_ms: u64,
+    /// Captured stdout and stderr.
+    pub(crate) stdout: GuestOutput,
+    pub(crate) stderr: GuestOutput,
+    /// Abort the process when a guest logs exactly this (crash tests).
+    pub(crate) fault_abort_marker: Option<Arc<str>>,
+}
+
+impl Host {
+    /// Store data for an instance of a type configured as `config`.
+    pub fn new(
+        config: &ResolvedTypeConfig,
+        tick_ms: u64,
+        output_capacity: usize,
+        fault_abort_marker: Option<Arc<str>>,
+    ) -> Self {
+        let stdout = GuestOutput::new(output_capacity);
+        let stderr = GuestOutput::new(output_capacity);
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.stdout(stdout.clone()).stderr(stderr.clone());
+        for (k, v) in &config.env {
+            wasi.env(k, v);
+        }
+        let limits = StoreLimitsBuilder::new()
+            .memory_size(config.max_memory_bytes as usize)
+            .trap_on_grow_failure(true)
+            .instances(64)
+            .tables(64)
+            .memories(8)
+            .build();
+        let cpu_tick_limit = (config.cpu_slice.as_millis() as u64)
+            .div_ceil(tick_ms.max(1))
+            .max(1);
+        Self {
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            limits,
+            turn: None,
+            cpu_ticks: 0,
+            cpu_tick_limit,
+            tick_ms,
+            stdout,
+            stderr,
+            fault_abort_marker,
+        }
+    }
+
+    /// The checkpoint every guest-facing host call passes first: it proves a
+    /// turn is running, resets the CPU meter (the limit is per host-call-free
+    /// stretch) and hands out the turn.
+    pub(crate) fn enter(&mut self) -> wasmtime::Result<&mut TurnState> {
+        self.cpu_ticks = 0;
+        self.turn
+            .as_mut()
+            .ok_or_else(|| wasmtime::Error::new(LimitTrap::NoTurn))
+    }
+}
+
+impl WasiView for Host {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! The WebAssembly sandbox: one wasmtime [`Engine`] per node, one
+//! [`Prepared`] (an `InstancePre`) per deployed type version, and one cheap
+//! pooled instance per active actor.
+//!
+//! * Compiled code is cached on disk, keyed by the code's SHA-256 and the
+//!   engine's compatibility hash, and loaded with `deserialize_file` (mmap)
+//!   so waking never compiles.
+//! * The pooling allocator is sized for the node's active-actor cap; memory
+//!   is reserved up front and reset (freed) when an instance is dropped.
+//! * CPU: an epoch ticker thread advances the engine every `tick`; each store
+//!   yields to tokio on every tick and traps once a guest runs `cpu_slice`
+//!   without calling the host. Memory: `StoreLimits` per store.
+
+pub mod bindings;
+mod caps;
+pub mod host;
+pub mod output;
+pub mod turn;
+
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline,
+};
+
+pub use host::{Host, LimitTrap};
+
+/// A deployed version, ready to instantiate.
+pub type Prepared = bindings::ActorPre<Host>;
+
+/// A live actor instance and its store.
+pub struct Instance {
+    /// The store (owns the instance's memory and the turn state).
+    pub store: Store<Host>,
+    /// The exported handlers.
+    pub actor: bindings::Actor,
+}
+
+/// How to build the engine.
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// Instances that may be live at once (active actors plus headroom).
+    pub max_instances: usize,
+    /// Largest linear memory of any instance.
+    pub max_memory_bytes: u64,
+    /// Epoch tick.
+    pub tick: Duration,
+    /// Directory for compiled code.
+    pub cache_dir: PathBuf,
+    /// Bytes of stdout/stderr kept per turn.
+    pub output_capacity: usize,
+    /// Abort the process when a guest logs exactly this (crash tests only).
+    pub fault_abort_marker: Option<Arc<str>>,
+}
+
+/// Why code cannot be deployed.
+#[derive(Debug, thiserror::Error)]
+pub enum CodeError {
+    /// Not WebAssembly at all.
+    #[error("not a WebAssembly binary (expected the `\\0asm` header)")]
+    NotWasm,
+    /// A core module where a component is needed.
+    #[error(
+        "this is a core WebAssembly module, not a component; build the actor for \
+         `--target wasm32-wasip2` with the marmot guest SDK"
+    )]
+    CoreModule,
+    /// Malformed or failed validation.
+    #[error("invalid component: {0}")]
+    Invalid(String),
+    /// Does not fit the `marmot:actor` world.
+    #[error("component does not fit the marmot:actor@0.1.0 world: {0}")]
+    WrongWorld(String),
+    /// The cache directory failed.
+    #[error("compiled-code cache: {0}")]
+    Cache(String),
+}
+
+/// The engine, its linker and the compiled-code cache.
+pub struct Sandbox {
+    engine: Engine,
+    linker: Linker<Host>,
+    config: SandboxConfig,
+    engine_hash: String,
+    tick_ms: u64,
+}
+
+impl Sandbox {
+    /// Build the engine and start its epoch ticker.
+    pub fn new(config: SandboxConfig) -> anyhow::Result<Arc<Self>> {
+        let n = config.max_instances.max(16) as u32;
+        let mut pool = PoolingAllocationConfig::new();
+        pool.total_component_instances(n)
+            .total_core_instances(n.saturating_mul(8))
+            .total_memories(n.saturating_mul(2))
+            .total_tables(n.saturating_mul(4))
+            .total_stacks(n)
+            .max_memory_size(config.max_memory_bytes as usize)
+            .max_core_instances_per_component(32)
+            .max_memories_per_component(4)
+            .max_tables_per_component(16)
+            .max_unused_warm_slots(256);
+        let mut wc = Config::new();
+        wc.epoch_interruption(true)
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
+            // Reserve exactly the memory limit: instances never move, and
+            // 10k+ slots fit the address space. Costs explicit bounds checks.
+            .memory_reservation(config.max_memory_bytes)
+            .memory_reservation_for_growth(0)
+            .memory_guard_size(64 << 10)
+            .max_wasm_stack(512 << 10)
+            .async_stack_size(1 << 20)
+            .cranelift_opt_level(wasmtime::OptLevel::Speed);
+        let engine = Engine::new(&wc).map_err(anyhow::Error::from)?;
+        let mut linker: Linker<Host> = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(anyhow::Error::from)?;
+        bindings::Actor::add_to_linker::<Host, HasSelf<Host>>(&mut linker, |h| h)
+            .map_err(anyhow::Error::from)?;
+        let engine_hash = {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            engine.precompile_compatibility_hash().hash(&mut h);
+            format!("{:016x}", h.finish())
+        };
+        std::fs::create_dir_all(&config.cache_dir).map_err(|e| {
+            anyhow::anyhow!(
+                "failed to create compiled-code cache `{}`: {e}",
+                config.cache_dir.display()
+            )
+        })?;
+        let tick_ms = config.tick.as_millis().max(1) as u64;
+        let sandbox = Arc::new(Self {
+            engine,
+            linker,
+            config,
+            engine_hash,
+            tick_ms,
+        });
+        let weak = sandbox.engine.weak();
+        let tick = sandbox.config.tick;
+        std::thread::Builder::new()
+            .name("marmot-epoch".into())
+            .spawn(move || {
+                while let Some(engine) = weak.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(tick);
+                }
+            })?;
+        Ok(sandbox)
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Compile `code` (or load it from the cache) and check that it fits the
+    /// actor world. Blocking: call from a blocking thread.
+    pub fn prepare(&self, code: &[u8]) -> Result<Prepared, CodeError> {
+        let component = self.compile(code)?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| CodeError::WrongWorld(format!("{e:#}")))?;
+        bindings::ActorPre::new(pre).map_err(|e| CodeError::WrongWorld(format!("{e:#}")))
+    }
+
+    fn compile(&self, code: &[u8]) -> Result<Component, CodeError> {
+        check_header(code)?;
+        let sha = hex::encode(Sha256::digest(code));
+        let path = self.cache_path(&sha);
+        if path.exists() {
+            // The file was written by this node from a successful
+            // `serialize`, under a name that includes the engine's
+            // compatibility hash; wasmtime re-checks that hash on load.
+            #[allow(unsafe_code, reason = "loading our own compiled-code cache")]
+            match unsafe { Component::deserialize_file(&self.engine, &path) } {
+                Ok(c) => return Ok(c),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "discarding unusable compiled-code cache entry");
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+        let component =
+            Component::new(&self.engine, code).map_err(|e| CodeError::Invalid(format!("{e:#}")))?;
+        match component.serialize() {
+            Ok(bytes) => {
+                if let Err(e) = write_atomic(&path, &bytes) {
+                    tracing::warn!(path = %path.display(), error = %e, "failed to cache compiled code");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "failed to serialize compiled code"),
+        }
+        Ok(component)
+    }
+
+    fn cache_path(&self, sha: &str) -> PathBuf {
+        self.config
+            .cache_dir
+            .join(format!("{sha}-{}.cwasm", self.engine_hash))
+    }
+
+    /// Store data for an instance of a type configured as `config`.
+    pub fn new_host(&self, config: &crate::config::ResolvedTypeConfig) -> Host {
+        Host::new(
+            config,
+            self.tick_ms,
+            self.config.output_capacity,
+            self.config.fault_abort_marker.clone(),
+        )
+    }
+
+    /// Instantiate `pre` in a fresh store.
+    pub async fn instantiate(&self, pre: &Prepared, host: Host) -> wasmtime::Result<Instance> {
+        let mut store = Store::new(&self.engine, host);
+        store.limiter(|h| &mut h.limits);
+        store.epoch_deadline_callback(|mut ctx| {
+            let h = ctx.data_mut();
+            h.cpu_ticks += 1;
+            if h.cpu_ticks > h.cpu_tick_limit {
+                return Err(wasmtime::Error::new(LimitTrap::Cpu(
+                    h.cpu_ticks * h.tick_ms,
+                )));
+            }
+            Ok(UpdateDeadline::Yield(1))
+        });
+        store.set_epoch_deadline(1);
+        let actor = pre.instantiate_async(&mut store).await?;
+        Ok(Instance { store, actor })
+    }
+}
+
+/// Why a call into a guest failed, for metrics and messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrapKind {
+    /// Ran too long without a host call.
+    Cpu,
+    /// Tried to grow memory past its limit.
+    Memory,
+    /// Recursed past the stack limit.
+    StackOverflow,
+    /// Any other trap (a panic, unreachable, a bad access).
+    Trap,
+}
+
+impl TrapKind {
+    /// Classify a trap.
+    pub fn of(err: &wasmtime::Error) -> Self {
+        if let Some(LimitTrap::Cpu(_)) = err.downcast_ref::<LimitTrap>() {
+            return TrapKind::Cpu;
+        }
+        if let Some(t) = err.downcast_ref::<wasmtime::Trap>()
+            && *t == wasmtime::Trap::StackOverflow
+        {
+            return TrapKind::StackOverflow;
+        }
+        if format!("{err:#}").contains("growing memory") {
+            return TrapKind::Memory;
+        }
+        TrapKind::Trap
+    }
+
+    /// Metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            TrapKind::Cpu => "cpu",
+            TrapKind::Memory => "memory",
+            TrapKind::StackOverflow => "stack_overflow",
+            TrapKind::Trap => "trap",
+        }
+    }
+}
+
+fn check_header(code: &[u8]) -> Result<(), CodeError> {
+    if code.len() < 8 || &code[..4] != b"\0asm" {
+        return Err(CodeError::NotWasm);
+    }
+    // Core modules have version 1; components carry layer 1 in bytes 6..8.
+    if code[4..8] == [1, 0, 0, 0] {
+        return Err(CodeError::CoreModule);
+    }
+    Ok(())
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers() {
+        assert!(matches!(
+            check_header(b"hello world"),
+            Err(CodeError::NotWasm)
+        ));
+        assert!(matches!(
+            check_header(b"\0asm\x01\0\0\0"),
+            Err(CodeError::CoreModule)
+        ));
+        assert!(check_header(b"\0asm\x0d\0\x01\0").is_ok());
+    }
+}

@@ -1,0 +1,347 @@
+//! What one turn sees and writes.
+//!
+//! A [`TurnState`] is moved into the store before a handler runs and taken
+//! out afterwards. Host capabilities buffer every write in it; nothing reaches
+//! storage until the actor turns a successful [`TurnState`] into a commit. A
+//! failed turn is dropped with its buffer, which is how "a turn that traps
+//! commits nothing" holds.
+//!
+//! Reads go, in order, through the turn's own writes, the actor's
+//! [`StateCache`] (values it read or wrote during this activation, including
+//! writes whose commit is still in flight) and finally a redb read
+//! transaction. The cache is authoritative for every key it holds because
+//! this activation is the only writer of the actor's state.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::ids::{ActorKey, MAX_STATE_KEY};
+use crate::storage::{Storage, StorageError};
+
+/// Limits that apply inside a turn.
+#[derive(Debug, Clone)]
+pub struct TurnLimits {
+    /// Largest state value.
+    pub max_value_bytes: usize,
+    /// Largest total state.
+    pub max_state_bytes: u64,
+    /// Largest event payload.
+    pub max_event_bytes: usize,
+    /// Events one turn may emit.
+    pub max_events_per_turn: usize,
+    /// Log lines one turn may write.
+    pub max_log_lines: u32,
+    /// Longest log line kept.
+    pub max_log_line_bytes: usize,
+}
+
+/// A cached state value.
+#[derive(Debug, Clone)]
+struct Cached {
+    value: Option<Bytes>,
+    /// Turn that wrote it (0: read from disk). Entries written by a turn whose
+    /// commit is not yet durable must not be evicted.
+    written_by: u64,
+}
+
+/// Values an active actor has read or written, so hot keys never touch redb.
+#[derive(Debug, Default)]
+pub struct StateCache {
+    entries: HashMap<String, Cached>,
+    bytes: usize,
+}
+
+impl StateCache {
+    fn get(&self, key: &str) -> Option<&Option<Bytes>> {
+        self.entries.get(key).map(|c| &c.value)
+    }
+
+    fn insert(&mut self, key: String, value: Option<Bytes>, written_by: u64) {
+        let key_len = key.len();
+        let value_len = value.as_ref().map_or(0, Bytes::len);
+        match self.entries.insert(key, Cached { value, written_by }) {
+            Some(old) => {
+                self.bytes = self.bytes - old.value.as_ref().map_or(0, Bytes::len) + value_len;
+            }
+            None => self.bytes += key_len + value_len,
+        }
+    }
+
+    /// Approximate memory held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Drop entries whose writes are durable (or that came from disk) when
+    /// the cache grew beyond `cap` bytes.
+    pub fn trim(&mut self, cap: usize, committed_seq: u64) {
+        if self.bytes <= cap {
+            return;
+        }
+        let mut bytes = 0;
+        self.entries.retain(|k, c| {
+            let keep = c.written_by > committed_seq;
+            if keep {
+                bytes += k.len() + c.value.as_ref().map_or(0, Bytes::len);
+            }
+            keep
+        });
+        self.bytes = bytes;
+    }
+}
+
+/// The per-turn buffer and state view.
+pub struct TurnState {
+    /// The actor.
+    pub key: ActorKey,
+    /// Its actor number.
+    pub num: u64,
+    /// Code version running the turn.
+    pub version: u32,
+    /// This turn's sequence number within the activation.
+    pub seq: u64,
+    /// The actor's cache, moved in for the turn.
+    pub cache: StateCache,
+    /// State written by this turn, in key order (`None` deletes).
+    pub writes: BTreeMap<String, Option<Bytes>>,
+    /// Total state size, including this turn's writes.
+    pub state_bytes: u64,
+    /// Number of state keys, including this turn's writes.
+    pub state_keys: u64,
+    /// Events emitted by this turn: (kind, JSON data).
+    pub events: Vec<(String, Vec<u8>)>,
+    /// Seq the next emitted event gets.
+    pub next_event_seq: u64,
+    /// Log lines written so far.
+    pub log_lines: u32,
+    /// Limits.
+    pub limits: Arc<TurnLimits>,
+    storage: Arc<Storage>,
+}
+
+/// Why a guest call was refused; shown to the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// A malformed argument.
+    Invalid(String),
+    /// A limit was reached.
+    Limit(String),
+}
+
+impl TurnState {
+    /// A turn for actor `num` whose record says it holds `state_bytes` in
+    /// `state_keys` keys and whose last event is `last_event_seq`.
+    #[allow(clippy::too_many_arguments, reason = "plain data constructor")]
+    pub fn new(
+        key: ActorKey,
+        num: u64,
+        version: u32,
+        seq: u64,
+        cache: StateCache,
+        state_bytes: u64,
+        state_keys: u64,
+        last_event_seq: u64,
+        limits: Arc<TurnLimits>,
+        storage: Arc<Storage>,
+    ) -> Self {
+        Self {
+            key,
+            num,
+            version,
+            seq,
+            cache,
+            writes: BTreeMap::new(),
+            state_bytes,
+            state_keys,
+            events: Vec::new(),
+            next_event_seq: last_event_seq + 1,
+            log_lines: 0,
+            limits,
+            storage,
+        }
+    }
+
+    /// The value under `key` as this turn sees it.
+    pub fn get(&mut self, key: &str) -> Result<Option<Bytes>, StorageError> {
+        if let Some(v) = self.writes.get(key) {
+            return Ok(v.clone());
+        }
+        if let Some(v) = self.cache.get(key) {
+            return Ok(v.clone());
+        }
+        let v = self
+            .storage
+            .reader()?
+            .state(self.num, key)?
+            .map(Bytes::from);
+        self.cache.insert(key.to_owned(), v.clone(), 0);
+        Ok(v)
+    }
+
+    /// Buffer a write of `value` under `key`.
+    pub fn set(&mut self, key: String, value: Bytes) -> Result<Result<(), Refusal>, StorageError> {
+        if let Err(r) = check_key(&key) {
+            return Ok(Err(r));
+        }
+        if value.len() > self.limits.max_value_bytes {
+            return Ok(Err(Refusal::Limit(format!(
+                "state value of {} bytes exceeds the limit of {} bytes",
+                value.len(),
+                self.limits.max_value_bytes
+            ))));
+        }
+        let old = self.get(&key)?;
+        let old_size = old.as_ref().map_or(0, |v| (key.len() + v.len()) as u64);
+        let new_size = (key.len() + value.len()) as u64;
+        let total = self.state_bytes - old_size + new_size;
+        if new_size > old_size && total > self.limits.max_state_bytes {
+            return Ok(Err(Refusal::Limit(format!(
+                "actor state would grow to {total} bytes, over the limit of {} bytes",
+                self.limits.max_state_bytes
+            ))));
+        }
+        self.state_bytes = total;
+        if old.is_none() {
+            self.state_keys += 1;
+        }
+        self.writes.insert(key, Some(value));
+        Ok(Ok(()))
+    }
+
+    /// Buffer a delete; returns whether the key existed.
+    pub fn delete(&mut self, key: &str) -> Result<bool, StorageError> {
+        if check_key(key).is_err() {
+            return Ok(false);
+        }
+        let Some(old) = self.get(key)? else {
+            return Ok(false);
+        };
+        self.state_bytes -= (key.len() + old.len()) as u64;
+        self.state_keys -= 1;
+        self.writes.insert(key.to_owned(), None);
+        Ok(true)
+    }
+
+    /// Entries with `prefix` in key order, after `start_after`, at most `limit`.
+    pub fn list(
+        &mut self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Bytes)>, StorageError> {
+        let in_range = |k: &str| k.starts_with(prefix) && start_after.is_none_or(|a| k > a);
+        // This activation's view overrides disk: cache first, then this
+        // turn's writes on top.
+        let mut overlay: BTreeMap<&str, &Option<Bytes>> = BTreeMap::new();
+        for (k, c) in &self.cache.entries {
+            if in_range(k) {
+                overlay.insert(k, &c.value);
+            }
+        }
+        for (k, v) in &self.writes {
+            if in_range(k) {
+                overlay.insert(k, v);
+            }
+        }
+        // Deleted keys may hide disk rows, so read that many more.
+        let hidden = overlay.values().filter(|v| v.is_none()).count();
+        let disk = self.storage.reader()?.state_range(
+            self.num,
+            prefix,
+            start_after,
+            limit.saturating_add(hidden),
+        )?;
+        let mut merged: BTreeMap<String, Bytes> =
+            disk.into_iter().map(|(k, v)| (k, Bytes::from(v))).collect();
+        for (k, v) in overlay {
+            match v {
+                Some(v) => {
+                    merged.insert(k.to_owned(), v.clone());
+                }
+                None => {
+                    merged.remove(k);
+                }
+            }
+        }
+        Ok(merged.into_iter().take(limit).collect())
+    }
+
+    /// Buffer an event; returns its seq.
+    pub fn emit(&mut self, kind: String, data: Vec<u8>) -> Result<u64, Refusal> {
+        if kind.is_empty() || kind.len() > 128 || kind.chars().any(char::is_control) {
+            return Err(Refusal::Invalid(
+                "event kind must be 1 to 128 bytes without control characters".into(),
+            ));
+        }
+        if data.len() > self.limits.max_event_bytes {
+            return Err(Refusal::Limit(format!(
+                "event data of {} bytes exceeds the limit of {} bytes",
+                data.len(),
+                self.limits.max_event_bytes
+            )));
+        }
+        if self.events.len() >= self.limits.max_events_per_turn {
+            return Err(Refusal::Limit(format!(
+                "a turn may emit at most {} events",
+                self.limits.max_events_per_turn
+            )));
+        }
+        if serde_json::from_slice::<serde::de::IgnoredAny>(&data).is_err() {
+            return Err(Refusal::Invalid("event data must be JSON".into()));
+        }
+        let seq = self.next_event_seq;
+        self.next_event_seq += 1;
+        self.events.push((kind, data));
+        Ok(seq)
+    }
+
+    /// Fold this turn's writes into the cache (the turn succeeded) and give
+    /// the cache back to the actor along with the writes to commit.
+    pub fn finish(mut self) -> (StateCache, FinishedTurn) {
+        let writes: Vec<(String, Option<Bytes>)> =
+            std::mem::take(&mut self.writes).into_iter().collect();
+        for (k, v) in &writes {
+            self.cache.insert(k.clone(), v.clone(), self.seq);
+        }
+        let finished = FinishedTurn {
+            writes,
+            events: self.events,
+            state_bytes: self.state_bytes,
+            state_keys: self.state_keys,
+        };
+        (self.cache, finished)
+    }
+
+    /// Discard this turn's writes and give the cache back.
+    pub fn abandon(self) -> StateCache {
+        self.cache
+    }
+}
+
+/// A successful turn's results.
+#[derive(Debug, Default)]
+pub struct FinishedTurn {
+    /// State writes to commit.
+    pub writes: Vec<(String, Option<Bytes>)>,
+    /// Events to commit, in order.
+    pub events: Vec<(String, Vec<u8>)>,
+    /// Total state size after the turn.
+    pub state_bytes: u64,
+    /// Number of keys after the turn.
+    pub state_keys: u64,
+}
+
+fn check_key(key: &str) -> Result<(), Refusal> {
+    if key.is_empty() {
+        return Err(Refusal::Invalid("state key must not be empty".into()));
+    }
+    if key.len() > MAX_STATE_KEY {
+        return Err(Refusal::Invalid(format!(
+            "state key of {} bytes exceeds the limit of {MAX_STATE_KEY} bytes",
+            key.len()
+        )));
+    }
+    Ok(())
+}

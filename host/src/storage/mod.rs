@@ -1,0 +1,341 @@
+//! Durable storage on redb: one database file per node.
+//!
+//! * [`schema`] declares every table and record, with the format version.
+//! * [`writer`] owns all writes: one thread folds queued operations from many
+//!   actors into one fsync'd transaction (group commit) and only then
+//!   completes each operation — the output gate that keeps replies from
+//!   leaving before their turn is durable.
+//! * [`Reader`] serves reads from MVCC read transactions, which never block
+//!   the writer.
+
+pub mod schema;
+pub mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
+
+use crate::config::StorageConfig;
+use crate::ids::ActorKey;
+use crate::metrics::Metrics;
+use schema::*;
+pub use writer::{CommitFailed, CommitTracker, EnqueueOutcome, TurnCommit, WriteOp, Writer};
+
+/// A storage failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// redb failed (I/O, corruption).
+    #[error("storage: {0}")]
+    Db(#[from] redb::Error),
+    /// A record could not be decoded.
+    #[error("storage: {0}")]
+    Decode(#[from] DecodeError),
+    /// The database cannot be used by this build.
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    /// A file-system operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The writer thread is gone (node shutting down).
+    #[error("storage writer stopped")]
+    WriterGone,
+    /// The commit holding this operation failed; nothing of it was written.
+    #[error("{0}")]
+    CommitFailed(#[from] CommitFailed),
+}
+
+macro_rules! db_err {
+    ($($t:ty),*) => {$(
+        impl From<$t> for StorageError {
+            fn from(e: $t) -> Self {
+                StorageError::Db(e.into())
+            }
+        }
+    )*};
+}
+db_err!(
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError,
+    redb::DatabaseError
+);
+
+/// The node's database and its writer.
+pub struct Storage {
+    db: Arc<redb::Database>,
+    writer: Writer,
+    path: PathBuf,
+}
+
+impl Storage {
+    /// Open (or create) `dir/marmot.redb` and start the writer thread.
+    pub fn open(
+        dir: &Path,
+        config: &StorageConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, StorageError> {
+        std::fs::create_dir_all(dir).map_err(|e| StorageError::Io {
+            what: format!("failed to create data directory `{}`", dir.display()),
+            source: e,
+        })?;
+        let path = dir.join("marmot.redb");
+        let db = redb::Builder::new()
+            .set_cache_size(config.cache_bytes)
+            .create(&path)?;
+        check_format(&db)?;
+        let db = Arc::new(db);
+        let writer = Writer::start(db.clone(), config, metrics)?;
+        Ok(Self { db, writer, path })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A consistent read-only view of everything committed so far.
+    pub fn reader(&self) -> Result<Reader, StorageError> {
+        Ok(Reader {
+            txn: self.db.begin_read()?,
+        })
+    }
+
+    /// The group-commit writer.
+    pub fn writer(&self) -> &Writer {
+        &self.writer
+    }
+
+    /// Wait until every write queued so far is durable.
+    pub async fn flush(&self) {
+        self.writer.flush().await;
+    }
+}
+
+/// A read transaction with typed accessors.
+pub struct Reader {
+    txn: redb::ReadTransaction,
+}
+
+/// One page of a listing.
+#[derive(Debug)]
+pub struct Page<T> {
+    /// The items.
+    pub items: Vec<T>,
+    /// Where the next page starts, if there is one.
+    pub next_cursor: Option<String>,
+}
+
+impl Reader {
+    /// Every type record.
+    pub fn types(&self) -> Result<Vec<TypeRecord>, StorageError> {
+        let t = self.txn.open_table(TYPES)?;
+        let mut out = Vec::new();
+        for row in t.iter()? {
+            let (_, v) = row?;
+            out.push(decode_type(v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// The code of one version.
+    pub fn code(&self, ty: &str, version: u32) -> Result<Option<Vec<u8>>, StorageError> {
+        let t = self.txn.open_table(CODE)?;
+        Ok(t.get((ty, version))?.map(|v| v.value().to_vec()))
+    }
+
+    /// An actor's record.
+    pub fn actor(&self, key: &ActorKey) -> Result<Option<ActorRecord>, StorageError> {
+        let t = self.txn.open_table(ACTORS)?;
+        match t.get((key.ty(), key.id()))? {
+            Some(v) => Ok(Some(decode("actor", v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The key of actor number `num`.
+    pub fn actor_key(&self, num: u64) -> Result<Option<ActorKey>, StorageError> {
+        let t = self.txn.open_table(ACTOR_KEYS)?;
+        Ok(t.get(num)?.map(|v| {
+            let (ty, id) = v.value();
+            ActorKey::new_unchecked(ty, id)
+        }))
+    }
+
+    /// Number of actors on disk.
+    pub fn actor_count(&self) -> Result<u64, StorageError> {
+        Ok(self.txn.open_table(ACTORS)?.len()?)
+    }
+
+    /// Number of actors of one type (walks the type's range).
+    pub fn count_actors_of_type(&self, ty: &str) -> Result<u64, StorageError> {
+        let t = self.txn.open_table(ACTORS)?;
+        let mut n = 0;
+        for row in t.range((ty, "")..)? {
+            let (k, _) = row?;
+            if k.value().0 != ty {
+                break;
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Actors of `ty` whose id starts with `prefix`, after `cursor`.
+    pub fn list_actors(
+        &self,
+        ty: &str,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<(String, ActorRecord)>, StorageError> {
+        let t = self.txn.open_table(ACTORS)?;
+        let start = match cursor {
+            Some(c) if c >= prefix => c,
+            _ => prefix,
+        };
+        let mut items = Vec::new();
+        let mut next_cursor = None;
+        for row in t.range((ty, start)..)? {
+            let (k, v) = row?;
+            let (kty, id) = k.value();
+            if kty != ty || !id.starts_with(prefix) {
+                break;
+            }
+            if Some(id) == cursor {
+                continue;
+            }
+            if items.len() == limit {
+                next_cursor = items.last().map(|(id, _): &(String, _)| id.clone());
+                break;
+            }
+            items.push((id.to_owned(), decode("actor", v.value())?));
+        }
+        Ok(Page { items, next_cursor })
+    }
+
+    /// One state value.
+    pub fn state(&self, num: u64, key: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        let t = self.txn.open_table(STATE)?;
+        Ok(t.get((num, key))?.map(|v| v.value().to_vec()))
+    }
+
+    /// State entries with `prefix`, after `start_after`, at most `limit`.
+    pub fn state_range(
+        &self,
+        num: u64,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+        let t = self.txn.open_table(STATE)?;
+        let start = match start_after {
+            Some(a) if a >= prefix => a,
+            _ => prefix,
+        };
+        let mut out = Vec::new();
+        for row in t.range((num, start)..)? {
+            let (k, v) = row?;
+            let (n, key) = k.value();
+            if n != num || !key.starts_with(prefix) || out.len() == limit {
+                break;
+            }
+            if Some(key) == start_after {
+                continue;
+            }
+            out.push((key.to_owned(), v.value().to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// Events with seq > `after`, at most `limit`.
+    pub fn events(
+        &self,
+        num: u64,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, EventRecord)>, StorageError> {
+        let t = self.txn.open_table(EVENTS)?;
+        let mut out = Vec::new();
+        for row in t.range((num, after.saturating_add(1))..=(num, u64::MAX))? {
+            if out.len() == limit {
+                break;
+            }
+            let (k, v) = row?;
+            out.push((k.value().1, decode("event", v.value())?));
+        }
+        Ok(out)
+    }
+
+    /// An idempotency record.
+    pub fn idempotency(&self, num: u64, key: &str) -> Result<Option<IdemRecord>, StorageError> {
+        let t = self.txn.open_table(IDEMPOTENCY)?;
+        match t.get((num, key))? {
+            Some(v) => Ok(Some(decode("idempotency", v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Inbox rows of one actor with seq > `after`, oldest first.
+    pub fn inbox(
+        &self,
+        num: u64,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, InboxRecord)>, StorageError> {
+        let t = self.txn.open_table(INBOX)?;
+        let mut out = Vec::new();
+        for row in t.range((num, after.saturating_add(1))..=(num, u64::MAX))? {
+            if out.len() == limit {
+                break;
+            }
+            let (k, v) = row?;
+            out.push((k.value().1, decode("inbox", v.value())?));
+        }
+        Ok(out)
+    }
+
+    /// Number of inbox rows of one actor.
+    pub fn inbox_len(&self, num: u64) -> Result<u64, StorageError> {
+        let t = self.txn.open_table(INBOX)?;
+        let mut n = 0;
+        for row in t.range((num, 0)..=(num, u64::MAX))? {
+            row?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Actor numbers that have inbox rows, each once, plus the highest seq.
+    pub fn inbox_actors(&self) -> Result<(Vec<u64>, u64), StorageError> {
+        let t = self.txn.open_table(INBOX)?;
+        let mut actors: Vec<u64> = Vec::new();
+        let mut max_seq = 0;
+        for row in t.iter()? {
+            let (k, _) = row?;
+            let (num, seq) = k.value();
+            if actors.last() != Some(&num) {
+                actors.push(num);
+            }
+            max_seq = max_seq.max(seq);
+        }
+        Ok((actors, max_seq))
+    }
+}
+
+/// Type records are stored as JSON: they are rare, small, and carry the
+/// user's config, which must stay readable as config keys are added.
+pub(crate) fn decode_type(bytes: &[u8]) -> Result<TypeRecord, StorageError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| StorageError::Db(redb::Error::Corrupted(format!("corrupt type record: {e}"))))
+}
+
+pub(crate) fn encode_type(rec: &TypeRecord) -> Vec<u8> {
+    serde_json::to_vec(rec).expect("type records always serialize")
+}

@@ -1,0 +1,825 @@
+//! The group-commit writer: the only code that writes to redb.
+//!
+//! Turns from many actors queue [`WriteOp`]s on one channel. A dedicated
+//! thread takes everything queued (up to `max_batch`), applies it in one
+//! write transaction, commits it with fsync, and only then completes each
+//! operation. Under light load a turn waits for about one fsync; under heavy
+//! load batches grow and throughput follows the CPU rather than the disk.
+//!
+//! Completion is the *output gate*: a reply is handed to its caller from the
+//! operation's completion, so nothing leaves the node before it is durable.
+//!
+//! Actors do not wait for their own commits before running the next turn
+//! (that would cap one actor at one fsync per turn). Instead every turn
+//! carries a [`CommitTracker`] generation: when a commit fails, every actor
+//! in the batch has its minimum generation raised, later operations from the
+//! old generation are refused, and the actor reloads from disk before its
+//! next turn. Nothing computed from lost writes can ever commit or be
+//! released.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use bytes::Bytes;
+use redb::{ReadableTable, WriteTransaction};
+use tokio::sync::{Notify, mpsc, oneshot};
+
+use super::schema::*;
+use super::{StorageError, encode_type};
+use crate::clock::now_ms;
+use crate::config::StorageConfig;
+use crate::ids::ActorKey;
+use crate::metrics::Metrics;
+
+/// A commit failed; nothing in it was written.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CommitFailed {
+    /// The transaction failed to apply or commit.
+    #[error("commit failed: {0}")]
+    Storage(String),
+    /// An earlier commit of the same actor failed, so this turn, which ran on
+    /// top of it, was refused.
+    #[error("an earlier commit of this actor failed; the turn was discarded")]
+    Superseded,
+    /// The writer is shutting down.
+    #[error("node is shutting down")]
+    ShuttingDown,
+}
+
+/// Per-actor commit bookkeeping shared between an actor and the writer.
+#[derive(Debug, Default)]
+pub struct CommitTracker {
+    /// Turns from generations below this are refused (an earlier commit failed).
+    min_generation: AtomicU64,
+    /// Highest turn sequence number known durable.
+    committed_seq: AtomicU64,
+    /// Signalled after every commit that includes this actor.
+    committed: Notify,
+}
+
+impl CommitTracker {
+    /// The lowest generation the writer still accepts.
+    pub fn min_generation(&self) -> u64 {
+        self.min_generation.load(Ordering::Acquire)
+    }
+
+    /// Highest turn sequence number known durable.
+    pub fn committed_seq(&self) -> u64 {
+        self.committed_seq.load(Ordering::Acquire)
+    }
+
+    /// Wait until turn `seq` is durable or the generation was superseded.
+    pub async fn wait_committed(&self, seq: u64, generation: u64) {
+        loop {
+            let notified = self.committed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.committed_seq() >= seq || self.min_generation() > generation {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn mark_committed(&self, seq: u64) {
+        self.committed_seq.fetch_max(seq, Ordering::AcqRel);
+        self.committed.notify_waiters();
+    }
+
+    fn mark_failed(&self, generation: u64) {
+        self.min_generation
+            .fetch_max(generation + 1, Ordering::AcqRel);
+        self.committed.notify_waiters();
+    }
+}
+
+/// Called once the operation's commit is durable, or failed.
+pub type OnDurable = Box<dyn FnOnce(Result<(), CommitFailed>) + Send>;
+
+/// Everything one successful turn writes, committed atomically.
+pub struct TurnCommit {
+    /// The actor.
+    pub key: ActorKey,
+    /// Its commit bookkeeping.
+    pub tracker: Arc<CommitTracker>,
+    /// The generation the turn ran in.
+    pub generation: u64,
+    /// The turn's sequence number within the actor's activation.
+    pub seq: u64,
+    /// The actor record after the turn.
+    pub record: ActorRecord,
+    /// State writes (`None` deletes).
+    pub state: Vec<(String, Option<Bytes>)>,
+    /// Events to append, with their seqs.
+    pub events: Vec<(u64, EventRecord)>,
+    /// Delete events with seq below this (retention).
+    pub trim_events_below: Option<u64>,
+    /// An idempotency record to write.
+    pub idempotency: Option<(String, IdemRecord)>,
+    /// An inbox row this turn consumed.
+    pub inbox_done: Option<u64>,
+    /// An inbox row to rewrite (recovery attempt counter).
+    pub inbox_update: Option<(u64, InboxRecord)>,
+    /// Completion.
+    pub on_durable: OnDurable,
+}
+
+/// Result of a durable enqueue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnqueueOutcome {
+    /// Stored; the actor must be poked.
+    Queued {
+        /// The message id.
+        message_id: String,
+    },
+    /// An earlier message with the same idempotency key exists.
+    Duplicate {
+        /// Its message id.
+        message_id: String,
+    },
+}
+
+type Reply<T> = oneshot::Sender<Result<T, StorageError>>;
+
+/// One unit of work for the writer.
+pub enum WriteOp {
+    /// Commit a turn.
+    Turn(Box<TurnCommit>),
+    /// Look up an actor, creating it (with `version`) when absent.
+    GetOrCreate {
+        /// The actor.
+        key: ActorKey,
+        /// Version for a new actor.
+        version: u32,
+        /// Completion (after durable).
+        done: Reply<ActorRecord>,
+    },
+    /// Durably enqueue a `?wait=false` message, creating the actor if needed.
+    Enqueue {
+        /// The actor.
+        key: ActorKey,
+        /// Version for a new actor.
+        version: u32,
+        /// The message.
+        message: InboxRecord,
+        /// How long an idempotency record lives.
+        idempotency_ttl_ms: u64,
+        /// Completion (after durable).
+        done: Reply<EnqueueOutcome>,
+    },
+    /// Delete an actor and everything it owns.
+    DeleteActor {
+        /// The actor.
+        key: ActorKey,
+        /// Completion: whether it existed.
+        done: Reply<bool>,
+    },
+    /// Write a type record, with new code if given.
+    PutType {
+        /// The record.
+        record: TypeRecord,
+        /// (version, bytes) of newly deployed code.
+        code: Option<(u32, Vec<u8>)>,
+        /// Completion.
+        done: Reply<()>,
+    },
+    /// Delete a type, its code and (when `with_actors`) all its actors.
+    DeleteType {
+        /// The type.
+        name: String,
+        /// Also delete its actors.
+        with_actors: bool,
+        /// Completion: actors deleted.
+        done: Reply<u64>,
+    },
+    /// Forget idempotency records that expired before `now_ms`.
+    SweepIdempotency {
+        /// The cut-off.
+        now_ms: u64,
+        /// Completion: records removed.
+        done: Reply<u64>,
+    },
+    /// Completes once everything queued before it is durable.
+    Barrier {
+        /// Completion.
+        done: oneshot::Sender<()>,
+    },
+}
+
+/// Handle to the writer thread.
+pub struct Writer {
+    tx: mpsc::UnboundedSender<WriteOp>,
+    /// Actors on disk, kept current by the writer.
+    actor_count: Arc<AtomicU64>,
+}
+
+impl Writer {
+    pub(super) fn start(
+        db: Arc<redb::Database>,
+        config: &StorageConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, StorageError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (next_num, actor_count, next_inbox_seq) = {
+            use redb::{ReadableDatabase, ReadableTableMetadata};
+            let r = db.begin_read()?;
+            let keys = r.open_table(ACTOR_KEYS)?;
+            let next_num = keys.last()?.map(|(k, _)| k.value() + 1).unwrap_or(1);
+            let count = r.open_table(ACTORS)?.len()?;
+            let inbox = r.open_table(INBOX)?;
+            let mut max_seq = 0;
+            for row in inbox.iter()? {
+                max_seq = max_seq.max(row?.0.value().1);
+            }
+            (next_num, count, max_seq + 1)
+        };
+        let actor_count = Arc::new(AtomicU64::new(actor_count));
+        let mut state = WriterState {
+            db,
+            rx,
+            max_batch: config.max_batch.max(1),
+            quick_repair: config.quick_repair,
+            next_num,
+            next_inbox_seq,
+            actor_count: actor_count.clone(),
+            metrics,
+        };
+        std::thread::Builder::new()
+            .name("marmot-writer".into())
+            .spawn(move || state.run())
+            .map_err(|e| StorageError::Io {
+                what: "failed to start the storage writer thread".into(),
+                source: e,
+            })?;
+        Ok(Self { tx, actor_count })
+    }
+
+    /// Queue an operation. If the writer is gone the operation is dropped,
+    /// which completes its reply channel with an error for the waiter.
+    pub fn submit(&self, op: WriteOp) {
+        if let Err(mpsc::error::SendError(op)) = self.tx.send(op) {
+            fail_op(op, CommitFailed::ShuttingDown);
+        }
+    }
+
+    /// Queue an operation and wait for its result.
+    pub async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> WriteOp) -> Result<T, StorageError> {
+        let (done, rx) = oneshot::channel();
+        self.submit(make(done));
+        rx.await.map_err(|_| StorageError::WriterGone)?
+    }
+
+    /// Wait until everything submitted so far is durable.
+    pub async fn barrier(&self) {
+        let (done, rx) = oneshot::channel();
+        self.submit(WriteOp::Barrier { done });
+        let _ = rx.await;
+    }
+
+    /// Actors on disk.
+    pub fn actor_count(&self) -> u64 {
+        self.actor_count.load(Ordering::Relaxed)
+    }
+
+    /// Wait for queued work to be durable. The thread itself exits when the
+    /// last handle is dropped.
+    pub async fn flush(&self) {
+        self.barrier().await;
+    }
+}
+
+fn fail_op(op: WriteOp, why: CommitFailed) {
+    Applied::from_unapplied(op).complete(Some(&why));
+}
+
+impl Applied {
+    /// The completion of an op that was never applied.
+    fn from_unapplied(op: WriteOp) -> Applied {
+        match op {
+            WriteOp::Turn(t) => Applied::Turn {
+                tracker: t.tracker,
+                generation: t.generation,
+                seq: t.seq,
+                on_durable: t.on_durable,
+            },
+            WriteOp::GetOrCreate { done, .. } => {
+                Applied::reply(done, Err(StorageError::WriterGone))
+            }
+            WriteOp::Enqueue { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
+            WriteOp::DeleteActor { done, .. } => {
+                Applied::reply(done, Err(StorageError::WriterGone))
+            }
+            WriteOp::PutType { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
+            WriteOp::DeleteType { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
+            WriteOp::SweepIdempotency { done, .. } => {
+                Applied::reply(done, Err(StorageError::WriterGone))
+            }
+            WriteOp::Barrier { done } => Applied::Reply(Box::new(move |_| {
+                let _ = done.send(());
+            })),
+        }
+    }
+}
+
+struct WriterState {
+    db: Arc<redb::Database>,
+    rx: mpsc::UnboundedReceiver<WriteOp>,
+    max_batch: usize,
+    quick_repair: bool,
+    next_num: u64,
+    next_inbox_seq: u64,
+    actor_count: Arc<AtomicU64>,
+    metrics: Arc<Metrics>,
+}
+
+/// What applying one op produced, released (or failed) after the commit.
+enum Applied {
+    Turn {
+        tracker: Arc<CommitTracker>,
+        generation: u64,
+        seq: u64,
+        on_durable: OnDurable,
+    },
+    Refused(OnDurable),
+    /// Anything else: a closure that sends the op's result, or the commit's
+    /// failure, to its waiter.
+    Reply(Box<dyn FnOnce(Option<&CommitFailed>) + Send>),
+}
+
+impl Applied {
+    fn reply<T: Send + 'static>(done: Reply<T>, value: Result<T, StorageError>) -> Self {
+        Applied::Reply(Box::new(move |failed| {
+            let result = match (failed, value) {
+                (Some(why), _) => Err(StorageError::CommitFailed(why.clone())),
+                (None, v) => v,
+            };
+            let _ = done.send(result);
+        }))
+    }
+
+    fn complete(self, failed: Option<&CommitFailed>) {
+        match self {
+            Applied::Turn {
+                tracker,
+                generation,
+                seq,
+                on_durable,
+            } => match failed {
+                None => {
+                    tracker.mark_committed(seq);
+                    on_durable(Ok(()));
+                }
+                Some(why) => {
+                    tracker.mark_failed(generation);
+                    on_durable(Err(why.clone()));
+                }
+            },
+            Applied::Refused(on_durable) => on_durable(Err(CommitFailed::Superseded)),
+            Applied::Reply(f) => f(failed),
+        }
+    }
+}
+
+impl WriterState {
+    fn run(&mut self) {
+        let mut batch: Vec<WriteOp> = Vec::with_capacity(self.max_batch);
+        loop {
+            batch.clear();
+            match self.rx.blocking_recv() {
+                Some(op) => batch.push(op),
+                None => return,
+            }
+            while batch.len() < self.max_batch {
+                match self.rx.try_recv() {
+                    Ok(op) => batch.push(op),
+                    Err(_) => break,
+                }
+            }
+            self.commit_batch(&mut batch);
+        }
+    }
+
+    /// Apply every op in one transaction and commit it. If any op fails to
+    /// apply, or the commit fails, the whole batch fails: a half-applied
+    /// transaction is never committed.
+    fn commit_batch(&mut self, batch: &mut Vec<WriteOp>) {
+        let started = Instant::now();
+        let n = batch.len();
+        let mut applied: Vec<Applied> = Vec::with_capacity(n);
+        let saved = (self.next_num, self.next_inbox_seq);
+        let mut created: i64 = 0;
+        let mut error: Option<StorageError> = None;
+        match self.db.begin_write() {
+            Ok(mut txn) => {
+                txn.set_quick_repair(self.quick_repair);
+                for op in batch.drain(..) {
+                    if error.is_some() {
+                        // Not applied; only its waiter needs an answer.
+                        applied.push(Applied::from_unapplied(op));
+                        continue;
+                    }
+                    let (a, r) = self.apply(&txn, op, &mut created);
+                    applied.push(a);
+                    if let Err(e) = r {
+                        error = Some(e);
+                    }
+                }
+                if error.is_none()
+                    && let Err(e) = txn.commit()
+                {
+                    error = Some(e.into());
+                }
+            }
+            Err(e) => {
+                error = Some(e.into());
+                applied.extend(batch.drain(..).map(Applied::from_unapplied));
+            }
+        }
+        match error {
+            None => {
+                self.metrics.commits.inc();
+                self.metrics.commit_batch_size.observe(n as f64);
+                self.metrics
+                    .commit_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                if created != 0 {
+                    let c = self.actor_count.load(Ordering::Relaxed) as i64 + created;
+                    self.actor_count.store(c.max(0) as u64, Ordering::Relaxed);
+                }
+                for a in applied {
+                    a.complete(None);
+                }
+            }
+            Some(e) => {
+                self.metrics.commit_failures.inc();
+                tracing::error!(error = %e, ops = n, "storage commit failed; failing every operation in the batch");
+                (self.next_num, self.next_inbox_seq) = saved;
+                let why = CommitFailed::Storage(e.to_string());
+                for a in applied {
+                    a.complete(Some(&why));
+                }
+            }
+        }
+    }
+
+    fn apply(
+        &mut self,
+        txn: &WriteTransaction,
+        op: WriteOp,
+        created: &mut i64,
+    ) -> (Applied, Result<(), StorageError>) {
+        fn done<T: Send + 'static>(
+            reply: Reply<T>,
+            r: Result<T, StorageError>,
+        ) -> (Applied, Result<(), StorageError>) {
+            match r {
+                Ok(v) => (Applied::reply(reply, Ok(v)), Ok(())),
+                Err(e) => {
+                    let msg = e.to_string();
+                    (
+                        Applied::reply(
+                            reply,
+                            Err(StorageError::CommitFailed(CommitFailed::Storage(msg))),
+                        ),
+                        Err(e),
+                    )
+                }
+            }
+        }
+        match op {
+            WriteOp::Turn(t) => self.apply_turn(txn, *t, created),
+            WriteOp::GetOrCreate {
+                key,
+                version,
+                done: d,
+            } => {
+                let r = self.get_or_create(txn, &key, version, created);
+                done(d, r)
+            }
+            WriteOp::Enqueue {
+                key,
+                version,
+                message,
+                idempotency_ttl_ms,
+                done: d,
+            } => {
+                let r = self
+                    .get_or_create(txn, &key, version, created)
+                    .and_then(|rec| self.enqueue(txn, rec.num, message, idempotency_ttl_ms));
+                done(d, r)
+            }
+            WriteOp::DeleteActor { key, done: d } => {
+                let r = delete_actor(txn, &key);
+                if let Ok(true) = r {
+                    *created -= 1;
+                }
+                done(d, r)
+            }
+            WriteOp::PutType {
+                record,
+                code,
+                done: d,
+            } => done(d, put_type(txn, &record, code)),
+            WriteOp::DeleteType {
+                name,
+                with_actors,
+                done: d,
+            } => {
+                let r = delete_type(txn, &name, with_actors);
+                if let Ok(n) = r {
+                    *created -= n as i64;
+                }
+                done(d, r)
+            }
+            WriteOp::SweepIdempotency { now_ms, done: d } => {
+                done(d, sweep_idempotency(txn, now_ms))
+            }
+            WriteOp::Barrier { done } => (
+                Applied::Reply(Box::new(move |_| {
+                    let _ = done.send(());
+                })),
+                Ok(()),
+            ),
+        }
+    }
+
+    fn apply_turn(
+        &mut self,
+        txn: &WriteTransaction,
+        t: TurnCommit,
+        created: &mut i64,
+    ) -> (Applied, Result<(), StorageError>) {
+        if t.generation < t.tracker.min_generation() {
+            return (Applied::Refused(t.on_durable), Ok(()));
+        }
+        let r = write_turn(txn, &t, created);
+        let applied = Applied::Turn {
+            tracker: t.tracker,
+            generation: t.generation,
+            seq: t.seq,
+            on_durable: t.on_durable,
+        };
+        (applied, r)
+    }
+
+    fn get_or_create(
+        &mut self,
+        txn: &WriteTransaction,
+        key: &ActorKey,
+        version: u32,
+        created: &mut i64,
+    ) -> Result<ActorRecord, StorageError> {
+        let mut actors = txn.open_table(ACTORS)?;
+        if let Some(v) = actors.get((key.ty(), key.id()))? {
+            return Ok(decode("actor", v.value())?);
+        }
+        let rec = ActorRecord::new(self.next_num, now_ms(), version);
+        self.next_num += 1;
+        actors.insert((key.ty(), key.id()), encode(&rec).as_slice())?;
+        txn.open_table(ACTOR_KEYS)?
+            .insert(rec.num, (key.ty(), key.id()))?;
+        *created += 1;
+        Ok(rec)
+    }
+
+    fn enqueue(
+        &mut self,
+        txn: &WriteTransaction,
+        num: u64,
+        message: InboxRecord,
+        ttl_ms: u64,
+    ) -> Result<EnqueueOutcome, StorageError> {
+        if let Some(key) = &message.idempotency_key {
+            let mut idem = txn.open_table(IDEMPOTENCY)?;
+            if let Some(v) = idem.get((num, key.as_str()))? {
+                let rec: IdemRecord = decode("idempotency", v.value())?;
+                let message_id = match rec.outcome {
+                    IdemOutcome::Queued { message_id }
+                    | IdemOutcome::Done { message_id, .. }
+                    | IdemOutcome::Failed { message_id, .. } => message_id,
+                };
+                return Ok(EnqueueOutcome::Duplicate { message_id });
+            }
+            let rec = IdemRecord {
+                outcome: IdemOutcome::Queued {
+                    message_id: message.message_id.clone(),
+                },
+                expires_at_ms: message.enqueued_at_ms + ttl_ms,
+            };
+            idem.insert((num, key.as_str()), encode(&rec).as_slice())?;
+            txn.open_table(IDEM_EXPIRY)?
+                .insert((rec.expires_at_ms, num, key.as_str()), ())?;
+        }
+        let seq = self.next_inbox_seq;
+        self.next_inbox_seq += 1;
+        txn.open_table(INBOX)?
+            .insert((num, seq), encode(&message).as_slice())?;
+        Ok(EnqueueOutcome::Queued {
+            message_id: message.message_id,
+        })
+    }
+}
+
+/// Write everything a turn produced.
+fn write_turn(
+    txn: &WriteTransaction,
+    t: &TurnCommit,
+    created: &mut i64,
+) -> Result<(), StorageError> {
+    let num = t.record.num;
+    {
+        let mut actors = txn.open_table(ACTORS)?;
+        let was = actors.insert((t.key.ty(), t.key.id()), encode(&t.record).as_slice())?;
+        if was.is_none() {
+            drop(was);
+            *created += 1;
+            txn.open_table(ACTOR_KEYS)?
+                .insert(num, (t.key.ty(), t.key.id()))?;
+        }
+    }
+    if !t.state.is_empty() {
+        let mut state = txn.open_table(STATE)?;
+        for (k, v) in &t.state {
+            match v {
+                Some(v) => {
+                    state.insert((num, k.as_str()), v.as_ref())?;
+                }
+                None => {
+                    state.remove((num, k.as_str()))?;
+                }
+            }
+        }
+    }
+    if !t.events.is_empty() || t.trim_events_below.is_some() {
+        let mut events = txn.open_table(EVENTS)?;
+        for (seq, ev) in &t.events {
+            events.insert((num, *seq), encode(ev).as_slice())?;
+        }
+        if let Some(below) = t.trim_events_below {
+            let old: Vec<u64> = {
+                let mut v = Vec::new();
+                for row in events.range((num, 0)..(num, below))? {
+                    v.push(row?.0.value().1);
+                }
+                v
+            };
+            for seq in old {
+                events.remove((num, seq))?;
+            }
+        }
+    }
+    if let Some((key, rec)) = &t.idempotency {
+        txn.open_table(IDEMPOTENCY)?
+            .insert((num, key.as_str()), encode(rec).as_slice())?;
+        txn.open_table(IDEM_EXPIRY)?
+            .insert((rec.expires_at_ms, num, key.as_str()), ())?;
+    }
+    if t.inbox_done.is_some() || t.inbox_update.is_some() {
+        let mut inbox = txn.open_table(INBOX)?;
+        if let Some(seq) = t.inbox_done {
+            inbox.remove((num, seq))?;
+        }
+        if let Some((seq, rec)) = &t.inbox_update {
+            inbox.insert((num, *seq), encode(rec).as_slice())?;
+        }
+    }
+    Ok(())
+}
+
+fn put_type(
+    txn: &WriteTransaction,
+    record: &TypeRecord,
+    code: Option<(u32, Vec<u8>)>,
+) -> Result<(), StorageError> {
+    txn.open_table(TYPES)?
+        .insert(record.name.as_str(), encode_type(record).as_slice())?;
+    if let Some((version, bytes)) = code {
+        txn.open_table(CODE)?
+            .insert((record.name.as_str(), version), bytes.as_slice())?;
+    }
+    Ok(())
+}
+
+fn delete_type(txn: &WriteTransaction, name: &str, with_actors: bool) -> Result<u64, StorageError> {
+    let mut deleted = 0;
+    if with_actors {
+        let ids: Vec<String> = {
+            let actors = txn.open_table(ACTORS)?;
+            let mut ids = Vec::new();
+            for row in actors.range((name, "")..)? {
+                let (k, _) = row?;
+                let (ty, id) = k.value();
+                if ty != name {
+                    break;
+                }
+                ids.push(id.to_owned());
+            }
+            ids
+        };
+        for id in ids {
+            if delete_actor(txn, &ActorKey::new_unchecked(name, &id))? {
+                deleted += 1;
+            }
+        }
+    }
+    let mut code = txn.open_table(CODE)?;
+    let versions: Vec<u32> = {
+        let mut v = Vec::new();
+        for row in code.range((name, 0)..=(name, u32::MAX))? {
+            v.push(row?.0.value().1);
+        }
+        v
+    };
+    for v in versions {
+        code.remove((name, v))?;
+    }
+    txn.open_table(TYPES)?.remove(name)?;
+    Ok(deleted)
+}
+
+fn sweep_idempotency(txn: &WriteTransaction, now_ms: u64) -> Result<u64, StorageError> {
+    let mut expiry = txn.open_table(IDEM_EXPIRY)?;
+    let mut records = txn.open_table(IDEMPOTENCY)?;
+    let mut expired: Vec<(u64, u64, String)> = Vec::new();
+    for row in expiry.range((0, 0, "")..(now_ms, 0, ""))? {
+        let (k, _) = row?;
+        let (at, num, key) = k.value();
+        expired.push((at, num, key.to_owned()));
+        if expired.len() >= 10_000 {
+            break;
+        }
+    }
+    let mut removed = 0;
+    for (at, num, key) in &expired {
+        expiry.remove((*at, *num, key.as_str()))?;
+        // Only remove the record if it still carries this expiry (a newer
+        // record for the same key has a later one).
+        let current = records
+            .get((*num, key.as_str()))?
+            .map(|v| decode::<IdemRecord>("idempotency", v.value()))
+            .transpose()?;
+        if current.is_some_and(|r| r.expires_at_ms == *at) {
+            records.remove((*num, key.as_str()))?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+/// Remove an actor and every row it owns. Returns whether it existed.
+fn delete_actor(txn: &WriteTransaction, key: &ActorKey) -> Result<bool, StorageError> {
+    let rec: ActorRecord = {
+        let mut actors = txn.open_table(ACTORS)?;
+        let Some(v) = actors.remove((key.ty(), key.id()))? else {
+            return Ok(false);
+        };
+        decode("actor", v.value())?
+    };
+    let num = rec.num;
+    txn.open_table(ACTOR_KEYS)?.remove(num)?;
+    {
+        let mut t = txn.open_table(STATE)?;
+        let keys: Vec<String> = collect_keys(&t, num)?;
+        for k in keys {
+            t.remove((num, k.as_str()))?;
+        }
+    }
+    {
+        let mut t = txn.open_table(IDEMPOTENCY)?;
+        let keys: Vec<String> = collect_keys(&t, num)?;
+        for k in keys {
+            t.remove((num, k.as_str()))?;
+        }
+    }
+    for table in [EVENTS, INBOX] {
+        let mut t = txn.open_table(table)?;
+        let seqs: Vec<u64> = {
+            let mut v = Vec::new();
+            for row in t.range((num, 0)..=(num, u64::MAX))? {
+                v.push(row?.0.value().1);
+            }
+            v
+        };
+        for s in seqs {
+            t.remove((num, s))?;
+        }
+    }
+    Ok(true)
+}
+
+fn collect_keys(
+    t: &redb::Table<'_, (u64, &'static str), &'static [u8]>,
+    num: u64,
+) -> Result<Vec<String>, StorageError> {
+    let mut v = Vec::new();
+    for row in t.range((num, "")..)? {
+        let (k, _) = row?;
+        let (n, key) = k.value();
+        if n != num {
+            break;
+        }
+        v.push(key.to_owned());
+    }
+    Ok(v)
+}

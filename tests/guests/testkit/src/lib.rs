@@ -1,0 +1,148 @@
+//! `testkit`: an actor the integration tests steer with JSON commands.
+//!
+//! Each message is `{"op": "...", ...}`; the ops exercise one host behaviour
+//! each (state, events, traps, limits, fault injection, upgrades).
+
+use marmot_guest::raw::alarms;
+use marmot_guest::{Actor, Context, Message, Reply, Result, events, log, state};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+#[derive(Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+enum Op {
+    /// Add `by` to the integer under `key`; reply with the new value.
+    Add { key: String, by: i64 },
+    /// Set `key` to the JSON `value`.
+    Set { key: String, value: Value },
+    /// Read `key`.
+    Get { key: String },
+    /// Delete `key`.
+    Delete { key: String },
+    /// List keys under `prefix`.
+    List { prefix: String },
+    /// Write `key`, then panic (trap): nothing may commit.
+    SetThenTrap { key: String, value: Value },
+    /// Write `key`, then return an error: nothing may commit.
+    SetThenFail { key: String, value: Value },
+    /// Append an event.
+    Emit { kind: String, data: Value },
+    /// Spin forever (CPU limit).
+    Spin,
+    /// Allocate and touch `mb` MiB (memory limit).
+    Alloc { mb: usize },
+    /// Store a value of `bytes` bytes under `key` (value size limit).
+    Big { key: String, bytes: usize },
+    /// Busy-wait `ms` milliseconds of wall time.
+    Busy { ms: u64 },
+    /// Log the fault-injection marker; a node started with
+    /// `MARMOT_FAULT_ABORT_ON_LOG` set to it aborts mid-turn.
+    Crash { marker: String },
+    /// Call a capability that has not landed yet and report the error.
+    Unsupported,
+    /// Print to stdout and stderr.
+    Print { text: String },
+    /// Reply with the context and the upgrade marker.
+    Whoami,
+    /// Reply with a chosen status.
+    Status { status: u16 },
+}
+
+struct TestKit;
+
+impl Actor for TestKit {
+    fn on_message(ctx: &Context, msg: Message) -> Result<Reply> {
+        match msg.json::<Op>()? {
+            Op::Add { key, by } => {
+                let v = state::get_json::<i64>(&key)?.unwrap_or(0) + by;
+                state::set_json(&key, &v)?;
+                Reply::json(&json!({ "value": v }))
+            }
+            Op::Set { key, value } => {
+                state::set_json(&key, &value)?;
+                Reply::json(&json!({ "ok": true }))
+            }
+            Op::Get { key } => Reply::json(&json!({ "value": state::get_json::<Value>(&key)? })),
+            Op::Delete { key } => Reply::json(&json!({ "existed": state::delete(&key) })),
+            Op::List { prefix } => {
+                let keys: Vec<String> = state::list_all(&prefix)
+                    .into_iter()
+                    .map(|(k, _)| k)
+                    .collect();
+                Reply::json(&json!({ "keys": keys }))
+            }
+            Op::SetThenTrap { key, value } => {
+                state::set_json(&key, &value)?;
+                events::emit("should_not_commit", &value)?;
+                panic!("testkit: trapping after a write, as asked");
+            }
+            Op::SetThenFail { key, value } => {
+                state::set_json(&key, &value)?;
+                events::emit("should_not_commit", &value)?;
+                Err("testkit: failing after a write, as asked".into())
+            }
+            Op::Emit { kind, data } => {
+                let seq = events::emit(&kind, &data)?;
+                Reply::json(&json!({ "seq": seq }))
+            }
+            Op::Spin => {
+                let mut x: u64 = 0;
+                loop {
+                    x = std::hint::black_box(x.wrapping_add(1));
+                }
+            }
+            Op::Alloc { mb } => {
+                let mut chunks = Vec::new();
+                for _ in 0..mb {
+                    let mut v = vec![0u8; 1 << 20];
+                    v[0] = 1;
+                    *v.last_mut().unwrap() = 1;
+                    chunks.push(v);
+                }
+                Reply::json(&json!({ "allocated_mb": chunks.len() }))
+            }
+            Op::Big { key, bytes } => {
+                state::set(&key, &vec![b'x'; bytes])?;
+                Reply::json(&json!({ "ok": true }))
+            }
+            Op::Busy { ms } => {
+                let start = std::time::Instant::now();
+                while start.elapsed().as_millis() < u128::from(ms) {
+                    std::hint::spin_loop();
+                }
+                Reply::json(&json!({ "busy_ms": ms }))
+            }
+            Op::Crash { marker } => {
+                log::error(&marker);
+                Reply::json(&json!({ "crashed": false }))
+            }
+            Op::Unsupported => {
+                let err = alarms::set("x", &alarms::Schedule::After(1000), b"{}")
+                    .expect_err("alarms are not supported yet");
+                Reply::json(&json!({ "error": marmot_guest::Error::from(err).message() }))
+            }
+            Op::Print { text } => {
+                println!("{text}");
+                eprintln!("{text}");
+                Reply::json(&json!({ "ok": true }))
+            }
+            Op::Whoami => Reply::json(&json!({
+                "type": ctx.actor_type,
+                "id": ctx.id,
+                "version": ctx.version,
+                "upgraded_from": state::get_json::<Value>("upgraded_from")?,
+            })),
+            Op::Status { status } => {
+                Ok(Reply::json(&json!({ "status": status }))?.with_status(status))
+            }
+        }
+    }
+
+    fn on_upgrade(_ctx: &Context, from_version: u32) -> Result<()> {
+        let mut froms = state::get_json::<Vec<u32>>("upgraded_from")?.unwrap_or_default();
+        froms.push(from_version);
+        state::set_json("upgraded_from", &froms)
+    }
+}
+
+marmot_guest::export_actor!(TestKit);
