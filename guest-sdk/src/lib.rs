@@ -12,7 +12,7 @@
 //! use marmot_guest::{Actor, Context, Message, Reply, Result, state};
 //! use serde::Deserialize;
 //!
-//! #[derive(Deserialize)]
+//! #[derive(Default, Deserialize)]
 //! struct Add {
 //!     by: Option<i64>,
 //! }

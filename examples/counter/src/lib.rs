@@ -3,6 +3,7 @@
 //! Build:  cargo build -p counter --target wasm32-wasip2 --release
 //! Deploy: marmot deploy counter target/wasm32-wasip2/release/counter.wasm
 //! Call:   marmot call counter alice '{"by": 2}'    # → {"n":2}
+//!         marmot call counter alice '{"by": 0}'    # read without writing
 //!
 //! `marmot dev` deploys it for you as the `counter` type.
 
@@ -21,6 +22,10 @@ impl Actor for Counter {
         let add: Add = msg.json_or_default()?;
         let by = add.by.unwrap_or(1);
         let n = state::get_json::<i64>("n")?.unwrap_or(0) + by;
+        if by == 0 {
+            // A read: the turn writes nothing and needs no commit.
+            return Reply::json(&serde_json::json!({ "n": n }));
+        }
         state::set_json("n", &n)?;
         if n % 100 == 0 {
             events::emit("milestone", &serde_json::json!({ "n": n }))?;

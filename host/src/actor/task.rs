@@ -272,6 +272,14 @@ impl ActorTask {
             .run_turn("message", version, &message_id, TurnInput::Message(msg))
             .await
         {
+            Ok((TurnOutput::Reply(out), finished))
+                if finished.is_empty() && idempotency_key.is_none() =>
+            {
+                // A read-only turn needs no commit of its own, but what it
+                // read may come from turns still being committed: release
+                // the reply once those are durable.
+                self.release_when_durable(self.submitted_seq, Ok(out), reply);
+            }
             Ok((TurnOutput::Reply(out), finished)) => {
                 let extras = CommitExtras {
                     idempotency: idempotency_key.map(|k| {
@@ -335,6 +343,17 @@ impl ActorTask {
             IdemOutcome::Queued { .. } => Err(TurnError::IdempotencyInProgress),
             IdemOutcome::Failed { error, .. } => Err(TurnError::PreviouslyFailed(error)),
         };
+        self.release_when_durable(seq, result, reply);
+    }
+
+    /// Send `result` once turn `seq` of this actor is durable (at once if it
+    /// already is); if that commit failed, send the failure instead.
+    fn release_when_durable(
+        &self,
+        seq: u64,
+        result: Result<TurnReply, TurnError>,
+        reply: oneshot::Sender<Result<TurnReply, TurnError>>,
+    ) {
         if seq == 0 || self.shared.tracker.committed_seq() >= seq {
             let _ = reply.send(result);
             return;
@@ -817,6 +836,11 @@ impl ActorTask {
 }
 
 impl FinishedTurn {
+    /// Whether the turn wrote nothing (no state, no events).
+    fn is_empty(&self) -> bool {
+        self.writes.is_empty() && self.events.is_empty()
+    }
+
     /// A commit that changes no state (bookkeeping only).
     fn unchanged(record: &ActorRecord) -> Self {
         Self {
@@ -837,10 +861,10 @@ fn done_inbox(node: &Arc<Node>) -> OnDurable {
     })
 }
 
-/// Send what the guest printed to the node's logs; return the last stderr
-/// line (a panic message, usually) for error reports.
+/// Send what the guest printed to the node's logs; return what stderr says
+/// about a panic (or its last line), for error reports.
 fn forward_output(key: &ActorKey, version: u32, host: &crate::sandbox::Host) -> Option<String> {
-    let mut tail = None;
+    let mut stderr_lines: Vec<String> = Vec::new();
     for (stream, out) in [("stdout", &host.stdout), ("stderr", &host.stderr)] {
         if out.is_empty() {
             continue;
@@ -850,14 +874,30 @@ fn forward_output(key: &ActorKey, version: u32, host: &crate::sandbox::Host) -> 
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             tracing::info!(target: "marmot::guest", actor = %key, version, stream, "{line}");
             if stream == "stderr" {
-                tail = Some(line.chars().take(500).collect::<String>());
+                stderr_lines.push(line.to_owned());
             }
         }
         if dropped > 0 {
             tracing::warn!(target: "marmot::guest", actor = %key, stream, dropped, "guest output over the per-turn cap was dropped");
         }
     }
-    tail
+    // Rust panics print `thread '…' panicked at file:line:col:` and then
+    // the message; prefer those over the trailing backtrace hint.
+    let summary = match stderr_lines.iter().rposition(|l| l.contains("panicked at")) {
+        Some(i) => stderr_lines[i..]
+            .iter()
+            .filter(|l| !l.starts_with("note: "))
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(" "),
+        None => stderr_lines
+            .iter()
+            .rev()
+            .find(|l| !l.starts_with("note: "))
+            .cloned()
+            .unwrap_or_default(),
+    };
+    (!summary.is_empty()).then(|| summary.chars().take(500).collect())
 }
 
 fn trap_message(err: &wasmtime::Error) -> String {

@@ -1,15 +1,182 @@
-//! `marmot bench`: benchmark scenarios (filled in below).
+//! `marmot bench`: named, reproducible benchmark scenarios.
+//!
+//! Every scenario prints a machine line, percentiles (p50/p90/p99) and
+//! throughput. HTTP scenarios run the node as a separate `marmot dev` process
+//! (this same binary) on loopback and drive it with `wrk` when it is
+//! installed, else with a built-in closed-loop HTTP/1.1 client; the report
+//! says which. Benchmarks are measurements, never pass/fail tests.
 
-use clap::Args;
+mod http;
+mod inproc;
+mod rss;
+mod server;
+
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
 
 /// `marmot bench` arguments.
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub struct BenchArgs {
     /// Scenario to run.
-    pub scenario: String,
+    #[arg(value_enum)]
+    pub scenario: Scenario,
+    /// Actors to spread over (defaults per scenario).
+    #[arg(long)]
+    pub actors: Option<usize>,
+    /// Seconds of measured load for throughput scenarios.
+    #[arg(long, default_value_t = 10)]
+    pub duration: u64,
+    /// Concurrent connections for throughput scenarios.
+    #[arg(long, default_value_t = 64)]
+    pub connections: usize,
+    /// Load generator for HTTP throughput scenarios.
+    #[arg(long, value_enum, default_value_t = LoadGen::Auto)]
+    pub load: LoadGen,
+}
+
+/// The scenarios.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// Wake latency hibernated → reply, in-process (read-only and writing turns).
+    Wake,
+    /// Wake latency hibernated → reply over HTTP on loopback.
+    WakeHttp,
+    /// Durable turns/s over HTTP on one hot actor.
+    HttpHot,
+    /// Durable turns/s over HTTP across many actors (default 10,000).
+    HttpSpread,
+    /// RSS with many active actors (default 10,000).
+    RssActive,
+    /// RSS added by many hibernated actors on disk (default 1,000,000).
+    RssHibernated,
+    /// Every scenario above, one after another.
+    All,
+}
+
+/// Which load generator drives HTTP throughput scenarios.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LoadGen {
+    /// `wrk` if installed, else built-in.
+    Auto,
+    /// `wrk` (Debian package `wrk`).
+    Wrk,
+    /// The built-in closed-loop client.
+    Builtin,
 }
 
 /// Run a scenario.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    anyhow::bail!("unknown scenario `{}`", args.scenario)
+    println!("{}", machine_line());
+    let scenarios: Vec<Scenario> = match args.scenario {
+        Scenario::All => vec![
+            Scenario::Wake,
+            Scenario::WakeHttp,
+            Scenario::HttpHot,
+            Scenario::HttpSpread,
+            Scenario::RssActive,
+            Scenario::RssHibernated,
+        ],
+        s => vec![s],
+    };
+    for s in scenarios {
+        match s {
+            Scenario::Wake => inproc::wake(&args).await?,
+            Scenario::WakeHttp => inproc::wake_http(&args).await?,
+            Scenario::HttpHot => http::throughput(&args, 1).await?,
+            Scenario::HttpSpread => http::throughput(&args, args.actors.unwrap_or(10_000)).await?,
+            Scenario::RssActive => rss::active(&args).await?,
+            Scenario::RssHibernated => rss::hibernated(&args).await?,
+            Scenario::All => unreachable!(),
+        }
+    }
+    Ok(())
+}
+
+/// `cores=… cpu=… kernel=…`.
+pub fn machine_line() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".into());
+    format!(
+        "machine: cores={cores} cpu=\"{cpu}\" kernel={kernel} marmot={}",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// Latency percentiles of a sample.
+pub struct Percentiles {
+    /// Sample size.
+    pub n: usize,
+    /// Median.
+    pub p50: Duration,
+    /// 90th percentile.
+    pub p90: Duration,
+    /// 99th percentile.
+    pub p99: Duration,
+    /// Slowest.
+    pub max: Duration,
+}
+
+impl Percentiles {
+    /// Percentiles of `samples` (sorted in place).
+    pub fn of(samples: &mut [Duration]) -> Self {
+        samples.sort_unstable();
+        let at = |q: f64| {
+            if samples.is_empty() {
+                Duration::ZERO
+            } else {
+                samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)]
+            }
+        };
+        Self {
+            n: samples.len(),
+            p50: at(0.50),
+            p90: at(0.90),
+            p99: at(0.99),
+            max: samples.last().copied().unwrap_or_default(),
+        }
+    }
+
+    /// `p50=… p90=… p99=… max=…` in microseconds.
+    pub fn line(&self) -> String {
+        format!(
+            "n={} p50={:.1}µs p90={:.1}µs p99={:.1}µs max={:.1}µs",
+            self.n,
+            us(self.p50),
+            us(self.p90),
+            us(self.p99),
+            us(self.max)
+        )
+    }
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// Print a progress line in place (stderr), for long runs.
+pub fn progress_line(what: &str, done: usize, total: usize) {
+    progress(what, done, total);
+}
+
+pub(crate) fn progress(what: &str, done: usize, total: usize) {
+    use std::io::Write as _;
+    if total >= 100 && (done % (total / 100).max(1) == 0 || done == total) {
+        eprint!("\r  {what}: {done}/{total}");
+        if done == total {
+            eprintln!();
+        }
+        let _ = std::io::stderr().flush();
+    }
 }

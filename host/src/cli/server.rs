@@ -18,6 +18,9 @@ pub struct DevArgs {
     /// Data directory.
     #[arg(long = "data", env = "MARMOT_DATA_DIR", default_value = ".marmot")]
     data: PathBuf,
+    /// Config file (TOML) for limits and defaults; auth stays off.
+    #[arg(long, env = "MARMOT_CONFIG")]
+    config: Option<PathBuf>,
     /// Do not deploy the example actors.
     #[arg(long)]
     no_examples: bool,
@@ -46,11 +49,15 @@ pub(super) async fn dev(args: DevArgs) -> anyhow::Result<()> {
             listen.ip()
         );
     }
+    let base = match &args.config {
+        Some(path) => NodeConfig::from_file(path)?,
+        None => NodeConfig::default(),
+    };
     let config = NodeConfig {
         listen,
         data_dir: args.data,
         admin_token: None,
-        ..NodeConfig::default()
+        ..base
     };
     let node = Node::start(config).await?;
     if !args.no_examples {

@@ -345,3 +345,204 @@ fn check_key(key: &str) -> Result<(), Refusal> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    //! Model-based test: random turns of state operations, some committed and
+    //! some abandoned, with the cache dropped now and then (hibernation),
+    //! checked step by step against a `BTreeMap` and finally against disk.
+
+    use std::collections::BTreeMap;
+
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    use tokio::sync::oneshot;
+
+    use super::*;
+    use crate::config::StorageConfig;
+    use crate::metrics::Metrics;
+    use crate::storage::schema::ActorRecord;
+    use crate::storage::{CommitTracker, TurnCommit, WriteOp};
+
+    fn limits() -> Arc<TurnLimits> {
+        Arc::new(TurnLimits {
+            max_value_bytes: 64,
+            max_state_bytes: 4096,
+            max_event_bytes: 1024,
+            max_events_per_turn: 10,
+            max_log_lines: 10,
+            max_log_line_bytes: 100,
+        })
+    }
+
+    fn size(m: &BTreeMap<String, Vec<u8>>) -> u64 {
+        m.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum()
+    }
+
+    #[tokio::test]
+    async fn state_matches_a_btreemap_model() {
+        for seed in 0..8u64 {
+            run_model(seed).await;
+        }
+    }
+
+    async fn run_model(seed: u64) {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = Arc::new(
+            Storage::open(
+                dir.path(),
+                &StorageConfig::default(),
+                Arc::new(Metrics::new()),
+            )
+            .unwrap(),
+        );
+        let key = ActorKey::new("t", "a").unwrap();
+        let k2 = key.clone();
+        let mut record: ActorRecord = storage
+            .writer()
+            .call(|done| WriteOp::GetOrCreate {
+                key: k2,
+                version: 1,
+                done,
+            })
+            .await
+            .unwrap();
+        let tracker = Arc::new(CommitTracker::default());
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut committed: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        let mut cache = StateCache::default();
+        let keys: Vec<String> = (0..24)
+            .map(|i| format!("{}/{i}", ["a", "b", "ab"][i % 3]))
+            .collect();
+        let mut seq = 0;
+        let mut pending = Vec::new();
+        for _turn in 0..120 {
+            seq += 1;
+            let mut turn = TurnState::new(
+                key.clone(),
+                record.num,
+                1,
+                seq,
+                std::mem::take(&mut cache),
+                record.state_bytes,
+                record.state_keys,
+                0,
+                limits(),
+                storage.clone(),
+            );
+            let mut model = committed.clone();
+            for _ in 0..rng.random_range(1..8) {
+                let k = &keys[rng.random_range(0..keys.len())];
+                match rng.random_range(0..10) {
+                    0..=3 => {
+                        let len = rng.random_range(0..80);
+                        let v = vec![b'v'; len];
+                        let r = turn.set(k.clone(), Bytes::from(v.clone())).unwrap();
+                        let mut next = model.clone();
+                        next.insert(k.clone(), v);
+                        if len > 64 || size(&next) > 4096 && size(&next) > size(&model) {
+                            assert!(r.is_err(), "seed {seed}: over-limit set accepted");
+                        } else {
+                            assert_eq!(r, Ok(()));
+                            model = next;
+                        }
+                    }
+                    4..=5 => {
+                        let existed = turn.delete(k).unwrap();
+                        assert_eq!(
+                            existed,
+                            model.remove(k).is_some(),
+                            "seed {seed}: delete {k}"
+                        );
+                    }
+                    6..=7 => {
+                        let got = turn.get(k).unwrap().map(|b| b.to_vec());
+                        assert_eq!(got.as_ref(), model.get(k), "seed {seed}: get {k}");
+                    }
+                    _ => {
+                        let prefix = ["a", "b", "ab/", ""][rng.random_range(0..4)];
+                        let after = rng
+                            .random_bool(0.3)
+                            .then(|| keys[rng.random_range(0..keys.len())].clone());
+                        let limit = rng.random_range(1..10);
+                        let got: Vec<(String, Vec<u8>)> = turn
+                            .list(prefix, after.as_deref(), limit)
+                            .unwrap()
+                            .into_iter()
+                            .map(|(k, v)| (k, v.to_vec()))
+                            .collect();
+                        let want: Vec<(String, Vec<u8>)> = model
+                            .iter()
+                            .filter(|(k, _)| {
+                                k.starts_with(prefix) && after.as_ref().is_none_or(|a| *k > a)
+                            })
+                            .take(limit)
+                            .map(|(k, v)| (k.clone(), v.clone()))
+                            .collect();
+                        assert_eq!(got, want, "seed {seed}: list {prefix:?} after {after:?}");
+                    }
+                }
+            }
+            assert_eq!(turn.state_bytes, size(&model), "seed {seed}: state_bytes");
+            assert_eq!(
+                turn.state_keys,
+                model.len() as u64,
+                "seed {seed}: state_keys"
+            );
+            if rng.random_bool(0.8) {
+                let (c, finished) = turn.finish();
+                cache = c;
+                committed = model;
+                record.state_bytes = finished.state_bytes;
+                record.state_keys = finished.state_keys;
+                record.turns += 1;
+                let (tx, rx) = oneshot::channel();
+                storage.writer().submit(WriteOp::Turn(Box::new(TurnCommit {
+                    key: key.clone(),
+                    tracker: tracker.clone(),
+                    generation: 0,
+                    seq,
+                    record: record.clone(),
+                    state: finished.writes,
+                    events: Vec::new(),
+                    trim_events_below: None,
+                    idempotency: None,
+                    inbox_done: None,
+                    inbox_update: None,
+                    on_durable: Box::new(move |r| {
+                        let _ = tx.send(r);
+                    }),
+                })));
+                pending.push(rx);
+            } else {
+                cache = turn.abandon();
+            }
+            if rng.random_bool(0.1) {
+                // Hibernate: wait for commits, forget everything in memory.
+                for rx in pending.drain(..) {
+                    rx.await.unwrap().unwrap();
+                }
+                cache = StateCache::default();
+            } else if rng.random_bool(0.2) {
+                cache.trim(0, tracker.committed_seq());
+            }
+        }
+        for rx in pending.drain(..) {
+            rx.await.unwrap().unwrap();
+        }
+        let on_disk: BTreeMap<String, Vec<u8>> = storage
+            .reader()
+            .unwrap()
+            .state_range(record.num, "", None, 1000)
+            .unwrap()
+            .into_iter()
+            .collect();
+        assert_eq!(
+            on_disk, committed,
+            "seed {seed}: disk differs from the model"
+        );
+        let rec = storage.reader().unwrap().actor(&key).unwrap().unwrap();
+        assert_eq!(rec.state_bytes, size(&committed));
+        assert_eq!(rec.state_keys, committed.len() as u64);
+    }
+}

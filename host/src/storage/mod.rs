@@ -8,6 +8,7 @@
 //! * [`Reader`] serves reads from MVCC read transactions, which never block
 //!   the writer.
 
+pub mod bulk;
 pub mod schema;
 pub mod writer;
 

@@ -319,7 +319,7 @@ mod tests {
         let bytes = encode(&rec);
         assert_eq!(
             hex::encode(&bytes),
-            "0780d0e5e9bc3102f4d3e5e9bc31030401 0a01".replace(' ', "")
+            "0780d095ffbc3102f4d395ffbc310304010a01"
         );
         assert_eq!(decode::<ActorRecord>("actor", &bytes).unwrap(), rec);
     }

@@ -13,6 +13,10 @@ use serde_json::{Value, json};
 enum Op {
     /// Add `by` to the integer under `key`; reply with the new value.
     Add { key: String, by: i64 },
+    /// Count operation `id` under `seen/<id>` and bump `total`, in one turn.
+    Record { id: String },
+    /// Append `value` to the JSON list under `key` (read-modify-write).
+    Append { key: String, value: Value },
     /// Set `key` to the JSON `value`.
     Set { key: String, value: Value },
     /// Read `key`.
@@ -57,6 +61,19 @@ impl Actor for TestKit {
                 let v = state::get_json::<i64>(&key)?.unwrap_or(0) + by;
                 state::set_json(&key, &v)?;
                 Reply::json(&json!({ "value": v }))
+            }
+            Op::Record { id } => {
+                let seen = state::get_json::<u64>(&format!("seen/{id}"))?.unwrap_or(0) + 1;
+                state::set_json(&format!("seen/{id}"), &seen)?;
+                let total = state::get_json::<u64>("total")?.unwrap_or(0) + 1;
+                state::set_json("total", &total)?;
+                Reply::json(&json!({ "seen": seen, "total": total }))
+            }
+            Op::Append { key, value } => {
+                let mut list = state::get_json::<Vec<Value>>(&key)?.unwrap_or_default();
+                list.push(value);
+                state::set_json(&key, &list)?;
+                Reply::json(&json!({ "len": list.len() }))
             }
             Op::Set { key, value } => {
                 state::set_json(&key, &value)?;

@@ -1,0 +1,307 @@
+//! HTTP throughput: durable turns per second over loopback.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+
+use super::server::ServerProc;
+use super::{BenchArgs, LoadGen, Percentiles, progress};
+
+/// One HTTP/1.1 keep-alive connection.
+pub(super) struct Conn {
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+}
+
+impl Conn {
+    pub async fn connect(addr: SocketAddr) -> anyhow::Result<Self> {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        Ok(Self { sender })
+    }
+
+    pub async fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: &[u8],
+    ) -> anyhow::Result<(u16, Bytes)> {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "bench")
+            .header("content-type", content_type)
+            .body(Full::new(Bytes::copy_from_slice(body)))?;
+        self.sender.ready().await?;
+        let resp = self.sender.send_request(req).await?;
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await?.to_bytes();
+        Ok((status, body))
+    }
+
+    /// POST JSON and require a 2xx.
+    pub async fn post(&mut self, path: &str, body: &[u8]) -> anyhow::Result<Bytes> {
+        let (status, body) = self.request("POST", path, "application/json", body).await?;
+        anyhow::ensure!(
+            (200..300).contains(&status),
+            "POST {path}: {status} {}",
+            String::from_utf8_lossy(&body)
+        );
+        Ok(body)
+    }
+
+    pub async fn get(&mut self, path: &str) -> anyhow::Result<(u16, Bytes)> {
+        self.request("GET", path, "application/json", b"").await
+    }
+}
+
+/// Send one writing message to each of `n` actors, 64 at a time.
+pub(super) async fn create_actors(addr: SocketAddr, n: usize) -> anyhow::Result<()> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..64.min(n) {
+        let next = next.clone();
+        let done = done.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut c = Conn::connect(addr).await?;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    return anyhow::Ok(());
+                }
+                c.post(&format!("/v1/actors/counter/a{i}"), br#"{"by":1}"#)
+                    .await?;
+                progress("waking actors", done.fetch_add(1, Ordering::Relaxed) + 1, n);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
+/// Result of a load run.
+struct LoadResult {
+    requests: u64,
+    errors: u64,
+    elapsed: Duration,
+    latency: Percentiles,
+}
+
+async fn builtin_load(
+    addr: SocketAddr,
+    actors: usize,
+    conns: usize,
+    duration: Duration,
+) -> anyhow::Result<LoadResult> {
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut tasks = Vec::new();
+    for t in 0..conns {
+        tasks.push(tokio::spawn(async move {
+            let mut c = Conn::connect(addr).await?;
+            let mut lat = Vec::new();
+            let mut errors = 0u64;
+            let mut i = t * 7919;
+            while Instant::now() < deadline {
+                i += 1;
+                let path = format!("/v1/actors/counter/a{}", i % actors);
+                let s = Instant::now();
+                match c
+                    .request("POST", &path, "application/json", br#"{"by":1}"#)
+                    .await
+                {
+                    Ok((200, _)) => lat.push(s.elapsed()),
+                    _ => errors += 1,
+                }
+            }
+            anyhow::Ok((lat, errors))
+        }));
+    }
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        let (lat, e) = t.await??;
+        all.extend(lat);
+        errors += e;
+    }
+    Ok(LoadResult {
+        requests: all.len() as u64,
+        errors,
+        elapsed: started.elapsed(),
+        latency: Percentiles::of(&mut all),
+    })
+}
+
+const WRK_SCRIPT: &str = r#"
+local n = tonumber(os.getenv("MARMOT_BENCH_ACTORS") or "1")
+local threads = 0
+local counter = 0
+function setup(thread)
+  thread:set("tid", threads)
+  threads = threads + 1
+end
+function init(args)
+  counter = (tid or 0) * 7919
+end
+wrk.method = "POST"
+wrk.body = '{"by":1}'
+wrk.headers["Content-Type"] = "application/json"
+function request()
+  counter = counter + 1
+  return wrk.format(nil, "/v1/actors/counter/a" .. (counter % n))
+end
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("MARMOT %d %d %d %d %d %d\n", summary.requests, summary.duration,
+    latency:percentile(50), latency:percentile(90), latency:percentile(99),
+    e.connect + e.read + e.write + e.status + e.timeout))
+end
+"#;
+
+async fn wrk_load(
+    addr: SocketAddr,
+    actors: usize,
+    conns: usize,
+    duration: Duration,
+) -> anyhow::Result<LoadResult> {
+    let script = std::env::temp_dir().join(format!("marmot-bench-{}.lua", std::process::id()));
+    std::fs::write(&script, WRK_SCRIPT)?;
+    let out = tokio::process::Command::new("wrk")
+        .args([
+            "-t1",
+            &format!("-c{conns}"),
+            &format!("-d{}s", duration.as_secs().max(1)),
+            "-s",
+        ])
+        .arg(&script)
+        .arg(format!("http://{addr}"))
+        .env("MARMOT_BENCH_ACTORS", actors.to_string())
+        .output()
+        .await
+        .context("cannot run wrk")?;
+    let _ = std::fs::remove_file(&script);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("MARMOT "))
+        .with_context(|| {
+            format!(
+                "unexpected wrk output:\n{stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let us = Duration::from_micros;
+    Ok(LoadResult {
+        requests: v[0],
+        errors: v[5],
+        elapsed: us(v[1]),
+        latency: Percentiles {
+            n: v[0] as usize,
+            p50: us(v[2]),
+            p90: us(v[3]),
+            p99: us(v[4]),
+            max: Duration::ZERO,
+        },
+    })
+}
+
+fn have_wrk() -> bool {
+    std::process::Command::new("wrk")
+        .arg("--version")
+        .output()
+        .is_ok()
+}
+
+/// Durable turns/s over HTTP across `actors` counters.
+pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Result<()> {
+    let dir = tempfile::Builder::new().prefix("marmot-bench-").tempdir()?;
+    let config = format!(
+        "[limits]\nmax_active_actors = {}\n",
+        (actors + 1000).max(10_000)
+    );
+    let server = ServerProc::start(&dir.path().join("data"), &config).await?;
+    server
+        .deploy_counter(serde_json::json!({"idle_timeout_ms": 3_600_000}))
+        .await?;
+    create_actors(server.addr, actors).await?;
+    let use_wrk = match args.load {
+        LoadGen::Wrk => true,
+        LoadGen::Builtin => false,
+        LoadGen::Auto => have_wrk(),
+    };
+    let gen_name = if use_wrk {
+        "wrk -t1"
+    } else {
+        "built-in client"
+    };
+    let run = |d: Duration| async move {
+        if use_wrk {
+            wrk_load(server.addr, actors, args.connections, d).await
+        } else {
+            builtin_load(server.addr, actors, args.connections, d).await
+        }
+    };
+    // Warm-up, not measured.
+    run(Duration::from_secs(2)).await?;
+    let (commits0, ops0) = commit_stats(server.addr).await?;
+    let r = run(Duration::from_secs(args.duration)).await?;
+    let (commits1, ops1) = commit_stats(server.addr).await?;
+    let rps = r.requests as f64 / r.elapsed.as_secs_f64();
+    let name = if actors == 1 {
+        "http-hot"
+    } else {
+        "http-spread"
+    };
+    println!(
+        "scenario {name} ({actors} actor(s), {} connections, {gen_name}, {}s)",
+        args.connections,
+        r.elapsed.as_secs()
+    );
+    println!("  durable turns/s: {rps:.0}   errors: {}", r.errors);
+    println!("  latency {}", r.latency.line());
+    let commits = commits1 - commits0;
+    if commits > 0.0 {
+        println!(
+            "  commits/s: {:.0}   mean ops per commit: {:.1}",
+            commits / r.elapsed.as_secs_f64(),
+            (ops1 - ops0) / commits
+        );
+    }
+    server.stop();
+    Ok(())
+}
+
+/// (commits, operations committed) from the node's metrics.
+async fn commit_stats(addr: SocketAddr) -> anyhow::Result<(f64, f64)> {
+    let mut c = Conn::connect(addr).await?;
+    let (_, body) = c.get("/metrics").await?;
+    let text = String::from_utf8_lossy(&body);
+    let find = |name: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    Ok((
+        find("marmot_commits_total "),
+        find("marmot_commit_batch_size_sum "),
+    ))
+}

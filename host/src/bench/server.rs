@@ -1,0 +1,118 @@
+//! A `marmot dev` child process for benchmarks that measure over HTTP or
+//! read the node's RSS.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+
+use super::http::Conn;
+
+/// A node in its own process.
+pub(super) struct ServerProc {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl ServerProc {
+    /// Start `marmot dev` on `data` with `config` (TOML) and wait for readiness.
+    pub async fn start(data: &Path, config: &str) -> anyhow::Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let config_path = data.with_extension("toml");
+        std::fs::write(&config_path, config)?;
+        let child = Command::new(std::env::current_exe()?)
+            .args(["dev", "--no-examples", "--listen"])
+            .arg(addr.to_string())
+            .arg("--data")
+            .arg(data)
+            .arg("--config")
+            .arg(&config_path)
+            .env("MARMOT_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("cannot start the benchmark node")?;
+        let mut s = Self { child, addr };
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            if let Some(status) = s.child.try_wait()? {
+                anyhow::bail!("benchmark node exited: {status}");
+            }
+            if let Ok(mut c) = Conn::connect(addr).await
+                && let Ok((200, _)) = c.get("/readyz").await
+            {
+                return Ok(s);
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "benchmark node did not become ready"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Resident set size in bytes.
+    pub fn rss(&self) -> anyhow::Result<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let kb: u64 = status
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .context("no VmRSS in /proc/<pid>/status")?;
+        Ok(kb * 1024)
+    }
+
+    /// Deploy the counter example with `config` (JSON).
+    pub async fn deploy_counter(&self, config: serde_json::Value) -> anyhow::Result<()> {
+        use base64::Engine as _;
+        let manifest = serde_json::json!({
+            "kind": "wasm",
+            "code_base64": base64::engine::general_purpose::STANDARD.encode(crate::guests::COUNTER),
+            "config": config,
+        });
+        let mut c = Conn::connect(self.addr).await?;
+        let (status, body) = c
+            .request(
+                "PUT",
+                "/v1/types/counter",
+                "application/json",
+                &serde_json::to_vec(&manifest)?,
+            )
+            .await?;
+        anyhow::ensure!(
+            status < 300,
+            "deploy failed: {status} {}",
+            String::from_utf8_lossy(&body)
+        );
+        Ok(())
+    }
+
+    /// Stop the node (SIGTERM, then SIGKILL).
+    pub fn stop(mut self) {
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,782 @@
+//! Every endpoint over real HTTP against a real `marmot` process, including
+//! bad input: each bad request gets a 4xx JSON error naming the problem,
+//! changes nothing, and the node keeps serving.
+
+mod common;
+
+use common::{Marmot, Resp, TESTKIT, tempdir};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+fn assert_error(r: &Resp, status: u16, code: &str) {
+    assert_eq!(
+        r.status,
+        status,
+        "expected {status} {code}, got {} {}",
+        r.status,
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(r.code(), code, "body: {}", r.json);
+    assert!(
+        r.json["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "error without a message: {}",
+        r.json
+    );
+    assert!(r.headers.contains_key("x-request-id"));
+}
+
+#[tokio::test]
+async fn health_ready_metrics_and_request_ids() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    let r = api.get("/healthz").await;
+    assert_eq!(r.status, 200);
+    assert!(r.headers.contains_key("x-request-id"));
+    assert_eq!(api.get("/readyz").await.json["status"], "ready");
+    let r = api
+        .req(
+            Method::GET,
+            "/healthz",
+            None,
+            &[("x-request-id", "abc-123")],
+        )
+        .await;
+    assert_eq!(
+        r.headers["x-request-id"], "abc-123",
+        "a caller's request id is echoed"
+    );
+    let r = api.get("/metrics").await;
+    assert_eq!(r.status, 200);
+    let text = String::from_utf8(r.body).unwrap();
+    for name in [
+        "marmot_actors_active",
+        "marmot_actors_hibernated",
+        "marmot_commits_total",
+        "marmot_turn_duration_seconds",
+        "marmot_wake_duration_seconds",
+        "marmot_commit_batch_size",
+    ] {
+        assert!(text.contains(name), "metrics lack {name}:\n{text}");
+    }
+    assert_error(&api.get("/nope").await, 404, "not_found");
+    assert_error(
+        &api.req(Method::PATCH, "/healthz", None, &[]).await,
+        405,
+        "method_not_allowed",
+    );
+}
+
+#[tokio::test]
+async fn deploy_versions_and_type_inspection() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+
+    let r = api
+        .req(
+            Method::PUT,
+            "/v1/types/kit",
+            Some(("application/wasm", TESTKIT.to_vec())),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    assert_eq!(r.json["type"], "kit");
+    assert_eq!(r.json["version"], 1);
+    assert_eq!(r.json["kind"], "wasm");
+    assert_eq!(r.json["sha256"].as_str().unwrap().len(), 64);
+
+    // Identical code and config: no new version.
+    let r = api
+        .req(
+            Method::PUT,
+            "/v1/types/kit",
+            Some(("application/wasm", TESTKIT.to_vec())),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json["version"], 1);
+    assert_eq!(r.json["created"], false);
+
+    // A manifest with config makes version 2; secrets are never shown back.
+    let r = api
+        .deploy(
+            "kit",
+            TESTKIT,
+            json!({"idle_timeout_ms": 5000, "webhook_secret": "whsec_c2VjcmV0"}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    assert_eq!(r.json["version"], 2);
+
+    let t = api.get("/v1/types/kit").await;
+    assert_eq!(t.status, 200);
+    assert_eq!(t.json["version"], 2);
+    assert_eq!(t.json["versions"].as_array().unwrap().len(), 2);
+    assert_eq!(t.json["config"]["idle_timeout_ms"], 5000);
+    assert_eq!(t.json["config"]["webhook_secret"], "<redacted>");
+    assert!(
+        !t.body.windows(6).any(|w| w == b"c2VjcmV0"),
+        "secret leaked"
+    );
+
+    let list = api.get("/v1/types").await;
+    assert_eq!(list.json["types"][0]["type"], "kit");
+    assert_error(&api.get("/v1/types/nope").await, 404, "unknown_type");
+    assert_error(
+        &api.get("/v1/types/Bad%20Name").await,
+        400,
+        "invalid_type_name",
+    );
+}
+
+#[tokio::test]
+async fn bad_deploys_are_rejected_and_change_nothing() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let before = api.get("/v1/types/kit").await.json;
+
+    let put = |ct: &'static str, body: Vec<u8>| {
+        let api = api.clone();
+        async move {
+            api.req(Method::PUT, "/v1/types/kit", Some((ct, body)), &[])
+                .await
+        }
+    };
+    assert_error(
+        &put("application/wasm", b"definitely not wasm".to_vec()).await,
+        400,
+        "invalid_code",
+    );
+    let core = put("application/wasm", b"\0asm\x01\0\0\0".to_vec()).await;
+    assert_error(&core, 400, "invalid_code");
+    assert!(
+        core.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("core WebAssembly module")
+    );
+    let mut truncated = TESTKIT.to_vec();
+    truncated.truncate(TESTKIT.len() / 2);
+    assert_error(
+        &put("application/wasm", truncated).await,
+        400,
+        "invalid_code",
+    );
+    // A valid but empty component exports nothing: wrong world.
+    let empty = put("application/wasm", b"\0asm\x0d\0\x01\0".to_vec()).await;
+    assert_error(&empty, 400, "invalid_code");
+    assert!(
+        empty.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("marmot:actor")
+    );
+    assert_error(
+        &put("application/json", b"{not json".to_vec()).await,
+        400,
+        "invalid_manifest",
+    );
+    assert_error(
+        &put(
+            "application/json",
+            br#"{"kind":"cobol","code":"x"}"#.to_vec(),
+        )
+        .await,
+        400,
+        "invalid_manifest",
+    );
+    assert_error(
+        &put(
+            "application/json",
+            br#"{"kind":"wasm","code_base64":"!!"}"#.to_vec(),
+        )
+        .await,
+        400,
+        "invalid_manifest",
+    );
+    assert_error(
+        &api.deploy("kit", TESTKIT, json!({"no_such_setting": 1}))
+            .await,
+        400,
+        "invalid_manifest",
+    );
+    assert_error(
+        &api.deploy("kit", TESTKIT, json!({"max_memory_bytes": 1u64 << 40}))
+            .await,
+        400,
+        "invalid_config",
+    );
+    assert_error(
+        &put("text/plain", b"x".to_vec()).await,
+        415,
+        "unsupported_media_type",
+    );
+    assert_error(
+        &api.req(
+            Method::PUT,
+            "/v1/types/Not-Valid",
+            Some(("application/wasm", TESTKIT.to_vec())),
+            &[],
+        )
+        .await,
+        400,
+        "invalid_type_name",
+    );
+
+    assert_eq!(
+        api.get("/v1/types/kit").await.json,
+        before,
+        "a bad deploy changed the type"
+    );
+    assert_error(
+        &api.get("/v1/types/Not-Valid").await,
+        400,
+        "invalid_type_name",
+    );
+    // The node still serves.
+    assert_eq!(
+        api.op("kit", "a", json!({"op": "add", "key": "n", "by": 1}))
+            .await
+            .status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn messages_state_events_listing_and_delete() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+
+    let r = api
+        .op("kit", "alice", json!({"op": "add", "key": "n", "by": 2}))
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json["value"], 2);
+    assert!(r.headers.contains_key("x-marmot-message-id"));
+    assert_eq!(
+        api.op("kit", "alice", json!({"op": "add", "key": "n", "by": 3}))
+            .await
+            .json["value"],
+        5
+    );
+    let r = api
+        .op(
+            "kit",
+            "alice",
+            json!({"op": "emit", "kind": "hello", "data": {"x": 1}}),
+        )
+        .await;
+    assert_eq!(r.json["seq"], 1);
+    api.op(
+        "kit",
+        "alice",
+        json!({"op": "emit", "kind": "again", "data": [1, 2]}),
+    )
+    .await;
+    api.op(
+        "kit",
+        "alice",
+        json!({"op": "set", "key": "bin/x", "value": "v"}),
+    )
+    .await;
+
+    let info = api.get("/v1/actors/kit/alice").await;
+    assert_eq!(info.status, 200);
+    assert_eq!(info.json["status"], "active");
+    assert_eq!(info.json["turns"], 5);
+    assert_eq!(info.json["version"], 1);
+    assert_eq!(info.json["last_event_seq"], 2);
+    assert_eq!(info.json["state_keys"], 2);
+
+    let state = api.get("/v1/actors/kit/alice/state").await;
+    assert_eq!(
+        state.json["entries"],
+        json!([{"key": "bin/x", "value": "v"}, {"key": "n", "value": 5}])
+    );
+    let state = api.get("/v1/actors/kit/alice/state?prefix=bin/").await;
+    assert_eq!(state.json["entries"].as_array().unwrap().len(), 1);
+    let one = api.get("/v1/actors/kit/alice/state/n").await;
+    assert_eq!(one.status, 200);
+    assert_eq!(one.body, b"5");
+    let nested = api.get("/v1/actors/kit/alice/state/bin/x").await;
+    assert_eq!(nested.json, "v");
+    assert_error(
+        &api.get("/v1/actors/kit/alice/state/missing").await,
+        404,
+        "key_not_found",
+    );
+
+    let ev = api.get("/v1/actors/kit/alice/events").await;
+    assert_eq!(ev.json["events"][0]["seq"], 1);
+    assert_eq!(ev.json["events"][0]["kind"], "hello");
+    assert_eq!(ev.json["events"][0]["data"], json!({"x": 1}));
+    let ev = api.get("/v1/actors/kit/alice/events?after=1").await;
+    assert_eq!(ev.json["events"].as_array().unwrap().len(), 1);
+    assert_eq!(ev.json["events"][0]["kind"], "again");
+    assert_eq!(ev.json["next_after"], 2);
+
+    // Listing with prefix and cursor.
+    for id in ["bob", "bobby", "carol"] {
+        api.op("kit", id, json!({"op": "add", "key": "n", "by": 1}))
+            .await;
+    }
+    let all = api.get("/v1/actors/kit?limit=2").await;
+    let ids: Vec<&str> = all.json["actors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["alice", "bob"]);
+    let cursor = all.json["next_cursor"].as_str().unwrap().to_owned();
+    let rest = api
+        .get(&format!("/v1/actors/kit?limit=10&cursor={cursor}"))
+        .await;
+    let ids: Vec<&str> = rest.json["actors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["bobby", "carol"]);
+    assert!(rest.json["next_cursor"].is_null());
+    let bobs = api.get("/v1/actors/kit?prefix=bob").await;
+    assert_eq!(bobs.json["actors"].as_array().unwrap().len(), 2);
+
+    // Delete removes state and events; the next message starts afresh.
+    assert_eq!(api.delete("/v1/actors/kit/alice").await.status, 200);
+    assert_error(
+        &api.get("/v1/actors/kit/alice").await,
+        404,
+        "actor_not_found",
+    );
+    assert_error(
+        &api.get("/v1/actors/kit/alice/state").await,
+        404,
+        "actor_not_found",
+    );
+    assert_error(
+        &api.delete("/v1/actors/kit/alice").await,
+        404,
+        "actor_not_found",
+    );
+    assert_eq!(
+        api.op("kit", "alice", json!({"op": "get", "key": "n"}))
+            .await
+            .json["value"],
+        Value::Null
+    );
+    let info = api.get("/v1/actors/kit/alice").await;
+    assert_eq!(info.json["last_event_seq"], 0);
+    // Ids may hold any UTF-8 but control characters, up to 256 bytes.
+    let odd = "ticket%2F42%20%C3%BC";
+    assert_eq!(
+        api.op("kit", odd, json!({"op": "add", "key": "n", "by": 1}))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        api.get(&format!("/v1/actors/kit/{odd}")).await.json["id"],
+        "ticket/42 ü"
+    );
+}
+
+#[tokio::test]
+async fn bad_messages_are_rejected_and_change_nothing() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    api.op("kit", "a", json!({"op": "add", "key": "n", "by": 1}))
+        .await;
+    let before = api.get("/v1/actors/kit/a").await.json;
+
+    assert_error(&api.op("nope", "a", json!({})).await, 404, "unknown_type");
+    assert_error(
+        &api.op("kit", "a%0Ab", json!({})).await,
+        400,
+        "invalid_actor_id",
+    );
+    let long = "x".repeat(257);
+    assert_error(
+        &api.op("kit", &long, json!({})).await,
+        400,
+        "invalid_actor_id",
+    );
+    let big = vec![b'1'; (1 << 20) + 1];
+    assert_error(
+        &api.req(
+            Method::POST,
+            "/v1/actors/kit/a",
+            Some(("application/json", big)),
+            &[],
+        )
+        .await,
+        413,
+        "payload_too_large",
+    );
+    let key = "k".repeat(300);
+    assert_error(
+        &api.post_with(
+            "/v1/actors/kit/a",
+            &json!({"op": "add", "key": "n", "by": 1}),
+            &[("idempotency-key", &key)],
+        )
+        .await,
+        400,
+        "invalid_idempotency_key",
+    );
+    assert_error(
+        &api.post_json("/v1/actors/kit/a?wait=maybe", &json!({}))
+            .await,
+        400,
+        "invalid_query",
+    );
+    assert_error(
+        &api.post_json("/v1/actors/kit/a?bogus=1", &json!({})).await,
+        400,
+        "invalid_query",
+    );
+    assert_error(
+        &api.req(Method::PUT, "/v1/actors/kit/a", None, &[]).await,
+        405,
+        "method_not_allowed",
+    );
+    assert_error(
+        &api.get("/v1/actors/kit/a/events?after=-1").await,
+        400,
+        "invalid_query",
+    );
+    assert_error(
+        &api.get("/v1/actors/kit/ghost").await,
+        404,
+        "actor_not_found",
+    );
+    assert_error(&api.get("/v1/actors/nope").await, 404, "unknown_type");
+    // The guest rejects malformed JSON itself: a failed turn, nothing stored.
+    assert_error(
+        &api.req(
+            Method::POST,
+            "/v1/actors/kit/a",
+            Some(("application/json", b"{".to_vec())),
+            &[],
+        )
+        .await,
+        500,
+        "actor_error",
+    );
+
+    let after = api.get("/v1/actors/kit/a").await.json;
+    assert_eq!(
+        before["turns"], after["turns"],
+        "bad input changed the actor"
+    );
+    assert_eq!(
+        api.get("/v1/actors/kit").await.json["actors"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        api.op("kit", "a", json!({"op": "add", "key": "n", "by": 1}))
+            .await
+            .json["value"],
+        2
+    );
+}
+
+#[tokio::test]
+async fn idempotency_keys_return_the_first_reply() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    let add = json!({"op": "add", "key": "n", "by": 10});
+
+    let first = api
+        .post_with("/v1/actors/kit/a", &add, &[("idempotency-key", "k1")])
+        .await;
+    assert_eq!(first.json["value"], 10);
+    assert!(!first.headers.contains_key("idempotent-replayed"));
+    let again = api
+        .post_with("/v1/actors/kit/a", &add, &[("idempotency-key", "k1")])
+        .await;
+    assert_eq!(again.status, 200);
+    assert_eq!(again.json["value"], 10, "the stored reply comes back");
+    assert_eq!(again.headers["idempotent-replayed"], "true");
+    assert_eq!(
+        again.headers["x-marmot-message-id"],
+        first.headers["x-marmot-message-id"]
+    );
+    let other = api
+        .post_with("/v1/actors/kit/a", &add, &[("idempotency-key", "k2")])
+        .await;
+    assert_eq!(other.json["value"], 20);
+
+    // Durable messages: the same key enqueues once.
+    let q1 = api
+        .post_with(
+            "/v1/actors/kit/b?wait=false",
+            &add,
+            &[("idempotency-key", "d1")],
+        )
+        .await;
+    assert_eq!(q1.status, 202);
+    let q2 = api
+        .post_with(
+            "/v1/actors/kit/b?wait=false",
+            &add,
+            &[("idempotency-key", "d1")],
+        )
+        .await;
+    assert_eq!(q2.status, 202);
+    assert_eq!(q1.json["message_id"], q2.json["message_id"]);
+    api.wait_info("kit", "b", "the queued message to run", |i| {
+        i["pending_messages"] == 0 && i["turns"] == 1
+    })
+    .await;
+    // A waiting sender with the same key gets the durable turn's reply.
+    let sync = api
+        .post_with("/v1/actors/kit/b", &add, &[("idempotency-key", "d1")])
+        .await;
+    assert_eq!(sync.json["value"], 10);
+    assert_eq!(
+        api.op("kit", "b", json!({"op": "get", "key": "n"}))
+            .await
+            .json["value"],
+        10
+    );
+}
+
+#[tokio::test]
+async fn failed_turns_commit_nothing() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    api.op(
+        "kit",
+        "a",
+        json!({"op": "set", "key": "k", "value": "before"}),
+    )
+    .await;
+
+    let trap = api
+        .op(
+            "kit",
+            "a",
+            json!({"op": "set_then_trap", "key": "k", "value": "after"}),
+        )
+        .await;
+    assert_error(&trap, 500, "actor_trapped");
+    let msg = trap.json["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("trapping after a write"),
+        "the panic message is reported: {msg}"
+    );
+    let fail = api
+        .op(
+            "kit",
+            "a",
+            json!({"op": "set_then_fail", "key": "k", "value": "after"}),
+        )
+        .await;
+    assert_error(&fail, 500, "actor_error");
+    assert!(
+        fail.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("failing after a write")
+    );
+
+    // Neither the write nor the event of the failed turns is visible, even
+    // to the same actor's next turn (which runs on a fresh instance after the trap).
+    assert_eq!(
+        api.op("kit", "a", json!({"op": "get", "key": "k"}))
+            .await
+            .json["value"],
+        "before"
+    );
+    assert_eq!(api.get("/v1/actors/kit/a/state/k").await.json, "before");
+    assert_eq!(
+        api.get("/v1/actors/kit/a/events").await.json["events"],
+        json!([])
+    );
+    let info = api.get("/v1/actors/kit/a").await.json;
+    // `turns` counts committed turns: the set. Failed turns commit nothing,
+    // and read-only turns need no commit.
+    assert_eq!(
+        info["turns"], 1,
+        "failed turns are not counted as committed"
+    );
+
+    // Statuses chosen by the actor pass through; a capability that has not
+    // landed answers with a clear error instead of trapping.
+    assert_eq!(
+        api.op("kit", "a", json!({"op": "status", "status": 418}))
+            .await
+            .status,
+        418
+    );
+    let un = api.op("kit", "a", json!({"op": "unsupported"})).await;
+    assert!(
+        un.json["error"].as_str().unwrap().contains("not supported"),
+        "{}",
+        un.json
+    );
+}
+
+#[tokio::test]
+async fn delete_type_needs_force_while_actors_exist() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    api.op("kit", "a", json!({"op": "add", "key": "n", "by": 1}))
+        .await;
+    assert_error(&api.delete("/v1/types/kit").await, 409, "type_has_actors");
+    assert_eq!(
+        api.op("kit", "a", json!({"op": "get", "key": "n"}))
+            .await
+            .json["value"],
+        1
+    );
+    let r = api.delete("/v1/types/kit?force=true").await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["actors_deleted"], 1);
+    assert_error(&api.get("/v1/types/kit").await, 404, "unknown_type");
+    assert_error(&api.op("kit", "a", json!({})).await, 404, "unknown_type");
+    assert_error(&api.delete("/v1/types/kit").await, 404, "unknown_type");
+    // Redeploying starts from nothing.
+    api.deploy("kit", TESTKIT, json!({})).await;
+    assert_eq!(
+        api.op("kit", "a", json!({"op": "get", "key": "n"}))
+            .await
+            .json["value"],
+        Value::Null
+    );
+    // An empty type deletes without force.
+    api.deploy("empty", TESTKIT, json!({})).await;
+    assert_eq!(api.delete("/v1/types/empty").await.status, 200);
+}
+
+#[tokio::test]
+async fn endpoints_of_later_capabilities_say_so() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    for (method, path) in [
+        (Method::GET, "/v1/actors/kit/a/alarms"),
+        (Method::GET, "/v1/actors/kit/a/inputs"),
+        (Method::POST, "/v1/actors/kit/a/eval"),
+        (Method::POST, "/v1/hooks/kit/a/github"),
+        (Method::GET, "/v1/secrets"),
+        (Method::GET, "/v1/deliveries"),
+    ] {
+        assert_error(
+            &api.req(method, path, None, &[]).await,
+            501,
+            "not_supported",
+        );
+    }
+    api.op("kit", "a", json!({"op": "add", "key": "n", "by": 1}))
+        .await;
+    let sse = api
+        .req(
+            Method::GET,
+            "/v1/actors/kit/a/events",
+            None,
+            &[("accept", "text/event-stream")],
+        )
+        .await;
+    assert_error(&sse, 501, "not_supported");
+}
+
+#[tokio::test]
+async fn serve_requires_a_token_and_enforces_it() {
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    // Without a token `serve` refuses to start, with one clear line.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(&data)
+        .env_remove("MARMOT_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("requires an admin token"), "{err}");
+    // `dev` refuses to listen beyond loopback.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["dev", "--listen", "0.0.0.0:0", "--data"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
+
+    let port = common::free_port();
+    let token = "s3cret-token-for-tests-0123456789";
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data"])
+        .arg(&data)
+        .env("MARMOT_ADMIN_TOKEN", token)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let mut ready = false;
+    for _ in 0..400 {
+        if let Ok(r) = http.get(format!("{url}/readyz")).send().await
+            && r.status() == 200
+        {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(ready, "serve did not become ready");
+    let r = http.get(format!("{url}/v1/types")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unauthorized");
+    let r = http
+        .get(format!("{url}/v1/types"))
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = http
+        .get(format!("{url}/v1/types"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = http.get(format!("{url}/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), 401, "metrics are behind auth in serve");
+    assert_eq!(
+        http.get(format!("{url}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -1,0 +1,314 @@
+//! Shared harness for the integration tests: real `marmot` processes on
+//! loopback, real data directories, real HTTP.
+
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The test actor (`tests/guests/testkit`).
+pub const TESTKIT: &[u8] = include_bytes!(env!("MARMOT_GUEST_MARMOT_TESTKIT"));
+/// The counter example.
+pub const COUNTER: &[u8] = include_bytes!(env!("MARMOT_GUEST_COUNTER"));
+
+/// A `marmot dev` process.
+pub struct Marmot {
+    child: Option<Child>,
+    pub url: String,
+    pub port: u16,
+    pub data: PathBuf,
+    env: Vec<(String, String)>,
+    log: PathBuf,
+    config: Option<PathBuf>,
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Marmot {
+    /// Start a node on `data` (without the examples) and wait until ready.
+    pub async fn start(data: &Path) -> Self {
+        Self::start_with_env(data, &[]).await
+    }
+
+    pub async fn start_with_env(data: &Path, env: &[(&str, &str)]) -> Self {
+        Self::start_opts(data, env, None).await
+    }
+
+    /// Start with environment variables and an optional TOML config.
+    pub async fn start_opts(data: &Path, env: &[(&str, &str)], config: Option<&str>) -> Self {
+        let m = Self::spawn_opts(data, env, config);
+        let mut m = m;
+        m.wait_ready().await;
+        m
+    }
+
+    /// Spawn without waiting for readiness.
+    pub fn spawn_opts(data: &Path, env: &[(&str, &str)], config: Option<&str>) -> Self {
+        let config_path = config.map(|text| {
+            let p = data.with_extension("toml");
+            std::fs::write(&p, text).unwrap();
+            p
+        });
+        let mut m = Self {
+            config: config_path,
+            child: None,
+            url: String::new(),
+            port: free_port(),
+            data: data.to_owned(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            log: data.with_extension("log"),
+        };
+        m.spawn();
+        m
+    }
+
+    fn spawn(&mut self) {
+        self.url = format!("http://127.0.0.1:{}", self.port);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_marmot"));
+        cmd.args(["dev", "--no-examples", "--listen"])
+            .arg(format!("127.0.0.1:{}", self.port))
+            .arg("--data")
+            .arg(&self.data)
+            .env("MARMOT_LOG", "info,marmot=debug")
+            .stdout(Stdio::null())
+            .stderr(log);
+        if let Some(c) = &self.config {
+            cmd.arg("--config").arg(c);
+        }
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        self.child = Some(cmd.spawn().expect("spawn marmot"));
+    }
+
+    /// Wait until `/readyz` says ready.
+    pub async fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let client = reqwest::Client::new();
+        loop {
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                panic!(
+                    "marmot exited early with {status}; log:\n{}",
+                    self.log_text()
+                );
+            }
+            if let Ok(r) = client.get(format!("{}/readyz", self.url)).send().await
+                && r.status() == 200
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "marmot did not become ready; log:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGKILL the process (like a power cut for the process).
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Wait for the process to exit on its own (e.g. fault-injected abort).
+    pub fn wait_exit(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(_)) = c.try_wait()
+            {
+                self.child = None;
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// Start again on the same data directory and port.
+    pub async fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+        self.wait_ready().await;
+    }
+
+    /// Start the process again without waiting for readiness.
+    pub fn respawn(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn client(&self) -> Api {
+        Api {
+            http: reqwest::Client::new(),
+            url: self.url.clone(),
+        }
+    }
+}
+
+impl Drop for Marmot {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A small JSON client for the API.
+#[derive(Clone)]
+pub struct Api {
+    pub http: reqwest::Client,
+    pub url: String,
+}
+
+/// A response: status, headers, body parsed as JSON (or `Value::Null`).
+#[derive(Debug)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Vec<u8>,
+    pub json: Value,
+}
+
+impl Resp {
+    /// The error code of a JSON error response.
+    pub fn code(&self) -> &str {
+        self.json["error"]["code"].as_str().unwrap_or("")
+    }
+}
+
+impl Api {
+    pub async fn req(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<(&str, Vec<u8>)>,
+        headers: &[(&str, &str)],
+    ) -> Resp {
+        let mut r = self.http.request(method, format!("{}{path}", self.url));
+        if let Some((ct, b)) = body {
+            r = r.header("content-type", ct).body(b);
+        }
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        let resp = r.send().await.expect("request");
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = resp.bytes().await.unwrap().to_vec();
+        let json = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        Resp {
+            status,
+            headers,
+            body,
+            json,
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Resp {
+        self.req(reqwest::Method::GET, path, None, &[]).await
+    }
+
+    pub async fn post_json(&self, path: &str, body: &Value) -> Resp {
+        self.req(
+            reqwest::Method::POST,
+            path,
+            Some(("application/json", serde_json::to_vec(body).unwrap())),
+            &[],
+        )
+        .await
+    }
+
+    pub async fn post_with(&self, path: &str, body: &Value, headers: &[(&str, &str)]) -> Resp {
+        self.req(
+            reqwest::Method::POST,
+            path,
+            Some(("application/json", serde_json::to_vec(body).unwrap())),
+            headers,
+        )
+        .await
+    }
+
+    pub async fn delete(&self, path: &str) -> Resp {
+        self.req(reqwest::Method::DELETE, path, None, &[]).await
+    }
+
+    /// Deploy a component with a JSON config.
+    pub async fn deploy(&self, ty: &str, code: &[u8], config: Value) -> Resp {
+        use base64::Engine as _;
+        let manifest = serde_json::json!({
+            "kind": "wasm",
+            "code_base64": base64::engine::general_purpose::STANDARD.encode(code),
+            "config": config,
+        });
+        self.req(
+            reqwest::Method::PUT,
+            &format!("/v1/types/{ty}"),
+            Some(("application/json", serde_json::to_vec(&manifest).unwrap())),
+            &[],
+        )
+        .await
+    }
+
+    /// Send a testkit op to (ty, id).
+    pub async fn op(&self, ty: &str, id: &str, op: Value) -> Resp {
+        self.post_json(&format!("/v1/actors/{ty}/{id}"), &op).await
+    }
+
+    /// Wait until `f` holds for the actor's info, or panic.
+    pub async fn wait_info(
+        &self,
+        ty: &str,
+        id: &str,
+        what: &str,
+        f: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let r = self.get(&format!("/v1/actors/{ty}/{id}")).await;
+            if r.status == 200 && f(&r.json) {
+                return r.json;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; last info: {}",
+                r.json
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// A fresh temporary data directory.
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("marmot-test-")
+        .tempdir()
+        .unwrap()
+}

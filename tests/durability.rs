@@ -1,0 +1,368 @@
+//! Guarantees 2–4 with real processes and `kill -9`: atomic turns, the output
+//! gate, and nothing acknowledged lost — exactly once, even across crashes.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{Api, Marmot, TESTKIT, tempdir};
+use rand::Rng;
+use serde_json::json;
+
+#[tokio::test]
+async fn state_survives_kill_9_and_restart() {
+    let dir = tempdir();
+    let mut m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    for i in 0..20 {
+        api.op(
+            "kit",
+            &format!("a{}", i % 4),
+            json!({"op": "add", "key": "n", "by": 1}),
+        )
+        .await;
+    }
+    api.op("kit", "a0", json!({"op": "emit", "kind": "k", "data": {}}))
+        .await;
+    m.restart().await;
+    let api = m.client();
+    for i in 0..4 {
+        let r = api
+            .op("kit", &format!("a{i}"), json!({"op": "get", "key": "n"}))
+            .await;
+        assert_eq!(r.json["value"], 5, "actor a{i} lost state across kill -9");
+    }
+    assert_eq!(api.get("/v1/actors/kit/a0").await.json["last_event_seq"], 1);
+    assert_eq!(
+        api.get("/v1/types/kit").await.json["version"],
+        1,
+        "deploys are durable"
+    );
+}
+
+#[tokio::test]
+async fn durable_messages_acknowledged_before_a_crash_run_after_it() {
+    let dir = tempdir();
+    let mut m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    // Each actor gets a slow first message so later ones are still queued
+    // when the process dies.
+    let mut expected: BTreeMap<String, i64> = BTreeMap::new();
+    for a in 0..5 {
+        let id = format!("q{a}");
+        let r = api
+            .post_json(
+                &format!("/v1/actors/kit/{id}?wait=false"),
+                &json!({"op": "busy", "ms": 300}),
+            )
+            .await;
+        assert_eq!(r.status, 202);
+        for i in 0..10 {
+            let r = api
+                .post_json(
+                    &format!("/v1/actors/kit/{id}?wait=false"),
+                    &json!({"op": "append", "key": "log", "value": i}),
+                )
+                .await;
+            assert_eq!(r.status, 202, "{}", r.json);
+            assert_eq!(r.json["message_id"].as_str().unwrap().len(), 32);
+        }
+        expected.insert(id, 10);
+    }
+    m.kill9();
+    m.restart().await;
+    let api = m.client();
+    for (id, n) in expected {
+        api.wait_info("kit", &id, "the inbox to drain", |i| {
+            i["pending_messages"] == 0
+        })
+        .await;
+        let log = api
+            .op("kit", &id, json!({"op": "get", "key": "log"}))
+            .await
+            .json["value"]
+            .clone();
+        let want: Vec<i64> = (0..n).collect();
+        assert_eq!(
+            log,
+            json!(want),
+            "{id}: every acknowledged message ran once, in order"
+        );
+    }
+}
+
+/// One operation of the load: record `op` on `actor`, retried with the same
+/// idempotency key until acknowledged.
+async fn do_op(api: &Api, actor: &str, op: &str, durable: bool) -> bool {
+    let path = if durable {
+        format!("/v1/actors/kit/{actor}?wait=false")
+    } else {
+        format!("/v1/actors/kit/{actor}")
+    };
+    let body = serde_json::to_vec(&json!({"op": "record", "id": op})).unwrap();
+    let sent = api
+        .http
+        .post(format!("{}{path}", api.url))
+        .header("content-type", "application/json")
+        .header("idempotency-key", op)
+        .body(body)
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await;
+    match sent {
+        Ok(r) => r.status().is_success(),
+        Err(_) => false,
+    }
+}
+
+#[tokio::test]
+async fn kill_9_under_concurrent_load_loses_nothing_and_applies_once() {
+    const ACTORS: usize = 40;
+    const WORKERS: usize = 16;
+    const OPS_PER_WORKER: usize = 500;
+    const MIN_KILLS: usize = 4;
+
+    let dir = tempdir();
+    let mut m = Marmot::start(&dir.path().join("data")).await;
+    m.client().deploy("kit", TESTKIT, json!({})).await;
+    let api = m.client();
+
+    let failures = Arc::new(AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for w in 0..WORKERS {
+        let api = api.clone();
+        let failures = failures.clone();
+        workers.push(tokio::spawn(async move {
+            let mut acked: Vec<(String, String)> = Vec::new();
+            for i in 0..OPS_PER_WORKER {
+                let (actor, durable) = {
+                    let mut rng = rand::rng();
+                    (
+                        format!("c{}", rng.random_range(0..ACTORS)),
+                        rng.random_bool(0.5),
+                    )
+                };
+                let op = format!("w{w}-{i}");
+                // Retry with the same key until the node acknowledges: across
+                // kills the retry must never apply the operation twice.
+                let mut tries = 0;
+                while !do_op(&api, &actor, &op, durable).await {
+                    failures.fetch_add(1, Ordering::Relaxed);
+                    tries += 1;
+                    assert!(tries < 2000, "operation {op} never acknowledged");
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+                acked.push((actor, op));
+            }
+            acked
+        }));
+    }
+
+    // Kill the node at random moments for as long as the workers run.
+    let mut kills = 0;
+    while kills < MIN_KILLS || !workers.iter().all(|w| w.is_finished()) {
+        if workers.iter().all(|w| w.is_finished()) {
+            break;
+        }
+        let wait = rand::rng().random_range(50..400);
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        m.kill9();
+        kills += 1;
+        m.respawn();
+        m.wait_ready().await;
+    }
+    let mut acked: Vec<(String, String)> = Vec::new();
+    for w in workers {
+        acked.extend(w.await.unwrap());
+    }
+    assert_eq!(acked.len(), WORKERS * OPS_PER_WORKER);
+    assert!(
+        kills >= MIN_KILLS,
+        "only {kills} kills happened during the load"
+    );
+    assert!(
+        failures.load(Ordering::Relaxed) > 0,
+        "no request was cut off by a kill: the test did not test anything"
+    );
+
+    // One more crash after everything was acknowledged.
+    m.restart().await;
+    let api = m.client();
+    let mut per_actor: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (actor, op) in acked {
+        per_actor.entry(actor).or_default().push(op);
+    }
+    for (actor, ops) in &per_actor {
+        api.wait_info("kit", actor, "the inbox to drain", |i| {
+            i["pending_messages"] == 0
+        })
+        .await;
+        let total = api
+            .get(&format!("/v1/actors/kit/{actor}/state/total"))
+            .await;
+        assert_eq!(
+            total.json,
+            json!(ops.len()),
+            "{actor}: total counts every acknowledged op exactly once"
+        );
+        let keys = api
+            .get(&format!(
+                "/v1/actors/kit/{actor}/state?prefix=seen/&limit=1000"
+            ))
+            .await;
+        let entries = keys.json["entries"].as_array().unwrap();
+        assert_eq!(
+            entries.len(),
+            ops.len(),
+            "{actor}: an op is missing or unexpected"
+        );
+        for e in entries {
+            assert_eq!(
+                e["value"],
+                json!(1),
+                "{actor}: {} applied {} times",
+                e["key"],
+                e["value"]
+            );
+        }
+    }
+    eprintln!(
+        "{kills} kills, {} failed requests retried",
+        failures.load(Ordering::Relaxed)
+    );
+}
+
+#[tokio::test]
+async fn a_message_that_keeps_crashing_the_node_is_given_up_visibly() {
+    const MARKER: &str = "testkit-crash-now";
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    let env = [("MARMOT_FAULT_ABORT_ON_LOG", MARKER)];
+    let mut m = Marmot::start_with_env(&data, &env).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    api.op("kit", "ok", json!({"op": "add", "key": "n", "by": 1}))
+        .await;
+    let r = api
+        .post_json(
+            "/v1/actors/kit/poison?wait=false",
+            &json!({"op": "crash", "marker": MARKER}),
+        )
+        .await;
+    assert_eq!(r.status, 202);
+    let message_id = r.json["message_id"].as_str().unwrap().to_owned();
+
+    // First run (normal) and three recovery runs abort the process.
+    for attempt in 0..4 {
+        assert!(
+            m.wait_exit(Duration::from_secs(20)),
+            "attempt {attempt}: the poison message did not crash the node"
+        );
+        m.respawn();
+    }
+    m.wait_ready().await;
+    let api = m.client();
+    let ev = api.get("/v1/actors/kit/poison/events").await;
+    let events = ev.json["events"].as_array().unwrap();
+    assert_eq!(events.len(), 1, "{}", ev.json);
+    assert_eq!(events[0]["kind"], "turn_failed");
+    assert_eq!(events[0]["data"]["message_id"], message_id.as_str());
+    assert_eq!(events[0]["data"]["attempts"], 3);
+    assert_eq!(events[0]["data"]["error"]["code"], "recovery_exhausted");
+    assert_eq!(
+        api.get("/v1/actors/kit/poison").await.json["pending_messages"],
+        0
+    );
+    // Everyone else is fine.
+    assert_eq!(
+        api.op("kit", "ok", json!({"op": "add", "key": "n", "by": 1}))
+            .await
+            .json["value"],
+        2
+    );
+    assert_eq!(
+        api.op("kit", "poison", json!({"op": "add", "key": "n", "by": 1}))
+            .await
+            .json["value"],
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_failing_durable_message_records_turn_failed() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    let r = api
+        .post_with(
+            "/v1/actors/kit/a?wait=false",
+            &json!({"op": "set_then_fail", "key": "k", "value": 1}),
+            &[("idempotency-key", "f1")],
+        )
+        .await;
+    assert_eq!(r.status, 202);
+    api.wait_info("kit", "a", "the failure to be recorded", |i| {
+        i["last_event_seq"] == 1
+    })
+    .await;
+    let ev = api.get("/v1/actors/kit/a/events").await.json;
+    assert_eq!(ev["events"][0]["kind"], "turn_failed");
+    assert_eq!(ev["events"][0]["data"]["error"]["code"], "actor_error");
+    assert_eq!(
+        api.op("kit", "a", json!({"op": "get", "key": "k"}))
+            .await
+            .json["value"],
+        serde_json::Value::Null
+    );
+    // A waiting retry with the same key learns that it failed.
+    let retry = api
+        .post_with(
+            "/v1/actors/kit/a",
+            &json!({"op": "set_then_fail", "key": "k", "value": 1}),
+            &[("idempotency-key", "f1")],
+        )
+        .await;
+    assert_eq!(retry.status, 500);
+    assert_eq!(retry.code(), "turn_failed");
+}
+
+#[tokio::test]
+async fn many_actors_share_commits() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    // Warm up so the measured turns need no actor creation.
+    let ids: Vec<String> = (0..200).map(|i| format!("g{i}")).collect();
+    futures::future::join_all(
+        ids.iter()
+            .map(|id| api.op("kit", id, json!({"op": "add", "key": "n", "by": 1}))),
+    )
+    .await;
+    let commits = |text: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with("marmot_commits_total "))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap()
+    };
+    let before = commits(&String::from_utf8(api.get("/metrics").await.body).unwrap());
+    let replies = futures::future::join_all(
+        ids.iter()
+            .map(|id| api.op("kit", id, json!({"op": "add", "key": "n", "by": 1}))),
+    )
+    .await;
+    assert!(replies.iter().all(|r| r.json["value"] == 2));
+    let after = commits(&String::from_utf8(api.get("/metrics").await.body).unwrap());
+    assert!(
+        after - before < 200.0,
+        "200 concurrent turns took {} commits: group commit is not batching",
+        after - before
+    );
+}

@@ -1,0 +1,360 @@
+//! Activation and hibernation, ordering, upgrades, and the limits that keep
+//! one actor from hurting the node (guarantees 1, 5, 10).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{COUNTER, Marmot, TESTKIT, tempdir};
+use serde_json::json;
+
+#[tokio::test]
+async fn idle_actors_hibernate_and_wake_with_state_intact() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({"idle_timeout_ms": 300}))
+        .await;
+    api.op("kit", "sleepy", json!({"op": "add", "key": "n", "by": 7}))
+        .await;
+    assert_eq!(
+        api.get("/v1/actors/kit/sleepy").await.json["status"],
+        "active"
+    );
+    let started = Instant::now();
+    api.wait_info("kit", "sleepy", "hibernation", |i| {
+        i["status"] == "hibernated"
+    })
+    .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "hibernated before its idle timeout"
+    );
+    let metrics = String::from_utf8(api.get("/metrics").await.body).unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("marmot_hibernations_total ") && !l.ends_with(" 0"))
+    );
+    assert!(metrics.contains("marmot_actors_active 0"), "{metrics}");
+
+    // The next message wakes it from disk.
+    let r = api
+        .op("kit", "sleepy", json!({"op": "add", "key": "n", "by": 1}))
+        .await;
+    assert_eq!(r.json["value"], 8);
+    assert_eq!(
+        api.get("/v1/actors/kit/sleepy").await.json["status"],
+        "active"
+    );
+
+    // A busy actor does not hibernate: a turn longer than the idle timeout.
+    let r = api
+        .op("kit", "busy", json!({"op": "busy", "ms": 700}))
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        api.get("/v1/actors/kit/busy").await.json["status"],
+        "active"
+    );
+}
+
+#[tokio::test]
+async fn least_recently_used_actors_hibernate_at_the_cap() {
+    let dir = tempdir();
+    let config = "[limits]\nmax_active_actors = 20\n";
+    let m = Marmot::start_opts(&dir.path().join("data"), &[], Some(config)).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    for i in 0..60 {
+        let r = api
+            .op(
+                "kit",
+                &format!("u{i:02}"),
+                json!({"op": "add", "key": "n", "by": i}),
+            )
+            .await;
+        assert_eq!(r.status, 200);
+    }
+    // Eviction is asynchronous; give it a moment.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let metrics = String::from_utf8(api.get("/metrics").await.body).unwrap();
+        let active: f64 = metrics
+            .lines()
+            .find(|l| l.starts_with("marmot_actors_active "))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .unwrap()
+            .parse()
+            .unwrap();
+        if active <= 20.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still {active} active actors over a cap of 20"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The oldest went to sleep first; the newest are awake.
+    assert_eq!(
+        api.get("/v1/actors/kit/u00").await.json["status"],
+        "hibernated"
+    );
+    assert_eq!(api.get("/v1/actors/kit/u59").await.json["status"], "active");
+    for i in 0..60 {
+        let r = api
+            .op("kit", &format!("u{i:02}"), json!({"op": "get", "key": "n"}))
+            .await;
+        assert_eq!(r.json["value"], i, "state survives eviction");
+    }
+}
+
+#[tokio::test]
+async fn turns_of_one_actor_never_overlap_and_keep_arrival_order() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    // Concurrent read-modify-writes: overlapping turns would lose updates.
+    let replies = futures::future::join_all(
+        (0..200).map(|_| api.op("kit", "hot", json!({"op": "add", "key": "n", "by": 1}))),
+    )
+    .await;
+    assert!(replies.iter().all(|r| r.status == 200));
+    let mut values: Vec<i64> = replies
+        .iter()
+        .map(|r| r.json["value"].as_i64().unwrap())
+        .collect();
+    values.sort_unstable();
+    assert_eq!(
+        values,
+        (1..=200).collect::<Vec<_>>(),
+        "every turn saw the previous one's write"
+    );
+    // Messages from one sender run in the order they were accepted.
+    for i in 0..30 {
+        let r = api
+            .post_json(
+                "/v1/actors/kit/ordered?wait=false",
+                &json!({"op": "append", "key": "l", "value": i}),
+            )
+            .await;
+        assert_eq!(r.status, 202);
+    }
+    api.op(
+        "kit",
+        "ordered",
+        json!({"op": "append", "key": "l", "value": 30}),
+    )
+    .await;
+    let l = api
+        .op("kit", "ordered", json!({"op": "get", "key": "l"}))
+        .await
+        .json["value"]
+        .clone();
+    assert_eq!(l, json!((0..=30).collect::<Vec<_>>()));
+}
+
+#[tokio::test]
+async fn new_versions_apply_at_the_next_turn_and_on_upgrade_runs_once() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    assert_eq!(
+        api.deploy("up", COUNTER, json!({"idle_timeout_ms": 300}))
+            .await
+            .json["version"],
+        1
+    );
+    api.post_json("/v1/actors/up/a", &json!({"by": 5})).await;
+    api.post_json("/v1/actors/up/b", &json!({"by": 6})).await;
+    api.wait_info("up", "b", "hibernation", |i| i["status"] == "hibernated")
+        .await;
+    let r = api.post_json("/v1/actors/up/a", &json!({"by": 1})).await;
+    assert_eq!(r.json["n"], 6);
+
+    assert_eq!(
+        api.deploy("up", TESTKIT, json!({"idle_timeout_ms": 300}))
+            .await
+            .json["version"],
+        2
+    );
+    let who = api.op("up", "a", json!({"op": "whoami"})).await;
+    assert_eq!(who.json["version"], 2);
+    assert_eq!(who.json["upgraded_from"], json!([1]));
+    assert_eq!(
+        api.op("up", "a", json!({"op": "get", "key": "n"}))
+            .await
+            .json["value"],
+        6,
+        "state carried over"
+    );
+    assert_eq!(
+        api.op("up", "a", json!({"op": "whoami"})).await.json["upgraded_from"],
+        json!([1]),
+        "once"
+    );
+    // A hibernated actor upgrades when it wakes.
+    let who = api.op("up", "b", json!({"op": "whoami"})).await;
+    assert_eq!(who.json["upgraded_from"], json!([1]));
+    assert_eq!(api.get("/v1/actors/up/b").await.json["version"], 2);
+
+    assert_eq!(
+        api.deploy("up", TESTKIT, json!({"idle_timeout_ms": 301}))
+            .await
+            .json["version"],
+        3
+    );
+    assert_eq!(
+        api.op("up", "a", json!({"op": "whoami"})).await.json["upgraded_from"],
+        json!([1, 2])
+    );
+    // A brand-new actor starts on the newest version with nothing to migrate.
+    let who = api.op("up", "fresh", json!({"op": "whoami"})).await;
+    assert_eq!(who.json["version"], 3);
+    assert!(who.json["upgraded_from"].is_null());
+}
+
+#[tokio::test]
+async fn cpu_memory_and_wall_limits_stop_only_the_offender() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy(
+        "kit",
+        TESTKIT,
+        json!({"cpu_slice_ms": 300, "max_memory_bytes": 16u64 << 20}),
+    )
+    .await;
+    api.deploy("slow", TESTKIT, json!({"turn_timeout_ms": 300}))
+        .await;
+    api.op(
+        "kit",
+        "neighbour",
+        json!({"op": "add", "key": "n", "by": 1}),
+    )
+    .await;
+
+    let spin = {
+        let api = api.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let r = api.op("kit", "spinner", json!({"op": "spin"})).await;
+            (r, started.elapsed())
+        })
+    };
+    // While one actor spins, another still gets its turns promptly.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = Instant::now();
+    let r = api
+        .op(
+            "kit",
+            "neighbour",
+            json!({"op": "add", "key": "n", "by": 1}),
+        )
+        .await;
+    assert_eq!(r.json["value"], 2);
+    assert!(
+        started.elapsed() < Duration::from_millis(250),
+        "neighbour waited {:?}",
+        started.elapsed()
+    );
+    let (r, took) = spin.await.unwrap();
+    assert_eq!(r.status, 500);
+    assert_eq!(r.code(), "cpu_limit_exceeded", "{}", r.json);
+    assert!(took < Duration::from_secs(3), "spin ran {took:?}");
+    assert!(
+        r.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("CPU limit")
+    );
+    // The spinner gets a fresh instance next time.
+    assert_eq!(
+        api.op("kit", "spinner", json!({"op": "add", "key": "n", "by": 1}))
+            .await
+            .json["value"],
+        1
+    );
+
+    let r = api.op("kit", "hog", json!({"op": "alloc", "mb": 64})).await;
+    assert_eq!(r.status, 500);
+    assert_eq!(r.code(), "memory_limit_exceeded", "{}", r.json);
+    assert_eq!(
+        api.op("kit", "hog", json!({"op": "alloc", "mb": 4}))
+            .await
+            .status,
+        200
+    );
+
+    let r = api.op("slow", "s", json!({"op": "busy", "ms": 3000})).await;
+    assert_eq!(r.status, 504);
+    assert_eq!(r.code(), "turn_timeout");
+    assert_eq!(
+        api.op("slow", "s", json!({"op": "add", "key": "n", "by": 1}))
+            .await
+            .status,
+        200
+    );
+
+    let metrics = String::from_utf8(api.get("/metrics").await.body).unwrap();
+    for reason in ["cpu", "memory", "timeout"] {
+        assert!(
+            metrics.contains(&format!(
+                "marmot_sandbox_traps_total{{reason=\"{reason}\"}} 1"
+            )),
+            "trap reason {reason} not counted:\n{metrics}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_full_mailbox_answers_429_and_the_node_keeps_serving() {
+    let dir = tempdir();
+    let config = "[limits]\nmailbox_capacity = 4\n";
+    let m = Marmot::start_opts(&dir.path().join("data"), &[], Some(config)).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    let replies = futures::future::join_all(
+        (0..20).map(|_| api.op("kit", "jam", json!({"op": "busy", "ms": 100}))),
+    )
+    .await;
+    let full: Vec<_> = replies.iter().filter(|r| r.status == 429).collect();
+    assert!(
+        !full.is_empty(),
+        "no 429 with 20 concurrent messages and a mailbox of 4"
+    );
+    assert!(
+        full.iter()
+            .all(|r| r.code() == "mailbox_full" && r.headers.contains_key("retry-after"))
+    );
+    assert!(replies.iter().filter(|r| r.status == 200).count() >= 4);
+    assert_eq!(
+        api.op("kit", "other", json!({"op": "add", "key": "n", "by": 1}))
+            .await
+            .status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn guest_output_reaches_the_log_with_the_actor_named() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    api.op(
+        "kit",
+        "talker",
+        json!({"op": "print", "text": "hello-from-the-guest"}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let log = m.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("hello-from-the-guest"))
+        .expect("guest stdout in the node log");
+    assert!(line.contains("kit/talker"), "{line}");
+}
