@@ -497,18 +497,23 @@ impl Node {
     }
 
     fn info_from(&self, key: &ActorKey, rec: &ActorRecord, pending: u64) -> ActorInfo {
+        let live = self.registry.live_stats(key);
+        let (turns, last_turn_at_ms) = match live {
+            Some(Some((t, at))) if t >= rec.turns => (t, at),
+            _ => (rec.turns, rec.last_turn_at_ms),
+        };
         ActorInfo {
             ty: key.ty().to_owned(),
             id: key.id().to_owned(),
-            status: if self.registry.is_active(key) {
+            status: if live.is_some() {
                 "active"
             } else {
                 "hibernated"
             },
             version: rec.version,
             created_at_ms: rec.created_at_ms,
-            last_turn_at_ms: rec.last_turn_at_ms,
-            turns: rec.turns,
+            last_turn_at_ms,
+            turns,
             state_bytes: rec.state_bytes,
             state_keys: rec.state_keys,
             last_event_seq: rec.last_event_seq,

@@ -29,6 +29,16 @@ pub(crate) struct Shared {
     pub inbox_dirty: AtomicBool,
     /// Asks the task to hibernate as soon as it is idle.
     pub hibernate: Notify,
+    /// Activity statistics of this activation: (turns, last turn at ms),
+    /// ahead of what is on disk until the next record write.
+    stats: Mutex<(u64, u64)>,
+}
+
+impl Shared {
+    /// Record the actor's activity statistics.
+    pub fn note_turn(&self, turns: u64, last_turn_at_ms: u64) {
+        *self.stats.lock().expect("stats lock") = (turns, last_turn_at_ms);
+    }
 }
 
 struct Handle {
@@ -75,6 +85,15 @@ impl Registry {
     /// Whether `key` is awake.
     pub fn is_active(&self, key: &ActorKey) -> bool {
         self.shard(key).contains_key(key)
+    }
+
+    /// `Some((turns, last_turn_at_ms))` of an awake actor that has run a
+    /// writing turn in this activation.
+    pub fn live_stats(&self, key: &ActorKey) -> Option<Option<(u64, u64)>> {
+        let shard = self.shard(key);
+        let h = shard.get(key)?;
+        let s = *h.shared.stats.lock().expect("stats lock");
+        Some((s.0 > 0).then_some(s))
     }
 
     /// Deliver `env` to the actor, waking it if it is hibernated.
@@ -147,6 +166,7 @@ impl Registry {
             // A waking actor always looks at its inbox once.
             inbox_dirty: AtomicBool::new(true),
             hibernate: Notify::new(),
+            stats: Mutex::new((0, 0)),
         });
         shard.insert(
             key.clone(),

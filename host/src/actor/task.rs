@@ -59,6 +59,8 @@ type OnDurable = Box<dyn FnOnce(Result<(), CommitFailed>) + Send>;
 /// Extra rows a commit carries besides the turn's own writes.
 #[derive(Default)]
 struct CommitExtras {
+    /// Write the actor record even if only its statistics changed.
+    force_record: bool,
     idempotency: Option<(String, IdemRecord)>,
     inbox_done: Option<u64>,
     inbox_update: Option<(u64, InboxRecord)>,
@@ -71,6 +73,8 @@ pub(crate) struct ActorTask {
     shared: Arc<Shared>,
     /// The actor's record; `None` until loaded (or when it does not exist).
     record: Option<ActorRecord>,
+    /// The record as last written (or read) on disk.
+    persisted: Option<ActorRecord>,
     live: Option<Live>,
     cache: StateCache,
     /// Commits from generations below the tracker's minimum are refused.
@@ -96,6 +100,7 @@ impl ActorTask {
             key,
             shared,
             record: None,
+            persisted: None,
             live: None,
             cache: StateCache::default(),
             generation: 0,
@@ -155,6 +160,20 @@ impl ActorTask {
     }
 
     async fn try_hibernate(&mut self, rx: &mut mpsc::Receiver<Envelope>) -> bool {
+        // Activity statistics are written lazily; bring them to disk now.
+        if let (Some(r), Some(p)) = (&self.record, &self.persisted)
+            && r != p
+            && self.shared.tracker.min_generation() <= self.generation
+        {
+            self.submit(
+                FinishedTurn::unchanged(r),
+                CommitExtras {
+                    force_record: true,
+                    ..Default::default()
+                },
+                Box::new(|_| {}),
+            );
+        }
         // Everything this activation produced must be durable before its
         // in-memory view is dropped.
         self.shared
@@ -215,6 +234,7 @@ impl ActorTask {
                 }
                 None => return Err(TurnError::NotFound),
             };
+            self.persisted = self.record.clone();
         }
         Ok(())
     }
@@ -222,6 +242,7 @@ impl ActorTask {
     /// Forget the in-memory view; the next turn reloads from disk.
     fn reset(&mut self) {
         self.record = None;
+        self.persisted = None;
         self.live = None;
         self.cache = StateCache::default();
         self.idem_pending.clear();
@@ -632,12 +653,23 @@ impl ActorTask {
             self.idem_pending
                 .insert(k.clone(), (seq, rec.outcome.clone()));
         }
+        let write_record = extras.force_record
+            || self
+                .persisted
+                .as_ref()
+                .is_none_or(|p| !p.same_durable_fields(record));
+        self.shared.note_turn(record.turns, record.last_turn_at_ms);
+        let record = write_record.then(|| record.clone());
+        if record.is_some() {
+            self.persisted = record.clone();
+        }
         let commit = TurnCommit {
             key: self.key.clone(),
             tracker: self.shared.tracker.clone(),
             generation: self.generation,
             seq,
-            record: record.clone(),
+            num: self.record().num,
+            record,
             state: finished.writes,
             events,
             trim_events_below,

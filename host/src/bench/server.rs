@@ -68,6 +68,22 @@ impl ServerProc {
         Ok(kb * 1024)
     }
 
+    /// CPU time (user + system) the node has used so far.
+    pub fn cpu_time(&self) -> anyhow::Result<Duration> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
+        // Fields after the parenthesised command name; utime and stime are
+        // the 14th and 15th fields overall, in clock ticks.
+        let rest = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r)
+            .context("malformed /proc/<pid>/stat")?;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 = f[11].parse::<u64>()? + f[12].parse::<u64>()?;
+        // Linux reports these in USER_HZ, which is 100 on every architecture
+        // it supports.
+        Ok(Duration::from_millis(ticks * 10))
+    }
+
     /// Deploy the counter example with `config` (JSON).
     pub async fn deploy_counter(&self, config: serde_json::Value) -> anyhow::Result<()> {
         use base64::Engine as _;

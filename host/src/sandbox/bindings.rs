@@ -22,4 +22,4 @@ wasmtime::component::bindgen!({
     exports: { default: async },
 });
 
-pub use marmot::actor::types::{Context, Error as GuestError, Message, Reply};
+pub use self::marmot::actor::types::{Context, Error as GuestError, Message, Reply};

@@ -118,9 +118,11 @@ pub struct ActorRecord {
     /// Version of its type's code that its state belongs to (on-upgrade has
     /// run for it).
     pub version: u32,
-    /// When its last turn committed (0: never).
+    /// When its last turn committed (0: never). An activity statistic:
+    /// written with the next durable change or at hibernation, so it can lag
+    /// after a crash.
     pub last_turn_at_ms: u64,
-    /// Turns committed.
+    /// Turns committed (an activity statistic, like `last_turn_at_ms`).
     pub turns: u64,
     /// Sequence number of its newest event (0: none yet).
     pub last_event_seq: u64,
@@ -133,6 +135,18 @@ pub struct ActorRecord {
 }
 
 impl ActorRecord {
+    /// Whether `other` differs only in activity statistics (`turns`,
+    /// `last_turn_at_ms`), which need not be written with every turn.
+    pub fn same_durable_fields(&self, other: &ActorRecord) -> bool {
+        self.num == other.num
+            && self.created_at_ms == other.created_at_ms
+            && self.version == other.version
+            && self.last_event_seq == other.last_event_seq
+            && self.first_event_seq == other.first_event_seq
+            && self.state_bytes == other.state_bytes
+            && self.state_keys == other.state_keys
+    }
+
     /// A fresh record for a new actor.
     pub fn new(num: u64, now_ms: u64, version: u32) -> Self {
         Self {

@@ -107,8 +107,12 @@ pub struct TurnCommit {
     pub generation: u64,
     /// The turn's sequence number within the actor's activation.
     pub seq: u64,
-    /// The actor record after the turn.
-    pub record: ActorRecord,
+    /// The actor number.
+    pub num: u64,
+    /// The actor record after the turn, when it changed in a way that must
+    /// be durable with the turn (state size, event seqs, version). Activity
+    /// statistics alone do not force a write.
+    pub record: Option<ActorRecord>,
     /// State writes (`None` deletes).
     pub state: Vec<(String, Option<Bytes>)>,
     /// Events to append, with their seqs.
@@ -413,16 +417,24 @@ impl WriterState {
         match self.db.begin_write() {
             Ok(mut txn) => {
                 txn.set_quick_repair(self.quick_repair);
-                for op in batch.drain(..) {
-                    if error.is_some() {
-                        // Not applied; only its waiter needs an answer.
-                        applied.push(Applied::from_unapplied(op));
-                        continue;
+                match Tables::open(&txn) {
+                    Ok(mut tables) => {
+                        for op in batch.drain(..) {
+                            if error.is_some() {
+                                // Not applied; only its waiter needs an answer.
+                                applied.push(Applied::from_unapplied(op));
+                                continue;
+                            }
+                            let (a, r) = self.apply(&mut tables, op, &mut created);
+                            applied.push(a);
+                            if let Err(e) = r {
+                                error = Some(e);
+                            }
+                        }
                     }
-                    let (a, r) = self.apply(&txn, op, &mut created);
-                    applied.push(a);
-                    if let Err(e) = r {
+                    Err(e) => {
                         error = Some(e);
+                        applied.extend(batch.drain(..).map(Applied::from_unapplied));
                     }
                 }
                 if error.is_none()
@@ -465,7 +477,7 @@ impl WriterState {
 
     fn apply(
         &mut self,
-        txn: &WriteTransaction,
+        tables: &mut Tables<'_>,
         op: WriteOp,
         created: &mut i64,
     ) -> (Applied, Result<(), StorageError>) {
@@ -488,13 +500,13 @@ impl WriterState {
             }
         }
         match op {
-            WriteOp::Turn(t) => self.apply_turn(txn, *t, created),
+            WriteOp::Turn(t) => self.apply_turn(tables, *t, created),
             WriteOp::GetOrCreate {
                 key,
                 version,
                 done: d,
             } => {
-                let r = self.get_or_create(txn, &key, version, created);
+                let r = self.get_or_create(tables, &key, version, created);
                 done(d, r)
             }
             WriteOp::Enqueue {
@@ -505,12 +517,12 @@ impl WriterState {
                 done: d,
             } => {
                 let r = self
-                    .get_or_create(txn, &key, version, created)
-                    .and_then(|rec| self.enqueue(txn, rec.num, message, idempotency_ttl_ms));
+                    .get_or_create(tables, &key, version, created)
+                    .and_then(|rec| self.enqueue(tables, rec.num, message, idempotency_ttl_ms));
                 done(d, r)
             }
             WriteOp::DeleteActor { key, done: d } => {
-                let r = delete_actor(txn, &key);
+                let r = tables.delete_actor(&key);
                 if let Ok(true) = r {
                     *created -= 1;
                 }
@@ -520,20 +532,20 @@ impl WriterState {
                 record,
                 code,
                 done: d,
-            } => done(d, put_type(txn, &record, code)),
+            } => done(d, tables.put_type(&record, code)),
             WriteOp::DeleteType {
                 name,
                 with_actors,
                 done: d,
             } => {
-                let r = delete_type(txn, &name, with_actors);
+                let r = tables.delete_type(&name, with_actors);
                 if let Ok(n) = r {
                     *created -= n as i64;
                 }
                 done(d, r)
             }
             WriteOp::SweepIdempotency { now_ms, done: d } => {
-                done(d, sweep_idempotency(txn, now_ms))
+                done(d, tables.sweep_idempotency(now_ms))
             }
             WriteOp::Barrier { done } => (
                 Applied::Reply(Box::new(move |_| {
@@ -546,14 +558,14 @@ impl WriterState {
 
     fn apply_turn(
         &mut self,
-        txn: &WriteTransaction,
+        tables: &mut Tables<'_>,
         t: TurnCommit,
         created: &mut i64,
     ) -> (Applied, Result<(), StorageError>) {
         if t.generation < t.tracker.min_generation() {
             return (Applied::Refused(t.on_durable), Ok(()));
         }
-        let r = write_turn(txn, &t, created);
+        let r = tables.write_turn(&t, created);
         let applied = Applied::Turn {
             tracker: t.tracker,
             generation: t.generation,
@@ -565,34 +577,33 @@ impl WriterState {
 
     fn get_or_create(
         &mut self,
-        txn: &WriteTransaction,
+        tables: &mut Tables<'_>,
         key: &ActorKey,
         version: u32,
         created: &mut i64,
     ) -> Result<ActorRecord, StorageError> {
-        let mut actors = txn.open_table(ACTORS)?;
-        if let Some(v) = actors.get((key.ty(), key.id()))? {
+        if let Some(v) = tables.actors.get((key.ty(), key.id()))? {
             return Ok(decode("actor", v.value())?);
         }
         let rec = ActorRecord::new(self.next_num, now_ms(), version);
         self.next_num += 1;
-        actors.insert((key.ty(), key.id()), encode(&rec).as_slice())?;
-        txn.open_table(ACTOR_KEYS)?
-            .insert(rec.num, (key.ty(), key.id()))?;
+        tables
+            .actors
+            .insert((key.ty(), key.id()), encode(&rec).as_slice())?;
+        tables.actor_keys.insert(rec.num, (key.ty(), key.id()))?;
         *created += 1;
         Ok(rec)
     }
 
     fn enqueue(
         &mut self,
-        txn: &WriteTransaction,
+        tables: &mut Tables<'_>,
         num: u64,
         message: InboxRecord,
         ttl_ms: u64,
     ) -> Result<EnqueueOutcome, StorageError> {
         if let Some(key) = &message.idempotency_key {
-            let mut idem = txn.open_table(IDEMPOTENCY)?;
-            if let Some(v) = idem.get((num, key.as_str()))? {
+            if let Some(v) = tables.idempotency.get((num, key.as_str()))? {
                 let rec: IdemRecord = decode("idempotency", v.value())?;
                 let message_id = match rec.outcome {
                     IdemOutcome::Queued { message_id }
@@ -607,13 +618,17 @@ impl WriterState {
                 },
                 expires_at_ms: message.enqueued_at_ms + ttl_ms,
             };
-            idem.insert((num, key.as_str()), encode(&rec).as_slice())?;
-            txn.open_table(IDEM_EXPIRY)?
+            tables
+                .idempotency
+                .insert((num, key.as_str()), encode(&rec).as_slice())?;
+            tables
+                .idem_expiry
                 .insert((rec.expires_at_ms, num, key.as_str()), ())?;
         }
         let seq = self.next_inbox_seq;
         self.next_inbox_seq += 1;
-        txn.open_table(INBOX)?
+        tables
+            .inbox
             .insert((num, seq), encode(&message).as_slice())?;
         Ok(EnqueueOutcome::Queued {
             message_id: message.message_id,
@@ -621,93 +636,101 @@ impl WriterState {
     }
 }
 
-/// Write everything a turn produced.
-fn write_turn(
-    txn: &WriteTransaction,
-    t: &TurnCommit,
-    created: &mut i64,
-) -> Result<(), StorageError> {
-    let num = t.record.num;
-    {
-        let mut actors = txn.open_table(ACTORS)?;
-        let was = actors.insert((t.key.ty(), t.key.id()), encode(&t.record).as_slice())?;
-        if was.is_none() {
-            drop(was);
-            *created += 1;
-            txn.open_table(ACTOR_KEYS)?
-                .insert(num, (t.key.ty(), t.key.id()))?;
-        }
+/// Every table, opened once per batch: opening a redb table per operation
+/// costs a lookup and, on close, a root update.
+struct Tables<'t> {
+    types: redb::Table<'t, &'static str, &'static [u8]>,
+    code: redb::Table<'t, (&'static str, u32), &'static [u8]>,
+    actors: redb::Table<'t, (&'static str, &'static str), &'static [u8]>,
+    actor_keys: redb::Table<'t, u64, (&'static str, &'static str)>,
+    state: redb::Table<'t, (u64, &'static str), &'static [u8]>,
+    events: redb::Table<'t, (u64, u64), &'static [u8]>,
+    idempotency: redb::Table<'t, (u64, &'static str), &'static [u8]>,
+    idem_expiry: redb::Table<'t, (u64, u64, &'static str), ()>,
+    inbox: redb::Table<'t, (u64, u64), &'static [u8]>,
+}
+
+impl<'t> Tables<'t> {
+    fn open(txn: &'t WriteTransaction) -> Result<Self, StorageError> {
+        Ok(Self {
+            types: txn.open_table(TYPES)?,
+            code: txn.open_table(CODE)?,
+            actors: txn.open_table(ACTORS)?,
+            actor_keys: txn.open_table(ACTOR_KEYS)?,
+            state: txn.open_table(STATE)?,
+            events: txn.open_table(EVENTS)?,
+            idempotency: txn.open_table(IDEMPOTENCY)?,
+            idem_expiry: txn.open_table(IDEM_EXPIRY)?,
+            inbox: txn.open_table(INBOX)?,
+        })
     }
-    if !t.state.is_empty() {
-        let mut state = txn.open_table(STATE)?;
+
+    /// Write everything a turn produced.
+    fn write_turn(&mut self, t: &TurnCommit, created: &mut i64) -> Result<(), StorageError> {
+        let num = t.num;
+        if let Some(record) = &t.record {
+            let was = self
+                .actors
+                .insert((t.key.ty(), t.key.id()), encode(record).as_slice())?;
+            if was.is_none() {
+                drop(was);
+                *created += 1;
+                self.actor_keys.insert(num, (t.key.ty(), t.key.id()))?;
+            }
+        }
         for (k, v) in &t.state {
             match v {
                 Some(v) => {
-                    state.insert((num, k.as_str()), v.as_ref())?;
+                    self.state.insert((num, k.as_str()), v.as_ref())?;
                 }
                 None => {
-                    state.remove((num, k.as_str()))?;
+                    self.state.remove((num, k.as_str()))?;
                 }
             }
         }
-    }
-    if !t.events.is_empty() || t.trim_events_below.is_some() {
-        let mut events = txn.open_table(EVENTS)?;
         for (seq, ev) in &t.events {
-            events.insert((num, *seq), encode(ev).as_slice())?;
+            self.events.insert((num, *seq), encode(ev).as_slice())?;
         }
         if let Some(below) = t.trim_events_below {
-            let old: Vec<u64> = {
-                let mut v = Vec::new();
-                for row in events.range((num, 0)..(num, below))? {
-                    v.push(row?.0.value().1);
-                }
-                v
-            };
+            let old = seqs(&self.events, num, below)?;
             for seq in old {
-                events.remove((num, seq))?;
+                self.events.remove((num, seq))?;
             }
         }
-    }
-    if let Some((key, rec)) = &t.idempotency {
-        txn.open_table(IDEMPOTENCY)?
-            .insert((num, key.as_str()), encode(rec).as_slice())?;
-        txn.open_table(IDEM_EXPIRY)?
-            .insert((rec.expires_at_ms, num, key.as_str()), ())?;
-    }
-    if t.inbox_done.is_some() || t.inbox_update.is_some() {
-        let mut inbox = txn.open_table(INBOX)?;
+        if let Some((key, rec)) = &t.idempotency {
+            self.idempotency
+                .insert((num, key.as_str()), encode(rec).as_slice())?;
+            self.idem_expiry
+                .insert((rec.expires_at_ms, num, key.as_str()), ())?;
+        }
         if let Some(seq) = t.inbox_done {
-            inbox.remove((num, seq))?;
+            self.inbox.remove((num, seq))?;
         }
         if let Some((seq, rec)) = &t.inbox_update {
-            inbox.insert((num, *seq), encode(rec).as_slice())?;
+            self.inbox.insert((num, *seq), encode(rec).as_slice())?;
         }
+        Ok(())
     }
-    Ok(())
-}
 
-fn put_type(
-    txn: &WriteTransaction,
-    record: &TypeRecord,
-    code: Option<(u32, Vec<u8>)>,
-) -> Result<(), StorageError> {
-    txn.open_table(TYPES)?
-        .insert(record.name.as_str(), encode_type(record).as_slice())?;
-    if let Some((version, bytes)) = code {
-        txn.open_table(CODE)?
-            .insert((record.name.as_str(), version), bytes.as_slice())?;
+    fn put_type(
+        &mut self,
+        record: &TypeRecord,
+        code: Option<(u32, Vec<u8>)>,
+    ) -> Result<(), StorageError> {
+        self.types
+            .insert(record.name.as_str(), encode_type(record).as_slice())?;
+        if let Some((version, bytes)) = code {
+            self.code
+                .insert((record.name.as_str(), version), bytes.as_slice())?;
+        }
+        Ok(())
     }
-    Ok(())
-}
 
-fn delete_type(txn: &WriteTransaction, name: &str, with_actors: bool) -> Result<u64, StorageError> {
-    let mut deleted = 0;
-    if with_actors {
-        let ids: Vec<String> = {
-            let actors = txn.open_table(ACTORS)?;
+    fn delete_type(&mut self, name: &str, with_actors: bool) -> Result<u64, StorageError> {
+        let mut deleted = 0;
+        if with_actors {
             let mut ids = Vec::new();
-            for row in actors.range((name, "")..)? {
+            for row in self.actors.range((name, "")..)? {
                 let (k, _) = row?;
                 let (ty, id) = k.value();
                 if ty != name {
@@ -715,100 +738,95 @@ fn delete_type(txn: &WriteTransaction, name: &str, with_actors: bool) -> Result<
                 }
                 ids.push(id.to_owned());
             }
-            ids
-        };
-        for id in ids {
-            if delete_actor(txn, &ActorKey::new_unchecked(name, &id))? {
-                deleted += 1;
+            for id in ids {
+                if self.delete_actor(&ActorKey::new_unchecked(name, &id))? {
+                    deleted += 1;
+                }
             }
         }
-    }
-    let mut code = txn.open_table(CODE)?;
-    let versions: Vec<u32> = {
-        let mut v = Vec::new();
-        for row in code.range((name, 0)..=(name, u32::MAX))? {
-            v.push(row?.0.value().1);
+        let mut versions = Vec::new();
+        for row in self.code.range((name, 0)..=(name, u32::MAX))? {
+            versions.push(row?.0.value().1);
         }
-        v
-    };
-    for v in versions {
-        code.remove((name, v))?;
+        for v in versions {
+            self.code.remove((name, v))?;
+        }
+        self.types.remove(name)?;
+        Ok(deleted)
     }
-    txn.open_table(TYPES)?.remove(name)?;
-    Ok(deleted)
-}
 
-fn sweep_idempotency(txn: &WriteTransaction, now_ms: u64) -> Result<u64, StorageError> {
-    let mut expiry = txn.open_table(IDEM_EXPIRY)?;
-    let mut records = txn.open_table(IDEMPOTENCY)?;
-    let mut expired: Vec<(u64, u64, String)> = Vec::new();
-    for row in expiry.range((0, 0, "")..(now_ms, 0, ""))? {
-        let (k, _) = row?;
-        let (at, num, key) = k.value();
-        expired.push((at, num, key.to_owned()));
-        if expired.len() >= 10_000 {
-            break;
-        }
-    }
-    let mut removed = 0;
-    for (at, num, key) in &expired {
-        expiry.remove((*at, *num, key.as_str()))?;
-        // Only remove the record if it still carries this expiry (a newer
-        // record for the same key has a later one).
-        let current = records
-            .get((*num, key.as_str()))?
-            .map(|v| decode::<IdemRecord>("idempotency", v.value()))
-            .transpose()?;
-        if current.is_some_and(|r| r.expires_at_ms == *at) {
-            records.remove((*num, key.as_str()))?;
-            removed += 1;
-        }
-    }
-    Ok(removed)
-}
-
-/// Remove an actor and every row it owns. Returns whether it existed.
-fn delete_actor(txn: &WriteTransaction, key: &ActorKey) -> Result<bool, StorageError> {
-    let rec: ActorRecord = {
-        let mut actors = txn.open_table(ACTORS)?;
-        let Some(v) = actors.remove((key.ty(), key.id()))? else {
-            return Ok(false);
-        };
-        decode("actor", v.value())?
-    };
-    let num = rec.num;
-    txn.open_table(ACTOR_KEYS)?.remove(num)?;
-    {
-        let mut t = txn.open_table(STATE)?;
-        let keys: Vec<String> = collect_keys(&t, num)?;
-        for k in keys {
-            t.remove((num, k.as_str()))?;
-        }
-    }
-    {
-        let mut t = txn.open_table(IDEMPOTENCY)?;
-        let keys: Vec<String> = collect_keys(&t, num)?;
-        for k in keys {
-            t.remove((num, k.as_str()))?;
-        }
-    }
-    for table in [EVENTS, INBOX] {
-        let mut t = txn.open_table(table)?;
-        let seqs: Vec<u64> = {
-            let mut v = Vec::new();
-            for row in t.range((num, 0)..=(num, u64::MAX))? {
-                v.push(row?.0.value().1);
+    fn sweep_idempotency(&mut self, now_ms: u64) -> Result<u64, StorageError> {
+        let mut expired: Vec<(u64, u64, String)> = Vec::new();
+        for row in self.idem_expiry.range((0, 0, "")..(now_ms, 0, ""))? {
+            let (k, _) = row?;
+            let (at, num, key) = k.value();
+            expired.push((at, num, key.to_owned()));
+            if expired.len() >= 10_000 {
+                break;
             }
-            v
-        };
-        for s in seqs {
-            t.remove((num, s))?;
         }
+        let mut removed = 0;
+        for (at, num, key) in &expired {
+            self.idem_expiry.remove((*at, *num, key.as_str()))?;
+            // Only remove the record if it still carries this expiry (a
+            // newer record for the same key has a later one).
+            let current = self
+                .idempotency
+                .get((*num, key.as_str()))?
+                .map(|v| decode::<IdemRecord>("idempotency", v.value()))
+                .transpose()?;
+            if current.is_some_and(|r| r.expires_at_ms == *at) {
+                self.idempotency.remove((*num, key.as_str()))?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
     }
-    Ok(true)
+
+    /// Remove an actor and every row it owns. Returns whether it existed.
+    fn delete_actor(&mut self, key: &ActorKey) -> Result<bool, StorageError> {
+        let rec: ActorRecord = {
+            let Some(v) = self.actors.remove((key.ty(), key.id()))? else {
+                return Ok(false);
+            };
+            decode("actor", v.value())?
+        };
+        let num = rec.num;
+        self.actor_keys.remove(num)?;
+        for k in string_keys(&self.state, num)? {
+            self.state.remove((num, k.as_str()))?;
+        }
+        for k in string_keys(&self.idempotency, num)? {
+            self.idempotency.remove((num, k.as_str()))?;
+        }
+        for s in seqs(&self.events, num, u64::MAX)? {
+            self.events.remove((num, s))?;
+        }
+        for s in seqs(&self.inbox, num, u64::MAX)? {
+            self.inbox.remove((num, s))?;
+        }
+        Ok(true)
+    }
 }
 
-fn collect_keys(
+/// Seqs of actor `num` below `below` in an `(actor, seq)` table.
+fn seqs(
+    t: &redb::Table<'_, (u64, u64), &'static [u8]>,
+    num: u64,
+    below: u64,
+) -> Result<Vec<u64>, StorageError> {
+    let mut v = Vec::new();
+    for row in t.range((num, 0)..(num, below))? {
+        v.push(row?.0.value().1);
+    }
+    if below == u64::MAX && t.get((num, u64::MAX))?.is_some() {
+        v.push(u64::MAX);
+    }
+    Ok(v)
+}
+
+/// Keys of actor `num` in an `(actor, key)` table.
+fn string_keys(
     t: &redb::Table<'_, (u64, &'static str), &'static [u8]>,
     num: u64,
 ) -> Result<Vec<String>, StorageError> {
