@@ -11,21 +11,28 @@ pub(super) async fn active(args: &BenchArgs) -> anyhow::Result<()> {
     let n = args.actors.unwrap_or(10_000);
     let dir = tempfile::Builder::new().prefix("marmot-bench-").tempdir()?;
     let config = format!("[limits]\nmax_active_actors = {}\n", n + 1000);
-    let server = ServerProc::start(&dir.path().join("data"), &config).await?;
+    let data = dir.path().join("data");
+    let server = ServerProc::start(&data, &config).await?;
     server
         .deploy_counter(serde_json::json!({"idle_timeout_ms": 3_600_000}))
         .await?;
+    // Measure a node that loads the type from its compiled-code cache, as
+    // every node does after its first deploy: compiler memory is not counted.
+    server.stop();
+    let server = ServerProc::start(&data, &config).await?;
     create_actors(server.addr, 1).await?;
     let base = server.rss()?;
     create_actors(server.addr, n).await?;
     let full = server.rss()?;
-    println!("scenario rss-active ({n} active counter actors)");
+    let maps = server.map_count()?;
+    println!("scenario rss-active ({n} active counter actors, each with its own instance)");
     println!(
         "  RSS idle node: {:.1} MB   with {n} active: {:.1} MB   per actor: {:.1} KB",
         base as f64 / MB,
         full as f64 / MB,
         (full.saturating_sub(base)) as f64 / n as f64 / 1024.0
     );
+    println!("  memory mappings: {maps} (Linux default limit 65530)");
     server.stop();
     Ok(())
 }
@@ -56,6 +63,24 @@ pub(super) async fn hibernated(args: &BenchArgs) -> anyhow::Result<()> {
     create_actors(server.addr, 10).await?;
     let full = server.rss()?;
     let db = std::fs::metadata(data.join("marmot.redb"))?.len();
+    // Wake a sample of the hibernated actors (read-only turns) from the
+    // full database.
+    let mut conn = super::http::Conn::connect(server.addr).await?;
+    let mut lat = Vec::new();
+    let sample = 2000.min(n);
+    for _ in 0..sample {
+        let i = rand::random_range(0..n);
+        let t = std::time::Instant::now();
+        let body = conn
+            .post(&format!("/v1/actors/counter/b{i}"), br#"{"by":0}"#)
+            .await?;
+        lat.push(t.elapsed());
+        anyhow::ensure!(
+            &body[..] == br#"{"n":1}"#,
+            "unexpected reply from b{i}: {body:?}"
+        );
+    }
+    let woke = server.rss()?;
     println!("scenario rss-hibernated ({n} hibernated actors on disk)");
     println!(
         "  RSS with 10 actors on disk: {:.1} MB   with {n}: {:.1} MB   added: {:.1} MB   (database {:.0} MB, restart to ready {:.2}s)",
@@ -64,6 +89,14 @@ pub(super) async fn hibernated(args: &BenchArgs) -> anyhow::Result<()> {
         full.saturating_sub(base) as f64 / MB,
         db as f64 / MB,
         restart.as_secs_f64()
+    );
+    println!(
+        "  wake {sample} random hibernated actors over HTTP (read-only turn): {}",
+        super::Percentiles::of(&mut lat).line()
+    );
+    println!(
+        "  RSS after those wakes: {:.1} MB (instances stay until the idle timeout)",
+        woke as f64 / MB
     );
     server.stop();
     Ok(())

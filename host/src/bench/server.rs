@@ -68,6 +68,15 @@ impl ServerProc {
         Ok(kb * 1024)
     }
 
+    /// Number of memory mappings of the node.
+    pub fn map_count(&self) -> anyhow::Result<usize> {
+        Ok(
+            std::fs::read_to_string(format!("/proc/{}/maps", self.child.id()))?
+                .lines()
+                .count(),
+        )
+    }
+
     /// CPU time (user + system) the node has used so far.
     pub fn cpu_time(&self) -> anyhow::Result<Duration> {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
