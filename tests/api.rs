@@ -780,3 +780,70 @@ async fn serve_requires_a_token_and_enforces_it() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[tokio::test]
+async fn cli_client_commands() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let wasm = dir.path().join("kit.wasm");
+    std::fs::write(&wasm, TESTKIT).unwrap();
+    let bad = dir.path().join("bad.wasm");
+    std::fs::write(&bad, b"nope").unwrap();
+    let marmot = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+            .args(args)
+            .env("MARMOT_URL", &m.url)
+            .output()
+            .unwrap()
+    };
+    let out = marmot(&["deploy", "kit", wasm.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["version"], 1);
+    let out = marmot(&["call", "kit", "a", r#"{"op":"add","key":"n","by":4}"#]);
+    assert!(out.status.success());
+    assert_eq!(
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()["value"],
+        4
+    );
+    let out = marmot(&[
+        "call",
+        "kit",
+        "a",
+        r#"{"op":"add","key":"n","by":1}"#,
+        "--no-wait",
+    ]);
+    assert!(out.status.success());
+    assert!(serde_json::from_slice::<Value>(&out.stdout).unwrap()["message_id"].is_string());
+    let out = marmot(&["actors", "kit"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("a "));
+    let out = marmot(&["inspect", "kit", "a"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["actor"]["id"], "a");
+
+    // Errors: one line on stderr, non-zero exit, nothing on stdout.
+    for args in [
+        vec!["deploy", "kit", bad.to_str().unwrap()],
+        vec!["call", "nope", "a"],
+        vec!["call", "kit", "a", "{not json"],
+        vec!["inspect", "kit", "ghost"],
+    ] {
+        let out = marmot(&args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.trim_end().lines().last().unwrap_or("");
+        assert!(last.starts_with("error: "), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?} printed to stdout");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["call", "kit", "a"])
+        .env("MARMOT_URL", "http://127.0.0.1:1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach marmot"));
+}

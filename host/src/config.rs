@@ -265,7 +265,7 @@ impl TypeConfig {
                 return Err(format!("config.{name} must be greater than 0"));
             }
         }
-        for (k, _) in &self.env {
+        for k in self.env.keys() {
             if k.is_empty() || k.contains('=') || k.contains('\0') {
                 return Err(format!("config.env has an invalid variable name `{k}`"));
             }

@@ -27,6 +27,9 @@ use crate::storage::schema::{
 };
 use crate::storage::{EnqueueOutcome, Page, Storage, StorageError, WriteOp};
 
+/// State entries: (key, value) in key order.
+pub type StateEntries = Vec<(String, Vec<u8>)>;
+
 /// Environment variable naming a guest log message that aborts the process
 /// (fault injection for crash tests).
 pub const FAULT_ABORT_ENV: &str = "MARMOT_FAULT_ABORT_ON_LOG";
@@ -275,7 +278,7 @@ impl Node {
             tick.tick().await;
             n += 1;
             self.update_gauges();
-            if n % 60 == 0 {
+            if n.is_multiple_of(60) {
                 let now = now_ms();
                 match self
                     .storage
@@ -551,7 +554,7 @@ impl Node {
         prefix: &str,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<Option<Vec<(String, Vec<u8>)>>, StorageError> {
+    ) -> Result<Option<StateEntries>, StorageError> {
         let r = self.storage.reader()?;
         let Some(rec) = r.actor(key)? else {
             return Ok(None);

@@ -1,7 +1,7 @@
 //! Who is awake: the map from actor key to its running task.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -70,9 +70,7 @@ impl Registry {
     }
 
     fn shard(&self, key: &ActorKey) -> MutexGuard<'_, HashMap<ActorKey, Handle>> {
-        let mut h = self.hasher.build_hasher();
-        key.hash(&mut h);
-        self.shards[h.finish() as usize % SHARDS]
+        self.shards[self.hasher.hash_one(key) as usize % SHARDS]
             .lock()
             .expect("registry shard lock")
     }
@@ -128,7 +126,9 @@ impl Registry {
             .get(key.ty())
             .ok_or_else(|| TurnError::UnknownType(key.ty().to_owned()))?;
         let (tx, rx) = mpsc::channel(self.mailbox_capacity);
-        tx.try_send(env).ok().expect("a new mailbox has room");
+        if tx.try_send(env).is_err() {
+            unreachable!("a new mailbox has room");
+        }
         self.wake(node, shard, key, ty, tx, rx);
         Ok(())
     }

@@ -172,7 +172,7 @@ pub fn progress_line(what: &str, done: usize, total: usize) {
 
 pub(crate) fn progress(what: &str, done: usize, total: usize) {
     use std::io::Write as _;
-    if total >= 100 && (done % (total / 100).max(1) == 0 || done == total) {
+    if total >= 100 && (done.is_multiple_of((total / 100).max(1)) || done == total) {
         eprint!("\r  {what}: {done}/{total}");
         if done == total {
             eprintln!();

@@ -172,9 +172,9 @@ pub(super) async fn actors(
                 "{:<40} {:<11} {:>8} {:>10} {:>12}",
                 a["id"].as_str().unwrap_or(""),
                 a["status"].as_str().unwrap_or(""),
-                a["version"],
-                a["turns"],
-                a["state_bytes"]
+                a["version"].to_string(),
+                a["turns"].to_string(),
+                a["state_bytes"].to_string()
             );
         }
         shown += items.len();

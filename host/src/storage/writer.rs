@@ -337,6 +337,9 @@ struct WriterState {
     metrics: Arc<Metrics>,
 }
 
+/// Sends an op's result, or the commit's failure, to its waiter.
+type ReplyFn = Box<dyn FnOnce(Option<&CommitFailed>) + Send>;
+
 /// What applying one op produced, released (or failed) after the commit.
 enum Applied {
     Turn {
@@ -348,7 +351,7 @@ enum Applied {
     Refused(OnDurable),
     /// Anything else: a closure that sends the op's result, or the commit's
     /// failure, to its waiter.
-    Reply(Box<dyn FnOnce(Option<&CommitFailed>) + Send>),
+    Reply(ReplyFn),
 }
 
 impl Applied {
