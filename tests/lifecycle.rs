@@ -358,3 +358,33 @@ async fn guest_output_reaches_the_log_with_the_actor_named() {
         .expect("guest stdout in the node log");
     assert!(line.contains("kit/talker"), "{line}");
 }
+
+#[tokio::test]
+async fn sandboxes_have_no_ambient_authority() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({"env": {"GREETING": "hi"}}))
+        .await;
+    // Something is listening on loopback: the guest still cannot reach it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let r = api
+        .op("kit", "a", json!({"op": "ambient", "port": port}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["file_ok"], false, "the guest read a host file");
+    assert_eq!(r.json["dir_ok"], false, "the guest listed the host's root");
+    assert_eq!(
+        r.json["cwd_ok"], false,
+        "the guest listed a working directory"
+    );
+    assert_eq!(r.json["net_ok"], false, "the guest opened a TCP connection");
+    assert_eq!(
+        r.json["env"],
+        json!(["GREETING"]),
+        "only the type's env is visible"
+    );
+    listener.set_nonblocking(true).unwrap();
+    assert!(listener.accept().is_err(), "a connection reached the host");
+}

@@ -29,6 +29,8 @@ pub(crate) struct Shared {
     pub inbox_dirty: AtomicBool,
     /// Asks the task to hibernate as soon as it is idle.
     pub hibernate: Notify,
+    /// The previous activation's task died without leaving cleanly.
+    pub after_crash: AtomicBool,
     /// Activity statistics of this activation: (turns, last turn at ms),
     /// ahead of what is on disk until the next record write.
     stats: Mutex<(u64, u64)>,
@@ -102,6 +104,7 @@ impl Registry {
         env: Envelope,
     ) -> Result<(), TurnError> {
         let mut shard = self.shard(key);
+        let mut after_crash = false;
         let env = match shard.get(key) {
             Some(h) => match h.tx.try_send(env) {
                 Ok(()) => {
@@ -114,8 +117,11 @@ impl Registry {
                 }
                 // The task died without deregistering (it panicked): replace it.
                 Err(mpsc::error::TrySendError::Closed(env)) => {
+                    tracing::error!(actor = %key, "actor task died; starting a new activation");
                     shard.remove(key);
                     self.active.fetch_sub(1, Ordering::Relaxed);
+                    node.metrics.actors_active.dec();
+                    after_crash = true;
                     env
                 }
             },
@@ -125,11 +131,7 @@ impl Registry {
             .catalog
             .get(key.ty())
             .ok_or_else(|| TurnError::UnknownType(key.ty().to_owned()))?;
-        let (tx, rx) = mpsc::channel(self.mailbox_capacity);
-        if tx.try_send(env).is_err() {
-            unreachable!("a new mailbox has room");
-        }
-        self.wake(node, shard, key, ty, tx, rx);
+        self.wake(node, shard, key, ty, Some(env), after_crash);
         Ok(())
     }
 
@@ -146,8 +148,7 @@ impl Registry {
             tracing::warn!(actor = %key, "durable message for a type that no longer exists");
             return;
         };
-        let (tx, rx) = mpsc::channel(self.mailbox_capacity);
-        self.wake(node, shard, key, ty, tx, rx);
+        self.wake(node, shard, key, ty, None, false);
     }
 
     fn wake(
@@ -156,9 +157,15 @@ impl Registry {
         mut shard: MutexGuard<'_, HashMap<ActorKey, Handle>>,
         key: &ActorKey,
         ty: Arc<TypeEntry>,
-        tx: mpsc::Sender<Envelope>,
-        rx: mpsc::Receiver<Envelope>,
+        first: Option<Envelope>,
+        after_crash: bool,
     ) {
+        let (tx, rx) = mpsc::channel(self.mailbox_capacity);
+        if let Some(env) = first
+            && tx.try_send(env).is_err()
+        {
+            unreachable!("a new mailbox has room");
+        }
         let shared = Arc::new(Shared {
             tracker: Arc::new(CommitTracker::default()),
             ty,
@@ -166,6 +173,7 @@ impl Registry {
             // A waking actor always looks at its inbox once.
             inbox_dirty: AtomicBool::new(true),
             hibernate: Notify::new(),
+            after_crash: AtomicBool::new(after_crash),
             stats: Mutex::new((0, 0)),
         });
         shard.insert(

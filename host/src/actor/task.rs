@@ -59,6 +59,8 @@ type OnDurable = Box<dyn FnOnce(Result<(), CommitFailed>) + Send>;
 /// Extra rows a commit carries besides the turn's own writes.
 #[derive(Default)]
 struct CommitExtras {
+    /// Bookkeeping only (no handler ran): not counted as a turn.
+    bookkeeping: bool,
     /// Write the actor record even if only its statistics changed.
     force_record: bool,
     idempotency: Option<(String, IdemRecord)>,
@@ -172,6 +174,7 @@ impl ActorTask {
                 FinishedTurn::unchanged(r),
                 CommitExtras {
                     force_record: true,
+                    bookkeeping: true,
                     ..Default::default()
                 },
                 Box::new(|_| {}),
@@ -221,6 +224,11 @@ impl ActorTask {
             self.reset();
         }
         if self.record.is_none() {
+            if self.shared.after_crash.swap(false, Ordering::AcqRel) {
+                // The previous activation died (a host bug); its last
+                // commits may still be queued. Read only what they left.
+                self.node.storage.writer().barrier().await;
+            }
             let on_disk = self.node.storage.reader()?.actor(&self.key)?;
             self.record = match on_disk {
                 Some(r) => Some(r),
@@ -613,8 +621,10 @@ impl ActorTask {
         let max_events = self.node.config.limits.max_events_per_actor;
         let now = now_ms();
         let record = self.record.as_mut().expect("record loaded");
-        record.turns += 1;
-        record.last_turn_at_ms = now;
+        if !extras.bookkeeping {
+            record.turns += 1;
+            record.last_turn_at_ms = now;
+        }
         record.state_bytes = finished.state_bytes;
         record.state_keys = finished.state_keys;
         let mut events = Vec::with_capacity(finished.events.len() + extras.events.len());
@@ -747,6 +757,7 @@ impl ActorTask {
                 FinishedTurn::unchanged(self.record()),
                 CommitExtras {
                     inbox_update: Some((seq, row.clone())),
+                    bookkeeping: true,
                     ..Default::default()
                 },
                 Box::new(move |r| {
@@ -768,6 +779,7 @@ impl ActorTask {
                     FinishedTurn::unchanged(self.record()),
                     CommitExtras {
                         inbox_done: Some(seq),
+                        bookkeeping: true,
                         ..Default::default()
                     },
                     done_inbox(&self.node),
@@ -840,6 +852,7 @@ impl ActorTask {
             CommitExtras {
                 idempotency,
                 inbox_done: Some(seq),
+                bookkeeping: true,
                 events: vec![(
                     "turn_failed".to_owned(),
                     serde_json::to_vec(&data).expect("json"),

@@ -50,6 +50,9 @@ enum Op {
     Whoami,
     /// Reply with a chosen status.
     Status { status: u16 },
+    /// Try to reach files, the environment and the network; report what
+    /// worked (nothing should).
+    Ambient { port: u16 },
 }
 
 struct TestKit;
@@ -149,6 +152,29 @@ impl Actor for TestKit {
                 "version": ctx.version,
                 "upgraded_from": state::get_json::<Value>("upgraded_from")?,
             })),
+            Op::Ambient { port } => {
+                let file = std::fs::read("/etc/passwd")
+                    .map(|b| b.len())
+                    .map_err(|e| e.to_string());
+                let dir = std::fs::read_dir("/")
+                    .map(|d| d.count())
+                    .map_err(|e| e.to_string());
+                let cwd = std::fs::read_dir(".")
+                    .map(|d| d.count())
+                    .map_err(|e| e.to_string());
+                let env: Vec<String> = std::env::vars().map(|(k, _)| k).collect();
+                let net = std::net::TcpStream::connect(("127.0.0.1", port))
+                    .map(|_| ())
+                    .map_err(|e| e.to_string());
+                Reply::json(&json!({
+                    "file_ok": file.is_ok(),
+                    "dir_ok": dir.is_ok(),
+                    "cwd_ok": cwd.is_ok(),
+                    "env": env,
+                    "net_ok": net.is_ok(),
+                    "net_error": net.err(),
+                }))
+            }
             Op::Status { status } => {
                 Ok(Reply::json(&json!({ "status": status }))?.with_status(status))
             }
