@@ -241,20 +241,12 @@ async fn bad_deploys_are_rejected_and_change_nothing() {
         "invalid_type_name",
     );
     // The node still serves.
-    assert_eq!(
-        api.op("kit", "a", json!({"op": "add", "key": "n", "by": 1}))
-            .await
-            .status,
-        200
-    );
+    assert_eq!(api.add("kit", "a", 1).await.status, 200);
 }
 
 #[tokio::test]
 async fn messages_state_events_listing_and_delete() {
-    let dir = tempdir();
-    let m = Marmot::start(&dir.path().join("data")).await;
-    let api = m.client();
-    api.deploy("kit", TESTKIT, json!({})).await;
+    let (_dir, _node, api) = common::kit_node(json!({})).await;
 
     let r = api
         .op("kit", "alice", json!({"op": "add", "key": "n", "by": 2}))
@@ -262,12 +254,7 @@ async fn messages_state_events_listing_and_delete() {
     assert_eq!(r.status, 200);
     assert_eq!(r.json["value"], 2);
     assert!(r.headers.contains_key("x-marmot-message-id"));
-    assert_eq!(
-        api.op("kit", "alice", json!({"op": "add", "key": "n", "by": 3}))
-            .await
-            .json["value"],
-        5
-    );
+    assert_eq!(api.add("kit", "alice", 3).await.json["value"], 5);
     let r = api
         .op(
             "kit",
@@ -326,8 +313,7 @@ async fn messages_state_events_listing_and_delete() {
 
     // Listing with prefix and cursor.
     for id in ["bob", "bobby", "carol"] {
-        api.op("kit", id, json!({"op": "add", "key": "n", "by": 1}))
-            .await;
+        api.add("kit", id, 1).await;
     }
     let all = api.get("/v1/actors/kit?limit=2").await;
     let ids: Vec<&str> = all.json["actors"]
@@ -379,12 +365,7 @@ async fn messages_state_events_listing_and_delete() {
     assert_eq!(info.json["last_event_seq"], 0);
     // Ids may hold any UTF-8 but control characters, up to 256 bytes.
     let odd = "ticket%2F42%20%C3%BC";
-    assert_eq!(
-        api.op("kit", odd, json!({"op": "add", "key": "n", "by": 1}))
-            .await
-            .status,
-        200
-    );
+    assert_eq!(api.add("kit", odd, 1).await.status, 200);
     assert_eq!(
         api.get(&format!("/v1/actors/kit/{odd}")).await.json["id"],
         "ticket/42 ü"
@@ -393,12 +374,8 @@ async fn messages_state_events_listing_and_delete() {
 
 #[tokio::test]
 async fn bad_messages_are_rejected_and_change_nothing() {
-    let dir = tempdir();
-    let m = Marmot::start(&dir.path().join("data")).await;
-    let api = m.client();
-    api.deploy("kit", TESTKIT, json!({})).await;
-    api.op("kit", "a", json!({"op": "add", "key": "n", "by": 1}))
-        .await;
+    let (_dir, _node, api) = common::kit_node(json!({})).await;
+    api.add("kit", "a", 1).await;
     let before = api.get("/v1/actors/kit/a").await.json;
 
     assert_error(&api.op("nope", "a", json!({})).await, 404, "unknown_type");
@@ -488,20 +465,12 @@ async fn bad_messages_are_rejected_and_change_nothing() {
             .len(),
         1
     );
-    assert_eq!(
-        api.op("kit", "a", json!({"op": "add", "key": "n", "by": 1}))
-            .await
-            .json["value"],
-        2
-    );
+    assert_eq!(api.add("kit", "a", 1).await.json["value"], 2);
 }
 
 #[tokio::test]
 async fn idempotency_keys_return_the_first_reply() {
-    let dir = tempdir();
-    let m = Marmot::start(&dir.path().join("data")).await;
-    let api = m.client();
-    api.deploy("kit", TESTKIT, json!({})).await;
+    let (_dir, _node, api) = common::kit_node(json!({})).await;
     let add = json!({"op": "add", "key": "n", "by": 10});
 
     let first = api
@@ -561,10 +530,7 @@ async fn idempotency_keys_return_the_first_reply() {
 
 #[tokio::test]
 async fn failed_turns_commit_nothing() {
-    let dir = tempdir();
-    let m = Marmot::start(&dir.path().join("data")).await;
-    let api = m.client();
-    api.deploy("kit", TESTKIT, json!({})).await;
+    let (_dir, _node, api) = common::kit_node(json!({})).await;
     api.op(
         "kit",
         "a",
@@ -639,12 +605,8 @@ async fn failed_turns_commit_nothing() {
 
 #[tokio::test]
 async fn delete_type_needs_force_while_actors_exist() {
-    let dir = tempdir();
-    let m = Marmot::start(&dir.path().join("data")).await;
-    let api = m.client();
-    api.deploy("kit", TESTKIT, json!({})).await;
-    api.op("kit", "a", json!({"op": "add", "key": "n", "by": 1}))
-        .await;
+    let (_dir, _node, api) = common::kit_node(json!({})).await;
+    api.add("kit", "a", 1).await;
     assert_error(&api.delete("/v1/types/kit").await, 409, "type_has_actors");
     assert_eq!(
         api.op("kit", "a", json!({"op": "get", "key": "n"}))
@@ -673,10 +635,7 @@ async fn delete_type_needs_force_while_actors_exist() {
 
 #[tokio::test]
 async fn endpoints_of_later_capabilities_say_so() {
-    let dir = tempdir();
-    let m = Marmot::start(&dir.path().join("data")).await;
-    let api = m.client();
-    api.deploy("kit", TESTKIT, json!({})).await;
+    let (_dir, _node, api) = common::kit_node(json!({})).await;
     for (method, path) in [
         (Method::GET, "/v1/actors/kit/a/alarms"),
         (Method::GET, "/v1/actors/kit/a/inputs"),
@@ -691,8 +650,7 @@ async fn endpoints_of_later_capabilities_say_so() {
             "not_supported",
         );
     }
-    api.op("kit", "a", json!({"op": "add", "key": "n", "by": 1}))
-        .await;
+    api.add("kit", "a", 1).await;
     let sse = api
         .req(
             Method::GET,

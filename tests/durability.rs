@@ -246,8 +246,7 @@ async fn a_message_that_keeps_crashing_the_node_is_given_up_visibly() {
     let mut m = Marmot::start_with_env(&data, &env).await;
     let api = m.client();
     api.deploy("kit", TESTKIT, json!({})).await;
-    api.op("kit", "ok", json!({"op": "add", "key": "n", "by": 1}))
-        .await;
+    api.add("kit", "ok", 1).await;
     let r = api
         .post_json(
             "/v1/actors/kit/poison?wait=false",
@@ -279,26 +278,13 @@ async fn a_message_that_keeps_crashing_the_node_is_given_up_visibly() {
         0
     );
     // Everyone else is fine.
-    assert_eq!(
-        api.op("kit", "ok", json!({"op": "add", "key": "n", "by": 1}))
-            .await
-            .json["value"],
-        2
-    );
-    assert_eq!(
-        api.op("kit", "poison", json!({"op": "add", "key": "n", "by": 1}))
-            .await
-            .json["value"],
-        1
-    );
+    assert_eq!(api.add("kit", "ok", 1).await.json["value"], 2);
+    assert_eq!(api.add("kit", "poison", 1).await.json["value"], 1);
 }
 
 #[tokio::test]
 async fn a_failing_durable_message_records_turn_failed() {
-    let dir = tempdir();
-    let m = Marmot::start(&dir.path().join("data")).await;
-    let api = m.client();
-    api.deploy("kit", TESTKIT, json!({})).await;
+    let (_dir, _node, api) = common::kit_node(json!({})).await;
     let r = api
         .post_with(
             "/v1/actors/kit/a?wait=false",
@@ -334,17 +320,10 @@ async fn a_failing_durable_message_records_turn_failed() {
 
 #[tokio::test]
 async fn many_actors_share_commits() {
-    let dir = tempdir();
-    let m = Marmot::start(&dir.path().join("data")).await;
-    let api = m.client();
-    api.deploy("kit", TESTKIT, json!({})).await;
+    let (_dir, _node, api) = common::kit_node(json!({})).await;
     // Warm up so the measured turns need no actor creation.
     let ids: Vec<String> = (0..200).map(|i| format!("g{i}")).collect();
-    futures::future::join_all(
-        ids.iter()
-            .map(|id| api.op("kit", id, json!({"op": "add", "key": "n", "by": 1}))),
-    )
-    .await;
+    futures::future::join_all(ids.iter().map(|id| api.add("kit", id, 1))).await;
     let commits = |text: &str| -> f64 {
         text.lines()
             .find(|l| l.starts_with("marmot_commits_total "))
@@ -353,11 +332,7 @@ async fn many_actors_share_commits() {
             .unwrap()
     };
     let before = commits(&String::from_utf8(api.get("/metrics").await.body).unwrap());
-    let replies = futures::future::join_all(
-        ids.iter()
-            .map(|id| api.op("kit", id, json!({"op": "add", "key": "n", "by": 1}))),
-    )
-    .await;
+    let replies = futures::future::join_all(ids.iter().map(|id| api.add("kit", id, 1))).await;
     assert!(replies.iter().all(|r| r.json["value"] == 2));
     let after = commits(&String::from_utf8(api.get("/metrics").await.body).unwrap());
     assert!(

@@ -15,8 +15,7 @@ async fn idle_actors_hibernate_and_wake_with_state_intact() {
     let api = m.client();
     api.deploy("kit", TESTKIT, json!({"idle_timeout_ms": 300}))
         .await;
-    api.op("kit", "sleepy", json!({"op": "add", "key": "n", "by": 7}))
-        .await;
+    api.add("kit", "sleepy", 7).await;
     assert_eq!(
         api.get("/v1/actors/kit/sleepy").await.json["status"],
         "active"
@@ -112,15 +111,9 @@ async fn least_recently_used_actors_hibernate_at_the_cap() {
 
 #[tokio::test]
 async fn turns_of_one_actor_never_overlap_and_keep_arrival_order() {
-    let dir = tempdir();
-    let m = Marmot::start(&dir.path().join("data")).await;
-    let api = m.client();
-    api.deploy("kit", TESTKIT, json!({})).await;
+    let (_dir, _node, api) = common::kit_node(json!({})).await;
     // Concurrent read-modify-writes: overlapping turns would lose updates.
-    let replies = futures::future::join_all(
-        (0..200).map(|_| api.op("kit", "hot", json!({"op": "add", "key": "n", "by": 1}))),
-    )
-    .await;
+    let replies = futures::future::join_all((0..200).map(|_| api.add("kit", "hot", 1))).await;
     assert!(replies.iter().all(|r| r.status == 200));
     let mut values: Vec<i64> = replies
         .iter()
@@ -271,12 +264,7 @@ async fn cpu_memory_and_wall_limits_stop_only_the_offender() {
             .contains("CPU limit")
     );
     // The spinner gets a fresh instance next time.
-    assert_eq!(
-        api.op("kit", "spinner", json!({"op": "add", "key": "n", "by": 1}))
-            .await
-            .json["value"],
-        1
-    );
+    assert_eq!(api.add("kit", "spinner", 1).await.json["value"], 1);
 
     let r = api.op("kit", "hog", json!({"op": "alloc", "mb": 64})).await;
     assert_eq!(r.status, 500);
@@ -330,20 +318,12 @@ async fn a_full_mailbox_answers_429_and_the_node_keeps_serving() {
             .all(|r| r.code() == "mailbox_full" && r.headers.contains_key("retry-after"))
     );
     assert!(replies.iter().filter(|r| r.status == 200).count() >= 4);
-    assert_eq!(
-        api.op("kit", "other", json!({"op": "add", "key": "n", "by": 1}))
-            .await
-            .status,
-        200
-    );
+    assert_eq!(api.add("kit", "other", 1).await.status, 200);
 }
 
 #[tokio::test]
 async fn guest_output_reaches_the_log_with_the_actor_named() {
-    let dir = tempdir();
-    let m = Marmot::start(&dir.path().join("data")).await;
-    let api = m.client();
-    api.deploy("kit", TESTKIT, json!({})).await;
+    let (_dir, m, api) = common::kit_node(json!({})).await;
     api.op(
         "kit",
         "talker",

@@ -276,6 +276,16 @@ impl Api {
         .await
     }
 
+    /// Add `by` to the testkit integer `n` of (ty, id).
+    pub async fn add(&self, ty: &str, id: &str, by: i64) -> Resp {
+        self.op(
+            ty,
+            id,
+            serde_json::json!({"op": "add", "key": "n", "by": by}),
+        )
+        .await
+    }
+
     /// Send a testkit op to (ty, id).
     pub async fn op(&self, ty: &str, id: &str, op: Value) -> Resp {
         self.post_json(&format!("/v1/actors/{ty}/{id}"), &op).await
@@ -303,6 +313,17 @@ impl Api {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// A node (in a fresh data directory) with the test actor deployed as `kit`
+/// with `config`. Keep the directory alive as long as the node.
+pub async fn kit_node(config: Value) -> (tempfile::TempDir, Marmot, Api) {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    let r = api.deploy("kit", TESTKIT, config).await;
+    assert_eq!(r.status, 201, "deploy: {}", r.json);
+    (dir, m, api)
 }
 
 /// A fresh temporary data directory.

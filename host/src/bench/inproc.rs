@@ -50,51 +50,67 @@ async fn hibernate_all(node: &Arc<Node>) {
     }
 }
 
+/// Where the measured messages go.
+enum Target {
+    InProcess(Arc<Node>),
+    Http(Conn),
+}
+
+impl Target {
+    async fn send(&mut self, i: usize, body: &'static [u8]) -> anyhow::Result<()> {
+        match self {
+            Target::InProcess(node) => {
+                node.send(&key(i), Bytes::from_static(body), None, None)
+                    .await?;
+            }
+            Target::Http(conn) => {
+                conn.post(&format!("/v1/actors/counter/a{i}"), body).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Warm turns on one active actor, then wake every actor twice (read-only,
+/// then writing), hibernating all of them before each pass.
+async fn measure(
+    node: &Arc<Node>,
+    mut target: Target,
+    n: usize,
+    title: &str,
+) -> anyhow::Result<()> {
+    let mut passes: Vec<(&str, Vec<Duration>)> = Vec::new();
+    for (label, body, hibernate_first) in [
+        ("warm read-only turn (active actor)", READ, false),
+        ("wake → reply, read-only turn", READ, true),
+        ("wake → reply, durable write (fsync)", WRITE, true),
+    ] {
+        if hibernate_first {
+            hibernate_all(node).await;
+        }
+        let mut lat = Vec::with_capacity(n);
+        for i in 0..n {
+            let actor = if hibernate_first { i } else { 0 };
+            let t = Instant::now();
+            target.send(actor, body).await?;
+            lat.push(t.elapsed());
+        }
+        passes.push((label, lat));
+    }
+    println!("scenario {title}");
+    for (label, mut lat) in passes {
+        println!("  {label:<40} {}", Percentiles::of(&mut lat).line());
+    }
+    Ok(())
+}
+
 /// In-process: `Node::send` to hibernated actors.
 pub(super) async fn wake(args: &BenchArgs) -> anyhow::Result<()> {
     let n = args.actors.unwrap_or(2000);
     let (_dir, node) = start_node().await?;
     create(&node, n).await?;
-
-    let mut warm = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        node.send(&key(0), Bytes::from_static(READ), None, None)
-            .await?;
-        warm.push(t.elapsed());
-    }
-
-    hibernate_all(&node).await;
-    let mut read = Vec::with_capacity(n);
-    for i in 0..n {
-        let t = Instant::now();
-        node.send(&key(i), Bytes::from_static(READ), None, None)
-            .await?;
-        read.push(t.elapsed());
-    }
-
-    hibernate_all(&node).await;
-    let mut write = Vec::with_capacity(n);
-    for i in 0..n {
-        let t = Instant::now();
-        node.send(&key(i), Bytes::from_static(WRITE), None, None)
-            .await?;
-        write.push(t.elapsed());
-    }
-    println!("scenario wake (in-process, {n} actors, sequential)");
-    println!(
-        "  warm read-only turn (active actor)      {}",
-        Percentiles::of(&mut warm).line()
-    );
-    println!(
-        "  wake → reply, read-only turn            {}",
-        Percentiles::of(&mut read).line()
-    );
-    println!(
-        "  wake → reply, durable write (fsync)     {}",
-        Percentiles::of(&mut write).line()
-    );
-    Ok(())
+    let title = format!("wake (in-process, {n} actors, sequential)");
+    measure(&node, Target::InProcess(node.clone()), n, &title).await
 }
 
 /// Over HTTP: the same node served on loopback, one keep-alive connection.
@@ -109,43 +125,9 @@ pub(super) async fn wake_http(args: &BenchArgs) -> anyhow::Result<()> {
         listener,
         std::future::pending(),
     ));
-    let mut conn = Conn::connect(addr).await?;
-
-    let mut warm = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        conn.post("/v1/actors/counter/a0", READ).await?;
-        warm.push(t.elapsed());
-    }
-    hibernate_all(&node).await;
-    let mut read = Vec::with_capacity(n);
-    for i in 0..n {
-        let path = format!("/v1/actors/counter/a{i}");
-        let t = Instant::now();
-        conn.post(&path, READ).await?;
-        read.push(t.elapsed());
-    }
-    hibernate_all(&node).await;
-    let mut write = Vec::with_capacity(n);
-    for i in 0..n {
-        let path = format!("/v1/actors/counter/a{i}");
-        let t = Instant::now();
-        conn.post(&path, WRITE).await?;
-        write.push(t.elapsed());
-    }
+    let conn = Conn::connect(addr).await?;
+    let title = format!("wake-http (loopback HTTP/1.1, {n} actors, sequential)");
+    let result = measure(&node, Target::Http(conn), n, &title).await;
     server.abort();
-    println!("scenario wake-http (loopback HTTP/1.1, {n} actors, sequential)");
-    println!(
-        "  warm read-only turn (active actor)      {}",
-        Percentiles::of(&mut warm).line()
-    );
-    println!(
-        "  wake → reply, read-only turn            {}",
-        Percentiles::of(&mut read).line()
-    );
-    println!(
-        "  wake → reply, durable write (fsync)     {}",
-        Percentiles::of(&mut write).line()
-    );
-    Ok(())
+    result
 }
