@@ -137,18 +137,27 @@ impl Registry {
 
     /// Tell the actor its inbox has new rows, waking it if needed.
     pub fn poke(&self, node: &Arc<Node>, key: &ActorKey) {
-        let shard = self.shard(key);
+        let mut shard = self.shard(key);
+        let mut after_crash = false;
         if let Some(h) = shard.get(key) {
             h.shared.inbox_dirty.store(true, Ordering::Release);
             // A full mailbox means the task is busy and will see the flag.
-            let _ = h.tx.try_send(Envelope::InboxPoke);
-            return;
+            match h.tx.try_send(Envelope::InboxPoke) {
+                Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => return,
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    tracing::error!(actor = %key, "actor task died; starting a new activation");
+                    shard.remove(key);
+                    self.active.fetch_sub(1, Ordering::Relaxed);
+                    node.metrics.actors_active.dec();
+                    after_crash = true;
+                }
+            }
         }
         let Some(ty) = node.catalog.get(key.ty()) else {
             tracing::warn!(actor = %key, "durable message for a type that no longer exists");
             return;
         };
-        self.wake(node, shard, key, ty, None, false);
+        self.wake(node, shard, key, ty, None, after_crash);
     }
 
     fn wake(
@@ -248,6 +257,20 @@ impl Registry {
             }
             reg.evicting.store(false, Ordering::Release);
         });
+    }
+
+    /// Refuse all further commits of live actors of `ty` (it is being
+    /// deleted): a turn still running when the type goes must not write
+    /// rows for it afterwards.
+    pub(crate) fn fence_type(&self, ty: &str) {
+        for shard in self.shards.iter() {
+            let shard = shard.lock().expect("registry shard lock");
+            for (k, h) in shard.iter() {
+                if k.ty() == ty {
+                    h.shared.tracker.fence();
+                }
+            }
+        }
     }
 
     /// Ask every active actor of `ty` to hibernate when idle.

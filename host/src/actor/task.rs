@@ -32,6 +32,11 @@ use crate::storage::{CommitFailed, TurnCommit, WriteOp};
 
 /// Cap on the state cache of one actor before committed entries are dropped.
 const STATE_CACHE_BYTES: usize = 8 << 20;
+/// Commits of one actor that may be in flight before its next turn waits:
+/// bounds the memory a fast actor can pile up while the disk is slow.
+const MAX_COMMITS_IN_FLIGHT: u64 = 256;
+/// First delay before retrying a durable message that could not start.
+const INBOX_RETRY_MS: u64 = 200;
 /// Inbox rows read per batch.
 const INBOX_BATCH: usize = 64;
 
@@ -91,6 +96,8 @@ pub(crate) struct ActorTask {
     idem_pending: HashMap<String, (u64, IdemOutcome)>,
     woke_at: Instant,
     wake_recorded: bool,
+    /// Current back-off for retrying the inbox.
+    inbox_retry_ms: u64,
     last_activity: Instant,
 }
 
@@ -112,6 +119,7 @@ impl ActorTask {
             idem_pending: HashMap::new(),
             woke_at: now,
             wake_recorded: false,
+            inbox_retry_ms: INBOX_RETRY_MS,
             last_activity: now,
         }
     }
@@ -143,6 +151,12 @@ impl ActorTask {
                     // turn in progress (10,000 actors: 35 MB).
                     Box::pin(self.handle(env)).await;
                     self.last_activity = Instant::now();
+                    // A deleted type's actors leave as soon as they are idle.
+                    if self.shared.ty.is_deleted()
+                        && Box::pin(self.try_hibernate(&mut rx)).await
+                    {
+                        return;
+                    }
                 }
                 () = self.shared.hibernate.notified() => {
                     if Box::pin(self.try_hibernate(&mut rx)).await {
@@ -221,6 +235,11 @@ impl ActorTask {
         if min > self.generation {
             tracing::warn!(actor = %self.key, "a commit failed; reloading the actor from disk");
             self.generation = min;
+            // Every commit of the old generation has either landed or will
+            // be refused, so what is committed now is final: nothing older
+            // is left to wait for.
+            self.submitted_seq = self.shared.tracker.committed_seq();
+            self.seq = self.seq.max(self.submitted_seq);
             self.reset();
         }
         if self.record.is_none() {
@@ -291,7 +310,8 @@ impl ActorTask {
             }
         }
         if let Err(e) = self.ensure_version().await {
-            let _ = reply.send(Err(e));
+            // The upgrade turn ran on state that may not be durable yet.
+            self.release_when_durable(self.submitted_seq, Err(e), reply);
             return;
         }
         let msg = Message {
@@ -338,9 +358,9 @@ impl ActorTask {
                 );
             }
             Ok((TurnOutput::Done, _)) => unreachable!("on-message always replies"),
-            Err(e) => {
-                let _ = reply.send(Err(e));
-            }
+            // An error (or a trap message) can reveal state written by
+            // earlier turns: it leaves only once those are durable.
+            Err(e) => self.release_when_durable(self.submitted_seq, Err(e), reply),
         }
     }
 
@@ -429,6 +449,7 @@ impl ActorTask {
                 self.submit(finished, CommitExtras::default(), Box::new(|_| {}));
                 Ok(())
             }
+            Err(e) if not_started(&e) => Err(e),
             Err(e) => Err(TurnError::UpgradeFailed {
                 to: latest,
                 reason: e.to_string(),
@@ -502,6 +523,16 @@ impl ActorTask {
             self.node.metrics.turn(kind, "not_started");
             return Err(e);
         }
+        if self.submitted_seq > self.shared.tracker.committed_seq() + MAX_COMMITS_IN_FLIGHT {
+            // Backpressure: let the disk catch up with this actor.
+            self.shared
+                .tracker
+                .wait_committed(
+                    self.submitted_seq - MAX_COMMITS_IN_FLIGHT / 2,
+                    self.generation,
+                )
+                .await;
+        }
         self.seq += 1;
         let rec = self.record.as_ref().expect("record loaded");
         let turn = TurnState::new(
@@ -562,9 +593,15 @@ impl ActorTask {
             .turn_seconds
             .observe(started.elapsed().as_secs_f64());
         let Some(turn) = turn else {
-            // Only a host bug gets here; the instance is suspect.
+            // Only a host bug gets here. The instance is suspect and the
+            // cache (with writes not yet durable) went with the turn state:
+            // wait until disk holds everything, then carry on from disk.
             self.live = None;
-            self.reset();
+            self.shared
+                .tracker
+                .wait_committed(self.submitted_seq, self.generation)
+                .await;
+            tracing::error!(actor = %self.key, "host lost the turn state; continuing from disk");
             return Err(TurnError::Trap {
                 kind: "trap",
                 message: "host lost the turn state".into(),
@@ -574,13 +611,13 @@ impl ActorTask {
             Ok(Ok(Ok(out))) => {
                 let (cache, finished) = turn.finish();
                 self.cache = cache;
-                self.cache
-                    .trim(STATE_CACHE_BYTES, self.shared.tracker.committed_seq());
+                self.trim_cache();
                 self.node.metrics.turn(kind, "ok");
                 Ok((out, finished))
             }
             Ok(Ok(Err(msg))) => {
                 self.cache = turn.abandon();
+                self.trim_cache();
                 self.node.metrics.turn(kind, "error");
                 span.in_scope(
                     || tracing::info!(error = %msg, "turn failed: the actor returned an error"),
@@ -589,6 +626,7 @@ impl ActorTask {
             }
             Ok(Err(trap)) => {
                 self.cache = turn.abandon();
+                self.trim_cache();
                 self.live = None;
                 let kind_of = TrapKind::of(&trap);
                 self.node.metrics.trap(kind_of.label());
@@ -605,6 +643,7 @@ impl ActorTask {
             }
             Err(_elapsed) => {
                 self.cache = turn.abandon();
+                self.trim_cache();
                 self.live = None;
                 self.node.metrics.trap("timeout");
                 self.node.metrics.turn(kind, "timeout");
@@ -614,6 +653,11 @@ impl ActorTask {
                 Err(TurnError::Timeout(turn_timeout.as_millis() as u64))
             }
         }
+    }
+
+    fn trim_cache(&mut self) {
+        self.cache
+            .trim(STATE_CACHE_BYTES, self.shared.tracker.committed_seq());
     }
 
     /// Turn a finished turn into one commit and hand it to the writer.
@@ -702,9 +746,10 @@ impl ActorTask {
         loop {
             match self.ready(false).await {
                 Ok(()) => {}
-                Err(TurnError::NotFound) => return,
+                Err(TurnError::NotFound | TurnError::UnknownType(_)) => return,
                 Err(e) => {
-                    tracing::warn!(actor = %self.key, error = %e, "cannot run the inbox now");
+                    tracing::warn!(actor = %self.key, error = %e, "cannot run the inbox now; will retry");
+                    self.retry_inbox_later();
                     return;
                 }
             }
@@ -726,7 +771,14 @@ impl ActorTask {
             }
             for (seq, row) in rows {
                 self.inbox_cursor = seq;
-                self.run_inbox_message(seq, row).await;
+                if !self.run_inbox_message(seq, row).await {
+                    // It could not start (no instance slot, code or storage
+                    // unavailable): keep it, and everything after it, queued.
+                    self.inbox_cursor = seq - 1;
+                    self.retry_inbox_later();
+                    return;
+                }
+                self.inbox_retry_ms = INBOX_RETRY_MS;
                 if self.shared.tracker.min_generation() > self.generation {
                     // A commit failed: start over from what is on disk.
                     break;
@@ -735,7 +787,21 @@ impl ActorTask {
         }
     }
 
-    async fn run_inbox_message(&mut self, seq: u64, mut row: InboxRecord) {
+    /// Look at the inbox again after a back-off (doubling up to 30 s).
+    fn retry_inbox_later(&mut self) {
+        let delay = self.inbox_retry_ms;
+        self.inbox_retry_ms = (delay * 2).min(30_000);
+        let node = self.node.clone();
+        let key = self.key.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            node.registry.poke(&node, &key);
+        });
+    }
+
+    /// Run one durable message. Returns false when it could not start (it
+    /// stays queued), true when it ran or was settled.
+    async fn run_inbox_message(&mut self, seq: u64, mut row: InboxRecord) -> bool {
         let max_attempts = self.node.config.recovery.max_attempts;
         if seq <= self.node.boot_inbox_seq {
             // Present at boot: it may be what crashed the node. Count the
@@ -749,7 +815,7 @@ impl ActorTask {
                     row.attempts
                 );
                 self.fail_inbox_message(seq, row, "recovery_exhausted", error);
-                return;
+                return true;
             }
             row.attempts += 1;
             let (tx, rx) = oneshot::channel();
@@ -766,7 +832,8 @@ impl ActorTask {
             );
             match rx.await {
                 Ok(Ok(())) => {}
-                _ => return,
+                // The attempt did not reach disk: do not run it uncounted.
+                _ => return false,
             }
         }
         if let Some(k) = &row.idempotency_key {
@@ -784,12 +851,15 @@ impl ActorTask {
                     },
                     done_inbox(&self.node),
                 );
-                return;
+                return true;
             }
         }
         if let Err(e) = self.ensure_version().await {
+            if not_started(&e) {
+                return false;
+            }
             self.fail_inbox_message(seq, row, e.code(), e.to_string());
-            return;
+            return true;
         }
         let msg = Message {
             id: row.message_id.clone(),
@@ -826,8 +896,10 @@ impl ActorTask {
                 );
             }
             Ok((TurnOutput::Done, _)) => unreachable!("on-message always replies"),
+            Err(e) if not_started(&e) => return false,
             Err(e) => self.fail_inbox_message(seq, row, e.code(), e.to_string()),
         }
+        true
     }
 
     /// A durable message failed: record a visible `turn_failed` event and
@@ -877,7 +949,6 @@ impl ActorTask {
             .call(|done| WriteOp::DeleteActor { key, done })
             .await?;
         self.reset();
-        self.shared.inbox_dirty.store(false, Ordering::Release);
         tracing::info!(actor = %self.key, existed, "actor deleted");
         Ok(existed)
     }
@@ -898,6 +969,15 @@ impl FinishedTurn {
             state_keys: record.state_keys,
         }
     }
+}
+
+/// Errors that mean no handler ran, so a durable message must stay queued
+/// rather than be settled as failed.
+fn not_started(e: &TurnError) -> bool {
+    matches!(
+        e,
+        TurnError::Overloaded | TurnError::Code(_) | TurnError::Storage(_)
+    )
 }
 
 fn done_inbox(node: &Arc<Node>) -> OnDurable {

@@ -35,6 +35,11 @@ pub struct TurnLimits {
     pub max_log_lines: u32,
     /// Longest log line kept.
     pub max_log_line_bytes: usize,
+    /// Bytes of state one turn may write (keys plus values).
+    pub max_turn_write_bytes: usize,
+    /// Values read from disk are cached only while the actor's cache holds
+    /// less than this.
+    pub max_cache_bytes: usize,
 }
 
 /// A cached state value.
@@ -116,6 +121,8 @@ pub struct TurnState {
     pub next_event_seq: u64,
     /// Log lines written so far.
     pub log_lines: u32,
+    /// Bytes written by `set` so far.
+    write_bytes: usize,
     /// Limits.
     pub limits: Arc<TurnLimits>,
     storage: Arc<Storage>,
@@ -158,6 +165,7 @@ impl TurnState {
             events: Vec::new(),
             next_event_seq: last_event_seq + 1,
             log_lines: 0,
+            write_bytes: 0,
             limits,
             storage,
         }
@@ -165,6 +173,9 @@ impl TurnState {
 
     /// The value under `key` as this turn sees it.
     pub fn get(&mut self, key: &str) -> Result<Option<Bytes>, StorageError> {
+        if check_key(key).is_err() {
+            return Ok(None);
+        }
         if let Some(v) = self.writes.get(key) {
             return Ok(v.clone());
         }
@@ -176,7 +187,10 @@ impl TurnState {
             .reader()?
             .state(self.num, key)?
             .map(Bytes::from);
-        self.cache.insert(key.to_owned(), v.clone(), 0);
+        // A turn that reads a lot must not grow the cache without bound.
+        if self.cache.bytes() < self.limits.max_cache_bytes {
+            self.cache.insert(key.to_owned(), v.clone(), 0);
+        }
         Ok(v)
     }
 
@@ -192,6 +206,13 @@ impl TurnState {
                 self.limits.max_value_bytes
             ))));
         }
+        let written = key.len() + value.len();
+        if self.write_bytes + written > self.limits.max_turn_write_bytes {
+            return Ok(Err(Refusal::Limit(format!(
+                "a turn may write at most {} bytes of state",
+                self.limits.max_turn_write_bytes
+            ))));
+        }
         let old = self.get(&key)?;
         let old_size = old.as_ref().map_or(0, |v| (key.len() + v.len()) as u64);
         let new_size = (key.len() + value.len()) as u64;
@@ -203,6 +224,7 @@ impl TurnState {
             ))));
         }
         self.state_bytes = total;
+        self.write_bytes += written;
         if old.is_none() {
             self.state_keys += 1;
         }
@@ -372,6 +394,8 @@ mod tests {
             max_events_per_turn: 10,
             max_log_lines: 10,
             max_log_line_bytes: 100,
+            max_turn_write_bytes: 1 << 20,
+            max_cache_bytes: 1 << 20,
         })
     }
 

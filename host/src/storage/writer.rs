@@ -82,6 +82,11 @@ impl CommitTracker {
         }
     }
 
+    /// Refuse every later commit of this actor (its type is being deleted).
+    pub fn fence(&self) {
+        self.mark_failed(u64::MAX - 1);
+    }
+
     fn mark_committed(&self, seq: u64) {
         self.committed_seq.fetch_max(seq, Ordering::AcqRel);
         self.committed.notify_waiters();
@@ -216,6 +221,8 @@ pub struct Writer {
     tx: mpsc::UnboundedSender<WriteOp>,
     /// Actors on disk, kept current by the writer.
     actor_count: Arc<AtomicU64>,
+    /// Fault injection for tests: fail this many upcoming commits.
+    fail_commits: Arc<AtomicU64>,
 }
 
 impl Writer {
@@ -239,6 +246,7 @@ impl Writer {
             (next_num, count, max_seq + 1)
         };
         let actor_count = Arc::new(AtomicU64::new(actor_count));
+        let fail_commits = Arc::new(AtomicU64::new(0));
         let mut state = WriterState {
             db,
             rx,
@@ -247,16 +255,36 @@ impl Writer {
             next_num,
             next_inbox_seq,
             actor_count: actor_count.clone(),
+            fail_commits: fail_commits.clone(),
             metrics,
         };
         std::thread::Builder::new()
             .name("marmot-writer".into())
-            .spawn(move || state.run())
+            .spawn(move || {
+                // Every waiter depends on this thread: if it dies, nothing
+                // would ever be acknowledged again. Crash loudly instead;
+                // recovery on restart loses nothing acknowledged.
+                let run = std::panic::AssertUnwindSafe(|| state.run());
+                if std::panic::catch_unwind(run).is_err() {
+                    eprintln!("marmot: the storage writer panicked; aborting");
+                    std::process::abort();
+                }
+            })
             .map_err(|e| StorageError::Io {
                 what: "failed to start the storage writer thread".into(),
                 source: e,
             })?;
-        Ok(Self { tx, actor_count })
+        Ok(Self {
+            tx,
+            actor_count,
+            fail_commits,
+        })
+    }
+
+    /// Make the next `n` commits fail as if the disk had failed (tests).
+    #[doc(hidden)]
+    pub fn inject_commit_failures(&self, n: u64) {
+        self.fail_commits.store(n, Ordering::SeqCst);
     }
 
     /// Queue an operation. If the writer is gone the operation is dropped,
@@ -334,6 +362,7 @@ struct WriterState {
     next_num: u64,
     next_inbox_seq: u64,
     actor_count: Arc<AtomicU64>,
+    fail_commits: Arc<AtomicU64>,
     metrics: Arc<Metrics>,
 }
 
@@ -440,7 +469,15 @@ impl WriterState {
                         applied.extend(batch.drain(..).map(Applied::from_unapplied));
                     }
                 }
-                if error.is_none()
+                let injected = self
+                    .fail_commits
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok();
+                if error.is_none() && injected {
+                    error = Some(StorageError::Db(redb::Error::Io(std::io::Error::other(
+                        "injected commit failure",
+                    ))));
+                } else if error.is_none()
                     && let Err(e) = txn.commit()
                 {
                     error = Some(e.into());
@@ -606,8 +643,11 @@ impl WriterState {
         ttl_ms: u64,
     ) -> Result<EnqueueOutcome, StorageError> {
         if let Some(key) = &message.idempotency_key {
-            if let Some(v) = tables.idempotency.get((num, key.as_str()))? {
-                let rec: IdemRecord = decode("idempotency", v.value())?;
+            let existing = match tables.idempotency.get((num, key.as_str()))? {
+                Some(v) => Some(decode::<IdemRecord>("idempotency", v.value())?),
+                None => None,
+            };
+            if let Some(rec) = existing.filter(|r| r.expires_at_ms > message.enqueued_at_ms) {
                 let message_id = match rec.outcome {
                     IdemOutcome::Queued { message_id }
                     | IdemOutcome::Done { message_id, .. }
