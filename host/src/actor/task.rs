@@ -548,7 +548,9 @@ impl ActorTask {
             self.node.storage.clone(),
         );
         let live = self.live.as_mut().expect("instance made live above");
-        let Instance { store, actor } = &mut live.inst;
+        let Instance {
+            store, handlers, ..
+        } = &mut live.inst;
         store.data_mut().turn = Some(turn);
         store.data_mut().cpu_ticks = 0;
         store.set_epoch_deadline(1);
@@ -558,7 +560,6 @@ impl ActorTask {
             version,
             turn_id: turn_id.to_owned(),
         };
-        let handlers = actor.marmot_actor_handlers();
         let call =
             async {
                 match input {

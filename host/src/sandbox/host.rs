@@ -39,6 +39,17 @@ pub struct Host {
     pub(crate) stderr: GuestOutput,
     /// Abort the process when a guest logs exactly this (crash tests).
     pub(crate) fault_abort_marker: Option<Arc<str>>,
+    /// For the JavaScript engine: the module it runs.
+    pub(crate) js_module: Option<Arc<JsModule>>,
+}
+
+/// A JavaScript module as the engine receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JsModule {
+    /// File name shown in stack traces.
+    pub name: String,
+    /// Source text.
+    pub source: String,
 }
 
 impl Host {
@@ -77,7 +88,14 @@ impl Host {
             stdout,
             stderr,
             fault_abort_marker,
+            js_module: None,
         }
+    }
+
+    /// Give the JavaScript engine in this store its module.
+    pub fn with_js_module(mut self, module: Option<Arc<JsModule>>) -> Self {
+        self.js_module = module;
+        self
     }
 
     /// The checkpoint every guest-facing host call passes first: it proves a

@@ -23,22 +23,35 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline,
 };
 
-pub use host::{Host, LimitTrap};
+pub use host::{Host, JsModule, LimitTrap};
 
-/// A deployed version, ready to instantiate.
-pub type Prepared = bindings::ActorPre<Host>;
+/// Compiled code linked against the host, ready to instantiate.
+pub struct Prepared {
+    pre: InstancePre<Host>,
+    handlers: bindings::HandlersIndices,
+    js: Option<bindings::JsRuntimeIndices>,
+}
 
-/// A live actor instance and its store.
+impl Prepared {
+    /// Whether this is the JavaScript engine (it exports `js-runtime`).
+    pub fn is_js_engine(&self) -> bool {
+        self.js.is_some()
+    }
+}
+
+/// A live instance and its store.
 pub struct Instance {
     /// The store (owns the instance's memory and the turn state).
     pub store: Store<Host>,
     /// The exported handlers.
-    pub actor: bindings::Actor,
+    pub handlers: bindings::Handlers,
+    /// The JavaScript engine's extra entry points, for the engine.
+    pub js: Option<bindings::JsRuntime>,
 }
 
 /// How to build the engine.
@@ -127,7 +140,7 @@ impl Sandbox {
         let engine = Engine::new(&wc).map_err(anyhow::Error::from)?;
         let mut linker: Linker<Host> = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(anyhow::Error::from)?;
-        bindings::Actor::add_to_linker::<Host, HasSelf<Host>>(&mut linker, |h| h)
+        bindings::JsEngine::add_to_linker::<Host, HasSelf<Host>>(&mut linker, |h| h)
             .map_err(anyhow::Error::from)?;
         let engine_hash = {
             let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -176,7 +189,11 @@ impl Sandbox {
             .linker
             .instantiate_pre(&component)
             .map_err(|e| CodeError::WrongWorld(format!("{e:#}")))?;
-        bindings::ActorPre::new(pre).map_err(|e| CodeError::WrongWorld(format!("{e:#}")))
+        let handlers = bindings::HandlersIndices::new(&pre)
+            .map_err(|e| CodeError::WrongWorld(format!("{e:#}")))?;
+        // Only the built-in engine exports `js-runtime`.
+        let js = bindings::JsRuntimeIndices::new(&pre).ok();
+        Ok(Prepared { pre, handlers, js })
     }
 
     fn compile(&self, code: &[u8]) -> Result<Component, CodeError> {
@@ -240,8 +257,17 @@ impl Sandbox {
             Ok(UpdateDeadline::Yield(1))
         });
         store.set_epoch_deadline(1);
-        let actor = pre.instantiate_async(&mut store).await?;
-        Ok(Instance { store, actor })
+        let instance = pre.pre.instantiate_async(&mut store).await?;
+        let handlers = pre.handlers.load(&mut store, &instance)?;
+        let js = match &pre.js {
+            Some(js) => Some(js.load(&mut store, &instance)?),
+            None => None,
+        };
+        Ok(Instance {
+            store,
+            handlers,
+            js,
+        })
     }
 }
 

@@ -3,6 +3,7 @@
 //! the one checkpoint for limits and accounting.
 
 mod events;
+mod js_module;
 mod log;
 mod pending;
 mod state;
