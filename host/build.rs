@@ -7,6 +7,12 @@
 //!
 //! The guests are built by a nested cargo with its own target directory
 //! (`target/wasm-guests`) so it never waits on the outer build's lock.
+//!
+//! The JavaScript engine (`actors/quickjs`) embeds QuickJS, which is C: it
+//! needs clang, llvm-ar and a wasm32-wasi libc sysroot. On Debian/Ubuntu
+//! those are the packages `clang llvm wasi-libc` (the README's scripts
+//! install them). Set `CC_wasm32_wasip2`, `AR_wasm32_wasip2` and
+//! `CFLAGS_wasm32_wasip2` to use another toolchain.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,7 +21,11 @@ const GUESTS: &[(&str, &str)] = &[
     ("counter", "examples/counter"),
     ("notes", "examples/notes"),
     ("marmot-testkit", "tests/guests/testkit"),
+    ("marmot-quickjs", "actors/quickjs"),
 ];
+
+/// Where Debian's `wasi-libc` package puts the sysroot headers.
+const DEBIAN_WASI_INCLUDE: &str = "/usr/include/wasm32-wasi";
 
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -32,6 +42,7 @@ fn main() {
         .unwrap_or_else(|| root.join("target"))
         .join("wasm-guests");
     check_target_installed();
+    let c_env = c_toolchain();
 
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
@@ -44,6 +55,11 @@ fn main() {
     }
     // The outer build's flags and wrappers (clippy, coverage) are for the
     // host; the guests get a plain build.
+    // rquickjs-sys would otherwise try to download wasi-sdk.
+    cmd.env("RQUICKJS_SYS_NO_WASI_SDK", "1");
+    for (k, v) in &c_env {
+        cmd.env(k, v);
+    }
     for var in [
         "CARGO_ENCODED_RUSTFLAGS",
         "RUSTFLAGS",
@@ -75,6 +91,46 @@ fn main() {
         let var = format!("MARMOT_GUEST_{}", name.replace('-', "_").to_uppercase());
         println!("cargo:rustc-env={var}={}", file.display());
     }
+}
+
+/// The C toolchain for QuickJS: the caller's settings if given, else clang,
+/// llvm-ar and Debian's wasi-libc headers, checked up front so a missing
+/// package is one clear message rather than a C compiler error.
+fn c_toolchain() -> Vec<(String, String)> {
+    for var in [
+        "CC_wasm32_wasip2",
+        "AR_wasm32_wasip2",
+        "CFLAGS_wasm32_wasip2",
+    ] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    if std::env::var_os("CC_wasm32_wasip2").is_some() {
+        // The caller chose a toolchain; pass it through untouched.
+        return Vec::new();
+    }
+    let missing: Vec<&str> = [("clang", "clang"), ("llvm-ar", "llvm")]
+        .into_iter()
+        .filter(|(bin, _)| Command::new(bin).arg("--version").output().is_err())
+        .map(|(_, pkg)| pkg)
+        .chain((!Path::new(DEBIAN_WASI_INCLUDE).join("stdio.h").exists()).then_some("wasi-libc"))
+        .collect();
+    if !missing.is_empty() {
+        panic!(
+            "building the JavaScript engine (QuickJS for wasm32-wasip2) needs a C toolchain: \
+             install the Debian/Ubuntu packages `{}` (`sudo apt-get install clang llvm wasi-libc`; \
+             ./scripts/dev and ./scripts/test do this), or set CC_wasm32_wasip2, \
+             AR_wasm32_wasip2 and CFLAGS_wasm32_wasip2 for another toolchain",
+            missing.join(" ")
+        );
+    }
+    vec![
+        ("CC_wasm32_wasip2".into(), "clang".into()),
+        ("AR_wasm32_wasip2".into(), "llvm-ar".into()),
+        (
+            "CFLAGS_wasm32_wasip2".into(),
+            format!("-isystem {DEBIAN_WASI_INCLUDE}"),
+        ),
+    ]
 }
 
 /// Fail with a clear message instead of a wall of `can't find crate for core`.

@@ -15,3 +15,32 @@ ensure_toolchain() {
         echo "warning: rustup not found; assuming the wasm32-wasip2 target is installed" >&2
     fi
 }
+
+# The JavaScript engine embeds QuickJS (C): it needs clang, llvm-ar and a
+# wasm32-wasi libc. Install Debian/Ubuntu's packages when they are missing.
+ensure_c_toolchain() {
+    if command -v clang >/dev/null 2>&1 && command -v llvm-ar >/dev/null 2>&1 \
+        && [ -f /usr/include/wasm32-wasi/stdio.h ]; then
+        return 0
+    fi
+    if [ -n "${CC_wasm32_wasip2:-}" ]; then
+        return 0
+    fi
+    pkgs="clang llvm wasi-libc"
+    if ! command -v apt-get >/dev/null 2>&1; then
+        echo "error: the JavaScript engine needs clang, llvm-ar and wasi-libc headers; install them" \
+             "(or set CC_wasm32_wasip2, AR_wasm32_wasip2, CFLAGS_wasm32_wasip2)" >&2
+        exit 1
+    fi
+    if [ "$(id -u)" = 0 ]; then
+        SUDO=""
+    elif command -v sudo >/dev/null 2>&1; then
+        SUDO="sudo"
+    else
+        echo "error: installing $pkgs needs root: run 'apt-get install -y $pkgs' as root, then run this again" >&2
+        exit 1
+    fi
+    echo "installing $pkgs (for the JavaScript engine)…" >&2
+    $SUDO apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $pkgs >/dev/null
+}

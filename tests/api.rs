@@ -639,7 +639,6 @@ async fn endpoints_of_later_capabilities_say_so() {
     for (method, path) in [
         (Method::GET, "/v1/actors/kit/a/alarms"),
         (Method::GET, "/v1/actors/kit/a/inputs"),
-        (Method::POST, "/v1/actors/kit/a/eval"),
         (Method::POST, "/v1/hooks/kit/a/github"),
         (Method::GET, "/v1/secrets"),
         (Method::GET, "/v1/deliveries"),

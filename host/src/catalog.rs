@@ -11,16 +11,19 @@ use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::OnceCell;
 
 use crate::config::{ResolvedTypeConfig, TypeDefaults};
-use crate::sandbox::{CodeError, Prepared, Sandbox};
-use crate::storage::schema::{TypeRecord, VersionRecord};
+use crate::sandbox::{CodeError, JsModule, Prepared, Sandbox};
+use crate::storage::schema::{CodeKind, TypeRecord, VersionRecord};
 use crate::storage::{Storage, StorageError};
 
 /// A version ready to instantiate.
 pub struct PreparedVersion {
     /// The version number.
     pub version: u32,
-    /// Compiled code, linked against the host.
-    pub pre: Prepared,
+    /// Compiled code, linked against the host (for JavaScript types: the
+    /// shared engine).
+    pub pre: Arc<Prepared>,
+    /// For JavaScript types: the module the engine runs.
+    pub js_module: Option<Arc<JsModule>>,
     /// The type's settings as of this version.
     pub config: ResolvedTypeConfig,
 }
@@ -123,15 +126,28 @@ impl TypeEntry {
                     version,
                 })?;
             let sandbox = sandbox.clone();
-            let pre = tokio::task::spawn_blocking(move || sandbox.prepare(&code))
-                .await
-                .map_err(|e| {
-                    LoadError::Code(CodeError::Invalid(format!("compiler panicked: {e}")))
-                })??;
+            let js = meta.kind == CodeKind::Js;
+            let js_module = if js {
+                Some(Arc::new(js_module(&self.name, code.clone())?))
+            } else {
+                None
+            };
+            let pre = tokio::task::spawn_blocking(move || {
+                if js {
+                    sandbox.js_engine()
+                } else {
+                    sandbox.prepare(&code).map(Arc::new)
+                }
+            })
+            .await
+            .map_err(|e| {
+                LoadError::Code(CodeError::Invalid(format!("compiler panicked: {e}")))
+            })??;
             Ok(Arc::new(PreparedVersion {
                 version,
                 pre,
-                config: meta.config.resolve(defaults),
+                js_module,
+                config: meta.config.resolve(defaults, js),
             }))
         })
         .await
@@ -148,6 +164,16 @@ impl TypeEntry {
         *self.record.write().expect("type record lock") = record;
         self.latest.store(version, Ordering::Release);
     }
+}
+
+/// The module a JavaScript type's stored code holds.
+pub fn js_module(ty: &str, code: Vec<u8>) -> Result<JsModule, CodeError> {
+    let source = String::from_utf8(code)
+        .map_err(|_| CodeError::Script("the module is not valid UTF-8".into()))?;
+    Ok(JsModule {
+        name: format!("{ty}.js"),
+        source,
+    })
 }
 
 /// Every deployed type.

@@ -75,7 +75,12 @@ impl NodeConfig {
         if l.mailbox_capacity == 0 {
             return Err("limits.mailbox_capacity must be at least 1".into());
         }
-        if self.defaults.max_memory_bytes > l.max_guest_memory_bytes {
+        if self
+            .defaults
+            .max_memory_bytes
+            .max(self.defaults.js_max_memory_bytes)
+            > l.max_guest_memory_bytes
+        {
             return Err(format!(
                 "defaults.max_memory_bytes ({}) exceeds limits.max_guest_memory_bytes ({})",
                 self.defaults.max_memory_bytes, l.max_guest_memory_bytes
@@ -121,6 +126,12 @@ pub struct Limits {
     pub max_log_lines_per_turn: u32,
     /// Largest log line kept; longer ones are cut.
     pub max_log_line_bytes: usize,
+    /// CPU an eval script may use (`POST …/eval`).
+    pub eval_cpu_ms: u64,
+    /// Memory of an eval sandbox.
+    pub eval_memory_bytes: u64,
+    /// Wall-clock limit of an eval (timers and host calls included).
+    pub eval_timeout_ms: u64,
 }
 
 impl Default for Limits {
@@ -138,6 +149,9 @@ impl Default for Limits {
             max_guest_memory_bytes: 64 << 20,
             max_log_lines_per_turn: 1000,
             max_log_line_bytes: 8 << 10,
+            eval_cpu_ms: 2_000,
+            eval_memory_bytes: 32 << 20,
+            eval_timeout_ms: 30_000,
         }
     }
 }
@@ -154,6 +168,8 @@ pub struct TypeDefaults {
     pub cpu_slice_ms: u64,
     /// Guest linear memory.
     pub max_memory_bytes: u64,
+    /// Linear memory of JavaScript actors (the QuickJS heap lives in it).
+    pub js_max_memory_bytes: u64,
 }
 
 impl Default for TypeDefaults {
@@ -163,6 +179,7 @@ impl Default for TypeDefaults {
             turn_timeout_ms: 15 * 60 * 1000,
             cpu_slice_ms: 10_000,
             max_memory_bytes: 64 << 20,
+            js_max_memory_bytes: 32 << 20,
         }
     }
 }
@@ -273,13 +290,19 @@ impl TypeConfig {
         Ok(())
     }
 
-    /// The settings with defaults applied.
-    pub fn resolve(&self, d: &TypeDefaults) -> ResolvedTypeConfig {
+    /// The settings with defaults applied; `js` selects the JavaScript
+    /// defaults where they differ.
+    pub fn resolve(&self, d: &TypeDefaults, js: bool) -> ResolvedTypeConfig {
+        let memory_default = if js {
+            d.js_max_memory_bytes
+        } else {
+            d.max_memory_bytes
+        };
         ResolvedTypeConfig {
             idle_timeout: Duration::from_millis(self.idle_timeout_ms.unwrap_or(d.idle_timeout_ms)),
             turn_timeout: Duration::from_millis(self.turn_timeout_ms.unwrap_or(d.turn_timeout_ms)),
             cpu_slice: Duration::from_millis(self.cpu_slice_ms.unwrap_or(d.cpu_slice_ms)),
-            max_memory_bytes: self.max_memory_bytes.unwrap_or(d.max_memory_bytes),
+            max_memory_bytes: self.max_memory_bytes.unwrap_or(memory_default),
             env: self.env.clone(),
         }
     }

@@ -7,5 +7,8 @@ pub const COUNTER: &[u8] = include_bytes!(env!("MARMOT_GUEST_COUNTER"));
 /// `examples/notes`: per-user notes.
 pub const NOTES: &[u8] = include_bytes!(env!("MARMOT_GUEST_NOTES"));
 
+/// `actors/quickjs`: the built-in JavaScript engine (QuickJS in Wasm).
+pub const QUICKJS: &[u8] = include_bytes!(env!("MARMOT_GUEST_MARMOT_QUICKJS"));
+
 /// The examples `marmot dev` deploys: (type name, component).
 pub const EXAMPLES: &[(&str, &[u8])] = &[("counter", COUNTER), ("notes", NOTES)];

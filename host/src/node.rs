@@ -14,7 +14,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio::sync::{Semaphore, oneshot};
 
-use crate::actor::{Delivery, Envelope, Registry, TurnError, TurnReply};
+use crate::actor::{Delivery, Envelope, EvalReply, Registry, TurnError, TurnReply};
 use crate::catalog::{Catalog, PreparedVersion};
 use crate::clock::now_ms;
 use crate::config::{NodeConfig, TypeConfig};
@@ -210,6 +210,30 @@ impl Node {
         Ok(node)
     }
 
+    /// The sandbox settings of `POST …/eval`.
+    pub(crate) fn eval_config(&self) -> crate::config::ResolvedTypeConfig {
+        let l = &self.config.limits;
+        crate::config::ResolvedTypeConfig {
+            idle_timeout: Duration::from_secs(0),
+            turn_timeout: Duration::from_millis(l.eval_timeout_ms),
+            cpu_slice: Duration::from_millis(l.eval_cpu_ms),
+            max_memory_bytes: l.eval_memory_bytes.min(l.max_guest_memory_bytes),
+            env: Default::default(),
+        }
+    }
+
+    /// Run a model-written script in a fresh JavaScript sandbox bound to the
+    /// actor's state; its writes commit only if it succeeds.
+    pub async fn eval(
+        self: &Arc<Self>,
+        key: &ActorKey,
+        code: String,
+    ) -> Result<EvalReply, TurnError> {
+        let (tx, rx) = oneshot::channel();
+        self.registry.deliver(self, key, Envelope::Eval(code, tx))?;
+        rx.await.map_err(|_| TurnError::Stopped)?
+    }
+
     /// Storage open and crash recovery finished.
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
@@ -300,6 +324,7 @@ impl Node {
     pub async fn deploy(
         self: &Arc<Self>,
         ty: &str,
+        kind: CodeKind,
         code: Vec<u8>,
         config: TypeConfig,
     ) -> Result<Deployed, DeployError> {
@@ -320,7 +345,7 @@ impl Node {
             let latest = e
                 .version(e.latest_version())
                 .expect("latest version record");
-            if latest.sha256 == sha256 && latest.config == config {
+            if latest.sha256 == sha256 && latest.config == config && latest.kind == kind {
                 return Ok(Deployed {
                     ty: ty.to_owned(),
                     version: latest.version,
@@ -330,11 +355,26 @@ impl Node {
                 });
             }
         }
-        let sandbox = self.sandbox.clone();
-        let code_for_compile = code.clone();
-        let pre = tokio::task::spawn_blocking(move || sandbox.prepare(&code_for_compile))
-            .await
-            .map_err(|e| CodeError::Invalid(format!("compiler panicked: {e}")))??;
+        let js = kind == CodeKind::Js;
+        let resolved = config.resolve(&self.config.defaults, js);
+        let (pre, js_module) = if js {
+            let module = Arc::new(crate::catalog::js_module(ty, code.clone())?);
+            self.sandbox
+                .check_js(&module.name, &module.source, &resolved)
+                .await?;
+            let sandbox = self.sandbox.clone();
+            let engine = tokio::task::spawn_blocking(move || sandbox.js_engine())
+                .await
+                .map_err(|e| CodeError::Invalid(format!("compiler panicked: {e}")))??;
+            (engine, Some(module))
+        } else {
+            let sandbox = self.sandbox.clone();
+            let code_for_compile = code.clone();
+            let pre = tokio::task::spawn_blocking(move || sandbox.prepare(&code_for_compile))
+                .await
+                .map_err(|e| CodeError::Invalid(format!("compiler panicked: {e}")))??;
+            (Arc::new(pre), None)
+        };
         let now = now_ms();
         let mut record = existing.as_ref().map(|e| e.record()).unwrap_or(TypeRecord {
             name: ty.to_owned(),
@@ -344,7 +384,7 @@ impl Node {
         let version = record.versions.last().map_or(1, |v| v.version + 1);
         record.versions.push(VersionRecord {
             version,
-            kind: CodeKind::Wasm,
+            kind,
             sha256: sha256.clone(),
             code_bytes: code.len() as u64,
             config: config.clone(),
@@ -362,14 +402,15 @@ impl Node {
         let prepared = Arc::new(PreparedVersion {
             version,
             pre,
-            config: config.resolve(&self.config.defaults),
+            js_module,
+            config: resolved,
         });
         self.catalog.install(record, prepared);
         tracing::info!(ty, version, %sha256, "deployed");
         Ok(Deployed {
             ty: ty.to_owned(),
             version,
-            kind: CodeKind::Wasm.as_str(),
+            kind: kind.as_str(),
             sha256,
             created: true,
         })
@@ -624,6 +665,7 @@ mod tests {
             .unwrap();
         node.deploy(
             "counter",
+            CodeKind::Wasm,
             crate::guests::COUNTER.to_vec(),
             TypeConfig::default(),
         )

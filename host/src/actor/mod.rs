@@ -31,6 +31,19 @@ pub enum Envelope {
     Delete(oneshot::Sender<Result<bool, TurnError>>),
     /// Crash recovery: run the inbox, then release the permit.
     Recover(OwnedSemaphorePermit),
+    /// Run a script in a fresh JavaScript sandbox bound to the actor.
+    Eval(String, oneshot::Sender<Result<EvalReply, TurnError>>),
+}
+
+/// What `POST …/eval` returns.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct EvalReply {
+    /// The result as JSON text (`None`: undefined, or the script failed).
+    pub result: Option<String>,
+    /// What the script wrote with `console`.
+    pub logs: Vec<String>,
+    /// The error, with its stack, when the script failed or hit a limit.
+    pub error: Option<String>,
 }
 
 /// A message and where its reply goes.

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
 use super::registry::Shared;
-use super::{Delivery, Envelope, TurnError, TurnReply};
+use super::{Delivery, Envelope, EvalReply, TurnError, TurnReply};
 use crate::clock::now_ms;
 use crate::ids::ActorKey;
 use crate::node::Node;
@@ -26,7 +26,7 @@ use crate::sandbox::bindings::{Context, Message};
 use crate::sandbox::turn::{FinishedTurn, StateCache, TurnState};
 use crate::sandbox::{Instance, TrapKind};
 use crate::storage::schema::{
-    ActorRecord, EventRecord, IdemOutcome, IdemRecord, InboxRecord, StoredReply,
+    ActorRecord, CodeKind, EventRecord, IdemOutcome, IdemRecord, InboxRecord, StoredReply,
 };
 use crate::storage::{CommitFailed, TurnCommit, WriteOp};
 
@@ -50,12 +50,15 @@ struct Live {
 enum TurnInput {
     Message(Message),
     Upgrade(u32),
+    /// A script in a fresh JavaScript sandbox bound to this actor.
+    Eval(String),
 }
 
 /// What a successful turn returned.
 enum TurnOutput {
     Reply(TurnReply),
     Done,
+    Eval(EvalReply),
 }
 
 /// Where a commit's outcome goes.
@@ -127,7 +130,11 @@ impl ActorTask {
     fn idle_timeout(&self) -> Duration {
         let ty = &self.shared.ty;
         ty.version(ty.latest_version())
-            .map(|v| v.config.resolve(&self.node.config.defaults).idle_timeout)
+            .map(|v| {
+                v.config
+                    .resolve(&self.node.config.defaults, v.kind == CodeKind::Js)
+                    .idle_timeout
+            })
             .unwrap_or(Duration::from_millis(
                 self.node.config.defaults.idle_timeout_ms,
             ))
@@ -217,6 +224,7 @@ impl ActorTask {
                 let r = self.delete().await;
                 let _ = reply.send(r);
             }
+            Envelope::Eval(code, reply) => self.on_eval(code, reply).await,
             Envelope::Recover(permit) => {
                 self.shared.inbox_dirty.store(false, Ordering::Release);
                 self.drain_inbox().await;
@@ -357,7 +365,9 @@ impl ActorTask {
                     }),
                 );
             }
-            Ok((TurnOutput::Done, _)) => unreachable!("on-message always replies"),
+            Ok((TurnOutput::Done | TurnOutput::Eval(_), _)) => {
+                unreachable!("on-message always replies")
+            }
             // An error (or a trap message) can reveal state written by
             // earlier turns: it leaves only once those are durable.
             Err(e) => self.release_when_durable(self.submitted_seq, Err(e), reply),
@@ -400,11 +410,11 @@ impl ActorTask {
 
     /// Send `result` once turn `seq` of this actor is durable (at once if it
     /// already is); if that commit failed, send the failure instead.
-    fn release_when_durable(
+    fn release_when_durable<T: Send + 'static>(
         &self,
         seq: u64,
-        result: Result<TurnReply, TurnError>,
-        reply: oneshot::Sender<Result<TurnReply, TurnError>>,
+        result: Result<T, TurnError>,
+        reply: oneshot::Sender<Result<T, TurnError>>,
     ) {
         if seq == 0 || self.shared.tracker.committed_seq() >= seq {
             let _ = reply.send(result);
@@ -457,6 +467,74 @@ impl ActorTask {
         }
     }
 
+    /// A fresh JavaScript sandbox for an eval, with the eval limits.
+    async fn eval_instance(node: Arc<Node>) -> Result<(Instance, Duration), TurnError> {
+        let node = &node;
+        let sandbox = node.sandbox.clone();
+        let engine = tokio::task::spawn_blocking(move || sandbox.js_engine())
+            .await
+            .map_err(|e| TurnError::Code(format!("engine compile panicked: {e}")))?
+            .map_err(|e| TurnError::Code(e.to_string()))?;
+        let config = node.eval_config();
+        let host = node.sandbox.new_host(&config);
+        match node.sandbox.instantiate(&engine, host).await {
+            Ok(inst) => Ok((inst, config.turn_timeout)),
+            Err(e) => {
+                let msg = format!("{e:#}");
+                if msg.contains("concurrent") || msg.contains("pooling") {
+                    node.registry.evict(node);
+                    return Err(TurnError::Overloaded);
+                }
+                Err(TurnError::Code(format!(
+                    "cannot start the JavaScript sandbox: {msg}"
+                )))
+            }
+        }
+    }
+
+    /// Run a model-written script against this actor's state. Its writes
+    /// commit only if it succeeds; its reply leaves once they are durable.
+    async fn on_eval(
+        &mut self,
+        code: String,
+        reply: oneshot::Sender<Result<EvalReply, TurnError>>,
+    ) {
+        if let Err(e) = self.ready(true).await {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        let version = self.record().version;
+        let turn_id = crate::ids::new_message_id();
+        match self
+            .run_turn("eval", version, &turn_id, TurnInput::Eval(code))
+            .await
+        {
+            Ok((TurnOutput::Eval(out), finished)) if !finished.is_empty() => {
+                self.submit(
+                    finished,
+                    CommitExtras::default(),
+                    Box::new(move |r| {
+                        let _ = reply.send(r.map(|()| out).map_err(TurnError::from));
+                    }),
+                );
+            }
+            Ok((TurnOutput::Eval(out), _)) => {
+                self.release_when_durable(self.submitted_seq, Ok(out), reply)
+            }
+            Ok(_) => unreachable!("an eval turn returns an eval result"),
+            // A limit or a trap: the script failed; report it like a throw.
+            Err(e @ (TurnError::Trap { .. } | TurnError::Timeout(_))) => {
+                let out = EvalReply {
+                    result: None,
+                    logs: Vec::new(),
+                    error: Some(e.to_string()),
+                };
+                self.release_when_durable(self.submitted_seq, Ok(out), reply);
+            }
+            Err(e) => self.release_when_durable(self.submitted_seq, Err(e), reply),
+        }
+    }
+
     /// Make sure an instance of `version` is live.
     async fn instance(&mut self, version: u32) -> Result<&mut Live, TurnError> {
         if self.live.as_ref().is_some_and(|l| l.version == version) {
@@ -470,7 +548,10 @@ impl ActorTask {
             .prepared(version, &node.storage, &node.sandbox, &node.config.defaults)
             .await
             .map_err(|e| TurnError::Code(e.to_string()))?;
-        let host = node.sandbox.new_host(&prepared.config);
+        let host = node
+            .sandbox
+            .new_host(&prepared.config)
+            .with_js_module(prepared.js_module.clone());
         let inst = match node.sandbox.instantiate(&prepared.pre, host).await {
             Ok(i) => i,
             Err(e) => {
@@ -519,10 +600,20 @@ impl ActorTask {
             kind,
             turn_id
         );
-        if let Err(e) = self.instance(version).await {
+        // An eval runs in a fresh sandbox; everything else in the actor's
+        // live instance.
+        let mut fresh: Option<(Instance, Duration)> = None;
+        let started_instance = match &input {
+            TurnInput::Eval(_) => Self::eval_instance(self.node.clone())
+                .await
+                .map(|i| fresh = Some(i)),
+            _ => self.instance(version).await.map(drop),
+        };
+        if let Err(e) = started_instance {
             self.node.metrics.turn(kind, "not_started");
             return Err(e);
         }
+        let is_fresh = fresh.is_some();
         if self.submitted_seq > self.shared.tracker.committed_seq() + MAX_COMMITS_IN_FLIGHT {
             // Backpressure: let the disk catch up with this actor.
             self.shared
@@ -547,10 +638,18 @@ impl ActorTask {
             self.node.turn_limits.clone(),
             self.node.storage.clone(),
         );
-        let live = self.live.as_mut().expect("instance made live above");
+        let (inst, turn_timeout) = match &mut fresh {
+            Some((inst, timeout)) => (inst, *timeout),
+            None => {
+                let live = self.live.as_mut().expect("instance made live above");
+                (&mut live.inst, live.turn_timeout)
+            }
+        };
         let Instance {
-            store, handlers, ..
-        } = &mut live.inst;
+            store,
+            handlers,
+            js,
+        } = inst;
         store.data_mut().turn = Some(turn);
         store.data_mut().cpu_ticks = 0;
         store.set_epoch_deadline(1);
@@ -581,12 +680,23 @@ impl ActorTask {
                         .call_on_upgrade(&mut *store, &ctx, from)
                         .await
                         .map(|r| r.map(|()| TurnOutput::Done)),
+                    TurnInput::Eval(code) => {
+                        let js = js
+                            .as_ref()
+                            .expect("the JavaScript engine exports js-runtime");
+                        js.call_eval(&mut *store, &code).await.map(|o| {
+                            Ok(TurnOutput::Eval(EvalReply {
+                                result: o.result,
+                                logs: o.logs,
+                                error: o.error,
+                            }))
+                        })
+                    }
                 }
             };
-        let result = tokio::time::timeout(live.turn_timeout, call)
+        let result = tokio::time::timeout(turn_timeout, call)
             .instrument(span.clone())
             .await;
-        let turn_timeout = live.turn_timeout;
         let turn = store.data_mut().turn.take();
         let stderr_tail = forward_output(&key, version, store.data());
         self.node
@@ -597,7 +707,9 @@ impl ActorTask {
             // Only a host bug gets here. The instance is suspect and the
             // cache (with writes not yet durable) went with the turn state:
             // wait until disk holds everything, then carry on from disk.
-            self.live = None;
+            if !is_fresh {
+                self.live = None;
+            }
             self.shared
                 .tracker
                 .wait_committed(self.submitted_seq, self.generation)
@@ -609,6 +721,13 @@ impl ActorTask {
             });
         };
         match result {
+            Ok(Ok(Ok(TurnOutput::Eval(reply)))) if reply.error.is_some() => {
+                // The script threw: like a failed turn, nothing it wrote stays.
+                self.cache = turn.abandon();
+                self.trim_cache();
+                self.node.metrics.turn(kind, "error");
+                Ok((TurnOutput::Eval(reply), FinishedTurn::default()))
+            }
             Ok(Ok(Ok(out))) => {
                 let (cache, finished) = turn.finish();
                 self.cache = cache;
@@ -628,7 +747,9 @@ impl ActorTask {
             Ok(Err(trap)) => {
                 self.cache = turn.abandon();
                 self.trim_cache();
-                self.live = None;
+                if !is_fresh {
+                    self.live = None;
+                }
                 let kind_of = TrapKind::of(&trap);
                 self.node.metrics.trap(kind_of.label());
                 self.node.metrics.turn(kind, "trap");
@@ -645,7 +766,9 @@ impl ActorTask {
             Err(_elapsed) => {
                 self.cache = turn.abandon();
                 self.trim_cache();
-                self.live = None;
+                if !is_fresh {
+                    self.live = None;
+                }
                 self.node.metrics.trap("timeout");
                 self.node.metrics.turn(kind, "timeout");
                 span.in_scope(|| {
@@ -896,7 +1019,9 @@ impl ActorTask {
                     done_inbox(&self.node),
                 );
             }
-            Ok((TurnOutput::Done, _)) => unreachable!("on-message always replies"),
+            Ok((TurnOutput::Done | TurnOutput::Eval(_), _)) => {
+                unreachable!("on-message always replies")
+            }
             Err(e) if not_started(&e) => return false,
             Err(e) => self.fail_inbox_message(seq, row, e.code(), e.to_string()),
         }

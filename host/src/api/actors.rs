@@ -287,3 +287,53 @@ pub(super) async fn events(
             .into_response(),
     )
 }
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EvalBody {
+    code: String,
+}
+
+/// `POST …/eval`: the body is the script (`text/javascript`, `text/plain`),
+/// or `{"code": "…"}` as JSON. Always 200 with `{result, logs, error}` once
+/// the script ran; `error` says why it failed (a throw, or a limit).
+pub(super) async fn eval(
+    State(s): State<AppState>,
+    Path((ty, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let key = key(&ty, &id)?;
+    let body = body?;
+    known_type(&s, &ty)?;
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|c| c.to_ascii_lowercase().contains("json"));
+    let code = if is_json {
+        serde_json::from_slice::<EvalBody>(&body)
+            .map_err(|e| {
+                ApiError::bad_request("invalid_body", format!("expected {{\"code\": \"…\"}}: {e}"))
+            })?
+            .code
+    } else {
+        String::from_utf8(body.to_vec())
+            .map_err(|_| ApiError::bad_request("invalid_body", "the script is not valid UTF-8"))?
+    };
+    if code.trim().is_empty() {
+        return Err(ApiError::bad_request("invalid_body", "the script is empty"));
+    }
+    let out = s.node.eval(&key, code).await?;
+    let result = match &out.result {
+        Some(text) => {
+            serde_json::from_str::<serde_json::Value>(text).unwrap_or(serde_json::Value::Null)
+        }
+        None => serde_json::Value::Null,
+    };
+    Ok(axum::Json(serde_json::json!({
+        "result": result,
+        "logs": out.logs,
+        "error": out.error,
+    }))
+    .into_response())
+}

@@ -75,7 +75,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/actors/{type}/{id}/alarms", get(not_yet))
         .route("/v1/actors/{type}/{id}/inputs", get(not_yet))
         .route("/v1/actors/{type}/{id}/inputs/{input}", post(not_yet))
-        .route("/v1/actors/{type}/{id}/eval", post(not_yet))
+        .route("/v1/actors/{type}/{id}/eval", post(actors::eval))
         .route("/v1/actors/{type}/{id}/files/{*path}", get(not_yet))
         .route("/v1/actors/{type}/{id}/move", post(not_yet))
         .route("/v1/hooks/{type}/{id}/{name}", post(not_yet))

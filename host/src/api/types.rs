@@ -11,6 +11,7 @@ use serde::Deserialize;
 use super::{ApiError, AppState, Path, Query};
 use crate::config::TypeConfig;
 use crate::ids::validate_type_name;
+use crate::storage::schema::CodeKind;
 
 /// The JSON deploy manifest.
 #[derive(Deserialize)]
@@ -53,8 +54,10 @@ pub(super) async fn deploy(
                 .to_ascii_lowercase()
         })
         .unwrap_or_default();
-    let (code, config) = match content_type.as_str() {
-        "application/wasm" | "application/octet-stream" => (body.to_vec(), TypeConfig::default()),
+    let (kind, code, config) = match content_type.as_str() {
+        "application/wasm" | "application/octet-stream" => {
+            (CodeKind::Wasm, body.to_vec(), TypeConfig::default())
+        }
         "application/json" => {
             let m: Manifest = serde_json::from_slice(&body).map_err(|e| {
                 ApiError::bad_request("invalid_manifest", format!("invalid deploy manifest: {e}"))
@@ -81,9 +84,24 @@ pub(super) async fn deploy(
                                 format!("`code_base64` is not valid base64: {e}"),
                             )
                         })?;
-                    (code, m.config)
+                    (CodeKind::Wasm, code, m.config)
                 }
-                "js" | "agent" => return Err(unsupported_kind(&m.kind)),
+                "js" => {
+                    if m.code_base64.is_some() || m.agent.is_some() {
+                        return Err(ApiError::bad_request(
+                            "invalid_manifest",
+                            "a `js` manifest carries its module source in `code`",
+                        ));
+                    }
+                    let code = m.code.ok_or_else(|| {
+                        ApiError::bad_request(
+                            "invalid_manifest",
+                            "`code` is required for kind `js`",
+                        )
+                    })?;
+                    (CodeKind::Js, code.into_bytes(), m.config)
+                }
+                "agent" => return Err(unsupported_kind(&m.kind)),
                 other => {
                     return Err(ApiError::bad_request(
                         "invalid_manifest",
@@ -92,7 +110,9 @@ pub(super) async fn deploy(
                 }
             }
         }
-        "text/javascript" | "application/javascript" => return Err(unsupported_kind("js")),
+        "text/javascript" | "application/javascript" => {
+            (CodeKind::Js, body.to_vec(), TypeConfig::default())
+        }
         "" => {
             return Err(ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -111,7 +131,7 @@ pub(super) async fn deploy(
             ));
         }
     };
-    let deployed = s.node.deploy(&ty, code, config).await?;
+    let deployed = s.node.deploy(&ty, kind, code, config).await?;
     let status = if deployed.created {
         StatusCode::CREATED
     } else {

@@ -24,8 +24,13 @@ async fn start_node() -> anyhow::Result<(tempfile::TempDir, Arc<Node>)> {
         idle_timeout_ms: Some(3_600_000),
         ..TypeConfig::default()
     };
-    node.deploy("counter", crate::guests::COUNTER.to_vec(), config)
-        .await?;
+    node.deploy(
+        "counter",
+        crate::storage::schema::CodeKind::Wasm,
+        crate::guests::COUNTER.to_vec(),
+        config,
+    )
+    .await?;
     Ok((dir, node))
 }
 

@@ -8,6 +8,7 @@ use clap::Args;
 
 use crate::config::{NodeConfig, TypeConfig};
 use crate::node::Node;
+use crate::storage::schema::CodeKind;
 
 /// `marmot dev`.
 #[derive(Args)]
@@ -63,7 +64,7 @@ pub(super) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     if !args.no_examples {
         for (name, code) in crate::guests::EXAMPLES {
             let d = node
-                .deploy(name, code.to_vec(), TypeConfig::default())
+                .deploy(name, CodeKind::Wasm, code.to_vec(), TypeConfig::default())
                 .await
                 .with_context(|| format!("failed to deploy the `{name}` example"))?;
             tracing::info!(

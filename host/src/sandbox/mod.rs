@@ -92,6 +92,9 @@ pub enum CodeError {
     /// The cache directory failed.
     #[error("compiled-code cache: {0}")]
     Cache(String),
+    /// A JavaScript module that does not compile.
+    #[error("invalid JavaScript module: {0}")]
+    Script(String),
 }
 
 /// The engine, its linker and the compiled-code cache.
@@ -101,6 +104,8 @@ pub struct Sandbox {
     config: SandboxConfig,
     engine_hash: String,
     tick_ms: u64,
+    /// The built-in JavaScript engine, compiled on first use.
+    js_engine: std::sync::Mutex<Option<Arc<Prepared>>>,
 }
 
 impl Sandbox {
@@ -161,6 +166,7 @@ impl Sandbox {
             config,
             engine_hash,
             tick_ms,
+            js_engine: std::sync::Mutex::new(None),
         });
         let weak = sandbox.engine.weak();
         let tick = sandbox.config.tick;
@@ -194,6 +200,64 @@ impl Sandbox {
         // Only the built-in engine exports `js-runtime`.
         let js = bindings::JsRuntimeIndices::new(&pre).ok();
         Ok(Prepared { pre, handlers, js })
+    }
+
+    /// The built-in JavaScript engine, compiled (or loaded from the cache)
+    /// on first use. Blocking: call from a blocking thread.
+    pub fn js_engine(&self) -> Result<Arc<Prepared>, CodeError> {
+        let mut slot = self.js_engine.lock().expect("js engine lock");
+        if let Some(p) = &*slot {
+            return Ok(p.clone());
+        }
+        let started = std::time::Instant::now();
+        let prepared = Arc::new(self.prepare(crate::guests::QUICKJS)?);
+        if !prepared.is_js_engine() {
+            return Err(CodeError::WrongWorld(
+                "the built-in JavaScript engine does not export js-runtime".into(),
+            ));
+        }
+        tracing::info!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "JavaScript engine ready"
+        );
+        *slot = Some(prepared.clone());
+        Ok(prepared)
+    }
+
+    /// Compile `source` as the module `name` in a throw-away engine
+    /// instance, without running it.
+    pub async fn check_js(
+        self: &Arc<Self>,
+        name: &str,
+        source: &str,
+        config: &crate::config::ResolvedTypeConfig,
+    ) -> Result<(), CodeError> {
+        let this = self.clone();
+        let engine = tokio::task::spawn_blocking(move || this.js_engine())
+            .await
+            .map_err(|e| CodeError::Invalid(format!("compiler panicked: {e}")))??;
+        let mut inst = self
+            .instantiate(&engine, self.new_host(config))
+            .await
+            .map_err(|e| {
+                CodeError::Invalid(format!("cannot start the JavaScript engine: {e:#}"))
+            })?;
+        let js = inst
+            .js
+            .take()
+            .expect("the JavaScript engine exports js-runtime");
+        let check = js.call_check(&mut inst.store, name, source);
+        match tokio::time::timeout(config.turn_timeout, check).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(msg))) => Err(CodeError::Script(msg)),
+            Ok(Err(trap)) => Err(CodeError::Script(format!(
+                "compiling the module stopped the engine: {}",
+                trap.root_cause()
+            ))),
+            Err(_) => Err(CodeError::Script(
+                "compiling the module took too long".into(),
+            )),
+        }
     }
 
     fn compile(&self, code: &[u8]) -> Result<Component, CodeError> {

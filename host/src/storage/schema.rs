@@ -60,6 +60,9 @@ pub const INBOX: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("
 pub enum CodeKind {
     /// A WebAssembly component implementing the `marmot:actor` world.
     Wasm,
+    /// A JavaScript module run by the built-in QuickJS engine (stored as
+    /// UTF-8 source).
+    Js,
 }
 
 impl CodeKind {
@@ -67,6 +70,7 @@ impl CodeKind {
     pub fn as_str(self) -> &'static str {
         match self {
             CodeKind::Wasm => "wasm",
+            CodeKind::Js => "js",
         }
     }
 }

@@ -1,0 +1,506 @@
+//! The JavaScript runtime of one sandbox: set-up, the actor module, turns,
+//! and scripts.
+
+use std::cell::RefCell;
+use std::time::Duration;
+
+use rquickjs::context::EvalOptions;
+use rquickjs::function::This;
+use rquickjs::loader::{BuiltinLoader, BuiltinResolver};
+use rquickjs::promise::PromiseState;
+use rquickjs::{Context, Ctx, Function, Module, Object, Persistent, Runtime, Value};
+
+use crate::bindings::exports::marmot::actor::js_runtime::EvalOutcome;
+use crate::bindings::marmot::actor::js_module;
+use crate::bindings::marmot::actor::types::{
+    Alarm, Context as TurnContext, InputAnswer, Message, Reply, Webhook,
+};
+use crate::host_api::{self, CONSOLE, ConsoleSink};
+
+const PRELUDE: &str = include_str!("prelude.js");
+
+/// The `marmot` module re-exports what the prelude built.
+const MARMOT_MODULE: &str = "const m = globalThis.__marmot_module;\n\
+    export const { state, events, alarms, inputs, actors, files, log } = m;\n\
+    export default m;\n";
+
+/// QuickJS's own stack limit: deep recursion becomes a catchable
+/// `RangeError` well before the host's wasm stack limit traps.
+const MAX_JS_STACK: usize = 256 * 1024;
+/// Largest reply or eval result.
+const MAX_RESULT_BYTES: usize = 1 << 20;
+
+thread_local! {
+    static ENGINE: RefCell<Option<Engine>> = const { RefCell::new(None) };
+}
+
+/// Set up the runtime (idempotent). Runs inside `wizer-initialize` so the
+/// snapshot already holds an initialized engine.
+pub fn init() {
+    ENGINE.with(|e| {
+        if e.borrow().is_none() {
+            *e.borrow_mut() = Some(Engine::new());
+        }
+    });
+}
+
+/// Run `f` on this sandbox's engine.
+pub fn with<R>(f: impl FnOnce(&mut Engine) -> R) -> R {
+    init();
+    ENGINE.with(|e| f(e.borrow_mut().as_mut().expect("engine initialized")))
+}
+
+pub struct Engine {
+    // Dropped before the runtime: fields drop in declaration order.
+    handlers: Option<Persistent<Object<'static>>>,
+    context: Context,
+    _runtime: Runtime,
+}
+
+impl Engine {
+    fn new() -> Self {
+        let runtime = Runtime::new().expect("QuickJS runtime");
+        runtime.set_max_stack_size(MAX_JS_STACK);
+        runtime.set_loader(
+            BuiltinResolver::default().with_module("marmot"),
+            BuiltinLoader::default().with_module("marmot", MARMOT_MODULE),
+        );
+        let context = Context::full(&runtime).expect("QuickJS context");
+        context.with(|ctx| {
+            host_api::install(&ctx).expect("host API");
+            let opts = script_options("marmot:prelude");
+            if let Err(e) = ctx.eval_with_options::<(), _>(PRELUDE, opts) {
+                panic!("prelude failed: {}", describe_error(&ctx, e));
+            }
+        });
+        Self {
+            handlers: None,
+            context,
+            _runtime: runtime,
+        }
+    }
+
+    /// The module's default export, loading the module on first use.
+    fn handlers<'js>(&mut self, ctx: &Ctx<'js>) -> Result<Object<'js>, String> {
+        if let Some(h) = &self.handlers {
+            return h.clone().restore(ctx).map_err(|e| describe_error(ctx, e));
+        }
+        let (name, source) = js_module::source();
+        let (module, promise) = Module::declare(ctx.clone(), name.as_str(), source)
+            .and_then(|m| m.eval())
+            .map_err(|e| describe_error(ctx, e))?;
+        settle(ctx, promise.into_value())?;
+        let ns = module.namespace().map_err(|e| describe_error(ctx, e))?;
+        let default: Value<'js> = ns.get("default").map_err(|e| describe_error(ctx, e))?;
+        let Some(obj) = default.as_object().cloned() else {
+            return Err(format!(
+                "module `{name}` must `export default` an object with handlers such as onMessage"
+            ));
+        };
+        self.handlers = Some(Persistent::save(ctx, obj.clone()));
+        Ok(obj)
+    }
+
+    /// Call `handler(arg, ctx)` on the module and wait for it to settle.
+    fn call<'js>(
+        &mut self,
+        ctx: &Ctx<'js>,
+        handler: &str,
+        turn: &TurnContext,
+        arg: Value<'js>,
+        required: bool,
+    ) -> Result<Value<'js>, String> {
+        let handlers = self.handlers(ctx)?;
+        let f: Value<'js> = handlers.get(handler).map_err(|e| describe_error(ctx, e))?;
+        let Some(f) = f.as_function().cloned() else {
+            if required {
+                return Err(format!("the module exports no `{handler}` handler"));
+            }
+            return Ok(Value::new_undefined(ctx.clone()));
+        };
+        let jsctx = turn_context(ctx, turn).map_err(|e| describe_error(ctx, e))?;
+        CONSOLE.with(|c| *c.borrow_mut() = ConsoleSink::Turn);
+        let result = f
+            .call::<_, Value<'js>>((This(handlers), arg, jsctx))
+            .map_err(|e| describe_error(ctx, e));
+        let settled = result.and_then(|v| settle(ctx, v));
+        clear_timers(ctx);
+        settled
+    }
+
+    pub fn on_message(&mut self, turn: TurnContext, msg: Message) -> Result<Reply, String> {
+        let context = self.context.clone();
+        context.with(|ctx| {
+            let body = message_body(&ctx, &msg)?;
+            let v = self.call(&ctx, "onMessage", &turn, body, true)?;
+            reply(&ctx, v)
+        })
+    }
+
+    pub fn on_alarm(&mut self, turn: TurnContext, alarm: Alarm) -> Result<(), String> {
+        let context = self.context.clone();
+        context.with(|ctx| {
+            let o = Object::new(ctx.clone()).map_err(|e| describe_error(&ctx, e))?;
+            let payload = parse_or_text(&ctx, &alarm.payload)?;
+            (|| -> rquickjs::Result<()> {
+                o.set("name", alarm.name)?;
+                o.set("payload", payload)?;
+                o.set("dueAt", alarm.due_at as f64)?;
+                Ok(())
+            })()
+            .map_err(|e| describe_error(&ctx, e))?;
+            self.call(&ctx, "onAlarm", &turn, o.into_value(), true)
+                .map(drop)
+        })
+    }
+
+    pub fn on_webhook(&mut self, turn: TurnContext, req: Webhook) -> Result<(), String> {
+        let context = self.context.clone();
+        context.with(|ctx| {
+            let o = Object::new(ctx.clone()).map_err(|e| describe_error(&ctx, e))?;
+            let body = parse_or_text(&ctx, &req.body)?;
+            (|| -> rquickjs::Result<()> {
+                let headers = Object::new(ctx.clone())?;
+                for (k, v) in req.headers {
+                    headers.set(k, v)?;
+                }
+                o.set("name", req.name)?;
+                o.set("headers", headers)?;
+                o.set("body", body)?;
+                Ok(())
+            })()
+            .map_err(|e| describe_error(&ctx, e))?;
+            self.call(&ctx, "onWebhook", &turn, o.into_value(), true)
+                .map(drop)
+        })
+    }
+
+    pub fn on_input(&mut self, turn: TurnContext, input: InputAnswer) -> Result<(), String> {
+        let context = self.context.clone();
+        context.with(|ctx| {
+            let o = Object::new(ctx.clone()).map_err(|e| describe_error(&ctx, e))?;
+            let response = if input.expired {
+                Value::new_undefined(ctx.clone())
+            } else {
+                parse_or_text(&ctx, &input.response)?
+            };
+            (|| -> rquickjs::Result<()> {
+                o.set("id", input.id)?;
+                o.set("kind", input.kind)?;
+                o.set("response", response)?;
+                o.set("expired", input.expired)?;
+                Ok(())
+            })()
+            .map_err(|e| describe_error(&ctx, e))?;
+            self.call(&ctx, "onInput", &turn, o.into_value(), true)
+                .map(drop)
+        })
+    }
+
+    pub fn on_upgrade(&mut self, turn: TurnContext, from: u32) -> Result<(), String> {
+        let context = self.context.clone();
+        context.with(|ctx| {
+            let from = Value::new_number(ctx.clone(), f64::from(from));
+            self.call(&ctx, "onUpgrade", &turn, from, false).map(drop)
+        })
+    }
+
+    /// Compile `source` as a module without running it.
+    pub fn check(&mut self, name: &str, source: &str) -> Result<(), String> {
+        let context = self.context.clone();
+        context.with(|ctx| {
+            Module::declare(ctx.clone(), name, source)
+                .map(drop)
+                .map_err(|e| describe_error(&ctx, e))
+        })
+    }
+
+    /// Run a script; its last expression (awaited if a promise) is the result.
+    pub fn eval(&mut self, code: &str) -> EvalOutcome {
+        CONSOLE.with(|c| {
+            *c.borrow_mut() = ConsoleSink::Eval {
+                lines: Vec::new(),
+                bytes: 0,
+                dropped: 0,
+            }
+        });
+        let context = self.context.clone();
+        let outcome: Result<Option<String>, String> = context.with(|ctx| {
+            let mut opts = script_options("eval.js");
+            opts.promise = true;
+            let v = ctx
+                .eval_with_options::<Value<'_>, _>(code, opts)
+                .map_err(|e| describe_error(&ctx, e))?;
+            // With top-level await the script's value arrives as `{ value }`.
+            let wrapped = settle(&ctx, v)?;
+            let value: Value<'_> = match wrapped.as_object() {
+                Some(o) => o.get("value").map_err(|e| describe_error(&ctx, e))?,
+                None => wrapped,
+            };
+            let value = settle(&ctx, value)?;
+            clear_timers(&ctx);
+            if value.is_undefined() {
+                return Ok(None);
+            }
+            let text = json_text(&ctx, value, "the script's result")?;
+            Ok(Some(text))
+        });
+        let (logs, dropped) =
+            CONSOLE.with(
+                |c| match std::mem::replace(&mut *c.borrow_mut(), ConsoleSink::Turn) {
+                    ConsoleSink::Eval { lines, dropped, .. } => (lines, dropped),
+                    ConsoleSink::Turn => (Vec::new(), 0),
+                },
+            );
+        let mut logs = logs;
+        if dropped > 0 {
+            logs.push(format!(
+                "[marmot] {dropped} console line(s) dropped: output is capped at {} lines / {} bytes",
+                host_api::MAX_EVAL_LOG_LINES,
+                host_api::MAX_EVAL_LOG_BYTES
+            ));
+        }
+        match outcome {
+            Ok(result) => EvalOutcome {
+                result,
+                logs,
+                error: None,
+            },
+            Err(error) => EvalOutcome {
+                result: None,
+                logs,
+                error: Some(error),
+            },
+        }
+    }
+}
+
+fn script_options(name: &str) -> EvalOptions {
+    let mut opts = EvalOptions::default();
+    opts.global = true;
+    opts.strict = false;
+    opts.backtrace_barrier = true;
+    opts.filename = Some(name.to_owned());
+    opts
+}
+
+fn turn_context<'js>(ctx: &Ctx<'js>, turn: &TurnContext) -> rquickjs::Result<Object<'js>> {
+    let o = Object::new(ctx.clone())?;
+    o.set("type", turn.actor_type.as_str())?;
+    o.set("id", turn.id.as_str())?;
+    o.set("version", turn.version)?;
+    o.set("messageId", turn.turn_id.as_str())?;
+    Ok(o)
+}
+
+/// The parsed JSON value when the request is JSON, else a string;
+/// `undefined` for an empty body. A body declared JSON must parse; one
+/// declared `text/plain` stays text; anything else (no content type, or
+/// curl's default form encoding) is JSON when it parses as JSON.
+fn message_body<'js>(ctx: &Ctx<'js>, msg: &Message) -> Result<Value<'js>, String> {
+    if msg.body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Value::new_undefined(ctx.clone()));
+    }
+    let is_json = msg.content_type.as_deref().and_then(|c| {
+        let c = c.to_ascii_lowercase();
+        if c.contains("json") {
+            Some(true)
+        } else if c.starts_with("text/plain") {
+            Some(false)
+        } else {
+            None
+        }
+    });
+    let text = String::from_utf8_lossy(&msg.body).into_owned();
+    match is_json {
+        Some(false) => text_value(ctx, text),
+        Some(true) => ctx.json_parse(text).map_err(|e| {
+            format!(
+                "the message body is not valid JSON: {}",
+                describe_error(ctx, e)
+            )
+        }),
+        None => match ctx.json_parse(text.clone()) {
+            Ok(v) => Ok(v),
+            Err(_) => {
+                let _ = ctx.catch();
+                text_value(ctx, text)
+            }
+        },
+    }
+}
+
+fn parse_or_text<'js>(ctx: &Ctx<'js>, bytes: &[u8]) -> Result<Value<'js>, String> {
+    let text = String::from_utf8_lossy(bytes).into_owned();
+    match ctx.json_parse(text.clone()) {
+        Ok(v) => Ok(v),
+        Err(_) => {
+            let _ = ctx.catch();
+            text_value(ctx, text)
+        }
+    }
+}
+
+fn text_value<'js>(ctx: &Ctx<'js>, text: String) -> Result<Value<'js>, String> {
+    rquickjs::String::from_str(ctx.clone(), &text)
+        .map(|s| s.into_value())
+        .map_err(|e| describe_error(ctx, e))
+}
+
+/// Strings reply as text; everything else as JSON.
+fn reply<'js>(ctx: &Ctx<'js>, v: Value<'js>) -> Result<Reply, String> {
+    if let Some(s) = v.as_string() {
+        let s = s.to_string().map_err(|e| describe_error(ctx, e))?;
+        if s.len() > MAX_RESULT_BYTES {
+            return Err(format!(
+                "the reply exceeds the limit of {MAX_RESULT_BYTES} bytes"
+            ));
+        }
+        return Ok(Reply {
+            status: 200,
+            body: s.into_bytes(),
+            content_type: Some("text/plain; charset=utf-8".into()),
+        });
+    }
+    let text = if v.is_undefined() {
+        "null".to_owned()
+    } else {
+        json_text(ctx, v, "the reply")?
+    };
+    Ok(Reply {
+        status: 200,
+        body: text.into_bytes(),
+        content_type: Some("application/json".into()),
+    })
+}
+
+fn json_text<'js>(ctx: &Ctx<'js>, v: Value<'js>, what: &str) -> Result<String, String> {
+    let text = match ctx.json_stringify(v) {
+        Ok(Some(s)) => s.to_string().map_err(|e| describe_error(ctx, e))?,
+        Ok(None) => {
+            return Err(format!(
+                "{what} is not JSON-serializable (a function or symbol?)"
+            ));
+        }
+        Err(e) => {
+            return Err(format!(
+                "{what} is not JSON-serializable: {}",
+                describe_error(ctx, e)
+            ));
+        }
+    };
+    if text.len() > MAX_RESULT_BYTES {
+        return Err(format!(
+            "{what} is {} bytes of JSON, over the limit of {MAX_RESULT_BYTES} bytes",
+            text.len()
+        ));
+    }
+    Ok(text)
+}
+
+/// Drive the job queue (and timers) until `v` — if it is a promise —
+/// settles; its value, or its rejection as an error.
+fn settle<'js>(ctx: &Ctx<'js>, v: Value<'js>) -> Result<Value<'js>, String> {
+    let Some(p) = v.as_promise().cloned() else {
+        return Ok(v);
+    };
+    loop {
+        run_jobs(ctx)?;
+        match p.state() {
+            PromiseState::Resolved => {
+                return p
+                    .result::<Value<'js>>()
+                    .expect("resolved")
+                    .map_err(|e| describe_error(ctx, e));
+            }
+            PromiseState::Rejected => {
+                return Err(match p.result::<Value<'js>>() {
+                    Some(Err(e)) => describe_error(ctx, e),
+                    _ => "the promise was rejected".to_owned(),
+                });
+            }
+            PromiseState::Pending => {
+                let next = timer_delay(ctx)?;
+                if next < 0.0 {
+                    return Err(
+                        "the handler's promise never settles: it waits for something \
+                                that cannot happen within the turn"
+                            .to_owned(),
+                    );
+                }
+                if next > 0.0 {
+                    std::thread::sleep(Duration::from_secs_f64(next / 1000.0));
+                }
+                fire_timers(ctx)?;
+            }
+        }
+    }
+}
+
+fn run_jobs(ctx: &Ctx<'_>) -> Result<(), String> {
+    while ctx.execute_pending_job() {}
+    Ok(())
+}
+
+fn timers<'js>(ctx: &Ctx<'js>) -> Result<Object<'js>, String> {
+    ctx.globals()
+        .get::<_, Object<'js>>("__marmot_timers")
+        .map_err(|e| describe_error(ctx, e))
+}
+
+fn timer_delay(ctx: &Ctx<'_>) -> Result<f64, String> {
+    let next: Function<'_> = timers(ctx)?
+        .get("next")
+        .map_err(|e| describe_error(ctx, e))?;
+    next.call::<_, f64>(()).map_err(|e| describe_error(ctx, e))
+}
+
+fn fire_timers(ctx: &Ctx<'_>) -> Result<(), String> {
+    let fire: Function<'_> = timers(ctx)?
+        .get("fire")
+        .map_err(|e| describe_error(ctx, e))?;
+    fire.call::<_, ()>(()).map_err(|e| describe_error(ctx, e))
+}
+
+fn clear_timers(ctx: &Ctx<'_>) {
+    if let Ok(t) = timers(ctx)
+        && let Ok(clear) = t.get::<_, Function<'_>>("clear")
+    {
+        let _ = clear.call::<_, ()>(());
+    }
+}
+
+/// A JavaScript error as one message: `Name: message` plus the stack.
+pub fn describe_error(ctx: &Ctx<'_>, e: rquickjs::Error) -> String {
+    if !e.is_exception() {
+        return e.to_string();
+    }
+    let v = ctx.catch();
+    describe_value(&v)
+}
+
+fn describe_value(v: &Value<'_>) -> String {
+    if let Some(ex) = v.as_exception() {
+        let name: String = ex
+            .get::<_, Option<String>>("name")
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| "Error".into());
+        let message = ex.message().unwrap_or_default();
+        let stack = ex.stack().unwrap_or_default();
+        let head = if message.is_empty() {
+            name
+        } else {
+            format!("{name}: {message}")
+        };
+        return if stack.trim().is_empty() {
+            head
+        } else {
+            format!("{head}\n{}", stack.trim_end())
+        };
+    }
+    if let Some(s) = v.as_string() {
+        return format!("Uncaught {}", s.to_string().unwrap_or_default());
+    }
+    format!("Uncaught {}", v.type_name())
+}

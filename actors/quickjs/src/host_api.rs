@@ -1,0 +1,391 @@
+//! The native half of the `marmot` API: functions on `__marmot_host` that
+//! the prelude wraps (JSON encoding, argument checks) and then hides.
+//!
+//! Each function calls one `marmot:actor` import. Errors the host reports
+//! become JavaScript exceptions whose message names the capability.
+
+use std::cell::RefCell;
+use std::time::Instant;
+
+use rquickjs::function::Opt;
+use rquickjs::{Array, Ctx, Exception, Function, Object, Result, TypedArray};
+
+use crate::bindings::marmot::actor::types::Error as HostError;
+use crate::bindings::marmot::actor::{actors, alarms, events, files, inputs, log, state};
+
+/// Where `console` output goes.
+pub enum ConsoleSink {
+    /// A turn: into the node's log through the `log` import.
+    Turn,
+    /// An eval: collected and returned with the result.
+    Eval {
+        /// Lines kept.
+        lines: Vec<String>,
+        /// Bytes kept.
+        bytes: usize,
+        /// Lines dropped for lack of room.
+        dropped: usize,
+    },
+}
+
+/// Most console bytes an eval keeps (PRODUCT.md §7: 1 MiB of output).
+pub const MAX_EVAL_LOG_BYTES: usize = 1 << 20;
+/// Most console lines an eval keeps.
+pub const MAX_EVAL_LOG_LINES: usize = 1000;
+
+thread_local! {
+    pub static CONSOLE: RefCell<ConsoleSink> = const { RefCell::new(ConsoleSink::Turn) };
+    static EPOCH: RefCell<Option<Instant>> = const { RefCell::new(None) };
+}
+
+fn now_ms() -> f64 {
+    EPOCH.with(|e| {
+        let start = *e.borrow_mut().get_or_insert_with(Instant::now);
+        start.elapsed().as_secs_f64() * 1000.0
+    })
+}
+
+fn describe(e: HostError) -> String {
+    match e {
+        HostError::Unsupported(m) => format!("unsupported: {m}"),
+        HostError::Invalid(m) => format!("invalid argument: {m}"),
+        HostError::LimitExceeded(m) => format!("limit exceeded: {m}"),
+        HostError::Denied(m) => format!("denied: {m}"),
+        HostError::NotFound(m) => format!("not found: {m}"),
+        HostError::Internal(m) => format!("host error: {m}"),
+    }
+}
+
+fn throw<T>(ctx: &Ctx<'_>, what: &str, e: HostError) -> Result<T> {
+    Err(Exception::throw_message(
+        ctx,
+        &format!("{what}: {}", describe(e)),
+    ))
+}
+
+fn text(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+fn level(name: &str) -> log::Level {
+    match name {
+        "debug" => log::Level::Debug,
+        "warn" => log::Level::Warn,
+        "error" => log::Level::Error,
+        _ => log::Level::Info,
+    }
+}
+
+/// Install `globalThis.__marmot_host`.
+pub fn install(ctx: &Ctx<'_>) -> Result<()> {
+    let h = Object::new(ctx.clone())?;
+
+    h.set(
+        "stateGet",
+        Function::new(ctx.clone(), |key: String| -> Option<String> {
+            state::get(&key).map(text)
+        })?,
+    )?;
+    h.set(
+        "stateSet",
+        Function::new(
+            ctx.clone(),
+            |ctx: Ctx<'_>, key: String, json: String| match state::set(&key, json.as_bytes()) {
+                Ok(()) => Ok(()),
+                Err(e) => throw(&ctx, "state.set", e),
+            },
+        )?,
+    )?;
+    h.set(
+        "stateDelete",
+        Function::new(ctx.clone(), |key: String| state::delete(&key))?,
+    )?;
+    h.set("stateList", Function::new(ctx.clone(), state_list)?)?;
+    h.set(
+        "emit",
+        Function::new(
+            ctx.clone(),
+            |ctx: Ctx<'_>, kind: String, json: String| match events::emit(&kind, json.as_bytes()) {
+                Ok(seq) => Ok(seq as f64),
+                Err(e) => throw(&ctx, "events.emit", e),
+            },
+        )?,
+    )?;
+    h.set(
+        "log",
+        Function::new(
+            ctx.clone(),
+            |lvl: String, msg: String, fields: Vec<Vec<String>>| {
+                let fields: Vec<(String, String)> = fields
+                    .into_iter()
+                    .filter_map(|mut kv| {
+                        let v = kv.pop()?;
+                        let k = kv.pop()?;
+                        Some((k, v))
+                    })
+                    .collect();
+                log::log(level(&lvl), &msg, &fields);
+            },
+        )?,
+    )?;
+    h.set(
+        "console",
+        Function::new(ctx.clone(), |lvl: String, line: String| {
+            CONSOLE.with(|c| match &mut *c.borrow_mut() {
+                ConsoleSink::Turn => log::log(level(&lvl), &line, &[]),
+                ConsoleSink::Eval {
+                    lines,
+                    bytes,
+                    dropped,
+                } => {
+                    if lines.len() >= MAX_EVAL_LOG_LINES || *bytes + line.len() > MAX_EVAL_LOG_BYTES
+                    {
+                        *dropped += 1;
+                    } else {
+                        *bytes += line.len();
+                        lines.push(line);
+                    }
+                }
+            });
+        })?,
+    )?;
+    h.set(
+        "alarmsSet",
+        Function::new(
+            ctx.clone(),
+            |ctx: Ctx<'_>,
+             name: String,
+             kind: String,
+             number: f64,
+             expr: Opt<String>,
+             tz: Opt<String>,
+             payload: String| {
+                let schedule = match kind.as_str() {
+                    "at" => alarms::Schedule::At(number.max(0.0) as u64),
+                    "after" => alarms::Schedule::After(number.max(0.0) as u64),
+                    _ => alarms::Schedule::Cron(alarms::Cron {
+                        expr: expr.0.unwrap_or_default(),
+                        tz: tz.0,
+                    }),
+                };
+                match alarms::set(&name, &schedule, payload.as_bytes()) {
+                    Ok(()) => Ok(()),
+                    Err(e) => throw(&ctx, "alarms.set", e),
+                }
+            },
+        )?,
+    )?;
+    h.set(
+        "alarmsCancel",
+        Function::new(
+            ctx.clone(),
+            |ctx: Ctx<'_>, name: String| match alarms::cancel(&name) {
+                Ok(b) => Ok(b),
+                Err(e) => throw(&ctx, "alarms.cancel", e),
+            },
+        )?,
+    )?;
+    h.set(
+        "alarmsList",
+        Function::new(ctx.clone(), |ctx: Ctx<'_>| match alarms::list() {
+            Ok(list) => {
+                let items: Vec<String> = list
+                    .into_iter()
+                    .map(|a| {
+                        let schedule = match a.schedule {
+                            alarms::Schedule::At(t) => format!("{{\"at\":{t}}}"),
+                            alarms::Schedule::After(t) => format!("{{\"after\":{t}}}"),
+                            alarms::Schedule::Cron(c) => format!(
+                                "{{\"cron\":{},\"tz\":{}}}",
+                                json_string(&c.expr),
+                                c.tz.as_deref().map_or("null".into(), json_string)
+                            ),
+                        };
+                        format!(
+                            "{{\"name\":{},\"schedule\":{schedule},\"nextDue\":{},\"payload\":{}}}",
+                            json_string(&a.name),
+                            a.next_due,
+                            json_string(&text(a.payload))
+                        )
+                    })
+                    .collect();
+                Ok(format!("[{}]", items.join(",")))
+            }
+            Err(e) => throw(&ctx, "alarms.list", e),
+        })?,
+    )?;
+    h.set(
+        "inputsRequest",
+        Function::new(
+            ctx.clone(),
+            |ctx: Ctx<'_>, kind: String, prompt: String, schema: Opt<String>, expires: Opt<f64>| {
+                let req = inputs::InputRequest {
+                    kind,
+                    prompt,
+                    schema: schema.0,
+                    expires_in_ms: expires.0.map(|e| e.max(0.0) as u64),
+                };
+                match inputs::request(&req) {
+                    Ok(id) => Ok(id),
+                    Err(e) => throw(&ctx, "inputs.request", e),
+                }
+            },
+        )?,
+    )?;
+    h.set(
+        "actorsCall",
+        Function::new(
+            ctx.clone(),
+            |ctx: Ctx<'_>, ty: String, id: String, body: String| match actors::call(
+                &ty,
+                &id,
+                body.as_bytes(),
+            ) {
+                Ok(reply) => Ok(text(reply.body)),
+                Err(e) => throw(&ctx, "actors.call", e),
+            },
+        )?,
+    )?;
+    h.set(
+        "actorsSend",
+        Function::new(
+            ctx.clone(),
+            |ctx: Ctx<'_>, ty: String, id: String, body: String| match actors::send(
+                &ty,
+                &id,
+                body.as_bytes(),
+            ) {
+                Ok(()) => Ok(()),
+                Err(e) => throw(&ctx, "actors.send", e),
+            },
+        )?,
+    )?;
+    h.set(
+        "filesRead",
+        Function::new(
+            ctx.clone(),
+            |ctx: Ctx<'_>, path: String| match files::read(&path) {
+                Ok(b) => Ok(text(b)),
+                Err(e) => throw(&ctx, "files.read", e),
+            },
+        )?,
+    )?;
+    h.set(
+        "filesWrite",
+        Function::new(
+            ctx.clone(),
+            |ctx: Ctx<'_>, path: String, data: String| match files::write(&path, data.as_bytes()) {
+                Ok(()) => Ok(()),
+                Err(e) => throw(&ctx, "files.write", e),
+            },
+        )?,
+    )?;
+    h.set(
+        "filesList",
+        Function::new(
+            ctx.clone(),
+            |ctx: Ctx<'_>, prefix: String| match files::list(&prefix) {
+                Ok(list) => {
+                    let items: Vec<String> = list
+                        .iter()
+                        .map(|f| {
+                            format!(
+                                "{{\"path\":{},\"size\":{},\"modifiedAt\":{}}}",
+                                json_string(&f.path),
+                                f.size,
+                                f.modified_at
+                            )
+                        })
+                        .collect();
+                    Ok(format!("[{}]", items.join(",")))
+                }
+                Err(e) => throw(&ctx, "files.list", e),
+            },
+        )?,
+    )?;
+    h.set(
+        "filesDelete",
+        Function::new(
+            ctx.clone(),
+            |ctx: Ctx<'_>, path: String| match files::delete(&path) {
+                Ok(b) => Ok(b),
+                Err(e) => throw(&ctx, "files.delete", e),
+            },
+        )?,
+    )?;
+    h.set("now", Function::new(ctx.clone(), now_ms)?)?;
+    h.set("randomBytes", Function::new(ctx.clone(), random_bytes)?)?;
+    h.set("utf8Encode", Function::new(ctx.clone(), utf8_encode)?)?;
+    h.set(
+        "utf8Decode",
+        Function::new(
+            ctx.clone(),
+            |ctx: Ctx<'_>, view: TypedArray<'_, u8>, fatal: bool| -> Result<String> {
+                // SAFETY: the bytes are copied at once; no JavaScript runs
+                // while the borrowed slice is alive.
+                #[allow(unsafe_code, reason = "copying a Uint8Array's bytes")]
+                let bytes = unsafe { view.as_bytes() }
+                    .map(<[u8]>::to_vec)
+                    .unwrap_or_default();
+                match String::from_utf8(bytes) {
+                    Ok(s) => Ok(s),
+                    Err(_) if fatal => Err(Exception::throw_type(
+                        &ctx,
+                        "TextDecoder: the input is not valid UTF-8",
+                    )),
+                    Err(e) => Ok(String::from_utf8_lossy(e.as_bytes()).into_owned()),
+                }
+            },
+        )?,
+    )?;
+
+    ctx.globals().set("__marmot_host", h)?;
+    Ok(())
+}
+
+fn state_list<'js>(
+    ctx: Ctx<'js>,
+    prefix: String,
+    after: Opt<String>,
+    limit: u32,
+) -> Result<Array<'js>> {
+    let page = state::list(&prefix, after.0.as_deref(), limit);
+    let out = Array::new(ctx.clone())?;
+    for (i, (k, v)) in page.into_iter().enumerate() {
+        let pair = Array::new(ctx.clone())?;
+        pair.set(0, k)?;
+        pair.set(1, text(v))?;
+        out.set(i, pair)?;
+    }
+    Ok(out)
+}
+
+fn random_bytes<'js>(ctx: Ctx<'js>, n: usize) -> Result<TypedArray<'js, u8>> {
+    let mut buf = vec![0u8; n.min(65536)];
+    getrandom::fill(&mut buf)
+        .map_err(|e| Exception::throw_message(&ctx, &format!("crypto: {e}")))?;
+    TypedArray::new(ctx, buf)
+}
+
+fn utf8_encode<'js>(ctx: Ctx<'js>, s: String) -> Result<TypedArray<'js, u8>> {
+    TypedArray::new(ctx, s.into_bytes())
+}
+
+/// `s` as a JSON string literal.
+pub fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}

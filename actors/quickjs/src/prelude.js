@@ -1,0 +1,252 @@
+// Marmot's JavaScript prelude: runs once when the engine starts (and is
+// captured in the pre-initialized snapshot), before any user code.
+//
+// The host hands over a few native functions on `globalThis.__marmot_host`;
+// this file builds the public API from them, captures the built-ins it
+// relies on (so user code that replaces `JSON` or patches prototypes cannot
+// break the host's encoding), then removes the native handle.
+(() => {
+  "use strict";
+  const host = globalThis.__marmot_host;
+  delete globalThis.__marmot_host;
+
+  const parse = JSON.parse;
+  const stringify = JSON.stringify;
+  const freeze = Object.freeze;
+  const defineProperty = Object.defineProperty;
+  const isArray = Array.isArray;
+  const StringCtor = String;
+  const ErrorCtor = Error;
+  const TypeErrorCtor = TypeError;
+
+  const toJson = (value, what) => {
+    if (value === undefined) {
+      throw new TypeErrorCtor(`${what}: undefined cannot be stored; use null or delete the key`);
+    }
+    let text;
+    try {
+      text = stringify(value);
+    } catch (e) {
+      throw new TypeErrorCtor(`${what}: value is not JSON-serializable (${e && e.message})`);
+    }
+    if (text === undefined) {
+      throw new TypeErrorCtor(`${what}: value is not JSON-serializable`);
+    }
+    return text;
+  };
+  const fromStored = (text) => {
+    if (text === undefined || text === null) return undefined;
+    try {
+      return parse(text);
+    } catch (_) {
+      return text;
+    }
+  };
+  const key = (k, what) => {
+    if (typeof k !== "string") throw new TypeErrorCtor(`${what}: key must be a string`);
+    return k;
+  };
+
+  const state = freeze({
+    get(k) {
+      return fromStored(host.stateGet(key(k, "state.get")));
+    },
+    set(k, value) {
+      host.stateSet(key(k, "state.set"), toJson(value, "state.set"));
+    },
+    delete(k) {
+      return host.stateDelete(key(k, "state.delete"));
+    },
+    list(prefix = "") {
+      const out = [];
+      let after = undefined;
+      for (;;) {
+        const page = host.stateList(key(prefix, "state.list"), after, 256);
+        for (const [k, v] of page) out.push([k, fromStored(v)]);
+        if (page.length < 256) return out;
+        after = page[page.length - 1][0];
+      }
+    },
+  });
+
+  const events = freeze({
+    emit(kind, data = null) {
+      return host.emit(StringCtor(kind), toJson(data, "events.emit"));
+    },
+  });
+
+  const fields = (f) => {
+    if (f === undefined || f === null) return [];
+    if (typeof f !== "object") throw new TypeErrorCtor("log: fields must be an object");
+    return Object.entries(f).map(([k, v]) => [k, typeof v === "string" ? v : toJson(v, "log fields")]);
+  };
+  const log = freeze({
+    debug: (msg, f) => host.log("debug", StringCtor(msg), fields(f)),
+    info: (msg, f) => host.log("info", StringCtor(msg), fields(f)),
+    warn: (msg, f) => host.log("warn", StringCtor(msg), fields(f)),
+    error: (msg, f) => host.log("error", StringCtor(msg), fields(f)),
+  });
+
+  const alarms = freeze({
+    // spec: { at: epochMs } | { after: ms } | { cron: "…", tz: "Europe/Berlin" }, plus payload.
+    set(name, spec = {}) {
+      if (spec === null || typeof spec !== "object") throw new TypeErrorCtor("alarms.set: spec must be an object");
+      const payload = toJson(spec.payload === undefined ? null : spec.payload, "alarms.set payload");
+      if (spec.cron !== undefined) {
+        return host.alarmsSet(StringCtor(name), "cron", 0, StringCtor(spec.cron), spec.tz === undefined ? undefined : StringCtor(spec.tz), payload);
+      }
+      if (spec.at !== undefined) return host.alarmsSet(StringCtor(name), "at", +spec.at, undefined, undefined, payload);
+      if (spec.after !== undefined) return host.alarmsSet(StringCtor(name), "after", +spec.after, undefined, undefined, payload);
+      throw new TypeErrorCtor("alarms.set: give one of at, after or cron");
+    },
+    cancel(name) {
+      return host.alarmsCancel(StringCtor(name));
+    },
+    list() {
+      return parse(host.alarmsList()).map((a) => ({ ...a, payload: fromStored(a.payload) }));
+    },
+  });
+
+  const inputs = freeze({
+    request(req = {}) {
+      if (req === null || typeof req !== "object") throw new TypeErrorCtor("inputs.request: expected an object");
+      const schema = req.schema === undefined ? undefined : toJson(req.schema, "inputs.request schema");
+      const expires = req.expiresInMs === undefined ? undefined : +req.expiresInMs;
+      return host.inputsRequest(StringCtor(req.kind ?? ""), StringCtor(req.prompt ?? ""), schema, expires);
+    },
+  });
+
+  const body = (b) => (typeof b === "string" ? b : toJson(b === undefined ? null : b, "message"));
+  const actors = freeze({
+    async call(type, id, message) {
+      return fromStored(host.actorsCall(StringCtor(type), StringCtor(id), body(message)));
+    },
+    send(type, id, message) {
+      host.actorsSend(StringCtor(type), StringCtor(id), body(message));
+    },
+  });
+
+  const files = freeze({
+    read: (path) => host.filesRead(StringCtor(path)),
+    write: (path, data) => host.filesWrite(StringCtor(path), typeof data === "string" ? data : toJson(data, "files.write")),
+    list: (prefix = "") => parse(host.filesList(StringCtor(prefix))),
+    delete: (path) => host.filesDelete(StringCtor(path)),
+  });
+
+  const marmot = freeze({ state, events, alarms, inputs, actors, files, log });
+  defineProperty(globalThis, "marmot", { value: marmot, enumerable: false });
+  defineProperty(globalThis, "__marmot_module", { value: marmot, enumerable: false });
+
+  // console: captured by the host (the turn's logs, or eval's `logs`).
+  const show = (v) => {
+    if (typeof v === "string") return v;
+    if (v instanceof ErrorCtor) return v.stack ? `${v.name}: ${v.message}\n${v.stack}` : `${v.name}: ${v.message}`;
+    if (typeof v === "function") return `[Function ${v.name || "anonymous"}]`;
+    if (typeof v === "bigint") return `${v}n`;
+    if (typeof v === "symbol") return v.toString();
+    try {
+      const t = stringify(v);
+      return t === undefined ? StringCtor(v) : t;
+    } catch (_) {
+      return StringCtor(v);
+    }
+  };
+  const line = (args) => args.map(show).join(" ");
+  const consoleObj = {
+    log: (...a) => host.console("info", line(a)),
+    info: (...a) => host.console("info", line(a)),
+    debug: (...a) => host.console("debug", line(a)),
+    warn: (...a) => host.console("warn", line(a)),
+    error: (...a) => host.console("error", line(a)),
+  };
+  defineProperty(globalThis, "console", { value: freeze(consoleObj), writable: true, configurable: true });
+
+  // setTimeout within a turn: timers run while the turn waits for its
+  // promise; whatever is still pending when the turn ends is dropped.
+  let nextTimer = 1;
+  const timers = new Map();
+  globalThis.setTimeout = (fn, ms = 0, ...args) => {
+    if (typeof fn !== "function") throw new TypeErrorCtor("setTimeout: callback must be a function");
+    const id = nextTimer++;
+    timers.set(id, { due: host.now() + Math.max(0, +ms || 0), fn, args });
+    return id;
+  };
+  globalThis.clearTimeout = (id) => {
+    timers.delete(id);
+  };
+  defineProperty(globalThis, "__marmot_timers", {
+    value: freeze({
+      // Milliseconds until the earliest timer is due, or -1 if none.
+      next() {
+        let best = -1;
+        const now = host.now();
+        for (const t of timers.values()) {
+          const d = Math.max(0, t.due - now);
+          if (best < 0 || d < best) best = d;
+        }
+        return best;
+      },
+      // Run every timer that is due.
+      fire() {
+        const now = host.now();
+        for (const [id, t] of [...timers.entries()]) {
+          if (t.due <= now) {
+            timers.delete(id);
+            t.fn(...t.args);
+          }
+        }
+      },
+      clear() {
+        timers.clear();
+      },
+    }),
+    enumerable: false,
+  });
+
+  // crypto.getRandomValues from WASI random.
+  const getRandomValues = (array) => {
+    if (!ArrayBuffer.isView(array) || array instanceof Float32Array || array instanceof Float64Array) {
+      throw new TypeErrorCtor("crypto.getRandomValues: expected an integer TypedArray");
+    }
+    if (array.byteLength > 65536) {
+      throw new ErrorCtor("crypto.getRandomValues: at most 65536 bytes per call");
+    }
+    new Uint8Array(array.buffer, array.byteOffset, array.byteLength).set(host.randomBytes(array.byteLength));
+    return array;
+  };
+  defineProperty(globalThis, "crypto", { value: freeze({ getRandomValues }), writable: true, configurable: true });
+
+  // TextEncoder / TextDecoder (UTF-8).
+  class TextEncoder {
+    get encoding() {
+      return "utf-8";
+    }
+    encode(s = "") {
+      return host.utf8Encode(StringCtor(s));
+    }
+  }
+  class TextDecoder {
+    constructor(label = "utf-8", options = {}) {
+      const l = StringCtor(label).toLowerCase();
+      if (l !== "utf-8" && l !== "utf8") throw new RangeError(`TextDecoder: unsupported encoding ${label}`);
+      this.fatal = !!(options && options.fatal);
+    }
+    get encoding() {
+      return "utf-8";
+    }
+    decode(bytes = new Uint8Array(0)) {
+      let view;
+      if (bytes instanceof ArrayBuffer) view = new Uint8Array(bytes);
+      else if (ArrayBuffer.isView(bytes)) view = new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+      else throw new TypeErrorCtor("TextDecoder.decode: expected a BufferSource");
+      return host.utf8Decode(view, this.fatal);
+    }
+  }
+  globalThis.TextEncoder = TextEncoder;
+  globalThis.TextDecoder = TextDecoder;
+
+  // No way out of the sandbox through the engine itself.
+  delete globalThis.WebAssembly;
+  delete globalThis.SharedArrayBuffer;
+  delete globalThis.Atomics;
+})();
