@@ -18,8 +18,12 @@ use serde::{Deserialize, Serialize};
 pub struct NodeConfig {
     /// Address the HTTP API listens on.
     pub listen: SocketAddr,
-    /// Directory holding the database and the compiled-code cache.
+    /// Directory holding the database (and, by default, the compiled-code
+    /// cache).
     pub data_dir: PathBuf,
+    /// Compiled-code cache; `<data_dir>/cache` when unset. Several nodes
+    /// may share one.
+    pub cache_dir: Option<PathBuf>,
     /// Bearer token required on every API call except health checks. `None`
     /// turns authentication off, which only `marmot dev` on loopback allows.
     pub admin_token: Option<String>,
@@ -38,6 +42,7 @@ impl Default for NodeConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 7878)),
             data_dir: PathBuf::from(".marmot"),
+            cache_dir: None,
             admin_token: None,
             limits: Limits::default(),
             defaults: TypeDefaults::default(),

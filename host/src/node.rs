@@ -169,7 +169,10 @@ impl Node {
             max_instances: max_active + max_active / 10 + 64,
             max_memory_bytes: config.limits.max_guest_memory_bytes,
             tick: Duration::from_millis(10),
-            cache_dir: config.data_dir.join("cache"),
+            cache_dir: config
+                .cache_dir
+                .clone()
+                .unwrap_or_else(|| config.data_dir.join("cache")),
             output_capacity: 64 << 10,
             fault_abort_marker,
         })?;

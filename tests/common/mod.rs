@@ -26,6 +26,13 @@ pub struct Marmot {
     config: Option<PathBuf>,
 }
 
+/// The compiled-code cache shared by the test run's nodes.
+pub fn shared_cache_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("marmot-code-cache");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -88,6 +95,9 @@ impl Marmot {
             .arg("--data")
             .arg(&self.data)
             .env("MARMOT_LOG", "info,marmot=debug")
+            // One compiled-code cache for every node of the test run: the
+            // JavaScript engine is snapshotted and compiled once, not per test.
+            .env("MARMOT_CACHE_DIR", shared_cache_dir())
             .stdout(Stdio::null())
             .stderr(log);
         if let Some(c) = &self.config {

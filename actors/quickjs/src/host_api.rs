@@ -7,7 +7,6 @@
 use std::cell::RefCell;
 use std::time::Instant;
 
-use rquickjs::function::Opt;
 use rquickjs::{Array, Ctx, Exception, Function, Object, Result, TypedArray};
 
 use crate::bindings::marmot::actor::types::Error as HostError;
@@ -157,15 +156,15 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
              name: String,
              kind: String,
              number: f64,
-             expr: Opt<String>,
-             tz: Opt<String>,
+             expr: Option<String>,
+             tz: Option<String>,
              payload: String| {
                 let schedule = match kind.as_str() {
                     "at" => alarms::Schedule::At(number.max(0.0) as u64),
                     "after" => alarms::Schedule::After(number.max(0.0) as u64),
                     _ => alarms::Schedule::Cron(alarms::Cron {
-                        expr: expr.0.unwrap_or_default(),
-                        tz: tz.0,
+                        expr: expr.unwrap_or_default(),
+                        tz,
                     }),
                 };
                 match alarms::set(&name, &schedule, payload.as_bytes()) {
@@ -218,12 +217,16 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
         "inputsRequest",
         Function::new(
             ctx.clone(),
-            |ctx: Ctx<'_>, kind: String, prompt: String, schema: Opt<String>, expires: Opt<f64>| {
+            |ctx: Ctx<'_>,
+             kind: String,
+             prompt: String,
+             schema: Option<String>,
+             expires: Option<f64>| {
                 let req = inputs::InputRequest {
                     kind,
                     prompt,
-                    schema: schema.0,
-                    expires_in_ms: expires.0.map(|e| e.max(0.0) as u64),
+                    schema,
+                    expires_in_ms: expires.map(|e| e.max(0.0) as u64),
                 };
                 match inputs::request(&req) {
                     Ok(id) => Ok(id),
@@ -315,6 +318,16 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
     )?;
     h.set("now", Function::new(ctx.clone(), now_ms)?)?;
     h.set("randomBytes", Function::new(ctx.clone(), random_bytes)?)?;
+    h.set(
+        "randomFloat",
+        Function::new(ctx.clone(), || {
+            let mut b = [0u8; 8];
+            // WASI random never fails in practice; fall back to a constant
+            // rather than throwing from Math.random.
+            let _ = getrandom::fill(&mut b);
+            (u64::from_le_bytes(b) >> 11) as f64 / (1u64 << 53) as f64
+        })?,
+    )?;
     h.set("utf8Encode", Function::new(ctx.clone(), utf8_encode)?)?;
     h.set(
         "utf8Decode",
@@ -346,10 +359,10 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
 fn state_list<'js>(
     ctx: Ctx<'js>,
     prefix: String,
-    after: Opt<String>,
+    after: Option<String>,
     limit: u32,
 ) -> Result<Array<'js>> {
-    let page = state::list(&prefix, after.0.as_deref(), limit);
+    let page = state::list(&prefix, after.as_deref(), limit);
     let out = Array::new(ctx.clone())?;
     for (i, (k, v)) in page.into_iter().enumerate() {
         let pair = Array::new(ctx.clone())?;

@@ -245,6 +245,11 @@
   globalThis.TextEncoder = TextEncoder;
   globalThis.TextDecoder = TextDecoder;
 
+  // Math.random from WASI random: the engine is snapshotted after start-up,
+  // so QuickJS's own seed would be the same in every sandbox.
+  const randomFloat = host.randomFloat;
+  defineProperty(Math, "random", { value: () => randomFloat(), writable: true, configurable: true });
+
   // No way out of the sandbox through the engine itself.
   delete globalThis.WebAssembly;
   delete globalThis.SharedArrayBuffer;

@@ -22,6 +22,9 @@ pub struct DevArgs {
     /// Config file (TOML) for limits and defaults; auth stays off.
     #[arg(long, env = "MARMOT_CONFIG")]
     config: Option<PathBuf>,
+    /// Compiled-code cache (default: <data>/cache).
+    #[arg(long, env = "MARMOT_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
     /// Do not deploy the example actors.
     #[arg(long)]
     no_examples: bool,
@@ -39,6 +42,9 @@ pub struct ServeArgs {
     /// Data directory (overrides the config file).
     #[arg(long = "data", env = "MARMOT_DATA_DIR")]
     data: Option<PathBuf>,
+    /// Compiled-code cache (overrides the config file).
+    #[arg(long, env = "MARMOT_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
 }
 
 pub(super) async fn dev(args: DevArgs) -> anyhow::Result<()> {
@@ -57,6 +63,7 @@ pub(super) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     let config = NodeConfig {
         listen,
         data_dir: args.data,
+        cache_dir: args.cache_dir.or(base.cache_dir.clone()),
         admin_token: None,
         ..base
     };
@@ -96,6 +103,9 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(d) = args.data {
         config.data_dir = d;
+    }
+    if let Some(c) = args.cache_dir {
+        config.cache_dir = Some(c);
     }
     if let Ok(t) = std::env::var("MARMOT_ADMIN_TOKEN")
         && !t.is_empty()

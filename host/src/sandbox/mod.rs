@@ -15,6 +15,7 @@ pub mod bindings;
 mod caps;
 pub mod host;
 pub mod output;
+mod snapshot;
 pub mod turn;
 
 use std::hash::{Hash, Hasher};
@@ -202,15 +203,30 @@ impl Sandbox {
         Ok(Prepared { pre, handlers, js })
     }
 
-    /// The built-in JavaScript engine, compiled (or loaded from the cache)
-    /// on first use. Blocking: call from a blocking thread.
+    /// The built-in JavaScript engine, pre-initialized with Wizer and
+    /// compiled (or loaded from the cache) on first use. Blocking: call from
+    /// a blocking thread inside the tokio runtime.
     pub fn js_engine(&self) -> Result<Arc<Prepared>, CodeError> {
         let mut slot = self.js_engine.lock().expect("js engine lock");
         if let Some(p) = &*slot {
             return Ok(p.clone());
         }
         let started = std::time::Instant::now();
-        let prepared = Arc::new(self.prepare(crate::guests::QUICKJS)?);
+        let host = Host::new(
+            &crate::config::TypeConfig::default().resolve(&Default::default(), true),
+            self.tick_ms,
+            self.config.output_capacity,
+            None,
+        );
+        let snapshot = tokio::runtime::Handle::current().block_on(snapshot::snapshot(
+            &self.engine,
+            &self.linker,
+            host,
+            crate::guests::QUICKJS,
+            &self.config.cache_dir,
+            &self.engine_hash,
+        ))?;
+        let prepared = Arc::new(self.prepare(&snapshot)?);
         if !prepared.is_js_engine() {
             return Err(CodeError::WrongWorld(
                 "the built-in JavaScript engine does not export js-runtime".into(),

@@ -1,0 +1,553 @@
+//! JavaScript actors and `POST …/eval` on the built-in QuickJS engine, with
+//! hostile code: every attack must end in bounded time with a clear error,
+//! commit nothing, and leave the node and its other actors serving.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Api, Marmot, Resp, tempdir};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+const COUNTER_JS: &str = r#"
+import { state, events, log } from "marmot";
+
+export default {
+  async onMessage(body, ctx) {
+    if (body === "ping") return "pong";
+    if (body?.op === "throw") {
+      state.set("n", -1);
+      throw new Error("boom: " + ctx.id);
+    }
+    if (body?.op === "bigint") return { big: 10n };
+    if (body?.op === "nothing") return undefined;
+    if (body?.op === "alarm") {
+      try {
+        alarms.set("x", { after: 10 });
+      } catch (e) {
+        return { error: String(e.message ?? e) };
+      }
+    }
+    const n = (state.get("n") ?? 0) + (body?.by ?? 1);
+    state.set("n", n);
+    events.emit("counted", { n });
+    log.info("counted", { n });
+    console.log("counter", ctx.type, ctx.id, n);
+    return { n, id: ctx.id, version: ctx.version };
+  },
+  onUpgrade(from) {
+    const log = state.get("upgrades") ?? [];
+    log.push(from);
+    state.set("upgrades", log);
+  },
+};
+import { alarms } from "marmot";
+"#;
+
+async fn deploy_js(api: &Api, ty: &str, source: &str) -> Resp {
+    api.req(
+        Method::PUT,
+        &format!("/v1/types/{ty}"),
+        Some(("text/javascript", source.as_bytes().to_vec())),
+        &[],
+    )
+    .await
+}
+
+async fn eval(api: &Api, ty: &str, id: &str, code: &str) -> Resp {
+    api.req(
+        Method::POST,
+        &format!("/v1/actors/{ty}/{id}/eval"),
+        Some(("text/javascript", code.as_bytes().to_vec())),
+        &[],
+    )
+    .await
+}
+
+async fn node(config: Option<&str>) -> (tempfile::TempDir, Marmot, Api) {
+    let dir = tempdir();
+    let m = Marmot::start_opts(&dir.path().join("data"), &[], config).await;
+    let api = m.client();
+    (dir, m, api)
+}
+
+#[tokio::test]
+async fn javascript_actors_run_turns_against_the_marmot_module() {
+    let (_dir, m, api) = node(None).await;
+    let r = deploy_js(&api, "jscount", COUNTER_JS).await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    assert_eq!(r.json["kind"], "js");
+
+    let r = api
+        .post_json("/v1/actors/jscount/ann", &json!({"by": 5}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json, json!({"n": 5, "id": "ann", "version": 1}));
+    let r = api
+        .post_json("/v1/actors/jscount/ann", &json!({"by": 2}))
+        .await;
+    assert_eq!(r.json["n"], 7);
+    // A string reply is text; a JSON body without a content type is still
+    // parsed; a plain-text body stays a string.
+    let r = api
+        .req(
+            Method::POST,
+            "/v1/actors/jscount/ann",
+            Some(("text/plain", b"ping".to_vec())),
+            &[],
+        )
+        .await;
+    assert_eq!(r.body, b"pong");
+    assert!(
+        r.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    let r = api.op("jscount", "ann", json!({"op": "nothing"})).await;
+    assert_eq!(r.json, Value::Null);
+
+    assert_eq!(api.get("/v1/actors/jscount/ann/state/n").await.json, 7);
+    let ev = api.get("/v1/actors/jscount/ann/events").await.json;
+    assert_eq!(ev["events"][1]["kind"], "counted");
+    assert_eq!(ev["events"][1]["data"], json!({"n": 7}));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        m.log_text().contains("counter jscount ann 7"),
+        "console.log reaches the log"
+    );
+
+    // Unsupported capabilities throw a clear JavaScript error.
+    let r = api.op("jscount", "ann", json!({"op": "alarm"})).await;
+    assert!(
+        r.json["error"].as_str().unwrap().contains("not supported"),
+        "{}",
+        r.json
+    );
+}
+
+#[tokio::test]
+async fn javascript_errors_are_clear_and_commit_nothing() {
+    let (_dir, _m, api) = node(None).await;
+    deploy_js(&api, "jscount", COUNTER_JS).await;
+    api.post_json("/v1/actors/jscount/a", &json!({"by": 3}))
+        .await;
+
+    // A syntax error is a 400 naming line and column; nothing is deployed.
+    let bad = "export default {\n  onMessage() {\n    return 1 +;\n  }\n};\n";
+    let r = deploy_js(&api, "jscount", bad).await;
+    assert_eq!(r.status, 400, "{}", r.json);
+    assert_eq!(r.code(), "invalid_code");
+    let msg = r.json["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("SyntaxError") && msg.contains("jscount.js:3:"),
+        "{msg}"
+    );
+    assert_eq!(api.get("/v1/types/jscount").await.json["version"], 1);
+    let r = api
+        .req(
+            Method::PUT,
+            "/v1/types/jsbad",
+            Some(("text/javascript", vec![0xff, 0xfe])),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(api.get("/v1/types/jsbad").await.status, 404);
+
+    // A thrown error is a 500 with message and stack; its writes are gone.
+    let r = api.op("jscount", "a", json!({"op": "throw"})).await;
+    assert_eq!(r.status, 500);
+    assert_eq!(r.code(), "actor_error");
+    let msg = r.json["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("Error: boom: a") && msg.contains("jscount.js:"),
+        "{msg}"
+    );
+    assert_eq!(api.get("/v1/actors/jscount/a/state/n").await.json, 3);
+
+    // A reply that is not JSON-serializable is a clear error.
+    let r = api.op("jscount", "a", json!({"op": "bigint"})).await;
+    assert_eq!(r.status, 500);
+    assert!(
+        r.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not JSON-serializable"),
+        "{}",
+        r.json
+    );
+
+    // A module without handlers says so.
+    deploy_js(&api, "empty", "export const x = 1;").await;
+    let r = api.op("empty", "a", json!({})).await;
+    assert_eq!(r.status, 500);
+    assert!(
+        r.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("export default"),
+        "{}",
+        r.json
+    );
+    // The actor still serves.
+    assert_eq!(
+        api.post_json("/v1/actors/jscount/a", &json!({"by": 1}))
+            .await
+            .json["n"],
+        4
+    );
+}
+
+#[tokio::test]
+async fn javascript_actors_hibernate_wake_and_upgrade() {
+    let (_dir, _m, api) = node(None).await;
+    let manifest = json!({"kind": "js", "code": COUNTER_JS, "config": {"idle_timeout_ms": 300}});
+    let r = api
+        .req(
+            Method::PUT,
+            "/v1/types/jscount",
+            Some(("application/json", serde_json::to_vec(&manifest).unwrap())),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    api.post_json("/v1/actors/jscount/s", &json!({"by": 4}))
+        .await;
+    api.wait_info("jscount", "s", "hibernation", |i| {
+        i["status"] == "hibernated"
+    })
+    .await;
+    let r = api
+        .post_json("/v1/actors/jscount/s", &json!({"by": 1}))
+        .await;
+    assert_eq!(r.json["n"], 5, "state survives hibernation");
+
+    let v2 = COUNTER_JS.replace("version: ctx.version", "version: ctx.version, v2: true");
+    let manifest = json!({"kind": "js", "code": v2, "config": {"idle_timeout_ms": 300}});
+    api.req(
+        Method::PUT,
+        "/v1/types/jscount",
+        Some(("application/json", serde_json::to_vec(&manifest).unwrap())),
+        &[],
+    )
+    .await;
+    let r = api
+        .post_json("/v1/actors/jscount/s", &json!({"by": 1}))
+        .await;
+    assert_eq!(r.json["v2"], true);
+    assert_eq!(r.json["version"], 2);
+    assert_eq!(
+        api.get("/v1/actors/jscount/s/state/upgrades").await.json,
+        json!([1])
+    );
+}
+
+#[tokio::test]
+async fn globals_async_timers_encoding_and_randomness() {
+    let (_dir, _m, api) = node(None).await;
+    let src = r#"
+export default {
+  async onMessage(body) {
+    const order = [];
+    await new Promise((r) => setTimeout(() => { order.push("timer"); r(); }, 20));
+    await Promise.resolve().then(() => order.push("micro"));
+    const id = setTimeout(() => order.push("cancelled"), 5);
+    clearTimeout(id);
+    const bytes = new TextEncoder().encode("héllo ✓");
+    const back = new TextDecoder().decode(bytes);
+    let fatal = null;
+    try { new TextDecoder("utf-8", { fatal: true }).decode(new Uint8Array([0xff])); } catch (e) { fatal = e.name; }
+    const rnd = crypto.getRandomValues(new Uint8Array(16));
+    return {
+      order, len: bytes.length, back, fatal,
+      random: Array.from(rnd).some((b) => b !== 0),
+      math: Math.random(),
+      now: Date.now() > 1.7e12,
+      wasm: typeof WebAssembly, sab: typeof SharedArrayBuffer,
+    };
+  },
+};
+"#;
+    assert_eq!(deploy_js(&api, "g", src).await.status, 201);
+    let a = api.op("g", "a", json!({})).await;
+    assert_eq!(a.status, 200, "{}", a.json);
+    assert_eq!(a.json["order"], json!(["timer", "micro"]));
+    assert_eq!(a.json["len"], 10);
+    assert_eq!(a.json["back"], "héllo ✓");
+    assert_eq!(a.json["fatal"], "TypeError");
+    assert_eq!(a.json["random"], true);
+    assert_eq!(a.json["now"], true);
+    assert_eq!(a.json["wasm"], "undefined");
+    assert_eq!(a.json["sab"], "undefined");
+    // Sandboxes start from one snapshot but must not share a random sequence.
+    let b = api.op("g", "b", json!({})).await;
+    assert_ne!(a.json["math"], b.json["math"]);
+}
+
+#[tokio::test]
+async fn eval_runs_scripts_bound_to_the_actor_and_commits_only_on_success() {
+    let (_dir, _m, api) = node(None).await;
+    deploy_js(&api, "jscount", COUNTER_JS).await;
+    api.post_json("/v1/actors/jscount/e", &json!({"by": 10}))
+        .await;
+
+    let r = eval(
+        &api,
+        "jscount",
+        "e",
+        "console.log('n is', marmot.state.get('n'));\n\
+         marmot.state.set('n', marmot.state.get('n') * 2);\n\
+         await new Promise((r) => setTimeout(r, 10));\n\
+         ({ doubled: marmot.state.get('n') })",
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["result"], json!({"doubled": 20}));
+    assert_eq!(r.json["logs"], json!(["n is 10"]));
+    assert!(r.json["error"].is_null());
+    assert_eq!(
+        api.get("/v1/actors/jscount/e/state/n").await.json,
+        20,
+        "a successful eval commits"
+    );
+
+    let r = eval(
+        &api,
+        "jscount",
+        "e",
+        "marmot.state.set('n', 0); throw new TypeError('no')",
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert!(r.json["result"].is_null());
+    assert!(
+        r.json["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("TypeError: no"),
+        "{}",
+        r.json
+    );
+    assert_eq!(
+        api.get("/v1/actors/jscount/e/state/n").await.json,
+        20,
+        "a failed eval commits nothing"
+    );
+
+    let r = eval(&api, "jscount", "e", "({ f() {} }).f").await;
+    assert!(
+        r.json["error"]
+            .as_str()
+            .unwrap()
+            .contains("not JSON-serializable"),
+        "{}",
+        r.json
+    );
+    let r = eval(&api, "jscount", "e", "1 +").await;
+    assert!(
+        r.json["error"].as_str().unwrap().contains("SyntaxError"),
+        "{}",
+        r.json
+    );
+    // JSON body form; eval works on Rust actors' state too.
+    api.deploy("kit", common::TESTKIT, json!({})).await;
+    api.add("kit", "r", 3).await;
+    let r = api
+        .post_json(
+            "/v1/actors/kit/r/eval",
+            &json!({"code": "marmot.state.get('n') + 1"}),
+        )
+        .await;
+    assert_eq!(r.json["result"], 4);
+    // Bad requests.
+    let r = api
+        .post_json("/v1/actors/kit/r/eval", &json!({"nope": 1}))
+        .await;
+    assert_eq!(r.code(), "invalid_body");
+    assert_eq!(eval(&api, "nope", "r", "1").await.code(), "unknown_type");
+}
+
+/// Runs `attack` as an eval while a neighbour actor keeps taking turns;
+/// returns the eval's error.
+async fn contained(api: &Api, id: &str, attack: &str) -> String {
+    let started = Instant::now();
+    let neighbour = {
+        let api = api.clone();
+        tokio::spawn(async move {
+            let mut worst = Duration::ZERO;
+            let mut turns = 0;
+            let end = Instant::now() + Duration::from_millis(400);
+            while Instant::now() < end {
+                let t = Instant::now();
+                let r = api
+                    .post_json("/v1/actors/jscount/neighbour", &json!({"by": 1}))
+                    .await;
+                assert_eq!(r.status, 200, "the neighbour was refused: {}", r.json);
+                worst = worst.max(t.elapsed());
+                turns += 1;
+            }
+            (turns, worst)
+        })
+    };
+    let r = eval(api, "jscount", id, attack).await;
+    let took = started.elapsed();
+    let (turns, worst) = neighbour.await.unwrap();
+    assert_eq!(r.status, 200, "{attack}: {}", r.json);
+    assert!(took < Duration::from_secs(10), "{attack}: took {took:?}");
+    assert!(turns > 5, "{attack}: the neighbour only got {turns} turns");
+    assert!(
+        worst < Duration::from_secs(1),
+        "{attack}: a neighbour turn waited {worst:?}"
+    );
+    let err = r.json["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{attack}: no error: {}", r.json));
+    // Nothing the attack wrote was committed.
+    assert_eq!(
+        api.get(&format!("/v1/actors/jscount/{id}/state/pwned"))
+            .await
+            .status,
+        404
+    );
+    err.to_owned()
+}
+
+#[tokio::test]
+async fn hostile_scripts_are_contained() {
+    let config = "[limits]\neval_cpu_ms = 300\neval_memory_bytes = 16777216\n";
+    let (_dir, _m, api) = node(Some(config)).await;
+    deploy_js(&api, "jscount", COUNTER_JS).await;
+    api.post_json("/v1/actors/jscount/victim", &json!({"by": 1}))
+        .await;
+    let w = "marmot.state.set('pwned', 1);\n";
+
+    let cpu = [
+        "for (;;) {}",
+        "'x'.repeat(1 << 20).split('').map((c) => c.repeat(50)).sort().join('').length; for(;;){}",
+        "/(a+)+$/.test('a'.repeat(40) + '!')",
+        "const loop = () => Promise.resolve().then(loop); loop(); await new Promise(() => {})",
+        "Array.from({ length: 1e9 }, (_, i) => i).reduce((a, b) => a + b)",
+    ];
+    for attack in cpu {
+        let err = contained(&api, "victim", &format!("{w}{attack}")).await;
+        assert!(
+            err.contains("CPU limit") || err.contains("memory limit"),
+            "{attack}: {err}"
+        );
+    }
+    let mem = [
+        "const a = []; for (;;) a.push(new Array(1e5).fill(1.5))",
+        "'x'.repeat(2 ** 28)",
+        "new ArrayBuffer(1 << 30)",
+    ];
+    for attack in mem {
+        let err = contained(&api, "victim", &format!("{w}{attack}")).await;
+        assert!(
+            err.contains("memory") || err.contains("RangeError") || err.contains("InternalError"),
+            "{attack}: {err}"
+        );
+    }
+    let recursion = contained(
+        &api,
+        "victim",
+        &format!("{w}function f(n) {{ return f(n + 1) + 1 }} f(0)"),
+    )
+    .await;
+    assert!(
+        recursion.contains("stack")
+            || recursion.contains("RangeError")
+            || recursion.contains("InternalError"),
+        "{recursion}"
+    );
+
+    // Huge outputs are capped, huge results refused.
+    let r = eval(
+        &api,
+        "jscount",
+        "victim",
+        "for (let i = 0; i < 5000; i++) console.log('x'.repeat(1000)); 1",
+    )
+    .await;
+    assert_eq!(r.json["result"], 1);
+    let logs = r.json["logs"].as_array().unwrap();
+    assert!(logs.len() <= 1001, "{} log lines kept", logs.len());
+    assert!(logs.last().unwrap().as_str().unwrap().contains("dropped"));
+    let r = eval(&api, "jscount", "victim", "'y'.repeat(3 << 20)").await;
+    assert!(
+        r.json["error"].as_str().unwrap().contains("over the limit"),
+        "{}",
+        r.json
+    );
+
+    // No way out: network, files, environment, modules, Wasm.
+    let probe = r#"({
+      fetch: typeof fetch, require: typeof require, process: typeof process,
+      wasm: typeof WebAssembly, sab: typeof SharedArrayBuffer, atomics: typeof Atomics,
+      std: await import("std").then(() => "loaded", (e) => String(e.message)),
+      os: await import("os").then(() => "loaded", (e) => String(e.message)),
+      host: typeof __marmot_host,
+      fn: (() => { try { return new Function("return globalThis")() === globalThis } catch (e) { return String(e) } })(),
+    })"#;
+    let r = eval(&api, "jscount", "victim", probe).await;
+    let p = &r.json["result"];
+    assert_eq!(p["fetch"], "undefined", "{}", r.json);
+    assert_eq!(p["require"], "undefined");
+    assert_eq!(p["process"], "undefined");
+    assert_eq!(p["wasm"], "undefined");
+    assert_eq!(p["sab"], "undefined");
+    assert_eq!(p["atomics"], "undefined");
+    assert_ne!(p["std"], "loaded");
+    assert_ne!(p["os"], "loaded");
+    assert_eq!(
+        p["host"], "undefined",
+        "the native host handle must be hidden"
+    );
+
+    // The victim is unharmed and still counts.
+    assert_eq!(
+        api.post_json("/v1/actors/jscount/victim", &json!({"by": 1}))
+            .await
+            .json["n"],
+        2
+    );
+}
+
+#[tokio::test]
+async fn prototype_pollution_stays_in_its_sandbox() {
+    let (_dir, _m, api) = node(None).await;
+    let src = r#"
+export default {
+  onMessage(body) {
+    if (body.op === "pollute") {
+      Object.prototype.polluted = "yes";
+      Array.prototype.map = () => "hijacked";
+      JSON.stringify = () => "hijacked";
+      return "done";
+    }
+    return { polluted: ({}).polluted ?? null, map: [1].map((x) => x + 1) };
+  },
+};
+"#;
+    deploy_js(&api, "p", src).await;
+    assert_eq!(
+        api.op("p", "evil", json!({"op": "pollute"})).await.body,
+        b"done"
+    );
+    // The polluter itself still replies correctly: the host's encoding does
+    // not go through the (replaced) global JSON.
+    let r = api.op("p", "evil", json!({"op": "look"})).await;
+    assert_eq!(r.json["polluted"], "yes");
+    // Another actor of the same type, and an eval sandbox, are untouched.
+    let r = api.op("p", "good", json!({"op": "look"})).await;
+    assert_eq!(r.json, json!({"polluted": null, "map": [2]}));
+    let r = eval(
+        &api,
+        "p",
+        "evil",
+        "[({}).polluted ?? null, [1].map((x) => x * 3)]",
+    )
+    .await;
+    assert_eq!(r.json["result"], json!([null, [3]]));
+}
