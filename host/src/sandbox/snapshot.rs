@@ -8,7 +8,6 @@
 //! The snapshot depends only on the engine's bytes and this wasmtime, so it
 //! is built on first use and cached next to the compiled code.
 
-use std::future::Future;
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
@@ -101,47 +100,29 @@ impl Access<'_> {
 }
 
 impl ComponentInstanceState for Access<'_> {
-    fn call_func_ret_list_u8(
+    async fn call_func_ret_list_u8(
         &mut self,
         instance: &str,
         func: &str,
         contents: impl FnOnce(&[u8]) + Send,
-    ) -> impl Future<Output = ()> + Send {
-        async move {
-            let list: WasmList<u8> = self.call(instance, func).await;
-            contents(list.as_le_slice(&*self.store));
-        }
+    ) {
+        let list: WasmList<u8> = self.call(instance, func).await;
+        contents(list.as_le_slice(&*self.store));
     }
 
-    fn call_func_ret_s32(
-        &mut self,
-        instance: &str,
-        func: &str,
-    ) -> impl Future<Output = i32> + Send {
-        self.call(instance, func)
+    async fn call_func_ret_s32(&mut self, instance: &str, func: &str) -> i32 {
+        self.call(instance, func).await
     }
 
-    fn call_func_ret_s64(
-        &mut self,
-        instance: &str,
-        func: &str,
-    ) -> impl Future<Output = i64> + Send {
-        self.call(instance, func)
+    async fn call_func_ret_s64(&mut self, instance: &str, func: &str) -> i64 {
+        self.call(instance, func).await
     }
 
-    fn call_func_ret_f32(
-        &mut self,
-        instance: &str,
-        func: &str,
-    ) -> impl Future<Output = u32> + Send {
-        async move { self.call::<f32>(instance, func).await.to_bits() }
+    async fn call_func_ret_f32(&mut self, instance: &str, func: &str) -> u32 {
+        self.call::<f32>(instance, func).await.to_bits()
     }
 
-    fn call_func_ret_f64(
-        &mut self,
-        instance: &str,
-        func: &str,
-    ) -> impl Future<Output = u64> + Send {
-        async move { self.call::<f64>(instance, func).await.to_bits() }
+    async fn call_func_ret_f64(&mut self, instance: &str, func: &str) -> u64 {
+        self.call::<f64>(instance, func).await.to_bits()
     }
 }
