@@ -260,12 +260,16 @@ export default {
     let fatal = null;
     try { new TextDecoder("utf-8", { fatal: true }).decode(new Uint8Array([0xff])); } catch (e) { fatal = e.name; }
     const rnd = crypto.getRandomValues(new Uint8Array(16));
+    const u = new URL("../x?a=1&b=two words#frag", "https://user:pw@example.com:8080/p/q/r");
+    u.searchParams.append("c", "ä&");
+    const url = { href: u.href, origin: u.origin, b: u.searchParams.get("b"),
+      form: new URLSearchParams({ x: "1 2" }).toString(), bad: URL.canParse("not a url") };
     return {
       order, len: bytes.length, back, fatal,
       random: Array.from(rnd).some((b) => b !== 0),
       math: Math.random(),
       now: Date.now() > 1.7e12,
-      wasm: typeof WebAssembly, sab: typeof SharedArrayBuffer,
+      wasm: typeof WebAssembly, sab: typeof SharedArrayBuffer, url,
     };
   },
 };
@@ -281,6 +285,16 @@ export default {
     assert_eq!(a.json["now"], true);
     assert_eq!(a.json["wasm"], "undefined");
     assert_eq!(a.json["sab"], "undefined");
+    assert_eq!(
+        a.json["url"],
+        json!({
+            "href": "https://user:pw@example.com:8080/p/x?a=1&b=two+words&c=%C3%A4%26#frag",
+            "origin": "https://example.com:8080",
+            "b": "two words",
+            "form": "x=1+2",
+            "bad": false,
+        })
+    );
     // Sandboxes start from one snapshot but must not share a random sequence.
     let b = api.op("g", "b", json!({})).await;
     assert_ne!(a.json["math"], b.json["math"]);

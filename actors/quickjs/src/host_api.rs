@@ -330,6 +330,69 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
     )?;
     h.set("utf8Encode", Function::new(ctx.clone(), utf8_encode)?)?;
     h.set(
+        "urlParse",
+        Function::new(ctx.clone(), |input: String, base: Option<String>| {
+            let url = match base {
+                Some(b) => url::Url::parse(&b).and_then(|b| b.join(&input)),
+                None => url::Url::parse(&input),
+            };
+            url.ok().map(|u| url_parts(&u))
+        })?,
+    )?;
+    h.set(
+        "urlSet",
+        Function::new(
+            ctx.clone(),
+            |ctx: Ctx<'_>, href: String, field: String, value: String| -> Result<String> {
+                let mut u = url::Url::parse(&href)
+                    .map_err(|e| Exception::throw_type(&ctx, &format!("Invalid URL: {e}")))?;
+                use url::quirks;
+                let ok = match field.as_str() {
+                    "href" => {
+                        return url::Url::parse(&value).map(|u| url_parts(&u)).map_err(|_| {
+                            Exception::throw_type(&ctx, &format!("Invalid URL: {value}"))
+                        });
+                    }
+                    "protocol" => quirks::set_protocol(&mut u, &value).is_ok(),
+                    "username" => quirks::set_username(&mut u, &value).is_ok(),
+                    "password" => quirks::set_password(&mut u, &value).is_ok(),
+                    "host" => quirks::set_host(&mut u, &value).is_ok(),
+                    "hostname" => quirks::set_hostname(&mut u, &value).is_ok(),
+                    "port" => quirks::set_port(&mut u, &value).is_ok(),
+                    "pathname" => {
+                        quirks::set_pathname(&mut u, &value);
+                        true
+                    }
+                    "search" => {
+                        quirks::set_search(&mut u, &value);
+                        true
+                    }
+                    "hash" => {
+                        quirks::set_hash(&mut u, &value);
+                        true
+                    }
+                    _ => false,
+                };
+                // Like browsers, an invalid assignment leaves the URL as it was.
+                let _ = ok;
+                Ok(url_parts(&u))
+            },
+        )?,
+    )?;
+    h.set("formDecode", Function::new(ctx.clone(), form_decode)?)?;
+    h.set(
+        "formEncode",
+        Function::new(ctx.clone(), |pairs: Vec<Vec<String>>| {
+            let mut ser = url::form_urlencoded::Serializer::new(String::new());
+            for kv in &pairs {
+                if let [k, v] = kv.as_slice() {
+                    ser.append_pair(k, v);
+                }
+            }
+            ser.finish()
+        })?,
+    )?;
+    h.set(
         "utf8Decode",
         Function::new(
             ctx.clone(),
@@ -382,6 +445,40 @@ fn random_bytes<'js>(ctx: Ctx<'js>, n: usize) -> Result<TypedArray<'js, u8>> {
 
 fn utf8_encode<'js>(ctx: Ctx<'js>, s: String) -> Result<TypedArray<'js, u8>> {
     TypedArray::new(ctx, s.into_bytes())
+}
+
+/// The WHATWG URL components, as JSON.
+fn url_parts(u: &url::Url) -> String {
+    use url::quirks;
+    let fields = [
+        ("href", quirks::href(u)),
+        ("protocol", quirks::protocol(u)),
+        ("username", quirks::username(u)),
+        ("password", quirks::password(u)),
+        ("host", quirks::host(u)),
+        ("hostname", quirks::hostname(u)),
+        ("port", quirks::port(u)),
+        ("pathname", quirks::pathname(u)),
+        ("search", quirks::search(u)),
+        ("hash", quirks::hash(u)),
+    ];
+    let mut out = String::from("{");
+    for (k, v) in fields {
+        out.push_str(&format!("\"{k}\":{},", json_string(v)));
+    }
+    out.push_str(&format!("\"origin\":{}}}", json_string(&quirks::origin(u))));
+    out
+}
+
+fn form_decode<'js>(ctx: Ctx<'js>, s: String) -> Result<Array<'js>> {
+    let out = Array::new(ctx.clone())?;
+    for (i, (k, v)) in url::form_urlencoded::parse(s.as_bytes()).enumerate() {
+        let pair = Array::new(ctx.clone())?;
+        pair.set(0, k.into_owned())?;
+        pair.set(1, v.into_owned())?;
+        out.set(i, pair)?;
+    }
+    Ok(out)
 }
 
 /// `s` as a JSON string literal.

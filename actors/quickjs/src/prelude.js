@@ -245,6 +245,153 @@
   globalThis.TextEncoder = TextEncoder;
   globalThis.TextDecoder = TextDecoder;
 
+  // URL and URLSearchParams (WHATWG), parsed by the host's `url` crate.
+  class URLSearchParams {
+    #list = [];
+    #onChange = null;
+    constructor(init = "") {
+      if (typeof init === "string") {
+        this.#list = host.formDecode(init.startsWith("?") ? init.slice(1) : init);
+      } else if (init instanceof URLSearchParams) {
+        this.#list = [...init.entries()];
+      } else if (init && typeof init[Symbol.iterator] === "function") {
+        for (const pair of init) {
+          const p = [...pair];
+          if (p.length !== 2) throw new TypeErrorCtor("URLSearchParams: each pair needs a name and a value");
+          this.#list.push([StringCtor(p[0]), StringCtor(p[1])]);
+        }
+      } else if (init && typeof init === "object") {
+        for (const k of Object.keys(init)) this.#list.push([k, StringCtor(init[k])]);
+      }
+    }
+    static _bind(params, onChange) {
+      params.#onChange = onChange;
+      return params;
+    }
+    static _reset(params, search) {
+      params.#list = host.formDecode(search.startsWith("?") ? search.slice(1) : search);
+    }
+    #changed() {
+      if (this.#onChange) this.#onChange(this.toString());
+    }
+    get size() {
+      return this.#list.length;
+    }
+    append(k, v) {
+      this.#list.push([StringCtor(k), StringCtor(v)]);
+      this.#changed();
+    }
+    delete(k, v) {
+      k = StringCtor(k);
+      this.#list = this.#list.filter(([a, b]) => a !== k || (v !== undefined && b !== StringCtor(v)));
+      this.#changed();
+    }
+    get(k) {
+      k = StringCtor(k);
+      const e = this.#list.find(([a]) => a === k);
+      return e ? e[1] : null;
+    }
+    getAll(k) {
+      k = StringCtor(k);
+      return this.#list.filter(([a]) => a === k).map(([, b]) => b);
+    }
+    has(k, v) {
+      k = StringCtor(k);
+      return this.#list.some(([a, b]) => a === k && (v === undefined || b === StringCtor(v)));
+    }
+    set(k, v) {
+      k = StringCtor(k);
+      v = StringCtor(v);
+      const i = this.#list.findIndex(([a]) => a === k);
+      if (i < 0) this.#list.push([k, v]);
+      else {
+        this.#list[i] = [k, v];
+        this.#list = this.#list.filter(([a], j) => a !== k || j === i);
+      }
+      this.#changed();
+    }
+    sort() {
+      this.#list.sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+      this.#changed();
+    }
+    forEach(fn, thisArg) {
+      for (const [k, v] of this.#list) fn.call(thisArg, v, k, this);
+    }
+    *entries() {
+      for (const [k, v] of this.#list) yield [k, v];
+    }
+    *keys() {
+      for (const [k] of this.#list) yield k;
+    }
+    *values() {
+      for (const [, v] of this.#list) yield v;
+    }
+    [Symbol.iterator]() {
+      return this.entries();
+    }
+    toString() {
+      return host.formEncode(this.#list);
+    }
+  }
+  const bindParams = URLSearchParams._bind;
+  const resetParams = URLSearchParams._reset;
+  delete URLSearchParams._bind;
+  delete URLSearchParams._reset;
+
+  class URL {
+    #p;
+    #params = null;
+    constructor(input, base) {
+      const text = host.urlParse(StringCtor(input), base === undefined ? undefined : StringCtor(base));
+      if (text === undefined || text === null) throw new TypeErrorCtor(`Invalid URL: ${input}`);
+      this.#p = parse(text);
+    }
+    static canParse(input, base) {
+      const text = host.urlParse(StringCtor(input), base === undefined ? undefined : StringCtor(base));
+      return text !== undefined && text !== null;
+    }
+    #set(field, value) {
+      this.#p = parse(host.urlSet(this.#p.href, field, StringCtor(value)));
+      if (this.#params && field !== "search") resetParams(this.#params, this.#p.search);
+    }
+    get href() { return this.#p.href; }
+    set href(v) { this.#set("href", v); if (this.#params) resetParams(this.#params, this.#p.search); }
+    get origin() { return this.#p.origin; }
+    get protocol() { return this.#p.protocol; }
+    set protocol(v) { this.#set("protocol", v); }
+    get username() { return this.#p.username; }
+    set username(v) { this.#set("username", v); }
+    get password() { return this.#p.password; }
+    set password(v) { this.#set("password", v); }
+    get host() { return this.#p.host; }
+    set host(v) { this.#set("host", v); }
+    get hostname() { return this.#p.hostname; }
+    set hostname(v) { this.#set("hostname", v); }
+    get port() { return this.#p.port; }
+    set port(v) { this.#set("port", v); }
+    get pathname() { return this.#p.pathname; }
+    set pathname(v) { this.#set("pathname", v); }
+    get search() { return this.#p.search; }
+    set search(v) {
+      this.#set("search", v);
+      if (this.#params) resetParams(this.#params, this.#p.search);
+    }
+    get hash() { return this.#p.hash; }
+    set hash(v) { this.#set("hash", v); }
+    get searchParams() {
+      if (!this.#params) {
+        this.#params = bindParams(new URLSearchParams(this.#p.search), (q) => {
+          this.#p = parse(host.urlSet(this.#p.href, "search", q));
+        });
+      }
+      return this.#params;
+    }
+    toString() { return this.#p.href; }
+    toJSON() { return this.#p.href; }
+  }
+  globalThis.URL = URL;
+  globalThis.URLSearchParams = URLSearchParams;
+
   // Math.random from WASI random: the engine is snapshotted after start-up,
   // so QuickJS's own seed would be the same in every sandbox.
   const randomFloat = host.randomFloat;
