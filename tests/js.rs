@@ -375,6 +375,26 @@ async fn eval_runs_scripts_bound_to_the_actor_and_commits_only_on_success() {
         )
         .await;
     assert_eq!(r.json["result"], 4);
+    // The API surface matches guest-sdk/ts/marmot.d.ts.
+    let r = eval(
+        &api,
+        "kit",
+        "r",
+        "Object.fromEntries(Object.entries(marmot).map(([k, v]) => [k, Object.keys(v).sort()]))",
+    )
+    .await;
+    assert_eq!(
+        r.json["result"],
+        json!({
+            "state": ["delete", "get", "list", "set"],
+            "events": ["emit"],
+            "alarms": ["cancel", "list", "set"],
+            "inputs": ["request"],
+            "actors": ["call", "send"],
+            "files": ["delete", "list", "read", "write"],
+            "log": ["debug", "error", "info", "warn"],
+        })
+    );
     // Bad requests.
     let r = api
         .post_json("/v1/actors/kit/r/eval", &json!({"nope": 1}))

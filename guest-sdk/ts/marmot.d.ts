@@ -1,0 +1,186 @@
+// TypeScript declarations for Marmot's JavaScript actors and eval scripts.
+//
+// A JavaScript actor is an ES module run by Marmot's built-in QuickJS
+// engine. It imports its capabilities from "marmot" and default-exports its
+// handlers. Scripts sent to `POST /v1/actors/{type}/{id}/eval` see the same
+// API as the global `marmot`. Everything a turn writes commits when its
+// handler returns (or its promise resolves); a thrown error commits nothing.
+//
+// Use: add this file to your editor's or model's context, or reference it
+// with `/// <reference path="marmot.d.ts" />`.
+
+declare module "marmot" {
+  /** Any value that survives `JSON.stringify` / `JSON.parse`. */
+  export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
+
+  /** Passed to every handler. */
+  export interface TurnContext {
+    /** The actor type. */
+    type: string;
+    /** The actor id. */
+    id: string;
+    /** Version of the type's code running this turn. */
+    version: number;
+    /** Id of the message (or delivery) that started the turn. */
+    messageId: string;
+  }
+
+  /** A durable wake-up that became due. */
+  export interface AlarmEvent {
+    name: string;
+    payload: Json;
+    /** Milliseconds since the Unix epoch. */
+    dueAt: number;
+  }
+
+  /** A verified inbound webhook. */
+  export interface WebhookEvent {
+    /** The `{name}` of `/v1/hooks/{type}/{id}/{name}`. */
+    name: string;
+    /** Lowercase header names. */
+    headers: Record<string, string>;
+    /** Parsed JSON when the body is JSON, else the text. */
+    body: Json;
+  }
+
+  /** The answer to an input request. */
+  export interface InputEvent {
+    id: string;
+    kind: string;
+    /** `undefined` when the request expired unanswered. */
+    response: Json | undefined;
+    expired: boolean;
+  }
+
+  /** The reply to a message: objects, arrays, numbers, booleans and null are
+   * sent as JSON; strings as text; `undefined` as JSON `null`. */
+  export type Reply = Json | undefined;
+
+  /** What a JavaScript actor module default-exports. Only `onMessage` is
+   * required for messages; the others are needed for the deliveries that use
+   * them. Handlers may be async. */
+  export interface ActorModule {
+    /** A message. `body` is the parsed JSON value when the request is JSON
+     * (or parses as JSON without saying otherwise), else a string;
+     * `undefined` when empty. */
+    onMessage?(body: Json | undefined, ctx: TurnContext): Reply | Promise<Reply>;
+    onAlarm?(alarm: AlarmEvent, ctx: TurnContext): void | Promise<void>;
+    onWebhook?(req: WebhookEvent, ctx: TurnContext): void | Promise<void>;
+    onInput?(input: InputEvent, ctx: TurnContext): void | Promise<void>;
+    /** Runs once per actor when it first runs a newer version of the type. */
+    onUpgrade?(fromVersion: number, ctx: TurnContext): void | Promise<void>;
+  }
+
+  /** The actor's key-value state. Values are JSON; keys are strings of at
+   * most 1 KiB. Reads see this turn's own writes. */
+  export interface State {
+    /** The value under `key`, or `undefined`. */
+    get<T extends Json = Json>(key: string): T | undefined;
+    /** Store a JSON value (not `undefined`: use `delete`). */
+    set(key: string, value: Json): void;
+    /** Remove `key`; whether it existed. */
+    delete(key: string): boolean;
+    /** Every entry whose key starts with `prefix`, in key order. */
+    list<T extends Json = Json>(prefix?: string): [string, T][];
+  }
+
+  /** The actor's append-only event log. */
+  export interface Events {
+    /** Append an event; returns its sequence number (the first is 1). */
+    emit(kind: string, data?: Json): number;
+  }
+
+  /** When an alarm fires: at a time, after a delay, or on a cron schedule. */
+  export type AlarmSpec =
+    | { at: number; payload?: Json }
+    | { after: number; payload?: Json }
+    | { cron: string; tz?: string; payload?: Json };
+
+  export interface AlarmInfo {
+    name: string;
+    schedule: { at: number } | { after: number } | { cron: string; tz: string | null };
+    nextDue: number;
+    payload: Json;
+  }
+
+  /** Durable wake-ups. Setting a name again replaces it. */
+  export interface Alarms {
+    set(name: string, spec: AlarmSpec): void;
+    cancel(name: string): boolean;
+    list(): AlarmInfo[];
+  }
+
+  export interface InputRequest {
+    kind: string;
+    prompt: string;
+    /** A JSON Schema the answer should satisfy. */
+    schema?: Json;
+    expiresInMs?: number;
+  }
+
+  /** Durable waits for a person or a system; answers arrive as `onInput`. */
+  export interface Inputs {
+    /** Returns the input id. */
+    request(req: InputRequest): string;
+  }
+
+  /** Messages to other actors. */
+  export interface Actors {
+    /** Send and wait for the reply (parsed JSON when it is JSON). */
+    call(type: string, id: string, body?: Json): Promise<Json>;
+    /** Send one way, durably, after this turn commits. */
+    send(type: string, id: string, body?: Json): void;
+  }
+
+  export interface FileInfo {
+    path: string;
+    size: number;
+    modifiedAt: number;
+  }
+
+  /** Files under the actor's workspace; `outputs/` holds downloadable artifacts. */
+  export interface Files {
+    read(path: string): string;
+    write(path: string, data: string | Json): void;
+    list(prefix?: string): FileInfo[];
+    delete(path: string): boolean;
+  }
+
+  /** Structured logs into the node's log, tagged with the actor. */
+  export interface Log {
+    debug(message: string, fields?: Record<string, Json>): void;
+    info(message: string, fields?: Record<string, Json>): void;
+    warn(message: string, fields?: Record<string, Json>): void;
+    error(message: string, fields?: Record<string, Json>): void;
+  }
+
+  /** Everything a JavaScript actor or eval script may do. Capabilities not
+   * enabled on the node throw an `Error` whose message starts with
+   * "unsupported:". */
+  export interface Marmot {
+    state: State;
+    events: Events;
+    alarms: Alarms;
+    inputs: Inputs;
+    actors: Actors;
+    files: Files;
+    log: Log;
+  }
+
+  export const state: State;
+  export const events: Events;
+  export const alarms: Alarms;
+  export const inputs: Inputs;
+  export const actors: Actors;
+  export const files: Files;
+  export const log: Log;
+  const marmot: Marmot;
+  export default marmot;
+}
+
+/** The same API as the "marmot" module, for eval scripts. Timers
+ * (`setTimeout`), `console`, `TextEncoder`/`TextDecoder`, `URL`,
+ * `URLSearchParams` and `crypto.getRandomValues` are the standard ones (use
+ * `"lib": ["ES2022", "DOM"]`); timers still pending when a turn ends are
+ * dropped. Nothing else of the DOM exists at run time. */
+declare const marmot: import("marmot").Marmot;
