@@ -111,6 +111,9 @@ pub struct Limits {
     pub max_active_actors: usize,
     /// Messages queued per actor before senders get 429.
     pub mailbox_capacity: usize,
+    /// JavaScript sandboxes live at once: active JavaScript actors plus
+    /// running evals. Sizes the JavaScript engine's instance pool.
+    pub max_js_sandboxes: u32,
     /// Largest message body.
     pub max_message_bytes: usize,
     /// Largest deployable code.
@@ -144,6 +147,7 @@ impl Default for Limits {
         Self {
             max_active_actors: 10_000,
             mailbox_capacity: 1024,
+            max_js_sandboxes: 2048,
             max_message_bytes: 1 << 20,
             max_code_bytes: 64 << 20,
             max_value_bytes: 1 << 20,

@@ -168,6 +168,7 @@ impl Node {
             // Headroom over the cap: eviction is asynchronous.
             max_instances: max_active + max_active / 10 + 64,
             max_memory_bytes: config.limits.max_guest_memory_bytes,
+            max_js_instances: config.limits.max_js_sandboxes,
             tick: Duration::from_millis(10),
             cache_dir: config
                 .cache_dir

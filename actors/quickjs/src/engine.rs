@@ -27,6 +27,11 @@ const MARMOT_MODULE: &str = "const m = globalThis.__marmot_module;\n\
 /// QuickJS's own stack limit: deep recursion becomes a catchable
 /// `RangeError` well before the host's wasm stack limit traps.
 const MAX_JS_STACK: usize = 256 * 1024;
+/// Bytes allocated between cycle collections. Reference counting frees most
+/// garbage at once; the cycle collector walks (and so writes to) every
+/// object, which copies the snapshot's shared pages into each sandbox. A
+/// higher threshold keeps short turns from ever running it.
+const GC_THRESHOLD: usize = 2 << 20;
 /// Largest reply or eval result.
 const MAX_RESULT_BYTES: usize = 1 << 20;
 
@@ -61,6 +66,7 @@ impl Engine {
     fn new() -> Self {
         let runtime = Runtime::new().expect("QuickJS runtime");
         runtime.set_max_stack_size(MAX_JS_STACK);
+        runtime.set_gc_threshold(GC_THRESHOLD);
         runtime.set_loader(
             BuiltinResolver::default().with_module("marmot"),
             BuiltinLoader::default().with_module("marmot", MARMOT_MODULE),
@@ -73,6 +79,8 @@ impl Engine {
                 panic!("prelude failed: {}", describe_error(&ctx, e));
             }
         });
+        // Collect what start-up left behind so the snapshot is compact.
+        runtime.run_gc();
         Self {
             handlers: None,
             context,

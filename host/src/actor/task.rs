@@ -470,18 +470,23 @@ impl ActorTask {
     /// A fresh JavaScript sandbox for an eval, with the eval limits.
     async fn eval_instance(node: Arc<Node>) -> Result<(Instance, Duration), TurnError> {
         let node = &node;
-        let sandbox = node.sandbox.clone();
-        let engine = tokio::task::spawn_blocking(move || sandbox.js_engine())
-            .await
-            .map_err(|e| TurnError::Code(format!("engine compile panicked: {e}")))?
-            .map_err(|e| TurnError::Code(e.to_string()))?;
+        let engine = match node.sandbox.js_engine_if_ready() {
+            Some(e) => e,
+            None => {
+                let sandbox = node.sandbox.clone();
+                tokio::task::spawn_blocking(move || sandbox.js_engine())
+                    .await
+                    .map_err(|e| TurnError::Code(format!("engine compile panicked: {e}")))?
+                    .map_err(|e| TurnError::Code(e.to_string()))?
+            }
+        };
         let config = node.eval_config();
         let host = node.sandbox.new_host(&config);
         match node.sandbox.instantiate(&engine, host).await {
             Ok(inst) => Ok((inst, config.turn_timeout)),
             Err(e) => {
                 let msg = format!("{e:#}");
-                if msg.contains("concurrent") || msg.contains("pooling") {
+                if is_resource_exhaustion(&msg) {
                     node.registry.evict(node);
                     return Err(TurnError::Overloaded);
                 }
@@ -556,7 +561,7 @@ impl ActorTask {
             Ok(i) => i,
             Err(e) => {
                 let msg = format!("{e:#}");
-                if msg.contains("concurrent") || msg.contains("pooling") {
+                if is_resource_exhaustion(&msg) {
                     tracing::warn!(actor = %self.key, error = %msg, "no instance slot free");
                     node.registry.evict(node);
                     return Err(TurnError::Overloaded);
@@ -743,6 +748,13 @@ impl ActorTask {
                     || tracing::info!(error = %msg, "turn failed: the actor returned an error"),
                 );
                 Err(TurnError::ActorError(msg))
+            }
+            Ok(Err(trap)) if is_resource_exhaustion(&format!("{trap:#}")) => {
+                // No fiber stack was free: the guest never ran.
+                self.cache = turn.abandon();
+                self.node.metrics.turn(kind, "not_started");
+                tracing::warn!(actor = %self.key, error = %trap, "no room to run a turn");
+                Err(TurnError::Overloaded)
             }
             Ok(Err(trap)) => {
                 self.cache = turn.abandon();
@@ -1095,6 +1107,15 @@ impl FinishedTurn {
             state_keys: record.state_keys,
         }
     }
+}
+
+/// Instantiation failures that mean "no room right now", not bad code: the
+/// pool is full or the kernel refused memory or mappings.
+fn is_resource_exhaustion(msg: &str) -> bool {
+    msg.contains("concurrent")
+        || msg.contains("pooling")
+        || msg.contains("Cannot allocate memory")
+        || msg.contains("os error 12")
 }
 
 /// Errors that mean no handler ran, so a durable message must stay queued

@@ -64,8 +64,17 @@ impl Conn {
     }
 }
 
-/// Send one writing message to each of `n` actors, 64 at a time.
+/// Send one writing message to each of `n` counters, 64 at a time.
 pub(super) async fn create_actors(addr: SocketAddr, n: usize) -> anyhow::Result<()> {
+    create_typed(addr, "counter", n).await
+}
+
+/// Send one writing message to each of `n` actors of `ty`, 64 at a time.
+pub(super) async fn create_typed(
+    addr: SocketAddr,
+    ty: &'static str,
+    n: usize,
+) -> anyhow::Result<()> {
     let next = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
@@ -79,7 +88,7 @@ pub(super) async fn create_actors(addr: SocketAddr, n: usize) -> anyhow::Result<
                 if i >= n {
                     return anyhow::Ok(());
                 }
-                c.post(&format!("/v1/actors/counter/a{i}"), br#"{"by":1}"#)
+                c.post(&format!("/v1/actors/{ty}/a{i}"), br#"{"by":1}"#)
                     .await?;
                 progress("waking actors", done.fetch_add(1, Ordering::Relaxed) + 1, n);
             }

@@ -1,4 +1,6 @@
-//! Wake latency: hibernated actor → reply, in-process and over HTTP.
+//! Latency scenarios on a node inside this process: wake (hibernated →
+//! reply) for Rust and JavaScript actors, in-process and over loopback HTTP,
+//! and fresh-sandbox JavaScript evals.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,9 +12,22 @@ use super::{BenchArgs, Percentiles, progress};
 use crate::config::{NodeConfig, TypeConfig};
 use crate::ids::ActorKey;
 use crate::node::Node;
+use crate::storage::schema::CodeKind;
 
 const READ: &[u8] = br#"{"by":0}"#;
 const WRITE: &[u8] = br#"{"by":1}"#;
+
+/// The counter as a JavaScript actor (same protocol as `examples/counter`).
+pub(super) const JS_COUNTER: &str = r#"import { state } from "marmot";
+export default {
+  onMessage(body) {
+    const by = body?.by ?? 1;
+    const n = (state.get("n") ?? 0) + by;
+    if (by !== 0) state.set("n", n);
+    return { n };
+  },
+};
+"#;
 
 async fn start_node() -> anyhow::Result<(tempfile::TempDir, Arc<Node>)> {
     let dir = tempfile::Builder::new().prefix("marmot-bench-").tempdir()?;
@@ -24,23 +39,21 @@ async fn start_node() -> anyhow::Result<(tempfile::TempDir, Arc<Node>)> {
         idle_timeout_ms: Some(3_600_000),
         ..TypeConfig::default()
     };
-    node.deploy(
-        "counter",
-        crate::storage::schema::CodeKind::Wasm,
-        crate::guests::COUNTER.to_vec(),
-        config,
-    )
-    .await?;
+    let counter = crate::guests::COUNTER.to_vec();
+    node.deploy("counter", CodeKind::Wasm, counter, config.clone())
+        .await?;
+    let js = JS_COUNTER.as_bytes().to_vec();
+    node.deploy("jscounter", CodeKind::Js, js, config).await?;
     Ok((dir, node))
 }
 
-fn key(i: usize) -> ActorKey {
-    ActorKey::new("counter", &format!("a{i}")).expect("valid key")
+fn key(ty: &str, i: usize) -> ActorKey {
+    ActorKey::new(ty, &format!("a{i}")).expect("valid key")
 }
 
-async fn create(node: &Arc<Node>, n: usize) -> anyhow::Result<()> {
+async fn create(node: &Arc<Node>, ty: &str, n: usize) -> anyhow::Result<()> {
     for i in 0..n {
-        node.send(&key(i), Bytes::from_static(WRITE), None, None)
+        node.send(&key(ty, i), Bytes::from_static(WRITE), None, None)
             .await?;
         progress("creating actors", i + 1, n);
     }
@@ -62,14 +75,14 @@ enum Target {
 }
 
 impl Target {
-    async fn send(&mut self, i: usize, body: &'static [u8]) -> anyhow::Result<()> {
+    async fn send(&mut self, ty: &str, i: usize, body: &'static [u8]) -> anyhow::Result<()> {
         match self {
             Target::InProcess(node) => {
-                node.send(&key(i), Bytes::from_static(body), None, None)
+                node.send(&key(ty, i), Bytes::from_static(body), None, None)
                     .await?;
             }
             Target::Http(conn) => {
-                conn.post(&format!("/v1/actors/counter/a{i}"), body).await?;
+                conn.post(&format!("/v1/actors/{ty}/a{i}"), body).await?;
             }
         }
         Ok(())
@@ -81,6 +94,7 @@ impl Target {
 async fn measure(
     node: &Arc<Node>,
     mut target: Target,
+    ty: &str,
     n: usize,
     title: &str,
 ) -> anyhow::Result<()> {
@@ -97,7 +111,7 @@ async fn measure(
         for i in 0..n {
             let actor = if hibernate_first { i } else { 0 };
             let t = Instant::now();
-            target.send(actor, body).await?;
+            target.send(ty, actor, body).await?;
             lat.push(t.elapsed());
         }
         passes.push((label, lat));
@@ -109,20 +123,36 @@ async fn measure(
     Ok(())
 }
 
-/// In-process: `Node::send` to hibernated actors.
+/// In-process: `Node::send` to hibernated Rust actors.
 pub(super) async fn wake(args: &BenchArgs) -> anyhow::Result<()> {
     let n = args.actors.unwrap_or(2000);
     let (_dir, node) = start_node().await?;
-    create(&node, n).await?;
-    let title = format!("wake (in-process, {n} actors, sequential)");
-    measure(&node, Target::InProcess(node.clone()), n, &title).await
+    create(&node, "counter", n).await?;
+    let title = format!("wake (Rust actor, in-process, {n} actors, sequential)");
+    measure(&node, Target::InProcess(node.clone()), "counter", n, &title).await
+}
+
+/// In-process: `Node::send` to hibernated JavaScript actors.
+pub(super) async fn js_wake(args: &BenchArgs) -> anyhow::Result<()> {
+    let n = args.actors.unwrap_or(2000);
+    let (_dir, node) = start_node().await?;
+    create(&node, "jscounter", n).await?;
+    let title = format!("js-wake (JavaScript actor, in-process, {n} actors, sequential)");
+    measure(
+        &node,
+        Target::InProcess(node.clone()),
+        "jscounter",
+        n,
+        &title,
+    )
+    .await
 }
 
 /// Over HTTP: the same node served on loopback, one keep-alive connection.
 pub(super) async fn wake_http(args: &BenchArgs) -> anyhow::Result<()> {
     let n = args.actors.unwrap_or(2000);
     let (_dir, node) = start_node().await?;
-    create(&node, n).await?;
+    create(&node, "counter", n).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let server = tokio::spawn(crate::api::serve(
@@ -132,7 +162,40 @@ pub(super) async fn wake_http(args: &BenchArgs) -> anyhow::Result<()> {
     ));
     let conn = Conn::connect(addr).await?;
     let title = format!("wake-http (loopback HTTP/1.1, {n} actors, sequential)");
-    let result = measure(&node, Target::Http(conn), n, &title).await;
+    let result = measure(&node, Target::Http(conn), "counter", n, &title).await;
     server.abort();
     result
+}
+
+/// Fresh-sandbox evals bound to one actor, in-process.
+pub(super) async fn js_eval(args: &BenchArgs) -> anyhow::Result<()> {
+    let n = args.actors.unwrap_or(2000);
+    let (_dir, node) = start_node().await?;
+    create(&node, "counter", 1).await?;
+    let k = key("counter", 0);
+    // The first eval builds (or loads) the engine snapshot.
+    node.eval(&k, "0".into()).await?;
+    println!("scenario js-eval (fresh QuickJS sandbox per eval, in-process, {n} evals)");
+    for (label, code) in [
+        ("1 + 1", "1 + 1"),
+        ("read state", "marmot.state.get('n')"),
+        (
+            "JSON + array work",
+            "JSON.stringify(Array.from({length: 100}, (_, i) => ({i, sq: i * i}))).length",
+        ),
+        (
+            "write state (commits)",
+            "marmot.state.set('n', (marmot.state.get('n') ?? 0) + 1)",
+        ),
+    ] {
+        let mut lat = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            let out = node.eval(&k, code.to_owned()).await?;
+            anyhow::ensure!(out.error.is_none(), "eval failed: {:?}", out.error);
+            lat.push(t.elapsed());
+        }
+        println!("  {label:<40} {}", Percentiles::of(&mut lat).line());
+    }
+    Ok(())
 }

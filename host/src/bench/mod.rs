@@ -42,6 +42,10 @@ pub enum Scenario {
     Wake,
     /// Wake latency hibernated → reply over HTTP on loopback.
     WakeHttp,
+    /// Wake latency of JavaScript actors, in-process.
+    JsWake,
+    /// Fresh-sandbox JavaScript evals, in-process.
+    JsEval,
     /// Durable turns/s over HTTP on one hot actor.
     HttpHot,
     /// Durable turns/s over HTTP across many actors (default 10,000).
@@ -50,6 +54,8 @@ pub enum Scenario {
     RssActive,
     /// RSS added by many hibernated actors on disk (default 1,000,000).
     RssHibernated,
+    /// RSS with many active JavaScript actors (default 1,000).
+    JsRss,
     /// Every scenario above, one after another.
     All,
 }
@@ -72,10 +78,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Scenario::All => vec![
             Scenario::Wake,
             Scenario::WakeHttp,
+            Scenario::JsWake,
+            Scenario::JsEval,
             Scenario::HttpHot,
             Scenario::HttpSpread,
             Scenario::RssActive,
             Scenario::RssHibernated,
+            Scenario::JsRss,
         ],
         s => vec![s],
     };
@@ -83,10 +92,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         match s {
             Scenario::Wake => inproc::wake(&args).await?,
             Scenario::WakeHttp => inproc::wake_http(&args).await?,
+            Scenario::JsWake => inproc::js_wake(&args).await?,
+            Scenario::JsEval => inproc::js_eval(&args).await?,
             Scenario::HttpHot => http::throughput(&args, 1).await?,
             Scenario::HttpSpread => http::throughput(&args, args.actors.unwrap_or(10_000)).await?,
             Scenario::RssActive => rss::active(&args).await?,
             Scenario::RssHibernated => rss::hibernated(&args).await?,
+            Scenario::JsRss => rss::js_active(&args).await?,
             Scenario::All => unreachable!(),
         }
     }

@@ -101,3 +101,35 @@ pub(super) async fn hibernated(args: &BenchArgs) -> anyhow::Result<()> {
     server.stop();
     Ok(())
 }
+
+/// RSS with `n` active JavaScript counters (default 1,000).
+pub(super) async fn js_active(args: &BenchArgs) -> anyhow::Result<()> {
+    let n = args.actors.unwrap_or(1_000);
+    let dir = tempfile::Builder::new().prefix("marmot-bench-").tempdir()?;
+    let config = format!("[limits]\nmax_active_actors = {}\n", n + 1000);
+    let data = dir.path().join("data");
+    let server = ServerProc::start(&data, &config).await?;
+    server
+        .deploy_js(
+            "jscounter",
+            super::inproc::JS_COUNTER,
+            serde_json::json!({"idle_timeout_ms": 3_600_000}),
+        )
+        .await?;
+    // As for Rust actors: measure a node that loads the engine from its cache.
+    server.stop();
+    let server = ServerProc::start(&data, &config).await?;
+    super::http::create_typed(server.addr, "jscounter", 1).await?;
+    let base = server.rss()?;
+    super::http::create_typed(server.addr, "jscounter", n).await?;
+    let full = server.rss()?;
+    println!("scenario js-rss ({n} active JavaScript counter actors, each with its own sandbox)");
+    println!(
+        "  RSS idle node: {:.1} MB   with {n} active: {:.1} MB   per actor: {:.1} KB",
+        base as f64 / MB,
+        full as f64 / MB,
+        (full.saturating_sub(base)) as f64 / n as f64 / 1024.0
+    );
+    server.stop();
+    Ok(())
+}

@@ -118,6 +118,31 @@ impl ServerProc {
         Ok(())
     }
 
+    /// Deploy a JavaScript type.
+    pub async fn deploy_js(
+        &self,
+        ty: &str,
+        source: &str,
+        config: serde_json::Value,
+    ) -> anyhow::Result<()> {
+        let manifest = serde_json::json!({ "kind": "js", "code": source, "config": config });
+        let mut c = Conn::connect(self.addr).await?;
+        let (status, body) = c
+            .request(
+                "PUT",
+                &format!("/v1/types/{ty}"),
+                "application/json",
+                &serde_json::to_vec(&manifest)?,
+            )
+            .await?;
+        anyhow::ensure!(
+            status < 300,
+            "deploy failed: {status} {}",
+            String::from_utf8_lossy(&body)
+        );
+        Ok(())
+    }
+
     /// Stop the node (SIGTERM, then SIGKILL).
     pub fn stop(mut self) {
         let _ = Command::new("kill")
