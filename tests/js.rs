@@ -517,16 +517,31 @@ async fn hostile_scripts_are_contained() {
 
     // No way out: network, files, environment, modules, Wasm.
     let probe = r#"({
-      fetch: typeof fetch, require: typeof require, process: typeof process,
+      fetch: await fetch("http://127.0.0.1:" + PORT + "/").then(() => "reached", (e) => String(e.message)),
+      require: typeof require, process: typeof process,
       wasm: typeof WebAssembly, sab: typeof SharedArrayBuffer, atomics: typeof Atomics,
       std: await import("std").then(() => "loaded", (e) => String(e.message)),
       os: await import("os").then(() => "loaded", (e) => String(e.message)),
       host: typeof __marmot_host,
       fn: (() => { try { return new Function("return globalThis")() === globalThis } catch (e) { return String(e) } })(),
     })"#;
-    let r = eval(&api, "jscount", "victim", probe).await;
+    // Something listens on loopback; fetch must not reach it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let probe = probe.replace("PORT", &port.to_string());
+    let r = eval(&api, "jscount", "victim", &probe).await;
     let p = &r.json["result"];
-    assert_eq!(p["fetch"], "undefined", "{}", r.json);
+    let fetch = p["fetch"].as_str().unwrap_or("");
+    assert!(
+        fetch.starts_with("fetch: unsupported") || fetch.starts_with("fetch: denied"),
+        "{}",
+        r.json
+    );
+    listener.set_nonblocking(true).unwrap();
+    assert!(
+        listener.accept().is_err(),
+        "fetch reached the host's loopback"
+    );
     assert_eq!(p["require"], "undefined");
     assert_eq!(p["process"], "undefined");
     assert_eq!(p["wasm"], "undefined");

@@ -10,7 +10,7 @@ use std::time::Instant;
 use rquickjs::{Array, Ctx, Exception, Function, Object, Result, TypedArray};
 
 use crate::bindings::marmot::actor::types::Error as HostError;
-use crate::bindings::marmot::actor::{actors, alarms, events, files, inputs, log, state};
+use crate::bindings::marmot::actor::{actors, alarms, events, files, http, inputs, log, state};
 
 /// Where `console` output goes.
 pub enum ConsoleSink {
@@ -316,6 +316,7 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
             },
         )?,
     )?;
+    h.set("httpFetch", Function::new(ctx.clone(), http_fetch)?)?;
     h.set("now", Function::new(ctx.clone(), now_ms)?)?;
     h.set("randomBytes", Function::new(ctx.clone(), random_bytes)?)?;
     h.set(
@@ -445,6 +446,49 @@ fn random_bytes<'js>(ctx: Ctx<'js>, n: usize) -> Result<TypedArray<'js, u8>> {
 
 fn utf8_encode<'js>(ctx: Ctx<'js>, s: String) -> Result<TypedArray<'js, u8>> {
     TypedArray::new(ctx, s.into_bytes())
+}
+
+/// `fetch` through the host's `http` capability (allow-listed hosts only;
+/// headers may name secrets the host fills in). Returns
+/// `[status, [[name, value], …], bodyText]`.
+fn http_fetch<'js>(
+    ctx: Ctx<'js>,
+    method: String,
+    url: String,
+    headers: Vec<Vec<String>>,
+    body: Option<String>,
+    timeout_ms: Option<f64>,
+) -> Result<Array<'js>> {
+    let req = http::Request {
+        method,
+        url,
+        headers: headers
+            .into_iter()
+            .filter_map(|mut kv| {
+                let v = kv.pop()?;
+                let k = kv.pop()?;
+                Some((k, v))
+            })
+            .collect(),
+        body: body.map(String::into_bytes),
+        timeout_ms: timeout_ms.map(|t| t.clamp(0.0, f64::from(u32::MAX)) as u32),
+    };
+    let resp = match http::fetch(&req) {
+        Ok(r) => r,
+        Err(e) => return throw(&ctx, "fetch", e),
+    };
+    let out = Array::new(ctx.clone())?;
+    out.set(0, resp.status)?;
+    let hs = Array::new(ctx.clone())?;
+    for (i, (k, v)) in resp.headers.into_iter().enumerate() {
+        let pair = Array::new(ctx.clone())?;
+        pair.set(0, k)?;
+        pair.set(1, v)?;
+        hs.set(i, pair)?;
+    }
+    out.set(1, hs)?;
+    out.set(2, text(resp.body))?;
+    Ok(out)
 }
 
 /// The WHATWG URL components, as JSON.

@@ -392,6 +392,40 @@
   globalThis.URL = URL;
   globalThis.URLSearchParams = URLSearchParams;
 
+  // fetch, backed by the host's `http` capability: only allow-listed hosts
+  // are reachable, and header values may name host secrets
+  // ("{{secret:NAME}}") that never enter the sandbox.
+  class Response {
+    #body;
+    constructor(status, headers, body) {
+      this.status = status;
+      this.ok = status >= 200 && status < 300;
+      this.headers = new Map(headers.map(([k, v]) => [StringCtor(k).toLowerCase(), v]));
+      this.#body = body;
+    }
+    async text() {
+      return this.#body;
+    }
+    async json() {
+      return parse(this.#body);
+    }
+    async arrayBuffer() {
+      return host.utf8Encode(this.#body).buffer;
+    }
+  }
+  globalThis.fetch = async (input, init = {}) => {
+    const url = input instanceof URL ? input.href : StringCtor(input);
+    const method = StringCtor(init.method ?? "GET").toUpperCase();
+    let headers = [];
+    if (init.headers instanceof Map) headers = [...init.headers.entries()];
+    else if (isArray(init.headers)) headers = init.headers;
+    else if (init.headers && typeof init.headers === "object") headers = Object.entries(init.headers);
+    headers = headers.map(([k, v]) => [StringCtor(k), StringCtor(v)]);
+    const body = init.body === undefined || init.body === null ? undefined : StringCtor(init.body);
+    const [status, h, text] = host.httpFetch(method, url, headers, body, init.timeoutMs);
+    return new Response(status, h, text);
+  };
+
   // Math.random from WASI random: the engine is snapshotted after start-up,
   // so QuickJS's own seed would be the same in every sandbox.
   const randomFloat = host.randomFloat;
