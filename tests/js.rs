@@ -22,9 +22,9 @@ export default {
     }
     if (body?.op === "bigint") return { big: 10n };
     if (body?.op === "nothing") return undefined;
-    if (body?.op === "alarm") {
+    if (body?.op === "unsupported") {
       try {
-        alarms.set("x", { after: 10 });
+        inputs.request({ kind: "approval", prompt: "ok?" });
       } catch (e) {
         return { error: String(e.message ?? e) };
       }
@@ -42,7 +42,7 @@ export default {
     state.set("upgrades", log);
   },
 };
-import { alarms } from "marmot";
+import { inputs } from "marmot";
 "#;
 
 async fn deploy_js(api: &Api, ty: &str, source: &str) -> Resp {
@@ -119,7 +119,7 @@ async fn javascript_actors_run_turns_against_the_marmot_module() {
     );
 
     // Unsupported capabilities throw a clear JavaScript error.
-    let r = api.op("jscount", "ann", json!({"op": "alarm"})).await;
+    let r = api.op("jscount", "ann", json!({"op": "unsupported"})).await;
     assert!(
         r.json["error"].as_str().unwrap().contains("not supported"),
         "{}",

@@ -36,6 +36,7 @@
 
 #![deny(missing_docs)]
 
+pub mod alarms;
 #[doc(hidden)]
 pub mod bindings;
 mod error;
@@ -57,7 +58,7 @@ pub use bindings::marmot::actor::types::Error as HostError;
 /// They keep their final shape; until the node supports one it returns
 /// [`HostError::Unsupported`].
 pub mod raw {
-    pub use crate::bindings::marmot::actor::{actors, alarms, files, http, inputs, js, model};
+    pub use crate::bindings::marmot::actor::{actors, files, http, inputs, js, model};
 }
 
 #[doc(hidden)]

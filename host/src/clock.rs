@@ -1,11 +1,53 @@
 //! Wall-clock time as the node sees it.
+//!
+//! Everything that compares against wall time (alarms, idempotency expiry,
+//! event ages, webhook timestamps) and the guests' WASI wall clock read it
+//! here. `MARMOT_CLOCK_OFFSET_MS` shifts it, so tests can move a node into
+//! the future — "the node was down for an hour" — without waiting.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Environment variable that shifts the node's wall clock (tests only).
+pub const CLOCK_OFFSET_ENV: &str = "MARMOT_CLOCK_OFFSET_MS";
+
+/// The configured offset in milliseconds (may be negative).
+pub fn offset_ms() -> i64 {
+    static OFFSET: OnceLock<i64> = OnceLock::new();
+    *OFFSET.get_or_init(|| {
+        std::env::var(CLOCK_OFFSET_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    })
+}
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
-    SystemTime::now()
+    let real = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
+    (real + offset_ms()).max(0) as u64
+}
+
+/// The shifted clock for guests' WASI `wall-clock`.
+pub struct GuestWallClock;
+
+impl wasmtime_wasi::HostWallClock for GuestWallClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_millis(1)
+    }
+
+    fn now(&self) -> Duration {
+        let real = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let offset = offset_ms();
+        if offset >= 0 {
+            real + Duration::from_millis(offset as u64)
+        } else {
+            real.saturating_sub(Duration::from_millis(offset.unsigned_abs()))
+        }
+    }
 }

@@ -35,6 +35,8 @@ pub struct NodeConfig {
     pub storage: StorageConfig,
     /// Crash recovery.
     pub recovery: RecoveryConfig,
+    /// Alarm delivery.
+    pub alarms: AlarmsConfig,
 }
 
 impl Default for NodeConfig {
@@ -48,6 +50,7 @@ impl Default for NodeConfig {
             defaults: TypeDefaults::default(),
             storage: StorageConfig::default(),
             recovery: RecoveryConfig::default(),
+            alarms: AlarmsConfig::default(),
         }
     }
 }
@@ -232,6 +235,32 @@ impl Default for RecoveryConfig {
         Self {
             max_attempts: 3,
             concurrency: 64,
+        }
+    }
+}
+
+/// Alarm delivery.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlarmsConfig {
+    /// Pending alarms per actor.
+    pub max_per_actor: usize,
+    /// Deliveries of one occurrence before it is given up with an
+    /// `alarm_failed` event.
+    pub max_attempts: u32,
+    /// First retry delay; doubles per attempt, with jitter.
+    pub retry_base_ms: u64,
+    /// Alarm turns in flight at once (spreads wake-ups after a restart).
+    pub concurrency: usize,
+}
+
+impl Default for AlarmsConfig {
+    fn default() -> Self {
+        Self {
+            max_per_actor: 1000,
+            max_attempts: 5,
+            retry_base_ms: 1000,
+            concurrency: 256,
         }
     }
 }

@@ -17,6 +17,7 @@
 //! | [`bench`] | `marmot bench` scenarios |
 
 pub mod actor;
+pub mod alarms;
 pub mod api;
 pub mod bench;
 pub mod catalog;

@@ -58,6 +58,10 @@ pub struct Metrics {
     pub inbox_depth: Gauge,
     /// Durable messages given up after repeated crashes.
     pub turns_failed_recovery: Counter,
+    /// Time from an alarm's due time to its turn starting.
+    pub alarm_lag_seconds: Histogram,
+    /// Alarm occurrences given up after their last attempt.
+    pub alarms_failed: Counter,
 }
 
 impl Metrics {
@@ -132,6 +136,18 @@ impl Metrics {
             "Durable messages given up after repeated crashes",
             turns_failed_recovery.clone(),
         );
+        let alarm_lag_seconds = Histogram::new(exponential_buckets(100e-6, 2.0, 20));
+        registry.register(
+            "alarm_lag_seconds",
+            "Time from an alarm's due time to its turn starting",
+            alarm_lag_seconds.clone(),
+        );
+        let alarms_failed = Counter::default();
+        registry.register(
+            "alarms_failed",
+            "Alarm occurrences given up after their last attempt",
+            alarms_failed.clone(),
+        );
         Self {
             registry,
             actors_active,
@@ -148,6 +164,8 @@ impl Metrics {
             traps,
             inbox_depth,
             turns_failed_recovery,
+            alarm_lag_seconds,
+            alarms_failed,
         }
     }
 

@@ -23,7 +23,7 @@ use crate::metrics::Metrics;
 use crate::sandbox::turn::TurnLimits;
 use crate::sandbox::{CodeError, Sandbox, SandboxConfig};
 use crate::storage::schema::{
-    ActorRecord, CodeKind, EventRecord, InboxRecord, TypeRecord, VersionRecord,
+    ActorRecord, AlarmRecord, CodeKind, EventRecord, InboxRecord, TypeRecord, VersionRecord,
 };
 use crate::storage::{EnqueueOutcome, Page, Storage, StorageError, WriteOp};
 
@@ -45,6 +45,10 @@ pub struct Node {
     pub(crate) turn_limits: Arc<TurnLimits>,
     /// Inbox rows with a seq up to this were present at start-up.
     pub(crate) boot_inbox_seq: u64,
+    /// Wall-clock time the node started.
+    pub(crate) boot_ms: u64,
+    /// Delivers due alarms.
+    pub(crate) scheduler: crate::alarms::scheduler::Scheduler,
     ready: AtomicBool,
 }
 
@@ -115,7 +119,7 @@ pub struct ActorInfo {
     pub last_event_seq: u64,
     /// Durable messages waiting.
     pub pending_messages: u64,
-    /// Pending alarms (alarms are not supported yet: always 0).
+    /// Pending alarms.
     pub pending_alarms: u64,
     /// Pending input requests (not supported yet: always 0).
     pub pending_inputs: u64,
@@ -189,8 +193,12 @@ impl Node {
             max_log_line_bytes: l.max_log_line_bytes,
             max_turn_write_bytes: 64 << 20,
             max_cache_bytes: 8 << 20,
+            max_alarms: config.alarms.max_per_actor,
+            max_alarm_payload_bytes: 64 << 10,
         });
+        let (scheduler, scheduler_rx) = crate::alarms::scheduler::Scheduler::new();
         let node = Arc::new(Self {
+            scheduler,
             registry: Registry::new(max_active, l.mailbox_capacity),
             config,
             storage,
@@ -199,6 +207,7 @@ impl Node {
             metrics,
             turn_limits,
             boot_inbox_seq,
+            boot_ms: now_ms(),
             ready: AtomicBool::new(false),
         });
         node.update_gauges();
@@ -210,6 +219,7 @@ impl Node {
             "storage open"
         );
         tokio::spawn(node.clone().recover(recover));
+        node.scheduler.start(node.clone(), scheduler_rx);
         tokio::spawn(node.clone().housekeeping());
         Ok(node)
     }
@@ -545,17 +555,21 @@ impl Node {
         let Some(rec) = r.actor(key)? else {
             return Ok(None);
         };
-        let pending = r.inbox_len(rec.num)?;
-        Ok(Some(self.info_from(key, &rec, pending)))
+        Ok(Some(self.info_from(key, &rec, &r)?))
     }
 
-    fn info_from(&self, key: &ActorKey, rec: &ActorRecord, pending: u64) -> ActorInfo {
+    fn info_from(
+        &self,
+        key: &ActorKey,
+        rec: &ActorRecord,
+        r: &crate::storage::Reader,
+    ) -> Result<ActorInfo, StorageError> {
         let live = self.registry.live_stats(key);
         let (turns, last_turn_at_ms) = match live {
             Some(Some((t, at))) if t >= rec.turns => (t, at),
             _ => (rec.turns, rec.last_turn_at_ms),
         };
-        ActorInfo {
+        Ok(ActorInfo {
             ty: key.ty().to_owned(),
             id: key.id().to_owned(),
             status: if live.is_some() {
@@ -570,10 +584,10 @@ impl Node {
             state_bytes: rec.state_bytes,
             state_keys: rec.state_keys,
             last_event_seq: rec.last_event_seq,
-            pending_messages: pending,
-            pending_alarms: 0,
+            pending_messages: r.inbox_len(rec.num)?,
+            pending_alarms: r.alarm_count(rec.num)?,
             pending_inputs: 0,
-        }
+        })
     }
 
     /// Actors of a type.
@@ -589,7 +603,7 @@ impl Node {
         let mut items = Vec::with_capacity(page.items.len());
         for (id, rec) in page.items {
             let key = ActorKey::new_unchecked(ty, &id);
-            items.push(self.info_from(&key, &rec, 0));
+            items.push(self.info_from(&key, &rec, &r)?);
         }
         Ok(Page {
             items,
@@ -623,6 +637,18 @@ impl Node {
             return Ok(None);
         };
         Ok(Some(r.state(rec.num, state_key)?))
+    }
+
+    /// Committed alarms of an actor, by name.
+    pub fn alarms(
+        &self,
+        key: &ActorKey,
+    ) -> Result<Option<Vec<(String, AlarmRecord)>>, StorageError> {
+        let r = self.storage.reader()?;
+        let Some(rec) = r.actor(key)? else {
+            return Ok(None);
+        };
+        Ok(Some(r.alarms(rec.num)?))
     }
 
     /// Committed events after `after`.

@@ -14,6 +14,8 @@ use serde_json::Value;
 pub const TESTKIT: &[u8] = include_bytes!(env!("MARMOT_GUEST_MARMOT_TESTKIT"));
 /// The counter example.
 pub const COUNTER: &[u8] = include_bytes!(env!("MARMOT_GUEST_COUNTER"));
+/// The notes example.
+pub const NOTES: &[u8] = include_bytes!(env!("MARMOT_GUEST_NOTES"));
 
 /// A `marmot dev` process.
 pub struct Marmot {
@@ -141,6 +143,14 @@ impl Marmot {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+    }
+
+    /// Set (`Some`) or remove an environment variable for the next start.
+    pub fn set_env(&mut self, key: &str, value: Option<&str>) {
+        self.env.retain(|(k, _)| k != key);
+        if let Some(v) = value {
+            self.env.push((key.to_owned(), v.to_owned()));
         }
     }
 

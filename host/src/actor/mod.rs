@@ -33,6 +33,18 @@ pub enum Envelope {
     Recover(OwnedSemaphorePermit),
     /// Run a script in a fresh JavaScript sandbox bound to the actor.
     Eval(String, oneshot::Sender<Result<EvalReply, TurnError>>),
+    /// An alarm is due.
+    Alarm(Box<AlarmDelivery>),
+}
+
+/// A due alarm on its way to its actor.
+pub struct AlarmDelivery {
+    /// The alarm's name.
+    pub name: String,
+    /// The due time the scheduler saw; stale if the alarm moved since.
+    pub due_ms: u64,
+    /// Held until the alarm turn is over.
+    pub ticket: crate::alarms::scheduler::AlarmTicket,
 }
 
 /// What `POST …/eval` returns.

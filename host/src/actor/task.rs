@@ -8,7 +8,7 @@
 //! the writer raises the actor's minimum generation; the task notices before
 //! its next turn and reloads everything from disk.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -18,15 +18,18 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
 use super::registry::Shared;
-use super::{Delivery, Envelope, EvalReply, TurnError, TurnReply};
+use super::{AlarmDelivery, Delivery, Envelope, EvalReply, TurnError, TurnReply};
+use crate::alarms::scheduler::{AlarmTicket, Notice};
 use crate::clock::now_ms;
 use crate::ids::ActorKey;
 use crate::node::Node;
+use crate::sandbox::bindings::marmot::actor::types::Alarm;
 use crate::sandbox::bindings::{Context, Message};
 use crate::sandbox::turn::{FinishedTurn, StateCache, TurnState};
 use crate::sandbox::{Instance, TrapKind};
 use crate::storage::schema::{
-    ActorRecord, CodeKind, EventRecord, IdemOutcome, IdemRecord, InboxRecord, StoredReply,
+    ActorRecord, AlarmRecord, CodeKind, EventRecord, IdemOutcome, IdemRecord, InboxRecord,
+    StoredReply,
 };
 use crate::storage::{CommitFailed, TurnCommit, WriteOp};
 
@@ -37,6 +40,8 @@ const STATE_CACHE_BYTES: usize = 8 << 20;
 const MAX_COMMITS_IN_FLIGHT: u64 = 256;
 /// First delay before retrying a durable message that could not start.
 const INBOX_RETRY_MS: u64 = 200;
+/// Delay before delivering again an alarm whose turn could not start.
+const ALARM_RETRY_MS: u64 = 500;
 /// Inbox rows read per batch.
 const INBOX_BATCH: usize = 64;
 
@@ -52,6 +57,7 @@ enum TurnInput {
     Upgrade(u32),
     /// A script in a fresh JavaScript sandbox bound to this actor.
     Eval(String),
+    Alarm(Alarm),
 }
 
 /// What a successful turn returned.
@@ -75,6 +81,9 @@ struct CommitExtras {
     inbox_done: Option<u64>,
     inbox_update: Option<(u64, InboxRecord)>,
     events: Vec<(String, Vec<u8>)>,
+    /// An alarm moved or removed by its own firing, unless the turn itself
+    /// wrote the same alarm.
+    alarm: Option<(String, Option<AlarmRecord>)>,
 }
 
 pub(crate) struct ActorTask {
@@ -87,6 +96,9 @@ pub(crate) struct ActorTask {
     persisted: Option<ActorRecord>,
     live: Option<Live>,
     cache: StateCache,
+    /// The actor's alarms, including changes not yet durable; `None` until
+    /// a turn needs them.
+    alarms: Option<BTreeMap<String, AlarmRecord>>,
     /// Commits from generations below the tracker's minimum are refused.
     generation: u64,
     /// Last turn sequence number handed out.
@@ -115,6 +127,7 @@ impl ActorTask {
             persisted: None,
             live: None,
             cache: StateCache::default(),
+            alarms: None,
             generation: 0,
             seq: 0,
             submitted_seq: 0,
@@ -225,6 +238,7 @@ impl ActorTask {
                 let _ = reply.send(r);
             }
             Envelope::Eval(code, reply) => self.on_eval(code, reply).await,
+            Envelope::Alarm(d) => self.on_alarm(*d).await,
             Envelope::Recover(permit) => {
                 self.shared.inbox_dirty.store(false, Ordering::Release);
                 self.drain_inbox().await;
@@ -283,6 +297,7 @@ impl ActorTask {
         self.persisted = None;
         self.live = None;
         self.cache = StateCache::default();
+        self.alarms = None;
         self.idem_pending.clear();
         self.inbox_cursor = 0;
         self.shared.inbox_dirty.store(true, Ordering::Release);
@@ -631,7 +646,7 @@ impl ActorTask {
         }
         self.seq += 1;
         let rec = self.record.as_ref().expect("record loaded");
-        let turn = TurnState::new(
+        let mut turn = TurnState::new(
             key.clone(),
             rec.num,
             version,
@@ -643,6 +658,7 @@ impl ActorTask {
             self.node.turn_limits.clone(),
             self.node.storage.clone(),
         );
+        turn.alarms.known = self.alarms.take();
         let (inst, turn_timeout) = match &mut fresh {
             Some((inst, timeout)) => (inst, *timeout),
             None => {
@@ -683,6 +699,10 @@ impl ActorTask {
                         }),
                     TurnInput::Upgrade(from) => handlers
                         .call_on_upgrade(&mut *store, &ctx, from)
+                        .await
+                        .map(|r| r.map(|()| TurnOutput::Done)),
+                    TurnInput::Alarm(alarm) => handlers
+                        .call_on_alarm(&mut *store, &ctx, &alarm)
                         .await
                         .map(|r| r.map(|()| TurnOutput::Done)),
                     TurnInput::Eval(code) => {
@@ -728,20 +748,21 @@ impl ActorTask {
         match result {
             Ok(Ok(Ok(TurnOutput::Eval(reply)))) if reply.error.is_some() => {
                 // The script threw: like a failed turn, nothing it wrote stays.
-                self.cache = turn.abandon();
+                (self.cache, self.alarms) = turn.abandon();
                 self.trim_cache();
                 self.node.metrics.turn(kind, "error");
                 Ok((TurnOutput::Eval(reply), FinishedTurn::default()))
             }
             Ok(Ok(Ok(out))) => {
-                let (cache, finished) = turn.finish();
+                let (cache, mut finished) = turn.finish();
                 self.cache = cache;
+                self.alarms = finished.alarms_known.take();
                 self.trim_cache();
                 self.node.metrics.turn(kind, "ok");
                 Ok((out, finished))
             }
             Ok(Ok(Err(msg))) => {
-                self.cache = turn.abandon();
+                (self.cache, self.alarms) = turn.abandon();
                 self.trim_cache();
                 self.node.metrics.turn(kind, "error");
                 span.in_scope(
@@ -751,13 +772,13 @@ impl ActorTask {
             }
             Ok(Err(trap)) if is_resource_exhaustion(&format!("{trap:#}")) => {
                 // No fiber stack was free: the guest never ran.
-                self.cache = turn.abandon();
+                (self.cache, self.alarms) = turn.abandon();
                 self.node.metrics.turn(kind, "not_started");
                 tracing::warn!(actor = %self.key, error = %trap, "no room to run a turn");
                 Err(TurnError::Overloaded)
             }
             Ok(Err(trap)) => {
-                self.cache = turn.abandon();
+                (self.cache, self.alarms) = turn.abandon();
                 self.trim_cache();
                 if !is_fresh {
                     self.live = None;
@@ -776,7 +797,7 @@ impl ActorTask {
                 })
             }
             Err(_elapsed) => {
-                self.cache = turn.abandon();
+                (self.cache, self.alarms) = turn.abandon();
                 self.trim_cache();
                 if !is_fresh {
                     self.live = None;
@@ -856,6 +877,19 @@ impl ActorTask {
         if record.is_some() {
             self.persisted = record.clone();
         }
+        let mut alarms = finished.alarm_writes;
+        if let Some((name, rec)) = extras.alarm.take()
+            && !alarms.iter().any(|(n, _)| *n == name)
+        {
+            if let Some(known) = &mut self.alarms {
+                match &rec {
+                    Some(r) => known.insert(name.clone(), r.clone()),
+                    None => known.remove(&name),
+                };
+            }
+            alarms.push((name, rec));
+        }
+        let on_durable = self.notify_scheduler(&alarms, on_durable);
         let commit = TurnCommit {
             key: self.key.clone(),
             tracker: self.shared.tracker.clone(),
@@ -869,12 +903,256 @@ impl ActorTask {
             idempotency: extras.idempotency,
             inbox_done: extras.inbox_done,
             inbox_update: extras.inbox_update,
+            alarms,
             on_durable,
         };
         self.node
             .storage
             .writer()
             .submit(WriteOp::Turn(Box::new(commit)));
+    }
+
+    /// Tell the scheduler about alarms a commit sets, moves or removes,
+    /// once it is durable (before that the change may still vanish).
+    fn notify_scheduler(
+        &self,
+        alarms: &[(String, Option<AlarmRecord>)],
+        on_durable: OnDurable,
+    ) -> OnDurable {
+        if alarms.is_empty() {
+            return on_durable;
+        }
+        let changes: Vec<(String, Option<u64>)> = alarms
+            .iter()
+            .map(|(name, rec)| (name.clone(), rec.as_ref().map(|r| r.next_due_ms)))
+            .collect();
+        let scheduler = self.node.scheduler.clone();
+        let num = self.record().num;
+        Box::new(move |r| {
+            if r.is_ok() {
+                for (name, due_ms) in changes {
+                    scheduler.notify(Notice::Set { num, name, due_ms });
+                }
+            }
+            on_durable(r);
+        })
+    }
+
+    /// Run a due alarm's turn. Its commit deletes a one-shot alarm or moves
+    /// a periodic one to its next occurrence, in the same transaction as the
+    /// handler's effects; a failed attempt is retried with back-off and,
+    /// after the last, given up with an `alarm_failed` event. The ticket
+    /// (and its scheduler permit) is held until that commit is durable.
+    async fn on_alarm(&mut self, d: AlarmDelivery) {
+        let AlarmDelivery {
+            name,
+            due_ms,
+            mut ticket,
+        } = d;
+        match self.ready(false).await {
+            Ok(()) => {}
+            // Deleted with its alarms, or its type is gone: nothing to run.
+            Err(TurnError::NotFound | TurnError::UnknownType(_)) => {
+                ticket.settle();
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(actor = %self.key, alarm = %name, error = %e, "alarm cannot run now; will retry");
+                ticket.retry_later(ALARM_RETRY_MS);
+                return;
+            }
+        }
+        let alarm = match self.current_alarm(&name) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(actor = %self.key, alarm = %name, error = %e, "cannot read the alarm; will retry");
+                ticket.retry_later(ALARM_RETRY_MS);
+                return;
+            }
+        };
+        let now = now_ms();
+        // Cancelled, or moved to later since the scheduler saw it (the
+        // commit that moved it told the scheduler the new time).
+        let Some(mut rec) = alarm.filter(|r| r.next_due_ms <= now) else {
+            ticket.settle();
+            return;
+        };
+        let due = rec.next_due_ms;
+        if due != due_ms {
+            tracing::debug!(actor = %self.key, alarm = %name, "alarm moved earlier; firing at its current time");
+        }
+        if due < self.node.boot_ms {
+            // Due before this node started: its turn may be what brought the
+            // node down. Count the attempt durably before running it again.
+            let max = self.node.config.recovery.max_attempts;
+            if rec.boot_attempts >= max {
+                let error = format!(
+                    "the turn was started {} times after crashes and never finished",
+                    rec.boot_attempts
+                );
+                self.node.metrics.turns_failed_recovery.inc();
+                tracing::error!(actor = %self.key, alarm = %name, attempts = rec.boot_attempts,
+                    "alarm keeps crashing the node; giving up this occurrence");
+                let extras = self.give_up_alarm(&name, &rec, due, "recovery_exhausted", &error);
+                self.submit_alarm(FinishedTurn::unchanged(self.record()), extras, ticket);
+                return;
+            }
+            rec.boot_attempts += 1;
+            let (tx, rx) = oneshot::channel();
+            self.submit(
+                FinishedTurn::unchanged(self.record()),
+                CommitExtras {
+                    bookkeeping: true,
+                    alarm: Some((name.clone(), Some(rec.clone()))),
+                    ..Default::default()
+                },
+                Box::new(move |r| {
+                    let _ = tx.send(r);
+                }),
+            );
+            if !matches!(rx.await, Ok(Ok(()))) {
+                // Not counted, so not run.
+                ticket.retry_later(ALARM_RETRY_MS);
+                return;
+            }
+        }
+        self.node
+            .metrics
+            .alarm_lag_seconds
+            .observe(now.saturating_sub(due) as f64 / 1000.0);
+        if let Err(e) = self.ensure_version().await {
+            tracing::warn!(actor = %self.key, alarm = %name, error = %e, "alarm waits for the upgrade");
+            ticket.retry_later(if not_started(&e) {
+                ALARM_RETRY_MS
+            } else {
+                5_000
+            });
+            return;
+        }
+        let input = Alarm {
+            name: name.clone(),
+            payload: rec.payload.clone(),
+            due_at: due,
+        };
+        let turn_id = format!("alarm:{name}:{due}");
+        let version = self.record().version;
+        let result = self
+            .run_turn("alarm", version, &turn_id, TurnInput::Alarm(input))
+            .await;
+        let max_attempts = self.node.config.alarms.max_attempts.max(1);
+        let (finished, extras) = match result {
+            Ok((_, finished)) => {
+                let next = self.after_firing(&name, &rec, due);
+                let extras = CommitExtras {
+                    alarm: Some((name, next)),
+                    ..Default::default()
+                };
+                (finished, extras)
+            }
+            Err(e) if not_started(&e) => {
+                ticket.retry_later(ALARM_RETRY_MS);
+                return;
+            }
+            Err(e) if rec.attempts + 1 < max_attempts => {
+                rec.attempts += 1;
+                let base = self.node.config.alarms.retry_base_ms;
+                let delay = crate::alarms::retry_delay_ms(base, rec.attempts);
+                rec.next_due_ms = now_ms() + delay;
+                tracing::info!(actor = %self.key, alarm = %name, attempt = rec.attempts,
+                    retry_in_ms = delay, error = %e, "alarm turn failed; will retry");
+                let extras = CommitExtras {
+                    bookkeeping: true,
+                    alarm: Some((name, Some(rec))),
+                    ..Default::default()
+                };
+                (FinishedTurn::unchanged(self.record()), extras)
+            }
+            Err(e) => {
+                rec.attempts += 1;
+                self.node.metrics.alarms_failed.inc();
+                tracing::warn!(actor = %self.key, alarm = %name, attempts = rec.attempts,
+                    error = %e, "alarm given up after its last attempt");
+                let extras = self.give_up_alarm(&name, &rec, due, e.code(), &e.to_string());
+                (FinishedTurn::unchanged(self.record()), extras)
+            }
+        };
+        self.submit_alarm(finished, extras, ticket);
+    }
+
+    /// Commit an alarm's outcome; the ticket is settled once it is durable
+    /// and otherwise asks for the alarm again.
+    fn submit_alarm(
+        &mut self,
+        finished: FinishedTurn,
+        extras: CommitExtras,
+        mut ticket: AlarmTicket,
+    ) {
+        self.submit(
+            finished,
+            extras,
+            Box::new(move |r| match r {
+                Ok(()) => ticket.settle(),
+                Err(_) => ticket.retry_later(ALARM_RETRY_MS),
+            }),
+        );
+    }
+
+    /// Give up an alarm's current occurrence: a visible `alarm_failed`
+    /// event, and the alarm removed (one-shot) or moved on (periodic).
+    fn give_up_alarm(
+        &self,
+        name: &str,
+        rec: &AlarmRecord,
+        due: u64,
+        code: &str,
+        error: &str,
+    ) -> CommitExtras {
+        let data = serde_json::json!({
+            "alarm": name,
+            "due_at": due,
+            "attempts": rec.attempts + rec.boot_attempts,
+            "error": { "code": code, "message": error },
+        });
+        CommitExtras {
+            bookkeeping: true,
+            alarm: Some((name.to_owned(), self.after_firing(name, rec, due))),
+            events: vec![(
+                "alarm_failed".to_owned(),
+                serde_json::to_vec(&data).expect("json"),
+            )],
+            ..Default::default()
+        }
+    }
+
+    /// Alarm `name` as the actor sees it now, including commits in flight.
+    fn current_alarm(&mut self, name: &str) -> Result<Option<AlarmRecord>, TurnError> {
+        if self.alarms.is_none() {
+            // Nothing in this activation touched alarms yet, so nothing
+            // about them is in flight: disk is current.
+            let rows = self.node.storage.reader()?.alarms(self.record().num)?;
+            self.alarms = Some(rows.into_iter().collect());
+        }
+        Ok(self.alarms.as_ref().and_then(|a| a.get(name)).cloned())
+    }
+
+    /// What becomes of an alarm after the occurrence due at `due` is over:
+    /// gone if it was one-shot, else moved to its next occurrence after now.
+    fn after_firing(&self, name: &str, rec: &AlarmRecord, due: u64) -> Option<AlarmRecord> {
+        match crate::alarms::next_after_firing(&rec.schedule, due, now_ms()) {
+            Ok(Some(next)) => Some(AlarmRecord {
+                next_due_ms: next,
+                attempts: 0,
+                boot_attempts: 0,
+                ..rec.clone()
+            }),
+            Ok(None) => None,
+            Err(e) => {
+                // Only a schedule that has run out (a cron with a year
+                // field in the past) gets here; validated when set.
+                tracing::warn!(actor = %self.key, alarm = %name, error = %e, "periodic alarm has no next occurrence; removed");
+                None
+            }
+        }
     }
 
     /// Run every durable message in the inbox, oldest first.
@@ -1093,9 +1371,9 @@ impl ActorTask {
 }
 
 impl FinishedTurn {
-    /// Whether the turn wrote nothing (no state, no events).
+    /// Whether the turn wrote nothing (no state, events or alarms).
     fn is_empty(&self) -> bool {
-        self.writes.is_empty() && self.events.is_empty()
+        self.writes.is_empty() && self.events.is_empty() && self.alarm_writes.is_empty()
     }
 
     /// A commit that changes no state (bookkeeping only).
@@ -1105,6 +1383,8 @@ impl FinishedTurn {
             events: Vec::new(),
             state_bytes: record.state_bytes,
             state_keys: record.state_keys,
+            alarm_writes: Vec::new(),
+            alarms_known: None,
         }
     }
 }

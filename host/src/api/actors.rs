@@ -11,6 +11,7 @@ use serde::Deserialize;
 use super::{ApiError, AppState, Path, Query};
 use crate::ids::{ActorKey, validate_idempotency_key};
 use crate::storage::EnqueueOutcome;
+use crate::storage::schema::AlarmSchedule;
 
 fn key(ty: &str, id: &str) -> Result<ActorKey, ApiError> {
     Ok(ActorKey::new(ty, id)?)
@@ -286,6 +287,54 @@ pub(super) async fn events(
         axum::Json(serde_json::json!({ "events": events, "next_after": next_after }))
             .into_response(),
     )
+}
+
+/// A stored payload as JSON: the value itself when it is JSON, else base64.
+fn payload_json(bytes: &[u8]) -> (&'static str, serde_json::Value) {
+    match serde_json::from_slice::<serde_json::Value>(bytes) {
+        Ok(j) => ("payload", j),
+        Err(_) => (
+            "payload_base64",
+            base64::engine::general_purpose::STANDARD
+                .encode(bytes)
+                .into(),
+        ),
+    }
+}
+
+pub(super) async fn alarms(
+    State(s): State<AppState>,
+    Path((ty, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let key = key(&ty, &id)?;
+    known_type(&s, &ty)?;
+    let Some(alarms) = s.node.alarms(&key)? else {
+        return Err(ApiError::not_found(
+            "actor_not_found",
+            format!("actor {key} does not exist"),
+        ));
+    };
+    let alarms: Vec<_> = alarms
+        .into_iter()
+        .map(|(name, a)| {
+            let schedule = match a.schedule {
+                AlarmSchedule::At(t) => serde_json::json!({ "at": t }),
+                AlarmSchedule::After(d) => serde_json::json!({ "after": d }),
+                AlarmSchedule::Cron { expr, tz } => serde_json::json!({ "cron": expr, "tz": tz }),
+            };
+            let (field, payload) = payload_json(&a.payload);
+            let mut v = serde_json::json!({
+                "name": name,
+                "schedule": schedule,
+                "next_due_ms": a.next_due_ms,
+                "attempts": a.attempts,
+                "set_at_ms": a.set_at_ms,
+            });
+            v[field] = payload;
+            v
+        })
+        .collect();
+    Ok(axum::Json(serde_json::json!({ "alarms": alarms })).into_response())
 }
 
 #[derive(Deserialize)]

@@ -72,7 +72,7 @@ pub fn router(node: Arc<Node>) -> Router {
             get(actors::state_key),
         )
         .route("/v1/actors/{type}/{id}/events", get(actors::events))
-        .route("/v1/actors/{type}/{id}/alarms", get(not_yet))
+        .route("/v1/actors/{type}/{id}/alarms", get(actors::alarms))
         .route("/v1/actors/{type}/{id}/inputs", get(not_yet))
         .route("/v1/actors/{type}/{id}/inputs/{input}", post(not_yet))
         .route("/v1/actors/{type}/{id}/eval", post(actors::eval))

@@ -6,6 +6,7 @@
 //! installed, else with a built-in closed-loop HTTP/1.1 client; the report
 //! says which. Benchmarks are measurements, never pass/fail tests.
 
+mod alarms;
 mod http;
 mod inproc;
 mod rss;
@@ -30,6 +31,9 @@ pub struct BenchArgs {
     /// Concurrent connections for throughput scenarios.
     #[arg(long, default_value_t = 64)]
     pub connections: usize,
+    /// Alarms due per second (alarm-lag).
+    #[arg(long, default_value_t = 10_000)]
+    pub rate: u64,
     /// Load generator for HTTP throughput scenarios.
     #[arg(long, value_enum, default_value_t = LoadGen::Auto)]
     pub load: LoadGen,
@@ -56,6 +60,9 @@ pub enum Scenario {
     RssHibernated,
     /// RSS with many active JavaScript actors (default 1,000).
     JsRss,
+    /// Alarm lag at `--rate` alarms/s across many hibernated actors
+    /// (default 10,000 actors, 10,000/s).
+    AlarmLag,
     /// Every scenario above, one after another.
     All,
 }
@@ -85,6 +92,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::RssActive,
             Scenario::RssHibernated,
             Scenario::JsRss,
+            Scenario::AlarmLag,
         ],
         s => vec![s],
     };
@@ -99,6 +107,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::RssActive => rss::active(&args).await?,
             Scenario::RssHibernated => rss::hibernated(&args).await?,
             Scenario::JsRss => rss::js_active(&args).await?,
+            Scenario::AlarmLag => alarms::lag(&args).await?,
             Scenario::All => unreachable!(),
         }
     }

@@ -215,6 +215,14 @@ pub(super) async fn inspect(args: &ClientArgs, ty: &str, id: &str) -> anyhow::Re
     Ok(())
 }
 
+pub(super) async fn alarms(args: &ClientArgs, ty: &str, id: &str) -> anyhow::Result<()> {
+    let c = Client::new(args)?;
+    let path = format!("/v1/actors/{}/{}/alarms", seg(ty), seg(id));
+    let (_, body) = c.send(c.request(Method::GET, &path)).await?;
+    print_json(&body);
+    Ok(())
+}
+
 pub(super) async fn types(args: &ClientArgs) -> anyhow::Result<()> {
     let c = Client::new(args)?;
     let (_, body) = c.send(c.request(Method::GET, "/v1/types")).await?;

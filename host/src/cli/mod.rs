@@ -97,6 +97,16 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Show an actor's pending alarms.
+    Alarms {
+        /// Actor type.
+        #[arg(value_name = "TYPE")]
+        ty: String,
+        /// Actor id.
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// List deployed types.
     Types {
         #[command(flatten)]
@@ -174,6 +184,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             client,
         } => client::actors(&client, &ty, &prefix, limit).await,
         Command::Inspect { ty, id, client } => client::inspect(&client, &ty, &id).await,
+        Command::Alarms { ty, id, client } => client::alarms(&client, &ty, &id).await,
         Command::Types { client } => client::types(&client).await,
         Command::Bench(args) => crate::bench::run(args).await,
     }

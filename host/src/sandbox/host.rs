@@ -64,6 +64,9 @@ impl Host {
         let stderr = GuestOutput::new(output_capacity);
         let mut wasi = WasiCtxBuilder::new();
         wasi.stdout(stdout.clone()).stderr(stderr.clone());
+        if crate::clock::offset_ms() != 0 {
+            wasi.wall_clock(crate::clock::GuestWallClock);
+        }
         for (k, v) in &config.env {
             wasi.env(k, v);
         }

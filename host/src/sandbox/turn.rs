@@ -18,6 +18,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::ids::{ActorKey, MAX_STATE_KEY};
+use crate::storage::schema::{AlarmRecord, AlarmSchedule};
 use crate::storage::{Storage, StorageError};
 
 /// Limits that apply inside a turn.
@@ -40,6 +41,10 @@ pub struct TurnLimits {
     /// Values read from disk are cached only while the actor's cache holds
     /// less than this.
     pub max_cache_bytes: usize,
+    /// Alarms one actor may have pending.
+    pub max_alarms: usize,
+    /// Largest alarm payload.
+    pub max_alarm_payload_bytes: usize,
 }
 
 /// A cached state value.
@@ -123,6 +128,8 @@ pub struct TurnState {
     pub log_lines: u32,
     /// Bytes written by `set` so far.
     write_bytes: usize,
+    /// The actor's alarms: loaded on first use, plus this turn's changes.
+    pub alarms: AlarmBook,
     /// Limits.
     pub limits: Arc<TurnLimits>,
     storage: Arc<Storage>,
@@ -166,6 +173,7 @@ impl TurnState {
             next_event_seq: last_event_seq + 1,
             log_lines: 0,
             write_bytes: 0,
+            alarms: AlarmBook::default(),
             limits,
             storage,
         }
@@ -319,6 +327,81 @@ impl TurnState {
         Ok(seq)
     }
 
+    /// The actor's pending alarms as this turn sees them.
+    fn alarm_view(&mut self) -> Result<BTreeMap<String, AlarmRecord>, StorageError> {
+        if self.alarms.known.is_none() {
+            let on_disk = self.storage.reader()?.alarms(self.num)?;
+            self.alarms.known = Some(on_disk.into_iter().collect());
+        }
+        let mut view = self.alarms.known.clone().unwrap_or_default();
+        for (name, rec) in &self.alarms.writes {
+            match rec {
+                Some(r) => {
+                    view.insert(name.clone(), r.clone());
+                }
+                None => {
+                    view.remove(name);
+                }
+            }
+        }
+        Ok(view)
+    }
+
+    /// Set (or replace) alarm `name`.
+    pub fn alarm_set(
+        &mut self,
+        name: String,
+        schedule: AlarmSchedule,
+        payload: Vec<u8>,
+        now_ms: u64,
+    ) -> Result<Result<(), Refusal>, StorageError> {
+        if let Err(e) = crate::alarms::check_name(&name) {
+            return Ok(Err(Refusal::Invalid(e.to_string())));
+        }
+        if payload.len() > self.limits.max_alarm_payload_bytes {
+            return Ok(Err(Refusal::Limit(format!(
+                "alarm payload of {} bytes exceeds the limit of {} bytes",
+                payload.len(),
+                self.limits.max_alarm_payload_bytes
+            ))));
+        }
+        let due = match crate::alarms::first_due(&schedule, now_ms) {
+            Ok(d) => d,
+            Err(e) => return Ok(Err(Refusal::Invalid(e.to_string()))),
+        };
+        let view = self.alarm_view()?;
+        if !view.contains_key(&name) && view.len() >= self.limits.max_alarms {
+            return Ok(Err(Refusal::Limit(format!(
+                "an actor may have at most {} pending alarms",
+                self.limits.max_alarms
+            ))));
+        }
+        let rec = AlarmRecord {
+            schedule,
+            payload,
+            next_due_ms: due,
+            attempts: 0,
+            boot_attempts: 0,
+            set_at_ms: now_ms,
+        };
+        self.alarms.writes.insert(name, Some(rec));
+        Ok(Ok(()))
+    }
+
+    /// Cancel alarm `name`; whether it was pending.
+    pub fn alarm_cancel(&mut self, name: &str) -> Result<bool, StorageError> {
+        let existed = self.alarm_view()?.contains_key(name);
+        if existed {
+            self.alarms.writes.insert(name.to_owned(), None);
+        }
+        Ok(existed)
+    }
+
+    /// Pending alarms, by name.
+    pub fn alarm_list(&mut self) -> Result<Vec<(String, AlarmRecord)>, StorageError> {
+        Ok(self.alarm_view()?.into_iter().collect())
+    }
+
     /// Fold this turn's writes into the cache (the turn succeeded) and give
     /// the cache back to the actor along with the writes to commit.
     pub fn finish(mut self) -> (StateCache, FinishedTurn) {
@@ -327,18 +410,36 @@ impl TurnState {
         for (k, v) in &writes {
             self.cache.insert(k.clone(), v.clone(), self.seq);
         }
+        let alarm_writes: Vec<(String, Option<AlarmRecord>)> =
+            std::mem::take(&mut self.alarms.writes)
+                .into_iter()
+                .collect();
+        if let Some(known) = &mut self.alarms.known {
+            for (name, rec) in &alarm_writes {
+                match rec {
+                    Some(r) => {
+                        known.insert(name.clone(), r.clone());
+                    }
+                    None => {
+                        known.remove(name);
+                    }
+                }
+            }
+        }
         let finished = FinishedTurn {
             writes,
             events: self.events,
             state_bytes: self.state_bytes,
             state_keys: self.state_keys,
+            alarm_writes,
+            alarms_known: self.alarms.known.take(),
         };
         (self.cache, finished)
     }
 
-    /// Discard this turn's writes and give the cache back.
-    pub fn abandon(self) -> StateCache {
-        self.cache
+    /// Discard this turn's writes and give the caches back.
+    pub fn abandon(self) -> (StateCache, Option<BTreeMap<String, AlarmRecord>>) {
+        (self.cache, self.alarms.known)
     }
 }
 
@@ -353,6 +454,20 @@ pub struct FinishedTurn {
     pub state_bytes: u64,
     /// Number of keys after the turn.
     pub state_keys: u64,
+    /// Alarms set (`Some`) or cancelled (`None`) by the turn.
+    pub alarm_writes: Vec<(String, Option<AlarmRecord>)>,
+    /// The actor's alarms after the turn, if they were loaded.
+    pub alarms_known: Option<BTreeMap<String, AlarmRecord>>,
+}
+
+/// An actor's alarms as a turn sees them.
+#[derive(Debug, Default)]
+pub struct AlarmBook {
+    /// Pending alarms (on disk plus earlier turns of this activation);
+    /// `None` until first needed.
+    pub known: Option<BTreeMap<String, AlarmRecord>>,
+    /// This turn's sets (`Some`) and cancels (`None`).
+    pub writes: BTreeMap<String, Option<AlarmRecord>>,
 }
 
 fn check_key(key: &str) -> Result<(), Refusal> {
@@ -396,6 +511,8 @@ mod tests {
             max_log_line_bytes: 100,
             max_turn_write_bytes: 1 << 20,
             max_cache_bytes: 1 << 20,
+            max_alarms: 10,
+            max_alarm_payload_bytes: 1024,
         })
     }
 
@@ -440,6 +557,10 @@ mod tests {
             .collect();
         let mut seq = 0;
         let mut pending = Vec::new();
+        // Alarms: name → due, as committed; and the actor's in-memory view.
+        let mut committed_alarms: BTreeMap<String, u64> = BTreeMap::new();
+        let mut known: Option<BTreeMap<String, AlarmRecord>> = None;
+        const NOW: u64 = 1_000_000;
         for _turn in 0..120 {
             seq += 1;
             let mut turn = TurnState::new(
@@ -454,10 +575,34 @@ mod tests {
                 limits(),
                 storage.clone(),
             );
+            turn.alarms.known = known.take();
             let mut model = committed.clone();
+            let mut alarm_model = committed_alarms.clone();
             for _ in 0..rng.random_range(1..8) {
                 let k = &keys[rng.random_range(0..keys.len())];
-                match rng.random_range(0..10) {
+                let name = ["x", "y", "z", "w"][rng.random_range(0..4)].to_owned();
+                match rng.random_range(0..13) {
+                    10 => {
+                        let after = rng.random_range(0..1000);
+                        let r = turn
+                            .alarm_set(name.clone(), AlarmSchedule::After(after), vec![], NOW)
+                            .unwrap();
+                        assert_eq!(r, Ok(()));
+                        alarm_model.insert(name, NOW + after);
+                    }
+                    11 => {
+                        let existed = turn.alarm_cancel(&name).unwrap();
+                        assert_eq!(existed, alarm_model.remove(&name).is_some(), "seed {seed}");
+                    }
+                    12 => {
+                        let got: BTreeMap<String, u64> = turn
+                            .alarm_list()
+                            .unwrap()
+                            .into_iter()
+                            .map(|(n, r)| (n, r.next_due_ms))
+                            .collect();
+                        assert_eq!(got, alarm_model, "seed {seed}: alarm list");
+                    }
                     0..=3 => {
                         let len = rng.random_range(0..80);
                         let v = vec![b'v'; len];
@@ -514,9 +659,11 @@ mod tests {
                 "seed {seed}: state_keys"
             );
             if rng.random_bool(0.8) {
-                let (c, finished) = turn.finish();
+                let (c, mut finished) = turn.finish();
                 cache = c;
+                known = finished.alarms_known.take();
                 committed = model;
+                committed_alarms = alarm_model;
                 record.state_bytes = finished.state_bytes;
                 record.state_keys = finished.state_keys;
                 record.turns += 1;
@@ -528,6 +675,7 @@ mod tests {
                     seq,
                     num: record.num,
                     record: Some(record.clone()),
+                    alarms: finished.alarm_writes,
                     state: finished.writes,
                     events: Vec::new(),
                     trim_events_below: None,
@@ -540,7 +688,7 @@ mod tests {
                 })));
                 pending.push(rx);
             } else {
-                cache = turn.abandon();
+                (cache, known) = turn.abandon();
             }
             if rng.random_bool(0.1) {
                 // Hibernate: wait for commits, forget everything in memory.
@@ -548,6 +696,7 @@ mod tests {
                     rx.await.unwrap().unwrap();
                 }
                 cache = StateCache::default();
+                known = None;
             } else if rng.random_bool(0.2) {
                 cache.trim(0, tracker.committed_seq());
             }
@@ -566,7 +715,30 @@ mod tests {
             on_disk, committed,
             "seed {seed}: disk differs from the model"
         );
-        let rec = storage.reader().unwrap().actor(&key).unwrap().unwrap();
+        let reader = storage.reader().unwrap();
+        let alarms_on_disk: BTreeMap<String, u64> = reader
+            .alarms(record.num)
+            .unwrap()
+            .into_iter()
+            .map(|(n, r)| (n, r.next_due_ms))
+            .collect();
+        assert_eq!(
+            alarms_on_disk, committed_alarms,
+            "seed {seed}: alarms on disk"
+        );
+        // The due index holds exactly one entry per alarm, at its due time.
+        let index: Vec<(u64, u64, String)> = reader.alarms_due(0, u64::MAX, 1000).unwrap();
+        let want: Vec<(u64, u64, String)> = {
+            let mut v: Vec<_> = committed_alarms
+                .iter()
+                .map(|(n, d)| (*d, record.num, n.clone()))
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(index, want, "seed {seed}: due index");
+        assert_eq!(reader.alarm_count(record.num).unwrap(), want.len() as u64);
+        let rec = reader.actor(&key).unwrap().unwrap();
         assert_eq!(rec.state_bytes, size(&committed));
         assert_eq!(rec.state_keys, committed.len() as u64);
     }

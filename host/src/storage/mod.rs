@@ -302,6 +302,63 @@ impl Reader {
         Ok(out)
     }
 
+    /// Pending alarms of one actor, by name.
+    pub fn alarms(&self, num: u64) -> Result<Vec<(String, AlarmRecord)>, StorageError> {
+        let t = self.txn.open_table(ALARMS)?;
+        let mut out = Vec::new();
+        for row in t.range((num, "")..)? {
+            let (k, v) = row?;
+            let (n, name) = k.value();
+            if n != num {
+                break;
+            }
+            out.push((name.to_owned(), decode("alarm", v.value())?));
+        }
+        Ok(out)
+    }
+
+    /// Number of pending alarms of one actor.
+    pub fn alarm_count(&self, num: u64) -> Result<u64, StorageError> {
+        let t = self.txn.open_table(ALARMS)?;
+        let mut n = 0;
+        for row in t.range((num, "")..)? {
+            if row?.0.value().0 != num {
+                break;
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// One alarm.
+    pub fn alarm(&self, num: u64, name: &str) -> Result<Option<AlarmRecord>, StorageError> {
+        let t = self.txn.open_table(ALARMS)?;
+        match t.get((num, name))? {
+            Some(v) => Ok(Some(decode("alarm", v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Alarms due in `[from, to)`, earliest first, at most `limit`.
+    pub fn alarms_due(
+        &self,
+        from_ms: u64,
+        to_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, u64, String)>, StorageError> {
+        let t = self.txn.open_table(ALARM_DUE)?;
+        let mut out = Vec::new();
+        for row in t.range((from_ms, 0, "")..(to_ms, 0, ""))? {
+            if out.len() == limit {
+                break;
+            }
+            let (k, _) = row?;
+            let (due, num, name) = k.value();
+            out.push((due, num, name.to_owned()));
+        }
+        Ok(out)
+    }
+
     /// Number of inbox rows of one actor.
     pub fn inbox_len(&self, num: u64) -> Result<u64, StorageError> {
         let t = self.txn.open_table(INBOX)?;

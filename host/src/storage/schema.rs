@@ -50,6 +50,13 @@ pub const IDEMPOTENCY: TableDefinition<'_, (u64, &str), &[u8]> =
 pub const IDEM_EXPIRY: TableDefinition<'_, (u64, u64, &str), ()> =
     TableDefinition::new("idempotency_expiry");
 
+/// Alarms: (actor, name) → [`AlarmRecord`].
+pub const ALARMS: TableDefinition<'_, (u64, &str), &[u8]> = TableDefinition::new("alarms");
+
+/// Due index for [`ALARMS`]: (next_due_ms, actor, name) → (). The scheduler
+/// reads only the near future from it.
+pub const ALARM_DUE: TableDefinition<'_, (u64, u64, &str), ()> = TableDefinition::new("alarm_due");
+
 /// Durable inbox of `?wait=false` messages: (actor, seq) → [`InboxRecord`].
 /// `seq` is node-wide and increasing, so per-actor order is arrival order.
 pub const INBOX: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("inbox");
@@ -240,6 +247,40 @@ pub struct InboxRecord {
     pub enqueued_at_ms: u64,
 }
 
+/// When an alarm fires.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AlarmSchedule {
+    /// Once, at this time (ms since the epoch).
+    At(u64),
+    /// Once, this many ms after it was set.
+    After(u64),
+    /// Periodically, on a cron pattern in a time zone (UTC when `None`).
+    Cron {
+        /// The pattern (5 or 6 fields, `@hourly`…).
+        expr: String,
+        /// IANA time zone name.
+        tz: Option<String>,
+    },
+}
+
+/// A pending alarm.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AlarmRecord {
+    /// When it fires.
+    pub schedule: AlarmSchedule,
+    /// Given to `on-alarm`.
+    pub payload: Vec<u8>,
+    /// The next time it is due (ms since the epoch).
+    pub next_due_ms: u64,
+    /// Failed turns of the current occurrence.
+    pub attempts: u32,
+    /// Turns of the current occurrence started after a restart, counted
+    /// before each runs (a turn that crashes the node never finishes).
+    pub boot_attempts: u32,
+    /// When it was set.
+    pub set_at_ms: u64,
+}
+
 /// A record that failed to decode: the file is corrupt or from another format.
 #[derive(Debug, thiserror::Error)]
 #[error("corrupt {what} record: {source}")]
@@ -293,7 +334,10 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
                     expected: FORMAT_VERSION,
                 });
             }
-            return Ok(());
+            // Tables added within a format version are created on open.
+            if read.open_table(ALARM_DUE).is_ok() {
+                return Ok(());
+            }
         }
     }
     let write = db.begin_write().map_err(redb::Error::from)?;
@@ -310,6 +354,8 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
         write.open_table(IDEMPOTENCY).map_err(redb::Error::from)?;
         write.open_table(IDEM_EXPIRY).map_err(redb::Error::from)?;
         write.open_table(INBOX).map_err(redb::Error::from)?;
+        write.open_table(ALARMS).map_err(redb::Error::from)?;
+        write.open_table(ALARM_DUE).map_err(redb::Error::from)?;
     }
     write.commit().map_err(redb::Error::from)?;
     Ok(())
@@ -340,6 +386,27 @@ mod tests {
             "0780d095ffbc3102f4d395ffbc310304010a01"
         );
         assert_eq!(decode::<ActorRecord>("actor", &bytes).unwrap(), rec);
+    }
+
+    #[test]
+    fn alarm_record_encoding_is_stable() {
+        let rec = AlarmRecord {
+            schedule: AlarmSchedule::Cron {
+                expr: "0 9 * * *".into(),
+                tz: Some("Europe/Berlin".into()),
+            },
+            payload: b"{}".to_vec(),
+            next_due_ms: 1_700_000_000_000,
+            attempts: 1,
+            boot_attempts: 0,
+            set_at_ms: 1_699_999_999_000,
+        };
+        let bytes = encode(&rec);
+        assert_eq!(
+            hex::encode(&bytes),
+            "0209302039202a202a202a010d4575726f70652f4265726c696e027b7d80d095ffbc31010098c895ffbc31"
+        );
+        assert_eq!(decode::<AlarmRecord>("alarm", &bytes).unwrap(), rec);
     }
 
     #[test]

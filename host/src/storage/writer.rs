@@ -130,6 +130,8 @@ pub struct TurnCommit {
     pub inbox_done: Option<u64>,
     /// An inbox row to rewrite (recovery attempt counter).
     pub inbox_update: Option<(u64, InboxRecord)>,
+    /// Alarms set or moved (`Some`) or removed (`None`).
+    pub alarms: Vec<(String, Option<AlarmRecord>)>,
     /// Completion.
     pub on_durable: OnDurable,
 }
@@ -691,6 +693,8 @@ struct Tables<'t> {
     idempotency: redb::Table<'t, (u64, &'static str), &'static [u8]>,
     idem_expiry: redb::Table<'t, (u64, u64, &'static str), ()>,
     inbox: redb::Table<'t, (u64, u64), &'static [u8]>,
+    alarms: redb::Table<'t, (u64, &'static str), &'static [u8]>,
+    alarm_due: redb::Table<'t, (u64, u64, &'static str), ()>,
 }
 
 impl<'t> Tables<'t> {
@@ -705,6 +709,8 @@ impl<'t> Tables<'t> {
             idempotency: txn.open_table(IDEMPOTENCY)?,
             idem_expiry: txn.open_table(IDEM_EXPIRY)?,
             inbox: txn.open_table(INBOX)?,
+            alarms: txn.open_table(ALARMS)?,
+            alarm_due: txn.open_table(ALARM_DUE)?,
         })
     }
 
@@ -751,6 +757,36 @@ impl<'t> Tables<'t> {
         }
         if let Some((seq, rec)) = &t.inbox_update {
             self.inbox.insert((num, *seq), encode(rec).as_slice())?;
+        }
+        for (name, rec) in &t.alarms {
+            self.write_alarm(num, name, rec.as_ref())?;
+        }
+        Ok(())
+    }
+
+    /// Set, move or remove one alarm, keeping the due index in step.
+    fn write_alarm(
+        &mut self,
+        num: u64,
+        name: &str,
+        rec: Option<&AlarmRecord>,
+    ) -> Result<(), StorageError> {
+        let old = self
+            .alarms
+            .get((num, name))?
+            .map(|v| decode::<AlarmRecord>("alarm", v.value()))
+            .transpose()?;
+        if let Some(old) = old {
+            self.alarm_due.remove((old.next_due_ms, num, name))?;
+        }
+        match rec {
+            Some(r) => {
+                self.alarms.insert((num, name), encode(r).as_slice())?;
+                self.alarm_due.insert((r.next_due_ms, num, name), ())?;
+            }
+            None => {
+                self.alarms.remove((num, name))?;
+            }
         }
         Ok(())
     }
@@ -841,6 +877,9 @@ impl<'t> Tables<'t> {
         }
         for k in string_keys(&self.idempotency, num)? {
             self.idempotency.remove((num, k.as_str()))?;
+        }
+        for name in string_keys(&self.alarms, num)? {
+            self.write_alarm(num, &name, None)?;
         }
         for s in seqs(&self.events, num, u64::MAX)? {
             self.events.remove((num, s))?;

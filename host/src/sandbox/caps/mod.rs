@@ -2,6 +2,7 @@
 //! interface. Each function starts at [`Host::enter`](super::host::Host),
 //! the one checkpoint for limits and accounting.
 
+mod alarms;
 mod events;
 mod js_module;
 mod log;

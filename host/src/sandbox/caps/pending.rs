@@ -4,35 +4,13 @@
 
 use crate::sandbox::bindings::GuestError;
 use crate::sandbox::bindings::marmot::actor::types::Reply;
-use crate::sandbox::bindings::marmot::actor::{actors, alarms, files, http, inputs, js, model};
+use crate::sandbox::bindings::marmot::actor::{actors, files, http, inputs, js, model};
 use crate::sandbox::host::Host;
 
 fn unsupported<T>(what: &str) -> wasmtime::Result<Result<T, GuestError>> {
     Ok(Err(GuestError::Unsupported(format!(
         "{what} is not supported by this node yet"
     ))))
-}
-
-impl alarms::Host for Host {
-    async fn set(
-        &mut self,
-        _name: String,
-        _schedule: alarms::Schedule,
-        _payload: Vec<u8>,
-    ) -> wasmtime::Result<Result<(), GuestError>> {
-        self.enter()?;
-        unsupported("alarms.set")
-    }
-
-    async fn cancel(&mut self, _name: String) -> wasmtime::Result<Result<bool, GuestError>> {
-        self.enter()?;
-        unsupported("alarms.cancel")
-    }
-
-    async fn list(&mut self) -> wasmtime::Result<Result<Vec<alarms::AlarmInfo>, GuestError>> {
-        self.enter()?;
-        unsupported("alarms.list")
-    }
 }
 
 impl inputs::Host for Host {

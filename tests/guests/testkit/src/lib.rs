@@ -3,8 +3,9 @@
 //! Each message is `{"op": "...", ...}`; the ops exercise one host behaviour
 //! each (state, events, traps, limits, fault injection, upgrades).
 
-use marmot_guest::raw::alarms;
-use marmot_guest::{Actor, Context, Message, Reply, Result, events, log, state};
+use marmot_guest::alarms::{self, Schedule};
+use marmot_guest::raw::inputs;
+use marmot_guest::{Actor, Alarm, Context, Message, Reply, Result, events, log, state};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -53,6 +54,34 @@ enum Op {
     /// Try to reach files, the environment and the network; report what
     /// worked (nothing should).
     Ambient { port: u16 },
+    /// Set alarm `name` (one of `at`, `after`, `cron` [+ `tz`]); a refusal
+    /// is replied with status 422 and the host's message.
+    AlarmSet {
+        name: String,
+        at: Option<u64>,
+        after: Option<u64>,
+        cron: Option<String>,
+        tz: Option<String>,
+        #[serde(default)]
+        payload: Value,
+    },
+    /// Cancel alarm `name`.
+    AlarmCancel { name: String },
+    /// List pending alarms.
+    AlarmList,
+}
+
+/// What `on_alarm` does, from the alarm's payload: `{"fail": true}` fails
+/// the turn; `{"rearm_after": ms}` sets the same alarm again; `{"log": m}`
+/// logs `m` after the turn's writes (the fault-injection marker);
+/// `{"busy_ms": ms}` makes the handler take that long.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct AlarmPayload {
+    fail: bool,
+    rearm_after: Option<u64>,
+    log: Option<String>,
+    busy_ms: Option<u64>,
 }
 
 struct TestKit;
@@ -137,8 +166,13 @@ impl Actor for TestKit {
                 Reply::json(&json!({ "crashed": false }))
             }
             Op::Unsupported => {
-                let err = alarms::set("x", &alarms::Schedule::After(1000), b"{}")
-                    .expect_err("alarms are not supported yet");
+                let req = inputs::InputRequest {
+                    kind: "approval".into(),
+                    prompt: "ok?".into(),
+                    schema: None,
+                    expires_in_ms: None,
+                };
+                let err = inputs::request(&req).expect_err("inputs are not supported yet");
                 Reply::json(&json!({ "error": marmot_guest::Error::from(err).message() }))
             }
             Op::Print { text } => {
@@ -178,7 +212,75 @@ impl Actor for TestKit {
             Op::Status { status } => {
                 Ok(Reply::json(&json!({ "status": status }))?.with_status(status))
             }
+            Op::AlarmSet {
+                name,
+                at,
+                after,
+                cron,
+                tz,
+                payload,
+            } => {
+                let schedule = match (at, after, cron) {
+                    (Some(t), None, None) => Schedule::At(t),
+                    (None, Some(d), None) => Schedule::After(d),
+                    (None, None, Some(expr)) => Schedule::Cron { expr, tz },
+                    _ => return Err("give exactly one of at, after, cron".into()),
+                };
+                match alarms::set(&name, schedule, &payload) {
+                    Ok(()) => Reply::json(&json!({ "ok": true })),
+                    Err(e) => Ok(Reply::json(&json!({ "error": e.message() }))?.with_status(422)),
+                }
+            }
+            Op::AlarmCancel { name } => Reply::json(&json!({ "existed": alarms::cancel(&name)? })),
+            Op::AlarmList => {
+                let list: Vec<Value> = alarms::list()?
+                    .into_iter()
+                    .map(|a| {
+                        json!({
+                            "name": a.name,
+                            "next_due": a.next_due,
+                            "payload": serde_json::from_slice::<Value>(&a.payload).ok(),
+                        })
+                    })
+                    .collect();
+                Reply::json(&json!({ "alarms": list }))
+            }
         }
+    }
+
+    /// Record the firing under `fired` and as an `alarm_fired` event.
+    fn on_alarm(_ctx: &Context, alarm: Alarm) -> Result<()> {
+        let payload: Value = serde_json::from_slice(&alarm.payload)?;
+        let how: AlarmPayload = serde_json::from_value(payload.clone()).unwrap_or_default();
+        let mut fired = state::get_json::<Vec<Value>>("fired")?.unwrap_or_default();
+        let record = json!({
+            "name": alarm.name,
+            "due_at": alarm.due_at,
+            "payload": payload,
+            "now": std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+        });
+        fired.push(record.clone());
+        state::set_json("fired", &fired)?;
+        events::emit("alarm_fired", &record)?;
+        if let Some(ms) = how.busy_ms {
+            let start = std::time::Instant::now();
+            while start.elapsed().as_millis() < u128::from(ms) {
+                std::hint::spin_loop();
+            }
+        }
+        if let Some(marker) = &how.log {
+            log::error(marker);
+        }
+        if how.fail {
+            return Err(format!("testkit: alarm `{}` fails, as asked", alarm.name).into());
+        }
+        if let Some(ms) = how.rearm_after {
+            alarms::set(&alarm.name, Schedule::After(ms), &payload)?;
+        }
+        Ok(())
     }
 
     fn on_upgrade(_ctx: &Context, from_version: u32) -> Result<()> {

@@ -1,0 +1,231 @@
+//! Durable alarms: schedules, cron, and when an alarm is next due.
+//!
+//! An alarm is a row written in the turn's transaction (so setting one is as
+//! atomic as a state write) plus an entry in a due index. The
+//! [`scheduler`] keeps only alarms due soon in memory and delivers each to
+//! its actor when due, never early. The alarm turn's commit deletes a
+//! one-shot alarm or advances a periodic one in the same transaction as the
+//! handler's effects, so a crash between firing and committing re-runs the
+//! turn (at least once) but its effect lands once.
+//!
+//! Periodic alarms advance from *now*, not from the missed due time: after
+//! downtime a cron alarm fires once, then continues on schedule, and a
+//! handler slower than its period never overlaps itself.
+
+pub mod scheduler;
+
+use std::str::FromStr;
+
+use chrono::{TimeZone, Utc};
+use croner::Cron;
+use croner::parser::{CronParser, Seconds};
+
+use crate::storage::schema::AlarmSchedule;
+
+/// Longest alarm name, in bytes.
+pub const MAX_ALARM_NAME: usize = 128;
+
+/// Why an alarm cannot be set; shown to the guest.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScheduleError {
+    /// Bad name.
+    #[error("alarm name must be 1 to {MAX_ALARM_NAME} bytes without control characters")]
+    Name,
+    /// Bad cron pattern.
+    #[error("invalid cron pattern `{expr}`: {why}")]
+    Cron {
+        /// The pattern.
+        expr: String,
+        /// Why.
+        why: String,
+    },
+    /// Unknown time zone.
+    #[error("unknown time zone `{0}` (use an IANA name such as Europe/Berlin)")]
+    TimeZone(String),
+    /// The pattern never matches again.
+    #[error("cron pattern `{0}` has no future occurrence")]
+    NoOccurrence(String),
+}
+
+/// Check an alarm name.
+pub fn check_name(name: &str) -> Result<(), ScheduleError> {
+    if name.is_empty() || name.len() > MAX_ALARM_NAME || name.chars().any(char::is_control) {
+        return Err(ScheduleError::Name);
+    }
+    Ok(())
+}
+
+fn parse_cron(expr: &str) -> Result<Cron, ScheduleError> {
+    CronParser::builder()
+        .seconds(Seconds::Optional)
+        .build()
+        .parse(expr)
+        .map_err(|e| ScheduleError::Cron {
+            expr: expr.to_owned(),
+            why: e.to_string(),
+        })
+}
+
+fn parse_tz(tz: Option<&str>) -> Result<chrono_tz::Tz, ScheduleError> {
+    match tz {
+        None => Ok(chrono_tz::UTC),
+        Some(name) => {
+            chrono_tz::Tz::from_str(name).map_err(|_| ScheduleError::TimeZone(name.to_owned()))
+        }
+    }
+}
+
+/// The first occurrence of a cron schedule strictly after `after_ms`,
+/// evaluated in its time zone (DST gaps and repeats as croner defines them).
+pub fn cron_next(expr: &str, tz: Option<&str>, after_ms: u64) -> Result<u64, ScheduleError> {
+    let cron = parse_cron(expr)?;
+    let tz = parse_tz(tz)?;
+    let start = Utc
+        .timestamp_millis_opt(after_ms as i64)
+        .single()
+        .ok_or_else(|| ScheduleError::NoOccurrence(expr.to_owned()))?
+        .with_timezone(&tz);
+    let next = cron
+        .find_next_occurrence(&start, false)
+        .map_err(|_| ScheduleError::NoOccurrence(expr.to_owned()))?;
+    Ok(next.timestamp_millis().max(0) as u64)
+}
+
+/// When a newly set alarm is first due.
+pub fn first_due(schedule: &AlarmSchedule, now_ms: u64) -> Result<u64, ScheduleError> {
+    match schedule {
+        AlarmSchedule::At(t) => Ok(*t),
+        AlarmSchedule::After(d) => Ok(now_ms.saturating_add(*d)),
+        AlarmSchedule::Cron { expr, tz } => cron_next(expr, tz.as_deref(), now_ms),
+    }
+}
+
+/// When a periodic alarm that fired at `due_ms` is due next: the first
+/// occurrence after both its due time and `now_ms`, so missed ticks
+/// collapse into the one that just ran. `None` for one-shot alarms.
+pub fn next_after_firing(
+    schedule: &AlarmSchedule,
+    due_ms: u64,
+    now_ms: u64,
+) -> Result<Option<u64>, ScheduleError> {
+    match schedule {
+        AlarmSchedule::At(_) | AlarmSchedule::After(_) => Ok(None),
+        AlarmSchedule::Cron { expr, tz } => {
+            cron_next(expr, tz.as_deref(), due_ms.max(now_ms)).map(Some)
+        }
+    }
+}
+
+/// Delay before retry `attempt` (1-based) of a failed alarm: exponential
+/// from `base_ms`, capped at an hour, with ±20 % jitter.
+pub fn retry_delay_ms(base_ms: u64, attempt: u32) -> u64 {
+    let exp = base_ms.saturating_mul(1u64 << attempt.saturating_sub(1).min(20));
+    let capped = exp.min(3_600_000);
+    let jitter = (capped / 5).max(1);
+    capped - jitter + rand::random_range(0..=2 * jitter)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: u64 = 60_000;
+
+    fn ms(s: &str) -> u64 {
+        chrono::DateTime::parse_from_rfc3339(s)
+            .unwrap()
+            .timestamp_millis() as u64
+    }
+
+    #[test]
+    fn cron_in_utc_and_time_zones() {
+        let t = ms("2026-03-01T10:07:30Z");
+        assert_eq!(
+            cron_next("*/5 * * * *", None, t).unwrap(),
+            ms("2026-03-01T10:10:00Z")
+        );
+        // 09:00 in Berlin is 08:00 UTC in winter.
+        assert_eq!(
+            cron_next("0 9 * * *", Some("Europe/Berlin"), t).unwrap(),
+            ms("2026-03-02T08:00:00Z")
+        );
+        // Seconds are optional.
+        assert_eq!(
+            cron_next("*/10 * * * * *", None, t).unwrap(),
+            ms("2026-03-01T10:07:40Z")
+        );
+        assert_eq!(
+            cron_next("@hourly", None, t).unwrap(),
+            ms("2026-03-01T11:00:00Z")
+        );
+    }
+
+    #[test]
+    fn dst_transitions() {
+        // Berlin skips 02:00–03:00 on 2026-03-29: a 02:30 job runs at the
+        // next valid time, once, and never twice on the day clocks go back.
+        let before_spring = ms("2026-03-29T00:00:00Z");
+        let next = cron_next("30 2 * * *", Some("Europe/Berlin"), before_spring).unwrap();
+        assert!(next >= ms("2026-03-29T01:00:00Z"), "not before the gap");
+        let after = cron_next("30 2 * * *", Some("Europe/Berlin"), next).unwrap();
+        assert!(after > next + 20 * 60 * MIN);
+        let before_fall = ms("2026-10-24T00:00:00Z");
+        let a = cron_next("30 2 * * *", Some("Europe/Berlin"), before_fall).unwrap();
+        let b = cron_next("30 2 * * *", Some("Europe/Berlin"), a).unwrap();
+        let c = cron_next("30 2 * * *", Some("Europe/Berlin"), b).unwrap();
+        assert!(
+            b - a >= 23 * 60 * MIN && c - b >= 23 * 60 * MIN,
+            "no double run at fall-back"
+        );
+    }
+
+    #[test]
+    fn bad_patterns_and_zones_are_errors() {
+        assert!(matches!(
+            cron_next("61 * * * *", None, 0),
+            Err(ScheduleError::Cron { .. })
+        ));
+        assert!(matches!(
+            cron_next("every day", None, 0),
+            Err(ScheduleError::Cron { .. })
+        ));
+        assert!(matches!(
+            cron_next("* * * * *", Some("Mars/Olympus"), 0),
+            Err(ScheduleError::TimeZone(_))
+        ));
+        assert!(check_name("").is_err());
+        assert!(check_name("a\nb").is_err());
+        assert!(check_name(&"x".repeat(129)).is_err());
+        assert!(check_name("tick").is_ok());
+    }
+
+    #[test]
+    fn missed_ticks_collapse() {
+        let sched = AlarmSchedule::Cron {
+            expr: "* * * * *".into(),
+            tz: None,
+        };
+        let due = ms("2026-01-01T00:00:00Z");
+        // The node was down for 1,000 minutes: the next due is after now,
+        // not the tick after the one that was missed.
+        let now = due + 1000 * MIN + 5_000;
+        let next = next_after_firing(&sched, due, now).unwrap().unwrap();
+        assert_eq!(next, due + 1001 * MIN);
+        assert_eq!(
+            next_after_firing(&AlarmSchedule::After(5), due, now).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn retries_back_off_with_jitter() {
+        for attempt in 1..10 {
+            let d = retry_delay_ms(1000, attempt);
+            let nominal = (1000u64 << (attempt - 1)).min(3_600_000);
+            assert!(
+                d >= nominal * 4 / 5 && d <= nominal * 6 / 5 + 1,
+                "{attempt}: {d}"
+            );
+        }
+    }
+}
