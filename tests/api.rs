@@ -648,16 +648,6 @@ async fn endpoints_of_later_capabilities_say_so() {
             "not_supported",
         );
     }
-    api.add("kit", "a", 1).await;
-    let sse = api
-        .req(
-            Method::GET,
-            "/v1/actors/kit/a/events",
-            None,
-            &[("accept", "text/event-stream")],
-        )
-        .await;
-    assert_error(&sse, 501, "not_supported");
 }
 
 #[tokio::test]

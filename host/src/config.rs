@@ -37,6 +37,8 @@ pub struct NodeConfig {
     pub recovery: RecoveryConfig,
     /// Alarm delivery.
     pub alarms: AlarmsConfig,
+    /// Event retention and live streams.
+    pub events: EventsConfig,
 }
 
 impl Default for NodeConfig {
@@ -51,6 +53,7 @@ impl Default for NodeConfig {
             storage: StorageConfig::default(),
             recovery: RecoveryConfig::default(),
             alarms: AlarmsConfig::default(),
+            events: EventsConfig::default(),
         }
     }
 }
@@ -261,6 +264,30 @@ impl Default for AlarmsConfig {
             max_attempts: 5,
             retry_base_ms: 1000,
             concurrency: 256,
+        }
+    }
+}
+
+/// Event retention and live (SSE) event streams.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventsConfig {
+    /// Events older than this are hidden at once and deleted by a sweep (or
+    /// the actor's next commit); 0 keeps them until the count limit
+    /// (`limits.max_events_per_actor`) pushes them out.
+    pub max_age_ms: u64,
+    /// Open event streams per node; more get 503.
+    pub max_streams: usize,
+    /// Interval of the comment lines that keep idle streams open.
+    pub heartbeat_ms: u64,
+}
+
+impl Default for EventsConfig {
+    fn default() -> Self {
+        Self {
+            max_age_ms: 0,
+            max_streams: 10_000,
+            heartbeat_ms: 15_000,
         }
     }
 }

@@ -11,6 +11,8 @@
 //! | [`sandbox`] | wasmtime engine, compiled-code cache, host capabilities |
 //! | [`catalog`] | deployed types and their versions |
 //! | [`storage`] | redb schema and the group-commit writer |
+//! | [`alarms`] | durable alarms: schedules and the scheduler |
+//! | [`streams`] | live event streams: who watches which actor |
 //! | [`api`] | the HTTP API |
 //! | [`cli`] | the `marmot` command line |
 //! | [`metrics`] | Prometheus metrics |
@@ -30,3 +32,4 @@ pub mod metrics;
 pub mod node;
 pub mod sandbox;
 pub mod storage;
+pub mod streams;

@@ -62,6 +62,8 @@ pub struct Metrics {
     pub alarm_lag_seconds: Histogram,
     /// Alarm occurrences given up after their last attempt.
     pub alarms_failed: Counter,
+    /// Open live event streams.
+    pub event_streams: Gauge,
 }
 
 impl Metrics {
@@ -148,8 +150,15 @@ impl Metrics {
             "Alarm occurrences given up after their last attempt",
             alarms_failed.clone(),
         );
+        let event_streams = Gauge::default();
+        registry.register(
+            "event_streams",
+            "Open live event streams (SSE)",
+            event_streams.clone(),
+        );
         Self {
             registry,
+            event_streams,
             actors_active,
             actors_hibernated,
             turns,

@@ -26,6 +26,7 @@ use crate::storage::schema::{
     ActorRecord, AlarmRecord, CodeKind, EventRecord, InboxRecord, TypeRecord, VersionRecord,
 };
 use crate::storage::{EnqueueOutcome, Page, Storage, StorageError, WriteOp};
+use crate::streams::EventBus;
 
 /// State entries: (key, value) in key order.
 pub type StateEntries = Vec<(String, Vec<u8>)>;
@@ -49,6 +50,8 @@ pub struct Node {
     pub(crate) boot_ms: u64,
     /// Delivers due alarms.
     pub(crate) scheduler: crate::alarms::scheduler::Scheduler,
+    /// Open event streams and what they watch.
+    pub(crate) event_bus: Arc<EventBus>,
     ready: AtomicBool,
 }
 
@@ -117,6 +120,9 @@ pub struct ActorInfo {
     pub state_keys: u64,
     /// Newest event seq.
     pub last_event_seq: u64,
+    /// Oldest event seq still kept (0: no events yet; `last_event_seq + 1`:
+    /// all removed by retention).
+    pub first_event_seq: u64,
     /// Durable messages waiting.
     pub pending_messages: u64,
     /// Pending alarms.
@@ -197,8 +203,13 @@ impl Node {
             max_alarm_payload_bytes: 64 << 10,
         });
         let (scheduler, scheduler_rx) = crate::alarms::scheduler::Scheduler::new();
+        let event_bus = Arc::new(EventBus::new(
+            config.events.max_streams,
+            metrics.event_streams.clone(),
+        ));
         let node = Arc::new(Self {
             scheduler,
+            event_bus,
             registry: Registry::new(max_active, l.mailbox_capacity),
             config,
             storage,
@@ -310,14 +321,20 @@ impl Node {
         );
     }
 
-    /// Periodic chores: idempotency expiry and gauges.
+    /// Periodic chores: idempotency expiry, event retention by age, gauges.
     async fn housekeeping(self: Arc<Self>) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let mut n: u64 = 0;
+        let max_age = self.config.events.max_age_ms;
+        // Sweep old events a few times per retention period (1 s to 1 h).
+        let sweep_every = (max_age / 4 / 1000).clamp(1, 3600);
         loop {
             tick.tick().await;
             n += 1;
             self.update_gauges();
+            if max_age > 0 && n.is_multiple_of(sweep_every) {
+                self.sweep_old_events().await;
+            }
             if n.is_multiple_of(60) {
                 let now = now_ms();
                 match self
@@ -331,6 +348,55 @@ impl Node {
                     Err(e) => tracing::warn!(error = %e, "idempotency sweep failed"),
                 }
             }
+        }
+    }
+
+    /// Events older than this are past retention (0: no age limit).
+    pub(crate) fn event_cutoff_ms(&self) -> u64 {
+        match self.config.events.max_age_ms {
+            0 => 0,
+            age => now_ms().saturating_sub(age),
+        }
+    }
+
+    /// Ask every actor whose oldest event is past retention to trim its log.
+    /// The actor owns its record, so it does the trimming (a bookkeeping
+    /// commit without waking its sandbox) and goes back to sleep.
+    async fn sweep_old_events(self: &Arc<Self>) {
+        const BATCH: usize = 1000;
+        let cutoff = self.event_cutoff_ms();
+        let mut from = 0;
+        let mut poked = 0usize;
+        loop {
+            let found = self
+                .storage
+                .reader()
+                .and_then(|r| r.actors_with_events_before(cutoff, from, BATCH));
+            let (nums, next) = match found {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "event retention sweep failed");
+                    return;
+                }
+            };
+            for num in nums {
+                let Ok(Some(key)) = self.storage.reader().and_then(|r| r.actor_key(num)) else {
+                    continue;
+                };
+                match self.registry.deliver(self, &key, Envelope::TrimEvents) {
+                    Ok(()) => poked += 1,
+                    Err(e) => tracing::debug!(actor = %key, error = %e, "event trim deferred"),
+                }
+            }
+            match next {
+                Some(n) => from = n,
+                None => break,
+            }
+            // Let the woken actors finish before waking more.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if poked > 0 {
+            tracing::debug!(actors = poked, "event retention: old events trimmed");
         }
     }
 
@@ -584,6 +650,7 @@ impl Node {
             state_bytes: rec.state_bytes,
             state_keys: rec.state_keys,
             last_event_seq: rec.last_event_seq,
+            first_event_seq: rec.first_event_seq,
             pending_messages: r.inbox_len(rec.num)?,
             pending_alarms: r.alarm_count(rec.num)?,
             pending_inputs: 0,
@@ -662,7 +729,22 @@ impl Node {
         let Some(rec) = r.actor(key)? else {
             return Ok(None);
         };
-        Ok(Some(r.events(rec.num, after, limit)?))
+        // Events past retention are hidden at once, even before the sweep
+        // deletes them; they are the oldest, so skip them page by page.
+        let cutoff = self.event_cutoff_ms();
+        let mut after = after;
+        loop {
+            let mut page = r.events(rec.num, after, limit)?;
+            let full = page.len() == limit;
+            let Some(last) = page.last().map(|(seq, _)| *seq) else {
+                return Ok(Some(page));
+            };
+            page.retain(|(_, e)| e.at_ms >= cutoff);
+            if !page.is_empty() || !full {
+                return Ok(Some(page));
+            }
+            after = last;
+        }
     }
 
     /// The type catalog.

@@ -146,6 +146,11 @@ impl Marmot {
         }
     }
 
+    /// The process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// Set (`Some`) or remove an environment variable for the next start.
     pub fn set_env(&mut self, key: &str, value: Option<&str>) {
         self.env.retain(|(k, _)| k != key);
@@ -352,4 +357,104 @@ pub fn tempdir() -> tempfile::TempDir {
         .prefix("marmot-test-")
         .tempdir()
         .unwrap()
+}
+
+/// One server-sent-events frame.
+#[derive(Debug, Default, Clone)]
+pub struct Frame {
+    pub id: Option<String>,
+    pub event: Option<String>,
+    pub data: Option<String>,
+    pub retry: Option<u64>,
+    pub comment: Option<String>,
+}
+
+impl Frame {
+    /// The data as JSON.
+    pub fn json(&self) -> Value {
+        serde_json::from_str(self.data.as_deref().unwrap_or("null")).unwrap()
+    }
+}
+
+/// An open `text/event-stream` response, read frame by frame.
+pub struct SseStream {
+    resp: reqwest::Response,
+    buf: Vec<u8>,
+}
+
+impl Api {
+    /// Open an event stream on `path`; panics unless the node answers 200.
+    pub async fn sse(&self, path: &str, last_event_id: Option<&str>) -> SseStream {
+        let resp = self.sse_response(path, last_event_id).await;
+        assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+        assert_eq!(
+            resp.headers()["content-type"].to_str().unwrap(),
+            "text/event-stream"
+        );
+        SseStream {
+            resp,
+            buf: Vec::new(),
+        }
+    }
+
+    /// The raw response to an event-stream request.
+    pub async fn sse_response(&self, path: &str, last_event_id: Option<&str>) -> reqwest::Response {
+        let mut req = self
+            .http
+            .get(format!("{}{path}", self.url))
+            .header("accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            req = req.header("last-event-id", id);
+        }
+        req.send().await.unwrap()
+    }
+}
+
+impl SseStream {
+    /// The next frame (comments included), or `None` when the stream ends or
+    /// nothing arrives within `timeout`.
+    pub async fn next_frame(&mut self, timeout: Duration) -> Option<Frame> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(end) = self.buf.windows(2).position(|w| w == b"\n\n") {
+                let raw: Vec<u8> = self.buf.drain(..end + 2).collect();
+                let text = String::from_utf8(raw).unwrap();
+                let mut f = Frame::default();
+                for line in text.lines().filter(|l| !l.is_empty()) {
+                    let (field, value) = line.split_once(':').unwrap_or((line, ""));
+                    let value = value.strip_prefix(' ').unwrap_or(value).to_owned();
+                    match field {
+                        "" => f.comment = Some(value),
+                        "id" => f.id = Some(value),
+                        "event" => f.event = Some(value),
+                        "data" => {
+                            f.data = Some(match f.data.take() {
+                                Some(d) => format!("{d}\n{value}"),
+                                None => value,
+                            })
+                        }
+                        "retry" => f.retry = value.parse().ok(),
+                        _ => {}
+                    }
+                }
+                return Some(f);
+            }
+            match tokio::time::timeout_at(deadline, self.resp.chunk()).await {
+                Ok(Ok(Some(chunk))) => self.buf.extend_from_slice(&chunk),
+                _ => return None,
+            }
+        }
+    }
+
+    /// The next frame that carries an event (skips comments and hints).
+    pub async fn next_event(&mut self, timeout: Duration) -> Option<Frame> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let f = self.next_frame(left).await?;
+            if f.data.is_some() {
+                return Some(f);
+            }
+        }
+    }
 }

@@ -35,6 +35,9 @@ pub enum Envelope {
     Eval(String, oneshot::Sender<Result<EvalReply, TurnError>>),
     /// An alarm is due.
     Alarm(Box<AlarmDelivery>),
+    /// Some of the actor's events are past retention: trim them (a
+    /// bookkeeping commit; the sandbox is not woken).
+    TrimEvents,
 }
 
 /// A due alarm on its way to its actor.

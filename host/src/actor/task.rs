@@ -99,6 +99,9 @@ pub(crate) struct ActorTask {
     /// The actor's alarms, including changes not yet durable; `None` until
     /// a turn needs them.
     alarms: Option<BTreeMap<String, AlarmRecord>>,
+    /// When the oldest event on the log was written, if known: spares a disk
+    /// read per commit when retention by age is on.
+    oldest_event_at_ms: Option<u64>,
     /// Commits from generations below the tracker's minimum are refused.
     generation: u64,
     /// Last turn sequence number handed out.
@@ -128,6 +131,7 @@ impl ActorTask {
             live: None,
             cache: StateCache::default(),
             alarms: None,
+            oldest_event_at_ms: None,
             generation: 0,
             seq: 0,
             submitted_seq: 0,
@@ -166,13 +170,15 @@ impl ActorTask {
                 biased;
                 env = rx.recv() => {
                     let Some(env) = env else { break };
+                    let housekeeping = matches!(env, Envelope::TrimEvents);
                     // Boxed so the task's resting size stays small: an idle
                     // actor is a few hundred bytes here, not the 4 KB of a
                     // turn in progress (10,000 actors: 35 MB).
                     Box::pin(self.handle(env)).await;
                     self.last_activity = Instant::now();
-                    // A deleted type's actors leave as soon as they are idle.
-                    if self.shared.ty.is_deleted()
+                    // A deleted type's actors leave as soon as they are idle,
+                    // and so does an actor woken only for housekeeping.
+                    if (self.shared.ty.is_deleted() || (housekeeping && self.live.is_none()))
                         && Box::pin(self.try_hibernate(&mut rx)).await
                     {
                         return;
@@ -239,6 +245,19 @@ impl ActorTask {
             }
             Envelope::Eval(code, reply) => self.on_eval(code, reply).await,
             Envelope::Alarm(d) => self.on_alarm(*d).await,
+            Envelope::TrimEvents => {
+                if self.ready(false).await.is_ok() && self.record().first_event_seq > 0 {
+                    // `submit` applies retention to every commit.
+                    self.submit(
+                        FinishedTurn::unchanged(self.record()),
+                        CommitExtras {
+                            bookkeeping: true,
+                            ..Default::default()
+                        },
+                        Box::new(|_| {}),
+                    );
+                }
+            }
             Envelope::Recover(permit) => {
                 self.shared.inbox_dirty.store(false, Ordering::Release);
                 self.drain_inbox().await;
@@ -298,6 +317,7 @@ impl ActorTask {
         self.live = None;
         self.cache = StateCache::default();
         self.alarms = None;
+        self.oldest_event_at_ms = None;
         self.idem_pending.clear();
         self.inbox_cursor = 0;
         self.shared.inbox_dirty.store(true, Ordering::Release);
@@ -821,6 +841,7 @@ impl ActorTask {
     fn submit(&mut self, finished: FinishedTurn, mut extras: CommitExtras, on_durable: OnDurable) {
         let max_events = self.node.config.limits.max_events_per_actor;
         let now = now_ms();
+        let age_trim = self.age_trim_point();
         let record = self.record.as_mut().expect("record loaded");
         if !extras.bookkeeping {
             record.turns += 1;
@@ -842,15 +863,23 @@ impl ActorTask {
         }
         if record.first_event_seq == 0 && !events.is_empty() {
             record.first_event_seq = events[0].0;
+            self.oldest_event_at_ms = Some(now);
         }
-        let mut trim_events_below = None;
+        // Retention: at most `max_events` events, none past the age limit.
+        let mut trim_events_below = age_trim;
         if record.last_event_seq >= record.first_event_seq + max_events
             && record.first_event_seq > 0
         {
             let first = record.last_event_seq + 1 - max_events;
-            trim_events_below = Some(first);
+            if trim_events_below.is_none_or(|t| t < first) {
+                trim_events_below = Some(first);
+                self.oldest_event_at_ms = None;
+            }
+        }
+        if let Some(first) = trim_events_below {
             record.first_event_seq = first;
         }
+        let last_event_seq = record.last_event_seq;
         let seq = if self.seq > self.submitted_seq {
             self.seq
         } else {
@@ -890,6 +919,19 @@ impl ActorTask {
             alarms.push((name, rec));
         }
         let on_durable = self.notify_scheduler(&alarms, on_durable);
+        let on_durable = if events.is_empty() {
+            on_durable
+        } else {
+            // Live streams read committed events only: tell them once durable.
+            let bus = self.node.event_bus.clone();
+            let key = self.key.clone();
+            Box::new(move |r: Result<(), CommitFailed>| {
+                if r.is_ok() {
+                    bus.publish(&key, last_event_seq);
+                }
+                on_durable(r);
+            })
+        };
         let commit = TurnCommit {
             key: self.key.clone(),
             tracker: self.shared.tracker.clone(),
@@ -910,6 +952,53 @@ impl ActorTask {
             .storage
             .writer()
             .submit(WriteOp::Turn(Box::new(commit)));
+    }
+
+    /// Where retention by age cuts the log: the first seq to keep, if some
+    /// events are past the cut-off. Only durable events can be that old
+    /// (anything in flight was written just now), so the disk is enough.
+    fn age_trim_point(&mut self) -> Option<u64> {
+        let cutoff = self.node.event_cutoff_ms();
+        let rec = self.record.as_ref()?;
+        let (num, first, last) = (rec.num, rec.first_event_seq, rec.last_event_seq);
+        if cutoff == 0 || first == 0 || first > last {
+            return None;
+        }
+        if self.oldest_event_at_ms.is_some_and(|t| t >= cutoff) {
+            return None;
+        }
+        let reader = match self.node.storage.reader() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(actor = %self.key, error = %e, "cannot read events for retention");
+                return None;
+            }
+        };
+        let mut keep_from = first;
+        let mut after = first - 1;
+        loop {
+            let page = match reader.events(num, after, 1024) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(actor = %self.key, error = %e, "cannot read events for retention");
+                    return None;
+                }
+            };
+            let Some((last_read, _)) = page.last() else {
+                // Everything durable is past retention.
+                self.oldest_event_at_ms = None;
+                break;
+            };
+            let last_read = *last_read;
+            if let Some((seq, e)) = page.iter().find(|(_, e)| e.at_ms >= cutoff) {
+                keep_from = *seq;
+                self.oldest_event_at_ms = Some(e.at_ms);
+                break;
+            }
+            keep_from = last_read + 1;
+            after = last_read;
+        }
+        (keep_from > first).then_some(keep_from)
     }
 
     /// Tell the scheduler about alarms a commit sets, moves or removes,
@@ -1365,6 +1454,8 @@ impl ActorTask {
             .call(|done| WriteOp::DeleteActor { key, done })
             .await?;
         self.reset();
+        // Streams watching it end (its log is gone).
+        self.node.event_bus.publish(&self.key, 0);
         tracing::info!(actor = %self.key, existed, "actor deleted");
         Ok(existed)
     }

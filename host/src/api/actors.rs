@@ -261,11 +261,8 @@ pub(super) async fn events(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("text/event-stream"))
     {
-        return Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "not_supported",
-            "live event streams are not supported by this node yet; page with ?after=N",
-        ));
+        let after = super::streams::start_after(&headers, q.after)?;
+        return super::streams::open(&s.node, key, after);
     }
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let Some(events) = s.node.events(&key, q.after, limit)? else {
@@ -276,12 +273,8 @@ pub(super) async fn events(
     };
     let next_after = events.last().map_or(q.after, |(seq, _)| *seq);
     let events: Vec<_> = events
-        .into_iter()
-        .map(|(seq, e)| {
-            let data = serde_json::from_slice::<serde_json::Value>(&e.data)
-                .unwrap_or(serde_json::Value::Null);
-            serde_json::json!({ "seq": seq, "kind": e.kind, "data": data, "at_ms": e.at_ms })
-        })
+        .iter()
+        .map(|(seq, e)| super::streams::event_json(*seq, e))
         .collect();
     Ok(
         axum::Json(serde_json::json!({ "events": events, "next_after": next_after }))

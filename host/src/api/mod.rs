@@ -8,6 +8,7 @@
 mod actors;
 mod edge;
 mod error;
+mod streams;
 mod system;
 mod types;
 
@@ -121,6 +122,13 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    // Open event streams would hold the graceful shutdown open forever:
+    // end them as soon as it begins.
+    let bus = node.event_bus.clone();
+    let shutdown = async move {
+        shutdown.await;
+        bus.close();
+    };
     axum::serve(listener, router(node))
         .with_graceful_shutdown(shutdown)
         .await

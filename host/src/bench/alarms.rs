@@ -61,7 +61,7 @@ async fn send_all(
 /// `actors` actors.
 pub(super) async fn lag(args: &BenchArgs) -> anyhow::Result<()> {
     let actors = args.actors.unwrap_or(10_000).max(1);
-    let rate = args.rate.max(1);
+    let rate = args.rate.unwrap_or(10_000).max(1);
     let total = (rate * args.duration).max(1) as usize;
     let per_actor = total.div_ceil(actors);
     anyhow::ensure!(

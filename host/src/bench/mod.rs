@@ -11,6 +11,7 @@ mod http;
 mod inproc;
 mod rss;
 mod server;
+mod sse;
 
 use std::time::Duration;
 
@@ -31,9 +32,13 @@ pub struct BenchArgs {
     /// Concurrent connections for throughput scenarios.
     #[arg(long, default_value_t = 64)]
     pub connections: usize,
-    /// Alarms due per second (alarm-lag).
-    #[arg(long, default_value_t = 10_000)]
-    pub rate: u64,
+    /// Alarms due per second (alarm-lag, default 10,000) or events per
+    /// second (sse-fanout, default 100).
+    #[arg(long)]
+    pub rate: Option<u64>,
+    /// Live event streams (sse-fanout).
+    #[arg(long, default_value_t = 1000)]
+    pub streams: usize,
     /// Load generator for HTTP throughput scenarios.
     #[arg(long, value_enum, default_value_t = LoadGen::Auto)]
     pub load: LoadGen,
@@ -63,6 +68,9 @@ pub enum Scenario {
     /// Alarm lag at `--rate` alarms/s across many hibernated actors
     /// (default 10,000 actors, 10,000/s).
     AlarmLag,
+    /// Live event streams: one actor's events to many SSE clients (default
+    /// 1,000 streams; `--rate 100`).
+    SseFanout,
     /// Every scenario above, one after another.
     All,
 }
@@ -93,6 +101,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::RssHibernated,
             Scenario::JsRss,
             Scenario::AlarmLag,
+            Scenario::SseFanout,
         ],
         s => vec![s],
     };
@@ -108,6 +117,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::RssHibernated => rss::hibernated(&args).await?,
             Scenario::JsRss => rss::js_active(&args).await?,
             Scenario::AlarmLag => alarms::lag(&args).await?,
+            Scenario::SseFanout => sse::fanout(&args).await?,
             Scenario::All => unreachable!(),
         }
     }

@@ -223,6 +223,108 @@ pub(super) async fn alarms(args: &ClientArgs, ty: &str, id: &str) -> anyhow::Res
     Ok(())
 }
 
+/// Print an actor's events after `after`, one JSON object per line; with
+/// `follow`, keep streaming new ones (SSE), resuming after the last one
+/// printed whenever the connection drops.
+pub(super) async fn events(
+    args: &ClientArgs,
+    ty: &str,
+    id: &str,
+    after: u64,
+    follow: bool,
+) -> anyhow::Result<()> {
+    let c = Client::new(args)?;
+    let path = format!("/v1/actors/{}/{}/events", seg(ty), seg(id));
+    if !follow {
+        let mut after = after;
+        loop {
+            let req = c
+                .request(Method::GET, &path)
+                .query(&[("after", after.to_string()), ("limit", "1000".into())]);
+            let (_, body) = c.send(req).await?;
+            let page: serde_json::Value =
+                serde_json::from_slice(&body).context("invalid response")?;
+            let events = page["events"].as_array().cloned().unwrap_or_default();
+            for e in &events {
+                println!("{e}");
+            }
+            match page["next_after"].as_u64() {
+                Some(next) if !events.is_empty() && next > after => after = next,
+                _ => return Ok(()),
+            }
+        }
+    }
+    let mut last = after;
+    let mut backoff = std::time::Duration::from_millis(250);
+    loop {
+        let req = c
+            .request(Method::GET, &path)
+            .header("accept", "text/event-stream")
+            .header("last-event-id", last.to_string());
+        let resp = match req.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("marmot: stream interrupted ({e}); reconnecting");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(std::time::Duration::from_secs(10));
+                continue;
+            }
+        };
+        if !resp.status().is_success() {
+            // Reuse the error formatting of ordinary calls.
+            let status = resp.status();
+            let body = resp.bytes().await.unwrap_or_default();
+            anyhow::bail!(
+                "{} (HTTP {})",
+                String::from_utf8_lossy(&body).trim(),
+                status.as_u16()
+            );
+        }
+        backoff = std::time::Duration::from_millis(250);
+        let mut resp = resp;
+        let mut buf: Vec<u8> = Vec::new();
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            buf.extend_from_slice(&chunk);
+            while let Some(end) = find_frame_end(&buf) {
+                let frame: Vec<u8> = buf.drain(..end).collect();
+                if let Some(seq) = print_frame(&String::from_utf8_lossy(&frame)) {
+                    last = seq;
+                }
+            }
+        }
+        tokio::time::sleep(backoff).await;
+    }
+}
+
+/// The end (exclusive, including the blank line) of the first complete SSE
+/// frame in `buf`.
+fn find_frame_end(buf: &[u8]) -> Option<usize> {
+    buf.windows(2).position(|w| w == b"\n\n").map(|i| i + 2)
+}
+
+/// Print one SSE frame's event; return its id.
+fn print_frame(frame: &str) -> Option<u64> {
+    let (mut id, mut event, mut data) = (None, None, Vec::new());
+    for line in frame.lines() {
+        if let Some(v) = line.strip_prefix("id:") {
+            id = v.trim().parse::<u64>().ok();
+        } else if let Some(v) = line.strip_prefix("event:") {
+            event = Some(v.trim().to_owned());
+        } else if let Some(v) = line.strip_prefix("data:") {
+            data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
+        }
+    }
+    match event.as_deref() {
+        Some("gap") => eprintln!(
+            "marmot: events missing (past retention): {}",
+            data.join("\n")
+        ),
+        _ if !data.is_empty() => println!("{}", data.join("\n")),
+        _ => {}
+    }
+    id
+}
+
 pub(super) async fn types(args: &ClientArgs) -> anyhow::Result<()> {
     let c = Client::new(args)?;
     let (_, body) = c.send(c.request(Method::GET, "/v1/types")).await?;

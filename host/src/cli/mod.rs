@@ -97,6 +97,22 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Print an actor's events, one JSON object per line.
+    Events {
+        /// Actor type.
+        #[arg(value_name = "TYPE")]
+        ty: String,
+        /// Actor id.
+        id: String,
+        /// Start after this event seq.
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+        /// Keep streaming new events (reconnects and resumes by itself).
+        #[arg(long, short)]
+        follow: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Show an actor's pending alarms.
     Alarms {
         /// Actor type.
@@ -184,6 +200,13 @@ async fn run(command: Command) -> anyhow::Result<()> {
             client,
         } => client::actors(&client, &ty, &prefix, limit).await,
         Command::Inspect { ty, id, client } => client::inspect(&client, &ty, &id).await,
+        Command::Events {
+            ty,
+            id,
+            after,
+            follow,
+            client,
+        } => client::events(&client, &ty, &id, after, follow).await,
         Command::Alarms { ty, id, client } => client::alarms(&client, &ty, &id).await,
         Command::Types { client } => client::types(&client).await,
         Command::Bench(args) => crate::bench::run(args).await,

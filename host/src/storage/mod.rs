@@ -274,6 +274,49 @@ impl Reader {
         Ok(out)
     }
 
+    /// One event.
+    pub fn event(&self, num: u64, seq: u64) -> Result<Option<EventRecord>, StorageError> {
+        let t = self.txn.open_table(EVENTS)?;
+        match t.get((num, seq))? {
+            Some(v) => Ok(Some(decode("event", v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Actors (by number, ascending from `from_num`) whose oldest event was
+    /// written before `cutoff_ms`, at most `limit` of them; and where to go
+    /// on from (`None`: the scan reached the end).
+    pub fn actors_with_events_before(
+        &self,
+        cutoff_ms: u64,
+        from_num: u64,
+        limit: usize,
+    ) -> Result<(Vec<u64>, Option<u64>), StorageError> {
+        let t = self.txn.open_table(EVENTS)?;
+        let mut out = Vec::new();
+        let mut num = from_num;
+        loop {
+            // The first row at or after (num, 0) is the oldest event of the
+            // next actor that has any: one seek per actor, not per event.
+            let Some(row) = t.range((num, 0)..)?.next() else {
+                return Ok((out, None));
+            };
+            let (k, v) = row?;
+            let (n, _) = k.value();
+            let ev: EventRecord = decode("event", v.value())?;
+            if ev.at_ms < cutoff_ms {
+                out.push(n);
+                if out.len() == limit {
+                    return Ok((out, n.checked_add(1)));
+                }
+            }
+            match n.checked_add(1) {
+                Some(next) => num = next,
+                None => return Ok((out, None)),
+            }
+        }
+    }
+
     /// An idempotency record.
     pub fn idempotency(&self, num: u64, key: &str) -> Result<Option<IdemRecord>, StorageError> {
         let t = self.txn.open_table(IDEMPOTENCY)?;

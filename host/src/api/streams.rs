@@ -1,0 +1,156 @@
+//! `GET …/events` with `Accept: text/event-stream`: a live SSE stream of an
+//! actor's event log.
+//!
+//! Each frame is one event: `id:` is its seq and `data:` the same JSON object
+//! as in the event page (`{seq, kind, data, at_ms}`). `Last-Event-ID` (or
+//! `?after=N`) resumes exactly after that seq. Frames are read from disk, so
+//! only committed events go out, and the stream never wakes or pins the
+//! actor: commits wake the stream through the node's [`EventBus`]. A resume
+//! from a seq that retention already removed starts with a `gap` frame
+//! naming what is missing. Comment lines keep idle streams open; the
+//! stream ends when the actor is deleted or the node shuts down.
+//!
+//! [`EventBus`]: crate::streams::EventBus
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+
+use super::ApiError;
+use crate::ids::ActorKey;
+use crate::node::Node;
+use crate::storage::schema::EventRecord;
+use crate::streams::Subscription;
+
+/// Events read from disk per step.
+const PAGE: usize = 256;
+/// The reconnect delay suggested to clients.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// An event as the API shows it, in pages and in streams.
+pub(super) fn event_json(seq: u64, e: &EventRecord) -> serde_json::Value {
+    let data =
+        serde_json::from_slice::<serde_json::Value>(&e.data).unwrap_or(serde_json::Value::Null);
+    serde_json::json!({ "seq": seq, "kind": e.kind, "data": data, "at_ms": e.at_ms })
+}
+
+/// Where a stream starts: after `Last-Event-ID` if given, else `?after=`.
+pub(super) fn start_after(headers: &HeaderMap, after: u64) -> Result<u64, ApiError> {
+    match headers.get("last-event-id") {
+        None => Ok(after),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .ok_or_else(|| {
+                ApiError::bad_request(
+                    "invalid_last_event_id",
+                    "Last-Event-ID must be an event seq (a non-negative integer)",
+                )
+            }),
+    }
+}
+
+/// Open a stream of `key`'s events after `after`.
+pub(super) fn open(node: &Arc<Node>, key: ActorKey, after: u64) -> Result<Response, ApiError> {
+    // Subscribe before the first read: a commit landing in between then
+    // wakes the stream instead of being missed.
+    let sub = node.event_bus.subscribe(&key).map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_streams",
+            e.to_string(),
+        )
+    })?;
+    let follow = Follow {
+        node: node.clone(),
+        key,
+        after,
+        resumed: after > 0,
+        sub,
+        queue: VecDeque::from([Event::default().retry(RETRY)]),
+        existed: false,
+    };
+    let stream = futures::stream::unfold(follow, Follow::next);
+    let heartbeat = Duration::from_millis(node.config().events.heartbeat_ms.max(100));
+    let mut resp = Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(heartbeat).text("ping"))
+        .into_response();
+    // Tell buffering proxies (nginx) to pass frames through at once.
+    resp.headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(resp)
+}
+
+struct Follow {
+    node: Arc<Node>,
+    key: ActorKey,
+    /// Last seq sent (or the resume point).
+    after: u64,
+    /// Whether the client resumed (gaps are reported only then).
+    resumed: bool,
+    sub: Subscription,
+    queue: VecDeque<Event>,
+    /// The actor existed at some point during the stream.
+    existed: bool,
+}
+
+impl Follow {
+    async fn next(mut self) -> Option<(Result<Event, Infallible>, Self)> {
+        loop {
+            if let Some(ev) = self.queue.pop_front() {
+                return Some((Ok(ev), self));
+            }
+            if *self.sub.closing.borrow() {
+                return None;
+            }
+            // Mark what we have seen before reading, so a commit published
+            // during the read wakes the wait below.
+            self.sub.changed.borrow_and_update();
+            match self.node.events(&self.key, self.after, PAGE) {
+                Ok(Some(page)) => {
+                    self.existed = true;
+                    if !page.is_empty() {
+                        self.enqueue(page);
+                        continue;
+                    }
+                }
+                // Deleted while we watched: its log is gone.
+                Ok(None) if self.existed => return None,
+                // Not created yet: wait for its first commit.
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(actor = %self.key, error = %e, "event stream ends: storage error");
+                    return None;
+                }
+            }
+            tokio::select! {
+                r = self.sub.changed.changed() => if r.is_err() { return None },
+                _ = self.sub.closing.changed() => return None,
+            }
+        }
+    }
+
+    fn enqueue(&mut self, page: Vec<(u64, EventRecord)>) {
+        let first = page[0].0;
+        if self.resumed && first > self.after + 1 {
+            let gap = serde_json::json!({ "after": self.after, "next": first });
+            self.queue
+                .push_back(Event::default().event("gap").data(gap.to_string()));
+        }
+        self.resumed = true;
+        for (seq, e) in page {
+            self.queue.push_back(
+                Event::default()
+                    .id(seq.to_string())
+                    .data(event_json(seq, &e).to_string()),
+            );
+            self.after = seq;
+        }
+    }
+}

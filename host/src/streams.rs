@@ -1,0 +1,135 @@
+//! Who is watching which actor's event log.
+//!
+//! Live event streams (SSE) never talk to the actor: an open stream must not
+//! keep it awake. Instead, every commit that appends events publishes the
+//! actor's newest event seq here once the commit is durable, and a stream
+//! waiting on that actor wakes and reads the new events from disk. What a
+//! stream sends is therefore always committed (the output gate), and a
+//! stream resumes from any seq the same way it follows live ones.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::watch;
+
+use crate::ids::ActorKey;
+
+/// The node's event-stream registry.
+pub struct EventBus {
+    watched: RwLock<HashMap<ActorKey, watch::Sender<u64>>>,
+    closing: watch::Sender<bool>,
+    open: AtomicUsize,
+    max_streams: usize,
+    /// `marmot_event_streams`.
+    gauge: Gauge,
+}
+
+/// One open stream's registration; unregisters when dropped.
+pub struct Subscription {
+    bus: Arc<EventBus>,
+    key: ActorKey,
+    /// Changes whenever a commit of the actor's events becomes durable (or
+    /// the actor is deleted).
+    pub changed: watch::Receiver<u64>,
+    /// Turns true when the node shuts down.
+    pub closing: watch::Receiver<bool>,
+}
+
+/// More streams are open than the node allows.
+#[derive(Debug, thiserror::Error)]
+#[error("this node serves at most {0} event streams at once")]
+pub struct TooManyStreams(pub usize);
+
+impl EventBus {
+    /// A bus allowing `max_streams` open streams, counted in `gauge`.
+    pub fn new(max_streams: usize, gauge: Gauge) -> Self {
+        Self {
+            watched: RwLock::new(HashMap::new()),
+            closing: watch::Sender::new(false),
+            open: AtomicUsize::new(0),
+            max_streams,
+            gauge,
+        }
+    }
+
+    /// Watch `key`'s event log.
+    pub fn subscribe(self: &Arc<Self>, key: &ActorKey) -> Result<Subscription, TooManyStreams> {
+        if self.open.fetch_add(1, Ordering::AcqRel) >= self.max_streams {
+            self.open.fetch_sub(1, Ordering::AcqRel);
+            return Err(TooManyStreams(self.max_streams));
+        }
+        self.gauge.inc();
+        let changed = {
+            let mut w = self.watched.write().expect("event bus lock");
+            w.entry(key.clone())
+                .or_insert_with(|| watch::Sender::new(0))
+                .subscribe()
+        };
+        Ok(Subscription {
+            bus: self.clone(),
+            key: key.clone(),
+            changed,
+            closing: self.closing.subscribe(),
+        })
+    }
+
+    /// A commit holding `key`'s events up to `last_seq` is durable (0: the
+    /// actor was deleted).
+    pub fn publish(&self, key: &ActorKey, last_seq: u64) {
+        let w = self.watched.read().expect("event bus lock");
+        if let Some(tx) = w.get(key) {
+            tx.send_replace(last_seq);
+        }
+    }
+
+    /// End every stream (the node is shutting down).
+    pub fn close(&self) {
+        self.closing.send_replace(true);
+    }
+
+    /// Streams open now.
+    pub fn open_streams(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.bus.open.fetch_sub(1, Ordering::AcqRel);
+        self.bus.gauge.dec();
+        let mut w = self.bus.watched.write().expect("event bus lock");
+        // Our own receiver is still alive here: the last one out removes
+        // the entry. Subscribing takes the same lock, so nobody can join
+        // between the count and the removal.
+        if w.get(&self.key).is_some_and(|tx| tx.receiver_count() <= 1) {
+            w.remove(&self.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn publishes_reach_subscribers_and_entries_go_with_the_last_one() {
+        let bus = Arc::new(EventBus::new(2, Gauge::default()));
+        let a = ActorKey::new("t", "a").unwrap();
+        let mut s1 = bus.subscribe(&a).unwrap();
+        let s2 = bus.subscribe(&a).unwrap();
+        assert!(bus.subscribe(&a).is_err(), "the cap holds");
+        bus.publish(&a, 7);
+        s1.changed.changed().await.unwrap();
+        assert_eq!(*s1.changed.borrow_and_update(), 7);
+        drop(s2);
+        assert_eq!(bus.watched.read().unwrap().len(), 1);
+        drop(s1);
+        assert!(bus.watched.read().unwrap().is_empty());
+        assert_eq!(bus.open_streams(), 0);
+        // Publishing to nobody is a no-op.
+        bus.publish(&a, 8);
+        assert!(bus.watched.read().unwrap().is_empty());
+    }
+}

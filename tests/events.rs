@@ -1,0 +1,303 @@
+//! Event logs as clients see them: pages, live SSE streams (resume, gaps,
+//! heartbeats, limits, shutdown), retention by count and age, and
+//! `marmot events --follow`.
+
+mod common;
+
+use std::io::BufRead as _;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Api, Marmot, TESTKIT, kit_node, tempdir};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+async fn emit(api: &Api, id: &str, n: i64) -> u64 {
+    let r = api
+        .op(
+            "kit",
+            id,
+            json!({"op": "emit", "kind": "step", "data": {"n": n}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    r.json["seq"].as_u64().unwrap()
+}
+
+/// Read event frames until seq `last`; return their seqs.
+async fn read_until(s: &mut common::SseStream, last: u64) -> Vec<u64> {
+    let mut seqs = Vec::new();
+    while seqs.last() != Some(&last) {
+        let f = s
+            .next_event(WAIT)
+            .await
+            .unwrap_or_else(|| panic!("stream stalled after {seqs:?}, waiting for {last}"));
+        let seq: u64 = f.id.as_deref().unwrap().parse().unwrap();
+        assert_eq!(f.json()["seq"], seq, "id is the seq");
+        seqs.push(seq);
+    }
+    seqs
+}
+
+#[tokio::test]
+async fn a_stream_follows_committed_events_without_keeping_the_actor_awake() {
+    let (_dir, _m, api) = kit_node(json!({"idle_timeout_ms": 300})).await;
+    emit(&api, "a", 1).await;
+    emit(&api, "a", 2).await;
+    let mut s = api.sse("/v1/actors/kit/a/events", None).await;
+    let hint = s.next_frame(WAIT).await.unwrap();
+    assert_eq!(hint.retry, Some(1000), "the stream opens with a retry hint");
+    let first = s.next_event(WAIT).await.unwrap();
+    assert_eq!(first.id.as_deref(), Some("1"));
+    let v = first.json();
+    assert_eq!(v["kind"], "step");
+    assert_eq!(v["data"], json!({"n": 1}));
+    assert!(v["at_ms"].as_u64().unwrap() > 0);
+    assert_eq!(read_until(&mut s, 2).await, [2]);
+
+    // Live: a new event arrives once its turn is committed.
+    let seq = emit(&api, "a", 3).await;
+    assert_eq!(read_until(&mut s, seq).await, [3]);
+
+    // The open stream does not keep the actor awake...
+    api.wait_info("kit", "a", "hibernation with a stream open", |i| {
+        i["status"] == "hibernated"
+    })
+    .await;
+    // ...and still sees what the next wake commits.
+    emit(&api, "a", 4).await;
+    assert_eq!(read_until(&mut s, 4).await, [4]);
+    // A failed turn commits no event and sends nothing.
+    api.op(
+        "kit",
+        "a",
+        json!({"op": "set_then_fail", "key": "k", "value": 1}),
+    )
+    .await;
+    emit(&api, "a", 5).await;
+    let f = s.next_event(WAIT).await.unwrap();
+    assert_eq!(
+        f.json()["data"],
+        json!({"n": 5}),
+        "nothing uncommitted leaks"
+    );
+    let text = String::from_utf8(api.get("/metrics").await.body).unwrap();
+    assert!(text.contains("marmot_event_streams 1"), "{text}");
+}
+
+#[tokio::test]
+async fn resume_after_kill_9_yields_exactly_the_events_after_last_event_id() {
+    let dir = tempdir();
+    let mut m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    for n in 1..=10 {
+        emit(&api, "a", n).await;
+    }
+    let mut s = api.sse("/v1/actors/kit/a/events", None).await;
+    assert_eq!(read_until(&mut s, 6).await, [1, 2, 3, 4, 5, 6]);
+    m.kill9();
+    // The stream breaks with the process.
+    while s.next_frame(WAIT).await.is_some() {}
+    m.restart().await;
+    let api = m.client();
+    let mut s = api.sse("/v1/actors/kit/a/events", Some("6")).await;
+    assert_eq!(read_until(&mut s, 10).await, [7, 8, 9, 10]);
+    emit(&api, "a", 11).await;
+    assert_eq!(read_until(&mut s, 11).await, [11]);
+    assert!(
+        s.next_event(Duration::from_millis(300)).await.is_none(),
+        "nothing repeats"
+    );
+    // `?after=` works too; Last-Event-ID wins when both are given.
+    let mut s = api.sse("/v1/actors/kit/a/events?after=9", None).await;
+    assert_eq!(read_until(&mut s, 11).await, [10, 11]);
+    let mut s = api.sse("/v1/actors/kit/a/events?after=2", Some("10")).await;
+    assert_eq!(read_until(&mut s, 11).await, [11]);
+}
+
+#[tokio::test]
+async fn streams_get_heartbeats_and_bad_requests_get_errors() {
+    let config = "[events]\nheartbeat_ms = 150\nmax_streams = 2\n";
+    let dir = tempdir();
+    let m = Marmot::start_opts(&dir.path().join("data"), &[], Some(config)).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    // A stream may be opened before the actor exists; it waits for it.
+    let mut s = api.sse("/v1/actors/kit/later/events", None).await;
+    s.next_frame(WAIT).await.unwrap(); // retry hint
+    let mut pings = 0;
+    let until = Instant::now() + Duration::from_millis(700);
+    while Instant::now() < until {
+        if let Some(f) = s.next_frame(Duration::from_millis(400)).await {
+            assert_eq!(f.comment.as_deref(), Some("ping"), "{f:?}");
+            pings += 1;
+        }
+    }
+    assert!(pings >= 2, "{pings} heartbeats in 700 ms");
+    emit(&api, "later", 1).await;
+    assert_eq!(read_until(&mut s, 1).await, [1]);
+
+    let _second = api.sse("/v1/actors/kit/b/events", None).await;
+    let r = api.sse_response("/v1/actors/kit/c/events", None).await;
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "too_many_streams");
+    drop(s);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let _third = api.sse("/v1/actors/kit/c/events", None).await;
+
+    let r = api
+        .sse_response("/v1/actors/kit/a/events", Some("x1"))
+        .await;
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "invalid_last_event_id");
+    let r = api.sse_response("/v1/actors/nope/a/events", None).await;
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test]
+async fn deleting_the_actor_or_stopping_the_node_ends_its_streams() {
+    let (_dir, mut m, api) = kit_node(json!({})).await;
+    emit(&api, "a", 1).await;
+    let mut s = api.sse("/v1/actors/kit/a/events", None).await;
+    assert_eq!(read_until(&mut s, 1).await, [1]);
+    assert_eq!(api.delete("/v1/actors/kit/a").await.status, 200);
+    let deadline = Instant::now() + WAIT;
+    while s.next_frame(WAIT).await.is_some() {
+        assert!(Instant::now() < deadline, "the stream outlived its actor");
+    }
+
+    // A graceful stop is not held up by open streams.
+    emit(&api, "b", 1).await;
+    let mut s = api.sse("/v1/actors/kit/b/events", None).await;
+    assert_eq!(read_until(&mut s, 1).await, [1]);
+    let pid = m.pid().unwrap();
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(
+        m.wait_exit(Duration::from_secs(10)),
+        "SIGTERM with an open stream must still stop the node"
+    );
+}
+
+#[tokio::test]
+async fn events_past_retention_are_hidden_at_once_then_deleted() {
+    let config = "[events]\nmax_age_ms = 4000\n";
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    let mut m = Marmot::start_opts(&data, &[], Some(config)).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({"idle_timeout_ms": 60000}))
+        .await;
+    for n in 1..=3 {
+        emit(&api, "a", n).await;
+    }
+    emit(&api, "b", 1).await;
+    assert_eq!(
+        api.get("/v1/actors/kit/a/events").await.json["events"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+    // Ten seconds later (by the node's clock) the events are past 4 s.
+    m.set_env("MARMOT_CLOCK_OFFSET_MS", Some("10000"));
+    m.restart().await;
+    let api = m.client();
+    let page = api.get("/v1/actors/kit/a/events").await.json;
+    assert_eq!(page["events"], json!([]), "hidden before any sweep: {page}");
+    // The sweep trims both logs without keeping the actors awake.
+    for id in ["a", "b"] {
+        let info = api
+            .wait_info("kit", id, "old events to be deleted", |i| {
+                i["first_event_seq"] == i["last_event_seq"].as_u64().unwrap() + 1
+            })
+            .await;
+        assert_eq!(info["status"], "hibernated", "{info}");
+    }
+    // A client resuming from before the cut learns about the gap.
+    let seq = emit(&api, "a", 4).await;
+    assert_eq!(seq, 4, "seqs continue after trimming");
+    let mut s = api.sse("/v1/actors/kit/a/events", Some("1")).await;
+    let gap = s.next_event(WAIT).await.unwrap();
+    assert_eq!(gap.event.as_deref(), Some("gap"));
+    assert_eq!(gap.json(), json!({"after": 1, "next": 4}));
+    assert_eq!(gap.id, None, "a gap frame does not move the resume point");
+    assert_eq!(read_until(&mut s, 4).await, [4]);
+}
+
+#[tokio::test]
+async fn the_event_log_keeps_the_newest_events_up_to_its_count_limit() {
+    let config = "[limits]\nmax_events_per_actor = 5\n";
+    let dir = tempdir();
+    let m = Marmot::start_opts(&dir.path().join("data"), &[], Some(config)).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    for n in 1..=12 {
+        emit(&api, "a", n).await;
+    }
+    let page = api.get("/v1/actors/kit/a/events").await.json;
+    let seqs: Vec<u64> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, [8, 9, 10, 11, 12]);
+    let info = api.get("/v1/actors/kit/a").await.json;
+    assert_eq!(info["first_event_seq"], 8);
+    assert_eq!(info["last_event_seq"], 12);
+}
+
+#[tokio::test]
+async fn marmot_events_follow_prints_old_and_new_events() {
+    let (_dir, m, api) = kit_node(json!({})).await;
+    emit(&api, "a", 1).await;
+    emit(&api, "a", 2).await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args([
+            "events", "kit", "a", "--follow", "--after", "1", "--url", &m.url,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap()).is_err() {
+                return;
+            }
+        }
+    });
+    let line = rx.recv_timeout(WAIT).expect("the old event");
+    let v: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(v["seq"], 2);
+    assert_eq!(v["data"], json!({"n": 2}));
+    emit(&api, "a", 3).await;
+    let line = rx.recv_timeout(WAIT).expect("the new event");
+    assert_eq!(serde_json::from_str::<Value>(&line).unwrap()["seq"], 3);
+    let _ = child.kill();
+    let _ = child.wait();
+
+    // Without --follow it prints the log and exits.
+    let out = Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["events", "kit", "a", "--url", &m.url])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    assert_eq!(lines[2]["seq"], 3);
+}
