@@ -637,7 +637,6 @@ async fn delete_type_needs_force_while_actors_exist() {
 async fn endpoints_of_later_capabilities_say_so() {
     let (_dir, _node, api) = common::kit_node(json!({})).await;
     for (method, path) in [
-        (Method::GET, "/v1/actors/kit/a/inputs"),
         (Method::POST, "/v1/hooks/kit/a/github"),
         (Method::GET, "/v1/secrets"),
         (Method::GET, "/v1/deliveries"),

@@ -24,7 +24,7 @@ export default {
     if (body?.op === "nothing") return undefined;
     if (body?.op === "unsupported") {
       try {
-        inputs.request({ kind: "approval", prompt: "ok?" });
+        files.read("notes.txt");
       } catch (e) {
         return { error: String(e.message ?? e) };
       }
@@ -42,7 +42,7 @@ export default {
     state.set("upgrades", log);
   },
 };
-import { inputs } from "marmot";
+import { files } from "marmot";
 "#;
 
 async fn deploy_js(api: &Api, ty: &str, source: &str) -> Resp {

@@ -49,6 +49,13 @@ pub struct InputAnswer {
     pub expired: bool,
 }
 
+impl InputAnswer {
+    /// The answer parsed from JSON (answers are always JSON).
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
+        Ok(serde_json::from_slice(&self.response)?)
+    }
+}
+
 /// An actor: one handler per kind of turn.
 ///
 /// Only [`on_message`](Actor::on_message) is required. The other handlers

@@ -42,6 +42,7 @@ pub mod bindings;
 mod error;
 pub mod events;
 mod handler;
+pub mod inputs;
 pub mod log;
 mod message;
 pub mod state;
@@ -58,7 +59,7 @@ pub use bindings::marmot::actor::types::Error as HostError;
 /// They keep their final shape; until the node supports one it returns
 /// [`HostError::Unsupported`].
 pub mod raw {
-    pub use crate::bindings::marmot::actor::{actors, files, http, inputs, js, model};
+    pub use crate::bindings::marmot::actor::{actors, files, http, js, model};
 }
 
 #[doc(hidden)]

@@ -39,6 +39,8 @@ pub struct NodeConfig {
     pub alarms: AlarmsConfig,
     /// Event retention and live streams.
     pub events: EventsConfig,
+    /// Input requests.
+    pub inputs: InputsConfig,
 }
 
 impl Default for NodeConfig {
@@ -54,6 +56,7 @@ impl Default for NodeConfig {
             recovery: RecoveryConfig::default(),
             alarms: AlarmsConfig::default(),
             events: EventsConfig::default(),
+            inputs: InputsConfig::default(),
         }
     }
 }
@@ -288,6 +291,26 @@ impl Default for EventsConfig {
             max_age_ms: 0,
             max_streams: 10_000,
             heartbeat_ms: 15_000,
+        }
+    }
+}
+
+/// Input requests.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InputsConfig {
+    /// Pending input requests per actor.
+    pub max_pending_per_actor: u64,
+    /// Answered and expired requests are kept this long (answering one
+    /// again is a 409 meanwhile, a 404 after).
+    pub settled_ttl_ms: u64,
+}
+
+impl Default for InputsConfig {
+    fn default() -> Self {
+        Self {
+            max_pending_per_actor: 100,
+            settled_ttl_ms: 7 * 24 * 3600 * 1000,
         }
     }
 }

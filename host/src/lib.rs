@@ -13,6 +13,7 @@
 //! | [`storage`] | redb schema and the group-commit writer |
 //! | [`alarms`] | durable alarms: schedules and the scheduler |
 //! | [`streams`] | live event streams: who watches which actor |
+//! | [`inputs`] | input requests: checks and answer validation |
 //! | [`api`] | the HTTP API |
 //! | [`cli`] | the `marmot` command line |
 //! | [`metrics`] | Prometheus metrics |
@@ -28,6 +29,7 @@ pub mod clock;
 pub mod config;
 pub mod guests;
 pub mod ids;
+pub mod inputs;
 pub mod metrics;
 pub mod node;
 pub mod sandbox;

@@ -14,7 +14,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio::sync::{Semaphore, oneshot};
 
-use crate::actor::{Delivery, Envelope, EvalReply, Registry, TurnError, TurnReply};
+use crate::actor::{AnswerDelivery, Delivery, Envelope, EvalReply, Registry, TurnError, TurnReply};
 use crate::catalog::{Catalog, PreparedVersion};
 use crate::clock::now_ms;
 use crate::config::{NodeConfig, TypeConfig};
@@ -23,7 +23,8 @@ use crate::metrics::Metrics;
 use crate::sandbox::turn::TurnLimits;
 use crate::sandbox::{CodeError, Sandbox, SandboxConfig};
 use crate::storage::schema::{
-    ActorRecord, AlarmRecord, CodeKind, EventRecord, InboxRecord, TypeRecord, VersionRecord,
+    ActorRecord, AlarmRecord, CodeKind, EventRecord, InboxRecord, InputRecord, TypeRecord,
+    VersionRecord,
 };
 use crate::storage::{EnqueueOutcome, Page, Storage, StorageError, WriteOp};
 use crate::streams::EventBus;
@@ -201,6 +202,7 @@ impl Node {
             max_cache_bytes: 8 << 20,
             max_alarms: config.alarms.max_per_actor,
             max_alarm_payload_bytes: 64 << 10,
+            max_pending_inputs: config.inputs.max_pending_per_actor,
         });
         let (scheduler, scheduler_rx) = crate::alarms::scheduler::Scheduler::new();
         let event_bus = Arc::new(EventBus::new(
@@ -653,7 +655,7 @@ impl Node {
             first_event_seq: rec.first_event_seq,
             pending_messages: r.inbox_len(rec.num)?,
             pending_alarms: r.alarm_count(rec.num)?,
-            pending_inputs: 0,
+            pending_inputs: r.pending_input_count(rec.num)?,
         })
     }
 
@@ -706,6 +708,41 @@ impl Node {
         Ok(Some(r.state(rec.num, state_key)?))
     }
 
+    /// Committed input requests of an actor, by id (oldest first).
+    pub fn inputs(
+        &self,
+        key: &ActorKey,
+    ) -> Result<Option<Vec<(String, InputRecord)>>, StorageError> {
+        let r = self.storage.reader()?;
+        let Some(rec) = r.actor(key)? else {
+            return Ok(None);
+        };
+        Ok(Some(r.inputs(rec.num)?))
+    }
+
+    /// Answer one of an actor's input requests: runs its `on-input` turn and
+    /// returns once that is durable.
+    pub async fn answer_input(
+        self: &Arc<Self>,
+        key: &ActorKey,
+        input_id: &str,
+        response: Vec<u8>,
+    ) -> Result<(), TurnError> {
+        // Do not wake an actor that does not exist.
+        if self.storage.reader()?.actor(key)?.is_none() {
+            return Err(TurnError::NotFound);
+        }
+        let (tx, rx) = oneshot::channel();
+        let delivery = AnswerDelivery {
+            input_id: input_id.to_owned(),
+            response,
+            reply: tx,
+        };
+        self.registry
+            .deliver(self, key, Envelope::Answer(Box::new(delivery)))?;
+        rx.await.map_err(|_| TurnError::Stopped)?
+    }
+
     /// Committed alarms of an actor, by name.
     pub fn alarms(
         &self,
@@ -715,7 +752,9 @@ impl Node {
         let Some(rec) = r.actor(key)? else {
             return Ok(None);
         };
-        Ok(Some(r.alarms(rec.num)?))
+        let mut alarms = r.alarms(rec.num)?;
+        alarms.retain(|(name, _)| !crate::alarms::is_internal(name));
+        Ok(Some(alarms))
     }
 
     /// Committed events after `after`.

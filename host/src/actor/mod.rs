@@ -38,6 +38,18 @@ pub enum Envelope {
     /// Some of the actor's events are past retention: trim them (a
     /// bookkeeping commit; the sandbox is not woken).
     TrimEvents,
+    /// An answer to one of the actor's input requests.
+    Answer(Box<AnswerDelivery>),
+}
+
+/// An answer on its way to the actor that asked.
+pub struct AnswerDelivery {
+    /// The input request.
+    pub input_id: String,
+    /// The answer (JSON).
+    pub response: Vec<u8>,
+    /// Gets the outcome once the `on-input` turn is durable.
+    pub reply: oneshot::Sender<Result<(), TurnError>>,
 }
 
 /// A due alarm on its way to its actor.
@@ -143,6 +155,20 @@ pub enum TurnError {
     /// The actor task went away.
     #[error("the actor stopped before replying")]
     Stopped,
+    /// No input request with this id.
+    #[error("no input request `{0}`")]
+    InputNotFound(String),
+    /// The input request was already answered or has expired.
+    #[error("input request `{id}` is already {status}")]
+    InputSettled {
+        /// Its id.
+        id: String,
+        /// `answered` or `expired`.
+        status: &'static str,
+    },
+    /// The answer does not satisfy the request's schema.
+    #[error("the answer does not match the input's schema: {0}")]
+    InvalidAnswer(String),
 }
 
 impl TurnError {
@@ -167,13 +193,18 @@ impl TurnError {
             TurnError::Code(_) => "code_unavailable",
             TurnError::Storage(_) => "storage_error",
             TurnError::Stopped => "actor_stopped",
+            TurnError::InputNotFound(_) => "input_not_found",
+            TurnError::InputSettled { .. } => "input_settled",
+            TurnError::InvalidAnswer(_) => "invalid_answer",
         }
     }
 
     /// HTTP status.
     pub fn status(&self) -> u16 {
         match self {
-            TurnError::UnknownType(_) | TurnError::NotFound => 404,
+            TurnError::UnknownType(_) | TurnError::NotFound | TurnError::InputNotFound(_) => 404,
+            TurnError::InputSettled { .. } => 409,
+            TurnError::InvalidAnswer(_) => 422,
             TurnError::MailboxFull(_) => 429,
             TurnError::Overloaded | TurnError::Storage(_) | TurnError::Stopped => 503,
             TurnError::IdempotencyInProgress => 409,

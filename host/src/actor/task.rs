@@ -8,7 +8,7 @@
 //! the writer raises the actor's minimum generation; the task notices before
 //! its next turn and reloads everything from disk.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -18,18 +18,18 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
 use super::registry::Shared;
-use super::{AlarmDelivery, Delivery, Envelope, EvalReply, TurnError, TurnReply};
+use super::{AlarmDelivery, AnswerDelivery, Delivery, Envelope, EvalReply, TurnError, TurnReply};
 use crate::alarms::scheduler::{AlarmTicket, Notice};
 use crate::clock::now_ms;
 use crate::ids::ActorKey;
 use crate::node::Node;
-use crate::sandbox::bindings::marmot::actor::types::Alarm;
+use crate::sandbox::bindings::marmot::actor::types::{Alarm, InputAnswer};
 use crate::sandbox::bindings::{Context, Message};
-use crate::sandbox::turn::{FinishedTurn, StateCache, TurnState};
+use crate::sandbox::turn::{Carry, FinishedTurn, TurnState};
 use crate::sandbox::{Instance, TrapKind};
 use crate::storage::schema::{
     ActorRecord, AlarmRecord, CodeKind, EventRecord, IdemOutcome, IdemRecord, InboxRecord,
-    StoredReply,
+    InputRecord, InputStatus, StoredReply,
 };
 use crate::storage::{CommitFailed, TurnCommit, WriteOp};
 
@@ -58,6 +58,7 @@ enum TurnInput {
     /// A script in a fresh JavaScript sandbox bound to this actor.
     Eval(String),
     Alarm(Alarm),
+    Input(InputAnswer),
 }
 
 /// What a successful turn returned.
@@ -84,6 +85,8 @@ struct CommitExtras {
     /// An alarm moved or removed by its own firing, unless the turn itself
     /// wrote the same alarm.
     alarm: Option<(String, Option<AlarmRecord>)>,
+    /// Input requests settled (`Some`) or pruned (`None`).
+    inputs: Vec<(String, Option<InputRecord>)>,
 }
 
 pub(crate) struct ActorTask {
@@ -95,10 +98,9 @@ pub(crate) struct ActorTask {
     /// The record as last written (or read) on disk.
     persisted: Option<ActorRecord>,
     live: Option<Live>,
-    cache: StateCache,
-    /// The actor's alarms, including changes not yet durable; `None` until
-    /// a turn needs them.
-    alarms: Option<BTreeMap<String, AlarmRecord>>,
+    /// What turns read (state, alarms, input counts), including changes
+    /// not yet durable.
+    carry: Carry,
     /// When the oldest event on the log was written, if known: spares a disk
     /// read per commit when retention by age is on.
     oldest_event_at_ms: Option<u64>,
@@ -129,8 +131,7 @@ impl ActorTask {
             record: None,
             persisted: None,
             live: None,
-            cache: StateCache::default(),
-            alarms: None,
+            carry: Carry::default(),
             oldest_event_at_ms: None,
             generation: 0,
             seq: 0,
@@ -245,6 +246,7 @@ impl ActorTask {
             }
             Envelope::Eval(code, reply) => self.on_eval(code, reply).await,
             Envelope::Alarm(d) => self.on_alarm(*d).await,
+            Envelope::Answer(d) => self.on_answer(*d).await,
             Envelope::TrimEvents => {
                 if self.ready(false).await.is_ok() && self.record().first_event_seq > 0 {
                     // `submit` applies retention to every commit.
@@ -315,8 +317,7 @@ impl ActorTask {
         self.record = None;
         self.persisted = None;
         self.live = None;
-        self.cache = StateCache::default();
-        self.alarms = None;
+        self.carry = Carry::default();
         self.oldest_event_at_ms = None;
         self.idem_pending.clear();
         self.inbox_cursor = 0;
@@ -666,19 +667,18 @@ impl ActorTask {
         }
         self.seq += 1;
         let rec = self.record.as_ref().expect("record loaded");
-        let mut turn = TurnState::new(
+        let turn = TurnState::new(
             key.clone(),
             rec.num,
             version,
             self.seq,
-            std::mem::take(&mut self.cache),
+            std::mem::take(&mut self.carry),
             rec.state_bytes,
             rec.state_keys,
             rec.last_event_seq,
             self.node.turn_limits.clone(),
             self.node.storage.clone(),
         );
-        turn.alarms.known = self.alarms.take();
         let (inst, turn_timeout) = match &mut fresh {
             Some((inst, timeout)) => (inst, *timeout),
             None => {
@@ -725,6 +725,10 @@ impl ActorTask {
                         .call_on_alarm(&mut *store, &ctx, &alarm)
                         .await
                         .map(|r| r.map(|()| TurnOutput::Done)),
+                    TurnInput::Input(input) => handlers
+                        .call_on_input(&mut *store, &ctx, &input)
+                        .await
+                        .map(|r| r.map(|()| TurnOutput::Done)),
                     TurnInput::Eval(code) => {
                         let js = js
                             .as_ref()
@@ -768,21 +772,20 @@ impl ActorTask {
         match result {
             Ok(Ok(Ok(TurnOutput::Eval(reply)))) if reply.error.is_some() => {
                 // The script threw: like a failed turn, nothing it wrote stays.
-                (self.cache, self.alarms) = turn.abandon();
+                self.carry = turn.abandon();
                 self.trim_cache();
                 self.node.metrics.turn(kind, "error");
                 Ok((TurnOutput::Eval(reply), FinishedTurn::default()))
             }
             Ok(Ok(Ok(out))) => {
-                let (cache, mut finished) = turn.finish();
-                self.cache = cache;
-                self.alarms = finished.alarms_known.take();
+                let (carry, finished) = turn.finish();
+                self.carry = carry;
                 self.trim_cache();
                 self.node.metrics.turn(kind, "ok");
                 Ok((out, finished))
             }
             Ok(Ok(Err(msg))) => {
-                (self.cache, self.alarms) = turn.abandon();
+                self.carry = turn.abandon();
                 self.trim_cache();
                 self.node.metrics.turn(kind, "error");
                 span.in_scope(
@@ -792,13 +795,13 @@ impl ActorTask {
             }
             Ok(Err(trap)) if is_resource_exhaustion(&format!("{trap:#}")) => {
                 // No fiber stack was free: the guest never ran.
-                (self.cache, self.alarms) = turn.abandon();
+                self.carry = turn.abandon();
                 self.node.metrics.turn(kind, "not_started");
                 tracing::warn!(actor = %self.key, error = %trap, "no room to run a turn");
                 Err(TurnError::Overloaded)
             }
             Ok(Err(trap)) => {
-                (self.cache, self.alarms) = turn.abandon();
+                self.carry = turn.abandon();
                 self.trim_cache();
                 if !is_fresh {
                     self.live = None;
@@ -817,7 +820,7 @@ impl ActorTask {
                 })
             }
             Err(_elapsed) => {
-                (self.cache, self.alarms) = turn.abandon();
+                self.carry = turn.abandon();
                 self.trim_cache();
                 if !is_fresh {
                     self.live = None;
@@ -833,7 +836,8 @@ impl ActorTask {
     }
 
     fn trim_cache(&mut self) {
-        self.cache
+        self.carry
+            .cache
             .trim(STATE_CACHE_BYTES, self.shared.tracker.committed_seq());
     }
 
@@ -910,7 +914,7 @@ impl ActorTask {
         if let Some((name, rec)) = extras.alarm.take()
             && !alarms.iter().any(|(n, _)| *n == name)
         {
-            if let Some(known) = &mut self.alarms {
+            if let Some(known) = &mut self.carry.alarms {
                 match &rec {
                     Some(r) => known.insert(name.clone(), r.clone()),
                     None => known.remove(&name),
@@ -918,6 +922,8 @@ impl ActorTask {
             }
             alarms.push((name, rec));
         }
+        let mut inputs = finished.input_writes;
+        inputs.append(&mut extras.inputs);
         let on_durable = self.notify_scheduler(&alarms, on_durable);
         let on_durable = if events.is_empty() {
             on_durable
@@ -946,6 +952,7 @@ impl ActorTask {
             inbox_done: extras.inbox_done,
             inbox_update: extras.inbox_update,
             alarms,
+            inputs,
             on_durable,
         };
         self.node
@@ -1070,6 +1077,23 @@ impl ActorTask {
         if due != due_ms {
             tracing::debug!(actor = %self.key, alarm = %name, "alarm moved earlier; firing at its current time");
         }
+        // The platform's own alarm that expires an input request: moot if
+        // the request was answered meanwhile.
+        let expiring = match crate::alarms::expiring_input(&name) {
+            None => None,
+            Some(id) => match self.pending_input(id).await {
+                Ok(input) => Some((id.to_owned(), input)),
+                Err(_) => {
+                    let extras = CommitExtras {
+                        bookkeeping: true,
+                        alarm: Some((name, None)),
+                        ..Default::default()
+                    };
+                    self.submit_alarm(FinishedTurn::unchanged(self.record()), extras, ticket);
+                    return;
+                }
+            },
+        };
         if due < self.node.boot_ms {
             // Due before this node started: its turn may be what brought the
             // node down. Count the attempt durably before running it again.
@@ -1082,7 +1106,15 @@ impl ActorTask {
                 self.node.metrics.turns_failed_recovery.inc();
                 tracing::error!(actor = %self.key, alarm = %name, attempts = rec.boot_attempts,
                     "alarm keeps crashing the node; giving up this occurrence");
-                let extras = self.give_up_alarm(&name, &rec, due, "recovery_exhausted", &error);
+                let mut extras = self.give_up_alarm(&name, &rec, due, "recovery_exhausted", &error);
+                if let Some((id, input)) = expiring {
+                    self.settle_input(
+                        &mut extras,
+                        &id,
+                        input,
+                        InputStatus::Expired { at_ms: now_ms() },
+                    );
+                }
                 self.submit_alarm(FinishedTurn::unchanged(self.record()), extras, ticket);
                 return;
             }
@@ -1118,24 +1150,45 @@ impl ActorTask {
             });
             return;
         }
-        let input = Alarm {
-            name: name.clone(),
-            payload: rec.payload.clone(),
-            due_at: due,
+        let (kind, turn_id, input) = match &expiring {
+            Some((id, input)) => (
+                "input",
+                format!("input-expired:{id}"),
+                TurnInput::Input(InputAnswer {
+                    id: id.clone(),
+                    kind: input.kind.clone(),
+                    response: Vec::new(),
+                    expired: true,
+                }),
+            ),
+            None => (
+                "alarm",
+                format!("alarm:{name}:{due}"),
+                TurnInput::Alarm(Alarm {
+                    name: name.clone(),
+                    payload: rec.payload.clone(),
+                    due_at: due,
+                }),
+            ),
         };
-        let turn_id = format!("alarm:{name}:{due}");
         let version = self.record().version;
-        let result = self
-            .run_turn("alarm", version, &turn_id, TurnInput::Alarm(input))
-            .await;
+        let result = self.run_turn(kind, version, &turn_id, input).await;
         let max_attempts = self.node.config.alarms.max_attempts.max(1);
         let (finished, extras) = match result {
             Ok((_, finished)) => {
                 let next = self.after_firing(&name, &rec, due);
-                let extras = CommitExtras {
+                let mut extras = CommitExtras {
                     alarm: Some((name, next)),
                     ..Default::default()
                 };
+                if let Some((id, input)) = expiring {
+                    self.settle_input(
+                        &mut extras,
+                        &id,
+                        input,
+                        InputStatus::Expired { at_ms: now_ms() },
+                    );
+                }
                 (finished, extras)
             }
             Err(e) if not_started(&e) => {
@@ -1161,7 +1214,16 @@ impl ActorTask {
                 self.node.metrics.alarms_failed.inc();
                 tracing::warn!(actor = %self.key, alarm = %name, attempts = rec.attempts,
                     error = %e, "alarm given up after its last attempt");
-                let extras = self.give_up_alarm(&name, &rec, due, e.code(), &e.to_string());
+                let mut extras = self.give_up_alarm(&name, &rec, due, e.code(), &e.to_string());
+                if let Some((id, input)) = expiring {
+                    // Given up, but no longer waiting either.
+                    self.settle_input(
+                        &mut extras,
+                        &id,
+                        input,
+                        InputStatus::Expired { at_ms: now_ms() },
+                    );
+                }
                 (FinishedTurn::unchanged(self.record()), extras)
             }
         };
@@ -1213,15 +1275,147 @@ impl ActorTask {
         }
     }
 
+    /// Run `on-input` with an answer. The request must still be pending and
+    /// the answer must match its schema; the turn's commit marks it answered
+    /// (and cancels its expiry) with the handler's effects, so a request is
+    /// settled once. A failed turn leaves it pending.
+    async fn on_answer(&mut self, d: AnswerDelivery) {
+        let AnswerDelivery {
+            input_id,
+            response,
+            reply,
+        } = d;
+        if let Err(e) = self.ready(false).await {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        let input = match self.pending_input(&input_id).await {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        let answer: serde_json::Value = match serde_json::from_slice(&response) {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = reply.send(Err(TurnError::InvalidAnswer(format!("not JSON: {e}"))));
+                return;
+            }
+        };
+        if let Err(why) = crate::inputs::validate(input.schema.as_deref(), &answer) {
+            let _ = reply.send(Err(TurnError::InvalidAnswer(why)));
+            return;
+        }
+        if let Err(e) = self.ensure_version().await {
+            self.release_when_durable(self.submitted_seq, Err(e), reply);
+            return;
+        }
+        let turn_input = TurnInput::Input(InputAnswer {
+            id: input_id.clone(),
+            kind: input.kind.clone(),
+            response: response.clone(),
+            expired: false,
+        });
+        let version = self.record().version;
+        let turn_id = format!("input:{input_id}");
+        match self.run_turn("input", version, &turn_id, turn_input).await {
+            Ok((_, finished)) => {
+                let mut extras = CommitExtras::default();
+                let status = InputStatus::Answered {
+                    at_ms: now_ms(),
+                    response,
+                };
+                self.settle_input(&mut extras, &input_id, input, status);
+                self.submit(
+                    finished,
+                    extras,
+                    Box::new(move |r| {
+                        let _ = reply.send(r.map_err(TurnError::from));
+                    }),
+                );
+            }
+            Err(e) => self.release_when_durable(self.submitted_seq, Err(e), reply),
+        }
+    }
+
+    /// Input request `id`, if it is still pending. Input requests change
+    /// only in this actor's commits: once those are durable, disk is current.
+    async fn pending_input(&mut self, id: &str) -> Result<InputRecord, TurnError> {
+        self.shared
+            .tracker
+            .wait_committed(self.submitted_seq, self.generation)
+            .await;
+        self.ready(false).await?;
+        let num = self.record().num;
+        match self.node.storage.reader()?.input(num, id)? {
+            None => Err(TurnError::InputNotFound(id.to_owned())),
+            Some(r) if r.status == InputStatus::Pending => Ok(r),
+            Some(r) => Err(TurnError::InputSettled {
+                id: id.to_owned(),
+                status: r.status.label(),
+            }),
+        }
+    }
+
+    /// Add to `extras` what settling input `id` commits: its new status, an
+    /// `input_answered` or `input_expired` event, the removal of its expiry
+    /// alarm, and the pruning of requests settled longer than the TTL ago.
+    fn settle_input(
+        &mut self,
+        extras: &mut CommitExtras,
+        id: &str,
+        mut input: InputRecord,
+        status: InputStatus,
+    ) {
+        let event = match status {
+            InputStatus::Expired { .. } => "input_expired",
+            _ => "input_answered",
+        };
+        let data = serde_json::json!({ "id": id, "kind": input.kind });
+        extras
+            .events
+            .push((event.to_owned(), serde_json::to_vec(&data).expect("json")));
+        if input.expires_at_ms.is_some() && extras.alarm.is_none() {
+            extras.alarm = Some((crate::alarms::input_expiry_alarm(id), None));
+        }
+        input.status = status;
+        extras.inputs.push((id.to_owned(), Some(input)));
+        let ttl = self.node.config.inputs.settled_ttl_ms;
+        let now = now_ms();
+        let num = self.record().num;
+        match self.node.storage.reader().and_then(|r| r.inputs(num)) {
+            Ok(all) => extras.inputs.extend(
+                all.into_iter()
+                    .filter(|(other, r)| {
+                        other != id
+                            && r.status
+                                .settled_at_ms()
+                                .is_some_and(|t| t.saturating_add(ttl) < now)
+                    })
+                    .map(|(other, _)| (other, None)),
+            ),
+            Err(e) => tracing::warn!(actor = %self.key, error = %e, "cannot prune settled inputs"),
+        }
+        if let Some(p) = &mut self.carry.pending_inputs {
+            *p = p.saturating_sub(1);
+        }
+    }
+
     /// Alarm `name` as the actor sees it now, including commits in flight.
     fn current_alarm(&mut self, name: &str) -> Result<Option<AlarmRecord>, TurnError> {
-        if self.alarms.is_none() {
+        if self.carry.alarms.is_none() {
             // Nothing in this activation touched alarms yet, so nothing
             // about them is in flight: disk is current.
             let rows = self.node.storage.reader()?.alarms(self.record().num)?;
-            self.alarms = Some(rows.into_iter().collect());
+            self.carry.alarms = Some(rows.into_iter().collect());
         }
-        Ok(self.alarms.as_ref().and_then(|a| a.get(name)).cloned())
+        Ok(self
+            .carry
+            .alarms
+            .as_ref()
+            .and_then(|a| a.get(name))
+            .cloned())
     }
 
     /// What becomes of an alarm after the occurrence due at `due` is over:
@@ -1475,7 +1669,7 @@ impl FinishedTurn {
             state_bytes: record.state_bytes,
             state_keys: record.state_keys,
             alarm_writes: Vec::new(),
-            alarms_known: None,
+            input_writes: Vec::new(),
         }
     }
 }

@@ -25,6 +25,26 @@ use crate::storage::schema::AlarmSchedule;
 /// Longest alarm name, in bytes.
 pub const MAX_ALARM_NAME: usize = 128;
 
+/// The platform's own alarms (input expiries) have names starting with NUL,
+/// which user names cannot contain: they share the durable machinery but are
+/// never listed, counted or given to `on-alarm`.
+const INPUT_EXPIRY: &str = "\0input:";
+
+/// Whether `name` is one of the platform's own alarms.
+pub fn is_internal(name: &str) -> bool {
+    name.starts_with('\0')
+}
+
+/// The alarm that expires input request `id`.
+pub fn input_expiry_alarm(id: &str) -> String {
+    format!("{INPUT_EXPIRY}{id}")
+}
+
+/// The input request an expiry alarm is for.
+pub fn expiring_input(name: &str) -> Option<&str> {
+    name.strip_prefix(INPUT_EXPIRY)
+}
+
 /// Why an alarm cannot be set; shown to the guest.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ScheduleError {

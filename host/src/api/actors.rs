@@ -11,7 +11,7 @@ use serde::Deserialize;
 use super::{ApiError, AppState, Path, Query};
 use crate::ids::{ActorKey, validate_idempotency_key};
 use crate::storage::EnqueueOutcome;
-use crate::storage::schema::AlarmSchedule;
+use crate::storage::schema::{AlarmSchedule, InputStatus};
 
 fn key(ty: &str, id: &str) -> Result<ActorKey, ApiError> {
     Ok(ActorKey::new(ty, id)?)
@@ -328,6 +328,104 @@ pub(super) async fn alarms(
         })
         .collect();
     Ok(axum::Json(serde_json::json!({ "alarms": alarms })).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct InputParams {
+    /// `pending` (default), `answered`, `expired` or `all`.
+    #[serde(default)]
+    status: Option<String>,
+}
+
+pub(super) async fn inputs(
+    State(s): State<AppState>,
+    Path((ty, id)): Path<(String, String)>,
+    Query(q): Query<InputParams>,
+) -> Result<Response, ApiError> {
+    let key = key(&ty, &id)?;
+    known_type(&s, &ty)?;
+    let want = q.status.as_deref().unwrap_or("pending");
+    if !["pending", "answered", "expired", "all"].contains(&want) {
+        return Err(ApiError::bad_request(
+            "invalid_status",
+            "status must be pending, answered, expired or all",
+        ));
+    }
+    let Some(inputs) = s.node.inputs(&key)? else {
+        return Err(ApiError::not_found(
+            "actor_not_found",
+            format!("actor {key} does not exist"),
+        ));
+    };
+    let inputs: Vec<_> = inputs
+        .into_iter()
+        .filter(|(_, r)| want == "all" || r.status.label() == want)
+        .map(|(id, r)| {
+            let schema = r
+                .schema
+                .as_deref()
+                .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok());
+            let mut v = serde_json::json!({
+                "id": id,
+                "kind": r.kind,
+                "prompt": r.prompt,
+                "schema": schema,
+                "status": r.status.label(),
+                "created_at_ms": r.created_at_ms,
+                "expires_at_ms": r.expires_at_ms,
+                "settled_at_ms": r.status.settled_at_ms(),
+            });
+            if let InputStatus::Answered { response, .. } = &r.status {
+                v["response"] = serde_json::from_slice(response).unwrap_or_default();
+            }
+            v
+        })
+        .collect();
+    Ok(axum::Json(serde_json::json!({ "inputs": inputs })).into_response())
+}
+
+/// `POST …/inputs/{input}`: the body (JSON) answers the request. 200 once
+/// the actor's `on-input` turn is durable; 409 if it was already answered or
+/// expired; 422 if the answer does not match the request's schema.
+pub(super) async fn answer_input(
+    State(s): State<AppState>,
+    Path((ty, id, input)): Path<(String, String, String)>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let key = key(&ty, &id)?;
+    let body = body?;
+    known_type(&s, &ty)?;
+    if input.is_empty()
+        || input.len() > 64
+        || !input
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    {
+        return Err(ApiError::not_found(
+            "input_not_found",
+            format!("no input request `{input}`"),
+        ));
+    }
+    if body.len() > crate::inputs::MAX_ANSWER {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!(
+                "an answer may be at most {} bytes",
+                crate::inputs::MAX_ANSWER
+            ),
+        ));
+    }
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_answer",
+            format!("the answer must be JSON: {e}"),
+        ));
+    }
+    s.node.answer_input(&key, &input, body.to_vec()).await?;
+    Ok(axum::Json(serde_json::json!({ "id": input, "status": "answered" })).into_response())
 }
 
 #[derive(Deserialize)]

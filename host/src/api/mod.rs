@@ -74,8 +74,11 @@ pub fn router(node: Arc<Node>) -> Router {
         )
         .route("/v1/actors/{type}/{id}/events", get(actors::events))
         .route("/v1/actors/{type}/{id}/alarms", get(actors::alarms))
-        .route("/v1/actors/{type}/{id}/inputs", get(not_yet))
-        .route("/v1/actors/{type}/{id}/inputs/{input}", post(not_yet))
+        .route("/v1/actors/{type}/{id}/inputs", get(actors::inputs))
+        .route(
+            "/v1/actors/{type}/{id}/inputs/{input}",
+            post(actors::answer_input),
+        )
         .route("/v1/actors/{type}/{id}/eval", post(actors::eval))
         .route("/v1/actors/{type}/{id}/files/{*path}", get(not_yet))
         .route("/v1/actors/{type}/{id}/move", post(not_yet))

@@ -6,7 +6,7 @@
 //! with the same linker and their exports are looked up per interface
 //! (`handlers` only), so one set of host traits serves both.
 //!
-//! `state`, `events`, `alarms` and `log` are synchronous: they touch only the turn's
+//! `state`, `events`, `alarms`, `inputs` and `log` are synchronous: they touch only the turn's
 //! buffer and the local database, and staying synchronous keeps the hot path
 //! free of per-call futures. Everything else is `async` because it will wait
 //! on the network or other actors. Every import is `trappable` so that a host
@@ -23,6 +23,7 @@ wasmtime::component::bindgen!({
         "marmot:actor/state": trappable,
         "marmot:actor/events": trappable,
         "marmot:actor/alarms": trappable,
+        "marmot:actor/inputs": trappable,
         "marmot:actor/log": trappable,
         "marmot:actor/js-module": trappable,
         default: async | trappable,

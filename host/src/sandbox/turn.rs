@@ -18,7 +18,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::ids::{ActorKey, MAX_STATE_KEY};
-use crate::storage::schema::{AlarmRecord, AlarmSchedule};
+use crate::storage::schema::{AlarmRecord, AlarmSchedule, InputRecord, InputStatus};
 use crate::storage::{Storage, StorageError};
 
 /// Limits that apply inside a turn.
@@ -45,6 +45,20 @@ pub struct TurnLimits {
     pub max_alarms: usize,
     /// Largest alarm payload.
     pub max_alarm_payload_bytes: usize,
+    /// Input requests one actor may have pending.
+    pub max_pending_inputs: u64,
+}
+
+/// What an actor keeps between its turns: what it has read, so the next
+/// turn need not read it again, including changes not yet durable.
+#[derive(Debug, Default)]
+pub struct Carry {
+    /// State values.
+    pub cache: StateCache,
+    /// The actor's alarms, once a turn needed them.
+    pub alarms: Option<BTreeMap<String, AlarmRecord>>,
+    /// How many input requests are pending, once a turn needed it.
+    pub pending_inputs: Option<u64>,
 }
 
 /// A cached state value.
@@ -130,6 +144,8 @@ pub struct TurnState {
     write_bytes: usize,
     /// The actor's alarms: loaded on first use, plus this turn's changes.
     pub alarms: AlarmBook,
+    /// Pending input requests (count loaded on first use) and this turn's.
+    pub inputs: InputBook,
     /// Limits.
     pub limits: Arc<TurnLimits>,
     storage: Arc<Storage>,
@@ -153,7 +169,7 @@ impl TurnState {
         num: u64,
         version: u32,
         seq: u64,
-        cache: StateCache,
+        carry: Carry,
         state_bytes: u64,
         state_keys: u64,
         last_event_seq: u64,
@@ -165,7 +181,7 @@ impl TurnState {
             num,
             version,
             seq,
-            cache,
+            cache: carry.cache,
             writes: BTreeMap::new(),
             state_bytes,
             state_keys,
@@ -173,7 +189,14 @@ impl TurnState {
             next_event_seq: last_event_seq + 1,
             log_lines: 0,
             write_bytes: 0,
-            alarms: AlarmBook::default(),
+            alarms: AlarmBook {
+                known: carry.alarms,
+                writes: BTreeMap::new(),
+            },
+            inputs: InputBook {
+                pending: carry.pending_inputs,
+                created: Vec::new(),
+            },
             limits,
             storage,
         }
@@ -370,7 +393,11 @@ impl TurnState {
             Err(e) => return Ok(Err(Refusal::Invalid(e.to_string()))),
         };
         let view = self.alarm_view()?;
-        if !view.contains_key(&name) && view.len() >= self.limits.max_alarms {
+        let user_alarms = view
+            .keys()
+            .filter(|n| !crate::alarms::is_internal(n))
+            .count();
+        if !view.contains_key(&name) && user_alarms >= self.limits.max_alarms {
             return Ok(Err(Refusal::Limit(format!(
                 "an actor may have at most {} pending alarms",
                 self.limits.max_alarms
@@ -390,6 +417,9 @@ impl TurnState {
 
     /// Cancel alarm `name`; whether it was pending.
     pub fn alarm_cancel(&mut self, name: &str) -> Result<bool, StorageError> {
+        if crate::alarms::is_internal(name) {
+            return Ok(false);
+        }
         let existed = self.alarm_view()?.contains_key(name);
         if existed {
             self.alarms.writes.insert(name.to_owned(), None);
@@ -397,14 +427,87 @@ impl TurnState {
         Ok(existed)
     }
 
-    /// Pending alarms, by name.
+    /// Pending alarms, by name (the platform's own are not shown).
     pub fn alarm_list(&mut self) -> Result<Vec<(String, AlarmRecord)>, StorageError> {
-        Ok(self.alarm_view()?.into_iter().collect())
+        Ok(self
+            .alarm_view()?
+            .into_iter()
+            .filter(|(n, _)| !crate::alarms::is_internal(n))
+            .collect())
     }
 
-    /// Fold this turn's writes into the cache (the turn succeeded) and give
-    /// the cache back to the actor along with the writes to commit.
-    pub fn finish(mut self) -> (StateCache, FinishedTurn) {
+    /// Ask for input: a pending request committed with the turn, expired by
+    /// one of the platform's alarms if it has a deadline, announced with an
+    /// `input_requested` event. Returns its id.
+    pub fn input_request(
+        &mut self,
+        kind: String,
+        prompt: String,
+        schema: Option<String>,
+        expires_in_ms: Option<u64>,
+        now_ms: u64,
+    ) -> Result<Result<String, Refusal>, StorageError> {
+        if let Err(e) =
+            crate::inputs::check_request(&kind, &prompt, schema.as_deref(), expires_in_ms)
+        {
+            return Ok(Err(Refusal::Invalid(e)));
+        }
+        let pending = match self.inputs.pending {
+            Some(p) => p,
+            None => {
+                let p = self.storage.reader()?.pending_input_count(self.num)?;
+                self.inputs.pending = Some(p);
+                p
+            }
+        };
+        if pending + self.inputs.created.len() as u64 >= self.limits.max_pending_inputs {
+            return Ok(Err(Refusal::Limit(format!(
+                "an actor may have at most {} pending input requests",
+                self.limits.max_pending_inputs
+            ))));
+        }
+        let id = crate::inputs::new_id();
+        let expires_at_ms = expires_in_ms.map(|ms| now_ms + ms);
+        let announce = serde_json::json!({
+            "id": id,
+            "kind": kind,
+            "prompt": prompt,
+            "schema": schema.as_deref().and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok()),
+            "expires_at_ms": expires_at_ms,
+        });
+        if let Err(r) = self.emit("input_requested".into(), announce.to_string().into_bytes()) {
+            return Ok(Err(r));
+        }
+        if let Some(due) = expires_at_ms {
+            self.alarms.writes.insert(
+                crate::alarms::input_expiry_alarm(&id),
+                Some(AlarmRecord {
+                    schedule: AlarmSchedule::At(due),
+                    payload: Vec::new(),
+                    next_due_ms: due,
+                    attempts: 0,
+                    boot_attempts: 0,
+                    set_at_ms: now_ms,
+                }),
+            );
+        }
+        self.inputs.created.push((
+            id.clone(),
+            InputRecord {
+                kind,
+                prompt,
+                schema,
+                created_at_ms: now_ms,
+                expires_at_ms,
+                status: InputStatus::Pending,
+            },
+        ));
+        Ok(Ok(id))
+    }
+
+    /// Fold this turn's writes into the caches (the turn succeeded) and give
+    /// them back to the actor along with the writes to commit.
+    pub fn finish(mut self) -> (Carry, FinishedTurn) {
         let writes: Vec<(String, Option<Bytes>)> =
             std::mem::take(&mut self.writes).into_iter().collect();
         for (k, v) in &writes {
@@ -426,20 +529,35 @@ impl TurnState {
                 }
             }
         }
+        let created = self.inputs.created.len() as u64;
+        let carry = Carry {
+            cache: self.cache,
+            alarms: self.alarms.known,
+            pending_inputs: self.inputs.pending.map(|p| p + created),
+        };
         let finished = FinishedTurn {
             writes,
             events: self.events,
             state_bytes: self.state_bytes,
             state_keys: self.state_keys,
             alarm_writes,
-            alarms_known: self.alarms.known.take(),
+            input_writes: self
+                .inputs
+                .created
+                .into_iter()
+                .map(|(id, r)| (id, Some(r)))
+                .collect(),
         };
-        (self.cache, finished)
+        (carry, finished)
     }
 
     /// Discard this turn's writes and give the caches back.
-    pub fn abandon(self) -> (StateCache, Option<BTreeMap<String, AlarmRecord>>) {
-        (self.cache, self.alarms.known)
+    pub fn abandon(self) -> Carry {
+        Carry {
+            cache: self.cache,
+            alarms: self.alarms.known,
+            pending_inputs: self.inputs.pending,
+        }
     }
 }
 
@@ -456,8 +574,17 @@ pub struct FinishedTurn {
     pub state_keys: u64,
     /// Alarms set (`Some`) or cancelled (`None`) by the turn.
     pub alarm_writes: Vec<(String, Option<AlarmRecord>)>,
-    /// The actor's alarms after the turn, if they were loaded.
-    pub alarms_known: Option<BTreeMap<String, AlarmRecord>>,
+    /// Input requests made by the turn.
+    pub input_writes: Vec<(String, Option<InputRecord>)>,
+}
+
+/// An actor's input requests as a turn sees them.
+#[derive(Debug, Default)]
+pub struct InputBook {
+    /// Pending requests before this turn; `None` until first needed.
+    pub pending: Option<u64>,
+    /// Requests this turn made.
+    pub created: Vec<(String, InputRecord)>,
 }
 
 /// An actor's alarms as a turn sees them.
@@ -513,6 +640,7 @@ mod tests {
             max_cache_bytes: 1 << 20,
             max_alarms: 10,
             max_alarm_payload_bytes: 1024,
+            max_pending_inputs: 10,
         })
     }
 
@@ -551,15 +679,14 @@ mod tests {
         let tracker = Arc::new(CommitTracker::default());
         let mut rng = StdRng::seed_from_u64(seed);
         let mut committed: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-        let mut cache = StateCache::default();
+        let mut carry = Carry::default();
         let keys: Vec<String> = (0..24)
             .map(|i| format!("{}/{i}", ["a", "b", "ab"][i % 3]))
             .collect();
         let mut seq = 0;
         let mut pending = Vec::new();
-        // Alarms: name → due, as committed; and the actor's in-memory view.
+        // Alarms: name → due, as committed.
         let mut committed_alarms: BTreeMap<String, u64> = BTreeMap::new();
-        let mut known: Option<BTreeMap<String, AlarmRecord>> = None;
         const NOW: u64 = 1_000_000;
         for _turn in 0..120 {
             seq += 1;
@@ -568,14 +695,13 @@ mod tests {
                 record.num,
                 1,
                 seq,
-                std::mem::take(&mut cache),
+                std::mem::take(&mut carry),
                 record.state_bytes,
                 record.state_keys,
                 0,
                 limits(),
                 storage.clone(),
             );
-            turn.alarms.known = known.take();
             let mut model = committed.clone();
             let mut alarm_model = committed_alarms.clone();
             for _ in 0..rng.random_range(1..8) {
@@ -659,9 +785,8 @@ mod tests {
                 "seed {seed}: state_keys"
             );
             if rng.random_bool(0.8) {
-                let (c, mut finished) = turn.finish();
-                cache = c;
-                known = finished.alarms_known.take();
+                let (c, finished) = turn.finish();
+                carry = c;
                 committed = model;
                 committed_alarms = alarm_model;
                 record.state_bytes = finished.state_bytes;
@@ -676,6 +801,7 @@ mod tests {
                     num: record.num,
                     record: Some(record.clone()),
                     alarms: finished.alarm_writes,
+                    inputs: finished.input_writes,
                     state: finished.writes,
                     events: Vec::new(),
                     trim_events_below: None,
@@ -688,17 +814,16 @@ mod tests {
                 })));
                 pending.push(rx);
             } else {
-                (cache, known) = turn.abandon();
+                carry = turn.abandon();
             }
             if rng.random_bool(0.1) {
                 // Hibernate: wait for commits, forget everything in memory.
                 for rx in pending.drain(..) {
                     rx.await.unwrap().unwrap();
                 }
-                cache = StateCache::default();
-                known = None;
+                carry = Carry::default();
             } else if rng.random_bool(0.2) {
-                cache.trim(0, tracker.committed_seq());
+                carry.cache.trim(0, tracker.committed_seq());
             }
         }
         for rx in pending.drain(..) {

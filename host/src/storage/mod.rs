@@ -360,17 +360,55 @@ impl Reader {
         Ok(out)
     }
 
-    /// Number of pending alarms of one actor.
+    /// Number of pending alarms of one actor (the platform's own, such as
+    /// input expiries, not counted).
     pub fn alarm_count(&self, num: u64) -> Result<u64, StorageError> {
         let t = self.txn.open_table(ALARMS)?;
         let mut n = 0;
         for row in t.range((num, "")..)? {
-            if row?.0.value().0 != num {
+            let (k, _) = row?;
+            let (n2, name) = k.value();
+            if n2 != num {
                 break;
             }
-            n += 1;
+            if !crate::alarms::is_internal(name) {
+                n += 1;
+            }
         }
         Ok(n)
+    }
+
+    /// Input requests of one actor, by id.
+    pub fn inputs(&self, num: u64) -> Result<Vec<(String, InputRecord)>, StorageError> {
+        let t = self.txn.open_table(INPUTS)?;
+        let mut out = Vec::new();
+        for row in t.range((num, "")..)? {
+            let (k, v) = row?;
+            let (n, id) = k.value();
+            if n != num {
+                break;
+            }
+            out.push((id.to_owned(), decode("input", v.value())?));
+        }
+        Ok(out)
+    }
+
+    /// One input request.
+    pub fn input(&self, num: u64, id: &str) -> Result<Option<InputRecord>, StorageError> {
+        let t = self.txn.open_table(INPUTS)?;
+        match t.get((num, id))? {
+            Some(v) => Ok(Some(decode("input", v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Number of pending input requests of one actor.
+    pub fn pending_input_count(&self, num: u64) -> Result<u64, StorageError> {
+        Ok(self
+            .inputs(num)?
+            .iter()
+            .filter(|(_, r)| r.status == InputStatus::Pending)
+            .count() as u64)
     }
 
     /// One alarm.

@@ -57,6 +57,10 @@ pub const ALARMS: TableDefinition<'_, (u64, &str), &[u8]> = TableDefinition::new
 /// reads only the near future from it.
 pub const ALARM_DUE: TableDefinition<'_, (u64, u64, &str), ()> = TableDefinition::new("alarm_due");
 
+/// Input requests: (actor, input id) → [`InputRecord`]. Settled ones stay a
+/// while so that answering twice is a clear 409.
+pub const INPUTS: TableDefinition<'_, (u64, &str), &[u8]> = TableDefinition::new("inputs");
+
 /// Durable inbox of `?wait=false` messages: (actor, seq) → [`InboxRecord`].
 /// `seq` is node-wide and increasing, so per-actor order is arrival order.
 pub const INBOX: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("inbox");
@@ -281,6 +285,61 @@ pub struct AlarmRecord {
     pub set_at_ms: u64,
 }
 
+/// A durable wait for an answer from a person or a system.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputRecord {
+    /// What kind of input: `approval`, `question`, a tool name…
+    pub kind: String,
+    /// The question shown to whoever answers.
+    pub prompt: String,
+    /// A JSON Schema (as JSON text) the answer must satisfy.
+    pub schema: Option<String>,
+    /// When it was requested.
+    pub created_at_ms: u64,
+    /// When it expires unanswered.
+    pub expires_at_ms: Option<u64>,
+    /// Where it stands.
+    pub status: InputStatus,
+}
+
+/// Where an input request stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum InputStatus {
+    /// Waiting for an answer.
+    Pending,
+    /// Answered; the actor's `on-input` turn with the answer committed.
+    Answered {
+        /// When.
+        at_ms: u64,
+        /// The answer.
+        response: Vec<u8>,
+    },
+    /// Expired unanswered; the actor's `on-input` turn for that committed.
+    Expired {
+        /// When.
+        at_ms: u64,
+    },
+}
+
+impl InputStatus {
+    /// `pending`, `answered` or `expired`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            InputStatus::Pending => "pending",
+            InputStatus::Answered { .. } => "answered",
+            InputStatus::Expired { .. } => "expired",
+        }
+    }
+
+    /// When it was settled (`None` while pending).
+    pub fn settled_at_ms(&self) -> Option<u64> {
+        match self {
+            InputStatus::Pending => None,
+            InputStatus::Answered { at_ms, .. } | InputStatus::Expired { at_ms } => Some(*at_ms),
+        }
+    }
+}
+
 /// A record that failed to decode: the file is corrupt or from another format.
 #[derive(Debug, thiserror::Error)]
 #[error("corrupt {what} record: {source}")]
@@ -335,7 +394,7 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
                 });
             }
             // Tables added within a format version are created on open.
-            if read.open_table(ALARM_DUE).is_ok() {
+            if read.open_table(ALARM_DUE).is_ok() && read.open_table(INPUTS).is_ok() {
                 return Ok(());
             }
         }
@@ -356,6 +415,7 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
         write.open_table(INBOX).map_err(redb::Error::from)?;
         write.open_table(ALARMS).map_err(redb::Error::from)?;
         write.open_table(ALARM_DUE).map_err(redb::Error::from)?;
+        write.open_table(INPUTS).map_err(redb::Error::from)?;
     }
     write.commit().map_err(redb::Error::from)?;
     Ok(())

@@ -132,6 +132,8 @@ pub struct TurnCommit {
     pub inbox_update: Option<(u64, InboxRecord)>,
     /// Alarms set or moved (`Some`) or removed (`None`).
     pub alarms: Vec<(String, Option<AlarmRecord>)>,
+    /// Input requests written (`Some`) or removed (`None`).
+    pub inputs: Vec<(String, Option<InputRecord>)>,
     /// Completion.
     pub on_durable: OnDurable,
 }
@@ -695,6 +697,7 @@ struct Tables<'t> {
     inbox: redb::Table<'t, (u64, u64), &'static [u8]>,
     alarms: redb::Table<'t, (u64, &'static str), &'static [u8]>,
     alarm_due: redb::Table<'t, (u64, u64, &'static str), ()>,
+    inputs: redb::Table<'t, (u64, &'static str), &'static [u8]>,
 }
 
 impl<'t> Tables<'t> {
@@ -711,6 +714,7 @@ impl<'t> Tables<'t> {
             inbox: txn.open_table(INBOX)?,
             alarms: txn.open_table(ALARMS)?,
             alarm_due: txn.open_table(ALARM_DUE)?,
+            inputs: txn.open_table(INPUTS)?,
         })
     }
 
@@ -760,6 +764,17 @@ impl<'t> Tables<'t> {
         }
         for (name, rec) in &t.alarms {
             self.write_alarm(num, name, rec.as_ref())?;
+        }
+        for (id, rec) in &t.inputs {
+            match rec {
+                Some(r) => {
+                    self.inputs
+                        .insert((num, id.as_str()), encode(r).as_slice())?;
+                }
+                None => {
+                    self.inputs.remove((num, id.as_str()))?;
+                }
+            }
         }
         Ok(())
     }
@@ -880,6 +895,9 @@ impl<'t> Tables<'t> {
         }
         for name in string_keys(&self.alarms, num)? {
             self.write_alarm(num, &name, None)?;
+        }
+        for id in string_keys(&self.inputs, num)? {
+            self.inputs.remove((num, id.as_str()))?;
         }
         for s in seqs(&self.events, num, u64::MAX)? {
             self.events.remove((num, s))?;

@@ -4,6 +4,7 @@
 
 mod alarms;
 mod events;
+mod inputs;
 mod js_module;
 mod log;
 mod pending;

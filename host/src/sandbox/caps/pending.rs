@@ -4,23 +4,13 @@
 
 use crate::sandbox::bindings::GuestError;
 use crate::sandbox::bindings::marmot::actor::types::Reply;
-use crate::sandbox::bindings::marmot::actor::{actors, files, http, inputs, js, model};
+use crate::sandbox::bindings::marmot::actor::{actors, files, http, js, model};
 use crate::sandbox::host::Host;
 
 fn unsupported<T>(what: &str) -> wasmtime::Result<Result<T, GuestError>> {
     Ok(Err(GuestError::Unsupported(format!(
         "{what} is not supported by this node yet"
     ))))
-}
-
-impl inputs::Host for Host {
-    async fn request(
-        &mut self,
-        _req: inputs::InputRequest,
-    ) -> wasmtime::Result<Result<String, GuestError>> {
-        self.enter()?;
-        unsupported("inputs.request")
-    }
 }
 
 impl actors::Host for Host {

@@ -4,8 +4,10 @@
 //! each (state, events, traps, limits, fault injection, upgrades).
 
 use marmot_guest::alarms::{self, Schedule};
-use marmot_guest::raw::inputs;
-use marmot_guest::{Actor, Alarm, Context, Message, Reply, Result, events, log, state};
+use marmot_guest::raw::files;
+use marmot_guest::{
+    Actor, Alarm, Context, InputAnswer, Message, Reply, Result, events, inputs, log, state,
+};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -69,6 +71,14 @@ enum Op {
     AlarmCancel { name: String },
     /// List pending alarms.
     AlarmList,
+    /// Ask for input; a refusal is replied with status 422.
+    InputRequest {
+        kind: String,
+        #[serde(default)]
+        prompt: String,
+        schema: Option<Value>,
+        expires_in_ms: Option<u64>,
+    },
 }
 
 /// What `on_alarm` does, from the alarm's payload: `{"fail": true}` fails
@@ -166,13 +176,7 @@ impl Actor for TestKit {
                 Reply::json(&json!({ "crashed": false }))
             }
             Op::Unsupported => {
-                let req = inputs::InputRequest {
-                    kind: "approval".into(),
-                    prompt: "ok?".into(),
-                    schema: None,
-                    expires_in_ms: None,
-                };
-                let err = inputs::request(&req).expect_err("inputs are not supported yet");
+                let err = files::read("notes.txt").expect_err("files are not supported yet");
                 Reply::json(&json!({ "error": marmot_guest::Error::from(err).message() }))
             }
             Op::Print { text } => {
@@ -232,6 +236,15 @@ impl Actor for TestKit {
                 }
             }
             Op::AlarmCancel { name } => Reply::json(&json!({ "existed": alarms::cancel(&name)? })),
+            Op::InputRequest {
+                kind,
+                prompt,
+                schema,
+                expires_in_ms,
+            } => match inputs::request_with(&kind, &prompt, schema.as_ref(), expires_in_ms) {
+                Ok(id) => Reply::json(&json!({ "id": id })),
+                Err(e) => Ok(Reply::json(&json!({ "error": e.message() }))?.with_status(422)),
+            },
             Op::AlarmList => {
                 let list: Vec<Value> = alarms::list()?
                     .into_iter()
@@ -246,6 +259,30 @@ impl Actor for TestKit {
                 Reply::json(&json!({ "alarms": list }))
             }
         }
+    }
+
+    /// Record the input under `inputs_seen` and as an `input_handled` event;
+    /// an answer `{"fail": true}` fails the turn.
+    fn on_input(_ctx: &Context, input: InputAnswer) -> Result<()> {
+        let response: Value = if input.expired {
+            Value::Null
+        } else {
+            input.json()?
+        };
+        let mut seen = state::get_json::<Vec<Value>>("inputs_seen")?.unwrap_or_default();
+        let record = json!({
+            "id": input.id,
+            "kind": input.kind,
+            "response": response,
+            "expired": input.expired,
+        });
+        seen.push(record.clone());
+        state::set_json("inputs_seen", &seen)?;
+        events::emit("input_handled", &record)?;
+        if response["fail"] == true {
+            return Err("testkit: failing on this answer, as asked".into());
+        }
+        Ok(())
     }
 
     /// Record the firing under `fired` and as an `alarm_fired` event.

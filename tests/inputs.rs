@@ -1,0 +1,353 @@
+//! Input requests: a durable wait that an answer (or its deadline) ends
+//! exactly once, across restarts, with schema-checked answers.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Api, Marmot, TESTKIT, kit_node, tempdir};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+async fn request(api: &Api, id: &str, req: Value) -> String {
+    let mut op = json!({"op": "input_request"});
+    op.as_object_mut()
+        .unwrap()
+        .extend(req.as_object().unwrap().clone());
+    let r = api.op("kit", id, op).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let input = r.json["id"].as_str().unwrap().to_owned();
+    assert!(input.starts_with("in_"), "{input}");
+    input
+}
+
+async fn answer(api: &Api, id: &str, input: &str, body: &str) -> common::Resp {
+    api.req(
+        Method::POST,
+        &format!("/v1/actors/kit/{id}/inputs/{input}"),
+        Some(("application/json", body.as_bytes().to_vec())),
+        &[],
+    )
+    .await
+}
+
+async fn seen(api: &Api, id: &str) -> Vec<Value> {
+    let r = api
+        .op("kit", id, json!({"op": "get", "key": "inputs_seen"}))
+        .await;
+    r.json["value"].as_array().cloned().unwrap_or_default()
+}
+
+async fn wait_seen(api: &Api, id: &str, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = seen(api, id).await;
+        if s.len() >= n {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} inputs handled",
+            s.len()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn listed(api: &Api, id: &str, status: &str) -> Vec<Value> {
+    let r = api
+        .get(&format!("/v1/actors/kit/{id}/inputs?status={status}"))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    r.json["inputs"].as_array().unwrap().clone()
+}
+
+fn kinds(events: &Value) -> Vec<String> {
+    events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn an_input_is_answered_once_and_resumes_the_actor() {
+    let (_dir, _m, api) = kit_node(json!({})).await;
+    let schema = json!({
+        "type": "object",
+        "required": ["approved"],
+        "properties": {"approved": {"type": "boolean"}, "note": {"type": "string"}},
+        "additionalProperties": false
+    });
+    let input = request(
+        &api,
+        "a",
+        json!({"kind": "approval", "prompt": "Refund $40?", "schema": schema}),
+    )
+    .await;
+    let pending = listed(&api, "a", "pending").await;
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0]["id"], input.as_str());
+    assert_eq!(pending[0]["kind"], "approval");
+    assert_eq!(pending[0]["prompt"], "Refund $40?");
+    assert_eq!(pending[0]["schema"], schema);
+    assert_eq!(pending[0]["status"], "pending");
+    assert_eq!(api.get("/v1/actors/kit/a").await.json["pending_inputs"], 1);
+    let ev = api.get("/v1/actors/kit/a/events").await.json;
+    assert_eq!(kinds(&ev), ["input_requested"]);
+    assert_eq!(ev["events"][0]["data"]["id"], input.as_str());
+    assert_eq!(ev["events"][0]["data"]["schema"], schema);
+
+    // Bad answers change nothing.
+    for (body, code) in [
+        (r#"{"approved": "yes"}"#, "invalid_answer"),
+        (r#"{"approved": true, "extra": 1}"#, "invalid_answer"),
+        ("not json", "invalid_answer"),
+    ] {
+        let r = answer(&api, "a", &input, body).await;
+        assert_eq!(r.status, 422, "{body}: {}", r.json);
+        assert_eq!(r.code(), code);
+    }
+    assert!(
+        answer(&api, "a", &input, r#"{"approved": 1}"#).await.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("$.approved")
+    );
+    assert_eq!(listed(&api, "a", "pending").await.len(), 1);
+    assert!(seen(&api, "a").await.is_empty());
+
+    let r = answer(&api, "a", &input, r#"{"approved": true, "note": "ok"}"#).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json, json!({"id": input, "status": "answered"}));
+    // The reply left after the on-input turn was durable: its effect is there.
+    let s = seen(&api, "a").await;
+    assert_eq!(
+        s,
+        [
+            json!({"id": input, "kind": "approval", "response": {"approved": true, "note": "ok"}, "expired": false})
+        ]
+    );
+    assert!(listed(&api, "a", "pending").await.is_empty());
+    let all = listed(&api, "a", "all").await;
+    assert_eq!(all[0]["status"], "answered");
+    assert_eq!(all[0]["response"], json!({"approved": true, "note": "ok"}));
+    assert!(all[0]["settled_at_ms"].as_u64().unwrap() > 0);
+    assert_eq!(api.get("/v1/actors/kit/a").await.json["pending_inputs"], 0);
+    let ev = api.get("/v1/actors/kit/a/events").await.json;
+    assert_eq!(
+        kinds(&ev),
+        ["input_requested", "input_handled", "input_answered"]
+    );
+
+    // Twice: 409. Unknown: 404. Nothing ran again.
+    let r = answer(&api, "a", &input, r#"{"approved": false}"#).await;
+    assert_eq!(r.status, 409);
+    assert_eq!(r.code(), "input_settled");
+    assert!(
+        r.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("answered")
+    );
+    let r = answer(&api, "a", "in_0000000000000000000000000", "{}").await;
+    assert_eq!(r.status, 404);
+    assert_eq!(r.code(), "input_not_found");
+    let r = answer(&api, "a", "in-bad.id", "{}").await;
+    assert_eq!(r.status, 404);
+    let r = answer(&api, "nobody", &input, "{}").await;
+    assert_eq!(r.code(), "actor_not_found");
+    assert_eq!(seen(&api, "a").await.len(), 1);
+    let r = api.get("/v1/actors/kit/a/inputs?status=weird").await;
+    assert_eq!(r.status, 400);
+}
+
+#[tokio::test]
+async fn a_failed_on_input_turn_leaves_the_request_pending() {
+    let (_dir, _m, api) = kit_node(json!({})).await;
+    let input = request(&api, "a", json!({"kind": "question"})).await;
+    let r = answer(&api, "a", &input, r#"{"fail": true}"#).await;
+    assert_eq!(r.status, 500);
+    assert_eq!(r.code(), "actor_error");
+    assert_eq!(listed(&api, "a", "pending").await.len(), 1);
+    assert!(
+        seen(&api, "a").await.is_empty(),
+        "the failed turn committed nothing"
+    );
+    let r = answer(&api, "a", &input, r#""blue""#).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(seen(&api, "a").await[0]["response"], "blue");
+}
+
+#[tokio::test]
+async fn an_unanswered_input_expires_once_and_cannot_be_answered_after() {
+    let (_dir, _m, api) = kit_node(json!({})).await;
+    let input = request(&api, "a", json!({"kind": "approval", "expires_in_ms": 300})).await;
+    // Its expiry is the platform's own alarm: not listed, not counted.
+    assert!(
+        api.get("/v1/actors/kit/a/alarms").await.json["alarms"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(api.get("/v1/actors/kit/a").await.json["pending_alarms"], 0);
+    let s = wait_seen(&api, "a", 1).await;
+    assert_eq!(
+        s[0],
+        json!({"id": input, "kind": "approval", "response": null, "expired": true})
+    );
+    let all = listed(&api, "a", "expired").await;
+    assert_eq!(all.len(), 1);
+    let r = answer(&api, "a", &input, "true").await;
+    assert_eq!(r.status, 409);
+    assert!(
+        r.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("expired")
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(seen(&api, "a").await.len(), 1, "expired once");
+    let ev = api.get("/v1/actors/kit/a/events").await.json;
+    assert_eq!(
+        kinds(&ev),
+        ["input_requested", "input_handled", "input_expired"]
+    );
+
+    // Answered in time: the expiry never runs.
+    let input = request(&api, "b", json!({"kind": "approval", "expires_in_ms": 400})).await;
+    assert_eq!(answer(&api, "b", &input, "1").await.status, 200);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let s = seen(&api, "b").await;
+    assert_eq!(s.len(), 1);
+    assert_eq!(s[0]["expired"], false);
+}
+
+#[tokio::test]
+async fn inputs_survive_restarts_and_settle_once() {
+    let dir = tempdir();
+    let mut m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    let answered = request(&api, "a", json!({"kind": "question", "prompt": "why?"})).await;
+    let expiring = request(&api, "b", json!({"kind": "approval", "expires_in_ms": 500})).await;
+    m.kill9();
+    // `b`'s deadline passes while the node is down.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    m.restart().await;
+    let api = m.client();
+    let r = answer(&api, "a", &answered, r#""because""#).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let s = wait_seen(&api, "b", 1).await;
+    assert_eq!(s[0]["id"], expiring.as_str());
+    assert_eq!(s[0]["expired"], true);
+    m.restart().await;
+    let api = m.client();
+    assert_eq!(answer(&api, "a", &answered, r#""again""#).await.status, 409);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(seen(&api, "a").await.len(), 1, "answered once");
+    assert_eq!(seen(&api, "b").await.len(), 1, "expired once");
+}
+
+#[tokio::test]
+async fn bad_requests_are_refused_and_pending_inputs_are_capped() {
+    let config = "[inputs]\nmax_pending_per_actor = 2\n";
+    let dir = tempdir();
+    let m = Marmot::start_opts(&dir.path().join("data"), &[], Some(config)).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    for (req, needle) in [
+        (json!({"kind": ""}), "input kind"),
+        (json!({"kind": "q", "schema": [1]}), "JSON Schema object"),
+        (json!({"kind": "q", "expires_in_ms": 0}), "expires-in-ms"),
+    ] {
+        let mut op = json!({"op": "input_request"});
+        op.as_object_mut()
+            .unwrap()
+            .extend(req.as_object().unwrap().clone());
+        let r = api.op("kit", "a", op).await;
+        assert_eq!(r.status, 422, "{req}: {}", r.json);
+        assert!(
+            r.json["error"].as_str().unwrap().contains(needle),
+            "{req}: {}",
+            r.json
+        );
+    }
+    request(&api, "a", json!({"kind": "q"})).await;
+    request(&api, "a", json!({"kind": "q"})).await;
+    let r = api
+        .op("kit", "a", json!({"op": "input_request", "kind": "q"}))
+        .await;
+    assert_eq!(r.status, 422);
+    assert!(
+        r.json["error"]
+            .as_str()
+            .unwrap()
+            .contains("at most 2 pending")
+    );
+    assert_eq!(listed(&api, "a", "pending").await.len(), 2);
+    // Answering one frees a slot.
+    let first = listed(&api, "a", "pending").await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(answer(&api, "a", &first, "1").await.status, 200);
+    request(&api, "a", json!({"kind": "q"})).await;
+}
+
+const APPROVER_JS: &str = r#"
+import { state, inputs } from "marmot";
+
+export default {
+  onMessage(body) {
+    const id = inputs.request({
+      kind: "approval",
+      prompt: `Ship ${body.what}?`,
+      schema: { type: "object", required: ["ok"], properties: { ok: { type: "boolean" } } },
+    });
+    return { id };
+  },
+  onInput(input) {
+    state.set("decision", { id: input.id, kind: input.kind, ok: input.response.ok });
+  },
+};
+"#;
+
+#[tokio::test]
+async fn javascript_actors_request_and_receive_inputs() {
+    let (_dir, _m, api) = kit_node(json!({})).await;
+    let r = api
+        .req(
+            Method::PUT,
+            "/v1/types/approver",
+            Some(("text/javascript", APPROVER_JS.as_bytes().to_vec())),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let r = api
+        .post_json("/v1/actors/approver/x", &json!({"what": "v2"}))
+        .await;
+    let id = r.json["id"].as_str().unwrap().to_owned();
+    let r = api
+        .req(
+            Method::POST,
+            &format!("/v1/actors/approver/x/inputs/{id}"),
+            Some(("application/json", br#"{"ok": "sure"}"#.to_vec())),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 422, "the schema holds for JS actors too");
+    let r = api
+        .req(
+            Method::POST,
+            &format!("/v1/actors/approver/x/inputs/{id}"),
+            Some(("application/json", br#"{"ok": true}"#.to_vec())),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let d = api.get("/v1/actors/approver/x/state/decision").await.json;
+    assert_eq!(d, json!({"id": id, "kind": "approval", "ok": true}));
+}
