@@ -107,7 +107,7 @@ async fn deploy_versions_and_type_inspection() {
         .deploy(
             "kit",
             TESTKIT,
-            json!({"idle_timeout_ms": 5000, "webhook_secret": "whsec_c2VjcmV0"}),
+            json!({"idle_timeout_ms": 5000, "webhook_secret": "whsec_c2VjcmV0c2VjcmV0c2VjcmV0"}),
         )
         .await;
     assert_eq!(r.status, 201, "{}", r.json);
@@ -637,7 +637,6 @@ async fn delete_type_needs_force_while_actors_exist() {
 async fn endpoints_of_later_capabilities_say_so() {
     let (_dir, _node, api) = common::kit_node(json!({})).await;
     for (method, path) in [
-        (Method::POST, "/v1/hooks/kit/a/github"),
         (Method::GET, "/v1/secrets"),
         (Method::GET, "/v1/deliveries"),
     ] {
@@ -722,6 +721,13 @@ async fn serve_requires_a_token_and_enforces_it() {
             .status(),
         200
     );
+    // Inbound webhooks authenticate by signature, not by the admin token.
+    let r = http
+        .post(format!("{url}/v1/hooks/nope/a/github"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404, "reaches the hook handler (unknown type)");
     let _ = child.kill();
     let _ = child.wait();
 }

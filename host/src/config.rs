@@ -41,6 +41,8 @@ pub struct NodeConfig {
     pub events: EventsConfig,
     /// Input requests.
     pub inputs: InputsConfig,
+    /// Webhooks in and out.
+    pub webhooks: WebhooksConfig,
 }
 
 impl Default for NodeConfig {
@@ -57,6 +59,7 @@ impl Default for NodeConfig {
             alarms: AlarmsConfig::default(),
             events: EventsConfig::default(),
             inputs: InputsConfig::default(),
+            webhooks: WebhooksConfig::default(),
         }
     }
 }
@@ -315,6 +318,26 @@ impl Default for InputsConfig {
     }
 }
 
+/// Webhooks in and out.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhooksConfig {
+    /// Inbound: how far a `webhook-timestamp` may be from the node's clock.
+    pub tolerance_s: u64,
+    /// Inbound: how long a delivery id is remembered to drop duplicates
+    /// (senders retry for days).
+    pub dedupe_ttl_ms: u64,
+}
+
+impl Default for WebhooksConfig {
+    fn default() -> Self {
+        Self {
+            tolerance_s: 300,
+            dedupe_ttl_ms: 7 * 24 * 3600 * 1000,
+        }
+    }
+}
+
 /// Per-type configuration, sent with a deploy and stored with the version.
 ///
 /// Every key is optional; unset ones use the node's [`TypeDefaults`].
@@ -342,6 +365,11 @@ pub struct TypeConfig {
     /// Secret for verifying inbound webhooks (`whsec_…`). Never shown back.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub webhook_secret: Option<String>,
+    /// Inbound webhooks posted to `/v1/hooks/{type}/_/{name}` go to the
+    /// actor whose id is at this JSON pointer (RFC 6901) in the payload,
+    /// by hook name: `{"zendesk": "/ticket/id"}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub webhook_routes: BTreeMap<String, String>,
     /// Environment visible to the guest through WASI.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
@@ -374,6 +402,21 @@ impl TypeConfig {
             if k.is_empty() || k.contains('=') || k.contains('\0') {
                 return Err(format!("config.env has an invalid variable name `{k}`"));
             }
+        }
+        if let Some(s) = &self.webhook_secret {
+            crate::webhooks::check_secret(s).map_err(|e| format!("config.webhook_secret: {e}"))?;
+        }
+        for (name, pointer) in &self.webhook_routes {
+            crate::webhooks::inbound::check_hook_name(name)
+                .map_err(|e| format!("config.webhook_routes: {e}"))?;
+            if !pointer.starts_with('/') {
+                return Err(format!(
+                    "config.webhook_routes.{name} must be a JSON pointer such as `/ticket/id`"
+                ));
+            }
+        }
+        if !self.webhook_routes.is_empty() && self.webhook_secret.is_none() {
+            return Err("config.webhook_routes needs a config.webhook_secret".into());
         }
         Ok(())
     }

@@ -14,6 +14,7 @@
 //! | [`alarms`] | durable alarms: schedules and the scheduler |
 //! | [`streams`] | live event streams: who watches which actor |
 //! | [`inputs`] | input requests: checks and answer validation |
+//! | [`webhooks`] | webhooks in (verify, route, enqueue) and out |
 //! | [`api`] | the HTTP API |
 //! | [`cli`] | the `marmot` command line |
 //! | [`metrics`] | Prometheus metrics |
@@ -35,3 +36,4 @@ pub mod node;
 pub mod sandbox;
 pub mod storage;
 pub mod streams;
+pub mod webhooks;

@@ -20,6 +20,13 @@ pub struct TurnLabels {
     pub outcome: &'static str,
 }
 
+/// Label set for inbound webhooks.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HookLabels {
+    /// `accepted`, `duplicate` or `rejected`.
+    pub outcome: &'static str,
+}
+
 /// Label set for sandbox traps.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TrapLabels {
@@ -64,6 +71,8 @@ pub struct Metrics {
     pub alarms_failed: Counter,
     /// Open live event streams.
     pub event_streams: Gauge,
+    /// Inbound webhooks by outcome.
+    pub webhooks_received: Family<HookLabels, Counter>,
 }
 
 impl Metrics {
@@ -156,8 +165,15 @@ impl Metrics {
             "Open live event streams (SSE)",
             event_streams.clone(),
         );
+        let webhooks_received = Family::<HookLabels, Counter>::default();
+        registry.register(
+            "webhooks_received",
+            "Inbound webhooks by outcome",
+            webhooks_received.clone(),
+        );
         Self {
             registry,
+            webhooks_received,
             event_streams,
             actors_active,
             actors_hibernated,

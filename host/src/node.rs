@@ -23,8 +23,8 @@ use crate::metrics::Metrics;
 use crate::sandbox::turn::TurnLimits;
 use crate::sandbox::{CodeError, Sandbox, SandboxConfig};
 use crate::storage::schema::{
-    ActorRecord, AlarmRecord, CodeKind, EventRecord, InboxRecord, InputRecord, TypeRecord,
-    VersionRecord,
+    ActorRecord, AlarmRecord, CodeKind, EventRecord, InboxKind, InboxRecord, InputRecord,
+    TypeRecord, VersionRecord,
 };
 use crate::storage::{EnqueueOutcome, Page, Storage, StorageError, WriteOp};
 use crate::streams::EventBus;
@@ -571,10 +571,6 @@ impl Node {
         content_type: Option<String>,
         idempotency_key: Option<String>,
     ) -> Result<EnqueueOutcome, TurnError> {
-        let ty = self
-            .catalog
-            .get(key.ty())
-            .ok_or_else(|| TurnError::UnknownType(key.ty().to_owned()))?;
         let message = InboxRecord {
             message_id: new_message_id(),
             body: body.to_vec(),
@@ -582,10 +578,27 @@ impl Node {
             idempotency_key,
             attempts: 0,
             enqueued_at_ms: now_ms(),
+            kind: InboxKind::Message,
         };
+        let ttl = self.config.limits.idempotency_ttl_ms;
+        self.enqueue_record(key, message, ttl).await
+    }
+
+    /// Durably queue an inbox row (message or webhook) for `key`, creating
+    /// the actor if needed; its idempotency key, if any, lives `ttl_ms`.
+    pub(crate) async fn enqueue_record(
+        self: &Arc<Self>,
+        key: &ActorKey,
+        message: InboxRecord,
+        ttl_ms: u64,
+    ) -> Result<EnqueueOutcome, TurnError> {
+        let ty = self
+            .catalog
+            .get(key.ty())
+            .ok_or_else(|| TurnError::UnknownType(key.ty().to_owned()))?;
         let k = key.clone();
         let version = ty.latest_version();
-        let ttl = self.config.limits.idempotency_ttl_ms;
+        let ttl = ttl_ms;
         let outcome = self
             .storage
             .writer()

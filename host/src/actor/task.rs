@@ -23,13 +23,13 @@ use crate::alarms::scheduler::{AlarmTicket, Notice};
 use crate::clock::now_ms;
 use crate::ids::ActorKey;
 use crate::node::Node;
-use crate::sandbox::bindings::marmot::actor::types::{Alarm, InputAnswer};
+use crate::sandbox::bindings::marmot::actor::types::{Alarm, InputAnswer, Webhook};
 use crate::sandbox::bindings::{Context, Message};
 use crate::sandbox::turn::{Carry, FinishedTurn, TurnState};
 use crate::sandbox::{Instance, TrapKind};
 use crate::storage::schema::{
-    ActorRecord, AlarmRecord, CodeKind, EventRecord, IdemOutcome, IdemRecord, InboxRecord,
-    InputRecord, InputStatus, StoredReply,
+    ActorRecord, AlarmRecord, CodeKind, EventRecord, IdemOutcome, IdemRecord, InboxKind,
+    InboxRecord, InputRecord, InputStatus, StoredReply,
 };
 use crate::storage::{CommitFailed, TurnCommit, WriteOp};
 
@@ -59,6 +59,7 @@ enum TurnInput {
     Eval(String),
     Alarm(Alarm),
     Input(InputAnswer),
+    Webhook(Webhook),
 }
 
 /// What a successful turn returned.
@@ -727,6 +728,10 @@ impl ActorTask {
                         .map(|r| r.map(|()| TurnOutput::Done)),
                     TurnInput::Input(input) => handlers
                         .call_on_input(&mut *store, &ctx, &input)
+                        .await
+                        .map(|r| r.map(|()| TurnOutput::Done)),
+                    TurnInput::Webhook(hook) => handlers
+                        .call_on_webhook(&mut *store, &ctx, &hook)
                         .await
                         .map(|r| r.map(|()| TurnOutput::Done)),
                     TurnInput::Eval(code) => {
@@ -1558,17 +1563,46 @@ impl ActorTask {
             self.fail_inbox_message(seq, row, e.code(), e.to_string());
             return true;
         }
-        let msg = Message {
-            id: row.message_id.clone(),
-            body: row.body.clone(),
-            content_type: row.content_type.clone(),
+        let (kind, input) = match &row.kind {
+            InboxKind::Message => (
+                "message",
+                TurnInput::Message(Message {
+                    id: row.message_id.clone(),
+                    body: row.body.clone(),
+                    content_type: row.content_type.clone(),
+                }),
+            ),
+            InboxKind::Webhook { name, headers } => (
+                "webhook",
+                TurnInput::Webhook(Webhook {
+                    name: name.clone(),
+                    headers: headers.clone(),
+                    body: row.body.clone(),
+                }),
+            ),
         };
         let version = self.record().version;
-        match self
-            .run_turn("message", version, &row.message_id, TurnInput::Message(msg))
+        let result = self
+            .run_turn(kind, version, &row.message_id, input)
             .await
-        {
-            Ok((TurnOutput::Reply(out), finished)) => {
+            .map(|(out, finished)| match out {
+                // A webhook has no caller waiting: what its idempotency
+                // record keeps is an empty 200.
+                TurnOutput::Done => (
+                    TurnReply {
+                        status: 200,
+                        body: Bytes::new(),
+                        content_type: None,
+                        message_id: row.message_id.clone(),
+                        replayed: false,
+                    },
+                    finished,
+                ),
+                TurnOutput::Reply(out) => (out, finished),
+                TurnOutput::Eval(_) => unreachable!("inbox rows are never evals"),
+            });
+        match result {
+            Ok((out, finished)) => {
                 let idempotency = row.idempotency_key.clone().map(|k| {
                     (
                         k,
@@ -1591,9 +1625,6 @@ impl ActorTask {
                     },
                     done_inbox(&self.node),
                 );
-            }
-            Ok((TurnOutput::Done | TurnOutput::Eval(_), _)) => {
-                unreachable!("on-message always replies")
             }
             Err(e) if not_started(&e) => return false,
             Err(e) => self.fail_inbox_message(seq, row, e.code(), e.to_string()),

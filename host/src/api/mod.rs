@@ -8,6 +8,7 @@
 mod actors;
 mod edge;
 mod error;
+mod hooks;
 mod streams;
 mod system;
 mod types;
@@ -82,7 +83,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/actors/{type}/{id}/eval", post(actors::eval))
         .route("/v1/actors/{type}/{id}/files/{*path}", get(not_yet))
         .route("/v1/actors/{type}/{id}/move", post(not_yet))
-        .route("/v1/hooks/{type}/{id}/{name}", post(not_yet))
+        .route("/v1/hooks/{type}/{id}/{name}", post(hooks::receive))
         .route("/v1/secrets", get(not_yet))
         .route("/v1/secrets/{name}", put(not_yet).delete(not_yet))
         .route("/v1/subscriptions", get(not_yet))

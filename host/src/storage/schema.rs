@@ -8,18 +8,23 @@
 //! Records are encoded with `postcard` (compact, deterministic, stable across
 //! platforms). New record fields may only be appended with `#[serde(default)]`
 //! semantics *and* a format bump, because postcard is not self-describing.
+//! Each bump comes with a migration from the previous format, run once when
+//! an older data directory is opened ([`check_format`]).
+//!
+//! History: 1 — first format; 2 — inbox rows carry their kind (message or
+//! webhook).
 //!
 //! Actors are interned: `(type, id)` maps to a compact `u64` actor number at
 //! first use, so hot per-actor keys (`state`, `events`, …) stay small and
 //! ordered by actor.
 
-use redb::{ReadableDatabase, TableDefinition};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::config::TypeConfig;
 
 /// Version of the on-disk format described in this file.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Node-wide settings: `format_version` (u32 LE).
 pub const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
@@ -249,6 +254,33 @@ pub struct InboxRecord {
     pub attempts: u32,
     /// When it was accepted.
     pub enqueued_at_ms: u64,
+    /// What it is (since format 2).
+    pub kind: InboxKind,
+}
+
+/// What a durable inbox row delivers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum InboxKind {
+    /// A message: an `on-message` turn.
+    Message,
+    /// A verified inbound webhook: an `on-webhook` turn.
+    Webhook {
+        /// The hook name from the URL.
+        name: String,
+        /// Request headers, lowercase names.
+        headers: Vec<(String, String)>,
+    },
+}
+
+/// [`InboxRecord`] as format 1 wrote it.
+#[derive(Deserialize)]
+struct InboxRecordV1 {
+    message_id: String,
+    body: Vec<u8>,
+    content_type: Option<String>,
+    idempotency_key: Option<String>,
+    attempts: u32,
+    enqueued_at_ms: u64,
 }
 
 /// When an alarm fires.
@@ -381,23 +413,29 @@ pub enum FormatError {
 /// Create every table and stamp the format version on a new database, or
 /// check the stamp on an existing one.
 pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
-    {
+    let (found, tables_complete) = {
         let read = db.begin_read().map_err(redb::Error::from)?;
-        if let Ok(meta) = read.open_table(META)
-            && let Some(v) = meta.get("format_version").map_err(redb::Error::from)?
-        {
-            let found = u32::from_le_bytes(v.value().try_into().unwrap_or([0; 4]));
-            if found != FORMAT_VERSION {
-                return Err(FormatError::Mismatch {
-                    found,
-                    expected: FORMAT_VERSION,
-                });
-            }
-            // Tables added within a format version are created on open.
-            if read.open_table(ALARM_DUE).is_ok() && read.open_table(INPUTS).is_ok() {
-                return Ok(());
-            }
+        let found = match read.open_table(META) {
+            Ok(meta) => meta
+                .get("format_version")
+                .map_err(redb::Error::from)?
+                .map(|v| u32::from_le_bytes(v.value().try_into().unwrap_or([0; 4]))),
+            Err(_) => None,
+        };
+        // Tables added within a format version are created on open.
+        let complete = read.open_table(ALARM_DUE).is_ok() && read.open_table(INPUTS).is_ok();
+        (found, complete)
+    };
+    match found {
+        Some(1) => return migrate_from_v1(db),
+        Some(v) if v != FORMAT_VERSION => {
+            return Err(FormatError::Mismatch {
+                found: v,
+                expected: FORMAT_VERSION,
+            });
         }
+        Some(_) if tables_complete => return Ok(()),
+        _ => {}
     }
     let write = db.begin_write().map_err(redb::Error::from)?;
     {
@@ -419,6 +457,48 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
     }
     write.commit().map_err(redb::Error::from)?;
     Ok(())
+}
+
+/// Format 1 → 2: inbox rows gain their kind (all of them were messages).
+fn migrate_from_v1(db: &redb::Database) -> Result<(), FormatError> {
+    let write = db.begin_write().map_err(redb::Error::from)?;
+    {
+        let mut inbox = write.open_table(INBOX).map_err(redb::Error::from)?;
+        let mut rows = Vec::new();
+        for row in inbox.iter().map_err(redb::Error::from)? {
+            let (k, v) = row.map_err(redb::Error::from)?;
+            let old: InboxRecordV1 = postcard::from_bytes(v.value()).map_err(|e| {
+                redb::Error::Corrupted(format!("format 1 inbox row does not decode: {e}"))
+            })?;
+            let new = InboxRecord {
+                message_id: old.message_id,
+                body: old.body,
+                content_type: old.content_type,
+                idempotency_key: old.idempotency_key,
+                attempts: old.attempts,
+                enqueued_at_ms: old.enqueued_at_ms,
+                kind: InboxKind::Message,
+            };
+            rows.push((k.value(), encode(&new)));
+        }
+        for (k, v) in &rows {
+            inbox.insert(*k, v.as_slice()).map_err(redb::Error::from)?;
+        }
+        tracing::info!(
+            inbox_rows = rows.len(),
+            "storage migrated from format 1 to 2"
+        );
+    }
+    write.commit().map_err(redb::Error::from)?;
+    // Stamp the new version and create tables added since.
+    let write = db.begin_write().map_err(redb::Error::from)?;
+    {
+        let mut meta = write.open_table(META).map_err(redb::Error::from)?;
+        meta.insert("format_version", FORMAT_VERSION.to_le_bytes().as_slice())
+            .map_err(redb::Error::from)?;
+    }
+    write.commit().map_err(redb::Error::from)?;
+    check_format(db)
 }
 
 #[cfg(test)]
@@ -467,6 +547,69 @@ mod tests {
             "0209302039202a202a202a010d4575726f70652f4265726c696e027b7d80d095ffbc31010098c895ffbc31"
         );
         assert_eq!(decode::<AlarmRecord>("alarm", &bytes).unwrap(), rec);
+    }
+
+    #[test]
+    fn format_1_files_are_migrated_and_newer_ones_refused() {
+        #[derive(Serialize)]
+        struct V1 {
+            message_id: String,
+            body: Vec<u8>,
+            content_type: Option<String>,
+            idempotency_key: Option<String>,
+            attempts: u32,
+            enqueued_at_ms: u64,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("m.redb")).unwrap();
+        let w = db.begin_write().unwrap();
+        {
+            let mut meta = w.open_table(META).unwrap();
+            meta.insert("format_version", 1u32.to_le_bytes().as_slice())
+                .unwrap();
+            let mut inbox = w.open_table(INBOX).unwrap();
+            let old = V1 {
+                message_id: "m1".into(),
+                body: b"{}".to_vec(),
+                content_type: None,
+                idempotency_key: Some("k".into()),
+                attempts: 2,
+                enqueued_at_ms: 9,
+            };
+            inbox
+                .insert((7, 1), postcard::to_allocvec(&old).unwrap().as_slice())
+                .unwrap();
+        }
+        w.commit().unwrap();
+        check_format(&db).unwrap();
+        {
+            let r = db.begin_read().unwrap();
+            let inbox = r.open_table(INBOX).unwrap();
+            let row = inbox.get((7, 1)).unwrap().unwrap();
+            let rec: InboxRecord = decode("inbox", row.value()).unwrap();
+            assert_eq!(rec.kind, InboxKind::Message);
+            assert_eq!(rec.attempts, 2);
+            assert_eq!(rec.idempotency_key.as_deref(), Some("k"));
+            let meta = r.open_table(META).unwrap();
+            let v = meta
+                .get("format_version")
+                .unwrap()
+                .unwrap()
+                .value()
+                .to_vec();
+            assert_eq!(v, FORMAT_VERSION.to_le_bytes());
+        }
+        // A file from a newer Marmot is refused, untouched.
+        let w = db.begin_write().unwrap();
+        w.open_table(META)
+            .unwrap()
+            .insert("format_version", 99u32.to_le_bytes().as_slice())
+            .unwrap();
+        w.commit().unwrap();
+        assert!(matches!(
+            check_format(&db),
+            Err(FormatError::Mismatch { found: 99, .. })
+        ));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use marmot_guest::alarms::{self, Schedule};
 use marmot_guest::raw::files;
 use marmot_guest::{
-    Actor, Alarm, Context, InputAnswer, Message, Reply, Result, events, inputs, log, state,
+    Actor, Alarm, Context, InputAnswer, Message, Reply, Result, Webhook, events, inputs, log, state,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -259,6 +259,36 @@ impl Actor for TestKit {
                 Reply::json(&json!({ "alarms": list }))
             }
         }
+    }
+
+    /// Record the hook under `hooks` and as a `webhook_handled` event; a
+    /// JSON body `{"fail": true}` fails the turn, `{"log": m}` logs `m`.
+    fn on_webhook(_ctx: &Context, hook: Webhook) -> Result<()> {
+        let body: Value = serde_json::from_slice(&hook.body).unwrap_or(Value::Null);
+        let header = |name: &str| {
+            hook.headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        let mut hooks = state::get_json::<Vec<Value>>("hooks")?.unwrap_or_default();
+        let record = json!({
+            "name": hook.name,
+            "body": body,
+            "webhook_id": header("webhook-id"),
+            "github_delivery": header("x-github-delivery"),
+            "has_authorization": header("authorization").is_some(),
+        });
+        hooks.push(record.clone());
+        state::set_json("hooks", &hooks)?;
+        events::emit("webhook_handled", &record)?;
+        if let Some(marker) = body["log"].as_str() {
+            log::error(marker);
+        }
+        if body["fail"] == true {
+            return Err("testkit: failing on this webhook, as asked".into());
+        }
+        Ok(())
     }
 
     /// Record the input under `inputs_seen` and as an `input_handled` event;

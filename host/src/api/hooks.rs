@@ -1,0 +1,56 @@
+//! `POST /v1/hooks/{type}/{id}/{name}`: inbound webhooks (see
+//! [`crate::webhooks::inbound`]). Open without the admin token: the
+//! signature is the authentication.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use super::{ApiError, AppState, Path};
+use crate::webhooks::VerifyError;
+use crate::webhooks::inbound::{self, HookError};
+
+impl From<HookError> for ApiError {
+    fn from(e: HookError) -> Self {
+        let msg = e.to_string();
+        match e {
+            HookError::UnknownType(_) => Self::not_found("unknown_type", msg),
+            HookError::NotConfigured(_) => {
+                Self::new(StatusCode::FORBIDDEN, "webhooks_not_configured", msg)
+            }
+            HookError::BadName(_) => Self::bad_request("invalid_hook_name", msg),
+            HookError::Verify(VerifyError::BadTimestamp | VerifyError::OutOfTolerance(..)) => {
+                Self::new(StatusCode::UNAUTHORIZED, "invalid_timestamp", msg)
+            }
+            HookError::Verify(_) => Self::new(StatusCode::UNAUTHORIZED, "invalid_signature", msg),
+            HookError::NoRoute(_) => Self::bad_request("no_route", msg),
+            HookError::RouteField(_) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "route_field_missing", msg)
+            }
+            HookError::BadId(e) => e.into(),
+            HookError::Turn(e) => e.into(),
+        }
+    }
+}
+
+pub(super) async fn receive(
+    State(s): State<AppState>,
+    Path((ty, id, name)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body?;
+    let a = inbound::accept(&s.node, &ty, &id, &name, &headers, body).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        axum::Json(serde_json::json!({
+            "actor": a.actor_id,
+            "delivery_id": a.delivery_id,
+            "message_id": a.message_id,
+            "duplicate": a.duplicate,
+        })),
+    )
+        .into_response())
+}

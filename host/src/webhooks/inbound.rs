@@ -1,0 +1,260 @@
+//! `POST /v1/hooks/{type}/{id}/{name}`: verify, route, store, then 202.
+//!
+//! Nothing is stored before the signature checks out. An accepted hook is a
+//! durable inbox row (kind `webhook`) for its actor, so it runs in arrival
+//! order with the actor's messages, survives crashes, and its `on-webhook`
+//! turn commits once. The sender's delivery id (`webhook-id`, or GitHub's
+//! `X-GitHub-Delivery`) is the row's idempotency key, kept
+//! `webhooks.dedupe_ttl_ms`: a redelivery is acknowledged without being
+//! stored again.
+
+use std::sync::Arc;
+
+use axum::http::HeaderMap;
+use bytes::Bytes;
+
+use super::VerifyError;
+use crate::actor::TurnError;
+use crate::clock::now_ms;
+use crate::ids::{ActorKey, IdError, new_message_id};
+use crate::metrics::HookLabels;
+use crate::node::Node;
+use crate::storage::EnqueueOutcome;
+use crate::storage::schema::{InboxKind, InboxRecord};
+
+/// The actor id in a hook URL that asks for routing by the type's rule.
+pub const ROUTED: &str = "_";
+/// Most header bytes handed to the actor.
+const MAX_HEADER_BYTES: usize = 16 << 10;
+/// Headers never handed to the actor.
+const PRIVATE_HEADERS: &[&str] = &["authorization", "cookie", "proxy-authorization"];
+
+/// An accepted hook.
+#[derive(Debug)]
+pub struct Accepted {
+    /// The actor it went to.
+    pub actor_id: String,
+    /// The sender's delivery id.
+    pub delivery_id: String,
+    /// The inbox message id.
+    pub message_id: String,
+    /// Already received earlier: acknowledged, not stored again.
+    pub duplicate: bool,
+}
+
+/// Why a hook was refused. Nothing was stored.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    /// No such type.
+    #[error("unknown actor type `{0}`")]
+    UnknownType(String),
+    /// The type has no `webhook_secret`.
+    #[error("type `{0}` does not accept webhooks (set config.webhook_secret)")]
+    NotConfigured(String),
+    /// Bad hook name.
+    #[error("{0}")]
+    BadName(String),
+    /// The signature did not check out.
+    #[error(transparent)]
+    Verify(#[from] VerifyError),
+    /// `_` without a route for this hook.
+    #[error("no route for hook `{0}`: set config.webhook_routes.{0} or post to an actor id")]
+    NoRoute(String),
+    /// The routing field is missing or not a string or number.
+    #[error("the payload has no string or number at `{0}` to route by")]
+    RouteField(String),
+    /// The routed id is not a valid actor id.
+    #[error(transparent)]
+    BadId(#[from] IdError),
+    /// Storing failed.
+    #[error(transparent)]
+    Turn(#[from] TurnError),
+}
+
+/// Check a hook name: 1–64 of `A-Za-z0-9._-`.
+pub fn check_hook_name(name: &str) -> Result<(), String> {
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        return Err(format!(
+            "hook name `{name}` must be 1 to 64 of A-Z a-z 0-9 . _ -"
+        ));
+    }
+    Ok(())
+}
+
+fn header<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Verify and return the sender's delivery id.
+fn verify(
+    secret: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+    tolerance_s: u64,
+) -> Result<String, VerifyError> {
+    let id = header(headers, "webhook-id");
+    let ts = header(headers, "webhook-timestamp");
+    let sig = header(headers, "webhook-signature");
+    if id.is_some() || ts.is_some() || sig.is_some() {
+        let id = id.ok_or(VerifyError::Missing("webhook-id"))?;
+        let ts = ts.ok_or(VerifyError::Missing("webhook-timestamp"))?;
+        let sig = sig.ok_or(VerifyError::Missing("webhook-signature"))?;
+        let now_s = (now_ms() / 1000) as i64;
+        super::verify_standard(
+            &super::secret_key(secret),
+            id,
+            ts,
+            sig,
+            body,
+            now_s,
+            tolerance_s,
+        )?;
+        return Ok(id.to_owned());
+    }
+    if let Some(sig) = header(headers, "x-hub-signature-256") {
+        super::verify_github(secret, sig, body)?;
+        // Without a delivery id, identical bodies are the same delivery.
+        let id = header(headers, "x-github-delivery").map_or_else(
+            || hex::encode(<sha2::Sha256 as sha2::Digest>::digest(body)),
+            str::to_owned,
+        );
+        return Ok(id);
+    }
+    Err(VerifyError::Unsigned)
+}
+
+/// The actor id at `pointer` in a JSON body.
+fn route(pointer: &str, body: &[u8]) -> Result<String, HookError> {
+    let v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|_| HookError::RouteField(pointer.to_owned()))?;
+    match v.pointer(pointer) {
+        Some(serde_json::Value::String(s)) => Ok(s.clone()),
+        Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
+        _ => Err(HookError::RouteField(pointer.to_owned())),
+    }
+}
+
+/// Verify, route and durably enqueue a hook.
+pub async fn accept(
+    node: &Arc<Node>,
+    ty: &str,
+    id: &str,
+    name: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Accepted, HookError> {
+    let result = accept_inner(node, ty, id, name, headers, body).await;
+    let outcome = match &result {
+        Ok(a) if a.duplicate => "duplicate",
+        Ok(_) => "accepted",
+        Err(_) => "rejected",
+    };
+    node.metrics()
+        .webhooks_received
+        .get_or_create(&HookLabels { outcome })
+        .inc();
+    match &result {
+        Ok(a) => tracing::info!(actor_type = ty, actor_id = %a.actor_id, hook = name,
+            delivery_id = %a.delivery_id, duplicate = a.duplicate, "webhook accepted"),
+        Err(e) => tracing::info!(actor_type = ty, hook = name, error = %e, "webhook rejected"),
+    }
+    result
+}
+
+async fn accept_inner(
+    node: &Arc<Node>,
+    ty: &str,
+    id: &str,
+    name: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Accepted, HookError> {
+    check_hook_name(name).map_err(HookError::BadName)?;
+    let entry = node
+        .catalog()
+        .get(ty)
+        .ok_or_else(|| HookError::UnknownType(ty.to_owned()))?;
+    let config = entry
+        .version(entry.latest_version())
+        .map(|v| v.config.clone())
+        .ok_or_else(|| HookError::UnknownType(ty.to_owned()))?;
+    let secret = config
+        .webhook_secret
+        .as_deref()
+        .ok_or_else(|| HookError::NotConfigured(ty.to_owned()))?;
+    let delivery_id = verify(secret, headers, &body, node.config().webhooks.tolerance_s)?;
+    let actor_id = if id == ROUTED {
+        let pointer = config
+            .webhook_routes
+            .get(name)
+            .ok_or_else(|| HookError::NoRoute(name.to_owned()))?;
+        route(pointer, &body)?
+    } else {
+        id.to_owned()
+    };
+    let key = ActorKey::new(ty, &actor_id)?;
+    let mut kept = Vec::new();
+    let mut size = 0;
+    for (k, v) in headers {
+        let (k, Ok(v)) = (k.as_str(), v.to_str()) else {
+            continue;
+        };
+        if PRIVATE_HEADERS.contains(&k) || k.starts_with("x-marmot-") {
+            continue;
+        }
+        size += k.len() + v.len();
+        if size > MAX_HEADER_BYTES {
+            break;
+        }
+        kept.push((k.to_owned(), v.to_owned()));
+    }
+    let message = InboxRecord {
+        message_id: new_message_id(),
+        body: body.to_vec(),
+        content_type: header(headers, "content-type").map(str::to_owned),
+        // NUL cannot appear in an Idempotency-Key header: no collision with
+        // keys that clients choose.
+        idempotency_key: Some(format!("\0hook:{name}:{delivery_id}")),
+        attempts: 0,
+        enqueued_at_ms: now_ms(),
+        kind: InboxKind::Webhook {
+            name: name.to_owned(),
+            headers: kept,
+        },
+    };
+    let ttl = node.config().webhooks.dedupe_ttl_ms;
+    let (message_id, duplicate) = match node.enqueue_record(&key, message, ttl).await? {
+        EnqueueOutcome::Queued { message_id } => (message_id, false),
+        EnqueueOutcome::Duplicate { message_id } => (message_id, true),
+    };
+    Ok(Accepted {
+        actor_id,
+        delivery_id,
+        message_id,
+        duplicate,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_and_names() {
+        let body = br#"{"ticket": {"id": 4521, "slug": "abc"}, "list": ["x"]}"#;
+        assert_eq!(route("/ticket/id", body).unwrap(), "4521");
+        assert_eq!(route("/ticket/slug", body).unwrap(), "abc");
+        assert!(route("/ticket", body).is_err());
+        assert!(route("/nope", body).is_err());
+        assert!(route("/ticket/id", b"not json").is_err());
+        assert!(check_hook_name("github").is_ok());
+        assert!(check_hook_name("a.b-c_d").is_ok());
+        assert!(check_hook_name("").is_err());
+        assert!(check_hook_name("a/b").is_err());
+    }
+}

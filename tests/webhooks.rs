@@ -1,0 +1,386 @@
+//! Webhooks in: verified before anything is stored, acknowledged once
+//! durably queued, de-duplicated by delivery id, routed by payload field.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Api, Marmot, TESTKIT, kit_node, tempdir};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+/// A refused delivery: what, path, body, headers, status, error code.
+type Case<'a> = (
+    &'a str,
+    &'a str,
+    Vec<u8>,
+    Vec<(String, String)>,
+    u16,
+    &'a str,
+);
+
+fn now_s() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+/// Standard Webhooks headers for `body`, signed with `secret`.
+fn signed(secret: &str, id: &str, ts: i64, body: &[u8]) -> Vec<(String, String)> {
+    let sig = marmot::webhooks::sign(&marmot::webhooks::secret_key(secret), id, ts, body);
+    vec![
+        ("webhook-id".into(), id.into()),
+        ("webhook-timestamp".into(), ts.to_string()),
+        ("webhook-signature".into(), sig),
+        ("content-type".into(), "application/json".into()),
+    ]
+}
+
+async fn post_hook(
+    api: &Api,
+    path: &str,
+    body: &[u8],
+    headers: &[(String, String)],
+) -> common::Resp {
+    let h: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    api.req(
+        Method::POST,
+        path,
+        Some(("application/json", body.to_vec())),
+        &h,
+    )
+    .await
+}
+
+async fn hooks(api: &Api, id: &str) -> Vec<Value> {
+    let r = api
+        .op("kit", id, json!({"op": "get", "key": "hooks"}))
+        .await;
+    r.json["value"].as_array().cloned().unwrap_or_default()
+}
+
+async fn wait_hooks(api: &Api, id: &str, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let h = hooks(api, id).await;
+        if h.len() >= n {
+            return h;
+        }
+        assert!(Instant::now() < deadline, "{} of {n} hooks ran", h.len());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn kit_with_secret(extra: Value) -> (tempfile::TempDir, Marmot, Api, String) {
+    let secret = marmot::webhooks::new_secret();
+    let mut config = json!({"webhook_secret": secret});
+    config
+        .as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let (dir, m, api) = kit_node(config).await;
+    (dir, m, api, secret)
+}
+
+#[tokio::test]
+async fn signed_hooks_run_once_and_redeliveries_are_dropped() {
+    let (_dir, _m, api, secret) = kit_with_secret(json!({})).await;
+    let body = br#"{"event": "ticket.created", "n": 1}"#;
+    let r = post_hook(
+        &api,
+        "/v1/hooks/kit/t1/support",
+        body,
+        &signed(&secret, "msg_1", now_s(), body),
+    )
+    .await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    assert_eq!(r.json["actor"], "t1");
+    assert_eq!(r.json["delivery_id"], "msg_1");
+    assert_eq!(r.json["duplicate"], false);
+    let h = wait_hooks(&api, "t1", 1).await;
+    assert_eq!(h[0]["name"], "support");
+    assert_eq!(h[0]["body"], json!({"event": "ticket.created", "n": 1}));
+    assert_eq!(h[0]["webhook_id"], "msg_1");
+
+    // The sender retries the same message later: new timestamp and
+    // signature, same id. Acknowledged, not run again.
+    let r = post_hook(
+        &api,
+        "/v1/hooks/kit/t1/support",
+        body,
+        &signed(&secret, "msg_1", now_s() + 30, body),
+    )
+    .await;
+    assert_eq!(r.status, 202);
+    assert_eq!(r.json["duplicate"], true);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(hooks(&api, "t1").await.len(), 1);
+    let text = String::from_utf8(api.get("/metrics").await.body).unwrap();
+    assert!(
+        text.contains(r#"marmot_webhooks_received_total{outcome="accepted"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains(r#"marmot_webhooks_received_total{outcome="duplicate"} 1"#));
+}
+
+#[tokio::test]
+async fn bad_expired_replayed_or_tampered_hooks_are_rejected_and_store_nothing() {
+    let (_dir, _m, api, secret) = kit_with_secret(json!({})).await;
+    api.deploy("plain", TESTKIT, json!({})).await;
+    let body = br#"{"n": 1}"#;
+    let good = signed(&secret, "msg_x", now_s(), body);
+    let other = marmot::webhooks::new_secret();
+    let without = |name: &str| -> Vec<(String, String)> {
+        good.iter().filter(|(k, _)| k != name).cloned().collect()
+    };
+    let cases: Vec<Case<'_>> = vec![
+        (
+            "unsigned",
+            "/v1/hooks/kit/a/h",
+            body.to_vec(),
+            vec![],
+            401,
+            "invalid_signature",
+        ),
+        (
+            "tampered body",
+            "/v1/hooks/kit/a/h",
+            br#"{"n": 2}"#.to_vec(),
+            good.clone(),
+            401,
+            "invalid_signature",
+        ),
+        (
+            "wrong secret",
+            "/v1/hooks/kit/a/h",
+            body.to_vec(),
+            signed(&other, "msg_x", now_s(), body),
+            401,
+            "invalid_signature",
+        ),
+        (
+            "expired",
+            "/v1/hooks/kit/a/h",
+            body.to_vec(),
+            signed(&secret, "msg_old", now_s() - 3600, body),
+            401,
+            "invalid_timestamp",
+        ),
+        (
+            "from the future",
+            "/v1/hooks/kit/a/h",
+            body.to_vec(),
+            signed(&secret, "msg_new", now_s() + 3600, body),
+            401,
+            "invalid_timestamp",
+        ),
+        (
+            "missing id",
+            "/v1/hooks/kit/a/h",
+            body.to_vec(),
+            without("webhook-id"),
+            401,
+            "invalid_signature",
+        ),
+        (
+            "signature for another id",
+            "/v1/hooks/kit/a/h",
+            body.to_vec(),
+            {
+                let mut h = good.clone();
+                h[0].1 = "msg_y".into();
+                h
+            },
+            401,
+            "invalid_signature",
+        ),
+        (
+            "type without a secret",
+            "/v1/hooks/plain/a/h",
+            body.to_vec(),
+            good.clone(),
+            403,
+            "webhooks_not_configured",
+        ),
+        (
+            "unknown type",
+            "/v1/hooks/nope/a/h",
+            body.to_vec(),
+            good.clone(),
+            404,
+            "unknown_type",
+        ),
+        (
+            "bad hook name",
+            "/v1/hooks/kit/a/h%20x",
+            body.to_vec(),
+            good.clone(),
+            400,
+            "invalid_hook_name",
+        ),
+        (
+            "bad actor id",
+            "/v1/hooks/kit/a%01b/h",
+            body.to_vec(),
+            good.clone(),
+            400,
+            "invalid_actor_id",
+        ),
+        (
+            "no route",
+            "/v1/hooks/kit/_/h",
+            body.to_vec(),
+            good.clone(),
+            400,
+            "no_route",
+        ),
+    ];
+    for (what, path, body, headers, status, code) in cases {
+        let r = post_hook(&api, path, &body, &headers).await;
+        assert_eq!(r.status, status, "{what}: {}", r.json);
+        assert_eq!(r.code(), code, "{what}: {}", r.json);
+    }
+    // Nothing was stored: the actor does not even exist.
+    assert_eq!(api.get("/v1/actors/kit/a").await.status, 404);
+    // A rejected delivery id is not burnt: the genuine one still goes in.
+    let r = post_hook(&api, "/v1/hooks/kit/a/h", body, &good).await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    assert_eq!(r.json["duplicate"], false);
+    assert_eq!(wait_hooks(&api, "a", 1).await.len(), 1);
+}
+
+#[tokio::test]
+async fn github_signatures_are_accepted_and_deliveries_deduped() {
+    let (_dir, _m, api, secret) = kit_with_secret(json!({})).await;
+    let body = br#"{"action": "opened", "number": 7}"#;
+    let sig = {
+        use hmac::Mac;
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+        mac.update(body);
+        format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+    };
+    let headers = vec![
+        ("x-hub-signature-256".to_owned(), sig.clone()),
+        ("x-github-delivery".to_owned(), "d-1".to_owned()),
+        ("x-github-event".to_owned(), "pull_request".to_owned()),
+        ("authorization".to_owned(), "token do-not-leak".to_owned()),
+    ];
+    let r = post_hook(&api, "/v1/hooks/kit/repo/github", body, &headers).await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    assert_eq!(r.json["delivery_id"], "d-1");
+    let r = post_hook(&api, "/v1/hooks/kit/repo/github", body, &headers).await;
+    assert_eq!(r.json["duplicate"], true);
+    let h = wait_hooks(&api, "repo", 1).await;
+    assert_eq!(h[0]["github_delivery"], "d-1");
+    assert_eq!(
+        h[0]["has_authorization"], false,
+        "credentials never reach the actor"
+    );
+    let mut bad = headers.clone();
+    bad[0].1 = format!("sha256={}", "0".repeat(64));
+    bad[1].1 = "d-2".into();
+    let r = post_hook(&api, "/v1/hooks/kit/repo/github", body, &bad).await;
+    assert_eq!(r.status, 401);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(hooks(&api, "repo").await.len(), 1);
+}
+
+#[tokio::test]
+async fn hooks_are_routed_to_the_actor_named_in_the_payload() {
+    let (_dir, _m, api, secret) =
+        kit_with_secret(json!({"webhook_routes": {"zendesk": "/ticket/id"}})).await;
+    for (n, ticket) in [(1, json!(4521)), (2, json!("4521")), (3, json!("98"))] {
+        let body = serde_json::to_vec(&json!({"ticket": {"id": ticket}, "n": n})).unwrap();
+        let r = post_hook(
+            &api,
+            "/v1/hooks/kit/_/zendesk",
+            &body,
+            &signed(&secret, &format!("msg_{n}"), now_s(), &body),
+        )
+        .await;
+        assert_eq!(r.status, 202, "{}", r.json);
+    }
+    let h = wait_hooks(&api, "4521", 2).await;
+    assert_eq!(h[0]["body"]["n"], 1);
+    assert_eq!(h[1]["body"]["n"], 2);
+    assert_eq!(wait_hooks(&api, "98", 1).await.len(), 1);
+    let body = br#"{"other": 1}"#;
+    let r = post_hook(
+        &api,
+        "/v1/hooks/kit/_/zendesk",
+        body,
+        &signed(&secret, "msg_9", now_s(), body),
+    )
+    .await;
+    assert_eq!(r.status, 422);
+    assert_eq!(r.code(), "route_field_missing");
+    // Bad routing config is refused at deploy.
+    let r = api
+        .deploy(
+            "bad",
+            TESTKIT,
+            json!({"webhook_routes": {"x": "ticket.id"}, "webhook_secret": secret}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.json);
+    let r = api
+        .deploy("bad", TESTKIT, json!({"webhook_secret": "hunter2"}))
+        .await;
+    assert_eq!(r.status, 400, "{}", r.json);
+    assert!(
+        r.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("whsec_")
+    );
+    // The secret is never shown back.
+    let t = api.get("/v1/types/kit").await.json;
+    assert!(!t.to_string().contains(&secret[6..]), "{t}");
+}
+
+#[tokio::test]
+async fn an_acknowledged_hook_survives_kill_9() {
+    let secret = marmot::webhooks::new_secret();
+    let dir = tempdir();
+    let mut m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({"webhook_secret": secret}))
+        .await;
+    // A slow message first, so the hook is still queued at the kill.
+    let r = api
+        .post_json(
+            "/v1/actors/kit/a?wait=false",
+            &json!({"op": "busy", "ms": 400}),
+        )
+        .await;
+    assert_eq!(r.status, 202);
+    let body = br#"{"n": 1}"#;
+    let r = post_hook(
+        &api,
+        "/v1/hooks/kit/a/h",
+        body,
+        &signed(&secret, "msg_k", now_s(), body),
+    )
+    .await;
+    assert_eq!(r.status, 202);
+    m.kill9();
+    m.restart().await;
+    let api = m.client();
+    let h = wait_hooks(&api, "a", 1).await;
+    assert_eq!(h[0]["webhook_id"], "msg_k");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(hooks(&api, "a").await.len(), 1);
+    // Still a duplicate after the restart.
+    let r = post_hook(
+        &api,
+        "/v1/hooks/kit/a/h",
+        body,
+        &signed(&secret, "msg_k", now_s(), body),
+    )
+    .await;
+    assert_eq!(r.json["duplicate"], true);
+}
