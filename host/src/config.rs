@@ -327,6 +327,23 @@ pub struct WebhooksConfig {
     /// Inbound: how long a delivery id is remembered to drop duplicates
     /// (senders retry for days).
     pub dedupe_ttl_ms: u64,
+    /// Outbound: first retry delay; doubles per attempt up to
+    /// `retry_max_delay_ms`, plus up to 25 % jitter. The environment
+    /// variable `MARMOT_WEBHOOK_RETRY_BASE_MS` overrides it (tests, demos).
+    pub retry_base_ms: u64,
+    /// Outbound: longest delay between attempts.
+    pub retry_max_delay_ms: u64,
+    /// Outbound: attempts before a delivery is dead (the defaults span more
+    /// than 24 hours).
+    pub max_attempts: u32,
+    /// Outbound: deliveries in flight at once.
+    pub concurrency: usize,
+    /// Outbound: deliveries in flight to one host at once.
+    pub per_destination: usize,
+    /// Outbound: whole-request timeout.
+    pub timeout_ms: u64,
+    /// Outbound: connect timeout.
+    pub connect_timeout_ms: u64,
 }
 
 impl Default for WebhooksConfig {
@@ -334,6 +351,13 @@ impl Default for WebhooksConfig {
         Self {
             tolerance_s: 300,
             dedupe_ttl_ms: 7 * 24 * 3600 * 1000,
+            retry_base_ms: 5_000,
+            retry_max_delay_ms: 3 * 3600 * 1000,
+            max_attempts: 20,
+            concurrency: 64,
+            per_destination: 4,
+            timeout_ms: 15_000,
+            connect_timeout_ms: 5_000,
         }
     }
 }

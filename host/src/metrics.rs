@@ -23,7 +23,8 @@ pub struct TurnLabels {
 /// Label set for inbound webhooks.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HookLabels {
-    /// `accepted`, `duplicate` or `rejected`.
+    /// In: `accepted`, `duplicate`, `rejected`; out: `delivered`, `failed`,
+    /// `dead`.
     pub outcome: &'static str,
 }
 
@@ -73,6 +74,10 @@ pub struct Metrics {
     pub event_streams: Gauge,
     /// Inbound webhooks by outcome.
     pub webhooks_received: Family<HookLabels, Counter>,
+    /// Outbound delivery attempts by outcome.
+    pub webhook_deliveries: Family<HookLabels, Counter>,
+    /// Outbound deliveries waiting (pending or retrying).
+    pub webhook_queue_depth: Gauge,
 }
 
 impl Metrics {
@@ -171,9 +176,23 @@ impl Metrics {
             "Inbound webhooks by outcome",
             webhooks_received.clone(),
         );
+        let webhook_deliveries = Family::<HookLabels, Counter>::default();
+        registry.register(
+            "webhook_deliveries",
+            "Outbound webhook delivery attempts by outcome (delivered, failed, dead)",
+            webhook_deliveries.clone(),
+        );
+        let webhook_queue_depth = Gauge::default();
+        registry.register(
+            "webhook_queue_depth",
+            "Outbound webhook deliveries waiting to be attempted",
+            webhook_queue_depth.clone(),
+        );
         Self {
             registry,
             webhooks_received,
+            webhook_deliveries,
+            webhook_queue_depth,
             event_streams,
             actors_active,
             actors_hibernated,

@@ -234,6 +234,7 @@ impl Node {
         tokio::spawn(node.clone().recover(recover));
         node.scheduler.start(node.clone(), scheduler_rx);
         tokio::spawn(node.clone().housekeeping());
+        crate::webhooks::outbound::start(node.clone());
         Ok(node)
     }
 

@@ -10,6 +10,7 @@ mod edge;
 mod error;
 mod hooks;
 mod streams;
+mod subscriptions;
 mod system;
 mod types;
 
@@ -86,13 +87,15 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/hooks/{type}/{id}/{name}", post(hooks::receive))
         .route("/v1/secrets", get(not_yet))
         .route("/v1/secrets/{name}", put(not_yet).delete(not_yet))
-        .route("/v1/subscriptions", get(not_yet))
+        .route("/v1/subscriptions", get(subscriptions::list))
         .route(
             "/v1/subscriptions/{name}",
-            put(not_yet).get(not_yet).delete(not_yet),
+            put(subscriptions::put)
+                .get(subscriptions::get)
+                .delete(subscriptions::delete),
         )
-        .route("/v1/deliveries", get(not_yet))
-        .route("/v1/deliveries/{id}/retry", post(not_yet))
+        .route("/v1/deliveries", get(subscriptions::deliveries))
+        .route("/v1/deliveries/{id}/retry", post(subscriptions::retry))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limits.max_message_bytes))

@@ -10,6 +10,7 @@
 
 pub mod bulk;
 pub mod schema;
+pub mod subscriptions;
 pub mod writer;
 
 use std::path::{Path, PathBuf};
@@ -21,6 +22,7 @@ use crate::config::StorageConfig;
 use crate::ids::ActorKey;
 use crate::metrics::Metrics;
 use schema::*;
+pub use subscriptions::Subscriptions;
 pub use writer::{CommitFailed, CommitTracker, EnqueueOutcome, TurnCommit, WriteOp, Writer};
 
 /// A storage failure.
@@ -73,6 +75,8 @@ pub struct Storage {
     db: Arc<redb::Database>,
     writer: Writer,
     path: PathBuf,
+    subscriptions: Arc<Subscriptions>,
+    outbox_ready: Arc<tokio::sync::Notify>,
 }
 
 impl Storage {
@@ -91,9 +95,33 @@ impl Storage {
             .set_cache_size(config.cache_bytes)
             .create(&path)?;
         check_format(&db)?;
+        let subscriptions = Arc::new(Subscriptions::load(&db)?);
+        let outbox_ready = Arc::new(tokio::sync::Notify::new());
         let db = Arc::new(db);
-        let writer = Writer::start(db.clone(), config, metrics)?;
-        Ok(Self { db, writer, path })
+        let writer = Writer::start(
+            db.clone(),
+            config,
+            metrics,
+            subscriptions.clone(),
+            outbox_ready.clone(),
+        )?;
+        Ok(Self {
+            db,
+            writer,
+            path,
+            subscriptions,
+            outbox_ready,
+        })
+    }
+
+    /// The outbound webhook subscriptions.
+    pub fn subscriptions(&self) -> &Arc<Subscriptions> {
+        &self.subscriptions
+    }
+
+    /// Notified after commits that add or change outbox rows.
+    pub fn outbox_ready(&self) -> &Arc<tokio::sync::Notify> {
+        &self.outbox_ready
     }
 
     /// The database file.
@@ -118,6 +146,9 @@ impl Storage {
         self.writer.flush().await;
     }
 }
+
+/// Outbox rows by seq, and the seq to continue after (`None`: the end).
+pub type DeliveryPage = (Vec<(u64, DeliveryRecord)>, Option<u64>);
 
 /// A read transaction with typed accessors.
 pub struct Reader {
@@ -438,6 +469,81 @@ impl Reader {
             out.push((due, num, name.to_owned()));
         }
         Ok(out)
+    }
+
+    /// Outbox rows due by `now_ms`, earliest first, at most `limit`.
+    pub fn deliveries_due(
+        &self,
+        now_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, DeliveryRecord)>, StorageError> {
+        let due = self.txn.open_table(OUTBOX_DUE)?;
+        let outbox = self.txn.open_table(OUTBOX)?;
+        let mut out = Vec::new();
+        for row in due.range((0, 0)..=(now_ms, u64::MAX))? {
+            if out.len() == limit {
+                break;
+            }
+            let (k, _) = row?;
+            let (_, seq) = k.value();
+            if let Some(v) = outbox.get(seq)? {
+                out.push((seq, decode("delivery", v.value())?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// When the first pending delivery due after `after_ms` is due.
+    pub fn next_delivery_due_after(&self, after_ms: u64) -> Result<Option<u64>, StorageError> {
+        let due = self.txn.open_table(OUTBOX_DUE)?;
+        let next = due.range((after_ms.saturating_add(1), 0)..)?.next();
+        Ok(match next {
+            Some(row) => Some(row?.0.value().0),
+            None => None,
+        })
+    }
+
+    /// Pending deliveries (the webhook queue's depth).
+    pub fn pending_deliveries(&self) -> Result<u64, StorageError> {
+        Ok(self.txn.open_table(OUTBOX_DUE)?.len()?)
+    }
+
+    /// Outbox rows after `after_seq`, oldest first, that `keep` accepts; at
+    /// most `limit`, scanning at most 10,000 rows.
+    pub fn deliveries(
+        &self,
+        after_seq: u64,
+        limit: usize,
+        keep: impl Fn(&DeliveryRecord) -> bool,
+    ) -> Result<DeliveryPage, StorageError> {
+        let t = self.txn.open_table(OUTBOX)?;
+        let mut out = Vec::new();
+        let mut scanned = 0;
+        for row in t.range(after_seq.saturating_add(1)..)? {
+            let (k, v) = row?;
+            let seq = k.value();
+            scanned += 1;
+            let rec: DeliveryRecord = decode("delivery", v.value())?;
+            if keep(&rec) {
+                out.push((seq, rec));
+                if out.len() == limit {
+                    return Ok((out, Some(seq)));
+                }
+            }
+            if scanned == 10_000 {
+                return Ok((out, Some(seq)));
+            }
+        }
+        Ok((out, None))
+    }
+
+    /// One outbox row.
+    pub fn delivery(&self, seq: u64) -> Result<Option<DeliveryRecord>, StorageError> {
+        let t = self.txn.open_table(OUTBOX)?;
+        match t.get(seq)? {
+            Some(v) => Ok(Some(decode("delivery", v.value())?)),
+            None => Ok(None),
+        }
     }
 
     /// Number of inbox rows of one actor.

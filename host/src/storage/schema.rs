@@ -66,6 +66,17 @@ pub const ALARM_DUE: TableDefinition<'_, (u64, u64, &str), ()> = TableDefinition
 /// while so that answering twice is a clear 409.
 pub const INPUTS: TableDefinition<'_, (u64, &str), &[u8]> = TableDefinition::new("inputs");
 
+/// Outbound webhook subscriptions: name → [`SubscriptionRecord`].
+pub const SUBSCRIPTIONS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("subscriptions");
+
+/// Outbound webhook deliveries not yet delivered: seq → [`DeliveryRecord`].
+/// Rows are written by the commit of the turn that emitted the event, and
+/// deleted once delivered; dead ones stay (the dead-letter list).
+pub const OUTBOX: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("outbox");
+
+/// Due index for pending [`OUTBOX`] rows: (next attempt ms, seq) → ().
+pub const OUTBOX_DUE: TableDefinition<'_, (u64, u64), ()> = TableDefinition::new("outbox_due");
+
 /// Durable inbox of `?wait=false` messages: (actor, seq) → [`InboxRecord`].
 /// `seq` is node-wide and increasing, so per-actor order is arrival order.
 pub const INBOX: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("inbox");
@@ -372,6 +383,98 @@ impl InputStatus {
     }
 }
 
+/// An outbound webhook subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubscriptionRecord {
+    /// Where deliveries are POSTed.
+    pub url: String,
+    /// Event kinds: `*`, an exact kind, or a prefix `order.*`.
+    pub events: Vec<String>,
+    /// Actor types (empty: all).
+    pub types: Vec<String>,
+    /// The signing secret (`whsec_…`); never shown back.
+    pub secret: String,
+    /// When it was created.
+    pub created_at_ms: u64,
+}
+
+impl SubscriptionRecord {
+    /// Whether an event of `kind` from an actor of type `ty` goes to it.
+    pub fn matches(&self, ty: &str, kind: &str) -> bool {
+        (self.types.is_empty() || self.types.iter().any(|t| t == ty))
+            && self.events.iter().any(|p| {
+                p == "*"
+                    || p == kind
+                    || p.strip_suffix('*')
+                        .is_some_and(|prefix| kind.starts_with(prefix))
+            })
+    }
+}
+
+/// One event on its way to one subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryRecord {
+    /// The subscription's name.
+    pub subscription: String,
+    /// `webhook-id`: the same on every attempt.
+    pub webhook_id: String,
+    /// The actor's type.
+    pub actor_type: String,
+    /// The actor's id.
+    pub actor_id: String,
+    /// The event's seq.
+    pub event_seq: u64,
+    /// The event's kind.
+    pub kind: String,
+    /// The exact body sent on every attempt.
+    pub payload: Vec<u8>,
+    /// When the event committed.
+    pub created_at_ms: u64,
+    /// Attempts made.
+    pub attempts: u32,
+    /// When the next attempt is due.
+    pub next_attempt_ms: u64,
+    /// Last failure (status and a capped body, or the transport error).
+    pub last_error: Option<String>,
+    /// Pending or dead.
+    pub status: DeliveryStatus,
+}
+
+/// Where a delivery stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DeliveryStatus {
+    /// Will be attempted at `next_attempt_ms`.
+    Pending,
+    /// Given up after the last attempt; kept for replay.
+    Dead,
+}
+
+impl DeliveryRecord {
+    /// `pending` (never failed), `failed` (retrying) or `dead`.
+    pub fn label(&self) -> &'static str {
+        match (self.status, self.attempts) {
+            (DeliveryStatus::Dead, _) => "dead",
+            (DeliveryStatus::Pending, 0) => "pending",
+            (DeliveryStatus::Pending, _) => "failed",
+        }
+    }
+}
+
+/// The public id of outbox row `seq`: `msg_` + 16 hex digits of the seq +
+/// 16 random hex digits (so ids never repeat across data directories).
+pub fn delivery_id(seq: u64) -> String {
+    format!("msg_{seq:016x}{:016x}", rand::random::<u64>())
+}
+
+/// The outbox seq inside a delivery id.
+pub fn delivery_seq(id: &str) -> Option<u64> {
+    let hex = id.strip_prefix("msg_")?;
+    if hex.len() != 32 {
+        return None;
+    }
+    u64::from_str_radix(&hex[..16], 16).ok()
+}
+
 /// A record that failed to decode: the file is corrupt or from another format.
 #[derive(Debug, thiserror::Error)]
 #[error("corrupt {what} record: {source}")]
@@ -423,7 +526,9 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
             Err(_) => None,
         };
         // Tables added within a format version are created on open.
-        let complete = read.open_table(ALARM_DUE).is_ok() && read.open_table(INPUTS).is_ok();
+        let complete = read.open_table(ALARM_DUE).is_ok()
+            && read.open_table(INPUTS).is_ok()
+            && read.open_table(OUTBOX_DUE).is_ok();
         (found, complete)
     };
     match found {
@@ -454,6 +559,9 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
         write.open_table(ALARMS).map_err(redb::Error::from)?;
         write.open_table(ALARM_DUE).map_err(redb::Error::from)?;
         write.open_table(INPUTS).map_err(redb::Error::from)?;
+        write.open_table(SUBSCRIPTIONS).map_err(redb::Error::from)?;
+        write.open_table(OUTBOX).map_err(redb::Error::from)?;
+        write.open_table(OUTBOX_DUE).map_err(redb::Error::from)?;
     }
     write.commit().map_err(redb::Error::from)?;
     Ok(())

@@ -26,7 +26,7 @@ use redb::{ReadableTable, WriteTransaction};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::schema::*;
-use super::{StorageError, encode_type};
+use super::{StorageError, Subscriptions, encode_type};
 use crate::clock::now_ms;
 use crate::config::StorageConfig;
 use crate::ids::ActorKey;
@@ -213,6 +213,41 @@ pub enum WriteOp {
         /// Completion: records removed.
         done: Reply<u64>,
     },
+    /// Create or replace an outbound webhook subscription.
+    PutSubscription {
+        /// Its name.
+        name: String,
+        /// The subscription.
+        record: SubscriptionRecord,
+        /// Completion: whether it was new.
+        done: Reply<bool>,
+    },
+    /// Delete a subscription (its undelivered rows are dropped when due).
+    DeleteSubscription {
+        /// Its name.
+        name: String,
+        /// Completion: whether it existed.
+        done: Reply<bool>,
+    },
+    /// Record a delivery attempt: `None` delivered (the row goes), else the
+    /// row as it is now (rescheduled or dead).
+    DeliveryAttempted {
+        /// Outbox seq.
+        seq: u64,
+        /// The row after the attempt.
+        update: Option<DeliveryRecord>,
+        /// Completion.
+        done: Reply<()>,
+    },
+    /// Make a delivery due again now, with a fresh retry schedule (replay).
+    RetryDelivery {
+        /// Outbox seq.
+        seq: u64,
+        /// Its public id (must match the row).
+        id: String,
+        /// Completion: the row, if it exists.
+        done: Reply<Option<DeliveryRecord>>,
+    },
     /// Completes once everything queued before it is durable.
     Barrier {
         /// Completion.
@@ -234,9 +269,11 @@ impl Writer {
         db: Arc<redb::Database>,
         config: &StorageConfig,
         metrics: Arc<Metrics>,
+        subscriptions: Arc<Subscriptions>,
+        outbox_ready: Arc<Notify>,
     ) -> Result<Self, StorageError> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let (next_num, actor_count, next_inbox_seq) = {
+        let (next_num, actor_count, next_inbox_seq, next_delivery_seq) = {
             use redb::{ReadableDatabase, ReadableTableMetadata};
             let r = db.begin_read()?;
             let keys = r.open_table(ACTOR_KEYS)?;
@@ -247,7 +284,9 @@ impl Writer {
             for row in inbox.iter()? {
                 max_seq = max_seq.max(row?.0.value().1);
             }
-            (next_num, count, max_seq + 1)
+            let outbox = r.open_table(OUTBOX)?;
+            let next_delivery = outbox.last()?.map(|(k, _)| k.value() + 1).unwrap_or(1);
+            (next_num, count, max_seq + 1, next_delivery)
         };
         let actor_count = Arc::new(AtomicU64::new(actor_count));
         let fail_commits = Arc::new(AtomicU64::new(0));
@@ -258,9 +297,14 @@ impl Writer {
             quick_repair: config.quick_repair,
             next_num,
             next_inbox_seq,
+            next_delivery_seq,
             actor_count: actor_count.clone(),
             fail_commits: fail_commits.clone(),
             metrics,
+            subscriptions,
+            outbox_ready,
+            outbox_touched: false,
+            subscriptions_touched: false,
         };
         std::thread::Builder::new()
             .name("marmot-writer".into())
@@ -351,6 +395,15 @@ impl Applied {
             WriteOp::SweepIdempotency { done, .. } => {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }
+            WriteOp::PutSubscription { done, .. } | WriteOp::DeleteSubscription { done, .. } => {
+                Applied::reply(done, Err(StorageError::WriterGone))
+            }
+            WriteOp::DeliveryAttempted { done, .. } => {
+                Applied::reply(done, Err(StorageError::WriterGone))
+            }
+            WriteOp::RetryDelivery { done, .. } => {
+                Applied::reply(done, Err(StorageError::WriterGone))
+            }
             WriteOp::Barrier { done } => Applied::Reply(Box::new(move |_| {
                 let _ = done.send(());
             })),
@@ -365,9 +418,16 @@ struct WriterState {
     quick_repair: bool,
     next_num: u64,
     next_inbox_seq: u64,
+    next_delivery_seq: u64,
     actor_count: Arc<AtomicU64>,
     fail_commits: Arc<AtomicU64>,
     metrics: Arc<Metrics>,
+    subscriptions: Arc<Subscriptions>,
+    outbox_ready: Arc<Notify>,
+    /// The batch being applied added or changed outbox rows.
+    outbox_touched: bool,
+    /// The batch changed subscriptions.
+    subscriptions_touched: bool,
 }
 
 /// Sends an op's result, or the commit's failure, to its waiter.
@@ -447,7 +507,9 @@ impl WriterState {
         let started = Instant::now();
         let n = batch.len();
         let mut applied: Vec<Applied> = Vec::with_capacity(n);
-        let saved = (self.next_num, self.next_inbox_seq);
+        let saved = (self.next_num, self.next_inbox_seq, self.next_delivery_seq);
+        self.outbox_touched = false;
+        self.subscriptions_touched = false;
         let mut created: i64 = 0;
         let mut error: Option<StorageError> = None;
         match self.db.begin_write() {
@@ -503,6 +565,9 @@ impl WriterState {
                     let c = self.actor_count.load(Ordering::Relaxed) as i64 + created;
                     self.actor_count.store(c.max(0) as u64, Ordering::Relaxed);
                 }
+                if self.outbox_touched {
+                    self.outbox_ready.notify_one();
+                }
                 for a in applied {
                     a.complete(None);
                 }
@@ -510,7 +575,15 @@ impl WriterState {
             Some(e) => {
                 self.metrics.commit_failures.inc();
                 tracing::error!(error = %e, ops = n, "storage commit failed; failing every operation in the batch");
-                (self.next_num, self.next_inbox_seq) = saved;
+                (self.next_num, self.next_inbox_seq, self.next_delivery_seq) = saved;
+                if self.subscriptions_touched {
+                    // Subscription changes were applied in memory as they
+                    // were written: go back to what is on disk.
+                    match Subscriptions::load(&self.db) {
+                        Ok(s) => self.subscriptions.replace(s.snapshot().as_ref().clone()),
+                        Err(e) => tracing::error!(error = %e, "cannot reload subscriptions"),
+                    }
+                }
                 let why = CommitFailed::Storage(e.to_string());
                 for a in applied {
                     a.complete(Some(&why));
@@ -591,6 +664,47 @@ impl WriterState {
             WriteOp::SweepIdempotency { now_ms, done: d } => {
                 done(d, tables.sweep_idempotency(now_ms))
             }
+            WriteOp::PutSubscription {
+                name,
+                record,
+                done: d,
+            } => {
+                let r = tables
+                    .subscriptions
+                    .insert(name.as_str(), encode(&record).as_slice())
+                    .map(|old| old.is_none())
+                    .map_err(StorageError::from);
+                if r.is_ok() {
+                    self.subscriptions.set(&name, Some(record));
+                    self.subscriptions_touched = true;
+                }
+                done(d, r)
+            }
+            WriteOp::DeleteSubscription { name, done: d } => {
+                let r = tables
+                    .subscriptions
+                    .remove(name.as_str())
+                    .map(|old| old.is_some())
+                    .map_err(StorageError::from);
+                if r.is_ok() {
+                    self.subscriptions.set(&name, None);
+                    self.subscriptions_touched = true;
+                }
+                done(d, r)
+            }
+            WriteOp::DeliveryAttempted {
+                seq,
+                update,
+                done: d,
+            } => {
+                self.outbox_touched = true;
+                done(d, tables.write_delivery(seq, update.as_ref()))
+            }
+            WriteOp::RetryDelivery { seq, id, done: d } => {
+                self.outbox_touched = true;
+                let r = tables.retry_delivery(seq, &id);
+                done(d, r)
+            }
             WriteOp::Barrier { done } => (
                 Applied::Reply(Box::new(move |_| {
                     let _ = done.send(());
@@ -609,7 +723,9 @@ impl WriterState {
         if t.generation < t.tracker.min_generation() {
             return (Applied::Refused(t.on_durable), Ok(()));
         }
-        let r = tables.write_turn(&t, created);
+        let r = tables
+            .write_turn(&t, created)
+            .and_then(|()| self.write_outbox(tables, &t));
         let applied = Applied::Turn {
             tracker: t.tracker,
             generation: t.generation,
@@ -637,6 +753,52 @@ impl WriterState {
         tables.actor_keys.insert(rec.num, (key.ty(), key.id()))?;
         *created += 1;
         Ok(rec)
+    }
+
+    /// Outbox rows for the events of a turn that subscriptions want, in the
+    /// turn's transaction: an event commits if and only if its deliveries do.
+    fn write_outbox(
+        &mut self,
+        tables: &mut Tables<'_>,
+        t: &TurnCommit,
+    ) -> Result<(), StorageError> {
+        if t.events.is_empty() {
+            return Ok(());
+        }
+        let subs = self.subscriptions.snapshot();
+        if subs.is_empty() {
+            return Ok(());
+        }
+        for (seq, ev) in &t.events {
+            let mut payload = None;
+            for (name, sub) in subs.iter() {
+                if !sub.matches(t.key.ty(), &ev.kind) {
+                    continue;
+                }
+                let payload = payload
+                    .get_or_insert_with(|| event_payload(&t.key, *seq, ev))
+                    .clone();
+                let dseq = self.next_delivery_seq;
+                self.next_delivery_seq += 1;
+                let rec = DeliveryRecord {
+                    subscription: name.clone(),
+                    webhook_id: delivery_id(dseq),
+                    actor_type: t.key.ty().to_owned(),
+                    actor_id: t.key.id().to_owned(),
+                    event_seq: *seq,
+                    kind: ev.kind.clone(),
+                    payload,
+                    created_at_ms: ev.at_ms,
+                    attempts: 0,
+                    next_attempt_ms: ev.at_ms,
+                    last_error: None,
+                    status: DeliveryStatus::Pending,
+                };
+                tables.write_delivery(dseq, Some(&rec))?;
+                self.outbox_touched = true;
+            }
+        }
+        Ok(())
     }
 
     fn enqueue(
@@ -698,6 +860,9 @@ struct Tables<'t> {
     alarms: redb::Table<'t, (u64, &'static str), &'static [u8]>,
     alarm_due: redb::Table<'t, (u64, u64, &'static str), ()>,
     inputs: redb::Table<'t, (u64, &'static str), &'static [u8]>,
+    subscriptions: redb::Table<'t, &'static str, &'static [u8]>,
+    outbox: redb::Table<'t, u64, &'static [u8]>,
+    outbox_due: redb::Table<'t, (u64, u64), ()>,
 }
 
 impl<'t> Tables<'t> {
@@ -715,6 +880,9 @@ impl<'t> Tables<'t> {
             alarms: txn.open_table(ALARMS)?,
             alarm_due: txn.open_table(ALARM_DUE)?,
             inputs: txn.open_table(INPUTS)?,
+            subscriptions: txn.open_table(SUBSCRIPTIONS)?,
+            outbox: txn.open_table(OUTBOX)?,
+            outbox_due: txn.open_table(OUTBOX_DUE)?,
         })
     }
 
@@ -777,6 +945,59 @@ impl<'t> Tables<'t> {
             }
         }
         Ok(())
+    }
+
+    /// Write or remove one outbox row, keeping the due index in step.
+    fn write_delivery(
+        &mut self,
+        seq: u64,
+        rec: Option<&DeliveryRecord>,
+    ) -> Result<(), StorageError> {
+        let old = self
+            .outbox
+            .get(seq)?
+            .map(|v| decode::<DeliveryRecord>("delivery", v.value()))
+            .transpose()?;
+        if let Some(old) = old
+            && old.status == DeliveryStatus::Pending
+        {
+            self.outbox_due.remove((old.next_attempt_ms, seq))?;
+        }
+        match rec {
+            Some(r) => {
+                self.outbox.insert(seq, encode(r).as_slice())?;
+                if r.status == DeliveryStatus::Pending {
+                    self.outbox_due.insert((r.next_attempt_ms, seq), ())?;
+                }
+            }
+            None => {
+                self.outbox.remove(seq)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Make row `seq` (whose public id is `id`) due now with a fresh
+    /// schedule.
+    fn retry_delivery(
+        &mut self,
+        seq: u64,
+        id: &str,
+    ) -> Result<Option<DeliveryRecord>, StorageError> {
+        let Some(mut rec) = self
+            .outbox
+            .get(seq)?
+            .map(|v| decode::<DeliveryRecord>("delivery", v.value()))
+            .transpose()?
+            .filter(|r| r.webhook_id == id)
+        else {
+            return Ok(None);
+        };
+        rec.status = DeliveryStatus::Pending;
+        rec.attempts = 0;
+        rec.next_attempt_ms = now_ms();
+        self.write_delivery(seq, Some(&rec))?;
+        Ok(Some(rec))
     }
 
     /// Set, move or remove one alarm, keeping the due index in step.
@@ -940,4 +1161,27 @@ fn string_keys(
         v.push(key.to_owned());
     }
     Ok(v)
+}
+
+/// The body of a delivery: Standard Webhooks' `{type, timestamp, data}`,
+/// built once at commit so every attempt sends the same bytes.
+fn event_payload(key: &ActorKey, seq: u64, ev: &EventRecord) -> Vec<u8> {
+    let data: serde_json::Value =
+        serde_json::from_slice(&ev.data).unwrap_or(serde_json::Value::Null);
+    let timestamp = chrono::DateTime::from_timestamp_millis(ev.at_ms as i64)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_default();
+    let body = serde_json::json!({
+        "type": ev.kind,
+        "timestamp": timestamp,
+        "data": {
+            "actor_type": key.ty(),
+            "actor_id": key.id(),
+            "seq": seq,
+            "kind": ev.kind,
+            "data": data,
+            "at_ms": ev.at_ms,
+        },
+    });
+    serde_json::to_vec(&body).expect("JSON values serialize")
 }

@@ -5,11 +5,13 @@
 //! with a `whsec_`-prefixed base64 secret. Inbound hooks may also be signed
 //! the GitHub way (`X-Hub-Signature-256`, HMAC-SHA256 of the body with the
 //! secret's text). This module holds the signing and checking; [`inbound`]
-//! accepts hooks for actors.
+//! accepts hooks for actors and [`outbound`] delivers events to
+//! subscriptions.
 //!
 //! [Standard Webhooks]: https://www.standardwebhooks.com/
 
 pub mod inbound;
+pub mod outbound;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;

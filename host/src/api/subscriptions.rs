@@ -1,0 +1,180 @@
+//! `/v1/subscriptions` and `/v1/deliveries`: outbound webhooks (see
+//! [`crate::webhooks::outbound`]).
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use super::{ApiError, AppState, Path, Query};
+use crate::clock::now_ms;
+use crate::storage::WriteOp;
+use crate::storage::schema::{DeliveryStatus, delivery_seq};
+use crate::webhooks::outbound::{self, SubscriptionSpec};
+
+fn subscription_name(name: &str) -> Result<(), ApiError> {
+    outbound::check_name(name).map_err(|e| ApiError::bad_request("invalid_subscription_name", e))
+}
+
+/// `PUT /v1/subscriptions/{name}`: create (201) or replace (200). A
+/// generated secret is returned once, here.
+pub(super) async fn put(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    subscription_name(&name)?;
+    let body = body?;
+    let spec: SubscriptionSpec = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request("invalid_subscription", e.to_string()))?;
+    let (record, generated) = spec
+        .into_record(now_ms())
+        .map_err(|e| ApiError::bad_request("invalid_subscription", e))?;
+    let mut out = outbound::subscription_json(&name, &record);
+    let n = name.clone();
+    let created = s
+        .node
+        .storage
+        .writer()
+        .call(|done| WriteOp::PutSubscription {
+            name: n,
+            record,
+            done,
+        })
+        .await?;
+    if let Some(secret) = generated {
+        out["secret"] = secret.into();
+    }
+    tracing::info!(subscription = %name, created, "webhook subscription saved");
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, axum::Json(out)).into_response())
+}
+
+pub(super) async fn list(State(s): State<AppState>) -> Result<Response, ApiError> {
+    let subs = s.node.storage.subscriptions().snapshot();
+    let items: Vec<_> = subs
+        .iter()
+        .map(|(n, r)| outbound::subscription_json(n, r))
+        .collect();
+    Ok(axum::Json(serde_json::json!({ "subscriptions": items })).into_response())
+}
+
+pub(super) async fn get(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    subscription_name(&name)?;
+    let subs = s.node.storage.subscriptions().snapshot();
+    match subs.get(&name) {
+        Some(r) => Ok(axum::Json(outbound::subscription_json(&name, r)).into_response()),
+        None => Err(ApiError::not_found(
+            "subscription_not_found",
+            format!("no subscription `{name}`"),
+        )),
+    }
+}
+
+pub(super) async fn delete(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    subscription_name(&name)?;
+    let n = name.clone();
+    let existed = s
+        .node
+        .storage
+        .writer()
+        .call(|done| WriteOp::DeleteSubscription { name: n, done })
+        .await?;
+    if !existed {
+        return Err(ApiError::not_found(
+            "subscription_not_found",
+            format!("no subscription `{name}`"),
+        ));
+    }
+    Ok(axum::Json(serde_json::json!({ "deleted": true })).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DeliveryParams {
+    /// `pending`, `failed`, `dead`, or absent for all.
+    #[serde(default)]
+    status: Option<String>,
+    #[serde(default)]
+    subscription: Option<String>,
+    /// A delivery id to continue after.
+    #[serde(default)]
+    after: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// `GET /v1/deliveries`: deliveries not yet delivered, oldest first.
+pub(super) async fn deliveries(
+    State(s): State<AppState>,
+    Query(q): Query<DeliveryParams>,
+) -> Result<Response, ApiError> {
+    if let Some(st) = &q.status
+        && !["pending", "failed", "dead"].contains(&st.as_str())
+    {
+        return Err(ApiError::bad_request(
+            "invalid_status",
+            "status must be pending, failed or dead",
+        ));
+    }
+    let after = match &q.after {
+        None => 0,
+        Some(id) => delivery_seq(id).ok_or_else(|| {
+            ApiError::bad_request("invalid_cursor", "after must be a delivery id")
+        })?,
+    };
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let (rows, next) = s.node.storage.reader()?.deliveries(after, limit, |d| {
+        q.status.as_deref().is_none_or(|st| d.label() == st)
+            && q.subscription
+                .as_deref()
+                .is_none_or(|n| d.subscription == n)
+    })?;
+    // An opaque cursor: only its seq part matters.
+    let next_after = next.map(|seq| format!("msg_{seq:016x}{:016x}", 0));
+    let items: Vec<_> = rows
+        .iter()
+        .map(|(_, d)| outbound::delivery_json(d))
+        .collect();
+    Ok(
+        axum::Json(serde_json::json!({ "deliveries": items, "next_after": next_after }))
+            .into_response(),
+    )
+}
+
+/// `POST /v1/deliveries/{id}/retry`: attempt again now, with a fresh
+/// schedule (replay from the dead-letter list, or hurry a retry).
+pub(super) async fn retry(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let not_found = || ApiError::not_found("delivery_not_found", format!("no delivery `{id}`"));
+    let seq = delivery_seq(&id).ok_or_else(not_found)?;
+    let i = id.clone();
+    let rec = s
+        .node
+        .storage
+        .writer()
+        .call(|done| WriteOp::RetryDelivery { seq, id: i, done })
+        .await?
+        .ok_or_else(not_found)?;
+    debug_assert_eq!(rec.status, DeliveryStatus::Pending);
+    tracing::info!(webhook_id = %id, "webhook delivery queued again by request");
+    Ok((
+        StatusCode::ACCEPTED,
+        axum::Json(outbound::delivery_json(&rec)),
+    )
+        .into_response())
+}

@@ -1,0 +1,456 @@
+//! Webhooks out: subscriptions and the delivery worker.
+//!
+//! A subscription names a URL, the event kinds it wants (`*`, `order.*`,
+//! exact kinds), optionally actor types, and a signing secret. When a turn
+//! commits events, the storage writer adds one outbox row per matching
+//! (event, subscription) *in the same transaction*, so an event is delivered
+//! if and only if it committed. The row holds the exact body and a
+//! `webhook-id` that every attempt reuses.
+//!
+//! The worker here sends due rows: signed per Standard Webhooks, at most
+//! `webhooks.concurrency` at once and `webhooks.per_destination` per host,
+//! with timeouts and a capped read of the response. A 2xx deletes the row;
+//! anything else reschedules it (exponential back-off with jitter) until
+//! `max_attempts`, after which it is dead: kept, listed, and replayable with
+//! `POST /v1/deliveries/{id}/retry`. A 410 Gone kills it at once. The outcome
+//! of an attempt is durable before the row can be picked again, so a crash
+//! at any point means at most a repeat of the same `webhook-id`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::clock::now_ms;
+use crate::metrics::HookLabels;
+use crate::node::Node;
+use crate::storage::schema::{DeliveryRecord, DeliveryStatus, SubscriptionRecord};
+use crate::storage::{StorageError, WriteOp};
+
+/// Environment variable that overrides `webhooks.retry_base_ms`.
+pub const RETRY_BASE_ENV: &str = "MARMOT_WEBHOOK_RETRY_BASE_MS";
+/// Response bytes kept for `last_error`.
+const MAX_ERROR_BODY: usize = 1024;
+/// Due rows read per pass.
+const BATCH: usize = 512;
+
+/// The retry schedule.
+#[derive(Debug, Clone, Copy)]
+pub struct Schedule {
+    /// First delay.
+    pub base_ms: u64,
+    /// Longest delay.
+    pub max_delay_ms: u64,
+    /// Attempts before dead.
+    pub max_attempts: u32,
+}
+
+impl Schedule {
+    /// The delay after failed attempt `attempt` (1-based) without jitter.
+    pub fn nominal_delay_ms(&self, attempt: u32) -> u64 {
+        self.base_ms
+            .saturating_mul(1u64 << attempt.saturating_sub(1).min(40))
+            .min(self.max_delay_ms)
+    }
+
+    /// The delay with jitter: nominal to nominal + 25 %, so the nominal
+    /// schedule is a lower bound on how long a delivery is retried.
+    pub fn delay_ms(&self, attempt: u32) -> u64 {
+        let nominal = self.nominal_delay_ms(attempt);
+        nominal + rand::random_range(0..=nominal / 4)
+    }
+}
+
+/// Subscription names follow hook names: 1–64 of `A-Za-z0-9._-`.
+pub fn check_name(name: &str) -> Result<(), String> {
+    super::inbound::check_hook_name(name).map_err(|e| e.replace("hook name", "subscription name"))
+}
+
+/// What a client asks for with `PUT /v1/subscriptions/{name}`.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubscriptionSpec {
+    /// `http://` or `https://` URL.
+    pub url: String,
+    /// Event kinds (default: all).
+    #[serde(default)]
+    pub events: Option<Vec<String>>,
+    /// Actor types (default: all).
+    #[serde(default)]
+    pub types: Vec<String>,
+    /// `whsec_…`; generated when absent.
+    #[serde(default)]
+    pub secret: Option<String>,
+}
+
+impl SubscriptionSpec {
+    /// Check and turn into a record; the second value is the secret if it
+    /// was generated here (to be shown once).
+    pub fn into_record(self, now_ms: u64) -> Result<(SubscriptionRecord, Option<String>), String> {
+        let url = reqwest::Url::parse(&self.url).map_err(|e| format!("url: {e}"))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+            return Err("url must be an http:// or https:// URL with a host".into());
+        }
+        let events = self.events.unwrap_or_else(|| vec!["*".into()]);
+        if events.is_empty() {
+            return Err("events must name at least one kind (or `*`)".into());
+        }
+        for e in &events {
+            let body = e.strip_suffix('*').unwrap_or(e);
+            if e.len() > 128 || body.contains('*') || e.chars().any(char::is_control) {
+                return Err(format!(
+                    "event pattern `{e}` must be `*`, a kind, or a kind prefix ending in `*`"
+                ));
+            }
+        }
+        for t in &self.types {
+            crate::ids::validate_type_name(t).map_err(|e| e.to_string())?;
+        }
+        let (secret, generated) = match self.secret {
+            Some(s) => {
+                super::check_secret(&s)?;
+                (s, None)
+            }
+            None => {
+                let s = super::new_secret();
+                (s.clone(), Some(s))
+            }
+        };
+        Ok((
+            SubscriptionRecord {
+                url: url.to_string(),
+                events,
+                types: self.types,
+                secret,
+                created_at_ms: now_ms,
+            },
+            generated,
+        ))
+    }
+}
+
+/// A subscription as the API shows it (never its secret).
+pub fn subscription_json(name: &str, s: &SubscriptionRecord) -> serde_json::Value {
+    serde_json::json!({
+        "name": name,
+        "url": s.url,
+        "events": s.events,
+        "types": s.types,
+        "created_at_ms": s.created_at_ms,
+    })
+}
+
+/// A delivery as the API shows it.
+pub fn delivery_json(d: &DeliveryRecord) -> serde_json::Value {
+    serde_json::json!({
+        "id": d.webhook_id,
+        "subscription": d.subscription,
+        "status": d.label(),
+        "actor": { "type": d.actor_type, "id": d.actor_id },
+        "event_seq": d.event_seq,
+        "kind": d.kind,
+        "attempts": d.attempts,
+        "next_attempt_ms": (d.status == DeliveryStatus::Pending).then_some(d.next_attempt_ms),
+        "last_error": d.last_error,
+        "created_at_ms": d.created_at_ms,
+    })
+}
+
+/// Start the delivery worker.
+pub fn start(node: Arc<Node>) {
+    tokio::spawn(run(node));
+}
+
+/// `host[:port]` of a URL: the unit of the per-destination limit.
+fn destination(url: &str) -> String {
+    reqwest::Url::parse(url)
+        .ok()
+        .and_then(|u| {
+            u.host_str()
+                .map(|h| format!("{h}:{}", u.port_or_known_default().unwrap_or(0)))
+        })
+        .unwrap_or_default()
+}
+
+async fn run(node: Arc<Node>) {
+    let cfg = node.config().webhooks.clone();
+    let base_ms = match std::env::var(RETRY_BASE_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+    {
+        Some(ms) => {
+            tracing::warn!(
+                retry_base_ms = ms,
+                "{RETRY_BASE_ENV} overrides the webhook retry base"
+            );
+            ms
+        }
+        None => cfg.retry_base_ms,
+    };
+    let schedule = Schedule {
+        base_ms,
+        max_delay_ms: cfg.retry_max_delay_ms.max(base_ms),
+        max_attempts: cfg.max_attempts.max(1),
+    };
+    let client = match reqwest::Client::builder()
+        .connect_timeout(Duration::from_millis(cfg.connect_timeout_ms))
+        .timeout(Duration::from_millis(cfg.timeout_ms))
+        .redirect(reqwest::redirect::Policy::none())
+        .user_agent(concat!("marmot/", env!("CARGO_PKG_VERSION")))
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the webhook HTTP client; outbound webhooks are off");
+            return;
+        }
+    };
+    let ready = node.storage.outbox_ready().clone();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u64, String)>();
+    let mut in_flight: HashSet<u64> = HashSet::new();
+    let mut per_dest: HashMap<String, usize> = HashMap::new();
+    loop {
+        let now = now_ms();
+        let due = node
+            .storage
+            .reader()
+            .and_then(|r| r.deliveries_due(now, BATCH));
+        let due = match due {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!(error = %e, "webhook worker cannot read the outbox");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let subs = node.storage.subscriptions().snapshot();
+        for (seq, rec) in due {
+            if in_flight.len() >= cfg.concurrency.max(1) {
+                break;
+            }
+            if in_flight.contains(&seq) {
+                continue;
+            }
+            let Some(sub) = subs.get(&rec.subscription).cloned() else {
+                tracing::info!(subscription = %rec.subscription, webhook_id = %rec.webhook_id,
+                    "subscription deleted; dropping its delivery");
+                node.storage.writer().submit(WriteOp::DeliveryAttempted {
+                    seq,
+                    update: None,
+                    done: tokio::sync::oneshot::channel().0,
+                });
+                continue;
+            };
+            let dest = destination(&sub.url);
+            let n = per_dest.entry(dest.clone()).or_default();
+            if *n >= cfg.per_destination.max(1) {
+                continue;
+            }
+            *n += 1;
+            in_flight.insert(seq);
+            let (node, client, done_tx) = (node.clone(), client.clone(), done_tx.clone());
+            tokio::spawn(async move {
+                attempt(&node, &client, seq, rec, &sub, schedule).await;
+                let _ = done_tx.send((seq, dest));
+            });
+        }
+        // Sleep until something changes: new rows, a finished attempt (a
+        // slot and maybe a row free again), or the next retry coming due.
+        let next = node
+            .storage
+            .reader()
+            .and_then(|r| r.next_delivery_due_after(now))
+            .ok()
+            .flatten()
+            .map_or(1000, |t| t.saturating_sub(now_ms()).min(1000));
+        tokio::select! {
+            () = ready.notified() => {}
+            Some((seq, dest)) = done_rx.recv() => {
+                let mut finished = vec![(seq, dest)];
+                while let Ok(x) = done_rx.try_recv() {
+                    finished.push(x);
+                }
+                for (seq, dest) in finished {
+                    in_flight.remove(&seq);
+                    if let Some(n) = per_dest.get_mut(&dest) {
+                        *n -= 1;
+                        if *n == 0 {
+                            per_dest.remove(&dest);
+                        }
+                    }
+                }
+            }
+            () = tokio::time::sleep(Duration::from_millis(next)) => {}
+        }
+        if let Ok(depth) = node.storage.reader().and_then(|r| r.pending_deliveries()) {
+            node.metrics().webhook_queue_depth.set(depth as i64);
+        }
+    }
+}
+
+/// One attempt; its outcome is durable before this returns.
+async fn attempt(
+    node: &Arc<Node>,
+    client: &reqwest::Client,
+    seq: u64,
+    mut rec: DeliveryRecord,
+    sub: &SubscriptionRecord,
+    schedule: Schedule,
+) {
+    let ts = (now_ms() / 1000) as i64;
+    let signature = super::sign(
+        &super::secret_key(&sub.secret),
+        &rec.webhook_id,
+        ts,
+        &rec.payload,
+    );
+    let sent = client
+        .post(&sub.url)
+        .header("content-type", "application/json")
+        .header("webhook-id", &rec.webhook_id)
+        .header("webhook-timestamp", ts.to_string())
+        .header("webhook-signature", signature)
+        .body(rec.payload.clone())
+        .send()
+        .await;
+    let failure = match sent {
+        Ok(resp) if resp.status().is_success() => None,
+        Ok(mut resp) => {
+            let status = resp.status();
+            let mut body = Vec::new();
+            while body.len() < MAX_ERROR_BODY {
+                match resp.chunk().await {
+                    Ok(Some(c)) => body.extend_from_slice(&c),
+                    _ => break,
+                }
+            }
+            body.truncate(MAX_ERROR_BODY);
+            let text = String::from_utf8_lossy(&body);
+            let error = format!("HTTP {}: {}", status.as_u16(), text.trim());
+            Some((error, status == reqwest::StatusCode::GONE))
+        }
+        Err(e) => Some((transport_error(&e), false)),
+    };
+    let (update, outcome) = match failure {
+        None => (None, "delivered"),
+        Some((error, gone)) => {
+            rec.attempts += 1;
+            rec.last_error = Some(error.clone());
+            if gone || rec.attempts >= schedule.max_attempts {
+                rec.status = DeliveryStatus::Dead;
+                tracing::warn!(subscription = %rec.subscription, webhook_id = %rec.webhook_id,
+                    attempts = rec.attempts, error = %error, "webhook delivery is dead (dead-letter list)");
+                (Some(rec), "dead")
+            } else {
+                let delay = schedule.delay_ms(rec.attempts);
+                rec.next_attempt_ms = now_ms() + delay;
+                tracing::info!(subscription = %rec.subscription, webhook_id = %rec.webhook_id,
+                    attempt = rec.attempts, retry_in_ms = delay, error = %error, "webhook delivery failed; will retry");
+                (Some(rec), "failed")
+            }
+        }
+    };
+    node.metrics()
+        .webhook_deliveries
+        .get_or_create(&HookLabels { outcome })
+        .inc();
+    let r: Result<(), StorageError> = node
+        .storage
+        .writer()
+        .call(|done| WriteOp::DeliveryAttempted { seq, update, done })
+        .await;
+    if let Err(e) = r {
+        // The row stays as it was: it will be attempted again (same id).
+        tracing::error!(error = %e, seq, "cannot record a webhook delivery attempt");
+    }
+}
+
+/// A transport error without the URL (it may carry credentials).
+fn transport_error(e: &reqwest::Error) -> String {
+    let kind = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "connection failed"
+    } else {
+        "request failed"
+    };
+    let mut msg = kind.to_owned();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        msg = format!("{kind}: {s}");
+        source = s.source();
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_schedule_retries_for_more_than_a_day() {
+        let c = crate::config::WebhooksConfig::default();
+        let s = Schedule {
+            base_ms: c.retry_base_ms,
+            max_delay_ms: c.retry_max_delay_ms,
+            max_attempts: c.max_attempts,
+        };
+        // Delays between attempt 1 and the last: the nominal schedule is a
+        // lower bound (jitter only adds).
+        let total: u64 = (1..s.max_attempts).map(|a| s.nominal_delay_ms(a)).sum();
+        assert!(total >= 24 * 3600 * 1000, "{} h", total / 3_600_000);
+        for a in 1..30 {
+            let d = s.delay_ms(a);
+            let n = s.nominal_delay_ms(a);
+            assert!(d >= n && d <= n + n / 4);
+            assert!(n <= c.retry_max_delay_ms);
+        }
+    }
+
+    #[test]
+    fn subscription_specs_are_checked() {
+        let ok = SubscriptionSpec {
+            url: "https://example.com/hook".into(),
+            events: Some(vec!["order.*".into(), "note_added".into()]),
+            types: vec!["notes".into()],
+            secret: None,
+        };
+        let (rec, generated) = ok.clone().into_record(1).unwrap();
+        assert!(generated.is_some() && rec.secret == generated.unwrap());
+        assert!(rec.matches("notes", "order.paid"));
+        assert!(rec.matches("notes", "note_added"));
+        assert!(!rec.matches("notes", "note_deleted"));
+        assert!(!rec.matches("counter", "order.paid"));
+        for bad in [
+            SubscriptionSpec {
+                url: "ftp://x/".into(),
+                ..ok.clone()
+            },
+            SubscriptionSpec {
+                url: "not a url".into(),
+                ..ok.clone()
+            },
+            SubscriptionSpec {
+                events: Some(vec![]),
+                ..ok.clone()
+            },
+            SubscriptionSpec {
+                events: Some(vec!["a*b".into()]),
+                ..ok.clone()
+            },
+            SubscriptionSpec {
+                types: vec!["Bad Type".into()],
+                ..ok.clone()
+            },
+            SubscriptionSpec {
+                secret: Some("hunter2".into()),
+                ..ok.clone()
+            },
+        ] {
+            assert!(bad.into_record(1).is_err());
+        }
+        assert_eq!(destination("https://a.example/x"), "a.example:443");
+        assert_eq!(destination("http://127.0.0.1:9000/x"), "127.0.0.1:9000");
+    }
+}
