@@ -36,6 +36,7 @@
 
 #![deny(missing_docs)]
 
+pub mod actors;
 pub mod alarms;
 #[doc(hidden)]
 pub mod bindings;
@@ -59,7 +60,7 @@ pub use bindings::marmot::actor::types::Error as HostError;
 /// They keep their final shape; until the node supports one it returns
 /// [`HostError::Unsupported`].
 pub mod raw {
-    pub use crate::bindings::marmot::actor::{actors, files, http, js, model};
+    pub use crate::bindings::marmot::actor::{files, http, js, model};
 }
 
 #[doc(hidden)]

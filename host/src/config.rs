@@ -152,6 +152,9 @@ pub struct Limits {
     pub eval_memory_bytes: u64,
     /// Wall-clock limit of an eval (timers and host calls included).
     pub eval_timeout_ms: u64,
+    /// How long `actors.call` waits for the other actor's reply (bounds the
+    /// wait when two actors call each other from different chains).
+    pub actor_call_timeout_ms: u64,
 }
 
 impl Default for Limits {
@@ -173,6 +176,7 @@ impl Default for Limits {
             eval_cpu_ms: 2_000,
             eval_memory_bytes: 32 << 20,
             eval_timeout_ms: 30_000,
+            actor_call_timeout_ms: 30_000,
         }
     }
 }

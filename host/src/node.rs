@@ -20,6 +20,8 @@ use crate::clock::now_ms;
 use crate::config::{NodeConfig, TypeConfig};
 use crate::ids::{ActorKey, new_message_id, validate_type_name};
 use crate::metrics::Metrics;
+use crate::sandbox::bindings::GuestError;
+use crate::sandbox::host::{ActorCalls, CallChain, CallReply};
 use crate::sandbox::turn::TurnLimits;
 use crate::sandbox::{CodeError, Sandbox, SandboxConfig};
 use crate::storage::schema::{
@@ -38,6 +40,8 @@ pub const FAULT_ABORT_ENV: &str = "MARMOT_FAULT_ABORT_ON_LOG";
 
 /// A running node.
 pub struct Node {
+    /// This node, for the futures of `actors.call` (which outlive `&self`).
+    me: std::sync::Weak<Node>,
     pub(crate) config: NodeConfig,
     pub(crate) storage: Arc<Storage>,
     pub(crate) sandbox: Arc<Sandbox>,
@@ -203,16 +207,20 @@ impl Node {
             max_alarms: config.alarms.max_per_actor,
             max_alarm_payload_bytes: 64 << 10,
             max_pending_inputs: config.inputs.max_pending_per_actor,
+            max_sends_per_turn: 100,
+            max_message_bytes: l.max_message_bytes,
         });
         let (scheduler, scheduler_rx) = crate::alarms::scheduler::Scheduler::new();
         let event_bus = Arc::new(EventBus::new(
             config.events.max_streams,
             metrics.event_streams.clone(),
         ));
-        let node = Arc::new(Self {
+        let registry = Registry::new(max_active, l.mailbox_capacity);
+        let node = Arc::new_cyclic(|me| Self {
+            me: me.clone(),
             scheduler,
             event_bus,
-            registry: Registry::new(max_active, l.mailbox_capacity),
+            registry,
             config,
             storage,
             sandbox,
@@ -551,12 +559,27 @@ impl Node {
         content_type: Option<String>,
         idempotency_key: Option<String>,
     ) -> Result<TurnReply, TurnError> {
+        self.send_chained(key, body, content_type, idempotency_key, Arc::from([]))
+            .await
+    }
+
+    /// [`Node::send`] from inside another actor's turn; `chain` holds the
+    /// callers above it.
+    pub(crate) async fn send_chained(
+        self: &Arc<Self>,
+        key: &ActorKey,
+        body: Bytes,
+        content_type: Option<String>,
+        idempotency_key: Option<String>,
+        chain: CallChain,
+    ) -> Result<TurnReply, TurnError> {
         let (reply, rx) = oneshot::channel();
         let delivery = Delivery {
             message_id: new_message_id(),
             body,
             content_type,
             idempotency_key,
+            chain,
             reply,
         };
         self.registry
@@ -813,6 +836,51 @@ impl Node {
     /// Wait until every write so far is durable.
     pub async fn flush(&self) {
         self.storage.flush().await;
+    }
+}
+
+/// `actors.call` and `actors.send` for turns on this node.
+impl ActorCalls for Node {
+    fn call(
+        &self,
+        to: ActorKey,
+        body: Vec<u8>,
+        chain: CallChain,
+    ) -> futures::future::BoxFuture<'static, Result<CallReply, GuestError>> {
+        let Some(node) = self.me.upgrade() else {
+            return Box::pin(async {
+                Err(GuestError::Internal("the node is shutting down".into()))
+            });
+        };
+        let timeout = Duration::from_millis(self.config.limits.actor_call_timeout_ms);
+        Box::pin(async move {
+            let sent = node.send_chained(
+                &to,
+                Bytes::from(body),
+                Some("application/json".into()),
+                None,
+                chain,
+            );
+            match tokio::time::timeout(timeout, sent).await {
+                Ok(Ok(r)) => Ok(CallReply {
+                    status: r.status,
+                    body: r.body.to_vec(),
+                    content_type: r.content_type,
+                }),
+                Ok(Err(e @ (TurnError::UnknownType(_) | TurnError::NotFound))) => {
+                    Err(GuestError::NotFound(e.to_string()))
+                }
+                Ok(Err(e)) => Err(GuestError::Internal(format!("{to}: {e}"))),
+                Err(_) => Err(GuestError::Internal(format!(
+                    "{to} did not reply within {} ms",
+                    timeout.as_millis()
+                ))),
+            }
+        })
+    }
+
+    fn type_version(&self, ty: &str) -> Option<u32> {
+        self.catalog.get(ty).map(|t| t.latest_version())
     }
 }
 

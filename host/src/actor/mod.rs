@@ -83,6 +83,9 @@ pub struct Delivery {
     pub content_type: Option<String>,
     /// The sender's `Idempotency-Key`.
     pub idempotency_key: Option<String>,
+    /// Actors waiting for this message's reply (`actors.call`), outermost
+    /// first; empty for clients.
+    pub chain: crate::sandbox::host::CallChain,
     /// Completed once the turn is durable (or failed).
     pub reply: oneshot::Sender<Result<TurnReply, TurnError>>,
 }

@@ -25,6 +25,7 @@ use crate::ids::ActorKey;
 use crate::node::Node;
 use crate::sandbox::bindings::marmot::actor::types::{Alarm, InputAnswer, Webhook};
 use crate::sandbox::bindings::{Context, Message};
+use crate::sandbox::host::CallChain;
 use crate::sandbox::turn::{Carry, FinishedTurn, TurnState};
 use crate::sandbox::{Instance, TrapKind};
 use crate::storage::schema::{
@@ -53,7 +54,8 @@ struct Live {
 
 /// What a turn runs.
 enum TurnInput {
-    Message(Message),
+    /// A message, and the callers waiting above it (`actors.call`).
+    Message(Message, CallChain),
     Upgrade(u32),
     /// A script in a fresh JavaScript sandbox bound to this actor.
     Eval(String),
@@ -335,6 +337,7 @@ impl ActorTask {
             body,
             content_type,
             idempotency_key,
+            chain,
             reply,
         } = d;
         if let Err(e) = self.ready(true).await {
@@ -366,7 +369,12 @@ impl ActorTask {
         };
         let version = self.record().version;
         match self
-            .run_turn("message", version, &message_id, TurnInput::Message(msg))
+            .run_turn(
+                "message",
+                version,
+                &message_id,
+                TurnInput::Message(msg, chain),
+            )
             .await
         {
             Ok((TurnOutput::Reply(out), finished))
@@ -518,7 +526,7 @@ impl ActorTask {
             }
         };
         let config = node.eval_config();
-        let host = node.sandbox.new_host(&config);
+        let host = node.sandbox.new_host(&config).with_actors(node.clone());
         match node.sandbox.instantiate(&engine, host).await {
             Ok(inst) => Ok((inst, config.turn_timeout)),
             Err(e) => {
@@ -593,7 +601,8 @@ impl ActorTask {
         let host = node
             .sandbox
             .new_host(&prepared.config)
-            .with_js_module(prepared.js_module.clone());
+            .with_js_module(prepared.js_module.clone())
+            .with_actors(node.clone());
         let inst = match node.sandbox.instantiate(&prepared.pre, host).await {
             Ok(i) => i,
             Err(e) => {
@@ -668,7 +677,7 @@ impl ActorTask {
         }
         self.seq += 1;
         let rec = self.record.as_ref().expect("record loaded");
-        let turn = TurnState::new(
+        let mut turn = TurnState::new(
             key.clone(),
             rec.num,
             version,
@@ -680,6 +689,9 @@ impl ActorTask {
             self.node.turn_limits.clone(),
             self.node.storage.clone(),
         );
+        if let TurnInput::Message(_, chain) = &input {
+            turn.chain = chain.clone();
+        }
         let (inst, turn_timeout) = match &mut fresh {
             Some((inst, timeout)) => (inst, *timeout),
             None => {
@@ -701,53 +713,52 @@ impl ActorTask {
             version,
             turn_id: turn_id.to_owned(),
         };
-        let call =
-            async {
-                match input {
-                    TurnInput::Message(m) => handlers
-                        .call_on_message(&mut *store, &ctx, &m)
-                        .await
-                        .map(|r| {
-                            r.map(|reply| {
-                                TurnOutput::Reply(TurnReply {
-                                    status: reply.status,
-                                    body: Bytes::from(reply.body),
-                                    content_type: reply.content_type,
-                                    message_id: m.id.clone(),
-                                    replayed: false,
-                                })
+        let call = async {
+            match input {
+                TurnInput::Message(m, _) => handlers
+                    .call_on_message(&mut *store, &ctx, &m)
+                    .await
+                    .map(|r| {
+                        r.map(|reply| {
+                            TurnOutput::Reply(TurnReply {
+                                status: reply.status,
+                                body: Bytes::from(reply.body),
+                                content_type: reply.content_type,
+                                message_id: m.id.clone(),
+                                replayed: false,
                             })
-                        }),
-                    TurnInput::Upgrade(from) => handlers
-                        .call_on_upgrade(&mut *store, &ctx, from)
-                        .await
-                        .map(|r| r.map(|()| TurnOutput::Done)),
-                    TurnInput::Alarm(alarm) => handlers
-                        .call_on_alarm(&mut *store, &ctx, &alarm)
-                        .await
-                        .map(|r| r.map(|()| TurnOutput::Done)),
-                    TurnInput::Input(input) => handlers
-                        .call_on_input(&mut *store, &ctx, &input)
-                        .await
-                        .map(|r| r.map(|()| TurnOutput::Done)),
-                    TurnInput::Webhook(hook) => handlers
-                        .call_on_webhook(&mut *store, &ctx, &hook)
-                        .await
-                        .map(|r| r.map(|()| TurnOutput::Done)),
-                    TurnInput::Eval(code) => {
-                        let js = js
-                            .as_ref()
-                            .expect("the JavaScript engine exports js-runtime");
-                        js.call_eval(&mut *store, &code).await.map(|o| {
-                            Ok(TurnOutput::Eval(EvalReply {
-                                result: o.result,
-                                logs: o.logs,
-                                error: o.error,
-                            }))
                         })
-                    }
+                    }),
+                TurnInput::Upgrade(from) => handlers
+                    .call_on_upgrade(&mut *store, &ctx, from)
+                    .await
+                    .map(|r| r.map(|()| TurnOutput::Done)),
+                TurnInput::Alarm(alarm) => handlers
+                    .call_on_alarm(&mut *store, &ctx, &alarm)
+                    .await
+                    .map(|r| r.map(|()| TurnOutput::Done)),
+                TurnInput::Input(input) => handlers
+                    .call_on_input(&mut *store, &ctx, &input)
+                    .await
+                    .map(|r| r.map(|()| TurnOutput::Done)),
+                TurnInput::Webhook(hook) => handlers
+                    .call_on_webhook(&mut *store, &ctx, &hook)
+                    .await
+                    .map(|r| r.map(|()| TurnOutput::Done)),
+                TurnInput::Eval(code) => {
+                    let js = js
+                        .as_ref()
+                        .expect("the JavaScript engine exports js-runtime");
+                    js.call_eval(&mut *store, &code).await.map(|o| {
+                        Ok(TurnOutput::Eval(EvalReply {
+                            result: o.result,
+                            logs: o.logs,
+                            error: o.error,
+                        }))
+                    })
                 }
-            };
+            }
+        };
         let result = tokio::time::timeout(turn_timeout, call)
             .instrument(span.clone())
             .await;
@@ -929,6 +940,26 @@ impl ActorTask {
         }
         let mut inputs = finished.input_writes;
         inputs.append(&mut extras.inputs);
+        let sends = finished.sends;
+        let on_durable = if sends.is_empty() {
+            on_durable
+        } else {
+            // The recipients' inboxes got rows in this commit: wake them.
+            let node = self.node.clone();
+            let to: Vec<ActorKey> = sends.iter().map(|(k, ..)| k.clone()).collect();
+            // This runs on the writer thread; waking an actor spawns its task.
+            let runtime = tokio::runtime::Handle::current();
+            Box::new(move |r: Result<(), CommitFailed>| {
+                if r.is_ok() {
+                    let _runtime = runtime.enter();
+                    for key in &to {
+                        node.metrics.inbox_depth.inc();
+                        node.registry.poke(&node, key);
+                    }
+                }
+                on_durable(r);
+            })
+        };
         let on_durable = self.notify_scheduler(&alarms, on_durable);
         let on_durable = if events.is_empty() {
             on_durable
@@ -958,6 +989,7 @@ impl ActorTask {
             inbox_update: extras.inbox_update,
             alarms,
             inputs,
+            sends,
             on_durable,
         };
         self.node
@@ -1566,11 +1598,14 @@ impl ActorTask {
         let (kind, input) = match &row.kind {
             InboxKind::Message => (
                 "message",
-                TurnInput::Message(Message {
-                    id: row.message_id.clone(),
-                    body: row.body.clone(),
-                    content_type: row.content_type.clone(),
-                }),
+                TurnInput::Message(
+                    Message {
+                        id: row.message_id.clone(),
+                        body: row.body.clone(),
+                        content_type: row.content_type.clone(),
+                    },
+                    CallChain::from([]),
+                ),
             ),
             InboxKind::Webhook { name, headers } => (
                 "webhook",
@@ -1687,9 +1722,14 @@ impl ActorTask {
 }
 
 impl FinishedTurn {
-    /// Whether the turn wrote nothing (no state, events or alarms).
+    /// Whether the turn wrote nothing: no state, events, alarms, input
+    /// requests or messages to other actors.
     fn is_empty(&self) -> bool {
-        self.writes.is_empty() && self.events.is_empty() && self.alarm_writes.is_empty()
+        self.writes.is_empty()
+            && self.events.is_empty()
+            && self.alarm_writes.is_empty()
+            && self.input_writes.is_empty()
+            && self.sends.is_empty()
     }
 
     /// A commit that changes no state (bookkeeping only).
@@ -1701,6 +1741,7 @@ impl FinishedTurn {
             state_keys: record.state_keys,
             alarm_writes: Vec::new(),
             input_writes: Vec::new(),
+            sends: Vec::new(),
         }
     }
 }

@@ -41,6 +41,39 @@ pub struct Host {
     pub(crate) fault_abort_marker: Option<Arc<str>>,
     /// For the JavaScript engine: the module it runs.
     pub(crate) js_module: Option<Arc<JsModule>>,
+    /// Other actors, for `actors.call` and `actors.send`.
+    pub(crate) actors: Option<Arc<dyn ActorCalls>>,
+}
+
+/// The callers above a turn, outermost first: a turn that was started by
+/// `actors.call` from A, itself called from B, has chain `[B, A]`.
+pub type CallChain = Arc<[crate::ids::ActorKey]>;
+
+/// A reply from another actor.
+#[derive(Debug, Clone)]
+pub struct CallReply {
+    /// Its status.
+    pub status: u16,
+    /// Its body.
+    pub body: Vec<u8>,
+    /// Its content type.
+    pub content_type: Option<String>,
+}
+
+/// What turns may ask of other actors; the node implements it. A narrow
+/// trait keeps the sandbox free of the actor runtime.
+pub trait ActorCalls: Send + Sync {
+    /// Send `body` to `to` as a message and wait for its (durable) reply.
+    /// `chain` holds the callers above the call, the caller last.
+    fn call(
+        &self,
+        to: crate::ids::ActorKey,
+        body: Vec<u8>,
+        chain: CallChain,
+    ) -> futures::future::BoxFuture<'static, Result<CallReply, super::bindings::GuestError>>;
+
+    /// The newest version of type `ty`, if it is deployed.
+    fn type_version(&self, ty: &str) -> Option<u32>;
 }
 
 /// A JavaScript module as the engine receives it.
@@ -92,12 +125,19 @@ impl Host {
             stderr,
             fault_abort_marker,
             js_module: None,
+            actors: None,
         }
     }
 
     /// Give the JavaScript engine in this store its module.
     pub fn with_js_module(mut self, module: Option<Arc<JsModule>>) -> Self {
         self.js_module = module;
+        self
+    }
+
+    /// Let turns reach other actors.
+    pub fn with_actors(mut self, actors: Arc<dyn ActorCalls>) -> Self {
+        self.actors = Some(actors);
         self
     }
 

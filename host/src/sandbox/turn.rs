@@ -18,7 +18,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::ids::{ActorKey, MAX_STATE_KEY};
-use crate::storage::schema::{AlarmRecord, AlarmSchedule, InputRecord, InputStatus};
+use crate::storage::schema::{
+    AlarmRecord, AlarmSchedule, InboxKind, InboxRecord, InputRecord, InputStatus,
+};
 use crate::storage::{Storage, StorageError};
 
 /// Limits that apply inside a turn.
@@ -47,6 +49,10 @@ pub struct TurnLimits {
     pub max_alarm_payload_bytes: usize,
     /// Input requests one actor may have pending.
     pub max_pending_inputs: u64,
+    /// Messages one turn may send with `actors.send`.
+    pub max_sends_per_turn: usize,
+    /// Largest message body.
+    pub max_message_bytes: usize,
 }
 
 /// What an actor keeps between its turns: what it has read, so the next
@@ -146,6 +152,10 @@ pub struct TurnState {
     pub alarms: AlarmBook,
     /// Pending input requests (count loaded on first use) and this turn's.
     pub inputs: InputBook,
+    /// Callers above this turn (`actors.call`), for cycle detection.
+    pub chain: super::host::CallChain,
+    /// Messages sent with `actors.send`, queued when the turn commits.
+    pub sends: Vec<(ActorKey, u32, InboxRecord)>,
     /// Limits.
     pub limits: Arc<TurnLimits>,
     storage: Arc<Storage>,
@@ -197,6 +207,8 @@ impl TurnState {
                 pending: carry.pending_inputs,
                 created: Vec::new(),
             },
+            chain: Arc::from([]),
+            sends: Vec::new(),
             limits,
             storage,
         }
@@ -505,6 +517,41 @@ impl TurnState {
         Ok(Ok(id))
     }
 
+    /// Queue a message to `to` (a type at `version` for a new actor), sent
+    /// durably if and only if this turn commits.
+    pub fn actor_send(
+        &mut self,
+        to: ActorKey,
+        version: u32,
+        body: Vec<u8>,
+        now_ms: u64,
+    ) -> Result<(), Refusal> {
+        if self.sends.len() >= self.limits.max_sends_per_turn {
+            return Err(Refusal::Limit(format!(
+                "a turn may send at most {} messages",
+                self.limits.max_sends_per_turn
+            )));
+        }
+        if body.len() > self.limits.max_message_bytes {
+            return Err(Refusal::Limit(format!(
+                "a message of {} bytes exceeds the limit of {} bytes",
+                body.len(),
+                self.limits.max_message_bytes
+            )));
+        }
+        let message = InboxRecord {
+            message_id: crate::ids::new_message_id(),
+            body,
+            content_type: Some("application/json".into()),
+            idempotency_key: None,
+            attempts: 0,
+            enqueued_at_ms: now_ms,
+            kind: InboxKind::Message,
+        };
+        self.sends.push((to, version, message));
+        Ok(())
+    }
+
     /// Fold this turn's writes into the caches (the turn succeeded) and give
     /// them back to the actor along with the writes to commit.
     pub fn finish(mut self) -> (Carry, FinishedTurn) {
@@ -547,6 +594,7 @@ impl TurnState {
                 .into_iter()
                 .map(|(id, r)| (id, Some(r)))
                 .collect(),
+            sends: self.sends,
         };
         (carry, finished)
     }
@@ -576,6 +624,9 @@ pub struct FinishedTurn {
     pub alarm_writes: Vec<(String, Option<AlarmRecord>)>,
     /// Input requests made by the turn.
     pub input_writes: Vec<(String, Option<InputRecord>)>,
+    /// Messages to other actors: (recipient, its type's version for a new
+    /// actor, the inbox row).
+    pub sends: Vec<(ActorKey, u32, InboxRecord)>,
 }
 
 /// An actor's input requests as a turn sees them.
@@ -641,6 +692,8 @@ mod tests {
             max_alarms: 10,
             max_alarm_payload_bytes: 1024,
             max_pending_inputs: 10,
+            max_sends_per_turn: 10,
+            max_message_bytes: 1 << 20,
         })
     }
 
@@ -802,6 +855,7 @@ mod tests {
                     record: Some(record.clone()),
                     alarms: finished.alarm_writes,
                     inputs: finished.input_writes,
+                    sends: finished.sends,
                     state: finished.writes,
                     events: Vec::new(),
                     trim_events_below: None,

@@ -134,6 +134,9 @@ pub struct TurnCommit {
     pub alarms: Vec<(String, Option<AlarmRecord>)>,
     /// Input requests written (`Some`) or removed (`None`).
     pub inputs: Vec<(String, Option<InputRecord>)>,
+    /// Messages to other actors (`actors.send`): (recipient, its type's
+    /// version for a new actor, the inbox row), queued in this commit.
+    pub sends: Vec<(ActorKey, u32, InboxRecord)>,
     /// Completion.
     pub on_durable: OnDurable,
 }
@@ -725,7 +728,14 @@ impl WriterState {
         }
         let r = tables
             .write_turn(&t, created)
-            .and_then(|()| self.write_outbox(tables, &t));
+            .and_then(|()| self.write_outbox(tables, &t))
+            .and_then(|()| {
+                for (key, version, message) in &t.sends {
+                    let rec = self.get_or_create(tables, key, *version, created)?;
+                    self.enqueue(tables, rec.num, message.clone(), 0)?;
+                }
+                Ok(())
+            });
         let applied = Applied::Turn {
             tracker: t.tracker,
             generation: t.generation,

@@ -2,6 +2,7 @@
 //! interface. Each function starts at [`Host::enter`](super::host::Host),
 //! the one checkpoint for limits and accounting.
 
+mod actors;
 mod alarms;
 mod events;
 mod inputs;

@@ -3,36 +3,13 @@
 //! compile and fail clearly instead of trapping.
 
 use crate::sandbox::bindings::GuestError;
-use crate::sandbox::bindings::marmot::actor::types::Reply;
-use crate::sandbox::bindings::marmot::actor::{actors, files, http, js, model};
+use crate::sandbox::bindings::marmot::actor::{files, http, js, model};
 use crate::sandbox::host::Host;
 
 fn unsupported<T>(what: &str) -> wasmtime::Result<Result<T, GuestError>> {
     Ok(Err(GuestError::Unsupported(format!(
         "{what} is not supported by this node yet"
     ))))
-}
-
-impl actors::Host for Host {
-    async fn call(
-        &mut self,
-        _actor_type: String,
-        _id: String,
-        _body: Vec<u8>,
-    ) -> wasmtime::Result<Result<Reply, GuestError>> {
-        self.enter()?;
-        unsupported("actors.call")
-    }
-
-    async fn send(
-        &mut self,
-        _actor_type: String,
-        _id: String,
-        _body: Vec<u8>,
-    ) -> wasmtime::Result<Result<(), GuestError>> {
-        self.enter()?;
-        unsupported("actors.send")
-    }
 }
 
 impl http::Host for Host {

@@ -3,6 +3,7 @@
 //! Each message is `{"op": "...", ...}`; the ops exercise one host behaviour
 //! each (state, events, traps, limits, fault injection, upgrades).
 
+use marmot_guest::actors;
 use marmot_guest::alarms::{self, Schedule};
 use marmot_guest::raw::files;
 use marmot_guest::{
@@ -71,6 +72,17 @@ enum Op {
     AlarmCancel { name: String },
     /// List pending alarms.
     AlarmList,
+    /// Call another actor with `body`; reply with its status and body, or
+    /// with status 502 and the error.
+    Call { ty: String, id: String, body: Value },
+    /// Send `body` to another actor, then fail the turn if `fail`.
+    Send {
+        ty: String,
+        id: String,
+        body: Value,
+        #[serde(default)]
+        fail: bool,
+    },
     /// Ask for input; a refusal is replied with status 422.
     InputRequest {
         kind: String,
@@ -236,6 +248,20 @@ impl Actor for TestKit {
                 }
             }
             Op::AlarmCancel { name } => Reply::json(&json!({ "existed": alarms::cancel(&name)? })),
+            Op::Call { ty, id, body } => match actors::call(&ty, &id, &body) {
+                Ok(r) => Reply::json(&json!({
+                    "status": r.status,
+                    "body": r.json::<Value>().unwrap_or(Value::Null),
+                })),
+                Err(e) => Ok(Reply::json(&json!({ "error": e.message() }))?.with_status(502)),
+            },
+            Op::Send { ty, id, body, fail } => {
+                actors::send(&ty, &id, &body)?;
+                if fail {
+                    return Err("testkit: failing after a send, as asked".into());
+                }
+                Reply::json(&json!({ "sent": true }))
+            }
             Op::InputRequest {
                 kind,
                 prompt,

@@ -1,0 +1,240 @@
+//! Actor to actor: `actors.call` (request/response, no re-entrancy, cycles
+//! fail fast) and `actors.send` (durable, sent if and only if the sending
+//! turn commits, exactly once).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Api, Marmot, TESTKIT, kit_node, tempdir};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+async fn value(api: &Api, id: &str, key: &str) -> Value {
+    api.op("kit", id, json!({"op": "get", "key": key}))
+        .await
+        .json["value"]
+        .clone()
+}
+
+async fn wait_value(api: &Api, id: &str, key: &str, want: Value) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = value(api, id, key).await;
+        if v == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{id}/{key} is {v}, want {want}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test]
+async fn calls_return_the_other_actors_durable_reply() {
+    let (_dir, _m, api) = kit_node(json!({})).await;
+    let add = json!({"op": "add", "key": "n", "by": 5});
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({"op": "call", "ty": "kit", "id": "b", "body": add}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json, json!({"status": 200, "body": {"value": 5}}));
+    assert_eq!(value(&api, "b", "n").await, 5);
+    // The callee's own status passes through.
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({"op": "call", "ty": "kit", "id": "b", "body": {"op": "status", "status": 418}}),
+        )
+        .await;
+    assert_eq!(r.json["status"], 418);
+    // Errors are the caller's to handle.
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({"op": "call", "ty": "nope", "id": "b", "body": {}}),
+        )
+        .await;
+    assert_eq!(r.status, 502);
+    assert!(
+        r.json["error"].as_str().unwrap().starts_with("not found"),
+        "{}",
+        r.json
+    );
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({"op": "call", "ty": "kit", "id": "b", "body": {"op": "set_then_fail", "key": "x", "value": 1}}),
+        )
+        .await;
+    assert_eq!(r.status, 502);
+    assert!(
+        r.json["error"]
+            .as_str()
+            .unwrap()
+            .contains("failing after a write")
+    );
+}
+
+#[tokio::test]
+async fn call_cycles_fail_fast_instead_of_deadlocking() {
+    let (_dir, _m, api) = kit_node(json!({})).await;
+    let started = Instant::now();
+    // a → b → a
+    let back = json!({"op": "call", "ty": "kit", "id": "a", "body": {"op": "get", "key": "n"}});
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({"op": "call", "ty": "kit", "id": "b", "body": back}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["status"], 502, "b's call back into a was refused");
+    let err = r.json["body"]["error"].as_str().unwrap();
+    assert!(
+        err.starts_with("denied: call cycle kit/a → kit/b → kit/a"),
+        "{err}"
+    );
+    // a → a
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({"op": "call", "ty": "kit", "id": "a", "body": {}}),
+        )
+        .await;
+    assert_eq!(r.status, 502);
+    assert!(
+        r.json["error"]
+            .as_str()
+            .unwrap()
+            .contains("call cycle kit/a → kit/a")
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "no waiting on a timeout"
+    );
+    // Both actors still serve.
+    assert_eq!(api.add("kit", "a", 1).await.json["value"], 1);
+    assert_eq!(api.add("kit", "b", 1).await.json["value"], 1);
+}
+
+#[tokio::test]
+async fn sends_are_delivered_once_and_only_if_the_turn_commits() {
+    let (_dir, _m, api) = kit_node(json!({})).await;
+    for i in 0..5 {
+        let r = api
+            .op(
+                "kit",
+                "a",
+                json!({"op": "send", "ty": "kit", "id": "b", "body": {"op": "append", "key": "log", "value": i}}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.json);
+    }
+    wait_value(&api, "b", "log", json!([0, 1, 2, 3, 4])).await;
+    // A failed turn sends nothing.
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({"op": "send", "ty": "kit", "id": "b", "body": {"op": "append", "key": "log", "value": 99}, "fail": true}),
+        )
+        .await;
+    assert_eq!(r.status, 500);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(value(&api, "b", "log").await, json!([0, 1, 2, 3, 4]));
+    // Unknown types are refused at the call.
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({"op": "send", "ty": "nope", "id": "b", "body": {}}),
+        )
+        .await;
+    assert_eq!(r.status, 500);
+    assert!(
+        r.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown actor type")
+    );
+    // A send to oneself runs after the current turn.
+    let r = api
+        .op(
+            "kit",
+            "c",
+            json!({"op": "send", "ty": "kit", "id": "c", "body": {"op": "add", "key": "n", "by": 2}}),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    wait_value(&api, "c", "n", json!(2)).await;
+}
+
+#[tokio::test]
+async fn an_acknowledged_send_survives_kill_9() {
+    let dir = tempdir();
+    let mut m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    // Keep b busy so the sent message is still queued at the kill.
+    let r = api
+        .post_json(
+            "/v1/actors/kit/b?wait=false",
+            &json!({"op": "busy", "ms": 500}),
+        )
+        .await;
+    assert_eq!(r.status, 202);
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({"op": "send", "ty": "kit", "id": "b", "body": {"op": "add", "key": "n", "by": 7}}),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    m.kill9();
+    m.restart().await;
+    let api = m.client();
+    wait_value(&api, "b", "n", json!(7)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(value(&api, "b", "n").await, 7, "exactly once");
+}
+
+const CALLER_JS: &str = r#"
+import { actors } from "marmot";
+export default {
+  async onMessage(body) {
+    const reply = await actors.call("kit", body.to, { op: "add", key: "n", by: body.by });
+    actors.send("kit", body.to, { op: "add", key: "sent", by: 1 });
+    return { got: reply };
+  },
+};
+"#;
+
+#[tokio::test]
+async fn javascript_actors_call_and_send() {
+    let (_dir, _m, api) = kit_node(json!({})).await;
+    let r = api
+        .req(
+            Method::PUT,
+            "/v1/types/caller",
+            Some(("text/javascript", CALLER_JS.as_bytes().to_vec())),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let r = api
+        .post_json("/v1/actors/caller/x", &json!({"to": "b", "by": 3}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json, json!({"got": {"value": 3}}));
+    wait_value(&api, "b", "sent", json!(1)).await;
+}
