@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Api, Marmot, TESTKIT, kit_node, tempdir};
+use common::{Api, COUNTER, Marmot, TESTKIT, kit_node, tempdir};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -125,6 +125,43 @@ async fn signed_hooks_run_once_and_redeliveries_are_dropped() {
         "{text}"
     );
     assert!(text.contains(r#"marmot_webhooks_received_total{outcome="duplicate"} 1"#));
+}
+
+#[tokio::test]
+async fn the_counter_example_counts_signed_hooks() {
+    let (_dir, _m, api) = kit_node(json!({})).await;
+    let secret = marmot::webhooks::new_secret();
+    let r = api
+        .deploy("counter", COUNTER, json!({"webhook_secret": secret}))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    for (i, body) in [&br#"{"by": 3}"#[..], b""].into_iter().enumerate() {
+        let id = format!("msg_{i}");
+        let r = post_hook(
+            &api,
+            "/v1/hooks/counter/alice/shop",
+            body,
+            &signed(&secret, &id, now_s(), body),
+        )
+        .await;
+        assert_eq!(r.status, 202, "{}", r.json);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = api
+            .req(
+                Method::POST,
+                "/v1/actors/counter/alice",
+                Some(("application/json", br#"{"by": 0}"#.to_vec())),
+                &[],
+            )
+            .await;
+        if r.json["n"] == 4 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "counter is {}", r.json);
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 }
 
 #[tokio::test]

@@ -6,8 +6,11 @@
 //!         marmot call counter alice '{"by": 0}'    # read without writing
 //!
 //! `marmot dev` deploys it for you as the `counter` type.
+//!
+//! Verified webhooks count too (`POST /v1/hooks/counter/alice/{name}` with
+//! the body `{"by": 2}`, once the type has a `webhook_secret`).
 
-use marmot_guest::{Actor, Context, Message, Reply, Result, events, state};
+use marmot_guest::{Actor, Context, Message, Reply, Result, Webhook, events, state};
 use serde::Deserialize;
 
 #[derive(Default, Deserialize)]
@@ -17,20 +20,35 @@ struct Add {
 
 struct Counter;
 
+/// Add `by` to the count and return the new count.
+fn add(by: i64) -> Result<i64> {
+    let n = state::get_json::<i64>("n")?.unwrap_or(0) + by;
+    if by == 0 {
+        // A read: the turn writes nothing and needs no commit.
+        return Ok(n);
+    }
+    state::set_json("n", &n)?;
+    if n % 100 == 0 {
+        events::emit("milestone", &serde_json::json!({ "n": n }))?;
+    }
+    Ok(n)
+}
+
 impl Actor for Counter {
     fn on_message(_ctx: &Context, msg: Message) -> Result<Reply> {
-        let add: Add = msg.json_or_default()?;
-        let by = add.by.unwrap_or(1);
-        let n = state::get_json::<i64>("n")?.unwrap_or(0) + by;
-        if by == 0 {
-            // A read: the turn writes nothing and needs no commit.
-            return Reply::json(&serde_json::json!({ "n": n }));
-        }
-        state::set_json("n", &n)?;
-        if n % 100 == 0 {
-            events::emit("milestone", &serde_json::json!({ "n": n }))?;
-        }
+        let by: Add = msg.json_or_default()?;
+        let n = add(by.by.unwrap_or(1))?;
         Reply::json(&serde_json::json!({ "n": n }))
+    }
+
+    fn on_webhook(_ctx: &Context, hook: Webhook) -> Result<()> {
+        let by: Add = if hook.body.is_empty() {
+            Add::default()
+        } else {
+            serde_json::from_slice(&hook.body)?
+        };
+        add(by.by.unwrap_or(1))?;
+        Ok(())
     }
 }
 

@@ -35,12 +35,26 @@ impl Conn {
         content_type: &str,
         body: &[u8],
     ) -> anyhow::Result<(u16, Bytes)> {
-        let req = Request::builder()
+        self.request_with(method, path, &[("content-type", content_type)], body)
+            .await
+    }
+
+    /// A request with the given headers (besides `host`).
+    pub async fn request_with(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> anyhow::Result<(u16, Bytes)> {
+        let mut req = Request::builder()
             .method(method)
             .uri(path)
-            .header("host", "bench")
-            .header("content-type", content_type)
-            .body(Full::new(Bytes::copy_from_slice(body)))?;
+            .header("host", "bench");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(Bytes::copy_from_slice(body)))?;
         self.sender.ready().await?;
         let resp = self.sender.send_request(req).await?;
         let status = resp.status().as_u16();

@@ -12,6 +12,7 @@ mod inproc;
 mod rss;
 mod server;
 mod sse;
+mod webhooks;
 
 use std::time::Duration;
 
@@ -71,6 +72,9 @@ pub enum Scenario {
     /// Live event streams: one actor's events to many SSE clients (default
     /// 1,000 streams; `--rate 100`).
     SseFanout,
+    /// Signed webhooks ingested across many actors (default 10,000), then
+    /// replayed to measure de-duplication.
+    WebhookIngest,
     /// Every scenario above, one after another.
     All,
 }
@@ -102,6 +106,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::JsRss,
             Scenario::AlarmLag,
             Scenario::SseFanout,
+            Scenario::WebhookIngest,
         ],
         s => vec![s],
     };
@@ -118,6 +123,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::JsRss => rss::js_active(&args).await?,
             Scenario::AlarmLag => alarms::lag(&args).await?,
             Scenario::SseFanout => sse::fanout(&args).await?,
+            Scenario::WebhookIngest => webhooks::ingest(&args).await?,
             Scenario::All => unreachable!(),
         }
     }
