@@ -245,6 +245,41 @@ async fn javascript_actors_hibernate_wake_and_upgrade() {
 }
 
 #[tokio::test]
+async fn more_javascript_actors_than_sandboxes_take_turns_by_making_room() {
+    // Sixteen sandboxes (the smallest pool) for forty busy actors: the
+    // least recently used idle ones hibernate to make way instead of callers
+    // getting 503s.
+    let (_dir, _m, api) = node(Some("[limits]\nmax_js_sandboxes = 16\n")).await;
+    assert_eq!(deploy_js(&api, "jscount", COUNTER_JS).await.status, 201);
+    for round in 1..=3 {
+        let mut calls = Vec::new();
+        for i in 0..40 {
+            let api = api.clone();
+            calls.push(tokio::spawn(async move {
+                api.post_json(&format!("/v1/actors/jscount/a{i}"), &json!({"by": 1}))
+                    .await
+            }));
+        }
+        for c in calls {
+            let r = c.await.unwrap();
+            assert_eq!(r.status, 200, "{}", r.json);
+            assert_eq!(r.json["n"], round, "{}", r.json);
+        }
+    }
+    // Evals take a sandbox of the same pool.
+    let r = eval(&api, "jscount", "a0", "marmot.state.get('n')").await;
+    assert_eq!(r.json["result"], 3, "{}", r.json);
+    let metrics = String::from_utf8(api.get("/metrics").await.body).unwrap();
+    let hibernations: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("marmot_hibernations_total "))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert!(hibernations >= 24.0, "actors made room: {hibernations}");
+}
+
+#[tokio::test]
 async fn globals_async_timers_encoding_and_randomness() {
     let (_dir, _m, api) = node(None).await;
     let src = r#"

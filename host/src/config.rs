@@ -124,7 +124,9 @@ pub struct Limits {
     /// Messages queued per actor before senders get 429.
     pub mailbox_capacity: usize,
     /// JavaScript sandboxes live at once: active JavaScript actors plus
-    /// running evals. Sizes the JavaScript engine's instance pool.
+    /// running evals. Sizes the JavaScript engine's instance pool (at least
+    /// 16). When it is full, the least recently used idle JavaScript actors
+    /// hibernate to make room.
     pub max_js_sandboxes: u32,
     /// Largest message body.
     pub max_message_bytes: usize,

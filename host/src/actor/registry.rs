@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{Notify, mpsc};
@@ -31,10 +31,19 @@ pub(crate) struct Shared {
     pub hibernate: Notify,
     /// The previous activation's task died without leaving cleanly.
     pub after_crash: AtomicBool,
+    /// Which instance pool the actor holds a slot of now (`SLOT_*`).
+    pub slot: AtomicU8,
     /// Activity statistics of this activation: (turns, last turn at ms),
     /// ahead of what is on disk until the next record write.
     stats: Mutex<(u64, u64)>,
 }
+
+/// [`Shared::slot`]: no instance.
+pub(crate) const SLOT_NONE: u8 = 0;
+/// [`Shared::slot`]: an instance of a Rust (component) actor.
+pub(crate) const SLOT_WASM: u8 = 1;
+/// [`Shared::slot`]: a JavaScript sandbox.
+pub(crate) const SLOT_JS: u8 = 2;
 
 impl Shared {
     /// Record the actor's activity statistics.
@@ -54,6 +63,8 @@ pub struct Registry {
     hasher: std::collections::hash_map::RandomState,
     active: AtomicUsize,
     evicting: AtomicBool,
+    /// A [`Registry::make_room`] pass is running.
+    making_room: AtomicBool,
     max_active: usize,
     mailbox_capacity: usize,
 }
@@ -66,6 +77,7 @@ impl Registry {
             hasher: Default::default(),
             active: AtomicUsize::new(0),
             evicting: AtomicBool::new(false),
+            making_room: AtomicBool::new(false),
             max_active,
             mailbox_capacity,
         }
@@ -183,6 +195,7 @@ impl Registry {
             inbox_dirty: AtomicBool::new(true),
             hibernate: Notify::new(),
             after_crash: AtomicBool::new(after_crash),
+            slot: AtomicU8::new(SLOT_NONE),
             stats: Mutex::new((0, 0)),
         });
         shard.insert(
@@ -239,24 +252,48 @@ impl Registry {
             let target = reg.max_active - reg.max_active / 20;
             let active = reg.active_count();
             if active > target {
-                let mut all: Vec<(u64, Arc<Shared>)> = Vec::with_capacity(active);
-                for shard in reg.shards.iter() {
-                    let shard = shard.lock().expect("registry shard lock");
-                    all.extend(shard.values().map(|h| {
-                        (
-                            h.shared.last_used_ms.load(Ordering::Relaxed),
-                            h.shared.clone(),
-                        )
-                    }));
-                }
-                all.sort_unstable_by_key(|(t, _)| *t);
-                let excess = active - target;
-                for (_, shared) in all.into_iter().take(excess) {
-                    shared.hibernate.notify_one();
-                }
+                reg.hibernate_oldest(active - target, |_| true);
             }
             reg.evicting.store(false, Ordering::Release);
         });
+    }
+
+    /// An instance pool is full (JavaScript sandboxes are fewer than the
+    /// active cap): ask the least recently used actors holding a slot of
+    /// that pool (`SLOT_WASM` or `SLOT_JS`) to hibernate, `count` of them, so
+    /// waking actors find room.
+    pub(crate) fn make_room(&self, node: &Arc<Node>, slot: u8, count: usize) {
+        if self.making_room.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let node = node.clone();
+        tokio::spawn(async move {
+            let reg = &node.registry;
+            reg.hibernate_oldest(count.max(1), |s| s.slot.load(Ordering::Relaxed) == slot);
+            reg.making_room.store(false, Ordering::Release);
+        });
+    }
+
+    /// Ask the `n` least recently used actors matching `select` to hibernate
+    /// (each goes as soon as it is idle).
+    fn hibernate_oldest(&self, n: usize, select: impl Fn(&Shared) -> bool) {
+        let mut all: Vec<(u64, Arc<Shared>)> = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = shard.lock().expect("registry shard lock");
+            all.extend(shard.values().filter(|h| select(&h.shared)).map(|h| {
+                (
+                    h.shared.last_used_ms.load(Ordering::Relaxed),
+                    h.shared.clone(),
+                )
+            }));
+        }
+        if all.len() > n {
+            all.select_nth_unstable_by_key(n, |(t, _)| *t);
+            all.truncate(n);
+        }
+        for (_, shared) in all {
+            shared.hibernate.notify_one();
+        }
     }
 
     /// Refuse all further commits of live actors of `ty` (it is being

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
-use super::registry::Shared;
+use super::registry::{SLOT_JS, SLOT_NONE, SLOT_WASM, Shared};
 use super::{AlarmDelivery, AnswerDelivery, Delivery, Envelope, EvalReply, TurnError, TurnReply};
 use crate::alarms::scheduler::{AlarmTicket, Notice};
 use crate::clock::now_ms;
@@ -50,6 +50,26 @@ struct Live {
     inst: Instance,
     version: u32,
     turn_timeout: Duration,
+    _slot: SlotHeld,
+}
+
+/// Marks the actor as holding an instance slot (for
+/// [`Registry::make_room`](super::registry::Registry::make_room)) for as
+/// long as its [`Live`] instance exists.
+struct SlotHeld(Arc<Shared>);
+
+impl SlotHeld {
+    fn new(shared: &Arc<Shared>, js: bool) -> Self {
+        let slot = if js { SLOT_JS } else { SLOT_WASM };
+        shared.slot.store(slot, Ordering::Relaxed);
+        Self(shared.clone())
+    }
+}
+
+impl Drop for SlotHeld {
+    fn drop(&mut self) {
+        self.0.slot.store(SLOT_NONE, Ordering::Relaxed);
+    }
 }
 
 /// What a turn runs.
@@ -526,19 +546,16 @@ impl ActorTask {
             }
         };
         let config = node.eval_config();
-        let host = node.sandbox.new_host(&config).with_actors(node.clone());
-        match node.sandbox.instantiate(&engine, host).await {
+        let host = || node.sandbox.new_host(&config).with_actors(node.clone());
+        match instantiate_with_room(node, &engine, true, host).await {
             Ok(inst) => Ok((inst, config.turn_timeout)),
-            Err(e) => {
-                let msg = format!("{e:#}");
-                if is_resource_exhaustion(&msg) {
-                    node.registry.evict(node);
-                    return Err(TurnError::Overloaded);
-                }
-                Err(TurnError::Code(format!(
-                    "cannot start the JavaScript sandbox: {msg}"
-                )))
+            Err(StartError::Full(msg)) => {
+                tracing::warn!(error = %msg, "no JavaScript sandbox free for an eval");
+                Err(TurnError::Overloaded)
             }
+            Err(StartError::Failed(msg)) => Err(TurnError::Code(format!(
+                "cannot start the JavaScript sandbox: {msg}"
+            ))),
         }
     }
 
@@ -598,20 +615,20 @@ impl ActorTask {
             .prepared(version, &node.storage, &node.sandbox, &node.config.defaults)
             .await
             .map_err(|e| TurnError::Code(e.to_string()))?;
-        let host = node
-            .sandbox
-            .new_host(&prepared.config)
-            .with_js_module(prepared.js_module.clone())
-            .with_actors(node.clone());
-        let inst = match node.sandbox.instantiate(&prepared.pre, host).await {
+        let host = || {
+            node.sandbox
+                .new_host(&prepared.config)
+                .with_js_module(prepared.js_module.clone())
+                .with_actors(node.clone())
+        };
+        let js = prepared.js_module.is_some();
+        let inst = match instantiate_with_room(node, &prepared.pre, js, host).await {
             Ok(i) => i,
-            Err(e) => {
-                let msg = format!("{e:#}");
-                if is_resource_exhaustion(&msg) {
-                    tracing::warn!(actor = %self.key, error = %msg, "no instance slot free");
-                    node.registry.evict(node);
-                    return Err(TurnError::Overloaded);
-                }
+            Err(StartError::Full(msg)) => {
+                tracing::warn!(actor = %self.key, error = %msg, "no instance slot free");
+                return Err(TurnError::Overloaded);
+            }
+            Err(StartError::Failed(msg)) => {
                 return Err(TurnError::Trap {
                     kind: "trap",
                     message: format!("instantiation failed: {msg}"),
@@ -628,6 +645,7 @@ impl ActorTask {
             inst,
             version,
             turn_timeout: prepared.config.turn_timeout,
+            _slot: SlotHeld::new(&self.shared, js),
         });
         Ok(self.live.as_mut().expect("just set"))
     }
@@ -1748,6 +1766,52 @@ impl FinishedTurn {
 
 /// Instantiation failures that mean "no room right now", not bad code: the
 /// pool is full or the kernel refused memory or mappings.
+/// Why an instance could not be created.
+enum StartError {
+    /// Its pool stayed full (or memory ran out) while we waited for room.
+    Full(String),
+    /// Anything else.
+    Failed(String),
+}
+
+/// Back-off (ms) between attempts to get a slot in a full instance pool:
+/// about a second in all before the turn is refused with 503.
+const ROOM_BACKOFF_MS: [u64; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
+
+/// Instantiate `pre`; if its pool is full, ask the least recently used
+/// actors of the same engine to hibernate (5% of the pool) and try again
+/// with back-off. JavaScript sandboxes are fewer than the active-actor cap
+/// (`limits.max_js_sandboxes`), so this is how JavaScript actors beyond it
+/// take turns: the idle ones make way, as under the active cap.
+async fn instantiate_with_room(
+    node: &Arc<Node>,
+    pre: &crate::sandbox::Prepared,
+    js: bool,
+    host: impl Fn() -> crate::sandbox::host::Host,
+) -> Result<Instance, StartError> {
+    let pool = if js {
+        node.config.limits.max_js_sandboxes as usize
+    } else {
+        node.config.limits.max_active_actors
+    };
+    let mut backoff = ROOM_BACKOFF_MS.iter();
+    loop {
+        let e = match node.sandbox.instantiate(pre, host()).await {
+            Ok(i) => return Ok(i),
+            Err(e) => format!("{e:#}"),
+        };
+        if !is_resource_exhaustion(&e) {
+            return Err(StartError::Failed(e));
+        }
+        let Some(&ms) = backoff.next() else {
+            return Err(StartError::Full(e));
+        };
+        let slot = if js { SLOT_JS } else { SLOT_WASM };
+        node.registry.make_room(node, slot, pool / 20);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+}
+
 fn is_resource_exhaustion(msg: &str) -> bool {
     msg.contains("concurrent")
         || msg.contains("pooling")
