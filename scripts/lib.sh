@@ -44,3 +44,28 @@ ensure_c_toolchain() {
     $SUDO apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $pkgs >/dev/null
 }
+
+# Install Debian packages for the commands named, when a command is missing:
+# ensure_commands "wrk:wrk" "npm:npm".
+ensure_commands() {
+    missing=""
+    for pair in "$@"; do
+        command -v "${pair%%:*}" >/dev/null 2>&1 || missing="$missing ${pair#*:}"
+    done
+    [ -z "$missing" ] && return 0
+    if ! command -v apt-get >/dev/null 2>&1; then
+        echo "error: please install:$missing" >&2
+        exit 1
+    fi
+    if [ "$(id -u)" = 0 ]; then
+        SUDO=""
+    elif command -v sudo >/dev/null 2>&1; then
+        SUDO="sudo"
+    else
+        echo "error: installing$missing needs root: run 'apt-get install -y$missing' as root" >&2
+        exit 1
+    fi
+    echo "installing$missing…" >&2
+    $SUDO apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+}

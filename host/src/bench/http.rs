@@ -114,24 +114,42 @@ pub(super) async fn create_typed(
     Ok(())
 }
 
+/// What a load run posts `{"by":1}` to: `{prefix}{i}` for actors `i` in
+/// `0..actors`, or, with `actors == 0`, a fresh actor for every request.
+#[derive(Clone)]
+pub(super) struct Target {
+    pub addr: SocketAddr,
+    /// Path up to the actor number, e.g. `/v1/actors/counter/a`.
+    pub prefix: String,
+    pub actors: usize,
+}
+
 /// Result of a load run.
-struct LoadResult {
-    requests: u64,
-    errors: u64,
-    elapsed: Duration,
-    latency: Percentiles,
+pub(super) struct LoadResult {
+    pub requests: u64,
+    pub errors: u64,
+    pub elapsed: Duration,
+    pub latency: Percentiles,
+}
+
+impl LoadResult {
+    /// Successful requests per second.
+    pub fn rate(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
 }
 
 async fn builtin_load(
-    addr: SocketAddr,
-    actors: usize,
+    target: &Target,
     conns: usize,
     duration: Duration,
 ) -> anyhow::Result<LoadResult> {
+    let (addr, actors) = (target.addr, target.actors);
     let started = Instant::now();
     let deadline = started + duration;
     let mut tasks = Vec::new();
     for t in 0..conns {
+        let prefix = target.prefix.clone();
         tasks.push(tokio::spawn(async move {
             let mut c = Conn::connect(addr).await?;
             let mut lat = Vec::new();
@@ -139,7 +157,8 @@ async fn builtin_load(
             let mut i = t * 7919;
             while Instant::now() < deadline {
                 i += 1;
-                let path = format!("/v1/actors/counter/a{}", i % actors);
+                let n = if actors == 0 { i } else { i % actors };
+                let path = format!("{prefix}{n}");
                 let s = Instant::now();
                 match c
                     .request("POST", &path, "application/json", br#"{"by":1}"#)
@@ -169,6 +188,7 @@ async fn builtin_load(
 
 const WRK_SCRIPT: &str = r#"
 local n = tonumber(os.getenv("MARMOT_BENCH_ACTORS") or "1")
+local prefix = os.getenv("MARMOT_BENCH_PREFIX") or "/v1/actors/counter/a"
 local threads = 0
 local counter = 0
 function setup(thread)
@@ -183,19 +203,22 @@ wrk.body = '{"by":1}'
 wrk.headers["Content-Type"] = "application/json"
 function request()
   counter = counter + 1
-  return wrk.format(nil, "/v1/actors/counter/a" .. (counter % n))
+  if n == 0 then
+    return wrk.format(nil, prefix .. counter)
+  end
+  return wrk.format(nil, prefix .. (counter % n))
 end
 function done(summary, latency, requests)
   local e = summary.errors
-  io.write(string.format("MARMOT %d %d %d %d %d %d\n", summary.requests, summary.duration,
+  io.write(string.format("MARMOT %d %d %d %d %d %d %d\n", summary.requests, summary.duration,
     latency:percentile(50), latency:percentile(90), latency:percentile(99),
-    e.connect + e.read + e.write + e.status + e.timeout))
+    e.connect + e.read + e.write + e.status + e.timeout, e.status))
 end
 "#;
 
-async fn wrk_load(
-    addr: SocketAddr,
-    actors: usize,
+/// Drive `target` with `wrk -t1 -c{conns}` for `duration`.
+pub(super) async fn wrk_load(
+    target: &Target,
     conns: usize,
     duration: Duration,
 ) -> anyhow::Result<LoadResult> {
@@ -209,8 +232,9 @@ async fn wrk_load(
             "-s",
         ])
         .arg(&script)
-        .arg(format!("http://{addr}"))
-        .env("MARMOT_BENCH_ACTORS", actors.to_string())
+        .arg(format!("http://{}", target.addr))
+        .env("MARMOT_BENCH_ACTORS", target.actors.to_string())
+        .env("MARMOT_BENCH_PREFIX", &target.prefix)
         .output()
         .await
         .context("cannot run wrk")?;
@@ -231,8 +255,10 @@ async fn wrk_load(
         .map(|x| x.parse().unwrap_or(0))
         .collect();
     let us = Duration::from_micros;
+    anyhow::ensure!(v.len() == 7, "unexpected wrk summary: {line}");
+    // wrk counts non-2xx responses as requests; only successes count here.
     Ok(LoadResult {
-        requests: v[0],
+        requests: v[0].saturating_sub(v[6]),
         errors: v[5],
         elapsed: us(v[1]),
         latency: Percentiles {
@@ -245,7 +271,7 @@ async fn wrk_load(
     })
 }
 
-fn have_wrk() -> bool {
+pub(super) fn have_wrk() -> bool {
     std::process::Command::new("wrk")
         .arg("--version")
         .output()
@@ -259,11 +285,33 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
         "[limits]\nmax_active_actors = {}\n",
         (actors + 1000).max(10_000)
     );
+    let config = if args.js {
+        format!("{config}max_js_sandboxes = {}\n", actors + 100)
+    } else {
+        config
+    };
     let server = ServerProc::start(&dir.path().join("data"), &config).await?;
-    server
-        .deploy_counter(serde_json::json!({"idle_timeout_ms": 3_600_000}))
-        .await?;
-    create_actors(server.addr, actors).await?;
+    let ty = if args.js {
+        server
+            .deploy_js(
+                "jscounter",
+                super::inproc::JS_COUNTER,
+                serde_json::json!({"idle_timeout_ms": 3_600_000}),
+            )
+            .await?;
+        "jscounter"
+    } else {
+        server
+            .deploy_counter(serde_json::json!({"idle_timeout_ms": 3_600_000}))
+            .await?;
+        "counter"
+    };
+    create_typed(server.addr, ty, actors).await?;
+    let target = Target {
+        addr: server.addr,
+        prefix: format!("/v1/actors/{ty}/a"),
+        actors,
+    };
     let use_wrk = match args.load {
         LoadGen::Wrk => true,
         LoadGen::Builtin => false,
@@ -274,11 +322,14 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
     } else {
         "built-in client"
     };
-    let run = |d: Duration| async move {
-        if use_wrk {
-            wrk_load(server.addr, actors, args.connections, d).await
-        } else {
-            builtin_load(server.addr, actors, args.connections, d).await
+    let run = |d: Duration| {
+        let target = target.clone();
+        async move {
+            if use_wrk {
+                wrk_load(&target, args.connections, d).await
+            } else {
+                builtin_load(&target, args.connections, d).await
+            }
         }
     };
     // Warm-up, not measured.
@@ -294,8 +345,9 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
     } else {
         "http-spread"
     };
+    let kind = if args.js { "JavaScript" } else { "Rust" };
     println!(
-        "scenario {name} ({actors} actor(s), {} connections, {gen_name}, {}s)",
+        "scenario {name} ({actors} {kind} actor(s), {} connections, {gen_name}, {}s)",
         args.connections,
         r.elapsed.as_secs()
     );

@@ -7,8 +7,10 @@
 //! says which. Benchmarks are measurements, never pass/fail tests.
 
 mod alarms;
+mod compare;
 mod http;
 mod inproc;
+mod peer;
 mod rss;
 mod server;
 mod sse;
@@ -43,6 +45,16 @@ pub struct BenchArgs {
     /// Load generator for HTTP throughput scenarios.
     #[arg(long, value_enum, default_value_t = LoadGen::Auto)]
     pub load: LoadGen,
+    /// http-hot / http-spread: JavaScript counter actors instead of Rust.
+    #[arg(long)]
+    pub js: bool,
+    /// vs-workerd: the workerd binary (`scripts/bench-vs-workerd` installs
+    /// it from npm).
+    #[arg(long, env = "MARMOT_WORKERD")]
+    pub workerd: Option<std::path::PathBuf>,
+    /// vs-workerd: measured rounds per scenario (A B A B …).
+    #[arg(long, default_value_t = 2)]
+    pub rounds: usize,
 }
 
 /// The scenarios.
@@ -75,7 +87,10 @@ pub enum Scenario {
     /// Signed webhooks ingested across many actors (default 10,000), then
     /// replayed to measure de-duplication.
     WebhookIngest,
-    /// Every scenario above, one after another.
+    /// Side by side with Cloudflare's workerd (Durable Objects on local
+    /// SQLite), same load generator, alternating runs, with ratios.
+    VsWorkerd,
+    /// Every scenario above but vs-workerd, one after another.
     All,
 }
 
@@ -124,6 +139,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::AlarmLag => alarms::lag(&args).await?,
             Scenario::SseFanout => sse::fanout(&args).await?,
             Scenario::WebhookIngest => webhooks::ingest(&args).await?,
+            Scenario::VsWorkerd => compare::vs_workerd(&args).await?,
             Scenario::All => unreachable!(),
         }
     }

@@ -58,14 +58,12 @@ impl ServerProc {
 
     /// Resident set size in bytes.
     pub fn rss(&self) -> anyhow::Result<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
-        let kb: u64 = status
-            .lines()
-            .find(|l| l.starts_with("VmRSS:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .context("no VmRSS in /proc/<pid>/status")?;
-        Ok(kb * 1024)
+        rss_of(self.child.id())
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Number of memory mappings of the node.
@@ -79,18 +77,7 @@ impl ServerProc {
 
     /// CPU time (user + system) the node has used so far.
     pub fn cpu_time(&self) -> anyhow::Result<Duration> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
-        // Fields after the parenthesised command name; utime and stime are
-        // the 14th and 15th fields overall, in clock ticks.
-        let rest = stat
-            .rsplit_once(')')
-            .map(|(_, r)| r)
-            .context("malformed /proc/<pid>/stat")?;
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: u64 = f[11].parse::<u64>()? + f[12].parse::<u64>()?;
-        // Linux reports these in USER_HZ, which is 100 on every architecture
-        // it supports.
-        Ok(Duration::from_millis(ticks * 10))
+        cpu_of(self.child.id())
     }
 
     /// Deploy the counter example with `config` (JSON).
@@ -165,4 +152,32 @@ impl Drop for ServerProc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Resident set size of process `pid`, in bytes.
+pub(super) fn rss_of(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .context("no VmRSS in /proc/<pid>/status")?;
+    Ok(kb * 1024)
+}
+
+/// CPU time (user + system) process `pid` has used so far.
+pub(super) fn cpu_of(pid: u32) -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the parenthesised command name; utime and stime are the
+    // 14th and 15th fields overall, in clock ticks.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("malformed /proc/<pid>/stat")?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>()? + f[12].parse::<u64>()?;
+    // Linux reports these in USER_HZ, which is 100 on every architecture it
+    // supports.
+    Ok(Duration::from_millis(ticks * 10))
 }

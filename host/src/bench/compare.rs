@@ -1,0 +1,250 @@
+//! `vs-workerd`: Marmot and Cloudflare's workerd side by side.
+//!
+//! Three servers run at once, each in its own process on loopback: Marmot
+//! with the Rust counter (`examples/counter`), Marmot with the same counter
+//! in JavaScript, and workerd with the counter as a Durable Object on local
+//! SQLite ([`super::peer`]). The same `wrk -t1` script drives all three with
+//! the same paths and bodies, one at a time, alternating A B C A B C … so
+//! drift on a noisy machine hits every side alike. Each scenario prints
+//! every run, then the median per side and the ratios to workerd.
+
+use std::time::Duration;
+
+use super::http::{LoadResult, Target, create_typed, have_wrk, wrk_load};
+use super::peer::Workerd;
+use super::server::{ServerProc, cpu_of, rss_of};
+use super::{BenchArgs, Percentiles};
+
+/// One server under test.
+struct Side {
+    name: &'static str,
+    addr: std::net::SocketAddr,
+    pid: u32,
+}
+
+/// A scenario's runs: per side, (turns/s, latency, CPU µs per request).
+struct Runs {
+    scenario: String,
+    per_side: Vec<Vec<(f64, Percentiles, f64)>>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Run `rounds` rounds of `target(side, round)` over every side.
+async fn alternate(
+    sides: &[Side],
+    scenario: &str,
+    rounds: usize,
+    conns: usize,
+    duration: Duration,
+    target: impl Fn(&Side, usize) -> Target,
+) -> anyhow::Result<Runs> {
+    let mut per_side: Vec<Vec<(f64, Percentiles, f64)>> =
+        sides.iter().map(|_| Vec::new()).collect();
+    for round in 0..rounds {
+        for (i, side) in sides.iter().enumerate() {
+            let cpu0 = cpu_of(side.pid)?;
+            let r: LoadResult = wrk_load(&target(side, round), conns, duration).await?;
+            let cpu = cpu_of(side.pid)? - cpu0;
+            let cpu_us = cpu.as_secs_f64() * 1e6 / (r.requests.max(1) as f64);
+            println!(
+                "  {scenario:<7} round {}  {:<10} {:>8.0}/s  p50 {:>7.2} ms  p90 {:>7.2} ms  p99 {:>7.2} ms  CPU {:>6.0} µs/req  errors {}",
+                round + 1,
+                side.name,
+                r.rate(),
+                ms(r.latency.p50),
+                ms(r.latency.p90),
+                ms(r.latency.p99),
+                cpu_us,
+                r.errors
+            );
+            per_side[i].push((r.rate(), r.latency, cpu_us));
+        }
+    }
+    Ok(Runs {
+        scenario: scenario.to_owned(),
+        per_side,
+    })
+}
+
+/// Median rate and p50/p99 (ms) per side.
+fn summary(runs: &Runs) -> Vec<(f64, f64, f64)> {
+    runs.per_side
+        .iter()
+        .map(|v| {
+            (
+                median(v.iter().map(|r| r.0).collect()),
+                median(v.iter().map(|r| ms(r.1.p50)).collect()),
+                median(v.iter().map(|r| ms(r.1.p99)).collect()),
+            )
+        })
+        .collect()
+}
+
+/// `vs-workerd`.
+pub(super) async fn vs_workerd(args: &BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        have_wrk(),
+        "vs-workerd needs wrk (Debian package `wrk`); scripts/bench-vs-workerd installs it"
+    );
+    let bin = Workerd::locate(args.workerd.as_deref())?;
+    let actors = args.actors.unwrap_or(10_000).max(1);
+    let rounds = args.rounds.max(1);
+    let duration = Duration::from_secs(args.duration.max(1));
+    let dir = tempfile::Builder::new().prefix("marmot-bench-").tempdir()?;
+    let limits = format!(
+        "[limits]\nmax_active_actors = {}\n",
+        (actors + 1000).max(10_000)
+    );
+    let js_limits = format!("{limits}max_js_sandboxes = {}\n", actors + 1000);
+    let idle = serde_json::json!({"idle_timeout_ms": 3_600_000});
+    let rust = ServerProc::start(&dir.path().join("rust"), &limits).await?;
+    rust.deploy_counter(idle.clone()).await?;
+    let js = ServerProc::start(&dir.path().join("js"), &js_limits).await?;
+    js.deploy_js("counter", super::inproc::JS_COUNTER, idle)
+        .await?;
+    let wd_dir = dir.path().join("workerd");
+    std::fs::create_dir_all(&wd_dir)?;
+    let wd = Workerd::start(&bin, &wd_dir).await?;
+    println!(
+        "peer: workerd {} (Durable Objects, enableSql, localDisk storage); load: wrk -t1 -c{}, {}s per run, {rounds} rounds, alternating",
+        wd.version,
+        args.connections,
+        duration.as_secs()
+    );
+    let sides = [
+        Side {
+            name: "marmot",
+            addr: rust.addr,
+            pid: rust.pid(),
+        },
+        Side {
+            name: "marmot-js",
+            addr: js.addr,
+            pid: js.pid(),
+        },
+        Side {
+            name: "workerd",
+            addr: wd.addr,
+            pid: wd.pid(),
+        },
+    ];
+    let counters = |n: usize| {
+        move |s: &Side, _round: usize| Target {
+            addr: s.addr,
+            prefix: "/v1/actors/counter/a".into(),
+            actors: n,
+        }
+    };
+    let warm_up = Duration::from_secs(2);
+    let mut all = Vec::new();
+
+    // One hot actor.
+    eprintln!("  warming up (hot)…");
+    alternate(&sides, "warm-up", 1, args.connections, warm_up, counters(1)).await?;
+    all.push(
+        alternate(
+            &sides,
+            "hot",
+            rounds,
+            args.connections,
+            duration,
+            counters(1),
+        )
+        .await?,
+    );
+
+    // Across many actors, every one created (and warm) first.
+    for s in &sides {
+        eprintln!("  creating {actors} actors on {}…", s.name);
+        create_typed(s.addr, "counter", actors).await?;
+    }
+    alternate(
+        &sides,
+        "warm-up",
+        1,
+        args.connections,
+        warm_up,
+        counters(actors),
+    )
+    .await?;
+    all.push(
+        alternate(
+            &sides,
+            "spread",
+            rounds,
+            args.connections,
+            duration,
+            counters(actors),
+        )
+        .await?,
+    );
+    let rss: Vec<u64> = sides
+        .iter()
+        .map(|s| rss_of(s.pid))
+        .collect::<anyhow::Result<_>>()?;
+
+    // A brand-new actor per request, one connection: creation latency.
+    all.push(
+        alternate(
+            &sides,
+            "create",
+            rounds,
+            1,
+            duration.min(Duration::from_secs(5)),
+            |s, round| Target {
+                addr: s.addr,
+                prefix: format!("/v1/actors/counter/new-{round}-"),
+                actors: 0,
+            },
+        )
+        .await?,
+    );
+
+    println!();
+    println!(
+        "summary (median of {rounds} rounds; ratio = Marmot ÷ workerd, higher is better for turns/s)"
+    );
+    println!(
+        "  {:<8} {:>22} {:>22} {:>22} {:>9} {:>9}",
+        "scenario", "marmot", "marmot-js", "workerd", "ratio", "ratio-js"
+    );
+    for runs in &all {
+        let s = summary(runs);
+        let cell =
+            |(rate, p50, p99): (f64, f64, f64)| format!("{rate:.0}/s p50 {p50:.1} p99 {p99:.1}");
+        println!(
+            "  {:<8} {:>22} {:>22} {:>22} {:>8.1}× {:>8.1}×",
+            runs.scenario,
+            cell(s[0]),
+            cell(s[1]),
+            cell(s[2]),
+            s[0].0 / s[2].0.max(1e-9),
+            s[1].0 / s[2].0.max(1e-9),
+        );
+    }
+    let mb = |b: u64| b as f64 / (1024.0 * 1024.0);
+    println!(
+        "  RSS with {actors} actors active: marmot {:.0} MB, marmot-js {:.0} MB, workerd {:.0} MB ({:.1}× / {:.1}× less)",
+        mb(rss[0]),
+        mb(rss[1]),
+        mb(rss[2]),
+        rss[2] as f64 / rss[0].max(1) as f64,
+        rss[2] as f64 / rss[1].max(1) as f64,
+    );
+    rust.stop();
+    js.stop();
+    drop(wd);
+    Ok(())
+}
