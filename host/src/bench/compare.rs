@@ -41,6 +41,29 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// Wait until every side is idle (under 4% of a core for a quarter of a
+/// second, at most 10 s): a peer still working through the tail of its
+/// previous run must not slow down the next side's run.
+async fn settle(sides: &[Side]) -> anyhow::Result<()> {
+    let window = Duration::from_millis(250);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let before: Vec<Duration> = sides
+            .iter()
+            .map(|s| cpu_of(s.pid))
+            .collect::<anyhow::Result<_>>()?;
+        tokio::time::sleep(window).await;
+        let busy: Duration = sides
+            .iter()
+            .zip(before)
+            .map(|(s, b)| cpu_of(s.pid).map(|a| a.saturating_sub(b)))
+            .sum::<anyhow::Result<Duration>>()?;
+        if busy <= window / 25 || std::time::Instant::now() > deadline {
+            return Ok(());
+        }
+    }
+}
+
 /// Run `rounds` rounds of `target(side, round)` over every side.
 async fn alternate(
     sides: &[Side],
@@ -54,6 +77,7 @@ async fn alternate(
         sides.iter().map(|_| Vec::new()).collect();
     for round in 0..rounds {
         for (i, side) in sides.iter().enumerate() {
+            settle(sides).await?;
             let cpu0 = cpu_of(side.pid)?;
             let r: LoadResult = wrk_load(&target(side, round), conns, duration).await?;
             let cpu = cpu_of(side.pid)? - cpu0;
