@@ -179,6 +179,35 @@ async fn sends_are_delivered_once_and_only_if_the_turn_commits() {
 }
 
 #[tokio::test]
+async fn a_send_to_a_type_deleted_before_the_commit_is_dropped() {
+    let (_dir, _m, api) = kit_node(json!({})).await;
+    assert_eq!(api.deploy("other", TESTKIT, json!({})).await.status, 201);
+    // The send is checked at the call, then the type goes away while the
+    // sending turn is still running.
+    let send = {
+        let api = api.clone();
+        tokio::spawn(async move {
+            api.op(
+                "kit",
+                "a",
+                json!({"op": "send", "ty": "other", "id": "b",
+                       "body": {"op": "add", "key": "n", "by": 1}, "then_busy_ms": 700}),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let r = api.req(Method::DELETE, "/v1/types/other", None, &[]).await;
+    assert!(r.status < 300, "{}", r.json);
+    assert_eq!(send.await.unwrap().status, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // No actor of the old type was created, also after a redeploy.
+    assert_eq!(api.deploy("other", TESTKIT, json!({})).await.status, 201);
+    assert_eq!(api.get("/v1/actors/other/b").await.status, 404);
+    assert_eq!(value(&api, "a", "n").await, Value::Null);
+}
+
+#[tokio::test]
 async fn an_acknowledged_send_survives_kill_9() {
     let dir = tempdir();
     let mut m = Marmot::start(&dir.path().join("data")).await;

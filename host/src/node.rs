@@ -879,8 +879,8 @@ impl ActorCalls for Node {
         })
     }
 
-    fn type_version(&self, ty: &str) -> Option<u32> {
-        self.catalog.get(ty).map(|t| t.latest_version())
+    fn type_exists(&self, ty: &str) -> bool {
+        self.catalog.get(ty).is_some()
     }
 }
 

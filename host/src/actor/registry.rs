@@ -33,9 +33,21 @@ pub(crate) struct Shared {
     pub after_crash: AtomicBool,
     /// Which instance pool the actor holds a slot of now (`SLOT_*`).
     pub slot: AtomicU8,
+    /// A turn (or other work) is in progress: asking it to hibernate would
+    /// free nothing soon.
+    pub busy: AtomicBool,
     /// Activity statistics of this activation: (turns, last turn at ms),
     /// ahead of what is on disk until the next record write.
     stats: Mutex<(u64, u64)>,
+}
+
+/// Counts an activation as waiting for an instance slot while it lives.
+pub(crate) struct WaitingForRoom(Arc<AtomicUsize>);
+
+impl Drop for WaitingForRoom {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// [`Shared::slot`]: no instance.
@@ -63,8 +75,10 @@ pub struct Registry {
     hasher: std::collections::hash_map::RandomState,
     active: AtomicUsize,
     evicting: AtomicBool,
-    /// A [`Registry::make_room`] pass is running.
-    making_room: AtomicBool,
+    /// A [`Registry::make_room`] pass is running, per pool (`SLOT_* - 1`).
+    making_room: [AtomicBool; 2],
+    /// Activations waiting for a slot, per pool.
+    waiting_for_room: [Arc<AtomicUsize>; 2],
     max_active: usize,
     mailbox_capacity: usize,
 }
@@ -77,7 +91,8 @@ impl Registry {
             hasher: Default::default(),
             active: AtomicUsize::new(0),
             evicting: AtomicBool::new(false),
-            making_room: AtomicBool::new(false),
+            making_room: [AtomicBool::new(false), AtomicBool::new(false)],
+            waiting_for_room: Default::default(),
             max_active,
             mailbox_capacity,
         }
@@ -196,6 +211,7 @@ impl Registry {
             hibernate: Notify::new(),
             after_crash: AtomicBool::new(after_crash),
             slot: AtomicU8::new(SLOT_NONE),
+            busy: AtomicBool::new(false),
             stats: Mutex::new((0, 0)),
         });
         shard.insert(
@@ -258,19 +274,32 @@ impl Registry {
         });
     }
 
+    /// Count the caller as waiting for a slot of pool `slot` until the
+    /// returned guard is dropped.
+    pub(crate) fn wait_for_room(&self, slot: u8) -> WaitingForRoom {
+        let n = self.waiting_for_room[usize::from(slot - 1)].clone();
+        n.fetch_add(1, Ordering::Relaxed);
+        WaitingForRoom(n)
+    }
+
     /// An instance pool is full (JavaScript sandboxes are fewer than the
-    /// active cap): ask the least recently used actors holding a slot of
-    /// that pool (`SLOT_WASM` or `SLOT_JS`) to hibernate, `count` of them, so
-    /// waking actors find room.
-    pub(crate) fn make_room(&self, node: &Arc<Node>, slot: u8, count: usize) {
-        if self.making_room.swap(true, Ordering::AcqRel) {
+    /// active cap): ask the least recently used *idle* actors holding a slot
+    /// of that pool (`SLOT_WASM` or `SLOT_JS`) to hibernate — `batch` of
+    /// them, or one per waiting activation if more wait — so waking actors
+    /// find room.
+    pub(crate) fn make_room(&self, node: &Arc<Node>, slot: u8, batch: usize, _: &WaitingForRoom) {
+        let pool = usize::from(slot - 1);
+        if self.making_room[pool].swap(true, Ordering::AcqRel) {
             return;
         }
+        let count = batch.max(self.waiting_for_room[pool].load(Ordering::Relaxed));
         let node = node.clone();
         tokio::spawn(async move {
             let reg = &node.registry;
-            reg.hibernate_oldest(count.max(1), |s| s.slot.load(Ordering::Relaxed) == slot);
-            reg.making_room.store(false, Ordering::Release);
+            reg.hibernate_oldest(count.max(1), |s| {
+                s.slot.load(Ordering::Relaxed) == slot && !s.busy.load(Ordering::Relaxed)
+            });
+            reg.making_room[pool].store(false, Ordering::Release);
         });
     }
 

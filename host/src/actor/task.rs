@@ -142,6 +142,9 @@ pub(crate) struct ActorTask {
     /// Current back-off for retrying the inbox.
     inbox_retry_ms: u64,
     last_activity: Instant,
+    /// The call chain of the message whose delivery is upgrading the actor:
+    /// `on-upgrade` runs on behalf of the same callers.
+    upgrade_chain: CallChain,
 }
 
 impl ActorTask {
@@ -165,7 +168,15 @@ impl ActorTask {
             wake_recorded: false,
             inbox_retry_ms: INBOX_RETRY_MS,
             last_activity: now,
+            upgrade_chain: Arc::from([]),
         }
+    }
+
+    /// Mark the actor busy (or idle again) for [`Registry::make_room`]
+    /// (super::registry::Registry::make_room), and as just used.
+    fn set_busy(&self, busy: bool) {
+        self.shared.busy.store(busy, Ordering::Relaxed);
+        self.shared.last_used_ms.store(now_ms(), Ordering::Relaxed);
     }
 
     fn idle_timeout(&self) -> Duration {
@@ -187,7 +198,9 @@ impl ActorTask {
         tokio::pin!(sleep);
         loop {
             if self.shared.inbox_dirty.swap(false, Ordering::AcqRel) {
+                self.set_busy(true);
                 Box::pin(self.drain_inbox()).await;
+                self.set_busy(false);
                 self.last_activity = Instant::now();
             }
             tokio::select! {
@@ -198,7 +211,9 @@ impl ActorTask {
                     // Boxed so the task's resting size stays small: an idle
                     // actor is a few hundred bytes here, not the 4 KB of a
                     // turn in progress (10,000 actors: 35 MB).
+                    self.set_busy(true);
                     Box::pin(self.handle(env)).await;
+                    self.set_busy(false);
                     self.last_activity = Instant::now();
                     // A deleted type's actors leave as soon as they are idle,
                     // and so does an actor woken only for housekeeping.
@@ -377,7 +392,10 @@ impl ActorTask {
                 }
             }
         }
-        if let Err(e) = self.ensure_version().await {
+        self.upgrade_chain = chain.clone();
+        let upgraded = self.ensure_version().await;
+        self.upgrade_chain = Arc::from([]);
+        if let Err(e) = upgraded {
             // The upgrade turn ran on state that may not be durable yet.
             self.release_when_durable(self.submitted_seq, Err(e), reply);
             return;
@@ -707,9 +725,17 @@ impl ActorTask {
             self.node.turn_limits.clone(),
             self.node.storage.clone(),
         );
-        if let TurnInput::Message(_, chain) = &input {
-            turn.chain = chain.clone();
+        match &input {
+            TurnInput::Message(_, chain) => turn.chain = chain.clone(),
+            TurnInput::Upgrade(_) => turn.chain = self.upgrade_chain.clone(),
+            _ => {}
         }
+        // `actors.call` waits for this actor's earlier turns to be durable.
+        turn.durable_before = Some(crate::sandbox::turn::DurableBefore {
+            tracker: self.shared.tracker.clone(),
+            seq: self.submitted_seq,
+            generation: self.generation,
+        });
         let (inst, turn_timeout) = match &mut fresh {
             Some((inst, timeout)) => (inst, *timeout),
             None => {
@@ -965,15 +991,20 @@ impl ActorTask {
             // The recipients' inboxes got rows in this commit: wake them.
             let node = self.node.clone();
             let to: Vec<ActorKey> = sends.iter().map(|(k, ..)| k.clone()).collect();
-            // This runs on the writer thread; waking an actor spawns its task.
+            // This runs on the writer thread: wake the recipients from a
+            // task instead, so the next commit batch does not wait for them.
             let runtime = tokio::runtime::Handle::current();
             Box::new(move |r: Result<(), CommitFailed>| {
                 if r.is_ok() {
-                    let _runtime = runtime.enter();
-                    for key in &to {
-                        node.metrics.inbox_depth.inc();
-                        node.registry.poke(&node, key);
-                    }
+                    runtime.spawn(async move {
+                        for key in &to {
+                            // The writer drops sends to a type deleted since.
+                            if node.catalog.get(key.ty()).is_some() {
+                                node.metrics.inbox_depth.inc();
+                                node.registry.poke(&node, key);
+                            }
+                        }
+                    });
                 }
                 on_durable(r);
             })
@@ -1775,8 +1806,8 @@ enum StartError {
 }
 
 /// Back-off (ms) between attempts to get a slot in a full instance pool:
-/// about a second in all before the turn is refused with 503.
-const ROOM_BACKOFF_MS: [u64; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
+/// about two seconds in all before the turn is refused with 503.
+const ROOM_BACKOFF_MS: [u64; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
 
 /// Instantiate `pre`; if its pool is full, ask the least recently used
 /// actors of the same engine to hibernate (5% of the pool) and try again
@@ -1789,12 +1820,9 @@ async fn instantiate_with_room(
     js: bool,
     host: impl Fn() -> crate::sandbox::host::Host,
 ) -> Result<Instance, StartError> {
-    let pool = if js {
-        node.config.limits.max_js_sandboxes as usize
-    } else {
-        node.config.limits.max_active_actors
-    };
+    let slot = if js { SLOT_JS } else { SLOT_WASM };
     let mut backoff = ROOM_BACKOFF_MS.iter();
+    let mut waiting = None;
     loop {
         let e = match node.sandbox.instantiate(pre, host()).await {
             Ok(i) => return Ok(i),
@@ -1806,8 +1834,9 @@ async fn instantiate_with_room(
         let Some(&ms) = backoff.next() else {
             return Err(StartError::Full(e));
         };
-        let slot = if js { SLOT_JS } else { SLOT_WASM };
-        node.registry.make_room(node, slot, pool / 20);
+        let waiting = waiting.get_or_insert_with(|| node.registry.wait_for_room(slot));
+        node.registry
+            .make_room(node, slot, node.sandbox.pool_size(js) / 20, waiting);
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
 }

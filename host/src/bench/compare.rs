@@ -41,11 +41,12 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// Wait until every side is idle (under 4% of a core for a quarter of a
-/// second, at most 10 s): a peer still working through the tail of its
-/// previous run must not slow down the next side's run.
+/// Wait until every side is idle (under 4% of a core for half a second —
+/// CPU time moves in 10 ms steps —, at most 10 s): a peer still working
+/// through the tail of its previous run must not slow down the next side's
+/// run.
 async fn settle(sides: &[Side]) -> anyhow::Result<()> {
-    let window = Duration::from_millis(250);
+    let window = Duration::from_millis(500);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let before: Vec<Duration> = sides
@@ -127,43 +128,6 @@ pub(super) async fn vs_workerd(args: &BenchArgs) -> anyhow::Result<()> {
     let rounds = args.rounds.max(1);
     let duration = Duration::from_secs(args.duration.max(1));
     let dir = tempfile::Builder::new().prefix("marmot-bench-").tempdir()?;
-    let limits = format!(
-        "[limits]\nmax_active_actors = {}\n",
-        (actors + 1000).max(10_000)
-    );
-    let js_limits = format!("{limits}max_js_sandboxes = {}\n", actors + 1000);
-    let idle = serde_json::json!({"idle_timeout_ms": 3_600_000});
-    let rust = ServerProc::start(&dir.path().join("rust"), &limits).await?;
-    rust.deploy_counter(idle.clone()).await?;
-    let js = ServerProc::start(&dir.path().join("js"), &js_limits).await?;
-    js.deploy_js("counter", super::inproc::JS_COUNTER, idle)
-        .await?;
-    let wd_dir = dir.path().join("workerd");
-    std::fs::create_dir_all(&wd_dir)?;
-    let wd = Workerd::start(&bin, &wd_dir).await?;
-    println!(
-        "peer: workerd {} (Durable Objects, enableSql, localDisk storage); load: wrk -t1 -c{}, {}s per run, {rounds} rounds, alternating",
-        wd.version,
-        args.connections,
-        duration.as_secs()
-    );
-    let sides = [
-        Side {
-            name: "marmot",
-            addr: rust.addr,
-            pid: rust.pid(),
-        },
-        Side {
-            name: "marmot-js",
-            addr: js.addr,
-            pid: js.pid(),
-        },
-        Side {
-            name: "workerd",
-            addr: wd.addr,
-            pid: wd.pid(),
-        },
-    ];
     let counters = |n: usize| {
         move |s: &Side, _round: usize| Target {
             addr: s.addr,
@@ -174,7 +138,15 @@ pub(super) async fn vs_workerd(args: &BenchArgs) -> anyhow::Result<()> {
     let warm_up = Duration::from_secs(2);
     let mut all = Vec::new();
 
-    // One hot actor.
+    // One hot actor, then creation, on one set of servers.
+    let servers = Servers::start(&dir.path().join("a"), &bin, actors).await?;
+    println!(
+        "peer: workerd {} (Durable Objects, enableSql, localDisk storage); load: wrk -t1 -c{}, {}s per run, {rounds} rounds, alternating",
+        servers.workerd.version,
+        args.connections,
+        duration.as_secs()
+    );
+    let sides = servers.sides();
     eprintln!("  warming up (hot)…");
     alternate(&sides, "warm-up", 1, args.connections, warm_up, counters(1)).await?;
     all.push(
@@ -188,8 +160,28 @@ pub(super) async fn vs_workerd(args: &BenchArgs) -> anyhow::Result<()> {
         )
         .await?,
     );
+    // A brand-new actor per request, one connection: creation latency. Short
+    // runs keep every side under its active cap (no eviction mixed in).
+    all.push(
+        alternate(
+            &sides,
+            "create",
+            rounds,
+            1,
+            Duration::from_secs(3),
+            |s, round| Target {
+                addr: s.addr,
+                prefix: format!("/v1/actors/counter/new-{round}-"),
+                actors: 0,
+            },
+        )
+        .await?,
+    );
+    servers.stop();
 
-    // Across many actors, every one created (and warm) first.
+    // Across many actors, on fresh servers, every actor created first.
+    let servers = Servers::start(&dir.path().join("b"), &bin, actors).await?;
+    let sides = servers.sides();
     for s in &sides {
         eprintln!("  creating {actors} actors on {}…", s.name);
         create_typed(s.addr, "counter", actors).await?;
@@ -218,23 +210,7 @@ pub(super) async fn vs_workerd(args: &BenchArgs) -> anyhow::Result<()> {
         .iter()
         .map(|s| rss_of(s.pid))
         .collect::<anyhow::Result<_>>()?;
-
-    // A brand-new actor per request, one connection: creation latency.
-    all.push(
-        alternate(
-            &sides,
-            "create",
-            rounds,
-            1,
-            duration.min(Duration::from_secs(5)),
-            |s, round| Target {
-                addr: s.addr,
-                prefix: format!("/v1/actors/counter/new-{round}-"),
-                actors: 0,
-            },
-        )
-        .await?,
-    );
+    servers.stop();
 
     println!();
     println!(
@@ -267,8 +243,65 @@ pub(super) async fn vs_workerd(args: &BenchArgs) -> anyhow::Result<()> {
         rss[2] as f64 / rss[0].max(1) as f64,
         rss[2] as f64 / rss[1].max(1) as f64,
     );
-    rust.stop();
-    js.stop();
-    drop(wd);
     Ok(())
+}
+
+/// The three servers under test.
+struct Servers {
+    rust: ServerProc,
+    js: ServerProc,
+    workerd: Workerd,
+}
+
+impl Servers {
+    /// Marmot with the Rust counter, Marmot with the JavaScript counter and
+    /// workerd, with data under `dir`, sized for `actors` active actors.
+    async fn start(
+        dir: &std::path::Path,
+        bin: &std::path::Path,
+        actors: usize,
+    ) -> anyhow::Result<Self> {
+        let limits = format!(
+            "[limits]\nmax_active_actors = {}\n",
+            (actors + 1000).max(10_000)
+        );
+        let js_limits = format!("{limits}max_js_sandboxes = {}\n", actors + 1000);
+        let idle = serde_json::json!({"idle_timeout_ms": 3_600_000});
+        std::fs::create_dir_all(dir)?;
+        let rust = ServerProc::start(&dir.join("rust"), &limits).await?;
+        rust.deploy_counter(idle.clone()).await?;
+        let js = ServerProc::start(&dir.join("js"), &js_limits).await?;
+        js.deploy_js("counter", super::inproc::JS_COUNTER, idle)
+            .await?;
+        let wd_dir = dir.join("workerd");
+        std::fs::create_dir_all(&wd_dir)?;
+        let workerd = Workerd::start(bin, &wd_dir).await?;
+        Ok(Self { rust, js, workerd })
+    }
+
+    fn sides(&self) -> [Side; 3] {
+        [
+            Side {
+                name: "marmot",
+                addr: self.rust.addr,
+                pid: self.rust.pid(),
+            },
+            Side {
+                name: "marmot-js",
+                addr: self.js.addr,
+                pid: self.js.pid(),
+            },
+            Side {
+                name: "workerd",
+                addr: self.workerd.addr,
+                pid: self.workerd.pid(),
+            },
+        ]
+    }
+
+    fn stop(self) {
+        self.rust.stop();
+        self.js.stop();
+        drop(self.workerd);
+    }
 }

@@ -72,8 +72,8 @@ pub trait ActorCalls: Send + Sync {
         chain: CallChain,
     ) -> futures::future::BoxFuture<'static, Result<CallReply, super::bindings::GuestError>>;
 
-    /// The newest version of type `ty`, if it is deployed.
-    fn type_version(&self, ty: &str) -> Option<u32>;
+    /// Whether type `ty` is deployed.
+    fn type_exists(&self, ty: &str) -> bool;
 }
 
 /// A JavaScript module as the engine receives it.

@@ -181,12 +181,26 @@ pub struct Sandbox {
     js_engine: std::sync::Mutex<Option<Arc<Prepared>>>,
 }
 
+/// The smallest instance pool an engine gets, whatever the configuration.
+const MIN_POOL: u32 = 16;
+
 impl Sandbox {
+    /// Instances the Rust-component pool (`js == false`) or the JavaScript
+    /// pool can hold at once.
+    pub fn pool_size(&self, js: bool) -> usize {
+        let n = if js {
+            self.config.max_js_instances
+        } else {
+            self.config.max_instances as u32
+        };
+        n.max(MIN_POOL) as usize
+    }
+
     /// Build the engines and start their epoch ticker.
     pub fn new(config: SandboxConfig) -> anyhow::Result<Arc<Self>> {
-        let n = config.max_instances.max(16) as u32;
+        let n = (config.max_instances as u32).max(MIN_POOL);
         let wasm = EngineParts::new(&config, n, false)?;
-        let js = EngineParts::new(&config, config.max_js_instances.max(16), true)?;
+        let js = EngineParts::new(&config, config.max_js_instances.max(MIN_POOL), true)?;
         std::fs::create_dir_all(&config.cache_dir).map_err(|e| {
             anyhow::anyhow!(
                 "failed to create compiled-code cache `{}`: {e}",

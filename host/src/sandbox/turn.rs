@@ -23,6 +23,19 @@ use crate::storage::schema::{
 };
 use crate::storage::{Storage, StorageError};
 
+/// The last commit an actor submitted before a turn, and its generation.
+/// A request that leaves mid-turn (`actors.call`) must not depend on
+/// earlier turns that could still fail to commit.
+#[derive(Clone)]
+pub struct DurableBefore {
+    /// The actor's commit bookkeeping.
+    pub tracker: Arc<crate::storage::CommitTracker>,
+    /// Submitted seq to wait for.
+    pub seq: u64,
+    /// The actor's generation (a failed commit raises the tracker's).
+    pub generation: u64,
+}
+
 /// Limits that apply inside a turn.
 #[derive(Debug, Clone)]
 pub struct TurnLimits {
@@ -154,8 +167,10 @@ pub struct TurnState {
     pub inputs: InputBook,
     /// Callers above this turn (`actors.call`), for cycle detection.
     pub chain: super::host::CallChain,
+    /// This actor's commits before this turn: `actors.call` waits for them.
+    pub durable_before: Option<DurableBefore>,
     /// Messages sent with `actors.send`, queued when the turn commits.
-    pub sends: Vec<(ActorKey, u32, InboxRecord)>,
+    pub sends: Vec<(ActorKey, InboxRecord)>,
     /// Limits.
     pub limits: Arc<TurnLimits>,
     storage: Arc<Storage>,
@@ -208,6 +223,7 @@ impl TurnState {
                 created: Vec::new(),
             },
             chain: Arc::from([]),
+            durable_before: None,
             sends: Vec::new(),
             limits,
             storage,
@@ -519,13 +535,7 @@ impl TurnState {
 
     /// Queue a message to `to` (a type at `version` for a new actor), sent
     /// durably if and only if this turn commits.
-    pub fn actor_send(
-        &mut self,
-        to: ActorKey,
-        version: u32,
-        body: Vec<u8>,
-        now_ms: u64,
-    ) -> Result<(), Refusal> {
+    pub fn actor_send(&mut self, to: ActorKey, body: Vec<u8>, now_ms: u64) -> Result<(), Refusal> {
         if self.sends.len() >= self.limits.max_sends_per_turn {
             return Err(Refusal::Limit(format!(
                 "a turn may send at most {} messages",
@@ -548,7 +558,7 @@ impl TurnState {
             enqueued_at_ms: now_ms,
             kind: InboxKind::Message,
         };
-        self.sends.push((to, version, message));
+        self.sends.push((to, message));
         Ok(())
     }
 
@@ -626,7 +636,7 @@ pub struct FinishedTurn {
     pub input_writes: Vec<(String, Option<InputRecord>)>,
     /// Messages to other actors: (recipient, its type's version for a new
     /// actor, the inbox row).
-    pub sends: Vec<(ActorKey, u32, InboxRecord)>,
+    pub sends: Vec<(ActorKey, InboxRecord)>,
 }
 
 /// An actor's input requests as a turn sees them.

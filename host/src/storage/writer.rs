@@ -26,7 +26,7 @@ use redb::{ReadableTable, WriteTransaction};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::schema::*;
-use super::{StorageError, Subscriptions, encode_type};
+use super::{StorageError, Subscriptions, decode_type, encode_type};
 use crate::clock::now_ms;
 use crate::config::StorageConfig;
 use crate::ids::ActorKey;
@@ -136,7 +136,7 @@ pub struct TurnCommit {
     pub inputs: Vec<(String, Option<InputRecord>)>,
     /// Messages to other actors (`actors.send`): (recipient, its type's
     /// version for a new actor, the inbox row), queued in this commit.
-    pub sends: Vec<(ActorKey, u32, InboxRecord)>,
+    pub sends: Vec<(ActorKey, InboxRecord)>,
     /// Completion.
     pub on_durable: OnDurable,
 }
@@ -730,8 +730,20 @@ impl WriterState {
             .write_turn(&t, created)
             .and_then(|()| self.write_outbox(tables, &t))
             .and_then(|()| {
-                for (key, version, message) in &t.sends {
-                    let rec = self.get_or_create(tables, key, *version, created)?;
+                for (key, message) in &t.sends {
+                    // The type was checked at send time but may have been
+                    // deleted since: drop the message rather than create an
+                    // actor of a type that no longer exists.
+                    let ty = match tables.types.get(key.ty())? {
+                        Some(v) => decode_type(v.value())?,
+                        None => {
+                            tracing::warn!(from = %t.key, to = %key,
+                                "message to an actor of a deleted type dropped");
+                            continue;
+                        }
+                    };
+                    let version = ty.latest().version;
+                    let rec = self.get_or_create(tables, key, version, created)?;
                     self.enqueue(tables, rec.num, message.clone(), 0)?;
                 }
                 Ok(())

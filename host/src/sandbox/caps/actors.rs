@@ -17,7 +17,7 @@ use crate::sandbox::bindings::marmot::actor::actors;
 use crate::sandbox::bindings::marmot::actor::types::Reply;
 use crate::sandbox::host::Host;
 
-/// Deepest call chain (A calls B calls C …).
+/// Most actors in one call chain (A calls B calls C …, A included).
 pub const MAX_CALL_DEPTH: usize = 8;
 
 fn target(ty: &str, id: &str) -> Result<ActorKey, GuestError> {
@@ -56,7 +56,7 @@ impl actors::Host for Host {
         }
         if turn.chain.len() + 1 >= MAX_CALL_DEPTH {
             return Ok(Err(GuestError::LimitExceeded(format!(
-                "calls may nest at most {MAX_CALL_DEPTH} deep"
+                "a call chain may hold at most {MAX_CALL_DEPTH} actors"
             ))));
         }
         if body.len() > turn.limits.max_message_bytes {
@@ -72,6 +72,19 @@ impl actors::Host for Host {
             .cloned()
             .chain([turn.key.clone()])
             .collect();
+        // The request may carry state of this actor's earlier turns, still
+        // in flight to disk: only send it once they are durable.
+        if let Some(before) = turn.durable_before.clone() {
+            before
+                .tracker
+                .wait_committed(before.seq, before.generation)
+                .await;
+            if before.tracker.min_generation() > before.generation {
+                return Ok(Err(GuestError::Internal(
+                    "an earlier commit of this actor failed; the call was not made".into(),
+                )));
+            }
+        }
         Ok(calls.call(to, body, chain).await.map(|r| Reply {
             status: r.status,
             body: r.body,
@@ -96,13 +109,11 @@ impl actors::Host for Host {
                 "actors.send is not available in this sandbox".into(),
             )));
         };
-        let Some(version) = calls.type_version(&actor_type) else {
+        if !calls.type_exists(&actor_type) {
             return Ok(Err(GuestError::NotFound(format!(
                 "unknown actor type `{actor_type}`"
             ))));
-        };
-        Ok(turn
-            .actor_send(to, version, body, now_ms())
-            .map_err(Into::into))
+        }
+        Ok(turn.actor_send(to, body, now_ms()).map_err(Into::into))
     }
 }

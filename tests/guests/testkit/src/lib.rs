@@ -82,6 +82,9 @@ enum Op {
         body: Value,
         #[serde(default)]
         fail: bool,
+        /// Keep the turn busy this long after sending.
+        #[serde(default)]
+        then_busy_ms: u64,
     },
     /// Ask for input; a refusal is replied with status 422.
     InputRequest {
@@ -255,8 +258,18 @@ impl Actor for TestKit {
                 })),
                 Err(e) => Ok(Reply::json(&json!({ "error": e.message() }))?.with_status(502)),
             },
-            Op::Send { ty, id, body, fail } => {
+            Op::Send {
+                ty,
+                id,
+                body,
+                fail,
+                then_busy_ms,
+            } => {
                 actors::send(&ty, &id, &body)?;
+                let start = std::time::Instant::now();
+                while start.elapsed().as_millis() < u128::from(then_busy_ms) {
+                    std::hint::spin_loop();
+                }
                 if fail {
                     return Err("testkit: failing after a send, as asked".into());
                 }
