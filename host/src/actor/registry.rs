@@ -286,8 +286,14 @@ impl Registry {
     /// active cap): ask the least recently used *idle* actors holding a slot
     /// of that pool (`SLOT_WASM` or `SLOT_JS`) to hibernate — `batch` of
     /// them, or one per waiting activation if more wait — so waking actors
-    /// find room.
-    pub(crate) fn make_room(&self, node: &Arc<Node>, slot: u8, batch: usize, _: &WaitingForRoom) {
+    /// find room. The caller shows it is counted among the waiting.
+    pub(crate) fn make_room(
+        &self,
+        node: &Arc<Node>,
+        slot: u8,
+        batch: usize,
+        _waiting: &WaitingForRoom,
+    ) {
         let pool = usize::from(slot - 1);
         if self.making_room[pool].swap(true, Ordering::AcqRel) {
             return;
