@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::StreamExt as _;
 
-use super::{BenchArgs, Percentiles, progress};
+use super::{BenchArgs, Percentiles, deploy_awake, progress, ready_node};
 use crate::clock::now_ms;
-use crate::config::{NodeConfig, TypeConfig};
+use crate::config::NodeConfig;
 use crate::ids::ActorKey;
 use crate::node::Node;
 use crate::storage::schema::CodeKind;
@@ -69,21 +69,8 @@ pub(super) async fn lag(args: &BenchArgs) -> anyhow::Result<()> {
         "{per_actor} alarms per actor exceeds the per-actor cap; use more --actors"
     );
     let dir = tempfile::Builder::new().prefix("marmot-bench-").tempdir()?;
-    let node = Node::start(NodeConfig::for_dir(dir.path().join("data"))).await?;
-    while !node.is_ready() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let config = TypeConfig {
-        idle_timeout_ms: Some(3_600_000),
-        ..TypeConfig::default()
-    };
-    node.deploy(
-        "notes",
-        CodeKind::Wasm,
-        crate::guests::NOTES.to_vec(),
-        config,
-    )
-    .await?;
+    let node = ready_node(NodeConfig::for_dir(dir.path().join("data"))).await?;
+    deploy_awake(&node, "notes", CodeKind::Wasm, crate::guests::NOTES).await?;
 
     // Alarm j belongs to actor j % actors and is that actor's note
     // j / actors + 1.

@@ -261,11 +261,8 @@ impl Servers {
         bin: &std::path::Path,
         actors: usize,
     ) -> anyhow::Result<Self> {
-        let limits = format!(
-            "[limits]\nmax_active_actors = {}\n",
-            (actors + 1000).max(10_000)
-        );
-        let js_limits = format!("{limits}max_js_sandboxes = {}\n", actors + 1000);
+        let limits = super::server::limits_for(actors, false);
+        let js_limits = super::server::limits_for(actors, true);
         let idle = serde_json::json!({"idle_timeout_ms": 3_600_000});
         std::fs::create_dir_all(dir)?;
         let rust = ServerProc::start(&dir.join("rust"), &limits).await?;

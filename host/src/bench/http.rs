@@ -281,15 +281,7 @@ pub(super) fn have_wrk() -> bool {
 /// Durable turns/s over HTTP across `actors` counters.
 pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Result<()> {
     let dir = tempfile::Builder::new().prefix("marmot-bench-").tempdir()?;
-    let config = format!(
-        "[limits]\nmax_active_actors = {}\n",
-        (actors + 1000).max(10_000)
-    );
-    let config = if args.js {
-        format!("{config}max_js_sandboxes = {}\n", actors + 100)
-    } else {
-        config
-    };
+    let config = super::server::limits_for(actors, args.js);
     let server = ServerProc::start(&dir.path().join("data"), &config).await?;
     let ty = if args.js {
         server
@@ -373,18 +365,26 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
 
 /// (commits, operations committed) from the node's metrics.
 async fn commit_stats(addr: SocketAddr) -> anyhow::Result<(f64, f64)> {
+    let text = metrics(addr).await?;
+    let find = |name: &str| sample(&text, name).unwrap_or(0.0);
+    Ok((
+        find("marmot_commits_total"),
+        find("marmot_commit_batch_size_sum"),
+    ))
+}
+
+/// The node's Prometheus metrics, as text.
+pub(super) async fn metrics(addr: SocketAddr) -> anyhow::Result<String> {
     let mut c = Conn::connect(addr).await?;
     let (_, body) = c.get("/metrics").await?;
-    let text = String::from_utf8_lossy(&body);
-    let find = |name: &str| -> f64 {
-        text.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
-    };
-    Ok((
-        find("marmot_commits_total "),
-        find("marmot_commit_batch_size_sum "),
-    ))
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The value of sample `name` (a metric name, with its labels if it has
+/// any: `marmot_x_total{outcome="ok"}`) in metrics `text`.
+pub(super) fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
 }

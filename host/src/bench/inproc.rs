@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::http::Conn;
-use super::{BenchArgs, Percentiles, progress};
-use crate::config::{NodeConfig, TypeConfig};
+use super::{BenchArgs, Percentiles, deploy_awake, progress, ready_node};
+use crate::config::NodeConfig;
 use crate::ids::ActorKey;
 use crate::node::Node;
 use crate::storage::schema::CodeKind;
@@ -31,19 +31,9 @@ export default {
 
 async fn start_node() -> anyhow::Result<(tempfile::TempDir, Arc<Node>)> {
     let dir = tempfile::Builder::new().prefix("marmot-bench-").tempdir()?;
-    let node = Node::start(NodeConfig::for_dir(dir.path().join("data"))).await?;
-    while !node.is_ready() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let config = TypeConfig {
-        idle_timeout_ms: Some(3_600_000),
-        ..TypeConfig::default()
-    };
-    let counter = crate::guests::COUNTER.to_vec();
-    node.deploy("counter", CodeKind::Wasm, counter, config.clone())
-        .await?;
-    let js = JS_COUNTER.as_bytes().to_vec();
-    node.deploy("jscounter", CodeKind::Js, js, config).await?;
+    let node = ready_node(NodeConfig::for_dir(dir.path().join("data"))).await?;
+    deploy_awake(&node, "counter", CodeKind::Wasm, crate::guests::COUNTER).await?;
+    deploy_awake(&node, "jscounter", CodeKind::Js, JS_COUNTER.as_bytes()).await?;
     Ok((dir, node))
 }
 

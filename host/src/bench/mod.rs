@@ -146,6 +146,32 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Start an in-process node on `config` and wait until it is ready.
+async fn ready_node(
+    config: crate::config::NodeConfig,
+) -> anyhow::Result<std::sync::Arc<crate::node::Node>> {
+    let node = crate::node::Node::start(config).await?;
+    while !node.is_ready() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(node)
+}
+
+/// Deploy `code` as type `ty` with actors that stay awake for the whole run.
+async fn deploy_awake(
+    node: &std::sync::Arc<crate::node::Node>,
+    ty: &str,
+    kind: crate::storage::schema::CodeKind,
+    code: &[u8],
+) -> anyhow::Result<()> {
+    let config = crate::config::TypeConfig {
+        idle_timeout_ms: Some(3_600_000),
+        ..Default::default()
+    };
+    node.deploy(ty, kind, code.to_vec(), config).await?;
+    Ok(())
+}
+
 /// `cores=… cpu=… kernel=…`.
 pub fn machine_line() -> String {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());

@@ -12,11 +12,11 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
 
-use super::http::Conn;
+use super::server::wait_until_serving;
 
 /// The worker: a router and the counter object.
 const WORKER_JS: &str = r#"import { DurableObject } from "cloudflare:workers";
@@ -116,19 +116,10 @@ impl Workerd {
             addr,
             version,
         };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = w.child.try_wait()? {
-                anyhow::bail!("workerd exited: {status}");
-            }
-            if let Ok(mut c) = Conn::connect(addr).await
-                && let Ok((404, _)) = c.get("/").await
-            {
-                return Ok(w);
-            }
-            anyhow::ensure!(Instant::now() < deadline, "workerd did not start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        // The worker answers 404 to anything but a counter.
+        let ready = (Duration::from_secs(60), "/", 404);
+        wait_until_serving(&mut w.child, addr, ready, "workerd").await?;
+        Ok(w)
     }
 
     /// The process id, for RSS and CPU readings.

@@ -38,22 +38,9 @@ impl ServerProc {
             .spawn()
             .context("cannot start the benchmark node")?;
         let mut s = Self { child, addr };
-        let deadline = Instant::now() + Duration::from_secs(300);
-        loop {
-            if let Some(status) = s.child.try_wait()? {
-                anyhow::bail!("benchmark node exited: {status}");
-            }
-            if let Ok(mut c) = Conn::connect(addr).await
-                && let Ok((200, _)) = c.get("/readyz").await
-            {
-                return Ok(s);
-            }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "benchmark node did not become ready"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let ready = (Duration::from_secs(300), "/readyz", 200);
+        wait_until_serving(&mut s.child, addr, ready, "benchmark node").await?;
+        Ok(s)
     }
 
     /// Resident set size in bytes.
@@ -180,4 +167,41 @@ pub(super) fn cpu_of(pid: u32) -> anyhow::Result<Duration> {
     // Linux reports these in USER_HZ, which is 100 on every architecture it
     // supports.
     Ok(Duration::from_millis(ticks * 10))
+}
+
+/// Wait until `GET path` on `addr` answers `status`, within `timeout`;
+/// fail at once if `child` (called `what`) exits first.
+pub(super) async fn wait_until_serving(
+    child: &mut Child,
+    addr: SocketAddr,
+    (timeout, path, status): (Duration, &str, u16),
+    what: &str,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(exit) = child.try_wait()? {
+            anyhow::bail!("{what} exited: {exit}");
+        }
+        if let Ok(mut c) = Conn::connect(addr).await
+            && let Ok((got, _)) = c.get(path).await
+            && got == status
+        {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{what} did not become ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Node configuration (TOML) that keeps `actors` actors awake at once, and
+/// as many JavaScript sandboxes when `js`.
+pub(super) fn limits_for(actors: usize, js: bool) -> String {
+    let mut config = format!(
+        "[limits]\nmax_active_actors = {}\n",
+        (actors + 1000).max(10_000)
+    );
+    if js {
+        config += &format!("max_js_sandboxes = {}\n", actors + 1000);
+    }
+    config
 }

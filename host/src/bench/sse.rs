@@ -14,10 +14,9 @@ use http_body_util::{BodyExt, Empty};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
 
-use super::{BenchArgs, Percentiles, progress};
-use crate::config::{NodeConfig, TypeConfig};
+use super::{BenchArgs, Percentiles, deploy_awake, progress, ready_node};
+use crate::config::NodeConfig;
 use crate::ids::ActorKey;
-use crate::node::Node;
 use crate::storage::schema::CodeKind;
 
 /// Follow the room's events after `after` until `last`; the receive time of
@@ -80,21 +79,8 @@ pub(super) async fn fanout(args: &BenchArgs) -> anyhow::Result<()> {
     let mut config = NodeConfig::for_dir(dir.path().join("data"));
     config.events.max_streams = streams + 16;
     config.limits.max_events_per_actor = total + 16;
-    let node = Node::start(config).await?;
-    while !node.is_ready() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let type_config = TypeConfig {
-        idle_timeout_ms: Some(3_600_000),
-        ..TypeConfig::default()
-    };
-    node.deploy(
-        "notes",
-        CodeKind::Wasm,
-        crate::guests::NOTES.to_vec(),
-        type_config,
-    )
-    .await?;
+    let node = ready_node(config).await?;
+    deploy_awake(&node, "notes", CodeKind::Wasm, crate::guests::NOTES).await?;
     let room = ActorKey::new("notes", "room")?;
     let add = Bytes::from_static(br#"{"op":"add","text":"hello, room"}"#);
     node.send(&room, add.clone(), None, None).await?;

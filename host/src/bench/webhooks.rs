@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
-use super::http::{Conn, create_actors};
+use super::http::{Conn, create_actors, metrics, sample};
 use super::server::ServerProc;
 use super::{BenchArgs, Percentiles};
 use crate::webhooks::{new_secret, secret_key, sign};
@@ -127,14 +127,7 @@ async fn load(
 
 /// A gauge or counter from the node's metrics.
 async fn metric(addr: SocketAddr, name: &str) -> anyhow::Result<f64> {
-    let mut c = Conn::connect(addr).await?;
-    let (_, body) = c.get("/metrics").await?;
-    let text = String::from_utf8_lossy(&body);
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|v| v.parse().ok())
-        .with_context(|| format!("no metric {name}"))
+    sample(&metrics(addr).await?, name).with_context(|| format!("no metric {name}"))
 }
 
 /// Wait until every durable message has run; how long that took.
@@ -184,10 +177,7 @@ pub(super) async fn ingest(args: &BenchArgs) -> anyhow::Result<()> {
     let actors = args.actors.unwrap_or(10_000).max(1);
     let conns = args.connections.max(1);
     let dir = tempfile::Builder::new().prefix("marmot-bench-").tempdir()?;
-    let config = format!(
-        "[limits]\nmax_active_actors = {}\n",
-        (actors + 1000).max(10_000)
-    );
+    let config = super::server::limits_for(actors, false);
     let server = ServerProc::start(&dir.path().join("data"), &config).await?;
     let secret = new_secret();
     server
