@@ -76,7 +76,9 @@ impl Drop for SlotHeld {
 enum TurnInput {
     /// A message, and the callers waiting above it (`actors.call`).
     Message(Message, CallChain),
-    Upgrade(u32),
+    /// `on-upgrade` from a version, on behalf of the callers of the message
+    /// that triggered it (empty for other deliveries).
+    Upgrade(u32, CallChain),
     /// A script in a fresh JavaScript sandbox bound to this actor.
     Eval(String),
     Alarm(Alarm),
@@ -142,9 +144,6 @@ pub(crate) struct ActorTask {
     /// Current back-off for retrying the inbox.
     inbox_retry_ms: u64,
     last_activity: Instant,
-    /// The call chain of the message whose delivery is upgrading the actor:
-    /// `on-upgrade` runs on behalf of the same callers.
-    upgrade_chain: CallChain,
 }
 
 impl ActorTask {
@@ -168,7 +167,6 @@ impl ActorTask {
             wake_recorded: false,
             inbox_retry_ms: INBOX_RETRY_MS,
             last_activity: now,
-            upgrade_chain: Arc::from([]),
         }
     }
 
@@ -392,10 +390,7 @@ impl ActorTask {
                 }
             }
         }
-        self.upgrade_chain = chain.clone();
-        let upgraded = self.ensure_version().await;
-        self.upgrade_chain = Arc::from([]);
-        if let Err(e) = upgraded {
+        if let Err(e) = self.ensure_version_for(chain.clone()).await {
             // The upgrade turn ran on state that may not be durable yet.
             self.release_when_durable(self.submitted_seq, Err(e), reply);
             return;
@@ -526,6 +521,11 @@ impl ActorTask {
     /// Run `on-upgrade` once if the type has a newer version than the one the
     /// actor's state belongs to.
     async fn ensure_version(&mut self) -> Result<(), TurnError> {
+        self.ensure_version_for(Arc::from([])).await
+    }
+
+    /// [`Self::ensure_version`] on behalf of the callers in `chain`.
+    async fn ensure_version_for(&mut self, chain: CallChain) -> Result<(), TurnError> {
         let latest = self.shared.ty.latest_version();
         let from = self.record().version;
         if from >= latest {
@@ -533,7 +533,7 @@ impl ActorTask {
         }
         let turn_id = format!("upgrade-{from}-{latest}");
         match self
-            .run_turn("upgrade", latest, &turn_id, TurnInput::Upgrade(from))
+            .run_turn("upgrade", latest, &turn_id, TurnInput::Upgrade(from, chain))
             .await
         {
             Ok((_, finished)) => {
@@ -725,10 +725,8 @@ impl ActorTask {
             self.node.turn_limits.clone(),
             self.node.storage.clone(),
         );
-        match &input {
-            TurnInput::Message(_, chain) => turn.chain = chain.clone(),
-            TurnInput::Upgrade(_) => turn.chain = self.upgrade_chain.clone(),
-            _ => {}
+        if let TurnInput::Message(_, chain) | TurnInput::Upgrade(_, chain) = &input {
+            turn.chain = chain.clone();
         }
         // `actors.call` waits for this actor's earlier turns to be durable.
         turn.durable_before = Some(crate::sandbox::turn::DurableBefore {
@@ -773,7 +771,7 @@ impl ActorTask {
                             })
                         })
                     }),
-                TurnInput::Upgrade(from) => handlers
+                TurnInput::Upgrade(from, _) => handlers
                     .call_on_upgrade(&mut *store, &ctx, from)
                     .await
                     .map(|r| r.map(|()| TurnOutput::Done)),
