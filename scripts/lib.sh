@@ -26,23 +26,12 @@ ensure_c_toolchain() {
     if [ -n "${CC_wasm32_wasip2:-}" ]; then
         return 0
     fi
-    pkgs="clang llvm wasi-libc"
     if ! command -v apt-get >/dev/null 2>&1; then
         echo "error: the JavaScript engine needs clang, llvm-ar and wasi-libc headers; install them" \
              "(or set CC_wasm32_wasip2, AR_wasm32_wasip2, CFLAGS_wasm32_wasip2)" >&2
         exit 1
     fi
-    if [ "$(id -u)" = 0 ]; then
-        SUDO=""
-    elif command -v sudo >/dev/null 2>&1; then
-        SUDO="sudo"
-    else
-        echo "error: installing $pkgs needs root: run 'apt-get install -y $pkgs' as root, then run this again" >&2
-        exit 1
-    fi
-    echo "installing $pkgs (for the JavaScript engine)…" >&2
-    $SUDO apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $pkgs >/dev/null
+    apt_install "for the JavaScript engine" clang llvm wasi-libc
 }
 
 # Install Debian packages for the commands named, when a command is missing:
@@ -57,15 +46,23 @@ ensure_commands() {
         echo "error: please install:$missing" >&2
         exit 1
     fi
+    apt_install "" $missing
+}
+
+# apt-get install the packages after the first argument (what they are
+# for, shown to the user), as root or through sudo.
+apt_install() {
+    why=$1
+    shift
     if [ "$(id -u)" = 0 ]; then
         SUDO=""
     elif command -v sudo >/dev/null 2>&1; then
         SUDO="sudo"
     else
-        echo "error: installing$missing needs root: run 'apt-get install -y$missing' as root" >&2
+        echo "error: installing $* needs root: run 'apt-get install -y $*' as root, then run this again" >&2
         exit 1
     fi
-    echo "installing$missing…" >&2
+    echo "installing $*${why:+ ($why)}…" >&2
     $SUDO apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" >/dev/null
 }
