@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Api, Marmot, NOTES, TESTKIT, kit_node, tempdir};
+use common::{Api, Marmot, NOTES, TESTKIT, kit_node, metric, tempdir};
 use serde_json::{Value, json};
 
 /// Wait until the actor's `fired` list has at least `n` entries; return it.
@@ -56,14 +56,6 @@ fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64
-}
-
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Api, Marmot, Resp, tempdir};
+use common::{Api, Marmot, Resp, metric, tempdir};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -270,12 +270,7 @@ async fn more_javascript_actors_than_sandboxes_take_turns_by_making_room() {
     let r = eval(&api, "jscount", "a0", "marmot.state.get('n')").await;
     assert_eq!(r.json["result"], 3, "{}", r.json);
     let metrics = String::from_utf8(api.get("/metrics").await.body).unwrap();
-    let hibernations: f64 = metrics
-        .lines()
-        .find(|l| l.starts_with("marmot_hibernations_total "))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap();
+    let hibernations = metric(&metrics, "marmot_hibernations_total");
     assert!(hibernations >= 24.0, "actors made room: {hibernations}");
 }
 

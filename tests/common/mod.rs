@@ -458,3 +458,13 @@ impl SseStream {
         }
     }
 }
+
+/// The value of the unlabelled sample `name` in Prometheus metrics `text`
+/// (0 when absent).
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
