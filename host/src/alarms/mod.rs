@@ -25,15 +25,12 @@ use crate::storage::schema::AlarmSchedule;
 /// Longest alarm name, in bytes.
 pub const MAX_ALARM_NAME: usize = 128;
 
-/// The platform's own alarms (input expiries) have names starting with NUL,
-/// which user names cannot contain: they share the durable machinery but are
-/// never listed, counted or given to `on-alarm`.
+/// The platform's own alarm that expires an input request (internal alarm
+/// names start with NUL; see [`is_internal`]).
 const INPUT_EXPIRY: &str = "\0input:";
 
 /// Whether `name` is one of the platform's own alarms.
-pub fn is_internal(name: &str) -> bool {
-    name.starts_with('\0')
-}
+pub use crate::storage::schema::is_internal_alarm as is_internal;
 
 /// The alarm that expires input request `id`.
 pub fn input_expiry_alarm(id: &str) -> String {

@@ -54,7 +54,9 @@ pub(super) async fn hibernated(args: &BenchArgs) -> anyhow::Result<()> {
 
     eprintln!("  writing {n} hibernated actors to disk…");
     let started = std::time::Instant::now();
-    crate::storage::bulk::populate_counters(&data, "counter", n)?;
+    crate::storage::bulk::populate_counters(&data, "counter", n, |done, n| {
+        super::progress_line("bulk insert", done, n)
+    })?;
     eprintln!("  done in {:.1}s", started.elapsed().as_secs_f64());
 
     let started = std::time::Instant::now();

@@ -10,8 +10,14 @@ use super::schema::*;
 use crate::clock::now_ms;
 
 /// Add `n` counter actors `b0 … b{n-1}` of type `ty` (each with `n` = 1 in
-/// its state) to the database in `dir`. The node must not be running.
-pub fn populate_counters(dir: &Path, ty: &str, n: usize) -> Result<(), StorageError> {
+/// its state) to the database in `dir`, calling `progress(done, n)` after
+/// each chunk. The node must not be running.
+pub fn populate_counters(
+    dir: &Path,
+    ty: &str,
+    n: usize,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<(), StorageError> {
     let db = redb::Database::create(dir.join("marmot.redb"))?;
     check_format(&db)?;
     let version = {
@@ -56,7 +62,7 @@ pub fn populate_counters(dir: &Path, ty: &str, n: usize) -> Result<(), StorageEr
             }
         }
         txn.commit()?;
-        crate::bench::progress_line("bulk insert", (start + CHUNK).min(n), n);
+        progress((start + CHUNK).min(n), n);
     }
     Ok(())
 }

@@ -402,7 +402,7 @@ impl Reader {
             if n2 != num {
                 break;
             }
-            if !crate::alarms::is_internal(name) {
+            if !is_internal_alarm(name) {
                 n += 1;
             }
         }

@@ -310,6 +310,16 @@ pub enum AlarmSchedule {
     },
 }
 
+/// Alarm names that start with NUL (which names users choose cannot
+/// contain) are the platform's own, such as input expiries: they share the
+/// durable machinery but are never listed, counted or given to `on-alarm`.
+pub const INTERNAL_ALARM_PREFIX: char = '\0';
+
+/// Whether alarm `name` is one of the platform's own.
+pub fn is_internal_alarm(name: &str) -> bool {
+    name.starts_with(INTERNAL_ALARM_PREFIX)
+}
+
 /// A pending alarm.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AlarmRecord {

@@ -1,0 +1,308 @@
+//! How each [`WriteOp`] is applied inside the batch's transaction.
+
+use redb::ReadableTable;
+
+use super::WriterState;
+use super::ops::{Applied, EnqueueOutcome, Reply, TurnCommit, WriteOp};
+use super::tables::Tables;
+use super::tracker::CommitFailed;
+use crate::clock::now_ms;
+use crate::ids::ActorKey;
+use crate::storage::schema::*;
+use crate::storage::{StorageError, decode_type};
+
+impl WriterState {
+    pub(super) fn apply(
+        &mut self,
+        tables: &mut Tables<'_>,
+        op: WriteOp,
+        created: &mut i64,
+    ) -> (Applied, Result<(), StorageError>) {
+        fn done<T: Send + 'static>(
+            reply: Reply<T>,
+            r: Result<T, StorageError>,
+        ) -> (Applied, Result<(), StorageError>) {
+            match r {
+                Ok(v) => (Applied::reply(reply, Ok(v)), Ok(())),
+                Err(e) => {
+                    let msg = e.to_string();
+                    (
+                        Applied::reply(
+                            reply,
+                            Err(StorageError::CommitFailed(CommitFailed::Storage(msg))),
+                        ),
+                        Err(e),
+                    )
+                }
+            }
+        }
+        match op {
+            WriteOp::Turn(t) => self.apply_turn(tables, *t, created),
+            WriteOp::GetOrCreate {
+                key,
+                version,
+                done: d,
+            } => {
+                let r = self.get_or_create(tables, &key, version, created);
+                done(d, r)
+            }
+            WriteOp::Enqueue {
+                key,
+                version,
+                message,
+                idempotency_ttl_ms,
+                done: d,
+            } => {
+                let r = self
+                    .get_or_create(tables, &key, version, created)
+                    .and_then(|rec| self.enqueue(tables, rec.num, message, idempotency_ttl_ms));
+                done(d, r)
+            }
+            WriteOp::DeleteActor { key, done: d } => {
+                let r = tables.delete_actor(&key);
+                if let Ok(true) = r {
+                    *created -= 1;
+                }
+                done(d, r)
+            }
+            WriteOp::PutType {
+                record,
+                code,
+                done: d,
+            } => done(d, tables.put_type(&record, code)),
+            WriteOp::DeleteType {
+                name,
+                with_actors,
+                done: d,
+            } => {
+                let r = tables.delete_type(&name, with_actors);
+                if let Ok(n) = r {
+                    *created -= n as i64;
+                }
+                done(d, r)
+            }
+            WriteOp::SweepIdempotency { now_ms, done: d } => {
+                done(d, tables.sweep_idempotency(now_ms))
+            }
+            WriteOp::PutSubscription {
+                name,
+                record,
+                done: d,
+            } => {
+                let r = tables
+                    .subscriptions
+                    .insert(name.as_str(), encode(&record).as_slice())
+                    .map(|old| old.is_none())
+                    .map_err(StorageError::from);
+                if r.is_ok() {
+                    self.subscriptions.set(&name, Some(record));
+                    self.subscriptions_touched = true;
+                }
+                done(d, r)
+            }
+            WriteOp::DeleteSubscription { name, done: d } => {
+                let r = tables
+                    .subscriptions
+                    .remove(name.as_str())
+                    .map(|old| old.is_some())
+                    .map_err(StorageError::from);
+                if r.is_ok() {
+                    self.subscriptions.set(&name, None);
+                    self.subscriptions_touched = true;
+                }
+                done(d, r)
+            }
+            WriteOp::DeliveryAttempted {
+                seq,
+                update,
+                done: d,
+            } => {
+                self.outbox_touched = true;
+                done(d, tables.write_delivery(seq, update.as_ref()))
+            }
+            WriteOp::RetryDelivery { seq, id, done: d } => {
+                self.outbox_touched = true;
+                let r = tables.retry_delivery(seq, &id);
+                done(d, r)
+            }
+            WriteOp::Barrier { done } => (
+                Applied::Reply(Box::new(move |_| {
+                    let _ = done.send(());
+                })),
+                Ok(()),
+            ),
+        }
+    }
+
+    fn apply_turn(
+        &mut self,
+        tables: &mut Tables<'_>,
+        t: TurnCommit,
+        created: &mut i64,
+    ) -> (Applied, Result<(), StorageError>) {
+        if t.generation < t.tracker.min_generation() {
+            return (Applied::Refused(t.on_durable), Ok(()));
+        }
+        let r = tables
+            .write_turn(&t, created)
+            .and_then(|()| self.write_outbox(tables, &t))
+            .and_then(|()| {
+                for (key, message) in &t.sends {
+                    // The type was checked at send time but may have been
+                    // deleted since: drop the message rather than create an
+                    // actor of a type that no longer exists.
+                    let ty = match tables.types.get(key.ty())? {
+                        Some(v) => decode_type(v.value())?,
+                        None => {
+                            tracing::warn!(from = %t.key, to = %key,
+                                "message to an actor of a deleted type dropped");
+                            continue;
+                        }
+                    };
+                    let version = ty.latest().version;
+                    let rec = self.get_or_create(tables, key, version, created)?;
+                    self.enqueue(tables, rec.num, message.clone(), 0)?;
+                }
+                Ok(())
+            });
+        let applied = Applied::Turn {
+            tracker: t.tracker,
+            generation: t.generation,
+            seq: t.seq,
+            on_durable: t.on_durable,
+        };
+        (applied, r)
+    }
+
+    fn get_or_create(
+        &mut self,
+        tables: &mut Tables<'_>,
+        key: &ActorKey,
+        version: u32,
+        created: &mut i64,
+    ) -> Result<ActorRecord, StorageError> {
+        if let Some(v) = tables.actors.get((key.ty(), key.id()))? {
+            return Ok(decode("actor", v.value())?);
+        }
+        let rec = ActorRecord::new(self.next_num, now_ms(), version);
+        self.next_num += 1;
+        tables
+            .actors
+            .insert((key.ty(), key.id()), encode(&rec).as_slice())?;
+        tables.actor_keys.insert(rec.num, (key.ty(), key.id()))?;
+        *created += 1;
+        Ok(rec)
+    }
+
+    /// Outbox rows for the events of a turn that subscriptions want, in the
+    /// turn's transaction: an event commits if and only if its deliveries do.
+    fn write_outbox(
+        &mut self,
+        tables: &mut Tables<'_>,
+        t: &TurnCommit,
+    ) -> Result<(), StorageError> {
+        if t.events.is_empty() {
+            return Ok(());
+        }
+        let subs = self.subscriptions.snapshot();
+        if subs.is_empty() {
+            return Ok(());
+        }
+        for (seq, ev) in &t.events {
+            let mut payload = None;
+            for (name, sub) in subs.iter() {
+                if !sub.matches(t.key.ty(), &ev.kind) {
+                    continue;
+                }
+                let payload = payload
+                    .get_or_insert_with(|| event_payload(&t.key, *seq, ev))
+                    .clone();
+                let dseq = self.next_delivery_seq;
+                self.next_delivery_seq += 1;
+                let rec = DeliveryRecord {
+                    subscription: name.clone(),
+                    webhook_id: delivery_id(dseq),
+                    actor_type: t.key.ty().to_owned(),
+                    actor_id: t.key.id().to_owned(),
+                    event_seq: *seq,
+                    kind: ev.kind.clone(),
+                    payload,
+                    created_at_ms: ev.at_ms,
+                    attempts: 0,
+                    next_attempt_ms: ev.at_ms,
+                    last_error: None,
+                    status: DeliveryStatus::Pending,
+                };
+                tables.write_delivery(dseq, Some(&rec))?;
+                self.outbox_touched = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn enqueue(
+        &mut self,
+        tables: &mut Tables<'_>,
+        num: u64,
+        message: InboxRecord,
+        ttl_ms: u64,
+    ) -> Result<EnqueueOutcome, StorageError> {
+        if let Some(key) = &message.idempotency_key {
+            let existing = match tables.idempotency.get((num, key.as_str()))? {
+                Some(v) => Some(decode::<IdemRecord>("idempotency", v.value())?),
+                None => None,
+            };
+            if let Some(rec) = existing.filter(|r| r.expires_at_ms > message.enqueued_at_ms) {
+                let message_id = match rec.outcome {
+                    IdemOutcome::Queued { message_id }
+                    | IdemOutcome::Done { message_id, .. }
+                    | IdemOutcome::Failed { message_id, .. } => message_id,
+                };
+                return Ok(EnqueueOutcome::Duplicate { message_id });
+            }
+            let rec = IdemRecord {
+                outcome: IdemOutcome::Queued {
+                    message_id: message.message_id.clone(),
+                },
+                expires_at_ms: message.enqueued_at_ms + ttl_ms,
+            };
+            tables
+                .idempotency
+                .insert((num, key.as_str()), encode(&rec).as_slice())?;
+            tables
+                .idem_expiry
+                .insert((rec.expires_at_ms, num, key.as_str()), ())?;
+        }
+        let seq = self.next_inbox_seq;
+        self.next_inbox_seq += 1;
+        tables
+            .inbox
+            .insert((num, seq), encode(&message).as_slice())?;
+        Ok(EnqueueOutcome::Queued {
+            message_id: message.message_id,
+        })
+    }
+}
+
+/// The body of a delivery: Standard Webhooks' `{type, timestamp, data}`,
+/// built once at commit so every attempt sends the same bytes.
+fn event_payload(key: &ActorKey, seq: u64, ev: &EventRecord) -> Vec<u8> {
+    let data: serde_json::Value =
+        serde_json::from_slice(&ev.data).unwrap_or(serde_json::Value::Null);
+    let timestamp = chrono::DateTime::from_timestamp_millis(ev.at_ms as i64)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_default();
+    let body = serde_json::json!({
+        "type": ev.kind,
+        "timestamp": timestamp,
+        "data": {
+            "actor_type": key.ty(),
+            "actor_id": key.id(),
+            "seq": seq,
+            "kind": ev.kind,
+            "data": data,
+            "at_ms": ev.at_ms,
+        },
+    });
+    serde_json::to_vec(&body).expect("JSON values serialize")
+}

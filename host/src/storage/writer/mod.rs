@@ -1,0 +1,285 @@
+//! The group-commit writer: the only code that writes to redb.
+//!
+//! Turns from many actors queue [`WriteOp`]s on one channel. A dedicated
+//! thread takes everything queued (up to `max_batch`), applies it in one
+//! write transaction, commits it with fsync, and only then completes each
+//! operation. Under light load a turn waits for about one fsync; under heavy
+//! load batches grow and throughput follows the CPU rather than the disk.
+//!
+//! Completion is the *output gate*: a reply is handed to its caller from the
+//! operation's completion, so nothing leaves the node before it is durable.
+//!
+//! Actors do not wait for their own commits before running the next turn
+//! (that would cap one actor at one fsync per turn). Instead every turn
+//! carries a [`CommitTracker`] generation: when a commit fails, every actor
+//! in the batch has its minimum generation raised, later operations from the
+//! old generation are refused, and the actor reloads from disk before its
+//! next turn. Nothing computed from lost writes can ever commit or be
+//! released.
+
+mod apply;
+mod ops;
+mod tables;
+mod tracker;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use tokio::sync::{Notify, mpsc, oneshot};
+
+pub use ops::{EnqueueOutcome, OnDurable, TurnCommit, WriteOp};
+pub use tracker::{CommitFailed, CommitTracker};
+
+use ops::{Applied, Reply, fail_op};
+use tables::Tables;
+
+use super::schema::*;
+use super::{StorageError, Subscriptions};
+use crate::config::StorageConfig;
+use crate::metrics::Metrics;
+
+/// Handle to the writer thread.
+pub struct Writer {
+    tx: mpsc::UnboundedSender<WriteOp>,
+    /// Actors on disk, kept current by the writer.
+    actor_count: Arc<AtomicU64>,
+    /// Fault injection for tests: fail this many upcoming commits.
+    fail_commits: Arc<AtomicU64>,
+}
+
+impl Writer {
+    pub(super) fn start(
+        db: Arc<redb::Database>,
+        config: &StorageConfig,
+        metrics: Arc<Metrics>,
+        subscriptions: Arc<Subscriptions>,
+        outbox_ready: Arc<Notify>,
+    ) -> Result<Self, StorageError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (next_num, actor_count, next_inbox_seq, next_delivery_seq) = {
+            use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
+            let r = db.begin_read()?;
+            let keys = r.open_table(ACTOR_KEYS)?;
+            let next_num = keys.last()?.map(|(k, _)| k.value() + 1).unwrap_or(1);
+            let count = r.open_table(ACTORS)?.len()?;
+            let inbox = r.open_table(INBOX)?;
+            let mut max_seq = 0;
+            for row in inbox.iter()? {
+                max_seq = max_seq.max(row?.0.value().1);
+            }
+            let outbox = r.open_table(OUTBOX)?;
+            let next_delivery = outbox.last()?.map(|(k, _)| k.value() + 1).unwrap_or(1);
+            (next_num, count, max_seq + 1, next_delivery)
+        };
+        let actor_count = Arc::new(AtomicU64::new(actor_count));
+        let fail_commits = Arc::new(AtomicU64::new(0));
+        let mut state = WriterState {
+            db,
+            rx,
+            max_batch: config.max_batch.max(1),
+            quick_repair: config.quick_repair,
+            next_num,
+            next_inbox_seq,
+            next_delivery_seq,
+            actor_count: actor_count.clone(),
+            fail_commits: fail_commits.clone(),
+            metrics,
+            subscriptions,
+            outbox_ready,
+            outbox_touched: false,
+            subscriptions_touched: false,
+        };
+        std::thread::Builder::new()
+            .name("marmot-writer".into())
+            .spawn(move || {
+                // Every waiter depends on this thread: if it dies, nothing
+                // would ever be acknowledged again. Crash loudly instead;
+                // recovery on restart loses nothing acknowledged.
+                let run = std::panic::AssertUnwindSafe(|| state.run());
+                if std::panic::catch_unwind(run).is_err() {
+                    eprintln!("marmot: the storage writer panicked; aborting");
+                    std::process::abort();
+                }
+            })
+            .map_err(|e| StorageError::Io {
+                what: "failed to start the storage writer thread".into(),
+                source: e,
+            })?;
+        Ok(Self {
+            tx,
+            actor_count,
+            fail_commits,
+        })
+    }
+
+    /// Make the next `n` commits fail as if the disk had failed (tests).
+    #[doc(hidden)]
+    pub fn inject_commit_failures(&self, n: u64) {
+        self.fail_commits.store(n, Ordering::SeqCst);
+    }
+
+    /// Queue an operation. If the writer is gone the operation is dropped,
+    /// which completes its reply channel with an error for the waiter.
+    pub fn submit(&self, op: WriteOp) {
+        if let Err(mpsc::error::SendError(op)) = self.tx.send(op) {
+            fail_op(op, CommitFailed::ShuttingDown);
+        }
+    }
+
+    /// Queue an operation and wait for its result.
+    pub async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> WriteOp) -> Result<T, StorageError> {
+        let (done, rx) = oneshot::channel();
+        self.submit(make(done));
+        rx.await.map_err(|_| StorageError::WriterGone)?
+    }
+
+    /// Wait until everything submitted so far is durable.
+    pub async fn barrier(&self) {
+        let (done, rx) = oneshot::channel();
+        self.submit(WriteOp::Barrier { done });
+        let _ = rx.await;
+    }
+
+    /// Actors on disk.
+    pub fn actor_count(&self) -> u64 {
+        self.actor_count.load(Ordering::Relaxed)
+    }
+
+    /// Wait for queued work to be durable. The thread itself exits when the
+    /// last handle is dropped.
+    pub async fn flush(&self) {
+        self.barrier().await;
+    }
+}
+
+struct WriterState {
+    db: Arc<redb::Database>,
+    rx: mpsc::UnboundedReceiver<WriteOp>,
+    max_batch: usize,
+    quick_repair: bool,
+    next_num: u64,
+    next_inbox_seq: u64,
+    next_delivery_seq: u64,
+    actor_count: Arc<AtomicU64>,
+    fail_commits: Arc<AtomicU64>,
+    metrics: Arc<Metrics>,
+    subscriptions: Arc<Subscriptions>,
+    outbox_ready: Arc<Notify>,
+    /// The batch being applied added or changed outbox rows.
+    outbox_touched: bool,
+    /// The batch changed subscriptions.
+    subscriptions_touched: bool,
+}
+
+impl WriterState {
+    fn run(&mut self) {
+        let mut batch: Vec<WriteOp> = Vec::with_capacity(self.max_batch);
+        loop {
+            batch.clear();
+            match self.rx.blocking_recv() {
+                Some(op) => batch.push(op),
+                None => return,
+            }
+            while batch.len() < self.max_batch {
+                match self.rx.try_recv() {
+                    Ok(op) => batch.push(op),
+                    Err(_) => break,
+                }
+            }
+            self.commit_batch(&mut batch);
+        }
+    }
+
+    /// Apply every op in one transaction and commit it. If any op fails to
+    /// apply, or the commit fails, the whole batch fails: a half-applied
+    /// transaction is never committed.
+    fn commit_batch(&mut self, batch: &mut Vec<WriteOp>) {
+        let started = Instant::now();
+        let n = batch.len();
+        let mut applied: Vec<Applied> = Vec::with_capacity(n);
+        let saved = (self.next_num, self.next_inbox_seq, self.next_delivery_seq);
+        self.outbox_touched = false;
+        self.subscriptions_touched = false;
+        let mut created: i64 = 0;
+        let mut error: Option<StorageError> = None;
+        match self.db.begin_write() {
+            Ok(mut txn) => {
+                txn.set_quick_repair(self.quick_repair);
+                match Tables::open(&txn) {
+                    Ok(mut tables) => {
+                        for op in batch.drain(..) {
+                            if error.is_some() {
+                                // Not applied; only its waiter needs an answer.
+                                applied.push(Applied::from_unapplied(op));
+                                continue;
+                            }
+                            let (a, r) = self.apply(&mut tables, op, &mut created);
+                            applied.push(a);
+                            if let Err(e) = r {
+                                error = Some(e);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        error = Some(e);
+                        applied.extend(batch.drain(..).map(Applied::from_unapplied));
+                    }
+                }
+                let injected = self
+                    .fail_commits
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok();
+                if error.is_none() && injected {
+                    error = Some(StorageError::Db(redb::Error::Io(std::io::Error::other(
+                        "injected commit failure",
+                    ))));
+                } else if error.is_none()
+                    && let Err(e) = txn.commit()
+                {
+                    error = Some(e.into());
+                }
+            }
+            Err(e) => {
+                error = Some(e.into());
+                applied.extend(batch.drain(..).map(Applied::from_unapplied));
+            }
+        }
+        match error {
+            None => {
+                self.metrics.commits.inc();
+                self.metrics.commit_batch_size.observe(n as f64);
+                self.metrics
+                    .commit_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                if created != 0 {
+                    let c = self.actor_count.load(Ordering::Relaxed) as i64 + created;
+                    self.actor_count.store(c.max(0) as u64, Ordering::Relaxed);
+                }
+                if self.outbox_touched {
+                    self.outbox_ready.notify_one();
+                }
+                for a in applied {
+                    a.complete(None);
+                }
+            }
+            Some(e) => {
+                self.metrics.commit_failures.inc();
+                tracing::error!(error = %e, ops = n, "storage commit failed; failing every operation in the batch");
+                (self.next_num, self.next_inbox_seq, self.next_delivery_seq) = saved;
+                if self.subscriptions_touched {
+                    // Subscription changes were applied in memory as they
+                    // were written: go back to what is on disk.
+                    match Subscriptions::load(&self.db) {
+                        Ok(s) => self.subscriptions.replace(s.snapshot().as_ref().clone()),
+                        Err(e) => tracing::error!(error = %e, "cannot reload subscriptions"),
+                    }
+                }
+                let why = CommitFailed::Storage(e.to_string());
+                for a in applied {
+                    a.complete(Some(&why));
+                }
+            }
+        }
+    }
+}

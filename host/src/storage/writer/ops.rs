@@ -1,0 +1,264 @@
+//! What the writer is asked to do: one [`WriteOp`] per request, and what
+//! each op leaves to complete once its commit is durable ([`Applied`]).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use super::tracker::{CommitFailed, CommitTracker};
+use crate::ids::ActorKey;
+use crate::storage::StorageError;
+use crate::storage::schema::*;
+
+/// Called once the operation's commit is durable, or failed.
+pub type OnDurable = Box<dyn FnOnce(Result<(), CommitFailed>) + Send>;
+
+/// Everything one successful turn writes, committed atomically.
+pub struct TurnCommit {
+    /// The actor.
+    pub key: ActorKey,
+    /// Its commit bookkeeping.
+    pub tracker: Arc<CommitTracker>,
+    /// The generation the turn ran in.
+    pub generation: u64,
+    /// The turn's sequence number within the actor's activation.
+    pub seq: u64,
+    /// The actor number.
+    pub num: u64,
+    /// The actor record after the turn, when it changed in a way that must
+    /// be durable with the turn (state size, event seqs, version). Activity
+    /// statistics alone do not force a write.
+    pub record: Option<ActorRecord>,
+    /// State writes (`None` deletes).
+    pub state: Vec<(String, Option<Bytes>)>,
+    /// Events to append, with their seqs.
+    pub events: Vec<(u64, EventRecord)>,
+    /// Delete events with seq below this (retention).
+    pub trim_events_below: Option<u64>,
+    /// An idempotency record to write.
+    pub idempotency: Option<(String, IdemRecord)>,
+    /// An inbox row this turn consumed.
+    pub inbox_done: Option<u64>,
+    /// An inbox row to rewrite (recovery attempt counter).
+    pub inbox_update: Option<(u64, InboxRecord)>,
+    /// Alarms set or moved (`Some`) or removed (`None`).
+    pub alarms: Vec<(String, Option<AlarmRecord>)>,
+    /// Input requests written (`Some`) or removed (`None`).
+    pub inputs: Vec<(String, Option<InputRecord>)>,
+    /// Messages to other actors (`actors.send`): (recipient, its type's
+    /// version for a new actor, the inbox row), queued in this commit.
+    pub sends: Vec<(ActorKey, InboxRecord)>,
+    /// Completion.
+    pub on_durable: OnDurable,
+}
+
+/// Result of a durable enqueue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnqueueOutcome {
+    /// Stored; the actor must be poked.
+    Queued {
+        /// The message id.
+        message_id: String,
+    },
+    /// An earlier message with the same idempotency key exists.
+    Duplicate {
+        /// Its message id.
+        message_id: String,
+    },
+}
+
+pub(super) type Reply<T> = oneshot::Sender<Result<T, StorageError>>;
+
+/// One unit of work for the writer.
+pub enum WriteOp {
+    /// Commit a turn.
+    Turn(Box<TurnCommit>),
+    /// Look up an actor, creating it (with `version`) when absent.
+    GetOrCreate {
+        /// The actor.
+        key: ActorKey,
+        /// Version for a new actor.
+        version: u32,
+        /// Completion (after durable).
+        done: Reply<ActorRecord>,
+    },
+    /// Durably enqueue a `?wait=false` message, creating the actor if needed.
+    Enqueue {
+        /// The actor.
+        key: ActorKey,
+        /// Version for a new actor.
+        version: u32,
+        /// The message.
+        message: InboxRecord,
+        /// How long an idempotency record lives.
+        idempotency_ttl_ms: u64,
+        /// Completion (after durable).
+        done: Reply<EnqueueOutcome>,
+    },
+    /// Delete an actor and everything it owns.
+    DeleteActor {
+        /// The actor.
+        key: ActorKey,
+        /// Completion: whether it existed.
+        done: Reply<bool>,
+    },
+    /// Write a type record, with new code if given.
+    PutType {
+        /// The record.
+        record: TypeRecord,
+        /// (version, bytes) of newly deployed code.
+        code: Option<(u32, Vec<u8>)>,
+        /// Completion.
+        done: Reply<()>,
+    },
+    /// Delete a type, its code and (when `with_actors`) all its actors.
+    DeleteType {
+        /// The type.
+        name: String,
+        /// Also delete its actors.
+        with_actors: bool,
+        /// Completion: actors deleted.
+        done: Reply<u64>,
+    },
+    /// Forget idempotency records that expired before `now_ms`.
+    SweepIdempotency {
+        /// The cut-off.
+        now_ms: u64,
+        /// Completion: records removed.
+        done: Reply<u64>,
+    },
+    /// Create or replace an outbound webhook subscription.
+    PutSubscription {
+        /// Its name.
+        name: String,
+        /// The subscription.
+        record: SubscriptionRecord,
+        /// Completion: whether it was new.
+        done: Reply<bool>,
+    },
+    /// Delete a subscription (its undelivered rows are dropped when due).
+    DeleteSubscription {
+        /// Its name.
+        name: String,
+        /// Completion: whether it existed.
+        done: Reply<bool>,
+    },
+    /// Record a delivery attempt: `None` delivered (the row goes), else the
+    /// row as it is now (rescheduled or dead).
+    DeliveryAttempted {
+        /// Outbox seq.
+        seq: u64,
+        /// The row after the attempt.
+        update: Option<DeliveryRecord>,
+        /// Completion.
+        done: Reply<()>,
+    },
+    /// Make a delivery due again now, with a fresh retry schedule (replay).
+    RetryDelivery {
+        /// Outbox seq.
+        seq: u64,
+        /// Its public id (must match the row).
+        id: String,
+        /// Completion: the row, if it exists.
+        done: Reply<Option<DeliveryRecord>>,
+    },
+    /// Completes once everything queued before it is durable.
+    Barrier {
+        /// Completion.
+        done: oneshot::Sender<()>,
+    },
+}
+
+pub(super) fn fail_op(op: WriteOp, why: CommitFailed) {
+    Applied::from_unapplied(op).complete(Some(&why));
+}
+
+impl Applied {
+    /// The completion of an op that was never applied.
+    pub(super) fn from_unapplied(op: WriteOp) -> Applied {
+        match op {
+            WriteOp::Turn(t) => Applied::Turn {
+                tracker: t.tracker,
+                generation: t.generation,
+                seq: t.seq,
+                on_durable: t.on_durable,
+            },
+            WriteOp::GetOrCreate { done, .. } => {
+                Applied::reply(done, Err(StorageError::WriterGone))
+            }
+            WriteOp::Enqueue { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
+            WriteOp::DeleteActor { done, .. } => {
+                Applied::reply(done, Err(StorageError::WriterGone))
+            }
+            WriteOp::PutType { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
+            WriteOp::DeleteType { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
+            WriteOp::SweepIdempotency { done, .. } => {
+                Applied::reply(done, Err(StorageError::WriterGone))
+            }
+            WriteOp::PutSubscription { done, .. } | WriteOp::DeleteSubscription { done, .. } => {
+                Applied::reply(done, Err(StorageError::WriterGone))
+            }
+            WriteOp::DeliveryAttempted { done, .. } => {
+                Applied::reply(done, Err(StorageError::WriterGone))
+            }
+            WriteOp::RetryDelivery { done, .. } => {
+                Applied::reply(done, Err(StorageError::WriterGone))
+            }
+            WriteOp::Barrier { done } => Applied::Reply(Box::new(move |_| {
+                let _ = done.send(());
+            })),
+        }
+    }
+}
+
+/// Sends an op's result, or the commit's failure, to its waiter.
+type ReplyFn = Box<dyn FnOnce(Option<&CommitFailed>) + Send>;
+
+/// What applying one op produced, released (or failed) after the commit.
+pub(super) enum Applied {
+    Turn {
+        tracker: Arc<CommitTracker>,
+        generation: u64,
+        seq: u64,
+        on_durable: OnDurable,
+    },
+    Refused(OnDurable),
+    /// Anything else: a closure that sends the op's result, or the commit's
+    /// failure, to its waiter.
+    Reply(ReplyFn),
+}
+
+impl Applied {
+    pub(super) fn reply<T: Send + 'static>(done: Reply<T>, value: Result<T, StorageError>) -> Self {
+        Applied::Reply(Box::new(move |failed| {
+            let result = match (failed, value) {
+                (Some(why), _) => Err(StorageError::CommitFailed(why.clone())),
+                (None, v) => v,
+            };
+            let _ = done.send(result);
+        }))
+    }
+
+    pub(super) fn complete(self, failed: Option<&CommitFailed>) {
+        match self {
+            Applied::Turn {
+                tracker,
+                generation,
+                seq,
+                on_durable,
+            } => match failed {
+                None => {
+                    tracker.mark_committed(seq);
+                    on_durable(Ok(()));
+                }
+                Some(why) => {
+                    tracker.mark_failed(generation);
+                    on_durable(Err(why.clone()));
+                }
+            },
+            Applied::Refused(on_durable) => on_durable(Err(CommitFailed::Superseded)),
+            Applied::Reply(f) => f(failed),
+        }
+    }
+}

@@ -1,0 +1,336 @@
+//! Every table of a write transaction, and the row-level writes the ops
+//! are made of (keeping secondary indexes in step with their tables).
+
+use redb::{ReadableTable, WriteTransaction};
+
+use super::ops::TurnCommit;
+use crate::clock::now_ms;
+use crate::ids::ActorKey;
+use crate::storage::schema::*;
+use crate::storage::{StorageError, encode_type};
+
+/// Every table, opened once per batch: opening a redb table per operation
+/// costs a lookup and, on close, a root update.
+pub(super) struct Tables<'t> {
+    pub(super) types: redb::Table<'t, &'static str, &'static [u8]>,
+    pub(super) code: redb::Table<'t, (&'static str, u32), &'static [u8]>,
+    pub(super) actors: redb::Table<'t, (&'static str, &'static str), &'static [u8]>,
+    pub(super) actor_keys: redb::Table<'t, u64, (&'static str, &'static str)>,
+    pub(super) state: redb::Table<'t, (u64, &'static str), &'static [u8]>,
+    pub(super) events: redb::Table<'t, (u64, u64), &'static [u8]>,
+    pub(super) idempotency: redb::Table<'t, (u64, &'static str), &'static [u8]>,
+    pub(super) idem_expiry: redb::Table<'t, (u64, u64, &'static str), ()>,
+    pub(super) inbox: redb::Table<'t, (u64, u64), &'static [u8]>,
+    pub(super) alarms: redb::Table<'t, (u64, &'static str), &'static [u8]>,
+    pub(super) alarm_due: redb::Table<'t, (u64, u64, &'static str), ()>,
+    pub(super) inputs: redb::Table<'t, (u64, &'static str), &'static [u8]>,
+    pub(super) subscriptions: redb::Table<'t, &'static str, &'static [u8]>,
+    pub(super) outbox: redb::Table<'t, u64, &'static [u8]>,
+    pub(super) outbox_due: redb::Table<'t, (u64, u64), ()>,
+}
+
+impl<'t> Tables<'t> {
+    pub(super) fn open(txn: &'t WriteTransaction) -> Result<Self, StorageError> {
+        Ok(Self {
+            types: txn.open_table(TYPES)?,
+            code: txn.open_table(CODE)?,
+            actors: txn.open_table(ACTORS)?,
+            actor_keys: txn.open_table(ACTOR_KEYS)?,
+            state: txn.open_table(STATE)?,
+            events: txn.open_table(EVENTS)?,
+            idempotency: txn.open_table(IDEMPOTENCY)?,
+            idem_expiry: txn.open_table(IDEM_EXPIRY)?,
+            inbox: txn.open_table(INBOX)?,
+            alarms: txn.open_table(ALARMS)?,
+            alarm_due: txn.open_table(ALARM_DUE)?,
+            inputs: txn.open_table(INPUTS)?,
+            subscriptions: txn.open_table(SUBSCRIPTIONS)?,
+            outbox: txn.open_table(OUTBOX)?,
+            outbox_due: txn.open_table(OUTBOX_DUE)?,
+        })
+    }
+
+    /// Write everything a turn produced.
+    pub(super) fn write_turn(
+        &mut self,
+        t: &TurnCommit,
+        created: &mut i64,
+    ) -> Result<(), StorageError> {
+        let num = t.num;
+        if let Some(record) = &t.record {
+            let was = self
+                .actors
+                .insert((t.key.ty(), t.key.id()), encode(record).as_slice())?;
+            if was.is_none() {
+                drop(was);
+                *created += 1;
+                self.actor_keys.insert(num, (t.key.ty(), t.key.id()))?;
+            }
+        }
+        for (k, v) in &t.state {
+            match v {
+                Some(v) => {
+                    self.state.insert((num, k.as_str()), v.as_ref())?;
+                }
+                None => {
+                    self.state.remove((num, k.as_str()))?;
+                }
+            }
+        }
+        for (seq, ev) in &t.events {
+            self.events.insert((num, *seq), encode(ev).as_slice())?;
+        }
+        if let Some(below) = t.trim_events_below {
+            let old = seqs(&self.events, num, below)?;
+            for seq in old {
+                self.events.remove((num, seq))?;
+            }
+        }
+        if let Some((key, rec)) = &t.idempotency {
+            self.idempotency
+                .insert((num, key.as_str()), encode(rec).as_slice())?;
+            self.idem_expiry
+                .insert((rec.expires_at_ms, num, key.as_str()), ())?;
+        }
+        if let Some(seq) = t.inbox_done {
+            self.inbox.remove((num, seq))?;
+        }
+        if let Some((seq, rec)) = &t.inbox_update {
+            self.inbox.insert((num, *seq), encode(rec).as_slice())?;
+        }
+        for (name, rec) in &t.alarms {
+            self.write_alarm(num, name, rec.as_ref())?;
+        }
+        for (id, rec) in &t.inputs {
+            match rec {
+                Some(r) => {
+                    self.inputs
+                        .insert((num, id.as_str()), encode(r).as_slice())?;
+                }
+                None => {
+                    self.inputs.remove((num, id.as_str()))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Write or remove one outbox row, keeping the due index in step.
+    pub(super) fn write_delivery(
+        &mut self,
+        seq: u64,
+        rec: Option<&DeliveryRecord>,
+    ) -> Result<(), StorageError> {
+        let old = self
+            .outbox
+            .get(seq)?
+            .map(|v| decode::<DeliveryRecord>("delivery", v.value()))
+            .transpose()?;
+        if let Some(old) = old
+            && old.status == DeliveryStatus::Pending
+        {
+            self.outbox_due.remove((old.next_attempt_ms, seq))?;
+        }
+        match rec {
+            Some(r) => {
+                self.outbox.insert(seq, encode(r).as_slice())?;
+                if r.status == DeliveryStatus::Pending {
+                    self.outbox_due.insert((r.next_attempt_ms, seq), ())?;
+                }
+            }
+            None => {
+                self.outbox.remove(seq)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Make row `seq` (whose public id is `id`) due now with a fresh
+    /// schedule.
+    pub(super) fn retry_delivery(
+        &mut self,
+        seq: u64,
+        id: &str,
+    ) -> Result<Option<DeliveryRecord>, StorageError> {
+        let Some(mut rec) = self
+            .outbox
+            .get(seq)?
+            .map(|v| decode::<DeliveryRecord>("delivery", v.value()))
+            .transpose()?
+            .filter(|r| r.webhook_id == id)
+        else {
+            return Ok(None);
+        };
+        rec.status = DeliveryStatus::Pending;
+        rec.attempts = 0;
+        rec.next_attempt_ms = now_ms();
+        self.write_delivery(seq, Some(&rec))?;
+        Ok(Some(rec))
+    }
+
+    /// Set, move or remove one alarm, keeping the due index in step.
+    pub(super) fn write_alarm(
+        &mut self,
+        num: u64,
+        name: &str,
+        rec: Option<&AlarmRecord>,
+    ) -> Result<(), StorageError> {
+        let old = self
+            .alarms
+            .get((num, name))?
+            .map(|v| decode::<AlarmRecord>("alarm", v.value()))
+            .transpose()?;
+        if let Some(old) = old {
+            self.alarm_due.remove((old.next_due_ms, num, name))?;
+        }
+        match rec {
+            Some(r) => {
+                self.alarms.insert((num, name), encode(r).as_slice())?;
+                self.alarm_due.insert((r.next_due_ms, num, name), ())?;
+            }
+            None => {
+                self.alarms.remove((num, name))?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn put_type(
+        &mut self,
+        record: &TypeRecord,
+        code: Option<(u32, Vec<u8>)>,
+    ) -> Result<(), StorageError> {
+        self.types
+            .insert(record.name.as_str(), encode_type(record).as_slice())?;
+        if let Some((version, bytes)) = code {
+            self.code
+                .insert((record.name.as_str(), version), bytes.as_slice())?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn delete_type(
+        &mut self,
+        name: &str,
+        with_actors: bool,
+    ) -> Result<u64, StorageError> {
+        let mut deleted = 0;
+        if with_actors {
+            let mut ids = Vec::new();
+            for row in self.actors.range((name, "")..)? {
+                let (k, _) = row?;
+                let (ty, id) = k.value();
+                if ty != name {
+                    break;
+                }
+                ids.push(id.to_owned());
+            }
+            for id in ids {
+                if self.delete_actor(&ActorKey::new_unchecked(name, &id))? {
+                    deleted += 1;
+                }
+            }
+        }
+        let mut versions = Vec::new();
+        for row in self.code.range((name, 0)..=(name, u32::MAX))? {
+            versions.push(row?.0.value().1);
+        }
+        for v in versions {
+            self.code.remove((name, v))?;
+        }
+        self.types.remove(name)?;
+        Ok(deleted)
+    }
+
+    pub(super) fn sweep_idempotency(&mut self, now_ms: u64) -> Result<u64, StorageError> {
+        let mut expired: Vec<(u64, u64, String)> = Vec::new();
+        for row in self.idem_expiry.range((0, 0, "")..(now_ms, 0, ""))? {
+            let (k, _) = row?;
+            let (at, num, key) = k.value();
+            expired.push((at, num, key.to_owned()));
+            if expired.len() >= 10_000 {
+                break;
+            }
+        }
+        let mut removed = 0;
+        for (at, num, key) in &expired {
+            self.idem_expiry.remove((*at, *num, key.as_str()))?;
+            // Only remove the record if it still carries this expiry (a
+            // newer record for the same key has a later one).
+            let current = self
+                .idempotency
+                .get((*num, key.as_str()))?
+                .map(|v| decode::<IdemRecord>("idempotency", v.value()))
+                .transpose()?;
+            if current.is_some_and(|r| r.expires_at_ms == *at) {
+                self.idempotency.remove((*num, key.as_str()))?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Remove an actor and every row it owns. Returns whether it existed.
+    pub(super) fn delete_actor(&mut self, key: &ActorKey) -> Result<bool, StorageError> {
+        let rec: ActorRecord = {
+            let Some(v) = self.actors.remove((key.ty(), key.id()))? else {
+                return Ok(false);
+            };
+            decode("actor", v.value())?
+        };
+        let num = rec.num;
+        self.actor_keys.remove(num)?;
+        for k in string_keys(&self.state, num)? {
+            self.state.remove((num, k.as_str()))?;
+        }
+        for k in string_keys(&self.idempotency, num)? {
+            self.idempotency.remove((num, k.as_str()))?;
+        }
+        for name in string_keys(&self.alarms, num)? {
+            self.write_alarm(num, &name, None)?;
+        }
+        for id in string_keys(&self.inputs, num)? {
+            self.inputs.remove((num, id.as_str()))?;
+        }
+        for s in seqs(&self.events, num, u64::MAX)? {
+            self.events.remove((num, s))?;
+        }
+        for s in seqs(&self.inbox, num, u64::MAX)? {
+            self.inbox.remove((num, s))?;
+        }
+        Ok(true)
+    }
+}
+
+/// Seqs of actor `num` below `below` in an `(actor, seq)` table.
+fn seqs(
+    t: &redb::Table<'_, (u64, u64), &'static [u8]>,
+    num: u64,
+    below: u64,
+) -> Result<Vec<u64>, StorageError> {
+    let mut v = Vec::new();
+    for row in t.range((num, 0)..(num, below))? {
+        v.push(row?.0.value().1);
+    }
+    if below == u64::MAX && t.get((num, u64::MAX))?.is_some() {
+        v.push(u64::MAX);
+    }
+    Ok(v)
+}
+
+/// Keys of actor `num` in an `(actor, key)` table.
+fn string_keys(
+    t: &redb::Table<'_, (u64, &'static str), &'static [u8]>,
+    num: u64,
+) -> Result<Vec<String>, StorageError> {
+    let mut v = Vec::new();
+    for row in t.range((num, "")..)? {
+        let (k, _) = row?;
+        let (n, key) = k.value();
+        if n != num {
+            break;
+        }
+        v.push(key.to_owned());
+    }
+    Ok(v)
+}

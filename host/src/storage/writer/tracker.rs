@@ -1,0 +1,74 @@
+//! Per-actor commit bookkeeping shared by an actor and the writer: which of
+//! its turns are durable, and which generation of its turns may still
+//! commit.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::Notify;
+
+/// A commit failed; nothing in it was written.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CommitFailed {
+    /// The transaction failed to apply or commit.
+    #[error("commit failed: {0}")]
+    Storage(String),
+    /// An earlier commit of the same actor failed, so this turn, which ran on
+    /// top of it, was refused.
+    #[error("an earlier commit of this actor failed; the turn was discarded")]
+    Superseded,
+    /// The writer is shutting down.
+    #[error("node is shutting down")]
+    ShuttingDown,
+}
+
+/// Per-actor commit bookkeeping shared between an actor and the writer.
+#[derive(Debug, Default)]
+pub struct CommitTracker {
+    /// Turns from generations below this are refused (an earlier commit failed).
+    min_generation: AtomicU64,
+    /// Highest turn sequence number known durable.
+    committed_seq: AtomicU64,
+    /// Signalled after every commit that includes this actor.
+    committed: Notify,
+}
+
+impl CommitTracker {
+    /// The lowest generation the writer still accepts.
+    pub fn min_generation(&self) -> u64 {
+        self.min_generation.load(Ordering::Acquire)
+    }
+
+    /// Highest turn sequence number known durable.
+    pub fn committed_seq(&self) -> u64 {
+        self.committed_seq.load(Ordering::Acquire)
+    }
+
+    /// Wait until turn `seq` is durable or the generation was superseded.
+    pub async fn wait_committed(&self, seq: u64, generation: u64) {
+        loop {
+            let notified = self.committed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.committed_seq() >= seq || self.min_generation() > generation {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Refuse every later commit of this actor (its type is being deleted).
+    pub fn fence(&self) {
+        self.mark_failed(u64::MAX - 1);
+    }
+
+    pub(super) fn mark_committed(&self, seq: u64) {
+        self.committed_seq.fetch_max(seq, Ordering::AcqRel);
+        self.committed.notify_waiters();
+    }
+
+    pub(super) fn mark_failed(&self, generation: u64) {
+        self.min_generation
+            .fetch_max(generation + 1, Ordering::AcqRel);
+        self.committed.notify_waiters();
+    }
+}
