@@ -159,6 +159,19 @@ pub struct Limits {
     pub actor_call_timeout_ms: u64,
 }
 
+impl Limits {
+    /// The sandbox settings of `POST …/eval`.
+    pub fn eval_config(&self) -> ResolvedTypeConfig {
+        ResolvedTypeConfig {
+            idle_timeout: Duration::from_secs(0),
+            turn_timeout: Duration::from_millis(self.eval_timeout_ms),
+            cpu_slice: Duration::from_millis(self.eval_cpu_ms),
+            max_memory_bytes: self.eval_memory_bytes.min(self.max_guest_memory_bytes),
+            env: Default::default(),
+        }
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Self {
@@ -294,6 +307,17 @@ pub struct EventsConfig {
     pub heartbeat_ms: u64,
 }
 
+impl EventsConfig {
+    /// Events written before this time (ms since the epoch) are past
+    /// retention by age at `now_ms` (0: no age limit).
+    pub fn cutoff_ms(&self, now_ms: u64) -> u64 {
+        match self.max_age_ms {
+            0 => 0,
+            age => now_ms.saturating_sub(age),
+        }
+    }
+}
+
 impl Default for EventsConfig {
     fn default() -> Self {
         Self {
@@ -406,7 +430,9 @@ pub struct TypeConfig {
 }
 
 impl TypeConfig {
-    /// Check the values against the node's limits.
+    /// Check the values against the node's limits. Values whose format
+    /// belongs to a capability (the `webhook_secret`) are checked by that
+    /// capability at deploy.
     pub fn validate(&self, limits: &Limits) -> Result<(), String> {
         if let Some(m) = self.max_memory_bytes {
             if m < (1 << 20) {
@@ -433,11 +459,8 @@ impl TypeConfig {
                 return Err(format!("config.env has an invalid variable name `{k}`"));
             }
         }
-        if let Some(s) = &self.webhook_secret {
-            crate::webhooks::check_secret(s).map_err(|e| format!("config.webhook_secret: {e}"))?;
-        }
         for (name, pointer) in &self.webhook_routes {
-            crate::webhooks::inbound::check_hook_name(name)
+            crate::ids::validate_hook_name(name)
                 .map_err(|e| format!("config.webhook_routes: {e}"))?;
             if !pointer.starts_with('/') {
                 return Err(format!(

@@ -1,4 +1,5 @@
-//! Names users choose: actor types, actor ids, idempotency keys, state keys.
+//! Names users choose: actor types, actor ids, idempotency keys, state keys,
+//! hook and subscription names.
 //!
 //! Validation lives here so that the HTTP API, the CLI and the guest-facing
 //! capabilities agree on what is allowed.
@@ -75,6 +76,32 @@ pub enum IdError {
         /// Why.
         why: &'static str,
     },
+    /// Bad hook or subscription name.
+    #[error("{what} `{name}` must be 1 to {MAX_NAME} of A-Z a-z 0-9 . _ -")]
+    Name {
+        /// What the name names.
+        what: NameKind,
+        /// The name (truncated).
+        name: String,
+    },
+}
+
+/// Things named by short names (`A-Za-z0-9._-`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameKind {
+    /// An inbound webhook's name.
+    Hook,
+    /// An outbound webhook subscription.
+    Subscription,
+}
+
+impl fmt::Display for NameKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NameKind::Hook => "hook name",
+            NameKind::Subscription => "subscription name",
+        })
+    }
 }
 
 /// Longest actor type name.
@@ -85,6 +112,8 @@ pub const MAX_ACTOR_ID: usize = 256;
 pub const MAX_STATE_KEY: usize = 1024;
 /// Longest idempotency key.
 pub const MAX_IDEMPOTENCY_KEY: usize = 256;
+/// Longest hook or subscription name.
+pub const MAX_NAME: usize = 64;
 
 /// Type names: 1–64 characters of `a-z`, `0-9`, `-`, `_`, starting with a
 /// letter or digit (they appear in URLs, metrics and logs).
@@ -146,6 +175,32 @@ pub fn validate_idempotency_key(key: &str) -> Result<(), IdError> {
     Ok(())
 }
 
+/// Hook names (the last segment of `/v1/hooks/{type}/{id}/{name}`, keys of
+/// `webhook_routes`): 1–64 of `A-Za-z0-9._-`.
+pub fn validate_hook_name(name: &str) -> Result<(), IdError> {
+    validate_name(NameKind::Hook, name)
+}
+
+/// Outbound webhook subscription names: like hook names.
+pub fn validate_subscription_name(name: &str) -> Result<(), IdError> {
+    validate_name(NameKind::Subscription, name)
+}
+
+fn validate_name(what: NameKind, name: &str) -> Result<(), IdError> {
+    if name.is_empty()
+        || name.len() > MAX_NAME
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        return Err(IdError::Name {
+            what,
+            name: name.chars().take(80).collect(),
+        });
+    }
+    Ok(())
+}
+
 /// A new message id: 48 bits of milliseconds then 80 random bits, as 32 hex
 /// digits, so ids sort by time.
 pub fn new_message_id() -> String {
@@ -178,6 +233,17 @@ mod tests {
         assert!(validate_actor_id("").is_err());
         assert!(validate_actor_id("a\nb").is_err());
         assert!(validate_actor_id("a\u{7f}b").is_err());
+    }
+
+    #[test]
+    fn hook_and_subscription_names() {
+        assert!(validate_hook_name("github").is_ok());
+        assert!(validate_hook_name("a.b-c_d").is_ok());
+        assert!(validate_hook_name("").is_err());
+        assert!(validate_hook_name("a/b").is_err());
+        assert!(validate_hook_name(&"a".repeat(65)).is_err());
+        let e = validate_subscription_name("a b").unwrap_err().to_string();
+        assert!(e.starts_with("subscription name `a b`"), "{e}");
     }
 
     #[test]

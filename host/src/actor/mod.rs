@@ -12,10 +12,16 @@
 //! shard lock makes "check the mailbox is empty, then leave" atomic with
 //! respect to senders, so no message is ever delivered to a task that is on
 //! its way out.
+//!
+//! Nothing here holds the node: tasks and the registry run on an
+//! [`ActorEnv`] of the parts they use.
 
+mod env;
 mod registry;
 mod task;
 
+pub use crate::sandbox::EvalReply;
+pub use env::{ActorEnv, Boot};
 pub use registry::Registry;
 
 use bytes::Bytes;
@@ -34,7 +40,7 @@ pub enum Envelope {
     /// Run a script in a fresh JavaScript sandbox bound to the actor.
     Eval(String, oneshot::Sender<Result<EvalReply, TurnError>>),
     /// An alarm is due.
-    Alarm(Box<AlarmDelivery>),
+    Alarm(Box<crate::alarms::scheduler::DueAlarm>),
     /// Some of the actor's events are past retention: trim them (a
     /// bookkeeping commit; the sandbox is not woken).
     TrimEvents,
@@ -52,27 +58,6 @@ pub struct AnswerDelivery {
     pub reply: oneshot::Sender<Result<(), TurnError>>,
 }
 
-/// A due alarm on its way to its actor.
-pub struct AlarmDelivery {
-    /// The alarm's name.
-    pub name: String,
-    /// The due time the scheduler saw; stale if the alarm moved since.
-    pub due_ms: u64,
-    /// Held until the alarm turn is over.
-    pub ticket: crate::alarms::scheduler::AlarmTicket,
-}
-
-/// What `POST …/eval` returns.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct EvalReply {
-    /// The result as JSON text (`None`: undefined, or the script failed).
-    pub result: Option<String>,
-    /// What the script wrote with `console`.
-    pub logs: Vec<String>,
-    /// The error, with its stack, when the script failed or hit a limit.
-    pub error: Option<String>,
-}
-
 /// A message and where its reply goes.
 pub struct Delivery {
     /// The message id.
@@ -85,7 +70,7 @@ pub struct Delivery {
     pub idempotency_key: Option<String>,
     /// Actors waiting for this message's reply (`actors.call`), outermost
     /// first; empty for clients.
-    pub chain: crate::sandbox::host::CallChain,
+    pub chain: crate::sandbox::CallChain,
     /// Completed once the turn is durable (or failed).
     pub reply: oneshot::Sender<Result<TurnReply, TurnError>>,
 }

@@ -7,12 +7,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{Notify, mpsc};
 
+use super::env::ActorEnv;
 use super::task::ActorTask;
 use super::{Envelope, TurnError};
 use crate::catalog::TypeEntry;
 use crate::clock::now_ms;
 use crate::ids::ActorKey;
-use crate::node::Node;
 use crate::storage::CommitTracker;
 
 const SHARDS: usize = 64;
@@ -123,47 +123,47 @@ impl Registry {
         Some((s.0 > 0).then_some(s))
     }
 
-    /// Deliver `env` to the actor, waking it if it is hibernated.
-    pub fn deliver(
+    /// Deliver `envelope` to the actor, waking it if it is hibernated.
+    pub(crate) fn deliver(
         &self,
-        node: &Arc<Node>,
+        env: &Arc<ActorEnv>,
         key: &ActorKey,
-        env: Envelope,
+        envelope: Envelope,
     ) -> Result<(), TurnError> {
         let mut shard = self.shard(key);
         let mut after_crash = false;
-        let env = match shard.get(key) {
-            Some(h) => match h.tx.try_send(env) {
+        let envelope = match shard.get(key) {
+            Some(h) => match h.tx.try_send(envelope) {
                 Ok(()) => {
                     h.shared.last_used_ms.store(now_ms(), Ordering::Relaxed);
                     return Ok(());
                 }
                 Err(mpsc::error::TrySendError::Full(_)) => {
-                    node.metrics.mailbox_full.inc();
+                    env.metrics.mailbox_full.inc();
                     return Err(TurnError::MailboxFull(self.mailbox_capacity));
                 }
                 // The task died without deregistering (it panicked): replace it.
-                Err(mpsc::error::TrySendError::Closed(env)) => {
+                Err(mpsc::error::TrySendError::Closed(envelope)) => {
                     tracing::error!(actor = %key, "actor task died; starting a new activation");
                     shard.remove(key);
                     self.active.fetch_sub(1, Ordering::Relaxed);
-                    node.metrics.actors_active.dec();
+                    env.metrics.actors_active.dec();
                     after_crash = true;
-                    env
+                    envelope
                 }
             },
-            None => env,
+            None => envelope,
         };
-        let ty = node
+        let ty = env
             .catalog
             .get(key.ty())
             .ok_or_else(|| TurnError::UnknownType(key.ty().to_owned()))?;
-        self.wake(node, shard, key, ty, Some(env), after_crash);
+        self.wake(env, shard, key, ty, Some(envelope), after_crash);
         Ok(())
     }
 
     /// Tell the actor its inbox has new rows, waking it if needed.
-    pub fn poke(&self, node: &Arc<Node>, key: &ActorKey) {
+    pub(crate) fn poke(&self, env: &Arc<ActorEnv>, key: &ActorKey) {
         let mut shard = self.shard(key);
         let mut after_crash = false;
         if let Some(h) = shard.get(key) {
@@ -175,21 +175,21 @@ impl Registry {
                     tracing::error!(actor = %key, "actor task died; starting a new activation");
                     shard.remove(key);
                     self.active.fetch_sub(1, Ordering::Relaxed);
-                    node.metrics.actors_active.dec();
+                    env.metrics.actors_active.dec();
                     after_crash = true;
                 }
             }
         }
-        let Some(ty) = node.catalog.get(key.ty()) else {
+        let Some(ty) = env.catalog.get(key.ty()) else {
             tracing::warn!(actor = %key, "durable message for a type that no longer exists");
             return;
         };
-        self.wake(node, shard, key, ty, None, after_crash);
+        self.wake(env, shard, key, ty, None, after_crash);
     }
 
     fn wake(
         &self,
-        node: &Arc<Node>,
+        env: &Arc<ActorEnv>,
         mut shard: MutexGuard<'_, HashMap<ActorKey, Handle>>,
         key: &ActorKey,
         ty: Arc<TypeEntry>,
@@ -223,11 +223,11 @@ impl Registry {
         );
         drop(shard);
         let active = self.active.fetch_add(1, Ordering::Relaxed) + 1;
-        node.metrics.actors_active.inc();
-        let task = ActorTask::new(node.clone(), key.clone(), shared);
+        env.metrics.actors_active.inc();
+        let task = ActorTask::new(env.clone(), key.clone(), shared);
         tokio::spawn(task.run(rx));
         if active > self.max_active {
-            self.evict(node);
+            self.evict(env);
         }
     }
 
@@ -258,13 +258,13 @@ impl Registry {
     /// Ask the least recently used idle actors to hibernate until the node
     /// is back under its cap (with 5% headroom so this does not run on every
     /// wake).
-    pub(crate) fn evict(&self, node: &Arc<Node>) {
+    pub(crate) fn evict(&self, env: &Arc<ActorEnv>) {
         if self.evicting.swap(true, Ordering::AcqRel) {
             return;
         }
-        let node = node.clone();
+        let env = env.clone();
         tokio::spawn(async move {
-            let reg = &node.registry;
+            let reg = &env.registry;
             let target = reg.max_active - reg.max_active / 20;
             let active = reg.active_count();
             if active > target {
@@ -289,7 +289,7 @@ impl Registry {
     /// find room. The caller shows it is counted among the waiting.
     pub(crate) fn make_room(
         &self,
-        node: &Arc<Node>,
+        env: &Arc<ActorEnv>,
         slot: u8,
         batch: usize,
         _waiting: &WaitingForRoom,
@@ -299,9 +299,9 @@ impl Registry {
             return;
         }
         let count = batch.max(self.waiting_for_room[pool].load(Ordering::Relaxed));
-        let node = node.clone();
+        let env = env.clone();
         tokio::spawn(async move {
-            let reg = &node.registry;
+            let reg = &env.registry;
             reg.hibernate_oldest(count.max(1), |s| {
                 s.slot.load(Ordering::Relaxed) == slot && !s.busy.load(Ordering::Relaxed)
             });

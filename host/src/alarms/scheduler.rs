@@ -19,9 +19,9 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use crate::actor::{AlarmDelivery, Envelope};
 use crate::clock::now_ms;
-use crate::node::Node;
+use crate::ids::ActorKey;
+use crate::storage::Storage;
 
 /// How far ahead the scheduler keeps alarms in memory.
 pub const HORIZON_MS: u64 = 60_000;
@@ -58,7 +58,30 @@ pub enum Notice {
     },
 }
 
-/// Handle held by the node.
+/// A due alarm on its way to its actor.
+pub struct DueAlarm {
+    /// The alarm's name.
+    pub name: String,
+    /// The due time the scheduler saw; stale if the alarm moved since.
+    pub due_ms: u64,
+    /// Held until the alarm turn is over.
+    pub ticket: AlarmTicket,
+}
+
+/// How the scheduler reaches actors: the actor layer implements it, and the
+/// scheduler needs nothing else of it (the narrow-trait pattern of Golem's
+/// `SchedulerWorkerAccess`), which keeps it testable without actors.
+pub trait AlarmTarget: Send + Sync + 'static {
+    /// Hand `alarm` to actor `key`, waking the actor if needed. A refusal
+    /// drops the alarm's ticket, which asks for a redelivery.
+    fn deliver_alarm(
+        self: Arc<Self>,
+        key: &ActorKey,
+        alarm: DueAlarm,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
+}
+
+/// Handle to the scheduler: commits tell it about alarms through it.
 #[derive(Clone)]
 pub struct Scheduler {
     tx: mpsc::UnboundedSender<Notice>,
@@ -111,18 +134,26 @@ impl Scheduler {
         let _ = self.tx.send(notice);
     }
 
-    /// Run the scheduler loop for `node`.
-    pub fn start(&self, node: Arc<Node>, rx: mpsc::UnboundedReceiver<Notice>) {
-        let concurrency = node.config().alarms.concurrency.max(1);
+    /// Run the scheduler loop: it reads the due index from `storage` and
+    /// delivers to `target`, at most `concurrency` alarms at a time.
+    pub fn start(
+        &self,
+        storage: Arc<Storage>,
+        target: Arc<dyn AlarmTarget>,
+        concurrency: usize,
+        rx: mpsc::UnboundedReceiver<Notice>,
+    ) {
         let state = Loop {
             tx: self.tx.clone(),
             rx,
             queue: Queue::default(),
             in_flight: HashMap::new(),
             loaded_until: 0,
-            permits: Arc::new(Semaphore::new(concurrency)),
+            permits: Arc::new(Semaphore::new(concurrency.max(1))),
+            storage,
+            target,
         };
-        tokio::spawn(state.run(node));
+        tokio::spawn(state.run());
     }
 }
 
@@ -180,14 +211,16 @@ struct Loop {
     /// The queue holds every alarm due before this.
     loaded_until: u64,
     permits: Arc<Semaphore>,
+    storage: Arc<Storage>,
+    target: Arc<dyn AlarmTarget>,
 }
 
 impl Loop {
-    async fn run(mut self, node: Arc<Node>) {
-        self.reload(&node);
+    async fn run(mut self) {
+        self.reload();
         let mut next_reload = tokio::time::Instant::now() + Duration::from_millis(RELOAD_MS);
         loop {
-            self.fire_due(&node);
+            self.fire_due();
             // With no permit free, the next wake-up is a settled alarm.
             let wake = match self.queue.first_due() {
                 Some(due) if self.permits.available_permits() > 0 => {
@@ -207,7 +240,7 @@ impl Loop {
                 () = tokio::time::sleep_until(wake) => {}
             }
             if tokio::time::Instant::now() >= next_reload {
-                self.reload(&node);
+                self.reload();
                 next_reload = tokio::time::Instant::now() + Duration::from_millis(RELOAD_MS);
             }
         }
@@ -246,9 +279,9 @@ impl Loop {
 
     /// Rebuild the queue from the due index: every alarm due before now +
     /// horizon, overdue ones included, except those out for delivery.
-    fn reload(&mut self, node: &Arc<Node>) {
+    fn reload(&mut self) {
         let until = now_ms() + HORIZON_MS;
-        let rows = match node
+        let rows = match self
             .storage
             .reader()
             .and_then(|r| r.alarms_due(0, until, RELOAD_BATCH))
@@ -280,7 +313,7 @@ impl Loop {
     }
 
     /// Deliver every alarm that is due, while permits last.
-    fn fire_due(&mut self, node: &Arc<Node>) {
+    fn fire_due(&mut self) {
         while self.permits.available_permits() > 0 {
             let Some((due, id)) = self.queue.pop_due(now_ms()) else {
                 return;
@@ -290,7 +323,7 @@ impl Loop {
                 .clone()
                 .try_acquire_owned()
                 .expect("a permit is free and only this task takes them");
-            let key = match node.storage.reader().and_then(|r| r.actor_key(id.0)) {
+            let key = match self.storage.reader().and_then(|r| r.actor_key(id.0)) {
                 Ok(Some(k)) => k,
                 Ok(None) => continue, // the actor was deleted with its alarms
                 Err(e) => {
@@ -299,7 +332,7 @@ impl Loop {
                     continue;
                 }
             };
-            let delivery = AlarmDelivery {
+            let delivery = DueAlarm {
                 name: id.1.clone(),
                 due_ms: due,
                 ticket: AlarmTicket {
@@ -310,10 +343,7 @@ impl Loop {
                 },
             };
             self.in_flight.insert(id, None);
-            if let Err(e) = node
-                .registry
-                .deliver(node, &key, Envelope::Alarm(Box::new(delivery)))
-            {
+            if let Err(e) = self.target.clone().deliver_alarm(&key, delivery) {
                 // The ticket went down with the envelope and asks for a
                 // redelivery.
                 tracing::debug!(actor = %key, error = %e, "alarm delivery refused; will retry");

@@ -113,6 +113,10 @@ impl From<crate::ids::IdError> for ApiError {
             crate::ids::IdError::Type { .. } => "invalid_type_name",
             crate::ids::IdError::Id { .. } => "invalid_actor_id",
             crate::ids::IdError::IdempotencyKey { .. } => "invalid_idempotency_key",
+            crate::ids::IdError::Name { what, .. } => match what {
+                crate::ids::NameKind::Hook => "invalid_hook_name",
+                crate::ids::NameKind::Subscription => "invalid_subscription_name",
+            },
         };
         Self::bad_request(code, e.to_string())
     }

@@ -9,14 +9,24 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::{ApiError, AppState, Path};
+use crate::node::WebhookError;
 use crate::webhooks::VerifyError;
-use crate::webhooks::inbound::{self, HookError};
+use crate::webhooks::inbound::HookError;
+
+impl From<WebhookError> for ApiError {
+    fn from(e: WebhookError) -> Self {
+        match e {
+            WebhookError::UnknownType(_) => Self::not_found("unknown_type", e.to_string()),
+            WebhookError::Refused(e) => e.into(),
+            WebhookError::Turn(e) => e.into(),
+        }
+    }
+}
 
 impl From<HookError> for ApiError {
     fn from(e: HookError) -> Self {
         let msg = e.to_string();
         match e {
-            HookError::UnknownType(_) => Self::not_found("unknown_type", msg),
             HookError::NotConfigured(_) => {
                 Self::new(StatusCode::FORBIDDEN, "webhooks_not_configured", msg)
             }
@@ -30,7 +40,6 @@ impl From<HookError> for ApiError {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "route_field_missing", msg)
             }
             HookError::BadId(e) => e.into(),
-            HookError::Turn(e) => e.into(),
         }
     }
 }
@@ -42,7 +51,10 @@ pub(super) async fn receive(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body?;
-    let a = inbound::accept(&s.node, &ty, &id, &name, &headers, body).await?;
+    let a = s
+        .node
+        .accept_webhook(&ty, &id, &name, &headers, body)
+        .await?;
     Ok((
         StatusCode::ACCEPTED,
         axum::Json(serde_json::json!({

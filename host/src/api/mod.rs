@@ -131,7 +131,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     // Open event streams would hold the graceful shutdown open forever:
     // end them as soon as it begins.
-    let bus = node.event_bus.clone();
+    let bus = node.event_bus().clone();
     let shutdown = async move {
         shutdown.await;
         bus.close();

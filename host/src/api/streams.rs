@@ -60,7 +60,7 @@ pub(super) fn start_after(headers: &HeaderMap, after: u64) -> Result<u64, ApiErr
 pub(super) fn open(node: &Arc<Node>, key: ActorKey, after: u64) -> Result<Response, ApiError> {
     // Subscribe before the first read: a commit landing in between then
     // wakes the stream instead of being missed.
-    let sub = node.event_bus.subscribe(&key).map_err(|e| {
+    let sub = node.event_bus().subscribe(&key).map_err(|e| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "too_many_streams",

@@ -15,7 +15,8 @@ use crate::storage::schema::{DeliveryStatus, delivery_seq};
 use crate::webhooks::outbound::{self, SubscriptionSpec};
 
 fn subscription_name(name: &str) -> Result<(), ApiError> {
-    outbound::check_name(name).map_err(|e| ApiError::bad_request("invalid_subscription_name", e))
+    crate::ids::validate_subscription_name(name)
+        .map_err(|e| ApiError::bad_request("invalid_subscription_name", e.to_string()))
 }
 
 /// `PUT /v1/subscriptions/{name}`: create (201) or replace (200). A
@@ -36,7 +37,7 @@ pub(super) async fn put(
     let n = name.clone();
     let created = s
         .node
-        .storage
+        .storage()
         .writer()
         .call(|done| WriteOp::PutSubscription {
             name: n,
@@ -57,7 +58,7 @@ pub(super) async fn put(
 }
 
 pub(super) async fn list(State(s): State<AppState>) -> Result<Response, ApiError> {
-    let subs = s.node.storage.subscriptions().snapshot();
+    let subs = s.node.storage().subscriptions().snapshot();
     let items: Vec<_> = subs
         .iter()
         .map(|(n, r)| outbound::subscription_json(n, r))
@@ -70,7 +71,7 @@ pub(super) async fn get(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     subscription_name(&name)?;
-    let subs = s.node.storage.subscriptions().snapshot();
+    let subs = s.node.storage().subscriptions().snapshot();
     match subs.get(&name) {
         Some(r) => Ok(axum::Json(outbound::subscription_json(&name, r)).into_response()),
         None => Err(ApiError::not_found(
@@ -88,7 +89,7 @@ pub(super) async fn delete(
     let n = name.clone();
     let existed = s
         .node
-        .storage
+        .storage()
         .writer()
         .call(|done| WriteOp::DeleteSubscription { name: n, done })
         .await?;
@@ -136,7 +137,7 @@ pub(super) async fn deliveries(
         })?,
     };
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    let (rows, next) = s.node.storage.reader()?.deliveries(after, limit, |d| {
+    let (rows, next) = s.node.storage().reader()?.deliveries(after, limit, |d| {
         q.status.as_deref().is_none_or(|st| d.label() == st)
             && q.subscription
                 .as_deref()
@@ -165,7 +166,7 @@ pub(super) async fn retry(
     let i = id.clone();
     let rec = s
         .node
-        .storage
+        .storage()
         .writer()
         .call(|done| WriteOp::RetryDelivery { seq, id: i, done })
         .await?

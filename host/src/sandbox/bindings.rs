@@ -35,6 +35,8 @@ pub use self::exports::marmot::actor::handlers::{
     Guest as Handlers, GuestIndices as HandlersIndices,
 };
 pub use self::exports::marmot::actor::js_runtime::{
-    EvalOutcome, Guest as JsRuntime, GuestIndices as JsRuntimeIndices,
+    Guest as JsRuntime, GuestIndices as JsRuntimeIndices,
 };
-pub use self::marmot::actor::types::{Context, Error as GuestError, Message, Reply};
+pub use self::marmot::actor::types::{
+    Alarm, Context, Error as GuestError, InputAnswer, Message, Webhook,
+};

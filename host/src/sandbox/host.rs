@@ -6,6 +6,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime::{StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
+use super::caps::actors::ActorCalls;
 use super::output::GuestOutput;
 use super::turn::TurnState;
 use crate::config::ResolvedTypeConfig;
@@ -25,55 +26,24 @@ pub enum LimitTrap {
 pub struct Host {
     wasi: WasiCtx,
     table: ResourceTable,
-    pub(crate) limits: StoreLimits,
+    pub(super) limits: StoreLimits,
     /// The running turn, if any.
-    pub(crate) turn: Option<TurnState>,
+    pub(super) turn: Option<TurnState>,
     /// Epoch ticks the guest has run since its last host call.
-    pub(crate) cpu_ticks: u64,
+    pub(super) cpu_ticks: u64,
     /// Ticks allowed between host calls.
-    pub(crate) cpu_tick_limit: u64,
+    pub(super) cpu_tick_limit: u64,
     /// Milliseconds per tick (for messages).
-    pub(crate) tick_ms: u64,
+    pub(super) tick_ms: u64,
     /// Captured stdout and stderr.
-    pub(crate) stdout: GuestOutput,
-    pub(crate) stderr: GuestOutput,
+    pub(super) stdout: GuestOutput,
+    pub(super) stderr: GuestOutput,
     /// Abort the process when a guest logs exactly this (crash tests).
-    pub(crate) fault_abort_marker: Option<Arc<str>>,
+    pub(super) fault_abort_marker: Option<Arc<str>>,
     /// For the JavaScript engine: the module it runs.
-    pub(crate) js_module: Option<Arc<JsModule>>,
+    pub(super) js_module: Option<Arc<JsModule>>,
     /// Other actors, for `actors.call` and `actors.send`.
-    pub(crate) actors: Option<Arc<dyn ActorCalls>>,
-}
-
-/// The callers above a turn, outermost first: a turn that was started by
-/// `actors.call` from A, itself called from B, has chain `[B, A]`.
-pub type CallChain = Arc<[crate::ids::ActorKey]>;
-
-/// A reply from another actor.
-#[derive(Debug, Clone)]
-pub struct CallReply {
-    /// Its status.
-    pub status: u16,
-    /// Its body.
-    pub body: Vec<u8>,
-    /// Its content type.
-    pub content_type: Option<String>,
-}
-
-/// What turns may ask of other actors; the node implements it. A narrow
-/// trait keeps the sandbox free of the actor runtime.
-pub trait ActorCalls: Send + Sync {
-    /// Send `body` to `to` as a message and wait for its (durable) reply.
-    /// `chain` holds the callers above the call, the caller last.
-    fn call(
-        &self,
-        to: crate::ids::ActorKey,
-        body: Vec<u8>,
-        chain: CallChain,
-    ) -> futures::future::BoxFuture<'static, Result<CallReply, super::bindings::GuestError>>;
-
-    /// Whether type `ty` is deployed.
-    fn type_exists(&self, ty: &str) -> bool;
+    pub(super) actors: Option<Arc<dyn ActorCalls>>,
 }
 
 /// A JavaScript module as the engine receives it.
@@ -86,9 +56,13 @@ pub struct JsModule {
 }
 
 impl Host {
-    /// Store data for an instance of a type configured as `config`.
-    pub fn new(
+    /// Store data for an instance of a type configured as `config`, running
+    /// `js_module` (JavaScript types) and reaching other actors through
+    /// `actors`.
+    pub(super) fn new(
         config: &ResolvedTypeConfig,
+        js_module: Option<Arc<JsModule>>,
+        actors: Option<Arc<dyn ActorCalls>>,
         tick_ms: u64,
         output_capacity: usize,
         fault_abort_marker: Option<Arc<str>>,
@@ -124,27 +98,15 @@ impl Host {
             stdout,
             stderr,
             fault_abort_marker,
-            js_module: None,
-            actors: None,
+            js_module,
+            actors,
         }
-    }
-
-    /// Give the JavaScript engine in this store its module.
-    pub fn with_js_module(mut self, module: Option<Arc<JsModule>>) -> Self {
-        self.js_module = module;
-        self
-    }
-
-    /// Let turns reach other actors.
-    pub fn with_actors(mut self, actors: Arc<dyn ActorCalls>) -> Self {
-        self.actors = Some(actors);
-        self
     }
 
     /// The checkpoint every guest-facing host call passes first: it proves a
     /// turn is running, resets the CPU meter (the limit is per host-call-free
     /// stretch) and hands out the turn.
-    pub(crate) fn enter(&mut self) -> wasmtime::Result<&mut TurnState> {
+    pub(super) fn enter(&mut self) -> wasmtime::Result<&mut TurnState> {
         self.cpu_ticks = 0;
         self.turn
             .as_mut()

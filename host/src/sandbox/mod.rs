@@ -11,12 +11,13 @@
 //!   yields to tokio on every tick and traps once a guest runs `cpu_slice`
 //!   without calling the host. Memory: `StoreLimits` per store.
 
-pub mod bindings;
+mod bindings;
 mod caps;
-pub mod host;
-pub mod output;
+mod host;
+mod output;
+mod run;
 mod snapshot;
-pub mod turn;
+mod turn;
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -29,7 +30,23 @@ use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline,
 };
 
-pub use host::{Host, JsModule, LimitTrap};
+pub use bindings::{Alarm, GuestError, InputAnswer, Message, Webhook};
+pub use caps::actors::{ActorCalls, ActorLimits, CallChain, CallReply, DurableBefore};
+pub use caps::alarms::AlarmLimits;
+pub use caps::events::EventLimits;
+pub use caps::inputs::InputLimits;
+pub use caps::log::LogLimits;
+pub use caps::state::StateLimits;
+pub use host::{JsModule, LimitTrap};
+pub use run::{
+    EvalReply, GuestReply, Instance, TrapKind, TurnFailure, TurnInput, TurnOutcome, TurnOutput,
+    TurnRequest,
+};
+pub use turn::{ActorCounts, Carry, FinishedTurn, TurnLimits, TurnStart};
+
+use crate::config::ResolvedTypeConfig;
+use crate::storage::Storage;
+use host::Host;
 
 /// Compiled code linked against the host, ready to instantiate.
 pub struct Prepared {
@@ -45,14 +62,26 @@ impl Prepared {
     }
 }
 
-/// A live instance and its store.
-pub struct Instance {
-    /// The store (owns the instance's memory and the turn state).
-    pub store: Store<Host>,
-    /// The exported handlers.
-    pub handlers: bindings::Handlers,
-    /// The JavaScript engine's extra entry points, for the engine.
-    pub js: Option<bindings::JsRuntime>,
+/// What an instance is given besides its code.
+pub struct InstanceSpec<'a> {
+    /// The type's settings: memory, CPU slice, turn timeout, environment.
+    pub config: &'a ResolvedTypeConfig,
+    /// For JavaScript types: the module the engine runs.
+    pub js_module: Option<Arc<JsModule>>,
+    /// How its turns reach other actors (`None`: they cannot).
+    pub actors: Option<Arc<dyn ActorCalls>>,
+}
+
+/// Why an instance could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum InstantiateError {
+    /// Its pool is full, or the kernel refused memory or mappings: try
+    /// again once instances have been dropped.
+    #[error("no room for another instance: {0}")]
+    NoRoom(String),
+    /// Anything else.
+    #[error("{0}")]
+    Failed(String),
 }
 
 /// How to build the engine.
@@ -73,6 +102,8 @@ pub struct SandboxConfig {
     pub output_capacity: usize,
     /// Abort the process when a guest logs exactly this (crash tests only).
     pub fault_abort_marker: Option<Arc<str>>,
+    /// Limits of every capability inside a turn.
+    pub turn_limits: TurnLimits,
 }
 
 /// Why code cannot be deployed.
@@ -177,6 +208,9 @@ pub struct Sandbox {
     js: EngineParts,
     config: SandboxConfig,
     tick_ms: u64,
+    /// What turns read committed state from.
+    storage: Arc<Storage>,
+    turn_limits: Arc<TurnLimits>,
     /// The built-in JavaScript engine, compiled on first use.
     js_engine: std::sync::Mutex<Option<Arc<Prepared>>>,
 }
@@ -196,8 +230,9 @@ impl Sandbox {
         n.max(MIN_POOL) as usize
     }
 
-    /// Build the engines and start their epoch ticker.
-    pub fn new(config: SandboxConfig) -> anyhow::Result<Arc<Self>> {
+    /// Build the engines and start their epoch ticker. Turns read what is
+    /// committed from `storage`.
+    pub fn new(config: SandboxConfig, storage: Arc<Storage>) -> anyhow::Result<Arc<Self>> {
         let n = (config.max_instances as u32).max(MIN_POOL);
         let wasm = EngineParts::new(&config, n, false)?;
         let js = EngineParts::new(&config, config.max_js_instances.max(MIN_POOL), true)?;
@@ -209,11 +244,14 @@ impl Sandbox {
         })?;
         warn_if_map_count_low(n as u64 + u64::from(config.max_js_instances));
         let tick_ms = config.tick.as_millis().max(1) as u64;
+        let turn_limits = Arc::new(config.turn_limits.clone());
         let sandbox = Arc::new(Self {
             wasm,
             js,
             config,
             tick_ms,
+            storage,
+            turn_limits,
             js_engine: std::sync::Mutex::new(None),
         });
         let engines = [sandbox.wasm.engine.weak(), sandbox.js.engine.weak()];
@@ -276,6 +314,8 @@ impl Sandbox {
         let started = std::time::Instant::now();
         let host = Host::new(
             &crate::config::TypeConfig::default().resolve(&Default::default(), true),
+            None,
+            None,
             self.tick_ms,
             self.config.output_capacity,
             None,
@@ -317,7 +357,7 @@ impl Sandbox {
         self: &Arc<Self>,
         name: &str,
         source: &str,
-        config: &crate::config::ResolvedTypeConfig,
+        config: &ResolvedTypeConfig,
     ) -> Result<(), CodeError> {
         let engine = match self.js_engine_if_ready() {
             Some(e) => e,
@@ -328,28 +368,16 @@ impl Sandbox {
                     .map_err(|e| CodeError::Invalid(format!("compiler panicked: {e}")))??
             }
         };
+        let spec = InstanceSpec {
+            config,
+            js_module: None,
+            actors: None,
+        };
         let mut inst = self
-            .instantiate(&engine, self.new_host(config))
+            .instantiate(&engine, spec)
             .await
-            .map_err(|e| {
-                CodeError::Invalid(format!("cannot start the JavaScript engine: {e:#}"))
-            })?;
-        let js = inst
-            .js
-            .take()
-            .expect("the JavaScript engine exports js-runtime");
-        let check = js.call_check(&mut inst.store, name, source);
-        match tokio::time::timeout(config.turn_timeout, check).await {
-            Ok(Ok(Ok(()))) => Ok(()),
-            Ok(Ok(Err(msg))) => Err(CodeError::Script(msg)),
-            Ok(Err(trap)) => Err(CodeError::Script(format!(
-                "compiling the module stopped the engine: {}",
-                trap.root_cause()
-            ))),
-            Err(_) => Err(CodeError::Script(
-                "compiling the module took too long".into(),
-            )),
-        }
+            .map_err(|e| CodeError::Invalid(format!("cannot start the JavaScript engine: {e}")))?;
+        inst.check_js(name, source).await.map_err(CodeError::Script)
     }
 
     fn compile(&self, parts: &EngineParts, code: &[u8]) -> Result<Component, CodeError> {
@@ -385,18 +413,20 @@ impl Sandbox {
         Ok(component)
     }
 
-    /// Store data for an instance of a type configured as `config`.
-    pub fn new_host(&self, config: &crate::config::ResolvedTypeConfig) -> Host {
-        Host::new(
-            config,
+    /// Instantiate `pre` in a fresh store.
+    pub async fn instantiate(
+        &self,
+        pre: &Prepared,
+        spec: InstanceSpec<'_>,
+    ) -> Result<Instance, InstantiateError> {
+        let host = Host::new(
+            spec.config,
+            spec.js_module,
+            spec.actors,
             self.tick_ms,
             self.config.output_capacity,
             self.config.fault_abort_marker.clone(),
-        )
-    }
-
-    /// Instantiate `pre` in a fresh store.
-    pub async fn instantiate(&self, pre: &Prepared, host: Host) -> wasmtime::Result<Instance> {
+        );
         // The component knows which engine compiled it.
         let mut store = Store::new(pre.pre.component().engine(), host);
         store.limiter(|h| &mut h.limits);
@@ -411,57 +441,32 @@ impl Sandbox {
             Ok(UpdateDeadline::Yield(1))
         });
         store.set_epoch_deadline(1);
-        let instance = pre.pre.instantiate_async(&mut store).await?;
-        let handlers = pre.handlers.load(&mut store, &instance)?;
-        let js = match &pre.js {
-            Some(js) => Some(js.load(&mut store, &instance)?),
-            None => None,
+        let loaded = async {
+            let instance = pre.pre.instantiate_async(&mut store).await?;
+            let handlers = pre.handlers.load(&mut store, &instance)?;
+            let js = match &pre.js {
+                Some(js) => Some(js.load(&mut store, &instance)?),
+                None => None,
+            };
+            Ok::<_, wasmtime::Error>((handlers, js))
         };
-        Ok(Instance {
-            store,
-            handlers,
-            js,
-        })
-    }
-}
-
-/// Why a call into a guest failed, for metrics and messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TrapKind {
-    /// Ran too long without a host call.
-    Cpu,
-    /// Tried to grow memory past its limit.
-    Memory,
-    /// Recursed past the stack limit.
-    StackOverflow,
-    /// Any other trap (a panic, unreachable, a bad access).
-    Trap,
-}
-
-impl TrapKind {
-    /// Classify a trap.
-    pub fn of(err: &wasmtime::Error) -> Self {
-        if let Some(LimitTrap::Cpu(_)) = err.downcast_ref::<LimitTrap>() {
-            return TrapKind::Cpu;
-        }
-        if let Some(t) = err.downcast_ref::<wasmtime::Trap>()
-            && *t == wasmtime::Trap::StackOverflow
-        {
-            return TrapKind::StackOverflow;
-        }
-        if format!("{err:#}").contains("growing memory") {
-            return TrapKind::Memory;
-        }
-        TrapKind::Trap
-    }
-
-    /// Metric label.
-    pub fn label(self) -> &'static str {
-        match self {
-            TrapKind::Cpu => "cpu",
-            TrapKind::Memory => "memory",
-            TrapKind::StackOverflow => "stack_overflow",
-            TrapKind::Trap => "trap",
+        match loaded.await {
+            Ok((handlers, js)) => Ok(Instance::new(
+                store,
+                handlers,
+                js,
+                spec.config.turn_timeout,
+                self.turn_limits.clone(),
+                self.storage.clone(),
+            )),
+            Err(e) => {
+                let msg = format!("{e:#}");
+                Err(if run::is_resource_exhaustion(&msg) {
+                    InstantiateError::NoRoom(msg)
+                } else {
+                    InstantiateError::Failed(msg)
+                })
+            }
         }
     }
 }

@@ -1,4 +1,6 @@
 //! `POST /v1/hooks/{type}/{id}/{name}`: verify, route, store, then 202.
+//! This module does everything before the store ([`prepare`]); the node
+//! stores the row and counts the outcome.
 //!
 //! Nothing is stored before the signature checks out. An accepted hook is a
 //! durable inbox row (kind `webhook`) for its actor, so it runs in arrival
@@ -8,18 +10,13 @@
 //! `webhooks.dedupe_ttl_ms`: a redelivery is acknowledged without being
 //! stored again.
 
-use std::sync::Arc;
-
 use axum::http::HeaderMap;
 use bytes::Bytes;
 
 use super::VerifyError;
-use crate::actor::TurnError;
 use crate::clock::now_ms;
+use crate::config::TypeConfig;
 use crate::ids::{ActorKey, IdError, new_message_id};
-use crate::metrics::HookLabels;
-use crate::node::Node;
-use crate::storage::EnqueueOutcome;
 use crate::storage::schema::{InboxKind, InboxRecord};
 
 /// The actor id in a hook URL that asks for routing by the type's rule.
@@ -42,12 +39,9 @@ pub struct Accepted {
     pub duplicate: bool,
 }
 
-/// Why a hook was refused. Nothing was stored.
+/// Why a hook was refused before anything was stored.
 #[derive(Debug, thiserror::Error)]
 pub enum HookError {
-    /// No such type.
-    #[error("unknown actor type `{0}`")]
-    UnknownType(String),
     /// The type has no `webhook_secret`.
     #[error("type `{0}` does not accept webhooks (set config.webhook_secret)")]
     NotConfigured(String),
@@ -66,24 +60,6 @@ pub enum HookError {
     /// The routed id is not a valid actor id.
     #[error(transparent)]
     BadId(#[from] IdError),
-    /// Storing failed.
-    #[error(transparent)]
-    Turn(#[from] TurnError),
-}
-
-/// Check a hook name: 1–64 of `A-Za-z0-9._-`.
-pub fn check_hook_name(name: &str) -> Result<(), String> {
-    if name.is_empty()
-        || name.len() > 64
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-    {
-        return Err(format!(
-            "hook name `{name}` must be 1 to 64 of A-Z a-z 0-9 . _ -"
-        ));
-    }
-    Ok(())
 }
 
 fn header<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
@@ -139,55 +115,24 @@ fn route(pointer: &str, body: &[u8]) -> Result<String, HookError> {
     }
 }
 
-/// Verify, route and durably enqueue a hook.
-pub async fn accept(
-    node: &Arc<Node>,
+/// Everything before storing a hook named `name` (checked by the caller
+/// first): verify its signature against the type's `config`, route it to
+/// its actor, and build the inbox row (keyed by the sender's delivery id, so a redelivery
+/// is a duplicate). Returns the actor, the delivery id and the row.
+pub fn prepare(
+    config: &TypeConfig,
     ty: &str,
     id: &str,
     name: &str,
     headers: &HeaderMap,
     body: Bytes,
-) -> Result<Accepted, HookError> {
-    let result = accept_inner(node, ty, id, name, headers, body).await;
-    let outcome = match &result {
-        Ok(a) if a.duplicate => "duplicate",
-        Ok(_) => "accepted",
-        Err(_) => "rejected",
-    };
-    node.metrics()
-        .webhooks_received
-        .get_or_create(&HookLabels { outcome })
-        .inc();
-    match &result {
-        Ok(a) => tracing::info!(actor_type = ty, actor_id = %a.actor_id, hook = name,
-            delivery_id = %a.delivery_id, duplicate = a.duplicate, "webhook accepted"),
-        Err(e) => tracing::info!(actor_type = ty, hook = name, error = %e, "webhook rejected"),
-    }
-    result
-}
-
-async fn accept_inner(
-    node: &Arc<Node>,
-    ty: &str,
-    id: &str,
-    name: &str,
-    headers: &HeaderMap,
-    body: Bytes,
-) -> Result<Accepted, HookError> {
-    check_hook_name(name).map_err(HookError::BadName)?;
-    let entry = node
-        .catalog()
-        .get(ty)
-        .ok_or_else(|| HookError::UnknownType(ty.to_owned()))?;
-    let config = entry
-        .version(entry.latest_version())
-        .map(|v| v.config.clone())
-        .ok_or_else(|| HookError::UnknownType(ty.to_owned()))?;
+    tolerance_s: u64,
+) -> Result<(ActorKey, String, InboxRecord), HookError> {
     let secret = config
         .webhook_secret
         .as_deref()
         .ok_or_else(|| HookError::NotConfigured(ty.to_owned()))?;
-    let delivery_id = verify(secret, headers, &body, node.config().webhooks.tolerance_s)?;
+    let delivery_id = verify(secret, headers, &body, tolerance_s)?;
     let actor_id = if id == ROUTED {
         let pointer = config
             .webhook_routes
@@ -227,17 +172,7 @@ async fn accept_inner(
             headers: kept,
         },
     };
-    let ttl = node.config().webhooks.dedupe_ttl_ms;
-    let (message_id, duplicate) = match node.enqueue_record(&key, message, ttl).await? {
-        EnqueueOutcome::Queued { message_id } => (message_id, false),
-        EnqueueOutcome::Duplicate { message_id } => (message_id, true),
-    };
-    Ok(Accepted {
-        actor_id,
-        delivery_id,
-        message_id,
-        duplicate,
-    })
+    Ok((key, delivery_id, message))
 }
 
 #[cfg(test)]
@@ -252,9 +187,5 @@ mod tests {
         assert!(route("/ticket", body).is_err());
         assert!(route("/nope", body).is_err());
         assert!(route("/ticket/id", b"not json").is_err());
-        assert!(check_hook_name("github").is_ok());
-        assert!(check_hook_name("a.b-c_d").is_ok());
-        assert!(check_hook_name("").is_err());
-        assert!(check_hook_name("a/b").is_err());
     }
 }

@@ -66,6 +66,15 @@ pub fn check_secret(secret: &str) -> Result<(), String> {
     }
 }
 
+/// Check what a type's config says about webhooks that the config itself
+/// cannot (the format of `webhook_secret`); part of every deploy.
+pub fn check_type_config(config: &crate::config::TypeConfig) -> Result<(), String> {
+    if let Some(s) = &config.webhook_secret {
+        check_secret(s).map_err(|e| format!("config.webhook_secret: {e}"))?;
+    }
+    Ok(())
+}
+
 /// A new random `whsec_` secret (32 bytes).
 pub fn new_secret() -> String {
     let bytes: [u8; 32] = rand::random();

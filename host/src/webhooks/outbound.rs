@@ -23,10 +23,10 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::clock::now_ms;
-use crate::metrics::HookLabels;
-use crate::node::Node;
+use crate::config::WebhooksConfig;
+use crate::metrics::{HookLabels, Metrics};
 use crate::storage::schema::{DeliveryRecord, DeliveryStatus, SubscriptionRecord};
-use crate::storage::{StorageError, WriteOp};
+use crate::storage::{Storage, StorageError, WriteOp};
 
 /// Environment variable that overrides `webhooks.retry_base_ms`.
 pub const RETRY_BASE_ENV: &str = "MARMOT_WEBHOOK_RETRY_BASE_MS";
@@ -60,11 +60,6 @@ impl Schedule {
         let nominal = self.nominal_delay_ms(attempt);
         nominal + rand::random_range(0..=nominal / 4)
     }
-}
-
-/// Subscription names follow hook names: 1–64 of `A-Za-z0-9._-`.
-pub fn check_name(name: &str) -> Result<(), String> {
-    super::inbound::check_hook_name(name).map_err(|e| e.replace("hook name", "subscription name"))
 }
 
 /// What a client asks for with `PUT /v1/subscriptions/{name}`.
@@ -157,9 +152,17 @@ pub fn delivery_json(d: &DeliveryRecord) -> serde_json::Value {
     })
 }
 
-/// Start the delivery worker.
-pub fn start(node: Arc<Node>) {
-    tokio::spawn(run(node));
+/// Start the delivery worker: it reads due outbox rows from `storage`,
+/// records every attempt there, and counts them in `metrics`.
+pub fn start(storage: Arc<Storage>, metrics: Arc<Metrics>, config: WebhooksConfig) {
+    tokio::spawn(run(Worker { storage, metrics }, config));
+}
+
+/// What a delivery uses.
+#[derive(Clone)]
+struct Worker {
+    storage: Arc<Storage>,
+    metrics: Arc<Metrics>,
 }
 
 /// `host[:port]` of a URL: the unit of the per-destination limit.
@@ -173,8 +176,7 @@ fn destination(url: &str) -> String {
         .unwrap_or_default()
 }
 
-async fn run(node: Arc<Node>) {
-    let cfg = node.config().webhooks.clone();
+async fn run(w: Worker, cfg: WebhooksConfig) {
     let base_ms = match std::env::var(RETRY_BASE_ENV)
         .ok()
         .and_then(|v| v.trim().parse().ok())
@@ -206,13 +208,13 @@ async fn run(node: Arc<Node>) {
             return;
         }
     };
-    let ready = node.storage.outbox_ready().clone();
+    let ready = w.storage.outbox_ready().clone();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u64, String)>();
     let mut in_flight: HashSet<u64> = HashSet::new();
     let mut per_dest: HashMap<String, usize> = HashMap::new();
     loop {
         let now = now_ms();
-        let due = node
+        let due = w
             .storage
             .reader()
             .and_then(|r| r.deliveries_due(now, BATCH));
@@ -224,7 +226,7 @@ async fn run(node: Arc<Node>) {
                 continue;
             }
         };
-        let subs = node.storage.subscriptions().snapshot();
+        let subs = w.storage.subscriptions().snapshot();
         for (seq, rec) in due {
             if in_flight.len() >= cfg.concurrency.max(1) {
                 break;
@@ -235,7 +237,7 @@ async fn run(node: Arc<Node>) {
             let Some(sub) = subs.get(&rec.subscription).cloned() else {
                 tracing::info!(subscription = %rec.subscription, webhook_id = %rec.webhook_id,
                     "subscription deleted; dropping its delivery");
-                node.storage.writer().submit(WriteOp::DeliveryAttempted {
+                w.storage.writer().submit(WriteOp::DeliveryAttempted {
                     seq,
                     update: None,
                     done: tokio::sync::oneshot::channel().0,
@@ -249,15 +251,15 @@ async fn run(node: Arc<Node>) {
             }
             *n += 1;
             in_flight.insert(seq);
-            let (node, client, done_tx) = (node.clone(), client.clone(), done_tx.clone());
+            let (w, client, done_tx) = (w.clone(), client.clone(), done_tx.clone());
             tokio::spawn(async move {
-                attempt(&node, &client, seq, rec, &sub, schedule).await;
+                w.attempt(&client, seq, rec, &sub, schedule).await;
                 let _ = done_tx.send((seq, dest));
             });
         }
         // Sleep until something changes: new rows, a finished attempt (a
         // slot and maybe a row free again), or the next retry coming due.
-        let next = node
+        let next = w
             .storage
             .reader()
             .and_then(|r| r.next_delivery_due_after(now))
@@ -283,86 +285,88 @@ async fn run(node: Arc<Node>) {
             }
             () = tokio::time::sleep(Duration::from_millis(next)) => {}
         }
-        if let Ok(depth) = node.storage.reader().and_then(|r| r.pending_deliveries()) {
-            node.metrics().webhook_queue_depth.set(depth as i64);
+        if let Ok(depth) = w.storage.reader().and_then(|r| r.pending_deliveries()) {
+            w.metrics.webhook_queue_depth.set(depth as i64);
         }
     }
 }
 
-/// One attempt; its outcome is durable before this returns.
-async fn attempt(
-    node: &Arc<Node>,
-    client: &reqwest::Client,
-    seq: u64,
-    mut rec: DeliveryRecord,
-    sub: &SubscriptionRecord,
-    schedule: Schedule,
-) {
-    let ts = (now_ms() / 1000) as i64;
-    let signature = super::sign(
-        &super::secret_key(&sub.secret),
-        &rec.webhook_id,
-        ts,
-        &rec.payload,
-    );
-    let sent = client
-        .post(&sub.url)
-        .header("content-type", "application/json")
-        .header("webhook-id", &rec.webhook_id)
-        .header("webhook-timestamp", ts.to_string())
-        .header("webhook-signature", signature)
-        .body(rec.payload.clone())
-        .send()
-        .await;
-    let failure = match sent {
-        Ok(resp) if resp.status().is_success() => None,
-        Ok(mut resp) => {
-            let status = resp.status();
-            let mut body = Vec::new();
-            while body.len() < MAX_ERROR_BODY {
-                match resp.chunk().await {
-                    Ok(Some(c)) => body.extend_from_slice(&c),
-                    _ => break,
+impl Worker {
+    /// One attempt; its outcome is durable before this returns.
+    async fn attempt(
+        &self,
+        client: &reqwest::Client,
+        seq: u64,
+        mut rec: DeliveryRecord,
+        sub: &SubscriptionRecord,
+        schedule: Schedule,
+    ) {
+        let ts = (now_ms() / 1000) as i64;
+        let signature = super::sign(
+            &super::secret_key(&sub.secret),
+            &rec.webhook_id,
+            ts,
+            &rec.payload,
+        );
+        let sent = client
+            .post(&sub.url)
+            .header("content-type", "application/json")
+            .header("webhook-id", &rec.webhook_id)
+            .header("webhook-timestamp", ts.to_string())
+            .header("webhook-signature", signature)
+            .body(rec.payload.clone())
+            .send()
+            .await;
+        let failure = match sent {
+            Ok(resp) if resp.status().is_success() => None,
+            Ok(mut resp) => {
+                let status = resp.status();
+                let mut body = Vec::new();
+                while body.len() < MAX_ERROR_BODY {
+                    match resp.chunk().await {
+                        Ok(Some(c)) => body.extend_from_slice(&c),
+                        _ => break,
+                    }
+                }
+                body.truncate(MAX_ERROR_BODY);
+                let text = String::from_utf8_lossy(&body);
+                let error = format!("HTTP {}: {}", status.as_u16(), text.trim());
+                Some((error, status == reqwest::StatusCode::GONE))
+            }
+            Err(e) => Some((transport_error(&e), false)),
+        };
+        let (update, outcome) = match failure {
+            None => (None, "delivered"),
+            Some((error, gone)) => {
+                rec.attempts += 1;
+                rec.last_error = Some(error.clone());
+                if gone || rec.attempts >= schedule.max_attempts {
+                    rec.status = DeliveryStatus::Dead;
+                    tracing::warn!(subscription = %rec.subscription, webhook_id = %rec.webhook_id,
+                    attempts = rec.attempts, error = %error, "webhook delivery is dead (dead-letter list)");
+                    (Some(rec), "dead")
+                } else {
+                    let delay = schedule.delay_ms(rec.attempts);
+                    rec.next_attempt_ms = now_ms() + delay;
+                    tracing::info!(subscription = %rec.subscription, webhook_id = %rec.webhook_id,
+                    attempt = rec.attempts, retry_in_ms = delay, error = %error, "webhook delivery failed; will retry");
+                    (Some(rec), "failed")
                 }
             }
-            body.truncate(MAX_ERROR_BODY);
-            let text = String::from_utf8_lossy(&body);
-            let error = format!("HTTP {}: {}", status.as_u16(), text.trim());
-            Some((error, status == reqwest::StatusCode::GONE))
+        };
+        self.metrics
+            .webhook_deliveries
+            .get_or_create(&HookLabels { outcome })
+            .inc();
+        let r: Result<(), StorageError> = self
+            .storage
+            .writer()
+            .call(|done| WriteOp::DeliveryAttempted { seq, update, done })
+            .await;
+        if let Err(e) = r {
+            // The row stays as it was: it will be attempted again (same id).
+            tracing::error!(error = %e, seq, "cannot record a webhook delivery attempt");
         }
-        Err(e) => Some((transport_error(&e), false)),
-    };
-    let (update, outcome) = match failure {
-        None => (None, "delivered"),
-        Some((error, gone)) => {
-            rec.attempts += 1;
-            rec.last_error = Some(error.clone());
-            if gone || rec.attempts >= schedule.max_attempts {
-                rec.status = DeliveryStatus::Dead;
-                tracing::warn!(subscription = %rec.subscription, webhook_id = %rec.webhook_id,
-                    attempts = rec.attempts, error = %error, "webhook delivery is dead (dead-letter list)");
-                (Some(rec), "dead")
-            } else {
-                let delay = schedule.delay_ms(rec.attempts);
-                rec.next_attempt_ms = now_ms() + delay;
-                tracing::info!(subscription = %rec.subscription, webhook_id = %rec.webhook_id,
-                    attempt = rec.attempts, retry_in_ms = delay, error = %error, "webhook delivery failed; will retry");
-                (Some(rec), "failed")
-            }
-        }
-    };
-    node.metrics()
-        .webhook_deliveries
-        .get_or_create(&HookLabels { outcome })
-        .inc();
-    let r: Result<(), StorageError> = node
-        .storage
-        .writer()
-        .call(|done| WriteOp::DeliveryAttempted { seq, update, done })
-        .await;
-    if let Err(e) = r {
-        // The row stays as it was: it will be attempted again (same id).
-        tracing::error!(error = %e, seq, "cannot record a webhook delivery attempt");
     }
 }
 

@@ -7,18 +7,171 @@
 //! one-way and durable: the message is queued in the recipient's inbox by
 //! the sending turn's own commit, so it is sent if and only if that turn
 //! commits, exactly once.
+//!
+//! The sandbox does not know how to reach another actor: the actor layer
+//! gives each instance an [`ActorCalls`].
 
 use std::sync::Arc;
 
+use super::super::turn::Refusal;
 use crate::clock::now_ms;
 use crate::ids::ActorKey;
 use crate::sandbox::bindings::GuestError;
 use crate::sandbox::bindings::marmot::actor::actors;
 use crate::sandbox::bindings::marmot::actor::types::Reply;
 use crate::sandbox::host::Host;
+use crate::storage::CommitTracker;
+use crate::storage::schema::{InboxKind, InboxRecord};
 
 /// Most actors in one call chain (A calls B calls C …, A included).
 pub const MAX_CALL_DEPTH: usize = 8;
+
+/// The callers above a turn, outermost first: a turn that was started by
+/// `actors.call` from A, itself called from B, has chain `[B, A]`.
+pub type CallChain = Arc<[ActorKey]>;
+
+/// A reply from another actor.
+#[derive(Debug, Clone)]
+pub struct CallReply {
+    /// Its status.
+    pub status: u16,
+    /// Its body.
+    pub body: Vec<u8>,
+    /// Its content type.
+    pub content_type: Option<String>,
+}
+
+/// What turns may ask of other actors; the actor layer implements it. A
+/// narrow trait keeps the sandbox free of the actor runtime.
+pub trait ActorCalls: Send + Sync {
+    /// Send `body` to `to` as a message and wait for its (durable) reply.
+    /// `chain` holds the callers above the call, the caller last.
+    fn call(
+        self: Arc<Self>,
+        to: ActorKey,
+        body: Vec<u8>,
+        chain: CallChain,
+    ) -> futures::future::BoxFuture<'static, Result<CallReply, GuestError>>;
+
+    /// Whether type `ty` is deployed.
+    fn type_exists(&self, ty: &str) -> bool;
+}
+
+/// The last commit an actor submitted before a turn, and its generation.
+/// A request that leaves mid-turn (`actors.call`) must not depend on
+/// earlier turns that could still fail to commit.
+#[derive(Clone)]
+pub struct DurableBefore {
+    /// The actor's commit bookkeeping.
+    pub tracker: Arc<CommitTracker>,
+    /// Submitted seq to wait for.
+    pub seq: u64,
+    /// The actor's generation (a failed commit raises the tracker's).
+    pub generation: u64,
+}
+
+/// Limits of the actors capability.
+#[derive(Debug, Clone, Copy)]
+pub struct ActorLimits {
+    /// Messages one turn may send with `actors.send`.
+    pub max_sends_per_turn: usize,
+    /// Largest message body.
+    pub max_message_bytes: usize,
+}
+
+/// The actors part of a turn.
+pub struct ActorsCtx {
+    limits: ActorLimits,
+    /// Callers above this turn (`actors.call`), for cycle detection.
+    chain: CallChain,
+    /// This actor's commits before this turn: `actors.call` waits for them.
+    durable_before: Option<DurableBefore>,
+    /// Messages sent with `actors.send`, queued when the turn commits.
+    sends: Vec<(ActorKey, InboxRecord)>,
+}
+
+impl ActorsCtx {
+    pub(crate) fn new(
+        limits: ActorLimits,
+        chain: CallChain,
+        durable_before: Option<DurableBefore>,
+    ) -> Self {
+        Self {
+            limits,
+            chain,
+            durable_before,
+            sends: Vec::new(),
+        }
+    }
+
+    /// Queue a message to `to`, sent durably if and only if this turn
+    /// commits.
+    pub fn send(&mut self, to: ActorKey, body: Vec<u8>, now_ms: u64) -> Result<(), Refusal> {
+        if self.sends.len() >= self.limits.max_sends_per_turn {
+            return Err(Refusal::Limit(format!(
+                "a turn may send at most {} messages",
+                self.limits.max_sends_per_turn
+            )));
+        }
+        if body.len() > self.limits.max_message_bytes {
+            return Err(Refusal::Limit(format!(
+                "a message of {} bytes exceeds the limit of {} bytes",
+                body.len(),
+                self.limits.max_message_bytes
+            )));
+        }
+        let message = InboxRecord {
+            message_id: crate::ids::new_message_id(),
+            body,
+            content_type: Some("application/json".into()),
+            idempotency_key: None,
+            attempts: 0,
+            enqueued_at_ms: now_ms,
+            kind: InboxKind::Message,
+        };
+        self.sends.push((to, message));
+        Ok(())
+    }
+
+    /// Check a call from actor `me` to `to` and return the chain it
+    /// carries (the callers above it, `me` last).
+    fn check_call(
+        &self,
+        me: &ActorKey,
+        to: &ActorKey,
+        len: usize,
+    ) -> Result<CallChain, GuestError> {
+        if to == me || self.chain.contains(to) {
+            let path: Vec<String> = self
+                .chain
+                .iter()
+                .chain([me, to])
+                .map(ToString::to_string)
+                .collect();
+            return Err(GuestError::Denied(format!(
+                "call cycle {}: an actor waiting for a reply cannot take another turn",
+                path.join(" → ")
+            )));
+        }
+        if self.chain.len() + 1 >= MAX_CALL_DEPTH {
+            return Err(GuestError::LimitExceeded(format!(
+                "a call chain may hold at most {MAX_CALL_DEPTH} actors"
+            )));
+        }
+        if len > self.limits.max_message_bytes {
+            return Err(GuestError::LimitExceeded(format!(
+                "a message of {len} bytes exceeds the limit of {} bytes",
+                self.limits.max_message_bytes
+            )));
+        }
+        Ok(self.chain.iter().cloned().chain([me.clone()]).collect())
+    }
+
+    /// The messages to queue in the turn's commit.
+    pub(crate) fn finish(self) -> Vec<(ActorKey, InboxRecord)> {
+        self.sends
+    }
+}
 
 fn target(ty: &str, id: &str) -> Result<ActorKey, GuestError> {
     ActorKey::new(ty, id).map_err(|e| GuestError::Invalid(e.to_string()))
@@ -42,39 +195,13 @@ impl actors::Host for Host {
                 "actors.call is not available in this sandbox".into(),
             )));
         };
-        if to == turn.key || turn.chain.contains(&to) {
-            let path: Vec<String> = turn
-                .chain
-                .iter()
-                .chain([&turn.key, &to])
-                .map(ToString::to_string)
-                .collect();
-            return Ok(Err(GuestError::Denied(format!(
-                "call cycle {}: an actor waiting for a reply cannot take another turn",
-                path.join(" → ")
-            ))));
-        }
-        if turn.chain.len() + 1 >= MAX_CALL_DEPTH {
-            return Ok(Err(GuestError::LimitExceeded(format!(
-                "a call chain may hold at most {MAX_CALL_DEPTH} actors"
-            ))));
-        }
-        if body.len() > turn.limits.max_message_bytes {
-            return Ok(Err(GuestError::LimitExceeded(format!(
-                "a message of {} bytes exceeds the limit of {} bytes",
-                body.len(),
-                turn.limits.max_message_bytes
-            ))));
-        }
-        let chain: Arc<[ActorKey]> = turn
-            .chain
-            .iter()
-            .cloned()
-            .chain([turn.key.clone()])
-            .collect();
+        let chain = match turn.actors.check_call(&turn.key, &to, body.len()) {
+            Ok(c) => c,
+            Err(e) => return Ok(Err(e)),
+        };
         // The request may carry state of this actor's earlier turns, still
         // in flight to disk: only send it once they are durable.
-        if let Some(before) = turn.durable_before.clone() {
+        if let Some(before) = turn.actors.durable_before.clone() {
             before
                 .tracker
                 .wait_committed(before.seq, before.generation)
@@ -114,6 +241,6 @@ impl actors::Host for Host {
                 "unknown actor type `{actor_type}`"
             ))));
         }
-        Ok(turn.actor_send(to, body, now_ms()).map_err(Into::into))
+        Ok(turn.actors.send(to, body, now_ms()).map_err(Into::into))
     }
 }

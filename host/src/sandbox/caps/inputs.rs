@@ -1,10 +1,123 @@
 //! `marmot:actor/inputs`: durable waits for an answer (see
 //! [`crate::inputs`]).
 
+use super::super::turn::{ActorDisk, Refusal, TurnState};
 use crate::clock::now_ms;
 use crate::sandbox::bindings::GuestError;
 use crate::sandbox::bindings::marmot::actor::inputs::{self, InputRequest};
 use crate::sandbox::host::Host;
+use crate::storage::StorageError;
+use crate::storage::schema::{InputRecord, InputStatus};
+
+/// Limits of the inputs capability.
+#[derive(Debug, Clone, Copy)]
+pub struct InputLimits {
+    /// Input requests one actor may have pending.
+    pub max_pending: u64,
+}
+
+/// The inputs part of a turn.
+pub struct InputsCtx {
+    disk: ActorDisk,
+    limits: InputLimits,
+    /// Pending requests before this turn; `None` until first needed. Kept
+    /// between turns.
+    pending: Option<u64>,
+    /// Requests this turn made.
+    created: Vec<(String, InputRecord)>,
+}
+
+impl InputsCtx {
+    pub(crate) fn new(disk: ActorDisk, limits: InputLimits, pending: Option<u64>) -> Self {
+        Self {
+            disk,
+            limits,
+            pending,
+            created: Vec::new(),
+        }
+    }
+
+    /// Requests pending before this turn.
+    fn pending(&mut self) -> Result<u64, StorageError> {
+        match self.pending {
+            Some(p) => Ok(p),
+            None => {
+                let p = self.disk.reader()?.pending_input_count(self.disk.num)?;
+                self.pending = Some(p);
+                Ok(p)
+            }
+        }
+    }
+
+    /// The turn succeeded: the pending count after it, and its requests.
+    pub(crate) fn finish(self) -> (Option<u64>, Vec<(String, InputRecord)>) {
+        let created = self.created.len() as u64;
+        (self.pending.map(|p| p + created), self.created)
+    }
+
+    /// The turn failed: its requests are dropped.
+    pub(crate) fn abandon(self) -> Option<u64> {
+        self.pending
+    }
+}
+
+impl TurnState {
+    /// Ask for input: a pending request committed with the turn, expired by
+    /// one of the platform's alarms if it has a deadline, announced with an
+    /// `input_requested` event. Returns its id.
+    pub fn input_request(
+        &mut self,
+        kind: String,
+        prompt: String,
+        schema: Option<String>,
+        expires_in_ms: Option<u64>,
+        now_ms: u64,
+    ) -> Result<Result<String, Refusal>, StorageError> {
+        if let Err(e) =
+            crate::inputs::check_request(&kind, &prompt, schema.as_deref(), expires_in_ms)
+        {
+            return Ok(Err(Refusal::Invalid(e)));
+        }
+        let pending = self.inputs.pending()?;
+        let max = self.inputs.limits.max_pending;
+        if pending + self.inputs.created.len() as u64 >= max {
+            return Ok(Err(Refusal::Limit(format!(
+                "an actor may have at most {max} pending input requests"
+            ))));
+        }
+        let id = crate::inputs::new_id();
+        let expires_at_ms = expires_in_ms.map(|ms| now_ms + ms);
+        let announce = serde_json::json!({
+            "id": id,
+            "kind": kind,
+            "prompt": prompt,
+            "schema": schema.as_deref().and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok()),
+            "expires_at_ms": expires_at_ms,
+        });
+        if let Err(r) = self
+            .events
+            .emit("input_requested".into(), announce.to_string().into_bytes())
+        {
+            return Ok(Err(r));
+        }
+        if let Some(due) = expires_at_ms {
+            self.alarms
+                .set_internal(crate::alarms::input_expiry_alarm(&id), due, now_ms);
+        }
+        self.inputs.created.push((
+            id.clone(),
+            InputRecord {
+                kind,
+                prompt,
+                schema,
+                created_at_ms: now_ms,
+                expires_at_ms,
+                status: InputStatus::Pending,
+            },
+        ));
+        Ok(Ok(id))
+    }
+}
 
 impl inputs::Host for Host {
     fn request(&mut self, req: InputRequest) -> wasmtime::Result<Result<String, GuestError>> {

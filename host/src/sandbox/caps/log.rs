@@ -3,6 +3,27 @@
 use crate::sandbox::bindings::marmot::actor::log::{self, Level};
 use crate::sandbox::host::Host;
 
+/// Limits of the log capability.
+#[derive(Debug, Clone, Copy)]
+pub struct LogLimits {
+    /// Log lines one turn may write.
+    pub max_lines: u32,
+    /// Longest log line kept.
+    pub max_line_bytes: usize,
+}
+
+/// The log part of a turn: how much it has written.
+pub struct LogCtx {
+    limits: LogLimits,
+    lines: u32,
+}
+
+impl LogCtx {
+    pub(crate) fn new(limits: LogLimits) -> Self {
+        Self { limits, lines: 0 }
+    }
+}
+
 impl log::Host for Host {
     fn log(
         &mut self,
@@ -18,19 +39,21 @@ impl log::Host for Host {
             std::process::abort();
         }
         let turn = self.enter()?;
-        turn.log_lines += 1;
-        if turn.log_lines > turn.limits.max_log_lines {
-            if turn.log_lines == turn.limits.max_log_lines + 1 {
+        let log = &mut turn.log;
+        log.lines += 1;
+        if log.lines > log.limits.max_lines {
+            if log.lines == log.limits.max_lines + 1 {
                 tracing::warn!(actor = %turn.key, "guest log limit reached; dropping further lines this turn");
             }
             return Ok(());
         }
-        let message = truncate(message, turn.limits.max_log_line_bytes);
+        let max = log.limits.max_line_bytes;
+        let message = truncate(message, max);
         let fields = if fields.is_empty() {
             String::new()
         } else {
             let f: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
-            truncate(f.join(" "), turn.limits.max_log_line_bytes)
+            truncate(f.join(" "), max)
         };
         let actor = &turn.key;
         let version = turn.version;

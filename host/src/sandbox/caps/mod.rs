@@ -1,15 +1,17 @@
-//! Host implementations of the `marmot:actor` imports, one module per WIT
-//! interface. Each function starts at [`Host::enter`](super::host::Host),
-//! the one checkpoint for limits and accounting.
+//! The `marmot:actor` capabilities, one module per WIT interface. Each
+//! holds the capability's part of a turn (its context, limits and what it
+//! carries between turns; see [`super::turn`]) and its host functions,
+//! which all start at `Host::enter`, the one checkpoint for limits and
+//! accounting.
 
-mod actors;
-mod alarms;
-mod events;
-mod inputs;
+pub mod actors;
+pub mod alarms;
+pub mod events;
+pub mod inputs;
 mod js_module;
-mod log;
+pub mod log;
 mod pending;
-mod state;
+pub mod state;
 
 use super::bindings::GuestError;
 use super::host::Host;

@@ -1,0 +1,184 @@
+//! What the actor layer runs on, and its faces to the rest of the node.
+//!
+//! [`ActorEnv`] holds the parts of the node that actor tasks and the
+//! registry use — storage, the sandbox, the type catalog, metrics, the
+//! alarm scheduler's notices, the event bus, settings — and nothing else:
+//! the node composes it, and nothing below the node holds the node. It is
+//! also how others reach actors: the node delivers envelopes through it,
+//! turns call other actors through it ([`ActorCalls`]), and the alarm
+//! scheduler hands it due alarms ([`AlarmTarget`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use super::registry::Registry;
+use super::{Delivery, Envelope, TurnError, TurnReply};
+use crate::alarms::scheduler::{AlarmTarget, DueAlarm, Scheduler};
+use crate::catalog::Catalog;
+use crate::config::NodeConfig;
+use crate::ids::{ActorKey, new_message_id};
+use crate::metrics::Metrics;
+use crate::sandbox::{ActorCalls, CallChain, CallReply, GuestError, Sandbox};
+use crate::storage::Storage;
+use crate::streams::EventBus;
+
+/// Facts about this start of the node.
+#[derive(Debug, Clone, Copy)]
+pub struct Boot {
+    /// Inbox rows with a seq up to this were present at start-up (they may
+    /// be what crashed the node).
+    pub inbox_seq: u64,
+    /// Wall-clock time the node started.
+    pub at_ms: u64,
+}
+
+/// The parts of the node the actor layer uses.
+pub struct ActorEnv {
+    pub(crate) config: Arc<NodeConfig>,
+    pub(crate) storage: Arc<Storage>,
+    pub(crate) sandbox: Arc<Sandbox>,
+    pub(crate) catalog: Arc<Catalog>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) registry: Registry,
+    /// Told about alarms that commits set, move or remove.
+    pub(crate) scheduler: Scheduler,
+    /// Told about events once they are durable.
+    pub(crate) event_bus: Arc<EventBus>,
+    pub(crate) boot: Boot,
+}
+
+impl ActorEnv {
+    /// An environment with no active actors.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "plain wiring of the node's parts"
+    )]
+    pub fn new(
+        config: Arc<NodeConfig>,
+        storage: Arc<Storage>,
+        sandbox: Arc<Sandbox>,
+        catalog: Arc<Catalog>,
+        metrics: Arc<Metrics>,
+        scheduler: Scheduler,
+        event_bus: Arc<EventBus>,
+        boot: Boot,
+    ) -> Arc<Self> {
+        let l = &config.limits;
+        let registry = Registry::new(l.max_active_actors, l.mailbox_capacity);
+        Arc::new(Self {
+            config,
+            storage,
+            sandbox,
+            catalog,
+            metrics,
+            registry,
+            scheduler,
+            event_bus,
+            boot,
+        })
+    }
+
+    /// The active actors.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Deliver `envelope` to `key`, waking the actor if it is hibernated.
+    pub fn deliver(self: &Arc<Self>, key: &ActorKey, envelope: Envelope) -> Result<(), TurnError> {
+        self.registry.deliver(self, key, envelope)
+    }
+
+    /// Tell `key` that its inbox has new rows, waking it if needed.
+    pub fn poke(self: &Arc<Self>, key: &ActorKey) {
+        self.registry.poke(self, key);
+    }
+
+    /// Deliver the envelope `make` builds around a reply channel, and wait
+    /// for the actor's answer.
+    pub async fn ask<T>(
+        self: &Arc<Self>,
+        key: &ActorKey,
+        make: impl FnOnce(oneshot::Sender<Result<T, TurnError>>) -> Envelope,
+    ) -> Result<T, TurnError> {
+        let (tx, rx) = oneshot::channel();
+        self.deliver(key, make(tx))?;
+        rx.await.map_err(|_| TurnError::Stopped)?
+    }
+
+    /// Send a message and wait for its reply (released once durable);
+    /// `chain` holds the actors waiting above it (`actors.call`).
+    pub async fn send(
+        self: &Arc<Self>,
+        key: &ActorKey,
+        body: Bytes,
+        content_type: Option<String>,
+        idempotency_key: Option<String>,
+        chain: CallChain,
+    ) -> Result<TurnReply, TurnError> {
+        self.ask(key, |reply| {
+            Envelope::Message(Box::new(Delivery {
+                message_id: new_message_id(),
+                body,
+                content_type,
+                idempotency_key,
+                chain,
+                reply,
+            }))
+        })
+        .await
+    }
+}
+
+/// `actors.call` and `actors.send` for turns on this node.
+impl ActorCalls for ActorEnv {
+    fn call(
+        self: Arc<Self>,
+        to: ActorKey,
+        body: Vec<u8>,
+        chain: CallChain,
+    ) -> futures::future::BoxFuture<'static, Result<CallReply, GuestError>> {
+        let timeout = Duration::from_millis(self.config.limits.actor_call_timeout_ms);
+        Box::pin(async move {
+            let sent = self.send(
+                &to,
+                Bytes::from(body),
+                Some("application/json".into()),
+                None,
+                chain,
+            );
+            match tokio::time::timeout(timeout, sent).await {
+                Ok(Ok(r)) => Ok(CallReply {
+                    status: r.status,
+                    body: r.body.to_vec(),
+                    content_type: r.content_type,
+                }),
+                Ok(Err(e @ (TurnError::UnknownType(_) | TurnError::NotFound))) => {
+                    Err(GuestError::NotFound(e.to_string()))
+                }
+                Ok(Err(e)) => Err(GuestError::Internal(format!("{to}: {e}"))),
+                Err(_) => Err(GuestError::Internal(format!(
+                    "{to} did not reply within {} ms",
+                    timeout.as_millis()
+                ))),
+            }
+        })
+    }
+
+    fn type_exists(&self, ty: &str) -> bool {
+        self.catalog.get(ty).is_some()
+    }
+}
+
+/// Due alarms go to their actors like any other envelope.
+impl AlarmTarget for ActorEnv {
+    fn deliver_alarm(
+        self: Arc<Self>,
+        key: &ActorKey,
+        alarm: DueAlarm,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        Ok(self.deliver(key, Envelope::Alarm(Box::new(alarm)))?)
+    }
+}

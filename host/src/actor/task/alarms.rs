@@ -1,0 +1,278 @@
+//! Due alarms: the alarm turn, counting attempts after a crash, retries
+//! with back-off, giving an occurrence up, and moving a periodic alarm on.
+
+use std::sync::Arc;
+
+use super::super::TurnError;
+use super::{ALARM_RETRY_MS, ActorTask, CommitExtras};
+use crate::alarms::scheduler::{AlarmTicket, DueAlarm};
+use crate::clock::now_ms;
+use crate::sandbox::{Alarm, FinishedTurn, InputAnswer, TurnInput};
+use crate::storage::schema::{AlarmRecord, InputStatus};
+
+impl ActorTask {
+    /// Run a due alarm's turn. Its commit deletes a one-shot alarm or moves
+    /// a periodic one to its next occurrence, in the same transaction as the
+    /// handler's effects; a failed attempt is retried with back-off and,
+    /// after the last, given up with an `alarm_failed` event. The ticket
+    /// (and its scheduler permit) is held until that commit is durable.
+    pub(super) async fn on_alarm(&mut self, d: DueAlarm) {
+        let DueAlarm {
+            name,
+            due_ms,
+            mut ticket,
+        } = d;
+        match self.ready(false).await {
+            Ok(()) => {}
+            // Deleted with its alarms, or its type is gone: nothing to run.
+            Err(TurnError::NotFound | TurnError::UnknownType(_)) => {
+                ticket.settle();
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(actor = %self.key, alarm = %name, error = %e, "alarm cannot run now; will retry");
+                ticket.retry_later(ALARM_RETRY_MS);
+                return;
+            }
+        }
+        let alarm = match self.current_alarm(&name) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(actor = %self.key, alarm = %name, error = %e, "cannot read the alarm; will retry");
+                ticket.retry_later(ALARM_RETRY_MS);
+                return;
+            }
+        };
+        let now = now_ms();
+        // Cancelled, or moved to later since the scheduler saw it (the
+        // commit that moved it told the scheduler the new time).
+        let Some(mut rec) = alarm.filter(|r| r.next_due_ms <= now) else {
+            ticket.settle();
+            return;
+        };
+        let due = rec.next_due_ms;
+        if due != due_ms {
+            tracing::debug!(actor = %self.key, alarm = %name, "alarm moved earlier; firing at its current time");
+        }
+        // The platform's own alarm that expires an input request: moot if
+        // the request was answered meanwhile.
+        let expiring = match crate::alarms::expiring_input(&name) {
+            None => None,
+            Some(id) => match self.pending_input(id).await {
+                Ok(input) => Some((id.to_owned(), input)),
+                Err(_) => {
+                    let extras = CommitExtras {
+                        bookkeeping: true,
+                        alarm: Some((name, None)),
+                        ..Default::default()
+                    };
+                    self.submit_alarm(self.unchanged(), extras, ticket);
+                    return;
+                }
+            },
+        };
+        if due < self.env.boot.at_ms {
+            // Due before this node started: its turn may be what brought the
+            // node down. Count the attempt durably before running it again.
+            let max = self.env.config.recovery.max_attempts;
+            if rec.boot_attempts >= max {
+                let error = format!(
+                    "the turn was started {} times after crashes and never finished",
+                    rec.boot_attempts
+                );
+                self.env.metrics.turns_failed_recovery.inc();
+                tracing::error!(actor = %self.key, alarm = %name, attempts = rec.boot_attempts,
+                    "alarm keeps crashing the node; giving up this occurrence");
+                let mut extras = self.give_up_alarm(&name, &rec, due, "recovery_exhausted", &error);
+                if let Some((id, input)) = expiring {
+                    self.settle_input(
+                        &mut extras,
+                        &id,
+                        input,
+                        InputStatus::Expired { at_ms: now_ms() },
+                    );
+                }
+                self.submit_alarm(self.unchanged(), extras, ticket);
+                return;
+            }
+            rec.boot_attempts += 1;
+            let counted = self
+                .submit_and_wait(CommitExtras {
+                    bookkeeping: true,
+                    alarm: Some((name.clone(), Some(rec.clone()))),
+                    ..Default::default()
+                })
+                .await;
+            if counted.is_err() {
+                // Not counted, so not run.
+                ticket.retry_later(ALARM_RETRY_MS);
+                return;
+            }
+        }
+        self.env
+            .metrics
+            .alarm_lag_seconds
+            .observe(now.saturating_sub(due) as f64 / 1000.0);
+        if let Err(e) = self.ensure_version().await {
+            tracing::warn!(actor = %self.key, alarm = %name, error = %e, "alarm waits for the upgrade");
+            ticket.retry_later(if super::not_started(&e) {
+                ALARM_RETRY_MS
+            } else {
+                5_000
+            });
+            return;
+        }
+        let (kind, turn_id, input) = match &expiring {
+            Some((id, input)) => (
+                "input",
+                format!("input-expired:{id}"),
+                TurnInput::Input(InputAnswer {
+                    id: id.clone(),
+                    kind: input.kind.clone(),
+                    response: Vec::new(),
+                    expired: true,
+                }),
+            ),
+            None => (
+                "alarm",
+                format!("alarm:{name}:{due}"),
+                TurnInput::Alarm(Alarm {
+                    name: name.clone(),
+                    payload: rec.payload.clone(),
+                    due_at: due,
+                }),
+            ),
+        };
+        let version = self.record().version;
+        let result = self
+            .run_turn(kind, version, turn_id, input, Arc::from([]))
+            .await;
+        let max_attempts = self.env.config.alarms.max_attempts.max(1);
+        let (finished, extras) = match result {
+            Ok((_, finished)) => {
+                let next = self.after_firing(&name, &rec, due);
+                let mut extras = CommitExtras {
+                    alarm: Some((name, next)),
+                    ..Default::default()
+                };
+                if let Some((id, input)) = expiring {
+                    self.settle_input(
+                        &mut extras,
+                        &id,
+                        input,
+                        InputStatus::Expired { at_ms: now_ms() },
+                    );
+                }
+                (finished, extras)
+            }
+            Err(e) if super::not_started(&e) => {
+                ticket.retry_later(ALARM_RETRY_MS);
+                return;
+            }
+            Err(e) if rec.attempts + 1 < max_attempts => {
+                rec.attempts += 1;
+                let base = self.env.config.alarms.retry_base_ms;
+                let delay = crate::alarms::retry_delay_ms(base, rec.attempts);
+                rec.next_due_ms = now_ms() + delay;
+                tracing::info!(actor = %self.key, alarm = %name, attempt = rec.attempts,
+                    retry_in_ms = delay, error = %e, "alarm turn failed; will retry");
+                let extras = CommitExtras {
+                    bookkeeping: true,
+                    alarm: Some((name, Some(rec))),
+                    ..Default::default()
+                };
+                (self.unchanged(), extras)
+            }
+            Err(e) => {
+                rec.attempts += 1;
+                self.env.metrics.alarms_failed.inc();
+                tracing::warn!(actor = %self.key, alarm = %name, attempts = rec.attempts,
+                    error = %e, "alarm given up after its last attempt");
+                let mut extras = self.give_up_alarm(&name, &rec, due, e.code(), &e.to_string());
+                if let Some((id, input)) = expiring {
+                    // Given up, but no longer waiting either.
+                    self.settle_input(
+                        &mut extras,
+                        &id,
+                        input,
+                        InputStatus::Expired { at_ms: now_ms() },
+                    );
+                }
+                (self.unchanged(), extras)
+            }
+        };
+        self.submit_alarm(finished, extras, ticket);
+    }
+
+    /// Commit an alarm's outcome; the ticket is settled once it is durable
+    /// and otherwise asks for the alarm again.
+    pub(super) fn submit_alarm(
+        &mut self,
+        finished: FinishedTurn,
+        extras: CommitExtras,
+        mut ticket: AlarmTicket,
+    ) {
+        self.submit(
+            finished,
+            extras,
+            Box::new(move |r| match r {
+                Ok(()) => ticket.settle(),
+                Err(_) => ticket.retry_later(ALARM_RETRY_MS),
+            }),
+        );
+    }
+
+    /// Give up an alarm's current occurrence: a visible `alarm_failed`
+    /// event, and the alarm removed (one-shot) or moved on (periodic).
+    fn give_up_alarm(
+        &self,
+        name: &str,
+        rec: &AlarmRecord,
+        due: u64,
+        code: &str,
+        error: &str,
+    ) -> CommitExtras {
+        let data = serde_json::json!({
+            "alarm": name,
+            "due_at": due,
+            "attempts": rec.attempts + rec.boot_attempts,
+            "error": { "code": code, "message": error },
+        });
+        CommitExtras {
+            bookkeeping: true,
+            alarm: Some((name.to_owned(), self.after_firing(name, rec, due))),
+            events: vec![(
+                "alarm_failed".to_owned(),
+                serde_json::to_vec(&data).expect("json"),
+            )],
+            ..Default::default()
+        }
+    }
+
+    /// Alarm `name` as the actor sees it now, including commits in flight.
+    fn current_alarm(&mut self, name: &str) -> Result<Option<AlarmRecord>, TurnError> {
+        let num = self.record().num;
+        let storage = &self.env.storage;
+        Ok(self.carry.alarm(name, || storage.reader()?.alarms(num))?)
+    }
+
+    /// What becomes of an alarm after the occurrence due at `due` is over:
+    /// gone if it was one-shot, else moved to its next occurrence after now.
+    fn after_firing(&self, name: &str, rec: &AlarmRecord, due: u64) -> Option<AlarmRecord> {
+        match crate::alarms::next_after_firing(&rec.schedule, due, now_ms()) {
+            Ok(Some(next)) => Some(AlarmRecord {
+                next_due_ms: next,
+                attempts: 0,
+                boot_attempts: 0,
+                ..rec.clone()
+            }),
+            Ok(None) => None,
+            Err(e) => {
+                // Only a schedule that has run out (a cron with a year
+                // field in the past) gets here; validated when set.
+                tracing::warn!(actor = %self.key, alarm = %name, error = %e, "periodic alarm has no next occurrence; removed");
+                None
+            }
+        }
+    }
+}

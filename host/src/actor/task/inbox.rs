@@ -1,0 +1,230 @@
+//! Durable messages (`?wait=false`, `actors.send`) and inbound webhooks:
+//! the actor's inbox, run oldest first, with attempts after a crash counted
+//! before they run and a message that keeps crashing the node given up.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::super::TurnError;
+use super::commit::done_inbox;
+use super::{ActorTask, CommitExtras, INBOX_BATCH, INBOX_RETRY_MS};
+use crate::sandbox::{GuestReply, Message, TurnInput, TurnOutput, Webhook};
+use crate::storage::schema::{IdemOutcome, InboxKind, InboxRecord, StoredReply};
+
+impl ActorTask {
+    /// Run every durable message in the inbox, oldest first.
+    pub(super) async fn drain_inbox(&mut self) {
+        loop {
+            match self.ready(false).await {
+                Ok(()) => {}
+                Err(TurnError::NotFound | TurnError::UnknownType(_)) => return,
+                Err(e) => {
+                    tracing::warn!(actor = %self.key, error = %e, "cannot run the inbox now; will retry");
+                    self.retry_inbox_later();
+                    return;
+                }
+            }
+            let num = self.record().num;
+            let rows = match self
+                .env
+                .storage
+                .reader()
+                .and_then(|r| r.inbox(num, self.inbox_cursor, INBOX_BATCH))
+            {
+                Ok(rows) => rows,
+                Err(e) => {
+                    tracing::error!(actor = %self.key, error = %e, "failed to read the inbox");
+                    return;
+                }
+            };
+            if rows.is_empty() {
+                return;
+            }
+            for (seq, row) in rows {
+                self.inbox_cursor = seq;
+                if !self.run_inbox_message(seq, row).await {
+                    // It could not start (no instance slot, code or storage
+                    // unavailable): keep it, and everything after it, queued.
+                    self.inbox_cursor = seq - 1;
+                    self.retry_inbox_later();
+                    return;
+                }
+                self.inbox_retry_ms = INBOX_RETRY_MS;
+                if self.shared.tracker.min_generation() > self.generation {
+                    // A commit failed: start over from what is on disk.
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Look at the inbox again after a back-off (doubling up to 30 s).
+    fn retry_inbox_later(&mut self) {
+        let delay = self.inbox_retry_ms;
+        self.inbox_retry_ms = (delay * 2).min(30_000);
+        let env = self.env.clone();
+        let key = self.key.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            env.poke(&key);
+        });
+    }
+
+    /// Run one durable message. Returns false when it could not start (it
+    /// stays queued), true when it ran or was settled.
+    async fn run_inbox_message(&mut self, seq: u64, mut row: InboxRecord) -> bool {
+        let max_attempts = self.env.config.recovery.max_attempts;
+        if seq <= self.env.boot.inbox_seq {
+            // Present at boot: it may be what crashed the node. Count the
+            // attempt durably before running it again.
+            if row.attempts >= max_attempts {
+                self.env.metrics.turns_failed_recovery.inc();
+                tracing::error!(actor = %self.key, message_id = %row.message_id, attempts = row.attempts,
+                    "durable message keeps crashing the node; giving up");
+                let error = format!(
+                    "the turn was started {} times after crashes and never finished",
+                    row.attempts
+                );
+                self.fail_inbox_message(seq, row, "recovery_exhausted", error);
+                return true;
+            }
+            row.attempts += 1;
+            let counted = self
+                .submit_and_wait(CommitExtras {
+                    inbox_update: Some((seq, row.clone())),
+                    bookkeeping: true,
+                    ..Default::default()
+                })
+                .await;
+            if counted.is_err() {
+                // The attempt did not reach disk: do not run it uncounted.
+                return false;
+            }
+        }
+        if let Some(k) = &row.idempotency_key {
+            // A waiting sender may have run a message with the same key
+            // between the enqueue and now; its effect must not repeat.
+            if let Ok(Some((_, IdemOutcome::Done { message_id, .. }))) = self.idempotency(k)
+                && message_id != row.message_id
+            {
+                self.submit(
+                    self.unchanged(),
+                    CommitExtras {
+                        inbox_done: Some(seq),
+                        bookkeeping: true,
+                        ..Default::default()
+                    },
+                    done_inbox(&self.env),
+                );
+                return true;
+            }
+        }
+        if let Err(e) = self.ensure_version().await {
+            if super::not_started(&e) {
+                return false;
+            }
+            self.fail_inbox_message(seq, row, e.code(), e.to_string());
+            return true;
+        }
+        let (kind, input) = match &row.kind {
+            InboxKind::Message => (
+                "message",
+                TurnInput::Message(Message {
+                    id: row.message_id.clone(),
+                    body: row.body.clone(),
+                    content_type: row.content_type.clone(),
+                }),
+            ),
+            InboxKind::Webhook { name, headers } => (
+                "webhook",
+                TurnInput::Webhook(Webhook {
+                    name: name.clone(),
+                    headers: headers.clone(),
+                    body: row.body.clone(),
+                }),
+            ),
+        };
+        let version = self.record().version;
+        let result = self
+            .run_turn(kind, version, row.message_id.clone(), input, Arc::from([]))
+            .await
+            .map(|(out, finished)| match out {
+                TurnOutput::Reply(out) => (out, finished),
+                // A webhook has no caller waiting: what its idempotency
+                // record keeps is an empty 200.
+                TurnOutput::Done => (
+                    GuestReply {
+                        status: 200,
+                        body: Bytes::new(),
+                        content_type: None,
+                    },
+                    finished,
+                ),
+                TurnOutput::Eval(_) => unreachable!("inbox rows are never evals"),
+            });
+        match result {
+            Ok((out, finished)) => {
+                let idempotency = row.idempotency_key.clone().map(|k| {
+                    (
+                        k,
+                        self.idem_record(IdemOutcome::Done {
+                            message_id: row.message_id.clone(),
+                            reply: StoredReply {
+                                status: out.status,
+                                body: out.body.to_vec(),
+                                content_type: out.content_type,
+                            },
+                        }),
+                    )
+                });
+                self.submit(
+                    finished,
+                    CommitExtras {
+                        idempotency,
+                        inbox_done: Some(seq),
+                        ..Default::default()
+                    },
+                    done_inbox(&self.env),
+                );
+            }
+            Err(e) if super::not_started(&e) => return false,
+            Err(e) => self.fail_inbox_message(seq, row, e.code(), e.to_string()),
+        }
+        true
+    }
+
+    /// A durable message failed: record a visible `turn_failed` event and
+    /// take it out of the inbox, in one commit.
+    fn fail_inbox_message(&mut self, seq: u64, row: InboxRecord, code: &str, error: String) {
+        let data = serde_json::json!({
+            "message_id": row.message_id,
+            "error": { "code": code, "message": error },
+            "attempts": row.attempts,
+        });
+        let idempotency = row.idempotency_key.clone().map(|k| {
+            (
+                k,
+                self.idem_record(IdemOutcome::Failed {
+                    message_id: row.message_id.clone(),
+                    error: error.clone(),
+                }),
+            )
+        });
+        self.submit(
+            self.unchanged(),
+            CommitExtras {
+                idempotency,
+                inbox_done: Some(seq),
+                bookkeeping: true,
+                events: vec![(
+                    "turn_failed".to_owned(),
+                    serde_json::to_vec(&data).expect("json"),
+                )],
+                ..Default::default()
+            },
+            done_inbox(&self.env),
+        );
+    }
+}

@@ -1,0 +1,220 @@
+//! Messages whose senders wait for the reply, idempotency keys, evals of
+//! model-written scripts, and deleting the actor.
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use super::super::{Delivery, EvalReply, TurnError, TurnReply};
+use super::{ActorTask, CommitExtras};
+use crate::clock::now_ms;
+use crate::sandbox::{Message, TurnInput, TurnOutput};
+use crate::storage::WriteOp;
+use crate::storage::schema::{IdemOutcome, IdemRecord, StoredReply};
+
+impl ActorTask {
+    pub(super) async fn on_message(&mut self, d: Delivery) {
+        let Delivery {
+            message_id,
+            body,
+            content_type,
+            idempotency_key,
+            chain,
+            reply,
+        } = d;
+        if let Err(e) = self.ready(true).await {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        if let Some(k) = &idempotency_key {
+            match self.idempotency(k) {
+                Ok(None) => {}
+                Ok(Some((seq, outcome))) => {
+                    self.replay(seq, outcome, reply);
+                    return;
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
+            }
+        }
+        if let Err(e) = self.ensure_version_for(chain.clone()).await {
+            // The upgrade turn ran on state that may not be durable yet.
+            self.release_when_durable(self.submitted_seq, Err(e), reply);
+            return;
+        }
+        let msg = Message {
+            id: message_id.clone(),
+            body: body.to_vec(),
+            content_type,
+        };
+        let version = self.record().version;
+        let turn_id = message_id.clone();
+        let result = self
+            .run_turn("message", version, turn_id, TurnInput::Message(msg), chain)
+            .await
+            .map(|(out, finished)| match out {
+                TurnOutput::Reply(r) => (
+                    TurnReply {
+                        status: r.status,
+                        body: r.body,
+                        content_type: r.content_type,
+                        message_id,
+                        replayed: false,
+                    },
+                    finished,
+                ),
+                TurnOutput::Done | TurnOutput::Eval(_) => unreachable!("on-message always replies"),
+            });
+        match result {
+            Ok((out, finished)) if finished.is_empty() && idempotency_key.is_none() => {
+                // A read-only turn needs no commit of its own, but what it
+                // read may come from turns still being committed: release
+                // the reply once those are durable.
+                self.release_when_durable(self.submitted_seq, Ok(out), reply);
+            }
+            Ok((out, finished)) => {
+                let extras = CommitExtras {
+                    idempotency: idempotency_key.map(|k| {
+                        (
+                            k,
+                            self.idem_record(IdemOutcome::Done {
+                                message_id: out.message_id.clone(),
+                                reply: StoredReply {
+                                    status: out.status,
+                                    body: out.body.to_vec(),
+                                    content_type: out.content_type.clone(),
+                                },
+                            }),
+                        )
+                    }),
+                    ..Default::default()
+                };
+                self.submit(
+                    finished,
+                    extras,
+                    Box::new(move |r| {
+                        let _ = reply.send(r.map(|()| out).map_err(TurnError::from));
+                    }),
+                );
+            }
+            // An error (or a trap message) can reveal state written by
+            // earlier turns: it leaves only once those are durable.
+            Err(e) => self.release_when_durable(self.submitted_seq, Err(e), reply),
+        }
+    }
+
+    /// The idempotency record for `key`: pending in memory or on disk.
+    pub(super) fn idempotency(
+        &mut self,
+        key: &str,
+    ) -> Result<Option<(u64, IdemOutcome)>, TurnError> {
+        if let Some((seq, o)) = self.idem_pending.get(key) {
+            return Ok(Some((*seq, o.clone())));
+        }
+        let num = self.record().num;
+        let rec = self.env.storage.reader()?.idempotency(num, key)?;
+        Ok(rec
+            .filter(|r| r.expires_at_ms > now_ms())
+            .map(|r| (0, r.outcome)))
+    }
+
+    /// Answer a repeated idempotency key without running the turn again.
+    /// A reply whose commit is still in flight is released only once durable.
+    fn replay(
+        &self,
+        seq: u64,
+        outcome: IdemOutcome,
+        reply: oneshot::Sender<Result<TurnReply, TurnError>>,
+    ) {
+        let result = match outcome {
+            IdemOutcome::Done { message_id, reply } => Ok(TurnReply {
+                status: reply.status,
+                body: Bytes::from(reply.body),
+                content_type: reply.content_type,
+                message_id,
+                replayed: true,
+            }),
+            IdemOutcome::Queued { .. } => Err(TurnError::IdempotencyInProgress),
+            IdemOutcome::Failed { error, .. } => Err(TurnError::PreviouslyFailed(error)),
+        };
+        self.release_when_durable(seq, result, reply);
+    }
+
+    /// The idempotency record of an outcome, expiring after the node's TTL.
+    pub(super) fn idem_record(&self, outcome: IdemOutcome) -> IdemRecord {
+        IdemRecord {
+            outcome,
+            expires_at_ms: now_ms() + self.env.config.limits.idempotency_ttl_ms,
+        }
+    }
+
+    /// Run a model-written script against this actor's state. Its writes
+    /// commit only if it succeeds; its reply leaves once they are durable.
+    pub(super) async fn on_eval(
+        &mut self,
+        code: String,
+        reply: oneshot::Sender<Result<EvalReply, TurnError>>,
+    ) {
+        if let Err(e) = self.ready(true).await {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        let version = self.record().version;
+        let turn_id = crate::ids::new_message_id();
+        match self
+            .run_turn(
+                "eval",
+                version,
+                turn_id,
+                TurnInput::Eval(code),
+                std::sync::Arc::from([]),
+            )
+            .await
+        {
+            Ok((TurnOutput::Eval(out), finished)) if !finished.is_empty() => {
+                self.submit(
+                    finished,
+                    CommitExtras::default(),
+                    Box::new(move |r| {
+                        let _ = reply.send(r.map(|()| out).map_err(TurnError::from));
+                    }),
+                );
+            }
+            Ok((TurnOutput::Eval(out), _)) => {
+                self.release_when_durable(self.submitted_seq, Ok(out), reply)
+            }
+            Ok(_) => unreachable!("an eval turn returns an eval result"),
+            // A limit or a trap: the script failed; report it like a throw.
+            Err(e @ (TurnError::Trap { .. } | TurnError::Timeout(_))) => {
+                let out = EvalReply {
+                    result: None,
+                    logs: Vec::new(),
+                    error: Some(e.to_string()),
+                };
+                self.release_when_durable(self.submitted_seq, Ok(out), reply);
+            }
+            Err(e) => self.release_when_durable(self.submitted_seq, Err(e), reply),
+        }
+    }
+
+    /// Delete the actor's durable data; the task stays up as a fresh actor.
+    pub(super) async fn delete(&mut self) -> Result<bool, TurnError> {
+        self.shared
+            .tracker
+            .wait_committed(self.submitted_seq, self.generation)
+            .await;
+        let key = self.key.clone();
+        let existed = self
+            .env
+            .storage
+            .writer()
+            .call(|done| WriteOp::DeleteActor { key, done })
+            .await?;
+        self.reset();
+        // Streams watching it end (its log is gone).
+        self.env.event_bus.publish(&self.key, 0);
+        tracing::info!(actor = %self.key, existed, "actor deleted");
+        Ok(existed)
+    }
+}

@@ -1,0 +1,332 @@
+//! The task that owns one active actor.
+//!
+//! Turns are pipelined: after a successful turn the task hands its writes
+//! to the storage writer together with the reply, and goes straight on to
+//! the next envelope. The reply is released by the writer once the commit is
+//! durable (the output gate), so the actor never waits for an fsync but no
+//! caller ever sees an effect that could still be lost. If a commit fails,
+//! the writer raises the actor's minimum generation; the task notices before
+//! its next turn and reloads everything from disk.
+//!
+//! This file has the task's life: the mailbox loop, hibernation and
+//! loading. Each child file adds one `impl ActorTask` block for one
+//! concern:
+//!
+//! | file | concern |
+//! |---|---|
+//! | `turn.rs` | running a handler: the instance, upgrades, the sandbox call |
+//! | `commit.rs` | turning a finished turn into one commit; the output gate |
+//! | `messages.rs` | messages, idempotency keys, evals, deletion |
+//! | `inbox.rs` | durable messages and webhooks, crash recovery |
+//! | `alarms.rs` | due alarms, retries, giving up |
+//! | `inputs.rs` | answers to input requests, expiry |
+
+mod alarms;
+mod commit;
+mod inbox;
+mod inputs;
+mod messages;
+mod turn;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::env::ActorEnv;
+use super::registry::Shared;
+use super::{Envelope, TurnError};
+use crate::clock::now_ms;
+use crate::ids::ActorKey;
+use crate::sandbox::{ActorCounts, Carry, FinishedTurn};
+use crate::storage::WriteOp;
+use crate::storage::schema::{ActorRecord, CodeKind, IdemOutcome};
+use commit::CommitExtras;
+use turn::Live;
+
+/// Cap on the state cache of one actor before committed entries are dropped.
+const STATE_CACHE_BYTES: usize = 8 << 20;
+/// Commits of one actor that may be in flight before its next turn waits:
+/// bounds the memory a fast actor can pile up while the disk is slow.
+const MAX_COMMITS_IN_FLIGHT: u64 = 256;
+/// First delay before retrying a durable message that could not start.
+const INBOX_RETRY_MS: u64 = 200;
+/// Delay before delivering again an alarm whose turn could not start.
+const ALARM_RETRY_MS: u64 = 500;
+/// Inbox rows read per batch.
+const INBOX_BATCH: usize = 64;
+
+pub(crate) struct ActorTask {
+    env: Arc<ActorEnv>,
+    key: ActorKey,
+    shared: Arc<Shared>,
+    /// The actor's record; `None` until loaded (or when it does not exist).
+    record: Option<ActorRecord>,
+    /// The record as last written (or read) on disk.
+    persisted: Option<ActorRecord>,
+    live: Option<Live>,
+    /// What turns read (state, alarms, input counts), including changes
+    /// not yet durable.
+    carry: Carry,
+    /// When the oldest event on the log was written, if known: spares a disk
+    /// read per commit when retention by age is on.
+    oldest_event_at_ms: Option<u64>,
+    /// Commits from generations below the tracker's minimum are refused.
+    generation: u64,
+    /// Last turn sequence number handed out.
+    seq: u64,
+    /// Last turn sequence number submitted for commit.
+    submitted_seq: u64,
+    /// Highest inbox seq run in this activation.
+    inbox_cursor: u64,
+    /// Idempotency records written by commits that may not be durable yet.
+    idem_pending: HashMap<String, (u64, IdemOutcome)>,
+    woke_at: Instant,
+    wake_recorded: bool,
+    /// Current back-off for retrying the inbox.
+    inbox_retry_ms: u64,
+    last_activity: Instant,
+}
+
+impl ActorTask {
+    pub(crate) fn new(env: Arc<ActorEnv>, key: ActorKey, shared: Arc<Shared>) -> Self {
+        let now = Instant::now();
+        Self {
+            env,
+            key,
+            shared,
+            record: None,
+            persisted: None,
+            live: None,
+            carry: Carry::default(),
+            oldest_event_at_ms: None,
+            generation: 0,
+            seq: 0,
+            submitted_seq: 0,
+            inbox_cursor: 0,
+            idem_pending: HashMap::new(),
+            woke_at: now,
+            wake_recorded: false,
+            inbox_retry_ms: INBOX_RETRY_MS,
+            last_activity: now,
+        }
+    }
+
+    /// Mark the actor busy (or idle again) for [`Registry::make_room`]
+    /// (super::registry::Registry::make_room), and as just used.
+    fn set_busy(&self, busy: bool) {
+        self.shared.busy.store(busy, Ordering::Relaxed);
+        self.shared.last_used_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    fn idle_timeout(&self) -> Duration {
+        let ty = &self.shared.ty;
+        let defaults = &self.env.config.defaults;
+        ty.version(ty.latest_version())
+            .map(|v| {
+                v.config
+                    .resolve(defaults, v.kind == CodeKind::Js)
+                    .idle_timeout
+            })
+            .unwrap_or(Duration::from_millis(defaults.idle_timeout_ms))
+    }
+
+    pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Envelope>) {
+        let idle = self.idle_timeout();
+        let sleep = tokio::time::sleep(idle);
+        tokio::pin!(sleep);
+        loop {
+            if self.shared.inbox_dirty.swap(false, Ordering::AcqRel) {
+                self.set_busy(true);
+                Box::pin(self.drain_inbox()).await;
+                self.set_busy(false);
+                self.last_activity = Instant::now();
+            }
+            tokio::select! {
+                biased;
+                env = rx.recv() => {
+                    let Some(env) = env else { break };
+                    let housekeeping = matches!(env, Envelope::TrimEvents);
+                    // Boxed so the task's resting size stays small: an idle
+                    // actor is a few hundred bytes here, not the 4 KB of a
+                    // turn in progress (10,000 actors: 35 MB).
+                    self.set_busy(true);
+                    Box::pin(self.handle(env)).await;
+                    self.set_busy(false);
+                    self.last_activity = Instant::now();
+                    // A deleted type's actors leave as soon as they are idle,
+                    // and so does an actor woken only for housekeeping.
+                    if (self.shared.ty.is_deleted() || (housekeeping && self.live.is_none()))
+                        && Box::pin(self.try_hibernate(&mut rx)).await
+                    {
+                        return;
+                    }
+                }
+                () = self.shared.hibernate.notified() => {
+                    if Box::pin(self.try_hibernate(&mut rx)).await {
+                        return;
+                    }
+                }
+                () = &mut sleep => {
+                    let deadline = self.last_activity + idle;
+                    if Instant::now() >= deadline {
+                        if Box::pin(self.try_hibernate(&mut rx)).await {
+                            return;
+                        }
+                        sleep.as_mut().reset((Instant::now() + idle).into());
+                    } else {
+                        sleep.as_mut().reset(deadline.into());
+                    }
+                }
+            }
+        }
+    }
+
+    async fn try_hibernate(&mut self, rx: &mut mpsc::Receiver<Envelope>) -> bool {
+        // Activity statistics are written lazily; bring them to disk now.
+        if let (Some(r), Some(p)) = (&self.record, &self.persisted)
+            && r != p
+            && self.shared.tracker.min_generation() <= self.generation
+        {
+            self.submit(
+                FinishedTurn::unchanged(counts(r)),
+                CommitExtras {
+                    force_record: true,
+                    bookkeeping: true,
+                    ..Default::default()
+                },
+                Box::new(|_| {}),
+            );
+        }
+        // Everything this activation produced must be durable before its
+        // in-memory view is dropped.
+        self.shared
+            .tracker
+            .wait_committed(self.submitted_seq, self.generation)
+            .await;
+        if !self.env.registry.try_leave(&self.key, &self.shared, rx) {
+            return false;
+        }
+        self.env.metrics.actors_active.dec();
+        self.env.metrics.hibernations.inc();
+        tracing::debug!(actor = %self.key, "hibernated");
+        true
+    }
+
+    async fn handle(&mut self, env: Envelope) {
+        match env {
+            Envelope::Message(d) => self.on_message(*d).await,
+            Envelope::InboxPoke => {}
+            Envelope::Delete(reply) => {
+                let r = self.delete().await;
+                let _ = reply.send(r);
+            }
+            Envelope::Eval(code, reply) => self.on_eval(code, reply).await,
+            Envelope::Alarm(d) => self.on_alarm(*d).await,
+            Envelope::Answer(d) => self.on_answer(*d).await,
+            Envelope::TrimEvents => {
+                if self.ready(false).await.is_ok() && self.record().first_event_seq > 0 {
+                    // `submit` applies retention to every commit.
+                    self.submit(
+                        self.unchanged(),
+                        CommitExtras {
+                            bookkeeping: true,
+                            ..Default::default()
+                        },
+                        Box::new(|_| {}),
+                    );
+                }
+            }
+            Envelope::Recover(permit) => {
+                self.shared.inbox_dirty.store(false, Ordering::Release);
+                self.drain_inbox().await;
+                drop(permit);
+            }
+        }
+    }
+
+    /// Checks before any turn: the type still exists, no commit failed
+    /// underneath us, and the actor's record is loaded (created if asked).
+    async fn ready(&mut self, create: bool) -> Result<(), TurnError> {
+        if self.shared.ty.is_deleted() {
+            return Err(TurnError::UnknownType(self.key.ty().to_owned()));
+        }
+        let min = self.shared.tracker.min_generation();
+        if min > self.generation {
+            tracing::warn!(actor = %self.key, "a commit failed; reloading the actor from disk");
+            self.generation = min;
+            // Every commit of the old generation has either landed or will
+            // be refused, so what is committed now is final: nothing older
+            // is left to wait for.
+            self.submitted_seq = self.shared.tracker.committed_seq();
+            self.seq = self.seq.max(self.submitted_seq);
+            self.reset();
+        }
+        if self.record.is_none() {
+            if self.shared.after_crash.swap(false, Ordering::AcqRel) {
+                // The previous activation died (a host bug); its last
+                // commits may still be queued. Read only what they left.
+                self.env.storage.writer().barrier().await;
+            }
+            let on_disk = self.env.storage.reader()?.actor(&self.key)?;
+            self.record = match on_disk {
+                Some(r) => Some(r),
+                None if create => {
+                    let key = self.key.clone();
+                    let version = self.shared.ty.latest_version();
+                    Some(
+                        self.env
+                            .storage
+                            .writer()
+                            .call(|done| WriteOp::GetOrCreate { key, version, done })
+                            .await?,
+                    )
+                }
+                None => return Err(TurnError::NotFound),
+            };
+            self.persisted = self.record.clone();
+        }
+        Ok(())
+    }
+
+    /// Forget the in-memory view; the next turn reloads from disk.
+    fn reset(&mut self) {
+        self.record = None;
+        self.persisted = None;
+        self.live = None;
+        self.carry = Carry::default();
+        self.oldest_event_at_ms = None;
+        self.idem_pending.clear();
+        self.inbox_cursor = 0;
+        self.shared.inbox_dirty.store(true, Ordering::Release);
+    }
+
+    fn record(&self) -> &ActorRecord {
+        self.record.as_ref().expect("record loaded by ready()")
+    }
+
+    /// A commit that changes nothing of the actor's own (bookkeeping).
+    fn unchanged(&self) -> FinishedTurn {
+        FinishedTurn::unchanged(counts(self.record()))
+    }
+}
+
+/// Where a turn of the actor whose record is `r` starts from.
+fn counts(r: &ActorRecord) -> ActorCounts {
+    ActorCounts {
+        state_bytes: r.state_bytes,
+        state_keys: r.state_keys,
+        last_event_seq: r.last_event_seq,
+    }
+}
+
+/// Errors that mean no handler ran, so a durable message must stay queued
+/// rather than be settled as failed.
+fn not_started(e: &TurnError) -> bool {
+    matches!(
+        e,
+        TurnError::Overloaded | TurnError::Code(_) | TurnError::Storage(_)
+    )
+}

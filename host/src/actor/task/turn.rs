@@ -1,0 +1,339 @@
+//! Running a handler: getting an instance (making room in a full pool),
+//! upgrading the actor to its type's newest version, and the one call into
+//! the sandbox per turn.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
+
+use super::super::TurnError;
+use super::super::env::ActorEnv;
+use super::super::registry::{SLOT_JS, SLOT_NONE, SLOT_WASM, Shared};
+use super::{ActorTask, CommitExtras, MAX_COMMITS_IN_FLIGHT, STATE_CACHE_BYTES, counts};
+use crate::sandbox::{
+    CallChain, DurableBefore, FinishedTurn, Instance, InstanceSpec, InstantiateError, Prepared,
+    TurnFailure, TurnInput, TurnOutput, TurnRequest, TurnStart,
+};
+
+/// The actor's instance, while it has one.
+pub(super) struct Live {
+    inst: Instance,
+    version: u32,
+    _slot: SlotHeld,
+}
+
+/// Marks the actor as holding an instance slot (for
+/// [`Registry::make_room`](super::super::registry::Registry::make_room))
+/// for as long as its [`Live`] instance exists.
+struct SlotHeld(Arc<Shared>);
+
+impl SlotHeld {
+    fn new(shared: &Arc<Shared>, js: bool) -> Self {
+        let slot = if js { SLOT_JS } else { SLOT_WASM };
+        shared.slot.store(slot, Ordering::Relaxed);
+        Self(shared.clone())
+    }
+}
+
+impl Drop for SlotHeld {
+    fn drop(&mut self) {
+        self.0.slot.store(SLOT_NONE, Ordering::Relaxed);
+    }
+}
+
+impl ActorTask {
+    /// Run `on-upgrade` once if the type has a newer version than the one the
+    /// actor's state belongs to.
+    pub(super) async fn ensure_version(&mut self) -> Result<(), TurnError> {
+        self.ensure_version_for(Arc::from([])).await
+    }
+
+    /// [`Self::ensure_version`] on behalf of the callers in `chain`.
+    pub(super) async fn ensure_version_for(&mut self, chain: CallChain) -> Result<(), TurnError> {
+        let latest = self.shared.ty.latest_version();
+        let from = self.record().version;
+        if from >= latest {
+            return Ok(());
+        }
+        let turn_id = format!("upgrade-{from}-{latest}");
+        match self
+            .run_turn("upgrade", latest, turn_id, TurnInput::Upgrade(from), chain)
+            .await
+        {
+            Ok((_, finished)) => {
+                tracing::info!(actor = %self.key, from, to = latest, "actor upgraded");
+                self.record.as_mut().expect("record").version = latest;
+                self.submit(finished, CommitExtras::default(), Box::new(|_| {}));
+                Ok(())
+            }
+            Err(e) if super::not_started(&e) => Err(e),
+            Err(e) => Err(TurnError::UpgradeFailed {
+                to: latest,
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// A fresh JavaScript sandbox for an eval, with the eval limits.
+    async fn eval_instance(env: &Arc<ActorEnv>) -> Result<Instance, TurnError> {
+        let engine = match env.sandbox.js_engine_if_ready() {
+            Some(e) => e,
+            None => {
+                let sandbox = env.sandbox.clone();
+                tokio::task::spawn_blocking(move || sandbox.js_engine())
+                    .await
+                    .map_err(|e| TurnError::Code(format!("engine compile panicked: {e}")))?
+                    .map_err(|e| TurnError::Code(e.to_string()))?
+            }
+        };
+        let config = env.config.limits.eval_config();
+        let spec = || InstanceSpec {
+            config: &config,
+            js_module: None,
+            actors: Some(env.clone()),
+        };
+        match instantiate_with_room(env, &engine, true, spec).await {
+            Ok(inst) => Ok(inst),
+            Err(InstantiateError::NoRoom(msg)) => {
+                tracing::warn!(error = %msg, "no JavaScript sandbox free for an eval");
+                Err(TurnError::Overloaded)
+            }
+            Err(InstantiateError::Failed(msg)) => Err(TurnError::Code(format!(
+                "cannot start the JavaScript sandbox: {msg}"
+            ))),
+        }
+    }
+
+    /// Make sure an instance of `version` is live.
+    async fn instance(&mut self, version: u32) -> Result<&mut Live, TurnError> {
+        if self.live.as_ref().is_some_and(|l| l.version == version) {
+            return Ok(self.live.as_mut().expect("checked"));
+        }
+        self.live = None;
+        let env = &self.env;
+        let prepared = self
+            .shared
+            .ty
+            .prepared(version, &env.storage, &env.sandbox, &env.config.defaults)
+            .await
+            .map_err(|e| TurnError::Code(e.to_string()))?;
+        let spec = || InstanceSpec {
+            config: &prepared.config,
+            js_module: prepared.js_module.clone(),
+            actors: Some(env.clone()),
+        };
+        let js = prepared.js_module.is_some();
+        let inst = match instantiate_with_room(env, &prepared.pre, js, spec).await {
+            Ok(i) => i,
+            Err(InstantiateError::NoRoom(msg)) => {
+                tracing::warn!(actor = %self.key, error = %msg, "no instance slot free");
+                return Err(TurnError::Overloaded);
+            }
+            Err(InstantiateError::Failed(msg)) => {
+                return Err(TurnError::Trap {
+                    kind: "trap",
+                    message: format!("instantiation failed: {msg}"),
+                });
+            }
+        };
+        if !self.wake_recorded {
+            self.wake_recorded = true;
+            env.metrics
+                .wake_seconds
+                .observe(self.woke_at.elapsed().as_secs_f64());
+        }
+        self.live = Some(Live {
+            inst,
+            version,
+            _slot: SlotHeld::new(&self.shared, js),
+        });
+        Ok(self.live.as_mut().expect("just set"))
+    }
+
+    /// Run one handler. On success the turn's writes are in the returned
+    /// [`FinishedTurn`] (and in the carried caches); on failure they are
+    /// gone.
+    pub(super) async fn run_turn(
+        &mut self,
+        kind: &'static str,
+        version: u32,
+        turn_id: String,
+        input: TurnInput,
+        chain: CallChain,
+    ) -> Result<(TurnOutput, FinishedTurn), TurnError> {
+        let started = Instant::now();
+        let span = tracing::info_span!(
+            "turn",
+            actor_type = self.key.ty(),
+            actor_id = self.key.id(),
+            version,
+            kind,
+            turn_id,
+            cpu_us = tracing::field::Empty,
+        );
+        // An eval runs in a fresh sandbox; everything else in the actor's
+        // live instance.
+        let mut fresh = None;
+        let started_instance = match &input {
+            TurnInput::Eval(_) => Self::eval_instance(&self.env)
+                .await
+                .map(|i| fresh = Some(i)),
+            _ => self.instance(version).await.map(drop),
+        };
+        if let Err(e) = started_instance {
+            self.env.metrics.turn(kind, "not_started");
+            return Err(e);
+        }
+        if self.submitted_seq > self.shared.tracker.committed_seq() + MAX_COMMITS_IN_FLIGHT {
+            // Backpressure: let the disk catch up with this actor.
+            self.shared
+                .tracker
+                .wait_committed(
+                    self.submitted_seq - MAX_COMMITS_IN_FLIGHT / 2,
+                    self.generation,
+                )
+                .await;
+        }
+        self.seq += 1;
+        let rec = self.record.as_ref().expect("record loaded");
+        let request = TurnRequest {
+            start: TurnStart {
+                key: self.key.clone(),
+                num: rec.num,
+                version,
+                seq: self.seq,
+                counts: counts(rec),
+                chain,
+                // `actors.call` waits for this actor's earlier turns to be
+                // durable.
+                durable_before: Some(DurableBefore {
+                    tracker: self.shared.tracker.clone(),
+                    seq: self.submitted_seq,
+                    generation: self.generation,
+                }),
+            },
+            turn_id,
+            input,
+            carry: std::mem::take(&mut self.carry),
+        };
+        let is_fresh = fresh.is_some();
+        let inst = match &mut fresh {
+            Some(inst) => inst,
+            None => &mut self.live.as_mut().expect("instance made live above").inst,
+        };
+        let outcome = inst.run(request).instrument(span.clone()).await;
+        span.record("cpu_us", outcome.cpu.as_micros() as u64);
+        self.env
+            .metrics
+            .turn_seconds
+            .observe(started.elapsed().as_secs_f64());
+        if !outcome.instance_usable() && !is_fresh {
+            self.live = None;
+        }
+        let Some(carry) = outcome.carry else {
+            // Only a host bug gets here. The cache (with writes not yet
+            // durable) went with the turn state: wait until disk holds
+            // everything, then carry on from disk.
+            self.shared
+                .tracker
+                .wait_committed(self.submitted_seq, self.generation)
+                .await;
+            tracing::error!(actor = %self.key, "host lost the turn state; continuing from disk");
+            self.env.metrics.turn(kind, "trap");
+            return Err(TurnError::Trap {
+                kind: "trap",
+                message: "host lost the turn state".into(),
+            });
+        };
+        self.carry = carry;
+        let metrics = &self.env.metrics;
+        let result = match outcome.result {
+            Ok((out @ TurnOutput::Eval(_), finished)) => {
+                let thrown = matches!(&out, TurnOutput::Eval(r) if r.error.is_some());
+                metrics.turn(kind, if thrown { "error" } else { "ok" });
+                Ok((out, finished))
+            }
+            Ok(ok) => {
+                metrics.turn(kind, "ok");
+                Ok(ok)
+            }
+            Err(TurnFailure::Guest(msg)) => {
+                metrics.turn(kind, "error");
+                span.in_scope(
+                    || tracing::info!(error = %msg, "turn failed: the actor returned an error"),
+                );
+                Err(TurnError::ActorError(msg))
+            }
+            Err(TurnFailure::NoRoom(msg)) => {
+                // No fiber stack was free: the guest never ran.
+                metrics.turn(kind, "not_started");
+                tracing::warn!(actor = %self.key, error = %msg, "no room to run a turn");
+                return Err(TurnError::Overloaded);
+            }
+            Err(TurnFailure::Trap {
+                kind: trap,
+                message,
+            }) => {
+                metrics.trap(trap.label());
+                metrics.turn(kind, "trap");
+                span.in_scope(|| tracing::warn!(reason = trap.label(), error = %message, "turn trapped; instance discarded"));
+                Err(TurnError::Trap {
+                    kind: trap.label(),
+                    message,
+                })
+            }
+            Err(TurnFailure::Timeout(limit)) => {
+                metrics.trap("timeout");
+                metrics.turn(kind, "timeout");
+                span.in_scope(|| {
+                    tracing::warn!("turn exceeded its wall-clock limit; instance discarded")
+                });
+                Err(TurnError::Timeout(limit.as_millis() as u64))
+            }
+            Err(TurnFailure::LostState) => unreachable!("handled above: no carry"),
+        };
+        self.trim_cache();
+        result
+    }
+
+    pub(super) fn trim_cache(&mut self) {
+        self.carry
+            .trim(STATE_CACHE_BYTES, self.shared.tracker.committed_seq());
+    }
+}
+
+/// Back-off (ms) between attempts to get a slot in a full instance pool:
+/// about two seconds in all before the turn is refused with 503.
+const ROOM_BACKOFF_MS: [u64; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
+
+/// Instantiate `pre`; if its pool is full, ask the least recently used
+/// actors of the same engine to hibernate (5% of the pool) and try again
+/// with back-off. JavaScript sandboxes are fewer than the active-actor cap
+/// (`limits.max_js_sandboxes`), so this is how JavaScript actors beyond it
+/// take turns: the idle ones make way, as under the active cap.
+async fn instantiate_with_room<'a>(
+    env: &Arc<ActorEnv>,
+    pre: &Prepared,
+    js: bool,
+    spec: impl Fn() -> InstanceSpec<'a>,
+) -> Result<Instance, InstantiateError> {
+    let slot = if js { SLOT_JS } else { SLOT_WASM };
+    let mut backoff = ROOM_BACKOFF_MS.iter();
+    let mut waiting = None;
+    loop {
+        let e = match env.sandbox.instantiate(pre, spec()).await {
+            Ok(i) => return Ok(i),
+            Err(e @ InstantiateError::Failed(_)) => return Err(e),
+            Err(e) => e,
+        };
+        let Some(&ms) = backoff.next() else {
+            return Err(e);
+        };
+        let waiting = waiting.get_or_insert_with(|| env.registry.wait_for_room(slot));
+        env.registry
+            .make_room(env, slot, env.sandbox.pool_size(js) / 20, waiting);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+}

@@ -1,0 +1,123 @@
+//! Messages to actors and requests to them: send and wait, enqueue
+//! durably, run a script, answer an input request, delete.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::Node;
+use crate::actor::{AnswerDelivery, Envelope, EvalReply, TurnError, TurnReply};
+use crate::clock::now_ms;
+use crate::ids::{ActorKey, new_message_id};
+use crate::storage::schema::{InboxKind, InboxRecord};
+use crate::storage::{EnqueueOutcome, WriteOp};
+
+impl Node {
+    /// Send a message and wait for the reply (released once durable).
+    pub async fn send(
+        &self,
+        key: &ActorKey,
+        body: Bytes,
+        content_type: Option<String>,
+        idempotency_key: Option<String>,
+    ) -> Result<TurnReply, TurnError> {
+        self.actors
+            .send(key, body, content_type, idempotency_key, Arc::from([]))
+            .await
+    }
+
+    /// Durably enqueue a message; returns its id once it is on disk.
+    pub async fn enqueue(
+        &self,
+        key: &ActorKey,
+        body: Bytes,
+        content_type: Option<String>,
+        idempotency_key: Option<String>,
+    ) -> Result<EnqueueOutcome, TurnError> {
+        let message = InboxRecord {
+            message_id: new_message_id(),
+            body: body.to_vec(),
+            content_type,
+            idempotency_key,
+            attempts: 0,
+            enqueued_at_ms: now_ms(),
+            kind: InboxKind::Message,
+        };
+        let ttl = self.config.limits.idempotency_ttl_ms;
+        self.enqueue_record(key, message, ttl).await
+    }
+
+    /// Durably queue an inbox row (message or webhook) for `key`, creating
+    /// the actor if needed; its idempotency key, if any, lives `ttl_ms`.
+    pub(super) async fn enqueue_record(
+        &self,
+        key: &ActorKey,
+        message: InboxRecord,
+        ttl_ms: u64,
+    ) -> Result<EnqueueOutcome, TurnError> {
+        let ty = self
+            .catalog
+            .get(key.ty())
+            .ok_or_else(|| TurnError::UnknownType(key.ty().to_owned()))?;
+        let k = key.clone();
+        let version = ty.latest_version();
+        let outcome = self
+            .storage
+            .writer()
+            .call(|done| WriteOp::Enqueue {
+                key: k,
+                version,
+                message,
+                idempotency_ttl_ms: ttl_ms,
+                done,
+            })
+            .await?;
+        if let EnqueueOutcome::Queued { .. } = outcome {
+            self.metrics.inbox_depth.inc();
+            self.actors.poke(key);
+        }
+        Ok(outcome)
+    }
+
+    /// Run a model-written script in a fresh JavaScript sandbox bound to the
+    /// actor's state; its writes commit only if it succeeds.
+    pub async fn eval(&self, key: &ActorKey, code: String) -> Result<EvalReply, TurnError> {
+        self.actors
+            .ask(key, |reply| Envelope::Eval(code, reply))
+            .await
+    }
+
+    /// Delete an actor and everything it owns. Returns false if it did not exist.
+    pub async fn delete_actor(&self, key: &ActorKey) -> Result<bool, TurnError> {
+        if self.catalog.get(key.ty()).is_none() {
+            return Err(TurnError::UnknownType(key.ty().to_owned()));
+        }
+        if !self.registry().is_active(key) && self.storage.reader()?.actor(key)?.is_none() {
+            return Ok(false);
+        }
+        self.actors.ask(key, Envelope::Delete).await
+    }
+
+    /// Answer one of an actor's input requests: runs its `on-input` turn and
+    /// returns once that is durable.
+    pub async fn answer_input(
+        &self,
+        key: &ActorKey,
+        input_id: &str,
+        response: Vec<u8>,
+    ) -> Result<(), TurnError> {
+        // Do not wake an actor that does not exist.
+        if self.storage.reader()?.actor(key)?.is_none() {
+            return Err(TurnError::NotFound);
+        }
+        self.actors
+            .ask(key, |reply| {
+                Envelope::Answer(Box::new(AnswerDelivery {
+                    input_id: input_id.to_owned(),
+                    response,
+                    reply,
+                }))
+            })
+            .await
+    }
+}

@@ -1,0 +1,119 @@
+//! Work the node does on its own: crash recovery at start-up, and periodic
+//! chores (gauges, idempotency expiry, event retention by age).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+use super::Node;
+use crate::actor::Envelope;
+use crate::clock::now_ms;
+use crate::storage::WriteOp;
+
+impl Node {
+    /// Re-run durable messages found at start-up, a bounded number of actors
+    /// at a time so a restart does not stampede.
+    pub(super) async fn recover(self: Arc<Self>, actors: Vec<u64>) {
+        let started = std::time::Instant::now();
+        let concurrency = self.config.recovery.concurrency.max(1);
+        let permits = Arc::new(Semaphore::new(concurrency));
+        let mut n = 0;
+        for num in actors {
+            let key = match self.storage.reader().and_then(|r| r.actor_key(num)) {
+                Ok(Some(k)) => k,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::error!(error = %e, "recovery: cannot read actor key");
+                    continue;
+                }
+            };
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                break;
+            };
+            match self.actors.deliver(&key, Envelope::Recover(permit)) {
+                Ok(()) => n += 1,
+                Err(e) => tracing::warn!(actor = %key, error = %e, "recovery: cannot wake actor"),
+            }
+        }
+        let _ = permits.acquire_many(concurrency as u32).await;
+        self.ready.store(true, Ordering::Release);
+        tracing::info!(
+            actors = n,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "recovery finished; ready"
+        );
+    }
+
+    /// Periodic chores: idempotency expiry, event retention by age, gauges.
+    pub(super) async fn housekeeping(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut n: u64 = 0;
+        let max_age = self.config.events.max_age_ms;
+        // Sweep old events a few times per retention period (1 s to 1 h).
+        let sweep_every = (max_age / 4 / 1000).clamp(1, 3600);
+        loop {
+            tick.tick().await;
+            n += 1;
+            self.update_gauges();
+            if max_age > 0 && n.is_multiple_of(sweep_every) {
+                self.sweep_old_events().await;
+            }
+            if n.is_multiple_of(60) {
+                let now = now_ms();
+                match self
+                    .storage
+                    .writer()
+                    .call(|done| WriteOp::SweepIdempotency { now_ms: now, done })
+                    .await
+                {
+                    Ok(0) => {}
+                    Ok(removed) => tracing::debug!(removed, "expired idempotency records removed"),
+                    Err(e) => tracing::warn!(error = %e, "idempotency sweep failed"),
+                }
+            }
+        }
+    }
+
+    /// Ask every actor whose oldest event is past retention to trim its log.
+    /// The actor owns its record, so it does the trimming (a bookkeeping
+    /// commit without waking its sandbox) and goes back to sleep.
+    async fn sweep_old_events(self: &Arc<Self>) {
+        const BATCH: usize = 1000;
+        let cutoff = self.config.events.cutoff_ms(now_ms());
+        let mut from = 0;
+        let mut poked = 0usize;
+        loop {
+            let found = self
+                .storage
+                .reader()
+                .and_then(|r| r.actors_with_events_before(cutoff, from, BATCH));
+            let (nums, next) = match found {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "event retention sweep failed");
+                    return;
+                }
+            };
+            for num in nums {
+                let Ok(Some(key)) = self.storage.reader().and_then(|r| r.actor_key(num)) else {
+                    continue;
+                };
+                match self.actors.deliver(&key, Envelope::TrimEvents) {
+                    Ok(()) => poked += 1,
+                    Err(e) => tracing::debug!(actor = %key, error = %e, "event trim deferred"),
+                }
+            }
+            match next {
+                Some(n) => from = n,
+                None => break,
+            }
+            // Let the woken actors finish before waking more.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if poked > 0 {
+            tracing::debug!(actors = poked, "event retention: old events trimmed");
+        }
+    }
+}

@@ -1,0 +1,217 @@
+//! Deploying a type's new version (checked, compiled and linked before
+//! anything is stored) and deleting a type.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use super::Node;
+use crate::catalog::PreparedVersion;
+use crate::clock::now_ms;
+use crate::config::TypeConfig;
+use crate::ids::validate_type_name;
+use crate::sandbox::CodeError;
+use crate::storage::schema::{CodeKind, TypeRecord, VersionRecord};
+use crate::storage::{StorageError, WriteOp};
+
+/// Why a deploy was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum DeployError {
+    /// Bad type name.
+    #[error(transparent)]
+    Name(#[from] crate::ids::IdError),
+    /// Bad config.
+    #[error("invalid config: {0}")]
+    Config(String),
+    /// Bad code.
+    #[error(transparent)]
+    Code(#[from] CodeError),
+    /// Code too large.
+    #[error("code of {size} bytes exceeds the limit of {limit} bytes")]
+    TooLarge {
+        /// Size.
+        size: usize,
+        /// Limit.
+        limit: usize,
+    },
+    /// Storage failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// Result of a deploy.
+#[derive(Debug, Clone, Serialize)]
+pub struct Deployed {
+    /// Type name.
+    #[serde(rename = "type")]
+    pub ty: String,
+    /// The version now current.
+    pub version: u32,
+    /// `wasm`.
+    pub kind: &'static str,
+    /// SHA-256 of the code.
+    pub sha256: String,
+    /// False when identical code and config were already current (no new version).
+    pub created: bool,
+}
+
+/// Why a type cannot be deleted.
+#[derive(Debug, thiserror::Error)]
+pub enum DeleteTypeError {
+    /// No such type.
+    #[error("unknown actor type `{0}`")]
+    Unknown(String),
+    /// Actors exist and `force` was not given.
+    #[error("type `{ty}` still has {count} actor(s); delete them first or pass ?force=true")]
+    HasActors {
+        /// Type.
+        ty: String,
+        /// Actors on disk.
+        count: u64,
+    },
+    /// Storage failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+impl Node {
+    /// Deploy a new version of `ty`.
+    pub async fn deploy(
+        &self,
+        ty: &str,
+        kind: CodeKind,
+        code: Vec<u8>,
+        config: TypeConfig,
+    ) -> Result<Deployed, DeployError> {
+        validate_type_name(ty)?;
+        if code.len() > self.config.limits.max_code_bytes {
+            return Err(DeployError::TooLarge {
+                size: code.len(),
+                limit: self.config.limits.max_code_bytes,
+            });
+        }
+        config
+            .validate(&self.config.limits)
+            .and_then(|()| crate::webhooks::check_type_config(&config))
+            .map_err(DeployError::Config)?;
+        let sha256 = hex::encode(Sha256::digest(&code));
+        let _guard = self.catalog.deploy_lock.lock().await;
+        let existing = self.catalog.get(ty);
+        if let Some(e) = &existing {
+            let latest = e
+                .version(e.latest_version())
+                .expect("latest version record");
+            if latest.sha256 == sha256 && latest.config == config && latest.kind == kind {
+                return Ok(Deployed {
+                    ty: ty.to_owned(),
+                    version: latest.version,
+                    kind: latest.kind.as_str(),
+                    sha256,
+                    created: false,
+                });
+            }
+        }
+        let js = kind == CodeKind::Js;
+        let resolved = config.resolve(&self.config.defaults, js);
+        let (pre, js_module) = if js {
+            let module = Arc::new(crate::catalog::js_module(ty, code.clone())?);
+            self.sandbox
+                .check_js(&module.name, &module.source, &resolved)
+                .await?;
+            let sandbox = self.sandbox.clone();
+            let engine = tokio::task::spawn_blocking(move || sandbox.js_engine())
+                .await
+                .map_err(|e| CodeError::Invalid(format!("compiler panicked: {e}")))??;
+            (engine, Some(module))
+        } else {
+            let sandbox = self.sandbox.clone();
+            let code_for_compile = code.clone();
+            let pre = tokio::task::spawn_blocking(move || sandbox.prepare(&code_for_compile))
+                .await
+                .map_err(|e| CodeError::Invalid(format!("compiler panicked: {e}")))??;
+            (Arc::new(pre), None)
+        };
+        let now = now_ms();
+        let mut record = existing.as_ref().map(|e| e.record()).unwrap_or(TypeRecord {
+            name: ty.to_owned(),
+            created_at_ms: now,
+            versions: Vec::new(),
+        });
+        let version = record.versions.last().map_or(1, |v| v.version + 1);
+        record.versions.push(VersionRecord {
+            version,
+            kind,
+            sha256: sha256.clone(),
+            code_bytes: code.len() as u64,
+            config: config.clone(),
+            deployed_at_ms: now,
+        });
+        let rec = record.clone();
+        self.storage
+            .writer()
+            .call(|done| WriteOp::PutType {
+                record: rec,
+                code: Some((version, code)),
+                done,
+            })
+            .await?;
+        let prepared = Arc::new(PreparedVersion {
+            version,
+            pre,
+            js_module,
+            config: resolved,
+        });
+        self.catalog.install(record, prepared);
+        tracing::info!(ty, version, %sha256, "deployed");
+        Ok(Deployed {
+            ty: ty.to_owned(),
+            version,
+            kind: kind.as_str(),
+            sha256,
+            created: true,
+        })
+    }
+
+    /// Delete a type (and with `force` its actors).
+    pub async fn delete_type(&self, ty: &str, force: bool) -> Result<u64, DeleteTypeError> {
+        let _guard = self.catalog.deploy_lock.lock().await;
+        if self.catalog.get(ty).is_none() {
+            return Err(DeleteTypeError::Unknown(ty.to_owned()));
+        }
+        let count = self.storage.reader()?.count_actors_of_type(ty)?;
+        if count > 0 && !force {
+            return Err(DeleteTypeError::HasActors {
+                ty: ty.to_owned(),
+                count,
+            });
+        }
+        // Stop new turns, then wait for live actors to flush and leave so no
+        // commit of theirs lands after the delete.
+        self.catalog.remove(ty);
+        let registry = self.registry();
+        for _ in 0..500 {
+            registry.hibernate_type(ty);
+            if registry.count_type(ty) == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Actors still busy after 5 s (a long turn) may finish, but nothing
+        // they commit from now on lands: the delete below is final.
+        registry.fence_type(ty);
+        let name = ty.to_owned();
+        let deleted = self
+            .storage
+            .writer()
+            .call(|done| WriteOp::DeleteType {
+                name,
+                with_actors: true,
+                done,
+            })
+            .await?;
+        tracing::info!(ty, actors_deleted = deleted, "type deleted");
+        Ok(deleted)
+    }
+}

@@ -1,0 +1,238 @@
+//! One Marmot node: the composition root and the public face.
+//!
+//! [`Node`] is what the HTTP API, the CLI's `dev`/`serve` and the in-process
+//! benchmarks talk to. [`Node::start`] opens the database, builds the
+//! engines, loads the catalog, wires the actor layer, the alarm scheduler
+//! and the webhook worker to the parts each uses, and spawns crash
+//! recovery. Nothing below the node holds it. Its work is split by concern:
+//!
+//! | file | concern |
+//! |---|---|
+//! | `actors.rs` | messages, durable enqueue, evals, answers, deletion |
+//! | `deploy.rs` | deploying and deleting types |
+//! | `queries.rs` | reads of committed data: actor info, state, events… |
+//! | `hooks.rs` | inbound webhooks: verify, route, store |
+//! | `background.rs` | crash recovery and periodic chores |
+
+mod actors;
+mod background;
+mod deploy;
+mod hooks;
+mod queries;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+pub use deploy::{DeleteTypeError, DeployError, Deployed};
+pub use hooks::WebhookError;
+pub use queries::{ActorInfo, StateEntries};
+
+use crate::actor::{ActorEnv, Boot, Registry};
+use crate::alarms::scheduler::Scheduler;
+use crate::catalog::Catalog;
+use crate::clock::now_ms;
+use crate::config::NodeConfig;
+use crate::metrics::Metrics;
+use crate::sandbox::{
+    ActorLimits, AlarmLimits, EventLimits, InputLimits, LogLimits, Sandbox, SandboxConfig,
+    StateLimits, TurnLimits,
+};
+use crate::storage::Storage;
+use crate::streams::EventBus;
+
+/// Environment variable naming a guest log message that aborts the process
+/// (fault injection for crash tests).
+pub const FAULT_ABORT_ENV: &str = "MARMOT_FAULT_ABORT_ON_LOG";
+
+/// A running node.
+pub struct Node {
+    config: Arc<NodeConfig>,
+    storage: Arc<Storage>,
+    sandbox: Arc<Sandbox>,
+    catalog: Arc<Catalog>,
+    metrics: Arc<Metrics>,
+    /// The actor layer: activation, mailboxes, turns.
+    actors: Arc<ActorEnv>,
+    /// Open event streams and what they watch.
+    event_bus: Arc<EventBus>,
+    ready: AtomicBool,
+}
+
+impl Node {
+    /// Open the data directory, load types and start recovery.
+    pub async fn start(config: NodeConfig) -> anyhow::Result<Arc<Self>> {
+        config
+            .validate()
+            .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+        let config = Arc::new(config);
+        let metrics = Arc::new(Metrics::new());
+        let storage = {
+            let dir = config.data_dir.clone();
+            let sc = config.storage.clone();
+            let m = metrics.clone();
+            tokio::task::spawn_blocking(move || Storage::open(&dir, &sc, m)).await??
+        };
+        let storage = Arc::new(storage);
+        let fault_abort_marker = std::env::var(FAULT_ABORT_ENV)
+            .ok()
+            .filter(|s| !s.is_empty())
+            .map(Arc::from);
+        if fault_abort_marker.is_some() {
+            tracing::warn!(
+                "fault injection enabled ({FAULT_ABORT_ENV}); never use this in production"
+            );
+        }
+        let max_active = config.limits.max_active_actors;
+        let sandbox = Sandbox::new(
+            SandboxConfig {
+                // Headroom over the cap: eviction is asynchronous.
+                max_instances: max_active + max_active / 10 + 64,
+                max_memory_bytes: config.limits.max_guest_memory_bytes,
+                max_js_instances: config.limits.max_js_sandboxes,
+                tick: Duration::from_millis(10),
+                cache_dir: config
+                    .cache_dir
+                    .clone()
+                    .unwrap_or_else(|| config.data_dir.join("cache")),
+                output_capacity: 64 << 10,
+                fault_abort_marker,
+                turn_limits: turn_limits(&config),
+            },
+            storage.clone(),
+        )?;
+        let catalog = Arc::new(Catalog::load(&storage)?);
+        let (recover, boot_inbox_seq) = storage.reader()?.inbox_actors()?;
+        let (scheduler, scheduler_rx) = Scheduler::new();
+        let event_bus = Arc::new(EventBus::new(
+            config.events.max_streams,
+            metrics.event_streams.clone(),
+        ));
+        let actors = ActorEnv::new(
+            config.clone(),
+            storage.clone(),
+            sandbox.clone(),
+            catalog.clone(),
+            metrics.clone(),
+            scheduler.clone(),
+            event_bus.clone(),
+            Boot {
+                inbox_seq: boot_inbox_seq,
+                at_ms: now_ms(),
+            },
+        );
+        let node = Arc::new(Self {
+            config: config.clone(),
+            storage: storage.clone(),
+            sandbox,
+            catalog,
+            metrics: metrics.clone(),
+            actors: actors.clone(),
+            event_bus,
+            ready: AtomicBool::new(false),
+        });
+        node.update_gauges();
+        tracing::info!(
+            data = %storage.path().display(),
+            actors = storage.writer().actor_count(),
+            types = node.catalog.all().len(),
+            recovering = recover.len(),
+            "storage open"
+        );
+        tokio::spawn(node.clone().recover(recover));
+        scheduler.start(
+            storage.clone(),
+            actors,
+            config.alarms.concurrency,
+            scheduler_rx,
+        );
+        tokio::spawn(node.clone().housekeeping());
+        crate::webhooks::outbound::start(storage, metrics, config.webhooks.clone());
+        Ok(node)
+    }
+
+    /// Storage open and crash recovery finished.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// The node's configuration.
+    pub fn config(&self) -> &NodeConfig {
+        &self.config
+    }
+
+    /// The node's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The activation registry.
+    pub fn registry(&self) -> &Registry {
+        self.actors.registry()
+    }
+
+    /// The type catalog.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// The database and its writer.
+    pub(crate) fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    /// Open event streams and what they watch.
+    pub(crate) fn event_bus(&self) -> &Arc<EventBus> {
+        &self.event_bus
+    }
+
+    /// Actors on disk.
+    pub fn actor_count(&self) -> u64 {
+        self.storage.writer().actor_count()
+    }
+
+    /// Wait until every write so far is durable.
+    pub async fn flush(&self) {
+        self.storage.flush().await;
+    }
+
+    fn update_gauges(&self) {
+        let active = self.registry().active_count() as i64;
+        let total = self.storage.writer().actor_count() as i64;
+        self.metrics.actors_hibernated.set((total - active).max(0));
+    }
+}
+
+/// The limits of every capability inside a turn, from the node's config.
+fn turn_limits(config: &NodeConfig) -> TurnLimits {
+    let l = &config.limits;
+    TurnLimits {
+        state: StateLimits {
+            max_value_bytes: l.max_value_bytes,
+            max_state_bytes: l.max_state_bytes,
+            max_turn_write_bytes: 64 << 20,
+            max_cache_bytes: 8 << 20,
+        },
+        events: EventLimits {
+            max_event_bytes: l.max_event_bytes,
+            max_events_per_turn: 1000,
+        },
+        log: LogLimits {
+            max_lines: l.max_log_lines_per_turn,
+            max_line_bytes: l.max_log_line_bytes,
+        },
+        alarms: AlarmLimits {
+            max_alarms: config.alarms.max_per_actor,
+            max_payload_bytes: 64 << 10,
+        },
+        inputs: InputLimits {
+            max_pending: config.inputs.max_pending_per_actor,
+        },
+        actors: ActorLimits {
+            max_sends_per_turn: 100,
+            max_message_bytes: l.max_message_bytes,
+        },
+    }
+}

@@ -1,0 +1,196 @@
+//! Reads of committed data, served whether the actor is awake or not:
+//! actor info and listings, state, input requests, alarms, events.
+
+use serde::Serialize;
+
+use super::Node;
+use crate::clock::now_ms;
+use crate::ids::ActorKey;
+use crate::storage::schema::{ActorRecord, AlarmRecord, EventRecord, InputRecord};
+use crate::storage::{Page, Reader, StorageError};
+
+/// State entries: (key, value) in key order.
+pub type StateEntries = Vec<(String, Vec<u8>)>;
+
+/// What `GET /v1/actors/{type}/{id}` shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct ActorInfo {
+    /// Type.
+    #[serde(rename = "type")]
+    pub ty: String,
+    /// Id.
+    pub id: String,
+    /// `active` or `hibernated`.
+    pub status: &'static str,
+    /// Version its state belongs to.
+    pub version: u32,
+    /// Creation time (ms since epoch).
+    pub created_at_ms: u64,
+    /// Last committed turn (ms since epoch; 0: never).
+    pub last_turn_at_ms: u64,
+    /// Turns committed.
+    pub turns: u64,
+    /// State size in bytes.
+    pub state_bytes: u64,
+    /// State keys.
+    pub state_keys: u64,
+    /// Newest event seq.
+    pub last_event_seq: u64,
+    /// Oldest event seq still kept (0: no events yet; `last_event_seq + 1`:
+    /// all removed by retention).
+    pub first_event_seq: u64,
+    /// Durable messages waiting.
+    pub pending_messages: u64,
+    /// Pending alarms.
+    pub pending_alarms: u64,
+    /// Pending input requests (not supported yet: always 0).
+    pub pending_inputs: u64,
+}
+
+impl Node {
+    /// What is known about an actor (its committed state).
+    pub fn actor_info(&self, key: &ActorKey) -> Result<Option<ActorInfo>, StorageError> {
+        let r = self.storage.reader()?;
+        let Some(rec) = r.actor(key)? else {
+            return Ok(None);
+        };
+        Ok(Some(self.info_from(key, &rec, &r)?))
+    }
+
+    fn info_from(
+        &self,
+        key: &ActorKey,
+        rec: &ActorRecord,
+        r: &Reader,
+    ) -> Result<ActorInfo, StorageError> {
+        let live = self.registry().live_stats(key);
+        let (turns, last_turn_at_ms) = match live {
+            Some(Some((t, at))) if t >= rec.turns => (t, at),
+            _ => (rec.turns, rec.last_turn_at_ms),
+        };
+        Ok(ActorInfo {
+            ty: key.ty().to_owned(),
+            id: key.id().to_owned(),
+            status: if live.is_some() {
+                "active"
+            } else {
+                "hibernated"
+            },
+            version: rec.version,
+            created_at_ms: rec.created_at_ms,
+            last_turn_at_ms,
+            turns,
+            state_bytes: rec.state_bytes,
+            state_keys: rec.state_keys,
+            last_event_seq: rec.last_event_seq,
+            first_event_seq: rec.first_event_seq,
+            pending_messages: r.inbox_len(rec.num)?,
+            pending_alarms: r.alarm_count(rec.num)?,
+            pending_inputs: r.pending_input_count(rec.num)?,
+        })
+    }
+
+    /// Actors of a type.
+    pub fn list_actors(
+        &self,
+        ty: &str,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<ActorInfo>, StorageError> {
+        let r = self.storage.reader()?;
+        let page = r.list_actors(ty, prefix, cursor, limit)?;
+        let mut items = Vec::with_capacity(page.items.len());
+        for (id, rec) in page.items {
+            let key = ActorKey::new_unchecked(ty, &id);
+            items.push(self.info_from(&key, &rec, &r)?);
+        }
+        Ok(Page {
+            items,
+            next_cursor: page.next_cursor,
+        })
+    }
+
+    /// Committed state: one key, or a page of keys with `prefix`.
+    pub fn read_state(
+        &self,
+        key: &ActorKey,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Option<StateEntries>, StorageError> {
+        let r = self.storage.reader()?;
+        let Some(rec) = r.actor(key)? else {
+            return Ok(None);
+        };
+        Ok(Some(r.state_range(rec.num, prefix, after, limit)?))
+    }
+
+    /// One committed state value.
+    pub fn read_state_key(
+        &self,
+        key: &ActorKey,
+        state_key: &str,
+    ) -> Result<Option<Option<Vec<u8>>>, StorageError> {
+        let r = self.storage.reader()?;
+        let Some(rec) = r.actor(key)? else {
+            return Ok(None);
+        };
+        Ok(Some(r.state(rec.num, state_key)?))
+    }
+
+    /// Committed input requests of an actor, by id (oldest first).
+    pub fn inputs(
+        &self,
+        key: &ActorKey,
+    ) -> Result<Option<Vec<(String, InputRecord)>>, StorageError> {
+        let r = self.storage.reader()?;
+        let Some(rec) = r.actor(key)? else {
+            return Ok(None);
+        };
+        Ok(Some(r.inputs(rec.num)?))
+    }
+
+    /// Committed alarms of an actor, by name.
+    pub fn alarms(
+        &self,
+        key: &ActorKey,
+    ) -> Result<Option<Vec<(String, AlarmRecord)>>, StorageError> {
+        let r = self.storage.reader()?;
+        let Some(rec) = r.actor(key)? else {
+            return Ok(None);
+        };
+        let mut alarms = r.alarms(rec.num)?;
+        alarms.retain(|(name, _)| !crate::alarms::is_internal(name));
+        Ok(Some(alarms))
+    }
+
+    /// Committed events after `after`.
+    pub fn events(
+        &self,
+        key: &ActorKey,
+        after: u64,
+        limit: usize,
+    ) -> Result<Option<Vec<(u64, EventRecord)>>, StorageError> {
+        let r = self.storage.reader()?;
+        let Some(rec) = r.actor(key)? else {
+            return Ok(None);
+        };
+        // Events past retention are hidden at once, even before the sweep
+        // deletes them; they are the oldest, so skip them page by page.
+        let cutoff = self.config.events.cutoff_ms(now_ms());
+        let mut after = after;
+        loop {
+            let mut page = r.events(rec.num, after, limit)?;
+            let full = page.len() == limit;
+            let Some(last) = page.last().map(|(seq, _)| *seq) else {
+                return Ok(Some(page));
+            };
+            page.retain(|(_, e)| e.at_ms >= cutoff);
+            if !page.is_empty() || !full {
+                return Ok(Some(page));
+            }
+            after = last;
+        }
+    }
+}

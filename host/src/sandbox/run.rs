@@ -1,0 +1,421 @@
+//! Running one turn in an instance: the one call the actor layer makes per
+//! turn once it has an instance ([`Instance::run`]).
+//!
+//! The call owns everything about the store for the turn's duration: it
+//! moves the turn's state in, arms the CPU meter and epoch deadline,
+//! enforces the wall-clock limit, takes the state back out, forwards what
+//! the guest printed to the log, and classifies how the turn ended. The
+//! actor gets back the turn's effects ([`FinishedTurn`]) or why there are
+//! none ([`TurnFailure`]), with its caches ([`Carry`]) either way.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use wasmtime::Store;
+
+use super::bindings::marmot::actor::types::{Alarm, InputAnswer, Webhook};
+use super::bindings::{Context, Handlers, JsRuntime, Message};
+use super::host::{Host, LimitTrap};
+use super::turn::{Carry, FinishedTurn, TurnLimits, TurnStart, TurnState};
+use crate::ids::ActorKey;
+use crate::storage::Storage;
+
+/// What a turn runs.
+pub enum TurnInput {
+    /// `on-message`.
+    Message(Message),
+    /// `on-upgrade` from a version.
+    Upgrade(u32),
+    /// `on-alarm`.
+    Alarm(Alarm),
+    /// `on-input`.
+    Input(InputAnswer),
+    /// `on-webhook`.
+    Webhook(Webhook),
+    /// A script, in a fresh JavaScript sandbox bound to the actor.
+    Eval(String),
+}
+
+/// One turn, as the actor hands it to its instance.
+pub struct TurnRequest {
+    /// Who the turn runs for and where it starts.
+    pub start: TurnStart,
+    /// Shown to the guest (`ctx.turn_id`): the message id, or what else
+    /// started the turn.
+    pub turn_id: String,
+    /// The handler to run and its argument.
+    pub input: TurnInput,
+    /// What the actor carried over from its earlier turns.
+    pub carry: Carry,
+}
+
+/// A handler's reply to a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestReply {
+    /// HTTP status chosen by the actor.
+    pub status: u16,
+    /// Body.
+    pub body: Bytes,
+    /// Content type chosen by the actor.
+    pub content_type: Option<String>,
+}
+
+/// What `POST …/eval` returns.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct EvalReply {
+    /// The result as JSON text (`None`: undefined, or the script failed).
+    pub result: Option<String>,
+    /// What the script wrote with `console`.
+    pub logs: Vec<String>,
+    /// The error, with its stack, when the script failed or hit a limit.
+    pub error: Option<String>,
+}
+
+/// What a successful turn returned.
+#[derive(Debug)]
+pub enum TurnOutput {
+    /// `on-message` replied.
+    Reply(GuestReply),
+    /// Any other handler finished.
+    Done,
+    /// A script ran; when it threw, nothing it wrote is kept.
+    Eval(EvalReply),
+}
+
+/// Why a turn has no effects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TurnFailure {
+    /// The handler returned an error.
+    Guest(String),
+    /// The guest trapped; its instance must not run again.
+    Trap {
+        /// What stopped it.
+        kind: TrapKind,
+        /// The trap, with what the guest's stderr said about a panic.
+        message: String,
+    },
+    /// The turn ran past its wall-clock limit; its instance must not run
+    /// again.
+    Timeout(Duration),
+    /// No room to run (no fiber stack free): the guest never ran.
+    NoRoom(String),
+    /// The host lost the turn state (a host bug): the actor's caches went
+    /// with it, and the instance must not run again.
+    LostState,
+}
+
+/// How a turn ended.
+pub struct TurnOutcome {
+    /// Its output and effects, or why there are none.
+    pub result: Result<(TurnOutput, FinishedTurn), TurnFailure>,
+    /// The actor's caches, with the turn's writes folded in if it
+    /// succeeded (`None` only after [`TurnFailure::LostState`]).
+    pub carry: Option<Carry>,
+    /// Time spent running guest code and synchronous host calls: waits for
+    /// other actors or the network are not counted.
+    pub cpu: Duration,
+}
+
+impl TurnOutcome {
+    /// Whether the instance may run another turn.
+    pub fn instance_usable(&self) -> bool {
+        !matches!(
+            self.result,
+            Err(TurnFailure::Trap { .. } | TurnFailure::Timeout(_) | TurnFailure::LostState)
+        )
+    }
+}
+
+/// Why a guest call was stopped, for metrics and messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrapKind {
+    /// Ran too long without a host call.
+    Cpu,
+    /// Tried to grow memory past its limit.
+    Memory,
+    /// Recursed past the stack limit.
+    StackOverflow,
+    /// Any other trap (a panic, unreachable, a bad access).
+    Trap,
+}
+
+impl TrapKind {
+    /// Classify a trap.
+    pub fn of(err: &wasmtime::Error) -> Self {
+        if let Some(LimitTrap::Cpu(_)) = err.downcast_ref::<LimitTrap>() {
+            return TrapKind::Cpu;
+        }
+        if let Some(t) = err.downcast_ref::<wasmtime::Trap>()
+            && *t == wasmtime::Trap::StackOverflow
+        {
+            return TrapKind::StackOverflow;
+        }
+        if format!("{err:#}").contains("growing memory") {
+            return TrapKind::Memory;
+        }
+        TrapKind::Trap
+    }
+
+    /// Metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            TrapKind::Cpu => "cpu",
+            TrapKind::Memory => "memory",
+            TrapKind::StackOverflow => "stack_overflow",
+            TrapKind::Trap => "trap",
+        }
+    }
+}
+
+/// A live instance and its store.
+pub struct Instance {
+    store: Store<Host>,
+    handlers: Handlers,
+    /// The JavaScript engine's extra entry points.
+    js: Option<JsRuntime>,
+    turn_timeout: Duration,
+    limits: Arc<TurnLimits>,
+    storage: Arc<Storage>,
+}
+
+impl Instance {
+    pub(super) fn new(
+        store: Store<Host>,
+        handlers: Handlers,
+        js: Option<JsRuntime>,
+        turn_timeout: Duration,
+        limits: Arc<TurnLimits>,
+        storage: Arc<Storage>,
+    ) -> Self {
+        Self {
+            store,
+            handlers,
+            js,
+            turn_timeout,
+            limits,
+            storage,
+        }
+    }
+
+    /// Check that `source` compiles as the JavaScript module `name` (the
+    /// engine only), within the turn timeout.
+    pub(super) async fn check_js(&mut self, name: &str, source: &str) -> Result<(), String> {
+        let js = self
+            .js
+            .as_ref()
+            .expect("the JavaScript engine exports js-runtime");
+        let check = js.call_check(&mut self.store, name, source);
+        match tokio::time::timeout(self.turn_timeout, check).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(trap)) => Err(format!(
+                "compiling the module stopped the engine: {}",
+                trap.root_cause()
+            )),
+            Err(_) => Err("compiling the module took too long".into()),
+        }
+    }
+
+    /// Run one turn to its end.
+    pub async fn run(&mut self, req: TurnRequest) -> TurnOutcome {
+        let TurnRequest {
+            start,
+            turn_id,
+            input,
+            carry,
+        } = req;
+        let key = start.key.clone();
+        let version = start.version;
+        let ctx = Context {
+            actor_type: key.ty().to_owned(),
+            id: key.id().to_owned(),
+            version,
+            turn_id,
+        };
+        let turn = TurnState::new(start, carry, &self.limits, &self.storage);
+        let Self {
+            store,
+            handlers,
+            js,
+            turn_timeout,
+            ..
+        } = self;
+        let host = store.data_mut();
+        host.turn = Some(turn);
+        host.cpu_ticks = 0;
+        store.set_epoch_deadline(1);
+        let call = call_handler(store, handlers, js.as_ref(), &ctx, input);
+        let (result, cpu) = metered(tokio::time::timeout(*turn_timeout, call)).await;
+        let turn = store.data_mut().turn.take();
+        let stderr_tail = forward_output(&key, version, store.data());
+        let Some(turn) = turn else {
+            return TurnOutcome {
+                result: Err(TurnFailure::LostState),
+                carry: None,
+                cpu,
+            };
+        };
+        let (result, carry) = match result {
+            // The script threw: like a failed turn, nothing it wrote stays.
+            Ok(Ok(Ok(out @ TurnOutput::Eval(EvalReply { error: Some(_), .. })))) => {
+                (Ok((out, FinishedTurn::default())), turn.abandon())
+            }
+            Ok(Ok(Ok(out))) => {
+                let (carry, finished) = turn.finish();
+                (Ok((out, finished)), carry)
+            }
+            Ok(Ok(Err(msg))) => (Err(TurnFailure::Guest(msg)), turn.abandon()),
+            Ok(Err(trap)) => {
+                let failure = if is_resource_exhaustion(&format!("{trap:#}")) {
+                    TurnFailure::NoRoom(format!("{trap:#}"))
+                } else {
+                    let mut message = trap_message(&trap);
+                    if let Some(tail) = stderr_tail {
+                        message = format!("{message}; guest stderr: {tail}");
+                    }
+                    TurnFailure::Trap {
+                        kind: TrapKind::of(&trap),
+                        message,
+                    }
+                };
+                (Err(failure), turn.abandon())
+            }
+            Err(_elapsed) => (Err(TurnFailure::Timeout(*turn_timeout)), turn.abandon()),
+        };
+        TurnOutcome {
+            result,
+            carry: Some(carry),
+            cpu,
+        }
+    }
+}
+
+/// Call the handler `input` asks for.
+async fn call_handler(
+    store: &mut Store<Host>,
+    handlers: &Handlers,
+    js: Option<&JsRuntime>,
+    ctx: &Context,
+    input: TurnInput,
+) -> wasmtime::Result<Result<TurnOutput, String>> {
+    let done = |r: Result<(), String>| r.map(|()| TurnOutput::Done);
+    match input {
+        TurnInput::Message(m) => {
+            Ok(handlers
+                .call_on_message(&mut *store, ctx, &m)
+                .await?
+                .map(|reply| {
+                    TurnOutput::Reply(GuestReply {
+                        status: reply.status,
+                        body: Bytes::from(reply.body),
+                        content_type: reply.content_type,
+                    })
+                }))
+        }
+        TurnInput::Upgrade(from) => handlers
+            .call_on_upgrade(&mut *store, ctx, from)
+            .await
+            .map(done),
+        TurnInput::Alarm(alarm) => handlers
+            .call_on_alarm(&mut *store, ctx, &alarm)
+            .await
+            .map(done),
+        TurnInput::Input(input) => handlers
+            .call_on_input(&mut *store, ctx, &input)
+            .await
+            .map(done),
+        TurnInput::Webhook(hook) => handlers
+            .call_on_webhook(&mut *store, ctx, &hook)
+            .await
+            .map(done),
+        TurnInput::Eval(code) => {
+            let js = js.expect("eval runs in the JavaScript engine, which exports js-runtime");
+            let o = js.call_eval(&mut *store, &code).await?;
+            Ok(Ok(TurnOutput::Eval(EvalReply {
+                result: o.result,
+                logs: o.logs,
+                error: o.error,
+            })))
+        }
+    }
+}
+
+/// Run `fut`, adding up the time spent inside its polls: guest code and
+/// synchronous host calls, but not the time it waits (on another actor, the
+/// network, or a yield to the scheduler).
+async fn metered<F: Future>(fut: F) -> (F::Output, Duration) {
+    let mut fut = std::pin::pin!(fut);
+    let mut busy = Duration::ZERO;
+    let out = std::future::poll_fn(|cx| {
+        let t = Instant::now();
+        let r = fut.as_mut().poll(cx);
+        busy += t.elapsed();
+        r
+    })
+    .await;
+    (out, busy)
+}
+
+/// Failures that mean "no room right now", not bad code: an instance pool
+/// or the fiber stacks are exhausted, or the kernel refused memory or
+/// mappings.
+pub(super) fn is_resource_exhaustion(msg: &str) -> bool {
+    msg.contains("concurrent")
+        || msg.contains("pooling")
+        || msg.contains("Cannot allocate memory")
+        || msg.contains("os error 12")
+}
+
+/// Send what the guest printed to the node's logs; return what stderr says
+/// about a panic (or its last line), for error reports.
+fn forward_output(key: &ActorKey, version: u32, host: &Host) -> Option<String> {
+    let mut stderr_lines: Vec<String> = Vec::new();
+    for (stream, out) in [("stdout", &host.stdout), ("stderr", &host.stderr)] {
+        if out.is_empty() {
+            continue;
+        }
+        let (bytes, dropped) = out.drain();
+        let text = String::from_utf8_lossy(&bytes);
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            tracing::info!(target: "marmot::guest", actor = %key, version, stream, "{line}");
+            if stream == "stderr" {
+                stderr_lines.push(line.to_owned());
+            }
+        }
+        if dropped > 0 {
+            tracing::warn!(target: "marmot::guest", actor = %key, stream, dropped, "guest output over the per-turn cap was dropped");
+        }
+    }
+    // Rust panics print `thread '…' panicked at file:line:col:` and then
+    // the message; prefer those over the trailing backtrace hint.
+    let summary = match stderr_lines.iter().rposition(|l| l.contains("panicked at")) {
+        Some(i) => stderr_lines[i..]
+            .iter()
+            .filter(|l| !l.starts_with("note: "))
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(" "),
+        None => stderr_lines
+            .iter()
+            .rev()
+            .find(|l| !l.starts_with("note: "))
+            .cloned()
+            .unwrap_or_default(),
+    };
+    (!summary.is_empty()).then(|| summary.chars().take(500).collect())
+}
+
+fn trap_message(err: &wasmtime::Error) -> String {
+    if let Some(t) = err.downcast_ref::<LimitTrap>() {
+        return t.to_string();
+    }
+    if let Some(t) = err.downcast_ref::<wasmtime::Trap>() {
+        return t.to_string();
+    }
+    let root = err.root_cause().to_string();
+    if root.contains("growing memory") {
+        return format!("memory limit exceeded: {root}");
+    }
+    root.chars().take(500).collect()
+}
