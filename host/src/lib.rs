@@ -6,34 +6,34 @@
 //!
 //! | module | concern |
 //! |---|---|
-//! | [`node`] | wiring: open storage, load types, recover, serve |
-//! | [`actor`] | activation, mailboxes, turns, hibernation |
-//! | [`sandbox`] | wasmtime engine, compiled-code cache, host capabilities |
-//! | [`catalog`] | deployed types and their versions |
-//! | [`storage`] | redb schema and the group-commit writer |
-//! | [`alarms`] | durable alarms: schedules and the scheduler |
-//! | [`streams`] | live event streams: who watches which actor |
-//! | [`inputs`] | input requests: checks and answer validation |
+//! | `node` | wiring: open storage, load types, recover, serve |
+//! | `actor` | activation, mailboxes, turns, hibernation |
+//! | `sandbox` | wasmtime engine, compiled-code cache, host capabilities |
+//! | `catalog` | deployed types and their versions |
+//! | `storage` | redb schema and the group-commit writer |
+//! | `alarms` | durable alarms: schedules and the scheduler |
+//! | `streams` | live event streams: who watches which actor |
+//! | `inputs` | input requests: checks and answer validation |
 //! | [`webhooks`] | webhooks in (verify, route, enqueue) and out |
-//! | [`api`] | the HTTP API |
+//! | `api` | the HTTP API |
 //! | [`cli`] | the `marmot` command line |
-//! | [`metrics`] | Prometheus metrics |
-//! | [`bench`] | `marmot bench` scenarios |
+//! | `metrics` | Prometheus metrics |
+//! | `bench` | `marmot bench` scenarios |
 
-pub mod actor;
-pub mod alarms;
-pub mod api;
-pub mod bench;
-pub mod catalog;
+mod actor;
+mod alarms;
+mod api;
+mod bench;
+mod catalog;
 pub mod cli;
-pub mod clock;
-pub mod config;
-pub mod guests;
-pub mod ids;
-pub mod inputs;
-pub mod metrics;
-pub mod node;
-pub mod sandbox;
-pub mod storage;
-pub mod streams;
+mod clock;
+mod config;
+mod guests;
+mod ids;
+mod inputs;
+mod metrics;
+mod node;
+mod sandbox;
+mod storage;
+mod streams;
 pub mod webhooks;

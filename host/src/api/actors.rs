@@ -8,24 +8,11 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde::Deserialize;
 
+use super::extract::{ActorPath, KnownType};
 use super::{ApiError, AppState, Path, Query};
-use crate::ids::{ActorKey, validate_idempotency_key};
+use crate::ids::validate_idempotency_key;
 use crate::storage::EnqueueOutcome;
 use crate::storage::schema::{AlarmSchedule, InputStatus};
-
-fn key(ty: &str, id: &str) -> Result<ActorKey, ApiError> {
-    Ok(ActorKey::new(ty, id)?)
-}
-
-fn known_type(s: &AppState, ty: &str) -> Result<(), ApiError> {
-    if s.node.catalog().get(ty).is_none() {
-        return Err(ApiError::not_found(
-            "unknown_type",
-            format!("unknown actor type `{ty}`"),
-        ));
-    }
-    Ok(())
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,14 +27,12 @@ fn yes() -> bool {
 
 pub(super) async fn send(
     State(s): State<AppState>,
-    Path((ty, id)): Path<(String, String)>,
+    ActorPath(key): ActorPath,
     Query(q): Query<SendParams>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let key = key(&ty, &id)?;
     let body = body?;
-    known_type(&s, &ty)?;
     let idempotency_key = match headers.get("idempotency-key") {
         None => None,
         Some(v) => {
@@ -109,32 +94,22 @@ pub(super) async fn send(
 
 pub(super) async fn info(
     State(s): State<AppState>,
-    Path((ty, id)): Path<(String, String)>,
+    ActorPath(key): ActorPath,
 ) -> Result<Response, ApiError> {
-    let key = key(&ty, &id)?;
-    known_type(&s, &ty)?;
     match s.node.actor_info(&key)? {
         Some(info) => Ok(axum::Json(info).into_response()),
-        None => Err(ApiError::not_found(
-            "actor_not_found",
-            format!("actor {key} does not exist"),
-        )),
+        None => Err(ApiError::actor_not_found(&key)),
     }
 }
 
 pub(super) async fn delete(
     State(s): State<AppState>,
-    Path((ty, id)): Path<(String, String)>,
+    ActorPath(key): ActorPath,
 ) -> Result<Response, ApiError> {
-    let key = key(&ty, &id)?;
-    known_type(&s, &ty)?;
     if s.node.delete_actor(&key).await? {
         Ok(axum::Json(serde_json::json!({ "deleted": true })).into_response())
     } else {
-        Err(ApiError::not_found(
-            "actor_not_found",
-            format!("actor {key} does not exist"),
-        ))
+        Err(ApiError::actor_not_found(&key))
     }
 }
 
@@ -151,15 +126,13 @@ pub(super) struct ListParams {
 
 pub(super) async fn list(
     State(s): State<AppState>,
-    Path(ty): Path<String>,
+    KnownType(ty): KnownType,
     Query(q): Query<ListParams>,
 ) -> Result<Response, ApiError> {
-    crate::ids::validate_type_name(&ty)?;
-    known_type(&s, &ty)?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let page = s
         .node
-        .list_actors(&ty, &q.prefix, q.cursor.as_deref(), limit)?;
+        .list_actors(ty.name(), &q.prefix, q.cursor.as_deref(), limit)?;
     Ok(axum::Json(serde_json::json!({
         "actors": page.items,
         "next_cursor": page.next_cursor,
@@ -191,20 +164,15 @@ pub(super) struct StateParams {
 
 pub(super) async fn state(
     State(s): State<AppState>,
-    Path((ty, id)): Path<(String, String)>,
+    ActorPath(key): ActorPath,
     Query(q): Query<StateParams>,
 ) -> Result<Response, ApiError> {
-    let key = key(&ty, &id)?;
-    known_type(&s, &ty)?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let Some(entries) = s
         .node
         .read_state(&key, &q.prefix, q.after.as_deref(), limit)?
     else {
-        return Err(ApiError::not_found(
-            "actor_not_found",
-            format!("actor {key} does not exist"),
-        ));
+        return Err(ApiError::actor_not_found(&key));
     };
     let next = (entries.len() == limit)
         .then(|| entries.last().map(|(k, _)| k.clone()))
@@ -213,17 +181,19 @@ pub(super) async fn state(
     Ok(axum::Json(serde_json::json!({ "entries": entries, "next_after": next })).into_response())
 }
 
+/// The `{*key}` of `…/state/{*key}`.
+#[derive(Deserialize)]
+pub(super) struct StateKey {
+    key: String,
+}
+
 pub(super) async fn state_key(
     State(s): State<AppState>,
-    Path((ty, id, state_key)): Path<(String, String, String)>,
+    ActorPath(key): ActorPath,
+    Path(StateKey { key: state_key }): Path<StateKey>,
 ) -> Result<Response, ApiError> {
-    let key = key(&ty, &id)?;
-    known_type(&s, &ty)?;
     match s.node.read_state_key(&key, &state_key)? {
-        None => Err(ApiError::not_found(
-            "actor_not_found",
-            format!("actor {key} does not exist"),
-        )),
+        None => Err(ApiError::actor_not_found(&key)),
         Some(None) => Err(ApiError::not_found(
             "key_not_found",
             format!("no state under `{state_key}`"),
@@ -250,12 +220,10 @@ pub(super) struct EventParams {
 
 pub(super) async fn events(
     State(s): State<AppState>,
-    Path((ty, id)): Path<(String, String)>,
+    ActorPath(key): ActorPath,
     Query(q): Query<EventParams>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let key = key(&ty, &id)?;
-    known_type(&s, &ty)?;
     if headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -266,10 +234,7 @@ pub(super) async fn events(
     }
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let Some(events) = s.node.events(&key, q.after, limit)? else {
-        return Err(ApiError::not_found(
-            "actor_not_found",
-            format!("actor {key} does not exist"),
-        ));
+        return Err(ApiError::actor_not_found(&key));
     };
     let next_after = events.last().map_or(q.after, |(seq, _)| *seq);
     let events: Vec<_> = events
@@ -297,15 +262,10 @@ fn payload_json(bytes: &[u8]) -> (&'static str, serde_json::Value) {
 
 pub(super) async fn alarms(
     State(s): State<AppState>,
-    Path((ty, id)): Path<(String, String)>,
+    ActorPath(key): ActorPath,
 ) -> Result<Response, ApiError> {
-    let key = key(&ty, &id)?;
-    known_type(&s, &ty)?;
     let Some(alarms) = s.node.alarms(&key)? else {
-        return Err(ApiError::not_found(
-            "actor_not_found",
-            format!("actor {key} does not exist"),
-        ));
+        return Err(ApiError::actor_not_found(&key));
     };
     let alarms: Vec<_> = alarms
         .into_iter()
@@ -340,11 +300,9 @@ pub(super) struct InputParams {
 
 pub(super) async fn inputs(
     State(s): State<AppState>,
-    Path((ty, id)): Path<(String, String)>,
+    ActorPath(key): ActorPath,
     Query(q): Query<InputParams>,
 ) -> Result<Response, ApiError> {
-    let key = key(&ty, &id)?;
-    known_type(&s, &ty)?;
     let want = q.status.as_deref().unwrap_or("pending");
     if !["pending", "answered", "expired", "all"].contains(&want) {
         return Err(ApiError::bad_request(
@@ -353,10 +311,7 @@ pub(super) async fn inputs(
         ));
     }
     let Some(inputs) = s.node.inputs(&key)? else {
-        return Err(ApiError::not_found(
-            "actor_not_found",
-            format!("actor {key} does not exist"),
-        ));
+        return Err(ApiError::actor_not_found(&key));
     };
     let inputs: Vec<_> = inputs
         .into_iter()
@@ -385,17 +340,22 @@ pub(super) async fn inputs(
     Ok(axum::Json(serde_json::json!({ "inputs": inputs })).into_response())
 }
 
+/// The `{input}` of `…/inputs/{input}`.
+#[derive(Deserialize)]
+pub(super) struct InputId {
+    input: String,
+}
+
 /// `POST …/inputs/{input}`: the body (JSON) answers the request. 200 once
 /// the actor's `on-input` turn is durable; 409 if it was already answered or
 /// expired; 422 if the answer does not match the request's schema.
 pub(super) async fn answer_input(
     State(s): State<AppState>,
-    Path((ty, id, input)): Path<(String, String, String)>,
+    ActorPath(key): ActorPath,
+    Path(InputId { input }): Path<InputId>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let key = key(&ty, &id)?;
     let body = body?;
-    known_type(&s, &ty)?;
     if input.is_empty()
         || input.len() > 64
         || !input
@@ -439,13 +399,11 @@ struct EvalBody {
 /// the script ran; `error` says why it failed (a throw, or a limit).
 pub(super) async fn eval(
     State(s): State<AppState>,
-    Path((ty, id)): Path<(String, String)>,
+    ActorPath(key): ActorPath,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let key = key(&ty, &id)?;
     let body = body?;
-    known_type(&s, &ty)?;
     let is_json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

@@ -41,6 +41,11 @@ impl ApiError {
     pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, code, message)
     }
+
+    /// 404 `actor_not_found`.
+    pub fn actor_not_found(key: &crate::ids::ActorKey) -> Self {
+        Self::not_found("actor_not_found", format!("actor {key} does not exist"))
+    }
 }
 
 impl IntoResponse for ApiError {

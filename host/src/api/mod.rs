@@ -8,6 +8,7 @@
 mod actors;
 mod edge;
 mod error;
+mod extract;
 mod hooks;
 mod streams;
 mod subscriptions;

@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde::Deserialize;
 
+use super::extract::KnownType;
 use super::{ApiError, AppState, Path, Query};
 use crate::config::TypeConfig;
 use crate::ids::validate_type_name;
@@ -190,13 +191,8 @@ pub(super) async fn list(State(s): State<AppState>) -> Response {
 
 pub(super) async fn get(
     State(s): State<AppState>,
-    Path(ty): Path<String>,
+    KnownType(entry): KnownType,
 ) -> Result<Response, ApiError> {
-    validate_type_name(&ty)?;
-    let entry =
-        s.node.catalog().get(&ty).ok_or_else(|| {
-            ApiError::not_found("unknown_type", format!("unknown actor type `{ty}`"))
-        })?;
     Ok(axum::Json(type_json(&s, &entry)).into_response())
 }
 

@@ -26,9 +26,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-pub use deploy::{DeleteTypeError, DeployError, Deployed};
+pub use deploy::{DeleteTypeError, DeployError};
 pub use hooks::WebhookError;
-pub use queries::{ActorInfo, StateEntries};
 
 use crate::actor::{ActorEnv, Boot, Registry};
 use crate::alarms::scheduler::Scheduler;
@@ -186,11 +185,6 @@ impl Node {
     /// Open event streams and what they watch.
     pub(crate) fn event_bus(&self) -> &Arc<EventBus> {
         &self.event_bus
-    }
-
-    /// Actors on disk.
-    pub fn actor_count(&self) -> u64 {
-        self.storage.writer().actor_count()
     }
 
     /// Wait until every write so far is durable.

@@ -38,10 +38,7 @@ pub use caps::inputs::InputLimits;
 pub use caps::log::LogLimits;
 pub use caps::state::StateLimits;
 pub use host::{JsModule, LimitTrap};
-pub use run::{
-    EvalReply, GuestReply, Instance, TrapKind, TurnFailure, TurnInput, TurnOutcome, TurnOutput,
-    TurnRequest,
-};
+pub use run::{EvalReply, GuestReply, Instance, TurnFailure, TurnInput, TurnOutput, TurnRequest};
 pub use turn::{ActorCounts, Carry, FinishedTurn, TurnLimits, TurnStart};
 
 use crate::config::ResolvedTypeConfig;
@@ -124,9 +121,6 @@ pub enum CodeError {
     /// Does not fit the `marmot:actor` world.
     #[error("component does not fit the marmot:actor@0.1.0 world: {0}")]
     WrongWorld(String),
-    /// The cache directory failed.
-    #[error("compiled-code cache: {0}")]
-    Cache(String),
     /// A JavaScript module that does not compile.
     #[error("invalid JavaScript module: {0}")]
     Script(String),
@@ -274,11 +268,6 @@ impl Sandbox {
                 }
             })?;
         Ok(sandbox)
-    }
-
-    /// The engine that runs components.
-    pub fn engine(&self) -> &Engine {
-        &self.wasm.engine
     }
 
     /// Compile `code` (or load it from the cache) and check that it fits the

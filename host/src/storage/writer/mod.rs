@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use tokio::sync::{Notify, mpsc, oneshot};
 
-pub use ops::{EnqueueOutcome, OnDurable, TurnCommit, WriteOp};
+pub use ops::{EnqueueOutcome, TurnCommit, WriteOp};
 pub use tracker::{CommitFailed, CommitTracker};
 
 use ops::{Applied, Reply, fail_op};

@@ -1,0 +1,64 @@
+//! Extractors for what many handlers check first.
+//!
+//! Every route under `/v1/actors/{type}…` starts the same way: the type
+//! name and actor id are valid (400 otherwise) and the type is deployed
+//! (404 `unknown_type`). [`KnownType`] and [`ActorPath`] do that once, so a
+//! handler's signature says what it may assume.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+
+use super::{ApiError, AppState, Path};
+use crate::catalog::TypeEntry;
+use crate::ids::{ActorKey, validate_type_name};
+
+/// `{type}` of a route: a valid name of a deployed type.
+pub(crate) struct KnownType(pub Arc<TypeEntry>);
+
+/// `{type}` and `{id}` of a route: a valid actor key of a deployed type.
+pub(crate) struct ActorPath(pub ActorKey);
+
+/// The route's named parameters, percent-decoded.
+async fn params(parts: &mut Parts, s: &AppState) -> Result<HashMap<String, String>, ApiError> {
+    let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, s).await?;
+    Ok(params)
+}
+
+fn param<'p>(params: &'p HashMap<String, String>, name: &str) -> &'p str {
+    params
+        .get(name)
+        .map(String::as_str)
+        .unwrap_or_else(|| panic!("route without a `{{{name}}}` parameter"))
+}
+
+fn known(s: &AppState, ty: &str) -> Result<Arc<TypeEntry>, ApiError> {
+    s.node
+        .catalog()
+        .get(ty)
+        .ok_or_else(|| ApiError::not_found("unknown_type", format!("unknown actor type `{ty}`")))
+}
+
+impl FromRequestParts<AppState> for KnownType {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Self, ApiError> {
+        let params = params(parts, s).await?;
+        let ty = param(&params, "type");
+        validate_type_name(ty)?;
+        Ok(Self(known(s, ty)?))
+    }
+}
+
+impl FromRequestParts<AppState> for ActorPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Self, ApiError> {
+        let params = params(parts, s).await?;
+        let key = ActorKey::new(param(&params, "type"), param(&params, "id"))?;
+        known(s, key.ty())?;
+        Ok(Self(key))
+    }
+}
