@@ -795,3 +795,38 @@ async fn cli_client_commands() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach marmot"));
 }
+
+/// Regression: `marmot dev` deployed its bundled examples at every start,
+/// over a user's type of the same name: the user's code was silently
+/// replaced and their actors ran other code.
+#[tokio::test]
+async fn dev_examples_never_replace_a_users_type() {
+    let dir = tempdir();
+    let mut m = Marmot::start_with_examples(&dir.path().join("data")).await;
+    let api = m.client();
+    let example = api.get("/v1/types/counter").await;
+    assert_eq!(example.status, 200, "{}", example.json);
+    assert_eq!(example.json["kind"], "wasm");
+
+    let mine = "export default { async onMessage(body) { return { mine: true }; } };";
+    let r = api
+        .req(
+            Method::PUT,
+            "/v1/types/counter",
+            Some(("text/javascript", mine.as_bytes().to_vec())),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let version = r.json["version"].clone();
+
+    m.restart().await;
+    let after = api.get("/v1/types/counter").await.json;
+    assert_eq!(after["kind"], "js", "the example replaced the user's type");
+    assert_eq!(after["version"], version, "a new version appeared: {after}");
+    let reply = api.post_json("/v1/actors/counter/a", &json!({})).await;
+    assert_eq!(reply.status, 200, "{}", reply.json);
+    assert_eq!(reply.json, json!({ "mine": true }));
+    // The other example was not touched either, and is still there.
+    assert_eq!(api.get("/v1/types/notes").await.json["version"], 1);
+}

@@ -26,6 +26,8 @@ pub struct Marmot {
     env: Vec<(String, String)>,
     log: PathBuf,
     config: Option<PathBuf>,
+    /// Start without `--no-examples`.
+    examples: bool,
 }
 
 /// The compiled-code cache shared by the test run's nodes.
@@ -63,12 +65,29 @@ impl Marmot {
 
     /// Spawn without waiting for readiness.
     pub fn spawn_opts(data: &Path, env: &[(&str, &str)], config: Option<&str>) -> Self {
+        let mut m = Self::new(data, env, config);
+        m.spawn();
+        m
+    }
+
+    /// Start a node on `data` as `marmot dev` does by default: with the
+    /// bundled examples.
+    pub async fn start_with_examples(data: &Path) -> Self {
+        let mut m = Self::new(data, &[], None);
+        m.examples = true;
+        m.spawn();
+        m.wait_ready().await;
+        m
+    }
+
+    /// A node on `data`, not started yet.
+    fn new(data: &Path, env: &[(&str, &str)], config: Option<&str>) -> Self {
         let config_path = config.map(|text| {
             let p = data.with_extension("toml");
             std::fs::write(&p, text).unwrap();
             p
         });
-        let mut m = Self {
+        Self {
             config: config_path,
             child: None,
             url: String::new(),
@@ -79,9 +98,8 @@ impl Marmot {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             log: data.with_extension("log"),
-        };
-        m.spawn();
-        m
+            examples: false,
+        }
     }
 
     fn spawn(&mut self) {
@@ -92,7 +110,11 @@ impl Marmot {
             .open(&self.log)
             .unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_marmot"));
-        cmd.args(["dev", "--no-examples", "--listen"])
+        cmd.arg("dev");
+        if !self.examples {
+            cmd.arg("--no-examples");
+        }
+        cmd.arg("--listen")
             .arg(format!("127.0.0.1:{}", self.port))
             .arg("--data")
             .arg(&self.data)

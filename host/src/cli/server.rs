@@ -25,7 +25,8 @@ pub struct DevArgs {
     /// Compiled-code cache (default: <data>/cache).
     #[arg(long, env = "MARMOT_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
-    /// Do not deploy the example actors.
+    /// Do not deploy the example actors (they are deployed only where no
+    /// type of their name exists).
     #[arg(long)]
     no_examples: bool,
 }
@@ -70,6 +71,16 @@ pub(super) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     let node = Node::start(config).await?;
     if !args.no_examples {
         for (name, code) in crate::guests::EXAMPLES {
+            // A type of that name is the user's (or an example from an
+            // earlier start): never replace it.
+            if let Some(existing) = node.catalog().get(name) {
+                tracing::info!(
+                    ty = name,
+                    version = existing.latest_version(),
+                    "a type of this name exists; example not deployed"
+                );
+                continue;
+            }
             let d = node
                 .deploy(name, CodeKind::Wasm, code.to_vec(), TypeConfig::default())
                 .await
