@@ -76,8 +76,10 @@ pub mod __private {
 #[macro_export]
 macro_rules! export_actor {
     ($ty:ty) => {
+        // Public, so that built for the host (where nothing is exported)
+        // the actor's code is still reachable and linted as live code.
         #[doc(hidden)]
-        struct __MarmotActorExport;
+        pub struct __MarmotActorExport;
 
         impl $crate::__private::Guest for __MarmotActorExport {
             fn on_message(
@@ -112,6 +114,11 @@ macro_rules! export_actor {
             }
         }
 
+        // Component exports exist only on wasm. Built for the host (a
+        // workspace-wide `cargo build` or `clippy`), the crate compiles and
+        // links but exports nothing: the linker cannot take symbol names
+        // such as `marmot:actor/handlers@0.1.0#on-message`.
+        #[cfg(target_family = "wasm")]
         $crate::__private::__export_actor_world!(__MarmotActorExport with_types_in $crate::bindings);
     };
 }
