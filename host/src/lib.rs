@@ -20,20 +20,22 @@
 //! | `metrics` | Prometheus metrics |
 //! | `bench` | `marmot bench` scenarios |
 
+// The lowest layers are crates of their own (Cargo keeps them from
+// importing anything above): `marmot-core` (clock, names, settings) and
+// `marmot-storage`. They keep their module names here.
+use marmot_core::{clock, config, ids};
+use marmot_storage as storage;
+
 mod actor;
 mod alarms;
 mod api;
 mod bench;
 mod catalog;
 pub mod cli;
-mod clock;
-mod config;
 mod guests;
-mod ids;
 mod inputs;
 mod metrics;
 mod node;
 mod sandbox;
-mod storage;
 mod streams;
 pub mod webhooks;

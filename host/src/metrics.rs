@@ -11,6 +11,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::storage::WriterMetrics;
+
 /// Label set for turn counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TurnLabels {
@@ -50,14 +52,9 @@ pub struct Metrics {
     pub wake_seconds: Histogram,
     /// Hibernations.
     pub hibernations: Counter,
-    /// Commits of the storage writer.
-    pub commits: Counter,
-    /// Failed commits.
-    pub commit_failures: Counter,
-    /// Operations per commit.
-    pub commit_batch_size: Histogram,
-    /// Commit latency including fsync.
-    pub commit_seconds: Histogram,
+    /// What the storage writer counts (commits, failures, batch sizes,
+    /// latency).
+    pub writer: WriterMetrics,
     /// Messages refused because a mailbox was full.
     pub mailbox_full: Counter,
     /// Sandbox traps by reason.
@@ -112,25 +109,26 @@ impl Metrics {
         );
         let hibernations = Counter::default();
         registry.register("hibernations", "Actors put to sleep", hibernations.clone());
-        let commits = Counter::default();
-        registry.register("commits", "Storage commits (each fsync'd)", commits.clone());
-        let commit_failures = Counter::default();
+        let writer = WriterMetrics::new();
+        registry.register(
+            "commits",
+            "Storage commits (each fsync'd)",
+            writer.commits.clone(),
+        );
         registry.register(
             "commit_failures",
             "Storage commits that failed",
-            commit_failures.clone(),
+            writer.commit_failures.clone(),
         );
-        let commit_batch_size = Histogram::new(exponential_buckets(1.0, 2.0, 14));
         registry.register(
             "commit_batch_size",
             "Write operations folded into one commit",
-            commit_batch_size.clone(),
+            writer.commit_batch_size.clone(),
         );
-        let commit_seconds = Histogram::new(exponential_buckets(50e-6, 2.0, 16));
         registry.register(
             "commit_duration_seconds",
             "Commit latency including fsync",
-            commit_seconds.clone(),
+            writer.commit_seconds.clone(),
         );
         let mailbox_full = Counter::default();
         registry.register(
@@ -200,10 +198,7 @@ impl Metrics {
             turn_seconds,
             wake_seconds,
             hibernations,
-            commits,
-            commit_failures,
-            commit_batch_size,
-            commit_seconds,
+            writer,
             mailbox_full,
             traps,
             inbox_depth,

@@ -71,7 +71,7 @@ impl Node {
         let storage = {
             let dir = config.data_dir.clone();
             let sc = config.storage.clone();
-            let m = metrics.clone();
+            let m = metrics.writer.clone();
             tokio::task::spawn_blocking(move || Storage::open(&dir, &sc, m)).await??
         };
         let storage = Arc::new(storage);

@@ -1,6 +1,7 @@
 //! The data every store carries, and the guard every host call passes.
 
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use wasmtime::component::ResourceTable;
 use wasmtime::{StoreLimits, StoreLimitsBuilder};
@@ -72,7 +73,7 @@ impl Host {
         let mut wasi = WasiCtxBuilder::new();
         wasi.stdout(stdout.clone()).stderr(stderr.clone());
         if crate::clock::offset_ms() != 0 {
-            wasi.wall_clock(crate::clock::GuestWallClock);
+            wasi.wall_clock(GuestWallClock);
         }
         for (k, v) in &config.env {
             wasi.env(k, v);
@@ -119,6 +120,27 @@ impl WasiView for Host {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+/// The shifted clock for guests' WASI `wall-clock`.
+struct GuestWallClock;
+
+impl wasmtime_wasi::HostWallClock for GuestWallClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_millis(1)
+    }
+
+    fn now(&self) -> Duration {
+        let real = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let offset = crate::clock::offset_ms();
+        if offset >= 0 {
+            real + Duration::from_millis(offset as u64)
+        } else {
+            real.saturating_sub(Duration::from_millis(offset.unsigned_abs()))
         }
     }
 }

@@ -286,7 +286,6 @@ mod tests {
 
     use super::*;
     use crate::config::StorageConfig;
-    use crate::metrics::Metrics;
     use crate::sandbox::caps::actors::ActorLimits;
     use crate::sandbox::caps::alarms::AlarmLimits;
     use crate::sandbox::caps::events::EventLimits;
@@ -294,7 +293,7 @@ mod tests {
     use crate::sandbox::caps::log::LogLimits;
     use crate::sandbox::caps::state::StateLimits;
     use crate::storage::schema::{ActorRecord, AlarmSchedule};
-    use crate::storage::{CommitTracker, TurnCommit, WriteOp};
+    use crate::storage::{CommitTracker, TurnCommit, WriteOp, WriterMetrics};
 
     fn limits() -> TurnLimits {
         TurnLimits {
@@ -338,12 +337,7 @@ mod tests {
     async fn run_model(seed: u64) {
         let dir = tempfile::tempdir().unwrap();
         let storage = Arc::new(
-            Storage::open(
-                dir.path(),
-                &StorageConfig::default(),
-                Arc::new(Metrics::new()),
-            )
-            .unwrap(),
+            Storage::open(dir.path(), &StorageConfig::default(), WriterMetrics::new()).unwrap(),
         );
         let key = ActorKey::new("t", "a").unwrap();
         let k2 = key.clone();

@@ -1,15 +1,15 @@
 //! How each [`WriteOp`] is applied inside the batch's transaction.
 
+use marmot_core::clock::now_ms;
+use marmot_core::ids::ActorKey;
 use redb::ReadableTable;
 
 use super::WriterState;
 use super::ops::{Applied, EnqueueOutcome, Reply, TurnCommit, WriteOp};
 use super::tables::Tables;
 use super::tracker::CommitFailed;
-use crate::clock::now_ms;
-use crate::ids::ActorKey;
-use crate::storage::schema::*;
-use crate::storage::{StorageError, decode_type};
+use crate::schema::*;
+use crate::{StorageError, decode_type};
 
 impl WriterState {
     pub(super) fn apply(
@@ -124,6 +124,11 @@ impl WriterState {
                 self.outbox_touched = true;
                 let r = tables.retry_delivery(seq, &id);
                 done(d, r)
+            }
+            #[cfg(test)]
+            WriteOp::Hold { until } => {
+                let _ = until.recv();
+                (Applied::Reply(Box::new(|_| {})), Ok(()))
             }
             WriteOp::Barrier { done } => (
                 Applied::Reply(Box::new(move |_| {

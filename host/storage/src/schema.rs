@@ -18,10 +18,9 @@
 //! first use, so hot per-actor keys (`state`, `events`, …) stay small and
 //! ordered by actor.
 
+use marmot_core::config::TypeConfig;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
-
-use crate::config::TypeConfig;
 
 /// Version of the on-disk format described in this file.
 pub const FORMAT_VERSION: u32 = 2;

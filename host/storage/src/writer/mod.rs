@@ -20,6 +20,8 @@
 mod apply;
 mod ops;
 mod tables;
+#[cfg(test)]
+mod tests;
 mod tracker;
 
 use std::sync::Arc;
@@ -36,8 +38,8 @@ use tables::Tables;
 
 use super::schema::*;
 use super::{StorageError, Subscriptions};
-use crate::config::StorageConfig;
-use crate::metrics::Metrics;
+use crate::WriterMetrics;
+use marmot_core::config::StorageConfig;
 
 /// Handle to the writer thread.
 pub struct Writer {
@@ -52,7 +54,7 @@ impl Writer {
     pub(super) fn start(
         db: Arc<redb::Database>,
         config: &StorageConfig,
-        metrics: Arc<Metrics>,
+        metrics: WriterMetrics,
         subscriptions: Arc<Subscriptions>,
         outbox_ready: Arc<Notify>,
     ) -> Result<Self, StorageError> {
@@ -163,7 +165,7 @@ struct WriterState {
     next_delivery_seq: u64,
     actor_count: Arc<AtomicU64>,
     fail_commits: Arc<AtomicU64>,
-    metrics: Arc<Metrics>,
+    metrics: WriterMetrics,
     subscriptions: Arc<Subscriptions>,
     outbox_ready: Arc<Notify>,
     /// The batch being applied added or changed outbox rows.

@@ -4,12 +4,12 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use marmot_core::ids::ActorKey;
 use tokio::sync::oneshot;
 
 use super::tracker::{CommitFailed, CommitTracker};
-use crate::ids::ActorKey;
-use crate::storage::StorageError;
-use crate::storage::schema::*;
+use crate::StorageError;
+use crate::schema::*;
 
 /// Called once the operation's commit is durable, or failed.
 pub type OnDurable = Box<dyn FnOnce(Result<(), CommitFailed>) + Send>;
@@ -168,6 +168,13 @@ pub enum WriteOp {
         /// Completion.
         done: oneshot::Sender<()>,
     },
+    /// Block the writer until the sender is dropped or sends, so that what
+    /// is submitted meanwhile lands in one batch (tests).
+    #[cfg(test)]
+    Hold {
+        /// Released by a send or a drop.
+        until: std::sync::mpsc::Receiver<()>,
+    },
 }
 
 pub(super) fn fail_op(op: WriteOp, why: CommitFailed) {
@@ -205,6 +212,8 @@ impl Applied {
             WriteOp::RetryDelivery { done, .. } => {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }
+            #[cfg(test)]
+            WriteOp::Hold { .. } => Applied::Reply(Box::new(|_| {})),
             WriteOp::Barrier { done } => Applied::Reply(Box::new(move |_| {
                 let _ = done.send(());
             })),

@@ -3,11 +3,11 @@
 
 use std::path::Path;
 
+use marmot_core::clock::now_ms;
 use redb::{ReadableDatabase, ReadableTable};
 
 use super::StorageError;
 use super::schema::*;
-use crate::clock::now_ms;
 
 /// Add `n` counter actors `b0 … b{n-1}` of type `ty` (each with `n` = 1 in
 /// its state) to the database in `dir`, calling `progress(done, n)` after

@@ -1,13 +1,13 @@
 //! Every table of a write transaction, and the row-level writes the ops
 //! are made of (keeping secondary indexes in step with their tables).
 
+use marmot_core::clock::now_ms;
+use marmot_core::ids::ActorKey;
 use redb::{ReadableTable, WriteTransaction};
 
 use super::ops::TurnCommit;
-use crate::clock::now_ms;
-use crate::ids::ActorKey;
-use crate::storage::schema::*;
-use crate::storage::{StorageError, encode_type};
+use crate::schema::*;
+use crate::{StorageError, encode_type};
 
 /// Every table, opened once per batch: opening a redb table per operation
 /// costs a lookup and, on close, a root update.

@@ -1,5 +1,9 @@
 //! Durable storage on redb: one database file per node.
 //!
+//! This crate is the lowest layer of the host: it knows the schema, how to
+//! read it and how to write it, and nothing of actors, sandboxes or the
+//! node (Cargo keeps it that way). Its tests build without wasmtime.
+//!
 //! * [`schema`] declares every table and record, with the format version.
 //! * [`writer`] owns all writes: one thread folds queued operations from many
 //!   actors into one fsync'd transaction (group commit) and only then
@@ -16,11 +20,12 @@ pub mod writer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
-use crate::config::StorageConfig;
-use crate::ids::ActorKey;
-use crate::metrics::Metrics;
+pub use marmot_core::config::StorageConfig;
+use marmot_core::ids::ActorKey;
 use schema::*;
 pub use subscriptions::Subscriptions;
 pub use writer::{CommitFailed, CommitTracker, EnqueueOutcome, TurnCommit, WriteOp, Writer};
@@ -70,6 +75,38 @@ db_err!(
     redb::DatabaseError
 );
 
+/// What the writer counts. The node registers these with its metrics
+/// (handles are shared: counting here shows up there).
+#[derive(Clone, Debug)]
+pub struct WriterMetrics {
+    /// Commits.
+    pub commits: Counter,
+    /// Failed commits.
+    pub commit_failures: Counter,
+    /// Operations per commit.
+    pub commit_batch_size: Histogram,
+    /// Commit latency including fsync.
+    pub commit_seconds: Histogram,
+}
+
+impl WriterMetrics {
+    /// Fresh counters and histograms (not registered anywhere yet).
+    pub fn new() -> Self {
+        Self {
+            commits: Counter::default(),
+            commit_failures: Counter::default(),
+            commit_batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
+            commit_seconds: Histogram::new(exponential_buckets(50e-6, 2.0, 16)),
+        }
+    }
+}
+
+impl Default for WriterMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// The node's database and its writer.
 pub struct Storage {
     db: Arc<redb::Database>,
@@ -84,7 +121,7 @@ impl Storage {
     pub fn open(
         dir: &Path,
         config: &StorageConfig,
-        metrics: Arc<Metrics>,
+        metrics: WriterMetrics,
     ) -> Result<Self, StorageError> {
         std::fs::create_dir_all(dir).map_err(|e| StorageError::Io {
             what: format!("failed to create data directory `{}`", dir.display()),

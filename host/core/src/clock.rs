@@ -6,7 +6,7 @@
 //! the future — "the node was down for an hour" — without waiting.
 
 use std::sync::OnceLock;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Environment variable that shifts the node's wall clock (tests only).
 pub const CLOCK_OFFSET_ENV: &str = "MARMOT_CLOCK_OFFSET_MS";
@@ -29,25 +29,4 @@ pub fn now_ms() -> u64 {
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0);
     (real + offset_ms()).max(0) as u64
-}
-
-/// The shifted clock for guests' WASI `wall-clock`.
-pub struct GuestWallClock;
-
-impl wasmtime_wasi::HostWallClock for GuestWallClock {
-    fn resolution(&self) -> Duration {
-        Duration::from_millis(1)
-    }
-
-    fn now(&self) -> Duration {
-        let real = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        let offset = offset_ms();
-        if offset >= 0 {
-            real + Duration::from_millis(offset as u64)
-        } else {
-            real.saturating_sub(Duration::from_millis(offset.unsigned_abs()))
-        }
-    }
 }

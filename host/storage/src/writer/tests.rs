@@ -1,0 +1,140 @@
+//! The writer's guarantees, checked without a node: a batch is
+//! all-or-nothing, nothing is released before its commit, and a failed
+//! commit fences every later commit of the same actor generation.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use marmot_core::config::StorageConfig;
+use marmot_core::ids::ActorKey;
+use tokio::sync::oneshot;
+
+use super::{CommitFailed, CommitTracker, TurnCommit, WriteOp};
+use crate::schema::ActorRecord;
+use crate::{Storage, WriterMetrics};
+
+fn open() -> (tempfile::TempDir, Storage) {
+    let dir = tempfile::tempdir().unwrap();
+    let storage =
+        Storage::open(dir.path(), &StorageConfig::default(), WriterMetrics::new()).unwrap();
+    (dir, storage)
+}
+
+async fn create(storage: &Storage, id: &str) -> (ActorKey, ActorRecord) {
+    let key = ActorKey::new("t", id).unwrap();
+    let k = key.clone();
+    let rec = storage
+        .writer()
+        .call(|done| WriteOp::GetOrCreate {
+            key: k,
+            version: 1,
+            done,
+        })
+        .await
+        .unwrap();
+    (key, rec)
+}
+
+/// A commit writing `value` under `k`, reporting its outcome on the channel.
+fn turn(
+    key: &ActorKey,
+    rec: &ActorRecord,
+    tracker: &Arc<CommitTracker>,
+    generation: u64,
+    seq: u64,
+    k: &str,
+    value: &'static str,
+) -> (WriteOp, oneshot::Receiver<Result<(), CommitFailed>>) {
+    let (tx, rx) = oneshot::channel();
+    let commit = TurnCommit {
+        key: key.clone(),
+        tracker: tracker.clone(),
+        generation,
+        seq,
+        num: rec.num,
+        record: None,
+        state: vec![(k.to_owned(), Some(Bytes::from_static(value.as_bytes())))],
+        events: Vec::new(),
+        trim_events_below: None,
+        idempotency: None,
+        inbox_done: None,
+        inbox_update: None,
+        alarms: Vec::new(),
+        inputs: Vec::new(),
+        sends: Vec::new(),
+        on_durable: Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+    };
+    (WriteOp::Turn(Box::new(commit)), rx)
+}
+
+fn value(storage: &Storage, num: u64, k: &str) -> Option<Vec<u8>> {
+    storage.reader().unwrap().state(num, k).unwrap()
+}
+
+#[tokio::test]
+async fn a_commit_is_released_once_durable_and_marks_the_tracker() {
+    let (_dir, storage) = open();
+    let (key, rec) = create(&storage, "a").await;
+    let tracker = Arc::new(CommitTracker::default());
+    let (op, rx) = turn(&key, &rec, &tracker, 0, 1, "k", "v1");
+    storage.writer().submit(op);
+    rx.await.unwrap().unwrap();
+    // Released only after the data is readable from a new transaction.
+    assert_eq!(value(&storage, rec.num, "k").as_deref(), Some(&b"v1"[..]));
+    assert_eq!(tracker.committed_seq(), 1);
+}
+
+#[tokio::test]
+async fn a_failed_commit_fails_its_whole_batch_and_fences_the_generation() {
+    let (_dir, storage) = open();
+    let (a, rec_a) = create(&storage, "a").await;
+    let (b, rec_b) = create(&storage, "b").await;
+    let (ta, tb) = (
+        Arc::new(CommitTracker::default()),
+        Arc::new(CommitTracker::default()),
+    );
+    // Hold the writer so that both turns queue up and form one batch.
+    let (release, until) = std::sync::mpsc::channel();
+    storage.writer().submit(WriteOp::Hold { until });
+    let (op_a, rx_a) = turn(&a, &rec_a, &ta, 0, 1, "k", "lost");
+    let (op_b, rx_b) = turn(&b, &rec_b, &tb, 0, 1, "k", "lost");
+    storage.writer().submit(op_a);
+    storage.writer().submit(op_b);
+    // Two failures: the held batch's (harmless), then the batch of both
+    // turns.
+    storage.writer().inject_commit_failures(2);
+    drop(release);
+    assert!(matches!(rx_a.await.unwrap(), Err(CommitFailed::Storage(_))));
+    assert!(matches!(rx_b.await.unwrap(), Err(CommitFailed::Storage(_))));
+    assert_eq!(value(&storage, rec_a.num, "k"), None, "half a batch landed");
+    assert_eq!(value(&storage, rec_b.num, "k"), None, "half a batch landed");
+    // A turn that ran on top of the lost one (same generation) is refused:
+    // it might depend on what was lost.
+    let (op, rx) = turn(&a, &rec_a, &ta, 0, 2, "k", "on top of lost");
+    storage.writer().submit(op);
+    assert!(matches!(rx.await.unwrap(), Err(CommitFailed::Superseded)));
+    assert_eq!(value(&storage, rec_a.num, "k"), None);
+    // The next generation (the actor reloaded from disk) commits again.
+    assert_eq!(ta.min_generation(), 1);
+    let (op, rx) = turn(&a, &rec_a, &ta, 1, 3, "k", "fresh");
+    storage.writer().submit(op);
+    rx.await.unwrap().unwrap();
+    assert_eq!(
+        value(&storage, rec_a.num, "k").as_deref(),
+        Some(&b"fresh"[..])
+    );
+}
+
+#[tokio::test]
+async fn a_fenced_actor_commits_nothing_more() {
+    let (_dir, storage) = open();
+    let (key, rec) = create(&storage, "a").await;
+    let tracker = Arc::new(CommitTracker::default());
+    tracker.fence();
+    let (op, rx) = turn(&key, &rec, &tracker, 0, 1, "k", "after the fence");
+    storage.writer().submit(op);
+    assert!(matches!(rx.await.unwrap(), Err(CommitFailed::Superseded)));
+    assert_eq!(value(&storage, rec.num, "k"), None);
+}
