@@ -77,7 +77,8 @@ pub(super) async fn dev(args: DevArgs) -> anyhow::Result<()> {
                 tracing::info!(
                     ty = name,
                     version = existing.latest_version(),
-                    "a type of this name exists; example not deployed"
+                    "a type of this name exists, so the bundled example is not deployed \
+                     (delete the type to get the example back)"
                 );
                 continue;
             }

@@ -41,9 +41,10 @@ pub use host::{JsModule, LimitTrap};
 pub use run::{EvalReply, GuestReply, Instance, TurnFailure, TurnInput, TurnOutput, TurnRequest};
 pub use turn::{ActorCounts, Carry, FinishedTurn, TurnLimits, TurnStart};
 
+use host::Host;
+
 use crate::config::ResolvedTypeConfig;
 use crate::storage::Storage;
-use host::Host;
 
 /// Compiled code linked against the host, ready to instantiate.
 pub struct Prepared {

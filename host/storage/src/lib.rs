@@ -75,6 +75,10 @@ db_err!(
     redb::DatabaseError
 );
 
+/// Logs from this crate carry the host's target, so a filter such as
+/// `MARMOT_LOG=marmot=debug` covers storage too.
+pub(crate) const LOG_TARGET: &str = "marmot::storage";
+
 /// What the writer counts. The node registers these with its metrics
 /// (handles are shared: counting here shows up there).
 #[derive(Clone, Debug)]

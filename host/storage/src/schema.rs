@@ -22,6 +22,8 @@ use marmot_core::config::TypeConfig;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
+use crate::LOG_TARGET;
+
 /// Version of the on-disk format described in this file.
 pub const FORMAT_VERSION: u32 = 2;
 
@@ -602,6 +604,7 @@ fn migrate_from_v1(db: &redb::Database) -> Result<(), FormatError> {
             inbox.insert(*k, v.as_slice()).map_err(redb::Error::from)?;
         }
         tracing::info!(
+            target: LOG_TARGET,
             inbox_rows = rows.len(),
             "storage migrated from format 1 to 2"
         );

@@ -8,6 +8,7 @@ use super::WriterState;
 use super::ops::{Applied, EnqueueOutcome, Reply, TurnCommit, WriteOp};
 use super::tables::Tables;
 use super::tracker::CommitFailed;
+use crate::LOG_TARGET;
 use crate::schema::*;
 use crate::{StorageError, decode_type};
 
@@ -159,7 +160,7 @@ impl WriterState {
                     let ty = match tables.types.get(key.ty())? {
                         Some(v) => decode_type(v.value())?,
                         None => {
-                            tracing::warn!(from = %t.key, to = %key,
+                            tracing::warn!(target: LOG_TARGET, from = %t.key, to = %key,
                                 "message to an actor of a deleted type dropped");
                             continue;
                         }

@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use marmot_core::config::StorageConfig;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 pub use ops::{EnqueueOutcome, TurnCommit, WriteOp};
@@ -38,8 +39,7 @@ use tables::Tables;
 
 use super::schema::*;
 use super::{StorageError, Subscriptions};
-use crate::WriterMetrics;
-use marmot_core::config::StorageConfig;
+use crate::{LOG_TARGET, WriterMetrics};
 
 /// Handle to the writer thread.
 pub struct Writer {
@@ -267,14 +267,16 @@ impl WriterState {
             }
             Some(e) => {
                 self.metrics.commit_failures.inc();
-                tracing::error!(error = %e, ops = n, "storage commit failed; failing every operation in the batch");
+                tracing::error!(target: LOG_TARGET, error = %e, ops = n, "storage commit failed; failing every operation in the batch");
                 (self.next_num, self.next_inbox_seq, self.next_delivery_seq) = saved;
                 if self.subscriptions_touched {
                     // Subscription changes were applied in memory as they
                     // were written: go back to what is on disk.
                     match Subscriptions::load(&self.db) {
                         Ok(s) => self.subscriptions.replace(s.snapshot().as_ref().clone()),
-                        Err(e) => tracing::error!(error = %e, "cannot reload subscriptions"),
+                        Err(e) => {
+                            tracing::error!(target: LOG_TARGET, error = %e, "cannot reload subscriptions")
+                        }
                     }
                 }
                 let why = CommitFailed::Storage(e.to_string());
