@@ -636,7 +636,10 @@ async fn delete_type_needs_force_while_actors_exist() {
 #[tokio::test]
 async fn endpoints_of_later_capabilities_say_so() {
     let (_dir, _node, api) = common::kit_node(json!({})).await;
-    for (method, path) in [(Method::GET, "/v1/secrets")] {
+    for (method, path) in [
+        (Method::GET, "/v1/actors/kit/a/files/report.txt"),
+        (Method::POST, "/v1/actors/kit/a/move"),
+    ] {
         assert_error(
             &api.req(method, path, None, &[]).await,
             501,
@@ -668,12 +671,35 @@ async fn serve_requires_a_token_and_enforces_it() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
 
-    let port = common::free_port();
     let token = "s3cret-token-for-tests-0123456789";
+    // Without a master key for the secret store, `serve` refuses to start
+    // and says how to make one.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(&data)
+        .env("MARMOT_ADMIN_TOKEN", token)
+        .env_remove("MARMOT_MASTER_KEY")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("MARMOT_MASTER_KEY") && err.contains("marmot secrets new-key"),
+        "{err}"
+    );
+    let key = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["secrets", "new-key"])
+        .output()
+        .unwrap();
+    assert!(key.status.success());
+    let key = String::from_utf8(key.stdout).unwrap().trim().to_owned();
+
+    let port = common::free_port();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
         .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data"])
         .arg(&data)
         .env("MARMOT_ADMIN_TOKEN", token)
+        .env("MARMOT_MASTER_KEY", &key)
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();

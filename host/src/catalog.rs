@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::OnceCell;
 
 use crate::config::{ResolvedTypeConfig, TypeDefaults};
-use crate::sandbox::{CodeError, JsModule, Prepared, Sandbox};
+use crate::sandbox::{CodeError, HttpGrant, JsModule, Prepared, Sandbox};
 use crate::storage::schema::{CodeKind, TypeRecord, VersionRecord};
 use crate::storage::{Storage, StorageError};
 
@@ -26,6 +26,9 @@ pub struct PreparedVersion {
     pub js_module: Option<Arc<JsModule>>,
     /// The type's settings as of this version.
     pub config: ResolvedTypeConfig,
+    /// What its turns may reach over HTTP (shared by its instances: it
+    /// bounds their requests in flight).
+    pub http: Arc<HttpGrant>,
 }
 
 /// One actor type.
@@ -54,6 +57,9 @@ pub enum LoadError {
     /// The code no longer compiles (engine change?).
     #[error(transparent)]
     Code(#[from] CodeError),
+    /// The stored config no longer parses.
+    #[error("config of this version: {0}")]
+    Config(String),
 }
 
 impl TypeEntry {
@@ -143,11 +149,14 @@ impl TypeEntry {
             .map_err(|e| {
                 LoadError::Code(CodeError::Invalid(format!("compiler panicked: {e}")))
             })??;
+            let config = meta.config.resolve(defaults, js);
+            let http = Arc::new(HttpGrant::new(&config.http).map_err(LoadError::Config)?);
             Ok(Arc::new(PreparedVersion {
                 version,
                 pre,
                 js_module,
-                config: meta.config.resolve(defaults, js),
+                config,
+                http,
             }))
         })
         .await

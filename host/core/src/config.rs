@@ -43,6 +43,10 @@ pub struct NodeConfig {
     pub inputs: InputsConfig,
     /// Webhooks in and out.
     pub webhooks: WebhooksConfig,
+    /// The secret store's master key.
+    pub secrets: SecretsConfig,
+    /// Outbound HTTP from guests (`http` capability, JavaScript `fetch`).
+    pub egress: EgressConfig,
 }
 
 impl Default for NodeConfig {
@@ -60,6 +64,8 @@ impl Default for NodeConfig {
             events: EventsConfig::default(),
             inputs: InputsConfig::default(),
             webhooks: WebhooksConfig::default(),
+            secrets: SecretsConfig::default(),
+            egress: EgressConfig::default(),
         }
     }
 }
@@ -79,6 +85,10 @@ impl NodeConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             data_dir: dir.into(),
+            secrets: SecretsConfig {
+                generate_key: true,
+                ..SecretsConfig::default()
+            },
             ..Self::default()
         }
     }
@@ -168,6 +178,7 @@ impl Limits {
             cpu_slice: Duration::from_millis(self.eval_cpu_ms),
             max_memory_bytes: self.eval_memory_bytes.min(self.max_guest_memory_bytes),
             env: Default::default(),
+            http: Default::default(),
         }
     }
 }
@@ -392,6 +403,67 @@ impl Default for WebhooksConfig {
     }
 }
 
+/// Outbound HTTP from guests. Which hosts a type may reach is its own
+/// `allowed_hosts`; this is what applies to all of them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EgressConfig {
+    /// Address ranges opened despite the address policy (which refuses
+    /// loopback, private, link-local, CGNAT, multicast and metadata
+    /// addresses): `["127.0.0.1/32"]` for development and tests.
+    pub allow_private: Vec<String>,
+    /// Connect timeout.
+    pub connect_timeout_ms: u64,
+    /// Whole-request timeout when the guest gives none.
+    pub timeout_ms: u64,
+    /// Longest whole-request timeout a guest may ask for.
+    pub max_timeout_ms: u64,
+    /// Largest request body.
+    pub max_request_bytes: usize,
+    /// Largest response body a guest may receive.
+    pub max_response_bytes: usize,
+    /// Extra trusted root certificates (PEM), besides the webpki roots:
+    /// a private CA, or a test CA.
+    pub extra_ca_file: Option<PathBuf>,
+    /// DNS servers to resolve with instead of the system's resolver.
+    pub nameservers: Vec<SocketAddr>,
+}
+
+impl Default for EgressConfig {
+    fn default() -> Self {
+        Self {
+            allow_private: Vec::new(),
+            connect_timeout_ms: 5_000,
+            timeout_ms: 30_000,
+            max_timeout_ms: 300_000,
+            max_request_bytes: 4 << 20,
+            max_response_bytes: 16 << 20,
+            extra_ca_file: None,
+            nameservers: Vec::new(),
+        }
+    }
+}
+
+/// Where the master key that seals the secret store comes from.
+///
+/// `MARMOT_MASTER_KEY` (base64 of 32 bytes; `marmot secrets new-key` makes
+/// one) wins over `master_key_file`. To rotate, start with the new key as
+/// the master key and the old one in `MARMOT_MASTER_KEY_PREVIOUS` (or
+/// `previous_key_files`): every secret is re-encrypted under the new key at
+/// start-up, after which the old key is no longer needed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecretsConfig {
+    /// File holding the master key (base64), readable by its owner only.
+    pub master_key_file: Option<PathBuf>,
+    /// Files holding earlier master keys, for rotation.
+    pub previous_key_files: Vec<PathBuf>,
+    /// Without a key, create `<data_dir>/master.key` (mode 0600): what
+    /// `marmot dev` does; `marmot serve` refuses to start instead.
+    #[serde(skip)]
+    pub generate_key: bool,
+}
+
 /// Per-type configuration, sent with a deploy and stored with the version.
 ///
 /// Every key is optional; unset ones use the node's [`TypeDefaults`].
@@ -410,9 +482,23 @@ pub struct TypeConfig {
     /// Guest linear memory.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_memory_bytes: Option<u64>,
-    /// Hosts the `http` capability may reach.
+    /// Hosts the `http` capability may reach: `api.example.com`,
+    /// `*.example.com`. None by default.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub allowed_hosts: Vec<String>,
+    /// HTTP methods the `http` capability may use (default: all of GET,
+    /// HEAD, POST, PUT, PATCH, DELETE, OPTIONS).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allowed_methods: Vec<String>,
+    /// Redirects an outbound request follows (default 0: none, the guest
+    /// gets the 3xx). Every hop is checked like the first; secrets are
+    /// never sent to a host other than the one they were written for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_redirects: Option<u32>,
+    /// Outbound requests in flight at once across the type's actors
+    /// (default 16).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_concurrency: Option<u32>,
     /// Secrets the type may name.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
@@ -428,6 +514,9 @@ pub struct TypeConfig {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
 }
+
+/// Methods the `http` capability knows (upper case).
+pub const HTTP_METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
 
 impl TypeConfig {
     /// Check the values against the node's limits. Values whose format
@@ -468,6 +557,23 @@ impl TypeConfig {
                 ));
             }
         }
+        for m in &self.allowed_methods {
+            if !HTTP_METHODS.contains(&m.as_str()) {
+                return Err(format!(
+                    "config.allowed_methods: `{m}` is not one of {}",
+                    HTTP_METHODS.join(", ")
+                ));
+            }
+        }
+        if self.max_redirects.is_some_and(|n| n > 20) {
+            return Err("config.max_redirects may be at most 20".into());
+        }
+        if self.http_concurrency == Some(0) {
+            return Err("config.http_concurrency must be at least 1".into());
+        }
+        for name in &self.secrets {
+            crate::ids::validate_secret_name(name).map_err(|e| format!("config.secrets: {e}"))?;
+        }
         if !self.webhook_routes.is_empty() && self.webhook_secret.is_none() {
             return Err("config.webhook_routes needs a config.webhook_secret".into());
         }
@@ -488,6 +594,17 @@ impl TypeConfig {
             cpu_slice: Duration::from_millis(self.cpu_slice_ms.unwrap_or(d.cpu_slice_ms)),
             max_memory_bytes: self.max_memory_bytes.unwrap_or(memory_default),
             env: self.env.clone(),
+            http: ResolvedHttp {
+                allowed_hosts: self.allowed_hosts.clone(),
+                allowed_methods: if self.allowed_methods.is_empty() {
+                    HTTP_METHODS.iter().map(|m| (*m).to_owned()).collect()
+                } else {
+                    self.allowed_methods.clone()
+                },
+                secrets: self.secrets.clone(),
+                max_redirects: self.max_redirects.unwrap_or(0),
+                concurrency: self.http_concurrency.unwrap_or(16),
+            },
         }
     }
 
@@ -514,4 +631,22 @@ pub struct ResolvedTypeConfig {
     pub max_memory_bytes: u64,
     /// WASI environment.
     pub env: BTreeMap<String, String>,
+    /// Outbound HTTP: host patterns, methods, secrets, redirects and
+    /// concurrency (unchecked text; the `http` capability parses it).
+    pub http: ResolvedHttp,
+}
+
+/// A type's outbound HTTP settings with defaults applied.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResolvedHttp {
+    /// Host patterns it may reach (none: no outbound HTTP).
+    pub allowed_hosts: Vec<String>,
+    /// Methods it may use (upper case).
+    pub allowed_methods: Vec<String>,
+    /// Secrets it may name.
+    pub secrets: Vec<String>,
+    /// Redirects followed.
+    pub max_redirects: u32,
+    /// Requests in flight at once across the type's actors.
+    pub concurrency: u32,
 }

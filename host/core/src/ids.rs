@@ -93,6 +93,8 @@ pub enum NameKind {
     Hook,
     /// An outbound webhook subscription.
     Subscription,
+    /// A secret in the node's secret store.
+    Secret,
 }
 
 impl fmt::Display for NameKind {
@@ -100,6 +102,7 @@ impl fmt::Display for NameKind {
         f.write_str(match self {
             NameKind::Hook => "hook name",
             NameKind::Subscription => "subscription name",
+            NameKind::Secret => "secret name",
         })
     }
 }
@@ -184,6 +187,12 @@ pub fn validate_hook_name(name: &str) -> Result<(), IdError> {
 /// Outbound webhook subscription names: like hook names.
 pub fn validate_subscription_name(name: &str) -> Result<(), IdError> {
     validate_name(NameKind::Subscription, name)
+}
+
+/// Secret names (`{{secret:NAME}}`, `/v1/secrets/{name}`): like hook
+/// names, so that they fit a URL and a placeholder unescaped.
+pub fn validate_secret_name(name: &str) -> Result<(), IdError> {
+    validate_name(NameKind::Secret, name)
 }
 
 fn validate_name(what: NameKind, name: &str) -> Result<(), IdError> {

@@ -19,9 +19,13 @@ use super::{Delivery, Envelope, TurnError, TurnReply};
 use crate::alarms::scheduler::{AlarmTarget, DueAlarm, Scheduler};
 use crate::catalog::Catalog;
 use crate::config::NodeConfig;
+use crate::egress::Egress;
 use crate::ids::{ActorKey, new_message_id};
 use crate::metrics::Metrics;
-use crate::sandbox::{ActorCalls, CallChain, CallReply, GuestError, Sandbox};
+use crate::sandbox::{
+    ActorCalls, CallChain, CallReply, GuestError, HttpAccess, HttpGrant, Sandbox,
+};
+use crate::secrets::SecretStore;
 use crate::storage::Storage;
 use crate::streams::EventBus;
 
@@ -47,38 +51,64 @@ pub struct ActorEnv {
     pub(crate) scheduler: Scheduler,
     /// Told about events once they are durable.
     pub(crate) event_bus: Arc<EventBus>,
+    /// The way out for guests' HTTP requests.
+    pub(crate) egress: Arc<Egress>,
+    /// Secrets substituted into those requests.
+    pub(crate) secrets: Arc<SecretStore>,
     pub(crate) boot: Boot,
+}
+
+/// The parts of the node the actor layer uses, to build an [`ActorEnv`].
+pub struct Parts {
+    /// Settings.
+    pub config: Arc<NodeConfig>,
+    /// The database.
+    pub storage: Arc<Storage>,
+    /// Engines and instances.
+    pub sandbox: Arc<Sandbox>,
+    /// Deployed types.
+    pub catalog: Arc<Catalog>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// The alarm scheduler's notices.
+    pub scheduler: Scheduler,
+    /// Live event streams.
+    pub event_bus: Arc<EventBus>,
+    /// Outbound HTTP.
+    pub egress: Arc<Egress>,
+    /// The secret store.
+    pub secrets: Arc<SecretStore>,
+    /// Facts about this start.
+    pub boot: Boot,
 }
 
 impl ActorEnv {
     /// An environment with no active actors.
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "plain wiring of the node's parts"
-    )]
-    pub fn new(
-        config: Arc<NodeConfig>,
-        storage: Arc<Storage>,
-        sandbox: Arc<Sandbox>,
-        catalog: Arc<Catalog>,
-        metrics: Arc<Metrics>,
-        scheduler: Scheduler,
-        event_bus: Arc<EventBus>,
-        boot: Boot,
-    ) -> Arc<Self> {
-        let l = &config.limits;
+    pub fn new(p: Parts) -> Arc<Self> {
+        let l = &p.config.limits;
         let registry = Registry::new(l.max_active_actors, l.mailbox_capacity);
         Arc::new(Self {
-            config,
-            storage,
-            sandbox,
-            catalog,
-            metrics,
+            config: p.config,
+            storage: p.storage,
+            sandbox: p.sandbox,
+            catalog: p.catalog,
+            metrics: p.metrics,
             registry,
-            scheduler,
-            event_bus,
-            boot,
+            scheduler: p.scheduler,
+            event_bus: p.event_bus,
+            egress: p.egress,
+            secrets: p.secrets,
+            boot: p.boot,
         })
+    }
+
+    /// The network access of an instance whose type grants `grant`.
+    pub(crate) fn http_access(&self, grant: &Arc<HttpGrant>) -> HttpAccess {
+        HttpAccess {
+            egress: self.egress.clone(),
+            secrets: self.secrets.clone(),
+            grant: grant.clone(),
+        }
     }
 
     /// The active actors.

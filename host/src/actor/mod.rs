@@ -21,7 +21,7 @@ mod registry;
 mod task;
 
 pub use crate::sandbox::EvalReply;
-pub use env::{ActorEnv, Boot};
+pub use env::{ActorEnv, Boot, Parts};
 pub use registry::Registry;
 
 use bytes::Bytes;

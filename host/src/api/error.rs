@@ -121,6 +121,7 @@ impl From<crate::ids::IdError> for ApiError {
             crate::ids::IdError::Name { what, .. } => match what {
                 crate::ids::NameKind::Hook => "invalid_hook_name",
                 crate::ids::NameKind::Subscription => "invalid_subscription_name",
+                crate::ids::NameKind::Secret => "invalid_secret_name",
             },
         };
         Self::bad_request(code, e.to_string())

@@ -10,6 +10,7 @@ mod edge;
 mod error;
 mod extract;
 mod hooks;
+mod secrets;
 mod streams;
 mod subscriptions;
 mod system;
@@ -86,8 +87,11 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/actors/{type}/{id}/files/{*path}", get(not_yet))
         .route("/v1/actors/{type}/{id}/move", post(not_yet))
         .route("/v1/hooks/{type}/{id}/{name}", post(hooks::receive))
-        .route("/v1/secrets", get(not_yet))
-        .route("/v1/secrets/{name}", put(not_yet).delete(not_yet))
+        .route("/v1/secrets", get(secrets::list))
+        .route(
+            "/v1/secrets/{name}",
+            put(secrets::put).delete(secrets::delete),
+        )
         .route("/v1/subscriptions", get(subscriptions::list))
         .route(
             "/v1/subscriptions/{name}",

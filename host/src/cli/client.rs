@@ -331,3 +331,83 @@ pub(super) async fn types(args: &ClientArgs) -> anyhow::Result<()> {
     print_json(&body);
     Ok(())
 }
+
+/// `marmot secrets set NAME --host H… [--from-file F]`: the value comes
+/// from the file or from stdin; one trailing newline is dropped (what
+/// `echo` and editors add).
+pub(super) async fn secret_set(
+    args: &ClientArgs,
+    name: &str,
+    hosts: &[String],
+    from_file: Option<&Path>,
+) -> anyhow::Result<()> {
+    use std::io::Read as _;
+    let mut raw = zeroize::Zeroizing::new(Vec::new());
+    match from_file {
+        Some(path) => {
+            *raw = std::fs::read(path)
+                .with_context(|| format!("cannot read the value from `{}`", path.display()))?;
+        }
+        None => {
+            std::io::stdin()
+                .read_to_end(&mut raw)
+                .context("cannot read the value from stdin")?;
+        }
+    }
+    let mut value: &[u8] = &raw;
+    if let Some(v) = value.strip_suffix(b"\n") {
+        value = v.strip_suffix(b"\r").unwrap_or(v);
+    }
+    let value = std::str::from_utf8(value).context("the secret value must be UTF-8 text")?;
+    let body = zeroize::Zeroizing::new(
+        serde_json::to_vec(&serde_json::json!({ "value": value, "hosts": hosts }))
+            .expect("JSON values serialize"),
+    );
+    let c = Client::new(args)?;
+    let req = c
+        .request(Method::PUT, &format!("/v1/secrets/{}", seg(name)))
+        .header("content-type", "application/json")
+        .body(body.to_vec());
+    let (status, body) = c.send(req).await?;
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let verb = if status == StatusCode::CREATED {
+        "created"
+    } else {
+        "replaced"
+    };
+    println!("secret {name} {verb}; may be sent to {}", v["hosts"]);
+    Ok(())
+}
+
+/// `marmot secrets list`.
+pub(super) async fn secret_list(args: &ClientArgs) -> anyhow::Result<()> {
+    let c = Client::new(args)?;
+    let (_, body) = c.send(c.request(Method::GET, "/v1/secrets")).await?;
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let secrets = v["secrets"].as_array().cloned().unwrap_or_default();
+    if secrets.is_empty() {
+        println!("no secrets");
+    }
+    for s in secrets {
+        let hosts: Vec<&str> = s["hosts"]
+            .as_array()
+            .map(|h| h.iter().filter_map(|x| x.as_str()).collect())
+            .unwrap_or_default();
+        println!(
+            "{}\thosts={}\tupdated_at_ms={}",
+            s["name"].as_str().unwrap_or(""),
+            hosts.join(","),
+            s["updated_at_ms"]
+        );
+    }
+    Ok(())
+}
+
+/// `marmot secrets rm NAME`.
+pub(super) async fn secret_rm(args: &ClientArgs, name: &str) -> anyhow::Result<()> {
+    let c = Client::new(args)?;
+    c.send(c.request(Method::DELETE, &format!("/v1/secrets/{}", seg(name))))
+        .await?;
+    println!("secret {name} deleted");
+    Ok(())
+}

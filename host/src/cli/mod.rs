@@ -128,8 +128,44 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Manage the node's secrets (values are write-only).
+    #[command(subcommand)]
+    Secrets(SecretsCommand),
     /// Run a benchmark scenario and print percentiles.
     Bench(crate::bench::BenchArgs),
+}
+
+#[derive(Subcommand)]
+enum SecretsCommand {
+    /// Set (or replace) secret NAME; the value comes from stdin or --from-file.
+    Set {
+        /// The secret's name, as guests write it in `{{secret:NAME}}`.
+        name: String,
+        /// A host it may be sent to (`api.example.com`, `*.example.com`);
+        /// repeat for several. Only https requests to these get it.
+        #[arg(long = "host", required = true)]
+        hosts: Vec<String>,
+        /// Read the value from this file instead of stdin.
+        #[arg(long)]
+        from_file: Option<PathBuf>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List secrets: names, hosts and times (never values).
+    List {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete secret NAME.
+    Rm {
+        /// The secret's name.
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Print a new random master key (base64) for MARMOT_MASTER_KEY or a key
+    /// file; no node is contacted.
+    NewKey,
 }
 
 /// Where the node is.
@@ -209,6 +245,23 @@ async fn run(command: Command) -> anyhow::Result<()> {
         } => client::events(&client, &ty, &id, after, follow).await,
         Command::Alarms { ty, id, client } => client::alarms(&client, &ty, &id).await,
         Command::Types { client } => client::types(&client).await,
+        Command::Secrets(cmd) => match cmd {
+            SecretsCommand::Set {
+                name,
+                hosts,
+                from_file,
+                client,
+            } => client::secret_set(&client, &name, &hosts, from_file.as_deref()).await,
+            SecretsCommand::List { client } => client::secret_list(&client).await,
+            SecretsCommand::Rm { name, client } => client::secret_rm(&client, &name).await,
+            SecretsCommand::NewKey => {
+                println!(
+                    "{}",
+                    crate::secrets::MasterKey::generate().to_base64().as_str()
+                );
+                Ok(())
+            }
+        },
         Command::Bench(args) => crate::bench::run(args).await,
     }
 }

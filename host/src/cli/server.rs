@@ -61,13 +61,15 @@ pub(super) async fn dev(args: DevArgs) -> anyhow::Result<()> {
         Some(path) => NodeConfig::from_file(path)?,
         None => NodeConfig::default(),
     };
-    let config = NodeConfig {
+    let mut config = NodeConfig {
         listen,
         data_dir: args.data,
         cache_dir: args.cache_dir.or(base.cache_dir.clone()),
         admin_token: None,
         ..base
     };
+    // Without a configured master key, keep one in the data directory.
+    config.secrets.generate_key = true;
     let node = Node::start(config).await?;
     if !args.no_examples {
         for (name, code) in crate::guests::EXAMPLES {

@@ -12,7 +12,7 @@ use crate::catalog::PreparedVersion;
 use crate::clock::now_ms;
 use crate::config::TypeConfig;
 use crate::ids::validate_type_name;
-use crate::sandbox::CodeError;
+use crate::sandbox::{CodeError, HttpGrant};
 use crate::storage::schema::{CodeKind, TypeRecord, VersionRecord};
 use crate::storage::{StorageError, WriteOp};
 
@@ -115,6 +115,7 @@ impl Node {
         }
         let js = kind == CodeKind::Js;
         let resolved = config.resolve(&self.config.defaults, js);
+        let http = Arc::new(HttpGrant::new(&resolved.http).map_err(DeployError::Config)?);
         let (pre, js_module) = if js {
             let module = Arc::new(crate::catalog::js_module(ty, code.clone())?);
             self.sandbox
@@ -162,6 +163,7 @@ impl Node {
             pre,
             js_module,
             config: resolved,
+            http,
         });
         self.catalog.install(record, prepared);
         tracing::info!(ty, version, %sha256, "deployed");

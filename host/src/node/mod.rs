@@ -29,16 +29,18 @@ use std::time::Duration;
 pub use deploy::{DeleteTypeError, DeployError};
 pub use hooks::WebhookError;
 
-use crate::actor::{ActorEnv, Boot, Registry};
+use crate::actor::{ActorEnv, Boot, Parts, Registry};
 use crate::alarms::scheduler::Scheduler;
 use crate::catalog::Catalog;
 use crate::clock::now_ms;
 use crate::config::NodeConfig;
+use crate::egress::Egress;
 use crate::metrics::Metrics;
 use crate::sandbox::{
     ActorLimits, AlarmLimits, EventLimits, InputLimits, LogLimits, Sandbox, SandboxConfig,
     StateLimits, TurnLimits,
 };
+use crate::secrets::{MasterKeys, SecretStore};
 use crate::storage::Storage;
 use crate::streams::EventBus;
 
@@ -57,6 +59,8 @@ pub struct Node {
     actors: Arc<ActorEnv>,
     /// Open event streams and what they watch.
     event_bus: Arc<EventBus>,
+    /// Named values the host holds for guests.
+    secrets: Arc<SecretStore>,
     ready: AtomicBool,
 }
 
@@ -75,6 +79,8 @@ impl Node {
             tokio::task::spawn_blocking(move || Storage::open(&dir, &sc, m)).await??
         };
         let storage = Arc::new(storage);
+        let keys = MasterKeys::load(&config.secrets, &config.data_dir)?;
+        let secrets = Arc::new(SecretStore::open(storage.clone(), keys).await?);
         let fault_abort_marker = std::env::var(FAULT_ABORT_ENV)
             .ok()
             .filter(|s| !s.is_empty())
@@ -109,19 +115,22 @@ impl Node {
             config.events.max_streams,
             metrics.event_streams.clone(),
         ));
-        let actors = ActorEnv::new(
-            config.clone(),
-            storage.clone(),
-            sandbox.clone(),
-            catalog.clone(),
-            metrics.clone(),
-            scheduler.clone(),
-            event_bus.clone(),
-            Boot {
+        let egress = Arc::new(Egress::new(&config.egress)?);
+        let actors = ActorEnv::new(Parts {
+            config: config.clone(),
+            storage: storage.clone(),
+            sandbox: sandbox.clone(),
+            catalog: catalog.clone(),
+            metrics: metrics.clone(),
+            scheduler: scheduler.clone(),
+            event_bus: event_bus.clone(),
+            egress,
+            secrets: secrets.clone(),
+            boot: Boot {
                 inbox_seq: boot_inbox_seq,
                 at_ms: now_ms(),
             },
-        );
+        });
         let node = Arc::new(Self {
             config: config.clone(),
             storage: storage.clone(),
@@ -130,6 +139,7 @@ impl Node {
             metrics: metrics.clone(),
             actors: actors.clone(),
             event_bus,
+            secrets,
             ready: AtomicBool::new(false),
         });
         node.update_gauges();
@@ -185,6 +195,11 @@ impl Node {
     /// Open event streams and what they watch.
     pub(crate) fn event_bus(&self) -> &Arc<EventBus> {
         &self.event_bus
+    }
+
+    /// The secret store.
+    pub(crate) fn secrets(&self) -> &SecretStore {
+        &self.secrets
     }
 
     /// Wait until every write so far is durable.

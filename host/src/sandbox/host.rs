@@ -8,6 +8,7 @@ use wasmtime::{StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::caps::actors::ActorCalls;
+use super::caps::http::HttpAccess;
 use super::output::GuestOutput;
 use super::turn::TurnState;
 use crate::config::ResolvedTypeConfig;
@@ -45,6 +46,8 @@ pub struct Host {
     pub(super) js_module: Option<Arc<JsModule>>,
     /// Other actors, for `actors.call` and `actors.send`.
     pub(super) actors: Option<Arc<dyn ActorCalls>>,
+    /// The network, as far as the type may reach it.
+    pub(super) http: Option<HttpAccess>,
 }
 
 /// A JavaScript module as the engine receives it.
@@ -64,6 +67,7 @@ impl Host {
         config: &ResolvedTypeConfig,
         js_module: Option<Arc<JsModule>>,
         actors: Option<Arc<dyn ActorCalls>>,
+        http: Option<HttpAccess>,
         tick_ms: u64,
         output_capacity: usize,
         fault_abort_marker: Option<Arc<str>>,
@@ -101,6 +105,7 @@ impl Host {
             fault_abort_marker,
             js_module,
             actors,
+            http,
         }
     }
 

@@ -34,6 +34,7 @@ pub use bindings::{Alarm, GuestError, InputAnswer, Message, Webhook};
 pub use caps::actors::{ActorCalls, ActorLimits, CallChain, CallReply, DurableBefore};
 pub use caps::alarms::AlarmLimits;
 pub use caps::events::EventLimits;
+pub use caps::http::{HttpAccess, HttpGrant};
 pub use caps::inputs::InputLimits;
 pub use caps::log::LogLimits;
 pub use caps::state::StateLimits;
@@ -68,6 +69,8 @@ pub struct InstanceSpec<'a> {
     pub js_module: Option<Arc<JsModule>>,
     /// How its turns reach other actors (`None`: they cannot).
     pub actors: Option<Arc<dyn ActorCalls>>,
+    /// What its turns may reach over HTTP (`None`: nothing).
+    pub http: Option<HttpAccess>,
 }
 
 /// Why an instance could not be created.
@@ -306,6 +309,7 @@ impl Sandbox {
             &crate::config::TypeConfig::default().resolve(&Default::default(), true),
             None,
             None,
+            None,
             self.tick_ms,
             self.config.output_capacity,
             None,
@@ -362,6 +366,7 @@ impl Sandbox {
             config,
             js_module: None,
             actors: None,
+            http: None,
         };
         let mut inst = self
             .instantiate(&engine, spec)
@@ -413,6 +418,7 @@ impl Sandbox {
             spec.config,
             spec.js_module,
             spec.actors,
+            spec.http,
             self.tick_ms,
             self.config.output_capacity,
             self.config.fault_abort_marker.clone(),

@@ -42,9 +42,6 @@ pub enum TurnInput {
 pub struct TurnRequest {
     /// Who the turn runs for and where it starts.
     pub start: TurnStart,
-    /// Shown to the guest (`ctx.turn_id`): the message id, or what else
-    /// started the turn.
-    pub turn_id: String,
     /// The handler to run and its argument.
     pub input: TurnInput,
     /// What the actor carried over from its earlier turns.
@@ -221,7 +218,6 @@ impl Instance {
     pub async fn run(&mut self, req: TurnRequest) -> TurnOutcome {
         let TurnRequest {
             start,
-            turn_id,
             input,
             carry,
         } = req;
@@ -231,7 +227,7 @@ impl Instance {
             actor_type: key.ty().to_owned(),
             id: key.id().to_owned(),
             version,
-            turn_id,
+            turn_id: start.turn_id.clone(),
         };
         let turn = TurnState::new(start, carry, &self.limits, &self.storage);
         let Self {

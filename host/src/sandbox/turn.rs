@@ -18,6 +18,7 @@ use bytes::Bytes;
 use super::caps::actors::{ActorLimits, ActorsCtx, CallChain, DurableBefore};
 use super::caps::alarms::{AlarmLimits, AlarmsCtx, KnownAlarms};
 use super::caps::events::{EventLimits, EventsCtx};
+use super::caps::http::HttpCtx;
 use super::caps::inputs::{InputLimits, InputsCtx};
 use super::caps::log::{LogCtx, LogLimits};
 use super::caps::state::{StateCache, StateCtx, StateLimits};
@@ -125,6 +126,8 @@ pub struct TurnState {
     pub version: u32,
     /// This turn's sequence number within the activation.
     pub seq: u64,
+    /// What started the turn (stable across a re-run after a crash).
+    pub turn_id: String,
     /// `state`.
     pub state: StateCtx,
     /// `events`.
@@ -137,6 +140,8 @@ pub struct TurnState {
     pub actors: ActorsCtx,
     /// `log`.
     pub log: LogCtx,
+    /// `http`.
+    pub http: HttpCtx,
 }
 
 /// Why a guest call was refused; shown to the guest.
@@ -158,6 +163,9 @@ pub struct TurnStart {
     pub version: u32,
     /// The turn's sequence number within the activation.
     pub seq: u64,
+    /// Shown to the guest (`ctx.turn_id`): the message id, or what else
+    /// started the turn; stable when the turn is run again after a crash.
+    pub turn_id: String,
     /// The actor's record as its last turn left it.
     pub counts: ActorCounts,
     /// Callers above this turn (`actors.call`).
@@ -183,6 +191,7 @@ impl TurnState {
             key: start.key,
             version: start.version,
             seq: start.seq,
+            turn_id: start.turn_id,
             state: StateCtx::new(
                 disk.clone(),
                 limits.state,
@@ -195,6 +204,7 @@ impl TurnState {
             inputs: InputsCtx::new(disk, limits.inputs, carry.pending_inputs),
             actors: ActorsCtx::new(limits.actors, start.chain, start.durable_before),
             log: LogCtx::new(limits.log),
+            http: HttpCtx::default(),
         }
     }
 
@@ -368,6 +378,7 @@ mod tests {
                 num: record.num,
                 version: 1,
                 seq,
+                turn_id: format!("t{seq}"),
                 counts: ActorCounts {
                     state_bytes: record.state_bytes,
                     state_keys: record.state_keys,

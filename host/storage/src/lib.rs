@@ -587,6 +587,26 @@ impl Reader {
         }
     }
 
+    /// Every secret record, by name.
+    pub fn secrets(&self) -> Result<Vec<(String, SecretRecord)>, StorageError> {
+        let t = self.txn.open_table(SECRETS)?;
+        let mut out = Vec::new();
+        for row in t.iter()? {
+            let (k, v) = row?;
+            out.push((k.value().to_owned(), decode("secret", v.value())?));
+        }
+        Ok(out)
+    }
+
+    /// One secret record.
+    pub fn secret(&self, name: &str) -> Result<Option<SecretRecord>, StorageError> {
+        let t = self.txn.open_table(SECRETS)?;
+        match t.get(name)? {
+            Some(v) => Ok(Some(decode("secret", v.value())?)),
+            None => Ok(None),
+        }
+    }
+
     /// Number of inbox rows of one actor.
     pub fn inbox_len(&self, num: u64) -> Result<u64, StorageError> {
         let t = self.txn.open_table(INBOX)?;

@@ -78,6 +78,10 @@ pub const OUTBOX: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("outbox
 /// Due index for pending [`OUTBOX`] rows: (next attempt ms, seq) → ().
 pub const OUTBOX_DUE: TableDefinition<'_, (u64, u64), ()> = TableDefinition::new("outbox_due");
 
+/// The secret store, by name: [`SecretRecord`] (postcard). Values are
+/// sealed under the node's master key; nothing here is plaintext.
+pub const SECRETS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("secrets");
+
 /// Durable inbox of `?wait=false` messages: (actor, seq) → [`InboxRecord`].
 /// `seq` is node-wide and increasing, so per-actor order is arrival order.
 pub const INBOX: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("inbox");
@@ -339,6 +343,28 @@ pub struct AlarmRecord {
     pub set_at_ms: u64,
 }
 
+/// A secret: where it may be sent, and its value sealed with
+/// XChaCha20-Poly1305 under a master key, with `(name, version)` as
+/// associated data (a value cannot be moved to another name or version).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretRecord {
+    /// Host patterns (`api.example.com`, `*.example.com`) it may be sent to,
+    /// over https only.
+    pub hosts: Vec<String>,
+    /// When it was first set.
+    pub created_at_ms: u64,
+    /// When its value or hosts last changed.
+    pub updated_at_ms: u64,
+    /// Increases with every write of the value.
+    pub version: u64,
+    /// Which master key sealed it (a short hash of the key).
+    pub key_id: String,
+    /// The 24-byte nonce.
+    pub nonce: Vec<u8>,
+    /// The sealed value (ciphertext and tag).
+    pub sealed: Vec<u8>,
+}
+
 /// A durable wait for an answer from a person or a system.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputRecord {
@@ -539,7 +565,8 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
         // Tables added within a format version are created on open.
         let complete = read.open_table(ALARM_DUE).is_ok()
             && read.open_table(INPUTS).is_ok()
-            && read.open_table(OUTBOX_DUE).is_ok();
+            && read.open_table(OUTBOX_DUE).is_ok()
+            && read.open_table(SECRETS).is_ok();
         (found, complete)
     };
     match found {
@@ -573,6 +600,7 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
         write.open_table(SUBSCRIPTIONS).map_err(redb::Error::from)?;
         write.open_table(OUTBOX).map_err(redb::Error::from)?;
         write.open_table(OUTBOX_DUE).map_err(redb::Error::from)?;
+        write.open_table(SECRETS).map_err(redb::Error::from)?;
     }
     write.commit().map_err(redb::Error::from)?;
     Ok(())

@@ -13,8 +13,8 @@ use super::super::env::ActorEnv;
 use super::super::registry::{SLOT_JS, SLOT_NONE, SLOT_WASM, Shared};
 use super::{ActorTask, CommitExtras, MAX_COMMITS_IN_FLIGHT, STATE_CACHE_BYTES, counts};
 use crate::sandbox::{
-    CallChain, DurableBefore, FinishedTurn, Instance, InstanceSpec, InstantiateError, Prepared,
-    TurnFailure, TurnInput, TurnOutput, TurnRequest, TurnStart,
+    CallChain, DurableBefore, FinishedTurn, HttpAccess, Instance, InstanceSpec, InstantiateError,
+    Prepared, TurnFailure, TurnInput, TurnOutput, TurnRequest, TurnStart,
 };
 
 /// The actor's instance, while it has one.
@@ -76,8 +76,12 @@ impl ActorTask {
         }
     }
 
-    /// A fresh JavaScript sandbox for an eval, with the eval limits.
-    async fn eval_instance(env: &Arc<ActorEnv>) -> Result<Instance, TurnError> {
+    /// A fresh JavaScript sandbox for an eval, with the eval limits and
+    /// the network access of the actor's type (`http`).
+    async fn eval_instance(
+        env: &Arc<ActorEnv>,
+        http: Option<HttpAccess>,
+    ) -> Result<Instance, TurnError> {
         let engine = match env.sandbox.js_engine_if_ready() {
             Some(e) => e,
             None => {
@@ -93,6 +97,7 @@ impl ActorTask {
             config: &config,
             js_module: None,
             actors: Some(env.clone()),
+            http: http.clone(),
         };
         match instantiate_with_room(env, &engine, true, spec).await {
             Ok(inst) => Ok(inst),
@@ -104,6 +109,18 @@ impl ActorTask {
                 "cannot start the JavaScript sandbox: {msg}"
             ))),
         }
+    }
+
+    /// The network access of the actor's type at `version`.
+    async fn type_http(&mut self, version: u32) -> Result<HttpAccess, TurnError> {
+        let env = &self.env;
+        let prepared = self
+            .shared
+            .ty
+            .prepared(version, &env.storage, &env.sandbox, &env.config.defaults)
+            .await
+            .map_err(|e| TurnError::Code(e.to_string()))?;
+        Ok(env.http_access(&prepared.http))
     }
 
     /// Make sure an instance of `version` is live.
@@ -123,6 +140,7 @@ impl ActorTask {
             config: &prepared.config,
             js_module: prepared.js_module.clone(),
             actors: Some(env.clone()),
+            http: Some(env.http_access(&prepared.http)),
         };
         let js = prepared.js_module.is_some();
         let inst = match instantiate_with_room(env, &prepared.pre, js, spec).await {
@@ -177,9 +195,12 @@ impl ActorTask {
         // live instance.
         let mut fresh = None;
         let started_instance = match &input {
-            TurnInput::Eval(_) => Self::eval_instance(&self.env)
-                .await
-                .map(|i| fresh = Some(i)),
+            TurnInput::Eval(_) => match self.type_http(version).await {
+                Ok(http) => Self::eval_instance(&self.env, Some(http))
+                    .await
+                    .map(|i| fresh = Some(i)),
+                Err(e) => Err(e),
+            },
             _ => self.instance(version).await.map(drop),
         };
         if let Err(e) = started_instance {
@@ -204,6 +225,7 @@ impl ActorTask {
                 num: rec.num,
                 version,
                 seq: self.seq,
+                turn_id,
                 counts: counts(rec),
                 chain,
                 // `actors.call` waits for this actor's earlier turns to be
@@ -214,7 +236,6 @@ impl ActorTask {
                     generation: self.generation,
                 }),
             },
-            turn_id,
             input,
             carry: std::mem::take(&mut self.carry),
         };

@@ -3,23 +3,13 @@
 //! compile and fail clearly instead of trapping.
 
 use crate::sandbox::bindings::GuestError;
-use crate::sandbox::bindings::marmot::actor::{files, http, js, model};
+use crate::sandbox::bindings::marmot::actor::{files, js, model};
 use crate::sandbox::host::Host;
 
 fn unsupported<T>(what: &str) -> wasmtime::Result<Result<T, GuestError>> {
     Ok(Err(GuestError::Unsupported(format!(
         "{what} is not supported by this node yet"
     ))))
-}
-
-impl http::Host for Host {
-    async fn fetch(
-        &mut self,
-        _req: http::Request,
-    ) -> wasmtime::Result<Result<http::Response, GuestError>> {
-        self.enter()?;
-        unsupported("http.fetch")
-    }
 }
 
 impl model::Host for Host {

@@ -121,6 +121,11 @@ impl WriterState {
                 self.outbox_touched = true;
                 done(d, tables.write_delivery(seq, update.as_ref()))
             }
+            WriteOp::PutSecret {
+                name,
+                record,
+                done: d,
+            } => done(d, tables.put_secret(&name, record.as_ref())),
             WriteOp::RetryDelivery { seq, id, done: d } => {
                 self.outbox_touched = true;
                 let r = tables.retry_delivery(seq, &id);

@@ -163,6 +163,15 @@ pub enum WriteOp {
         /// Completion: the row, if it exists.
         done: Reply<Option<DeliveryRecord>>,
     },
+    /// Write a secret record (`Some`) or remove it (`None`).
+    PutSecret {
+        /// Its name.
+        name: String,
+        /// The record.
+        record: Option<SecretRecord>,
+        /// Completion: whether a record existed before.
+        done: Reply<bool>,
+    },
     /// Completes once everything queued before it is durable.
     Barrier {
         /// Completion.
@@ -209,6 +218,7 @@ impl Applied {
             WriteOp::DeliveryAttempted { done, .. } => {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }
+            WriteOp::PutSecret { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
             WriteOp::RetryDelivery { done, .. } => {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }

@@ -27,6 +27,7 @@ pub(super) struct Tables<'t> {
     pub(super) subscriptions: redb::Table<'t, &'static str, &'static [u8]>,
     pub(super) outbox: redb::Table<'t, u64, &'static [u8]>,
     pub(super) outbox_due: redb::Table<'t, (u64, u64), ()>,
+    pub(super) secrets: redb::Table<'t, &'static str, &'static [u8]>,
 }
 
 impl<'t> Tables<'t> {
@@ -47,6 +48,7 @@ impl<'t> Tables<'t> {
             subscriptions: txn.open_table(SUBSCRIPTIONS)?,
             outbox: txn.open_table(OUTBOX)?,
             outbox_due: txn.open_table(OUTBOX_DUE)?,
+            secrets: txn.open_table(SECRETS)?,
         })
     }
 
@@ -166,6 +168,19 @@ impl<'t> Tables<'t> {
         rec.next_attempt_ms = now_ms();
         self.write_delivery(seq, Some(&rec))?;
         Ok(Some(rec))
+    }
+
+    /// Write (`Some`) or remove one secret; whether one existed before.
+    pub(super) fn put_secret(
+        &mut self,
+        name: &str,
+        rec: Option<&SecretRecord>,
+    ) -> Result<bool, StorageError> {
+        let existed = match rec {
+            Some(r) => self.secrets.insert(name, encode(r).as_slice())?.is_some(),
+            None => self.secrets.remove(name)?.is_some(),
+        };
+        Ok(existed)
     }
 
     /// Set, move or remove one alarm, keeping the due index in step.

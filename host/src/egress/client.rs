@@ -1,0 +1,424 @@
+//! The one HTTP client guests' requests leave through.
+//!
+//! TLS is rustls with the webpki roots (plus `[egress] extra_ca_file`);
+//! proxies from the environment are ignored; names resolve through the
+//! policy resolver; an IP literal is checked before anything is sent.
+//! Redirects are followed only as far as the caller allows, each hop
+//! checked like the first, and headers that carried secrets (and
+//! `authorization`, `cookie`) are dropped when a hop leaves the origin.
+//! What comes back is capped, and every secret value in it is replaced
+//! before the caller sees it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::header::{HeaderName, HeaderValue};
+use url::Url;
+use zeroize::Zeroizing;
+
+use super::policy::AddressPolicy;
+use super::resolve::{AddressRefused, PolicyResolver};
+use crate::config::EgressConfig;
+
+/// One header of an outbound request.
+pub struct OutboundHeader {
+    /// Its name.
+    pub name: String,
+    /// Its value, with placeholders already substituted.
+    pub value: Zeroizing<String>,
+    /// It holds a secret: never sent past the request's first origin.
+    pub secret: bool,
+}
+
+/// An outbound request, checked against the caller's allow-list already.
+pub struct OutboundRequest {
+    /// The method.
+    pub method: reqwest::Method,
+    /// Where it goes.
+    pub url: Url,
+    /// Its headers.
+    pub headers: Vec<OutboundHeader>,
+    /// Its body.
+    pub body: Option<Vec<u8>>,
+    /// Whole-request timeout (all hops, body included).
+    pub timeout: Duration,
+    /// Redirects to follow.
+    pub max_redirects: u32,
+}
+
+/// A response, capped and scrubbed.
+#[derive(Debug)]
+pub struct OutboundResponse {
+    /// Status.
+    pub status: u16,
+    /// Headers (values that are not text are dropped).
+    pub headers: Vec<(String, String)>,
+    /// Body.
+    pub body: Vec<u8>,
+}
+
+/// Why an outbound request failed. Messages are scrubbed and never hold
+/// a URL's credentials.
+#[derive(Debug, thiserror::Error)]
+pub enum EgressError {
+    /// A rule refused it before anything was sent.
+    #[error("{0}")]
+    Refused(String),
+    /// Malformed (a bad header, a bad redirect).
+    #[error("{0}")]
+    Invalid(String),
+    /// The request or its response is larger than allowed.
+    #[error("{0}")]
+    TooLarge(String),
+    /// It took longer than its timeout.
+    #[error("the request timed out after {0} ms")]
+    Timeout(u64),
+    /// The connection or the exchange failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Replaces secret values in what comes back.
+#[derive(Default)]
+pub struct Scrub {
+    needles: Vec<Zeroizing<Vec<u8>>>,
+}
+
+/// What a scrubbed secret is replaced with.
+pub const REDACTED: &str = "[redacted]";
+
+impl Scrub {
+    /// Also replace `value`.
+    pub fn add(&mut self, value: &[u8]) {
+        if !value.is_empty() && !self.needles.iter().any(|n| n.as_slice() == value) {
+            self.needles.push(Zeroizing::new(value.to_vec()));
+        }
+    }
+
+    /// `bytes` with every secret value replaced.
+    pub fn bytes(&self, bytes: Vec<u8>) -> Vec<u8> {
+        let mut out = bytes;
+        for needle in &self.needles {
+            if out.len() < needle.len() || !contains(&out, needle) {
+                continue;
+            }
+            let mut next = Vec::with_capacity(out.len());
+            let mut i = 0;
+            while i < out.len() {
+                if out[i..].starts_with(needle) {
+                    next.extend_from_slice(REDACTED.as_bytes());
+                    i += needle.len();
+                } else {
+                    next.push(out[i]);
+                    i += 1;
+                }
+            }
+            out = next;
+        }
+        out
+    }
+
+    /// `text` with every secret value replaced.
+    pub fn text(&self, text: String) -> String {
+        match String::from_utf8(self.bytes(text.into_bytes())) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The node's outbound HTTP client.
+pub struct Egress {
+    client: reqwest::Client,
+    policy: Arc<AddressPolicy>,
+    config: EgressConfig,
+}
+
+impl Egress {
+    /// A client for `config`.
+    pub fn new(config: &EgressConfig) -> anyhow::Result<Self> {
+        let policy =
+            Arc::new(AddressPolicy::new(&config.allow_private).map_err(anyhow::Error::msg)?);
+        let mut builder = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(true)
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
+            .pool_idle_timeout(Duration::from_secs(30))
+            .user_agent(concat!("marmot/", env!("CARGO_PKG_VERSION")))
+            .dns_resolver(Arc::new(PolicyResolver::new(
+                policy.clone(),
+                &config.nameservers,
+            )));
+        if let Some(path) = &config.extra_ca_file {
+            let pem = std::fs::read(path)
+                .map_err(|e| anyhow::anyhow!("egress.extra_ca_file `{}`: {e}", path.display()))?;
+            for cert in reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| anyhow::anyhow!("egress.extra_ca_file `{}`: {e}", path.display()))?
+            {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        Ok(Self {
+            client: builder.build()?,
+            policy,
+            config: config.clone(),
+        })
+    }
+
+    /// The node's egress settings.
+    pub fn config(&self) -> &EgressConfig {
+        &self.config
+    }
+
+    /// Whether `url` may be reached at all: http or https, with a host,
+    /// and an IP literal host must pass the address policy (names are
+    /// judged when resolved).
+    pub fn check_url(&self, url: &Url) -> Result<(), EgressError> {
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(EgressError::Refused(format!(
+                "only http and https URLs may be fetched, not {}:",
+                url.scheme()
+            )));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(EgressError::Refused(
+                "URLs with credentials are not allowed; send them in a header".into(),
+            ));
+        }
+        let ip = match url.host() {
+            Some(url::Host::Ipv4(ip)) => std::net::IpAddr::V4(ip),
+            Some(url::Host::Ipv6(ip)) => std::net::IpAddr::V6(ip),
+            Some(url::Host::Domain(_)) => return Ok(()),
+            None => return Err(EgressError::Refused("the URL has no host".into())),
+        };
+        super::resolve::check(&self.policy, &ip.to_string(), &[ip]).map_err(|e| {
+            EgressError::Refused(format!(
+                "{ip} is {} and this node does not allow it",
+                e.class.label()
+            ))
+        })
+    }
+
+    /// Send `req`, following redirects that `allowed` accepts, and read the
+    /// response (at most `egress.max_response_bytes`), scrubbed with `scrub`.
+    pub async fn fetch(
+        &self,
+        req: OutboundRequest,
+        allowed: &(dyn Fn(&Url) -> Result<(), EgressError> + Sync),
+        scrub: &Scrub,
+    ) -> Result<OutboundResponse, EgressError> {
+        let timeout = req.timeout;
+        let ms = timeout.as_millis() as u64;
+        match tokio::time::timeout(timeout, self.fetch_hops(req, allowed, scrub)).await {
+            Ok(r) => r,
+            Err(_) => Err(EgressError::Timeout(ms)),
+        }
+    }
+
+    async fn fetch_hops(
+        &self,
+        req: OutboundRequest,
+        allowed: &(dyn Fn(&Url) -> Result<(), EgressError> + Sync),
+        scrub: &Scrub,
+    ) -> Result<OutboundResponse, EgressError> {
+        if req
+            .body
+            .as_ref()
+            .is_some_and(|b| b.len() > self.config.max_request_bytes)
+        {
+            return Err(EgressError::TooLarge(format!(
+                "a request body may be at most {} bytes",
+                self.config.max_request_bytes
+            )));
+        }
+        let OutboundRequest {
+            mut method,
+            mut url,
+            mut headers,
+            mut body,
+            max_redirects,
+            ..
+        } = req;
+        let origin = url.origin();
+        let mut hops = 0;
+        loop {
+            self.check_url(&url)?;
+            allowed(&url)?;
+            let mut builder = self.client.request(method.clone(), url.clone());
+            for h in &headers {
+                let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| {
+                    EgressError::Invalid(format!("`{}` is not a valid header name", h.name))
+                })?;
+                let mut value = HeaderValue::from_str(&h.value).map_err(|_| {
+                    EgressError::Invalid(format!(
+                        "the value of header `{}` is not valid (control characters?)",
+                        h.name
+                    ))
+                })?;
+                value.set_sensitive(h.secret);
+                builder = builder.header(name, value);
+            }
+            if let Some(b) = &body {
+                builder = builder.body(Bytes::from(b.clone()));
+            }
+            let resp = builder
+                .send()
+                .await
+                .map_err(|e| transport_error(&e, scrub))?;
+            let status = resp.status();
+            if status.is_redirection() && hops < max_redirects {
+                let Some(location) = resp
+                    .headers()
+                    .get(reqwest::header::LOCATION)
+                    .and_then(|l| l.to_str().ok())
+                else {
+                    return self.read(resp, scrub).await;
+                };
+                let next = url.join(location).map_err(|e| {
+                    EgressError::Invalid(format!("the redirect's Location is not a URL: {e}"))
+                })?;
+                hops += 1;
+                if next.origin() != origin {
+                    // Secrets and credentials stay with the origin they
+                    // were written for.
+                    headers.retain(|h| {
+                        !h.secret
+                            && !["authorization", "cookie", "proxy-authorization"]
+                                .contains(&h.name.to_ascii_lowercase().as_str())
+                    });
+                }
+                if status == reqwest::StatusCode::SEE_OTHER
+                    || (matches!(status.as_u16(), 301 | 302) && method == reqwest::Method::POST)
+                {
+                    method = reqwest::Method::GET;
+                    body = None;
+                    headers.retain(|h| {
+                        !h.name.eq_ignore_ascii_case("content-type")
+                            && !h.name.eq_ignore_ascii_case("content-length")
+                    });
+                }
+                url = next;
+                continue;
+            }
+            return self.read(resp, scrub).await;
+        }
+    }
+
+    async fn read(
+        &self,
+        mut resp: reqwest::Response,
+        scrub: &Scrub,
+    ) -> Result<OutboundResponse, EgressError> {
+        let max = self.config.max_response_bytes;
+        if resp.content_length().is_some_and(|n| n > max as u64) {
+            return Err(EgressError::TooLarge(format!(
+                "the response body is larger than {max} bytes"
+            )));
+        }
+        let status = resp.status().as_u16();
+        let headers = resp
+            .headers()
+            .iter()
+            .filter_map(|(k, v)| {
+                let v = v.to_str().ok()?;
+                Some((k.as_str().to_owned(), scrub.text(v.to_owned())))
+            })
+            .collect();
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(|e| transport_error(&e, scrub))? {
+            if body.len() + chunk.len() > max {
+                return Err(EgressError::TooLarge(format!(
+                    "the response body is larger than {max} bytes"
+                )));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(OutboundResponse {
+            status,
+            headers,
+            body: scrub.bytes(body),
+        })
+    }
+}
+
+/// A transport error in words, without the URL (it may carry what the
+/// guest put there) and scrubbed.
+fn transport_error(e: &reqwest::Error, scrub: &Scrub) -> EgressError {
+    let mut source = std::error::Error::source(e);
+    let mut detail = Vec::new();
+    while let Some(s) = source {
+        if let Some(refused) = s.downcast_ref::<AddressRefused>() {
+            return EgressError::Refused(scrub.text(refused.to_string()));
+        }
+        detail.push(s.to_string());
+        source = s.source();
+    }
+    let kind = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "connection failed"
+    } else if e.is_body() || e.is_decode() {
+        "reading the response failed"
+    } else {
+        "request failed"
+    };
+    let mut msg = kind.to_owned();
+    if let Some(last) = detail.last() {
+        msg.push_str(": ");
+        msg.push_str(last);
+    }
+    EgressError::Failed(scrub.text(msg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scrub_replaces_every_occurrence_of_every_value() {
+        let mut s = Scrub::default();
+        s.add(b"sk-123");
+        s.add(b"other");
+        s.add(b"");
+        assert_eq!(
+            s.bytes(b"a sk-123 b sk-123other".to_vec()),
+            b"a [redacted] b [redacted][redacted]".to_vec()
+        );
+        assert_eq!(s.text("nothing here".into()), "nothing here");
+        assert_eq!(s.bytes(b"sk-12".to_vec()), b"sk-12".to_vec());
+    }
+
+    #[test]
+    fn urls_are_checked_before_sending() {
+        let e = Egress::new(&EgressConfig {
+            allow_private: vec!["127.0.0.2/32".into()],
+            ..EgressConfig::default()
+        })
+        .unwrap();
+        let check = |u: &str| e.check_url(&Url::parse(u).unwrap());
+        assert!(check("https://api.example.com/").is_ok());
+        assert!(check("http://127.0.0.2:8080/").is_ok());
+        for refused in [
+            "http://127.0.0.1/",
+            "http://[::1]/",
+            "http://[::ffff:127.0.0.1]/",
+            "http://0.0.0.0/",
+            "http://2130706433/",
+            "http://0x7f.1/",
+            "http://10.1.2.3/",
+            "http://169.254.169.254/latest/meta-data/",
+            "http://[fd00:ec2::254]/",
+            "ftp://example.com/",
+            "https://user:pass@example.com/",
+        ] {
+            assert!(check(refused).is_err(), "{refused} was allowed");
+        }
+    }
+}

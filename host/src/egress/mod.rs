@@ -1,0 +1,19 @@
+//! Egress: everything the node sends to the network on a guest's behalf
+//! goes through one policy (Spin keeps egress in one place that every
+//! outbound capability consults; so does Marmot).
+//!
+//! * [`policy`]: host patterns (a type's `allowed_hosts`, a secret's
+//!   `hosts`) and the address policy applied after DNS (no loopback,
+//!   private, link-local, CGNAT, multicast, metadata or IPv4-in-IPv6
+//!   addresses unless `[egress] allow_private` opens them).
+
+//! * [`client`]: the one client requests leave through (rustls, no
+//!   environment proxies, policy-checked DNS, redirects re-checked per hop,
+//!   capped and scrubbed responses).
+
+pub mod client;
+pub mod policy;
+mod resolve;
+
+pub use client::{Egress, EgressError, OutboundHeader, OutboundRequest, Scrub};
+pub use policy::HostPattern;

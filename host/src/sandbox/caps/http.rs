@@ -1,0 +1,290 @@
+//! `marmot:actor/http`: outbound requests to the hosts a type allows, with
+//! secrets substituted outside the sandbox.
+//!
+//! A request is checked before a byte is sent: its method and host against
+//! the type's `allowed_methods` and `allowed_hosts`, every
+//! `{{secret:NAME}}` placeholder in a header value against the type's
+//! `secrets` and the secret's own hosts (https only). The host then
+//! substitutes the values, sends it through the node's [`Egress`] (address
+//! policy after DNS, redirects re-checked per hop, capped), and replaces
+//! every substituted value that comes back before the guest sees it.
+//!
+//! A fetch is a side effect outside the turn's transaction: if the turn
+//! fails, or the node crashes before it commits, the request was still
+//! sent, and a re-run turn sends it again. `{{idempotency-key}}` in a
+//! header value becomes a key that is the same for the same call (the
+//! n-th fetch of the turn) when the turn runs again, so a receiver that
+//! honours it (`Idempotency-Key`) applies the effect once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
+use url::Url;
+use zeroize::Zeroizing;
+
+use crate::config::ResolvedHttp;
+use crate::egress::{
+    Egress, EgressError, HostPattern, OutboundHeader, OutboundRequest, Scrub, policy,
+};
+use crate::ids::ActorKey;
+use crate::sandbox::bindings::GuestError;
+use crate::sandbox::bindings::marmot::actor::http;
+use crate::sandbox::host::Host;
+use crate::secrets::{SecretError, SecretStore};
+
+/// The placeholder for a per-call idempotency key.
+pub const IDEMPOTENCY_PLACEHOLDER: &str = "{{idempotency-key}}";
+
+/// What one type's turns may reach (from its config), shared by its
+/// instances.
+pub struct HttpGrant {
+    hosts: Vec<HostPattern>,
+    methods: Vec<String>,
+    secrets: Vec<String>,
+    max_redirects: u32,
+    /// Bounds the type's requests in flight.
+    permits: Semaphore,
+}
+
+impl HttpGrant {
+    /// The grant a type's resolved config describes; an error names the
+    /// bad host pattern.
+    pub fn new(http: &ResolvedHttp) -> Result<Self, String> {
+        Ok(Self {
+            hosts: policy::parse_patterns("config.allowed_hosts", &http.allowed_hosts)?,
+            methods: http.allowed_methods.clone(),
+            secrets: http.secrets.clone(),
+            max_redirects: http.max_redirects,
+            permits: Semaphore::new(http.concurrency.max(1) as usize),
+        })
+    }
+
+    /// Whether the type may reach `url`'s host.
+    fn allows(&self, url: &Url) -> Result<(), EgressError> {
+        let host = url
+            .host()
+            .ok_or_else(|| EgressError::Refused("the URL has no host".into()))?;
+        if policy::any_matches(&self.hosts, &host) {
+            return Ok(());
+        }
+        Err(EgressError::Refused(if self.hosts.is_empty() {
+            "this actor type may not make outbound requests (its config.allowed_hosts is empty)"
+                .into()
+        } else {
+            format!("host `{host}` is not in this actor type's config.allowed_hosts")
+        }))
+    }
+}
+
+/// An instance's way out: the node's client and secret store, and its
+/// type's grant.
+#[derive(Clone)]
+pub struct HttpAccess {
+    /// The node's outbound client.
+    pub egress: Arc<Egress>,
+    /// The node's secrets.
+    pub secrets: Arc<SecretStore>,
+    /// What the type may reach.
+    pub grant: Arc<HttpGrant>,
+}
+
+/// The http part of a turn: how many fetches it made (the index in each
+/// idempotency key).
+#[derive(Default)]
+pub struct HttpCtx {
+    fetches: u32,
+}
+
+/// The idempotency key of fetch number `index` of turn `turn_id`.
+fn idempotency_key(key: &ActorKey, turn_id: &str, index: u32) -> String {
+    let mut h = Sha256::new();
+    for part in [key.ty(), key.id(), turn_id] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    h.update(index.to_le_bytes());
+    hex::encode(&h.finalize()[..16])
+}
+
+/// Substitute the placeholders of one header value. Returns the value and
+/// whether it now holds a secret.
+fn substitute(
+    access: &HttpAccess,
+    url: &Url,
+    header: &str,
+    value: &str,
+    idempotency: &str,
+    scrub: &mut Scrub,
+) -> Result<(Zeroizing<String>, bool), GuestError> {
+    let mut out = Zeroizing::new(String::with_capacity(value.len()));
+    let mut secret = false;
+    let mut rest = value;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start..];
+        if let Some(tail) = after.strip_prefix(IDEMPOTENCY_PLACEHOLDER) {
+            out.push_str(idempotency);
+            rest = tail;
+            continue;
+        }
+        let Some(inner) = after.strip_prefix("{{secret:") else {
+            out.push_str("{{");
+            rest = &after[2..];
+            continue;
+        };
+        let Some(end) = inner.find("}}") else {
+            return Err(GuestError::Invalid(format!(
+                "header `{header}`: `{{{{secret:` without a closing `}}}}`"
+            )));
+        };
+        let name = &inner[..end];
+        rest = &inner[end + 2..];
+        if !access.grant.secrets.iter().any(|s| s == name) {
+            return Err(GuestError::Denied(format!(
+                "secret `{name}` is not listed in this actor type's config.secrets"
+            )));
+        }
+        let (value, hosts) = access.secrets.reveal(name).map_err(|e| match e {
+            SecretError::NotFound(_) => GuestError::NotFound(format!("no secret `{name}`")),
+            e => GuestError::Internal(e.to_string()),
+        })?;
+        let host = url.host();
+        if url.scheme() != "https"
+            || !host
+                .as_ref()
+                .is_some_and(|h| policy::any_matches(&hosts, h))
+        {
+            let allowed: Vec<String> = hosts.iter().map(ToString::to_string).collect();
+            return Err(GuestError::Denied(format!(
+                "secret `{name}` may only be sent over https to {}; this request goes to {}://{}",
+                allowed.join(", "),
+                url.scheme(),
+                host.map(|h| h.to_string()).unwrap_or_default()
+            )));
+        }
+        let text = std::str::from_utf8(value.expose()).map_err(|_| {
+            GuestError::Invalid(format!(
+                "secret `{name}` is not text and cannot go in a header"
+            ))
+        })?;
+        out.push_str(text);
+        scrub.add(value.expose());
+        secret = true;
+    }
+    out.push_str(rest);
+    Ok((out, secret))
+}
+
+/// A guest's request, checked and with its placeholders substituted.
+fn prepare(
+    access: &HttpAccess,
+    req: http::Request,
+    idempotency: &str,
+    scrub: &mut Scrub,
+) -> Result<OutboundRequest, GuestError> {
+    let method = req.method.to_ascii_uppercase();
+    if !access.grant.methods.contains(&method) {
+        return Err(GuestError::Denied(format!(
+            "method {method} is not in this actor type's config.allowed_methods"
+        )));
+    }
+    let url = Url::parse(&req.url)
+        .map_err(|e| GuestError::Invalid(format!("`{}` is not a URL: {e}", req.url)))?;
+    access
+        .egress
+        .check_url(&url)
+        .and_then(|()| access.grant.allows(&url))
+        .map_err(guest_error)?;
+    let mut headers = Vec::with_capacity(req.headers.len());
+    for (name, value) in req.headers {
+        let (value, secret) = substitute(access, &url, &name, &value, idempotency, scrub)?;
+        headers.push(OutboundHeader {
+            name,
+            value,
+            secret,
+        });
+    }
+    let config = access.egress.config();
+    let timeout = req
+        .timeout_ms
+        .map_or(config.timeout_ms, u64::from)
+        .clamp(1, config.max_timeout_ms);
+    Ok(OutboundRequest {
+        method: reqwest::Method::from_bytes(method.as_bytes())
+            .map_err(|_| GuestError::Invalid(format!("`{method}` is not an HTTP method")))?,
+        url,
+        headers,
+        body: req.body,
+        timeout: Duration::from_millis(timeout),
+        max_redirects: access.grant.max_redirects,
+    })
+}
+
+fn guest_error(e: EgressError) -> GuestError {
+    match e {
+        EgressError::Refused(m) => GuestError::Denied(m),
+        EgressError::Invalid(m) => GuestError::Invalid(m),
+        EgressError::TooLarge(m) => GuestError::LimitExceeded(m),
+        e @ (EgressError::Timeout(_) | EgressError::Failed(_)) => {
+            GuestError::Internal(e.to_string())
+        }
+    }
+}
+
+impl http::Host for Host {
+    async fn fetch(
+        &mut self,
+        req: http::Request,
+    ) -> wasmtime::Result<Result<http::Response, GuestError>> {
+        let access = self.http.clone();
+        let turn = self.enter()?;
+        let Some(access) = access else {
+            return Ok(Err(GuestError::Unsupported(
+                "outbound HTTP is not available in this sandbox".into(),
+            )));
+        };
+        let index = turn.http.fetches;
+        turn.http.fetches += 1;
+        let idempotency = idempotency_key(&turn.key, &turn.turn_id, index);
+        let mut scrub = Scrub::default();
+        let request = match prepare(&access, req, &idempotency, &mut scrub) {
+            Ok(r) => r,
+            Err(e) => return Ok(Err(e)),
+        };
+        let _permit = access
+            .grant
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| wasmtime::format_err!("the http permits were closed"))?;
+        let grant = access.grant.clone();
+        let allowed = move |url: &Url| grant.allows(url);
+        let sent = access.egress.fetch(request, &allowed, &scrub).await;
+        Ok(sent.map_err(guest_error).map(|r| http::Response {
+            status: r.status,
+            headers: r.headers,
+            body: r.body,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idempotency_keys_are_stable_per_call_and_distinct_across_calls() {
+        let a = ActorKey::new("t", "a").unwrap();
+        let k = idempotency_key(&a, "m1", 0);
+        assert_eq!(k, idempotency_key(&a, "m1", 0));
+        assert_eq!(k.len(), 32);
+        assert_ne!(k, idempotency_key(&a, "m1", 1));
+        assert_ne!(k, idempotency_key(&a, "m2", 0));
+        assert_ne!(
+            k,
+            idempotency_key(&ActorKey::new("t", "b").unwrap(), "m1", 0)
+        );
+    }
+}

@@ -1,0 +1,516 @@
+//! The secret store: named values the host holds and guests refer to by
+//! name (`{{secret:NAME}}`), never seeing them.
+//!
+//! Values are sealed at rest ([`crypto`]) under the node's master key and
+//! opened only at the moment an outbound request needs one; the plaintext
+//! lives in a [`SecretValue`] that wipes itself and cannot be printed. Each
+//! secret names the hosts it may ever be sent to (https only). The API
+//! shows names, hosts and times, never a value.
+//!
+//! The master key comes from `MARMOT_MASTER_KEY`, a key file, or (for
+//! `marmot dev`) a key file created in the data directory on first start.
+//! Rotation: start with the new key as the master key and the old one as a
+//! previous key; every secret sealed under the old key is re-sealed under
+//! the new one before the node serves (see [`MasterKeys::load`]).
+
+pub mod crypto;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Serialize;
+use zeroize::Zeroizing;
+
+pub use crypto::{MasterKey, OpenError, SecretValue};
+
+use crate::clock::now_ms;
+use crate::config::SecretsConfig;
+use crate::egress::HostPattern;
+use crate::ids::{IdError, validate_secret_name};
+use crate::storage::schema::SecretRecord;
+use crate::storage::{Storage, StorageError, WriteOp};
+
+/// Environment variable holding the master key (base64 of 32 bytes).
+pub const MASTER_KEY_ENV: &str = "MARMOT_MASTER_KEY";
+/// Environment variable holding earlier master keys, comma-separated.
+pub const PREVIOUS_KEYS_ENV: &str = "MARMOT_MASTER_KEY_PREVIOUS";
+/// The key file `marmot dev` creates in its data directory.
+pub const DEV_KEY_FILE: &str = "master.key";
+/// Largest secret value.
+pub const MAX_VALUE_BYTES: usize = 64 << 10;
+/// Most hosts one secret may name.
+pub const MAX_HOSTS: usize = 64;
+
+/// What the API shows of a secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SecretInfo {
+    /// Its name.
+    pub name: String,
+    /// Where it may be sent.
+    pub hosts: Vec<String>,
+    /// When it was first set (ms since the epoch).
+    pub created_at_ms: u64,
+    /// When it last changed.
+    pub updated_at_ms: u64,
+}
+
+impl SecretInfo {
+    fn of(name: &str, rec: &SecretRecord) -> Self {
+        Self {
+            name: name.to_owned(),
+            hosts: rec.hosts.clone(),
+            created_at_ms: rec.created_at_ms,
+            updated_at_ms: rec.updated_at_ms,
+        }
+    }
+}
+
+/// Why a secret operation failed. Messages never hold a value.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    /// A bad name.
+    #[error(transparent)]
+    Name(#[from] IdError),
+    /// A bad value or host list.
+    #[error("{0}")]
+    Invalid(String),
+    /// The value is too large.
+    #[error("a secret value may be at most {limit} bytes, not {size}")]
+    TooLarge {
+        /// Its size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// No such secret.
+    #[error("no secret `{0}`")]
+    NotFound(String),
+    /// The stored value does not open.
+    #[error("secret `{name}` cannot be opened: {why}")]
+    Sealed {
+        /// The secret.
+        name: String,
+        /// Why.
+        why: OpenError,
+    },
+    /// Storage failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// The node's master key and the earlier ones it can still open.
+#[derive(Debug)]
+pub struct MasterKeys {
+    current: MasterKey,
+    previous: Vec<MasterKey>,
+}
+
+impl MasterKeys {
+    /// The keys as configured: `MARMOT_MASTER_KEY` or the configured key
+    /// file; failing both, a key file created in `data_dir` if the config
+    /// allows (`marmot dev`), else an error that says how to make a key.
+    /// Earlier keys come from `MARMOT_MASTER_KEY_PREVIOUS` and the
+    /// configured previous key files.
+    pub fn load(config: &SecretsConfig, data_dir: &Path) -> anyhow::Result<Self> {
+        let current = match std::env::var(MASTER_KEY_ENV).ok().filter(|v| !v.is_empty()) {
+            Some(text) => MasterKey::from_base64(&text)
+                .map_err(|e| anyhow::anyhow!("{MASTER_KEY_ENV}: {e}"))?,
+            None => match &config.master_key_file {
+                Some(path) => read_key_file(path)?,
+                None if config.generate_key => dev_key(&data_dir.join(DEV_KEY_FILE))?,
+                None => anyhow::bail!(
+                    "the secret store needs a master key: set {MASTER_KEY_ENV} to the output of \
+                     `marmot secrets new-key`, or `secrets.master_key_file` in the config to a \
+                     file (mode 0600) holding it"
+                ),
+            },
+        };
+        let mut previous = Vec::new();
+        if let Ok(list) = std::env::var(PREVIOUS_KEYS_ENV) {
+            for text in list.split(',').filter(|t| !t.trim().is_empty()) {
+                previous.push(
+                    MasterKey::from_base64(text)
+                        .map_err(|e| anyhow::anyhow!("{PREVIOUS_KEYS_ENV}: {e}"))?,
+                );
+            }
+        }
+        for path in &config.previous_key_files {
+            previous.push(read_key_file(path)?);
+        }
+        Ok(Self { current, previous })
+    }
+
+    /// Keys from values (tests).
+    #[cfg(test)]
+    pub fn new(current: MasterKey, previous: Vec<MasterKey>) -> Self {
+        Self { current, previous }
+    }
+
+    fn by_id(&self, id: &str) -> Option<&MasterKey> {
+        std::iter::once(&self.current)
+            .chain(&self.previous)
+            .find(|k| k.id() == id)
+    }
+}
+
+/// Read a key file, refusing one that others may read.
+fn read_key_file(path: &Path) -> anyhow::Result<MasterKey> {
+    let text =
+        Zeroizing::new(std::fs::read_to_string(path).map_err(|e| {
+            anyhow::anyhow!("cannot read master key file `{}`: {e}", path.display())
+        })?);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(path)?.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            anyhow::bail!(
+                "master key file `{}` is readable by others (mode {mode:o}); run `chmod 600` on it",
+                path.display()
+            );
+        }
+    }
+    MasterKey::from_base64(&text)
+        .map_err(|e| anyhow::anyhow!("master key file `{}`: {e}", path.display()))
+}
+
+/// `marmot dev`'s key: read `path`, or create it (mode 0600) on first start.
+fn dev_key(path: &PathBuf) -> anyhow::Result<MasterKey> {
+    if path.exists() {
+        return read_key_file(path);
+    }
+    let key = MasterKey::generate();
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.mode(0o600);
+    }
+    let mut file = options
+        .open(path)
+        .map_err(|e| anyhow::anyhow!("cannot create master key file `{}`: {e}", path.display()))?;
+    use std::io::Write as _;
+    file.write_all(key.to_base64().as_bytes())?;
+    file.write_all(b"\n")?;
+    file.sync_all()?;
+    tracing::info!(path = %path.display(), key_id = key.id(), "created a master key for the secret store");
+    Ok(key)
+}
+
+/// The secret store.
+pub struct SecretStore {
+    storage: Arc<Storage>,
+    keys: MasterKeys,
+    /// Serializes writes: a write reads the current version to bump it.
+    write_lock: tokio::sync::Mutex<()>,
+}
+
+impl SecretStore {
+    /// The store over `storage`. Secrets sealed under a previous key are
+    /// re-sealed under the current one first; one sealed under a key the
+    /// node does not have is an error naming that key.
+    pub async fn open(storage: Arc<Storage>, keys: MasterKeys) -> anyhow::Result<Self> {
+        let store = Self {
+            storage,
+            keys,
+            write_lock: tokio::sync::Mutex::new(()),
+        };
+        store.reseal().await?;
+        Ok(store)
+    }
+
+    async fn reseal(&self) -> anyhow::Result<()> {
+        let current = &self.keys.current;
+        let mut resealed = 0;
+        for (name, rec) in self.storage.reader()?.secrets()? {
+            if rec.key_id == current.id() {
+                continue;
+            }
+            let Some(old) = self.keys.by_id(&rec.key_id) else {
+                anyhow::bail!(
+                    "secret `{name}` is sealed under master key {}, but the node was given only \
+                     key {}: start with that key in {PREVIOUS_KEYS_ENV} (or \
+                     secrets.previous_key_files) to re-seal it under the new one",
+                    rec.key_id,
+                    current.id()
+                );
+            };
+            let value = old
+                .open(&name, rec.version, &rec.nonce, &rec.sealed)
+                .map_err(|why| anyhow::anyhow!("secret `{name}` cannot be opened: {why}"))?;
+            let (nonce, sealed) = current.seal(&name, rec.version, value.expose());
+            let record = SecretRecord {
+                key_id: current.id().to_owned(),
+                nonce,
+                sealed,
+                ..rec
+            };
+            self.storage
+                .writer()
+                .call(|done| WriteOp::PutSecret {
+                    name,
+                    record: Some(record),
+                    done,
+                })
+                .await?;
+            resealed += 1;
+        }
+        if resealed > 0 {
+            tracing::info!(
+                secrets = resealed,
+                key_id = current.id(),
+                "secrets re-sealed under the current master key"
+            );
+        }
+        Ok(())
+    }
+
+    /// Set (or replace) a secret. Returns what the API shows, and whether
+    /// it is new.
+    pub async fn put(
+        &self,
+        name: &str,
+        value: &[u8],
+        hosts: Vec<String>,
+    ) -> Result<(SecretInfo, bool), SecretError> {
+        validate_secret_name(name)?;
+        if value.is_empty() {
+            return Err(SecretError::Invalid("value must not be empty".into()));
+        }
+        if value.len() > MAX_VALUE_BYTES {
+            return Err(SecretError::TooLarge {
+                size: value.len(),
+                limit: MAX_VALUE_BYTES,
+            });
+        }
+        let hosts = check_hosts(hosts)?;
+        let _guard = self.write_lock.lock().await;
+        let now = now_ms();
+        let old = self.storage.reader()?.secret(name)?;
+        let version = old.as_ref().map_or(1, |r| r.version + 1);
+        let key = &self.keys.current;
+        let (nonce, sealed) = key.seal(name, version, value);
+        let record = SecretRecord {
+            hosts,
+            created_at_ms: old.as_ref().map_or(now, |r| r.created_at_ms),
+            updated_at_ms: now,
+            version,
+            key_id: key.id().to_owned(),
+            nonce,
+            sealed,
+        };
+        let info = SecretInfo::of(name, &record);
+        let existed = self
+            .storage
+            .writer()
+            .call(|done| WriteOp::PutSecret {
+                name: name.to_owned(),
+                record: Some(record),
+                done,
+            })
+            .await?;
+        tracing::info!(secret = name, version, "secret set");
+        Ok((info, !existed))
+    }
+
+    /// Every secret, by name (never a value).
+    pub fn list(&self) -> Result<Vec<SecretInfo>, SecretError> {
+        Ok(self
+            .storage
+            .reader()?
+            .secrets()?
+            .iter()
+            .map(|(name, rec)| SecretInfo::of(name, rec))
+            .collect())
+    }
+
+    /// Delete a secret; whether it existed.
+    pub async fn delete(&self, name: &str) -> Result<bool, SecretError> {
+        validate_secret_name(name)?;
+        let _guard = self.write_lock.lock().await;
+        let existed = self
+            .storage
+            .writer()
+            .call(|done| WriteOp::PutSecret {
+                name: name.to_owned(),
+                record: None,
+                done,
+            })
+            .await?;
+        if existed {
+            tracing::info!(secret = name, "secret deleted");
+        }
+        Ok(existed)
+    }
+
+    /// A secret's value and the hosts it may be sent to, opened for one
+    /// outbound request.
+    pub fn reveal(&self, name: &str) -> Result<(SecretValue, Vec<HostPattern>), SecretError> {
+        let rec = self
+            .storage
+            .reader()?
+            .secret(name)?
+            .ok_or_else(|| SecretError::NotFound(name.to_owned()))?;
+        let key = self
+            .keys
+            .by_id(&rec.key_id)
+            .ok_or_else(|| SecretError::Sealed {
+                name: name.to_owned(),
+                why: OpenError::UnknownKey(rec.key_id.clone()),
+            })?;
+        let value = key
+            .open(name, rec.version, &rec.nonce, &rec.sealed)
+            .map_err(|why| SecretError::Sealed {
+                name: name.to_owned(),
+                why,
+            })?;
+        // Patterns were checked when stored.
+        let hosts = rec
+            .hosts
+            .iter()
+            .filter_map(|h| HostPattern::parse(h).ok())
+            .collect();
+        Ok((value, hosts))
+    }
+}
+
+/// Check a secret's host list: at least one, all valid patterns; returned
+/// in their normal spelling.
+fn check_hosts(hosts: Vec<String>) -> Result<Vec<String>, SecretError> {
+    if hosts.is_empty() {
+        return Err(SecretError::Invalid(
+            "hosts must name at least one host the secret may be sent to".into(),
+        ));
+    }
+    if hosts.len() > MAX_HOSTS {
+        return Err(SecretError::Invalid(format!(
+            "a secret may name at most {MAX_HOSTS} hosts"
+        )));
+    }
+    let mut out: Vec<String> = Vec::with_capacity(hosts.len());
+    for h in &hosts {
+        let p = HostPattern::parse(h).map_err(|e| SecretError::Invalid(format!("hosts: {e}")))?;
+        let p = p.to_string();
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::StorageConfig;
+    use crate::storage::WriterMetrics;
+
+    fn storage(dir: &Path) -> Arc<Storage> {
+        Arc::new(Storage::open(dir, &StorageConfig::default(), WriterMetrics::new()).unwrap())
+    }
+
+    fn key(text: &str) -> MasterKey {
+        MasterKey::from_base64(text).unwrap()
+    }
+
+    #[tokio::test]
+    async fn values_are_sealed_at_rest_and_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = storage(dir.path());
+        let store = SecretStore::open(s.clone(), MasterKeys::new(MasterKey::generate(), vec![]))
+            .await
+            .unwrap();
+        let (info, created) = store
+            .put("API_KEY", b"sk-very-secret", vec!["api.example.com".into()])
+            .await
+            .unwrap();
+        assert!(created);
+        assert_eq!(info.hosts, ["api.example.com"]);
+        let (value, hosts) = store.reveal("API_KEY").unwrap();
+        assert_eq!(value.expose(), b"sk-very-secret");
+        assert_eq!(hosts, [HostPattern::Exact("api.example.com".into())]);
+        let rec = s.reader().unwrap().secret("API_KEY").unwrap().unwrap();
+        assert!(!rec.sealed.windows(14).any(|w| w == b"sk-very-secret"));
+        let (_, created) = store
+            .put("API_KEY", b"v2", vec!["api.example.com".into()])
+            .await
+            .unwrap();
+        assert!(!created);
+        assert_eq!(store.reveal("API_KEY").unwrap().0.expose(), b"v2");
+        assert!(store.delete("API_KEY").await.unwrap());
+        assert!(matches!(
+            store.reveal("API_KEY"),
+            Err(SecretError::NotFound(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn bad_input_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SecretStore::open(
+            storage(dir.path()),
+            MasterKeys::new(MasterKey::generate(), vec![]),
+        )
+        .await
+        .unwrap();
+        let host = || vec!["api.example.com".to_owned()];
+        assert!(matches!(
+            store.put("bad name", b"v", host()).await,
+            Err(SecretError::Name(_))
+        ));
+        assert!(matches!(
+            store.put("K", b"", host()).await,
+            Err(SecretError::Invalid(_))
+        ));
+        assert!(matches!(
+            store
+                .put("K", &vec![b'x'; MAX_VALUE_BYTES + 1], host())
+                .await,
+            Err(SecretError::TooLarge { .. })
+        ));
+        assert!(matches!(
+            store.put("K", b"v", vec![]).await,
+            Err(SecretError::Invalid(_))
+        ));
+        assert!(matches!(
+            store.put("K", b"v", vec!["https://x.com".into()]).await,
+            Err(SecretError::Invalid(_))
+        ));
+        assert!(store.list().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn rotation_reseals_under_the_new_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = storage(dir.path());
+        let (a, b) = (MasterKey::generate(), MasterKey::generate());
+        let (a_text, b_text) = (a.to_base64(), b.to_base64());
+        let store = SecretStore::open(s.clone(), MasterKeys::new(a, vec![]))
+            .await
+            .unwrap();
+        store
+            .put("K", b"value", vec!["*.example.com".into()])
+            .await
+            .unwrap();
+        drop(store);
+        // Only the new key: refused, naming the key it needs.
+        let err = SecretStore::open(s.clone(), MasterKeys::new(key(&b_text), vec![]))
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains(PREVIOUS_KEYS_ENV), "{err}");
+        // New key plus the old one: re-sealed.
+        let store = SecretStore::open(s.clone(), MasterKeys::new(key(&b_text), vec![key(&a_text)]))
+            .await
+            .unwrap();
+        drop(store);
+        let rec = s.reader().unwrap().secret("K").unwrap().unwrap();
+        assert_eq!(rec.key_id, key(&b_text).id());
+        // From now on the new key alone opens it.
+        let store = SecretStore::open(s, MasterKeys::new(key(&b_text), vec![]))
+            .await
+            .unwrap();
+        assert_eq!(store.reveal("K").unwrap().0.expose(), b"value");
+    }
+}
