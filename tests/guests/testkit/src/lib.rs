@@ -5,7 +5,7 @@
 
 use marmot_guest::actors;
 use marmot_guest::alarms::{self, Schedule};
-use marmot_guest::raw::files;
+use marmot_guest::raw::{files, http};
 use marmot_guest::{
     Actor, Alarm, Context, InputAnswer, Message, Reply, Result, Webhook, events, inputs, log, state,
 };
@@ -86,6 +86,21 @@ enum Op {
         #[serde(default)]
         then_busy_ms: u64,
     },
+    /// Fetch through the `http` capability; reply with the response
+    /// (`status`, `headers`, `body` as text) or `{"error": "kind: message"}`.
+    Fetch {
+        #[serde(default = "get")]
+        method: String,
+        url: String,
+        #[serde(default)]
+        headers: Vec<(String, String)>,
+        body: Option<String>,
+        timeout_ms: Option<u32>,
+    },
+    /// Search this instance's whole linear memory for a byte string given
+    /// masked (`masked[i] ^ mask[i]`), so that the string itself is never
+    /// in memory unless something else put it there.
+    ScanMemory { masked: Vec<u8>, mask: Vec<u8> },
     /// Ask for input; a refusal is replied with status 422.
     InputRequest {
         kind: String,
@@ -94,6 +109,37 @@ enum Op {
         schema: Option<Value>,
         expires_in_ms: Option<u64>,
     },
+}
+
+fn get() -> String {
+    "GET".into()
+}
+
+/// Whether linear memory holds `masked ^ mask` anywhere.
+#[allow(unsafe_code, reason = "reads the instance's own linear memory")]
+fn memory_holds(masked: &[u8], mask: &[u8]) -> bool {
+    #[cfg(target_family = "wasm")]
+    {
+        let size = core::arch::wasm32::memory_size(0) * 65536;
+        let n = masked.len().min(mask.len());
+        if n == 0 {
+            return false;
+        }
+        // Address 0 is never a Rust object; start past it.
+        (8..size.saturating_sub(n)).any(|at| {
+            (0..n).all(|i| {
+                // SAFETY: every address below memory_size * 64 KiB is
+                // mapped linear memory; reading it is reading bytes.
+                let b = unsafe { core::ptr::read_volatile((at + i) as *const u8) };
+                b ^ mask[i] == masked[i]
+            })
+        })
+    }
+    #[cfg(not(target_family = "wasm"))]
+    {
+        let _ = (masked, mask);
+        false
+    }
 }
 
 /// What `on_alarm` does, from the alarm's payload: `{"fail": true}` fails
@@ -284,6 +330,34 @@ impl Actor for TestKit {
                 Ok(id) => Reply::json(&json!({ "id": id })),
                 Err(e) => Ok(Reply::json(&json!({ "error": e.message() }))?.with_status(422)),
             },
+            Op::Fetch {
+                method,
+                url,
+                headers,
+                body,
+                timeout_ms,
+            } => {
+                let req = http::Request {
+                    method,
+                    url,
+                    headers,
+                    body: body.map(String::into_bytes),
+                    timeout_ms,
+                };
+                match http::fetch(&req) {
+                    Ok(r) => Reply::json(&json!({
+                        "status": r.status,
+                        "headers": r.headers,
+                        "body": String::from_utf8_lossy(&r.body),
+                    })),
+                    Err(e) => Reply::json(&json!({
+                        "error": marmot_guest::Error::from(e).message(),
+                    })),
+                }
+            }
+            Op::ScanMemory { masked, mask } => {
+                Reply::json(&json!({ "found": memory_holds(&masked, &mask) }))
+            }
             Op::AlarmList => {
                 let list: Vec<Value> = alarms::list()?
                     .into_iter()

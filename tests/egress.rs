@@ -1,0 +1,603 @@
+//! Outbound HTTP from guests (the `http` capability, JavaScript `fetch`)
+//! and guarantee 9 (secrets never enter a sandbox) end to end: a real node,
+//! a local https server with a test CA (`rcgen`) on 127.0.0.2, a plain http
+//! server beside it, and a small DNS server that the node resolves with
+//! (`[egress] nameservers`), which can change its answers (rebinding).
+//!
+//! Only loopback addresses are ever contacted: the refusals of private,
+//! link-local and metadata addresses happen before a connection.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use common::{Api, Marmot, TESTKIT, tempdir};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+const SECRET: &str = "sk-test-7c1d93e5aa-do-not-leak";
+/// The address the test servers listen on: loopback, but not 127.0.0.1, so
+/// that the node can open exactly it (`allow_private`) and still refuse
+/// 127.0.0.1.
+const SERVER_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+
+/// A request a test server saw: method, path, headers.
+type Request = (String, String, Vec<(String, String)>);
+
+/// What the test servers saw.
+#[derive(Default)]
+struct Seen {
+    connections: AtomicUsize,
+    requests: Mutex<Vec<Request>>,
+}
+
+impl Seen {
+    fn requests(&self) -> Vec<Request> {
+        self.requests.lock().unwrap().clone()
+    }
+
+    fn header(&self, i: usize, name: &str) -> Option<String> {
+        self.requests()
+            .get(i)?
+            .2
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    }
+}
+
+/// Answer a request: `/echo` echoes the request headers in the body (and
+/// one of them in a response header); `/redirect?to=URL` is a 302 there;
+/// anything else is `ok`.
+async fn respond(
+    seen: Arc<Seen>,
+    req: hyper::Request<hyper::body::Incoming>,
+) -> Result<hyper::Response<http_body_util::Full<bytes::Bytes>>, std::convert::Infallible> {
+    let headers: Vec<(String, String)> = req
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_owned()))
+        .collect();
+    let path = req.uri().path().to_owned();
+    let query = req.uri().query().unwrap_or("").to_owned();
+    seen.requests
+        .lock()
+        .unwrap()
+        .push((req.method().to_string(), path.clone(), headers.clone()));
+    let mut resp = hyper::Response::builder();
+    let body = match path.as_str() {
+        "/echo" => {
+            let auth = headers
+                .iter()
+                .find(|(k, _)| k == "authorization")
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default();
+            resp = resp.header("x-echo-auth", auth);
+            serde_json::to_string(&headers).unwrap()
+        }
+        "/redirect" => {
+            let to = query.strip_prefix("to=").unwrap_or("/").to_owned();
+            resp = resp.status(302).header("location", to);
+            String::new()
+        }
+        _ => "ok".into(),
+    };
+    Ok(resp
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .unwrap())
+}
+
+/// Serve `respond` on a fresh port of `SERVER_IP`, over TLS if `tls`.
+async fn serve(seen: Arc<Seen>, tls: Option<tokio_rustls::TlsAcceptor>) -> u16 {
+    let listener = tokio::net::TcpListener::bind((SERVER_IP, 0)).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            seen.connections.fetch_add(1, Ordering::SeqCst);
+            let (seen, tls) = (seen.clone(), tls.clone());
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req| respond(seen.clone(), req));
+                let conn = hyper::server::conn::http1::Builder::new();
+                match tls {
+                    Some(tls) => {
+                        if let Ok(stream) = tls.accept(tcp).await {
+                            let io = hyper_util::rt::TokioIo::new(stream);
+                            let _ = conn.serve_connection(io, service).await;
+                        }
+                    }
+                    None => {
+                        let io = hyper_util::rt::TokioIo::new(tcp);
+                        let _ = conn.serve_connection(io, service).await;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// A test CA and a certificate for `api.test` and `other.test`; returns
+/// the acceptor and the CA's PEM.
+fn tls() -> (tokio_rustls::TlsAcceptor, String) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "marmot egress test CA");
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["api.test".into(), "other.test".into()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
+    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca.pem())
+}
+
+/// A DNS server answering A queries from a table; a name with several
+/// answers gives the next one at each query (the last one repeats), which
+/// is how a rebinding attacker behaves.
+struct Dns {
+    addr: SocketAddr,
+    queries: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl Dns {
+    async fn start(table: Vec<(&'static str, Vec<Ipv4Addr>)>) -> Self {
+        let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = socket.local_addr().unwrap();
+        let queries: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+        let counts = queries.clone();
+        let table: HashMap<String, Vec<Ipv4Addr>> =
+            table.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1500];
+            loop {
+                let Ok((n, from)) = socket.recv_from(&mut buf).await else {
+                    return;
+                };
+                if let Some(reply) = answer(&buf[..n], &table, &counts) {
+                    let _ = socket.send_to(&reply, from).await;
+                }
+            }
+        });
+        Self { addr, queries }
+    }
+
+    fn queries(&self, name: &str) -> usize {
+        *self.queries.lock().unwrap().get(name).unwrap_or(&0)
+    }
+}
+
+/// One DNS reply (RFC 1035 §4): the question copied, A answers with TTL 0.
+fn answer(
+    q: &[u8],
+    table: &HashMap<String, Vec<Ipv4Addr>>,
+    counts: &Mutex<HashMap<String, usize>>,
+) -> Option<Vec<u8>> {
+    if q.len() < 12 {
+        return None;
+    }
+    let mut labels = Vec::new();
+    let mut i = 12;
+    loop {
+        let len = *q.get(i)? as usize;
+        i += 1;
+        if len == 0 {
+            break;
+        }
+        labels.push(String::from_utf8_lossy(q.get(i..i + len)?).to_lowercase());
+        i += len;
+    }
+    let qtype = u16::from_be_bytes([*q.get(i)?, *q.get(i + 1)?]);
+    let question_end = i + 4;
+    let name = labels.join(".");
+    let answers: Vec<Ipv4Addr> = match table.get(&name) {
+        Some(ips) if qtype == 1 => {
+            let mut c = counts.lock().unwrap();
+            let n = c.entry(name.clone()).or_default();
+            let ip = ips[(*n).min(ips.len() - 1)];
+            *n += 1;
+            vec![ip]
+        }
+        _ => Vec::new(),
+    };
+    let rcode = if table.contains_key(&name) { 0 } else { 3 };
+    let mut out = Vec::with_capacity(question_end + 16 * answers.len());
+    out.extend_from_slice(&q[0..2]);
+    out.extend_from_slice(&[0x81, 0x80 | rcode]);
+    out.extend_from_slice(&[0, 1]);
+    out.extend_from_slice(&(answers.len() as u16).to_be_bytes());
+    out.extend_from_slice(&[0, 0, 0, 0]);
+    out.extend_from_slice(q.get(12..question_end)?);
+    for ip in answers {
+        out.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4]);
+        out.extend_from_slice(&ip.octets());
+    }
+    Some(out)
+}
+
+/// Everything a test needs: the servers, the DNS, and a node that trusts
+/// the test CA, resolves with the test DNS and may reach only 127.0.0.2.
+struct Rig {
+    _dir: tempfile::TempDir,
+    node: Marmot,
+    api: Api,
+    seen: Arc<Seen>,
+    dns: Dns,
+    https: u16,
+    http: u16,
+}
+
+impl Rig {
+    async fn new(type_config: Value) -> Self {
+        let dir = tempdir();
+        let seen = Arc::new(Seen::default());
+        let (acceptor, ca_pem) = tls();
+        let https = serve(seen.clone(), Some(acceptor)).await;
+        let http = serve(seen.clone(), None).await;
+        let dns = Dns::start(vec![
+            ("api.test", vec![SERVER_IP]),
+            ("other.test", vec![SERVER_IP]),
+            ("loop.test", vec![Ipv4Addr::LOCALHOST]),
+            ("private.test", vec![Ipv4Addr::new(10, 0, 0, 7)]),
+            ("rebind.test", vec![SERVER_IP, Ipv4Addr::LOCALHOST]),
+        ])
+        .await;
+        let ca_file = dir.path().join("ca.pem");
+        std::fs::write(&ca_file, ca_pem).unwrap();
+        let config = format!(
+            "[egress]\nallow_private = [\"127.0.0.2/32\"]\nextra_ca_file = {:?}\nnameservers = [\"{}\"]\n",
+            ca_file.display().to_string(),
+            dns.addr
+        );
+        let node = Marmot::start_opts(
+            &dir.path().join("data"),
+            &[("MARMOT_LOG", "trace")],
+            Some(&config),
+        )
+        .await;
+        let api = node.client();
+        let r = api
+            .req(
+                Method::PUT,
+                "/v1/secrets/API_KEY",
+                Some((
+                    "application/json",
+                    serde_json::to_vec(&json!({ "value": SECRET, "hosts": ["api.test"] })).unwrap(),
+                )),
+                &[],
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", r.json);
+        let r = api.deploy("kit", TESTKIT, type_config).await;
+        assert_eq!(r.status, 201, "{}", r.json);
+        Self {
+            _dir: dir,
+            node,
+            api,
+            seen,
+            dns,
+            https,
+            http,
+        }
+    }
+
+    async fn fetch(&self, req: Value) -> Value {
+        let mut op = json!({ "op": "fetch" });
+        for (k, v) in req.as_object().unwrap() {
+            op[k] = v.clone();
+        }
+        let r = self.api.op("kit", "a", op).await;
+        assert_eq!(r.status, 200, "{}", r.json);
+        r.json
+    }
+}
+
+fn denied(r: &Value) -> String {
+    let e = r["error"].as_str().unwrap_or_default().to_owned();
+    assert!(e.starts_with("denied: "), "expected a refusal, got {r}");
+    e
+}
+
+fn kit_config() -> Value {
+    json!({
+        "allowed_hosts": [
+            "api.test", "other.test", "loop.test", "private.test", "rebind.test",
+            "127.0.0.1", "[::1]", "[::ffff:127.0.0.1]", "0.0.0.0", "10.0.0.1",
+            "169.254.169.254", "[fd00:ec2::254]",
+        ],
+        "secrets": ["API_KEY"],
+    })
+}
+
+#[tokio::test]
+async fn a_secret_reaches_only_its_https_host_and_nothing_comes_back_with_it() {
+    let rig = Rig::new(kit_config()).await;
+    let url = format!("https://api.test:{}/echo", rig.https);
+    let r = rig
+        .fetch(json!({
+            "url": url,
+            "headers": [["authorization", "Bearer {{secret:API_KEY}}"], ["x-marker", "echo-marker-5150"]],
+        }))
+        .await;
+    assert_eq!(r["status"], 200, "{r}");
+    // The server got the value; the guest got it back only redacted, in
+    // the body and in the header that echoed it.
+    assert_eq!(
+        rig.seen.header(0, "authorization").as_deref(),
+        Some(format!("Bearer {SECRET}").as_str())
+    );
+    let body = r["body"].as_str().unwrap();
+    assert!(!body.contains(SECRET), "{body}");
+    assert!(body.contains("Bearer [redacted]"), "{body}");
+    let echoed = r["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h[0] == "x-echo-auth")
+        .unwrap();
+    assert_eq!(echoed[1], "Bearer [redacted]");
+
+    // Not in the guest's memory: the scan finds a string the guest did see,
+    // and not the value.
+    let scan = |needle: &str| {
+        let mask: Vec<u8> = (0..needle.len()).map(|i| 0x5a ^ (i as u8)).collect();
+        let masked: Vec<u8> = needle.bytes().zip(&mask).map(|(b, m)| b ^ m).collect();
+        json!({ "op": "scan_memory", "masked": masked, "mask": mask })
+    };
+    let seen_marker = rig.api.op("kit", "a", scan("echo-marker-5150")).await;
+    assert_eq!(
+        seen_marker.json["found"], true,
+        "the scan cannot find anything"
+    );
+    let secret = rig.api.op("kit", "a", scan(SECRET)).await;
+    assert_eq!(secret.json["found"], false, "the secret is in guest memory");
+
+    // The wrong destinations: refused before a byte is sent.
+    let before = rig.seen.requests().len();
+    for (req, why) in [
+        (
+            json!({ "url": format!("https://other.test:{}/echo", rig.https),
+                    "headers": [["authorization", "{{secret:API_KEY}}"]] }),
+            "may only be sent over https to api.test",
+        ),
+        (
+            json!({ "url": format!("http://api.test:{}/echo", rig.http),
+                    "headers": [["authorization", "{{secret:API_KEY}}"]] }),
+            "may only be sent over https to api.test",
+        ),
+    ] {
+        let e = denied(&rig.fetch(req).await);
+        assert!(e.contains(why), "{e}");
+        assert!(!e.contains(SECRET));
+    }
+    let r = rig
+        .fetch(json!({ "url": url, "headers": [["x", "{{secret:NOPE}}"]] }))
+        .await;
+    assert!(denied(&r).contains("not listed in this actor type's config.secrets"));
+    assert_eq!(
+        rig.seen.requests().len(),
+        before,
+        "a refused request was sent"
+    );
+
+    // A type that does not list the secret cannot use it.
+    let r = rig
+        .api
+        .deploy("other", TESTKIT, json!({ "allowed_hosts": ["api.test"] }))
+        .await;
+    assert_eq!(r.status, 201);
+    let r = rig
+        .api
+        .op(
+            "other",
+            "a",
+            json!({ "op": "fetch", "url": url, "headers": [["authorization", "{{secret:API_KEY}}"]] }),
+        )
+        .await;
+    assert!(denied(&r.json).contains("config.secrets"));
+
+    // Nowhere else either: logs at trace level, metrics, events, the
+    // database file.
+    let metrics = rig.api.get("/metrics").await;
+    assert!(!String::from_utf8_lossy(&metrics.body).contains(SECRET));
+    let events = rig.api.get("/v1/actors/kit/a/events").await;
+    assert!(!String::from_utf8_lossy(&events.body).contains(SECRET));
+    let mut node = rig.node;
+    node.kill9();
+    assert!(
+        !node.log_text().contains(SECRET),
+        "the log holds the secret"
+    );
+    let db = std::fs::read(rig._dir.path().join("data/marmot.redb")).unwrap();
+    assert!(
+        !db.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()),
+        "the database holds the secret"
+    );
+}
+
+#[tokio::test]
+async fn ssrf_attempts_are_refused_before_a_connection() {
+    let rig = Rig::new(json!({
+        "allowed_hosts": kit_config()["allowed_hosts"],
+        "max_redirects": 3,
+    }))
+    .await;
+    let p = rig.http;
+    let attempts = [
+        format!("http://127.0.0.1:{p}/"),
+        format!("http://[::1]:{p}/"),
+        format!("http://[::ffff:127.0.0.1]:{p}/"),
+        format!("http://0.0.0.0:{p}/"),
+        format!("http://2130706433:{p}/"),
+        format!("http://0x7f.1:{p}/"),
+        format!("http://0177.0.0.1:{p}/"),
+        "http://10.0.0.1/".into(),
+        "http://169.254.169.254/latest/meta-data/".into(),
+        "http://[fd00:ec2::254]/".into(),
+        format!("http://loop.test:{p}/"),
+        "http://private.test/".into(),
+        format!(
+            "https://api.test:{}/redirect?to=http://127.0.0.1:{p}/",
+            rig.https
+        ),
+    ];
+    let connections = rig.seen.connections.load(Ordering::SeqCst);
+    for url in &attempts {
+        let r = rig.fetch(json!({ "url": url })).await;
+        let e = denied(&r);
+        assert!(e.contains("does not allow"), "{url}: {e}");
+    }
+    // Only the redirecting server was reached (once), never the target.
+    assert_eq!(
+        rig.seen.connections.load(Ordering::SeqCst),
+        connections + 1,
+        "a refused address was connected to"
+    );
+    assert_eq!(rig.seen.requests().len(), 1);
+
+    // Rebinding: the name is judged as it is resolved, and the connection
+    // goes to the judged answer (127.0.0.2); the next lookup answers
+    // 127.0.0.1 and is refused.
+    let r = rig
+        .fetch(json!({ "url": format!("http://rebind.test:{p}/ok") }))
+        .await;
+    assert_eq!(r["status"], 200, "{r}");
+    assert_eq!(rig.dns.queries("rebind.test"), 1);
+    // A new connection (the pool is per host and port) resolves again.
+    let r = rig
+        .fetch(json!({ "url": format!("http://rebind.test:{}/ok", rig.https) }))
+        .await;
+    denied(&r);
+    assert_eq!(rig.dns.queries("rebind.test"), 2);
+}
+
+#[tokio::test]
+async fn allow_lists_methods_and_redirects() {
+    let rig = Rig::new(json!({
+        "allowed_hosts": ["api.test", "other.test"],
+        "allowed_methods": ["GET"],
+        "secrets": ["API_KEY"],
+    }))
+    .await;
+    // A host the type does not list: refused without a connection.
+    let r = rig
+        .fetch(json!({ "url": format!("http://unlisted.test:{}/", rig.http) }))
+        .await;
+    assert!(denied(&r).contains("allowed_hosts"), "{r}");
+    assert_eq!(rig.seen.connections.load(Ordering::SeqCst), 0);
+    // A method the type does not list.
+    let r = rig
+        .fetch(json!({ "method": "POST", "url": format!("https://api.test:{}/", rig.https) }))
+        .await;
+    assert!(denied(&r).contains("allowed_methods"), "{r}");
+    assert_eq!(rig.seen.connections.load(Ordering::SeqCst), 0);
+    // Redirects are not followed by default: the guest gets the 302.
+    let target = format!("https://other.test:{}/echo", rig.https);
+    let r = rig
+        .fetch(json!({ "url": format!("https://api.test:{}/redirect?to={target}", rig.https) }))
+        .await;
+    assert_eq!(r["status"], 302, "{r}");
+
+    // Opted in: followed, each hop checked, and the secret is not carried
+    // to another host.
+    let r = rig
+        .api
+        .deploy(
+            "kit",
+            TESTKIT,
+            json!({ "allowed_hosts": ["api.test", "other.test"], "secrets": ["API_KEY"], "max_redirects": 2 }),
+        )
+        .await;
+    assert_eq!(r.status, 201);
+    let r = rig
+        .fetch(json!({
+            "url": format!("https://api.test:{}/redirect?to={target}", rig.https),
+            "headers": [["authorization", "Bearer {{secret:API_KEY}}"], ["x-kept", "yes"]],
+        }))
+        .await;
+    assert_eq!(r["status"], 200, "{r}");
+    let last = rig.seen.requests().len() - 1;
+    assert_eq!(rig.seen.requests()[last].1, "/echo");
+    assert_eq!(
+        rig.seen.header(last, "authorization"),
+        None,
+        "the secret followed a redirect"
+    );
+    assert_eq!(rig.seen.header(last, "x-kept").as_deref(), Some("yes"));
+    // A hop to a host the type does not list is refused.
+    let r = rig
+        .fetch(json!({ "url": format!("https://api.test:{}/redirect?to=https://unlisted.test/", rig.https) }))
+        .await;
+    assert!(denied(&r).contains("allowed_hosts"), "{r}");
+}
+
+#[tokio::test]
+async fn javascript_fetch_uses_the_same_capability() {
+    let rig = Rig::new(kit_config()).await;
+    let source = format!(
+        r#"export default {{
+  async onMessage(body) {{
+    const r = await fetch("https://api.test:{}/echo", {{
+      headers: {{ authorization: "Bearer {{{{secret:API_KEY}}}}", "idempotency-key": "{{{{idempotency-key}}}}" }},
+    }});
+    const text = await r.text();
+    let refused = null;
+    try {{ await fetch("http://127.0.0.1:{}/"); }} catch (e) {{ refused = String(e.message || e); }}
+    return {{ status: r.status, leaked: text.includes("{SECRET}"), redacted: text.includes("[redacted]"), refused }};
+  }}
+}};"#,
+        rig.https, rig.http
+    );
+    let r = rig
+        .api
+        .req(
+            Method::PUT,
+            "/v1/types/jsfetch",
+            Some((
+                "application/json",
+                serde_json::to_vec(
+                    &json!({ "kind": "js", "code": source, "config": kit_config() }),
+                )
+                .unwrap(),
+            )),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let r = rig.api.post_json("/v1/actors/jsfetch/a", &json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["status"], 200);
+    assert_eq!(r.json["leaked"], false);
+    assert_eq!(r.json["redacted"], true);
+    assert!(
+        r.json["refused"]
+            .as_str()
+            .unwrap_or("")
+            .contains("does not allow"),
+        "{}",
+        r.json
+    );
+    assert_eq!(
+        rig.seen.header(0, "authorization").as_deref(),
+        Some(format!("Bearer {SECRET}").as_str())
+    );
+    // The idempotency key is 32 hex digits, the same when the same call of
+    // the same turn runs again.
+    let key = rig.seen.header(0, "idempotency-key").unwrap();
+    assert_eq!(key.len(), 32, "{key}");
+    assert!(key.bytes().all(|b| b.is_ascii_hexdigit()));
+}
