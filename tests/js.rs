@@ -22,7 +22,7 @@ export default {
     }
     if (body?.op === "bigint") return { big: 10n };
     if (body?.op === "nothing") return undefined;
-    if (body?.op === "unsupported") {
+    if (body?.op === "missing-file") {
       try {
         files.read("notes.txt");
       } catch (e) {
@@ -118,10 +118,15 @@ async fn javascript_actors_run_turns_against_the_marmot_module() {
         "console.log reaches the log"
     );
 
-    // Unsupported capabilities throw a clear JavaScript error.
-    let r = api.op("jscount", "ann", json!({"op": "unsupported"})).await;
+    // A capability's refusal throws a clear JavaScript error.
+    let r = api
+        .op("jscount", "ann", json!({"op": "missing-file"}))
+        .await;
     assert!(
-        r.json["error"].as_str().unwrap().contains("not supported"),
+        r.json["error"]
+            .as_str()
+            .unwrap()
+            .contains("not found: no file `notes.txt`"),
         "{}",
         r.json
     );

@@ -47,6 +47,8 @@ pub struct NodeConfig {
     pub secrets: SecretsConfig,
     /// Outbound HTTP from guests (`http` capability, JavaScript `fetch`).
     pub egress: EgressConfig,
+    /// Actors' files.
+    pub files: FilesConfig,
 }
 
 impl Default for NodeConfig {
@@ -66,6 +68,7 @@ impl Default for NodeConfig {
             webhooks: WebhooksConfig::default(),
             secrets: SecretsConfig::default(),
             egress: EgressConfig::default(),
+            files: FilesConfig::default(),
         }
     }
 }
@@ -399,6 +402,39 @@ impl Default for WebhooksConfig {
             per_destination: 4,
             timeout_ms: 15_000,
             connect_timeout_ms: 5_000,
+        }
+    }
+}
+
+/// Actors' files: sizes and quotas.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FilesConfig {
+    /// Largest file (a file passes through the guest's memory whole).
+    pub max_file_bytes: usize,
+    /// Bytes of files one actor may keep.
+    pub max_actor_bytes: u64,
+    /// Files one actor may keep.
+    pub max_actor_files: u64,
+    /// Bytes of files all actors of one type may keep.
+    pub max_type_bytes: u64,
+    /// Files up to this size are stored in the database row; larger ones
+    /// as content-addressed blobs beside it.
+    pub inline_max_bytes: usize,
+    /// Unreferenced blobs older than this are removed (must be longer than
+    /// any turn: a turn writes its blobs before it commits).
+    pub blob_gc_grace_ms: u64,
+}
+
+impl Default for FilesConfig {
+    fn default() -> Self {
+        Self {
+            max_file_bytes: 16 << 20,
+            max_actor_bytes: 256 << 20,
+            max_actor_files: 10_000,
+            max_type_bytes: 10 << 30,
+            inline_max_bytes: 64 << 10,
+            blob_gc_grace_ms: 3_600_000,
         }
     }
 }

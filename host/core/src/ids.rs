@@ -76,6 +76,12 @@ pub enum IdError {
         /// Why.
         why: &'static str,
     },
+    /// Bad file path.
+    #[error("invalid file path: {why}")]
+    Path {
+        /// Why.
+        why: &'static str,
+    },
     /// Bad hook or subscription name.
     #[error("{what} `{name}` must be 1 to {MAX_NAME} of A-Z a-z 0-9 . _ -")]
     Name {
@@ -178,6 +184,39 @@ pub fn validate_idempotency_key(key: &str) -> Result<(), IdError> {
     Ok(())
 }
 
+/// Longest file path, in bytes.
+pub const MAX_FILE_PATH: usize = 1024;
+
+/// Actor file paths: relative and `/`-separated, 1–1024 bytes of UTF-8;
+/// no empty, `.` or `..` segment (so no leading, trailing or doubled `/`),
+/// no NUL, backslash or other control characters, segments of at most 255
+/// bytes. A path names one file in the actor's own tree and nothing else.
+pub fn validate_file_path(path: &str) -> Result<(), IdError> {
+    let err = |why| Err(IdError::Path { why });
+    if path.is_empty() {
+        return err("must not be empty");
+    }
+    if path.len() > MAX_FILE_PATH {
+        return err("must be at most 1024 bytes");
+    }
+    if path.chars().any(|c| c.is_control() || c == '\\') {
+        return err("must not contain NUL, backslashes or control characters");
+    }
+    for segment in path.split('/') {
+        match segment {
+            "" => {
+                return err(
+                    "must be relative, without empty segments (`//`, leading or trailing `/`)",
+                );
+            }
+            "." | ".." => return err("must not contain `.` or `..` segments"),
+            s if s.len() > 255 => return err("segments must be at most 255 bytes"),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Hook names (the last segment of `/v1/hooks/{type}/{id}/{name}`, keys of
 /// `webhook_routes`): 1–64 of `A-Za-z0-9._-`.
 pub fn validate_hook_name(name: &str) -> Result<(), IdError> {
@@ -242,6 +281,38 @@ mod tests {
         assert!(validate_actor_id("").is_err());
         assert!(validate_actor_id("a\nb").is_err());
         assert!(validate_actor_id("a\u{7f}b").is_err());
+    }
+
+    #[test]
+    fn file_paths() {
+        for ok in [
+            "a",
+            "outputs/report.md",
+            "a b/ünï.txt",
+            ".hidden",
+            "a..b",
+            "x/.y",
+        ] {
+            assert!(validate_file_path(ok).is_ok(), "{ok:?}");
+        }
+        for bad in [
+            "",
+            "/etc/passwd",
+            "a/",
+            "a//b",
+            ".",
+            "..",
+            "../x",
+            "a/../b",
+            "a/./b",
+            "a\\b",
+            "a\0b",
+            "a\nb",
+        ] {
+            assert!(validate_file_path(bad).is_err(), "{bad:?}");
+        }
+        assert!(validate_file_path(&"x".repeat(1025)).is_err());
+        assert!(validate_file_path(&"x".repeat(256)).is_err());
     }
 
     #[test]

@@ -118,6 +118,7 @@ impl From<crate::ids::IdError> for ApiError {
             crate::ids::IdError::Type { .. } => "invalid_type_name",
             crate::ids::IdError::Id { .. } => "invalid_actor_id",
             crate::ids::IdError::IdempotencyKey { .. } => "invalid_idempotency_key",
+            crate::ids::IdError::Path { .. } => "invalid_path",
             crate::ids::IdError::Name { what, .. } => match what {
                 crate::ids::NameKind::Hook => "invalid_hook_name",
                 crate::ids::NameKind::Subscription => "invalid_subscription_name",

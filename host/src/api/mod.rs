@@ -9,6 +9,7 @@ mod actors;
 mod edge;
 mod error;
 mod extract;
+mod files;
 mod hooks;
 mod secrets;
 mod streams;
@@ -84,7 +85,8 @@ pub fn router(node: Arc<Node>) -> Router {
             post(actors::answer_input),
         )
         .route("/v1/actors/{type}/{id}/eval", post(actors::eval))
-        .route("/v1/actors/{type}/{id}/files/{*path}", get(not_yet))
+        .route("/v1/actors/{type}/{id}/files", get(files::list))
+        .route("/v1/actors/{type}/{id}/files/{*path}", get(files::download))
         .route("/v1/actors/{type}/{id}/move", post(not_yet))
         .route("/v1/hooks/{type}/{id}/{name}", post(hooks::receive))
         .route("/v1/secrets", get(secrets::list))

@@ -46,6 +46,25 @@ impl Node {
         );
     }
 
+    /// Remove blobs no file refers to that are older than `grace`: those of
+    /// turns that never committed, and those whose files went.
+    pub(super) async fn collect_blobs(&self, grace: Duration) {
+        let storage = self.storage.clone();
+        let collected = tokio::task::spawn_blocking(move || {
+            let reader = storage.reader()?;
+            storage
+                .blobs()
+                .collect(grace, |sha| reader.blob_referenced(sha))
+        })
+        .await;
+        match collected {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => tracing::info!(blobs = n, "unreferenced blobs removed"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "blob collection failed"),
+            Err(e) => tracing::warn!(error = %e, "blob collection panicked"),
+        }
+    }
+
     /// Periodic chores: idempotency expiry, event retention by age, gauges.
     pub(super) async fn housekeeping(self: Arc<Self>) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -59,6 +78,10 @@ impl Node {
             self.update_gauges();
             if max_age > 0 && n.is_multiple_of(sweep_every) {
                 self.sweep_old_events().await;
+            }
+            if n.is_multiple_of(600) {
+                let grace = Duration::from_millis(self.config.files.blob_gc_grace_ms);
+                self.collect_blobs(grace).await;
             }
             if n.is_multiple_of(60) {
                 let now = now_ms();

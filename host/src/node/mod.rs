@@ -37,8 +37,8 @@ use crate::config::NodeConfig;
 use crate::egress::Egress;
 use crate::metrics::Metrics;
 use crate::sandbox::{
-    ActorLimits, AlarmLimits, EventLimits, InputLimits, LogLimits, Sandbox, SandboxConfig,
-    StateLimits, TurnLimits,
+    ActorLimits, AlarmLimits, EventLimits, FileLimits, InputLimits, LogLimits, Sandbox,
+    SandboxConfig, StateLimits, TurnLimits,
 };
 use crate::secrets::{MasterKeys, SecretStore};
 use crate::storage::Storage;
@@ -150,6 +150,9 @@ impl Node {
             recovering = recover.len(),
             "storage open"
         );
+        // Before any turn can run (and write a blob): every unreferenced
+        // blob is garbage now, left by turns that never committed.
+        node.collect_blobs(Duration::ZERO).await;
         tokio::spawn(node.clone().recover(recover));
         scheduler.start(
             storage.clone(),
@@ -242,6 +245,13 @@ fn turn_limits(config: &NodeConfig) -> TurnLimits {
         actors: ActorLimits {
             max_sends_per_turn: 100,
             max_message_bytes: l.max_message_bytes,
+        },
+        files: FileLimits {
+            max_file_bytes: config.files.max_file_bytes,
+            max_actor_bytes: config.files.max_actor_bytes,
+            max_actor_files: config.files.max_actor_files,
+            max_type_bytes: config.files.max_type_bytes,
+            inline_max_bytes: config.files.inline_max_bytes,
         },
     }
 }

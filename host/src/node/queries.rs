@@ -6,7 +6,7 @@ use serde::Serialize;
 use super::Node;
 use crate::clock::now_ms;
 use crate::ids::ActorKey;
-use crate::storage::schema::{ActorRecord, AlarmRecord, EventRecord, InputRecord};
+use crate::storage::schema::{ActorRecord, AlarmRecord, EventRecord, FileRecord, InputRecord};
 use crate::storage::{Page, Reader, StorageError};
 
 /// State entries: (key, value) in key order.
@@ -192,5 +192,39 @@ impl Node {
             }
             after = last;
         }
+    }
+
+    /// An actor's files under `prefix`, after `after`, at most `limit`
+    /// (committed; served whether the actor is awake or not).
+    pub fn files(
+        &self,
+        key: &ActorKey,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Option<Vec<(String, FileRecord)>>, StorageError> {
+        let r = self.storage.reader()?;
+        let Some(rec) = r.actor(key)? else {
+            return Ok(None);
+        };
+        Ok(Some(r.files(rec.num, prefix, after, limit)?))
+    }
+
+    /// One committed file of an actor (`None`: no such actor).
+    pub fn file(
+        &self,
+        key: &ActorKey,
+        path: &str,
+    ) -> Result<Option<Option<FileRecord>>, StorageError> {
+        let r = self.storage.reader()?;
+        let Some(rec) = r.actor(key)? else {
+            return Ok(None);
+        };
+        Ok(Some(r.file(rec.num, path)?))
+    }
+
+    /// Where the bytes of a blob-stored file are.
+    pub fn blob_path(&self, sha256: &[u8; 32]) -> std::path::PathBuf {
+        self.storage.blobs().path(sha256)
     }
 }

@@ -34,6 +34,7 @@ pub use bindings::{Alarm, GuestError, InputAnswer, Message, Webhook};
 pub use caps::actors::{ActorCalls, ActorLimits, CallChain, CallReply, DurableBefore};
 pub use caps::alarms::AlarmLimits;
 pub use caps::events::EventLimits;
+pub use caps::files::FileLimits;
 pub use caps::http::{HttpAccess, HttpGrant};
 pub use caps::inputs::InputLimits;
 pub use caps::log::LogLimits;

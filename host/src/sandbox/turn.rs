@@ -18,12 +18,13 @@ use bytes::Bytes;
 use super::caps::actors::{ActorLimits, ActorsCtx, CallChain, DurableBefore};
 use super::caps::alarms::{AlarmLimits, AlarmsCtx, KnownAlarms};
 use super::caps::events::{EventLimits, EventsCtx};
+use super::caps::files::{FileCache, FileLimits, FilesCtx};
 use super::caps::http::HttpCtx;
 use super::caps::inputs::{InputLimits, InputsCtx};
 use super::caps::log::{LogCtx, LogLimits};
 use super::caps::state::{StateCache, StateCtx, StateLimits};
 use crate::ids::ActorKey;
-use crate::storage::schema::{AlarmRecord, InboxRecord, InputRecord};
+use crate::storage::schema::{AlarmRecord, FileRecord, InboxRecord, InputRecord};
 use crate::storage::{Reader, Storage, StorageError};
 
 /// The limits of every capability inside a turn.
@@ -41,6 +42,8 @@ pub struct TurnLimits {
     pub inputs: InputLimits,
     /// `actors`.
     pub actors: ActorLimits,
+    /// `files`.
+    pub files: FileLimits,
 }
 
 /// Read access to what one actor has committed: where a turn's view falls
@@ -57,6 +60,16 @@ impl ActorDisk {
     pub fn reader(&self) -> Result<Reader, StorageError> {
         self.storage.reader()
     }
+
+    /// Where blob `sha256` is.
+    pub fn blob_path(&self, sha256: &[u8; 32]) -> std::path::PathBuf {
+        self.storage.blobs().path(sha256)
+    }
+
+    /// Store a blob durably (blocking); its SHA-256.
+    pub fn put_blob(&self, bytes: &[u8]) -> Result<[u8; 32], StorageError> {
+        self.storage.blobs().put(bytes)
+    }
 }
 
 /// What an actor keeps between its turns: what it has read, so the next
@@ -66,6 +79,7 @@ pub struct Carry {
     state: StateCache,
     alarms: KnownAlarms,
     pending_inputs: Option<u64>,
+    files: FileCache,
 }
 
 impl Carry {
@@ -73,6 +87,7 @@ impl Carry {
     /// holds more than `cap` bytes.
     pub fn trim(&mut self, cap: usize, committed_seq: u64) {
         self.state.trim(cap, committed_seq);
+        self.files.trim(committed_seq);
     }
 
     /// The actor's alarms as its turns see them, read with `load` if no
@@ -142,6 +157,8 @@ pub struct TurnState {
     pub log: LogCtx,
     /// `http`.
     pub http: HttpCtx,
+    /// `files`.
+    pub files: FilesCtx,
 }
 
 /// Why a guest call was refused; shown to the guest.
@@ -187,6 +204,7 @@ impl TurnState {
             num: start.num,
         };
         let c = start.counts;
+        let ty = start.key.ty().to_owned();
         Self {
             key: start.key,
             version: start.version,
@@ -201,7 +219,8 @@ impl TurnState {
             ),
             events: EventsCtx::new(limits.events, c.last_event_seq),
             alarms: AlarmsCtx::new(disk.clone(), limits.alarms, carry.alarms),
-            inputs: InputsCtx::new(disk, limits.inputs, carry.pending_inputs),
+            inputs: InputsCtx::new(disk.clone(), limits.inputs, carry.pending_inputs),
+            files: FilesCtx::new(disk, limits.files, ty, carry.files),
             actors: ActorsCtx::new(limits.actors, start.chain, start.durable_before),
             log: LogCtx::new(limits.log),
             http: HttpCtx::default(),
@@ -214,10 +233,12 @@ impl TurnState {
         let (cache, state) = self.state.finish(self.seq);
         let (alarms, alarm_writes) = self.alarms.finish();
         let (pending_inputs, created) = self.inputs.finish();
+        let (files_cache, files) = self.files.finish(self.seq);
         let carry = Carry {
             state: cache,
             alarms,
             pending_inputs,
+            files: files_cache,
         };
         let finished = FinishedTurn {
             writes: state.writes,
@@ -227,6 +248,7 @@ impl TurnState {
             alarm_writes,
             input_writes: created.into_iter().map(|(id, r)| (id, Some(r))).collect(),
             sends: self.actors.finish(),
+            files,
         };
         (carry, finished)
     }
@@ -237,6 +259,7 @@ impl TurnState {
             state: self.state.abandon(),
             alarms: self.alarms.abandon(),
             pending_inputs: self.inputs.abandon(),
+            files: self.files.abandon(),
         }
     }
 }
@@ -258,6 +281,8 @@ pub struct FinishedTurn {
     pub input_writes: Vec<(String, Option<InputRecord>)>,
     /// Messages to other actors: (recipient, the inbox row).
     pub sends: Vec<(ActorKey, InboxRecord)>,
+    /// Files written (`Some`) or deleted (`None`).
+    pub files: Vec<(String, Option<FileRecord>)>,
 }
 
 impl FinishedTurn {
@@ -269,6 +294,7 @@ impl FinishedTurn {
             && self.alarm_writes.is_empty()
             && self.input_writes.is_empty()
             && self.sends.is_empty()
+            && self.files.is_empty()
     }
 
     /// A commit that changes no state (bookkeeping only) of an actor
@@ -299,6 +325,7 @@ mod tests {
     use crate::sandbox::caps::actors::ActorLimits;
     use crate::sandbox::caps::alarms::AlarmLimits;
     use crate::sandbox::caps::events::EventLimits;
+    use crate::sandbox::caps::files::FileLimits;
     use crate::sandbox::caps::inputs::InputLimits;
     use crate::sandbox::caps::log::LogLimits;
     use crate::sandbox::caps::state::StateLimits;
@@ -329,6 +356,13 @@ mod tests {
             actors: ActorLimits {
                 max_sends_per_turn: 10,
                 max_message_bytes: 1 << 20,
+            },
+            files: FileLimits {
+                max_file_bytes: 1 << 20,
+                max_actor_bytes: 1 << 30,
+                max_actor_files: 1000,
+                max_type_bytes: 1 << 30,
+                inline_max_bytes: 1024,
             },
         }
     }
@@ -496,6 +530,7 @@ mod tests {
                     alarms: finished.alarm_writes,
                     inputs: finished.input_writes,
                     sends: finished.sends,
+                    files: finished.files,
                     state: finished.writes,
                     events: Vec::new(),
                     trim_events_below: None,

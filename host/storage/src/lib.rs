@@ -12,6 +12,7 @@
 //! * [`Reader`] serves reads from MVCC read transactions, which never block
 //!   the writer.
 
+pub mod blobs;
 pub mod bulk;
 pub mod schema;
 pub mod subscriptions;
@@ -114,6 +115,7 @@ impl Default for WriterMetrics {
 /// The node's database and its writer.
 pub struct Storage {
     db: Arc<redb::Database>,
+    blobs: blobs::BlobStore,
     writer: Writer,
     path: PathBuf,
     subscriptions: Arc<Subscriptions>,
@@ -137,6 +139,7 @@ impl Storage {
             .create(&path)?;
         check_format(&db)?;
         let subscriptions = Arc::new(Subscriptions::load(&db)?);
+        let blobs = blobs::BlobStore::open(dir.join("blobs"))?;
         let outbox_ready = Arc::new(tokio::sync::Notify::new());
         let db = Arc::new(db);
         let writer = Writer::start(
@@ -148,6 +151,7 @@ impl Storage {
         )?;
         Ok(Self {
             db,
+            blobs,
             writer,
             path,
             subscriptions,
@@ -175,6 +179,11 @@ impl Storage {
         Ok(Reader {
             txn: self.db.begin_read()?,
         })
+    }
+
+    /// The blobs holding large files.
+    pub fn blobs(&self) -> &blobs::BlobStore {
+        &self.blobs
     }
 
     /// The group-commit writer.
@@ -585,6 +594,65 @@ impl Reader {
             Some(v) => Ok(Some(decode("delivery", v.value())?)),
             None => Ok(None),
         }
+    }
+
+    /// One file of an actor.
+    pub fn file(&self, num: u64, path: &str) -> Result<Option<FileRecord>, StorageError> {
+        let t = self.txn.open_table(FILES)?;
+        match t.get((num, path))? {
+            Some(v) => Ok(Some(decode("file", v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Files of an actor whose path starts with `prefix`, after
+    /// `start_after`, in path order, at most `limit`.
+    pub fn files(
+        &self,
+        num: u64,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, FileRecord)>, StorageError> {
+        let t = self.txn.open_table(FILES)?;
+        let start = match start_after {
+            Some(a) if a >= prefix => a,
+            _ => prefix,
+        };
+        let mut out = Vec::new();
+        for row in t.range((num, start)..)? {
+            let (k, v) = row?;
+            let (n, path) = k.value();
+            if n != num || !path.starts_with(prefix) || out.len() == limit {
+                break;
+            }
+            if Some(path) == start_after {
+                continue;
+            }
+            out.push((path.to_owned(), decode("file", v.value())?));
+        }
+        Ok(out)
+    }
+
+    /// How much an actor keeps in files.
+    pub fn file_usage(&self, num: u64) -> Result<FileUsage, StorageError> {
+        let t = self.txn.open_table(FILE_USAGE)?;
+        match t.get(num)? {
+            Some(v) => Ok(decode("file usage", v.value())?),
+            None => Ok(FileUsage::default()),
+        }
+    }
+
+    /// Bytes of files all actors of `ty` keep.
+    pub fn type_file_bytes(&self, ty: &str) -> Result<u64, StorageError> {
+        let t = self.txn.open_table(TYPE_FILE_USAGE)?;
+        Ok(t.get(ty)?.map_or(0, |v| v.value()))
+    }
+
+    /// Whether any file refers to blob `sha256`.
+    pub fn blob_referenced(&self, sha256: &[u8; 32]) -> Result<bool, StorageError> {
+        let t = self.txn.open_table(BLOB_REFS)?;
+        Ok(t.get(sha256)?.is_some_and(|v| v.value() > 0))
     }
 
     /// Every secret record, by name.

@@ -12,7 +12,8 @@
 //! an older data directory is opened ([`check_format`]).
 //!
 //! History: 1 — first format; 2 — inbox rows carry their kind (message or
-//! webhook).
+//! webhook); 3 — actors' files (`files`, `file_usage`, `type_file_usage`,
+//! `blob_refs`), and no binary of format 2 may open a file that has them.
 //!
 //! Actors are interned: `(type, id)` maps to a compact `u64` actor number at
 //! first use, so hot per-actor keys (`state`, `events`, …) stay small and
@@ -25,7 +26,7 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use crate::LOG_TARGET;
 
 /// Version of the on-disk format described in this file.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 /// Node-wide settings: `format_version` (u32 LE).
 pub const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
@@ -81,6 +82,21 @@ pub const OUTBOX_DUE: TableDefinition<'_, (u64, u64), ()> = TableDefinition::new
 /// The secret store, by name: [`SecretRecord`] (postcard). Values are
 /// sealed under the node's master key; nothing here is plaintext.
 pub const SECRETS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("secrets");
+
+/// Actors' files: (actor, path) → [`FileRecord`]. Paths are relative and
+/// `/`-separated, so one actor's files under a prefix are a range.
+pub const FILES: TableDefinition<'_, (u64, &str), &[u8]> = TableDefinition::new("files");
+
+/// Files per actor: actor → [`FileUsage`], kept in step with `files`.
+pub const FILE_USAGE: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("file_usage");
+
+/// Bytes of files per type (its quota): type → u64 (LE).
+pub const TYPE_FILE_USAGE: TableDefinition<'_, &str, u64> = TableDefinition::new("type_file_usage");
+
+/// References to each blob: SHA-256 → count. A blob (a file in
+/// `<data>/blobs/`) with no row here is garbage: written by a turn that
+/// never committed, or no longer used; the blob collector removes it.
+pub const BLOB_REFS: TableDefinition<'_, &[u8; 32], u64> = TableDefinition::new("blob_refs");
 
 /// Durable inbox of `?wait=false` messages: (actor, seq) → [`InboxRecord`].
 /// `seq` is node-wide and increasing, so per-actor order is arrival order.
@@ -365,6 +381,37 @@ pub struct SecretRecord {
     pub sealed: Vec<u8>,
 }
 
+/// One file of an actor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRecord {
+    /// Bytes.
+    pub size: u64,
+    /// SHA-256 of the content (the `ETag`, and a blob's name).
+    pub sha256: [u8; 32],
+    /// When it was written (ms since the epoch).
+    pub updated_at_ms: u64,
+    /// Where the bytes are.
+    pub body: FileBody,
+}
+
+/// Where a file's bytes are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileBody {
+    /// In the row (small files).
+    Inline(Vec<u8>),
+    /// In the content-addressed blob named by the record's `sha256`.
+    Blob,
+}
+
+/// How much an actor keeps in files.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileUsage {
+    /// Total bytes.
+    pub bytes: u64,
+    /// Number of files.
+    pub files: u64,
+}
+
 /// A durable wait for an answer from a person or a system.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputRecord {
@@ -564,6 +611,7 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
         };
         // Tables added within a format version are created on open.
         let complete = read.open_table(ALARM_DUE).is_ok()
+            && read.open_table(FILES).is_ok()
             && read.open_table(INPUTS).is_ok()
             && read.open_table(OUTBOX_DUE).is_ok()
             && read.open_table(SECRETS).is_ok();
@@ -571,6 +619,8 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
     };
     match found {
         Some(1) => return migrate_from_v1(db),
+        // 2 → 3 only adds tables: stamp the version, then create them.
+        Some(2) => return stamp_and_check(db),
         Some(v) if v != FORMAT_VERSION => {
             return Err(FormatError::Mismatch {
                 found: v,
@@ -601,6 +651,12 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
         write.open_table(OUTBOX).map_err(redb::Error::from)?;
         write.open_table(OUTBOX_DUE).map_err(redb::Error::from)?;
         write.open_table(SECRETS).map_err(redb::Error::from)?;
+        write.open_table(FILES).map_err(redb::Error::from)?;
+        write.open_table(FILE_USAGE).map_err(redb::Error::from)?;
+        write
+            .open_table(TYPE_FILE_USAGE)
+            .map_err(redb::Error::from)?;
+        write.open_table(BLOB_REFS).map_err(redb::Error::from)?;
     }
     write.commit().map_err(redb::Error::from)?;
     Ok(())
@@ -638,7 +694,11 @@ fn migrate_from_v1(db: &redb::Database) -> Result<(), FormatError> {
         );
     }
     write.commit().map_err(redb::Error::from)?;
-    // Stamp the new version and create tables added since.
+    stamp_and_check(db)
+}
+
+/// Stamp the current format version, then create the tables added since.
+fn stamp_and_check(db: &redb::Database) -> Result<(), FormatError> {
     let write = db.begin_write().map_err(redb::Error::from)?;
     {
         let mut meta = write.open_table(META).map_err(redb::Error::from)?;
@@ -646,6 +706,7 @@ fn migrate_from_v1(db: &redb::Database) -> Result<(), FormatError> {
             .map_err(redb::Error::from)?;
     }
     write.commit().map_err(redb::Error::from)?;
+    tracing::info!(target: LOG_TARGET, version = FORMAT_VERSION, "storage format upgraded");
     check_format(db)
 }
 
@@ -758,6 +819,58 @@ mod tests {
             check_format(&db),
             Err(FormatError::Mismatch { found: 99, .. })
         ));
+    }
+
+    #[test]
+    fn format_2_files_gain_the_file_tables() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("m.redb")).unwrap();
+        let w = db.begin_write().unwrap();
+        {
+            let mut meta = w.open_table(META).unwrap();
+            meta.insert("format_version", 2u32.to_le_bytes().as_slice())
+                .unwrap();
+            w.open_table(STATE)
+                .unwrap()
+                .insert((1, "k"), b"v".as_slice())
+                .unwrap();
+        }
+        w.commit().unwrap();
+        check_format(&db).unwrap();
+        let r = db.begin_read().unwrap();
+        assert!(r.open_table(FILES).is_ok());
+        assert!(r.open_table(BLOB_REFS).is_ok());
+        let state = r.open_table(STATE).unwrap();
+        assert_eq!(state.get((1, "k")).unwrap().unwrap().value(), b"v");
+        let v = r
+            .open_table(META)
+            .unwrap()
+            .get("format_version")
+            .unwrap()
+            .unwrap()
+            .value()
+            .to_vec();
+        assert_eq!(v, 3u32.to_le_bytes());
+    }
+
+    /// Part of the file format, like the actor record.
+    #[test]
+    fn file_record_encoding_is_stable() {
+        let rec = FileRecord {
+            size: 3,
+            sha256: [7; 32],
+            updated_at_ms: 1_700_000_000_000,
+            body: FileBody::Inline(b"abc".to_vec()),
+        };
+        assert_eq!(
+            hex::encode(encode(&rec)),
+            "03070707070707070707070707070707070707070707070707070707070707070780d095ffbc310003616263"
+        );
+        let blob = FileRecord {
+            body: FileBody::Blob,
+            ..rec
+        };
+        assert_eq!(decode::<FileRecord>("file", &encode(&blob)).unwrap(), blob);
     }
 
     #[test]

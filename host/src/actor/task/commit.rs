@@ -176,6 +176,7 @@ impl ActorTask {
             alarms,
             inputs,
             sends,
+            files: finished.files,
             on_durable,
         };
         self.env

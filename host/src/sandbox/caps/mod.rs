@@ -7,6 +7,7 @@
 pub mod actors;
 pub mod alarms;
 pub mod events;
+pub mod files;
 pub mod http;
 pub mod inputs;
 mod js_module;

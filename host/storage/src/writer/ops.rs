@@ -49,6 +49,9 @@ pub struct TurnCommit {
     /// Messages to other actors (`actors.send`): (recipient, its type's
     /// version for a new actor, the inbox row), queued in this commit.
     pub sends: Vec<(ActorKey, InboxRecord)>,
+    /// Files written (`Some`) or deleted (`None`); a blob a record names
+    /// was stored before the commit.
+    pub files: Vec<(String, Option<FileRecord>)>,
     /// Completion.
     pub on_durable: OnDurable,
 }

@@ -28,6 +28,10 @@ pub(super) struct Tables<'t> {
     pub(super) outbox: redb::Table<'t, u64, &'static [u8]>,
     pub(super) outbox_due: redb::Table<'t, (u64, u64), ()>,
     pub(super) secrets: redb::Table<'t, &'static str, &'static [u8]>,
+    files: redb::Table<'t, (u64, &'static str), &'static [u8]>,
+    file_usage: redb::Table<'t, u64, &'static [u8]>,
+    type_file_usage: redb::Table<'t, &'static str, u64>,
+    blob_refs: redb::Table<'t, &'static [u8; 32], u64>,
 }
 
 impl<'t> Tables<'t> {
@@ -49,6 +53,10 @@ impl<'t> Tables<'t> {
             outbox: txn.open_table(OUTBOX)?,
             outbox_due: txn.open_table(OUTBOX_DUE)?,
             secrets: txn.open_table(SECRETS)?,
+            files: txn.open_table(FILES)?,
+            file_usage: txn.open_table(FILE_USAGE)?,
+            type_file_usage: txn.open_table(TYPE_FILE_USAGE)?,
+            blob_refs: txn.open_table(BLOB_REFS)?,
         })
     }
 
@@ -102,6 +110,9 @@ impl<'t> Tables<'t> {
         }
         for (name, rec) in &t.alarms {
             self.write_alarm(num, name, rec.as_ref())?;
+        }
+        if !t.files.is_empty() {
+            self.write_files(num, t.key.ty(), &t.files)?;
         }
         for (id, rec) in &t.inputs {
             match rec {
@@ -168,6 +179,76 @@ impl<'t> Tables<'t> {
         rec.next_attempt_ms = now_ms();
         self.write_delivery(seq, Some(&rec))?;
         Ok(Some(rec))
+    }
+
+    /// Write (`Some`) or delete (`None`) files of actor `num` (of type
+    /// `ty`), keeping its usage, its type's usage and the blob references
+    /// in step.
+    fn write_files(
+        &mut self,
+        num: u64,
+        ty: &str,
+        files: &[(String, Option<FileRecord>)],
+    ) -> Result<(), StorageError> {
+        let mut usage: FileUsage = match self.file_usage.get(num)? {
+            Some(v) => decode("file usage", v.value())?,
+            None => FileUsage::default(),
+        };
+        let (mut added, mut removed) = (0u64, 0u64);
+        for (path, rec) in files {
+            let old = self
+                .files
+                .get((num, path.as_str()))?
+                .map(|v| decode::<FileRecord>("file", v.value()))
+                .transpose()?;
+            if let Some(old) = &old {
+                removed += old.size;
+                usage.files -= 1;
+                if old.body == FileBody::Blob {
+                    self.blob_ref(&old.sha256, -1)?;
+                }
+            }
+            match rec {
+                Some(r) => {
+                    added += r.size;
+                    usage.files += 1;
+                    if r.body == FileBody::Blob {
+                        self.blob_ref(&r.sha256, 1)?;
+                    }
+                    self.files
+                        .insert((num, path.as_str()), encode(r).as_slice())?;
+                }
+                None => {
+                    self.files.remove((num, path.as_str()))?;
+                }
+            }
+        }
+        usage.bytes = usage.bytes + added - removed;
+        if usage == FileUsage::default() {
+            self.file_usage.remove(num)?;
+        } else {
+            self.file_usage.insert(num, encode(&usage).as_slice())?;
+        }
+        let type_bytes = self.type_file_usage.get(ty)?.map_or(0, |v| v.value());
+        let type_bytes = (type_bytes + added).saturating_sub(removed);
+        if type_bytes == 0 {
+            self.type_file_usage.remove(ty)?;
+        } else {
+            self.type_file_usage.insert(ty, type_bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Add `delta` references to blob `sha256` (a row at zero goes).
+    fn blob_ref(&mut self, sha256: &[u8; 32], delta: i64) -> Result<(), StorageError> {
+        let n = self.blob_refs.get(sha256)?.map_or(0, |v| v.value());
+        let n = n.saturating_add_signed(delta);
+        if n == 0 {
+            self.blob_refs.remove(sha256)?;
+        } else {
+            self.blob_refs.insert(sha256, n)?;
+        }
+        Ok(())
     }
 
     /// Write (`Some`) or remove one secret; whether one existed before.
@@ -253,6 +334,7 @@ impl<'t> Tables<'t> {
         for v in versions {
             self.code.remove((name, v))?;
         }
+        self.type_file_usage.remove(name)?;
         self.types.remove(name)?;
         Ok(deleted)
     }
@@ -306,6 +388,13 @@ impl<'t> Tables<'t> {
         }
         for id in string_keys(&self.inputs, num)? {
             self.inputs.remove((num, id.as_str()))?;
+        }
+        let paths: Vec<(String, Option<FileRecord>)> = string_keys(&self.files, num)?
+            .into_iter()
+            .map(|p| (p, None))
+            .collect();
+        if !paths.is_empty() {
+            self.write_files(num, key.ty(), &paths)?;
         }
         for s in seqs(&self.events, num, u64::MAX)? {
             self.events.remove((num, s))?;

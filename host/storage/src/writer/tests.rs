@@ -62,6 +62,7 @@ fn turn(
         alarms: Vec::new(),
         inputs: Vec::new(),
         sends: Vec::new(),
+        files: Vec::new(),
         on_durable: Box::new(move |r| {
             let _ = tx.send(r);
         }),

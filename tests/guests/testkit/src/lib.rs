@@ -5,7 +5,7 @@
 
 use marmot_guest::actors;
 use marmot_guest::alarms::{self, Schedule};
-use marmot_guest::raw::{files, http};
+use marmot_guest::raw::{files, http, model};
 use marmot_guest::{
     Actor, Alarm, Context, InputAnswer, Message, Reply, Result, Webhook, events, inputs, log, state,
 };
@@ -97,6 +97,25 @@ enum Op {
         body: Option<String>,
         timeout_ms: Option<u32>,
     },
+    /// Write a file: `text`, or `bytes` bytes of a pattern; then fail the
+    /// turn if `fail`, or log `crash` (the fault-injection marker).
+    FileWrite {
+        path: String,
+        text: Option<String>,
+        bytes: Option<usize>,
+        #[serde(default)]
+        fail: bool,
+        crash: Option<String>,
+    },
+    /// Read a file: `{"text", "size"}` or `{"error"}`.
+    FileRead { path: String },
+    /// List files under `prefix`.
+    FileList {
+        #[serde(default)]
+        prefix: String,
+    },
+    /// Delete a file: `{"existed"}`.
+    FileDelete { path: String },
     /// Search this instance's whole linear memory for a byte string given
     /// masked (`masked[i] ^ mask[i]`), so that the string itself is never
     /// in memory unless something else put it there.
@@ -237,7 +256,12 @@ impl Actor for TestKit {
                 Reply::json(&json!({ "crashed": false }))
             }
             Op::Unsupported => {
-                let err = files::read("notes.txt").expect_err("files are not supported yet");
+                let req = model::ChatRequest {
+                    provider: "none".into(),
+                    body: "{}".into(),
+                    stream: false,
+                };
+                let err = model::chat(&req).expect_err("models are not supported yet");
                 Reply::json(&json!({ "error": marmot_guest::Error::from(err).message() }))
             }
             Op::Print { text } => {
@@ -355,6 +379,52 @@ impl Actor for TestKit {
                     })),
                 }
             }
+            Op::FileWrite {
+                path,
+                text,
+                bytes,
+                fail,
+                crash,
+            } => {
+                let data = match (text, bytes) {
+                    (Some(t), _) => t.into_bytes(),
+                    (None, Some(n)) => (0..n).map(|i| b'a' + (i % 26) as u8).collect(),
+                    (None, None) => Vec::new(),
+                };
+                if let Err(e) = files::write(&path, &data) {
+                    return Reply::json(
+                        &json!({ "error": marmot_guest::Error::from(e).message() }),
+                    );
+                }
+                if let Some(marker) = crash {
+                    log::info(&marker);
+                }
+                if fail {
+                    return Err("failing after the write".into());
+                }
+                Reply::json(&json!({ "ok": true }))
+            }
+            Op::FileRead { path } => match files::read(&path) {
+                Ok(b) => Reply::json(&json!({
+                    "size": b.len(),
+                    "text": String::from_utf8_lossy(&b),
+                })),
+                Err(e) => Reply::json(&json!({ "error": marmot_guest::Error::from(e).message() })),
+            },
+            Op::FileList { prefix } => match files::list(&prefix) {
+                Ok(list) => {
+                    let files: Vec<Value> = list
+                        .into_iter()
+                        .map(|f| json!({ "path": f.path, "size": f.size }))
+                        .collect();
+                    Reply::json(&json!({ "files": files }))
+                }
+                Err(e) => Reply::json(&json!({ "error": marmot_guest::Error::from(e).message() })),
+            },
+            Op::FileDelete { path } => match files::delete(&path) {
+                Ok(existed) => Reply::json(&json!({ "existed": existed })),
+                Err(e) => Reply::json(&json!({ "error": marmot_guest::Error::from(e).message() })),
+            },
             Op::ScanMemory { masked, mask } => {
                 Reply::json(&json!({ "found": memory_holds(&masked, &mask) }))
             }

@@ -1,0 +1,298 @@
+//! `GET /v1/actors/{type}/{id}/files[/{path}]`: an actor's files and
+//! artifacts (PRODUCT.md §5), read from what is committed, whether the
+//! actor is awake or not: never a wake-up.
+//!
+//! Paths are checked on the raw URL before decoding, so a slash, a dot or a
+//! backslash hidden as `%2F`, `%2e` or `%5C` is refused like the plain one:
+//! `400 invalid_path`.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use super::extract::ActorPath;
+use super::{ApiError, AppState, Query};
+use crate::ids::validate_file_path;
+use crate::storage::schema::{FileBody, FileRecord};
+
+fn invalid_path(why: impl Into<String>) -> ApiError {
+    ApiError::bad_request("invalid_path", why)
+}
+
+/// The file path of a `…/files/{path}` URL, from its raw (still
+/// percent-encoded) form.
+fn file_path(uri: &Uri) -> Result<String, ApiError> {
+    // /v1/actors/{type}/{id}/files/{path…}: type and id are single raw
+    // segments (an encoded `/` stays encoded there).
+    let raw = uri
+        .path()
+        .splitn(7, '/')
+        .nth(6)
+        .ok_or_else(|| invalid_path("no file path"))?;
+    let lower = raw.to_ascii_lowercase();
+    for hidden in ["%2f", "%5c", "%2e", "%00"] {
+        if lower.contains(hidden) {
+            return Err(invalid_path(format!(
+                "`{hidden}` may not appear in a file path (write `/` and `.` plainly)"
+            )));
+        }
+    }
+    let decoded = percent_decode(raw)
+        .ok_or_else(|| invalid_path("the path is not valid percent-encoded UTF-8"))?;
+    validate_file_path(&decoded)?;
+    Ok(decoded)
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListParams {
+    #[serde(default)]
+    prefix: String,
+    #[serde(default)]
+    after: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// `GET …/files?prefix=&after=&limit=`.
+pub(super) async fn list(
+    State(s): State<AppState>,
+    ActorPath(key): ActorPath,
+    Query(q): Query<ListParams>,
+) -> Result<Response, ApiError> {
+    let trimmed = q.prefix.trim_end_matches('/');
+    if !trimmed.is_empty() {
+        validate_file_path(trimmed)?;
+    }
+    let limit = q.limit.unwrap_or(1000).clamp(1, 10_000);
+    let Some(files) = s.node.files(&key, &q.prefix, q.after.as_deref(), limit)? else {
+        return Err(ApiError::actor_not_found(&key));
+    };
+    let next_after = (files.len() == limit)
+        .then(|| files.last().map(|(p, _)| p.clone()))
+        .flatten();
+    let files: Vec<serde_json::Value> = files
+        .iter()
+        .map(|(path, f)| {
+            serde_json::json!({
+                "path": path,
+                "size": f.size,
+                "sha256": hex::encode(f.sha256),
+                "updated_at_ms": f.updated_at_ms,
+            })
+        })
+        .collect();
+    Ok(axum::Json(serde_json::json!({ "files": files, "next_after": next_after })).into_response())
+}
+
+/// `GET …/files/{path}`: the bytes, with `ETag`, `Range` and
+/// `If-None-Match`.
+pub(super) async fn download(
+    State(s): State<AppState>,
+    ActorPath(key): ActorPath,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let path = file_path(&uri)?;
+    let file = match s.node.file(&key, &path)? {
+        None => return Err(ApiError::actor_not_found(&key)),
+        Some(None) => {
+            return Err(ApiError::not_found(
+                "file_not_found",
+                format!("actor {key} has no file `{path}`"),
+            ));
+        }
+        Some(Some(f)) => f,
+    };
+    let etag = format!("\"{}\"", hex::encode(file.sha256));
+    let mut resp = Response::builder()
+        .header(header::ETAG, &etag)
+        .header(header::ACCEPT_RANGES, "bytes")
+        .header(header::CONTENT_TYPE, content_type(&path))
+        .header(header::CACHE_CONTROL, "no-cache");
+    if headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag || t.trim() == "*"))
+    {
+        return Ok(resp
+            .status(StatusCode::NOT_MODIFIED)
+            .body(Body::empty())
+            .expect("valid response"));
+    }
+    let size = file.size;
+    let range = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+        None => None,
+        Some(r) => match parse_range(r, size) {
+            RangeSpec::Whole => None,
+            RangeSpec::Part(a, b) => Some((a, b)),
+            RangeSpec::Unsatisfiable => {
+                return Ok(resp
+                    .status(StatusCode::RANGE_NOT_SATISFIABLE)
+                    .header(header::CONTENT_RANGE, format!("bytes */{size}"))
+                    .body(Body::empty())
+                    .expect("valid response"));
+            }
+        },
+    };
+    let bytes = read(&s, &file, range).await?;
+    if let Some((a, b)) = range {
+        resp = resp
+            .status(StatusCode::PARTIAL_CONTENT)
+            .header(header::CONTENT_RANGE, format!("bytes {a}-{b}/{size}"));
+    }
+    Ok(resp.body(Body::from(bytes)).expect("valid response"))
+}
+
+/// The bytes of `file`, or of `range` (inclusive) of it.
+async fn read(
+    s: &AppState,
+    file: &FileRecord,
+    range: Option<(u64, u64)>,
+) -> Result<Vec<u8>, ApiError> {
+    let (start, len) = range.map_or((0, file.size), |(a, b)| (a, b - a + 1));
+    match &file.body {
+        FileBody::Inline(bytes) => Ok(bytes[start as usize..(start + len) as usize].to_vec()),
+        FileBody::Blob => {
+            use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _};
+            let path = s.node.blob_path(&file.sha256);
+            let unreadable = |e: std::io::Error| {
+                tracing::error!(path = %path.display(), error = %e, "a blob named by a committed file cannot be read");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "file_unreadable",
+                    "the file's content cannot be read",
+                )
+            };
+            let mut f = tokio::fs::File::open(&path).await.map_err(unreadable)?;
+            f.seek(std::io::SeekFrom::Start(start))
+                .await
+                .map_err(unreadable)?;
+            let mut buf = vec![0; len as usize];
+            f.read_exact(&mut buf).await.map_err(unreadable)?;
+            Ok(buf)
+        }
+    }
+}
+
+/// A `Range` header, as far as this server honours it.
+#[derive(Debug, PartialEq, Eq)]
+enum RangeSpec {
+    /// Absent, malformed or several ranges: the whole file (RFC 9110 lets
+    /// a server ignore a range it does not support).
+    Whole,
+    /// One range, inclusive.
+    Part(u64, u64),
+    /// A range past the end.
+    Unsatisfiable,
+}
+
+fn parse_range(header: &str, size: u64) -> RangeSpec {
+    let Some(spec) = header.trim().strip_prefix("bytes=") else {
+        return RangeSpec::Whole;
+    };
+    if spec.contains(',') {
+        return RangeSpec::Whole;
+    }
+    let Some((a, b)) = spec.trim().split_once('-') else {
+        return RangeSpec::Whole;
+    };
+    let (a, b) = (a.trim(), b.trim());
+    let parsed = match (a.parse::<u64>().ok(), b.parse::<u64>().ok()) {
+        // bytes=-N: the last N bytes.
+        (None, Some(n)) if a.is_empty() => {
+            if n == 0 || size == 0 {
+                return RangeSpec::Unsatisfiable;
+            }
+            (size.saturating_sub(n), size - 1)
+        }
+        (Some(start), None) if b.is_empty() => (start, size.saturating_sub(1)),
+        (Some(start), Some(end)) if start <= end => (start, end.min(size.saturating_sub(1))),
+        _ => return RangeSpec::Whole,
+    };
+    if parsed.0 >= size {
+        return RangeSpec::Unsatisfiable;
+    }
+    RangeSpec::Part(parsed.0, parsed.1)
+}
+
+/// The content type of `path`, from its extension.
+fn content_type(path: &str) -> HeaderValue {
+    let ext = path
+        .rsplit('/')
+        .next()
+        .and_then(|name| name.rsplit_once('.'))
+        .map(|(_, e)| e.to_ascii_lowercase())
+        .unwrap_or_default();
+    HeaderValue::from_static(match ext.as_str() {
+        "txt" | "log" => "text/plain; charset=utf-8",
+        "md" => "text/markdown; charset=utf-8",
+        "csv" => "text/csv; charset=utf-8",
+        "html" | "htm" => "text/html; charset=utf-8",
+        "css" => "text/css; charset=utf-8",
+        "js" | "mjs" => "text/javascript; charset=utf-8",
+        "json" => "application/json",
+        "xml" => "application/xml",
+        "yaml" | "yml" => "application/yaml",
+        "pdf" => "application/pdf",
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "gif" => "image/gif",
+        "webp" => "image/webp",
+        "svg" => "image/svg+xml",
+        "zip" => "application/zip",
+        "wasm" => "application/wasm",
+        _ => "application/octet-stream",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges() {
+        use RangeSpec::*;
+        assert_eq!(parse_range("bytes=0-3", 10), Part(0, 3));
+        assert_eq!(parse_range("bytes=5-", 10), Part(5, 9));
+        assert_eq!(parse_range("bytes=-3", 10), Part(7, 9));
+        assert_eq!(parse_range("bytes=8-100", 10), Part(8, 9));
+        assert_eq!(parse_range("bytes=10-", 10), Unsatisfiable);
+        assert_eq!(parse_range("bytes=-0", 10), Unsatisfiable);
+        assert_eq!(parse_range("bytes=0-1,4-5", 10), Whole);
+        assert_eq!(parse_range("items=0-1", 10), Whole);
+        assert_eq!(parse_range("bytes=5-2", 10), Whole);
+    }
+
+    #[test]
+    fn raw_paths_are_checked_before_decoding() {
+        let path = |p: &str| file_path(&format!("/v1/actors/t/a/files/{p}").parse().unwrap());
+        assert_eq!(path("outputs/report.md").unwrap(), "outputs/report.md");
+        assert_eq!(path("a%20b.txt").unwrap(), "a b.txt");
+        for bad in [
+            "..", "a/../b", "%2e%2e", "%2E%2E/x", "a%2Fb", "a%5Cb", "a%00b", "/x", "a//b", "%ff",
+            "a%2",
+        ] {
+            assert!(path(bad).is_err(), "{bad} was accepted");
+        }
+    }
+}

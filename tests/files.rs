@@ -1,0 +1,383 @@
+//! Actors' files and artifacts (PRODUCT.md §5): written with the turn (or
+//! not at all), small ones inline and large ones as blobs, downloadable
+//! with `ETag` and `Range` whether the actor is awake or not, refused for
+//! bad paths in any spelling, bounded by quotas, durable across `kill -9`
+//! exactly when acknowledged, and gone with their actor.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Api, Marmot, TESTKIT, kit_node, tempdir};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+async fn write(api: &Api, id: &str, op: Value) -> Value {
+    let mut o = json!({ "op": "file_write" });
+    for (k, v) in op.as_object().unwrap() {
+        o[k] = v.clone();
+    }
+    api.op("kit", id, o).await.json
+}
+
+async fn read(api: &Api, id: &str, path: &str) -> Value {
+    api.op("kit", id, json!({ "op": "file_read", "path": path }))
+        .await
+        .json
+}
+
+/// The status of a GET of `path` sent as written (a client library would
+/// remove `..` segments before sending).
+async fn raw_get(m: &Marmot, path: &str) -> u16 {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", m.port))
+        .await
+        .unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nhost: marmot\r\nconnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).await.unwrap();
+    resp.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+/// Every blob file under the data directory.
+fn blobs(data: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Ok(shards) = std::fs::read_dir(data.join("blobs")) {
+        for shard in shards.flatten() {
+            for f in std::fs::read_dir(shard.path()).unwrap().flatten() {
+                out.push(f.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn files_commit_with_their_turn_and_download_with_etag_and_range() {
+    let (dir, _m, api) = kit_node(json!({})).await;
+    let r = write(
+        &api,
+        "a",
+        json!({ "path": "notes/today.md", "text": "# hello" }),
+    )
+    .await;
+    assert_eq!(r, json!({ "ok": true }));
+    // Larger than the inline limit (64 KiB): a blob.
+    let big = 200_000;
+    let r = write(
+        &api,
+        "a",
+        json!({ "path": "outputs/report.txt", "bytes": big }),
+    )
+    .await;
+    assert_eq!(r, json!({ "ok": true }));
+    assert_eq!(blobs(&dir.path().join("data")).len(), 1);
+
+    assert_eq!(read(&api, "a", "notes/today.md").await["text"], "# hello");
+    assert_eq!(read(&api, "a", "outputs/report.txt").await["size"], big);
+
+    // A failed turn leaves no file behind.
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({ "op": "file_write", "path": "lost.txt", "text": "x", "fail": true }),
+        )
+        .await;
+    assert_eq!(r.status, 500);
+    assert!(
+        read(&api, "a", "lost.txt").await["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("not found")
+    );
+
+    let list = api.get("/v1/actors/kit/a/files").await;
+    assert_eq!(list.status, 200, "{}", list.json);
+    let files = list.json["files"].as_array().unwrap();
+    let paths: Vec<&str> = files.iter().map(|f| f["path"].as_str().unwrap()).collect();
+    assert_eq!(paths, ["notes/today.md", "outputs/report.txt"]);
+    assert_eq!(files[0]["size"], 7);
+    assert_eq!(files[0]["sha256"].as_str().unwrap().len(), 64);
+    let outputs = api.get("/v1/actors/kit/a/files?prefix=outputs/").await;
+    assert_eq!(outputs.json["files"].as_array().unwrap().len(), 1);
+
+    let md = api.get("/v1/actors/kit/a/files/notes/today.md").await;
+    assert_eq!(md.status, 200);
+    assert_eq!(md.body, b"# hello");
+    assert_eq!(
+        md.headers["content-type"].to_str().unwrap(),
+        "text/markdown; charset=utf-8"
+    );
+    let etag = md.headers["etag"].to_str().unwrap().to_owned();
+    assert_eq!(
+        etag,
+        format!("\"{}\"", files[0]["sha256"].as_str().unwrap())
+    );
+    let r = api
+        .req(
+            Method::GET,
+            "/v1/actors/kit/a/files/notes/today.md",
+            None,
+            &[("if-none-match", &etag)],
+        )
+        .await;
+    assert_eq!(r.status, 304);
+    let r = api
+        .req(
+            Method::GET,
+            "/v1/actors/kit/a/files/outputs/report.txt",
+            None,
+            &[("range", "bytes=26-29")],
+        )
+        .await;
+    assert_eq!(r.status, 206);
+    assert_eq!(r.body, b"abcd");
+    assert_eq!(
+        r.headers["content-range"].to_str().unwrap(),
+        format!("bytes 26-29/{big}")
+    );
+    let r = api
+        .req(
+            Method::GET,
+            "/v1/actors/kit/a/files/outputs/report.txt",
+            None,
+            &[("range", "bytes=999999-")],
+        )
+        .await;
+    assert_eq!(r.status, 416);
+    let whole = api.get("/v1/actors/kit/a/files/outputs/report.txt").await;
+    assert_eq!(whole.body.len(), big);
+    assert_eq!(
+        api.get("/v1/actors/kit/a/files/nope.txt").await.code(),
+        "file_not_found"
+    );
+    assert_eq!(
+        api.get("/v1/actors/kit/nobody/files/x").await.code(),
+        "actor_not_found"
+    );
+
+    // Overwritten and deleted files go; their blob is collected.
+    let r = write(
+        &api,
+        "a",
+        json!({ "path": "outputs/report.txt", "text": "small now" }),
+    )
+    .await;
+    assert_eq!(r, json!({ "ok": true }));
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({ "op": "file_delete", "path": "notes/today.md" }),
+        )
+        .await;
+    assert_eq!(r.json, json!({ "existed": true }));
+    assert_eq!(
+        api.get("/v1/actors/kit/a/files").await.json["files"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn bad_paths_are_refused_in_every_spelling() {
+    let (_dir, m, api) = kit_node(json!({})).await;
+    write(&api, "a", json!({ "path": "ok.txt", "text": "fine" })).await;
+    for raw in [
+        "..",
+        "../../etc/passwd",
+        "a/../ok.txt",
+        "%2e%2e/ok.txt",
+        "%2E%2E",
+        "a%2Fb",
+        "a%5Cb",
+        "a%00b",
+        "a//b",
+        "./ok.txt",
+    ] {
+        let status = raw_get(&m, &format!("/v1/actors/kit/a/files/{raw}")).await;
+        assert_eq!(status, 400, "{raw}");
+    }
+    for bad in ["", "/abs", "../x", "a/./b", "a\\b", "a\u{0}b", "a/", "x/.."] {
+        let r = write(&api, "a", json!({ "path": bad, "text": "x" })).await;
+        assert!(
+            r["error"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("invalid: invalid file path"),
+            "{bad:?}: {r}"
+        );
+    }
+    let list = api.get("/v1/actors/kit/a/files").await;
+    assert_eq!(
+        list.json["files"].as_array().unwrap().len(),
+        1,
+        "a bad path wrote something"
+    );
+}
+
+#[tokio::test]
+async fn quotas_refuse_a_write_and_change_nothing() {
+    let dir = tempdir();
+    let config = "[files]\nmax_file_bytes = 100000\nmax_actor_bytes = 150000\nmax_actor_files = 3\nmax_type_bytes = 250000\n";
+    let m = Marmot::start_opts(&dir.path().join("data"), &[], Some(config)).await;
+    let api = m.client();
+    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let limit = |r: Value| {
+        let e = r["error"].as_str().unwrap_or("").to_owned();
+        assert!(e.starts_with("limit exceeded"), "{r}");
+        e
+    };
+    assert!(
+        limit(write(&api, "a", json!({ "path": "big", "bytes": 100_001 })).await)
+            .contains("at most 100000 bytes")
+    );
+    write(&api, "a", json!({ "path": "one", "bytes": 90_000 })).await;
+    assert!(
+        limit(write(&api, "a", json!({ "path": "two", "bytes": 90_000 })).await)
+            .contains("quota of 150000")
+    );
+    // Replacing a file counts only the difference.
+    assert_eq!(
+        write(&api, "a", json!({ "path": "one", "bytes": 100_000 })).await,
+        json!({ "ok": true })
+    );
+    write(&api, "a", json!({ "path": "x", "text": "1" })).await;
+    write(&api, "a", json!({ "path": "y", "text": "2" })).await;
+    assert!(
+        limit(write(&api, "a", json!({ "path": "z", "text": "3" })).await)
+            .contains("at most 3 files")
+    );
+    // The type's quota spans its actors.
+    write(&api, "b", json!({ "path": "one", "bytes": 100_000 })).await;
+    assert!(
+        limit(write(&api, "c", json!({ "path": "one", "bytes": 60_000 })).await)
+            .contains("files of type `kit`")
+    );
+    let a = api.get("/v1/actors/kit/a/files").await.json;
+    let sizes: Vec<u64> = a["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["size"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [100_000, 1, 1], "a refused write changed something");
+    assert_eq!(
+        api.get("/v1/actors/kit/c/files").await.json["files"],
+        json!([]),
+    );
+}
+
+#[tokio::test]
+async fn artifacts_download_while_the_actor_hibernates() {
+    let (_dir, _m, api) = kit_node(json!({ "idle_timeout_ms": 200 })).await;
+    write(
+        &api,
+        "a",
+        json!({ "path": "outputs/summary.json", "text": "{\"ok\":true}" }),
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while api.get("/v1/actors/kit/a").await.json["status"] != "hibernated" {
+        assert!(Instant::now() < deadline, "the actor did not hibernate");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = api.get("/v1/actors/kit/a/files/outputs/summary.json").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json, json!({ "ok": true }));
+    assert_eq!(
+        api.get("/v1/actors/kit/a").await.json["status"],
+        "hibernated",
+        "a download woke the actor"
+    );
+}
+
+#[tokio::test]
+async fn files_survive_kill_9_exactly_when_acknowledged_and_go_with_their_actor() {
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    let marker = "crash-after-the-blob-write";
+    let mut m = Marmot::start_with_env(&data, &[("MARMOT_FAULT_ABORT_ON_LOG", marker)]).await;
+    let api = m.client();
+    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let r = write(&api, "a", json!({ "path": "kept.bin", "bytes": 150_000 })).await;
+    assert_eq!(r, json!({ "ok": true }));
+    assert_eq!(blobs(&data).len(), 1);
+    // This turn stores its blob, then the node dies before the commit.
+    let crashed = api
+        .http
+        .post(format!("{}/v1/actors/kit/a", api.url))
+        .json(&json!({ "op": "file_write", "path": "lost.bin", "bytes": 170_000, "crash": marker }))
+        .send()
+        .await;
+    assert!(crashed.is_err(), "the turn was acknowledged: {crashed:?}");
+    assert!(
+        m.wait_exit(Duration::from_secs(10)),
+        "the fault did not fire"
+    );
+    assert_eq!(
+        blobs(&data).len(),
+        2,
+        "the lost turn's blob was not written"
+    );
+    m.restart().await;
+    let api = m.client();
+    assert_eq!(read(&api, "a", "kept.bin").await["size"], 150_000);
+    assert!(
+        read(&api, "a", "lost.bin").await["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("not found")
+    );
+    assert_eq!(blobs(&data).len(), 1, "the orphan blob was not collected");
+
+    // Deleting the actor deletes its files (and, at the next collection,
+    // their blobs).
+    assert_eq!(api.delete("/v1/actors/kit/a").await.status, 200);
+    assert_eq!(
+        api.get("/v1/actors/kit/a/files").await.code(),
+        "actor_not_found"
+    );
+    let r = api.op("kit", "a", json!({ "op": "file_list" })).await;
+    assert_eq!(r.json, json!({ "files": [] }));
+    m.restart().await;
+    assert!(blobs(&data).is_empty(), "a deleted actor's blob was kept");
+}
+
+#[tokio::test]
+async fn javascript_actors_have_files_too() {
+    let (_dir, _m, api) = kit_node(json!({})).await;
+    let source = r#"import { files } from "marmot";
+export default {
+  async onMessage(body) {
+    files.write("outputs/hello.txt", "hi " + body.name);
+    return { read: files.read("outputs/hello.txt"), list: files.list("outputs/") };
+  }
+};"#;
+    let r = api
+        .req(
+            Method::PUT,
+            "/v1/types/jsfiles",
+            Some(("text/javascript", source.as_bytes().to_vec())),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let r = api
+        .post_json("/v1/actors/jsfiles/a", &json!({ "name": "ann" }))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["read"], "hi ann");
+    assert_eq!(r.json["list"][0]["path"], "outputs/hello.txt");
+    let r = api
+        .get("/v1/actors/jsfiles/a/files/outputs/hello.txt")
+        .await;
+    assert_eq!(r.body, b"hi ann");
+}
