@@ -635,3 +635,144 @@ export default {
     .await;
     assert_eq!(r.json["result"], json!([null, [3]]));
 }
+
+/// The `js` capability: a Rust actor runs model-written JavaScript in a
+/// child sandbox with its own limits and only the capabilities it passes
+/// on; what the script writes joins the caller's turn, or nothing does.
+#[tokio::test]
+async fn rust_actors_run_scripts_in_child_sandboxes() {
+    let (_dir, _m, api) = common::kit_node(json!({})).await;
+    let eval = |code: &str, tools: Value, extra: Value| {
+        let mut op = json!({ "op": "js_eval", "code": code, "tools": tools });
+        for (k, v) in extra.as_object().unwrap() {
+            op[k] = v.clone();
+        }
+        op
+    };
+    let r = api
+        .op(
+            "kit",
+            "a",
+            eval("console.log('hi'); 1 + 2", json!([]), json!({})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["result"], 3, "{}", r.json);
+    assert_eq!(r.json["logs"], json!(["hi"]));
+
+    // Passed on: the script writes the caller's state, committed with its
+    // turn.
+    let r = api
+        .op(
+            "kit",
+            "a",
+            eval(
+                "marmot.state.set('k', 41 + 1); 'done'",
+                json!(["state"]),
+                json!({}),
+            ),
+        )
+        .await;
+    assert_eq!(r.json["result"], "done", "{}", r.json);
+    assert_eq!(
+        api.get("/v1/actors/kit/a/state/k").await.json,
+        json!(42),
+        "the script's write did not commit"
+    );
+
+    // A script that throws leaves nothing; nor does a caller's turn that
+    // fails after a script succeeded.
+    let r = api
+        .op(
+            "kit",
+            "a",
+            eval(
+                "marmot.state.set('k', 0); throw new Error('nope')",
+                json!(["state"]),
+                json!({}),
+            ),
+        )
+        .await;
+    assert!(
+        r.json["error"].as_str().unwrap().contains("nope"),
+        "{}",
+        r.json
+    );
+    let r = api
+        .op(
+            "kit",
+            "a",
+            eval(
+                "marmot.state.set('k', 1)",
+                json!(["state"]),
+                json!({ "fail": true }),
+            ),
+        )
+        .await;
+    assert_eq!(r.status, 500);
+    assert_eq!(api.get("/v1/actors/kit/a/state/k").await.json, json!(42));
+
+    // Not passed on: refused, and nothing written.
+    let r = api
+        .op(
+            "kit",
+            "a",
+            eval("marmot.state.set('k', 7)", json!([]), json!({})),
+        )
+        .await;
+    assert!(
+        r.json["error"]
+            .as_str()
+            .unwrap()
+            .contains("`state` is not granted"),
+        "{}",
+        r.json
+    );
+    assert_eq!(api.get("/v1/actors/kit/a/state/k").await.json, json!(42));
+    for (tools, want) in [
+        (json!(["js"]), "scripts do not start scripts"),
+        (json!(["teleport"]), "unknown tool `teleport`"),
+    ] {
+        let r = api.op("kit", "a", eval("1", tools, json!({}))).await;
+        assert!(
+            r.json["host_error"].as_str().unwrap().contains(want),
+            "{}",
+            r.json
+        );
+    }
+
+    // Its own limits: a runaway script ends with an error naming the limit,
+    // and the caller carries on.
+    let started = Instant::now();
+    let r = api
+        .op(
+            "kit",
+            "a",
+            eval("while (true) {}", json!([]), json!({ "timeout_ms": 300 })),
+        )
+        .await;
+    let e = r.json["error"].as_str().unwrap();
+    assert!(
+        e.contains("CPU limit") || e.contains("time limit of 300 ms"),
+        "{e}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let r = api
+        .op(
+            "kit",
+            "a",
+            eval(
+                "const a = []; for (;;) a.push(new Array(1e6).fill(1));",
+                json!([]),
+                json!({}),
+            ),
+        )
+        .await;
+    assert!(
+        r.json["error"].as_str().unwrap().contains("memory"),
+        "{}",
+        r.json
+    );
+    let r = api.op("kit", "a", json!({ "op": "get", "key": "k" })).await;
+    assert_eq!(r.status, 200, "the caller is still serving: {}", r.json);
+}

@@ -105,6 +105,7 @@ impl Node {
                 output_capacity: 64 << 10,
                 fault_abort_marker,
                 turn_limits: turn_limits(&config),
+                eval: config.limits.eval_config(),
             },
             storage.clone(),
         )?;

@@ -7,8 +7,11 @@ use wasmtime::component::ResourceTable;
 use wasmtime::{StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
+use super::InstanceSpec;
 use super::caps::actors::ActorCalls;
 use super::caps::http::HttpAccess;
+use super::caps::js::JsAccess;
+use super::caps::{Cap, CapSet};
 use super::output::GuestOutput;
 use super::turn::TurnState;
 use crate::config::ResolvedTypeConfig;
@@ -22,6 +25,9 @@ pub enum LimitTrap {
     /// A host call was made outside a turn (a bug in the host).
     #[error("host call outside a turn")]
     NoTurn,
+    /// A script called a capability its caller did not grant it.
+    #[error("capability `{0}` is not granted to this script")]
+    NotGranted(&'static str),
 }
 
 /// Store data for one actor instance.
@@ -48,6 +54,10 @@ pub struct Host {
     pub(super) actors: Option<Arc<dyn ActorCalls>>,
     /// The network, as far as the type may reach it.
     pub(super) http: Option<HttpAccess>,
+    /// Child JavaScript sandboxes (`js.eval`).
+    pub(super) js: Option<JsAccess>,
+    /// What this instance's guest may call (all, but in a child sandbox).
+    pub(super) granted: CapSet,
 }
 
 /// A JavaScript module as the engine receives it.
@@ -60,18 +70,17 @@ pub struct JsModule {
 }
 
 impl Host {
-    /// Store data for an instance of a type configured as `config`, running
-    /// `js_module` (JavaScript types) and reaching other actors through
-    /// `actors`.
+    /// Store data for an instance given `spec`, which may call `granted`
+    /// and start child JavaScript sandboxes through `js`.
     pub(super) fn new(
-        config: &ResolvedTypeConfig,
-        js_module: Option<Arc<JsModule>>,
-        actors: Option<Arc<dyn ActorCalls>>,
-        http: Option<HttpAccess>,
+        spec: InstanceSpec<'_>,
+        js: Option<JsAccess>,
+        granted: CapSet,
         tick_ms: u64,
         output_capacity: usize,
         fault_abort_marker: Option<Arc<str>>,
     ) -> Self {
+        let config: &ResolvedTypeConfig = spec.config;
         let stdout = GuestOutput::new(output_capacity);
         let stderr = GuestOutput::new(output_capacity);
         let mut wasi = WasiCtxBuilder::new();
@@ -103,17 +112,22 @@ impl Host {
             stdout,
             stderr,
             fault_abort_marker,
-            js_module,
-            actors,
-            http,
+            js_module: spec.js_module,
+            actors: spec.actors,
+            http: spec.http,
+            js,
+            granted,
         }
     }
 
     /// The checkpoint every guest-facing host call passes first: it proves a
     /// turn is running, resets the CPU meter (the limit is per host-call-free
     /// stretch) and hands out the turn.
-    pub(super) fn enter(&mut self) -> wasmtime::Result<&mut TurnState> {
+    pub(super) fn enter(&mut self, cap: Cap) -> wasmtime::Result<&mut TurnState> {
         self.cpu_ticks = 0;
+        if !self.granted.has(cap) {
+            return Err(wasmtime::Error::new(LimitTrap::NotGranted(cap.name())));
+        }
         self.turn
             .as_mut()
             .ok_or_else(|| wasmtime::Error::new(LimitTrap::NoTurn))

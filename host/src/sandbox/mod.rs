@@ -43,6 +43,8 @@ pub use host::{JsModule, LimitTrap};
 pub use run::{EvalReply, GuestReply, Instance, TurnFailure, TurnInput, TurnOutput, TurnRequest};
 pub use turn::{ActorCounts, Carry, FinishedTurn, TurnLimits, TurnStart};
 
+use caps::CapSet;
+use caps::js::JsAccess;
 use host::Host;
 
 use crate::config::ResolvedTypeConfig;
@@ -106,6 +108,8 @@ pub struct SandboxConfig {
     pub fault_abort_marker: Option<Arc<str>>,
     /// Limits of every capability inside a turn.
     pub turn_limits: TurnLimits,
+    /// Limits of a script run by `js.eval` (CPU, memory, time).
+    pub eval: ResolvedTypeConfig,
 }
 
 /// Why code cannot be deployed.
@@ -306,11 +310,17 @@ impl Sandbox {
             return Ok(p.clone());
         }
         let started = std::time::Instant::now();
+        let config = crate::config::TypeConfig::default().resolve(&Default::default(), true);
+        let spec = InstanceSpec {
+            config: &config,
+            js_module: None,
+            actors: None,
+            http: None,
+        };
         let host = Host::new(
-            &crate::config::TypeConfig::default().resolve(&Default::default(), true),
+            spec,
             None,
-            None,
-            None,
+            CapSet::NONE,
             self.tick_ms,
             self.config.output_capacity,
             None,
@@ -337,6 +347,23 @@ impl Sandbox {
         Ok(prepared)
     }
 
+    /// The built-in JavaScript engine, compiled on a blocking thread if it
+    /// is not yet.
+    pub async fn js_engine_async(self: &Arc<Self>) -> Result<Arc<Prepared>, CodeError> {
+        if let Some(e) = self.js_engine_if_ready() {
+            return Ok(e);
+        }
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.js_engine())
+            .await
+            .map_err(|e| CodeError::Invalid(format!("compiler panicked: {e}")))?
+    }
+
+    /// The limits of a script run by `js.eval`.
+    pub fn eval_config(&self) -> &ResolvedTypeConfig {
+        &self.config.eval
+    }
+
     /// The JavaScript engine if it is already compiled (never blocks on a
     /// compile).
     pub fn js_engine_if_ready(&self) -> Option<Arc<Prepared>> {
@@ -354,15 +381,7 @@ impl Sandbox {
         source: &str,
         config: &ResolvedTypeConfig,
     ) -> Result<(), CodeError> {
-        let engine = match self.js_engine_if_ready() {
-            Some(e) => e,
-            None => {
-                let this = self.clone();
-                tokio::task::spawn_blocking(move || this.js_engine())
-                    .await
-                    .map_err(|e| CodeError::Invalid(format!("compiler panicked: {e}")))??
-            }
-        };
+        let engine = self.js_engine_async().await?;
         let spec = InstanceSpec {
             config,
             js_module: None,
@@ -409,17 +428,32 @@ impl Sandbox {
         Ok(component)
     }
 
-    /// Instantiate `pre` in a fresh store.
+    /// Instantiate `pre` in a fresh store: an actor's instance, with every
+    /// capability and child JavaScript sandboxes.
     pub async fn instantiate(
-        &self,
+        self: &Arc<Self>,
         pre: &Prepared,
         spec: InstanceSpec<'_>,
     ) -> Result<Instance, InstantiateError> {
+        let js = Some(JsAccess {
+            sandbox: self.clone(),
+        });
+        self.instantiate_with(pre, spec, js, CapSet::ALL).await
+    }
+
+    /// Instantiate `pre` for `spec`, granting `granted` and `js`.
+    pub(crate) async fn instantiate_with(
+        &self,
+        pre: &Prepared,
+        spec: InstanceSpec<'_>,
+        js: Option<JsAccess>,
+        granted: CapSet,
+    ) -> Result<Instance, InstantiateError> {
+        let turn_timeout = spec.config.turn_timeout;
         let host = Host::new(
-            spec.config,
-            spec.js_module,
-            spec.actors,
-            spec.http,
+            spec,
+            js,
+            granted,
             self.tick_ms,
             self.config.output_capacity,
             self.config.fault_abort_marker.clone(),
@@ -452,7 +486,7 @@ impl Sandbox {
                 store,
                 handlers,
                 js,
-                spec.config.turn_timeout,
+                turn_timeout,
                 self.turn_limits.clone(),
                 self.storage.clone(),
             )),

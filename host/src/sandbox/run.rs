@@ -221,15 +221,86 @@ impl Instance {
             input,
             carry,
         } = req;
-        let key = start.key.clone();
-        let version = start.version;
         let ctx = Context {
-            actor_type: key.ty().to_owned(),
-            id: key.id().to_owned(),
-            version,
+            actor_type: start.key.ty().to_owned(),
+            id: start.key.id().to_owned(),
+            version: start.version,
             turn_id: start.turn_id.clone(),
         };
         let turn = TurnState::new(start, carry, &self.limits, &self.storage);
+        let (turn, result, cpu) = self.drive(turn, ctx, input).await;
+        let Some(turn) = turn else {
+            return TurnOutcome {
+                result: Err(TurnFailure::LostState),
+                carry: None,
+                cpu,
+            };
+        };
+        let (result, carry) = match result {
+            // The script threw: like a failed turn, nothing it wrote stays.
+            Ok(out @ TurnOutput::Eval(EvalReply { error: Some(_), .. })) => {
+                (Ok((out, FinishedTurn::default())), turn.abandon())
+            }
+            Ok(out) => {
+                let (carry, finished) = turn.finish();
+                (Ok((out, finished)), carry)
+            }
+            Err(failure) => (Err(failure), turn.abandon()),
+        };
+        TurnOutcome {
+            result,
+            carry: Some(carry),
+            cpu,
+        }
+    }
+
+    /// Run `code` as a child script inside its caller's turn `turn`: what
+    /// the script writes joins that turn if it succeeds, and is rolled back
+    /// if it throws or hits a limit. Returns the turn (`None` only if the
+    /// host lost it) and the outcome.
+    pub(crate) async fn run_child(
+        &mut self,
+        turn: TurnState,
+        code: String,
+    ) -> (Option<TurnState>, Result<EvalReply, TurnFailure>) {
+        let ctx = Context {
+            actor_type: turn.key.ty().to_owned(),
+            id: turn.key.id().to_owned(),
+            version: turn.version,
+            turn_id: turn.turn_id.clone(),
+        };
+        let savepoint = turn.savepoint();
+        let (back, result, _cpu) = self.drive(turn, ctx, TurnInput::Eval(code)).await;
+        let Some(mut turn) = back else {
+            return (None, Err(TurnFailure::LostState));
+        };
+        let result = match result {
+            Ok(TurnOutput::Eval(reply)) => {
+                if reply.error.is_some() {
+                    turn.rollback(savepoint);
+                }
+                Ok(reply)
+            }
+            Ok(_) => unreachable!("an eval returns an eval result"),
+            Err(failure) => {
+                turn.rollback(savepoint);
+                Err(failure)
+            }
+        };
+        (Some(turn), result)
+    }
+
+    /// Put `turn` in the store, call the handler under the CPU meter and
+    /// the wall-clock limit, take the turn back, forward the guest's output
+    /// and classify the outcome; with the CPU used.
+    async fn drive(
+        &mut self,
+        turn: TurnState,
+        ctx: Context,
+        input: TurnInput,
+    ) -> (Option<TurnState>, Result<TurnOutput, TurnFailure>, Duration) {
+        let key = turn.key.clone();
+        let version = turn.version;
         let Self {
             store,
             handlers,
@@ -245,45 +316,24 @@ impl Instance {
         let (result, cpu) = metered(tokio::time::timeout(*turn_timeout, call)).await;
         let turn = store.data_mut().turn.take();
         let stderr_tail = forward_output(&key, version, store.data());
-        let Some(turn) = turn else {
-            return TurnOutcome {
-                result: Err(TurnFailure::LostState),
-                carry: None,
-                cpu,
-            };
+        let result = match result {
+            Ok(Ok(Ok(out))) => Ok(out),
+            Ok(Ok(Err(msg))) => Err(TurnFailure::Guest(msg)),
+            Ok(Err(trap)) => Err(if is_resource_exhaustion(&format!("{trap:#}")) {
+                TurnFailure::NoRoom(format!("{trap:#}"))
+            } else {
+                let mut message = trap_message(&trap);
+                if let Some(tail) = stderr_tail {
+                    message = format!("{message}; guest stderr: {tail}");
+                }
+                TurnFailure::Trap {
+                    kind: TrapKind::of(&trap),
+                    message,
+                }
+            }),
+            Err(_elapsed) => Err(TurnFailure::Timeout(*turn_timeout)),
         };
-        let (result, carry) = match result {
-            // The script threw: like a failed turn, nothing it wrote stays.
-            Ok(Ok(Ok(out @ TurnOutput::Eval(EvalReply { error: Some(_), .. })))) => {
-                (Ok((out, FinishedTurn::default())), turn.abandon())
-            }
-            Ok(Ok(Ok(out))) => {
-                let (carry, finished) = turn.finish();
-                (Ok((out, finished)), carry)
-            }
-            Ok(Ok(Err(msg))) => (Err(TurnFailure::Guest(msg)), turn.abandon()),
-            Ok(Err(trap)) => {
-                let failure = if is_resource_exhaustion(&format!("{trap:#}")) {
-                    TurnFailure::NoRoom(format!("{trap:#}"))
-                } else {
-                    let mut message = trap_message(&trap);
-                    if let Some(tail) = stderr_tail {
-                        message = format!("{message}; guest stderr: {tail}");
-                    }
-                    TurnFailure::Trap {
-                        kind: TrapKind::of(&trap),
-                        message,
-                    }
-                };
-                (Err(failure), turn.abandon())
-            }
-            Err(_elapsed) => (Err(TurnFailure::Timeout(*turn_timeout)), turn.abandon()),
-        };
-        TurnOutcome {
-            result,
-            carry: Some(carry),
-            cpu,
-        }
+        (turn, result, cpu)
     }
 }
 

@@ -11,6 +11,7 @@
 //! what it read, including changes still in flight to disk) travels as a
 //! [`Carry`].
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -253,6 +254,29 @@ impl TurnState {
         (carry, finished)
     }
 
+    /// A point to roll back to: a child script (`js.eval`) that fails
+    /// leaves nothing of what it wrote in its caller's turn.
+    pub fn savepoint(&self) -> Savepoint {
+        Savepoint {
+            state: self.state.savepoint(),
+            events: self.events.savepoint(),
+            alarms: self.alarms.savepoint(),
+            inputs: self.inputs.savepoint(),
+            actors: self.actors.savepoint(),
+            files: self.files.savepoint(),
+        }
+    }
+
+    /// Undo everything written since `sp`.
+    pub fn rollback(&mut self, sp: Savepoint) {
+        self.state.rollback(sp.state);
+        self.events.rollback(sp.events);
+        self.alarms.rollback(sp.alarms);
+        self.inputs.rollback(sp.inputs);
+        self.actors.rollback(sp.actors);
+        self.files.rollback(sp.files);
+    }
+
     /// The turn failed: discard its writes and give the caches back.
     pub fn abandon(self) -> Carry {
         Carry {
@@ -262,6 +286,16 @@ impl TurnState {
             files: self.files.abandon(),
         }
     }
+}
+
+/// What [`TurnState::rollback`] restores.
+pub struct Savepoint {
+    state: super::caps::state::StateSavepoint,
+    events: usize,
+    alarms: BTreeMap<String, Option<AlarmRecord>>,
+    inputs: usize,
+    actors: usize,
+    files: super::caps::files::FilesSavepoint,
 }
 
 /// A successful turn's results.

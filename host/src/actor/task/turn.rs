@@ -82,16 +82,11 @@ impl ActorTask {
         env: &Arc<ActorEnv>,
         http: Option<HttpAccess>,
     ) -> Result<Instance, TurnError> {
-        let engine = match env.sandbox.js_engine_if_ready() {
-            Some(e) => e,
-            None => {
-                let sandbox = env.sandbox.clone();
-                tokio::task::spawn_blocking(move || sandbox.js_engine())
-                    .await
-                    .map_err(|e| TurnError::Code(format!("engine compile panicked: {e}")))?
-                    .map_err(|e| TurnError::Code(e.to_string()))?
-            }
-        };
+        let engine = env
+            .sandbox
+            .js_engine_async()
+            .await
+            .map_err(|e| TurnError::Code(e.to_string()))?;
         let config = env.config.limits.eval_config();
         let spec = || InstanceSpec {
             config: &config,

@@ -14,6 +14,7 @@
 use std::sync::Arc;
 
 use super::super::turn::Refusal;
+use super::Cap;
 use crate::clock::now_ms;
 use crate::ids::ActorKey;
 use crate::sandbox::bindings::GuestError;
@@ -167,6 +168,16 @@ impl ActorsCtx {
         Ok(self.chain.iter().cloned().chain([me.clone()]).collect())
     }
 
+    /// How many sends a rollback to this point keeps.
+    pub(crate) fn savepoint(&self) -> usize {
+        self.sends.len()
+    }
+
+    /// Drop the sends since `sp`.
+    pub(crate) fn rollback(&mut self, sp: usize) {
+        self.sends.truncate(sp);
+    }
+
     /// The messages to queue in the turn's commit.
     pub(crate) fn finish(self) -> Vec<(ActorKey, InboxRecord)> {
         self.sends
@@ -185,7 +196,7 @@ impl actors::Host for Host {
         body: Vec<u8>,
     ) -> wasmtime::Result<Result<Reply, GuestError>> {
         let calls = self.actors.clone();
-        let turn = self.enter()?;
+        let turn = self.enter(Cap::Actors)?;
         let to = match target(&actor_type, &id) {
             Ok(k) => k,
             Err(e) => return Ok(Err(e)),
@@ -226,7 +237,7 @@ impl actors::Host for Host {
         body: Vec<u8>,
     ) -> wasmtime::Result<Result<(), GuestError>> {
         let calls = self.actors.clone();
-        let turn = self.enter()?;
+        let turn = self.enter(Cap::Actors)?;
         let to = match target(&actor_type, &id) {
             Ok(k) => k,
             Err(e) => return Ok(Err(e)),

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::super::turn::{ActorDisk, Refusal};
+use super::Cap;
 use crate::clock::now_ms;
 use crate::sandbox::bindings::GuestError;
 use crate::sandbox::bindings::marmot::actor::alarms::{self, AlarmInfo, Cron, Schedule};
@@ -148,6 +149,16 @@ impl AlarmsCtx {
             .collect())
     }
 
+    /// This turn's changes so far, for a rollback.
+    pub(crate) fn savepoint(&self) -> BTreeMap<String, Option<AlarmRecord>> {
+        self.writes.clone()
+    }
+
+    /// Undo the changes since `sp`.
+    pub(crate) fn rollback(&mut self, sp: BTreeMap<String, Option<AlarmRecord>>) {
+        self.writes = sp;
+    }
+
     /// The turn succeeded: its changes join what is known, and are returned
     /// to commit.
     pub(crate) fn finish(mut self) -> (KnownAlarms, Vec<(String, Option<AlarmRecord>)>) {
@@ -197,7 +208,7 @@ impl alarms::Host for Host {
         schedule: Schedule,
         payload: Vec<u8>,
     ) -> wasmtime::Result<Result<(), GuestError>> {
-        let turn = self.enter()?;
+        let turn = self.enter(Cap::Alarms)?;
         Ok(turn
             .alarms
             .set(name, schedule.into(), payload, now_ms())?
@@ -205,12 +216,12 @@ impl alarms::Host for Host {
     }
 
     fn cancel(&mut self, name: String) -> wasmtime::Result<Result<bool, GuestError>> {
-        let turn = self.enter()?;
+        let turn = self.enter(Cap::Alarms)?;
         Ok(Ok(turn.alarms.cancel(&name)?))
     }
 
     fn list(&mut self) -> wasmtime::Result<Result<Vec<AlarmInfo>, GuestError>> {
-        let turn = self.enter()?;
+        let turn = self.enter(Cap::Alarms)?;
         Ok(Ok(turn
             .alarms
             .list()?

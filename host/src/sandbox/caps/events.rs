@@ -1,6 +1,7 @@
 //! `marmot:actor/events`: append to the actor's event log with the turn.
 
 use super::super::turn::Refusal;
+use super::Cap;
 use crate::sandbox::bindings::GuestError;
 use crate::sandbox::bindings::marmot::actor::events;
 use crate::sandbox::host::Host;
@@ -62,6 +63,18 @@ impl EventsCtx {
         Ok(seq)
     }
 
+    /// How many events a rollback to this point keeps.
+    pub(crate) fn savepoint(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Drop the events emitted since `sp`.
+    pub(crate) fn rollback(&mut self, sp: usize) {
+        let dropped = self.events.len().saturating_sub(sp) as u64;
+        self.events.truncate(sp);
+        self.next_seq -= dropped;
+    }
+
     /// The events to commit, in order.
     pub(crate) fn finish(self) -> Vec<(String, Vec<u8>)> {
         self.events
@@ -70,7 +83,7 @@ impl EventsCtx {
 
 impl events::Host for Host {
     fn emit(&mut self, kind: String, data: Vec<u8>) -> wasmtime::Result<Result<u64, GuestError>> {
-        let turn = self.enter()?;
+        let turn = self.enter(Cap::Events)?;
         Ok(turn.events.emit(kind, data).map_err(Into::into))
     }
 }

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use sha2::{Digest, Sha256};
 
 use super::super::turn::{ActorDisk, Refusal};
+use super::Cap;
 use crate::clock::now_ms;
 use crate::ids::validate_file_path;
 use crate::sandbox::bindings::GuestError;
@@ -57,6 +58,13 @@ impl FileCache {
     pub fn trim(&mut self, committed_seq: u64) {
         self.entries.retain(|_, (_, seq)| *seq > committed_seq);
     }
+}
+
+/// The files part of a savepoint.
+pub(crate) struct FilesSavepoint {
+    writes: BTreeMap<String, Option<FileRecord>>,
+    usage: Option<FileUsage>,
+    type_delta: i64,
 }
 
 /// The files part of a turn.
@@ -249,6 +257,22 @@ impl FilesCtx {
         Ok(merged.into_iter().take(MAX_LIST).collect())
     }
 
+    /// This turn's writes so far, for a rollback.
+    pub(crate) fn savepoint(&self) -> FilesSavepoint {
+        FilesSavepoint {
+            writes: self.writes.clone(),
+            usage: self.usage,
+            type_delta: self.type_delta,
+        }
+    }
+
+    /// Undo the writes since `sp` (blobs they stored become garbage).
+    pub(crate) fn rollback(&mut self, sp: FilesSavepoint) {
+        self.writes = sp.writes;
+        self.usage = sp.usage;
+        self.type_delta = sp.type_delta;
+    }
+
     /// The turn succeeded: its writes join the cache (as written by turn
     /// `seq`) and are returned to commit.
     pub(crate) fn finish(mut self, seq: u64) -> (FileCache, Vec<(String, Option<FileRecord>)>) {
@@ -270,7 +294,7 @@ impl FilesCtx {
 
 impl files::Host for Host {
     async fn read(&mut self, path: String) -> wasmtime::Result<Result<Vec<u8>, GuestError>> {
-        let turn = self.enter()?;
+        let turn = self.enter(Cap::Files)?;
         Ok(turn.files.read(&path).await?)
     }
 
@@ -279,7 +303,7 @@ impl files::Host for Host {
         path: String,
         data: Vec<u8>,
     ) -> wasmtime::Result<Result<(), GuestError>> {
-        let turn = self.enter()?;
+        let turn = self.enter(Cap::Files)?;
         Ok(turn.files.write(path, data).await?.map_err(Into::into))
     }
 
@@ -287,7 +311,7 @@ impl files::Host for Host {
         &mut self,
         prefix: String,
     ) -> wasmtime::Result<Result<Vec<files::FileInfo>, GuestError>> {
-        let turn = self.enter()?;
+        let turn = self.enter(Cap::Files)?;
         Ok(Ok(turn
             .files
             .list(&prefix)?
@@ -301,7 +325,7 @@ impl files::Host for Host {
     }
 
     async fn delete(&mut self, path: String) -> wasmtime::Result<Result<bool, GuestError>> {
-        let turn = self.enter()?;
+        let turn = self.enter(Cap::Files)?;
         Ok(turn.files.delete(&path)?.map_err(Into::into))
     }
 }

@@ -24,6 +24,7 @@ use tokio::sync::Semaphore;
 use url::Url;
 use zeroize::Zeroizing;
 
+use super::Cap;
 use crate::config::ResolvedHttp;
 use crate::egress::{
     Egress, EgressError, HostPattern, OutboundHeader, OutboundRequest, Scrub, policy,
@@ -239,7 +240,7 @@ impl http::Host for Host {
         req: http::Request,
     ) -> wasmtime::Result<Result<http::Response, GuestError>> {
         let access = self.http.clone();
-        let turn = self.enter()?;
+        let turn = self.enter(Cap::Http)?;
         let Some(access) = access else {
             return Ok(Err(GuestError::Unsupported(
                 "outbound HTTP is not available in this sandbox".into(),

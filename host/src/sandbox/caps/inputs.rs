@@ -2,6 +2,7 @@
 //! [`crate::inputs`]).
 
 use super::super::turn::{ActorDisk, Refusal, TurnState};
+use super::Cap;
 use crate::clock::now_ms;
 use crate::sandbox::bindings::GuestError;
 use crate::sandbox::bindings::marmot::actor::inputs::{self, InputRequest};
@@ -47,6 +48,16 @@ impl InputsCtx {
                 Ok(p)
             }
         }
+    }
+
+    /// How many requests a rollback to this point keeps.
+    pub(crate) fn savepoint(&self) -> usize {
+        self.created.len()
+    }
+
+    /// Drop the requests made since `sp`.
+    pub(crate) fn rollback(&mut self, sp: usize) {
+        self.created.truncate(sp);
     }
 
     /// The turn succeeded: the pending count after it, and its requests.
@@ -121,7 +132,7 @@ impl TurnState {
 
 impl inputs::Host for Host {
     fn request(&mut self, req: InputRequest) -> wasmtime::Result<Result<String, GuestError>> {
-        let turn = self.enter()?;
+        let turn = self.enter(Cap::Inputs)?;
         Ok(turn
             .input_request(
                 req.kind,

@@ -1,5 +1,6 @@
 //! `marmot:actor/log`: structured guest logs, tagged with the actor.
 
+use super::Cap;
 use crate::sandbox::bindings::marmot::actor::log::{self, Level};
 use crate::sandbox::host::Host;
 
@@ -38,7 +39,7 @@ impl log::Host for Host {
             eprintln!("marmot: fault injection: aborting on guest log marker");
             std::process::abort();
         }
-        let turn = self.enter()?;
+        let turn = self.enter(Cap::Log)?;
         let log = &mut turn.log;
         log.lines += 1;
         if log.lines > log.limits.max_lines {

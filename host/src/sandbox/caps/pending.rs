@@ -2,8 +2,9 @@
 //! WIT shape and answer `error::unsupported`, so guests written against them
 //! compile and fail clearly instead of trapping.
 
+use super::Cap;
 use crate::sandbox::bindings::GuestError;
-use crate::sandbox::bindings::marmot::actor::{js, model};
+use crate::sandbox::bindings::marmot::actor::model;
 use crate::sandbox::host::Host;
 
 fn unsupported<T>(what: &str) -> wasmtime::Result<Result<T, GuestError>> {
@@ -17,17 +18,7 @@ impl model::Host for Host {
         &mut self,
         _req: model::ChatRequest,
     ) -> wasmtime::Result<Result<String, GuestError>> {
-        self.enter()?;
+        self.enter(Cap::Model)?;
         unsupported("model.chat")
-    }
-}
-
-impl js::Host for Host {
-    async fn eval(
-        &mut self,
-        _req: js::EvalRequest,
-    ) -> wasmtime::Result<Result<js::EvalResult, GuestError>> {
-        self.enter()?;
-        unsupported("js.eval")
     }
 }

@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use bytes::Bytes;
 
 use super::super::turn::{ActorDisk, Refusal};
+use super::Cap;
 use crate::ids::MAX_STATE_KEY;
 use crate::sandbox::bindings::GuestError;
 use crate::sandbox::bindings::marmot::actor::state;
@@ -104,6 +105,14 @@ pub struct StateCtx {
     /// Number of state keys, including this turn's writes.
     pub(crate) state_keys: u64,
     /// Bytes written by `set` so far.
+    write_bytes: usize,
+}
+
+/// The state part of a savepoint.
+pub(crate) struct StateSavepoint {
+    writes: BTreeMap<String, Option<Bytes>>,
+    state_bytes: u64,
+    state_keys: u64,
     write_bytes: usize,
 }
 
@@ -254,6 +263,24 @@ impl StateCtx {
         Ok(merged.into_iter().take(limit).collect())
     }
 
+    /// What a rollback to this point needs.
+    pub(crate) fn savepoint(&self) -> StateSavepoint {
+        StateSavepoint {
+            writes: self.writes.clone(),
+            state_bytes: self.state_bytes,
+            state_keys: self.state_keys,
+            write_bytes: self.write_bytes,
+        }
+    }
+
+    /// Undo every write since `sp` (reads stay cached: they were true).
+    pub(crate) fn rollback(&mut self, sp: StateSavepoint) {
+        self.writes = sp.writes;
+        self.state_bytes = sp.state_bytes;
+        self.state_keys = sp.state_keys;
+        self.write_bytes = sp.write_bytes;
+    }
+
     /// The turn succeeded: fold its writes into the cache (as written by
     /// turn `seq`) and return the cache and the writes to commit.
     pub(crate) fn finish(mut self, seq: u64) -> (StateCache, StateWrites) {
@@ -291,17 +318,17 @@ fn check_key(key: &str) -> Result<(), Refusal> {
 
 impl state::Host for Host {
     fn get(&mut self, key: String) -> wasmtime::Result<Option<Vec<u8>>> {
-        let turn = self.enter()?;
+        let turn = self.enter(Cap::State)?;
         Ok(turn.state.get(&key)?.map(|b| b.to_vec()))
     }
 
     fn set(&mut self, key: String, value: Vec<u8>) -> wasmtime::Result<Result<(), GuestError>> {
-        let turn = self.enter()?;
+        let turn = self.enter(Cap::State)?;
         Ok(turn.state.set(key, Bytes::from(value))?.map_err(Into::into))
     }
 
     fn delete(&mut self, key: String) -> wasmtime::Result<bool> {
-        let turn = self.enter()?;
+        let turn = self.enter(Cap::State)?;
         Ok(turn.state.delete(&key)?)
     }
 
@@ -311,7 +338,7 @@ impl state::Host for Host {
         start_after: Option<String>,
         limit: u32,
     ) -> wasmtime::Result<Vec<(String, Vec<u8>)>> {
-        let turn = self.enter()?;
+        let turn = self.enter(Cap::State)?;
         let entries = turn.state.list(
             &prefix,
             start_after.as_deref(),

@@ -5,7 +5,7 @@
 
 use marmot_guest::actors;
 use marmot_guest::alarms::{self, Schedule};
-use marmot_guest::raw::{files, http, model};
+use marmot_guest::raw::{files, http, js, model};
 use marmot_guest::{
     Actor, Alarm, Context, InputAnswer, Message, Reply, Result, Webhook, events, inputs, log, state,
 };
@@ -116,6 +116,17 @@ enum Op {
     },
     /// Delete a file: `{"existed"}`.
     FileDelete { path: String },
+    /// Run `code` in a child JavaScript sandbox with `tools`; reply with
+    /// its `{result, logs, error}` or `{"host_error"}`; then fail the turn if
+    /// `fail`.
+    JsEval {
+        code: String,
+        #[serde(default)]
+        tools: Vec<String>,
+        timeout_ms: Option<u32>,
+        #[serde(default)]
+        fail: bool,
+    },
     /// Search this instance's whole linear memory for a byte string given
     /// masked (`masked[i] ^ mask[i]`), so that the string itself is never
     /// in memory unless something else put it there.
@@ -425,6 +436,30 @@ impl Actor for TestKit {
                 Ok(existed) => Reply::json(&json!({ "existed": existed })),
                 Err(e) => Reply::json(&json!({ "error": marmot_guest::Error::from(e).message() })),
             },
+            Op::JsEval {
+                code,
+                tools,
+                timeout_ms,
+                fail,
+            } => {
+                let req = js::EvalRequest {
+                    code,
+                    tools,
+                    timeout_ms,
+                };
+                let out = match js::eval(&req) {
+                    Ok(r) => json!({
+                        "result": r.result.and_then(|t| serde_json::from_str::<Value>(&t).ok()),
+                        "logs": r.logs,
+                        "error": r.error,
+                    }),
+                    Err(e) => json!({ "host_error": marmot_guest::Error::from(e).message() }),
+                };
+                if fail {
+                    return Err("failing after the script".into());
+                }
+                Reply::json(&out)
+            }
             Op::ScanMemory { masked, mask } => {
                 Reply::json(&json!({ "found": memory_holds(&masked, &mask) }))
             }
