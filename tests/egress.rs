@@ -52,10 +52,13 @@ impl Seen {
 /// Answer a request: `/echo` echoes the request headers in the body (and
 /// one of them in a response header); `/redirect?to=URL` is a 302 there;
 /// anything else is `ok`.
+type Body = http_body_util::combinators::BoxBody<bytes::Bytes, std::convert::Infallible>;
+
 async fn respond(
     seen: Arc<Seen>,
     req: hyper::Request<hyper::body::Incoming>,
-) -> Result<hyper::Response<http_body_util::Full<bytes::Bytes>>, std::convert::Infallible> {
+) -> Result<hyper::Response<Body>, std::convert::Infallible> {
+    use http_body_util::BodyExt;
     let headers: Vec<(String, String)> = req
         .headers()
         .iter()
@@ -78,6 +81,28 @@ async fn respond(
             resp = resp.header("x-echo-auth", auth);
             serde_json::to_string(&headers).unwrap()
         }
+        "/stream" => {
+            // The authorization header, 3 bytes at a time, as server-sent
+            // events trickle: a secret in it is split across chunks.
+            let auth = headers
+                .iter()
+                .find(|(k, _)| k == "authorization")
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default();
+            let pieces: Vec<bytes::Bytes> = format!("data: {auth}\n\n")
+                .into_bytes()
+                .chunks(3)
+                .map(bytes::Bytes::copy_from_slice)
+                .collect();
+            let stream = futures::StreamExt::then(futures::stream::iter(pieces), |p| async move {
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+                Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(p))
+            });
+            return Ok(resp
+                .header("content-type", "text/event-stream")
+                .body(BodyExt::boxed(http_body_util::StreamBody::new(stream)))
+                .unwrap());
+        }
         "/redirect" => {
             let to = query.strip_prefix("to=").unwrap_or("/").to_owned();
             resp = resp.status(302).header("location", to);
@@ -86,7 +111,7 @@ async fn respond(
         _ => "ok".into(),
     };
     Ok(resp
-        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)).boxed())
         .unwrap())
 }
 
@@ -426,6 +451,32 @@ async fn a_secret_reaches_only_its_https_host_and_nothing_comes_back_with_it() {
     assert!(
         !db.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()),
         "the database holds the secret"
+    );
+}
+
+#[tokio::test]
+async fn streamed_bodies_arrive_in_chunks_and_are_scrubbed_across_them() {
+    let rig = Rig::new(kit_config()).await;
+    let r = rig
+        .api
+        .op(
+            "kit",
+            "a",
+            json!({
+                "op": "fetch_stream",
+                "url": format!("https://api.test:{}/stream", rig.https),
+                "headers": [["authorization", "Bearer {{secret:API_KEY}}"]],
+                "max": 5,
+            }),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["status"], 200);
+    assert_eq!(r.json["body"], "data: Bearer [redacted]\n\n", "{}", r.json);
+    assert!(r.json["chunks"].as_u64().unwrap() > 3, "{}", r.json);
+    assert_eq!(
+        rig.seen.header(0, "authorization").as_deref(),
+        Some(format!("Bearer {SECRET}").as_str())
     );
 }
 

@@ -128,6 +128,116 @@ impl Scrub {
     }
 }
 
+/// [`Scrub`] over a body that arrives in chunks: a value split across two
+/// chunks is replaced too, because the last `longest - 1` bytes of each
+/// chunk wait for the next one.
+pub struct StreamScrub {
+    scrub: Scrub,
+    pending: Vec<u8>,
+}
+
+impl StreamScrub {
+    /// Scrub a stream with `scrub`'s values.
+    pub fn new(scrub: Scrub) -> Self {
+        Self {
+            scrub,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Add `chunk`; returns what can be released now.
+    pub fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
+        let longest = self
+            .scrub
+            .needles
+            .iter()
+            .map(|n| n.len())
+            .max()
+            .unwrap_or(0);
+        if longest == 0 {
+            return chunk.to_vec();
+        }
+        self.pending.extend_from_slice(chunk);
+        let buf = std::mem::take(&mut self.pending);
+        // A value starting before `cut` lies wholly within `buf`.
+        let cut = buf.len().saturating_sub(longest - 1);
+        let mut out = Vec::with_capacity(buf.len());
+        let mut i = 0;
+        'scan: while i < cut {
+            for needle in &self.scrub.needles {
+                if buf[i..].starts_with(needle) {
+                    out.extend_from_slice(REDACTED.as_bytes());
+                    i += needle.len();
+                    continue 'scan;
+                }
+            }
+            out.push(buf[i]);
+            i += 1;
+        }
+        self.pending = buf[i.min(buf.len())..].to_vec();
+        out
+    }
+
+    /// The end of the stream: release what was held back.
+    pub fn finish(&mut self) -> Vec<u8> {
+        self.scrub.bytes(std::mem::take(&mut self.pending))
+    }
+}
+
+/// A response whose body is read as it arrives, scrubbed and capped.
+pub struct StreamingResponse {
+    /// Status.
+    pub status: u16,
+    /// Headers (scrubbed).
+    pub headers: Vec<(String, String)>,
+    resp: Option<reqwest::Response>,
+    scrub: StreamScrub,
+    /// Scrubbed bytes not yet handed out.
+    ready: Vec<u8>,
+    /// Bytes that may still arrive before the cap.
+    remaining: usize,
+    /// Longest wait for the next chunk.
+    idle: Duration,
+}
+
+impl StreamingResponse {
+    /// The next at most `max` bytes of the body (`None` at its end).
+    pub async fn next(&mut self, max: usize) -> Result<Option<Vec<u8>>, EgressError> {
+        let max = max.max(1);
+        while self.ready.is_empty() {
+            let Some(resp) = self.resp.as_mut() else {
+                return Ok(None);
+            };
+            let chunk = tokio::time::timeout(self.idle, resp.chunk())
+                .await
+                .map_err(|_| EgressError::Timeout(self.idle.as_millis() as u64))?
+                .map_err(|e| transport_error(&e, &self.scrub.scrub))?;
+            match chunk {
+                Some(c) => {
+                    if c.len() > self.remaining {
+                        self.resp = None;
+                        return Err(EgressError::TooLarge(
+                            "the response body is larger than this node allows".into(),
+                        ));
+                    }
+                    self.remaining -= c.len();
+                    self.ready = self.scrub.push(&c);
+                }
+                None => {
+                    self.resp = None;
+                    self.ready = self.scrub.finish();
+                    if self.ready.is_empty() {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+        let n = max.min(self.ready.len());
+        let rest = self.ready.split_off(n);
+        Ok(Some(std::mem::replace(&mut self.ready, rest)))
+    }
+}
+
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
@@ -216,18 +326,53 @@ impl Egress {
     ) -> Result<OutboundResponse, EgressError> {
         let timeout = req.timeout;
         let ms = timeout.as_millis() as u64;
-        match tokio::time::timeout(timeout, self.fetch_hops(req, allowed, scrub)).await {
+        let whole = async {
+            let resp = self.fetch_hops(req, allowed, scrub).await?;
+            self.read(resp, scrub).await
+        };
+        match tokio::time::timeout(timeout, whole).await {
             Ok(r) => r,
             Err(_) => Err(EgressError::Timeout(ms)),
         }
     }
 
+    /// Like [`fetch`](Self::fetch), but the body is read as it arrives:
+    /// the timeout bounds the wait for the response's head, and then each
+    /// wait for the next chunk.
+    pub async fn fetch_stream(
+        &self,
+        req: OutboundRequest,
+        allowed: &(dyn Fn(&Url) -> Result<(), EgressError> + Sync),
+        scrub: Scrub,
+    ) -> Result<StreamingResponse, EgressError> {
+        let timeout = req.timeout;
+        let resp = tokio::time::timeout(timeout, self.fetch_hops(req, allowed, &scrub))
+            .await
+            .map_err(|_| EgressError::Timeout(timeout.as_millis() as u64))??;
+        let max = self.config.max_response_bytes;
+        if resp.content_length().is_some_and(|n| n > max as u64) {
+            return Err(EgressError::TooLarge(format!(
+                "the response body is larger than {max} bytes"
+            )));
+        }
+        Ok(StreamingResponse {
+            status: resp.status().as_u16(),
+            headers: scrubbed_headers(&resp, &scrub),
+            resp: Some(resp),
+            scrub: StreamScrub::new(scrub),
+            ready: Vec::new(),
+            remaining: max,
+            idle: timeout,
+        })
+    }
+
+    /// Send `req` and follow the redirects it may; the final response.
     async fn fetch_hops(
         &self,
         req: OutboundRequest,
         allowed: &(dyn Fn(&Url) -> Result<(), EgressError> + Sync),
         scrub: &Scrub,
-    ) -> Result<OutboundResponse, EgressError> {
+    ) -> Result<reqwest::Response, EgressError> {
         if req
             .body
             .as_ref()
@@ -279,7 +424,7 @@ impl Egress {
                     .get(reqwest::header::LOCATION)
                     .and_then(|l| l.to_str().ok())
                 else {
-                    return self.read(resp, scrub).await;
+                    return Ok(resp);
                 };
                 let next = url.join(location).map_err(|e| {
                     EgressError::Invalid(format!("the redirect's Location is not a URL: {e}"))
@@ -307,7 +452,7 @@ impl Egress {
                 url = next;
                 continue;
             }
-            return self.read(resp, scrub).await;
+            return Ok(resp);
         }
     }
 
@@ -323,14 +468,7 @@ impl Egress {
             )));
         }
         let status = resp.status().as_u16();
-        let headers = resp
-            .headers()
-            .iter()
-            .filter_map(|(k, v)| {
-                let v = v.to_str().ok()?;
-                Some((k.as_str().to_owned(), scrub.text(v.to_owned())))
-            })
-            .collect();
+        let headers = scrubbed_headers(&resp, scrub);
         let mut body = Vec::new();
         while let Some(chunk) = resp.chunk().await.map_err(|e| transport_error(&e, scrub))? {
             if body.len() + chunk.len() > max {
@@ -346,6 +484,17 @@ impl Egress {
             body: scrub.bytes(body),
         })
     }
+}
+
+/// The headers of `resp` that are text, scrubbed.
+fn scrubbed_headers(resp: &reqwest::Response, scrub: &Scrub) -> Vec<(String, String)> {
+    resp.headers()
+        .iter()
+        .filter_map(|(k, v)| {
+            let v = v.to_str().ok()?;
+            Some((k.as_str().to_owned(), scrub.text(v.to_owned())))
+        })
+        .collect()
 }
 
 /// A transport error in words, without the URL (it may carry what the
@@ -393,6 +542,26 @@ mod tests {
         );
         assert_eq!(s.text("nothing here".into()), "nothing here");
         assert_eq!(s.bytes(b"sk-12".to_vec()), b"sk-12".to_vec());
+    }
+
+    #[test]
+    fn stream_scrub_catches_values_split_across_chunks() {
+        let mut s = Scrub::default();
+        s.add(b"SECRET");
+        let mut stream = StreamScrub::new(s);
+        let mut out = Vec::new();
+        for chunk in [&b"data: SEC"[..], b"RET and SE", b"CRET", b"SECR", b"ET!"] {
+            out.extend(stream.push(chunk));
+        }
+        out.extend(stream.finish());
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "data: [redacted] and [redacted][redacted]!"
+        );
+        // Without values, chunks pass straight through.
+        let mut plain = StreamScrub::new(Scrub::default());
+        assert_eq!(plain.push(b"abc"), b"abc");
+        assert!(plain.finish().is_empty());
     }
 
     #[test]

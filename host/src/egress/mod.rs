@@ -15,5 +15,5 @@ pub mod client;
 pub mod policy;
 mod resolve;
 
-pub use client::{Egress, EgressError, OutboundHeader, OutboundRequest, Scrub};
+pub use client::{Egress, EgressError, OutboundHeader, OutboundRequest, Scrub, StreamingResponse};
 pub use policy::HostPattern;

@@ -29,6 +29,9 @@ wasmtime::component::bindgen!({
         default: async | trappable,
     },
     exports: { default: async },
+    with: {
+        "marmot:actor/http.body-stream": crate::sandbox::caps::http::BodyStream,
+    },
 });
 
 pub use self::exports::marmot::actor::handlers::{

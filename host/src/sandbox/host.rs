@@ -33,7 +33,7 @@ pub enum LimitTrap {
 /// Store data for one actor instance.
 pub struct Host {
     wasi: WasiCtx,
-    table: ResourceTable,
+    pub(super) table: ResourceTable,
     pub(super) limits: StoreLimits,
     /// The running turn, if any.
     pub(super) turn: Option<TurnState>,

@@ -27,7 +27,8 @@ use zeroize::Zeroizing;
 use super::Cap;
 use crate::config::ResolvedHttp;
 use crate::egress::{
-    Egress, EgressError, HostPattern, OutboundHeader, OutboundRequest, Scrub, policy,
+    Egress, EgressError, HostPattern, OutboundHeader, OutboundRequest, Scrub, StreamingResponse,
+    policy,
 };
 use crate::ids::ActorKey;
 use crate::sandbox::bindings::GuestError;
@@ -45,8 +46,9 @@ pub struct HttpGrant {
     methods: Vec<String>,
     secrets: Vec<String>,
     max_redirects: u32,
-    /// Bounds the type's requests in flight.
-    permits: Semaphore,
+    /// Bounds the type's requests in flight (a streamed response holds its
+    /// permit until its body is dropped).
+    permits: Arc<Semaphore>,
 }
 
 impl HttpGrant {
@@ -58,7 +60,7 @@ impl HttpGrant {
             methods: http.allowed_methods.clone(),
             secrets: http.secrets.clone(),
             max_redirects: http.max_redirects,
-            permits: Semaphore::new(http.concurrency.max(1) as usize),
+            permits: Arc::new(Semaphore::new(http.concurrency.max(1) as usize)),
         })
     }
 
@@ -91,11 +93,37 @@ pub struct HttpAccess {
     pub grant: Arc<HttpGrant>,
 }
 
+/// Most response bodies a turn may have open at once.
+const MAX_OPEN_STREAMS: usize = 16;
+
+/// A streamed body, shared by its guest handle and its turn (which closes
+/// it when the turn ends, whatever the guest did with the handle).
+type StreamSlot = Arc<tokio::sync::Mutex<Option<StreamingResponse>>>;
+
 /// The http part of a turn: how many fetches it made (the index in each
-/// idempotency key).
+/// idempotency key), and the bodies it streams.
 #[derive(Default)]
 pub struct HttpCtx {
     fetches: u32,
+    open: Vec<StreamSlot>,
+}
+
+impl Drop for HttpCtx {
+    /// The turn is over: its response bodies end with it.
+    fn drop(&mut self) {
+        for slot in &self.open {
+            if let Ok(mut s) = slot.try_lock() {
+                *s = None;
+            }
+        }
+    }
+}
+
+/// `body-stream`: a response body being read. Reading it after its turn
+/// ended, or after a read failed, finds it closed.
+pub struct BodyStream {
+    slot: StreamSlot,
+    _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// The idempotency key of fetch number `index` of turn `turn_id`.
@@ -234,24 +262,33 @@ fn guest_error(e: EgressError) -> GuestError {
     }
 }
 
+/// The start of every fetch: the grant, the call's idempotency key, and the
+/// checked request with its placeholders substituted.
+fn begin(
+    host: &mut Host,
+    req: http::Request,
+) -> wasmtime::Result<Result<(HttpAccess, OutboundRequest, Scrub), GuestError>> {
+    let access = host.http.clone();
+    let turn = host.enter(Cap::Http)?;
+    let Some(access) = access else {
+        return Ok(Err(GuestError::Unsupported(
+            "outbound HTTP is not available in this sandbox".into(),
+        )));
+    };
+    let index = turn.http.fetches;
+    turn.http.fetches += 1;
+    let idempotency = idempotency_key(&turn.key, &turn.turn_id, index);
+    let mut scrub = Scrub::default();
+    Ok(prepare(&access, req, &idempotency, &mut scrub).map(|r| (access, r, scrub)))
+}
+
 impl http::Host for Host {
     async fn fetch(
         &mut self,
         req: http::Request,
     ) -> wasmtime::Result<Result<http::Response, GuestError>> {
-        let access = self.http.clone();
-        let turn = self.enter(Cap::Http)?;
-        let Some(access) = access else {
-            return Ok(Err(GuestError::Unsupported(
-                "outbound HTTP is not available in this sandbox".into(),
-            )));
-        };
-        let index = turn.http.fetches;
-        turn.http.fetches += 1;
-        let idempotency = idempotency_key(&turn.key, &turn.turn_id, index);
-        let mut scrub = Scrub::default();
-        let request = match prepare(&access, req, &idempotency, &mut scrub) {
-            Ok(r) => r,
+        let (access, request, scrub) = match begin(self, req)? {
+            Ok(x) => x,
             Err(e) => return Ok(Err(e)),
         };
         let _permit = access
@@ -268,6 +305,81 @@ impl http::Host for Host {
             headers: r.headers,
             body: r.body,
         }))
+    }
+
+    async fn fetch_stream(
+        &mut self,
+        req: http::Request,
+    ) -> wasmtime::Result<Result<http::StreamedResponse, GuestError>> {
+        let open = self.enter(Cap::Http)?.http.open.len();
+        if open >= MAX_OPEN_STREAMS {
+            return Ok(Err(GuestError::LimitExceeded(format!(
+                "a turn may stream at most {MAX_OPEN_STREAMS} response bodies at once"
+            ))));
+        }
+        let (access, request, scrub) = match begin(self, req)? {
+            Ok(x) => x,
+            Err(e) => return Ok(Err(e)),
+        };
+        let permit = access
+            .grant
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| wasmtime::format_err!("the http permits were closed"))?;
+        let grant = access.grant.clone();
+        let allowed = move |url: &Url| grant.allows(url);
+        let resp = match access.egress.fetch_stream(request, &allowed, scrub).await {
+            Ok(r) => r,
+            Err(e) => return Ok(Err(guest_error(e))),
+        };
+        let (status, headers) = (resp.status, resp.headers.clone());
+        let slot: StreamSlot = Arc::new(tokio::sync::Mutex::new(Some(resp)));
+        self.enter(Cap::Http)?.http.open.push(slot.clone());
+        let body = self.table.push(BodyStream {
+            slot,
+            _permit: permit,
+        })?;
+        Ok(Ok(http::StreamedResponse {
+            status,
+            headers,
+            body,
+        }))
+    }
+}
+
+impl http::HostBodyStream for Host {
+    async fn read(
+        &mut self,
+        stream: wasmtime::component::Resource<BodyStream>,
+        max: u32,
+    ) -> wasmtime::Result<Result<Option<Vec<u8>>, GuestError>> {
+        self.enter(Cap::Http)?;
+        let slot = self.table.get(&stream)?.slot.clone();
+        let mut guard = slot.lock().await;
+        let Some(body) = guard.as_mut() else {
+            return Ok(Err(GuestError::Invalid(
+                "this response body is closed (its turn ended, or a read failed)".into(),
+            )));
+        };
+        let max = (max as usize).clamp(1, 1 << 20);
+        match body.next(max).await {
+            Ok(chunk) => Ok(Ok(chunk)),
+            Err(e) => {
+                *guard = None;
+                Ok(Err(guest_error(e)))
+            }
+        }
+    }
+
+    async fn drop(
+        &mut self,
+        stream: wasmtime::component::Resource<BodyStream>,
+    ) -> wasmtime::Result<()> {
+        let body = self.table.delete(stream)?;
+        *body.slot.lock().await = None;
+        Ok(())
     }
 }
 

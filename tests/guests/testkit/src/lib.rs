@@ -97,6 +97,14 @@ enum Op {
         body: Option<String>,
         timeout_ms: Option<u32>,
     },
+    /// Fetch with the body streamed, read `max` bytes at a time; reply with
+    /// `status`, the number of chunks and the body as text.
+    FetchStream {
+        url: String,
+        #[serde(default)]
+        headers: Vec<(String, String)>,
+        max: u32,
+    },
     /// Write a file: `text`, or `bytes` bytes of a pattern; then fail the
     /// turn if `fail`, or log `crash` (the fault-injection marker).
     FileWrite {
@@ -389,6 +397,45 @@ impl Actor for TestKit {
                         "error": marmot_guest::Error::from(e).message(),
                     })),
                 }
+            }
+            Op::FetchStream { url, headers, max } => {
+                let req = http::Request {
+                    method: "GET".into(),
+                    url,
+                    headers,
+                    body: None,
+                    timeout_ms: None,
+                };
+                let resp = match http::fetch_stream(&req) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        return Reply::json(
+                            &json!({ "error": marmot_guest::Error::from(e).message() }),
+                        );
+                    }
+                };
+                let mut body = Vec::new();
+                let mut chunks = 0;
+                loop {
+                    match resp.body.read(max) {
+                        Ok(Some(c)) => {
+                            assert!(c.len() <= max as usize, "a chunk larger than asked for");
+                            chunks += 1;
+                            body.extend(c);
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            return Reply::json(
+                                &json!({ "error": marmot_guest::Error::from(e).message() }),
+                            );
+                        }
+                    }
+                }
+                Reply::json(&json!({
+                    "status": resp.status,
+                    "chunks": chunks,
+                    "body": String::from_utf8_lossy(&body),
+                }))
             }
             Op::FileWrite {
                 path,
