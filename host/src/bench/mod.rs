@@ -8,6 +8,8 @@
 
 mod alarms;
 mod compare;
+mod egress;
+mod files;
 mod http;
 mod inproc;
 mod peer;
@@ -87,6 +89,12 @@ pub enum Scenario {
     /// Signed webhooks ingested across many actors (default 10,000), then
     /// replayed to measure de-duplication.
     WebhookIngest,
+    /// What the `http` capability adds to a request, side by side with
+    /// plain reqwest to the same local server (`--actors` = rounds).
+    Fetch,
+    /// File writes (committed with their turns) and downloads, small and
+    /// large (`--actors` = small files written).
+    Files,
     /// Side by side with Cloudflare's workerd (Durable Objects on local
     /// SQLite), same load generator, alternating runs, with ratios.
     VsWorkerd,
@@ -122,6 +130,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::AlarmLag,
             Scenario::SseFanout,
             Scenario::WebhookIngest,
+            Scenario::Fetch,
+            Scenario::Files,
         ],
         s => vec![s],
     };
@@ -139,6 +149,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::AlarmLag => alarms::lag(&args).await?,
             Scenario::SseFanout => sse::fanout(&args).await?,
             Scenario::WebhookIngest => webhooks::ingest(&args).await?,
+            Scenario::Fetch => egress::fetch(&args).await?,
+            Scenario::Files => files::files(&args).await?,
             Scenario::VsWorkerd => compare::vs_workerd(&args).await?,
             Scenario::All => unreachable!(),
         }
