@@ -103,6 +103,10 @@ async fn respond(
                 .body(BodyExt::boxed(http_body_util::StreamBody::new(stream)))
                 .unwrap());
         }
+        "/slow" => {
+            tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+            "slow".into()
+        }
         "/redirect" => {
             let to = query.strip_prefix("to=").unwrap_or("/").to_owned();
             resp = resp.status(302).header("location", to);
@@ -478,6 +482,50 @@ async fn streamed_bodies_arrive_in_chunks_and_are_scrubbed_across_them() {
         rig.seen.header(0, "authorization").as_deref(),
         Some(format!("Bearer {SECRET}").as_str())
     );
+}
+
+/// Waiting for a response is neither CPU (the type's CPU slice is far
+/// shorter than the wait) nor idleness (the idle timeout is too): the
+/// actor stays awake and its turn completes.
+#[tokio::test]
+async fn a_slow_fetch_is_not_cpu_and_keeps_the_actor_awake() {
+    let mut config = kit_config();
+    config["cpu_slice_ms"] = json!(200);
+    config["idle_timeout_ms"] = json!(300);
+    let rig = Rig::new(config).await;
+    let r = rig
+        .fetch(json!({ "url": format!("https://api.test:{}/slow", rig.https) }))
+        .await;
+    assert_eq!(r["status"], 200, "{r}");
+    assert_eq!(r["body"], "slow");
+    let hibernations = |m: &str| common::metric(m, "marmot_hibernations_total");
+    let metrics = String::from_utf8_lossy(&rig.api.get("/metrics").await.body).into_owned();
+    assert_eq!(
+        hibernations(&metrics),
+        0.0,
+        "the actor hibernated while it waited"
+    );
+}
+
+#[tokio::test]
+async fn bad_egress_config_is_refused_at_deploy() {
+    let rig = Rig::new(kit_config()).await;
+    for (config, want) in [
+        (
+            json!({ "allowed_hosts": ["https://api.test"] }),
+            "allowed_hosts",
+        ),
+        (json!({ "allowed_hosts": ["*"] }), "allowed_hosts"),
+        (json!({ "allowed_methods": ["FETCH"] }), "allowed_methods"),
+        (json!({ "secrets": ["bad name"] }), "secrets"),
+        (json!({ "max_redirects": 99 }), "max_redirects"),
+    ] {
+        let r = rig.api.deploy("bad", TESTKIT, config.clone()).await;
+        assert_eq!(r.status, 400, "{config}: {}", r.json);
+        let msg = r.json["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(want), "{config}: {msg}");
+    }
+    assert_eq!(rig.api.get("/v1/types/bad").await.status, 404);
 }
 
 #[tokio::test]
