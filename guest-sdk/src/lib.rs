@@ -42,8 +42,11 @@ pub mod alarms;
 pub mod bindings;
 mod error;
 pub mod events;
+pub mod files;
 mod handler;
+pub mod http;
 pub mod inputs;
+pub mod js;
 pub mod log;
 mod message;
 pub mod state;
@@ -55,10 +58,9 @@ pub use message::{Message, Reply};
 /// Host-side failures as the host reports them.
 pub use bindings::marmot::actor::types::Error as HostError;
 
-/// Capabilities whose host support is still landing, as generated from WIT.
-///
-/// They keep their final shape; until the node supports one it returns
-/// [`HostError::Unsupported`].
+/// The capabilities as generated from WIT, for what the modules above do
+/// not cover. `model` is still landing: until the node supports it, it
+/// returns [`HostError::Unsupported`].
 pub mod raw {
     pub use crate::bindings::marmot::actor::{files, http, js, model};
 }
