@@ -103,6 +103,12 @@ async fn respond(
                 .body(BodyExt::boxed(http_body_util::StreamBody::new(stream)))
                 .unwrap());
         }
+        // A value stored earlier, read back without any placeholder.
+        "/leak" => format!("stored: {SECRET}"),
+        "/gzip" => {
+            resp = resp.header("content-encoding", "gzip");
+            "\u{1f}\u{8b}not really gzip".into()
+        }
         "/slow" => {
             tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
             "slow".into()
@@ -438,6 +444,43 @@ async fn a_secret_reaches_only_its_https_host_and_nothing_comes_back_with_it() {
         )
         .await;
     assert!(denied(&r.json).contains("config.secrets"));
+
+    // A value that comes back without having been sent in this request
+    // (stored through an earlier one) is scrubbed too; the response must be
+    // uncompressed and whole to be checked, and the host frames requests.
+    let r = rig
+        .fetch(json!({ "url": format!("https://api.test:{}/leak", rig.https) }))
+        .await;
+    assert_eq!(r["body"], "stored: [redacted]", "{r}");
+    let r = rig
+        .fetch(
+            json!({ "url": format!("https://api.test:{}/gzip", rig.https),
+                       "headers": [["accept-encoding", "gzip"]] }),
+        )
+        .await;
+    assert!(denied(&r).contains("cannot be checked for secrets"), "{r}");
+    assert_eq!(
+        rig.seen
+            .header(rig.seen.requests().len() - 1, "accept-encoding")
+            .as_deref(),
+        Some("identity")
+    );
+    let r = rig
+        .fetch(json!({ "url": url, "headers": [["range", "bytes=0-5"]] }))
+        .await;
+    assert!(denied(&r).contains("partial response"), "{r}");
+    for header in ["host", "Transfer-Encoding", "proxy-authorization"] {
+        let r = rig
+            .fetch(json!({ "url": url, "headers": [[header, "x"]] }))
+            .await;
+        assert!(
+            r["error"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("invalid: header"),
+            "{header}: {r}"
+        );
+    }
 
     // Nowhere else either: logs at trace level, metrics, events, the
     // database file.

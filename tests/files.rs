@@ -95,6 +95,20 @@ async fn files_commit_with_their_turn_and_download_with_etag_and_range() {
             .unwrap()
             .starts_with("not found")
     );
+    // ... and no blob either: a failed turn's blobs go with it.
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({ "op": "file_write", "path": "lost.bin", "bytes": 300_000, "fail": true }),
+        )
+        .await;
+    assert_eq!(r.status, 500);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while blobs(&dir.path().join("data")).len() != 1 {
+        assert!(Instant::now() < deadline, "the failed turn's blob stayed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     let list = api.get("/v1/actors/kit/a/files").await;
     assert_eq!(list.status, 200, "{}", list.json);

@@ -128,7 +128,10 @@ pub(super) async fn download(
         .header(header::ETAG, &etag)
         .header(header::ACCEPT_RANGES, "bytes")
         .header(header::CONTENT_TYPE, content_type(&path))
-        .header(header::CACHE_CONTROL, "no-cache");
+        .header(header::CACHE_CONTROL, "no-cache")
+        // What an actor wrote is data, never active content of this origin.
+        .header("x-content-type-options", "nosniff")
+        .header(header::CONTENT_SECURITY_POLICY, "sandbox");
     if headers
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())

@@ -45,6 +45,9 @@ pub struct OutboundRequest {
     pub timeout: Duration,
     /// Redirects to follow.
     pub max_redirects: u32,
+    /// Ask for an uncompressed response and refuse a compressed one: what
+    /// comes back must be checkable for secrets.
+    pub identity_only: bool,
 }
 
 /// A response, capped and scrubbed.
@@ -93,6 +96,9 @@ impl Scrub {
     pub fn add(&mut self, value: &[u8]) {
         if !value.is_empty() && !self.needles.iter().any(|n| n.as_slice() == value) {
             self.needles.push(Zeroizing::new(value.to_vec()));
+            // Longest first: a value that contains another is replaced
+            // whole, not around the shorter one.
+            self.needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
         }
     }
 
@@ -389,8 +395,17 @@ impl Egress {
             mut headers,
             mut body,
             max_redirects,
+            identity_only,
             ..
         } = req;
+        if identity_only {
+            headers.retain(|h| !h.name.eq_ignore_ascii_case("accept-encoding"));
+            headers.push(OutboundHeader {
+                name: "accept-encoding".into(),
+                value: Zeroizing::new("identity".into()),
+                secret: false,
+            });
+        }
         let origin = url.origin();
         let mut hops = 0;
         loop {
@@ -452,6 +467,9 @@ impl Egress {
                 url = next;
                 continue;
             }
+            if identity_only {
+                check_identity(&resp)?;
+            }
             return Ok(resp);
         }
     }
@@ -483,6 +501,22 @@ impl Egress {
             headers,
             body: scrub.bytes(body),
         })
+    }
+}
+
+/// A compressed (or otherwise encoded) body cannot be checked for secrets.
+fn check_identity(resp: &reqwest::Response) -> Result<(), EgressError> {
+    match resp
+        .headers()
+        .get(reqwest::header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+    {
+        None => Ok(()),
+        Some(e) if e.trim().eq_ignore_ascii_case("identity") => Ok(()),
+        Some(e) => Err(EgressError::Refused(format!(
+            "the response is encoded ({e}) and cannot be checked for secrets; \
+             this type's responses must be uncompressed"
+        ))),
     }
 }
 
@@ -529,6 +563,22 @@ fn transport_error(e: &reqwest::Error, scrub: &Scrub) -> EgressError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_value_containing_another_is_replaced_whole() {
+        let mut s = Scrub::default();
+        s.add(b"sk-1");
+        s.add(b"sk-1234");
+        assert_eq!(
+            s.bytes(b"x sk-1234 y sk-1".to_vec()),
+            b"x [redacted] y [redacted]".to_vec()
+        );
+        let mut stream = StreamScrub::new(s);
+        let mut out = stream.push(b"x sk-12");
+        out.extend(stream.push(b"34 y"));
+        out.extend(stream.finish());
+        assert_eq!(out, b"x [redacted] y".to_vec());
+    }
 
     #[test]
     fn scrub_replaces_every_occurrence_of_every_value() {

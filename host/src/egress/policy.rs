@@ -216,8 +216,12 @@ fn classify_v6(ip: Ipv6Addr) -> Option<AddressClass> {
     }
     Some(match s {
         // ::ffff:a.b.c.d (mapped) and ::a.b.c.d (compatible, deprecated).
-        [0, 0, 0, 0, 0, 0xffff, ..] | [0, 0, 0, 0, 0, 0, ..] => AddressClass::EmbeddedIpv4,
-        [0x64, 0xff9b, 0, 0, 0, 0, ..] | [0x2002, ..] | [0x2001, 0, ..] => {
+        // ::ffff:0:a.b.c.d (translated), too.
+        [0, 0, 0, 0, 0, 0xffff, ..] | [0, 0, 0, 0, 0, 0, ..] | [0, 0, 0, 0, 0xffff, 0, ..] => {
+            AddressClass::EmbeddedIpv4
+        }
+        // NAT64: the well-known prefix and the local-use 64:ff9b:1::/48.
+        [0x64, 0xff9b, 0, 0, 0, 0, ..] | [0x64, 0xff9b, 1, ..] | [0x2002, ..] | [0x2001, 0, ..] => {
             AddressClass::EmbeddedIpv4
         }
         [0xfc00..=0xfdff, ..] => AddressClass::Private,
@@ -367,6 +371,8 @@ mod tests {
             ("::ffff:8.8.8.8", EmbeddedIpv4),
             ("::127.0.0.1", EmbeddedIpv4),
             ("64:ff9b::a00:1", EmbeddedIpv4),
+            ("64:ff9b:1::a00:1", EmbeddedIpv4),
+            ("::ffff:0:7f00:1", EmbeddedIpv4),
             ("2002:7f00:1::", EmbeddedIpv4),
             ("2001:0:4136:e378::", EmbeddedIpv4),
             ("192.0.2.1", Reserved),

@@ -41,7 +41,7 @@ pub use caps::log::LogLimits;
 pub use caps::state::StateLimits;
 pub use host::{JsModule, LimitTrap};
 pub use run::{EvalReply, GuestReply, Instance, TurnFailure, TurnInput, TurnOutput, TurnRequest};
-pub use turn::{ActorCounts, Carry, FinishedTurn, TurnLimits, TurnStart};
+pub use turn::{ActorCounts, Carry, FinishedTurn, TurnLimits, TurnStart, release_blobs};
 
 use caps::CapSet;
 use caps::js::JsAccess;

@@ -108,7 +108,8 @@ pub struct TurnOutcome {
     /// Its output and effects, or why there are none.
     pub result: Result<(TurnOutput, FinishedTurn), TurnFailure>,
     /// The actor's caches, with the turn's writes folded in if it
-    /// succeeded (`None` only after [`TurnFailure::LostState`]).
+    /// succeeded (`None` after [`TurnFailure::LostState`], or a timeout
+    /// while a child script held the turn).
     pub carry: Option<Carry>,
     /// Time spent running guest code and synchronous host calls: waits for
     /// other actors or the network are not counted.
@@ -230,8 +231,14 @@ impl Instance {
         let turn = TurnState::new(start, carry, &self.limits, &self.storage);
         let (turn, result, cpu) = self.drive(turn, ctx, input).await;
         let Some(turn) = turn else {
+            // A timeout while a child script held the turn drops it with
+            // the child: still a timeout, but the caches are gone too.
+            let failure = match result {
+                Err(t @ TurnFailure::Timeout(_)) => t,
+                _ => TurnFailure::LostState,
+            };
             return TurnOutcome {
-                result: Err(TurnFailure::LostState),
+                result: Err(failure),
                 carry: None,
                 cpu,
             };

@@ -25,6 +25,7 @@ use super::caps::inputs::{InputLimits, InputsCtx};
 use super::caps::log::{LogCtx, LogLimits};
 use super::caps::state::{StateCache, StateCtx, StateLimits};
 use crate::ids::ActorKey;
+use crate::storage::blobs::BlobHold;
 use crate::storage::schema::{AlarmRecord, FileRecord, InboxRecord, InputRecord};
 use crate::storage::{Reader, Storage, StorageError};
 
@@ -67,10 +68,39 @@ impl ActorDisk {
         self.storage.blobs().path(sha256)
     }
 
-    /// Store a blob durably (blocking); its SHA-256.
-    pub fn put_blob(&self, bytes: &[u8]) -> Result<[u8; 32], StorageError> {
+    /// Store a blob durably and hold it (blocking).
+    pub fn put_blob(&self, bytes: &[u8]) -> Result<BlobHold, StorageError> {
         self.storage.blobs().put(bytes)
     }
+
+    /// Let go of `holds`; blobs no committed file refers to are removed.
+    pub fn release_blobs(&self, holds: Vec<BlobHold>) {
+        release_blobs(self.storage.clone(), holds);
+    }
+}
+
+/// Let go of `holds` (a turn's blobs, once its commit is over or the turn
+/// failed), and remove those no committed file refers to. Runs on a
+/// blocking thread; call from within the runtime.
+pub fn release_blobs(storage: Arc<Storage>, holds: Vec<BlobHold>) {
+    if holds.is_empty() {
+        return;
+    }
+    let shas: Vec<[u8; 32]> = holds.iter().map(|h| *h.sha256()).collect();
+    drop(holds);
+    tokio::task::spawn_blocking(move || {
+        let Ok(reader) = storage.reader() else {
+            return;
+        };
+        for sha in shas {
+            if let Err(e) = storage
+                .blobs()
+                .release_if_unused(&sha, |h| reader.blob_referenced(h))
+            {
+                tracing::warn!(error = %e, "cannot remove an unused blob; the collector will");
+            }
+        }
+    });
 }
 
 /// What an actor keeps between its turns: what it has read, so the next
@@ -234,7 +264,7 @@ impl TurnState {
         let (cache, state) = self.state.finish(self.seq);
         let (alarms, alarm_writes) = self.alarms.finish();
         let (pending_inputs, created) = self.inputs.finish();
-        let (files_cache, files) = self.files.finish(self.seq);
+        let (files_cache, files, blob_holds) = self.files.finish(self.seq);
         let carry = Carry {
             state: cache,
             alarms,
@@ -250,6 +280,7 @@ impl TurnState {
             input_writes: created.into_iter().map(|(id, r)| (id, Some(r))).collect(),
             sends: self.actors.finish(),
             files,
+            blob_holds,
         };
         (carry, finished)
     }
@@ -317,6 +348,8 @@ pub struct FinishedTurn {
     pub sends: Vec<(ActorKey, InboxRecord)>,
     /// Files written (`Some`) or deleted (`None`).
     pub files: Vec<(String, Option<FileRecord>)>,
+    /// The blobs those files need, held until the commit is over.
+    pub blob_holds: Vec<BlobHold>,
 }
 
 impl FinishedTurn {

@@ -3,14 +3,19 @@
 //!
 //! A blob is written and fsync'd by the turn that writes the file, before
 //! the turn's commit; the commit adds the file's row and a reference in
-//! `blob_refs`. So a blob without a reference is garbage: its turn failed or
-//! never committed (a crash), or its last file was overwritten or deleted.
-//! [`BlobStore::collect`] removes those, and the node runs it at start-up
-//! (when no turn can be writing one) and periodically with a grace period
-//! longer than any turn.
+//! `blob_refs`. Until then the turn holds the blob ([`BlobHold`]): the
+//! collector never removes a held blob, and when the last hold goes the
+//! blob is removed at once unless a committed file refers to it (the turn
+//! failed). A blob without a reference and without a hold is garbage — a
+//! crash left it, or its last file went — and [`BlobStore::collect`]
+//! removes it: at start-up (nothing can hold one then) and periodically.
+//! One lock orders `put` against the collector's check-and-delete, so a
+//! blob found by `put` is never deleted under a turn that just took it.
 
+use std::collections::HashMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use sha2::{Digest, Sha256};
@@ -20,6 +25,42 @@ use crate::StorageError;
 /// Where blobs live.
 pub struct BlobStore {
     dir: PathBuf,
+    /// Blobs held by turns not yet committed, with how many holds each;
+    /// also the lock that orders `put` against collection.
+    held: Arc<Mutex<HashMap<[u8; 32], usize>>>,
+}
+
+/// A turn's claim on a blob it stored, from `put` until its commit is
+/// durable (or the turn is abandoned): while held, the blob is never
+/// collected.
+pub struct BlobHold {
+    sha256: [u8; 32],
+    held: Arc<Mutex<HashMap<[u8; 32], usize>>>,
+}
+
+impl BlobHold {
+    /// The blob's SHA-256.
+    pub fn sha256(&self) -> &[u8; 32] {
+        &self.sha256
+    }
+}
+
+impl Drop for BlobHold {
+    fn drop(&mut self) {
+        let mut held = self.held.lock().expect("blob holds lock");
+        if let Some(n) = held.get_mut(&self.sha256) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.sha256);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for BlobHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BlobHold({})", hex::encode(self.sha256))
+    }
 }
 
 fn io(what: String) -> impl FnOnce(std::io::Error) -> StorageError {
@@ -33,7 +74,10 @@ impl BlobStore {
             "failed to create blob directory `{}`",
             dir.display()
         )))?;
-        Ok(Self { dir })
+        Ok(Self {
+            dir,
+            held: Arc::default(),
+        })
     }
 
     /// The path of blob `sha256`.
@@ -42,14 +86,25 @@ impl BlobStore {
         self.dir.join(&hex[..2]).join(&hex)
     }
 
-    /// Store `bytes` durably; returns their SHA-256. Blocking (call from a
-    /// blocking thread). Storing the same bytes twice writes them once.
-    pub fn put(&self, bytes: &[u8]) -> Result<[u8; 32], StorageError> {
+    /// Store `bytes` durably and hold the blob for the caller's turn.
+    /// Blocking (call from a blocking thread). Storing the same bytes twice
+    /// writes them once.
+    pub fn put(&self, bytes: &[u8]) -> Result<BlobHold, StorageError> {
         let sha256: [u8; 32] = Sha256::digest(bytes).into();
         let path = self.path(&sha256);
+        // Held across the write: the collector cannot delete the blob
+        // between "it exists" and "it is held".
+        let mut held = self.held.lock().expect("blob holds lock");
+        *held.entry(sha256).or_default() += 1;
+        let hold = BlobHold {
+            sha256,
+            held: self.held.clone(),
+        };
         if path.exists() {
-            return Ok(sha256);
+            drop(held);
+            return Ok(hold);
         }
+        drop(held);
         let parent = path.parent().expect("blob paths have a parent");
         std::fs::create_dir_all(parent)
             .map_err(io(format!("failed to create `{}`", parent.display())))?;
@@ -70,7 +125,21 @@ impl BlobStore {
             let _ = std::fs::remove_file(&tmp);
             return Err(io(format!("failed to write blob `{}`", path.display()))(e));
         }
-        Ok(sha256)
+        Ok(hold)
+    }
+
+    /// Remove blob `sha256` now if nothing holds it and `referenced` says
+    /// no committed file needs it (a turn that stored it failed). Blocking.
+    pub fn release_if_unused(
+        &self,
+        sha256: &[u8; 32],
+        referenced: impl Fn(&[u8; 32]) -> Result<bool, StorageError>,
+    ) -> Result<bool, StorageError> {
+        let held = self.held.lock().expect("blob holds lock");
+        if held.contains_key(sha256) || referenced(sha256)? {
+            return Ok(false);
+        }
+        Ok(std::fs::remove_file(self.path(sha256)).is_ok())
     }
 
     /// Read blob `sha256` whole. Blocking.
@@ -79,10 +148,10 @@ impl BlobStore {
         std::fs::read(&path).map_err(io(format!("failed to read blob `{}`", path.display())))
     }
 
-    /// Remove every blob that `referenced` says is unused and that was
-    /// last modified more than `grace` ago (so a blob written by a turn
-    /// still running is kept), and leftover temporary files. Returns how
-    /// many were removed. Blocking.
+    /// Remove every blob that nothing holds, that `referenced` says no
+    /// committed file needs, and that was last modified more than `grace`
+    /// ago; and leftover temporary files. Returns how many were removed.
+    /// Blocking.
     pub fn collect(
         &self,
         grace: Duration,
@@ -107,18 +176,26 @@ impl BlobStore {
                 let path = entry.path();
                 let name = entry.file_name();
                 let name = name.to_string_lossy();
-                let garbage = if name.starts_with(".tmp-") {
-                    true
-                } else {
-                    let mut sha = [0u8; 32];
-                    match hex::decode_to_slice(name.as_bytes(), &mut sha) {
-                        Ok(()) => !referenced(&sha)?,
-                        Err(_) => false,
+                if name.starts_with(".tmp-") {
+                    if old(&path) && std::fs::remove_file(&path).is_ok() {
+                        removed += 1;
                     }
-                };
-                if garbage && old(&path) && std::fs::remove_file(&path).is_ok() {
+                    continue;
+                }
+                let mut sha = [0u8; 32];
+                if hex::decode_to_slice(name.as_bytes(), &mut sha).is_err() {
+                    continue;
+                }
+                // Check and delete under the lock `put` takes.
+                let held = self.held.lock().expect("blob holds lock");
+                if !held.contains_key(&sha)
+                    && old(&path)
+                    && !referenced(&sha)?
+                    && std::fs::remove_file(&path).is_ok()
+                {
                     removed += 1;
                 }
+                drop(held);
             }
         }
         Ok(removed)
@@ -134,9 +211,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = BlobStore::open(dir.path().join("blobs")).unwrap();
         let a = store.put(b"alpha").unwrap();
-        assert_eq!(store.put(b"alpha").unwrap(), a);
+        let a2 = store.put(b"alpha").unwrap();
+        assert_eq!(a2.sha256(), a.sha256());
         let b = store.put(b"beta").unwrap();
-        assert_eq!(store.read(&a).unwrap(), b"alpha");
+        let (a_sha, b_sha) = (*a.sha256(), *b.sha256());
+        assert_eq!(store.read(&a_sha).unwrap(), b"alpha");
+        // Held blobs are never collected, referenced or not.
+        assert_eq!(store.collect(Duration::ZERO, |_| Ok(false)).unwrap(), 0);
+        drop((a, a2, b));
         // Within the grace period nothing goes.
         assert_eq!(
             store
@@ -145,9 +227,16 @@ mod tests {
             0
         );
         // Past it, only what is not referenced.
-        let removed = store.collect(Duration::ZERO, |h| Ok(*h == a)).unwrap();
+        let removed = store.collect(Duration::ZERO, |h| Ok(*h == a_sha)).unwrap();
         assert_eq!(removed, 1);
-        assert!(store.read(&a).is_ok());
-        assert!(store.read(&b).is_err());
+        assert!(store.read(&a_sha).is_ok());
+        assert!(store.read(&b_sha).is_err());
+        // A failed turn's blob goes as soon as its hold does.
+        let c = store.put(b"gamma").unwrap();
+        let c_sha = *c.sha256();
+        assert!(!store.release_if_unused(&c_sha, |_| Ok(false)).unwrap());
+        drop(c);
+        assert!(store.release_if_unused(&c_sha, |_| Ok(false)).unwrap());
+        assert!(store.read(&c_sha).is_err());
     }
 }

@@ -121,6 +121,20 @@ impl ActorTask {
         }
         let mut inputs = finished.input_writes;
         inputs.append(&mut extras.inputs);
+        let on_durable = if finished.blob_holds.is_empty() {
+            on_durable
+        } else {
+            // The turn's blobs stay held until its commit is over; then
+            // those no committed file refers to go.
+            let holds = finished.blob_holds;
+            let storage = self.env.storage.clone();
+            let runtime = tokio::runtime::Handle::current();
+            Box::new(move |r: Result<(), CommitFailed>| {
+                on_durable(r);
+                let _enter = runtime.enter();
+                crate::sandbox::release_blobs(storage, holds);
+            })
+        };
         let sends = finished.sends;
         let on_durable = if sends.is_empty() {
             on_durable

@@ -249,13 +249,19 @@ impl ActorTask {
             self.live = None;
         }
         let Some(carry) = outcome.carry else {
-            // Only a host bug gets here. The cache (with writes not yet
-            // durable) went with the turn state: wait until disk holds
-            // everything, then carry on from disk.
+            // The caches (with writes not yet durable) went with the turn
+            // state: wait until disk holds everything, then carry on from
+            // disk.
             self.shared
                 .tracker
                 .wait_committed(self.submitted_seq, self.generation)
                 .await;
+            if let Err(TurnFailure::Timeout(limit)) = outcome.result {
+                self.env.metrics.trap("timeout");
+                self.env.metrics.turn(kind, "timeout");
+                return Err(TurnError::Timeout(limit.as_millis() as u64));
+            }
+            // Only a host bug gets here.
             tracing::error!(actor = %self.key, "host lost the turn state; continuing from disk");
             self.env.metrics.turn(kind, "trap");
             return Err(TurnError::Trap {

@@ -23,6 +23,7 @@ use crate::sandbox::bindings::GuestError;
 use crate::sandbox::bindings::marmot::actor::files;
 use crate::sandbox::host::Host;
 use crate::storage::StorageError;
+use crate::storage::blobs::BlobHold;
 use crate::storage::schema::{FileBody, FileRecord, FileUsage};
 
 /// Most entries one `list` returns.
@@ -60,6 +61,9 @@ impl FileCache {
     }
 }
 
+/// Files written (`Some`) or deleted (`None`) by a turn, in path order.
+pub(crate) type FileWrites = Vec<(String, Option<FileRecord>)>;
+
 /// The files part of a savepoint.
 pub(crate) struct FilesSavepoint {
     writes: BTreeMap<String, Option<FileRecord>>,
@@ -79,6 +83,10 @@ pub struct FilesCtx {
     usage: Option<FileUsage>,
     /// Bytes this turn adds to its type (may be negative).
     type_delta: i64,
+    /// The blobs this turn stored, held until its commit is durable.
+    holds: Vec<BlobHold>,
+    /// Their bytes.
+    blob_bytes: u64,
 }
 
 impl FilesCtx {
@@ -92,6 +100,8 @@ impl FilesCtx {
             writes: BTreeMap::new(),
             usage,
             type_delta: 0,
+            holds: Vec::new(),
+            blob_bytes: 0,
         }
     }
 
@@ -184,14 +194,26 @@ impl FilesCtx {
             }
         }
         let (sha256, body) = if data.len() > self.limits.inline_max_bytes {
-            // Stored before the commit; unreferenced if the turn fails.
+            // Every blob a turn stores costs disk until the turn ends, even
+            // one it overwrites again: bound them per turn.
+            let stored = self.blob_bytes + size;
+            if stored > self.limits.max_actor_bytes {
+                return Ok(Err(Refusal::Limit(format!(
+                    "a turn may store at most {} bytes of files",
+                    self.limits.max_actor_bytes
+                ))));
+            }
+            // Stored and held before the commit; removed if the turn fails.
             let blobs = self.disk.clone();
-            let sha = tokio::task::spawn_blocking(move || blobs.put_blob(&data))
+            let hold = tokio::task::spawn_blocking(move || blobs.put_blob(&data))
                 .await
                 .map_err(|e| StorageError::Io {
                     what: "blob writer".into(),
                     source: std::io::Error::other(e.to_string()),
                 })??;
+            let sha = *hold.sha256();
+            self.holds.push(hold);
+            self.blob_bytes = stored;
             (sha, FileBody::Blob)
         } else {
             (Sha256::digest(&data).into(), FileBody::Inline(data))
@@ -275,19 +297,23 @@ impl FilesCtx {
 
     /// The turn succeeded: its writes join the cache (as written by turn
     /// `seq`) and are returned to commit.
-    pub(crate) fn finish(mut self, seq: u64) -> (FileCache, Vec<(String, Option<FileRecord>)>) {
+    pub(crate) fn finish(
+        mut self,
+        seq: u64,
+    ) -> (FileCache, FileWrites, Vec<BlobHold>) {
         let writes: Vec<(String, Option<FileRecord>)> =
             std::mem::take(&mut self.writes).into_iter().collect();
         for (p, r) in &writes {
             self.cache.entries.insert(p.clone(), (r.clone(), seq));
         }
         self.cache.usage = self.usage;
-        (self.cache, writes)
+        (self.cache, writes, self.holds)
     }
 
-    /// The turn failed: its writes are dropped (blobs it stored are
-    /// collected later).
+    /// The turn failed: its writes are dropped, and the blobs it stored
+    /// with them.
     pub(crate) fn abandon(self) -> FileCache {
+        self.disk.release_blobs(self.holds);
         self.cache
     }
 }

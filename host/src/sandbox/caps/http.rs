@@ -108,6 +108,15 @@ pub struct HttpCtx {
     open: Vec<StreamSlot>,
 }
 
+impl HttpCtx {
+    /// Bodies still open (closed ones are forgotten).
+    fn open_streams(&mut self) -> usize {
+        self.open
+            .retain(|s| s.try_lock().map_or(true, |body| body.is_some()));
+        self.open.len()
+    }
+}
+
 impl Drop for HttpCtx {
     /// The turn is over: its response bodies end with it.
     fn drop(&mut self) {
@@ -206,6 +215,21 @@ fn substitute(
     Ok((out, secret))
 }
 
+/// Headers a guest may not set: the host frames the request (`host` must
+/// match the URL the checks saw), and hop-by-hop headers are the
+/// connection's business.
+const FORBIDDEN_HEADERS: &[&str] = &[
+    "host",
+    "connection",
+    "content-length",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+    "keep-alive",
+];
+
 /// A guest's request, checked and with its placeholders substituted.
 fn prepare(
     access: &HttpAccess,
@@ -226,8 +250,30 @@ fn prepare(
         .check_url(&url)
         .and_then(|()| access.grant.allows(&url))
         .map_err(guest_error)?;
+    // A type that holds secrets gets every response checked for all of
+    // them (a value stored through one request and read back by another
+    // carries no placeholder), so the response must come back whole and
+    // uncompressed: no ranges, no content encodings.
+    let identity_only = !access.grant.secrets.is_empty();
+    for name in &access.grant.secrets {
+        if let Ok((value, _)) = access.secrets.reveal(name) {
+            scrub.add(value.expose());
+        }
+    }
     let mut headers = Vec::with_capacity(req.headers.len());
     for (name, value) in req.headers {
+        let lower = name.to_ascii_lowercase();
+        if FORBIDDEN_HEADERS.contains(&lower.as_str()) || lower.starts_with("proxy-") {
+            return Err(GuestError::Invalid(format!(
+                "header `{name}` is set by the host, not the guest"
+            )));
+        }
+        if identity_only && (lower == "range" || lower == "if-range") {
+            return Err(GuestError::Denied(format!(
+                "header `{name}` is not allowed for a type that uses secrets: \
+                 a partial response could carry part of one"
+            )));
+        }
         let (value, secret) = substitute(access, &url, &name, &value, idempotency, scrub)?;
         headers.push(OutboundHeader {
             name,
@@ -248,6 +294,7 @@ fn prepare(
         body: req.body,
         timeout: Duration::from_millis(timeout),
         max_redirects: access.grant.max_redirects,
+        identity_only,
     })
 }
 
@@ -311,7 +358,7 @@ impl http::Host for Host {
         &mut self,
         req: http::Request,
     ) -> wasmtime::Result<Result<http::StreamedResponse, GuestError>> {
-        let open = self.enter(Cap::Http)?.http.open.len();
+        let open = self.enter(Cap::Http)?.http.open_streams();
         if open >= MAX_OPEN_STREAMS {
             return Ok(Err(GuestError::LimitExceeded(format!(
                 "a turn may stream at most {MAX_OPEN_STREAMS} response bodies at once"
