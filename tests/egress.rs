@@ -625,6 +625,18 @@ async fn ssrf_attempts_are_refused_before_a_connection() {
         .await;
     denied(&r);
     assert_eq!(rig.dns.queries("rebind.test"), 2);
+
+    // Every refusal was counted, and the one request that went through.
+    let text = String::from_utf8(rig.api.get("/metrics").await.body).unwrap();
+    let count = |outcome: &str| -> u64 {
+        let prefix = format!("marmot_http_requests_total{{outcome=\"{outcome}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    };
+    assert_eq!(count("refused"), attempts.len() as u64 + 1, "{text}");
+    assert_eq!(count("ok"), 1, "{text}");
+    assert!(text.contains("marmot_http_request_duration_seconds_count"));
 }
 
 #[tokio::test]

@@ -30,6 +30,14 @@ pub struct HookLabels {
     pub outcome: &'static str,
 }
 
+/// Label set for guests' outbound HTTP requests.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    /// `ok` (any status), `refused` (a rule, before sending), `failed`,
+    /// `timeout`, `too_large`, `invalid`.
+    pub outcome: &'static str,
+}
+
 /// Label set for sandbox traps.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TrapLabels {
@@ -75,6 +83,10 @@ pub struct Metrics {
     pub webhook_deliveries: Family<HookLabels, Counter>,
     /// Outbound deliveries waiting (pending or retrying).
     pub webhook_queue_depth: Gauge,
+    /// Guests' outbound HTTP requests by outcome.
+    pub http_requests: Family<HttpLabels, Counter>,
+    /// Their duration, head received (or refused).
+    pub http_request_seconds: Histogram,
 }
 
 impl Metrics {
@@ -186,8 +198,22 @@ impl Metrics {
             "Outbound webhook deliveries waiting to be attempted",
             webhook_queue_depth.clone(),
         );
+        let http_requests = Family::<HttpLabels, Counter>::default();
+        registry.register(
+            "http_requests",
+            "Outbound HTTP requests of guests by outcome (ok, refused, failed, timeout, too_large, invalid)",
+            http_requests.clone(),
+        );
+        let http_request_seconds = Histogram::new(exponential_buckets(100e-6, 2.0, 18));
+        registry.register(
+            "http_request_duration_seconds",
+            "Outbound HTTP requests of guests, until the response's head",
+            http_request_seconds.clone(),
+        );
         Self {
             registry,
+            http_requests,
+            http_request_seconds,
             webhooks_received,
             webhook_deliveries,
             webhook_queue_depth,

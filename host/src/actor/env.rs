@@ -108,6 +108,7 @@ impl ActorEnv {
             egress: self.egress.clone(),
             secrets: self.secrets.clone(),
             grant: grant.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 

@@ -297,10 +297,7 @@ impl FilesCtx {
 
     /// The turn succeeded: its writes join the cache (as written by turn
     /// `seq`) and are returned to commit.
-    pub(crate) fn finish(
-        mut self,
-        seq: u64,
-    ) -> (FileCache, FileWrites, Vec<BlobHold>) {
+    pub(crate) fn finish(mut self, seq: u64) -> (FileCache, FileWrites, Vec<BlobHold>) {
         let writes: Vec<(String, Option<FileRecord>)> =
             std::mem::take(&mut self.writes).into_iter().collect();
         for (p, r) in &writes {

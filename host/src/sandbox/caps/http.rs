@@ -31,6 +31,7 @@ use crate::egress::{
     policy,
 };
 use crate::ids::ActorKey;
+use crate::metrics::{HttpLabels, Metrics};
 use crate::sandbox::bindings::GuestError;
 use crate::sandbox::bindings::marmot::actor::http;
 use crate::sandbox::host::Host;
@@ -91,6 +92,8 @@ pub struct HttpAccess {
     pub secrets: Arc<SecretStore>,
     /// What the type may reach.
     pub grant: Arc<HttpGrant>,
+    /// Where requests are counted.
+    pub metrics: Arc<Metrics>,
 }
 
 /// Most response bodies a turn may have open at once.
@@ -298,6 +301,51 @@ fn prepare(
     })
 }
 
+/// Count a request's outcome (`ok`, or what [`outcome`] names), and log
+/// why one was not completed.
+fn record(
+    access: &HttpAccess,
+    key: &ActorKey,
+    started: std::time::Instant,
+    outcome: &'static str,
+    error: Option<&GuestError>,
+) {
+    access
+        .metrics
+        .http_requests
+        .get_or_create(&HttpLabels { outcome })
+        .inc();
+    access
+        .metrics
+        .http_request_seconds
+        .observe(started.elapsed().as_secs_f64());
+    if let Some(e) = error {
+        // Refusals and errors are built by the host or scrubbed: no value
+        // of a secret is in them.
+        tracing::info!(actor = %key, outcome, error = ?e, "outbound request not completed");
+    }
+}
+
+/// The metric label of a request that failed in the egress layer.
+fn outcome(e: &EgressError) -> &'static str {
+    match e {
+        EgressError::Refused(_) => "refused",
+        EgressError::Invalid(_) => "invalid",
+        EgressError::TooLarge(_) => "too_large",
+        EgressError::Timeout(_) => "timeout",
+        EgressError::Failed(_) => "failed",
+    }
+}
+
+/// The metric label of a request refused while it was prepared.
+fn prepare_outcome(e: &GuestError) -> &'static str {
+    match e {
+        GuestError::Denied(_) => "refused",
+        GuestError::LimitExceeded(_) => "too_large",
+        _ => "invalid",
+    }
+}
+
 fn guest_error(e: EgressError) -> GuestError {
     match e {
         EgressError::Refused(m) => GuestError::Denied(m),
@@ -334,9 +382,16 @@ impl http::Host for Host {
         &mut self,
         req: http::Request,
     ) -> wasmtime::Result<Result<http::Response, GuestError>> {
+        let started = std::time::Instant::now();
+        let key = self.enter(Cap::Http)?.key.clone();
         let (access, request, scrub) = match begin(self, req)? {
             Ok(x) => x,
-            Err(e) => return Ok(Err(e)),
+            Err(e) => {
+                if let Some(access) = &self.http {
+                    record(access, &key, started, prepare_outcome(&e), Some(&e));
+                }
+                return Ok(Err(e));
+            }
         };
         let _permit = access
             .grant
@@ -347,7 +402,16 @@ impl http::Host for Host {
         let grant = access.grant.clone();
         let allowed = move |url: &Url| grant.allows(url);
         let sent = access.egress.fetch(request, &allowed, &scrub).await;
-        Ok(sent.map_err(guest_error).map(|r| http::Response {
+        let sent = sent.map_err(|e| {
+            let label = outcome(&e);
+            let e = guest_error(e);
+            record(&access, &key, started, label, Some(&e));
+            e
+        });
+        if sent.is_ok() {
+            record(&access, &key, started, "ok", None);
+        }
+        Ok(sent.map(|r| http::Response {
             status: r.status,
             headers: r.headers,
             body: r.body,
@@ -364,9 +428,16 @@ impl http::Host for Host {
                 "a turn may stream at most {MAX_OPEN_STREAMS} response bodies at once"
             ))));
         }
+        let started = std::time::Instant::now();
+        let key = self.enter(Cap::Http)?.key.clone();
         let (access, request, scrub) = match begin(self, req)? {
             Ok(x) => x,
-            Err(e) => return Ok(Err(e)),
+            Err(e) => {
+                if let Some(access) = &self.http {
+                    record(access, &key, started, prepare_outcome(&e), Some(&e));
+                }
+                return Ok(Err(e));
+            }
         };
         let permit = access
             .grant
@@ -378,8 +449,16 @@ impl http::Host for Host {
         let grant = access.grant.clone();
         let allowed = move |url: &Url| grant.allows(url);
         let resp = match access.egress.fetch_stream(request, &allowed, scrub).await {
-            Ok(r) => r,
-            Err(e) => return Ok(Err(guest_error(e))),
+            Ok(r) => {
+                record(&access, &key, started, "ok", None);
+                r
+            }
+            Err(e) => {
+                let label = outcome(&e);
+                let e = guest_error(e);
+                record(&access, &key, started, label, Some(&e));
+                return Ok(Err(e));
+            }
         };
         let (status, headers) = (resp.status, resp.headers.clone());
         let slot: StreamSlot = Arc::new(tokio::sync::Mutex::new(Some(resp)));
