@@ -587,17 +587,27 @@ async fn failed_turns_commit_nothing() {
         "failed turns are not counted as committed"
     );
 
-    // Statuses chosen by the actor pass through; a capability that has not
-    // landed answers with a clear error instead of trapping.
+    // Statuses chosen by the actor pass through; a capability refusing a
+    // call answers with a clear error instead of trapping.
     assert_eq!(
         api.op("kit", "a", json!({"op": "status", "status": 418}))
             .await
             .status,
         418
     );
-    let un = api.op("kit", "a", json!({"op": "unsupported"})).await;
+    let un = api
+        .op(
+            "kit",
+            "a",
+            json!({"op": "chat", "request": {"provider": "none", "model": "m",
+                   "messages": [{"role": "user", "content": "hi"}]}}),
+        )
+        .await;
     assert!(
-        un.json["error"].as_str().unwrap().contains("not supported"),
+        un.json["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("not found: no provider `none`"),
         "{}",
         un.json
     );

@@ -427,6 +427,7 @@ async fn eval_runs_scripts_bound_to_the_actor_and_commits_only_on_success() {
             "inputs": ["request"],
             "actors": ["call", "send"],
             "files": ["delete", "list", "read", "write"],
+            "model": ["chat"],
             "log": ["debug", "error", "info", "warn"],
         })
     );

@@ -49,6 +49,7 @@ pub mod inputs;
 pub mod js;
 pub mod log;
 mod message;
+pub mod model;
 pub mod state;
 
 pub use error::{Error, Result};
@@ -59,8 +60,7 @@ pub use message::{Message, Reply};
 pub use bindings::marmot::actor::types::Error as HostError;
 
 /// The capabilities as generated from WIT, for what the modules above do
-/// not cover. `model` is still landing: until the node supports it, it
-/// returns [`HostError::Unsupported`].
+/// not cover.
 pub mod raw {
     pub use crate::bindings::marmot::actor::{files, http, js, model};
 }

@@ -146,6 +146,75 @@ declare module "marmot" {
     delete(path: string): boolean;
   }
 
+  /** A tool call the model made. */
+  export type ToolCall = {
+    id: string;
+    name: string;
+    /** JSON, or the raw text when the model wrote something else. */
+    arguments: Json;
+  };
+
+  /** One message of a conversation. Keys not listed here (`cache_control`…)
+   * pass through to the provider. A transcript kept in `state` is stored
+   * as `Json` (`state.set("transcript", messages as Json[])`). */
+  export type ChatMessage =
+    | { role: "system"; content: string | Json[] }
+    | { role: "user"; content: string | Json[] }
+    | {
+        role: "assistant";
+        content?: string | Json[];
+        tool_calls?: ToolCall[];
+        /** Provider output with no field here (reasoning items): send it back as is. */
+        provider_items?: Json[];
+      }
+    | { role: "tool"; tool_call_id: string; content: Json; is_error?: boolean };
+
+  export interface ToolDefinition {
+    name: string;
+    description?: string;
+    /** JSON Schema of the arguments (an object schema). */
+    input_schema?: Json;
+  }
+
+  /** The normalized chat request, the same for every provider format. */
+  export interface ChatRequest {
+    provider: string;
+    model: string;
+    system?: string;
+    messages: ChatMessage[];
+    tools?: ToolDefinition[];
+    tool_choice?: "auto" | "none" | "required" | { name: string };
+    max_output_tokens?: number;
+    temperature?: number;
+    stop?: string[];
+    /** Stream token deltas to the actor's live event stream (`event: delta`). */
+    stream?: boolean;
+    /** Tried in order when the provider is unavailable before its first token. */
+    fallbacks?: { provider: string; model: string }[];
+    /** Merged into the provider's request body as given. */
+    provider_options?: { [key: string]: Json };
+  }
+
+  export interface ChatResponse {
+    provider: string;
+    model: string;
+    id?: string;
+    /** Ready to append to `messages`. */
+    message: Extract<ChatMessage, { role: "assistant" }>;
+    stop_reason: "end_turn" | "tool_use" | "max_tokens" | "stop_sequence" | "content_filter" | "refusal" | "other";
+    provider_stop_reason?: string;
+    usage: { input_tokens: number; output_tokens: number; cost_usd?: number; [detail: string]: Json | undefined };
+    provider_fields?: { [key: string]: Json };
+    /** Providers tried before this answer, and why they failed. */
+    attempts?: { provider: string; model: string; error: string }[];
+  }
+
+  /** LLM calls by provider name; the host holds the keys. Errors are thrown
+   * with a message like "invalid argument: context_length_exceeded: …". */
+  export interface Model {
+    chat(request: ChatRequest): Promise<ChatResponse>;
+  }
+
   /** Structured logs into the node's log, tagged with the actor. */
   export interface Log {
     debug(message: string, fields?: Record<string, Json>): void;
@@ -164,6 +233,7 @@ declare module "marmot" {
     inputs: Inputs;
     actors: Actors;
     files: Files;
+    model: Model;
     log: Log;
   }
 
@@ -173,6 +243,7 @@ declare module "marmot" {
   export const inputs: Inputs;
   export const actors: Actors;
   export const files: Files;
+  export const model: Model;
   export const log: Log;
   const marmot: Marmot;
   export default marmot;

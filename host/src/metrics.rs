@@ -38,6 +38,16 @@ pub struct HttpLabels {
     pub outcome: &'static str,
 }
 
+/// Label set for model calls: the provider, and the outcome (`ok` or an
+/// error code) or, for tokens, the direction (`input`, `output`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabels {
+    /// The provider's name on this node.
+    pub provider: String,
+    /// Outcome or direction.
+    pub outcome: &'static str,
+}
+
 /// Label set for sandbox traps.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TrapLabels {
@@ -87,6 +97,12 @@ pub struct Metrics {
     pub http_requests: Family<HttpLabels, Counter>,
     /// Their duration, head received (or refused).
     pub http_request_seconds: Histogram,
+    /// Model calls (each attempt) by provider and outcome.
+    pub model_calls: Family<ModelLabels, Counter>,
+    /// Their duration, whole answer received.
+    pub model_call_seconds: Histogram,
+    /// Tokens by provider and direction.
+    pub model_tokens: Family<ModelLabels, Counter>,
 }
 
 impl Metrics {
@@ -210,8 +226,29 @@ impl Metrics {
             "Outbound HTTP requests of guests, until the response's head",
             http_request_seconds.clone(),
         );
+        let model_calls = Family::<ModelLabels, Counter>::default();
+        registry.register(
+            "model_calls",
+            "Model calls (every attempt) by provider and outcome (ok or an error code)",
+            model_calls.clone(),
+        );
+        let model_call_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 16));
+        registry.register(
+            "model_call_duration_seconds",
+            "Model calls, until the whole answer arrived",
+            model_call_seconds.clone(),
+        );
+        let model_tokens = Family::<ModelLabels, Counter>::default();
+        registry.register(
+            "model_tokens",
+            "Tokens of model calls by provider and direction (input, output)",
+            model_tokens.clone(),
+        );
         Self {
             registry,
+            model_calls,
+            model_call_seconds,
+            model_tokens,
             http_requests,
             http_request_seconds,
             webhooks_received,

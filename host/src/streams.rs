@@ -6,25 +6,40 @@
 //! waiting on that actor wakes and reads the new events from disk. What a
 //! stream sends is therefore always committed (the output gate), and a
 //! stream resumes from any seq the same way it follows live ones.
+//!
+//! Besides events, a turn may publish *live frames* (a model's token
+//! deltas): they go to the streams open at that moment and nowhere else.
+//! They are not events, carry no seq, are never stored and may describe
+//! work whose turn later fails; clients treat them as a preview.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
 use crate::ids::ActorKey;
 
 /// The node's event-stream registry.
 pub struct EventBus {
-    watched: RwLock<HashMap<ActorKey, watch::Sender<u64>>>,
+    watched: RwLock<HashMap<ActorKey, Watched>>,
     closing: watch::Sender<bool>,
     open: AtomicUsize,
     max_streams: usize,
     /// `marmot_event_streams`.
     gauge: Gauge,
 }
+
+/// What the streams of one actor listen to.
+struct Watched {
+    seq: watch::Sender<u64>,
+    live: broadcast::Sender<Arc<str>>,
+}
+
+/// Live frames buffered per actor for a slow stream; one further behind
+/// misses frames (and is told so).
+const LIVE_BUFFER: usize = 1024;
 
 /// One open stream's registration; unregisters when dropped.
 pub struct Subscription {
@@ -35,6 +50,8 @@ pub struct Subscription {
     pub changed: watch::Receiver<u64>,
     /// Turns true when the node shuts down.
     pub closing: watch::Receiver<bool>,
+    /// Live frames (not events) published while the stream is open.
+    pub live: broadcast::Receiver<Arc<str>>,
 }
 
 /// More streams are open than the node allows.
@@ -61,17 +78,20 @@ impl EventBus {
             return Err(TooManyStreams(self.max_streams));
         }
         self.gauge.inc();
-        let changed = {
+        let (changed, live) = {
             let mut w = self.watched.write().expect("event bus lock");
-            w.entry(key.clone())
-                .or_insert_with(|| watch::Sender::new(0))
-                .subscribe()
+            let watched = w.entry(key.clone()).or_insert_with(|| Watched {
+                seq: watch::Sender::new(0),
+                live: broadcast::Sender::new(LIVE_BUFFER),
+            });
+            (watched.seq.subscribe(), watched.live.subscribe())
         };
         Ok(Subscription {
             bus: self.clone(),
             key: key.clone(),
             changed,
             closing: self.closing.subscribe(),
+            live,
         })
     }
 
@@ -80,7 +100,15 @@ impl EventBus {
     pub fn publish(&self, key: &ActorKey, last_seq: u64) {
         let w = self.watched.read().expect("event bus lock");
         if let Some(tx) = w.get(key) {
-            tx.send_replace(last_seq);
+            tx.seq.send_replace(last_seq);
+        }
+    }
+
+    /// Send a live frame to `key`'s open streams (none: dropped).
+    pub fn live(&self, key: &ActorKey, frame: Arc<str>) {
+        let w = self.watched.read().expect("event bus lock");
+        if let Some(tx) = w.get(key) {
+            let _ = tx.live.send(frame);
         }
     }
 
@@ -104,7 +132,9 @@ impl Drop for Subscription {
         // Our own receiver is still alive here: the last one out removes
         // the entry. Subscribing takes the same lock, so nobody can join
         // between the count and the removal.
-        if w.get(&self.key).is_some_and(|tx| tx.receiver_count() <= 1) {
+        if w.get(&self.key)
+            .is_some_and(|tx| tx.seq.receiver_count() <= 1)
+        {
             w.remove(&self.key);
         }
     }
@@ -124,6 +154,8 @@ mod tests {
         bus.publish(&a, 7);
         s1.changed.changed().await.unwrap();
         assert_eq!(*s1.changed.borrow_and_update(), 7);
+        bus.live(&a, Arc::from("frame"));
+        assert_eq!(&*s1.live.recv().await.unwrap(), "frame");
         drop(s2);
         assert_eq!(bus.watched.read().unwrap().len(), 1);
         drop(s1);

@@ -21,7 +21,7 @@ const PRELUDE: &str = include_str!("prelude.js");
 
 /// The `marmot` module re-exports what the prelude built.
 const MARMOT_MODULE: &str = "const m = globalThis.__marmot_module;\n\
-    export const { state, events, alarms, inputs, actors, files, log } = m;\n\
+    export const { state, events, alarms, inputs, actors, files, model, log } = m;\n\
     export default m;\n";
 
 /// QuickJS's own stack limit: deep recursion becomes a catchable

@@ -10,7 +10,9 @@ use std::time::Instant;
 use rquickjs::{Array, Ctx, Exception, Function, Object, Result, TypedArray};
 
 use crate::bindings::marmot::actor::types::Error as HostError;
-use crate::bindings::marmot::actor::{actors, alarms, events, files, http, inputs, log, state};
+use crate::bindings::marmot::actor::{
+    actors, alarms, events, files, http, inputs, log, model, state,
+};
 
 /// Where `console` output goes.
 pub enum ConsoleSink {
@@ -313,6 +315,16 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
             |ctx: Ctx<'_>, path: String| match files::delete(&path) {
                 Ok(b) => Ok(b),
                 Err(e) => throw(&ctx, "files.delete", e),
+            },
+        )?,
+    )?;
+    h.set(
+        "modelChat",
+        Function::new(
+            ctx.clone(),
+            |ctx: Ctx<'_>, request: String| match model::chat(&request) {
+                Ok(answer) => Ok(answer),
+                Err(e) => throw(&ctx, "model.chat", e),
             },
         )?,
     )?;

@@ -133,7 +133,15 @@
     delete: (path) => host.filesDelete(StringCtor(path)),
   });
 
-  const marmot = freeze({ state, events, alarms, inputs, actors, files, log });
+  // model.chat: the normalized chat shape (docs/models.md), any provider.
+  const model = freeze({
+    async chat(req) {
+      if (req === null || typeof req !== "object") throw new TypeErrorCtor("model.chat: expected an object");
+      return parse(host.modelChat(toJson(req, "model.chat")));
+    },
+  });
+
+  const marmot = freeze({ state, events, alarms, inputs, actors, files, model, log });
   defineProperty(globalThis, "marmot", { value: marmot, enumerable: false });
   defineProperty(globalThis, "__marmot_module", { value: marmot, enumerable: false });
 

@@ -49,6 +49,8 @@ pub struct NodeConfig {
     pub egress: EgressConfig,
     /// Actors' files.
     pub files: FilesConfig,
+    /// The model gateway (`model.chat`, the agent harness).
+    pub models: ModelsConfig,
 }
 
 impl Default for NodeConfig {
@@ -69,6 +71,7 @@ impl Default for NodeConfig {
             secrets: SecretsConfig::default(),
             egress: EgressConfig::default(),
             files: FilesConfig::default(),
+            models: ModelsConfig::default(),
         }
     }
 }
@@ -115,6 +118,9 @@ impl NodeConfig {
                 "defaults.max_memory_bytes ({}) exceeds limits.max_guest_memory_bytes ({})",
                 self.defaults.max_memory_bytes, l.max_guest_memory_bytes
             ));
+        }
+        if self.models.max_attempts == 0 {
+            return Err("models.max_attempts must be at least 1".into());
         }
         if self.recovery.max_attempts == 0 {
             return Err("recovery.max_attempts must be at least 1".into());
@@ -476,6 +482,44 @@ impl Default for EgressConfig {
             max_response_bytes: 16 << 20,
             extra_ca_file: None,
             nameservers: Vec::new(),
+        }
+    }
+}
+
+/// The model gateway. Providers themselves are set through the API
+/// (`PUT /v1/providers/{name}`); this is how calls to them behave.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelsConfig {
+    /// Address ranges a provider's `base_url` may resolve to despite the
+    /// address policy, on top of `egress.allow_private`: a vLLM or Ollama
+    /// server on the local network. Guests' own fetches do not get these.
+    /// `marmot dev` opens loopback here.
+    pub allow_private: Vec<String>,
+    /// Attempts per provider for an error worth retrying (429, 529, 5xx,
+    /// a failed connection), the first one included.
+    pub max_attempts: u32,
+    /// First back-off; it doubles per attempt, with jitter.
+    pub backoff_ms: u64,
+    /// Longest back-off between two attempts.
+    pub max_backoff_ms: u64,
+    /// Longest `Retry-After` honoured: a provider asking for a longer wait
+    /// is treated as unavailable (the next fallback is tried at once).
+    pub max_retry_after_ms: u64,
+    /// Timeout of one attempt: the whole answer, or for a streamed one
+    /// the wait for its head and then for each chunk.
+    pub timeout_ms: u64,
+}
+
+impl Default for ModelsConfig {
+    fn default() -> Self {
+        Self {
+            allow_private: Vec::new(),
+            max_attempts: 3,
+            backoff_ms: 500,
+            max_backoff_ms: 8_000,
+            max_retry_after_ms: 30_000,
+            timeout_ms: 300_000,
         }
     }
 }

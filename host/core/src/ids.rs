@@ -101,6 +101,8 @@ pub enum NameKind {
     Subscription,
     /// A secret in the node's secret store.
     Secret,
+    /// A model provider.
+    Provider,
 }
 
 impl fmt::Display for NameKind {
@@ -109,6 +111,7 @@ impl fmt::Display for NameKind {
             NameKind::Hook => "hook name",
             NameKind::Subscription => "subscription name",
             NameKind::Secret => "secret name",
+            NameKind::Provider => "provider name",
         })
     }
 }
@@ -232,6 +235,11 @@ pub fn validate_subscription_name(name: &str) -> Result<(), IdError> {
 /// names, so that they fit a URL and a placeholder unescaped.
 pub fn validate_secret_name(name: &str) -> Result<(), IdError> {
     validate_name(NameKind::Secret, name)
+}
+
+/// Model provider names: 1–64 characters of `A-Za-z0-9._-`.
+pub fn validate_provider_name(name: &str) -> Result<(), IdError> {
+    validate_name(NameKind::Provider, name)
 }
 
 fn validate_name(what: NameKind, name: &str) -> Result<(), IdError> {

@@ -22,6 +22,8 @@ use crate::config::NodeConfig;
 use crate::egress::Egress;
 use crate::ids::{ActorKey, new_message_id};
 use crate::metrics::Metrics;
+use crate::models::Gateway;
+use crate::sandbox::ModelAccess;
 use crate::sandbox::{
     ActorCalls, CallChain, CallReply, GuestError, HttpAccess, HttpGrant, Sandbox,
 };
@@ -55,6 +57,7 @@ pub struct ActorEnv {
     pub(crate) egress: Arc<Egress>,
     /// Secrets substituted into those requests.
     pub(crate) secrets: Arc<SecretStore>,
+    pub(crate) models: Arc<Gateway>,
     pub(crate) boot: Boot,
 }
 
@@ -78,6 +81,8 @@ pub struct Parts {
     pub egress: Arc<Egress>,
     /// The secret store.
     pub secrets: Arc<SecretStore>,
+    /// The model gateway.
+    pub models: Arc<Gateway>,
     /// Facts about this start.
     pub boot: Boot,
 }
@@ -98,6 +103,7 @@ impl ActorEnv {
             event_bus: p.event_bus,
             egress: p.egress,
             secrets: p.secrets,
+            models: p.models,
             boot: p.boot,
         })
     }
@@ -109,6 +115,14 @@ impl ActorEnv {
             secrets: self.secrets.clone(),
             grant: grant.clone(),
             metrics: self.metrics.clone(),
+        }
+    }
+
+    /// What an instance's model calls go through.
+    pub(crate) fn model_access(&self) -> ModelAccess {
+        ModelAccess {
+            gateway: self.models.clone(),
+            bus: self.event_bus.clone(),
         }
     }
 

@@ -123,6 +123,7 @@ impl From<crate::ids::IdError> for ApiError {
                 crate::ids::NameKind::Hook => "invalid_hook_name",
                 crate::ids::NameKind::Subscription => "invalid_subscription_name",
                 crate::ids::NameKind::Secret => "invalid_secret_name",
+                crate::ids::NameKind::Provider => "invalid_provider_name",
             },
         };
         Self::bad_request(code, e.to_string())

@@ -11,6 +11,7 @@ mod error;
 mod extract;
 mod files;
 mod hooks;
+mod providers;
 mod secrets;
 mod streams;
 mod subscriptions;
@@ -89,6 +90,13 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/actors/{type}/{id}/files/{*path}", get(files::download))
         .route("/v1/actors/{type}/{id}/move", post(not_yet))
         .route("/v1/hooks/{type}/{id}/{name}", post(hooks::receive))
+        .route("/v1/providers", get(providers::list))
+        .route(
+            "/v1/providers/{name}",
+            put(providers::put)
+                .get(providers::get_one)
+                .delete(providers::delete),
+        )
         .route("/v1/secrets", get(secrets::list))
         .route(
             "/v1/secrets/{name}",

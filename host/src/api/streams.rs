@@ -10,6 +10,12 @@
 //! naming what is missing. Comment lines keep idle streams open; the
 //! stream ends when the actor is deleted or the node shuts down.
 //!
+//! Live frames (a model's token deltas while a turn runs) arrive between
+//! events as `event: delta` frames without an `id:`: they are not part of
+//! the log, a resume never replays them, and the committed event that
+//! follows (a `model_step`, say) is the record. A stream too slow for them
+//! gets an `event: lagged` frame saying how many it missed.
+//!
 //! [`EventBus`]: crate::streams::EventBus
 
 use std::collections::VecDeque;
@@ -20,6 +26,7 @@ use std::time::Duration;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use tokio::sync::broadcast;
 
 use super::ApiError;
 use crate::ids::ActorKey;
@@ -75,6 +82,7 @@ pub(super) fn open(node: &Arc<Node>, key: ActorKey, after: u64) -> Result<Respon
         sub,
         queue: VecDeque::from([Event::default().retry(RETRY)]),
         existed: false,
+        read_due: true,
     };
     let stream = futures::stream::unfold(follow, Follow::next);
     let heartbeat = Duration::from_millis(node.config().events.heartbeat_ms.max(100));
@@ -98,6 +106,8 @@ struct Follow {
     queue: VecDeque<Event>,
     /// The actor existed at some point during the stream.
     existed: bool,
+    /// A commit may have added events since the last read.
+    read_due: bool,
 }
 
 impl Follow {
@@ -109,29 +119,46 @@ impl Follow {
             if *self.sub.closing.borrow() {
                 return None;
             }
-            // Mark what we have seen before reading, so a commit published
-            // during the read wakes the wait below.
-            self.sub.changed.borrow_and_update();
-            match self.node.events(&self.key, self.after, PAGE) {
-                Ok(Some(page)) => {
-                    self.existed = true;
-                    if !page.is_empty() {
-                        self.enqueue(page);
-                        continue;
+            if self.read_due {
+                // Mark what we have seen before reading, so a commit
+                // published during the read wakes the wait below.
+                self.sub.changed.borrow_and_update();
+                self.read_due = false;
+                match self.node.events(&self.key, self.after, PAGE) {
+                    Ok(Some(page)) => {
+                        self.existed = true;
+                        if !page.is_empty() {
+                            self.enqueue(page);
+                            self.read_due = true;
+                            continue;
+                        }
                     }
-                }
-                // Deleted while we watched: its log is gone.
-                Ok(None) if self.existed => return None,
-                // Not created yet: wait for its first commit.
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(actor = %self.key, error = %e, "event stream ends: storage error");
-                    return None;
+                    // Deleted while we watched: its log is gone.
+                    Ok(None) if self.existed => return None,
+                    // Not created yet: wait for its first commit.
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(actor = %self.key, error = %e, "event stream ends: storage error");
+                        return None;
+                    }
                 }
             }
             tokio::select! {
-                r = self.sub.changed.changed() => if r.is_err() { return None },
+                r = self.sub.changed.changed() => match r {
+                    Ok(()) => self.read_due = true,
+                    Err(_) => return None,
+                },
                 _ = self.sub.closing.changed() => return None,
+                frame = self.sub.live.recv() => match frame {
+                    Ok(f) => self.queue.push_back(Event::default().event("delta").data(&*f)),
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        let missed = serde_json::json!({ "missed": n });
+                        self.queue
+                            .push_back(Event::default().event("lagged").data(missed.to_string()));
+                    }
+                    // Only when the registration is gone: end like a delete.
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                },
             }
         }
     }

@@ -70,6 +70,11 @@ pub(super) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     };
     // Without a configured master key, keep one in the data directory.
     config.secrets.generate_key = true;
+    // Model servers on this machine (Ollama, llama.cpp, vLLM) are the
+    // usual thing to develop against; guests' own fetches stay closed.
+    if config.models.allow_private.is_empty() {
+        config.models.allow_private = vec!["127.0.0.0/8".into(), "::1/128".into()];
+    }
     let node = Node::start(config).await?;
     if !args.no_examples {
         for (name, code) in crate::guests::EXAMPLES {

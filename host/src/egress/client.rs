@@ -83,7 +83,7 @@ pub enum EgressError {
 }
 
 /// Replaces secret values in what comes back.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Scrub {
     needles: Vec<Zeroizing<Vec<u8>>>,
 }

@@ -36,6 +36,7 @@ use crate::clock::now_ms;
 use crate::config::NodeConfig;
 use crate::egress::Egress;
 use crate::metrics::Metrics;
+use crate::models::{Gateway, Providers};
 use crate::sandbox::{
     ActorLimits, AlarmLimits, EventLimits, FileLimits, InputLimits, LogLimits, Sandbox,
     SandboxConfig, StateLimits, TurnLimits,
@@ -61,6 +62,8 @@ pub struct Node {
     event_bus: Arc<EventBus>,
     /// Named values the host holds for guests.
     secrets: Arc<SecretStore>,
+    /// Model calls.
+    models: Arc<Gateway>,
     ready: AtomicBool,
 }
 
@@ -117,6 +120,13 @@ impl Node {
             metrics.event_streams.clone(),
         ));
         let egress = Arc::new(Egress::new(&config.egress)?);
+        let models = Arc::new(Gateway::new(
+            Arc::new(Providers::open(storage.clone())?),
+            secrets.clone(),
+            &config.egress,
+            &config.models,
+            metrics.clone(),
+        )?);
         let actors = ActorEnv::new(Parts {
             config: config.clone(),
             storage: storage.clone(),
@@ -127,6 +137,7 @@ impl Node {
             event_bus: event_bus.clone(),
             egress,
             secrets: secrets.clone(),
+            models: models.clone(),
             boot: Boot {
                 inbox_seq: boot_inbox_seq,
                 at_ms: now_ms(),
@@ -141,6 +152,7 @@ impl Node {
             actors: actors.clone(),
             event_bus,
             secrets,
+            models,
             ready: AtomicBool::new(false),
         });
         node.update_gauges();
@@ -204,6 +216,11 @@ impl Node {
     /// The secret store.
     pub(crate) fn secrets(&self) -> &SecretStore {
         &self.secrets
+    }
+
+    /// The model gateway and its providers.
+    pub(crate) fn models(&self) -> &Gateway {
+        &self.models
     }
 
     /// Wait until every write so far is durable.

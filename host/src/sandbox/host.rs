@@ -11,6 +11,7 @@ use super::InstanceSpec;
 use super::caps::actors::ActorCalls;
 use super::caps::http::HttpAccess;
 use super::caps::js::JsAccess;
+use super::caps::model::ModelAccess;
 use super::caps::{Cap, CapSet};
 use super::output::GuestOutput;
 use super::turn::TurnState;
@@ -54,6 +55,8 @@ pub struct Host {
     pub(super) actors: Option<Arc<dyn ActorCalls>>,
     /// The network, as far as the type may reach it.
     pub(super) http: Option<HttpAccess>,
+    /// The model gateway.
+    pub(super) models: Option<ModelAccess>,
     /// Child JavaScript sandboxes (`js.eval`).
     pub(super) js: Option<JsAccess>,
     /// What this instance's guest may call (all, but in a child sandbox).
@@ -115,6 +118,7 @@ impl Host {
             js_module: spec.js_module,
             actors: spec.actors,
             http: spec.http,
+            models: spec.models,
             js,
             granted,
         }

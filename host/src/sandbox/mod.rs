@@ -38,6 +38,7 @@ pub use caps::files::FileLimits;
 pub use caps::http::{HttpAccess, HttpGrant};
 pub use caps::inputs::InputLimits;
 pub use caps::log::LogLimits;
+pub use caps::model::ModelAccess;
 pub use caps::state::StateLimits;
 pub use host::{JsModule, LimitTrap};
 pub use run::{EvalReply, GuestReply, Instance, TurnFailure, TurnInput, TurnOutput, TurnRequest};
@@ -74,6 +75,8 @@ pub struct InstanceSpec<'a> {
     pub actors: Option<Arc<dyn ActorCalls>>,
     /// What its turns may reach over HTTP (`None`: nothing).
     pub http: Option<HttpAccess>,
+    /// Its turns' model calls (`None`: none).
+    pub models: Option<ModelAccess>,
 }
 
 /// Why an instance could not be created.
@@ -316,6 +319,7 @@ impl Sandbox {
             js_module: None,
             actors: None,
             http: None,
+            models: None,
         };
         let host = Host::new(
             spec,
@@ -387,6 +391,7 @@ impl Sandbox {
             js_module: None,
             actors: None,
             http: None,
+            models: None,
         };
         let mut inst = self
             .instantiate(&engine, spec)

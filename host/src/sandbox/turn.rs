@@ -23,6 +23,7 @@ use super::caps::files::{FileCache, FileLimits, FilesCtx};
 use super::caps::http::HttpCtx;
 use super::caps::inputs::{InputLimits, InputsCtx};
 use super::caps::log::{LogCtx, LogLimits};
+use super::caps::model::ModelCtx;
 use super::caps::state::{StateCache, StateCtx, StateLimits};
 use crate::ids::ActorKey;
 use crate::storage::blobs::BlobHold;
@@ -190,6 +191,8 @@ pub struct TurnState {
     pub http: HttpCtx,
     /// `files`.
     pub files: FilesCtx,
+    /// `model`.
+    pub model: ModelCtx,
 }
 
 /// Why a guest call was refused; shown to the guest.
@@ -255,6 +258,7 @@ impl TurnState {
             actors: ActorsCtx::new(limits.actors, start.chain, start.durable_before),
             log: LogCtx::new(limits.log),
             http: HttpCtx::default(),
+            model: ModelCtx::default(),
         }
     }
 

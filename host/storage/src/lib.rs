@@ -675,6 +675,26 @@ impl Reader {
         }
     }
 
+    /// Every model provider, by name.
+    pub fn providers(&self) -> Result<Vec<(String, ProviderRecord)>, StorageError> {
+        let t = self.txn.open_table(PROVIDERS)?;
+        let mut out = Vec::new();
+        for row in t.iter()? {
+            let (k, v) = row?;
+            out.push((k.value().to_owned(), decode("provider", v.value())?));
+        }
+        Ok(out)
+    }
+
+    /// One model provider.
+    pub fn provider(&self, name: &str) -> Result<Option<ProviderRecord>, StorageError> {
+        let t = self.txn.open_table(PROVIDERS)?;
+        match t.get(name)? {
+            Some(v) => Ok(Some(decode("provider", v.value())?)),
+            None => Ok(None),
+        }
+    }
+
     /// Number of inbox rows of one actor.
     pub fn inbox_len(&self, num: u64) -> Result<u64, StorageError> {
         let t = self.txn.open_table(INBOX)?;

@@ -14,6 +14,8 @@
 //! History: 1 — first format; 2 — inbox rows carry their kind (message or
 //! webhook); 3 — actors' files (`files`, `file_usage`, `type_file_usage`,
 //! `blob_refs`), and no binary of format 2 may open a file that has them.
+//! Tables added within a version (`providers`) are created when a file of
+//! that version without them is opened.
 //!
 //! Actors are interned: `(type, id)` maps to a compact `u64` actor number at
 //! first use, so hot per-actor keys (`state`, `events`, …) stay small and
@@ -82,6 +84,9 @@ pub const OUTBOX_DUE: TableDefinition<'_, (u64, u64), ()> = TableDefinition::new
 /// The secret store, by name: [`SecretRecord`] (postcard). Values are
 /// sealed under the node's master key; nothing here is plaintext.
 pub const SECRETS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("secrets");
+
+/// Model providers, by name: [`ProviderRecord`].
+pub const PROVIDERS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("providers");
 
 /// Actors' files: (actor, path) → [`FileRecord`]. Paths are relative and
 /// `/`-separated, so one actor's files under a prefix are a range.
@@ -381,6 +386,20 @@ pub struct SecretRecord {
     pub sealed: Vec<u8>,
 }
 
+/// A model provider: where its API is and how to talk to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderRecord {
+    /// The provider as configured (`PUT /v1/providers/{name}`), JSON text:
+    /// `format`, `base_url`, `key_secret` and the optional settings the
+    /// models module documents. Kept as given so settings added later need
+    /// no format change; the models module validates it on write and read.
+    pub config_json: String,
+    /// When it was first set.
+    pub created_at_ms: u64,
+    /// When it last changed.
+    pub updated_at_ms: u64,
+}
+
 /// One file of an actor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileRecord {
@@ -614,7 +633,8 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
             && read.open_table(FILES).is_ok()
             && read.open_table(INPUTS).is_ok()
             && read.open_table(OUTBOX_DUE).is_ok()
-            && read.open_table(SECRETS).is_ok();
+            && read.open_table(SECRETS).is_ok()
+            && read.open_table(PROVIDERS).is_ok();
         (found, complete)
     };
     match found {
@@ -651,6 +671,7 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
         write.open_table(OUTBOX).map_err(redb::Error::from)?;
         write.open_table(OUTBOX_DUE).map_err(redb::Error::from)?;
         write.open_table(SECRETS).map_err(redb::Error::from)?;
+        write.open_table(PROVIDERS).map_err(redb::Error::from)?;
         write.open_table(FILES).map_err(redb::Error::from)?;
         write.open_table(FILE_USAGE).map_err(redb::Error::from)?;
         write

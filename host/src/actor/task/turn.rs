@@ -93,6 +93,7 @@ impl ActorTask {
             js_module: None,
             actors: Some(env.clone()),
             http: http.clone(),
+            models: Some(env.model_access()),
         };
         match instantiate_with_room(env, &engine, true, spec).await {
             Ok(inst) => Ok(inst),
@@ -136,6 +137,7 @@ impl ActorTask {
             js_module: prepared.js_module.clone(),
             actors: Some(env.clone()),
             http: Some(env.http_access(&prepared.http)),
+            models: Some(env.model_access()),
         };
         let js = prepared.js_module.is_some();
         let inst = match instantiate_with_room(env, &prepared.pre, js, spec).await {

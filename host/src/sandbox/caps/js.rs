@@ -79,6 +79,7 @@ impl js::Host for Host {
             js_module: None,
             actors: self.actors.clone().filter(|_| granted.has(Cap::Actors)),
             http: self.http.clone().filter(|_| granted.has(Cap::Http)),
+            models: self.models.clone().filter(|_| granted.has(Cap::Model)),
         };
         let mut child = match access
             .sandbox

@@ -13,7 +13,7 @@ pub mod inputs;
 pub mod js;
 mod js_module;
 pub mod log;
-mod pending;
+pub mod model;
 pub mod state;
 
 use super::bindings::GuestError;

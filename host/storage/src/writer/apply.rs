@@ -126,6 +126,11 @@ impl WriterState {
                 record,
                 done: d,
             } => done(d, tables.put_secret(&name, record.as_ref())),
+            WriteOp::PutProvider {
+                name,
+                record,
+                done: d,
+            } => done(d, tables.put_provider(&name, record.as_ref())),
             WriteOp::RetryDelivery { seq, id, done: d } => {
                 self.outbox_touched = true;
                 let r = tables.retry_delivery(seq, &id);

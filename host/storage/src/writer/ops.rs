@@ -175,6 +175,15 @@ pub enum WriteOp {
         /// Completion: whether a record existed before.
         done: Reply<bool>,
     },
+    /// Write a model provider (`Some`) or remove it (`None`).
+    PutProvider {
+        /// Its name.
+        name: String,
+        /// The record.
+        record: Option<ProviderRecord>,
+        /// Completion: whether a record existed before.
+        done: Reply<bool>,
+    },
     /// Completes once everything queued before it is durable.
     Barrier {
         /// Completion.
@@ -221,7 +230,9 @@ impl Applied {
             WriteOp::DeliveryAttempted { done, .. } => {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }
-            WriteOp::PutSecret { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
+            WriteOp::PutSecret { done, .. } | WriteOp::PutProvider { done, .. } => {
+                Applied::reply(done, Err(StorageError::WriterGone))
+            }
             WriteOp::RetryDelivery { done, .. } => {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }

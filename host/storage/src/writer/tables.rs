@@ -28,6 +28,7 @@ pub(super) struct Tables<'t> {
     pub(super) outbox: redb::Table<'t, u64, &'static [u8]>,
     pub(super) outbox_due: redb::Table<'t, (u64, u64), ()>,
     pub(super) secrets: redb::Table<'t, &'static str, &'static [u8]>,
+    providers: redb::Table<'t, &'static str, &'static [u8]>,
     files: redb::Table<'t, (u64, &'static str), &'static [u8]>,
     file_usage: redb::Table<'t, u64, &'static [u8]>,
     type_file_usage: redb::Table<'t, &'static str, u64>,
@@ -53,6 +54,7 @@ impl<'t> Tables<'t> {
             outbox: txn.open_table(OUTBOX)?,
             outbox_due: txn.open_table(OUTBOX_DUE)?,
             secrets: txn.open_table(SECRETS)?,
+            providers: txn.open_table(PROVIDERS)?,
             files: txn.open_table(FILES)?,
             file_usage: txn.open_table(FILE_USAGE)?,
             type_file_usage: txn.open_table(TYPE_FILE_USAGE)?,
@@ -260,6 +262,19 @@ impl<'t> Tables<'t> {
         let existed = match rec {
             Some(r) => self.secrets.insert(name, encode(r).as_slice())?.is_some(),
             None => self.secrets.remove(name)?.is_some(),
+        };
+        Ok(existed)
+    }
+
+    /// Write or remove one model provider; whether one existed.
+    pub(super) fn put_provider(
+        &mut self,
+        name: &str,
+        rec: Option<&ProviderRecord>,
+    ) -> Result<bool, StorageError> {
+        let existed = match rec {
+            Some(r) => self.providers.insert(name, encode(r).as_slice())?.is_some(),
+            None => self.providers.remove(name)?.is_some(),
         };
         Ok(existed)
     }

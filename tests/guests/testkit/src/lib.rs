@@ -5,7 +5,7 @@
 
 use marmot_guest::actors;
 use marmot_guest::alarms::{self, Schedule};
-use marmot_guest::raw::{files, http, js, model};
+use marmot_guest::raw::{files, http, js};
 use marmot_guest::{
     Actor, Alarm, Context, InputAnswer, Message, Reply, Result, Webhook, events, inputs, log, state,
 };
@@ -46,8 +46,8 @@ enum Op {
     /// Log the fault-injection marker; a node started with
     /// `MARMOT_FAULT_ABORT_ON_LOG` set to it aborts mid-turn.
     Crash { marker: String },
-    /// Call a capability that has not landed yet and report the error.
-    Unsupported,
+    /// One `model.chat` call: the answer, or the error.
+    Chat { request: Value },
     /// Print to stdout and stderr.
     Print { text: String },
     /// Reply with the context and the upgrade marker.
@@ -274,15 +274,10 @@ impl Actor for TestKit {
                 log::error(&marker);
                 Reply::json(&json!({ "crashed": false }))
             }
-            Op::Unsupported => {
-                let req = model::ChatRequest {
-                    provider: "none".into(),
-                    body: "{}".into(),
-                    stream: false,
-                };
-                let err = model::chat(&req).expect_err("models are not supported yet");
-                Reply::json(&json!({ "error": marmot_guest::Error::from(err).message() }))
-            }
+            Op::Chat { request } => match marmot_guest::model::chat(&request) {
+                Ok(answer) => Reply::json(&json!({ "answer": answer })),
+                Err(e) => Reply::json(&json!({ "error": e.message() })),
+            },
             Op::Print { text } => {
                 println!("{text}");
                 eprintln!("{text}");

@@ -1,0 +1,313 @@
+//! What went wrong with a call, whether trying again can help, and how
+//! long the provider asked us to wait.
+
+use std::time::{Duration, SystemTime};
+
+use serde_json::Value;
+
+/// What kind of failure a provider's answer (or its absence) is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// 429: too many requests right now.
+    RateLimited,
+    /// 529 (or an `overloaded_error`): the provider is overloaded.
+    Overloaded,
+    /// 5xx, 408, a malformed answer or an error event mid-stream.
+    Server,
+    /// The connection failed or timed out.
+    Connection,
+    /// The conversation does not fit the model's context.
+    ContextLength,
+    /// 401/403: the key is wrong or lacks access.
+    Auth,
+    /// 404: no such model (or endpoint).
+    NotFound,
+    /// 429 `insufficient_quota`: the account is out of credit; waiting
+    /// does not help.
+    QuotaExhausted,
+    /// Any other 4xx: the request itself is wrong.
+    Invalid,
+    /// This node may not reach the provider (its key's hosts, the address
+    /// policy): a configuration problem another provider may not have.
+    Refused,
+}
+
+impl ErrorKind {
+    /// Trying the same provider again later may succeed.
+    pub fn retryable(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::RateLimited
+                | ErrorKind::Overloaded
+                | ErrorKind::Server
+                | ErrorKind::Connection
+        )
+    }
+
+    /// Another provider may succeed where this one cannot.
+    pub fn falls_back(self) -> bool {
+        self.retryable()
+            || matches!(
+                self,
+                ErrorKind::Auth
+                    | ErrorKind::NotFound
+                    | ErrorKind::QuotaExhausted
+                    | ErrorKind::Refused
+            )
+    }
+
+    /// A short snake_case name (metrics, error prefixes).
+    pub fn code(self) -> &'static str {
+        match self {
+            ErrorKind::RateLimited => "rate_limited",
+            ErrorKind::Overloaded => "overloaded",
+            ErrorKind::Server => "provider_error",
+            ErrorKind::Connection => "connection_failed",
+            ErrorKind::ContextLength => "context_length_exceeded",
+            ErrorKind::Auth => "provider_auth",
+            ErrorKind::NotFound => "model_not_found",
+            ErrorKind::QuotaExhausted => "quota_exhausted",
+            ErrorKind::Invalid => "invalid_request",
+            ErrorKind::Refused => "provider_refused",
+        }
+    }
+}
+
+/// A failed call to one provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderError {
+    /// What kind of failure.
+    pub kind: ErrorKind,
+    /// The HTTP status, when there was one.
+    pub status: Option<u16>,
+    /// The provider's message (scrubbed, shortened).
+    pub message: String,
+    /// How long the provider asked us to wait.
+    pub retry_after: Option<Duration>,
+}
+
+/// The longest provider message kept.
+const MAX_MESSAGE: usize = 500;
+
+impl ProviderError {
+    /// An error without a wait.
+    pub fn new(kind: ErrorKind, status: Option<u16>, message: String) -> Self {
+        let mut message = message;
+        if message.len() > MAX_MESSAGE {
+            let mut cut = MAX_MESSAGE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+            message.push('…');
+        }
+        Self {
+            kind,
+            status,
+            message,
+            retry_after: None,
+        }
+    }
+
+    /// Classify an HTTP error response: its status, its headers and its
+    /// body (the JSON error objects all three formats use).
+    pub fn from_response(status: u16, headers: &[(String, String)], body: &[u8]) -> Self {
+        let json: Option<Value> = serde_json::from_slice(body).ok();
+        let error = json.as_ref().and_then(|j| j.get("error")).or(json.as_ref());
+        let field = |k: &str| {
+            error
+                .and_then(|e| e.get(k))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned()
+        };
+        let (code, ty, message) = (field("code"), field("type"), field("message"));
+        let message = if message.is_empty() {
+            String::from_utf8_lossy(&body[..body.len().min(MAX_MESSAGE)]).into_owned()
+        } else {
+            message
+        };
+        let lower = message.to_ascii_lowercase();
+        let context = code == "context_length_exceeded"
+            || lower.contains("context length")
+            || lower.contains("context_length")
+            || lower.contains("context window")
+            || lower.contains("prompt is too long")
+            || lower.contains("maximum context");
+        let kind = match status {
+            429 if code == "insufficient_quota" || ty == "insufficient_quota" => {
+                ErrorKind::QuotaExhausted
+            }
+            429 => ErrorKind::RateLimited,
+            529 => ErrorKind::Overloaded,
+            503 if ty == "overloaded_error" => ErrorKind::Overloaded,
+            401 | 403 => ErrorKind::Auth,
+            404 => ErrorKind::NotFound,
+            400 | 413 | 422 if context => ErrorKind::ContextLength,
+            408 => ErrorKind::Server,
+            400..=499 => ErrorKind::Invalid,
+            _ => ErrorKind::Server,
+        };
+        let mut e = ProviderError::new(kind, Some(status), message);
+        e.retry_after = retry_after(headers, SystemTime::now());
+        e
+    }
+
+    /// An error event inside a stream that had started with 200.
+    pub fn from_stream_event(error: &Value) -> Self {
+        let e = error.get("error").unwrap_or(error);
+        let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+        let (ty, code, message) = (s("type"), s("code"), s("message"));
+        let kind = match (ty.as_str(), code.as_str()) {
+            ("overloaded_error", _) => ErrorKind::Overloaded,
+            ("rate_limit_error", _) | (_, "rate_limit_exceeded") => ErrorKind::RateLimited,
+            ("invalid_request_error", _) => ErrorKind::Invalid,
+            (_, "context_length_exceeded") => ErrorKind::ContextLength,
+            _ => ErrorKind::Server,
+        };
+        let message = if message.is_empty() {
+            format!("error event: {e}")
+        } else {
+            message
+        };
+        ProviderError::new(kind, None, message)
+    }
+}
+
+impl std::fmt::Display for ProviderError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.status {
+            Some(s) => write!(f, "{} ({s}): {}", self.kind.code(), self.message),
+            None => write!(f, "{}: {}", self.kind.code(), self.message),
+        }
+    }
+}
+
+/// The wait a response asks for: `retry-after-ms` (OpenAI), else
+/// `Retry-After` as seconds or as an HTTP date.
+pub fn retry_after(headers: &[(String, String)], now: SystemTime) -> Option<Duration> {
+    let get = |name: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.trim())
+    };
+    if let Some(ms) = get("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
+        && ms.is_finite()
+        && ms >= 0.0
+    {
+        return Some(Duration::from_secs_f64(ms.min(1e9) / 1000.0));
+    }
+    let v = get("retry-after")?;
+    if let Ok(s) = v.parse::<f64>() {
+        return (s.is_finite() && s >= 0.0).then(|| Duration::from_secs_f64(s.min(1e9)));
+    }
+    let at = chrono::DateTime::parse_from_rfc2822(v).ok()?;
+    let at = SystemTime::UNIX_EPOCH + Duration::from_millis(at.timestamp_millis().max(0) as u64);
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(k: &str, v: &str) -> Vec<(String, String)> {
+        vec![(k.into(), v.into())]
+    }
+
+    #[test]
+    fn retry_after_in_every_spelling() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(
+            retry_after(&h("Retry-After", "3"), now),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            retry_after(&h("retry-after", "0.5"), now),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(
+            retry_after(&h("retry-after-ms", "250"), now),
+            Some(Duration::from_millis(250))
+        );
+        // 1_700_000_000 is Tue, 14 Nov 2023 22:13:20 GMT.
+        assert_eq!(
+            retry_after(&h("Retry-After", "Tue, 14 Nov 2023 22:13:30 GMT"), now),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            retry_after(&h("Retry-After", "Tue, 14 Nov 2023 22:00:00 GMT"), now),
+            Some(Duration::ZERO),
+            "a date in the past means now"
+        );
+        assert_eq!(retry_after(&h("Retry-After", "soon"), now), None);
+        assert_eq!(retry_after(&h("Retry-After", "-4"), now), None);
+        assert_eq!(retry_after(&[], now), None);
+    }
+
+    #[test]
+    fn errors_are_classified_like_the_providers_mean_them() {
+        let c = |status: u16, body: &str| {
+            ProviderError::from_response(status, &[], body.as_bytes()).kind
+        };
+        assert_eq!(
+            c(
+                429,
+                r#"{"error":{"message":"slow down","type":"requests"}}"#
+            ),
+            ErrorKind::RateLimited
+        );
+        assert_eq!(
+            c(
+                429,
+                r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#
+            ),
+            ErrorKind::QuotaExhausted
+        );
+        assert_eq!(
+            c(
+                529,
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#
+            ),
+            ErrorKind::Overloaded
+        );
+        assert_eq!(c(500, "oops"), ErrorKind::Server);
+        assert_eq!(c(502, ""), ErrorKind::Server);
+        assert_eq!(
+            c(401, r#"{"error":{"message":"bad key"}}"#),
+            ErrorKind::Auth
+        );
+        assert_eq!(
+            c(
+                400,
+                r#"{"error":{"message":"This model's maximum context length is 8192 tokens","code":"context_length_exceeded"}}"#
+            ),
+            ErrorKind::ContextLength
+        );
+        assert_eq!(
+            c(
+                400,
+                r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 210000 tokens > 200000 maximum"}}"#
+            ),
+            ErrorKind::ContextLength
+        );
+        assert_eq!(
+            c(400, r#"{"error":{"message":"bad tools"}}"#),
+            ErrorKind::Invalid
+        );
+        for k in [
+            ErrorKind::Invalid,
+            ErrorKind::ContextLength,
+            ErrorKind::Auth,
+            ErrorKind::QuotaExhausted,
+        ] {
+            assert!(!k.retryable(), "{k:?}");
+        }
+        let e = ProviderError::from_response(
+            400,
+            &[],
+            r#"{"error":{"message":"x"}}"#.repeat(100).as_bytes(),
+        );
+        assert!(e.message.len() <= MAX_MESSAGE + '…'.len_utf8());
+    }
+}

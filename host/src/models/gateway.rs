@@ -1,0 +1,459 @@
+//! The gateway: one chat call, over the wire format of whichever provider
+//! answers, with the key added by the host, retries that honour
+//! `Retry-After`, and fallbacks tried while nothing has been streamed yet.
+//!
+//! Retry policy (docs/models.md): 429, 529, 5xx, 408, a failed connection,
+//! a malformed answer and an error event before the first delta are tried
+//! again on the same provider, up to `models.max_attempts` times, waiting
+//! `Retry-After` (seconds, an HTTP date, or `retry-after-ms`) when given
+//! and an exponential back-off with jitter otherwise. A provider asking for
+//! a longer wait than `models.max_retry_after_ms` counts as unavailable.
+//! Bad requests (400, context length), a bad key (401/403), an unknown
+//! model (404) and an exhausted quota are never retried; the last three
+//! (and an unavailable provider) move on to the next fallback. Once a delta
+//! has gone out to the actor's live stream, a failure ends the call: the
+//! client saw part of an answer that a retry would not continue.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use url::Url;
+use zeroize::Zeroizing;
+
+use super::chat::{Attempt, ChatRequest, ChatResponse, Delta, Target, sendable};
+use super::errors::{ErrorKind, ProviderError};
+use super::providers::{Provider, Providers};
+use super::sse::SseParser;
+use super::wire::{Decoded, Flow};
+use crate::config::{EgressConfig, ModelsConfig};
+use crate::egress::{Egress, EgressError, OutboundHeader, OutboundRequest, Scrub, policy};
+use crate::metrics::{Metrics, ModelLabels};
+use crate::secrets::{SecretError, SecretStore};
+
+/// Why a chat call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    /// The request is malformed.
+    #[error("{0}")]
+    Invalid(String),
+    /// No such provider.
+    #[error("{0}")]
+    NotFound(String),
+    /// A rule forbids the call (the key's hosts).
+    #[error("{0}")]
+    Denied(String),
+    /// Every provider tried failed; the last one's error.
+    #[error("{}: {message}", kind.code())]
+    Failed {
+        /// What kind of failure the last one was.
+        kind: ErrorKind,
+        /// What happened, provider by provider.
+        message: String,
+    },
+}
+
+/// What a call reports as it goes.
+pub trait CallObserver: Send {
+    /// A delta of the answer arrived (only for `stream: true`).
+    fn delta(&mut self, delta: &Delta);
+}
+
+impl<F: FnMut(&Delta) + Send> CallObserver for F {
+    fn delta(&mut self, delta: &Delta) {
+        self(delta)
+    }
+}
+
+/// The model gateway.
+pub struct Gateway {
+    providers: Arc<Providers>,
+    secrets: Arc<SecretStore>,
+    egress: Egress,
+    config: ModelsConfig,
+    metrics: Arc<Metrics>,
+}
+
+/// Largest error body read from a streamed call that failed.
+const MAX_ERROR_BODY: usize = 64 << 10;
+
+impl Gateway {
+    /// A gateway over `providers`, reaching them with the node's egress
+    /// settings plus `models.allow_private`.
+    pub fn new(
+        providers: Arc<Providers>,
+        secrets: Arc<SecretStore>,
+        egress: &EgressConfig,
+        config: &ModelsConfig,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<Self> {
+        let mut egress = egress.clone();
+        egress
+            .allow_private
+            .extend(config.allow_private.iter().cloned());
+        egress.timeout_ms = config.timeout_ms;
+        Ok(Self {
+            providers,
+            secrets,
+            egress: Egress::new(&egress)?,
+            config: config.clone(),
+            metrics,
+        })
+    }
+
+    /// The providers.
+    pub fn providers(&self) -> &Arc<Providers> {
+        &self.providers
+    }
+
+    /// Run `req`: its provider, then its fallbacks.
+    pub async fn chat(
+        &self,
+        req: &ChatRequest,
+        observer: &mut dyn CallObserver,
+    ) -> Result<ChatResponse, ModelError> {
+        req.check().map_err(ModelError::Invalid)?;
+        let messages = sendable(&req.messages);
+        let targets: Vec<Target> = std::iter::once(req.target())
+            .chain(req.fallbacks.iter().cloned())
+            .collect();
+        let mut attempts: Vec<Attempt> = Vec::new();
+        let mut emitted = false;
+        let mut last = ErrorKind::Server;
+        for (i, target) in targets.iter().enumerate() {
+            let Some(provider) = self.providers.get(&target.provider) else {
+                let why = format!("no provider `{}` on this node", target.provider);
+                if i == 0 {
+                    return Err(ModelError::NotFound(why));
+                }
+                attempts.push(attempt(target, why));
+                continue;
+            };
+            let body = match provider
+                .format
+                .encode(req, &target.model, &messages, &provider.encode)
+            {
+                Ok(b) => serde_json::to_vec(&b).expect("JSON encodes"),
+                Err(why) if i == 0 => return Err(ModelError::Invalid(why)),
+                Err(why) => {
+                    attempts.push(attempt(target, why));
+                    continue;
+                }
+            };
+            let (key, scrub) = match self.key(&provider) {
+                Ok(k) => k,
+                Err(why) if i == 0 => return Err(ModelError::Denied(why)),
+                Err(why) => {
+                    attempts.push(attempt(target, why));
+                    continue;
+                }
+            };
+            let mut tries = 0;
+            let error = loop {
+                tries += 1;
+                let started = std::time::Instant::now();
+                let r = self
+                    .call_once(
+                        &provider,
+                        key.as_ref().map(|k| k.as_str()),
+                        &scrub,
+                        &body,
+                        req.stream,
+                        observer,
+                        &mut emitted,
+                    )
+                    .await;
+                let outcome = match &r {
+                    Ok(_) => "ok",
+                    Err(e) => e.kind.code(),
+                };
+                self.record(&provider.name, outcome, started);
+                let e = match r {
+                    Ok(d) => {
+                        self.count_tokens(&provider.name, &d);
+                        return Ok(response(&provider, target, d, attempts));
+                    }
+                    Err(e) => e,
+                };
+                tracing::info!(provider = %provider.name, model = %target.model, attempt = tries, error = %e, "model call failed");
+                if emitted {
+                    // Part of the answer reached the actor's live stream.
+                    return Err(ModelError::Failed {
+                        kind: e.kind,
+                        message: format!(
+                            "{} ({}) failed mid-stream, after part of the answer was streamed: {e}",
+                            provider.name, target.model
+                        ),
+                    });
+                }
+                if !e.kind.retryable() || tries >= self.config.max_attempts {
+                    break e;
+                }
+                let wait = match e.retry_after {
+                    Some(w) if w > Duration::from_millis(self.config.max_retry_after_ms) => {
+                        let mut e = e;
+                        e.message = format!(
+                            "{} (it asked to wait {} s, longer than this node waits)",
+                            e.message,
+                            w.as_secs()
+                        );
+                        break e;
+                    }
+                    Some(w) => w,
+                    None => self.backoff(tries),
+                };
+                tokio::time::sleep(wait).await;
+            };
+            last = error.kind;
+            attempts.push(attempt(target, error.to_string()));
+            if !error.kind.falls_back() {
+                break;
+            }
+        }
+        let message = attempts
+            .iter()
+            .map(|a| format!("{} ({}): {}", a.provider, a.model, a.error))
+            .collect::<Vec<_>>()
+            .join("; ");
+        Err(ModelError::Failed {
+            kind: last,
+            message,
+        })
+    }
+
+    /// The provider's key (checked against its secret's hosts) and a
+    /// scrubber that removes it from whatever comes back.
+    fn key(&self, provider: &Provider) -> Result<(Option<Zeroizing<String>>, Scrub), String> {
+        let mut scrub = Scrub::default();
+        let Some(name) = &provider.key_secret else {
+            return Ok((None, scrub));
+        };
+        let (value, hosts) = self.secrets.reveal(name).map_err(|e| match e {
+            SecretError::NotFound(_) => format!(
+                "provider `{}` names key_secret `{name}`, which is not in the secret store",
+                provider.name
+            ),
+            e => format!("provider `{}`: {e}", provider.name),
+        })?;
+        let url = &provider.base_url;
+        let host_ok = url
+            .host()
+            .as_ref()
+            .is_some_and(|h| policy::any_matches(&hosts, h));
+        if url.scheme() != "https" || !host_ok {
+            return Err(format!(
+                "secret `{name}` may not be sent to {}://{} (its hosts: {})",
+                url.scheme(),
+                url.host_str().unwrap_or(""),
+                hosts
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        let key = std::str::from_utf8(value.expose())
+            .map_err(|_| format!("secret `{name}` is not text, so it cannot be an API key"))?;
+        scrub.add(value.expose());
+        Ok((Some(Zeroizing::new(key.to_owned())), scrub))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn call_once(
+        &self,
+        provider: &Provider,
+        key: Option<&str>,
+        scrub: &Scrub,
+        body: &[u8],
+        stream: bool,
+        observer: &mut dyn CallObserver,
+        emitted: &mut bool,
+    ) -> Result<Decoded, ProviderError> {
+        let mut headers = vec![header("content-type", "application/json")];
+        if stream {
+            headers.push(header("accept", "text/event-stream"));
+        }
+        for (k, v) in provider.format.headers() {
+            headers.push(header(k, v));
+        }
+        for (k, v) in &provider.headers {
+            headers.push(header(k, v));
+        }
+        if let Some(key) = key {
+            let (name, value) = provider.format.auth_header(key);
+            headers.push(OutboundHeader {
+                name: name.into(),
+                value: Zeroizing::new(value),
+                secret: true,
+            });
+        }
+        let request = OutboundRequest {
+            method: reqwest::Method::POST,
+            url: provider.endpoint(),
+            headers,
+            body: Some(body.to_vec()),
+            timeout: Duration::from_millis(self.config.timeout_ms),
+            max_redirects: 0,
+            identity_only: key.is_some(),
+        };
+        let any = |_: &Url| Ok(());
+        if !stream {
+            let resp = self
+                .egress
+                .fetch(request, &any, scrub)
+                .await
+                .map_err(egress_error)?;
+            if !(200..300).contains(&resp.status) {
+                return Err(ProviderError::from_response(
+                    resp.status,
+                    &resp.headers,
+                    &resp.body,
+                ));
+            }
+            let json = serde_json::from_slice(&resp.body).map_err(|_| {
+                ProviderError::new(
+                    ErrorKind::Server,
+                    Some(resp.status),
+                    "the response is not JSON".into(),
+                )
+            })?;
+            return provider.format.decode(json);
+        }
+        let mut resp = self
+            .egress
+            .fetch_stream(request, &any, scrub.clone())
+            .await
+            .map_err(egress_error)?;
+        if !(200..300).contains(&resp.status) {
+            let mut body = Vec::new();
+            while body.len() < MAX_ERROR_BODY {
+                match resp.next(MAX_ERROR_BODY).await {
+                    Ok(Some(c)) => body.extend(c),
+                    _ => break,
+                }
+            }
+            return Err(ProviderError::from_response(
+                resp.status,
+                &resp.headers,
+                &body,
+            ));
+        }
+        let mut parser = SseParser::default();
+        let mut decoder = provider.format.stream();
+        let mut deltas = Vec::new();
+        'read: loop {
+            let chunk = resp.next(64 << 10).await.map_err(egress_error)?;
+            let events = match &chunk {
+                Some(c) => parser.push(c),
+                None => Ok(parser.finish().into_iter().collect()),
+            }
+            .map_err(|why| ProviderError::new(ErrorKind::Server, None, why))?;
+            for ev in events {
+                let flow = decoder.event(&ev, &mut deltas);
+                for d in deltas.drain(..) {
+                    *emitted = true;
+                    observer.delta(&d);
+                }
+                if flow? == Flow::Done {
+                    break 'read;
+                }
+            }
+            if chunk.is_none() {
+                break;
+            }
+        }
+        provider.format.decode(decoder.finish()?)
+    }
+
+    fn backoff(&self, tries: u32) -> Duration {
+        let base = self
+            .config
+            .backoff_ms
+            .saturating_mul(1 << (tries - 1).min(20))
+            .min(self.config.max_backoff_ms);
+        // Half fixed, half random: spread retries of many actors apart.
+        let jitter = (base as f64 * 0.5 * rand::random::<f64>()) as u64;
+        Duration::from_millis(base / 2 + jitter)
+    }
+
+    fn record(&self, provider: &str, outcome: &'static str, started: std::time::Instant) {
+        let labels = ModelLabels {
+            provider: provider.to_owned(),
+            outcome,
+        };
+        self.metrics.model_calls.get_or_create(&labels).inc();
+        self.metrics
+            .model_call_seconds
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    fn count_tokens(&self, provider: &str, d: &Decoded) {
+        for (direction, n) in [
+            ("input", d.usage.input_tokens),
+            ("output", d.usage.output_tokens),
+        ] {
+            self.metrics
+                .model_tokens
+                .get_or_create(&ModelLabels {
+                    provider: provider.to_owned(),
+                    outcome: direction,
+                })
+                .inc_by(n);
+        }
+    }
+}
+
+fn header(name: &str, value: &str) -> OutboundHeader {
+    OutboundHeader {
+        name: name.into(),
+        value: Zeroizing::new(value.into()),
+        secret: false,
+    }
+}
+
+fn attempt(target: &Target, error: String) -> Attempt {
+    Attempt {
+        provider: target.provider.clone(),
+        model: target.model.clone(),
+        error,
+    }
+}
+
+fn egress_error(e: EgressError) -> ProviderError {
+    match e {
+        EgressError::Refused(m) => ProviderError::new(ErrorKind::Refused, None, m),
+        EgressError::Invalid(m) => ProviderError::new(ErrorKind::Refused, None, m),
+        // A node limit: asking again gets the same answer.
+        EgressError::TooLarge(m) => ProviderError::new(ErrorKind::Refused, None, m),
+        e @ EgressError::Timeout(_) => {
+            ProviderError::new(ErrorKind::Connection, None, e.to_string())
+        }
+        EgressError::Failed(m) => ProviderError::new(ErrorKind::Connection, None, m),
+    }
+}
+
+fn response(
+    provider: &Provider,
+    target: &Target,
+    d: Decoded,
+    attempts: Vec<Attempt>,
+) -> ChatResponse {
+    let mut usage = d.usage;
+    if let Some(p) = provider.price(&target.model) {
+        usage.cost_usd = Some(
+            (usage.input_tokens as f64 * p.input_per_mtok
+                + usage.output_tokens as f64 * p.output_per_mtok)
+                / 1e6,
+        );
+    }
+    ChatResponse {
+        provider: provider.name.clone(),
+        model: d.model.unwrap_or_else(|| target.model.clone()),
+        id: d.id,
+        message: d.message,
+        stop_reason: d.stop_reason,
+        provider_stop_reason: d.provider_stop_reason,
+        usage,
+        provider_fields: d.provider_fields,
+        attempts,
+    }
+}

@@ -1,0 +1,640 @@
+//! The model gateway end to end: providers configured over the API, guests
+//! calling `model.chat` against a local server that speaks the vendors'
+//! wire formats (`marmot::fake_provider`), streamed and not; retries,
+//! `Retry-After`, fallbacks; the key held by the host.
+
+mod common;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Api, Marmot, TESTKIT, tempdir};
+use marmot::fake_provider::{Behaviour, FakeProvider, Scripted};
+use serde_json::{Value, json};
+
+const FORMATS: [&str; 3] = ["openai-chat", "openai-responses", "anthropic-messages"];
+
+/// Quick retries, so tests do not wait for production back-offs.
+const CONFIG: &str =
+    "[models]\nmax_attempts = 3\nbackoff_ms = 10\nmax_backoff_ms = 40\nmax_retry_after_ms = 3000\n";
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    node: Marmot,
+    api: Api,
+    fake: FakeProvider,
+}
+
+impl Rig {
+    /// A node with the test actor as `kit`, and a strict fake provider on
+    /// loopback configured once per format (`p-openai-chat`, …).
+    async fn new() -> Self {
+        let dir = tempdir();
+        let node = Marmot::start_opts(&dir.path().join("data"), &[], Some(CONFIG)).await;
+        let api = node.client();
+        assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let fake = FakeProvider::start(listener, Behaviour::Strict, None);
+        for f in FORMATS {
+            let r = put_provider(
+                &api,
+                &format!("p-{f}"),
+                json!({"format": f, "base_url": fake.base_url("127.0.0.1")}),
+            )
+            .await;
+            assert_eq!(r.status, 201, "{}", r.json);
+        }
+        Rig {
+            _dir: dir,
+            node,
+            api,
+            fake,
+        }
+    }
+
+    async fn chat(&self, request: Value) -> Value {
+        self.api
+            .op("kit", "a", json!({"op": "chat", "request": request}))
+            .await
+            .json
+    }
+}
+
+async fn put_provider(api: &Api, name: &str, spec: Value) -> common::Resp {
+    api.req(
+        reqwest::Method::PUT,
+        &format!("/v1/providers/{name}"),
+        Some(("application/json", serde_json::to_vec(&spec).unwrap())),
+        &[],
+    )
+    .await
+}
+
+fn weather_tool() -> Value {
+    json!([{"name": "weather", "description": "Current weather in a city",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}])
+}
+
+#[tokio::test]
+async fn providers_are_configured_checked_and_listed_without_keys() {
+    let dir = tempdir();
+    let node = Marmot::start(&dir.path().join("data")).await;
+    let api = node.client();
+    let r = put_provider(
+        &api,
+        "openai",
+        json!({"format": "openai-chat", "key_secret": "OPENAI_KEY",
+        "prices": {"gpt-x": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    assert_eq!(
+        r.json["base_url"],
+        Value::Null,
+        "as given; the default applies"
+    );
+    let r = put_provider(
+        &api,
+        "openai",
+        json!({"format": "openai-chat", "key_secret": "OPENAI_KEY"}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "a replacement");
+    let before = api.get("/v1/providers").await.json;
+    for (name, spec, code) in [
+        ("x", json!({"format": "gemini"}), "invalid_provider"),
+        (
+            "x",
+            json!({"format": "openai-chat", "base_url": "http://10.0.0.1/v1", "key_secret": "K"}),
+            "invalid_provider",
+        ),
+        (
+            "x",
+            json!({"format": "openai-chat", "api_key": "sk-live-123"}),
+            "invalid_provider",
+        ),
+        (
+            "x",
+            json!({"format": "openai-chat", "headers": {"authorization": "Bearer sk"}}),
+            "invalid_provider",
+        ),
+        (
+            "bad name",
+            json!({"format": "openai-chat"}),
+            "invalid_provider_name",
+        ),
+        ("openai", json!({"format": 7}), "invalid_provider"),
+    ] {
+        let r = put_provider(&api, &name.replace(' ', "%20"), spec.clone()).await;
+        assert_eq!((r.status, r.code()), (400, code), "{spec}: {}", r.json);
+        assert!(!String::from_utf8_lossy(&r.body).contains("sk-live-123"));
+    }
+    assert_eq!(
+        api.get("/v1/providers").await.json,
+        before,
+        "bad input changed nothing"
+    );
+    let list = &before["providers"];
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    assert_eq!(list[0]["name"], "openai");
+    assert_eq!(list[0]["key_secret"], "OPENAI_KEY");
+    assert_eq!(
+        api.get("/v1/providers/openai").await.json["format"],
+        "openai-chat"
+    );
+    assert_eq!(
+        api.get("/v1/providers/nope").await.code(),
+        "provider_not_found"
+    );
+    assert_eq!(api.delete("/v1/providers/openai").await.status, 200);
+    assert_eq!(api.delete("/v1/providers/openai").await.status, 404);
+
+    // A provider survives a restart.
+    let r = put_provider(
+        &api,
+        "local",
+        json!({"format": "anthropic-messages", "base_url": "http://127.0.0.1:1/v1"}),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    let mut node = node;
+    node.restart().await;
+    let api = node.client();
+    assert_eq!(
+        api.get("/v1/providers/local").await.json["format"],
+        "anthropic-messages"
+    );
+}
+
+#[tokio::test]
+async fn one_shape_over_every_format_streamed_or_not() {
+    let rig = Rig::new().await;
+    for f in FORMATS {
+        for stream in [false, true] {
+            let what = format!("{f}, stream {stream}");
+            let n = rig.fake.requests().len();
+            rig.fake.push([Scripted::ToolCalls {
+                text: "Checking.".into(),
+                calls: vec![("call_w1".into(), "weather".into(), json!({"city": "Paris"}))],
+            }]);
+            let mut messages = vec![json!({"role": "user", "content": "Weather in Paris?"})];
+            let r = rig
+                .chat(
+                    json!({"provider": format!("p-{f}"), "model": "m1", "system": "Be brief.",
+                             "messages": messages, "tools": weather_tool(), "stream": stream}),
+                )
+                .await;
+            let a = &r["answer"];
+            assert_eq!(a["stop_reason"], "tool_use", "{what}: {r}");
+            assert_eq!(a["provider"], format!("p-{f}"));
+            assert_eq!(a["message"]["role"], "assistant");
+            assert_eq!(a["message"]["content"], "Checking.", "{what}: {r}");
+            let call = &a["message"]["tool_calls"][0];
+            assert_eq!(call["name"], "weather");
+            assert_eq!(call["arguments"], json!({"city": "Paris"}), "{what}");
+            assert!(
+                a["usage"]["input_tokens"].as_u64().unwrap() > 0,
+                "{what}: {r}"
+            );
+            assert!(a["usage"]["output_tokens"].as_u64().unwrap() > 0, "{what}");
+
+            // The answer goes back into the conversation as it is, with the
+            // tool's result; a stale call without a result (a run cut off
+            // mid-call) and an id Anthropic would refuse come along. The
+            // fake refuses what the real APIs refuse, so this passing means
+            // neither reached it.
+            messages.push(a["message"].clone());
+            messages.push(
+                json!({"role": "tool", "tool_call_id": call["id"], "content": {"temp_c": 21}}),
+            );
+            messages.push(json!({"role": "user", "content": "And earlier?"}));
+            messages.push(json!({"role": "assistant", "content": "", "tool_calls": [
+                {"id": "toolu.orphan|1", "name": "weather", "arguments": {"city": "Rome"}}]}));
+            messages.push(
+                json!({"role": "assistant", "content": "Looking.", "tool_calls": [
+                {"id": "fc.odd:id/2", "name": "weather", "arguments": {"city": "Oslo"}}]}),
+            );
+            messages.push(json!({"role": "tool", "tool_call_id": "fc.odd:id/2", "content": "3 C"}));
+            rig.fake.push([Scripted::Text("Paris is 21 C.".into())]);
+            let r = rig
+                .chat(json!({"provider": format!("p-{f}"), "model": "m1", "messages": messages,
+                             "tools": weather_tool(), "stream": stream, "provider_options": {"top_p": 0.9}}))
+                .await;
+            assert_eq!(
+                r["answer"]["message"]["content"], "Paris is 21 C.",
+                "{what}: {r}"
+            );
+            assert_eq!(r["answer"]["stop_reason"], "end_turn", "{what}");
+            let seen = rig.fake.requests();
+            assert_eq!(seen.len(), n + 2, "{what}: no retries");
+            let sent = serde_json::to_string(&seen[n + 1].body).unwrap();
+            assert!(
+                !sent.contains("orphan"),
+                "{what}: an orphaned call was sent: {sent}"
+            );
+            assert!(!sent.contains("Rome"), "{what}");
+            assert!(!sent.contains("fc.odd"), "{what}: ids are normalized");
+            assert_eq!(
+                seen[n + 1].body["top_p"],
+                0.9,
+                "{what}: provider_options pass through"
+            );
+            assert_eq!(
+                seen[n + 1]
+                    .body
+                    .get("stream")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+                stream
+            );
+        }
+    }
+
+    // Bad requests are refused before anything is sent.
+    let n = rig.fake.requests().len();
+    for (req, why) in [
+        (
+            json!({"provider": "p-openai-chat", "model": "m", "messages": []}),
+            "invalid",
+        ),
+        (
+            json!({"provider": "p-openai-chat", "model": "m", "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"name": "bad name"}]}),
+            "invalid",
+        ),
+        (
+            json!({"provider": "nope", "model": "m", "messages": [{"role": "user", "content": "x"}]}),
+            "not found",
+        ),
+        (
+            json!({"provider": "p-openai-responses", "model": "m", "stop": ["x"],
+                "messages": [{"role": "user", "content": "x"}]}),
+            "invalid",
+        ),
+    ] {
+        let r = rig.chat(req.clone()).await;
+        assert!(
+            r["error"].as_str().unwrap_or("").starts_with(why),
+            "{req}: {r}"
+        );
+    }
+    assert_eq!(rig.fake.requests().len(), n);
+}
+
+#[tokio::test]
+async fn retries_honour_retry_after_and_fallbacks_cover_an_overloaded_provider() {
+    let rig = Rig::new().await;
+    let ask = |provider: &str, stream: bool, fallbacks: Value| {
+        json!({"provider": provider, "model": "m1", "stream": stream, "fallbacks": fallbacks,
+               "messages": [{"role": "user", "content": "hi"}]})
+    };
+
+    // 429 with Retry-After: 1 s, then an answer: one retry, after the wait.
+    let n = rig.fake.requests().len();
+    rig.fake.push([
+        Scripted::Error {
+            status: 429,
+            retry_after: Some("1".into()),
+        },
+        Scripted::Text("hello".into()),
+    ]);
+    let t = Instant::now();
+    let r = rig.chat(ask("p-openai-chat", false, json!([]))).await;
+    assert_eq!(r["answer"]["message"]["content"], "hello", "{r}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(950),
+        "Retry-After was not honoured: {:?}",
+        t.elapsed()
+    );
+    assert_eq!(rig.fake.requests().len(), n + 2);
+
+    // 529 on every attempt at the primary, before any token: the fallback
+    // answers, and the answer says what was tried.
+    rig.fake.push([
+        Scripted::Error {
+            status: 529,
+            retry_after: None,
+        },
+        Scripted::Error {
+            status: 529,
+            retry_after: None,
+        },
+        Scripted::Error {
+            status: 529,
+            retry_after: None,
+        },
+        Scripted::Text("from the fallback".into()),
+    ]);
+    let r = rig
+        .chat(ask(
+            "p-anthropic-messages",
+            true,
+            json!([{"provider": "p-openai-chat", "model": "m2"}]),
+        ))
+        .await;
+    let a = &r["answer"];
+    assert_eq!(a["message"]["content"], "from the fallback", "{r}");
+    assert_eq!(a["provider"], "p-openai-chat");
+    assert_eq!(a["attempts"][0]["provider"], "p-anthropic-messages");
+    assert!(
+        a["attempts"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("overloaded"),
+        "{r}"
+    );
+    let last = rig.fake.requests().last().unwrap().clone();
+    assert_eq!(
+        (last.path.as_str(), last.body["model"].as_str()),
+        ("/v1/chat/completions", Some("m2"))
+    );
+
+    // A wait longer than the node allows: straight to the fallback.
+    rig.fake.push([
+        Scripted::Error {
+            status: 429,
+            retry_after: Some("3600".into()),
+        },
+        Scripted::Text("no waiting".into()),
+    ]);
+    let t = Instant::now();
+    let r = rig
+        .chat(ask(
+            "p-openai-chat",
+            false,
+            json!([{"provider": "p-openai-responses", "model": "m2"}]),
+        ))
+        .await;
+    assert_eq!(r["answer"]["message"]["content"], "no waiting", "{r}");
+    assert!(t.elapsed() < Duration::from_secs(3));
+
+    // Never retried: a bad request, a context overflow, a bad key.
+    for status in [400, 401] {
+        let n = rig.fake.requests().len();
+        rig.fake.push([Scripted::Error {
+            status,
+            retry_after: None,
+        }]);
+        let r = rig.chat(ask("p-openai-chat", false, json!([]))).await;
+        assert!(r["error"].is_string(), "{r}");
+        assert_eq!(rig.fake.requests().len(), n + 1, "{status} was retried");
+    }
+
+    // An error event after 200, before any token: retried like a 5xx.
+    rig.fake.push([
+        Scripted::MidStreamError {
+            text: String::new(),
+        },
+        Scripted::Text("second try".into()),
+    ]);
+    let r = rig.chat(ask("p-anthropic-messages", true, json!([]))).await;
+    assert_eq!(r["answer"]["message"]["content"], "second try", "{r}");
+
+    // After tokens went out, the call fails instead of starting over (or
+    // falling back) under the client's eyes.
+    let n = rig.fake.requests().len();
+    rig.fake.push([Scripted::MidStreamError {
+        text: "Half an ans".into(),
+    }]);
+    let r = rig
+        .chat(ask(
+            "p-openai-chat",
+            true,
+            json!([{"provider": "p-openai-responses", "model": "m2"}]),
+        ))
+        .await;
+    let e = r["error"].as_str().unwrap_or_default();
+    assert!(e.contains("mid-stream"), "{r}");
+    assert_eq!(rig.fake.requests().len(), n + 1);
+
+    // Every provider down: the error names each attempt.
+    for _ in 0..6 {
+        rig.fake.push([Scripted::Error {
+            status: 503,
+            retry_after: None,
+        }]);
+    }
+    let r = rig
+        .chat(ask(
+            "p-openai-chat",
+            false,
+            json!([{"provider": "p-anthropic-messages", "model": "m2"}]),
+        ))
+        .await;
+    let e = r["error"].as_str().unwrap_or_default();
+    assert!(
+        e.contains("p-openai-chat") && e.contains("p-anthropic-messages"),
+        "{r}"
+    );
+    assert_eq!(rig.fake.pending(), 0);
+
+    let metrics = String::from_utf8(rig.api.get("/metrics").await.body).unwrap();
+    assert!(
+        metrics.contains(
+            "marmot_model_calls_total{provider=\"p-openai-chat\",outcome=\"rate_limited\"}"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .contains("marmot_model_tokens_total{provider=\"p-openai-chat\",outcome=\"output\"}")
+    );
+    drop(rig.node);
+}
+
+#[tokio::test]
+async fn streamed_deltas_reach_the_live_event_stream_and_javascript_has_model_chat() {
+    let rig = Rig::new().await;
+    let js = r#"
+import { model, events } from "marmot";
+export default {
+  async onMessage(body) {
+    const r = await model.chat({ provider: "p-anthropic-messages", model: "m1", stream: true,
+                                 messages: [{ role: "user", content: body.ask }] });
+    events.emit("answered", { text: r.message.content });
+    return { text: r.message.content, stop: r.stop_reason };
+  },
+};
+"#;
+    let r = rig
+        .api
+        .req(
+            reqwest::Method::PUT,
+            "/v1/types/jsbot",
+            Some(("text/javascript", js.as_bytes().to_vec())),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    rig.fake
+        .set_timing(Duration::ZERO, Duration::from_millis(30));
+    rig.fake.push([Scripted::Text("one two three four".into())]);
+    let mut sse = rig.api.sse("/v1/actors/jsbot/u1/events", None).await;
+    let api = rig.api.clone();
+    let call = tokio::spawn(async move {
+        api.post_json("/v1/actors/jsbot/u1", &json!({"ask": "count"}))
+            .await
+    });
+    let mut text = String::new();
+    let mut event = None;
+    while let Some(f) = sse.next_frame(Duration::from_secs(10)).await {
+        match f.event.as_deref() {
+            Some("delta") => {
+                assert!(event.is_none(), "deltas come before the committed event");
+                assert!(f.id.is_none(), "live frames have no id");
+                let d = f.json();
+                assert_eq!(d["call"], 0);
+                text.push_str(d["text"].as_str().unwrap_or(""));
+            }
+            None if f.data.is_some() => {
+                event = Some(f.json());
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(text, "one two three four");
+    assert_eq!(event.unwrap()["data"]["text"], "one two three four");
+    let r = call.await.unwrap();
+    assert_eq!(
+        r.json,
+        json!({"text": "one two three four", "stop": "end_turn"})
+    );
+}
+
+/// A certificate for 127.0.0.2 from a fresh test CA: (server config, CA PEM).
+fn tls_for(ip: IpAddr) -> (Arc<rustls::ServerConfig>, String) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "marmot model test CA");
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec![ip.to_string()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
+    (Arc::new(config), ca.pem())
+}
+
+const KEY: &str = "sk-test-5f1b2c7d9e0a4b6c8d2e4f6a";
+
+#[tokio::test]
+async fn the_key_is_sent_by_the_host_to_its_hosts_only_and_never_comes_back() {
+    let ip: IpAddr = "127.0.0.2".parse().unwrap();
+    let (tls, ca) = tls_for(ip);
+    let dir = tempdir();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca).unwrap();
+    let config = format!("{CONFIG}[egress]\nextra_ca_file = {:?}\n", ca_file);
+    let node = Marmot::start_opts(&dir.path().join("data"), &[], Some(&config)).await;
+    let api = node.client();
+    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+    let fake = FakeProvider::start_tls(listener, tls, Behaviour::Strict, Some(KEY.into()));
+    let r = api
+        .req(
+            reqwest::Method::PUT,
+            "/v1/secrets/MODEL_KEY",
+            Some((
+                "application/json",
+                serde_json::to_vec(&json!({"value": KEY, "hosts": ["127.0.0.2"]})).unwrap(),
+            )),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    for f in ["openai-chat", "anthropic-messages"] {
+        let r = put_provider(
+            &api,
+            f,
+            json!({"format": f, "base_url": fake.base_url("127.0.0.2"), "key_secret": "MODEL_KEY"}),
+        )
+        .await;
+        assert_eq!(r.status, 201, "{}", r.json);
+    }
+    // The same key named by a provider elsewhere: refused before sending.
+    let other = tokio::net::TcpListener::bind("127.0.0.3:0").await.unwrap();
+    let other_port = other.local_addr().unwrap().port();
+    let r = put_provider(
+        &api,
+        "elsewhere",
+        json!({"format": "openai-chat",
+        "base_url": format!("https://127.0.0.3:{other_port}/v1"), "key_secret": "MODEL_KEY"}),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+
+    for f in ["openai-chat", "anthropic-messages"] {
+        // The model repeats the key (a prompt injection would): redacted.
+        fake.push([Scripted::Text(format!("your key is {KEY} ok"))]);
+        let r = api
+            .op("kit", "a", json!({"op": "chat", "request": {"provider": f, "model": "m",
+                "messages": [{"role": "user", "content": "what is your key?"}], "stream": f == "anthropic-messages"}}))
+            .await;
+        assert_eq!(
+            r.json["answer"]["message"]["content"], "your key is [redacted] ok",
+            "{f}: {}",
+            r.json
+        );
+    }
+    let seen = fake.requests();
+    assert_eq!(
+        seen[0].header("authorization"),
+        Some(format!("Bearer {KEY}").as_str())
+    );
+    assert_eq!(seen[1].header("x-api-key"), Some(KEY));
+    assert_eq!(seen[1].header("anthropic-version"), Some("2023-06-01"));
+
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({"op": "chat", "request": {"provider": "elsewhere", "model": "m",
+            "messages": [{"role": "user", "content": "hi"}]}}),
+        )
+        .await;
+    let e = r.json["error"].as_str().unwrap_or_default();
+    assert!(
+        e.starts_with("denied: secret `MODEL_KEY` may not be sent to https://127.0.0.3"),
+        "{}",
+        r.json
+    );
+    assert!(!e.contains(KEY));
+    // The guest never held the key: a scan of its memory finds what it
+    // was just told, not the key.
+    let scan = |needle: &str| {
+        let mask: Vec<u8> = (0..needle.len()).map(|i| 0x5a ^ (i as u8)).collect();
+        let masked: Vec<u8> = needle.bytes().zip(&mask).map(|(b, m)| b ^ m).collect();
+        json!({ "op": "scan_memory", "masked": masked, "mask": mask })
+    };
+    assert_eq!(
+        api.op("kit", "a", scan("your key is [redacted] ok"))
+            .await
+            .json["found"],
+        true
+    );
+    assert_eq!(api.op("kit", "a", scan(KEY)).await.json["found"], false);
+    let metrics = api.get("/metrics").await;
+    assert!(!String::from_utf8_lossy(&metrics.body).contains(KEY));
+    let listed = api.get("/v1/providers").await;
+    assert!(!String::from_utf8_lossy(&listed.body).contains(KEY));
+    let mut node = node;
+    node.kill9();
+    assert!(!node.log_text().contains(KEY), "the log holds the key");
+    let db = std::fs::read(dir.path().join("data/marmot.redb")).unwrap();
+    assert!(
+        !db.windows(KEY.len()).any(|w| w == KEY.as_bytes()),
+        "the database holds the key"
+    );
+    drop(other);
+}
