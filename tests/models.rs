@@ -638,3 +638,170 @@ async fn the_key_is_sent_by_the_host_to_its_hosts_only_and_never_comes_back() {
     );
     drop(other);
 }
+
+#[tokio::test]
+async fn budgets_hold_under_concurrent_runs_and_usage_is_recorded() {
+    const MAX_TOKENS: u64 = 3000;
+    let rig = Rig::new().await;
+    let r = rig
+        .api
+        .deploy(
+            "capped",
+            TESTKIT,
+            json!({"budget": {"max_tokens": MAX_TOKENS, "actor_max_tokens": 1500}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    // Calls overlap: each answer takes 300 ms.
+    rig.fake
+        .set_timing(Duration::from_millis(300), Duration::ZERO);
+    rig.fake
+        .push((0..20).map(|i| Scripted::Text(format!("answer {i}"))));
+    let calls = (0..20).map(|i| {
+        let api = rig.api.clone();
+        async move {
+            api.op(
+                "capped",
+                &format!("u{i}"),
+                json!({"op": "chat", "request": {"provider": "p-openai-chat", "model": "m",
+                       "max_output_tokens": 100, "messages": [{"role": "user", "content": "hello"}]}}),
+            )
+            .await
+            .json
+        }
+    });
+    let results = futures::future::join_all(calls).await;
+    let answered: Vec<&Value> = results.iter().filter(|r| r["answer"].is_object()).collect();
+    let refused: Vec<&Value> = results.iter().filter(|r| r["error"].is_string()).collect();
+    assert_eq!(answered.len() + refused.len(), 20);
+    assert!(!refused.is_empty() && !answered.is_empty(), "{results:?}");
+    for r in &refused {
+        let e = r["error"].as_str().unwrap();
+        assert!(
+            e.starts_with("limit exceeded: budget_exceeded: the type may use 3000 tokens"),
+            "{e}"
+        );
+    }
+    // Refused calls never reached the provider.
+    assert_eq!(rig.fake.requests().len(), answered.len());
+    let spent: u64 = answered
+        .iter()
+        .map(|r| {
+            r["answer"]["usage"]["input_tokens"].as_u64().unwrap()
+                + r["answer"]["usage"]["output_tokens"].as_u64().unwrap()
+        })
+        .sum();
+    let ty = rig.api.get("/v1/types/capped").await.json;
+    let used = ty["usage"]["input_tokens"].as_u64().unwrap()
+        + ty["usage"]["output_tokens"].as_u64().unwrap();
+    assert_eq!(used, spent, "{ty}");
+    assert!(used <= MAX_TOKENS);
+    assert_eq!(ty["usage"]["calls"], answered.len() as u64);
+    let info = rig.api.get("/v1/actors/capped/u0").await.json;
+    if results[0]["answer"].is_object() {
+        assert_eq!(info["usage"]["calls"], 1, "{info}");
+    }
+
+    // Per actor: a call that could take this actor past its own limit is
+    // refused, whatever the type has left.
+    rig.fake.set_timing(Duration::ZERO, Duration::ZERO);
+    rig.fake.push([Scripted::Text("ok".into())]);
+    let ask = |max: u64| {
+        json!({"op": "chat", "request": {"provider": "p-openai-chat", "model": "m",
+        "max_output_tokens": max, "messages": [{"role": "user", "content": "hi"}]}})
+    };
+    let r = rig.api.op("capped2", "solo", ask(1)).await;
+    assert_eq!(r.status, 404, "no such type yet");
+    let r = rig
+        .api
+        .deploy(
+            "capped2",
+            TESTKIT,
+            json!({"budget": {"actor_max_tokens": 1000}}),
+        )
+        .await;
+    assert_eq!(r.status, 201);
+    assert!(rig.api.op("capped2", "solo", ask(100)).await.json["answer"].is_object());
+    let e = rig.api.op("capped2", "solo", ask(900)).await.json;
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .contains("this actor may use 1000 tokens"),
+        "{e}"
+    );
+
+    // A dollar budget needs prices.
+    let r = rig
+        .api
+        .deploy("dollars", TESTKIT, json!({"budget": {"max_cost_usd": 1.5}}))
+        .await;
+    assert_eq!(r.status, 201);
+    let e = rig.api.op("dollars", "x", ask(10)).await.json;
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .contains("has no price for model `m`"),
+        "{e}"
+    );
+
+    // The usage of a turn that fails after its call still counts.
+    let js = r#"
+import { model } from "marmot";
+export default { async onMessage() {
+  await model.chat({ provider: "p-openai-chat", model: "m", messages: [{ role: "user", content: "x" }] });
+  throw new Error("after the call");
+} };
+"#;
+    let r = rig
+        .api
+        .req(
+            reqwest::Method::PUT,
+            "/v1/types/failing",
+            Some(("text/javascript", js.as_bytes().to_vec())),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    rig.fake.push([Scripted::Text("spent".into())]);
+    let r = rig.api.post_json("/v1/actors/failing/f", &json!({})).await;
+    assert_eq!(r.status, 500, "{}", r.json);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ty = rig.api.get("/v1/types/failing").await.json;
+        if ty["usage"]["calls"] == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the failed turn's usage was not recorded: {ty}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Committed usage survives a restart and still counts.
+    let mut node = rig.node;
+    node.restart().await;
+    let api = node.client();
+    let ty = api.get("/v1/types/capped").await.json;
+    assert_eq!(
+        ty["usage"]["input_tokens"].as_u64().unwrap()
+            + ty["usage"]["output_tokens"].as_u64().unwrap(),
+        spent
+    );
+    let e = api
+        .op(
+            "capped",
+            "late",
+            json!({"op": "chat", "request": {"provider": "p-openai-chat", "model": "m",
+        "max_output_tokens": MAX_TOKENS, "messages": [{"role": "user", "content": "hi"}]}}),
+        )
+        .await
+        .json;
+    assert!(
+        e["error"].as_str().unwrap().contains("budget_exceeded"),
+        "{e}"
+    );
+    drop(rig.fake);
+}

@@ -187,6 +187,7 @@ impl Limits {
             cpu_slice: Duration::from_millis(self.eval_cpu_ms),
             max_memory_bytes: self.eval_memory_bytes.min(self.max_guest_memory_bytes),
             env: Default::default(),
+            budget: None,
             http: Default::default(),
         }
     }
@@ -593,6 +594,86 @@ pub struct TypeConfig {
     /// Environment visible to the guest through WASI.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// Limits on model spending (tokens, and dollars where the providers'
+    /// prices are configured), for all actors of the type together and for
+    /// each one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
+}
+
+/// A type's model budget: totals since the type was created (or the actor
+/// first called a model). A call that could exceed one is refused before
+/// it is sent, with `budget_exceeded`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Budget {
+    /// Tokens (prompt + generated) of all the type's actors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// US dollars of all the type's actors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_cost_usd: Option<Usd>,
+    /// Tokens of one actor.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actor_max_tokens: Option<u64>,
+    /// US dollars of one actor.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actor_max_cost_usd: Option<Usd>,
+}
+
+impl Budget {
+    /// Whether any limit is set.
+    pub fn limits_anything(&self) -> bool {
+        self.max_tokens.is_some()
+            || self.max_cost_usd.is_some()
+            || self.actor_max_tokens.is_some()
+            || self.actor_max_cost_usd.is_some()
+    }
+
+    /// Whether a dollar limit is set (then prices are needed).
+    pub fn limits_cost(&self) -> bool {
+        self.max_cost_usd.is_some() || self.actor_max_cost_usd.is_some()
+    }
+}
+
+/// An amount of US dollars, kept in billionths so sums are exact; written
+/// as a number of dollars (`12.5`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Usd {
+    /// Billionths of a dollar.
+    pub nano: u64,
+}
+
+impl Usd {
+    /// From billionths of a dollar.
+    pub fn from_nano(nano: u64) -> Self {
+        Self { nano }
+    }
+
+    /// As dollars.
+    pub fn dollars(self) -> f64 {
+        self.nano as f64 / 1e9
+    }
+}
+
+impl Serialize for Usd {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(self.dollars())
+    }
+}
+
+impl<'de> Deserialize<'de> for Usd {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = f64::deserialize(d)?;
+        if !v.is_finite() || !(0.0..=1e9).contains(&v) {
+            return Err(serde::de::Error::custom(
+                "a dollar amount must be a number from 0 to 1e9",
+            ));
+        }
+        Ok(Usd {
+            nano: (v * 1e9).round() as u64,
+        })
+    }
 }
 
 /// Methods the `http` capability knows (upper case).
@@ -674,6 +755,7 @@ impl TypeConfig {
             cpu_slice: Duration::from_millis(self.cpu_slice_ms.unwrap_or(d.cpu_slice_ms)),
             max_memory_bytes: self.max_memory_bytes.unwrap_or(memory_default),
             env: self.env.clone(),
+            budget: self.budget.filter(Budget::limits_anything),
             http: ResolvedHttp {
                 allowed_hosts: self.allowed_hosts.clone(),
                 allowed_methods: if self.allowed_methods.is_empty() {
@@ -711,6 +793,8 @@ pub struct ResolvedTypeConfig {
     pub max_memory_bytes: u64,
     /// WASI environment.
     pub env: BTreeMap<String, String>,
+    /// Model budget, if it limits anything.
+    pub budget: Option<Budget>,
     /// Outbound HTTP: host patterns, methods, secrets, redirects and
     /// concurrency (unchecked text; the `http` capability parses it).
     pub http: ResolvedHttp,

@@ -18,7 +18,7 @@ use super::registry::Registry;
 use super::{Delivery, Envelope, TurnError, TurnReply};
 use crate::alarms::scheduler::{AlarmTarget, DueAlarm, Scheduler};
 use crate::catalog::Catalog;
-use crate::config::NodeConfig;
+use crate::config::{Budget, NodeConfig};
 use crate::egress::Egress;
 use crate::ids::{ActorKey, new_message_id};
 use crate::metrics::Metrics;
@@ -118,11 +118,14 @@ impl ActorEnv {
         }
     }
 
-    /// What an instance's model calls go through.
-    pub(crate) fn model_access(&self) -> ModelAccess {
+    /// What the model calls of an instance whose type has `budget` go
+    /// through.
+    pub(crate) fn model_access(&self, budget: Option<Budget>) -> ModelAccess {
         ModelAccess {
             gateway: self.models.clone(),
+            ledger: self.models.ledger().clone(),
             bus: self.event_bus.clone(),
+            budget,
         }
     }
 

@@ -165,6 +165,7 @@ fn type_json(s: &AppState, entry: &crate::catalog::TypeEntry) -> serde_json::Val
         "created_at_ms": rec.created_at_ms,
         "config": latest.config.redacted(),
         "active_actors": s.node.registry().count_type(&rec.name),
+        "usage": s.node.type_usage(&rec.name).unwrap_or_default(),
         "versions": versions,
     })
 }

@@ -20,6 +20,7 @@ use std::time::Duration;
 use url::Url;
 use zeroize::Zeroizing;
 
+use super::budget::{Ledger, Spend};
 use super::chat::{Attempt, ChatRequest, ChatResponse, Delta, Target, sendable};
 use super::errors::{ErrorKind, ProviderError};
 use super::providers::{Provider, Providers};
@@ -67,6 +68,7 @@ impl<F: FnMut(&Delta) + Send> CallObserver for F {
 /// The model gateway.
 pub struct Gateway {
     providers: Arc<Providers>,
+    ledger: Arc<Ledger>,
     secrets: Arc<SecretStore>,
     egress: Egress,
     config: ModelsConfig,
@@ -81,6 +83,7 @@ impl Gateway {
     /// settings plus `models.allow_private`.
     pub fn new(
         providers: Arc<Providers>,
+        ledger: Arc<Ledger>,
         secrets: Arc<SecretStore>,
         egress: &EgressConfig,
         config: &ModelsConfig,
@@ -93,6 +96,7 @@ impl Gateway {
         egress.timeout_ms = config.timeout_ms;
         Ok(Self {
             providers,
+            ledger,
             secrets,
             egress: Egress::new(&egress)?,
             config: config.clone(),
@@ -103,6 +107,46 @@ impl Gateway {
     /// The providers.
     pub fn providers(&self) -> &Arc<Providers> {
         &self.providers
+    }
+
+    /// The budget ledger.
+    pub fn ledger(&self) -> &Arc<Ledger> {
+        &self.ledger
+    }
+
+    /// The most `req` can spend, on whichever provider of its chain
+    /// answers: every byte of the request counted as a prompt token (no
+    /// tokenizer makes fewer bytes than tokens, and the framing each
+    /// provider adds per message is covered by a margin), plus
+    /// `max_output_tokens`. With `cost`, every provider of the chain must
+    /// have a price for its model.
+    pub fn estimate(&self, req: &ChatRequest, cost: bool) -> Result<Spend, ModelError> {
+        let bytes = serde_json::to_vec(req).map_or(0, |b| b.len()) as u64;
+        let input = bytes + 64 * (req.messages.len() as u64 + req.tools.len() as u64) + 256;
+        let output = req.max_output_tokens.unwrap_or(u64::MAX / 4);
+        let mut nano_usd: u64 = 0;
+        if cost {
+            for t in std::iter::once(req.target()).chain(req.fallbacks.iter().cloned()) {
+                let price = self
+                    .providers
+                    .get(&t.provider)
+                    .and_then(|p| p.price(&t.model))
+                    .ok_or_else(|| {
+                        ModelError::Denied(format!(
+                            "this type has a budget in dollars, but provider `{}` has no price for model `{}` (set prices with PUT /v1/providers/{})",
+                            t.provider, t.model, t.provider
+                        ))
+                    })?;
+                let n = (input as f64 * price.input_per_mtok
+                    + output as f64 * price.output_per_mtok)
+                    * 1e3;
+                nano_usd = nano_usd.max(n.ceil() as u64);
+            }
+        }
+        Ok(Spend {
+            tokens: input.saturating_add(output),
+            nano_usd,
+        })
     }
 
     /// Run `req`: its provider, then its fallbacks.

@@ -13,10 +13,13 @@
 //!   store, retries honouring `Retry-After`, fallbacks before the first
 //!   streamed byte.
 //! * [`errors`]: classifying what providers answer.
+//! * [`budget`]: per-type and per-actor spending limits, reserved before a
+//!   call and settled after it.
 //!
 //! Calls leave through the egress layer, so the address policy, rustls and
 //! the scrubbing of secrets apply to them as to guests' own fetches.
 
+pub mod budget;
 pub mod chat;
 pub mod errors;
 pub mod gateway;

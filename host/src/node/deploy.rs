@@ -213,6 +213,8 @@ impl Node {
                 done,
             })
             .await?;
+        // Its usage rows went with it: a type of the same name starts anew.
+        self.models.ledger().forget_type(ty);
         tracing::info!(ty, actors_deleted = deleted, "type deleted");
         Ok(deleted)
     }

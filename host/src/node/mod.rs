@@ -36,6 +36,7 @@ use crate::clock::now_ms;
 use crate::config::NodeConfig;
 use crate::egress::Egress;
 use crate::metrics::Metrics;
+use crate::models::budget::Ledger;
 use crate::models::{Gateway, Providers};
 use crate::sandbox::{
     ActorLimits, AlarmLimits, EventLimits, FileLimits, InputLimits, LogLimits, Sandbox,
@@ -122,6 +123,7 @@ impl Node {
         let egress = Arc::new(Egress::new(&config.egress)?);
         let models = Arc::new(Gateway::new(
             Arc::new(Providers::open(storage.clone())?),
+            Arc::new(Ledger::new(storage.clone())),
             secrets.clone(),
             &config.egress,
             &config.models,

@@ -6,7 +6,9 @@ use serde::Serialize;
 use super::Node;
 use crate::clock::now_ms;
 use crate::ids::ActorKey;
-use crate::storage::schema::{ActorRecord, AlarmRecord, EventRecord, FileRecord, InputRecord};
+use crate::storage::schema::{
+    ActorRecord, AlarmRecord, EventRecord, FileRecord, InputRecord, UsageRecord,
+};
 use crate::storage::{Page, Reader, StorageError};
 
 /// State entries: (key, value) in key order.
@@ -43,8 +45,34 @@ pub struct ActorInfo {
     pub pending_messages: u64,
     /// Pending alarms.
     pub pending_alarms: u64,
-    /// Pending input requests (not supported yet: always 0).
+    /// Pending input requests.
     pub pending_inputs: u64,
+    /// Model calls committed and what they used.
+    pub usage: ModelUsage,
+}
+
+/// Model usage as the API shows it.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct ModelUsage {
+    /// Calls answered.
+    pub calls: u64,
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Generated tokens.
+    pub output_tokens: u64,
+    /// US dollars, for calls whose prices are configured.
+    pub cost_usd: f64,
+}
+
+impl From<UsageRecord> for ModelUsage {
+    fn from(u: UsageRecord) -> Self {
+        Self {
+            calls: u.calls,
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+            cost_usd: u.cost_nano_usd as f64 / 1e9,
+        }
+    }
 }
 
 impl Node {
@@ -87,7 +115,13 @@ impl Node {
             pending_messages: r.inbox_len(rec.num)?,
             pending_alarms: r.alarm_count(rec.num)?,
             pending_inputs: r.pending_input_count(rec.num)?,
+            usage: r.actor_usage(rec.num)?.into(),
         })
+    }
+
+    /// Model usage of all actors of `ty` (committed).
+    pub fn type_usage(&self, ty: &str) -> Result<ModelUsage, StorageError> {
+        Ok(self.storage.reader()?.type_usage(ty)?.into())
     }
 
     /// Actors of a type.

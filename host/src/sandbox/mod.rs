@@ -38,7 +38,7 @@ pub use caps::files::FileLimits;
 pub use caps::http::{HttpAccess, HttpGrant};
 pub use caps::inputs::InputLimits;
 pub use caps::log::LogLimits;
-pub use caps::model::ModelAccess;
+pub use caps::model::{ModelAccess, TurnUsage};
 pub use caps::state::StateLimits;
 pub use host::{JsModule, LimitTrap};
 pub use run::{EvalReply, GuestReply, Instance, TurnFailure, TurnInput, TurnOutput, TurnRequest};

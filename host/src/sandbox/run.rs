@@ -17,6 +17,7 @@ use wasmtime::Store;
 
 use super::bindings::marmot::actor::types::{Alarm, InputAnswer, Webhook};
 use super::bindings::{Context, Handlers, JsRuntime, Message};
+use super::caps::model::TurnUsage;
 use super::host::{Host, LimitTrap};
 use super::turn::{Carry, FinishedTurn, TurnLimits, TurnStart, TurnState};
 use crate::ids::ActorKey;
@@ -114,6 +115,8 @@ pub struct TurnOutcome {
     /// Time spent running guest code and synchronous host calls: waits for
     /// other actors or the network are not counted.
     pub cpu: Duration,
+    /// Model usage, whatever the result: calls made are paid for.
+    pub usage: TurnUsage,
 }
 
 impl TurnOutcome {
@@ -241,8 +244,11 @@ impl Instance {
                 result: Err(failure),
                 carry: None,
                 cpu,
+                usage: TurnUsage::default(),
             };
         };
+        let mut turn = turn;
+        let usage = turn.model.take_usage();
         let (result, carry) = match result {
             // The script threw: like a failed turn, nothing it wrote stays.
             Ok(out @ TurnOutput::Eval(EvalReply { error: Some(_), .. })) => {
@@ -258,6 +264,7 @@ impl Instance {
             result,
             carry: Some(carry),
             cpu,
+            usage,
         }
     }
 

@@ -23,7 +23,7 @@ use super::caps::files::{FileCache, FileLimits, FilesCtx};
 use super::caps::http::HttpCtx;
 use super::caps::inputs::{InputLimits, InputsCtx};
 use super::caps::log::{LogCtx, LogLimits};
-use super::caps::model::ModelCtx;
+use super::caps::model::{ModelCtx, TurnUsage};
 use super::caps::state::{StateCache, StateCtx, StateLimits};
 use crate::ids::ActorKey;
 use crate::storage::blobs::BlobHold;
@@ -258,7 +258,7 @@ impl TurnState {
             actors: ActorsCtx::new(limits.actors, start.chain, start.durable_before),
             log: LogCtx::new(limits.log),
             http: HttpCtx::default(),
-            model: ModelCtx::default(),
+            model: ModelCtx::new(start.num),
         }
     }
 
@@ -285,6 +285,9 @@ impl TurnState {
             sends: self.actors.finish(),
             files,
             blob_holds,
+            // Filled in from the turn's outcome, which has it whatever the
+            // result.
+            usage: Default::default(),
         };
         (carry, finished)
     }
@@ -354,6 +357,9 @@ pub struct FinishedTurn {
     pub files: Vec<(String, Option<FileRecord>)>,
     /// The blobs those files need, held until the commit is over.
     pub blob_holds: Vec<BlobHold>,
+    /// Model usage of the turn, and the part of it held in the budget
+    /// ledger until the commit is durable.
+    pub usage: TurnUsage,
 }
 
 impl FinishedTurn {
@@ -366,6 +372,7 @@ impl FinishedTurn {
             && self.input_writes.is_empty()
             && self.sends.is_empty()
             && self.files.is_empty()
+            && self.usage.is_empty()
     }
 
     /// A commit that changes no state (bookkeeping only) of an actor
@@ -602,6 +609,7 @@ mod tests {
                     inputs: finished.input_writes,
                     sends: finished.sends,
                     files: finished.files,
+                    usage: None,
                     state: finished.writes,
                     events: Vec::new(),
                     trim_events_below: None,

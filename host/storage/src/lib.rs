@@ -675,6 +675,24 @@ impl Reader {
         }
     }
 
+    /// Model usage of actor `num`.
+    pub fn actor_usage(&self, num: u64) -> Result<UsageRecord, StorageError> {
+        let t = self.txn.open_table(ACTOR_USAGE)?;
+        match t.get(num)? {
+            Some(v) => Ok(decode("usage", v.value())?),
+            None => Ok(UsageRecord::default()),
+        }
+    }
+
+    /// Model usage of all actors of `ty`.
+    pub fn type_usage(&self, ty: &str) -> Result<UsageRecord, StorageError> {
+        let t = self.txn.open_table(TYPE_USAGE)?;
+        match t.get(ty)? {
+            Some(v) => Ok(decode("usage", v.value())?),
+            None => Ok(UsageRecord::default()),
+        }
+    }
+
     /// Every model provider, by name.
     pub fn providers(&self) -> Result<Vec<(String, ProviderRecord)>, StorageError> {
         let t = self.txn.open_table(PROVIDERS)?;

@@ -14,7 +14,8 @@
 //! History: 1 — first format; 2 — inbox rows carry their kind (message or
 //! webhook); 3 — actors' files (`files`, `file_usage`, `type_file_usage`,
 //! `blob_refs`), and no binary of format 2 may open a file that has them.
-//! Tables added within a version (`providers`) are created when a file of
+//! Tables added within a version (`providers`, `actor_usage`, `type_usage`)
+//! are created when a file of
 //! that version without them is opened.
 //!
 //! Actors are interned: `(type, id)` maps to a compact `u64` actor number at
@@ -87,6 +88,15 @@ pub const SECRETS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("secr
 
 /// Model providers, by name: [`ProviderRecord`].
 pub const PROVIDERS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("providers");
+
+/// Model usage per actor: actor → [`UsageRecord`], added to by the commit
+/// of each turn that called a model (or, for a failed turn, a commit of
+/// its usage alone).
+pub const ACTOR_USAGE: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("actor_usage");
+
+/// Model usage per type: type → [`UsageRecord`], in step with
+/// [`ACTOR_USAGE`]; deleting an actor does not refund its type.
+pub const TYPE_USAGE: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("type_usage");
 
 /// Actors' files: (actor, path) → [`FileRecord`]. Paths are relative and
 /// `/`-separated, so one actor's files under a prefix are a range.
@@ -400,6 +410,37 @@ pub struct ProviderRecord {
     pub updated_at_ms: u64,
 }
 
+/// Model usage totals (or one turn's delta).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageRecord {
+    /// Model calls answered.
+    pub calls: u64,
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Generated tokens.
+    pub output_tokens: u64,
+    /// Cost in billionths of a US dollar, for calls whose prices are
+    /// configured.
+    pub cost_nano_usd: u64,
+}
+
+impl UsageRecord {
+    /// `self + other`, saturating.
+    pub fn plus(self, other: UsageRecord) -> UsageRecord {
+        UsageRecord {
+            calls: self.calls.saturating_add(other.calls),
+            input_tokens: self.input_tokens.saturating_add(other.input_tokens),
+            output_tokens: self.output_tokens.saturating_add(other.output_tokens),
+            cost_nano_usd: self.cost_nano_usd.saturating_add(other.cost_nano_usd),
+        }
+    }
+
+    /// Nothing recorded.
+    pub fn is_empty(&self) -> bool {
+        *self == UsageRecord::default()
+    }
+}
+
 /// One file of an actor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileRecord {
@@ -634,7 +675,9 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
             && read.open_table(INPUTS).is_ok()
             && read.open_table(OUTBOX_DUE).is_ok()
             && read.open_table(SECRETS).is_ok()
-            && read.open_table(PROVIDERS).is_ok();
+            && read.open_table(PROVIDERS).is_ok()
+            && read.open_table(ACTOR_USAGE).is_ok()
+            && read.open_table(TYPE_USAGE).is_ok();
         (found, complete)
     };
     match found {
@@ -672,6 +715,8 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
         write.open_table(OUTBOX_DUE).map_err(redb::Error::from)?;
         write.open_table(SECRETS).map_err(redb::Error::from)?;
         write.open_table(PROVIDERS).map_err(redb::Error::from)?;
+        write.open_table(ACTOR_USAGE).map_err(redb::Error::from)?;
+        write.open_table(TYPE_USAGE).map_err(redb::Error::from)?;
         write.open_table(FILES).map_err(redb::Error::from)?;
         write.open_table(FILE_USAGE).map_err(redb::Error::from)?;
         write

@@ -160,6 +160,20 @@ impl ActorTask {
                 on_durable(r);
             })
         };
+        let usage = finished.usage;
+        let on_durable = if usage.is_empty() {
+            on_durable
+        } else {
+            // Budgets count the turn's model usage as committed once it is.
+            let ledger = self.env.models.ledger().clone();
+            let key = self.key.clone();
+            Box::new(move |r: Result<(), CommitFailed>| {
+                if r.is_ok() {
+                    ledger.committed(&key, &usage.record, usage.held);
+                }
+                on_durable(r);
+            })
+        };
         let on_durable = self.notify_scheduler(&alarms, on_durable);
         let on_durable = if events.is_empty() {
             on_durable
@@ -191,6 +205,7 @@ impl ActorTask {
             inputs,
             sends,
             files: finished.files,
+            usage: (!usage.is_empty()).then_some(usage.record),
             on_durable,
         };
         self.env

@@ -14,8 +14,9 @@ use super::super::registry::{SLOT_JS, SLOT_NONE, SLOT_WASM, Shared};
 use super::{ActorTask, CommitExtras, MAX_COMMITS_IN_FLIGHT, STATE_CACHE_BYTES, counts};
 use crate::sandbox::{
     CallChain, DurableBefore, FinishedTurn, HttpAccess, Instance, InstanceSpec, InstantiateError,
-    Prepared, TurnFailure, TurnInput, TurnOutput, TurnRequest, TurnStart,
+    ModelAccess, Prepared, TurnFailure, TurnInput, TurnOutput, TurnRequest, TurnStart, TurnUsage,
 };
+use crate::storage::WriteOp;
 
 /// The actor's instance, while it has one.
 pub(super) struct Live {
@@ -77,10 +78,10 @@ impl ActorTask {
     }
 
     /// A fresh JavaScript sandbox for an eval, with the eval limits and
-    /// the network access of the actor's type (`http`).
+    /// the network and model access of the actor's type.
     async fn eval_instance(
         env: &Arc<ActorEnv>,
-        http: Option<HttpAccess>,
+        (http, models): (HttpAccess, ModelAccess),
     ) -> Result<Instance, TurnError> {
         let engine = env
             .sandbox
@@ -92,8 +93,8 @@ impl ActorTask {
             config: &config,
             js_module: None,
             actors: Some(env.clone()),
-            http: http.clone(),
-            models: Some(env.model_access()),
+            http: Some(http.clone()),
+            models: Some(models.clone()),
         };
         match instantiate_with_room(env, &engine, true, spec).await {
             Ok(inst) => Ok(inst),
@@ -107,8 +108,8 @@ impl ActorTask {
         }
     }
 
-    /// The network access of the actor's type at `version`.
-    async fn type_http(&mut self, version: u32) -> Result<HttpAccess, TurnError> {
+    /// The network and model access of the actor's type at `version`.
+    async fn type_access(&mut self, version: u32) -> Result<(HttpAccess, ModelAccess), TurnError> {
         let env = &self.env;
         let prepared = self
             .shared
@@ -116,7 +117,10 @@ impl ActorTask {
             .prepared(version, &env.storage, &env.sandbox, &env.config.defaults)
             .await
             .map_err(|e| TurnError::Code(e.to_string()))?;
-        Ok(env.http_access(&prepared.http))
+        Ok((
+            env.http_access(&prepared.http),
+            env.model_access(prepared.config.budget),
+        ))
     }
 
     /// Make sure an instance of `version` is live.
@@ -137,7 +141,7 @@ impl ActorTask {
             js_module: prepared.js_module.clone(),
             actors: Some(env.clone()),
             http: Some(env.http_access(&prepared.http)),
-            models: Some(env.model_access()),
+            models: Some(env.model_access(prepared.config.budget)),
         };
         let js = prepared.js_module.is_some();
         let inst = match instantiate_with_room(env, &prepared.pre, js, spec).await {
@@ -192,8 +196,8 @@ impl ActorTask {
         // live instance.
         let mut fresh = None;
         let started_instance = match &input {
-            TurnInput::Eval(_) => match self.type_http(version).await {
-                Ok(http) => Self::eval_instance(&self.env, Some(http))
+            TurnInput::Eval(_) => match self.type_access(version).await {
+                Ok(access) => Self::eval_instance(&self.env, access)
                     .await
                     .map(|i| fresh = Some(i)),
                 Err(e) => Err(e),
@@ -250,6 +254,10 @@ impl ActorTask {
         if !outcome.instance_usable() && !is_fresh {
             self.live = None;
         }
+        let usage = outcome.usage;
+        if outcome.result.is_err() && !usage.is_empty() {
+            self.record_usage_alone(usage);
+        }
         let Some(carry) = outcome.carry else {
             // The caches (with writes not yet durable) went with the turn
             // state: wait until disk holds everything, then carry on from
@@ -274,14 +282,16 @@ impl ActorTask {
         self.carry = carry;
         let metrics = &self.env.metrics;
         let result = match outcome.result {
-            Ok((out @ TurnOutput::Eval(_), finished)) => {
+            Ok((out @ TurnOutput::Eval(_), mut finished)) => {
                 let thrown = matches!(&out, TurnOutput::Eval(r) if r.error.is_some());
                 metrics.turn(kind, if thrown { "error" } else { "ok" });
+                finished.usage = usage;
                 Ok((out, finished))
             }
-            Ok(ok) => {
+            Ok((out, mut finished)) => {
                 metrics.turn(kind, "ok");
-                Ok(ok)
+                finished.usage = usage;
+                Ok((out, finished))
             }
             Err(TurnFailure::Guest(msg)) => {
                 metrics.turn(kind, "error");
@@ -320,6 +330,34 @@ impl ActorTask {
         };
         self.trim_cache();
         result
+    }
+
+    /// Commit the model usage of a turn that failed: its calls were made
+    /// and paid for, so they count against budgets all the same.
+    fn record_usage_alone(&self, usage: TurnUsage) {
+        let Some(num) = self.record.as_ref().map(|r| r.num) else {
+            return;
+        };
+        let ledger = self.env.models.ledger().clone();
+        let key = self.key.clone();
+        let storage = self.env.storage.clone();
+        tokio::spawn(async move {
+            let r = storage
+                .writer()
+                .call(|done| WriteOp::RecordUsage {
+                    key: key.clone(),
+                    num,
+                    usage: usage.record,
+                    done,
+                })
+                .await;
+            match r {
+                Ok(()) => ledger.committed(&key, &usage.record, usage.held),
+                Err(e) => {
+                    tracing::warn!(actor = %key, error = %e, "the model usage of a failed turn was not recorded")
+                }
+            }
+        });
     }
 
     pub(super) fn trim_cache(&mut self) {

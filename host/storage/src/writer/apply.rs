@@ -131,6 +131,12 @@ impl WriterState {
                 record,
                 done: d,
             } => done(d, tables.put_provider(&name, record.as_ref())),
+            WriteOp::RecordUsage {
+                key,
+                num,
+                usage,
+                done: d,
+            } => done(d, tables.add_usage(num, key.ty(), usage)),
             WriteOp::RetryDelivery { seq, id, done: d } => {
                 self.outbox_touched = true;
                 let r = tables.retry_delivery(seq, &id);

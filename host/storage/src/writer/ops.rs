@@ -52,6 +52,8 @@ pub struct TurnCommit {
     /// Files written (`Some`) or deleted (`None`); a blob a record names
     /// was stored before the commit.
     pub files: Vec<(String, Option<FileRecord>)>,
+    /// Model usage of the turn, added to the actor's and its type's.
+    pub usage: Option<UsageRecord>,
     /// Completion.
     pub on_durable: OnDurable,
 }
@@ -184,6 +186,18 @@ pub enum WriteOp {
         /// Completion: whether a record existed before.
         done: Reply<bool>,
     },
+    /// Add model usage to an actor and its type without a turn (the usage
+    /// of a turn that failed: the calls were made and paid for).
+    RecordUsage {
+        /// The actor.
+        key: ActorKey,
+        /// Its number.
+        num: u64,
+        /// What to add.
+        usage: UsageRecord,
+        /// Completion.
+        done: Reply<()>,
+    },
     /// Completes once everything queued before it is durable.
     Barrier {
         /// Completion.
@@ -231,6 +245,9 @@ impl Applied {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }
             WriteOp::PutSecret { done, .. } | WriteOp::PutProvider { done, .. } => {
+                Applied::reply(done, Err(StorageError::WriterGone))
+            }
+            WriteOp::RecordUsage { done, .. } => {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }
             WriteOp::RetryDelivery { done, .. } => {

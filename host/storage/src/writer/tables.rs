@@ -29,6 +29,8 @@ pub(super) struct Tables<'t> {
     pub(super) outbox_due: redb::Table<'t, (u64, u64), ()>,
     pub(super) secrets: redb::Table<'t, &'static str, &'static [u8]>,
     providers: redb::Table<'t, &'static str, &'static [u8]>,
+    actor_usage: redb::Table<'t, u64, &'static [u8]>,
+    type_usage: redb::Table<'t, &'static str, &'static [u8]>,
     files: redb::Table<'t, (u64, &'static str), &'static [u8]>,
     file_usage: redb::Table<'t, u64, &'static [u8]>,
     type_file_usage: redb::Table<'t, &'static str, u64>,
@@ -55,6 +57,8 @@ impl<'t> Tables<'t> {
             outbox_due: txn.open_table(OUTBOX_DUE)?,
             secrets: txn.open_table(SECRETS)?,
             providers: txn.open_table(PROVIDERS)?,
+            actor_usage: txn.open_table(ACTOR_USAGE)?,
+            type_usage: txn.open_table(TYPE_USAGE)?,
             files: txn.open_table(FILES)?,
             file_usage: txn.open_table(FILE_USAGE)?,
             type_file_usage: txn.open_table(TYPE_FILE_USAGE)?,
@@ -115,6 +119,9 @@ impl<'t> Tables<'t> {
         }
         if !t.files.is_empty() {
             self.write_files(num, t.key.ty(), &t.files)?;
+        }
+        if let Some(u) = t.usage {
+            self.add_usage(num, t.key.ty(), u)?;
         }
         for (id, rec) in &t.inputs {
             match rec {
@@ -266,6 +273,28 @@ impl<'t> Tables<'t> {
         Ok(existed)
     }
 
+    /// Add model usage to actor `num` and its type `ty`.
+    pub(super) fn add_usage(
+        &mut self,
+        num: u64,
+        ty: &str,
+        delta: UsageRecord,
+    ) -> Result<(), StorageError> {
+        let actor: UsageRecord = match self.actor_usage.get(num)? {
+            Some(v) => decode("usage", v.value())?,
+            None => UsageRecord::default(),
+        };
+        self.actor_usage
+            .insert(num, encode(&actor.plus(delta)).as_slice())?;
+        let total: UsageRecord = match self.type_usage.get(ty)? {
+            Some(v) => decode("usage", v.value())?,
+            None => UsageRecord::default(),
+        };
+        self.type_usage
+            .insert(ty, encode(&total.plus(delta)).as_slice())?;
+        Ok(())
+    }
+
     /// Write or remove one model provider; whether one existed.
     pub(super) fn put_provider(
         &mut self,
@@ -350,6 +379,7 @@ impl<'t> Tables<'t> {
             self.code.remove((name, v))?;
         }
         self.type_file_usage.remove(name)?;
+        self.type_usage.remove(name)?;
         self.types.remove(name)?;
         Ok(deleted)
     }
@@ -392,6 +422,7 @@ impl<'t> Tables<'t> {
         };
         let num = rec.num;
         self.actor_keys.remove(num)?;
+        self.actor_usage.remove(num)?;
         for k in string_keys(&self.state, num)? {
             self.state.remove((num, k.as_str()))?;
         }

@@ -63,6 +63,7 @@ fn turn(
         inputs: Vec::new(),
         sends: Vec::new(),
         files: Vec::new(),
+        usage: None,
         on_durable: Box::new(move |r| {
             let _ = tx.send(r);
         }),
