@@ -22,6 +22,7 @@ const GUESTS: &[(&str, &str)] = &[
     ("notes", "examples/notes"),
     ("marmot-testkit", "tests/guests/testkit"),
     ("marmot-quickjs", "actors/quickjs"),
+    ("marmot-agent", "actors/agent"),
 ];
 
 /// Where Debian's `wasi-libc` package puts the sysroot headers.

@@ -51,6 +51,7 @@ pub mod log;
 mod message;
 pub mod model;
 pub mod state;
+pub mod turn;
 
 pub use error::{Error, Result};
 pub use handler::{Actor, Alarm, Context, InputAnswer, Webhook};
@@ -62,7 +63,7 @@ pub use bindings::marmot::actor::types::Error as HostError;
 /// The capabilities as generated from WIT, for what the modules above do
 /// not cover.
 pub mod raw {
-    pub use crate::bindings::marmot::actor::{files, http, js, model};
+    pub use crate::bindings::marmot::actor::{files, http, js, model, turn};
 }
 
 #[doc(hidden)]

@@ -138,9 +138,13 @@ impl TypeEntry {
             } else {
                 None
             };
+            let agent = meta.kind == CodeKind::Agent;
+            let manifest = agent.then(|| code.clone());
             let pre = tokio::task::spawn_blocking(move || {
                 if js {
                     sandbox.js_engine()
+                } else if agent {
+                    sandbox.agent_engine()
                 } else {
                     sandbox.prepare(&code).map(Arc::new)
                 }
@@ -149,7 +153,10 @@ impl TypeEntry {
             .map_err(|e| {
                 LoadError::Code(CodeError::Invalid(format!("compiler panicked: {e}")))
             })??;
-            let config = meta.config.resolve(defaults, js);
+            let mut config = meta.config.resolve(defaults, js);
+            if let Some(m) = manifest {
+                with_manifest(&mut config, m)?;
+            }
             let http = Arc::new(HttpGrant::new(&config.http).map_err(LoadError::Config)?);
             Ok(Arc::new(PreparedVersion {
                 version,
@@ -173,6 +180,16 @@ impl TypeEntry {
         *self.record.write().expect("type record lock") = record;
         self.latest.store(version, Ordering::Release);
     }
+}
+
+/// Give the agent component its manifest (an agent type's stored code).
+pub fn with_manifest(config: &mut ResolvedTypeConfig, manifest: Vec<u8>) -> Result<(), CodeError> {
+    let text = String::from_utf8(manifest)
+        .map_err(|_| CodeError::Invalid("the stored agent manifest is not UTF-8".into()))?;
+    config
+        .env
+        .insert(crate::agents::MANIFEST_ENV.to_owned(), text);
+    Ok(())
 }
 
 /// The module a JavaScript type's stored code holds.

@@ -10,5 +10,8 @@ pub const NOTES: &[u8] = include_bytes!(env!("MARMOT_GUEST_NOTES"));
 /// `actors/quickjs`: the built-in JavaScript engine (QuickJS in Wasm).
 pub const QUICKJS: &[u8] = include_bytes!(env!("MARMOT_GUEST_MARMOT_QUICKJS"));
 
+/// `actors/agent`: the built-in agent harness (types of kind `agent`).
+pub const AGENT: &[u8] = include_bytes!(env!("MARMOT_GUEST_MARMOT_AGENT"));
+
 /// The examples `marmot dev` deploys: (type name, component).
 pub const EXAMPLES: &[(&str, &[u8])] = &[("counter", COUNTER), ("notes", NOTES)];

@@ -27,6 +27,7 @@ use marmot_core::{clock, config, ids};
 use marmot_storage as storage;
 
 mod actor;
+mod agents;
 mod alarms;
 mod api;
 mod bench;

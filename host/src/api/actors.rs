@@ -50,6 +50,18 @@ pub(super) async fn send(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    if s.node.is_agent(key.ty())
+        && let Ok(serde_json::Value::Object(m)) = serde_json::from_slice(&body)
+        && m.contains_key("input")
+    {
+        if !m["input"].is_string() {
+            return Err(ApiError::bad_request(
+                "invalid_input",
+                "`input` must be a string: {\"input\": \"…\"}",
+            ));
+        }
+        return run(&s, &key, body, idempotency_key, q.wait).await;
+    }
     if !q.wait {
         let outcome = s
             .node
@@ -90,6 +102,107 @@ pub(super) async fn send(
         h.insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok(resp)
+}
+
+/// An agent's input: queued durably (the message id is the run id); with
+/// `wait`, answered when the run ends.
+async fn run(
+    s: &AppState,
+    key: &crate::ids::ActorKey,
+    body: Bytes,
+    idempotency_key: Option<String>,
+    wait: bool,
+) -> Result<Response, ApiError> {
+    let after = s.node.actor_info(key)?.map_or(0, |i| i.last_event_seq);
+    let (run_id, duplicate) = s.node.start_run(key, body, idempotency_key).await?;
+    if !wait {
+        return Ok((
+            StatusCode::ACCEPTED,
+            axum::Json(serde_json::json!({ "run_id": run_id, "message_id": run_id })),
+        )
+            .into_response());
+    }
+    // A repeated Idempotency-Key names a run that may have ended already.
+    let after = if duplicate { 0 } else { after };
+    let end = s.node.wait_run(key, &run_id, after).await.map_err(|e| {
+        use crate::node::RunWaitError;
+        match e {
+            RunWaitError::Turn(e) => e.into(),
+            RunWaitError::Storage(e) => e.into(),
+            RunWaitError::Deleted => {
+                ApiError::new(StatusCode::GONE, "actor_deleted", e.to_string())
+            }
+            RunWaitError::ShuttingDown => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                e.to_string(),
+            ),
+        }
+    })?;
+    let d = &end.data;
+    let (status, body) = match end.kind.as_str() {
+        "run_finished" => (
+            StatusCode::OK,
+            serde_json::json!({ "run_id": run_id, "output": d["output"], "usage": d["usage"], "steps": d["steps"] }),
+        ),
+        "budget_exceeded" => (
+            StatusCode::PAYMENT_REQUIRED,
+            serde_json::json!({ "run_id": run_id, "error": { "code": "budget_exceeded",
+                "message": d["error"].as_str().unwrap_or("the budget is spent") } }),
+        ),
+        _ => {
+            let cancelled = d["reason"] == "cancelled";
+            (
+                if cancelled {
+                    StatusCode::CONFLICT
+                } else {
+                    StatusCode::BAD_GATEWAY
+                },
+                serde_json::json!({ "run_id": run_id, "usage": d["usage"], "error": {
+                    "code": if cancelled { "run_cancelled" } else { "run_failed" },
+                    "reason": d["reason"], "message": d["error"] } }),
+            )
+        }
+    };
+    Ok((status, axum::Json(body)).into_response())
+}
+
+/// `POST /v1/actors/{type}/{id}/runs/{run_id}/cancel`: stop an agent's run
+/// at its next step (a step in progress finishes first).
+pub(super) async fn cancel_run(
+    State(s): State<AppState>,
+    Path((ty, id, run_id)): Path<(String, String, String)>,
+) -> Result<Response, ApiError> {
+    let key = crate::ids::ActorKey::new(&ty, &id)?;
+    if s.node.catalog().get(&ty).is_none() {
+        return Err(ApiError::not_found(
+            "unknown_type",
+            format!("unknown actor type `{ty}`"),
+        ));
+    }
+    if !s.node.is_agent(&ty) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_an_agent",
+            format!("type `{ty}` is not an agent; runs belong to types of kind `agent`"),
+        ));
+    }
+    if run_id.is_empty() || run_id.len() > 64 || !run_id.bytes().all(|b| b.is_ascii_alphanumeric())
+    {
+        return Err(ApiError::bad_request(
+            "invalid_run_id",
+            "a run id is the message id that started it",
+        ));
+    }
+    let body = serde_json::to_vec(&serde_json::json!({ "cancel": run_id })).expect("JSON encodes");
+    s.node
+        .enqueue(&key, body.into(), Some("application/json".into()), None)
+        .await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        axum::Json(serde_json::json!({ "run_id": run_id, "cancelling": true })),
+    )
+        .into_response())
 }
 
 pub(super) async fn info(

@@ -86,6 +86,10 @@ pub fn router(node: Arc<Node>) -> Router {
             post(actors::answer_input),
         )
         .route("/v1/actors/{type}/{id}/eval", post(actors::eval))
+        .route(
+            "/v1/actors/{type}/{id}/runs/{run_id}/cancel",
+            post(actors::cancel_run),
+        )
         .route("/v1/actors/{type}/{id}/files", get(files::list))
         .route("/v1/actors/{type}/{id}/files/{*path}", get(files::download))
         .route("/v1/actors/{type}/{id}/move", post(not_yet))

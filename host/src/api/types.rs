@@ -29,13 +29,6 @@ struct Manifest {
     config: TypeConfig,
 }
 
-fn unsupported_kind(kind: &str) -> ApiError {
-    ApiError::bad_request(
-        "unsupported_kind",
-        format!("actor kind `{kind}` is not supported by this node yet; deploy a Wasm component"),
-    )
-}
-
 pub(super) async fn deploy(
     State(s): State<AppState>,
     Path(ty): Path<String>,
@@ -102,7 +95,23 @@ pub(super) async fn deploy(
                     })?;
                     (CodeKind::Js, code.into_bytes(), m.config)
                 }
-                "agent" => return Err(unsupported_kind(&m.kind)),
+                "agent" => {
+                    if m.code.is_some() || m.code_base64.is_some() {
+                        return Err(ApiError::bad_request(
+                            "invalid_manifest",
+                            "an `agent` manifest carries its settings in `agent`, and no code",
+                        ));
+                    }
+                    let agent = m.agent.ok_or_else(|| {
+                        ApiError::bad_request(
+                            "invalid_manifest",
+                            "`agent` is required for kind `agent`",
+                        )
+                    })?;
+                    let manifest = crate::agents::check(&agent, &m.config)
+                        .map_err(|e| ApiError::bad_request("invalid_manifest", e))?;
+                    (CodeKind::Agent, manifest.into_bytes(), m.config)
+                }
                 other => {
                     return Err(ApiError::bad_request(
                         "invalid_manifest",

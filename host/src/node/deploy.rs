@@ -114,9 +114,16 @@ impl Node {
             }
         }
         let js = kind == CodeKind::Js;
-        let resolved = config.resolve(&self.config.defaults, js);
+        let mut resolved = config.resolve(&self.config.defaults, js);
         let http = Arc::new(HttpGrant::new(&resolved.http).map_err(DeployError::Config)?);
-        let (pre, js_module) = if js {
+        let (pre, js_module) = if kind == CodeKind::Agent {
+            crate::catalog::with_manifest(&mut resolved, code.clone())?;
+            let sandbox = self.sandbox.clone();
+            let engine = tokio::task::spawn_blocking(move || sandbox.agent_engine())
+                .await
+                .map_err(|e| CodeError::Invalid(format!("compiler panicked: {e}")))??;
+            (engine, None)
+        } else if js {
             let module = Arc::new(crate::catalog::js_module(ty, code.clone())?);
             self.sandbox
                 .check_js(&module.name, &module.source, &resolved)

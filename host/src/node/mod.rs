@@ -19,6 +19,7 @@ mod background;
 mod deploy;
 mod hooks;
 mod queries;
+mod runs;
 #[cfg(test)]
 mod tests;
 
@@ -28,6 +29,7 @@ use std::time::Duration;
 
 pub use deploy::{DeleteTypeError, DeployError};
 pub use hooks::WebhookError;
+pub use runs::RunWaitError;
 
 use crate::actor::{ActorEnv, Boot, Parts, Registry};
 use crate::alarms::scheduler::Scheduler;

@@ -219,6 +219,8 @@ pub struct Sandbox {
     turn_limits: Arc<TurnLimits>,
     /// The built-in JavaScript engine, compiled on first use.
     js_engine: std::sync::Mutex<Option<Arc<Prepared>>>,
+    /// The built-in agent harness, compiled on first use.
+    agent_engine: std::sync::Mutex<Option<Arc<Prepared>>>,
 }
 
 /// The smallest instance pool an engine gets, whatever the configuration.
@@ -259,6 +261,7 @@ impl Sandbox {
             storage,
             turn_limits,
             js_engine: std::sync::Mutex::new(None),
+            agent_engine: std::sync::Mutex::new(None),
         });
         let engines = [sandbox.wasm.engine.weak(), sandbox.js.engine.weak()];
         let tick = sandbox.config.tick;
@@ -286,6 +289,19 @@ impl Sandbox {
     /// actor world. Blocking: call from a blocking thread.
     pub fn prepare(&self, code: &[u8]) -> Result<Prepared, CodeError> {
         self.prepare_with(&self.wasm, code)
+    }
+
+    /// The built-in agent harness (`actors/agent`), compiled (or loaded
+    /// from the cache) on first use and shared by every agent type, which
+    /// differ only in their manifest. Blocking.
+    pub fn agent_engine(&self) -> Result<Arc<Prepared>, CodeError> {
+        let mut slot = self.agent_engine.lock().expect("agent engine lock");
+        if let Some(p) = &*slot {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(self.prepare(crate::guests::AGENT)?);
+        *slot = Some(p.clone());
+        Ok(p)
     }
 
     fn prepare_with(&self, parts: &EngineParts, code: &[u8]) -> Result<Prepared, CodeError> {

@@ -175,6 +175,8 @@ pub struct TurnState {
     pub seq: u64,
     /// What started the turn (stable across a re-run after a crash).
     pub turn_id: String,
+    /// Earlier starts of this delivery (`turn.attempt`).
+    pub attempt: u32,
     /// `state`.
     pub state: StateCtx,
     /// `events`.
@@ -223,6 +225,9 @@ pub struct TurnStart {
     pub chain: CallChain,
     /// This actor's commits before this turn.
     pub durable_before: Option<DurableBefore>,
+    /// Earlier starts of this delivery that a crash may have cut off
+    /// (`turn.attempt`).
+    pub attempt: u32,
 }
 
 impl TurnState {
@@ -244,6 +249,7 @@ impl TurnState {
             version: start.version,
             seq: start.seq,
             turn_id: start.turn_id,
+            attempt: start.attempt,
             state: StateCtx::new(
                 disk.clone(),
                 limits.state,
@@ -498,6 +504,7 @@ mod tests {
                 },
                 chain: Arc::from([]),
                 durable_before: None,
+                attempt: 0,
             };
             let mut turn = TurnState::new(start, std::mem::take(&mut carry), &limits, &storage);
             let mut model = committed.clone();

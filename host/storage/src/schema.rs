@@ -126,6 +126,8 @@ pub enum CodeKind {
     /// A JavaScript module run by the built-in QuickJS engine (stored as
     /// UTF-8 source).
     Js,
+    /// The built-in agent harness run with a manifest (stored as its JSON).
+    Agent,
 }
 
 impl CodeKind {
@@ -134,6 +136,7 @@ impl CodeKind {
         match self {
             CodeKind::Wasm => "wasm",
             CodeKind::Js => "js",
+            CodeKind::Agent => "agent",
         }
     }
 }

@@ -128,6 +128,8 @@ impl ActorTask {
             self.fail_inbox_message(seq, row, e.code(), e.to_string());
             return true;
         }
+        // The guest may ask whether a crash cut off an earlier start.
+        self.next_attempt = row.attempts;
         let (kind, input) = match &row.kind {
             InboxKind::Message => (
                 "message",

@@ -88,6 +88,9 @@ pub(crate) struct ActorTask {
     /// Current back-off for retrying the inbox.
     inbox_retry_ms: u64,
     last_activity: Instant,
+    /// Earlier starts of the delivery the next turn runs (an inbox row's
+    /// counted recovery attempts); taken by that turn.
+    next_attempt: u32,
 }
 
 impl ActorTask {
@@ -97,6 +100,7 @@ impl ActorTask {
             env,
             key,
             shared,
+            next_attempt: 0,
             record: None,
             persisted: None,
             live: None,

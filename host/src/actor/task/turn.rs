@@ -183,6 +183,7 @@ impl ActorTask {
         chain: CallChain,
     ) -> Result<(TurnOutput, FinishedTurn), TurnError> {
         let started = Instant::now();
+        let attempt = std::mem::take(&mut self.next_attempt);
         let span = tracing::info_span!(
             "turn",
             actor_type = self.key.ty(),
@@ -236,6 +237,7 @@ impl ActorTask {
                     seq: self.submitted_seq,
                     generation: self.generation,
                 }),
+                attempt,
             },
             input,
             carry: std::mem::take(&mut self.carry),

@@ -15,6 +15,7 @@ mod js_module;
 pub mod log;
 pub mod model;
 pub mod state;
+pub mod turn;
 
 use super::bindings::GuestError;
 use super::host::Host;

@@ -1,0 +1,265 @@
+//! The agent manifest, as deployed (`{"kind": "agent", "agent": {…}}`).
+//! The host checked it at deploy; this reads it leniently.
+
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+/// The environment variable the host puts the manifest in.
+const MANIFEST_ENV: &str = "MARMOT_AGENT_MANIFEST";
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Manifest {
+    #[serde(default)]
+    pub instructions: String,
+    pub model: ModelSpec,
+    #[serde(default)]
+    pub tools: Vec<Tool>,
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ModelSpec {
+    pub provider: String,
+    pub name: String,
+    #[serde(default)]
+    pub fallbacks: Vec<Fallback>,
+    pub max_output_tokens: Option<u64>,
+    pub temperature: Option<f64>,
+    #[serde(default)]
+    pub provider_options: Map<String, Value>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Fallback {
+    pub provider: String,
+    pub name: String,
+}
+
+/// Per-run limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct Limits {
+    /// Model steps.
+    pub max_steps: u32,
+    /// Generated tokens over the run.
+    pub max_output_tokens: u64,
+    /// Wall time from the run's start.
+    pub max_run_ms: u64,
+    /// Estimated prompt tokens (bytes / 4) above which the transcript is
+    /// compacted before the next step.
+    pub context_tokens: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_steps: 50,
+            max_output_tokens: 200_000,
+            max_run_ms: 3_600_000,
+            context_tokens: 100_000,
+        }
+    }
+}
+
+/// One tool.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Tool {
+    /// Model-written JavaScript in a child sandbox.
+    Code {
+        #[serde(default = "code_name")]
+        name: String,
+        #[serde(default)]
+        description: String,
+        /// Tools callable from the script (default: every http and actor
+        /// tool that needs no approval).
+        tools: Option<Vec<String>>,
+        timeout_ms: Option<u32>,
+        #[serde(default)]
+        needs_approval: bool,
+    },
+    /// A declared HTTP endpoint.
+    Http {
+        name: String,
+        #[serde(default)]
+        description: String,
+        #[serde(default = "post")]
+        method: String,
+        url: String,
+        #[serde(default)]
+        headers: Map<String, Value>,
+        input_schema: Option<Value>,
+        #[serde(default)]
+        needs_approval: bool,
+        /// Safe to send again after a crash (default: GET and HEAD).
+        idempotent: Option<bool>,
+        /// Asks the endpoint whether a call took effect, by its
+        /// idempotency key (`{idempotency_key}` in the URL).
+        reconcile: Option<Endpoint>,
+    },
+    /// Another actor.
+    Actor {
+        name: String,
+        #[serde(default)]
+        description: String,
+        #[serde(rename = "type")]
+        actor_type: String,
+        input_schema: Option<Value>,
+        #[serde(default)]
+        needs_approval: bool,
+    },
+    /// Run by the client: an input request answered with the result.
+    Client {
+        name: String,
+        #[serde(default)]
+        description: String,
+        input_schema: Option<Value>,
+    },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Endpoint {
+    #[serde(default = "get")]
+    pub method: String,
+    pub url: String,
+    #[serde(default)]
+    pub headers: Map<String, Value>,
+}
+
+fn code_name() -> String {
+    "code".into()
+}
+
+fn post() -> String {
+    "POST".into()
+}
+
+fn get() -> String {
+    "GET".into()
+}
+
+impl Manifest {
+    /// The manifest the host gave this type.
+    pub fn load() -> Result<Manifest, String> {
+        let text = std::env::var(MANIFEST_ENV)
+            .map_err(|_| format!("no agent manifest ({MANIFEST_ENV} is not set)"))?;
+        serde_json::from_str(&text).map_err(|e| format!("the agent manifest is not valid: {e}"))
+    }
+
+    pub fn tool(&self, name: &str) -> Option<&Tool> {
+        self.tools.iter().find(|t| t.name() == name)
+    }
+
+    /// The tools as the model sees them (the chat shape's `tools`).
+    pub fn definitions(&self) -> Vec<Value> {
+        self.tools.iter().map(|t| t.definition(self)).collect()
+    }
+
+    /// The tools a code tool's script may call.
+    pub fn script_tools(&self, allowed: Option<&[String]>) -> Vec<&Tool> {
+        self.tools
+            .iter()
+            .filter(|t| matches!(t, Tool::Http { .. } | Tool::Actor { .. }) && !t.needs_approval())
+            .filter(|t| allowed.is_none_or(|a| a.iter().any(|n| n == t.name())))
+            .collect()
+    }
+}
+
+impl Tool {
+    pub fn name(&self) -> &str {
+        match self {
+            Tool::Code { name, .. }
+            | Tool::Http { name, .. }
+            | Tool::Actor { name, .. }
+            | Tool::Client { name, .. } => name,
+        }
+    }
+
+    pub fn needs_approval(&self) -> bool {
+        match self {
+            Tool::Code { needs_approval, .. }
+            | Tool::Http { needs_approval, .. }
+            | Tool::Actor { needs_approval, .. } => *needs_approval,
+            Tool::Client { .. } => false,
+        }
+    }
+
+    /// Whether running it twice is harmless.
+    pub fn idempotent(&self) -> bool {
+        match self {
+            Tool::Http {
+                idempotent, method, ..
+            } => idempotent.unwrap_or(matches!(method.as_str(), "GET" | "HEAD")),
+            _ => false,
+        }
+    }
+
+    fn definition(&self, manifest: &Manifest) -> Value {
+        let object = json!({ "type": "object" });
+        let (name, description, schema) = match self {
+            Tool::Code {
+                name,
+                description,
+                tools,
+                ..
+            } => {
+                let callable: Vec<String> = manifest
+                    .script_tools(tools.as_deref())
+                    .iter()
+                    .map(|t| format!("`await tools.{}(args)`", t.name()))
+                    .collect();
+                let mut d = if description.is_empty() {
+                    "Run JavaScript in a sandbox. The value of the last expression (or what the \
+                     script awaits last) is the result; console.log output is returned too."
+                        .to_owned()
+                } else {
+                    description.clone()
+                };
+                if !callable.is_empty() {
+                    d.push_str(&format!(
+                        " These tools are async functions in the script: {}.",
+                        callable.join(", ")
+                    ));
+                }
+                (
+                    name,
+                    d,
+                    json!({ "type": "object", "properties": { "code": { "type": "string",
+                            "description": "The JavaScript to run" } }, "required": ["code"] }),
+                )
+            }
+            Tool::Http {
+                name,
+                description,
+                input_schema,
+                ..
+            }
+            | Tool::Client {
+                name,
+                description,
+                input_schema,
+            } => (
+                name,
+                description.clone(),
+                input_schema.clone().unwrap_or(object),
+            ),
+            Tool::Actor {
+                name,
+                description,
+                input_schema,
+                ..
+            } => (
+                name,
+                description.clone(),
+                input_schema.clone().unwrap_or_else(|| {
+                    json!({ "type": "object", "properties": {
+                        "id": { "type": "string", "description": "Which actor" },
+                        "message": { "description": "What to send it" } },
+                        "required": ["id", "message"] })
+                }),
+            ),
+        };
+        json!({ "name": name, "description": description, "input_schema": schema })
+    }
+}

@@ -1,0 +1,709 @@
+//! The run loop: one step per turn, each committed before the next.
+
+use std::hash::{BuildHasher, Hasher};
+
+use marmot_guest::alarms::{self, Schedule};
+use marmot_guest::{Context, Error, InputAnswer, Result, actors, events, inputs, model};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::manifest::{Manifest, Tool};
+use crate::store::{self, Pending, Queued, Run, Wait};
+use crate::tools::{self, Outcome};
+
+/// Most bytes of one event; larger message contents are cut in the event
+/// (the transcript keeps them whole).
+const MAX_EVENT: usize = 128 << 10;
+/// Pauses before retrying a step whose model call failed (provider
+/// unavailable after the gateway's own retries).
+const RETRY_DELAYS_MS: [u64; 3] = [2_000, 10_000, 60_000];
+
+/// The harness for one turn of one agent.
+pub struct Harness {
+    ctx: Context,
+    m: Manifest,
+}
+
+/// Where a run goes next.
+enum Next {
+    Step,
+    Exec(String),
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A fresh random token: continuation messages carry the one the run
+/// expects, so stale or forged ones are ignored.
+fn nonce() -> String {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(now_ms());
+    format!("{:016x}", h.finish())
+}
+
+/// The hash an approval binds to: the exact arguments (canonical JSON:
+/// serde_json sorts object keys).
+pub fn args_hash(args: &Value) -> String {
+    hex::encode(Sha256::digest(args.to_string().as_bytes()))
+}
+
+fn emit(kind: &str, data: &Value) -> Result<()> {
+    let text = data.to_string();
+    if text.len() <= MAX_EVENT {
+        events::emit(kind, data)?;
+        return Ok(());
+    }
+    let mut d = data.clone();
+    for field in ["message", "content", "arguments", "output"] {
+        if let Some(v) = d.get_mut(field) {
+            let s = v.to_string();
+            if s.len() > MAX_EVENT / 2 {
+                let mut cut = MAX_EVENT / 2;
+                while !s.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                *v = json!({ "truncated": true, "start": &s[..cut] });
+            }
+        }
+    }
+    events::emit(kind, &d)?;
+    Ok(())
+}
+
+impl Harness {
+    pub fn new(ctx: &Context) -> Result<Self> {
+        Ok(Self {
+            ctx: ctx.clone(),
+            m: Manifest::load().map_err(Error::new)?,
+        })
+    }
+
+    /// Start a run for `input`, or queue it behind the active one; whether
+    /// it was queued.
+    pub fn start_or_queue(&self, run_id: &str, input: String) -> Result<bool> {
+        if store::run()?.is_some() {
+            let mut q = store::queue()?;
+            if !q.iter().any(|x| x.run_id == run_id) {
+                q.push(Queued {
+                    run_id: run_id.to_owned(),
+                    input,
+                });
+                store::set_queue(&q)?;
+                emit("input_queued", &json!({ "run_id": run_id }))?;
+            }
+            return Ok(true);
+        }
+        self.start(run_id, input)?;
+        Ok(false)
+    }
+
+    fn start(&self, run_id: &str, input: String) -> Result<()> {
+        store::append(&json!({ "role": "user", "content": input }))?;
+        let mut run = Run {
+            run_id: run_id.to_owned(),
+            expect: String::new(),
+            waiting: false,
+            steps: 0,
+            started_at_ms: now_ms(),
+            input_tokens: 0,
+            output_tokens: 0,
+            cost_usd: 0.0,
+            retries: 0,
+        };
+        emit("run_started", &json!({ "run_id": run_id, "input": input }))?;
+        self.next(&mut run, Next::Step)
+    }
+
+    /// Commit the run and queue its next turn (a message to this actor,
+    /// sent when this turn commits).
+    fn next(&self, run: &mut Run, what: Next) -> Result<()> {
+        run.expect = nonce();
+        run.waiting = false;
+        store::set_run(run)?;
+        let body = match what {
+            Next::Step => json!({ "_agent_step": run.run_id, "nonce": run.expect }),
+            Next::Exec(call_id) => {
+                json!({ "_agent_exec": run.run_id, "call_id": call_id, "nonce": run.expect })
+            }
+        };
+        actors::send(&self.ctx.actor_type, &self.ctx.id, &body)
+    }
+
+    /// The active run, if `run_id` and `nonce` are what it expects.
+    fn expected(&self, run_id: &str, nonce: &str) -> Result<Option<Run>> {
+        Ok(store::run()?.filter(|r| r.run_id == run_id && r.expect == nonce && !r.waiting))
+    }
+
+    /// One step: prepare the next tool call, or call the model.
+    pub fn step(&self, run_id: &str, nonce: &str) -> Result<()> {
+        let Some(mut run) = self.expected(run_id, nonce)? else {
+            return Ok(());
+        };
+        let limits = &self.m.limits;
+        if now_ms().saturating_sub(run.started_at_ms) > limits.max_run_ms {
+            return self.fail(
+                run,
+                "max_run_ms",
+                "the run took longer than limits.max_run_ms",
+            );
+        }
+        let transcript = store::transcript()?;
+        if let Some((call_id, name, args)) = next_call(&transcript) {
+            return self.begin_tool(run, call_id, name, args);
+        }
+        if run.steps >= limits.max_steps {
+            return self.fail(run, "max_steps", "the run reached limits.max_steps");
+        }
+        if run.output_tokens >= limits.max_output_tokens {
+            return self.fail(
+                run,
+                "max_output_tokens",
+                "the run reached limits.max_output_tokens",
+            );
+        }
+        let size: usize = transcript.iter().map(|(_, m)| m.to_string().len()).sum();
+        if (size + self.m.instructions.len()) as u64 / 4 > limits.context_tokens {
+            return self.compact(run, &transcript);
+        }
+        let messages: Vec<&Value> = transcript.iter().map(|(_, m)| m).collect();
+        let mut req = self.request(json!(messages));
+        req["tools"] = json!(self.m.definitions());
+        req["stream"] = json!(true);
+        match model::chat(&req) {
+            Ok(answer) => {
+                run.steps += 1;
+                run.retries = 0;
+                count(&mut run, &answer);
+                let message = answer["message"].clone();
+                store::append(&message)?;
+                emit(
+                    "model_step",
+                    &json!({
+                        "run_id": run.run_id, "step": run.steps, "message": message,
+                        "stop_reason": answer["stop_reason"], "usage": answer["usage"],
+                        "provider": answer["provider"], "model": answer["model"],
+                    }),
+                )?;
+                let calls = message["tool_calls"]
+                    .as_array()
+                    .is_some_and(|c| !c.is_empty());
+                if calls {
+                    self.next(&mut run, Next::Step)
+                } else {
+                    let output = content_text(&message["content"]);
+                    self.finish(run, output)
+                }
+            }
+            Err(e) => self.model_failed(run, &transcript, e.message()),
+        }
+    }
+
+    fn model_failed(
+        &self,
+        mut run: Run,
+        transcript: &[(String, Value)],
+        error: &str,
+    ) -> Result<()> {
+        if error.contains("budget_exceeded") {
+            emit(
+                "budget_exceeded",
+                &json!({ "run_id": run.run_id, "error": error }),
+            )?;
+            return self.end(run);
+        }
+        if error.contains("context_length_exceeded") {
+            return self.compact(run, transcript);
+        }
+        let unavailable = error.starts_with("host error:");
+        if unavailable && (run.retries as usize) < RETRY_DELAYS_MS.len() {
+            let delay = RETRY_DELAYS_MS[run.retries as usize];
+            run.retries += 1;
+            run.expect = nonce();
+            store::set_run(&run)?;
+            alarms::set(
+                &format!("agent-retry/{}", run.run_id),
+                Schedule::After(delay),
+                &json!({ "nonce": run.expect }),
+            )?;
+            return emit(
+                "model_retry",
+                &json!({ "run_id": run.run_id, "error": error, "after_ms": delay }),
+            );
+        }
+        self.fail(run, "model_error", error)
+    }
+
+    /// The chat request for `messages` with the manifest's model.
+    fn request(&self, messages: Value) -> Value {
+        let spec = &self.m.model;
+        let mut req = json!({
+            "provider": spec.provider,
+            "model": spec.name,
+            "messages": messages,
+        });
+        if !self.m.instructions.is_empty() {
+            req["system"] = json!(self.m.instructions);
+        }
+        if !spec.fallbacks.is_empty() {
+            req["fallbacks"] = spec
+                .fallbacks
+                .iter()
+                .map(|f| json!({ "provider": f.provider, "model": f.name }))
+                .collect();
+        }
+        if let Some(n) = spec.max_output_tokens {
+            req["max_output_tokens"] = json!(n);
+        }
+        if let Some(t) = spec.temperature {
+            req["temperature"] = json!(t);
+        }
+        if !spec.provider_options.is_empty() {
+            req["provider_options"] = json!(spec.provider_options);
+        }
+        req
+    }
+
+    /// Prepare a tool call: ask for approval, hand it to the client, or
+    /// commit it as started and run it in the next turn.
+    fn begin_tool(&self, mut run: Run, call_id: String, name: String, args: Value) -> Result<()> {
+        let Some(tool) = self.m.tool(&name) else {
+            let outcome = Outcome::error(format!("there is no tool named `{name}`"));
+            return self.record(run, &call_id, &name, outcome);
+        };
+        let data =
+            json!({ "run_id": run.run_id, "call_id": call_id, "name": name, "arguments": args });
+        if let Tool::Client { input_schema, .. } = tool {
+            let prompt = json!({ "tool": name, "call_id": call_id, "arguments": args }).to_string();
+            let _ = input_schema;
+            let input_id = inputs::request_with(&format!("tool:{name}"), &prompt, None, None)?;
+            store::set_wait(
+                &input_id,
+                Some(&Wait::Client {
+                    run_id: run.run_id.clone(),
+                    call_id: call_id.clone(),
+                }),
+            )?;
+            let mut data = data;
+            data["client"] = json!(true);
+            data["input_id"] = json!(input_id);
+            emit("tool_call", &data)?;
+            return self.wait(run);
+        }
+        let hash = args_hash(&args);
+        if tool.needs_approval() && store::approved(&call_id)?.as_deref() != Some(hash.as_str()) {
+            let prompt = format!("Approve `{name}` with arguments {args}?");
+            let schema = json!({ "type": "object", "required": ["approved"], "properties": {
+                "approved": { "type": "boolean" }, "arguments": { "type": "object" } } });
+            let input_id = inputs::request_with("approval", &prompt, Some(&schema), None)?;
+            store::set_wait(
+                &input_id,
+                Some(&Wait::Approval {
+                    run_id: run.run_id.clone(),
+                    call_id: call_id.clone(),
+                    args_hash: hash,
+                }),
+            )?;
+            let mut data = data;
+            data["input_id"] = json!(input_id);
+            emit("approval_requested", &data)?;
+            return self.wait(run);
+        }
+        let key = format!("{}-{}", run.run_id, call_key(&call_id));
+        store::set_pending(Some(&Pending {
+            run_id: run.run_id.clone(),
+            call_id: call_id.clone(),
+            name,
+            arguments: args,
+            key,
+        }))?;
+        emit("tool_call", &data)?;
+        self.next(&mut run, Next::Exec(call_id))
+    }
+
+    fn wait(&self, mut run: Run) -> Result<()> {
+        run.waiting = true;
+        run.expect = nonce();
+        store::set_run(&run)
+    }
+
+    /// Run the pending tool call. `attempt > 0`: a crash may have cut off
+    /// an earlier run of this very turn, after the call took effect.
+    pub fn exec(&self, run_id: &str, call_id: &str, nonce: &str, attempt: u32) -> Result<()> {
+        let Some(run) = self.expected(run_id, nonce)? else {
+            return Ok(());
+        };
+        let Some(p) = store::pending()?.filter(|p| p.call_id == call_id) else {
+            return Ok(());
+        };
+        let Some(tool) = self.m.tool(&p.name) else {
+            let outcome = Outcome::error(format!("there is no tool named `{}`", p.name));
+            return self.record(run, &p.call_id, &p.name, outcome);
+        };
+        if attempt > 0 && !tool.idempotent() {
+            match tool {
+                Tool::Http {
+                    reconcile: Some(endpoint),
+                    ..
+                } => match tools::reconcile(endpoint, &p.key) {
+                    Ok(Some(result)) => {
+                        let outcome = Outcome {
+                            content: json!({ "reconciled": true, "result": result }),
+                            is_error: false,
+                        };
+                        return self.record(run, &p.call_id, &p.name, outcome);
+                    }
+                    Ok(None) => {} // it did not happen: run it
+                    Err(why) => return self.park(run, &p, &why),
+                },
+                _ => {
+                    return self.park(
+                        run,
+                        &p,
+                        "the tool declares no reconcile request to check with",
+                    );
+                }
+            }
+        }
+        let outcome = tools::run(&self.m, tool, &p.arguments, &p.key);
+        self.record(run, &p.call_id, &p.name, outcome)
+    }
+
+    /// Commit a tool's result and step on.
+    fn record(&self, mut run: Run, call_id: &str, name: &str, outcome: Outcome) -> Result<()> {
+        let mut message =
+            json!({ "role": "tool", "tool_call_id": call_id, "content": outcome.content });
+        if outcome.is_error {
+            message["is_error"] = json!(true);
+        }
+        store::append(&message)?;
+        store::set_pending(None)?;
+        emit(
+            "tool_result",
+            &json!({ "run_id": run.run_id, "call_id": call_id, "name": name,
+                     "content": outcome.content, "is_error": outcome.is_error }),
+        )?;
+        self.next(&mut run, Next::Step)
+    }
+
+    /// Ask a person whether a call cut off by a crash took effect.
+    fn park(&self, run: Run, p: &Pending, why: &str) -> Result<()> {
+        let prompt = format!(
+            "The node stopped while `{}` was running with arguments {} ({why}). Did it take \
+             effect? Answer {{\"happened\": true, \"result\": …}} or {{\"happened\": false}} \
+             (then it runs again).",
+            p.name, p.arguments
+        );
+        let schema = json!({ "type": "object", "required": ["happened"],
+                             "properties": { "happened": { "type": "boolean" } } });
+        let input_id = inputs::request_with("confirm", &prompt, Some(&schema), None)?;
+        store::set_wait(
+            &input_id,
+            Some(&Wait::Confirm {
+                run_id: run.run_id.clone(),
+                call_id: p.call_id.clone(),
+            }),
+        )?;
+        emit(
+            "tool_uncertain",
+            &json!({ "run_id": run.run_id, "call_id": p.call_id, "name": p.name,
+                     "arguments": p.arguments, "input_id": input_id, "reason": why }),
+        )?;
+        self.wait(run)
+    }
+
+    /// An input request the run waited on was answered (or expired).
+    pub fn answer(&self, input: InputAnswer) -> Result<()> {
+        let Some(wait) = store::wait(&input.id)? else {
+            return Ok(());
+        };
+        store::set_wait(&input.id, None)?;
+        let answer: Value = if input.expired {
+            Value::Null
+        } else {
+            input.json().unwrap_or(Value::Null)
+        };
+        let (run_id, call_id) = match &wait {
+            Wait::Approval {
+                run_id, call_id, ..
+            }
+            | Wait::Client { run_id, call_id }
+            | Wait::Confirm { run_id, call_id } => (run_id.clone(), call_id.clone()),
+        };
+        let Some(mut run) = store::run()?.filter(|r| r.run_id == run_id && r.waiting) else {
+            return Ok(()); // the run ended (cancelled) meanwhile
+        };
+        let name = call_name(&call_id)?.unwrap_or_default();
+        match wait {
+            Wait::Approval {
+                args_hash: approved_hash,
+                ..
+            } => {
+                if answer["approved"] != json!(true) {
+                    let why = if input.expired {
+                        "Nobody approved this call in time; it was not made."
+                    } else {
+                        "A person declined this call; it was not made."
+                    };
+                    return self.record(run, &call_id, &name, Outcome::error(why));
+                }
+                match answer.get("arguments") {
+                    Some(edited) if args_hash(edited) != approved_hash => {
+                        // The person changed the arguments: those need an
+                        // approval of their own, asked for by the next step.
+                        set_call_arguments(&call_id, edited)?;
+                        emit(
+                            "tool_arguments_changed",
+                            &json!({ "run_id": run.run_id, "call_id": call_id, "name": name, "arguments": edited }),
+                        )?;
+                    }
+                    _ => store::set_approved(&call_id, &approved_hash)?,
+                }
+                self.next(&mut run, Next::Step)
+            }
+            Wait::Client { .. } => {
+                let outcome = if input.expired {
+                    Outcome::error("the client did not answer in time")
+                } else {
+                    Outcome {
+                        content: answer,
+                        is_error: false,
+                    }
+                };
+                self.record(run, &call_id, &name, outcome)
+            }
+            Wait::Confirm { .. } => match answer.get("happened").and_then(Value::as_bool) {
+                Some(true) => {
+                    let result = answer
+                        .get("result")
+                        .cloned()
+                        .unwrap_or_else(|| json!("It took effect (a person confirmed it)."));
+                    self.record(
+                        run,
+                        &call_id,
+                        &name,
+                        Outcome {
+                            content: result,
+                            is_error: false,
+                        },
+                    )
+                }
+                Some(false) => self.next(&mut run, Next::Exec(call_id)),
+                None => self.record(
+                    run,
+                    &call_id,
+                    &name,
+                    Outcome::error("nobody could say whether this call took effect"),
+                ),
+            },
+        }
+    }
+
+    /// Stop `run_id`, active or queued; whether there was one.
+    pub fn cancel(&self, run_id: &str) -> Result<bool> {
+        if let Some(run) = store::run()?.filter(|r| r.run_id == run_id) {
+            self.fail(run, "cancelled", "the run was cancelled")?;
+            return Ok(true);
+        }
+        let mut q = store::queue()?;
+        let before = q.len();
+        q.retain(|x| x.run_id != run_id);
+        if q.len() == before {
+            return Ok(false);
+        }
+        store::set_queue(&q)?;
+        emit(
+            "run_failed",
+            &json!({ "run_id": run_id, "reason": "cancelled", "error": "the run was cancelled" }),
+        )?;
+        Ok(true)
+    }
+
+    /// Replace the older part of the transcript by a summary written by the
+    /// model (committed like any step).
+    fn compact(&self, mut run: Run, transcript: &[(String, Value)]) -> Result<()> {
+        // Keep from the last user message on; summarize what is before it.
+        let cut = transcript
+            .iter()
+            .rposition(|(_, m)| m["role"] == "user")
+            .unwrap_or(0);
+        if cut == 0 {
+            return self.fail(
+                run,
+                "context_length",
+                "the conversation does not fit the model even after compaction",
+            );
+        }
+        let mut text: String = transcript[..cut]
+            .iter()
+            .map(|(_, m)| m.to_string())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let budget = (self.m.limits.context_tokens as usize * 4) / 2;
+        if text.len() > budget {
+            let mut start = text.len() - budget;
+            while !text.is_char_boundary(start) {
+                start += 1;
+            }
+            text = text[start..].to_owned();
+        }
+        let mut req = self.request(json!([{ "role": "user", "content": format!(
+            "Here is an earlier part of our conversation, one JSON message per line:\n\n{text}\n\n\
+             Summarize it for your own later use: facts, decisions, open tasks, tool results \
+             that still matter, and the user's preferences. Be concise.") }]));
+        req["system"] =
+            json!("You write summaries of conversations so they can continue without them.");
+        match model::chat(&req) {
+            Ok(answer) => {
+                count(&mut run, &answer);
+                let summary = content_text(&answer["message"]["content"]);
+                store::replace(
+                    &transcript[0].0,
+                    &json!({ "role": "user", "content": format!("Summary of the earlier conversation:\n{summary}") }),
+                )?;
+                let rest: Vec<String> = transcript[1..cut].iter().map(|(k, _)| k.clone()).collect();
+                store::remove(&rest);
+                emit(
+                    "compacted",
+                    &json!({ "run_id": run.run_id, "messages_summarized": cut, "summary": summary,
+                             "usage": answer["usage"] }),
+                )?;
+                self.next(&mut run, Next::Step)
+            }
+            Err(e) if e.message().contains("budget_exceeded") => {
+                emit(
+                    "budget_exceeded",
+                    &json!({ "run_id": run.run_id, "error": e.message() }),
+                )?;
+                self.end(run)
+            }
+            Err(e) => self.fail(run, "compaction_failed", e.message()),
+        }
+    }
+
+    fn finish(&self, run: Run, output: String) -> Result<()> {
+        emit(
+            "run_finished",
+            &json!({ "run_id": run.run_id, "output": output, "usage": usage(&run), "steps": run.steps }),
+        )?;
+        self.end(run)
+    }
+
+    fn fail(&self, run: Run, reason: &str, error: &str) -> Result<()> {
+        emit(
+            "run_failed",
+            &json!({ "run_id": run.run_id, "reason": reason, "error": error, "usage": usage(&run) }),
+        )?;
+        self.end(run)
+    }
+
+    /// The run is over: clear it and start the next queued input.
+    fn end(&self, run: Run) -> Result<()> {
+        store::clear_run();
+        store::set_pending(None)?;
+        store::clear_approvals();
+        alarms::cancel(&format!("agent-retry/{}", run.run_id))?;
+        let mut q = store::queue()?;
+        if !q.is_empty() {
+            let next = q.remove(0);
+            store::set_queue(&q)?;
+            self.start(&next.run_id, next.input)?;
+        }
+        Ok(())
+    }
+}
+
+/// The first call of the newest assistant message that has no result yet:
+/// (call id, tool name, arguments).
+fn next_call(transcript: &[(String, Value)]) -> Option<(String, String, Value)> {
+    let i = transcript
+        .iter()
+        .rposition(|(_, m)| m["role"] == "assistant")?;
+    let answered: Vec<&str> = transcript[i + 1..]
+        .iter()
+        .filter(|(_, m)| m["role"] == "tool")
+        .filter_map(|(_, m)| m["tool_call_id"].as_str())
+        .collect();
+    transcript[i].1["tool_calls"]
+        .as_array()?
+        .iter()
+        .find(|c| !answered.contains(&c["id"].as_str().unwrap_or("")))
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap_or("").to_owned(),
+                c["name"].as_str().unwrap_or("").to_owned(),
+                c["arguments"].clone(),
+            )
+        })
+}
+
+/// The tool a call of the transcript names.
+fn call_name(call_id: &str) -> Result<Option<String>> {
+    for (_, m) in store::transcript()?.iter().rev() {
+        if let Some(c) = m["tool_calls"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["id"] == call_id))
+        {
+            return Ok(c["name"].as_str().map(str::to_owned));
+        }
+    }
+    Ok(None)
+}
+
+/// Rewrite a call's arguments (a person edited them before approving).
+fn set_call_arguments(call_id: &str, args: &Value) -> Result<()> {
+    for (key, mut m) in store::transcript()?.into_iter().rev() {
+        if let Some(c) = m["tool_calls"]
+            .as_array_mut()
+            .and_then(|cs| cs.iter_mut().find(|c| c["id"] == call_id))
+        {
+            c["arguments"] = args.clone();
+            return store::replace(&key, &m);
+        }
+    }
+    Ok(())
+}
+
+/// A call id as it may appear in an idempotency key.
+fn call_key(call_id: &str) -> String {
+    call_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+fn count(run: &mut Run, answer: &Value) {
+    let u = &answer["usage"];
+    run.input_tokens += u["input_tokens"].as_u64().unwrap_or(0);
+    run.output_tokens += u["output_tokens"].as_u64().unwrap_or(0);
+    run.cost_usd += u["cost_usd"].as_f64().unwrap_or(0.0);
+}
+
+fn usage(run: &Run) -> Value {
+    let mut u = json!({ "input_tokens": run.input_tokens, "output_tokens": run.output_tokens });
+    if run.cost_usd > 0.0 {
+        u["cost_usd"] = json!(run.cost_usd);
+    }
+    u
+}
+
+fn content_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .join(""),
+        Value::Null => String::new(),
+        v => v.to_string(),
+    }
+}

@@ -1,0 +1,362 @@
+//! The built-in agent harness, as the host sees it: a type deployed with
+//! `{"kind": "agent", "agent": {…}, "config": {…}}` runs the agent
+//! component (`actors/agent`, built into the binary) with its manifest.
+//!
+//! The harness itself is an ordinary guest written on the guest SDK: it
+//! reads its manifest from the environment variable [`MANIFEST_ENV`] and
+//! uses only the capabilities every guest has (`model`, `http`, `js`,
+//! `actors`, `inputs`, `turn`…). The host's part is this module's check of
+//! the manifest at deploy (so a bad one is a clear 400, not a failing
+//! run), and the run API (`POST …` with `{"input"}` waits for the run's
+//! end; `…/runs/{run_id}/cancel`). docs/agent.md describes the harness.
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::config::TypeConfig;
+use crate::egress::policy::{HostPattern, any_matches};
+
+/// The environment variable the agent component reads its manifest from.
+pub const MANIFEST_ENV: &str = "MARMOT_AGENT_MANIFEST";
+
+/// Event kinds that end a run (what a waiting `POST` answers on).
+pub const RUN_END_EVENTS: &[&str] = &["run_finished", "run_failed", "budget_exceeded"];
+
+/// An agent manifest (PRODUCT.md §5). Unknown keys are refused.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// The system prompt.
+    #[serde(default)]
+    pub instructions: String,
+    /// Which model, and what to fall back to.
+    pub model: ModelSpec,
+    /// Tools the model may call.
+    #[serde(default)]
+    pub tools: Vec<Value>,
+    /// Per-run limits.
+    #[serde(default)]
+    pub limits: Option<Value>,
+}
+
+/// The model of an agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// A provider configured on the node.
+    pub provider: String,
+    /// Its model name.
+    pub name: String,
+    /// Tried in order when the provider is unavailable.
+    #[serde(default)]
+    pub fallbacks: Vec<FallbackSpec>,
+    /// Most tokens per model answer.
+    #[serde(default)]
+    pub max_output_tokens: Option<u64>,
+    /// Sampling temperature.
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    /// Merged into every request body.
+    #[serde(default)]
+    pub provider_options: BTreeMap<String, Value>,
+}
+
+/// A fallback model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FallbackSpec {
+    /// Provider.
+    pub provider: String,
+    /// Model.
+    pub name: String,
+}
+
+/// Keys each tool kind accepts.
+const TOOL_KEYS: &[(&str, &[&str])] = &[
+    (
+        "code",
+        &[
+            "kind",
+            "name",
+            "description",
+            "tools",
+            "timeout_ms",
+            "needs_approval",
+        ],
+    ),
+    (
+        "http",
+        &[
+            "kind",
+            "name",
+            "description",
+            "method",
+            "url",
+            "headers",
+            "input_schema",
+            "needs_approval",
+            "idempotent",
+            "reconcile",
+        ],
+    ),
+    (
+        "actor",
+        &[
+            "kind",
+            "name",
+            "description",
+            "type",
+            "input_schema",
+            "needs_approval",
+        ],
+    ),
+    ("client", &["kind", "name", "description", "input_schema"]),
+];
+
+const LIMIT_KEYS: &[&str] = &[
+    "max_steps",
+    "max_output_tokens",
+    "max_run_ms",
+    "context_tokens",
+];
+
+/// Check a manifest against the type's config: tool names, endpoints
+/// within `allowed_hosts`, secrets named in headers listed in `secrets`.
+/// Returns the canonical JSON the component gets.
+pub fn check(manifest: &Value, config: &TypeConfig) -> Result<String, String> {
+    let m: Manifest = serde_json::from_value(manifest.clone())
+        .map_err(|e| format!("the agent manifest is not valid: {e}"))?;
+    if m.model.provider.is_empty() || m.model.name.is_empty() {
+        return Err("agent.model needs a provider and a name".into());
+    }
+    let hosts: Vec<HostPattern> = config
+        .allowed_hosts
+        .iter()
+        .filter_map(|h| HostPattern::parse(h).ok())
+        .collect();
+    let mut names = HashSet::new();
+    for (i, tool) in m.tools.iter().enumerate() {
+        let at = format!("agent.tools[{i}]");
+        let obj = tool
+            .as_object()
+            .ok_or_else(|| format!("{at} must be an object"))?;
+        let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
+        let keys = TOOL_KEYS
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map(|(_, keys)| *keys)
+            .ok_or_else(|| {
+                format!("{at}.kind must be code, http, actor or client, not `{kind}`")
+            })?;
+        if let Some(k) = obj.keys().find(|k| !keys.contains(&k.as_str())) {
+            return Err(format!("{at}: unknown key `{k}` for a {kind} tool"));
+        }
+        let name = obj
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or(if kind == "code" { "code" } else { "" });
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(format!(
+                "{at}.name `{name}` must be 1-64 letters, digits, `_` or `-`"
+            ));
+        }
+        if !names.insert(name.to_owned()) {
+            return Err(format!("{at}: a tool named `{name}` is defined twice"));
+        }
+        for key in ["needs_approval", "idempotent"] {
+            if obj.get(key).is_some_and(|v| !v.is_boolean()) {
+                return Err(format!("{at}.{key} must be true or false"));
+            }
+        }
+        if let Some(s) = obj.get("input_schema")
+            && !s.is_object()
+        {
+            return Err(format!("{at}.input_schema must be a JSON Schema object"));
+        }
+        match kind {
+            "http" => {
+                check_endpoint(&at, obj, &hosts, config)?;
+                if let Some(r) = obj.get("reconcile") {
+                    let r = r
+                        .as_object()
+                        .ok_or_else(|| format!("{at}.reconcile must be an object"))?;
+                    if let Some(k) = r
+                        .keys()
+                        .find(|k| !["method", "url", "headers"].contains(&k.as_str()))
+                    {
+                        return Err(format!("{at}.reconcile: unknown key `{k}`"));
+                    }
+                    check_endpoint(&format!("{at}.reconcile"), r, &hosts, config)?;
+                }
+            }
+            "actor" => {
+                let ty = obj.get("type").and_then(Value::as_str).unwrap_or("");
+                crate::ids::validate_type_name(ty).map_err(|e| format!("{at}.type: {e}"))?;
+            }
+            "code" => {
+                if let Some(t) = obj.get("tools") {
+                    let list = t
+                        .as_array()
+                        .ok_or_else(|| format!("{at}.tools must be a list of tool names"))?;
+                    if list.iter().any(|v| !v.is_string()) {
+                        return Err(format!("{at}.tools must be a list of tool names"));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    // Tools a code tool names must exist (checked once all are known).
+    for tool in &m.tools {
+        if tool.get("kind").and_then(Value::as_str) == Some("code") {
+            for t in tool
+                .get("tools")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let t = t.as_str().unwrap_or("");
+                if !names.contains(t) {
+                    return Err(format!("agent code tool names `{t}`, which is not a tool"));
+                }
+            }
+        }
+    }
+    if let Some(limits) = &m.limits {
+        let obj = limits.as_object().ok_or("agent.limits must be an object")?;
+        for (k, v) in obj {
+            if !LIMIT_KEYS.contains(&k.as_str()) {
+                return Err(format!(
+                    "agent.limits: unknown key `{k}` (known: {})",
+                    LIMIT_KEYS.join(", ")
+                ));
+            }
+            if v.as_u64().is_none_or(|n| n == 0) {
+                return Err(format!("agent.limits.{k} must be a positive integer"));
+            }
+        }
+    }
+    Ok(serde_json::to_string(manifest).expect("JSON encodes"))
+}
+
+/// An http tool's `method`, `url` and `headers`.
+fn check_endpoint(
+    at: &str,
+    obj: &serde_json::Map<String, Value>,
+    hosts: &[HostPattern],
+    config: &TypeConfig,
+) -> Result<(), String> {
+    let method = obj.get("method").and_then(Value::as_str).unwrap_or("POST");
+    if !crate::config::HTTP_METHODS.contains(&method) {
+        return Err(format!("{at}.method `{method}` is not an HTTP method"));
+    }
+    let url = obj.get("url").and_then(Value::as_str).unwrap_or("");
+    let parsed = url::Url::parse(url).map_err(|e| format!("{at}.url `{url}`: {e}"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(format!("{at}.url must be http(s)"));
+    }
+    let host = parsed.host();
+    if !host.as_ref().is_some_and(|h| any_matches(hosts, h)) {
+        return Err(format!(
+            "{at}.url: host `{}` is not in config.allowed_hosts",
+            parsed.host_str().unwrap_or("")
+        ));
+    }
+    if let Some(h) = obj.get("headers") {
+        let h = h
+            .as_object()
+            .ok_or_else(|| format!("{at}.headers must be an object of strings"))?;
+        for (k, v) in h {
+            let v = v
+                .as_str()
+                .ok_or_else(|| format!("{at}.headers.{k} must be a string"))?;
+            let mut rest = v;
+            while let Some(start) = rest.find("{{secret:") {
+                let after = &rest[start + 9..];
+                let end = after
+                    .find("}}")
+                    .ok_or_else(|| format!("{at}.headers.{k}: an unclosed {{{{secret:…}}}}"))?;
+                let name = &after[..end];
+                if !config.secrets.iter().any(|s| s == name) {
+                    return Err(format!(
+                        "{at}.headers.{k} names secret `{name}`, which is not in config.secrets"
+                    ));
+                }
+                rest = &after[end + 2..];
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn config() -> TypeConfig {
+        TypeConfig {
+            allowed_hosts: vec!["api.example.com".into()],
+            secrets: vec!["TICKETS".into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_product_example_passes_and_mistakes_are_named() {
+        let good = json!({
+            "instructions": "You are Alice's assistant.",
+            "model": {"provider": "openai", "name": "gpt-5-mini",
+                      "fallbacks": [{"provider": "anthropic", "name": "claude-sonnet-4-5"}]},
+            "tools": [
+                {"kind": "code"},
+                {"kind": "http", "name": "create_ticket", "description": "…", "method": "POST",
+                 "url": "https://api.example.com/tickets", "headers": {"authorization": "Bearer {{secret:TICKETS}}"},
+                 "input_schema": {"type": "object"}, "needs_approval": true},
+                {"kind": "actor", "name": "ask_billing", "description": "…", "type": "billing"},
+                {"kind": "client", "name": "pick_date", "description": "…", "input_schema": {"type": "object"}}
+            ],
+            "limits": {"max_steps": 50, "max_output_tokens": 200000}
+        });
+        check(&good, &config()).unwrap();
+        let bad = |patch: &dyn Fn(&mut Value), why: &str| {
+            let mut m = good.clone();
+            patch(&mut m);
+            let e = check(&m, &config()).unwrap_err();
+            assert!(e.contains(why), "{why}: {e}");
+        };
+        bad(
+            &|m| m["tools"][1]["url"] = json!("https://evil.example.net/x"),
+            "allowed_hosts",
+        );
+        bad(
+            &|m| m["tools"][1]["headers"]["x"] = json!("{{secret:OTHER}}"),
+            "config.secrets",
+        );
+        bad(
+            &|m| m["tools"][2]["name"] = json!("create_ticket"),
+            "defined twice",
+        );
+        bad(&|m| m["tools"][0]["kind"] = json!("shell"), "kind must be");
+        bad(&|m| m["tools"][3]["url"] = json!("x"), "unknown key `url`");
+        bad(&|m| m["limits"]["max_steps"] = json!(0), "positive integer");
+        bad(&|m| m["limits"]["steps"] = json!(3), "unknown key `steps`");
+        bad(
+            &|m| m["model"] = json!({"provider": "openai"}),
+            "missing field `name`",
+        );
+        bad(
+            &|m| m["tools"][2]["type"] = json!("Bad Type"),
+            "agent.tools[2].type",
+        );
+        bad(&|m| m["tools"][0]["tools"] = json!(["nope"]), "not a tool");
+        bad(&|m| m["tool"] = json!([]), "unknown field `tool`");
+    }
+}

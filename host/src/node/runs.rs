@@ -1,0 +1,113 @@
+//! Agent runs through the API: an input is queued durably (its message id
+//! is the run id) and the caller waits for the event that ends the run.
+//! The run itself is the agent component's; a caller that goes away does
+//! not stop it.
+
+use bytes::Bytes;
+use serde_json::Value;
+
+use super::Node;
+use crate::actor::TurnError;
+use crate::agents::RUN_END_EVENTS;
+use crate::ids::ActorKey;
+use crate::storage::EnqueueOutcome;
+use crate::storage::schema::CodeKind;
+
+/// How a run ended: the event's kind and data.
+#[derive(Debug, Clone)]
+pub struct RunEnd {
+    /// `run_finished`, `run_failed` or `budget_exceeded`.
+    pub kind: String,
+    /// The event's data (`run_id`, `output`, `usage`, `error`…).
+    pub data: Value,
+}
+
+/// Why waiting for a run stopped without its end.
+#[derive(Debug, thiserror::Error)]
+pub enum RunWaitError {
+    /// Queueing the input failed.
+    #[error(transparent)]
+    Turn(#[from] TurnError),
+    /// The actor was deleted while the run went on.
+    #[error("the actor was deleted before the run ended")]
+    Deleted,
+    /// The node is shutting down (the run resumes when it is back).
+    #[error("the node is shutting down; the run resumes when it is back")]
+    ShuttingDown,
+    /// Reading events failed.
+    #[error(transparent)]
+    Storage(#[from] crate::storage::StorageError),
+}
+
+/// Events read per page while waiting.
+const PAGE: usize = 256;
+
+impl Node {
+    /// Whether `ty` is an agent type.
+    pub fn is_agent(&self, ty: &str) -> bool {
+        self.catalog
+            .get(ty)
+            .is_some_and(|t| t.record().latest().kind == CodeKind::Agent)
+    }
+
+    /// Queue `body` (`{"input": …}`) for the agent `key`; the run id.
+    pub async fn start_run(
+        &self,
+        key: &ActorKey,
+        body: Bytes,
+        idempotency_key: Option<String>,
+    ) -> Result<(String, bool), TurnError> {
+        let outcome = self
+            .enqueue(key, body, Some("application/json".into()), idempotency_key)
+            .await?;
+        Ok(match outcome {
+            EnqueueOutcome::Queued { message_id } => (message_id, false),
+            EnqueueOutcome::Duplicate { message_id } => (message_id, true),
+        })
+    }
+
+    /// Wait for the end of run `run_id` of `key`, reading events after
+    /// `after` (0: the whole kept log).
+    pub async fn wait_run(
+        &self,
+        key: &ActorKey,
+        run_id: &str,
+        after: u64,
+    ) -> Result<RunEnd, RunWaitError> {
+        // Subscribe before reading, so a commit in between wakes us.
+        let mut sub = self
+            .event_bus()
+            .subscribe(key)
+            .map_err(|_| RunWaitError::ShuttingDown)?;
+        let mut after = after;
+        let mut existed = false;
+        loop {
+            sub.changed.borrow_and_update();
+            match self.events(key, after, PAGE)? {
+                Some(page) => {
+                    existed = true;
+                    let full = page.len() == PAGE;
+                    for (seq, e) in page {
+                        after = seq;
+                        if !RUN_END_EVENTS.contains(&e.kind.as_str()) {
+                            continue;
+                        }
+                        let data: Value = serde_json::from_slice(&e.data).unwrap_or(Value::Null);
+                        if data["run_id"] == run_id {
+                            return Ok(RunEnd { kind: e.kind, data });
+                        }
+                    }
+                    if full {
+                        continue;
+                    }
+                }
+                None if existed => return Err(RunWaitError::Deleted),
+                None => {}
+            }
+            tokio::select! {
+                r = sub.changed.changed() => if r.is_err() { return Err(RunWaitError::ShuttingDown) },
+                _ = sub.closing.changed() => return Err(RunWaitError::ShuttingDown),
+            }
+        }
+    }
+}

@@ -1,0 +1,620 @@
+//! The built-in agent harness end to end: a real node, the fake provider
+//! speaking OpenAI's wire format, a ticket server the agent's http tool
+//! posts to, approvals, client tools, and `kill -9` in the middle of a
+//! tool call.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Api, Marmot, TESTKIT, tempdir};
+use marmot::fake_provider::{Behaviour, FakeProvider, Scripted};
+use serde_json::{Value, json};
+
+/// The ticket server: `POST /tickets` records the request under its
+/// `idempotency-key` (after `delay`, so a test can kill the node while the
+/// request is in flight); `GET /tickets/by-key/{key}` says whether one
+/// arrived.
+#[derive(Default)]
+struct Tickets {
+    posts: Mutex<Vec<(String, Value)>>,
+    delay_ms: Mutex<u64>,
+}
+
+impl Tickets {
+    async fn start() -> (Arc<Self>, u16) {
+        use axum::extract::{Path, State};
+        use axum::routing::{get, post};
+        let t = Arc::new(Tickets::default());
+        let app = axum::Router::new()
+            .route(
+                "/tickets",
+                post(
+                    |State(t): State<Arc<Tickets>>,
+                     h: axum::http::HeaderMap,
+                     body: axum::body::Bytes| async move {
+                        let key = h
+                            .get("idempotency-key")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("")
+                            .to_owned();
+                        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                        let n = {
+                            let mut p = t.posts.lock().unwrap();
+                            p.push((key, body));
+                            p.len()
+                        };
+                        let delay = *t.delay_ms.lock().unwrap();
+                        tokio::time::sleep(Duration::from_millis(delay)).await;
+                        axum::Json(json!({ "id": n }))
+                    },
+                ),
+            )
+            .route(
+                "/tickets/by-key/{key}",
+                get(
+                    |State(t): State<Arc<Tickets>>, Path(key): Path<String>| async move {
+                        let p = t.posts.lock().unwrap();
+                        match p.iter().position(|(k, _)| *k == key) {
+                            Some(i) => (
+                                axum::http::StatusCode::OK,
+                                axum::Json(json!({ "id": i + 1 })),
+                            ),
+                            None => (axum::http::StatusCode::NOT_FOUND, axum::Json(json!({}))),
+                        }
+                    },
+                ),
+            )
+            .with_state(t.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (t, port)
+    }
+
+    fn posts(&self) -> Vec<(String, Value)> {
+        self.posts.lock().unwrap().clone()
+    }
+}
+
+struct Rig {
+    dir: tempfile::TempDir,
+    node: Marmot,
+    api: Api,
+    fake: FakeProvider,
+    tickets: Arc<Tickets>,
+    port: u16,
+}
+
+const CONFIG: &str = "[egress]\nallow_private = [\"127.0.0.1/32\"]\n[models]\nbackoff_ms = 10\n";
+
+impl Rig {
+    async fn new() -> Self {
+        let dir = tempdir();
+        let node = Marmot::start_opts(&dir.path().join("data"), &[], Some(CONFIG)).await;
+        let api = node.client();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let fake = FakeProvider::start(listener, Behaviour::Echo, None);
+        let r = put(
+            &api,
+            "/v1/providers/fake",
+            json!({"format": "openai-chat", "base_url": fake.base_url("127.0.0.1")}),
+        )
+        .await;
+        assert_eq!(r.status, 201, "{}", r.json);
+        let (tickets, port) = Tickets::start().await;
+        assert_eq!(api.deploy("billing", TESTKIT, json!({})).await.status, 201);
+        Rig {
+            dir,
+            node,
+            api,
+            fake,
+            tickets,
+            port,
+        }
+    }
+
+    /// Deploy an agent type `ty` with these tools.
+    async fn agent(&self, ty: &str, tools: Value) -> common::Resp {
+        let manifest = json!({
+            "kind": "agent",
+            "agent": {
+                "instructions": "You are a test agent.",
+                "model": {"provider": "fake", "name": "m1"},
+                "tools": tools,
+                "limits": {"max_steps": 10},
+            },
+            "config": {"allowed_hosts": ["127.0.0.1"]},
+        });
+        put(&self.api, &format!("/v1/types/{ty}"), manifest).await
+    }
+
+    fn ticket_tool(&self, extra: Value) -> Value {
+        let mut t = json!({"kind": "http", "name": "create_ticket", "description": "Open a ticket",
+                           "method": "POST", "url": format!("http://127.0.0.1:{}/tickets", self.port),
+                           "input_schema": {"type": "object", "properties": {"title": {"type": "string"}}}});
+        for (k, v) in extra.as_object().unwrap() {
+            t[k] = v.clone();
+        }
+        t
+    }
+
+    async fn events(&self, ty: &str, id: &str) -> Vec<Value> {
+        let r = self
+            .api
+            .get(&format!("/v1/actors/{ty}/{id}/events?limit=1000"))
+            .await;
+        r.json["events"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Wait for an event of `kind` (the `n`th, from 1) and return it.
+    async fn wait_event(&self, ty: &str, id: &str, kind: &str, n: usize) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let evs = self.events(ty, id).await;
+            if let Some(e) = evs.iter().filter(|e| e["kind"] == kind).nth(n - 1) {
+                return e.clone();
+            }
+            assert!(Instant::now() < deadline, "no {kind} #{n}: {evs:#?}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+async fn put(api: &Api, path: &str, body: Value) -> common::Resp {
+    api.req(
+        reqwest::Method::PUT,
+        path,
+        Some(("application/json", serde_json::to_vec(&body).unwrap())),
+        &[],
+    )
+    .await
+}
+
+fn kinds(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap_or("").to_owned())
+        .filter(|k| k != "input_requested" && k != "input_answered")
+        .collect()
+}
+
+#[tokio::test]
+async fn a_run_calls_the_model_and_its_tools_committing_every_step() {
+    let rig = Rig::new().await;
+    let r = rig
+        .agent(
+            "helper",
+            json!([
+                rig.ticket_tool(json!({})),
+                {"kind": "actor", "name": "ask_billing", "description": "Ask billing", "type": "billing"},
+                {"kind": "code"},
+            ]),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    assert_eq!(r.json["kind"], "agent");
+
+    // Plain conversation: the fake echoes.
+    let r = rig
+        .api
+        .post_json("/v1/actors/helper/alice", &json!({"input": "hello there"}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["output"], "You said: hello there");
+    let run_id = r.json["run_id"].as_str().unwrap().to_owned();
+    assert!(r.json["usage"]["output_tokens"].as_u64().unwrap() > 0);
+    let evs = rig.events("helper", "alice").await;
+    assert_eq!(kinds(&evs), ["run_started", "model_step", "run_finished"]);
+    assert_eq!(evs[0]["data"]["run_id"], run_id.as_str());
+
+    // Tools: the model calls the ticket endpoint, billing and a script,
+    // then answers. Each call's result is committed before the next step.
+    rig.fake.push([
+        Scripted::ToolCalls {
+            text: String::new(),
+            calls: vec![
+                ("call_t".into(), "create_ticket".into(), json!({"title": "printer on fire"})),
+                ("call_b".into(), "ask_billing".into(), json!({"id": "acct-1", "message": {"op": "add", "key": "n", "by": 5}})),
+            ],
+        },
+        Scripted::ToolCalls {
+            text: String::new(),
+            calls: vec![("call_c".into(), "code".into(), json!({"code": "const t = await tools.create_ticket({title: 'from code'}); ({ticket: t.id, sum: 1 + 1})"}))],
+        },
+        Scripted::Text("All done.".into()),
+    ]);
+    let r = rig
+        .api
+        .post_json(
+            "/v1/actors/helper/alice",
+            &json!({"input": "open a ticket"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["output"], "All done.");
+    let posts = rig.tickets.posts();
+    assert_eq!(posts.len(), 2, "{posts:?}");
+    assert_eq!(posts[0].1, json!({"title": "printer on fire"}));
+    assert!(!posts[0].0.is_empty(), "an idempotency key is sent");
+    assert_eq!(posts[1].1, json!({"title": "from code"}));
+    assert_ne!(posts[0].0, posts[1].0);
+    let billing = rig
+        .api
+        .op("billing", "acct-1", json!({"op": "get", "key": "n"}))
+        .await;
+    assert_eq!(billing.json["value"], 5);
+    let evs = rig.events("helper", "alice").await;
+    let k = kinds(&evs);
+    assert_eq!(
+        k[3..],
+        [
+            "run_started",
+            "model_step",
+            "tool_call",
+            "tool_result",
+            "tool_call",
+            "tool_result",
+            "model_step",
+            "tool_call",
+            "tool_result",
+            "model_step",
+            "run_finished"
+        ],
+        "{evs:#?}"
+    );
+    let code_result = evs
+        .iter()
+        .filter(|e| e["kind"] == "tool_result")
+        .nth(2)
+        .unwrap();
+    assert_eq!(
+        code_result["data"]["content"]["result"],
+        json!({"ticket": 2, "sum": 2}),
+        "{code_result}"
+    );
+    // The transcript the model saw on its last step had every result.
+    let last = rig.fake.requests().last().unwrap().body.clone();
+    let msgs = last["messages"].as_array().unwrap();
+    assert_eq!(msgs[0]["role"], "system");
+    assert_eq!(msgs.iter().filter(|m| m["role"] == "tool").count(), 3);
+
+    // A new input while a run is active waits its turn: it arrives while
+    // the first run's first step (a slow model answer) runs.
+    rig.fake
+        .set_timing(Duration::from_millis(300), Duration::ZERO);
+    rig.fake.push([
+        Scripted::ToolCalls {
+            text: String::new(),
+            calls: vec![(
+                "call_q".into(),
+                "ask_billing".into(),
+                json!({"id": "acct-2", "message": {"op": "get", "key": "n"}}),
+            )],
+        },
+        Scripted::Text("first done".into()),
+    ]);
+    let a = rig
+        .api
+        .post_json(
+            "/v1/actors/helper/bob?wait=false",
+            &json!({"input": "first"}),
+        )
+        .await;
+    assert_eq!(a.status, 202);
+    rig.wait_event("helper", "bob", "run_started", 1).await;
+    let b = rig
+        .api
+        .post_json("/v1/actors/helper/bob", &json!({"input": "second"}))
+        .await;
+    assert_eq!(b.status, 200, "{}", b.json);
+    assert_eq!(b.json["output"], "You said: second");
+    assert_ne!(b.json["run_id"], a.json["run_id"]);
+    let k = kinds(&rig.events("helper", "bob").await);
+    let first_end = k.iter().position(|k| k == "run_finished").unwrap();
+    let queued = k
+        .iter()
+        .position(|k| k == "input_queued")
+        .expect("the second input was queued");
+    assert!(queued < first_end, "{k:?}");
+    assert_eq!(
+        k[first_end + 1..],
+        ["run_started", "model_step", "run_finished"],
+        "{k:?}"
+    );
+    rig.fake.set_timing(Duration::ZERO, Duration::ZERO);
+
+    // Bad manifests are refused and change nothing.
+    for (tools, why) in [
+        (
+            json!([{"kind": "http", "name": "x", "url": "https://elsewhere.example.com/"}]),
+            "allowed_hosts",
+        ),
+        (json!([{"kind": "shell"}]), "kind must be"),
+    ] {
+        let r = rig.agent("helper", tools).await;
+        assert_eq!(
+            (r.status, r.json["error"]["code"].as_str()),
+            (400, Some("invalid_manifest")),
+            "{}",
+            r.json
+        );
+        assert!(r.json["error"]["message"].as_str().unwrap().contains(why));
+    }
+    assert_eq!(rig.api.get("/v1/types/helper").await.json["version"], 1);
+    drop(rig.dir);
+}
+
+#[tokio::test]
+async fn approvals_bind_to_the_exact_arguments_and_survive_a_restart() {
+    let mut rig = Rig::new().await;
+    let r = rig
+        .agent(
+            "careful",
+            json!([rig.ticket_tool(json!({"needs_approval": true})),
+                   {"kind": "client", "name": "pick_date", "description": "Ask the user for a date",
+                    "input_schema": {"type": "object"}}]),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    rig.fake.push([
+        Scripted::ToolCalls {
+            text: "Let me file that.".into(),
+            calls: vec![(
+                "call_1".into(),
+                "create_ticket".into(),
+                json!({"title": "leak"}),
+            )],
+        },
+        Scripted::ToolCalls {
+            text: String::new(),
+            calls: vec![("call_2".into(), "pick_date".into(), json!({"for": "visit"}))],
+        },
+        Scripted::Text("Filed, see you then.".into()),
+    ]);
+    let r = rig
+        .api
+        .post_json(
+            "/v1/actors/careful/c1?wait=false",
+            &json!({"input": "file a leak"}),
+        )
+        .await;
+    assert_eq!(r.status, 202);
+    let run_id = r.json["run_id"].as_str().unwrap().to_owned();
+    let asked = rig
+        .wait_event("careful", "c1", "approval_requested", 1)
+        .await;
+    assert_eq!(asked["data"]["arguments"], json!({"title": "leak"}));
+    assert!(
+        rig.tickets.posts().is_empty(),
+        "nothing is sent before the approval"
+    );
+
+    // The node restarts while the approval is pending.
+    rig.node.restart().await;
+    let api = rig.node.client();
+    rig.api = api.clone();
+    let input_id = asked["data"]["input_id"].as_str().unwrap();
+    // Approving different arguments is not approving these: a new approval
+    // is asked for the edited ones.
+    let r = api
+        .post_json(
+            &format!("/v1/actors/careful/c1/inputs/{input_id}"),
+            &json!({"approved": true, "arguments": {"title": "flood"}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let again = rig
+        .wait_event("careful", "c1", "approval_requested", 2)
+        .await;
+    assert_eq!(again["data"]["arguments"], json!({"title": "flood"}));
+    assert!(rig.tickets.posts().is_empty());
+    let r = api
+        .post_json(
+            &format!(
+                "/v1/actors/careful/c1/inputs/{}",
+                again["data"]["input_id"].as_str().unwrap()
+            ),
+            &json!({"approved": true}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    // Answering twice is refused.
+    let r = api
+        .post_json(
+            &format!(
+                "/v1/actors/careful/c1/inputs/{}",
+                again["data"]["input_id"].as_str().unwrap()
+            ),
+            &json!({"approved": true}),
+        )
+        .await;
+    assert_eq!(r.status, 409);
+
+    // The client tool is an input request the client answers with the result.
+    let call = rig.wait_event("careful", "c1", "tool_call", 2).await;
+    assert_eq!(call["data"]["client"], true);
+    let r = api
+        .post_json(
+            &format!(
+                "/v1/actors/careful/c1/inputs/{}",
+                call["data"]["input_id"].as_str().unwrap()
+            ),
+            &json!({"date": "2026-12-24"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let done = rig.wait_event("careful", "c1", "run_finished", 1).await;
+    assert_eq!(done["data"]["run_id"], run_id.as_str());
+    assert_eq!(done["data"]["output"], "Filed, see you then.");
+    let posts = rig.tickets.posts();
+    assert_eq!(
+        posts.len(),
+        1,
+        "exactly one ticket, with the approved arguments: {posts:?}"
+    );
+    assert_eq!(posts[0].1, json!({"title": "flood"}));
+    let last = rig.fake.requests().last().unwrap().body.clone();
+    assert!(
+        last.to_string().contains("2026-12-24"),
+        "the client's result reached the model"
+    );
+}
+
+#[tokio::test]
+async fn a_tool_call_cut_off_by_kill_9_is_never_blindly_repeated() {
+    let mut rig = Rig::new().await;
+    // One tool asks the server whether the call arrived; the other cannot.
+    let reconcile = json!({"method": "GET", "url": format!("http://127.0.0.1:{}/tickets/by-key/{{idempotency_key}}", rig.port)});
+    let tools = json!([rig.ticket_tool(json!({"reconcile": reconcile})),
+                       {"kind": "http", "name": "plain_ticket", "method": "POST",
+                        "url": format!("http://127.0.0.1:{}/tickets", rig.port)}]);
+    assert_eq!(rig.agent("sturdy", tools).await.status, 201);
+    *rig.tickets.delay_ms.lock().unwrap() = 60_000;
+
+    for (n, tool) in [(1usize, "create_ticket"), (2, "plain_ticket")] {
+        rig.fake.push([
+            Scripted::ToolCalls {
+                text: String::new(),
+                calls: vec![(
+                    format!("call_{n}"),
+                    tool.into(),
+                    json!({"title": format!("t{n}")}),
+                )],
+            },
+            Scripted::Text(format!("done {n}")),
+        ]);
+        let id = format!("k{n}");
+        let r = rig
+            .api
+            .post_json(
+                &format!("/v1/actors/sturdy/{id}?wait=false"),
+                &json!({"input": "go"}),
+            )
+            .await;
+        assert_eq!(r.status, 202);
+        // The request reached the server, which has not answered: kill -9.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while rig.tickets.posts().len() < n {
+            assert!(Instant::now() < deadline, "the tool call never arrived");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        rig.node.kill9();
+        *rig.tickets.delay_ms.lock().unwrap() = 0;
+        rig.node.restart().await;
+        rig.api = rig.node.client();
+        if tool == "create_ticket" {
+            // Reconciled by its idempotency key: the server had it.
+            let res = rig.wait_event("sturdy", &id, "tool_result", 1).await;
+            assert_eq!(res["data"]["content"]["reconciled"], true, "{res}");
+        } else {
+            // No way to ask: a person is asked whether it happened.
+            let unsure = rig.wait_event("sturdy", &id, "tool_uncertain", 1).await;
+            let input_id = unsure["data"]["input_id"].as_str().unwrap();
+            let r = rig
+                .api
+                .post_json(
+                    &format!("/v1/actors/sturdy/{id}/inputs/{input_id}"),
+                    &json!({"happened": true, "result": {"id": 2}}),
+                )
+                .await;
+            assert_eq!(r.status, 200, "{}", r.json);
+        }
+        let done = rig.wait_event("sturdy", &id, "run_finished", 1).await;
+        assert_eq!(done["data"]["output"], format!("done {n}"));
+        assert_eq!(
+            rig.tickets.posts().len(),
+            n,
+            "the call was repeated: {:?}",
+            rig.tickets.posts()
+        );
+        *rig.tickets.delay_ms.lock().unwrap() = 60_000;
+    }
+    let by_key: HashMap<String, usize> =
+        rig.tickets
+            .posts()
+            .into_iter()
+            .fold(HashMap::new(), |mut m, (k, _)| {
+                *m.entry(k).or_default() += 1;
+                m
+            });
+    assert!(by_key.values().all(|&c| c == 1), "{by_key:?}");
+}
+
+#[tokio::test]
+async fn runs_can_be_cancelled_and_budgets_stop_them() {
+    let rig = Rig::new().await;
+    assert_eq!(
+        rig.agent(
+            "slow",
+            json!([rig.ticket_tool(json!({"needs_approval": true}))])
+        )
+        .await
+        .status,
+        201
+    );
+    rig.fake.push([Scripted::ToolCalls {
+        text: String::new(),
+        calls: vec![(
+            "call_x".into(),
+            "create_ticket".into(),
+            json!({"title": "x"}),
+        )],
+    }]);
+    let api = rig.api.clone();
+    let waiting = tokio::spawn(async move {
+        api.post_json("/v1/actors/slow/s1", &json!({"input": "go"}))
+            .await
+    });
+    let asked = rig.wait_event("slow", "s1", "approval_requested", 1).await;
+    let run_id = asked["data"]["run_id"].as_str().unwrap();
+    let r = rig
+        .api
+        .post_json(
+            &format!("/v1/actors/slow/s1/runs/{run_id}/cancel"),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    let r = waiting.await.unwrap();
+    assert_eq!(
+        (r.status, r.json["error"]["code"].as_str()),
+        (409, Some("run_cancelled")),
+        "{}",
+        r.json
+    );
+    // The stale approval does nothing now.
+    let input_id = asked["data"]["input_id"].as_str().unwrap();
+    rig.api
+        .post_json(
+            &format!("/v1/actors/slow/s1/inputs/{input_id}"),
+            &json!({"approved": true}),
+        )
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(rig.tickets.posts().is_empty());
+    let r = rig
+        .api
+        .post_json("/v1/actors/counter/x/runs/abc/cancel", &json!({}))
+        .await;
+    assert_eq!(r.status, 404);
+
+    // A budget of a few tokens: the first step is refused.
+    let manifest = json!({"kind": "agent", "agent": {"model": {"provider": "fake", "name": "m1"}},
+                          "config": {"budget": {"actor_max_tokens": 50}}});
+    assert_eq!(put(&rig.api, "/v1/types/tight", manifest).await.status, 201);
+    let r = rig
+        .api
+        .post_json("/v1/actors/tight/t1", &json!({"input": "hi"}))
+        .await;
+    assert_eq!(
+        (r.status, r.json["error"]["code"].as_str()),
+        (402, Some("budget_exceeded")),
+        "{}",
+        r.json
+    );
+    let k = kinds(&rig.events("tight", "t1").await);
+    assert_eq!(k, ["run_started", "budget_exceeded"]);
+}
