@@ -618,3 +618,178 @@ async fn runs_can_be_cancelled_and_budgets_stop_them() {
     let k = kinds(&rig.events("tight", "t1").await);
     assert_eq!(k, ["run_started", "budget_exceeded"]);
 }
+
+/// `marmot dev` with no credentials: the assistant example runs against
+/// the fake model, writes a report to `outputs/`, opens a ticket at the
+/// demo desk after an approval, and takes a signed ticket webhook.
+#[tokio::test]
+async fn the_dev_assistant_works_without_credentials() {
+    let dir = tempdir();
+    let node = Marmot::start_with_examples(&dir.path().join("data")).await;
+    let api = node.client();
+    let ty = api.get("/v1/types/assistant").await;
+    assert_eq!(ty.json["kind"], "agent", "{}", ty.json);
+    assert_eq!(
+        api.get("/v1/providers/default").await.json["format"],
+        "openai-chat"
+    );
+
+    let r = api
+        .post_json(
+            "/v1/actors/assistant/alice",
+            &json!({"input": "Write a report to outputs/report.md please"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let report = api
+        .get("/v1/actors/assistant/alice/files/outputs/report.md")
+        .await;
+    assert_eq!(report.status, 200);
+    assert!(String::from_utf8_lossy(&report.body).starts_with("# Report"));
+
+    let r = api
+        .post_json(
+            "/v1/actors/assistant/alice?wait=false",
+            &json!({"input": "Open a ticket: the printer is on fire"}),
+        )
+        .await;
+    assert_eq!(r.status, 202);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let input_id = loop {
+        let inputs = api.get("/v1/actors/assistant/alice/inputs").await.json;
+        if let Some(i) = inputs["inputs"].as_array().and_then(|l| l.first()) {
+            break i["id"].as_str().unwrap().to_owned();
+        }
+        assert!(Instant::now() < deadline, "no approval asked: {inputs}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    let r = api
+        .post_json(
+            &format!("/v1/actors/assistant/alice/inputs/{input_id}"),
+            &json!({"approved": true}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let desk = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let t: Value = desk
+            .get("http://127.0.0.77:7879/desk/tickets")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if t["tickets"].as_array().is_some_and(|l| l.len() == 1) {
+            assert!(
+                t["tickets"][0]["title"]
+                    .as_str()
+                    .unwrap()
+                    .contains("printer")
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "no ticket: {t}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+
+    // The daily summary is scheduled once the actor exists.
+    let alarms = api.get("/v1/actors/assistant/alice/alarms").await.json;
+    assert!(
+        alarms.to_string().contains("agent-schedule/daily-summary"),
+        "{alarms}"
+    );
+
+    // A ticket webhook, routed to the requester's assistant.
+    let manifest: Value =
+        serde_json::from_str(include_str!("../examples/assistant/assistant.json")).unwrap();
+    let secret = manifest["config"]["webhook_secret"].as_str().unwrap();
+    let body =
+        serde_json::to_vec(&json!({"ticket": {"requester": "bob", "status": "solved"}})).unwrap();
+    let ts = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let sig = marmot::webhooks::sign(&marmot::webhooks::secret_key(secret), "msg_1", ts, &body);
+    let r = api
+        .req(
+            reqwest::Method::POST,
+            "/v1/hooks/assistant/_/ticket",
+            Some(("application/json", body)),
+            &[
+                ("webhook-id", "msg_1"),
+                ("webhook-timestamp", &ts.to_string()),
+                ("webhook-signature", &sig),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let f = api
+            .get("/v1/actors/assistant/bob/files/outputs/ticket-updates.md")
+            .await;
+        if f.status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the webhook started no run");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `examples/js-agent`: a JavaScript actor running its own loop with
+/// `model.chat` and tools written in JavaScript.
+#[tokio::test]
+async fn the_javascript_agent_example_runs_its_own_loop() {
+    let rig = Rig::new().await;
+    let r = put(
+        &rig.api,
+        "/v1/providers/default",
+        json!({"format": "anthropic-messages", "base_url": rig.fake.base_url("127.0.0.1")}),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    let source = include_str!("../examples/js-agent/agent.js");
+    let r = rig
+        .api
+        .req(
+            reqwest::Method::PUT,
+            "/v1/types/js-agent",
+            Some(("text/javascript", source.as_bytes().to_vec())),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    rig.fake.push([
+        Scripted::ToolCalls {
+            text: String::new(),
+            calls: vec![(
+                "toolu_1".into(),
+                "multiply".into(),
+                json!({"a": 19, "b": 23}),
+            )],
+        },
+        Scripted::Text("437".into()),
+    ]);
+    let r = rig
+        .api
+        .post_json(
+            "/v1/actors/js-agent/alice",
+            &json!({"ask": "What is 19 * 23?"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["answer"], "437");
+    let last = rig.fake.requests().last().unwrap().body.clone();
+    // The tool's result went back to the model (Anthropic's format here).
+    assert_eq!(
+        last["messages"][2]["content"][0]["content"], r#"{"product":437}"#,
+        "{last}"
+    );
+    let transcript = rig
+        .api
+        .get("/v1/actors/js-agent/alice/state/transcript")
+        .await;
+    assert_eq!(transcript.status, 200);
+}

@@ -39,6 +39,28 @@ pub struct Manifest {
     /// Per-run limits.
     #[serde(default)]
     pub limits: Option<Value>,
+    /// Runs started on a cron schedule: `{"name", "cron", "tz"?, "input"}`.
+    #[serde(default)]
+    pub schedules: Vec<ScheduleSpec>,
+    /// Runs started by inbound webhooks: hook name → input (`{body}` is
+    /// replaced by the payload).
+    #[serde(default)]
+    pub webhooks: BTreeMap<String, String>,
+}
+
+/// A run on a cron schedule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleSpec {
+    /// Unique among the agent's schedules.
+    pub name: String,
+    /// Cron pattern (5 fields, or 6 with seconds).
+    pub cron: String,
+    /// IANA time zone (UTC when absent).
+    #[serde(default)]
+    pub tz: Option<String>,
+    /// The run's input.
+    pub input: String,
 }
 
 /// The model of an agent.
@@ -113,6 +135,7 @@ const TOOL_KEYS: &[(&str, &[&str])] = &[
         ],
     ),
     ("client", &["kind", "name", "description", "input_schema"]),
+    ("files", &["kind", "name", "description", "needs_approval"]),
 ];
 
 const LIMIT_KEYS: &[&str] = &[
@@ -156,7 +179,11 @@ pub fn check(manifest: &Value, config: &TypeConfig) -> Result<String, String> {
         let name = obj
             .get("name")
             .and_then(Value::as_str)
-            .unwrap_or(if kind == "code" { "code" } else { "" });
+            .unwrap_or(match kind {
+                "code" => "code",
+                "files" => "files",
+                _ => "",
+            });
         if name.is_empty()
             || name.len() > 64
             || !name
@@ -227,6 +254,25 @@ pub fn check(manifest: &Value, config: &TypeConfig) -> Result<String, String> {
                     return Err(format!("agent code tool names `{t}`, which is not a tool"));
                 }
             }
+        }
+    }
+    let mut schedule_names = HashSet::new();
+    for (i, s) in m.schedules.iter().enumerate() {
+        let at = format!("agent.schedules[{i}]");
+        crate::ids::validate_hook_name(&s.name).map_err(|e| format!("{at}.name: {e}"))?;
+        if !schedule_names.insert(s.name.as_str()) {
+            return Err(format!(
+                "{at}: a schedule named `{}` is defined twice",
+                s.name
+            ));
+        }
+        crate::alarms::cron_next(&s.cron, s.tz.as_deref(), crate::clock::now_ms())
+            .map_err(|e| format!("{at}: {e}"))?;
+    }
+    for name in m.webhooks.keys() {
+        crate::ids::validate_hook_name(name).map_err(|e| format!("agent.webhooks: {e}"))?;
+        if config.webhook_secret.is_none() {
+            return Err("agent.webhooks needs config.webhook_secret to verify them".into());
         }
     }
     if let Some(limits) = &m.limits {
@@ -358,5 +404,34 @@ mod tests {
         );
         bad(&|m| m["tools"][0]["tools"] = json!(["nope"]), "not a tool");
         bad(&|m| m["tool"] = json!([]), "unknown field `tool`");
+        bad(
+            &|m| m["schedules"] = json!([{"name": "daily", "cron": "not a cron", "input": "x"}]),
+            "agent.schedules[0]",
+        );
+        bad(
+            &|m| m["schedules"] = json!([{"name": "d", "cron": "0 8 * * *", "input": "x"}, {"name": "d", "cron": "0 9 * * *", "input": "y"}]),
+            "defined twice",
+        );
+        bad(
+            &|m| m["webhooks"] = json!({"ticket": "{body}"}),
+            "webhook_secret",
+        );
+        bad(
+            &|m| {
+                m["tools"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"kind": "files", "url": "x"}))
+            },
+            "unknown key `url`",
+        );
+        let mut ok = good.clone();
+        ok["tools"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"kind": "files"}));
+        ok["schedules"] =
+            json!([{"name": "daily", "cron": "0 8 * * *", "tz": "Europe/Berlin", "input": "x"}]);
+        check(&ok, &config()).unwrap();
     }
 }

@@ -12,7 +12,12 @@
 //!
 //! Replies come from a queue of [`Scripted`] answers; with the queue empty
 //! it answers with [`Behaviour`]: an echo of the last user message, or a
-//! tool call when the user writes `call TOOL {json}`.
+//! tool call when the user writes `call TOOL {json}` (or, for `marmot
+//! dev`'s assistant, mentions `outputs/…` with a `files` tool offered, or a
+//! ticket with a `create_ticket` tool offered).
+//!
+//! It also serves a tiny help desk for that demo: `POST /desk/tickets`
+//! records a ticket, `GET /desk/tickets` lists them.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -97,6 +102,8 @@ struct Shared {
     latency: Mutex<Duration>,
     /// Between two streamed deltas.
     token_delay: Mutex<Duration>,
+    /// The demo help desk's tickets.
+    desk: Mutex<Vec<Value>>,
 }
 
 /// A running fake provider.
@@ -147,8 +154,10 @@ impl FakeProvider {
             key,
             latency: Mutex::new(Duration::ZERO),
             token_delay: Mutex::new(Duration::ZERO),
+            desk: Mutex::new(Vec::new()),
         });
         let app = axum::Router::new()
+            .route("/desk/tickets", post(desk_post).get(desk_list))
             .route("/v1/chat/completions", post(openai_chat))
             .route("/v1/responses", post(openai_responses))
             .route("/v1/messages", post(anthropic))
@@ -238,6 +247,17 @@ enum Vendor {
     Chat,
     Responses,
     Anthropic,
+}
+
+async fn desk_post(s: State<Arc<Shared>>, body: Bytes) -> Response {
+    let ticket: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let mut desk = s.desk.lock().unwrap();
+    desk.push(ticket);
+    axum::Json(json!({ "id": desk.len(), "status": "open" })).into_response()
+}
+
+async fn desk_list(s: State<Arc<Shared>>) -> Response {
+    axum::Json(json!({ "tickets": *s.desk.lock().unwrap() })).into_response()
 }
 
 async fn openai_chat(s: State<Arc<Shared>>, h: HeaderMap, body: Bytes) -> Response {
@@ -374,16 +394,53 @@ fn echo(vendor: Vendor, body: &Value) -> Scripted {
     if last_role == "tool" {
         return Scripted::Text(format!("Done. The tool said: {last_text}"));
     }
+    let call = |name: &str, args: Value| Scripted::ToolCalls {
+        text: String::new(),
+        calls: vec![(
+            format!("call_{}", rand::random::<u32>()),
+            name.to_owned(),
+            args,
+        )],
+    };
     if let Some(rest) = last_text.trim().strip_prefix("call ") {
         let (name, args) = rest.split_once(' ').unwrap_or((rest, "{}"));
-        let args = serde_json::from_str(args).unwrap_or_else(|_| json!({}));
-        let id = format!("call_{}", rand::random::<u32>());
-        return Scripted::ToolCalls {
-            text: String::new(),
-            calls: vec![(id, name.to_owned(), args)],
-        };
+        return call(
+            name,
+            serde_json::from_str(args).unwrap_or_else(|_| json!({})),
+        );
+    }
+    let tools = tool_names(vendor, body);
+    if tools.iter().any(|t| t == "files")
+        && let Some(path) = last_text
+            .split_whitespace()
+            .find(|w| w.starts_with("outputs/"))
+    {
+        let path = path.trim_end_matches(['.', ',', ';', ':', ')']);
+        let report = format!("# Report\n\nAsked for: {last_text}\n");
+        return call(
+            "files",
+            json!({ "op": "write", "path": path, "content": report }),
+        );
+    }
+    if tools.iter().any(|t| t == "create_ticket") && last_text.to_lowercase().contains("ticket") {
+        let title: String = last_text.chars().take(80).collect();
+        return call("create_ticket", json!({ "title": title }));
     }
     Scripted::Text(format!("You said: {last_text}"))
+}
+
+/// The names of the tools a request offers.
+fn tool_names(vendor: Vendor, body: &Value) -> Vec<String> {
+    body["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| match vendor {
+            Vendor::Chat => t["function"]["name"].as_str(),
+            _ => t["name"].as_str(),
+        })
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The last message's role (`tool` for any tool result) and its text.

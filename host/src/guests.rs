@@ -13,5 +13,8 @@ pub const QUICKJS: &[u8] = include_bytes!(env!("MARMOT_GUEST_MARMOT_QUICKJS"));
 /// `actors/agent`: the built-in agent harness (types of kind `agent`).
 pub const AGENT: &[u8] = include_bytes!(env!("MARMOT_GUEST_MARMOT_AGENT"));
 
+/// `examples/assistant`: the agent manifest `marmot dev` deploys.
+pub const ASSISTANT: &str = include_str!("../../examples/assistant/assistant.json");
+
 /// The examples `marmot dev` deploys: (type name, component).
 pub const EXAMPLES: &[(&str, &[u8])] = &[("counter", COUNTER), ("notes", NOTES)];

@@ -26,7 +26,7 @@ mod run;
 mod store;
 mod tools;
 
-use marmot_guest::{Actor, Alarm, Context, InputAnswer, Message, Reply, Result};
+use marmot_guest::{Actor, Alarm, Context, InputAnswer, Message, Reply, Result, Webhook};
 use serde::Deserialize;
 
 /// What the harness is sent.
@@ -65,6 +65,7 @@ impl Actor for Agent {
         let agent = run::Harness::new(ctx)?;
         match req {
             Request::Input { input } => {
+                agent.ensure_schedules()?;
                 let queued = agent.start_or_queue(&msg.id, input)?;
                 Reply::json(&serde_json::json!({ "run_id": msg.id, "queued": queued }))
             }
@@ -87,9 +88,12 @@ impl Actor for Agent {
         }
     }
 
-    /// A paused step (the model was unavailable) is due.
+    /// A schedule of the manifest, or a paused step (the model was
+    /// unavailable), is due.
     fn on_alarm(ctx: &Context, alarm: Alarm) -> Result<()> {
-        if let Some(run_id) = alarm.name.strip_prefix("agent-retry/") {
+        if let Some(name) = alarm.name.strip_prefix(run::SCHEDULE_ALARM) {
+            run::Harness::new(ctx)?.scheduled(name, &ctx.turn_id)?;
+        } else if let Some(run_id) = alarm.name.strip_prefix("agent-retry/") {
             let payload: serde_json::Value = serde_json::from_slice(&alarm.payload)?;
             let nonce = payload["nonce"].as_str().unwrap_or_default();
             run::Harness::new(ctx)?.step(run_id, nonce)?;
@@ -99,6 +103,18 @@ impl Actor for Agent {
 
     fn on_input(ctx: &Context, input: InputAnswer) -> Result<()> {
         run::Harness::new(ctx)?.answer(input)
+    }
+
+    /// A webhook the manifest maps to an input.
+    fn on_webhook(ctx: &Context, req: Webhook) -> Result<()> {
+        let agent = run::Harness::new(ctx)?;
+        agent.ensure_schedules()?;
+        agent.webhook(&req.name, &req.body, &ctx.turn_id)
+    }
+
+    /// A new version (perhaps a new manifest): schedules follow it.
+    fn on_upgrade(ctx: &Context, _from_version: u32) -> Result<()> {
+        run::Harness::new(ctx)?.ensure_schedules()
     }
 }
 

@@ -16,6 +16,22 @@ pub struct Manifest {
     pub tools: Vec<Tool>,
     #[serde(default)]
     pub limits: Limits,
+    /// Runs started by the clock.
+    #[serde(default)]
+    pub schedules: Vec<ScheduleSpec>,
+    /// Runs started by inbound webhooks: hook name → the input, where
+    /// `{body}` is replaced by the payload.
+    #[serde(default)]
+    pub webhooks: Map<String, Value>,
+}
+
+/// A run on a cron schedule.
+#[derive(Debug, Clone, serde::Serialize, Deserialize)]
+pub struct ScheduleSpec {
+    pub name: String,
+    pub cron: String,
+    pub tz: Option<String>,
+    pub input: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -109,6 +125,15 @@ pub enum Tool {
         #[serde(default)]
         needs_approval: bool,
     },
+    /// The actor's files (`outputs/` are artifacts users can download).
+    Files {
+        #[serde(default = "files_name")]
+        name: String,
+        #[serde(default)]
+        description: String,
+        #[serde(default)]
+        needs_approval: bool,
+    },
     /// Run by the client: an input request answered with the result.
     Client {
         name: String,
@@ -129,6 +154,10 @@ pub struct Endpoint {
 
 fn code_name() -> String {
     "code".into()
+}
+
+fn files_name() -> String {
+    "files".into()
 }
 
 fn post() -> String {
@@ -172,6 +201,7 @@ impl Tool {
             Tool::Code { name, .. }
             | Tool::Http { name, .. }
             | Tool::Actor { name, .. }
+            | Tool::Files { name, .. }
             | Tool::Client { name, .. } => name,
         }
     }
@@ -180,6 +210,7 @@ impl Tool {
         match self {
             Tool::Code { needs_approval, .. }
             | Tool::Http { needs_approval, .. }
+            | Tool::Files { needs_approval, .. }
             | Tool::Actor { needs_approval, .. } => *needs_approval,
             Tool::Client { .. } => false,
         }
@@ -191,6 +222,8 @@ impl Tool {
             Tool::Http {
                 idempotent, method, ..
             } => idempotent.unwrap_or(matches!(method.as_str(), "GET" | "HEAD")),
+            // Its writes commit with the turn: a cut-off run wrote nothing.
+            Tool::Files { .. } => true,
             _ => false,
         }
     }
@@ -243,6 +276,23 @@ impl Tool {
                 name,
                 description.clone(),
                 input_schema.clone().unwrap_or(object),
+            ),
+            Tool::Files {
+                name, description, ..
+            } => (
+                name,
+                if description.is_empty() {
+                    "Read, write, list or delete files in this agent's workspace. Files under \
+                     outputs/ can be downloaded by the user."
+                        .to_owned()
+                } else {
+                    description.clone()
+                },
+                json!({ "type": "object", "properties": {
+                    "op": { "enum": ["read", "write", "list", "delete"] },
+                    "path": { "type": "string", "description": "Relative path, e.g. outputs/report.md" },
+                    "content": { "type": "string", "description": "For write" } },
+                    "required": ["op"] }),
             ),
             Tool::Actor {
                 name,

@@ -48,7 +48,40 @@ pub fn run(manifest: &Manifest, tool: &Tool, args: &Value, key: &str) -> Outcome
         Tool::Code {
             tools, timeout_ms, ..
         } => code(manifest, tools.as_deref(), *timeout_ms, args, key),
+        Tool::Files { .. } => files(args),
         Tool::Client { .. } => Outcome::error("a client tool is answered by the client"),
+    }
+}
+
+/// The actor's own files: written with the step's commit.
+fn files(args: &Value) -> Outcome {
+    use marmot_guest::files as f;
+    let path = args.get("path").and_then(Value::as_str).unwrap_or("");
+    let r = match args.get("op").and_then(Value::as_str) {
+        Some("read") => {
+            f::read(path).map(|b| Value::String(String::from_utf8_lossy(&b).into_owned()))
+        }
+        Some("write") => {
+            let content = match args.get("content") {
+                Some(Value::String(s)) => s.clone(),
+                Some(v) => v.to_string(),
+                None => String::new(),
+            };
+            f::write(path, content.as_bytes())
+                .map(|()| json!({ "written": path, "bytes": content.len() }))
+        }
+        Some("list") => f::list(path).map(|l| {
+            l.iter()
+                .map(|i| json!({ "path": i.path, "size": i.size }))
+                .collect::<Vec<_>>()
+                .into()
+        }),
+        Some("delete") => f::delete(path).map(|d| json!({ "deleted": d })),
+        _ => return Outcome::error("`op` must be read, write, list or delete"),
+    };
+    match r {
+        Ok(v) => Outcome::ok(cap(v)),
+        Err(e) => Outcome::error(e.message()),
     }
 }
 

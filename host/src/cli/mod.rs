@@ -4,6 +4,7 @@
 //! HTTP API; client commands talk to a node over HTTP. Errors are printed as
 //! one line and the process exits non-zero.
 
+mod assistant;
 mod client;
 mod server;
 

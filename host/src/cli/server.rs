@@ -75,6 +75,9 @@ pub(super) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     if config.models.allow_private.is_empty() {
         config.models.allow_private = vec!["127.0.0.0/8".into(), "::1/128".into()];
     }
+    if !args.no_examples {
+        super::assistant::prepare_config(&mut config);
+    }
     let node = Node::start(config).await?;
     if !args.no_examples {
         for (name, code) in crate::guests::EXAMPLES {
@@ -101,12 +104,19 @@ pub(super) async fn dev(args: DevArgs) -> anyhow::Result<()> {
             );
         }
     }
+    // Kept alive while the node serves.
+    let _fake = if args.no_examples {
+        None
+    } else {
+        super::assistant::deploy(&node).await?
+    };
     let listener = bind(listen).await?;
     let addr = listener.local_addr()?;
     eprintln!(
         "\nmarmot dev listening on http://{addr} (auth off, data in {})\n\
          try:\n  curl -s -X POST http://{addr}/v1/actors/counter/alice -d '{{\"by\": 2}}'\n  \
-         curl -s http://{addr}/v1/actors/counter/alice\n",
+         curl -s http://{addr}/v1/actors/counter/alice\n  \
+         curl -s -X POST http://{addr}/v1/actors/assistant/alice -d '{{\"input\": \"Write a report to outputs/report.md\"}}'\n",
         node.config().data_dir.display()
     );
     run_server(node, listener).await
