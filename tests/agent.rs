@@ -793,3 +793,99 @@ async fn the_javascript_agent_example_runs_its_own_loop() {
         .await;
     assert_eq!(transcript.status, 200);
 }
+
+/// A script from the code tool cannot send, by itself, the request an
+/// http tool needs an approval for.
+#[tokio::test]
+async fn scripts_cannot_bypass_an_approval() {
+    let rig = Rig::new().await;
+    let tools = json!([rig.ticket_tool(json!({"needs_approval": true})), {"kind": "code"}]);
+    assert_eq!(rig.agent("gated", tools).await.status, 201);
+    let url = format!("http://127.0.0.1:{}/tickets", rig.port);
+    let code = format!(
+        "const r = await fetch({url:?}, {{ method: 'POST', body: '{{\"title\": \"sneaky\"}}' }}); r.status"
+    );
+    rig.fake.push([
+        Scripted::ToolCalls {
+            text: String::new(),
+            calls: vec![("call_s".into(), "code".into(), json!({"code": code}))],
+        },
+        Scripted::Text("ok".into()),
+    ]);
+    let r = rig
+        .api
+        .post_json("/v1/actors/gated/g1", &json!({"input": "go"}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let result = rig.wait_event("gated", "g1", "tool_result", 1).await;
+    assert_eq!(result["data"]["is_error"], true, "{result}");
+    assert!(
+        result["data"]["content"]
+            .to_string()
+            .contains("`http` is not granted"),
+        "{result}"
+    );
+    assert!(
+        rig.tickets.posts().is_empty(),
+        "the script reached the gated endpoint"
+    );
+}
+
+/// `kill -9` right after each kind of committed step: the run finishes
+/// after the restart, and the ticket is posted exactly once.
+#[tokio::test]
+async fn kill_9_at_every_step_boundary_repeats_no_effect() {
+    let mut rig = Rig::new().await;
+    let reconcile = json!({"method": "GET", "url": format!("http://127.0.0.1:{}/tickets/by-key/{{idempotency_key}}", rig.port)});
+    assert_eq!(
+        rig.agent(
+            "tough",
+            json!([rig.ticket_tool(json!({"reconcile": reconcile}))])
+        )
+        .await
+        .status,
+        201
+    );
+    // Slow answers and a slow ticket desk: the kill lands inside the next
+    // step as often as between steps.
+    rig.fake
+        .set_timing(Duration::from_millis(150), Duration::ZERO);
+    *rig.tickets.delay_ms.lock().unwrap() = 150;
+    for (n, boundary) in ["run_started", "model_step", "tool_call", "tool_result"]
+        .iter()
+        .enumerate()
+    {
+        let id = format!("b{n}");
+        let input = format!(r#"call create_ticket {{"title": "t{n}"}}"#);
+        let r = rig
+            .api
+            .post_json(
+                &format!("/v1/actors/tough/{id}?wait=false"),
+                &json!({"input": input}),
+            )
+            .await;
+        assert_eq!(r.status, 202);
+        let run_id = r.json["run_id"].as_str().unwrap().to_owned();
+        rig.wait_event("tough", &id, boundary, 1).await;
+        rig.node.kill9();
+        rig.node.restart().await;
+        rig.api = rig.node.client();
+        let done = rig.wait_event("tough", &id, "run_finished", 1).await;
+        assert_eq!(done["data"]["run_id"], run_id.as_str());
+        let posts: Vec<_> = rig
+            .tickets
+            .posts()
+            .into_iter()
+            .filter(|(k, _)| k.starts_with(&run_id))
+            .collect();
+        assert_eq!(posts.len(), 1, "after a kill at {boundary}: {posts:?}");
+        let evs = rig.events("tough", &id).await;
+        for kind in ["tool_result", "run_finished"] {
+            assert_eq!(
+                evs.iter().filter(|e| e["kind"] == *kind).count(),
+                1,
+                "{kind} after a kill at {boundary}: {evs:#?}"
+            );
+        }
+    }
+}

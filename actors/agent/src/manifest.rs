@@ -185,13 +185,34 @@ impl Manifest {
         self.tools.iter().map(|t| t.definition(self)).collect()
     }
 
-    /// The tools a code tool's script may call.
+    /// The tools a code tool's script may call: http and actor tools that
+    /// need no approval, while no tool of their kind needs one (a script
+    /// with the capability could reach a gated endpoint directly, so it
+    /// gets neither).
     pub fn script_tools(&self, allowed: Option<&[String]>) -> Vec<&Tool> {
+        let (http_gated, actors_gated) = self.gated();
         self.tools
             .iter()
-            .filter(|t| matches!(t, Tool::Http { .. } | Tool::Actor { .. }) && !t.needs_approval())
+            .filter(|t| match t {
+                Tool::Http { .. } => !http_gated,
+                Tool::Actor { .. } => !actors_gated,
+                _ => false,
+            })
+            .filter(|t| !t.needs_approval())
             .filter(|t| allowed.is_none_or(|a| a.iter().any(|n| n == t.name())))
             .collect()
+    }
+}
+
+impl Manifest {
+    /// Whether some http tool, and some actor tool, needs an approval.
+    pub fn gated(&self) -> (bool, bool) {
+        let gated =
+            |kind: fn(&Tool) -> bool| self.tools.iter().any(|t| kind(t) && t.needs_approval());
+        (
+            gated(|t| matches!(t, Tool::Http { .. })),
+            gated(|t| matches!(t, Tool::Actor { .. })),
+        )
     }
 }
 

@@ -335,9 +335,8 @@ impl Harness {
         };
         let data =
             json!({ "run_id": run.run_id, "call_id": call_id, "name": name, "arguments": args });
-        if let Tool::Client { input_schema, .. } = tool {
+        if let Tool::Client { .. } = tool {
             let prompt = json!({ "tool": name, "call_id": call_id, "arguments": args }).to_string();
-            let _ = input_schema;
             let input_id = inputs::request_with(&format!("tool:{name}"), &prompt, None, None)?;
             store::set_wait(
                 &input_id,

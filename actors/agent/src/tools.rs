@@ -213,7 +213,7 @@ fn code(
     // The model's code is a script whose last expression is the result:
     // keep it last, after the prelude.
     let script = format!("{prelude}{source}");
-    match js::eval_with(&script, &["http", "actors", "log"], timeout_ms) {
+    match js::eval_with(&script, &script_capabilities(manifest), timeout_ms) {
         Ok(out) => {
             let result = out
                 .result
@@ -237,6 +237,22 @@ fn code(
         }
         Err(e) => Outcome::error(e.message()),
     }
+}
+
+/// What a script may use. A script holding `http` could send any request
+/// the type may send, so while any http tool needs an approval, scripts get
+/// no `http` (they could reach that endpoint without one); the same for
+/// `actors` and actor tools.
+fn script_capabilities(manifest: &Manifest) -> Vec<&'static str> {
+    let (http_gated, actors_gated) = manifest.gated();
+    let mut caps = vec!["log"];
+    if !http_gated {
+        caps.push("http");
+    }
+    if !actors_gated {
+        caps.push("actors");
+    }
+    caps
 }
 
 /// A body as JSON if it is, else as text; capped.

@@ -6,6 +6,7 @@
 //! installed, else with a built-in closed-loop HTTP/1.1 client; the report
 //! says which. Benchmarks are measurements, never pass/fail tests.
 
+mod agent;
 mod alarms;
 mod compare;
 mod egress;
@@ -95,6 +96,10 @@ pub enum Scenario {
     /// File writes (committed with their turns) and downloads, small and
     /// large (`--actors` = small files written).
     Files,
+    /// The built-in agent harness against the fake provider: overhead per
+    /// step, `--actors` (default 1,000) concurrent runs with answers
+    /// streamed over ~200 ms (node CPU and RSS), then hibernated.
+    Agent,
     /// Side by side with Cloudflare's workerd (Durable Objects on local
     /// SQLite), same load generator, alternating runs, with ratios.
     VsWorkerd,
@@ -132,6 +137,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::WebhookIngest,
             Scenario::Fetch,
             Scenario::Files,
+            Scenario::Agent,
         ],
         s => vec![s],
     };
@@ -151,6 +157,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::WebhookIngest => webhooks::ingest(&args).await?,
             Scenario::Fetch => egress::fetch(&args).await?,
             Scenario::Files => files::files(&args).await?,
+            Scenario::Agent => agent::agent(&args).await?,
             Scenario::VsWorkerd => compare::vs_workerd(&args).await?,
             Scenario::All => unreachable!(),
         }
