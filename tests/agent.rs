@@ -889,3 +889,60 @@ async fn kill_9_at_every_step_boundary_repeats_no_effect() {
         }
     }
 }
+
+/// A transcript past `context_tokens` is summarized by the model before
+/// the next step; a provider down for a while pauses the step and the run
+/// goes on when it is back.
+#[tokio::test]
+async fn long_transcripts_are_compacted_and_outages_are_waited_out() {
+    let rig = Rig::new().await;
+    let manifest = json!({"kind": "agent", "agent": {"model": {"provider": "fake", "name": "m1"},
+                                                    "limits": {"context_tokens": 60}}});
+    assert_eq!(put(&rig.api, "/v1/types/brief", manifest).await.status, 201);
+    for i in 0..3 {
+        let r = rig
+            .api
+            .post_json(
+                "/v1/actors/brief/x",
+                &json!({"input": format!("message number {i} with some words in it")}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.json);
+    }
+    let evs = rig.events("brief", "x").await;
+    let compacted: Vec<&Value> = evs.iter().filter(|e| e["kind"] == "compacted").collect();
+    assert!(!compacted.is_empty(), "{:#?}", kinds(&evs));
+    // The summary replaced what it summarized: the model's last request
+    // starts with it.
+    let last = rig.fake.requests().last().unwrap().body.clone();
+    let first = last["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] != "system")
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        first.starts_with("Summary of the earlier conversation"),
+        "{last}"
+    );
+
+    // Down for longer than the gateway's retries: the step waits (an alarm)
+    // and the run finishes once the provider answers.
+    rig.fake.push((0..3).map(|_| Scripted::Error {
+        status: 503,
+        retry_after: None,
+    }));
+    let r = rig
+        .api
+        .post_json("/v1/actors/brief/y", &json!({"input": "hello"}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["output"], "You said: hello");
+    let k = kinds(&rig.events("brief", "y").await);
+    assert_eq!(
+        k,
+        ["run_started", "model_retry", "model_step", "run_finished"]
+    );
+}

@@ -172,6 +172,7 @@ impl Harness {
             output_tokens: 0,
             cost_usd: 0.0,
             retries: 0,
+            just_compacted: false,
         };
         emit("run_started", &json!({ "run_id": run_id, "input": input }))?;
         self.next(&mut run, Next::Step)
@@ -225,7 +226,9 @@ impl Harness {
             );
         }
         let size: usize = transcript.iter().map(|(_, m)| m.to_string().len()).sum();
-        if (size + self.m.instructions.len()) as u64 / 4 > limits.context_tokens {
+        if !run.just_compacted
+            && (size + self.m.instructions.len()) as u64 / 4 > limits.context_tokens
+        {
             return self.compact(run, &transcript);
         }
         let messages: Vec<&Value> = transcript.iter().map(|(_, m)| m).collect();
@@ -236,6 +239,7 @@ impl Harness {
             Ok(answer) => {
                 run.steps += 1;
                 run.retries = 0;
+                run.just_compacted = false;
                 count(&mut run, &answer);
                 let message = answer["message"].clone();
                 store::append(&message)?;
@@ -275,6 +279,13 @@ impl Harness {
             return self.end(run);
         }
         if error.contains("context_length_exceeded") {
+            if run.just_compacted {
+                return self.fail(
+                    run,
+                    "context_length",
+                    "the conversation does not fit the model even after compaction",
+                );
+            }
             return self.compact(run, transcript);
         }
         let unavailable = error.starts_with("host error:");
@@ -624,6 +635,7 @@ impl Harness {
                 )?;
                 let rest: Vec<String> = transcript[1..cut].iter().map(|(k, _)| k.clone()).collect();
                 store::remove(&rest);
+                run.just_compacted = true;
                 emit(
                     "compacted",
                     &json!({ "run_id": run.run_id, "messages_summarized": cut, "summary": summary,

@@ -42,6 +42,10 @@ pub struct Run {
     /// Model failures in a row (retried after a pause).
     #[serde(default)]
     pub retries: u32,
+    /// The transcript was compacted since the last model step: do not
+    /// compact again before the model has been tried.
+    #[serde(default)]
+    pub just_compacted: bool,
 }
 
 /// An input queued behind the active run.
