@@ -166,6 +166,10 @@ impl FakeProvider {
         let task = tokio::spawn(async move {
             match tls {
                 None => {
+                    // Streamed frames go out at once, as a provider's do.
+                    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                        let _ = tcp.set_nodelay(true);
+                    });
                     let _ = axum::serve(listener, app).await;
                 }
                 Some(cfg) => serve_tls(listener, cfg, app).await,
@@ -225,6 +229,7 @@ async fn serve_tls(
         };
         let (acceptor, app) = (acceptor.clone(), app.clone());
         tokio::spawn(async move {
+            let _ = tcp.set_nodelay(true);
             let Ok(stream) = acceptor.accept(tcp).await else {
                 return;
             };

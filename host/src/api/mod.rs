@@ -155,6 +155,10 @@ pub async fn serve(
         shutdown.await;
         bus.close();
     };
+    // Small writes (SSE frames, short replies) go out at once.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, router(node))
         .with_graceful_shutdown(shutdown)
         .await

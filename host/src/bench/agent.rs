@@ -4,7 +4,8 @@
 //!
 //! 1. **Overhead per step.** Runs of one model step that calls a tool
 //!    (`files`, which commits with its turn), the tool step, and a final
-//!    model step, one after another on one agent. Model time is a plain
+//!    model step: the second run of each of 200 conversations (the first
+//!    woke the actor). Model time is a plain
 //!    streamed request to the fake with the same shape, measured in the
 //!    same rounds; overhead per step = (run − 2 × model p50) / 3 steps, each
 //!    including its commit (the run is 5 turns: input, step, prepare, exec,
@@ -13,7 +14,10 @@
 //!    run at once; the fake streams every answer over about 200 ms. Node
 //!    CPU and RSS are sampled during the runs.
 //! 3. **Hibernated.** The agents go idle and hibernate: RSS after, and the
-//!    database bytes per agent.
+//!    database bytes per agent. Phases 2 and 3 run three times, with
+//!    different agents: RSS after the later waves shows whether what stays resident
+//!    grows with the agents hibernated (it should not: it is the
+//!    allocator's and the pools' reuse, not the agents').
 
 use std::time::{Duration, Instant};
 
@@ -69,10 +73,28 @@ pub(super) async fn agent(args: &BenchArgs) -> anyhow::Result<()> {
         "messages": [{"role": "system", "content": "Benchmark agent."}, {"role": "user", "content": "hello"}],
         "tools": [{"type": "function", "function": {"name": "files", "parameters": {"type": "object"}}}]});
     let model_url = format!("{}/chat/completions", fake.base_url("127.0.0.1"));
-    let run_url = format!("{base}/v1/actors/bot/hot");
     let mut model = Vec::with_capacity(rounds);
     let mut runs = Vec::with_capacity(rounds);
+    let run = |actor: String| {
+        let http = http.clone();
+        let url = format!("{base}/v1/actors/bot/{actor}");
+        async move {
+            let r = http
+                .post(url)
+                .json(&json!({"input": tool_input}))
+                .send()
+                .await?;
+            anyhow::ensure!(r.status() == 200, "run: {}", r.text().await?);
+            let body: serde_json::Value = r.json().await?;
+            anyhow::ensure!(body["steps"] == 2, "unexpected run: {body}");
+            anyhow::Ok(())
+        }
+    };
+    // A conversation's history grows with every run and every model step
+    // sends all of it, so one agent run over and over measures a growing
+    // transcript; each round is the second run of its own conversation.
     for i in 0..rounds + 10 {
+        run(format!("s{i}")).await?;
         let t = Instant::now();
         http.post(&model_url)
             .json(&plain_body)
@@ -82,18 +104,11 @@ pub(super) async fn agent(args: &BenchArgs) -> anyhow::Result<()> {
             .await?;
         let m = t.elapsed();
         let t = Instant::now();
-        let r = http
-            .post(&run_url)
-            .json(&json!({"input": tool_input}))
-            .send()
-            .await?;
-        anyhow::ensure!(r.status() == 200, "run: {}", r.text().await?);
-        let body: serde_json::Value = r.json().await?;
-        anyhow::ensure!(body["steps"] == 2, "unexpected run: {body}");
-        let run = t.elapsed();
+        run(format!("s{i}")).await?;
+        let took = t.elapsed();
         if i >= 10 {
             model.push(m);
-            runs.push(run);
+            runs.push(took);
         }
         progress("runs", i + 1, rounds + 10);
     }
@@ -112,8 +127,35 @@ pub(super) async fn agent(args: &BenchArgs) -> anyhow::Result<()> {
         step_p.line()
     );
 
-    // 2. Concurrent runs, each answer streamed over about 200 ms.
+    // 2 and 3, three times with different agents: the later waves show
+    // whether memory left after hibernation grows with the agents
+    // hibernated.
     fake.set_timing(Duration::ZERO, Duration::from_millis(40));
+    for (k, wave) in ["u", "v", "w"].into_iter().enumerate() {
+        concurrent_wave(&server, &http, &base, n, wave).await?;
+        let (active, rss_idle) = hibernated(&server, &base).await?;
+        let db = std::fs::metadata(data.join("marmot.redb"))?.len();
+        let agents = (rounds + 10) + n * (k + 1);
+        println!(
+            "  after hibernation: {active} active, RSS {:.1} MB; database {:.1} MB for {agents} agents ({:.1} KB per agent, transcripts and events included)",
+            rss_idle as f64 / MB,
+            db as f64 / MB,
+            db as f64 / agents as f64 / 1024.0
+        );
+    }
+    server.stop();
+    Ok(())
+}
+
+/// `n` agents (`{prefix}{i}`) start a run at once; prints wall time, run
+/// latency, and the node's CPU and RSS during the runs.
+async fn concurrent_wave(
+    server: &ServerProc,
+    http: &reqwest::Client,
+    base: &str,
+    n: usize,
+    prefix: &str,
+) -> anyhow::Result<()> {
     let input = "tell me something short"; // "You said: …": 5 words, 5 × 40 ms
     let rss_before = server.rss()?;
     let cpu_before = server.cpu_time()?;
@@ -134,7 +176,7 @@ pub(super) async fn agent(args: &BenchArgs) -> anyhow::Result<()> {
     let tasks: Vec<_> = (0..n)
         .map(|i| {
             let http = http.clone();
-            let url = format!("{base}/v1/actors/bot/u{i}");
+            let url = format!("{base}/v1/actors/bot/{prefix}{i}");
             tokio::spawn(async move {
                 let t = Instant::now();
                 let r = http.post(url).json(&json!({"input": input})).send().await?;
@@ -166,10 +208,15 @@ pub(super) async fn agent(args: &BenchArgs) -> anyhow::Result<()> {
         peak as f64 / MB,
         peak.saturating_sub(rss_before) as f64 / n as f64 / 1024.0
     );
+    Ok(())
+}
 
-    // 3. Hibernated: the agents go idle.
+/// Waits (up to a minute) until no actor is active; the count and the
+/// node's RSS then.
+async fn hibernated(server: &ServerProc, base: &str) -> anyhow::Result<(f64, u64)> {
+    let probe = reqwest::Client::builder().no_proxy().build()?;
     let active = || async {
-        let m = http
+        let m = probe
             .get(format!("{base}/metrics"))
             .send()
             .await?
@@ -187,15 +234,5 @@ pub(super) async fn agent(args: &BenchArgs) -> anyhow::Result<()> {
     while active().await? > 0.0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let rss_idle = server.rss()?;
-    let db = std::fs::metadata(data.join("marmot.redb"))?.len();
-    println!(
-        "  after hibernation: {} active, RSS {:.1} MB; database {:.1} MB ({:.1} KB per agent, transcripts and events included)",
-        active().await?,
-        rss_idle as f64 / MB,
-        db as f64 / MB,
-        db as f64 / (n + 1) as f64 / 1024.0
-    );
-    server.stop();
-    Ok(())
+    Ok((active().await?, server.rss()?))
 }

@@ -115,9 +115,15 @@ pub(super) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     eprintln!(
         "\nmarmot dev listening on http://{addr} (auth off, data in {})\n\
          try:\n  curl -s -X POST http://{addr}/v1/actors/counter/alice -d '{{\"by\": 2}}'\n  \
-         curl -s http://{addr}/v1/actors/counter/alice\n  \
-         curl -s -X POST http://{addr}/v1/actors/assistant/alice -d '{{\"input\": \"Write a report to outputs/report.md\"}}'\n",
-        node.config().data_dir.display()
+         curl -s http://{addr}/v1/actors/counter/alice\n{}",
+        node.config().data_dir.display(),
+        if args.no_examples {
+            String::new()
+        } else {
+            format!(
+                "  curl -s -X POST http://{addr}/v1/actors/assistant/alice -d '{{\"input\": \"Write a report to outputs/report.md\"}}'\n"
+            )
+        }
     );
     run_server(node, listener).await
 }

@@ -175,6 +175,10 @@ impl EngineParts {
             .memory_guard_size(64 << 10)
             .max_wasm_stack(512 << 10)
             .async_stack_size(1 << 20)
+            // A stack goes back to the pool decommitted (zeroed by the
+            // kernel): a hibernated actor keeps no stack pages resident,
+            // and no guest reads another's old stack.
+            .async_stack_zeroing(true)
             .cranelift_opt_level(wasmtime::OptLevel::Speed)
             // Compile on the deploying thread: parallel compilation leaves
             // ~60 MB behind in idle worker threads after a deploy.
