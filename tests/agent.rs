@@ -619,6 +619,60 @@ async fn runs_can_be_cancelled_and_budgets_stop_them() {
     assert_eq!(k, ["run_started", "budget_exceeded"]);
 }
 
+/// Twenty agent runs at once against one type budget: the reservations
+/// admit only what the budget covers, the rest end `budget_exceeded`
+/// before their model call, and what was committed stays under the limit.
+#[tokio::test]
+async fn twenty_concurrent_runs_never_overspend_a_budget() {
+    const MAX_TOKENS: u64 = 4000;
+    let rig = Rig::new().await;
+    let manifest = json!({"kind": "agent",
+        "agent": {"instructions": "Be brief.",
+                  "model": {"provider": "fake", "name": "m1", "max_output_tokens": 100}},
+        "config": {"budget": {"max_tokens": MAX_TOKENS}}});
+    assert_eq!(put(&rig.api, "/v1/types/pool", manifest).await.status, 201);
+    // Every answer takes 300 ms, so the runs' model calls overlap.
+    rig.fake
+        .set_timing(Duration::from_millis(300), Duration::ZERO);
+    let runs = (0..20).map(|i| {
+        let api = rig.api.clone();
+        async move {
+            api.post_json(&format!("/v1/actors/pool/p{i}"), &json!({"input": "hello"}))
+                .await
+        }
+    });
+    let results = futures::future::join_all(runs).await;
+    let done = results.iter().filter(|r| r.status == 200).count();
+    let refused = results
+        .iter()
+        .filter(|r| r.status == 402 && r.json["error"]["code"] == "budget_exceeded")
+        .count();
+    assert_eq!(done + refused, 20, "{results:?}");
+    assert!(done > 0 && refused > 0, "the budget binds: {results:?}");
+    // Refused runs never reached the provider.
+    assert_eq!(rig.fake.requests().len(), done);
+    let spent: u64 = results
+        .iter()
+        .filter(|r| r.status == 200)
+        .map(|r| {
+            r.json["usage"]["input_tokens"].as_u64().unwrap()
+                + r.json["usage"]["output_tokens"].as_u64().unwrap()
+        })
+        .sum();
+    let ty = rig.api.get("/v1/types/pool").await.json;
+    let used = ty["usage"]["input_tokens"].as_u64().unwrap()
+        + ty["usage"]["output_tokens"].as_u64().unwrap();
+    assert_eq!(used, spent, "{ty}");
+    assert!(used <= MAX_TOKENS, "{ty}");
+    assert_eq!(ty["usage"]["calls"], done as u64, "{ty}");
+    for (i, r) in results.iter().enumerate() {
+        if r.status == 402 {
+            let k = kinds(&rig.events("pool", &format!("p{i}")).await);
+            assert_eq!(k, ["run_started", "budget_exceeded"]);
+        }
+    }
+}
+
 /// `marmot dev` with no credentials: the assistant example runs against
 /// the fake model, writes a report to `outputs/`, opens a ticket at the
 /// demo desk after an approval, and takes a signed ticket webhook.
