@@ -106,10 +106,18 @@ async fn measure(
         }
         passes.push((label, lat));
     }
+    // What stays resident once every actor sleeps again (pools keep
+    // memory they may reuse).
+    hibernate_all(node).await;
+    let rss = super::server::rss_of(std::process::id())?;
     println!("scenario {title}");
     for (label, mut lat) in passes {
         println!("  {label:<40} {}", Percentiles::of(&mut lat).line());
     }
+    println!(
+        "  RSS of this process after hibernating all: {:.1} MB",
+        rss as f64 / (1024.0 * 1024.0)
+    );
     Ok(())
 }
 
