@@ -42,7 +42,7 @@ use crate::models::budget::Ledger;
 use crate::models::{Gateway, Providers};
 use crate::sandbox::{
     ActorLimits, AlarmLimits, EventLimits, FileLimits, InputLimits, LogLimits, Sandbox,
-    SandboxConfig, StateLimits, TurnLimits,
+    SandboxConfig, StateLimits, TurnLimits, pool_for_active,
 };
 use crate::secrets::{MasterKeys, SecretStore};
 use crate::storage::Storage;
@@ -99,8 +99,7 @@ impl Node {
         let max_active = config.limits.max_active_actors;
         let sandbox = Sandbox::new(
             SandboxConfig {
-                // Headroom over the cap: eviction is asynchronous.
-                max_instances: max_active + max_active / 10 + 64,
+                max_instances: pool_for_active(max_active),
                 max_memory_bytes: config.limits.max_guest_memory_bytes,
                 max_js_instances: config.limits.max_js_sandboxes,
                 tick: Duration::from_millis(10),

@@ -230,6 +230,12 @@ pub struct Sandbox {
 /// The smallest instance pool an engine gets, whatever the configuration.
 const MIN_POOL: u32 = 16;
 
+/// The component pool for `max_active` active actors: headroom over the
+/// cap, because eviction is asynchronous.
+pub fn pool_for_active(max_active: usize) -> usize {
+    max_active + max_active / 10 + 64
+}
+
 impl Sandbox {
     /// Instances the Rust-component pool (`js == false`) or the JavaScript
     /// pool can hold at once.
@@ -254,7 +260,10 @@ impl Sandbox {
                 config.cache_dir.display()
             )
         })?;
-        warn_if_map_count_low(n as u64 + u64::from(config.max_js_instances));
+        log_pool_sizes(
+            u64::from(n),
+            u64::from(config.max_js_instances.max(MIN_POOL)),
+        );
         let tick_ms = config.tick.as_millis().max(1) as u64;
         let turn_limits = Arc::new(config.turn_limits.clone());
         let sandbox = Arc::new(Self {
@@ -527,24 +536,49 @@ impl Sandbox {
     }
 }
 
-/// Each live instance needs a handful of memory mappings (linear memory,
-/// table, fiber stack); warn when the kernel's limit cannot hold the pool.
-fn warn_if_map_count_low(instances: u64) {
-    const MAPS_PER_INSTANCE: u64 = 5;
-    let Some(limit) = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+/// Memory mappings (VMAs) the pools take, measured with `/proc/PID/maps`
+/// on `marmot dev` (wasmtime 48, Linux 6.x): every pooled fiber stack is
+/// two (stack and guard), mapped up front; a live component instance adds
+/// two (its memory slot split into accessible and guard parts), a live
+/// JavaScript sandbox three (the copy-on-write snapshot image besides).
+const MAPS_PER_STACK: u64 = 2;
+const MAPS_PER_INSTANCE: u64 = 2;
+const MAPS_PER_JS_INSTANCE: u64 = 3;
+/// Everything else of the process: binary, libraries, heap, threads.
+const MAPS_BESIDES_POOLS: u64 = 4096;
+
+/// Mappings the node needs with both pools full.
+fn maps_needed(instances: u64, js_instances: u64) -> u64 {
+    (instances + js_instances) * MAPS_PER_STACK
+        + instances * MAPS_PER_INSTANCE
+        + js_instances * MAPS_PER_JS_INSTANCE
+        + MAPS_BESIDES_POOLS
+}
+
+/// Says what the pools hold and what that needs of `vm.max_map_count`;
+/// warns when the kernel's limit cannot hold full pools.
+fn log_pool_sizes(instances: u64, js_instances: u64) {
+    let need = maps_needed(instances, js_instances);
+    let limit = std::fs::read_to_string("/proc/sys/vm/max_map_count")
         .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-    else {
-        return;
-    };
-    let need = instances * MAPS_PER_INSTANCE + 10_000;
-    if need > limit {
-        tracing::warn!(
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    match limit {
+        Some(limit) if need > limit => tracing::warn!(
+            instances,
+            js_instances,
             limit,
             need,
-            "vm.max_map_count may be too low for limits.max_active_actors; \
-             raise it (sysctl -w vm.max_map_count={need}) or lower the cap"
-        );
+            "vm.max_map_count is too low for full instance pools (sized by \
+             limits.max_active_actors and limits.max_js_sandboxes); raise it \
+             (sysctl -w vm.max_map_count={need}) or lower those limits"
+        ),
+        _ => tracing::info!(
+            instances,
+            js_instances,
+            maps_needed = need,
+            max_map_count = limit,
+            "instance pools sized (limits.max_active_actors + 10% + 64, limits.max_js_sandboxes)"
+        ),
     }
 }
 
@@ -580,5 +614,18 @@ mod tests {
             Err(CodeError::CoreModule)
         ));
         assert!(check_header(b"\0asm\x0d\0\x01\0").is_ok());
+    }
+
+    #[test]
+    fn the_default_pools_fit_a_default_kernel() {
+        // `marmot dev` with the default limits: 10,000 active actors (a
+        // pool of 11,064) and 2,048 JavaScript sandboxes, against Linux's
+        // default vm.max_map_count of 65,530.
+        let l = crate::config::Limits::default();
+        let need = maps_needed(
+            pool_for_active(l.max_active_actors) as u64,
+            u64::from(l.max_js_sandboxes),
+        );
+        assert!(need <= 65_530, "{need}");
     }
 }
