@@ -780,6 +780,29 @@ export default { async onMessage() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
+    // A call cut off by the turn's timeout gives its reservation back: the
+    // budget fits one call at a time, and the next call is admitted.
+    let r = rig
+        .api
+        .deploy(
+            "slowcap",
+            TESTKIT,
+            json!({"turn_timeout_ms": 300, "budget": {"max_tokens": 1500}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    rig.fake.set_timing(Duration::from_secs(3), Duration::ZERO);
+    let r = rig.api.op("slowcap", "s", ask(900)).await;
+    assert_eq!(r.json["error"]["code"], "turn_timeout", "{}", r.json);
+    rig.fake.set_timing(Duration::ZERO, Duration::ZERO);
+    rig.fake.push([Scripted::Text("ok".into())]);
+    let r = rig.api.op("slowcap", "s", ask(900)).await;
+    assert!(
+        r.json["answer"].is_object(),
+        "the reservation leaked: {}",
+        r.json
+    );
+
     // Committed usage survives a restart and still counts.
     let mut node = rig.node;
     node.restart().await;

@@ -79,12 +79,25 @@ pub struct Ledger {
 }
 
 /// A call admitted against a budget; give it back with [`Ledger::settle`]
-/// or [`Ledger::release`].
-#[derive(Debug)]
+/// or [`Ledger::release`]. Dropped unsettled (the call's future was
+/// dropped: a turn timed out or trapped mid-call), it releases itself, so
+/// no path leaves an amount held.
 #[must_use]
 pub struct Reservation {
+    ledger: Arc<Ledger>,
     key: ActorKey,
     amount: Spend,
+    settled: bool,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if !self.settled {
+            let amount = self.amount;
+            self.ledger
+                .adjust(&self.key, |acct| acct.held = acct.held.minus(amount));
+        }
+    }
 }
 
 /// A call that could exceed a limit.
@@ -104,19 +117,21 @@ impl Ledger {
     /// Admit a call of `key` that may spend `amount`, or say which limit
     /// it could exceed.
     pub fn reserve(
-        &self,
+        self: &Arc<Self>,
         key: &ActorKey,
         num: u64,
         budget: &Budget,
         amount: Spend,
     ) -> Result<Result<Reservation, BudgetExceeded>, StorageError> {
-        // Read what storage holds before locking; used only for accounts
-        // not in memory yet (whose committed spend is then exactly this).
+        // Read what storage holds under the lock: a commit that becomes
+        // durable meanwhile moves its spend from `held` to storage and may
+        // drop the actor's account, so a row read before locking could
+        // miss it. Used only for accounts not in memory.
+        let mut a = self.accounts.lock().expect("ledger lock");
         let (type_disk, actor_disk) = {
             let r = self.storage.reader()?;
             (r.type_usage(key.ty())?, r.actor_usage(num)?)
         };
-        let mut a = self.accounts.lock().expect("ledger lock");
         let ty = *a.types.entry(key.ty().to_owned()).or_insert(Account {
             committed: Spend::of(&type_disk),
             held: Spend::default(),
@@ -161,22 +176,26 @@ impl Ledger {
         let actor_acct = a.actors.entry(key.clone()).or_insert(actor);
         actor_acct.held = actor_acct.held.plus(amount);
         Ok(Ok(Reservation {
+            ledger: self.clone(),
             key: key.clone(),
             amount,
+            settled: false,
         }))
     }
 
     /// The call returned having spent `actual` (still held until the
     /// turn's commit is durable).
-    pub fn settle(&self, r: Reservation, actual: Spend) {
+    pub fn settle(&self, mut r: Reservation, actual: Spend) {
+        r.settled = true;
+        let amount = r.amount;
         self.adjust(&r.key, |acct| {
-            acct.held = acct.held.minus(r.amount).plus(actual);
+            acct.held = acct.held.minus(amount).plus(actual);
         });
     }
 
     /// The call failed before spending anything.
     pub fn release(&self, r: Reservation) {
-        self.adjust(&r.key, |acct| acct.held = acct.held.minus(r.amount));
+        drop(r);
     }
 
     /// A commit recording `usage` of `key` is durable: it counts as

@@ -164,13 +164,16 @@ impl ActorTask {
         let on_durable = if usage.is_empty() {
             on_durable
         } else {
-            // Budgets count the turn's model usage as committed once it is.
+            // Budgets count the turn's model usage as committed once it
+            // is; if the commit fails, the calls were still paid for, so
+            // they count all the same (in memory; storage lost them).
             let ledger = self.env.models.ledger().clone();
             let key = self.key.clone();
             Box::new(move |r: Result<(), CommitFailed>| {
-                if r.is_ok() {
-                    ledger.committed(&key, &usage.record, usage.held);
+                if r.is_err() {
+                    tracing::warn!(actor = %key, "a turn's model usage was not committed; it counts against budgets until restart");
                 }
+                ledger.committed(&key, &usage.record, usage.held);
                 on_durable(r);
             })
         };

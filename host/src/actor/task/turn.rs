@@ -337,11 +337,12 @@ impl ActorTask {
     /// Commit the model usage of a turn that failed: its calls were made
     /// and paid for, so they count against budgets all the same.
     fn record_usage_alone(&self, usage: TurnUsage) {
-        let Some(num) = self.record.as_ref().map(|r| r.num) else {
-            return;
-        };
         let ledger = self.env.models.ledger().clone();
         let key = self.key.clone();
+        let Some(num) = self.record.as_ref().map(|r| r.num) else {
+            ledger.committed(&key, &usage.record, usage.held);
+            return;
+        };
         let storage = self.env.storage.clone();
         tokio::spawn(async move {
             let r = storage
@@ -353,12 +354,10 @@ impl ActorTask {
                     done,
                 })
                 .await;
-            match r {
-                Ok(()) => ledger.committed(&key, &usage.record, usage.held),
-                Err(e) => {
-                    tracing::warn!(actor = %key, error = %e, "the model usage of a failed turn was not recorded")
-                }
+            if let Err(e) = r {
+                tracing::warn!(actor = %key, error = %e, "the model usage of a failed turn was not recorded; it counts against budgets until restart");
             }
+            ledger.committed(&key, &usage.record, usage.held);
         });
     }
 

@@ -53,6 +53,21 @@ pub struct ModelCtx {
     calls: u32,
     /// What the turn's calls used.
     usage: TurnUsage,
+    /// The ledger holding `usage.held`, once a budgeted call settled.
+    holder: Option<(Arc<Ledger>, ActorKey)>,
+}
+
+impl Drop for ModelCtx {
+    /// A turn dropped with its usage untaken (a timeout while a child
+    /// script held it): its calls were paid for, so their spend counts as
+    /// spent, in memory at least (no commit will record it).
+    fn drop(&mut self) {
+        if let Some((ledger, key)) = &self.holder
+            && self.usage.held != Spend::default()
+        {
+            ledger.committed(key, &self.usage.record, self.usage.held);
+        }
+    }
 }
 
 /// Model usage of one turn.
@@ -79,6 +94,7 @@ impl ModelCtx {
             num,
             calls: 0,
             usage: TurnUsage::default(),
+            holder: None,
         }
     }
 
@@ -155,6 +171,9 @@ impl model::Host for Host {
                     let usage = &mut turn.model.usage;
                     usage.record = usage.record.plus(record);
                     usage.held = usage.held.plus(held);
+                    if held != Spend::default() && turn.model.holder.is_none() {
+                        turn.model.holder = Some((access.ledger.clone(), key.clone()));
+                    }
                 }
                 tracing::debug!(
                     actor = %key,
