@@ -88,7 +88,7 @@ struct Rig {
     port: u16,
 }
 
-const CONFIG: &str = "[egress]\nallow_private = [\"127.0.0.1/32\"]\n[models]\nbackoff_ms = 10\n";
+const CONFIG: &str = "[egress]\nallow_private = [\"127.0.0.1/32\"]\n[models]\nbackoff_ms = 10\n[limits]\nmax_value_bytes = 65536\n";
 
 impl Rig {
     async fn new() -> Self {
@@ -671,6 +671,63 @@ async fn twenty_concurrent_runs_never_overspend_a_budget() {
             assert_eq!(k, ["run_started", "budget_exceeded"]);
         }
     }
+}
+
+/// A failed turn never leaves a caller waiting for good: an input whose
+/// own turn fails answers at once, and a run whose next step fails (here
+/// the model's answer is larger than a state value may be, so its turn
+/// cannot commit) ends at `limits.max_run_ms`.
+#[tokio::test]
+async fn failed_turns_end_their_runs() {
+    let rig = Rig::new().await;
+    let manifest = json!({"kind": "agent",
+        "agent": {"model": {"provider": "fake", "name": "m1"}, "limits": {"max_run_ms": 1500}}});
+    assert_eq!(
+        put(&rig.api, "/v1/types/brittle", manifest).await.status,
+        201
+    );
+
+    let huge = "y".repeat(70_000);
+    let r = rig
+        .api
+        .post_json("/v1/actors/brittle/b1", &json!({"input": huge}))
+        .await;
+    assert_eq!(
+        (r.status, r.json["error"]["reason"].as_str()),
+        (502, Some("turn_failed")),
+        "{}",
+        r.json
+    );
+
+    rig.fake.push([Scripted::Text("x".repeat(70_000))]);
+    let t = Instant::now();
+    let r = rig
+        .api
+        .post_json("/v1/actors/brittle/b1", &json!({"input": "hi"}))
+        .await;
+    assert_eq!(
+        (r.status, r.json["error"]["reason"].as_str()),
+        (502, Some("max_run_ms")),
+        "{}",
+        r.json
+    );
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+    let k = kinds(&rig.events("brittle", "b1").await);
+    assert!(k.iter().any(|k| k == "turn_failed"), "{k:?}");
+    assert_eq!(k.last().map(String::as_str), Some("run_failed"), "{k:?}");
+
+    // The agent takes the next input.
+    rig.fake.push([Scripted::Text("fine".into())]);
+    let r = rig
+        .api
+        .post_json("/v1/actors/brittle/b1", &json!({"input": "again"}))
+        .await;
+    assert_eq!(
+        (r.status, r.json["output"].as_str()),
+        (200, Some("fine")),
+        "{}",
+        r.json
+    );
 }
 
 /// `marmot dev` with no credentials: the assistant example runs against

@@ -88,8 +88,8 @@ impl Actor for Agent {
         }
     }
 
-    /// A schedule of the manifest, or a paused step (the model was
-    /// unavailable), is due.
+    /// A schedule of the manifest, a paused step (the model was
+    /// unavailable) or a run's deadline is due.
     fn on_alarm(ctx: &Context, alarm: Alarm) -> Result<()> {
         if let Some(name) = alarm.name.strip_prefix(run::SCHEDULE_ALARM) {
             run::Harness::new(ctx)?.scheduled(name, &ctx.turn_id)?;
@@ -97,6 +97,8 @@ impl Actor for Agent {
             let payload: serde_json::Value = serde_json::from_slice(&alarm.payload)?;
             let nonce = payload["nonce"].as_str().unwrap_or_default();
             run::Harness::new(ctx)?.step(run_id, nonce)?;
+        } else if let Some(run_id) = alarm.name.strip_prefix(run::DEADLINE_ALARM) {
+            run::Harness::new(ctx)?.deadline(run_id)?;
         }
         Ok(())
     }

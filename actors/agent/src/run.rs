@@ -16,6 +16,8 @@ use crate::tools::{self, Outcome};
 const MAX_EVENT: usize = 128 << 10;
 /// Alarms of the manifest's schedules are named this plus the schedule.
 pub const SCHEDULE_ALARM: &str = "agent-schedule/";
+/// Alarms ending a run at `limits.max_run_ms` (name + run id).
+pub const DEADLINE_ALARM: &str = "agent-deadline/";
 /// The hash of the schedules the alarms were set for.
 const SCHEDULES: &str = "agent/schedules";
 /// Most bytes of a webhook payload put into a run's input.
@@ -175,7 +177,27 @@ impl Harness {
             just_compacted: false,
         };
         emit("run_started", &json!({ "run_id": run_id, "input": input }))?;
+        // The run ends by this deadline whatever happens to its turns: a
+        // continuation whose turn fails (a trap, a turn timeout) is not
+        // retried, and without it the run would stay open for good.
+        alarms::set(
+            &format!("{DEADLINE_ALARM}{run_id}"),
+            Schedule::After(self.m.limits.max_run_ms),
+            &json!({}),
+        )?;
         self.next(&mut run, Next::Step)
+    }
+
+    /// The run's deadline is due: if it is still going, it fails.
+    pub fn deadline(&self, run_id: &str) -> Result<()> {
+        match store::run()? {
+            Some(run) if run.run_id == run_id => self.fail(
+                run,
+                "max_run_ms",
+                "the run did not end within limits.max_run_ms",
+            ),
+            _ => Ok(()),
+        }
     }
 
     /// Commit the run and queue its next turn (a message to this actor,
@@ -676,6 +698,7 @@ impl Harness {
         store::set_pending(None)?;
         store::clear_approvals();
         alarms::cancel(&format!("agent-retry/{}", run.run_id))?;
+        alarms::cancel(&format!("{DEADLINE_ALARM}{}", run.run_id))?;
         let mut q = store::queue()?;
         if !q.is_empty() {
             let next = q.remove(0);

@@ -137,6 +137,11 @@ async fn run(
                 "shutting_down",
                 e.to_string(),
             ),
+            RunWaitError::TooManyStreams(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too_many_streams",
+                e.to_string(),
+            ),
         }
     })?;
     let d = &end.data;
@@ -144,6 +149,11 @@ async fn run(
         "run_finished" => (
             StatusCode::OK,
             serde_json::json!({ "run_id": run_id, "output": d["output"], "usage": d["usage"], "steps": d["steps"] }),
+        ),
+        "turn_failed" => (
+            StatusCode::BAD_GATEWAY,
+            serde_json::json!({ "run_id": run_id, "error": { "code": "run_failed",
+                "reason": "turn_failed", "message": d["error"]["message"] } }),
         ),
         "budget_exceeded" => (
             StatusCode::PAYMENT_REQUIRED,

@@ -16,7 +16,8 @@ use crate::storage::schema::CodeKind;
 /// How a run ended: the event's kind and data.
 #[derive(Debug, Clone)]
 pub struct RunEnd {
-    /// `run_finished`, `run_failed` or `budget_exceeded`.
+    /// `run_finished`, `run_failed` or `budget_exceeded`; `turn_failed`
+    /// when the input's own turn failed.
     pub kind: String,
     /// The event's data (`run_id`, `output`, `usage`, `error`…).
     pub data: Value,
@@ -34,6 +35,9 @@ pub enum RunWaitError {
     /// The node is shutting down (the run resumes when it is back).
     #[error("the node is shutting down; the run resumes when it is back")]
     ShuttingDown,
+    /// Waiting needs an event-stream slot and none is free.
+    #[error(transparent)]
+    TooManyStreams(#[from] crate::streams::TooManyStreams),
     /// Reading events failed.
     #[error(transparent)]
     Storage(#[from] crate::storage::StorageError),
@@ -75,10 +79,7 @@ impl Node {
         after: u64,
     ) -> Result<RunEnd, RunWaitError> {
         // Subscribe before reading, so a commit in between wakes us.
-        let mut sub = self
-            .event_bus()
-            .subscribe(key)
-            .map_err(|_| RunWaitError::ShuttingDown)?;
+        let mut sub = self.event_bus().subscribe(key)?;
         let mut after = after;
         let mut existed = false;
         loop {
@@ -89,11 +90,17 @@ impl Node {
                     let full = page.len() == PAGE;
                     for (seq, e) in page {
                         after = seq;
-                        if !RUN_END_EVENTS.contains(&e.kind.as_str()) {
+                        // The run's end, or the failure of the input turn
+                        // itself (then no run began).
+                        let field = if RUN_END_EVENTS.contains(&e.kind.as_str()) {
+                            "run_id"
+                        } else if e.kind == "turn_failed" {
+                            "message_id"
+                        } else {
                             continue;
-                        }
+                        };
                         let data: Value = serde_json::from_slice(&e.data).unwrap_or(Value::Null);
-                        if data["run_id"] == run_id {
+                        if data[field] == run_id {
                             return Ok(RunEnd { kind: e.kind, data });
                         }
                     }
