@@ -37,6 +37,9 @@ mod reading;
 use frames::{answer_with, error, sse, start_frames, stream_response, text_frames};
 use reading::{check, echo};
 
+/// How many requests [`FakeProvider::requests`] keeps.
+pub const KEPT_REQUESTS: usize = 10_000;
+
 /// One scripted answer.
 #[derive(Debug, Clone)]
 pub enum Scripted {
@@ -210,7 +213,8 @@ impl FakeProvider {
         self.shared.script.lock().unwrap().len()
     }
 
-    /// Every request so far.
+    /// The requests so far (the newest [`KEPT_REQUESTS`]: `marmot dev`
+    /// and the benches run it for long).
     pub fn requests(&self) -> Vec<Seen> {
         self.shared.seen.lock().unwrap().clone()
     }
@@ -299,19 +303,25 @@ async fn handle(
             None,
         );
     };
-    s.seen.lock().unwrap().push(Seen {
-        path: path.to_owned(),
-        headers: headers
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.as_str().to_owned(),
-                    v.to_str().unwrap_or_default().to_owned(),
-                )
-            })
-            .collect(),
-        body: body.clone(),
-    });
+    {
+        let mut seen = s.seen.lock().unwrap();
+        if seen.len() >= KEPT_REQUESTS {
+            seen.drain(..KEPT_REQUESTS / 2);
+        }
+        seen.push(Seen {
+            path: path.to_owned(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.as_str().to_owned(),
+                        v.to_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect(),
+            body: body.clone(),
+        });
+    }
     if let Some(key) = &s.key {
         let given = match vendor {
             Vendor::Anthropic => headers.get("x-api-key").and_then(|v| v.to_str().ok()),
