@@ -730,6 +730,60 @@ async fn failed_turns_end_their_runs() {
     );
 }
 
+/// Some OpenAI-compatible servers send empty tool-call ids, or the same
+/// ids at every step: each call still runs once, with its own idempotency
+/// key.
+#[tokio::test]
+async fn repeated_or_empty_call_ids_are_made_unique() {
+    let rig = Rig::new().await;
+    assert_eq!(
+        rig.agent("sloppy", json!([rig.ticket_tool(json!({}))]))
+            .await
+            .status,
+        201
+    );
+    let call = |id: &str, title: &str| {
+        (
+            id.to_owned(),
+            "create_ticket".to_owned(),
+            json!({"title": title}),
+        )
+    };
+    rig.fake.push([
+        Scripted::ToolCalls {
+            text: String::new(),
+            calls: vec![call("call_0", "a")],
+        },
+        Scripted::ToolCalls {
+            text: String::new(),
+            calls: vec![call("call_0", "b")],
+        },
+        Scripted::ToolCalls {
+            text: String::new(),
+            calls: vec![call("", "c"), call("", "d")],
+        },
+        Scripted::Text("done".into()),
+    ]);
+    let r = rig
+        .api
+        .post_json("/v1/actors/sloppy/s", &json!({"input": "four tickets"}))
+        .await;
+    assert_eq!(
+        (r.status, r.json["output"].as_str()),
+        (200, Some("done")),
+        "{}",
+        r.json
+    );
+    let posts = rig.tickets.posts();
+    let titles: Vec<&str> = posts
+        .iter()
+        .map(|(_, b)| b["title"].as_str().unwrap())
+        .collect();
+    assert_eq!(titles, ["a", "b", "c", "d"], "{posts:?}");
+    let keys: std::collections::HashSet<&str> = posts.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys.len(), 4, "{posts:?}");
+}
+
 /// `marmot dev` with no credentials: the assistant example runs against
 /// the fake model, writes a report to `outputs/`, opens a ticket at the
 /// demo desk after an approval, and takes a signed ticket webhook.

@@ -263,7 +263,8 @@ impl Harness {
                 run.retries = 0;
                 run.just_compacted = false;
                 count(&mut run, &answer);
-                let message = answer["message"].clone();
+                let mut message = answer["message"].clone();
+                unique_call_ids(&mut message, &transcript);
                 store::append(&message)?;
                 emit(
                     "model_step",
@@ -706,6 +707,36 @@ impl Harness {
             self.start(&next.run_id, next.input)?;
         }
         Ok(())
+    }
+}
+
+/// Tool-call ids key results, approvals and idempotency keys, so they must
+/// be unique in the conversation; some OpenAI-compatible servers send
+/// empty ids or the same ids at every step. Such ids are replaced (the
+/// gateway maps ids to what each provider accepts).
+fn unique_call_ids(message: &mut Value, transcript: &[(String, Value)]) {
+    // (`get_mut`: indexing a map mutably would add a null `tool_calls`.)
+    let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) else {
+        return;
+    };
+    let mut seen: std::collections::HashSet<String> = transcript
+        .iter()
+        .filter_map(|(_, m)| m["tool_calls"].as_array())
+        .flatten()
+        .filter_map(|c| c["id"].as_str().map(str::to_owned))
+        .collect();
+    for (i, c) in calls.iter_mut().enumerate() {
+        let id = c["id"].as_str().unwrap_or_default().to_owned();
+        if id.is_empty() || seen.contains(&id) {
+            let mut fresh = format!("call_m{}_{i}", transcript.len());
+            while seen.contains(&fresh) {
+                fresh.push('x');
+            }
+            c["id"] = json!(fresh);
+            seen.insert(fresh);
+        } else {
+            seen.insert(id);
+        }
     }
 }
 
