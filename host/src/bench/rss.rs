@@ -1,4 +1,5 @@
-//! Memory: RSS with many active actors, and what many hibernated ones add.
+//! Memory: RSS and PSS with many active actors, and what many hibernated
+//! ones add.
 
 use super::BenchArgs;
 use super::http::create_actors;
@@ -21,9 +22,9 @@ pub(super) async fn active(args: &BenchArgs) -> anyhow::Result<()> {
     server.stop();
     let server = ServerProc::start(&data, &config).await?;
     create_actors(server.addr, 1).await?;
-    let base = server.rss()?;
+    let (base, base_pss) = (server.rss()?, server.pss()?);
     create_actors(server.addr, n).await?;
-    let full = server.rss()?;
+    let (full, full_pss) = (server.rss()?, server.pss()?);
     let maps = server.map_count()?;
     println!("scenario rss-active ({n} active counter actors, each with its own instance)");
     println!(
@@ -31,6 +32,12 @@ pub(super) async fn active(args: &BenchArgs) -> anyhow::Result<()> {
         base as f64 / MB,
         full as f64 / MB,
         (full.saturating_sub(base)) as f64 / n as f64 / 1024.0
+    );
+    println!(
+        "  PSS idle node: {:.1} MB   with {n} active: {:.1} MB   per actor: {:.1} KB",
+        base_pss as f64 / MB,
+        full_pss as f64 / MB,
+        (full_pss.saturating_sub(base_pss)) as f64 / n as f64 / 1024.0
     );
     println!("  memory mappings: {maps} (Linux default limit 65530)");
     server.stop();
@@ -122,15 +129,21 @@ pub(super) async fn js_active(args: &BenchArgs) -> anyhow::Result<()> {
     server.stop();
     let server = ServerProc::start(&data, &config).await?;
     super::http::create_typed(server.addr, "jscounter", 1).await?;
-    let base = server.rss()?;
+    let (base, base_pss) = (server.rss()?, server.pss()?);
     super::http::create_typed(server.addr, "jscounter", n).await?;
-    let full = server.rss()?;
+    let (full, full_pss) = (server.rss()?, server.pss()?);
     println!("scenario js-rss ({n} active JavaScript counter actors, each with its own sandbox)");
     println!(
         "  RSS idle node: {:.1} MB   with {n} active: {:.1} MB   per actor: {:.1} KB",
         base as f64 / MB,
         full as f64 / MB,
         (full.saturating_sub(base)) as f64 / n as f64 / 1024.0
+    );
+    println!(
+        "  PSS idle node: {:.1} MB   with {n} active: {:.1} MB   per actor: {:.1} KB",
+        base_pss as f64 / MB,
+        full_pss as f64 / MB,
+        (full_pss.saturating_sub(base_pss)) as f64 / n as f64 / 1024.0
     );
     server.stop();
     Ok(())

@@ -48,6 +48,12 @@ impl ServerProc {
         rss_of(self.child.id())
     }
 
+    /// Proportional set size (shared pages divided among their mappers):
+    /// the physical memory the process accounts for.
+    pub fn pss(&self) -> anyhow::Result<u64> {
+        pss_of(self.child.id())
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -150,6 +156,20 @@ pub(super) fn rss_of(pid: u32) -> anyhow::Result<u64> {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .context("no VmRSS in /proc/<pid>/status")?;
+    Ok(kb * 1024)
+}
+
+/// Proportional set size of process `pid`, in bytes. RSS counts a page
+/// once per mapping of it: the copy-on-write snapshot pages that every
+/// JavaScript sandbox maps count once per sandbox in RSS, once in PSS.
+pub(super) fn pss_of(pid: u32) -> anyhow::Result<u64> {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))?;
+    let kb: u64 = rollup
+        .lines()
+        .find(|l| l.starts_with("Pss:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .context("no Pss in /proc/<pid>/smaps_rollup")?;
     Ok(kb * 1024)
 }
 
