@@ -25,6 +25,7 @@ mod manifest;
 mod run;
 mod store;
 mod tools;
+mod transcript;
 
 use marmot_guest::{Actor, Alarm, Context, InputAnswer, Message, Reply, Result, Webhook};
 use serde::Deserialize;

@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 use crate::manifest::{Manifest, Tool};
 use crate::store::{self, Pending, Queued, Run, Wait};
 use crate::tools::{self, Outcome};
+use crate::transcript::{call_name, content_text, next_call, set_call_arguments, unique_call_ids};
 
 /// Most bytes of one event; larger message contents are cut in the event
 /// (the transcript keeps them whole).
@@ -710,87 +711,6 @@ impl Harness {
     }
 }
 
-/// Tool-call ids key results, approvals and idempotency keys, so they must
-/// be unique in the conversation; some OpenAI-compatible servers send
-/// empty ids or the same ids at every step. Such ids are replaced (the
-/// gateway maps ids to what each provider accepts).
-fn unique_call_ids(message: &mut Value, transcript: &[(String, Value)]) {
-    // (`get_mut`: indexing a map mutably would add a null `tool_calls`.)
-    let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) else {
-        return;
-    };
-    let mut seen: std::collections::HashSet<String> = transcript
-        .iter()
-        .filter_map(|(_, m)| m["tool_calls"].as_array())
-        .flatten()
-        .filter_map(|c| c["id"].as_str().map(str::to_owned))
-        .collect();
-    for (i, c) in calls.iter_mut().enumerate() {
-        let id = c["id"].as_str().unwrap_or_default().to_owned();
-        if id.is_empty() || seen.contains(&id) {
-            let mut fresh = format!("call_m{}_{i}", transcript.len());
-            while seen.contains(&fresh) {
-                fresh.push('x');
-            }
-            c["id"] = json!(fresh);
-            seen.insert(fresh);
-        } else {
-            seen.insert(id);
-        }
-    }
-}
-
-/// The first call of the newest assistant message that has no result yet:
-/// (call id, tool name, arguments).
-fn next_call(transcript: &[(String, Value)]) -> Option<(String, String, Value)> {
-    let i = transcript
-        .iter()
-        .rposition(|(_, m)| m["role"] == "assistant")?;
-    let answered: Vec<&str> = transcript[i + 1..]
-        .iter()
-        .filter(|(_, m)| m["role"] == "tool")
-        .filter_map(|(_, m)| m["tool_call_id"].as_str())
-        .collect();
-    transcript[i].1["tool_calls"]
-        .as_array()?
-        .iter()
-        .find(|c| !answered.contains(&c["id"].as_str().unwrap_or("")))
-        .map(|c| {
-            (
-                c["id"].as_str().unwrap_or("").to_owned(),
-                c["name"].as_str().unwrap_or("").to_owned(),
-                c["arguments"].clone(),
-            )
-        })
-}
-
-/// The tool a call of the transcript names.
-fn call_name(call_id: &str) -> Result<Option<String>> {
-    for (_, m) in store::transcript()?.iter().rev() {
-        if let Some(c) = m["tool_calls"]
-            .as_array()
-            .and_then(|cs| cs.iter().find(|c| c["id"] == call_id))
-        {
-            return Ok(c["name"].as_str().map(str::to_owned));
-        }
-    }
-    Ok(None)
-}
-
-/// Rewrite a call's arguments (a person edited them before approving).
-fn set_call_arguments(call_id: &str, args: &Value) -> Result<()> {
-    for (key, mut m) in store::transcript()?.into_iter().rev() {
-        if let Some(c) = m["tool_calls"]
-            .as_array_mut()
-            .and_then(|cs| cs.iter_mut().find(|c| c["id"] == call_id))
-        {
-            c["arguments"] = args.clone();
-            return store::replace(&key, &m);
-        }
-    }
-    Ok(())
-}
-
 /// The run id of a run started by a delivery other than an input (an
 /// alarm, a webhook): stable across re-runs of that delivery.
 fn run_id_for(turn_id: &str) -> String {
@@ -824,17 +744,4 @@ fn usage(run: &Run) -> Value {
         u["cost_usd"] = json!(run.cost_usd);
     }
     u
-}
-
-fn content_text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .filter_map(|p| p["text"].as_str())
-            .collect::<Vec<_>>()
-            .join(""),
-        Value::Null => String::new(),
-        v => v.to_string(),
-    }
 }
