@@ -363,6 +363,56 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
     Ok(())
 }
 
+/// First messages to brand-new actors over HTTP (`{"by":1}` to a fresh
+/// counter per request): on one connection (latency), then on
+/// `--connections` (throughput). Each side runs `--duration` seconds
+/// (at most 3, so the default active cap is never reached), after a
+/// warm-up on other ids.
+pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
+    let dir = tempfile::Builder::new().prefix("marmot-bench-").tempdir()?;
+    let server = ServerProc::start(&dir.path().join("data"), "").await?;
+    server
+        .deploy_counter(serde_json::json!({"idle_timeout_ms": 3_600_000}))
+        .await?;
+    let secs = args.duration.min(3);
+    let target = |prefix: &str| Target {
+        addr: server.addr,
+        prefix: format!("/v1/actors/counter/{prefix}-"),
+        actors: 0,
+    };
+    builtin_load(&target("warm"), 4, Duration::from_secs(1)).await?;
+    println!("scenario create (a new counter actor per request, default config, {secs}s per run)");
+    for (label, conns) in [
+        ("one connection", 1),
+        ("many connections", args.connections),
+    ] {
+        let (commits0, ops0) = commit_stats(server.addr).await?;
+        let r = builtin_load(
+            &target(&format!("c{conns}")),
+            conns,
+            Duration::from_secs(secs),
+        )
+        .await?;
+        let (commits1, ops1) = commit_stats(server.addr).await?;
+        println!(
+            "  {label} ({conns}): {:.0} new actors/s   errors: {}   latency {}",
+            r.rate(),
+            r.errors,
+            r.latency.line()
+        );
+        let commits = commits1 - commits0;
+        if r.requests > 0 && commits > 0.0 {
+            println!(
+                "    commits per new actor: {:.2}   mean ops per commit: {:.1}",
+                commits / r.requests as f64,
+                (ops1 - ops0) / commits
+            );
+        }
+    }
+    server.stop();
+    Ok(())
+}
+
 /// (commits, operations committed) from the node's metrics.
 async fn commit_stats(addr: SocketAddr) -> anyhow::Result<(f64, f64)> {
     let text = metrics(addr).await?;

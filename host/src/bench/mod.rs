@@ -75,6 +75,9 @@ pub enum Scenario {
     HttpHot,
     /// Durable turns/s over HTTP across many actors (default 10,000).
     HttpSpread,
+    /// First messages to brand-new actors over HTTP: one connection, then
+    /// `--connections`.
+    Create,
     /// RSS with many active actors (default 10,000).
     RssActive,
     /// RSS added by many hibernated actors on disk (default 1,000,000).
@@ -129,6 +132,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::JsEval,
             Scenario::HttpHot,
             Scenario::HttpSpread,
+            Scenario::Create,
             Scenario::RssActive,
             Scenario::RssHibernated,
             Scenario::JsRss,
@@ -149,6 +153,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::JsEval => inproc::js_eval(&args).await?,
             Scenario::HttpHot => http::throughput(&args, 1).await?,
             Scenario::HttpSpread => http::throughput(&args, args.actors.unwrap_or(10_000)).await?,
+            Scenario::Create => http::create(&args).await?,
             Scenario::RssActive => rss::active(&args).await?,
             Scenario::RssHibernated => rss::hibernated(&args).await?,
             Scenario::JsRss => rss::js_active(&args).await?,
