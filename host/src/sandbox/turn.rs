@@ -474,6 +474,7 @@ mod tests {
             .call(|done| WriteOp::GetOrCreate {
                 key: k2,
                 version: 1,
+                early: None,
                 done,
             })
             .await

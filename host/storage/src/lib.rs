@@ -29,7 +29,7 @@ pub use marmot_core::config::StorageConfig;
 use marmot_core::ids::ActorKey;
 use schema::*;
 pub use subscriptions::Subscriptions;
-pub use writer::{CommitFailed, CommitTracker, EnqueueOutcome, TurnCommit, WriteOp, Writer};
+pub use writer::{CommitFailed, CommitTracker, EnqueueOutcome, Fence, TurnCommit, WriteOp, Writer};
 
 /// A storage failure.
 #[derive(Debug, thiserror::Error)]

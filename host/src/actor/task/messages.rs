@@ -67,10 +67,13 @@ impl ActorTask {
                 TurnOutput::Done | TurnOutput::Eval(_) => unreachable!("on-message always replies"),
             });
         match result {
-            Ok((out, finished)) if finished.is_empty() && idempotency_key.is_none() => {
+            Ok((out, finished))
+                if finished.is_empty() && idempotency_key.is_none() && self.persisted.is_some() =>
+            {
                 // A read-only turn needs no commit of its own, but what it
                 // read may come from turns still being committed: release
-                // the reply once those are durable.
+                // the reply once those are durable. (The first turn of a
+                // new actor commits all the same: its record.)
                 self.release_when_durable(self.submitted_seq, Ok(out), reply);
             }
             Ok((out, finished)) => {
@@ -172,7 +175,9 @@ impl ActorTask {
             )
             .await
         {
-            Ok((TurnOutput::Eval(out), finished)) if !finished.is_empty() => {
+            Ok((TurnOutput::Eval(out), finished))
+                if !finished.is_empty() || self.persisted.is_none() =>
+            {
                 self.submit(
                     finished,
                     CommitExtras::default(),

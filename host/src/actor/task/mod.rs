@@ -41,8 +41,8 @@ use super::{Envelope, TurnError};
 use crate::clock::now_ms;
 use crate::ids::ActorKey;
 use crate::sandbox::{ActorCounts, Carry, FinishedTurn};
-use crate::storage::WriteOp;
 use crate::storage::schema::{ActorRecord, CodeKind, IdemOutcome};
+use crate::storage::{Fence, WriteOp};
 use commit::CommitExtras;
 use turn::Live;
 
@@ -278,15 +278,35 @@ impl ActorTask {
             self.record = match on_disk {
                 Some(r) => Some(r),
                 None if create => {
+                    // Answered before the creation commits, so that the
+                    // first turn's commit shares its fsync. The creation
+                    // counts as one of this activation's commits: replies
+                    // wait for it like for any earlier commit, and if it
+                    // fails this generation is fenced and reloads.
                     let key = self.key.clone();
                     let version = self.shared.ty.latest_version();
-                    Some(
-                        self.env
-                            .storage
-                            .writer()
-                            .call(|done| WriteOp::GetOrCreate { key, version, done })
-                            .await?,
-                    )
+                    self.seq += 1;
+                    self.submitted_seq = self.seq;
+                    let early = Some(Fence {
+                        tracker: self.shared.tracker.clone(),
+                        generation: self.generation,
+                        seq: self.seq,
+                    });
+                    let rec = self
+                        .env
+                        .storage
+                        .writer()
+                        .call(|done| WriteOp::GetOrCreate {
+                            key,
+                            version,
+                            early,
+                            done,
+                        })
+                        .await?;
+                    // Not known durable: the first turn writes the record
+                    // (even a read-only one commits, joining the creation).
+                    self.record = Some(rec);
+                    return Ok(());
                 }
                 None => return Err(TurnError::NotFound),
             };

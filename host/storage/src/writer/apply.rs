@@ -42,6 +42,22 @@ impl WriterState {
             WriteOp::GetOrCreate {
                 key,
                 version,
+                early: Some(fence),
+                done: d,
+            } => match self.get_or_create(tables, &key, version, created) {
+                Ok(rec) => {
+                    let _ = d.send(Ok(rec));
+                    (Applied::Answered(fence), Ok(()))
+                }
+                Err(e) => {
+                    fence.tracker.mark_failed(fence.generation);
+                    done(d, Err(e))
+                }
+            },
+            WriteOp::GetOrCreate {
+                key,
+                version,
+                early: None,
                 done: d,
             } => {
                 let r = self.get_or_create(tables, &key, version, created);

@@ -26,12 +26,12 @@ mod tracker;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use marmot_core::config::StorageConfig;
 use tokio::sync::{Notify, mpsc, oneshot};
 
-pub use ops::{EnqueueOutcome, TurnCommit, WriteOp};
+pub use ops::{EnqueueOutcome, Fence, TurnCommit, WriteOp};
 pub use tracker::{CommitFailed, CommitTracker};
 
 use ops::{Applied, Reply, fail_op};
@@ -155,6 +155,15 @@ impl Writer {
     }
 }
 
+/// How long a batch of early-answered creations waits for the first turns
+/// of its new actors (which take tens to hundreds of microseconds) before
+/// it commits alone.
+#[cfg(not(test))]
+const FIRST_TURN_WINDOW: Duration = Duration::from_millis(2);
+/// Long in unit tests, so that a test's first turn always makes it.
+#[cfg(test)]
+const FIRST_TURN_WINDOW: Duration = Duration::from_secs(5);
+
 struct WriterState {
     db: Arc<redb::Database>,
     rx: mpsc::UnboundedReceiver<WriteOp>,
@@ -193,14 +202,50 @@ impl WriterState {
         }
     }
 
+    /// The batch holds only early-answered creations: keep its transaction
+    /// open a moment for the new actors' first turns, so that a creation
+    /// and its first turn share one commit (and one fsync). Stops at the
+    /// first op that is not an early creation (taking what else is queued
+    /// then), at [`FIRST_TURN_WINDOW`], or when the batch is full. Returns
+    /// the error of an op that failed to apply.
+    fn await_first_turns(
+        &mut self,
+        tables: &mut Tables<'_>,
+        applied: &mut Vec<Applied>,
+        created: &mut i64,
+    ) -> Option<StorageError> {
+        let deadline = Instant::now() + FIRST_TURN_WINDOW;
+        let mut other_seen = false;
+        while applied.len() < self.max_batch {
+            let op = match self.rx.try_recv() {
+                Ok(op) => op,
+                Err(mpsc::error::TryRecvError::Empty)
+                    if !other_seen && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_micros(20));
+                    continue;
+                }
+                Err(_) => break,
+            };
+            let (a, r) = self.apply(tables, op, created);
+            other_seen |= !matches!(a, Applied::Answered(_));
+            applied.push(a);
+            if let Err(e) = r {
+                return Some(e);
+            }
+        }
+        None
+    }
+
     /// Apply every op in one transaction and commit it. If any op fails to
     /// apply, or the commit fails, the whole batch fails: a half-applied
     /// transaction is never committed.
     fn commit_batch(&mut self, batch: &mut Vec<WriteOp>) {
         let started = Instant::now();
-        let n = batch.len();
-        let mut applied: Vec<Applied> = Vec::with_capacity(n);
-        let saved = (self.next_num, self.next_inbox_seq, self.next_delivery_seq);
+        let mut applied: Vec<Applied> = Vec::with_capacity(batch.len());
+        // Actor numbers are not given back when a batch fails: an early
+        // answer may have handed one out, and a number is never reused.
+        let saved = (self.next_inbox_seq, self.next_delivery_seq);
         self.outbox_touched = false;
         self.subscriptions_touched = false;
         let mut created: i64 = 0;
@@ -221,6 +266,11 @@ impl WriterState {
                             if let Err(e) = r {
                                 error = Some(e);
                             }
+                        }
+                        if error.is_none()
+                            && applied.iter().all(|a| matches!(a, Applied::Answered(_)))
+                        {
+                            error = self.await_first_turns(&mut tables, &mut applied, &mut created);
                         }
                     }
                     Err(e) => {
@@ -247,6 +297,7 @@ impl WriterState {
                 applied.extend(batch.drain(..).map(Applied::from_unapplied));
             }
         }
+        let n = applied.len();
         match error {
             None => {
                 self.metrics.commits.inc();
@@ -268,7 +319,7 @@ impl WriterState {
             Some(e) => {
                 self.metrics.commit_failures.inc();
                 tracing::error!(target: LOG_TARGET, error = %e, ops = n, "storage commit failed; failing every operation in the batch");
-                (self.next_num, self.next_inbox_seq, self.next_delivery_seq) = saved;
+                (self.next_inbox_seq, self.next_delivery_seq) = saved;
                 if self.subscriptions_touched {
                     // Subscription changes were applied in memory as they
                     // were written: go back to what is on disk.

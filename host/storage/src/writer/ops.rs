@@ -85,7 +85,14 @@ pub enum WriteOp {
         key: ActorKey,
         /// Version for a new actor.
         version: u32,
-        /// Completion (after durable).
+        /// With a fence, the answer comes as soon as the op is applied,
+        /// before the commit, so the actor's first turn can share the
+        /// creation's commit; the commit is reported to the fence's tracker
+        /// like one of the activation's own (a failure fails its
+        /// generation, so nothing built on the answer ever commits).
+        /// Without, the answer waits for durability.
+        early: Option<Fence>,
+        /// Completion.
         done: Reply<ActorRecord>,
     },
     /// Durably enqueue a `?wait=false` message, creating the actor if needed.
@@ -265,6 +272,17 @@ impl Applied {
 /// Sends an op's result, or the commit's failure, to its waiter.
 type ReplyFn = Box<dyn FnOnce(Option<&CommitFailed>) + Send>;
 
+/// How an early answer reports its commit to the activation that got it:
+/// as commit `seq` of its tracker when durable, or by failing `generation`.
+pub struct Fence {
+    /// The activation's commit tracker.
+    pub tracker: Arc<CommitTracker>,
+    /// Its generation.
+    pub generation: u64,
+    /// The sequence number the creation takes among its commits.
+    pub seq: u64,
+}
+
 /// What applying one op produced, released (or failed) after the commit.
 pub(super) enum Applied {
     Turn {
@@ -274,6 +292,9 @@ pub(super) enum Applied {
         on_durable: OnDurable,
     },
     Refused(OnDurable),
+    /// Answered already (an early `GetOrCreate`); a failed commit fails
+    /// this generation.
+    Answered(Fence),
     /// Anything else: a closure that sends the op's result, or the commit's
     /// failure, to its waiter.
     Reply(ReplyFn),
@@ -308,6 +329,10 @@ impl Applied {
                 }
             },
             Applied::Refused(on_durable) => on_durable(Err(CommitFailed::Superseded)),
+            Applied::Answered(f) => match failed {
+                None => f.tracker.mark_committed(f.seq),
+                Some(_) => f.tracker.mark_failed(f.generation),
+            },
             Applied::Reply(f) => f(failed),
         }
     }

@@ -9,7 +9,7 @@ use marmot_core::config::StorageConfig;
 use marmot_core::ids::ActorKey;
 use tokio::sync::oneshot;
 
-use super::{CommitFailed, CommitTracker, TurnCommit, WriteOp};
+use super::{CommitFailed, CommitTracker, Fence, TurnCommit, WriteOp};
 use crate::schema::ActorRecord;
 use crate::{Storage, WriterMetrics};
 
@@ -28,6 +28,7 @@ async fn create(storage: &Storage, id: &str) -> (ActorKey, ActorRecord) {
         .call(|done| WriteOp::GetOrCreate {
             key: k,
             version: 1,
+            early: None,
             done,
         })
         .await
@@ -138,5 +139,86 @@ async fn a_fenced_actor_commits_nothing_more() {
     let (op, rx) = turn(&key, &rec, &tracker, 0, 1, "k", "after the fence");
     storage.writer().submit(op);
     assert!(matches!(rx.await.unwrap(), Err(CommitFailed::Superseded)));
+    assert_eq!(value(&storage, rec.num, "k"), None);
+}
+
+/// An early creation: answered once applied, before its commit.
+async fn create_early(
+    storage: &Storage,
+    id: &str,
+    tracker: &Arc<CommitTracker>,
+    generation: u64,
+    seq: u64,
+) -> (ActorKey, ActorRecord) {
+    let key = ActorKey::new("t", id).unwrap();
+    let k = key.clone();
+    let early = Some(Fence {
+        tracker: tracker.clone(),
+        generation,
+        seq,
+    });
+    let rec = storage
+        .writer()
+        .call(|done| WriteOp::GetOrCreate {
+            key: k,
+            version: 1,
+            early,
+            done,
+        })
+        .await
+        .unwrap();
+    (key, rec)
+}
+
+#[tokio::test]
+async fn an_early_creation_shares_the_commit_of_the_first_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = WriterMetrics::new();
+    let storage = Storage::open(dir.path(), &StorageConfig::default(), metrics.clone()).unwrap();
+    let tracker = Arc::new(CommitTracker::default());
+    let (key, rec) = create_early(&storage, "a", &tracker, 0, 1).await;
+    let (op, rx) = turn(&key, &rec, &tracker, 0, 2, "k", "v");
+    storage.writer().submit(op);
+    rx.await.unwrap().unwrap();
+    assert_eq!(tracker.committed_seq(), 2);
+    assert_eq!(
+        metrics.commits.get(),
+        1,
+        "one commit for the creation and the turn"
+    );
+    assert_eq!(
+        storage
+            .reader()
+            .unwrap()
+            .actor(&key)
+            .unwrap()
+            .map(|r| r.num),
+        Some(rec.num)
+    );
+    assert_eq!(value(&storage, rec.num, "k").as_deref(), Some(&b"v"[..]));
+}
+
+#[tokio::test]
+async fn a_failed_early_creation_fences_its_generation_and_its_number_is_not_reused() {
+    let (_dir, storage) = open();
+    let tracker = Arc::new(CommitTracker::default());
+    storage.writer().inject_commit_failures(1);
+    let (key, rec) = create_early(&storage, "a", &tracker, 0, 1).await;
+    let (op, rx) = turn(&key, &rec, &tracker, 0, 2, "k", "lost");
+    storage.writer().submit(op);
+    assert!(matches!(rx.await.unwrap(), Err(CommitFailed::Storage(_))));
+    assert_eq!(tracker.min_generation(), 1, "the activation must reload");
+    assert!(storage.reader().unwrap().actor(&key).unwrap().is_none());
+    // The reloaded activation creates the actor again, under a new number:
+    // the one handed out before the failure is never given to anyone.
+    let (_, again) = create_early(&storage, "a", &tracker, 1, 3).await;
+    assert!(again.num > rec.num, "{} reused", rec.num);
+    let (op, rx) = turn(&key, &again, &tracker, 1, 4, "k", "kept");
+    storage.writer().submit(op);
+    rx.await.unwrap().unwrap();
+    assert_eq!(
+        value(&storage, again.num, "k").as_deref(),
+        Some(&b"kept"[..])
+    );
     assert_eq!(value(&storage, rec.num, "k"), None);
 }
