@@ -91,6 +91,7 @@ impl Writer {
             outbox_ready,
             outbox_touched: false,
             subscriptions_touched: false,
+            timer: None,
         };
         std::thread::Builder::new()
             .name("marmot-writer".into())
@@ -181,10 +182,21 @@ struct WriterState {
     outbox_touched: bool,
     /// The batch changed subscriptions.
     subscriptions_touched: bool,
+    /// A one-thread runtime with only a timer, owned by the writer thread:
+    /// waiting for a new actor's first turn blocks on the channel with a
+    /// timeout.
+    timer: Option<tokio::runtime::Runtime>,
 }
 
 impl WriterState {
     fn run(&mut self) {
+        // Without a timer there is no first-turn window: creations then
+        // commit on their own, as any batch does.
+        self.timer = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .inspect_err(|e| tracing::warn!(target: LOG_TARGET, error = %e, "no timer for the storage writer; new actors commit apart from their first turn"))
+            .ok();
         let mut batch: Vec<WriteOp> = Vec::with_capacity(self.max_batch);
         loop {
             batch.clear();
@@ -214,16 +226,34 @@ impl WriterState {
         applied: &mut Vec<Applied>,
         created: &mut i64,
     ) -> Option<StorageError> {
+        let timer = self.timer.take()?;
+        let r = self.await_with(&timer, tables, applied, created);
+        self.timer = Some(timer);
+        r
+    }
+
+    fn await_with(
+        &mut self,
+        timer: &tokio::runtime::Runtime,
+        tables: &mut Tables<'_>,
+        applied: &mut Vec<Applied>,
+        created: &mut i64,
+    ) -> Option<StorageError> {
         let deadline = Instant::now() + FIRST_TURN_WINDOW;
         let mut other_seen = false;
         while applied.len() < self.max_batch {
             let op = match self.rx.try_recv() {
                 Ok(op) => op,
-                Err(mpsc::error::TryRecvError::Empty)
-                    if !other_seen && Instant::now() < deadline =>
-                {
-                    std::thread::sleep(Duration::from_micros(20));
-                    continue;
+                Err(mpsc::error::TryRecvError::Empty) if !other_seen => {
+                    // Woken by the next op the moment it is sent.
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let rx = &mut self.rx;
+                    // (The timeout is made inside the runtime: it needs its timer.)
+                    match timer.block_on(async { tokio::time::timeout(left, rx.recv()).await }) {
+                        Ok(Some(op)) => op,
+                        // The window is over, or the channel closed.
+                        _ => break,
+                    }
                 }
                 Err(_) => break,
             };
