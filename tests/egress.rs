@@ -157,30 +157,6 @@ async fn serve(seen: Arc<Seen>, tls: Option<tokio_rustls::TlsAcceptor>) -> u16 {
     port
 }
 
-/// A test CA and a certificate for `api.test` and `other.test`; returns
-/// the acceptor and the CA's PEM.
-fn tls() -> (tokio_rustls::TlsAcceptor, String) {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(DnType::CommonName, "marmot egress test CA");
-    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec!["api.test".into(), "other.test".into()])
-        .unwrap()
-        .signed_by(&key, &ca)
-        .unwrap();
-    let config = rustls::ServerConfig::builder()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![cert.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-        )
-        .unwrap();
-    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca.pem())
-}
-
 /// A DNS server answering A queries from a table; a name with several
 /// answers gives the next one at each query (the last one repeats), which
 /// is how a rebinding attacker behaves.
@@ -280,7 +256,8 @@ impl Rig {
     async fn new(type_config: Value) -> Self {
         let dir = tempdir();
         let seen = Arc::new(Seen::default());
-        let (acceptor, ca_pem) = tls();
+        let (config, ca_pem) = common::test_tls(&["api.test", "other.test"]);
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
         let https = serve(seen.clone(), Some(acceptor)).await;
         let http = serve(seen.clone(), None).await;
         let dns = Dns::start(vec![

@@ -6,7 +6,6 @@
 mod common;
 
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Api, Marmot, TESTKIT, tempdir};
@@ -503,35 +502,12 @@ export default {
     );
 }
 
-/// A certificate for 127.0.0.2 from a fresh test CA: (server config, CA PEM).
-fn tls_for(ip: IpAddr) -> (Arc<rustls::ServerConfig>, String) {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(DnType::CommonName, "marmot model test CA");
-    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec![ip.to_string()])
-        .unwrap()
-        .signed_by(&key, &ca)
-        .unwrap();
-    let config = rustls::ServerConfig::builder()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![cert.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-        )
-        .unwrap();
-    (Arc::new(config), ca.pem())
-}
-
 const KEY: &str = "sk-test-5f1b2c7d9e0a4b6c8d2e4f6a";
 
 #[tokio::test]
 async fn the_key_is_sent_by_the_host_to_its_hosts_only_and_never_comes_back() {
     let ip: IpAddr = "127.0.0.2".parse().unwrap();
-    let (tls, ca) = tls_for(ip);
+    let (tls, ca) = common::test_tls(&[&ip.to_string()]);
     let dir = tempdir();
     let ca_file = dir.path().join("ca.pem");
     std::fs::write(&ca_file, ca).unwrap();
