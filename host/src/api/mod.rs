@@ -39,6 +39,18 @@ pub(crate) struct Path<T>(pub T);
 #[from_request(via(axum::extract::Query), rejection(ApiError))]
 pub(crate) struct Query<T>(pub T);
 
+/// The answer to a PUT of a named resource: 201 when it created it, else
+/// 200, with `body`.
+fn put_reply(created: bool, body: impl serde::Serialize) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    (status, axum::Json(body)).into_response()
+}
+
 /// Shared handler state.
 #[derive(Clone)]
 pub struct AppState {

@@ -4,7 +4,6 @@
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use super::{ApiError, AppState, Path};
@@ -54,12 +53,7 @@ pub(super) async fn put(
         )
     })?;
     let (info, created) = s.node.models().providers().put(&name, spec).await?;
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, axum::Json(info)).into_response())
+    Ok(super::put_reply(created, info))
 }
 
 /// `GET /v1/providers`.

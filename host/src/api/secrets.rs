@@ -62,12 +62,7 @@ pub(super) async fn put(
         .secrets()
         .put(&name, spec.value.as_bytes(), spec.hosts)
         .await?;
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, axum::Json(info)).into_response())
+    Ok(super::put_reply(created, info))
 }
 
 /// `GET /v1/secrets`: names, hosts and times.

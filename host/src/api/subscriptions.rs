@@ -49,12 +49,7 @@ pub(super) async fn put(
         out["secret"] = secret.into();
     }
     tracing::info!(subscription = %name, created, "webhook subscription saved");
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, axum::Json(out)).into_response())
+    Ok(super::put_reply(created, out))
 }
 
 pub(super) async fn list(State(s): State<AppState>) -> Result<Response, ApiError> {

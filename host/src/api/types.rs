@@ -142,12 +142,7 @@ pub(super) async fn deploy(
         }
     };
     let deployed = s.node.deploy(&ty, kind, code, config).await?;
-    let status = if deployed.created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, axum::Json(deployed)).into_response())
+    Ok(super::put_reply(deployed.created, deployed))
 }
 
 fn type_json(s: &AppState, entry: &crate::catalog::TypeEntry) -> serde_json::Value {
