@@ -133,7 +133,7 @@ pub(super) async fn agent(args: &BenchArgs) -> anyhow::Result<()> {
     fake.set_timing(Duration::ZERO, Duration::from_millis(40));
     for (k, wave) in ["u", "v", "w"].into_iter().enumerate() {
         concurrent_wave(&server, &http, &base, n, wave).await?;
-        let (active, rss_idle) = hibernated(&server, &base).await?;
+        let (active, rss_idle) = hibernated(&server).await?;
         let db = std::fs::metadata(data.join("marmot.redb"))?.len();
         let agents = (rounds + 10) + n * (k + 1);
         println!(
@@ -213,22 +213,10 @@ async fn concurrent_wave(
 
 /// Waits (up to a minute) until no actor is active; the count and the
 /// node's RSS then.
-async fn hibernated(server: &ServerProc, base: &str) -> anyhow::Result<(f64, u64)> {
-    let probe = reqwest::Client::builder().no_proxy().build()?;
+async fn hibernated(server: &ServerProc) -> anyhow::Result<(f64, u64)> {
     let active = || async {
-        let m = probe
-            .get(format!("{base}/metrics"))
-            .send()
-            .await?
-            .text()
-            .await?;
-        anyhow::Ok(
-            m.lines()
-                .find(|l| l.starts_with("marmot_actors_active "))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(-1.0),
-        )
+        let text = super::http::metrics(server.addr).await?;
+        anyhow::Ok(super::http::sample(&text, "marmot_actors_active").unwrap_or(-1.0))
     };
     let deadline = Instant::now() + Duration::from_secs(60);
     while active().await? > 0.0 && Instant::now() < deadline {
