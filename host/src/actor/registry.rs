@@ -57,6 +57,27 @@ pub(crate) const SLOT_WASM: u8 = 1;
 /// [`Shared::slot`]: a JavaScript sandbox.
 pub(crate) const SLOT_JS: u8 = 2;
 
+/// What a waking actor is short of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Room {
+    /// A slot of the instance pool: any idle actor holding an instance may
+    /// make way.
+    Instance = 0,
+    /// A JavaScript sandbox (all that the node allows are live): an idle
+    /// JavaScript actor makes way.
+    JsSandbox = 1,
+}
+
+impl Room {
+    /// Whether an actor holding `slot` frees this kind of room.
+    fn freed_by(self, slot: u8) -> bool {
+        match self {
+            Room::Instance => slot != SLOT_NONE,
+            Room::JsSandbox => slot == SLOT_JS,
+        }
+    }
+}
+
 impl Shared {
     /// Record the actor's activity statistics.
     pub fn note_turn(&self, turns: u64, last_turn_at_ms: u64) {
@@ -75,9 +96,9 @@ pub struct Registry {
     hasher: std::collections::hash_map::RandomState,
     active: AtomicUsize,
     evicting: AtomicBool,
-    /// A [`Registry::make_room`] pass is running, per pool (`SLOT_* - 1`).
+    /// A [`Registry::make_room`] pass is running, per [`Room`].
     making_room: [AtomicBool; 2],
-    /// Activations waiting for a slot, per pool.
+    /// Activations waiting for room, per [`Room`].
     waiting_for_room: [Arc<AtomicUsize>; 2],
     max_active: usize,
     mailbox_capacity: usize,
@@ -274,38 +295,38 @@ impl Registry {
         });
     }
 
-    /// Count the caller as waiting for a slot of pool `slot` until the
-    /// returned guard is dropped.
-    pub(crate) fn wait_for_room(&self, slot: u8) -> WaitingForRoom {
-        let n = self.waiting_for_room[usize::from(slot - 1)].clone();
+    /// Count the caller as waiting for `room` until the returned guard is
+    /// dropped.
+    pub(crate) fn wait_for_room(&self, room: Room) -> WaitingForRoom {
+        let n = self.waiting_for_room[room as usize].clone();
         n.fetch_add(1, Ordering::Relaxed);
         WaitingForRoom(n)
     }
 
-    /// An instance pool is full (JavaScript sandboxes are fewer than the
-    /// active cap): ask the least recently used *idle* actors holding a slot
-    /// of that pool (`SLOT_WASM` or `SLOT_JS`) to hibernate — `batch` of
-    /// them, or one per waiting activation if more wait — so waking actors
-    /// find room. The caller shows it is counted among the waiting.
+    /// The instance pool is full, or all JavaScript sandboxes are in use
+    /// (`room`): ask the least recently used *idle* actors holding what is
+    /// short to hibernate — `batch` of them, or one per waiting activation
+    /// if more wait — so waking actors find room. The caller shows it is
+    /// counted among the waiting.
     pub(crate) fn make_room(
         &self,
         env: &Arc<ActorEnv>,
-        slot: u8,
+        room: Room,
         batch: usize,
         _waiting: &WaitingForRoom,
     ) {
-        let pool = usize::from(slot - 1);
-        if self.making_room[pool].swap(true, Ordering::AcqRel) {
+        let i = room as usize;
+        if self.making_room[i].swap(true, Ordering::AcqRel) {
             return;
         }
-        let count = batch.max(self.waiting_for_room[pool].load(Ordering::Relaxed));
+        let count = batch.max(self.waiting_for_room[i].load(Ordering::Relaxed));
         let env = env.clone();
         tokio::spawn(async move {
             let reg = &env.registry;
             reg.hibernate_oldest(count.max(1), |s| {
-                s.slot.load(Ordering::Relaxed) == slot && !s.busy.load(Ordering::Relaxed)
+                room.freed_by(s.slot.load(Ordering::Relaxed)) && !s.busy.load(Ordering::Relaxed)
             });
-            reg.making_room[pool].store(false, Ordering::Release);
+            reg.making_room[i].store(false, Ordering::Release);
         });
     }
 

@@ -7,12 +7,16 @@
 //! the same paths and bodies, one at a time, alternating A B C A B C … so
 //! drift on a noisy machine hits every side alike. Each scenario prints
 //! every run, then the median per side and the ratios to workerd.
+//!
+//! Both Marmot servers run with the **default configuration** and default
+//! type settings, as a new user's `marmot dev` would: nothing is sized for
+//! the benchmark, so the numbers include whatever the defaults cost.
 
 use std::time::Duration;
 
 use super::http::{LoadResult, Target, create_typed, have_wrk, wrk_load};
 use super::peer::Workerd;
-use super::server::{ServerProc, cpu_of, rss_of};
+use super::server::{ServerProc, cpu_of, pss_of, rss_of};
 use super::{BenchArgs, Percentiles};
 
 /// One server under test.
@@ -117,6 +121,18 @@ fn summary(runs: &Runs) -> Vec<(f64, f64, f64)> {
         .collect()
 }
 
+/// This process's soft limit of open files (children inherit it).
+fn open_files_limit() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with("Max open files"))?
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()
+}
+
 /// `vs-workerd`.
 pub(super) async fn vs_workerd(args: &BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
@@ -125,6 +141,15 @@ pub(super) async fn vs_workerd(args: &BenchArgs) -> anyhow::Result<()> {
     );
     let bin = Workerd::locate(args.workerd.as_deref())?;
     let actors = args.actors.unwrap_or(10_000).max(1);
+    // workerd holds a SQLite database and its WAL open per object.
+    if let Some(limit) = open_files_limit()
+        && limit < 2 * actors as u64 + 1024
+    {
+        eprintln!(
+            "warning: {limit} open files allowed; workerd needs ~2 per object and will fail requests \
+             (run `ulimit -n 1048576` first; scripts/bench-vs-workerd does)"
+        );
+    }
     let rounds = args.rounds.max(1);
     let duration = Duration::from_secs(args.duration.max(1));
     let dir = tempfile::Builder::new().prefix("marmot-bench-").tempdir()?;
@@ -139,9 +164,9 @@ pub(super) async fn vs_workerd(args: &BenchArgs) -> anyhow::Result<()> {
     let mut all = Vec::new();
 
     // One hot actor, then creation, on one set of servers.
-    let servers = Servers::start(&dir.path().join("a"), &bin, actors).await?;
+    let servers = Servers::start(&dir.path().join("a"), &bin).await?;
     println!(
-        "peer: workerd {} (Durable Objects, enableSql, localDisk storage); load: wrk -t1 -c{}, {}s per run, {rounds} rounds, alternating",
+        "peer: workerd {} (Durable Objects, enableSql, localDisk storage); marmot: default configuration; load: wrk -t1 -c{} (spread: -c32 and -c64 over {actors} actors created first), {}s per run, {rounds} rounds, alternating",
         servers.workerd.version,
         args.connections,
         duration.as_secs()
@@ -180,7 +205,7 @@ pub(super) async fn vs_workerd(args: &BenchArgs) -> anyhow::Result<()> {
     servers.stop();
 
     // Across many actors, on fresh servers, every actor created first.
-    let servers = Servers::start(&dir.path().join("b"), &bin, actors).await?;
+    let servers = Servers::start(&dir.path().join("b"), &bin).await?;
     let sides = servers.sides();
     for s in &sides {
         eprintln!("  creating {actors} actors on {}…", s.name);
@@ -195,20 +220,24 @@ pub(super) async fn vs_workerd(args: &BenchArgs) -> anyhow::Result<()> {
         counters(actors),
     )
     .await?;
-    all.push(
-        alternate(
-            &sides,
-            "spread",
-            rounds,
-            args.connections,
-            duration,
-            counters(actors),
-        )
-        .await?,
-    );
-    let rss: Vec<u64> = sides
+    // Round robin over every actor at the two concurrencies of the issue
+    // that set this workload (-c32, -c64), whatever `--connections` says.
+    for conns in [32, 64] {
+        all.push(
+            alternate(
+                &sides,
+                &format!("spread{conns}"),
+                rounds,
+                conns,
+                duration,
+                counters(actors),
+            )
+            .await?,
+        );
+    }
+    let memory: Vec<(u64, u64)> = sides
         .iter()
-        .map(|s| rss_of(s.pid))
+        .map(|s| Ok((rss_of(s.pid)?, pss_of(s.pid)?)))
         .collect::<anyhow::Result<_>>()?;
     servers.stop();
 
@@ -235,14 +264,20 @@ pub(super) async fn vs_workerd(args: &BenchArgs) -> anyhow::Result<()> {
         );
     }
     let mb = |b: u64| b as f64 / (1024.0 * 1024.0);
-    println!(
-        "  RSS with {actors} actors active: marmot {:.0} MB, marmot-js {:.0} MB, workerd {:.0} MB ({:.1}× / {:.1}× less)",
-        mb(rss[0]),
-        mb(rss[1]),
-        mb(rss[2]),
-        rss[2] as f64 / rss[0].max(1) as f64,
-        rss[2] as f64 / rss[1].max(1) as f64,
-    );
+    for (what, pick) in [
+        ("RSS", (|m: &(u64, u64)| m.0) as fn(&(u64, u64)) -> u64),
+        ("PSS", |m| m.1),
+    ] {
+        let [rust, js, wd] = [pick(&memory[0]), pick(&memory[1]), pick(&memory[2])];
+        println!(
+            "  {what} with {actors} actors active: marmot {:.0} MB, marmot-js {:.0} MB, workerd {:.0} MB (workerd ÷ marmot {:.2}×, ÷ marmot-js {:.2}×)",
+            mb(rust),
+            mb(js),
+            mb(wd),
+            wd as f64 / rust.max(1) as f64,
+            wd as f64 / js.max(1) as f64,
+        );
+    }
     Ok(())
 }
 
@@ -254,21 +289,16 @@ struct Servers {
 }
 
 impl Servers {
-    /// Marmot with the Rust counter, Marmot with the JavaScript counter and
-    /// workerd, with data under `dir`, sized for `actors` active actors.
-    async fn start(
-        dir: &std::path::Path,
-        bin: &std::path::Path,
-        actors: usize,
-    ) -> anyhow::Result<Self> {
-        let limits = super::server::limits_for(actors, false);
-        let js_limits = super::server::limits_for(actors, true);
-        let idle = serde_json::json!({"idle_timeout_ms": 3_600_000});
+    /// Marmot with the Rust counter, Marmot with the JavaScript counter (both
+    /// with the default configuration and type settings) and workerd, with
+    /// data under `dir`.
+    async fn start(dir: &std::path::Path, bin: &std::path::Path) -> anyhow::Result<Self> {
+        let defaults = serde_json::json!({});
         std::fs::create_dir_all(dir)?;
-        let rust = ServerProc::start(&dir.join("rust"), &limits).await?;
-        rust.deploy_counter(idle.clone()).await?;
-        let js = ServerProc::start(&dir.join("js"), &js_limits).await?;
-        js.deploy_js("counter", super::inproc::JS_COUNTER, idle)
+        let rust = ServerProc::start(&dir.join("rust"), "").await?;
+        rust.deploy_counter(defaults.clone()).await?;
+        let js = ServerProc::start(&dir.join("js"), "").await?;
+        js.deploy_js("counter", super::inproc::JS_COUNTER, defaults)
             .await?;
         let wd_dir = dir.join("workerd");
         std::fs::create_dir_all(&wd_dir)?;

@@ -41,8 +41,8 @@ use crate::metrics::Metrics;
 use crate::models::budget::Ledger;
 use crate::models::{Gateway, Providers};
 use crate::sandbox::{
-    ActorLimits, AlarmLimits, EventLimits, FileLimits, InputLimits, LogLimits, Sandbox,
-    SandboxConfig, StateLimits, TurnLimits, pool_for_active,
+    ActorLimits, AlarmLimits, EventLimits, FileLimits, HostLimits, InputLimits, LogLimits,
+    PoolPlan, Sandbox, SandboxConfig, StateLimits, TurnLimits,
 };
 use crate::secrets::{MasterKeys, SecretStore};
 use crate::storage::Storage;
@@ -72,10 +72,20 @@ pub struct Node {
 
 impl Node {
     /// Open the data directory, load types and start recovery.
-    pub async fn start(config: NodeConfig) -> anyhow::Result<Arc<Self>> {
+    pub async fn start(mut config: NodeConfig) -> anyhow::Result<Arc<Self>> {
         config
             .validate()
             .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+        // Fit the instance pool to the host; the active cap follows it, so
+        // active actors never outnumber instance slots.
+        let host = HostLimits::read();
+        let pool = PoolPlan::new(
+            config.limits.max_active_actors,
+            config.limits.max_js_sandboxes,
+            &host,
+        );
+        pool.log(config.limits.max_active_actors, &host);
+        config.limits.max_active_actors = pool.max_active;
         let config = Arc::new(config);
         let metrics = Arc::new(Metrics::new());
         let storage = {
@@ -96,12 +106,11 @@ impl Node {
                 "fault injection enabled ({FAULT_ABORT_ENV}); never use this in production"
             );
         }
-        let max_active = config.limits.max_active_actors;
         let sandbox = Sandbox::new(
             SandboxConfig {
-                max_instances: pool_for_active(max_active),
+                max_instances: pool.slots,
                 max_memory_bytes: config.limits.max_guest_memory_bytes,
-                max_js_instances: config.limits.max_js_sandboxes,
+                max_js_instances: pool.js_sandboxes,
                 tick: Duration::from_millis(10),
                 cache_dir: config
                     .cache_dir

@@ -5,8 +5,10 @@
 //! * Compiled code is cached on disk, keyed by the code's SHA-256 and the
 //!   engine's compatibility hash, and loaded with `deserialize_file` (mmap)
 //!   so waking never compiles.
-//! * The pooling allocator is sized for the node's active-actor cap; memory
-//!   is reserved up front and reset (freed) when an instance is dropped.
+//! * One pooling allocator for Rust actors and JavaScript sandboxes alike,
+//!   sized at start-up for the node's active-actor cap within what the host
+//!   allows ([`pool`]); memory is reserved up front and reset (freed) when
+//!   an instance is dropped.
 //! * CPU: an epoch ticker thread advances the engine every `tick`; each store
 //!   yields to tokio on every tick and traps once a guest runs `cpu_slice`
 //!   without calling the host. Memory: `StoreLimits` per store.
@@ -15,6 +17,7 @@ mod bindings;
 mod caps;
 mod host;
 mod output;
+mod pool;
 mod run;
 mod snapshot;
 mod turn;
@@ -22,6 +25,7 @@ mod turn;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -41,6 +45,7 @@ pub use caps::log::LogLimits;
 pub use caps::model::{ModelAccess, TurnUsage};
 pub use caps::state::StateLimits;
 pub use host::{JsModule, LimitTrap};
+pub use pool::{HostLimits, PoolPlan};
 pub use run::{EvalReply, GuestReply, Instance, TurnFailure, TurnInput, TurnOutput, TurnRequest};
 pub use turn::{ActorCounts, Carry, FinishedTurn, TurnLimits, TurnStart, release_blobs};
 
@@ -82,10 +87,14 @@ pub struct InstanceSpec<'a> {
 /// Why an instance could not be created.
 #[derive(Debug, thiserror::Error)]
 pub enum InstantiateError {
-    /// Its pool is full, or the kernel refused memory or mappings: try
-    /// again once instances have been dropped.
+    /// The instance pool is full, or the kernel refused memory or
+    /// mappings: try again once instances have been dropped.
     #[error("no room for another instance: {0}")]
     NoRoom(String),
+    /// As many JavaScript sandboxes are live as the node allows: try again
+    /// once one has been dropped.
+    #[error("all {0} JavaScript sandboxes are in use")]
+    TooManyJs(u32),
     /// Anything else.
     #[error("{0}")]
     Failed(String),
@@ -94,12 +103,13 @@ pub enum InstantiateError {
 /// How to build the engine.
 #[derive(Debug, Clone)]
 pub struct SandboxConfig {
-    /// Instances that may be live at once (active actors plus headroom).
-    pub max_instances: usize,
+    /// Instances that may be live at once (active actors plus headroom),
+    /// JavaScript sandboxes included: the pool's slots.
+    pub max_instances: u32,
     /// Largest linear memory of any instance.
     pub max_memory_bytes: u64,
     /// JavaScript sandboxes that may be live at once (active JavaScript
-    /// actors plus running evals).
+    /// actors plus running evals), at most `max_instances`.
     pub max_js_instances: u32,
     /// Epoch tick.
     pub tick: Duration,
@@ -138,8 +148,7 @@ pub enum CodeError {
     Script(String),
 }
 
-/// The engine, its linker and the compiled-code cache.
-/// One wasmtime engine with its linker.
+/// The wasmtime engine with its linker.
 struct EngineParts {
     engine: Engine,
     linker: Linker<Host>,
@@ -148,8 +157,8 @@ struct EngineParts {
 }
 
 impl EngineParts {
-    fn new(config: &SandboxConfig, instances: u32, cow: bool) -> anyhow::Result<Self> {
-        let n = instances.max(16);
+    fn new(config: &SandboxConfig) -> anyhow::Result<Self> {
+        let n = config.max_instances.max(16);
         let mut pool = PoolingAllocationConfig::new();
         pool.total_component_instances(n)
             .total_core_instances(n.saturating_mul(8))
@@ -157,8 +166,7 @@ impl EngineParts {
             .total_tables(n.saturating_mul(4))
             // A store keeps its fiber stack between calls, so every live
             // instance needs one. Each pooled stack is two memory mappings,
-            // mapped up front: this is why the engines' pools are sized
-            // separately.
+            // mapped up front (see `pool`).
             .total_stacks(n)
             .max_memory_size(config.max_memory_bytes as usize)
             .max_core_instances_per_component(32)
@@ -183,7 +191,12 @@ impl EngineParts {
             // Compile on the deploying thread: parallel compilation leaves
             // ~60 MB behind in idle worker threads after a deploy.
             .parallel_compilation(false)
-            .memory_init_cow(cow);
+            // Memory images are mapped copy-on-write: a JavaScript sandbox
+            // maps the ~580 KB snapshot heap instead of copying it (eval
+            // p50 494 → 229 µs), and instances of one Rust type share their
+            // data pages (PSS per active counter 62 → 50 KB, wake time
+            // unchanged). One more mapping per live instance (see `pool`).
+            .memory_init_cow(true);
         let engine = Engine::new(&wc).map_err(anyhow::Error::from)?;
         let mut linker: Linker<Host> = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(anyhow::Error::from)?;
@@ -192,7 +205,6 @@ impl EngineParts {
         let hash = {
             let mut h = std::collections::hash_map::DefaultHasher::new();
             engine.precompile_compatibility_hash().hash(&mut h);
-            cow.hash(&mut h);
             format!("{:016x}", h.finish())
         };
         Ok(Self {
@@ -203,19 +215,18 @@ impl EngineParts {
     }
 }
 
-/// The engines, their linkers and the compiled-code cache.
+/// The engine, its linker, its instance pool and the compiled-code cache.
 ///
-/// Two engines, because the two kinds of code want opposite memory
-/// set-ups. Components (Rust actors) have small data images: they are
-/// *copied* into each instance, which keeps a pooled instance to ~4 memory
-/// mappings — with per-instance file mappings, 10,000 instances reach
-/// Linux's default limit of 65,530 maps. The JavaScript engine's snapshot
-/// holds an initialized QuickJS heap: it is mapped *copy-on-write*, which
-/// halves the time of a fresh sandbox (measured: eval p50 494 µs copied,
-/// 229 µs mapped).
+/// One engine and one pool for Rust actors and JavaScript sandboxes: every
+/// pool slot costs memory mappings up front (its fiber stack), so two
+/// pools each sized for the active cap did not fit Linux's default
+/// `vm.max_map_count`, and a JavaScript pool sized below it made active
+/// JavaScript actors evict each other. JavaScript sandboxes are counted
+/// against their own cap (`max_js_instances`, from memory) instead.
 pub struct Sandbox {
-    wasm: EngineParts,
-    js: EngineParts,
+    parts: EngineParts,
+    /// JavaScript sandboxes live now, against `config.max_js_instances`.
+    js_live: Arc<AtomicU32>,
     config: SandboxConfig,
     tick_ms: u64,
     /// What turns read committed state from.
@@ -227,48 +238,32 @@ pub struct Sandbox {
     agent_engine: std::sync::Mutex<Option<Arc<Prepared>>>,
 }
 
-/// The smallest instance pool an engine gets, whatever the configuration.
-const MIN_POOL: u32 = 16;
-
-/// The component pool for `max_active` active actors: headroom over the
-/// cap, because eviction is asynchronous.
-pub fn pool_for_active(max_active: usize) -> usize {
-    max_active + max_active / 10 + 64
-}
-
 impl Sandbox {
-    /// Instances the Rust-component pool (`js == false`) or the JavaScript
-    /// pool can hold at once.
+    /// Instances the pool holds at once (`js == false`), or JavaScript
+    /// sandboxes that may be live at once.
     pub fn pool_size(&self, js: bool) -> usize {
-        let n = if js {
-            self.config.max_js_instances
+        if js {
+            self.config.max_js_instances as usize
         } else {
-            self.config.max_instances as u32
-        };
-        n.max(MIN_POOL) as usize
+            self.config.max_instances as usize
+        }
     }
 
-    /// Build the engines and start their epoch ticker. Turns read what is
+    /// Build the engine and start its epoch ticker. Turns read what is
     /// committed from `storage`.
     pub fn new(config: SandboxConfig, storage: Arc<Storage>) -> anyhow::Result<Arc<Self>> {
-        let n = (config.max_instances as u32).max(MIN_POOL);
-        let wasm = EngineParts::new(&config, n, false)?;
-        let js = EngineParts::new(&config, config.max_js_instances.max(MIN_POOL), true)?;
+        let parts = EngineParts::new(&config)?;
         std::fs::create_dir_all(&config.cache_dir).map_err(|e| {
             anyhow::anyhow!(
                 "failed to create compiled-code cache `{}`: {e}",
                 config.cache_dir.display()
             )
         })?;
-        log_pool_sizes(
-            u64::from(n),
-            u64::from(config.max_js_instances.max(MIN_POOL)),
-        );
         let tick_ms = config.tick.as_millis().max(1) as u64;
         let turn_limits = Arc::new(config.turn_limits.clone());
         let sandbox = Arc::new(Self {
-            wasm,
-            js,
+            parts,
+            js_live: Arc::new(AtomicU32::new(0)),
             config,
             tick_ms,
             storage,
@@ -276,22 +271,14 @@ impl Sandbox {
             js_engine: std::sync::Mutex::new(None),
             agent_engine: std::sync::Mutex::new(None),
         });
-        let engines = [sandbox.wasm.engine.weak(), sandbox.js.engine.weak()];
+        let engine = sandbox.parts.engine.weak();
         let tick = sandbox.config.tick;
         std::thread::Builder::new()
             .name("marmot-epoch".into())
             .spawn(move || {
-                loop {
-                    let mut alive = false;
-                    for weak in &engines {
-                        if let Some(engine) = weak.upgrade() {
-                            engine.increment_epoch();
-                            alive = true;
-                        }
-                    }
-                    if !alive {
-                        return;
-                    }
+                while let Some(engine) = engine.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
                     std::thread::sleep(tick);
                 }
             })?;
@@ -301,7 +288,7 @@ impl Sandbox {
     /// Compile `code` (or load it from the cache) and check that it fits the
     /// actor world. Blocking: call from a blocking thread.
     pub fn prepare(&self, code: &[u8]) -> Result<Prepared, CodeError> {
-        self.prepare_with(&self.wasm, code)
+        self.prepare_with(&self.parts, code)
     }
 
     /// The built-in agent harness (`actors/agent`), compiled (or loaded
@@ -359,14 +346,14 @@ impl Sandbox {
             None,
         );
         let snapshot = tokio::runtime::Handle::current().block_on(snapshot::snapshot(
-            &self.js.engine,
-            &self.js.linker,
+            &self.parts.engine,
+            &self.parts.linker,
             host,
             crate::guests::QUICKJS,
             &self.config.cache_dir,
-            &self.js.hash,
+            &self.parts.hash,
         ))?;
-        let prepared = Arc::new(self.prepare_with(&self.js, &snapshot)?);
+        let prepared = Arc::new(self.prepare_with(&self.parts, &snapshot)?);
         if !prepared.is_js_engine() {
             return Err(CodeError::WrongWorld(
                 "the built-in JavaScript engine does not export js-runtime".into(),
@@ -483,6 +470,15 @@ impl Sandbox {
         js: Option<JsAccess>,
         granted: CapSet,
     ) -> Result<Instance, InstantiateError> {
+        // JavaScript sandboxes count against their own cap before taking
+        // a slot of the shared pool.
+        let js_slot = match &pre.js {
+            Some(_) => Some(
+                pool::JsSlot::take(&self.js_live, self.config.max_js_instances)
+                    .ok_or(InstantiateError::TooManyJs(self.config.max_js_instances))?,
+            ),
+            None => None,
+        };
         let turn_timeout = spec.config.turn_timeout;
         let host = Host::new(
             spec,
@@ -523,6 +519,7 @@ impl Sandbox {
                 turn_timeout,
                 self.turn_limits.clone(),
                 self.storage.clone(),
+                js_slot,
             )),
             Err(e) => {
                 let msg = format!("{e:#}");
@@ -533,52 +530,6 @@ impl Sandbox {
                 })
             }
         }
-    }
-}
-
-/// Memory mappings (VMAs) the pools take, measured with `/proc/PID/maps`
-/// on `marmot dev` (wasmtime 48, Linux 6.x): every pooled fiber stack is
-/// two (stack and guard), mapped up front; a live component instance adds
-/// two (its memory slot split into accessible and guard parts), a live
-/// JavaScript sandbox three (the copy-on-write snapshot image besides).
-const MAPS_PER_STACK: u64 = 2;
-const MAPS_PER_INSTANCE: u64 = 2;
-const MAPS_PER_JS_INSTANCE: u64 = 3;
-/// Everything else of the process: binary, libraries, heap, threads.
-const MAPS_BESIDES_POOLS: u64 = 4096;
-
-/// Mappings the node needs with both pools full.
-fn maps_needed(instances: u64, js_instances: u64) -> u64 {
-    (instances + js_instances) * MAPS_PER_STACK
-        + instances * MAPS_PER_INSTANCE
-        + js_instances * MAPS_PER_JS_INSTANCE
-        + MAPS_BESIDES_POOLS
-}
-
-/// Says what the pools hold and what that needs of `vm.max_map_count`;
-/// warns when the kernel's limit cannot hold full pools.
-fn log_pool_sizes(instances: u64, js_instances: u64) {
-    let need = maps_needed(instances, js_instances);
-    let limit = std::fs::read_to_string("/proc/sys/vm/max_map_count")
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok());
-    match limit {
-        Some(limit) if need > limit => tracing::warn!(
-            instances,
-            js_instances,
-            limit,
-            need,
-            "vm.max_map_count is too low for full instance pools (sized by \
-             limits.max_active_actors and limits.max_js_sandboxes); raise it \
-             (sysctl -w vm.max_map_count={need}) or lower those limits"
-        ),
-        _ => tracing::info!(
-            instances,
-            js_instances,
-            maps_needed = need,
-            max_map_count = limit,
-            "instance pools sized (limits.max_active_actors + 10% + 64, limits.max_js_sandboxes)"
-        ),
     }
 }
 
@@ -614,18 +565,5 @@ mod tests {
             Err(CodeError::CoreModule)
         ));
         assert!(check_header(b"\0asm\x0d\0\x01\0").is_ok());
-    }
-
-    #[test]
-    fn the_default_pools_fit_a_default_kernel() {
-        // `marmot dev` with the default limits: 10,000 active actors (a
-        // pool of 11,064) and 2,048 JavaScript sandboxes, against Linux's
-        // default vm.max_map_count of 65,530.
-        let l = crate::config::Limits::default();
-        let need = maps_needed(
-            pool_for_active(l.max_active_actors) as u64,
-            u64::from(l.max_js_sandboxes),
-        );
-        assert!(need <= 65_530, "{need}");
     }
 }

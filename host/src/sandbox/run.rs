@@ -179,6 +179,9 @@ pub struct Instance {
     turn_timeout: Duration,
     limits: Arc<TurnLimits>,
     storage: Arc<Storage>,
+    /// Counts a JavaScript sandbox against the node's cap; dropped after
+    /// the store.
+    _js_slot: Option<super::pool::JsSlot>,
 }
 
 impl Instance {
@@ -189,6 +192,7 @@ impl Instance {
         turn_timeout: Duration,
         limits: Arc<TurnLimits>,
         storage: Arc<Storage>,
+        js_slot: Option<super::pool::JsSlot>,
     ) -> Self {
         Self {
             store,
@@ -197,6 +201,7 @@ impl Instance {
             turn_timeout,
             limits,
             storage,
+            _js_slot: js_slot,
         }
     }
 

@@ -142,14 +142,17 @@ impl NodeConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
     /// Active (awake) actors; beyond it the least recently used hibernate.
+    /// Lowered at start-up (with a warning) when the host's
+    /// `vm.max_map_count` or memory cannot hold an instance for each.
     pub max_active_actors: usize,
     /// Messages queued per actor before senders get 429.
     pub mailbox_capacity: usize,
     /// JavaScript sandboxes live at once: active JavaScript actors plus
-    /// running evals. Sizes the JavaScript engine's instance pool (at least
-    /// 16). When it is full, the least recently used idle JavaScript actors
-    /// hibernate to make room.
-    pub max_js_sandboxes: u32,
+    /// running evals (at least 16). Unset: as many as half of the host's
+    /// memory holds at ~640 KB each, up to the instance pool. When they are
+    /// all in use, the least recently used idle JavaScript actors hibernate
+    /// to make room.
+    pub max_js_sandboxes: Option<u32>,
     /// Largest message body.
     pub max_message_bytes: usize,
     /// Largest deployable code.
@@ -201,7 +204,7 @@ impl Default for Limits {
         Self {
             max_active_actors: 10_000,
             mailbox_capacity: 1024,
-            max_js_sandboxes: 2048,
+            max_js_sandboxes: None,
             max_message_bytes: 1 << 20,
             max_code_bytes: 64 << 20,
             max_value_bytes: 1 << 20,

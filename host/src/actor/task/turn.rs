@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 use super::super::TurnError;
 use super::super::env::ActorEnv;
-use super::super::registry::{SLOT_JS, SLOT_NONE, SLOT_WASM, Shared};
+use super::super::registry::{Room, SLOT_JS, SLOT_NONE, SLOT_WASM, Shared};
 use super::{ActorTask, CommitExtras, MAX_COMMITS_IN_FLIGHT, STATE_CACHE_BYTES, counts};
 use crate::sandbox::{
     CallChain, DurableBefore, FinishedTurn, HttpAccess, Instance, InstanceSpec, InstantiateError,
@@ -96,10 +96,10 @@ impl ActorTask {
             http: Some(http.clone()),
             models: Some(models.clone()),
         };
-        match instantiate_with_room(env, &engine, true, spec).await {
+        match instantiate_with_room(env, &engine, spec).await {
             Ok(inst) => Ok(inst),
-            Err(InstantiateError::NoRoom(msg)) => {
-                tracing::warn!(error = %msg, "no JavaScript sandbox free for an eval");
+            Err(e @ (InstantiateError::NoRoom(_) | InstantiateError::TooManyJs(_))) => {
+                tracing::warn!(error = %e, "no JavaScript sandbox free for an eval");
                 Err(TurnError::Overloaded)
             }
             Err(InstantiateError::Failed(msg)) => Err(TurnError::Code(format!(
@@ -144,10 +144,10 @@ impl ActorTask {
             models: Some(env.model_access(prepared.config.budget)),
         };
         let js = prepared.js_module.is_some();
-        let inst = match instantiate_with_room(env, &prepared.pre, js, spec).await {
+        let inst = match instantiate_with_room(env, &prepared.pre, spec).await {
             Ok(i) => i,
-            Err(InstantiateError::NoRoom(msg)) => {
-                tracing::warn!(actor = %self.key, error = %msg, "no instance slot free");
+            Err(e @ (InstantiateError::NoRoom(_) | InstantiateError::TooManyJs(_))) => {
+                tracing::warn!(actor = %self.key, error = %e, "no instance slot free");
                 return Err(TurnError::Overloaded);
             }
             Err(InstantiateError::Failed(msg)) => {
@@ -371,32 +371,37 @@ impl ActorTask {
 /// about two seconds in all before the turn is refused with 503.
 const ROOM_BACKOFF_MS: [u64; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
 
-/// Instantiate `pre`; if its pool is full, ask the least recently used
-/// actors of the same engine to hibernate (5% of the pool) and try again
-/// with back-off. JavaScript sandboxes are fewer than the active-actor cap
-/// (`limits.max_js_sandboxes`), so this is how JavaScript actors beyond it
-/// take turns: the idle ones make way, as under the active cap.
+/// Instantiate `pre`; if the pool is full, or all JavaScript sandboxes
+/// are in use, ask the least recently used idle actors holding what is
+/// short to hibernate (5% of it) and try again with back-off. The pool is
+/// sized for the active cap, so this is rare for the pool; JavaScript
+/// sandboxes may be fewer than the active cap on a small host
+/// (`limits.max_js_sandboxes`), and this is how JavaScript actors beyond
+/// them take turns: the idle ones make way, as under the active cap.
 async fn instantiate_with_room<'a>(
     env: &Arc<ActorEnv>,
     pre: &Prepared,
-    js: bool,
     spec: impl Fn() -> InstanceSpec<'a>,
 ) -> Result<Instance, InstantiateError> {
-    let slot = if js { SLOT_JS } else { SLOT_WASM };
     let mut backoff = ROOM_BACKOFF_MS.iter();
     let mut waiting = None;
     loop {
-        let e = match env.sandbox.instantiate(pre, spec()).await {
+        let (room, short_of) = match env.sandbox.instantiate(pre, spec()).await {
             Ok(i) => return Ok(i),
             Err(e @ InstantiateError::Failed(_)) => return Err(e),
-            Err(e) => e,
+            Err(e @ InstantiateError::TooManyJs(_)) => (Room::JsSandbox, e),
+            Err(e @ InstantiateError::NoRoom(_)) => (Room::Instance, e),
         };
         let Some(&ms) = backoff.next() else {
-            return Err(e);
+            return Err(short_of);
         };
-        let waiting = waiting.get_or_insert_with(|| env.registry.wait_for_room(slot));
-        env.registry
-            .make_room(env, slot, env.sandbox.pool_size(js) / 20, waiting);
+        let (_, waiting) = match &mut waiting {
+            Some((r, _)) if *r != room => waiting.insert((room, env.registry.wait_for_room(room))),
+            Some(w) => w,
+            None => waiting.insert((room, env.registry.wait_for_room(room))),
+        };
+        let held = env.sandbox.pool_size(room == Room::JsSandbox);
+        env.registry.make_room(env, room, held / 20, waiting);
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
 }

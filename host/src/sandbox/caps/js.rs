@@ -87,7 +87,7 @@ impl js::Host for Host {
             .await
         {
             Ok(c) => c,
-            Err(InstantiateError::NoRoom(_)) => {
+            Err(InstantiateError::NoRoom(_) | InstantiateError::TooManyJs(_)) => {
                 return Ok(Err(GuestError::LimitExceeded(
                     "no JavaScript sandbox is free; try again later".into(),
                 )));

@@ -1,0 +1,316 @@
+//! How many instances a node can hold, decided once at start-up from what
+//! the host allows.
+//!
+//! Rust actors and JavaScript sandboxes share one pooling allocator. Every
+//! slot of it costs kernel memory mappings (VMAs) up front — its fiber
+//! stack and guard page — and every live instance a few more, so the pool
+//! is bounded by `vm.max_map_count` as well as by the configured active
+//! cap. JavaScript sandboxes are the large instances (about 0.6 MB resident
+//! each, against ~60 KB for a Rust actor), so their count is bounded by the
+//! host's memory. [`PoolPlan::new`] takes the smallest of the bounds and
+//! says which one it was; the node logs that in one line.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Memory mappings (VMAs) taken by every pool slot, used or not: its fiber
+/// stack and guard page, mapped when the engine is built.
+const MAPS_PER_SLOT: u64 = 2;
+/// Memory mappings a live instance adds at most: its memory slot splits
+/// into the accessible part, the copy-on-write image inside it (a Rust
+/// actor's data sits past its stack, so the image splits the accessible
+/// part in two) and the guard. Measured with `/proc/PID/maps` (`marmot
+/// bench rss-active` and `js-rss` print the count): 4 per Rust actor, 3 per
+/// JavaScript sandbox (its snapshot image starts at address 0).
+const MAPS_PER_LIVE: u64 = 4;
+/// Everything else of the process: binary, libraries, heap, threads.
+const MAPS_BESIDES_POOL: u64 = 4096;
+/// The smallest pool, whatever the configuration.
+const MIN_POOL: u32 = 16;
+/// The share of the host's memory that instances may plan to fill.
+const MEMORY_SHARE: u64 = 2;
+/// Planned resident memory of a live Rust instance (measured ~62 KB).
+const BYTES_PER_INSTANCE: u64 = 64 << 10;
+/// Planned resident memory of a live JavaScript sandbox (measured ~590 KB).
+const BYTES_PER_JS_SANDBOX: u64 = 640 << 10;
+
+/// What the host allows, read at start-up.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HostLimits {
+    /// `vm.max_map_count`, if readable.
+    pub max_map_count: Option<u64>,
+    /// Memory the process may use: the machine's, or its cgroup's limit
+    /// when lower.
+    pub memory_bytes: Option<u64>,
+}
+
+impl HostLimits {
+    /// Read the limits of this host (Linux `/proc` and cgroup v2).
+    pub fn read() -> Self {
+        let max_map_count = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .map(|kb| kb * 1024)
+        });
+        // "max" (no limit) does not parse and is ignored.
+        let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok());
+        let memory_bytes = match (total, cgroup) {
+            (Some(t), Some(c)) => Some(t.min(c)),
+            (t, c) => t.or(c),
+        };
+        Self {
+            max_map_count,
+            memory_bytes,
+        }
+    }
+}
+
+/// The instance pool sized for `max_active` active actors: a little
+/// headroom over the cap for evals and for actors still leaving when
+/// others arrive (eviction is asynchronous; a waking actor that finds the
+/// pool full makes room and retries).
+fn pool_for_active(max_active: usize) -> u64 {
+    max_active as u64 + max_active as u64 / 100 + 64
+}
+
+/// The most active actors a pool of `slots` serves (inverse of
+/// [`pool_for_active`]).
+fn active_for_pool(slots: u64) -> usize {
+    (slots.saturating_sub(64) * 100 / 101).max(1) as usize
+}
+
+/// What bounded a size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    /// The configuration (`limits.max_active_actors` or
+    /// `limits.max_js_sandboxes`).
+    Config,
+    /// The kernel's `vm.max_map_count`.
+    MapCount,
+    /// The host's (or cgroup's) memory.
+    Memory,
+}
+
+impl Bound {
+    /// How the log line names it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Bound::Config => "configuration",
+            Bound::MapCount => "vm.max_map_count",
+            Bound::Memory => "memory",
+        }
+    }
+}
+
+/// The pool the node runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolPlan {
+    /// Slots of the shared instance pool.
+    pub slots: u32,
+    /// Active actors at most (the configured cap, or less when the pool
+    /// had to be smaller): never more active actors than slots, so active
+    /// actors do not evict each other's instances.
+    pub max_active: usize,
+    /// JavaScript sandboxes live at once at most.
+    pub js_sandboxes: u32,
+    /// What bounded `slots`.
+    pub slots_bound: Bound,
+    /// What bounded `js_sandboxes`.
+    pub js_bound: Bound,
+    /// Memory mappings the full pool needs.
+    pub maps_needed: u64,
+}
+
+impl PoolPlan {
+    /// Size the pool for `max_active` actors and `max_js` JavaScript
+    /// sandboxes (`None`: as many as memory allows) on `host`.
+    pub fn new(max_active: usize, max_js: Option<u32>, host: &HostLimits) -> Self {
+        let wanted = pool_for_active(max_active);
+        let mut slots = wanted;
+        let mut slots_bound = Bound::Config;
+        if let Some(limit) = host.max_map_count {
+            let fit = limit.saturating_sub(MAPS_BESIDES_POOL) / (MAPS_PER_SLOT + MAPS_PER_LIVE);
+            if fit < slots {
+                slots = fit;
+                slots_bound = Bound::MapCount;
+            }
+        }
+        let share = host.memory_bytes.map(|m| m / MEMORY_SHARE);
+        if let Some(fit) = share.map(|s| s / BYTES_PER_INSTANCE)
+            && fit < slots
+        {
+            slots = fit;
+            slots_bound = Bound::Memory;
+        }
+        let slots = slots.clamp(u64::from(MIN_POOL), u64::from(u32::MAX)) as u32;
+        let max_active = if slots_bound == Bound::Config {
+            max_active
+        } else {
+            active_for_pool(u64::from(slots)).min(max_active)
+        };
+        let (js, js_bound) = match max_js {
+            Some(n) if n < slots => (n, Bound::Config),
+            Some(_) => (slots, slots_bound),
+            None => match share.map(|s| s / BYTES_PER_JS_SANDBOX) {
+                Some(fit) if fit < u64::from(slots) => (fit as u32, Bound::Memory),
+                _ => (slots, slots_bound),
+            },
+        };
+        Self {
+            slots,
+            max_active,
+            js_sandboxes: js.max(MIN_POOL).min(slots),
+            slots_bound,
+            js_bound,
+            maps_needed: maps_needed(u64::from(slots)),
+        }
+    }
+
+    /// Say what was chosen and why, in one line: a warning when the host
+    /// made the node smaller than configured.
+    pub fn log(&self, configured_active: usize, host: &HostLimits) {
+        let (slots, active, js) = (self.slots, self.max_active, self.js_sandboxes);
+        let (slots_by, js_by) = (self.slots_bound.label(), self.js_bound.label());
+        let (maps, map_limit) = (self.maps_needed, host.max_map_count);
+        let memory_mb = host.memory_bytes.map(|b| b >> 20);
+        if active < configured_active {
+            tracing::warn!(
+                slots,
+                max_active = active,
+                configured_max_active = configured_active,
+                slots_bound = slots_by,
+                js_sandboxes = js,
+                js_bound = js_by,
+                maps_needed = maps,
+                max_map_count = map_limit,
+                memory_mb,
+                "instance pool smaller than limits.max_active_actors asks: the host allows \
+                 fewer; raise vm.max_map_count (sysctl -w vm.max_map_count=N) or memory, \
+                 or lower the limit"
+            );
+        } else {
+            tracing::info!(
+                slots,
+                max_active = active,
+                slots_bound = slots_by,
+                js_sandboxes = js,
+                js_bound = js_by,
+                maps_needed = maps,
+                max_map_count = map_limit,
+                memory_mb,
+                "instance pool sized"
+            );
+        }
+    }
+}
+
+/// A live JavaScript sandbox, counted against the node's cap while it
+/// lives.
+pub(super) struct JsSlot(Arc<AtomicU32>);
+
+impl JsSlot {
+    /// Count one more sandbox in `live`, unless `cap` are live already.
+    pub(super) fn take(live: &Arc<AtomicU32>, cap: u32) -> Option<Self> {
+        live.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < cap).then_some(n + 1)
+        })
+        .ok()?;
+        Some(Self(live.clone()))
+    }
+}
+
+impl Drop for JsSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Memory mappings of the node with a full pool of `slots`.
+fn maps_needed(slots: u64) -> u64 {
+    slots * (MAPS_PER_SLOT + MAPS_PER_LIVE) + MAPS_BESIDES_POOL
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn host(maps: u64, memory: u64) -> HostLimits {
+        HostLimits {
+            max_map_count: Some(maps),
+            memory_bytes: Some(memory),
+        }
+    }
+
+    #[test]
+    fn the_defaults_fit_a_default_kernel_unchanged() {
+        // `marmot dev` with the default limits on Linux's default
+        // vm.max_map_count (65,530) and a 24 GiB machine: every configured
+        // active actor gets a slot, JavaScript ones included.
+        let l = crate::config::Limits::default();
+        let plan = PoolPlan::new(
+            l.max_active_actors,
+            l.max_js_sandboxes,
+            &host(65_530, 24 * GIB),
+        );
+        assert_eq!(plan.max_active, l.max_active_actors);
+        assert_eq!(u64::from(plan.slots), pool_for_active(l.max_active_actors));
+        assert_eq!(plan.js_sandboxes, plan.slots);
+        assert!(plan.maps_needed <= 65_530, "{plan:?}");
+        assert_eq!(plan.slots_bound, Bound::Config);
+    }
+
+    #[test]
+    fn a_low_map_limit_shrinks_the_pool_and_the_active_cap_with_it() {
+        let plan = PoolPlan::new(10_000, None, &host(30_000, 64 * GIB));
+        assert_eq!(plan.slots_bound, Bound::MapCount);
+        assert!(plan.maps_needed <= 30_000, "{plan:?}");
+        assert!(plan.max_active < 10_000);
+        assert!(pool_for_active(plan.max_active) <= u64::from(plan.slots));
+    }
+
+    #[test]
+    fn small_memory_bounds_javascript_sandboxes_first() {
+        // 1 GiB: half of it for instances, ~640 KB per sandbox.
+        let plan = PoolPlan::new(10_000, None, &host(65_530, GIB));
+        assert_eq!(plan.js_bound, Bound::Memory);
+        assert_eq!(plan.js_sandboxes, 819);
+        assert_eq!(plan.slots, 8_192);
+        assert_eq!(plan.max_active, 8_047);
+        assert_eq!(plan.slots_bound, Bound::Memory);
+    }
+
+    #[test]
+    fn a_configured_javascript_cap_is_kept_but_never_above_the_pool() {
+        let h = host(65_530, 64 * GIB);
+        assert_eq!(PoolPlan::new(100, Some(20), &h).js_sandboxes, 20);
+        assert_eq!(PoolPlan::new(100, Some(1), &h).js_sandboxes, MIN_POOL);
+        let p = PoolPlan::new(100, Some(1_000_000), &h);
+        assert_eq!(p.js_sandboxes, p.slots);
+    }
+
+    #[test]
+    fn javascript_slots_stop_at_the_cap_and_come_back_when_dropped() {
+        let live = Arc::new(AtomicU32::new(0));
+        let a = JsSlot::take(&live, 2).unwrap();
+        let _b = JsSlot::take(&live, 2).unwrap();
+        assert!(JsSlot::take(&live, 2).is_none());
+        drop(a);
+        assert!(JsSlot::take(&live, 2).is_some());
+        assert_eq!(live.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn unknown_limits_leave_the_configuration_alone() {
+        let plan = PoolPlan::new(500, None, &HostLimits::default());
+        assert_eq!(plan.max_active, 500);
+        assert_eq!(u64::from(plan.slots), pool_for_active(500));
+    }
+}
