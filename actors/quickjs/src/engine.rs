@@ -58,6 +58,10 @@ pub fn with<R>(f: impl FnOnce(&mut Engine) -> R) -> R {
 pub struct Engine {
     // Dropped before the runtime: fields drop in declaration order.
     handlers: Option<Persistent<Object<'static>>>,
+    /// The prelude's `__marmot_turn` and `__marmot_timers.clear`, looked up
+    /// once (both are non-writable globals): every turn calls them.
+    make_turn: Persistent<Function<'static>>,
+    clear_timers: Persistent<Function<'static>>,
     context: Context,
     _runtime: Runtime,
 }
@@ -72,17 +76,27 @@ impl Engine {
             BuiltinLoader::default().with_module("marmot", MARMOT_MODULE),
         );
         let context = Context::full(&runtime).expect("QuickJS context");
-        context.with(|ctx| {
+        let (make_turn, clear_timers) = context.with(|ctx| {
             host_api::install(&ctx).expect("host API");
             let opts = script_options("marmot:prelude");
             if let Err(e) = ctx.eval_with_options::<(), _>(PRELUDE, opts) {
                 panic!("prelude failed: {}", describe_error(&ctx, e));
             }
+            let make_turn: Function = ctx.globals().get("__marmot_turn").expect("prelude");
+            let clear: Function = timers(&ctx)
+                .and_then(|t| t.get("clear").map_err(|e| describe_error(&ctx, e)))
+                .expect("prelude");
+            (
+                Persistent::save(&ctx, make_turn),
+                Persistent::save(&ctx, clear),
+            )
         });
         // Collect what start-up left behind so the snapshot is compact.
         runtime.run_gc();
         Self {
             handlers: None,
+            make_turn,
+            clear_timers,
             context,
             _runtime: runtime,
         }
@@ -126,14 +140,37 @@ impl Engine {
             }
             return Ok(Value::new_undefined(ctx.clone()));
         };
-        let jsctx = turn_context(ctx, turn).map_err(|e| describe_error(ctx, e))?;
+        let jsctx = self
+            .turn_context(ctx, turn)
+            .map_err(|e| describe_error(ctx, e))?;
         CONSOLE.with(|c| *c.borrow_mut() = ConsoleSink::Turn);
         let result = f
             .call::<_, Value<'js>>((This(handlers), arg, jsctx))
             .map_err(|e| describe_error(ctx, e));
         let settled = result.and_then(|v| settle(ctx, v));
-        clear_timers(ctx);
+        self.clear_timers(ctx);
         settled
+    }
+
+    /// The handlers' context argument: `{ type, id, version, messageId }`.
+    fn turn_context<'js>(
+        &self,
+        ctx: &Ctx<'js>,
+        turn: &TurnContext,
+    ) -> rquickjs::Result<Value<'js>> {
+        self.make_turn.clone().restore(ctx)?.call((
+            turn.actor_type.as_str(),
+            turn.id.as_str(),
+            turn.version,
+            turn.turn_id.as_str(),
+        ))
+    }
+
+    /// Drop the timers a turn left pending.
+    fn clear_timers(&self, ctx: &Ctx<'_>) {
+        if let Ok(clear) = self.clear_timers.clone().restore(ctx) {
+            let _ = clear.call::<_, ()>(());
+        }
     }
 
     pub fn on_message(&mut self, turn: TurnContext, msg: Message) -> Result<Reply, String> {
@@ -246,7 +283,7 @@ impl Engine {
                 None => wrapped,
             };
             let value = settle(&ctx, value)?;
-            clear_timers(&ctx);
+            self.clear_timers(&ctx);
             if value.is_undefined() {
                 return Ok(None);
             }
@@ -290,15 +327,6 @@ fn script_options(name: &str) -> EvalOptions {
     opts.backtrace_barrier = true;
     opts.filename = Some(name.to_owned());
     opts
-}
-
-fn turn_context<'js>(ctx: &Ctx<'js>, turn: &TurnContext) -> rquickjs::Result<Object<'js>> {
-    let o = Object::new(ctx.clone())?;
-    o.set("type", turn.actor_type.as_str())?;
-    o.set("id", turn.id.as_str())?;
-    o.set("version", turn.version)?;
-    o.set("messageId", turn.turn_id.as_str())?;
-    Ok(o)
 }
 
 /// The parsed JSON value when the request is JSON, else a string;
@@ -468,14 +496,6 @@ fn fire_timers(ctx: &Ctx<'_>) -> Result<(), String> {
         .get("fire")
         .map_err(|e| describe_error(ctx, e))?;
     fire.call::<_, ()>(()).map_err(|e| describe_error(ctx, e))
-}
-
-fn clear_timers(ctx: &Ctx<'_>) {
-    if let Ok(t) = timers(ctx)
-        && let Ok(clear) = t.get::<_, Function<'_>>("clear")
-    {
-        let _ = clear.call::<_, ()>(());
-    }
 }
 
 /// A JavaScript error as one message: `Name: message` plus the stack.

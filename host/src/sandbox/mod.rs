@@ -197,6 +197,11 @@ impl EngineParts {
             // data pages (PSS per active counter 62 → 50 KB, wake time
             // unchanged). One more mapping per live instance (see `pool`).
             .memory_init_cow(true);
+        // `MARMOT_WASM_PERFMAP=1`: name guest functions for `perf`
+        // (/tmp/perf-PID.map), to profile where a turn's guest time goes.
+        if std::env::var_os("MARMOT_WASM_PERFMAP").is_some_and(|v| v == "1") {
+            wc.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let engine = Engine::new(&wc).map_err(anyhow::Error::from)?;
         let mut linker: Linker<Host> = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(anyhow::Error::from)?;
