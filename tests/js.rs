@@ -22,6 +22,7 @@ export default {
     }
     if (body?.op === "bigint") return { big: 10n };
     if (body?.op === "nothing") return undefined;
+    if (body?.op === "ctx") return ctx;
     if (body?.op === "missing-file") {
       try {
         files.read("notes.txt");
@@ -88,6 +89,14 @@ async fn javascript_actors_run_turns_against_the_marmot_module() {
         .post_json("/v1/actors/jscount/ann", &json!({"by": 2}))
         .await;
     assert_eq!(r.json["n"], 7);
+    // The context argument: who the actor is and which message this is.
+    let first = api.op("jscount", "ann", json!({"op": "ctx"})).await.json;
+    let second = api.op("jscount", "ann", json!({"op": "ctx"})).await.json;
+    assert_eq!(first["type"], "jscount", "{first}");
+    assert_eq!(first["id"], "ann");
+    assert_eq!(first["version"], 1);
+    let id = first["messageId"].as_str().unwrap();
+    assert!(!id.is_empty() && second["messageId"] != id, "{first} {second}");
     // A string reply is text; a JSON body without a content type is still
     // parsed; a plain-text body stays a string.
     let r = api
