@@ -96,7 +96,10 @@ async fn javascript_actors_run_turns_against_the_marmot_module() {
     assert_eq!(first["id"], "ann");
     assert_eq!(first["version"], 1);
     let id = first["messageId"].as_str().unwrap();
-    assert!(!id.is_empty() && second["messageId"] != id, "{first} {second}");
+    assert!(
+        !id.is_empty() && second["messageId"] != id,
+        "{first} {second}"
+    );
     // A string reply is text; a JSON body without a content type is still
     // parsed; a plain-text body stays a string.
     let r = api

@@ -101,7 +101,10 @@ async fn signed_hooks_run_once_and_redeliveries_are_dropped() {
     assert_eq!(r.json["actor"], "t1");
     assert_eq!(r.json["delivery_id"], "msg_1");
     assert_eq!(r.json["duplicate"], false);
-    let h = wait_hooks(&api, "t1", 1).await;
+    // The actor was idle: its turn ran before the 202, in the same commit
+    // as the delivery's de-duplication record.
+    let h = hooks(&api, "t1").await;
+    assert_eq!(h.len(), 1, "{h:?}");
     assert_eq!(h[0]["name"], "support");
     assert_eq!(h[0]["body"], json!({"event": "ticket.created", "n": 1}));
     assert_eq!(h[0]["webhook_id"], "msg_1");
@@ -125,6 +128,10 @@ async fn signed_hooks_run_once_and_redeliveries_are_dropped() {
         "{text}"
     );
     assert!(text.contains(r#"marmot_webhooks_received_total{outcome="duplicate"} 1"#));
+    assert!(
+        text.contains("marmot_webhooks_run_directly_total 1"),
+        "the idle actor ran it at once: {text}"
+    );
 }
 
 #[tokio::test]
@@ -380,6 +387,38 @@ async fn hooks_are_routed_to_the_actor_named_in_the_payload() {
 }
 
 #[tokio::test]
+async fn a_slow_hook_is_acknowledged_without_waiting_for_it_and_runs_once() {
+    // The actor is idle, so the hook is handed to it to run at once; its
+    // handler takes longer than the node waits (1 s), so the node queues
+    // it durably and answers. The turn already running then commits, and
+    // the queued row must not run it a second time.
+    let (_dir, _m, api, secret) = kit_with_secret(json!({})).await;
+    let body = br#"{"busy_ms": 1600}"#;
+    let started = Instant::now();
+    let r = post_hook(
+        &api,
+        "/v1/hooks/kit/slow/h",
+        body,
+        &signed(&secret, "msg_slow", now_s(), body),
+    )
+    .await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_millis(1500),
+        "acknowledged after {waited:?}"
+    );
+    assert_eq!(wait_hooks(&api, "slow", 1).await.len(), 1);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(hooks(&api, "slow").await.len(), 1, "ran twice");
+    let text = String::from_utf8(api.get("/metrics").await.body).unwrap();
+    assert!(
+        text.contains("marmot_webhooks_run_directly_total 0"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
 async fn an_acknowledged_hook_survives_kill_9() {
     let secret = marmot::webhooks::new_secret();
     let dir = tempdir();
@@ -391,11 +430,14 @@ async fn an_acknowledged_hook_survives_kill_9() {
     let r = api
         .post_json(
             "/v1/actors/kit/a?wait=false",
-            &json!({"op": "busy", "ms": 400}),
+            &json!({"op": "busy", "ms": 1500}),
         )
         .await;
     assert_eq!(r.status, 202);
+    // Let the slow turn start: the actor is busy when the hook arrives.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let body = br#"{"n": 1}"#;
+    let started = Instant::now();
     let r = post_hook(
         &api,
         "/v1/hooks/kit/a/h",
@@ -404,6 +446,18 @@ async fn an_acknowledged_hook_survives_kill_9() {
     )
     .await;
     assert_eq!(r.status, 202);
+    // A busy actor does not hold up the sender: the hook is queued and
+    // acknowledged at once, not run first.
+    assert!(
+        started.elapsed() < Duration::from_millis(1000),
+        "acknowledged after {:?}",
+        started.elapsed()
+    );
+    let text = String::from_utf8(api.get("/metrics").await.body).unwrap();
+    assert!(
+        text.contains("marmot_webhooks_run_directly_total 0"),
+        "{text}"
+    );
     m.kill9();
     m.restart().await;
     let api = m.client();

@@ -89,6 +89,9 @@ pub struct Metrics {
     pub event_streams: Gauge,
     /// Inbound webhooks by outcome.
     pub webhooks_received: Family<HookLabels, Counter>,
+    /// Inbound webhooks whose turn ran before the 202, in one commit with
+    /// their de-duplication record (the rest went through the inbox).
+    pub webhooks_run_directly: Counter,
     /// Outbound delivery attempts by outcome.
     pub webhook_deliveries: Family<HookLabels, Counter>,
     /// Outbound deliveries waiting (pending or retrying).
@@ -202,6 +205,12 @@ impl Metrics {
             "Inbound webhooks by outcome",
             webhooks_received.clone(),
         );
+        let webhooks_run_directly = Counter::default();
+        registry.register(
+            "webhooks_run_directly",
+            "Inbound webhooks run by an idle actor before the 202, in one commit (others are queued in the inbox)",
+            webhooks_run_directly.clone(),
+        );
         let webhook_deliveries = Family::<HookLabels, Counter>::default();
         registry.register(
             "webhook_deliveries",
@@ -252,6 +261,7 @@ impl Metrics {
             http_requests,
             http_request_seconds,
             webhooks_received,
+            webhooks_run_directly,
             webhook_deliveries,
             webhook_queue_depth,
             event_streams,

@@ -82,8 +82,8 @@ impl Engine {
             if let Err(e) = ctx.eval_with_options::<(), _>(PRELUDE, opts) {
                 panic!("prelude failed: {}", describe_error(&ctx, e));
             }
-            let make_turn: Function = ctx.globals().get("__marmot_turn").expect("prelude");
-            let clear: Function = timers(&ctx)
+            let make_turn: Function<'_> = ctx.globals().get("__marmot_turn").expect("prelude");
+            let clear: Function<'_> = timers(&ctx)
                 .and_then(|t| t.get("clear").map_err(|e| describe_error(&ctx, e)))
                 .expect("prelude");
             (

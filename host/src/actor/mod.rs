@@ -46,6 +46,31 @@ pub enum Envelope {
     TrimEvents,
     /// An answer to one of the actor's input requests.
     Answer(Box<AnswerDelivery>),
+    /// A verified inbound webhook, to run at once and commit with its
+    /// de-duplication record (one commit instead of an inbox row and a
+    /// turn); the actor hands it back when it cannot run it now.
+    Webhook(Box<WebhookDelivery>),
+}
+
+/// A verified inbound webhook on its way to its actor.
+pub struct WebhookDelivery {
+    /// What the inbox would hold (its idempotency key is the delivery's
+    /// de-duplication key).
+    pub record: crate::storage::schema::InboxRecord,
+    /// How long the de-duplication record is kept.
+    pub dedupe_ttl_ms: u64,
+    /// Gets the outcome once it is durable, or the record back.
+    pub reply: oneshot::Sender<Result<WebhookOutcome, TurnError>>,
+}
+
+/// What became of a webhook handed to its actor.
+pub enum WebhookOutcome {
+    /// Its turn ran (or failed visibly, with a `turn_failed` event) and is
+    /// durable with its de-duplication record; or it was a duplicate.
+    Done(crate::storage::EnqueueOutcome),
+    /// It did not run (queued durable work ahead of it, no instance slot,
+    /// a storage error): enqueue it in the durable inbox instead.
+    NotRun(Box<crate::storage::schema::InboxRecord>),
 }
 
 /// An answer on its way to the actor that asked.

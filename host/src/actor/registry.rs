@@ -135,6 +135,19 @@ impl Registry {
         self.shard(key).contains_key(key)
     }
 
+    /// Whether `key` would start a delivery at once: hibernated, or awake
+    /// with no turn running, nothing in its mailbox and no durable work
+    /// queued. A hint: it may get busy right after.
+    pub fn is_idle(&self, key: &ActorKey) -> bool {
+        let shard = self.shard(key);
+        let Some(h) = shard.get(key) else {
+            return true;
+        };
+        !h.shared.busy.load(Ordering::Relaxed)
+            && !h.shared.inbox_dirty.load(Ordering::Acquire)
+            && h.tx.capacity() == h.tx.max_capacity()
+    }
+
     /// `Some((turns, last_turn_at_ms))` of an awake actor that has run a
     /// writing turn in this activation.
     pub fn live_stats(&self, key: &ActorKey) -> Option<Option<(u64, u64)>> {

@@ -1,15 +1,23 @@
 //! Inbound webhooks: [`crate::webhooks::inbound`] verifies and routes a
-//! hook against its type's config; the node stores it (a durable inbox row,
-//! de-duplicated by the sender's delivery id) and counts the outcome.
+//! hook against its type's config; the node hands it to its actor, which
+//! runs it at once and commits the turn with the de-duplication record (by
+//! the sender's delivery id), or — when the actor cannot run it now —
+//! stores it as a durable inbox row; and counts the outcome.
 
 use axum::http::HeaderMap;
 use bytes::Bytes;
 
 use super::Node;
-use crate::actor::TurnError;
+use crate::actor::{Envelope, TurnError, WebhookDelivery, WebhookOutcome};
+use crate::ids::ActorKey;
 use crate::metrics::HookLabels;
 use crate::storage::EnqueueOutcome;
+use crate::storage::schema::InboxRecord;
 use crate::webhooks::inbound::{self, Accepted, HookError};
+
+/// How long a sender waits for a webhook's turn run directly before the
+/// node queues the webhook instead and acknowledges it.
+const DIRECT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Why a hook was not accepted. Nothing was stored.
 #[derive(Debug, thiserror::Error)]
@@ -73,7 +81,7 @@ impl Node {
         let (key, delivery_id, message) =
             inbound::prepare(&config, ty, id, name, headers, body, hooks.tolerance_s)?;
         let (message_id, duplicate) = match self
-            .enqueue_record(&key, message, hooks.dedupe_ttl_ms)
+            .deliver_webhook(&key, message, hooks.dedupe_ttl_ms)
             .await?
         {
             EnqueueOutcome::Queued { message_id } => (message_id, false),
@@ -85,5 +93,46 @@ impl Node {
             message_id,
             duplicate,
         })
+    }
+
+    /// Hand a verified webhook to its actor to run at once when the actor
+    /// is idle (one commit for the turn and the de-duplication record);
+    /// otherwise — or when it cannot run it now (work queued ahead of it,
+    /// no instance slot, a failed commit), or its turn takes longer than
+    /// [`DIRECT_WAIT`] — queue it in the durable inbox, so a sender never
+    /// waits on a busy actor or a slow handler. Queuing a delivery whose
+    /// direct turn is still running is safe: the inbox row is skipped if
+    /// that turn commits first, and the enqueue reports a duplicate if it
+    /// committed already.
+    async fn deliver_webhook(
+        &self,
+        key: &ActorKey,
+        record: InboxRecord,
+        dedupe_ttl_ms: u64,
+    ) -> Result<EnqueueOutcome, TurnError> {
+        if !self.registry().is_idle(key) {
+            return self.enqueue_record(key, record, dedupe_ttl_ms).await;
+        }
+        let fallback = record.clone();
+        let direct = self.actors.ask(key, |reply| {
+            Envelope::Webhook(Box::new(WebhookDelivery {
+                record,
+                dedupe_ttl_ms,
+                reply,
+            }))
+        });
+        match tokio::time::timeout(DIRECT_WAIT, direct).await {
+            Ok(Ok(WebhookOutcome::Done(outcome))) => {
+                if let EnqueueOutcome::Queued { .. } = outcome {
+                    self.metrics.webhooks_run_directly.inc();
+                }
+                Ok(outcome)
+            }
+            Ok(Ok(WebhookOutcome::NotRun(record))) => {
+                self.enqueue_record(key, *record, dedupe_ttl_ms).await
+            }
+            Ok(Err(e @ TurnError::UnknownType(_))) => Err(e),
+            Ok(Err(_)) | Err(_) => self.enqueue_record(key, fallback, dedupe_ttl_ms).await,
+        }
     }
 }

@@ -11,7 +11,7 @@ use super::super::TurnError;
 use super::commit::done_inbox;
 use super::{ActorTask, CommitExtras, INBOX_BATCH, INBOX_RETRY_MS};
 use crate::sandbox::{GuestReply, Message, TurnInput, TurnOutput, Webhook};
-use crate::storage::schema::{IdemOutcome, InboxKind, InboxRecord, StoredReply};
+use crate::storage::schema::{IdemOutcome, IdemRecord, InboxKind, InboxRecord, StoredReply};
 
 impl ActorTask {
     /// Run every durable message in the inbox, oldest first.
@@ -40,6 +40,7 @@ impl ActorTask {
                 }
             };
             if rows.is_empty() {
+                self.inbox_deferred = false;
                 return;
             }
             for (seq, row) in rows {
@@ -62,6 +63,7 @@ impl ActorTask {
 
     /// Look at the inbox again after a back-off (doubling up to 30 s).
     fn retry_inbox_later(&mut self) {
+        self.inbox_deferred = true;
         let delay = self.inbox_retry_ms;
         self.inbox_retry_ms = (delay * 2).min(30_000);
         let env = self.env.clone();
@@ -105,10 +107,19 @@ impl ActorTask {
         }
         if let Some(k) = &row.idempotency_key {
             // A waiting sender may have run a message with the same key
-            // between the enqueue and now; its effect must not repeat.
-            if let Ok(Some((_, IdemOutcome::Done { message_id, .. }))) = self.idempotency(k)
-                && message_id != row.message_id
-            {
+            // between the enqueue and now, or this very webhook ran directly
+            // while it was being queued (the node stopped waiting for it):
+            // its effect must not repeat. A row and its own outcome are
+            // otherwise removed and written in one commit, so an outcome
+            // with the row's own id means it ran.
+            let ran = match self.idempotency(k) {
+                Ok(Some((_, IdemOutcome::Done { .. }))) => true,
+                Ok(Some((_, IdemOutcome::Failed { message_id, .. }))) => {
+                    message_id == row.message_id
+                }
+                _ => false,
+            };
+            if ran {
                 self.submit(
                     self.unchanged(),
                     CommitExtras {
@@ -130,24 +141,7 @@ impl ActorTask {
         }
         // The guest may ask whether a crash cut off an earlier start.
         self.next_attempt = row.attempts;
-        let (kind, input) = match &row.kind {
-            InboxKind::Message => (
-                "message",
-                TurnInput::Message(Message {
-                    id: row.message_id.clone(),
-                    body: row.body.clone(),
-                    content_type: row.content_type.clone(),
-                }),
-            ),
-            InboxKind::Webhook { name, headers } => (
-                "webhook",
-                TurnInput::Webhook(Webhook {
-                    name: name.clone(),
-                    headers: headers.clone(),
-                    body: row.body.clone(),
-                }),
-            ),
-        };
+        let (kind, input) = turn_input(&row);
         let version = self.record().version;
         let result = self
             .run_turn(kind, version, row.message_id.clone(), input, Arc::from([]))
@@ -200,33 +194,67 @@ impl ActorTask {
     /// A durable message failed: record a visible `turn_failed` event and
     /// take it out of the inbox, in one commit.
     fn fail_inbox_message(&mut self, seq: u64, row: InboxRecord, code: &str, error: String) {
-        let data = serde_json::json!({
-            "message_id": row.message_id,
-            "error": { "code": code, "message": error },
-            "attempts": row.attempts,
-        });
-        let idempotency = row.idempotency_key.clone().map(|k| {
-            (
-                k,
-                self.idem_record(IdemOutcome::Failed {
-                    message_id: row.message_id.clone(),
-                    error: error.clone(),
-                }),
-            )
-        });
-        self.submit(
-            self.unchanged(),
-            CommitExtras {
-                idempotency,
-                inbox_done: Some(seq),
-                bookkeeping: true,
-                events: vec![(
-                    "turn_failed".to_owned(),
-                    serde_json::to_vec(&data).expect("json"),
-                )],
-                ..Default::default()
-            },
-            done_inbox(&self.env),
-        );
+        let idem = |o| self.idem_record(o);
+        let extras = CommitExtras {
+            inbox_done: Some(seq),
+            ..failed_turn(&row, code, error, idem)
+        };
+        self.submit(self.unchanged(), extras, done_inbox(&self.env));
+    }
+}
+
+/// The turn a durable message or webhook runs, and its kind for metrics.
+pub(super) fn turn_input(row: &InboxRecord) -> (&'static str, TurnInput) {
+    match &row.kind {
+        InboxKind::Message => (
+            "message",
+            TurnInput::Message(Message {
+                id: row.message_id.clone(),
+                body: row.body.clone(),
+                content_type: row.content_type.clone(),
+            }),
+        ),
+        InboxKind::Webhook { name, headers } => (
+            "webhook",
+            TurnInput::Webhook(Webhook {
+                name: name.clone(),
+                headers: headers.clone(),
+                body: row.body.clone(),
+            }),
+        ),
+    }
+}
+
+/// What a failed durable message or webhook commits: a visible
+/// `turn_failed` event and, under its idempotency key, the failure
+/// (`idem` makes the record).
+pub(super) fn failed_turn(
+    row: &InboxRecord,
+    code: &str,
+    error: String,
+    idem: impl FnOnce(IdemOutcome) -> IdemRecord,
+) -> CommitExtras {
+    let data = serde_json::json!({
+        "message_id": row.message_id,
+        "error": { "code": code, "message": error },
+        "attempts": row.attempts,
+    });
+    let idempotency = row.idempotency_key.clone().map(|k| {
+        (
+            k,
+            idem(IdemOutcome::Failed {
+                message_id: row.message_id.clone(),
+                error,
+            }),
+        )
+    });
+    CommitExtras {
+        idempotency,
+        bookkeeping: true,
+        events: vec![(
+            "turn_failed".to_owned(),
+            serde_json::to_vec(&data).expect("json"),
+        )],
+        ..Default::default()
     }
 }

@@ -27,6 +27,7 @@ mod inbox;
 mod inputs;
 mod messages;
 mod turn;
+mod webhooks;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -87,6 +88,9 @@ pub(crate) struct ActorTask {
     wake_recorded: bool,
     /// Current back-off for retrying the inbox.
     inbox_retry_ms: u64,
+    /// Inbox rows are waiting for a retry: a webhook arriving now must
+    /// queue behind them, not run first.
+    inbox_deferred: bool,
     last_activity: Instant,
     /// Earlier starts of the delivery the next turn runs (an inbox row's
     /// counted recovery attempts); taken by that turn.
@@ -114,6 +118,7 @@ impl ActorTask {
             woke_at: now,
             wake_recorded: false,
             inbox_retry_ms: INBOX_RETRY_MS,
+            inbox_deferred: false,
             last_activity: now,
         }
     }
@@ -230,6 +235,7 @@ impl ActorTask {
             Envelope::Eval(code, reply) => self.on_eval(code, reply).await,
             Envelope::Alarm(d) => self.on_alarm(*d).await,
             Envelope::Answer(d) => self.on_answer(*d).await,
+            Envelope::Webhook(d) => self.on_webhook(*d).await,
             Envelope::TrimEvents => {
                 if self.ready(false).await.is_ok() && self.record().first_event_seq > 0 {
                     // `submit` applies retention to every commit.

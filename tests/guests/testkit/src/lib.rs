@@ -525,6 +525,13 @@ impl Actor for TestKit {
     /// JSON body `{"fail": true}` fails the turn, `{"log": m}` logs `m`.
     fn on_webhook(_ctx: &Context, hook: Webhook) -> Result<()> {
         let body: Value = serde_json::from_slice(&hook.body).unwrap_or(Value::Null);
+        // `{"busy_ms": ms}`: a slow handler.
+        if let Some(ms) = body["busy_ms"].as_u64() {
+            let start = std::time::Instant::now();
+            while start.elapsed().as_millis() < u128::from(ms) {
+                std::hint::spin_loop();
+            }
+        }
         let header = |name: &str| {
             hook.headers
                 .iter()
