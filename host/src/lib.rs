@@ -43,4 +43,5 @@ mod node;
 mod sandbox;
 mod secrets;
 mod streams;
+mod tokens;
 pub mod webhooks;

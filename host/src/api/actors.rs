@@ -339,6 +339,10 @@ pub(super) struct EventParams {
     after: u64,
     #[serde(default)]
     limit: Option<usize>,
+    /// A client token for `EventSource`, which cannot send headers:
+    /// checked by the edge layer, ignored here.
+    #[serde(default, rename = "access_token")]
+    _access_token: Option<String>,
 }
 
 pub(super) async fn events(

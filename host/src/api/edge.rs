@@ -1,6 +1,13 @@
 //! The outermost layer: request ids and bearer auth, in one hand-written
 //! tower service so a request pays for one boxed future, not a middleware
 //! stack.
+//!
+//! Auth: the admin token opens everything; a client token
+//! ([`crate::tokens`]) opens exactly the verbs and actor it names (401 when
+//! it is invalid, expired or revoked, 403 when it is valid for something
+//! else). `EventSource` cannot send headers, so a client token may also
+//! come as `?access_token=` on an events stream — never the admin token,
+//! which must not end up in URLs and logs.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -14,17 +21,20 @@ use axum::response::{IntoResponse, Response};
 use tower::{Layer, Service};
 
 use super::ApiError;
+use crate::tokens::{TokenError, Tokens};
 
 /// Adds [`Edge`].
 #[derive(Clone)]
 pub(super) struct EdgeLayer {
     token: Option<Arc<str>>,
+    tokens: Arc<Tokens>,
 }
 
 impl EdgeLayer {
-    /// Require `token` (when set) on everything but health checks.
-    pub(super) fn new(token: Option<Arc<str>>) -> Self {
-        Self { token }
+    /// Require `token` (when set), or a client token that allows the
+    /// request, on everything but health checks and inbound webhooks.
+    pub(super) fn new(token: Option<Arc<str>>, tokens: Arc<Tokens>) -> Self {
+        Self { token, tokens }
     }
 }
 
@@ -35,6 +45,7 @@ impl<S> Layer<S> for EdgeLayer {
         Edge {
             inner,
             token: self.token.clone(),
+            tokens: self.tokens.clone(),
         }
     }
 }
@@ -45,6 +56,7 @@ impl<S> Layer<S> for EdgeLayer {
 pub(super) struct Edge<S> {
     inner: S,
     token: Option<Arc<str>>,
+    tokens: Arc<Tokens>,
 }
 
 impl<S> Service<Request> for Edge<S>
@@ -63,13 +75,8 @@ where
     fn call(&mut self, mut req: Request) -> Self::Future {
         let id = request_id(&req);
         req.headers_mut().insert("x-request-id", id.clone());
-        if !self.authorized(&req) {
-            let mut resp = ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "missing or wrong bearer token",
-            )
-            .into_response();
+        if let Err(refusal) = self.authorize(&req) {
+            let mut resp = refusal.into_response();
             resp.headers_mut().insert("x-request-id", id);
             return Box::pin(std::future::ready(Ok(resp)));
         }
@@ -85,23 +92,62 @@ where
 }
 
 impl<S> Edge<S> {
-    fn authorized(&self, req: &Request) -> bool {
+    fn authorize(&self, req: &Request) -> Result<(), ApiError> {
         let Some(token) = &self.token else {
-            return true;
+            return Ok(());
         };
         let path = req.uri().path();
         // Inbound webhooks come from third parties and are authenticated
         // by their signature instead.
         if path == "/healthz" || path == "/readyz" || path.starts_with("/v1/hooks/") {
-            return true;
+            return Ok(());
         }
-        let presented = req
+        let header = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        constant_time_eq(presented.as_bytes(), token.as_bytes())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        let presented = match header {
+            Some(p) => p,
+            None if path.ends_with("/events") => query_token(req).unwrap_or(""),
+            None => "",
+        };
+        if header.is_some() && constant_time_eq(presented.as_bytes(), token.as_bytes()) {
+            return Ok(());
+        }
+        if Tokens::looks_like_token(presented) {
+            return self
+                .tokens
+                .verify(presented)
+                .and_then(|grant| grant.allows(req.method(), path))
+                .map_err(refusal);
+        }
+        Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or wrong bearer token",
+        ))
+    }
+}
+
+/// `?access_token=` of the request, if any.
+fn query_token(req: &Request) -> Option<&str> {
+    req.uri()
+        .query()?
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("access_token="))
+}
+
+/// The answer to a client token that does not open the request.
+fn refusal(e: TokenError) -> ApiError {
+    let msg = e.to_string();
+    match e {
+        TokenError::Forbidden(_) => ApiError::new(StatusCode::FORBIDDEN, "forbidden", msg),
+        TokenError::Expired => ApiError::new(StatusCode::UNAUTHORIZED, "token_expired", msg),
+        TokenError::Revoked => ApiError::new(StatusCode::UNAUTHORIZED, "token_revoked", msg),
+        TokenError::Invalid(_) | TokenError::BadRequest(_) => {
+            ApiError::new(StatusCode::UNAUTHORIZED, "invalid_token", msg)
+        }
     }
 }
 

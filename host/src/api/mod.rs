@@ -16,6 +16,7 @@ mod secrets;
 mod streams;
 mod subscriptions;
 mod system;
+mod tokens;
 mod types;
 
 use std::sync::Arc;
@@ -61,6 +62,7 @@ pub struct AppState {
 /// when it is set.
 pub fn router(node: Arc<Node>) -> Router {
     let token = node.config().admin_token.clone().map(Arc::from);
+    let tokens = node.tokens().clone();
     let limits = node.config().limits.clone();
     let state = AppState { node };
     // Manifests carry base64 code: allow for its 4/3 expansion.
@@ -127,10 +129,12 @@ pub fn router(node: Arc<Node>) -> Router {
         )
         .route("/v1/deliveries", get(subscriptions::deliveries))
         .route("/v1/deliveries/{id}/retry", post(subscriptions::retry))
+        .route("/v1/tokens", post(tokens::mint))
+        .route("/v1/tokens/{id}", axum::routing::delete(tokens::revoke))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limits.max_message_bytes))
-        .layer(edge::EdgeLayer::new(token))
+        .layer(edge::EdgeLayer::new(token, tokens))
         .with_state(state)
 }
 

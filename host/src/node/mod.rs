@@ -47,6 +47,7 @@ use crate::sandbox::{
 use crate::secrets::{MasterKeys, SecretStore};
 use crate::storage::Storage;
 use crate::streams::EventBus;
+use crate::tokens::Tokens;
 
 /// Environment variable naming a guest log message that aborts the process
 /// (fault injection for crash tests).
@@ -65,6 +66,8 @@ pub struct Node {
     event_bus: Arc<EventBus>,
     /// Named values the host holds for guests.
     secrets: Arc<SecretStore>,
+    /// Client tokens: minting, verifying, revoking.
+    tokens: Arc<Tokens>,
     /// Model calls.
     models: Arc<Gateway>,
     ready: AtomicBool,
@@ -96,6 +99,10 @@ impl Node {
         };
         let storage = Arc::new(storage);
         let keys = MasterKeys::load(&config.secrets, &config.data_dir)?;
+        let tokens = Arc::new(Tokens::open(
+            storage.clone(),
+            keys.derived(crate::tokens::KEY_PURPOSE),
+        )?);
         let secrets = Arc::new(SecretStore::open(storage.clone(), keys).await?);
         let fault_abort_marker = std::env::var(FAULT_ABORT_ENV)
             .ok()
@@ -164,6 +171,7 @@ impl Node {
             actors: actors.clone(),
             event_bus,
             secrets,
+            tokens,
             models,
             ready: AtomicBool::new(false),
         });
@@ -203,6 +211,11 @@ impl Node {
     /// The node's metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// Client tokens.
+    pub fn tokens(&self) -> &Arc<Tokens> {
+        &self.tokens
     }
 
     /// The activation registry.

@@ -92,6 +92,17 @@ impl MasterKey {
         &self.id
     }
 
+    /// A key for another purpose, derived from this one (HMAC-SHA256 of
+    /// `purpose` under the master key): the master key itself is used for
+    /// nothing but sealing secrets.
+    pub fn derive(&self, purpose: &str) -> Zeroizing<[u8; KEY_BYTES]> {
+        use hmac::Mac as _;
+        let mut mac = <hmac::Hmac<Sha256> as hmac::Mac>::new_from_slice(self.key.as_slice())
+            .expect("HMAC takes any key length");
+        mac.update(purpose.as_bytes());
+        Zeroizing::new(mac.finalize().into_bytes().into())
+    }
+
     /// Seal `value` as version `version` of secret `name`: (nonce, sealed).
     pub fn seal(&self, name: &str, version: u64, value: &[u8]) -> (Vec<u8>, Vec<u8>) {
         let nonce: [u8; NONCE_BYTES] = rand::random();

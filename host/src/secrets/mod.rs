@@ -146,6 +146,15 @@ impl MasterKeys {
         Self { current, previous }
     }
 
+    /// Keys for `purpose` derived from the current key and the earlier
+    /// ones, with their master key's id: the current one first.
+    pub fn derived(&self, purpose: &str) -> Vec<(String, Zeroizing<[u8; crypto::KEY_BYTES]>)> {
+        std::iter::once(&self.current)
+            .chain(&self.previous)
+            .map(|k| (k.id().to_owned(), k.derive(purpose)))
+            .collect()
+    }
+
     fn by_id(&self, id: &str) -> Option<&MasterKey> {
         std::iter::once(&self.current)
             .chain(&self.previous)

@@ -704,6 +704,19 @@ impl Reader {
         Ok(out)
     }
 
+    /// Revoked client tokens not yet expired at `now_ms`: (id, expiry ms).
+    pub fn revoked_tokens(&self, now_ms: u64) -> Result<Vec<(String, u64)>, StorageError> {
+        let t = self.txn.open_table(REVOKED_TOKENS)?;
+        let mut out = Vec::new();
+        for row in t.iter()? {
+            let (k, v) = row?;
+            if v.value() > now_ms {
+                out.push((k.value().to_owned(), v.value()));
+            }
+        }
+        Ok(out)
+    }
+
     /// One model provider.
     pub fn provider(&self, name: &str) -> Result<Option<ProviderRecord>, StorageError> {
         let t = self.txn.open_table(PROVIDERS)?;

@@ -89,6 +89,10 @@ pub const SECRETS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("secr
 /// Model providers, by name: [`ProviderRecord`].
 pub const PROVIDERS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("providers");
 
+/// Revoked client tokens: token id (`jti`) → when the token expires (ms);
+/// a row is useless after that and is dropped by a later revocation.
+pub const REVOKED_TOKENS: TableDefinition<'_, &str, u64> = TableDefinition::new("revoked_tokens");
+
 /// Model usage per actor: actor → [`UsageRecord`], added to by the commit
 /// of each turn that called a model (or, for a failed turn, a commit of
 /// its usage alone).
@@ -680,7 +684,8 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
             && read.open_table(SECRETS).is_ok()
             && read.open_table(PROVIDERS).is_ok()
             && read.open_table(ACTOR_USAGE).is_ok()
-            && read.open_table(TYPE_USAGE).is_ok();
+            && read.open_table(TYPE_USAGE).is_ok()
+            && read.open_table(REVOKED_TOKENS).is_ok();
         (found, complete)
     };
     match found {
@@ -718,6 +723,9 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
         write.open_table(OUTBOX_DUE).map_err(redb::Error::from)?;
         write.open_table(SECRETS).map_err(redb::Error::from)?;
         write.open_table(PROVIDERS).map_err(redb::Error::from)?;
+        write
+            .open_table(REVOKED_TOKENS)
+            .map_err(redb::Error::from)?;
         write.open_table(ACTOR_USAGE).map_err(redb::Error::from)?;
         write.open_table(TYPE_USAGE).map_err(redb::Error::from)?;
         write.open_table(FILES).map_err(redb::Error::from)?;

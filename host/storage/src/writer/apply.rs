@@ -147,6 +147,12 @@ impl WriterState {
                 record,
                 done: d,
             } => done(d, tables.put_provider(&name, record.as_ref())),
+            WriteOp::RevokeToken {
+                jti,
+                expires_at_ms,
+                now_ms,
+                done: d,
+            } => done(d, tables.revoke_token(&jti, expires_at_ms, now_ms)),
             WriteOp::RecordUsage {
                 key,
                 num,

@@ -193,6 +193,17 @@ pub enum WriteOp {
         /// Completion: whether a record existed before.
         done: Reply<bool>,
     },
+    /// Revoke a client token until it expires.
+    RevokeToken {
+        /// The token's id (`jti`).
+        jti: String,
+        /// When the token expires (ms).
+        expires_at_ms: u64,
+        /// Now (ms): revocations of tokens expired by then are dropped.
+        now_ms: u64,
+        /// Completion: whether it was not revoked before.
+        done: Reply<bool>,
+    },
     /// Add model usage to an actor and its type without a turn (the usage
     /// of a turn that failed: the calls were made and paid for).
     RecordUsage {
@@ -251,7 +262,9 @@ impl Applied {
             WriteOp::DeliveryAttempted { done, .. } => {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }
-            WriteOp::PutSecret { done, .. } | WriteOp::PutProvider { done, .. } => {
+            WriteOp::PutSecret { done, .. }
+            | WriteOp::PutProvider { done, .. }
+            | WriteOp::RevokeToken { done, .. } => {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }
             WriteOp::RecordUsage { done, .. } => {

@@ -29,6 +29,7 @@ pub(super) struct Tables<'t> {
     pub(super) outbox_due: redb::Table<'t, (u64, u64), ()>,
     pub(super) secrets: redb::Table<'t, &'static str, &'static [u8]>,
     providers: redb::Table<'t, &'static str, &'static [u8]>,
+    revoked_tokens: redb::Table<'t, &'static str, u64>,
     actor_usage: redb::Table<'t, u64, &'static [u8]>,
     type_usage: redb::Table<'t, &'static str, &'static [u8]>,
     files: redb::Table<'t, (u64, &'static str), &'static [u8]>,
@@ -57,6 +58,7 @@ impl<'t> Tables<'t> {
             outbox_due: txn.open_table(OUTBOX_DUE)?,
             secrets: txn.open_table(SECRETS)?,
             providers: txn.open_table(PROVIDERS)?,
+            revoked_tokens: txn.open_table(REVOKED_TOKENS)?,
             actor_usage: txn.open_table(ACTOR_USAGE)?,
             type_usage: txn.open_table(TYPE_USAGE)?,
             files: txn.open_table(FILES)?,
@@ -306,6 +308,18 @@ impl<'t> Tables<'t> {
             None => self.providers.remove(name)?.is_some(),
         };
         Ok(existed)
+    }
+
+    /// Revoke client token `jti` (expiring at `expires_at_ms`), dropping
+    /// revocations of tokens expired by `now_ms`; whether it is new.
+    pub(super) fn revoke_token(
+        &mut self,
+        jti: &str,
+        expires_at_ms: u64,
+        now_ms: u64,
+    ) -> Result<bool, StorageError> {
+        self.revoked_tokens.retain(|_, exp| exp > now_ms)?;
+        Ok(self.revoked_tokens.insert(jti, expires_at_ms)?.is_none())
     }
 
     /// Set, move or remove one alarm, keeping the due index in step.

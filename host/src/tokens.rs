@@ -1,0 +1,426 @@
+//! Client tokens: what a browser or an app presents to talk to its own
+//! actor without the admin token (`POST /v1/tokens`, PRODUCT.md §3).
+//!
+//! A token is a JWT signed with HS256 under a key derived from the node's
+//! master key (so every node of a cluster, sharing that key, verifies it);
+//! its header's `kid` names the master key, so tokens minted before a
+//! master-key rotation stay valid while the old key is configured as a
+//! previous one. The claims name one type, one actor id or an id prefix,
+//! the verbs allowed (`send`, `events`, `inputs`, `files`) and the expiry;
+//! [`Grant::allows`] maps a request to exactly one verb on exactly one
+//! actor, and everything else is refused. A token can be revoked by its id
+//! (`DELETE /v1/tokens/{id}`): revocations are stored and kept in memory
+//! until the longest-lived token could have expired.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+use zeroize::Zeroizing;
+
+use crate::clock::now_ms;
+use crate::ids::{ActorKey, IdError};
+use crate::storage::{Storage, StorageError, WriteOp};
+
+/// What the token keys are derived for (part of every token's key: a
+/// change invalidates every token).
+pub const KEY_PURPOSE: &str = "marmot client tokens v1";
+/// The longest a token may live.
+pub const MAX_TTL_S: u64 = 30 * 24 * 3600;
+
+/// A verb a token may allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// `POST /v1/actors/{type}/{id}` (messages) and cancelling its runs.
+    Send,
+    /// `GET …/events`, live (SSE) or not.
+    Events,
+    /// `GET …/inputs` and answering them.
+    Inputs,
+    /// `GET …/files` and downloads.
+    Files,
+}
+
+/// The body of `POST /v1/tokens`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRequest {
+    /// The actor type.
+    #[serde(rename = "type")]
+    pub ty: String,
+    /// One actor id …
+    #[serde(default)]
+    pub id: Option<String>,
+    /// … or every id that starts with this.
+    #[serde(default)]
+    pub id_prefix: Option<String>,
+    /// The verbs allowed.
+    pub scopes: Vec<Scope>,
+    /// Lifetime in seconds (1 to 30 days).
+    pub ttl_s: u64,
+}
+
+/// A freshly minted token.
+#[derive(Debug, Clone, Serialize)]
+pub struct Minted {
+    /// `Authorization: Bearer <token>`.
+    pub token: String,
+    /// When it stops working.
+    pub expires_at_ms: u64,
+    /// Its id, for revoking it.
+    pub token_id: String,
+}
+
+/// The claims of a token: what it allows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Grant {
+    /// Token id.
+    pub jti: String,
+    /// The actor type.
+    #[serde(rename = "type")]
+    pub ty: String,
+    /// One actor id, or
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// every id with this prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id_prefix: Option<String>,
+    /// The verbs allowed.
+    pub scopes: Vec<Scope>,
+    /// Issued at (s since the epoch).
+    pub iat: u64,
+    /// Expires at (s since the epoch).
+    pub exp: u64,
+}
+
+/// Why a request with a client token is refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TokenError {
+    /// Not a token of this node: bad signature, unknown key, malformed.
+    #[error("invalid token: {0}")]
+    Invalid(String),
+    /// Past its expiry.
+    #[error("the token has expired")]
+    Expired,
+    /// Revoked by the operator.
+    #[error("the token has been revoked")]
+    Revoked,
+    /// A valid token, for something else.
+    #[error("the token does not allow this: {0}")]
+    Forbidden(String),
+    /// A bad mint request.
+    #[error("{0}")]
+    BadRequest(String),
+}
+
+impl From<IdError> for TokenError {
+    fn from(e: IdError) -> Self {
+        TokenError::BadRequest(e.to_string())
+    }
+}
+
+/// One signing key: the master key's id and the derived HMAC key.
+struct Key {
+    id: String,
+    encoding: EncodingKey,
+    decoding: DecodingKey,
+}
+
+/// Mints, verifies and revokes client tokens.
+pub struct Tokens {
+    /// The current key first (it signs), then earlier ones (they verify).
+    keys: Vec<Key>,
+    /// Revoked token ids → when they could expire at the latest (ms).
+    revoked: RwLock<HashMap<String, u64>>,
+    storage: Arc<Storage>,
+}
+
+impl Tokens {
+    /// Tokens under `keys` (master key id, derived key; the current one
+    /// first), with the revocations stored in `storage`.
+    pub fn open(
+        storage: Arc<Storage>,
+        keys: Vec<(String, Zeroizing<[u8; 32]>)>,
+    ) -> Result<Self, StorageError> {
+        let keys = keys
+            .into_iter()
+            .map(|(id, k)| Key {
+                id,
+                encoding: EncodingKey::from_secret(k.as_slice()),
+                decoding: DecodingKey::from_secret(k.as_slice()),
+            })
+            .collect();
+        let revoked = storage.reader()?.revoked_tokens(now_ms())?;
+        Ok(Self {
+            keys,
+            revoked: RwLock::new(revoked.into_iter().collect()),
+            storage,
+        })
+    }
+
+    /// Mint a token for `req` (the type's existence is the caller's check).
+    pub fn mint(&self, req: TokenRequest) -> Result<Minted, TokenError> {
+        let (id, id_prefix) = match (req.id, req.id_prefix) {
+            (Some(id), None) => {
+                ActorKey::new(&req.ty, &id)?;
+                (Some(id), None)
+            }
+            (None, Some(prefix)) => {
+                ActorKey::new(&req.ty, &prefix)?;
+                (None, Some(prefix))
+            }
+            _ => {
+                return Err(TokenError::BadRequest(
+                    "give exactly one of `id` and `id_prefix`".into(),
+                ));
+            }
+        };
+        if req.scopes.is_empty() {
+            return Err(TokenError::BadRequest(
+                "`scopes` must name at least one of send, events, inputs, files".into(),
+            ));
+        }
+        if !(1..=MAX_TTL_S).contains(&req.ttl_s) {
+            return Err(TokenError::BadRequest(format!(
+                "`ttl_s` must be 1 to {MAX_TTL_S} seconds"
+            )));
+        }
+        let mut scopes = req.scopes;
+        scopes.sort_by_key(|s| *s as u8);
+        scopes.dedup();
+        let iat = now_ms() / 1000;
+        let grant = Grant {
+            jti: hex::encode(rand::random::<[u8; 16]>()),
+            ty: req.ty,
+            id,
+            id_prefix,
+            scopes,
+            iat,
+            exp: iat + req.ttl_s,
+        };
+        let key = &self.keys[0];
+        let mut header = Header::new(Algorithm::HS256);
+        header.kid = Some(key.id.clone());
+        let token = jsonwebtoken::encode(&header, &grant, &key.encoding)
+            .map_err(|e| TokenError::Invalid(e.to_string()))?;
+        Ok(Minted {
+            token,
+            expires_at_ms: grant.exp * 1000,
+            token_id: grant.jti,
+        })
+    }
+
+    /// Whether `bearer` looks like a client token (a JWT) rather than the
+    /// admin token: the caller then verifies it with [`Self::verify`].
+    pub fn looks_like_token(bearer: &str) -> bool {
+        bearer.starts_with("eyJ") && bearer.bytes().filter(|b| *b == b'.').count() == 2
+    }
+
+    /// The grant of a valid, unexpired, unrevoked token.
+    pub fn verify(&self, token: &str) -> Result<Grant, TokenError> {
+        let header =
+            jsonwebtoken::decode_header(token).map_err(|e| TokenError::Invalid(e.to_string()))?;
+        if header.alg != Algorithm::HS256 {
+            return Err(TokenError::Invalid("unexpected algorithm".into()));
+        }
+        let kid = header
+            .kid
+            .ok_or_else(|| TokenError::Invalid("no key id".into()))?;
+        let key = self
+            .keys
+            .iter()
+            .find(|k| k.id == kid)
+            .ok_or_else(|| TokenError::Invalid(format!("unknown key `{kid}`")))?;
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.leeway = 0;
+        validation.set_required_spec_claims(&["exp"]);
+        let grant = jsonwebtoken::decode::<Grant>(token, &key.decoding, &validation)
+            .map_err(|e| match e.kind() {
+                jsonwebtoken::errors::ErrorKind::ExpiredSignature => TokenError::Expired,
+                _ => TokenError::Invalid(e.to_string()),
+            })?
+            .claims;
+        // Checked again here: the library allows a token in its last second.
+        if grant.exp * 1000 <= now_ms() {
+            return Err(TokenError::Expired);
+        }
+        if self
+            .revoked
+            .read()
+            .expect("revocations lock")
+            .contains_key(&grant.jti)
+        {
+            return Err(TokenError::Revoked);
+        }
+        Ok(grant)
+    }
+
+    /// Revoke the token `token_id` (whether or not this node minted it):
+    /// kept until any token could have expired. Whether it is new.
+    pub async fn revoke(&self, token_id: &str) -> Result<bool, TokenError> {
+        if token_id.is_empty()
+            || token_id.len() > 64
+            || !token_id.bytes().all(|b| b.is_ascii_hexdigit())
+        {
+            return Err(TokenError::BadRequest(
+                "a token id is the hex `token_id` returned when it was minted".into(),
+            ));
+        }
+        let now = now_ms();
+        let until = now + MAX_TTL_S * 1000;
+        let jti = token_id.to_owned();
+        let new = self
+            .storage
+            .writer()
+            .call(|done| WriteOp::RevokeToken {
+                jti: jti.clone(),
+                expires_at_ms: until,
+                now_ms: now,
+                done,
+            })
+            .await
+            .map_err(|e| TokenError::Invalid(format!("cannot store the revocation: {e}")))?;
+        let mut revoked = self.revoked.write().expect("revocations lock");
+        revoked.retain(|_, exp| *exp > now);
+        revoked.insert(jti, until);
+        Ok(new)
+    }
+}
+
+impl Grant {
+    /// Whether this grant allows `method` on `path` (a request path, still
+    /// percent-encoded): exactly one verb on one actor it names.
+    pub fn allows(&self, method: &axum::http::Method, path: &str) -> Result<(), TokenError> {
+        use axum::http::Method;
+        let deny = |why: &str| Err(TokenError::Forbidden(why.to_owned()));
+        let Some(rest) = path.strip_prefix("/v1/actors/") else {
+            return deny("a client token reaches only /v1/actors/{type}/{id}/…");
+        };
+        let mut parts = rest.split('/');
+        let (Some(ty), Some(id)) = (parts.next(), parts.next()) else {
+            return deny("a client token reaches one actor, not a list");
+        };
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8()
+                .map(|c| c.into_owned())
+                .map_err(|_| TokenError::Forbidden("the path is not UTF-8".into()))
+        };
+        let (ty, id) = (decode(ty)?, decode(id)?);
+        if ty != self.ty {
+            return deny("another actor type");
+        }
+        let own = match (&self.id, &self.id_prefix) {
+            (Some(own), _) => id == *own,
+            (None, Some(prefix)) => id.starts_with(prefix.as_str()),
+            (None, None) => false,
+        };
+        if !own {
+            return deny("another actor");
+        }
+        let rest: Vec<&str> = parts.collect();
+        let scope = match (method, rest.as_slice()) {
+            (&Method::POST, []) => Scope::Send,
+            (&Method::POST, ["runs", _, "cancel"]) => Scope::Send,
+            (&Method::GET, ["events"]) => Scope::Events,
+            (&Method::GET, ["inputs"]) | (&Method::POST, ["inputs", _]) => Scope::Inputs,
+            (&Method::GET, ["files", ..]) => Scope::Files,
+            _ => return deny("this endpoint is for the admin token only"),
+        };
+        if !self.scopes.contains(&scope) {
+            return Err(TokenError::Forbidden(format!(
+                "the token's scopes do not include `{}`",
+                serde_json::to_value(scope)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default()
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::Method;
+
+    use super::*;
+
+    fn grant(id: Option<&str>, prefix: Option<&str>, scopes: &[Scope]) -> Grant {
+        Grant {
+            jti: "00".into(),
+            ty: "assistant".into(),
+            id: id.map(str::to_owned),
+            id_prefix: prefix.map(str::to_owned),
+            scopes: scopes.to_vec(),
+            iat: 0,
+            exp: u64::MAX / 2000,
+        }
+    }
+
+    #[test]
+    fn a_grant_allows_its_verbs_on_its_actor_and_nothing_else() {
+        let g = grant(Some("alice"), None, &[Scope::Send, Scope::Events]);
+        assert!(
+            g.allows(&Method::POST, "/v1/actors/assistant/alice")
+                .is_ok()
+        );
+        assert!(
+            g.allows(&Method::POST, "/v1/actors/assistant/alice/runs/r1/cancel")
+                .is_ok()
+        );
+        assert!(
+            g.allows(&Method::GET, "/v1/actors/assistant/alice/events")
+                .is_ok()
+        );
+        for (m, p) in [
+            (Method::POST, "/v1/actors/assistant/bob"),
+            (Method::POST, "/v1/actors/assistant/alicex"),
+            (Method::POST, "/v1/actors/other/alice"),
+            (Method::GET, "/v1/actors/assistant/alice/files"),
+            (Method::GET, "/v1/actors/assistant/alice/inputs"),
+            (Method::GET, "/v1/actors/assistant/alice/state"),
+            (Method::POST, "/v1/actors/assistant/alice/eval"),
+            (Method::DELETE, "/v1/actors/assistant/alice"),
+            (Method::GET, "/v1/actors/assistant/alice"),
+            (Method::GET, "/v1/actors/assistant"),
+            (Method::PUT, "/v1/types/assistant"),
+            (Method::GET, "/v1/secrets"),
+            (Method::POST, "/v1/tokens"),
+        ] {
+            assert!(g.allows(&m, p).is_err(), "{m} {p}");
+        }
+    }
+
+    #[test]
+    fn prefixes_and_encoded_ids_are_compared_decoded() {
+        let g = grant(None, Some("team-7/"), &[Scope::Files, Scope::Inputs]);
+        assert!(
+            g.allows(
+                &Method::GET,
+                "/v1/actors/assistant/team-7%2Falice/files/a/b.txt"
+            )
+            .is_ok()
+        );
+        assert!(
+            g.allows(&Method::POST, "/v1/actors/assistant/team-7%2Fbob/inputs/i1")
+                .is_ok()
+        );
+        assert!(
+            g.allows(&Method::GET, "/v1/actors/assistant/team-8%2Falice/files")
+                .is_err()
+        );
+        // `team-7` alone does not start with `team-7/`.
+        assert!(
+            g.allows(&Method::GET, "/v1/actors/assistant/team-7/files")
+                .is_err()
+        );
+        assert!(
+            g.allows(&Method::GET, "/v1/actors/assistant/team-7%FF/files")
+                .is_err()
+        );
+    }
+}

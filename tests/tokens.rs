@@ -1,0 +1,309 @@
+//! Client tokens (`POST /v1/tokens`): a browser or app talks to its own
+//! actor with exactly the verbs it was given, on `marmot serve` with an
+//! admin token (real process, real HTTP).
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+const ADMIN: &str = "admin-token-for-client-token-tests-0123";
+
+fn new_key() -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["secrets", "new-key"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// `marmot serve` on `data` with the admin token and master `key` (and
+/// `previous` keys it can still use).
+struct Serve {
+    child: std::process::Child,
+    url: String,
+    http: reqwest::Client,
+}
+
+impl Serve {
+    async fn start(data: &Path, key: &str, previous: Option<&str>) -> Self {
+        let port = common::free_port();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"));
+        cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data"])
+            .arg(data)
+            .env("MARMOT_ADMIN_TOKEN", ADMIN)
+            .env("MARMOT_MASTER_KEY", key)
+            .env_remove("MARMOT_MASTER_KEY_PREVIOUS")
+            .stderr(std::process::Stdio::null());
+        if let Some(p) = previous {
+            cmd.env("MARMOT_MASTER_KEY_PREVIOUS", p);
+        }
+        let child = cmd.spawn().unwrap();
+        let s = Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            http: reqwest::Client::new(),
+        };
+        for _ in 0..400 {
+            if let Ok(r) = s.http.get(format!("{}/readyz", s.url)).send().await
+                && r.status() == 200
+            {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("serve did not become ready");
+    }
+
+    /// `method path` with `bearer` (and a JSON body): (status, JSON body).
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        bearer: Option<&str>,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut req = self.http.request(method, format!("{}{path}", self.url));
+        if let Some(b) = bearer {
+            req = req.bearer_auth(b);
+        }
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn mint(&self, spec: Value) -> (StatusCode, Value) {
+        self.call(Method::POST, "/v1/tokens", Some(ADMIN), Some(spec))
+            .await
+    }
+
+    /// A token for `spec`, which must mint.
+    async fn token(&self, spec: Value) -> (String, String) {
+        let (status, body) = self.mint(spec).await;
+        assert_eq!(status, 201, "{body}");
+        assert!(body["expires_at_ms"].as_u64().unwrap() > 0);
+        (
+            body["token"].as_str().unwrap().to_owned(),
+            body["token_id"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    async fn send(&self, path: &str, bearer: &str) -> (StatusCode, Value) {
+        let op = json!({"op": "add", "key": "n", "by": 1});
+        self.call(Method::POST, path, Some(bearer), Some(op)).await
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn node_with_kit(data: &Path, key: &str) -> Serve {
+    let s = Serve::start(data, key, None).await;
+    use base64::Engine as _;
+    let manifest = json!({
+        "kind": "wasm",
+        "code_base64": base64::engine::general_purpose::STANDARD.encode(common::TESTKIT),
+        "config": {},
+    });
+    let (status, body) = s
+        .call(Method::PUT, "/v1/types/kit", Some(ADMIN), Some(manifest))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    s
+}
+
+#[tokio::test]
+async fn a_client_token_opens_its_verbs_on_its_actor_and_nothing_else() {
+    let dir = common::tempdir();
+    let s = node_with_kit(&dir.path().join("data"), &new_key()).await;
+
+    // Minting takes the admin token and a well-formed request.
+    let spec = json!({"type": "kit", "id": "alice", "scopes": ["send", "events"], "ttl_s": 600});
+    let (status, _) = s
+        .call(Method::POST, "/v1/tokens", None, Some(spec.clone()))
+        .await;
+    assert_eq!(status, 401);
+    for (bad, code) in [
+        (
+            json!({"type": "kit", "id": "a", "id_prefix": "a", "scopes": ["send"], "ttl_s": 60}),
+            400,
+        ),
+        (json!({"type": "kit", "scopes": ["send"], "ttl_s": 60}), 400),
+        (
+            json!({"type": "kit", "id": "a", "scopes": [], "ttl_s": 60}),
+            400,
+        ),
+        (
+            json!({"type": "kit", "id": "a", "scopes": ["admin"], "ttl_s": 60}),
+            400,
+        ),
+        (
+            json!({"type": "kit", "id": "a", "scopes": ["send"], "ttl_s": 0}),
+            400,
+        ),
+        (
+            json!({"type": "kit", "id": "a", "scopes": ["send"], "ttl_s": 60, "extra": 1}),
+            400,
+        ),
+        (
+            json!({"type": "nope", "id": "a", "scopes": ["send"], "ttl_s": 60}),
+            404,
+        ),
+    ] {
+        let (status, body) = s.mint(bad.clone()).await;
+        assert_eq!(status.as_u16(), code, "{bad} → {body}");
+    }
+
+    let (token, _) = s.token(spec).await;
+    // Its verbs on its actor.
+    let (status, body) = s.send("/v1/actors/kit/alice", &token).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = s
+        .call(
+            Method::GET,
+            "/v1/actors/kit/alice/events",
+            Some(&token),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
+    // EventSource cannot send headers: the token may come in the query.
+    let (status, _) = s
+        .call(
+            Method::GET,
+            &format!("/v1/actors/kit/alice/events?access_token={token}"),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
+    // The admin token never does (it would end up in URLs and logs).
+    let (status, _) = s
+        .call(
+            Method::GET,
+            &format!("/v1/actors/kit/alice/events?access_token={ADMIN}"),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(status, 401);
+
+    // Anything else is refused, and changes nothing.
+    for (method, path) in [
+        (Method::POST, "/v1/actors/kit/bob"),
+        (Method::POST, "/v1/actors/kit/alice2"),
+        (Method::GET, "/v1/actors/kit/alice/files"),
+        (Method::GET, "/v1/actors/kit/alice/inputs"),
+        (Method::GET, "/v1/actors/kit/alice/state"),
+        (Method::POST, "/v1/actors/kit/alice/eval"),
+        (Method::DELETE, "/v1/actors/kit/alice"),
+        (Method::GET, "/v1/types"),
+        (Method::PUT, "/v1/secrets/KEY"),
+        (Method::POST, "/v1/tokens"),
+    ] {
+        let (status, body) = s.call(method.clone(), path, Some(&token), None).await;
+        assert_eq!(status, 403, "{method} {path}: {body}");
+        assert_eq!(body["error"]["code"], "forbidden");
+    }
+    let (_, info) = s
+        .call(Method::GET, "/v1/actors/kit/bob", Some(ADMIN), None)
+        .await;
+    assert_ne!(info["status"], "active", "bob was never woken: {info}");
+    let (_, n) = s
+        .call(
+            Method::GET,
+            "/v1/actors/kit/alice/state/n",
+            Some(ADMIN),
+            None,
+        )
+        .await;
+    assert_eq!(n, 1);
+
+    // A tampered token (its claims edited, e.g. to another actor) fails
+    // its signature.
+    let parts: Vec<&str> = token.split('.').collect();
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let claims = String::from_utf8(b64.decode(parts[1]).unwrap()).unwrap();
+    let forged = b64.encode(claims.replace("alice", "bob"));
+    let tampered = format!("{}.{forged}.{}", parts[0], parts[2]);
+    let (status, body) = s.send("/v1/actors/kit/bob", &tampered).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_token");
+
+    // A prefix token opens every id under the prefix (ids compared
+    // decoded), and no other.
+    let (team, _) = s
+        .token(json!({"type": "kit", "id_prefix": "team-7/", "scopes": ["send"], "ttl_s": 60}))
+        .await;
+    assert_eq!(s.send("/v1/actors/kit/team-7%2Fana", &team).await.0, 200);
+    assert_eq!(s.send("/v1/actors/kit/team-8%2Fana", &team).await.0, 403);
+    assert_eq!(s.send("/v1/actors/kit/alice", &team).await.0, 403);
+}
+
+#[tokio::test]
+async fn tokens_expire_are_revoked_for_good_and_follow_the_master_key() {
+    let dir = common::tempdir();
+    let data = dir.path().join("data");
+    let key = new_key();
+    let s = node_with_kit(&data, &key).await;
+    let spec = |ttl: u64| json!({"type": "kit", "id": "carol", "scopes": ["send"], "ttl_s": ttl});
+
+    // Expiry.
+    let (short, _) = s.token(spec(1)).await;
+    assert_eq!(s.send("/v1/actors/kit/carol", &short).await.0, 200);
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let (status, body) = s.send("/v1/actors/kit/carol", &short).await;
+    assert_eq!(status, 401);
+    assert_eq!(body["error"]["code"], "token_expired");
+
+    // Revocation, kept across a restart.
+    let (token, id) = s.token(spec(600)).await;
+    let (kept, _) = s.token(spec(600)).await;
+    assert_eq!(s.send("/v1/actors/kit/carol", &token).await.0, 200);
+    let (status, body) = s
+        .call(
+            Method::DELETE,
+            &format!("/v1/tokens/{id}"),
+            Some(ADMIN),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = s.send("/v1/actors/kit/carol", &token).await;
+    assert_eq!(status, 401);
+    assert_eq!(body["error"]["code"], "token_revoked");
+    let (status, _) = s
+        .call(Method::DELETE, "/v1/tokens/not-hex!", Some(ADMIN), None)
+        .await;
+    assert_eq!(status, 400);
+    drop(s);
+    let s = Serve::start(&data, &key, None).await;
+    assert_eq!(s.send("/v1/actors/kit/carol", &token).await.0, 401);
+    assert_eq!(s.send("/v1/actors/kit/carol", &kept).await.0, 200);
+    drop(s);
+
+    // A new master key with the old one kept as previous: old tokens still
+    // verify. Without the old key they do not.
+    let next = new_key();
+    let s = Serve::start(&data, &next, Some(&key)).await;
+    assert_eq!(s.send("/v1/actors/kit/carol", &kept).await.0, 200);
+    let (fresh, _) = s.token(spec(600)).await;
+    drop(s);
+    let s = Serve::start(&data, &next, None).await;
+    let (status, body) = s.send("/v1/actors/kit/carol", &kept).await;
+    assert_eq!(status, 401);
+    assert_eq!(body["error"]["code"], "invalid_token");
+    assert_eq!(s.send("/v1/actors/kit/carol", &fresh).await.0, 200);
+}
