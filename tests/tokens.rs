@@ -31,10 +31,18 @@ struct Serve {
 
 impl Serve {
     async fn start(data: &Path, key: &str, previous: Option<&str>) -> Self {
+        Self::start_with(data, key, previous, "").await
+    }
+
+    async fn start_with(data: &Path, key: &str, previous: Option<&str>, config: &str) -> Self {
         let port = common::free_port();
+        let config_path = data.with_extension("toml");
+        std::fs::write(&config_path, config).unwrap();
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"));
         cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data"])
             .arg(data)
+            .arg("--config")
+            .arg(&config_path)
             .env("MARMOT_ADMIN_TOKEN", ADMIN)
             .env("MARMOT_MASTER_KEY", key)
             .env_remove("MARMOT_MASTER_KEY_PREVIOUS")
@@ -109,7 +117,11 @@ impl Drop for Serve {
 }
 
 async fn node_with_kit(data: &Path, key: &str) -> Serve {
-    let s = Serve::start(data, key, None).await;
+    node_with_kit_config(data, key, "").await
+}
+
+async fn node_with_kit_config(data: &Path, key: &str, config: &str) -> Serve {
+    let s = Serve::start_with(data, key, None, config).await;
     use base64::Engine as _;
     let manifest = json!({
         "kind": "wasm",
@@ -306,4 +318,130 @@ async fn tokens_expire_are_revoked_for_good_and_follow_the_master_key() {
     assert_eq!(status, 401);
     assert_eq!(body["error"]["code"], "invalid_token");
     assert_eq!(s.send("/v1/actors/kit/carol", &fresh).await.0, 200);
+}
+
+#[tokio::test]
+async fn browsers_get_cors_from_allowed_origins_and_clients_are_rate_limited() {
+    let dir = common::tempdir();
+    let config = r#"
+[clients]
+cors_origins = ["https://app.example.com"]
+token_rate_per_s = 1
+token_burst = 3
+actor_rate_per_s = 1
+actor_burst = 4
+"#;
+    let s = node_with_kit_config(&dir.path().join("data"), &new_key(), config).await;
+    let url = |p: &str| format!("{}{p}", s.url);
+
+    // Preflight: no credentials, answered before auth.
+    let r = s
+        .http
+        .request(Method::OPTIONS, url("/v1/actors/kit/alice"))
+        .header("origin", "https://app.example.com")
+        .header("access-control-request-method", "POST")
+        .header(
+            "access-control-request-headers",
+            "authorization, content-type",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let h = r.headers();
+    assert_eq!(h["access-control-allow-origin"], "https://app.example.com");
+    assert!(
+        h["access-control-allow-headers"]
+            .to_str()
+            .unwrap()
+            .contains("authorization")
+    );
+    let r = s
+        .http
+        .request(Method::OPTIONS, url("/v1/actors/kit/alice"))
+        .header("origin", "https://evil.example")
+        .header("access-control-request-method", "POST")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(!r.headers().contains_key("access-control-allow-origin"));
+
+    // Responses carry the header for allowed origins only.
+    let (token, _) = s
+        .token(json!({"type": "kit", "id": "alice", "scopes": ["send"], "ttl_s": 600}))
+        .await;
+    let op = json!({"op": "add", "key": "n", "by": 1});
+    let r = s
+        .http
+        .post(url("/v1/actors/kit/alice"))
+        .bearer_auth(&token)
+        .header("origin", "https://app.example.com")
+        .json(&op)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "https://app.example.com"
+    );
+    let r = s
+        .http
+        .post(url("/v1/actors/kit/alice"))
+        .bearer_auth(&token)
+        .header("origin", "https://evil.example")
+        .json(&op)
+        .send()
+        .await
+        .unwrap();
+    assert!(!r.headers().contains_key("access-control-allow-origin"));
+
+    // Per token: a burst of 3 (two used above), then 429 with Retry-After.
+    assert_eq!(s.send("/v1/actors/kit/alice", &token).await.0, 200);
+    let r = s
+        .http
+        .post(url("/v1/actors/kit/alice"))
+        .bearer_auth(&token)
+        .json(&op)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(
+        r.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            >= 1
+    );
+    // Per actor: another token for the same actor has its own budget, but
+    // the actor's (4) is nearly spent (3 went through; the refused one did
+    // not count): one more, then 429.
+    let (other, _) = s
+        .token(json!({"type": "kit", "id": "alice", "scopes": ["send"], "ttl_s": 600}))
+        .await;
+    assert_eq!(s.send("/v1/actors/kit/alice", &other).await.0, 200);
+    let (status, body) = s.send("/v1/actors/kit/alice", &other).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["code"], "rate_limited");
+    // Another actor is not affected, and the admin token is never limited.
+    let (bob, _) = s
+        .token(json!({"type": "kit", "id": "bob", "scopes": ["send"], "ttl_s": 600}))
+        .await;
+    assert_eq!(s.send("/v1/actors/kit/bob", &bob).await.0, 200);
+    for _ in 0..10 {
+        assert_eq!(s.send("/v1/actors/kit/alice", ADMIN).await.0, 200);
+    }
+    // What was refused did not run: 4 client turns and 10 admin ones.
+    let (_, n) = s
+        .call(
+            Method::GET,
+            "/v1/actors/kit/alice/state/n",
+            Some(ADMIN),
+            None,
+        )
+        .await;
+    assert_eq!(n, 14);
 }

@@ -292,8 +292,13 @@ impl Tokens {
 
 impl Grant {
     /// Whether this grant allows `method` on `path` (a request path, still
-    /// percent-encoded): exactly one verb on one actor it names.
-    pub fn allows(&self, method: &axum::http::Method, path: &str) -> Result<(), TokenError> {
+    /// percent-encoded): exactly one verb on one actor it names, whose
+    /// (type, id) it returns.
+    pub fn allows(
+        &self,
+        method: &axum::http::Method,
+        path: &str,
+    ) -> Result<(String, String), TokenError> {
         use axum::http::Method;
         let deny = |why: &str| Err(TokenError::Forbidden(why.to_owned()));
         let Some(rest) = path.strip_prefix("/v1/actors/") else {
@@ -339,7 +344,7 @@ impl Grant {
                     .unwrap_or_default()
             )));
         }
-        Ok(())
+        Ok((ty, id))
     }
 }
 

@@ -21,6 +21,7 @@ use axum::response::{IntoResponse, Response};
 use tower::{Layer, Service};
 
 use super::ApiError;
+use super::clients::ClientGate;
 use crate::tokens::{TokenError, Tokens};
 
 /// Adds [`Edge`].
@@ -28,13 +29,19 @@ use crate::tokens::{TokenError, Tokens};
 pub(super) struct EdgeLayer {
     token: Option<Arc<str>>,
     tokens: Arc<Tokens>,
+    gate: Arc<ClientGate>,
 }
 
 impl EdgeLayer {
     /// Require `token` (when set), or a client token that allows the
-    /// request, on everything but health checks and inbound webhooks.
-    pub(super) fn new(token: Option<Arc<str>>, tokens: Arc<Tokens>) -> Self {
-        Self { token, tokens }
+    /// request (within `gate`'s rate limits), on everything but health
+    /// checks and inbound webhooks; answer CORS as `gate` says.
+    pub(super) fn new(token: Option<Arc<str>>, tokens: Arc<Tokens>, gate: ClientGate) -> Self {
+        Self {
+            token,
+            tokens,
+            gate: Arc::new(gate),
+        }
     }
 }
 
@@ -46,6 +53,7 @@ impl<S> Layer<S> for EdgeLayer {
             inner,
             token: self.token.clone(),
             tokens: self.tokens.clone(),
+            gate: self.gate.clone(),
         }
     }
 }
@@ -57,6 +65,7 @@ pub(super) struct Edge<S> {
     inner: S,
     token: Option<Arc<str>>,
     tokens: Arc<Tokens>,
+    gate: Arc<ClientGate>,
 }
 
 impl<S> Service<Request> for Edge<S>
@@ -75,9 +84,23 @@ where
     fn call(&mut self, mut req: Request) -> Self::Future {
         let id = request_id(&req);
         req.headers_mut().insert("x-request-id", id.clone());
-        if let Err(refusal) = self.authorize(&req) {
-            let mut resp = refusal.into_response();
+        // Only a browser sends `Origin`; keep it for the CORS headers.
+        let origin = req.headers().get(header::ORIGIN).map(|o| {
+            let mut h = axum::http::HeaderMap::new();
+            h.insert(header::ORIGIN, o.clone());
+            h
+        });
+        let gate = self.gate.clone();
+        let early = gate
+            .preflight(req.method(), req.headers())
+            .map(Ok)
+            .or_else(|| self.authorize(&req).err().map(Err));
+        if let Some(early) = early {
+            let mut resp = early.unwrap_or_else(IntoResponse::into_response);
             resp.headers_mut().insert("x-request-id", id);
+            if let Some(o) = &origin {
+                gate.decorate(o, &mut resp);
+            }
             return Box::pin(std::future::ready(Ok(resp)));
         }
         // Drive the instance that was polled ready; leave a fresh clone behind.
@@ -86,6 +109,9 @@ where
         Box::pin(async move {
             let mut resp = inner.call(req).await?;
             resp.headers_mut().insert("x-request-id", id);
+            if let Some(o) = &origin {
+                gate.decorate(o, &mut resp);
+            }
             Ok(resp)
         })
     }
@@ -116,11 +142,9 @@ impl<S> Edge<S> {
             return Ok(());
         }
         if Tokens::looks_like_token(presented) {
-            return self
-                .tokens
-                .verify(presented)
-                .and_then(|grant| grant.allows(req.method(), path))
-                .map_err(refusal);
+            let grant = self.tokens.verify(presented).map_err(refusal)?;
+            let (ty, id) = grant.allows(req.method(), path).map_err(refusal)?;
+            return self.gate.admit(&grant, &ty, &id);
         }
         Err(ApiError::new(
             StatusCode::UNAUTHORIZED,

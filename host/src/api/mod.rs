@@ -6,6 +6,7 @@
 //! 404/405 here.
 
 mod actors;
+mod clients;
 mod edge;
 mod error;
 mod extract;
@@ -63,6 +64,7 @@ pub struct AppState {
 pub fn router(node: Arc<Node>) -> Router {
     let token = node.config().admin_token.clone().map(Arc::from);
     let tokens = node.tokens().clone();
+    let clients_config = node.config().clients.clone();
     let limits = node.config().limits.clone();
     let state = AppState { node };
     // Manifests carry base64 code: allow for its 4/3 expansion.
@@ -134,7 +136,11 @@ pub fn router(node: Arc<Node>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limits.max_message_bytes))
-        .layer(edge::EdgeLayer::new(token, tokens))
+        .layer(edge::EdgeLayer::new(
+            token,
+            tokens,
+            clients::ClientGate::new(&clients_config),
+        ))
         .with_state(state)
 }
 

@@ -54,6 +54,8 @@ pub struct NodeConfig {
     pub files: FilesConfig,
     /// The model gateway (`model.chat`, the agent harness).
     pub models: ModelsConfig,
+    /// Browsers and apps that call with client tokens: CORS, rate limits.
+    pub clients: ClientsConfig,
 }
 
 impl Default for NodeConfig {
@@ -75,6 +77,7 @@ impl Default for NodeConfig {
             egress: EgressConfig::default(),
             files: FilesConfig::default(),
             models: ModelsConfig::default(),
+            clients: ClientsConfig::default(),
         }
     }
 }
@@ -122,6 +125,7 @@ impl NodeConfig {
                 self.defaults.max_memory_bytes, l.max_guest_memory_bytes
             ));
         }
+        self.clients.validate()?;
         if self.models.max_attempts == 0 {
             return Err("models.max_attempts must be at least 1".into());
         }
@@ -317,6 +321,66 @@ impl Default for AlarmsConfig {
             retry_base_ms: 1000,
             concurrency: 256,
         }
+    }
+}
+
+/// Browsers and apps that talk to their own actors with client tokens
+/// (`POST /v1/tokens`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientsConfig {
+    /// Origins a browser may call the API from (CORS), as the browser
+    /// sends them (`https://app.example.com`), or `"*"` for any. Empty: no
+    /// CORS headers, so browsers on other origins cannot call.
+    pub cors_origins: Vec<String>,
+    /// Requests per second one client token may make, sustained (0: no
+    /// limit); beyond it 429 with `Retry-After`.
+    pub token_rate_per_s: u32,
+    /// Requests one client token may make at once above its rate.
+    pub token_burst: u32,
+    /// Requests per second all client tokens together may make to one
+    /// actor (0: no limit). Admin-token requests are not limited.
+    pub actor_rate_per_s: u32,
+    /// Requests to one actor at once above its rate.
+    pub actor_burst: u32,
+}
+
+impl Default for ClientsConfig {
+    fn default() -> Self {
+        Self {
+            cors_origins: Vec::new(),
+            token_rate_per_s: 20,
+            token_burst: 40,
+            actor_rate_per_s: 50,
+            actor_burst: 100,
+        }
+    }
+}
+
+impl ClientsConfig {
+    fn validate(&self) -> Result<(), String> {
+        for o in &self.cors_origins {
+            let host = o
+                .strip_prefix("https://")
+                .or_else(|| o.strip_prefix("http://"));
+            let ok = o == "*"
+                || host.is_some_and(|h| {
+                    !h.is_empty()
+                        && h.bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b))
+                });
+            if !ok {
+                return Err(format!(
+                    "clients.cors_origins: `{o}` is not an origin like `https://app.example.com` (scheme and host, no path) or `*`"
+                ));
+            }
+        }
+        if (self.token_rate_per_s > 0 && self.token_burst == 0)
+            || (self.actor_rate_per_s > 0 && self.actor_burst == 0)
+        {
+            return Err("clients: a burst must be at least 1 when its rate is set".into());
+        }
+        Ok(())
     }
 }
 
