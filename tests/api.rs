@@ -751,6 +751,16 @@ async fn serve_requires_a_token_and_enforces_it() {
             .status(),
         200
     );
+    // The API description is open, and describes this API.
+    let r = http
+        .get(format!("{url}/v1/openapi.json"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let doc: Value = r.json().await.unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    assert!(doc["paths"]["/v1/actors/{type}/{id}"]["post"].is_object());
     // Inbound webhooks authenticate by signature, not by the admin token.
     let r = http
         .post(format!("{url}/v1/hooks/nope/a/github"))

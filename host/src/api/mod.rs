@@ -12,6 +12,7 @@ mod error;
 mod extract;
 mod files;
 mod hooks;
+mod openapi;
 mod providers;
 mod secrets;
 mod streams;
@@ -76,6 +77,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/healthz", get(system::healthz))
         .route("/readyz", get(system::readyz))
         .route("/metrics", get(system::metrics))
+        .route("/v1/openapi.json", get(openapi::serve))
         .route("/v1/types", get(types::list))
         .route(
             "/v1/types/{type}",

@@ -1,0 +1,784 @@
+//! `GET /v1/openapi.json`: an OpenAPI 3.1 description of the HTTP API,
+//! built here from one table of operations. A test compares the table with
+//! the router's routes (both ways), so the two cannot drift apart.
+
+use serde_json::{Map, Value, json};
+
+/// One operation: method, path (OpenAPI spelling), id, summary, its
+/// parameters, request body and responses.
+struct Op {
+    method: &'static str,
+    path: &'static str,
+    id: &'static str,
+    summary: &'static str,
+    params: Vec<Value>,
+    body: Option<Value>,
+    responses: Vec<(u16, &'static str, Option<Value>)>,
+}
+
+fn path_param(name: &str, description: &str) -> Value {
+    json!({"name": name, "in": "path", "required": true, "description": description,
+           "schema": {"type": "string"}})
+}
+
+fn query(name: &str, ty: &str, description: &str) -> Value {
+    json!({"name": name, "in": "query", "required": false, "description": description,
+           "schema": {"type": ty}})
+}
+
+fn header(name: &str, description: &str) -> Value {
+    json!({"name": name, "in": "header", "required": false, "description": description,
+           "schema": {"type": "string"}})
+}
+
+fn actor() -> Vec<Value> {
+    vec![
+        path_param("type", "actor type"),
+        path_param("id", "actor id (percent-encode `/`)"),
+    ]
+}
+
+fn with(mut v: Vec<Value>, more: impl IntoIterator<Item = Value>) -> Vec<Value> {
+    v.extend(more);
+    v
+}
+
+fn schema(name: &str) -> Value {
+    json!({"$ref": format!("#/components/schemas/{name}")})
+}
+
+fn json_body(s: Value) -> Value {
+    json!({"required": true, "content": {"application/json": {"schema": s}}})
+}
+
+fn any_json() -> Value {
+    json!({})
+}
+
+/// Every operation of the API.
+fn operations() -> Vec<Op> {
+    let name = |what| vec![path_param("name", what)];
+    vec![
+        Op {
+            method: "get",
+            path: "/healthz",
+            id: "healthz",
+            summary: "Liveness",
+            params: vec![],
+            body: None,
+            responses: vec![(200, "alive", Some(any_json()))],
+        },
+        Op {
+            method: "get",
+            path: "/readyz",
+            id: "readyz",
+            summary: "Readiness: storage open, recovery done",
+            params: vec![],
+            body: None,
+            responses: vec![(200, "ready", Some(any_json())), (503, "not yet", None)],
+        },
+        Op {
+            method: "get",
+            path: "/metrics",
+            id: "metrics",
+            summary: "Prometheus metrics (text)",
+            params: vec![],
+            body: None,
+            responses: vec![(200, "metrics", None)],
+        },
+        Op {
+            method: "get",
+            path: "/v1/openapi.json",
+            id: "openapi",
+            summary: "This document",
+            params: vec![],
+            body: None,
+            responses: vec![(200, "OpenAPI 3.1", Some(any_json()))],
+        },
+        Op {
+            method: "get",
+            path: "/v1/types",
+            id: "listTypes",
+            summary: "Deployed types",
+            params: vec![],
+            body: None,
+            responses: vec![(200, "types", Some(any_json()))],
+        },
+        Op {
+            method: "put",
+            path: "/v1/types/{type}",
+            id: "deployType",
+            summary: "Deploy a new version: a Wasm component (application/wasm), a JavaScript module (text/javascript) or a JSON manifest",
+            params: vec![path_param("type", "type name")],
+            body: Some(json!({"required": true, "content": {
+                "application/json": {"schema": schema("Manifest")},
+                "application/wasm": {"schema": {"type": "string", "format": "binary"}},
+                "text/javascript": {"schema": {"type": "string"}}}})),
+            responses: vec![
+                (201, "deployed", Some(schema("Deployed"))),
+                (400, "bad code or manifest; nothing changed", None),
+                (413, "code too large", None),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/types/{type}",
+            id: "getType",
+            summary: "Versions and config of a type",
+            params: vec![path_param("type", "type name")],
+            body: None,
+            responses: vec![
+                (200, "the type", Some(any_json())),
+                (404, "unknown type", None),
+            ],
+        },
+        Op {
+            method: "delete",
+            path: "/v1/types/{type}",
+            id: "deleteType",
+            summary: "Delete a type (409 while actors exist, unless force)",
+            params: vec![
+                path_param("type", "type name"),
+                query("force", "boolean", "delete its actors too"),
+            ],
+            body: None,
+            responses: vec![
+                (200, "deleted", Some(any_json())),
+                (404, "unknown type", None),
+                (409, "actors exist", None),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/actors/{type}",
+            id: "listActors",
+            summary: "Actors of a type, a page at a time",
+            params: vec![
+                path_param("type", "actor type"),
+                query("prefix", "string", "ids starting with this"),
+                query("cursor", "string", "next_cursor of the previous page"),
+                query("limit", "integer", "page size"),
+            ],
+            body: None,
+            responses: vec![
+                (200, "a page", Some(any_json())),
+                (404, "unknown type", None),
+            ],
+        },
+        Op {
+            method: "post",
+            path: "/v1/actors/{type}/{id}",
+            id: "send",
+            summary: "Send a message and wait for the turn's reply (released once durable); ?wait=false enqueues durably and answers 202",
+            params: with(
+                actor(),
+                [
+                    query(
+                        "wait",
+                        "boolean",
+                        "false: enqueue and answer 202 {message_id}",
+                    ),
+                    header(
+                        "Idempotency-Key",
+                        "a repeat returns the first reply without running again",
+                    ),
+                ],
+            ),
+            body: Some(json!({"required": false, "content": {"*/*": {"schema": {}}}})),
+            responses: vec![
+                (
+                    200,
+                    "the actor's reply (status and content type are the actor's)",
+                    None,
+                ),
+                (
+                    202,
+                    "queued",
+                    Some(
+                        json!({"type": "object", "properties": {"message_id": {"type": "string"}}}),
+                    ),
+                ),
+                (400, "bad id or body", None),
+                (404, "unknown type", None),
+                (409, "the same Idempotency-Key is in progress", None),
+                (413, "body too large", None),
+                (429, "mailbox full (Retry-After)", None),
+                (500, "the actor failed", None),
+                (503, "no room now (Retry-After)", None),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/actors/{type}/{id}",
+            id: "actorInfo",
+            summary: "Status, version, statistics of an actor",
+            params: actor(),
+            body: None,
+            responses: vec![
+                (200, "info", Some(any_json())),
+                (404, "no such actor", None),
+            ],
+        },
+        Op {
+            method: "delete",
+            path: "/v1/actors/{type}/{id}",
+            id: "deleteActor",
+            summary: "Delete an actor: state, alarms, events, inputs, files",
+            params: actor(),
+            body: None,
+            responses: vec![
+                (200, "deleted", Some(any_json())),
+                (404, "no such actor", None),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/actors/{type}/{id}/state",
+            id: "listState",
+            summary: "State keys and values (inspection)",
+            params: with(
+                actor(),
+                [
+                    query("prefix", "string", "keys starting with this"),
+                    query("after", "string", "continue after this key"),
+                    query("limit", "integer", "page size"),
+                ],
+            ),
+            body: None,
+            responses: vec![
+                (200, "a page", Some(any_json())),
+                (404, "no such actor", None),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/actors/{type}/{id}/state/{key}",
+            id: "getState",
+            summary: "One state value",
+            params: with(actor(), [path_param("key", "state key (may contain `/`)")]),
+            body: None,
+            responses: vec![(200, "the value", None), (404, "no such key", None)],
+        },
+        Op {
+            method: "get",
+            path: "/v1/actors/{type}/{id}/events",
+            id: "events",
+            summary: "Event page; with Accept: text/event-stream a live SSE stream (Last-Event-ID resumes)",
+            params: with(
+                actor(),
+                [
+                    query("after", "integer", "events after this seq"),
+                    query("limit", "integer", "page size"),
+                    query("access_token", "string", "a client token, for EventSource"),
+                    header("Last-Event-ID", "resume a stream after this seq"),
+                ],
+            ),
+            body: None,
+            responses: vec![
+                (200, "events, or an SSE stream", Some(any_json())),
+                (404, "no such actor", None),
+                (503, "too many streams", None),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/actors/{type}/{id}/alarms",
+            id: "alarms",
+            summary: "Pending alarms",
+            params: actor(),
+            body: None,
+            responses: vec![
+                (200, "alarms", Some(any_json())),
+                (404, "no such actor", None),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/actors/{type}/{id}/inputs",
+            id: "inputs",
+            summary: "Input requests",
+            params: with(
+                actor(),
+                [query(
+                    "status",
+                    "string",
+                    "pending (default), answered, expired or all",
+                )],
+            ),
+            body: None,
+            responses: vec![
+                (200, "inputs", Some(any_json())),
+                (404, "no such actor", None),
+            ],
+        },
+        Op {
+            method: "post",
+            path: "/v1/actors/{type}/{id}/inputs/{input}",
+            id: "answerInput",
+            summary: "Answer an input request (runs the actor's input turn)",
+            params: with(actor(), [path_param("input", "input request id")]),
+            body: Some(json_body(any_json())),
+            responses: vec![
+                (200, "answered and durable", Some(any_json())),
+                (400, "the answer does not fit the request's schema", None),
+                (404, "no such input", None),
+                (409, "already answered or expired", None),
+            ],
+        },
+        Op {
+            method: "post",
+            path: "/v1/actors/{type}/{id}/eval",
+            id: "eval",
+            summary: "Run model-written JavaScript in a fresh sandbox bound to the actor",
+            params: actor(),
+            body: Some(json!({"required": true, "content": {
+                "text/javascript": {"schema": {"type": "string"}},
+                "application/json": {"schema": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}}})),
+            responses: vec![
+                (200, "{result, logs, error}", Some(any_json())),
+                (400, "bad script body", None),
+            ],
+        },
+        Op {
+            method: "post",
+            path: "/v1/actors/{type}/{id}/runs/{run_id}/cancel",
+            id: "cancelRun",
+            summary: "Cancel an agent run",
+            params: with(actor(), [path_param("run_id", "run id")]),
+            body: None,
+            responses: vec![
+                (200, "cancelled", Some(any_json())),
+                (404, "no such run", None),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/actors/{type}/{id}/files",
+            id: "listFiles",
+            summary: "The actor's files",
+            params: with(
+                actor(),
+                [
+                    query(
+                        "prefix",
+                        "string",
+                        "paths starting with this (outputs/: artifacts)",
+                    ),
+                    query("after", "string", "continue after this path"),
+                    query("limit", "integer", "page size"),
+                ],
+            ),
+            body: None,
+            responses: vec![(200, "files", Some(any_json())), (400, "bad prefix", None)],
+        },
+        Op {
+            method: "get",
+            path: "/v1/actors/{type}/{id}/files/{path}",
+            id: "downloadFile",
+            summary: "Download a file (ETag, Range, If-None-Match)",
+            params: with(actor(), [path_param("path", "file path (may contain `/`)")]),
+            body: None,
+            responses: vec![
+                (200, "the file", None),
+                (206, "a range", None),
+                (304, "not modified", None),
+                (400, "bad path", None),
+                (404, "no such file", None),
+            ],
+        },
+        Op {
+            method: "post",
+            path: "/v1/actors/{type}/{id}/move",
+            id: "moveActor",
+            summary: "Move an actor to a region (cluster; not in a single node)",
+            params: actor(),
+            body: None,
+            responses: vec![(501, "not available on a single node", None)],
+        },
+        Op {
+            method: "post",
+            path: "/v1/hooks/{type}/{id}/{name}",
+            id: "inboundWebhook",
+            summary: "Inbound webhook (Standard Webhooks or GitHub signature; no bearer token)",
+            params: vec![
+                path_param("type", "actor type"),
+                path_param(
+                    "id",
+                    "actor id, or `_` to route by the type's webhook_routes",
+                ),
+                path_param("name", "hook name"),
+            ],
+            body: Some(json!({"required": true, "content": {"*/*": {"schema": {}}}})),
+            responses: vec![
+                (
+                    202,
+                    "verified and durable (run, or queued)",
+                    Some(any_json()),
+                ),
+                (400, "bad name or route", None),
+                (401, "bad signature or timestamp", None),
+                (403, "the type has no webhook_secret", None),
+                (404, "unknown type", None),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/providers",
+            id: "listProviders",
+            summary: "Model providers",
+            params: vec![],
+            body: None,
+            responses: vec![(200, "providers", Some(any_json()))],
+        },
+        Op {
+            method: "put",
+            path: "/v1/providers/{name}",
+            id: "putProvider",
+            summary: "Set a model provider",
+            params: name("provider name"),
+            body: Some(json_body(any_json())),
+            responses: vec![
+                (200, "replaced", Some(any_json())),
+                (201, "created", Some(any_json())),
+                (400, "bad provider", None),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/providers/{name}",
+            id: "getProvider",
+            summary: "One model provider",
+            params: name("provider name"),
+            body: None,
+            responses: vec![
+                (200, "the provider", Some(any_json())),
+                (404, "no such provider", None),
+            ],
+        },
+        Op {
+            method: "delete",
+            path: "/v1/providers/{name}",
+            id: "deleteProvider",
+            summary: "Remove a model provider",
+            params: name("provider name"),
+            body: None,
+            responses: vec![
+                (200, "removed", Some(any_json())),
+                (404, "no such provider", None),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/secrets",
+            id: "listSecrets",
+            summary: "Secret names, hosts and versions (never values)",
+            params: vec![],
+            body: None,
+            responses: vec![(200, "secrets", Some(any_json()))],
+        },
+        Op {
+            method: "put",
+            path: "/v1/secrets/{name}",
+            id: "putSecret",
+            summary: "Set a secret (write-only)",
+            params: name("secret name"),
+            body: Some(json_body(
+                json!({"type": "object", "required": ["value"], "properties": {
+                "value": {"type": "string"}, "hosts": {"type": "array", "items": {"type": "string"}}}}),
+            )),
+            responses: vec![
+                (200, "replaced", Some(any_json())),
+                (201, "created", Some(any_json())),
+                (400, "bad secret", None),
+                (413, "value too large", None),
+            ],
+        },
+        Op {
+            method: "delete",
+            path: "/v1/secrets/{name}",
+            id: "deleteSecret",
+            summary: "Remove a secret",
+            params: name("secret name"),
+            body: None,
+            responses: vec![
+                (200, "removed", Some(any_json())),
+                (404, "no such secret", None),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/subscriptions",
+            id: "listSubscriptions",
+            summary: "Outbound webhook subscriptions",
+            params: vec![],
+            body: None,
+            responses: vec![(200, "subscriptions", Some(any_json()))],
+        },
+        Op {
+            method: "put",
+            path: "/v1/subscriptions/{name}",
+            id: "putSubscription",
+            summary: "Set an outbound webhook subscription",
+            params: name("subscription name"),
+            body: Some(json_body(any_json())),
+            responses: vec![
+                (200, "replaced", Some(any_json())),
+                (201, "created", Some(any_json())),
+                (400, "bad subscription", None),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/subscriptions/{name}",
+            id: "getSubscription",
+            summary: "One subscription (never its secret)",
+            params: name("subscription name"),
+            body: None,
+            responses: vec![
+                (200, "the subscription", Some(any_json())),
+                (404, "no such subscription", None),
+            ],
+        },
+        Op {
+            method: "delete",
+            path: "/v1/subscriptions/{name}",
+            id: "deleteSubscription",
+            summary: "Remove a subscription",
+            params: name("subscription name"),
+            body: None,
+            responses: vec![
+                (200, "removed", Some(any_json())),
+                (404, "no such subscription", None),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/deliveries",
+            id: "listDeliveries",
+            summary: "Outbound deliveries not yet delivered",
+            params: vec![
+                query("status", "string", "pending, failed or dead"),
+                query("subscription", "string", "one subscription's"),
+                query("after", "string", "continue after this delivery id"),
+                query("limit", "integer", "page size"),
+            ],
+            body: None,
+            responses: vec![(200, "deliveries", Some(any_json()))],
+        },
+        Op {
+            method: "post",
+            path: "/v1/deliveries/{id}/retry",
+            id: "retryDelivery",
+            summary: "Replay a failed or dead delivery now",
+            params: vec![path_param("id", "delivery id")],
+            body: None,
+            responses: vec![
+                (200, "scheduled", Some(any_json())),
+                (404, "no such delivery", None),
+            ],
+        },
+        Op {
+            method: "post",
+            path: "/v1/tokens",
+            id: "mintToken",
+            summary: "Mint a client token for one actor (or id prefix) and some verbs",
+            params: vec![],
+            body: Some(json_body(schema("TokenRequest"))),
+            responses: vec![
+                (201, "minted", Some(schema("Token"))),
+                (400, "bad request", None),
+                (404, "unknown type", None),
+            ],
+        },
+        Op {
+            method: "delete",
+            path: "/v1/tokens/{id}",
+            id: "revokeToken",
+            summary: "Revoke a client token by its token_id",
+            params: vec![path_param("id", "token_id")],
+            body: None,
+            responses: vec![
+                (200, "revoked", Some(any_json())),
+                (400, "not a token id", None),
+            ],
+        },
+    ]
+}
+
+fn components() -> Value {
+    json!({
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+            "description": "the admin token, or a client token from POST /v1/tokens"}},
+        "schemas": {
+            "Error": {"type": "object", "required": ["error"], "properties": {"error": {
+                "type": "object", "required": ["code", "message"], "properties": {
+                    "code": {"type": "string", "description": "snake_case"},
+                    "message": {"type": "string"}}}}},
+            "Manifest": {"type": "object", "required": ["kind"], "properties": {
+                "kind": {"enum": ["wasm", "js", "agent"]},
+                "code_base64": {"type": "string"},
+                "code": {"type": "string"},
+                "agent": {"type": "object"},
+                "config": {"type": "object"}}},
+            "Deployed": {"type": "object", "properties": {
+                "type": {"type": "string"}, "version": {"type": "integer"},
+                "kind": {"type": "string"}, "sha256": {"type": "string"}}},
+            "TokenRequest": {"type": "object", "required": ["type", "scopes", "ttl_s"],
+                "additionalProperties": false, "properties": {
+                "type": {"type": "string"}, "id": {"type": "string"},
+                "id_prefix": {"type": "string"},
+                "scopes": {"type": "array", "minItems": 1,
+                    "items": {"enum": ["send", "events", "inputs", "files"]}},
+                "ttl_s": {"type": "integer", "minimum": 1, "maximum": crate::tokens::MAX_TTL_S}}},
+            "Token": {"type": "object", "properties": {
+                "token": {"type": "string"}, "expires_at_ms": {"type": "integer"},
+                "token_id": {"type": "string"}}}
+        }
+    })
+}
+
+/// The document.
+pub(super) fn document() -> Value {
+    let mut paths = Map::new();
+    for op in operations() {
+        let mut responses = Map::new();
+        for (status, description, body) in op.responses {
+            let mut r = json!({"description": description});
+            if let Some(s) = body {
+                r["content"] = json!({"application/json": {"schema": s}});
+            } else if status >= 400 {
+                r["content"] = json!({"application/json": {"schema": schema("Error")}});
+            }
+            responses.insert(status.to_string(), r);
+        }
+        responses.insert(
+            "401".into(),
+            json!({"description": "missing, wrong, expired or revoked token",
+                   "content": {"application/json": {"schema": schema("Error")}}}),
+        );
+        let mut o = json!({
+            "operationId": op.id,
+            "summary": op.summary,
+            "parameters": op.params,
+            "responses": responses,
+        });
+        if let Some(b) = op.body {
+            o["requestBody"] = b;
+        }
+        let entry = paths
+            .entry(op.path)
+            .or_insert_with(|| Value::Object(Map::new()));
+        entry[op.method] = o;
+    }
+    json!({
+        "openapi": "3.1.0",
+        "info": {"title": "Marmot", "version": env!("CARGO_PKG_VERSION"),
+                 "description": "Durable actors on WebAssembly: PRODUCT.md §3"},
+        "security": [{"bearer": []}],
+        "paths": paths,
+        "components": components(),
+    })
+}
+
+/// `GET /v1/openapi.json`.
+pub(super) async fn serve() -> axum::Json<Value> {
+    axum::Json(document())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// (method, path) of every route in the router's source, paths in
+    /// OpenAPI spelling (`{*key}` → `{key}`).
+    fn router_routes() -> BTreeSet<(String, String)> {
+        let src = include_str!("mod.rs");
+        let mut out = BTreeSet::new();
+        let mut rest = src;
+        while let Some(i) = rest.find(".route(") {
+            rest = &rest[i + ".route(".len()..];
+            // The route's arguments end at the parenthesis that closes it.
+            let mut depth = 1;
+            let end = rest
+                .char_indices()
+                .find(|&(_, c)| {
+                    match c {
+                        '(' => depth += 1,
+                        ')' => depth -= 1,
+                        _ => {}
+                    }
+                    depth == 0
+                })
+                .map(|(j, _)| j)
+                .expect("balanced route call");
+            let args = &rest[..end];
+            let path = args.split('"').nth(1).expect("a path literal");
+            let path = path.replace("{*", "{");
+            for method in ["get", "post", "put", "delete"] {
+                let called = args.contains(&format!(" {method}("))
+                    || args.contains(&format!("\t{method}("))
+                    || args.contains(&format!("\n{method}("))
+                    || args.contains(&format!(".{method}("))
+                    || args.contains(&format!("::{method}("))
+                    || args.contains(&format!(",{method}("));
+                if called {
+                    out.insert((method.to_owned(), path.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    fn documented() -> BTreeSet<(String, String)> {
+        operations()
+            .iter()
+            .map(|o| (o.method.to_owned(), o.path.to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn the_document_and_the_router_name_the_same_operations() {
+        let routes = router_routes();
+        assert!(
+            routes.len() > 30,
+            "parsed {} routes: {routes:?}",
+            routes.len()
+        );
+        let docs = documented();
+        let missing: Vec<_> = routes.difference(&docs).collect();
+        let extra: Vec<_> = docs.difference(&routes).collect();
+        assert!(
+            missing.is_empty(),
+            "routes without documentation: {missing:?}"
+        );
+        assert!(extra.is_empty(), "documented but not routed: {extra:?}");
+    }
+
+    #[test]
+    fn operations_are_unique_and_complete() {
+        let ops = operations();
+        let ids: BTreeSet<_> = ops.iter().map(|o| o.id).collect();
+        assert_eq!(ids.len(), ops.len(), "operation ids are unique");
+        let doc = document();
+        assert_eq!(doc["openapi"], "3.1.0");
+        for op in &ops {
+            // Every path parameter of the path is declared, and no other.
+            let declared: BTreeSet<String> = op
+                .params
+                .iter()
+                .filter(|p| p["in"] == "path")
+                .map(|p| p["name"].as_str().unwrap().to_owned())
+                .collect();
+            let in_path: BTreeSet<String> = op
+                .path
+                .split('{')
+                .skip(1)
+                .map(|s| s.split('}').next().unwrap().to_owned())
+                .collect();
+            assert_eq!(declared, in_path, "{} {}", op.method, op.path);
+            assert!(!op.responses.is_empty(), "{}", op.id);
+        }
+    }
+}
