@@ -403,6 +403,25 @@ pub(super) async fn secret_list(args: &ClientArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `marmot tokens mint …`: print the minted token as JSON.
+pub(super) async fn token_mint(args: &ClientArgs, spec: serde_json::Value) -> anyhow::Result<()> {
+    let c = Client::new(args)?;
+    let (_, body) = c
+        .send(c.request(Method::POST, "/v1/tokens").json(&spec))
+        .await?;
+    println!("{}", String::from_utf8_lossy(&body));
+    Ok(())
+}
+
+/// `marmot tokens revoke TOKEN_ID`.
+pub(super) async fn token_revoke(args: &ClientArgs, token_id: &str) -> anyhow::Result<()> {
+    let c = Client::new(args)?;
+    c.send(c.request(Method::DELETE, &format!("/v1/tokens/{}", seg(token_id))))
+        .await?;
+    println!("token {token_id} revoked");
+    Ok(())
+}
+
 /// `marmot secrets rm NAME`.
 pub(super) async fn secret_rm(args: &ClientArgs, name: &str) -> anyhow::Result<()> {
     let c = Client::new(args)?;

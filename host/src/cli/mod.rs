@@ -132,6 +132,9 @@ enum Command {
     /// Manage the node's secrets (values are write-only).
     #[command(subcommand)]
     Secrets(SecretsCommand),
+    /// Mint and revoke client tokens (a browser or app talks to its own actor).
+    #[command(subcommand)]
+    Tokens(TokensCommand),
     /// Run a benchmark scenario and print percentiles.
     Bench(crate::bench::BenchArgs),
 }
@@ -167,6 +170,38 @@ enum SecretsCommand {
     /// Print a new random master key (base64) for MARMOT_MASTER_KEY or a key
     /// file; no node is contacted.
     NewKey,
+}
+
+#[derive(Subcommand)]
+enum TokensCommand {
+    /// Mint a token for actor ID of TYPE (or every id starting with
+    /// --prefix) and print it as JSON: {token, expires_at_ms, token_id}.
+    Mint {
+        /// Actor type.
+        #[arg(value_name = "TYPE")]
+        ty: String,
+        /// Actor id (omit with --prefix).
+        #[arg(required_unless_present = "prefix", conflicts_with = "prefix")]
+        id: Option<String>,
+        /// Every actor id starting with this instead of one id.
+        #[arg(long)]
+        prefix: Option<String>,
+        /// Verbs allowed: send, events, inputs, files (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "send,events")]
+        scopes: Vec<String>,
+        /// Lifetime in seconds.
+        #[arg(long, default_value_t = 3600)]
+        ttl: u64,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Revoke a token by the `token_id` printed when it was minted.
+    Revoke {
+        /// The token's id.
+        token_id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 /// Where the node is.
@@ -263,6 +298,22 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 Ok(())
             }
         },
+        Command::Tokens(TokensCommand::Mint {
+            ty,
+            id,
+            prefix,
+            scopes,
+            ttl,
+            client,
+        }) => {
+            let spec = serde_json::json!({
+                "type": ty, "id": id, "id_prefix": prefix, "scopes": scopes, "ttl_s": ttl,
+            });
+            client::token_mint(&client, spec).await
+        }
+        Command::Tokens(TokensCommand::Revoke { token_id, client }) => {
+            client::token_revoke(&client, &token_id).await
+        }
         Command::Bench(args) => crate::bench::run(args).await,
     }
 }
