@@ -249,3 +249,48 @@ mod tests {
         assert!(validate(Some(&any), &json!(1)).is_err());
     }
 }
+
+/// The schema subset against arbitrary schemas and answers (guests write
+/// the schema, users the answer): an error or a pass, never a panic.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    use super::*;
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            prop_oneof![
+                ".{0,8}",
+                "(type|enum|const|properties|required|additionalProperties|items|minItems|maxItems|minLength|maxLength|minimum|maximum|anyOf|string|number|integer|object|array|boolean|null)",
+            ]
+            .prop_map(Value::String),
+        ];
+        leaf.prop_recursive(6, 64, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map(
+                    "(type|enum|const|properties|required|additionalProperties|items|minItems|maxItems|minLength|maxLength|minimum|maximum|anyOf|[a-z]{1,3})",
+                    inner,
+                    0..6,
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        #[test]
+        fn arbitrary_schemas_and_answers_never_panic(schema in json(), answer in json(), raw in ".{0,40}") {
+            let _ = validate(Some(&schema.to_string()), &answer);
+            let _ = validate(Some(&raw), &answer);
+        }
+    }
+}

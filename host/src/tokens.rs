@@ -429,3 +429,46 @@ mod tests {
         );
     }
 }
+
+/// Request paths and methods from anyone holding a token: a decision,
+/// never a panic, and a grant opens only its own actor.
+#[cfg(test)]
+mod props {
+    use axum::http::Method;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        #[test]
+        fn a_grant_opens_only_its_own_actor(
+            path in prop_oneof![
+                ".{0,80}",
+                "/v1/actors/(assistant|other|%61ssistant)/(alice|bob|team-7%2F[a-z]{0,4}|%FF|)(/(events|inputs|files|runs|cancel|state|eval|[a-z%0-9.]{0,6})){0,3}",
+            ],
+            method in prop_oneof![Just(Method::GET), Just(Method::POST), Just(Method::PUT), Just(Method::DELETE)],
+            prefix in any::<bool>(),
+        ) {
+            let grant = Grant {
+                jti: "00".into(),
+                ty: "assistant".into(),
+                id: (!prefix).then(|| "alice".to_owned()),
+                id_prefix: prefix.then(|| "team-7/".to_owned()),
+                scopes: vec![Scope::Send, Scope::Events, Scope::Inputs, Scope::Files],
+                iat: 0,
+                exp: u64::MAX / 2000,
+            };
+            if let Ok((ty, id)) = grant.allows(&method, &path) {
+                prop_assert_eq!(ty, "assistant");
+                if prefix {
+                    prop_assert!(id.starts_with("team-7/"));
+                } else {
+                    prop_assert_eq!(id, "alice");
+                }
+            }
+            let _ = Tokens::looks_like_token(&path);
+        }
+    }
+}

@@ -343,3 +343,38 @@ mod tests {
         assert!(a < b);
     }
 }
+
+/// Names from URLs and guests: validation never panics, and what passes
+/// keeps the documented bounds.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        #[test]
+        fn validation_never_panics_and_keeps_its_bounds(s in prop_oneof![".{0,300}", "[a-z0-9./_-]{0,40}"]) {
+            if validate_actor_id(&s).is_ok() {
+                prop_assert!(!s.is_empty() && s.len() <= 256 && !s.chars().any(char::is_control));
+            }
+            if validate_type_name(&s).is_ok() {
+                prop_assert!(!s.is_empty() && !s.contains('/'));
+            }
+            if validate_idempotency_key(&s).is_ok() {
+                prop_assert!(s.bytes().all(|b| b.is_ascii_graphic() || b == b' '));
+            }
+            if validate_file_path(&s).is_ok() {
+                prop_assert!(!s.split('/').any(|seg| seg == ".." || seg == "." || seg.is_empty()));
+                prop_assert!(!s.starts_with('/') && !s.contains('\\'));
+            }
+            let _ = validate_hook_name(&s);
+            let _ = validate_subscription_name(&s);
+            let _ = validate_secret_name(&s);
+            let _ = validate_provider_name(&s);
+            let _ = ActorKey::new(&s, &s);
+        }
+    }
+}

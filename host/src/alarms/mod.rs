@@ -246,3 +246,32 @@ mod tests {
         }
     }
 }
+
+/// Cron strings and time zones from guests: an error, never a panic.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        #[test]
+        fn arbitrary_cron_strings_and_zones_never_panic(
+            expr in prop_oneof![
+                ".{0,40}",
+                "([0-9*/,?LW#-]{1,6} ){4,6}[0-9A-Z*/,?LW#-]{0,6}",
+            ],
+            tz in proptest::option::of(prop_oneof![".{0,30}", "(Europe|America|Asia)/[A-Za-z_]{1,12}"]),
+            after_ms in any::<u64>(),
+            name in ".{0,300}",
+        ) {
+            if let Ok(next) = cron_next(&expr, tz.as_deref(), after_ms) {
+                // A next occurrence is after the start, in the epoch's range.
+                prop_assert!(next > after_ms.min(i64::MAX as u64) || after_ms > i64::MAX as u64);
+            }
+            let _ = check_name(&name);
+        }
+    }
+}

@@ -189,3 +189,29 @@ mod tests {
         assert!(route("/ticket/id", b"not json").is_err());
     }
 }
+
+/// Routing pointers and bodies from senders: an id or an error, never a
+/// panic.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn routing_arbitrary_bodies_never_panics(
+            pointer in prop_oneof![".{0,20}", "(/[a-z0-9~]{0,4}){0,4}"],
+            body in prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..64),
+                "\\{\"[a-z]{1,3}\": (\\{\"[a-z]{1,3}\": [0-9a-z\"]{1,6}\\}|[0-9]{1,5}|\"[a-z]{0,5}\")\\}".prop_map(String::into_bytes),
+            ],
+            name in ".{0,80}",
+        ) {
+            let _ = route(&pointer, &body);
+            let _ = crate::ids::validate_hook_name(&name);
+        }
+    }
+}

@@ -108,7 +108,8 @@ pub fn verify_standard(
         .trim()
         .parse()
         .map_err(|_| VerifyError::BadTimestamp)?;
-    let skew = now_s - ts;
+    // Saturating: a sender picks `ts`, and i64::MIN must not overflow.
+    let skew = now_s.saturating_sub(ts);
     if skew.unsigned_abs() > tolerance_s {
         return Err(VerifyError::OutOfTolerance(skew, tolerance_s));
     }
@@ -230,5 +231,50 @@ mod tests {
         assert!(check_secret("hunter2").is_err());
         assert!(check_secret("whsec_!!").is_err());
         assert!(check_secret("whsec_AAAA").is_err(), "too short");
+    }
+}
+
+/// Signature checks against arbitrary headers and bodies.
+#[cfg(test)]
+mod props {
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn verifying_arbitrary_headers_never_panics(
+            key in vec(any::<u8>(), 0..64),
+            id in ".{0,40}",
+            timestamp in prop_oneof![".{0,24}", any::<i64>().prop_map(|t| t.to_string())],
+            signatures in prop_oneof![".{0,120}", "(v1,[A-Za-z0-9+/=]{0,60} ?){0,4}"],
+            body in vec(any::<u8>(), 0..256),
+            now_s in any::<i64>(),
+            tolerance_s in any::<u64>(),
+        ) {
+            let _ = verify_standard(&key, &id, &timestamp, &signatures, &body, now_s, tolerance_s);
+            let _ = verify_github(&id, &signatures, &body);
+            let _ = verify_github(&id, &format!("sha256={signatures}"), &body);
+        }
+
+        #[test]
+        fn a_signature_verifies_and_breaks_with_any_changed_byte(
+            key in vec(any::<u8>(), 1..64),
+            id in "[A-Za-z0-9_]{1,30}",
+            ts in 0i64..4_000_000_000,
+            body in vec(any::<u8>(), 1..256),
+            at in any::<proptest::sample::Index>(),
+        ) {
+            let sig = sign(&key, &id, ts, &body);
+            prop_assert!(verify_standard(&key, &id, &ts.to_string(), &sig, &body, ts, 0).is_ok());
+            let mut changed = body.clone();
+            changed[at.index(body.len())] ^= 0x01;
+            prop_assert!(verify_standard(&key, &id, &ts.to_string(), &sig, &changed, ts, 0).is_err());
+            // Outside the tolerance, even a good signature is refused.
+            prop_assert!(verify_standard(&key, &id, &ts.to_string(), &sig, &body, ts + 301, 300).is_err());
+        }
     }
 }

@@ -966,3 +966,58 @@ mod tests {
         assert_eq!(decode::<IdemRecord>("idem", &encode(&rec)).unwrap(), rec);
     }
 }
+
+/// Every stored record decoder against arbitrary and damaged bytes: an
+/// error, never a panic.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    macro_rules! never_panics {
+        ($bytes:expr, $($ty:ty),+) => {
+            $( let _ = decode::<$ty>(stringify!($ty), $bytes); )+
+        };
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn decoding_arbitrary_bytes_is_an_error_not_a_panic(
+            bytes in proptest::collection::vec(any::<u8>(), 0..512),
+        ) {
+            never_panics!(
+                &bytes, VersionRecord, TypeRecord, ActorRecord, EventRecord, IdemRecord,
+                InboxRecord, AlarmRecord, SecretRecord, ProviderRecord, UsageRecord,
+                FileRecord, InputRecord, SubscriptionRecord, DeliveryRecord
+            );
+        }
+
+        #[test]
+        fn a_truncated_inbox_row_is_an_error(
+            body in proptest::collection::vec(any::<u8>(), 0..64),
+            key in proptest::option::of("[a-z0-9]{1,16}"),
+            attempts in any::<u32>(),
+            cut in any::<proptest::sample::Index>(),
+        ) {
+            let rec = InboxRecord {
+                message_id: "m1".into(),
+                body,
+                content_type: Some("application/json".into()),
+                idempotency_key: key,
+                attempts,
+                enqueued_at_ms: 1_700_000_000_000,
+                kind: InboxKind::Webhook {
+                    name: "h".into(),
+                    headers: vec![("a".into(), "b".into())],
+                },
+            };
+            let bytes = encode(&rec);
+            prop_assert_eq!(decode::<InboxRecord>("inbox", &bytes).ok(), Some(rec));
+            let short = &bytes[..cut.index(bytes.len())];
+            prop_assert!(decode::<InboxRecord>("inbox", short).is_err());
+        }
+    }
+}

@@ -614,3 +614,27 @@ pub struct SecretsConfig {
     #[serde(skip)]
     pub generate_key: bool,
 }
+
+/// Configuration files: any text is a config or an error, never a panic.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        #[test]
+        fn arbitrary_config_text_never_panics(
+            text in prop_oneof![
+                ".{0,200}",
+                "(\\[(limits|defaults|clients|egress|webhooks|events)\\]\n)?([a-z_]{1,24} = (-?[0-9]{1,20}|\"[^\"\n]{0,20}\"|\\[\"[^\"\n]{0,20}\"\\]|true)\n){0,5}",
+            ],
+        ) {
+            if let Ok(c) = toml::from_str::<NodeConfig>(&text) {
+                let _ = c.validate();
+            }
+        }
+    }
+}

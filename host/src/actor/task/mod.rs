@@ -252,6 +252,12 @@ impl ActorTask {
             Envelope::Recover(permit) => {
                 self.shared.inbox_dirty.store(false, Ordering::Release);
                 self.drain_inbox().await;
+                // "Recovered" (and the node ready) means durable: a client
+                // reading right after readiness sees what recovery did.
+                self.shared
+                    .tracker
+                    .wait_committed(self.submitted_seq, self.generation)
+                    .await;
                 drop(permit);
             }
         }
