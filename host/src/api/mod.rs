@@ -6,6 +6,7 @@
 //! 404/405 here.
 
 mod actors;
+mod backup;
 mod clients;
 mod edge;
 mod error;
@@ -133,6 +134,7 @@ pub fn router(node: Arc<Node>) -> Router {
         )
         .route("/v1/deliveries", get(subscriptions::deliveries))
         .route("/v1/deliveries/{id}/retry", post(subscriptions::retry))
+        .route("/v1/backup", post(backup::backup))
         .route("/v1/tokens", post(tokens::mint))
         .route("/v1/tokens/{id}", axum::routing::delete(tokens::revoke))
         .fallback(not_found)

@@ -579,6 +579,26 @@ fn operations() -> Vec<Op> {
         },
         Op {
             method: "post",
+            path: "/v1/backup",
+            id: "backup",
+            summary: "Write a consistent backup (database and blobs) into a new directory on the node's machine, while serving",
+            params: vec![],
+            body: Some(json_body(json!({"type": "object", "required": ["to"],
+                "additionalProperties": false,
+                "properties": {"to": {"type": "string", "description": "absolute path that does not exist yet"}}}))),
+            responses: vec![
+                (
+                    200,
+                    "{path, rows, blobs, db_bytes, attempts, elapsed_ms}",
+                    Some(any_json()),
+                ),
+                (400, "bad request", None),
+                (409, "the directory exists", None),
+                (500, "backup failed", None),
+            ],
+        },
+        Op {
+            method: "post",
             path: "/v1/tokens",
             id: "mintToken",
             summary: "Mint a client token for one actor (or id prefix) and some verbs",

@@ -413,6 +413,27 @@ pub(super) async fn token_mint(args: &ClientArgs, spec: serde_json::Value) -> an
     Ok(())
 }
 
+/// `marmot backup --to DIR`.
+pub(super) async fn backup(args: &ClientArgs, to: &std::path::Path) -> anyhow::Result<()> {
+    let c = Client::new(args)?;
+    let (_, body) = c
+        .send(
+            c.request(Method::POST, "/v1/backup")
+                .json(&serde_json::json!({ "to": to })),
+        )
+        .await?;
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    println!(
+        "backup written to {}: {} rows, {} blobs, {} bytes in {} ms",
+        to.display(),
+        v["rows"],
+        v["blobs"],
+        v["db_bytes"],
+        v["elapsed_ms"]
+    );
+    Ok(())
+}
+
 /// `marmot tokens revoke TOKEN_ID`.
 pub(super) async fn token_revoke(args: &ClientArgs, token_id: &str) -> anyhow::Result<()> {
     let c = Client::new(args)?;

@@ -135,6 +135,25 @@ enum Command {
     /// Mint and revoke client tokens (a browser or app talks to its own actor).
     #[command(subcommand)]
     Tokens(TokensCommand),
+    /// Back up a running node: a consistent copy of its database and blobs,
+    /// written by the node into a new directory on its machine.
+    Backup {
+        /// The backup directory (must not exist; relative paths are taken
+        /// from here, which is right when the node runs on this machine).
+        #[arg(long)]
+        to: PathBuf,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Restore a backup into an empty data directory (no node running on
+    /// it). A backup from a newer Marmot is refused.
+    Restore {
+        /// The backup directory.
+        from: PathBuf,
+        /// The data directory to create.
+        #[arg(long, env = "MARMOT_DATA_DIR")]
+        data: PathBuf,
+    },
     /// Run a benchmark scenario and print percentiles.
     Bench(crate::bench::BenchArgs),
 }
@@ -310,6 +329,19 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 "type": ty, "id": id, "id_prefix": prefix, "scopes": scopes, "ttl_s": ttl,
             });
             client::token_mint(&client, spec).await
+        }
+        Command::Backup { to, client } => {
+            let to = std::path::absolute(&to)?;
+            client::backup(&client, &to).await
+        }
+        Command::Restore { from, data } => {
+            let blobs = crate::storage::backup::restore(&from, &data)?;
+            println!(
+                "restored `{}` into `{}` ({blobs} blobs); start the node on it",
+                from.display(),
+                data.display()
+            );
+            Ok(())
         }
         Command::Tokens(TokensCommand::Revoke { token_id, client }) => {
             client::token_revoke(&client, &token_id).await

@@ -262,3 +262,23 @@ impl Node {
         self.storage.blobs().path(sha256)
     }
 }
+
+impl Node {
+    /// Write a consistent backup of everything committed into `dest` (a
+    /// new directory on this machine) while serving.
+    pub async fn backup(
+        &self,
+        dest: std::path::PathBuf,
+    ) -> Result<crate::storage::backup::BackupReport, crate::storage::StorageError> {
+        let storage = self.storage.clone();
+        let report = tokio::task::spawn_blocking(move || storage.backup(&dest))
+            .await
+            .map_err(|e| crate::storage::StorageError::Io {
+                what: "backup".into(),
+                source: std::io::Error::other(e.to_string()),
+            })??;
+        tracing::info!(path = %report.path.display(), rows = report.rows, blobs = report.blobs,
+            elapsed_ms = report.elapsed_ms, "backup written");
+        Ok(report)
+    }
+}

@@ -12,6 +12,7 @@
 //! * [`Reader`] serves reads from MVCC read transactions, which never block
 //!   the writer.
 
+pub mod backup;
 pub mod blobs;
 pub mod bulk;
 pub mod schema;

@@ -1,0 +1,342 @@
+//! Online backup and offline restore.
+//!
+//! A backup is a directory holding `marmot.redb` and `blobs/`, taken while
+//! the node serves: every table is copied row by row inside one read
+//! transaction (a consistent snapshot of everything committed), and every
+//! blob that snapshot references is hard-linked (or copied) beside it.
+//! Blobs are immutable and named by their hash, so a link is a consistent
+//! copy; one removed between the snapshot and its link means the snapshot
+//! is already stale, and the backup starts over from a newer one.
+//!
+//! Restore copies a backup into an empty data directory after checking its
+//! format: a backup written by a newer build is refused, like a newer
+//! database file is at start-up.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use redb::{ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+
+use crate::schema::*;
+use crate::{Storage, StorageError};
+
+/// What a backup holds.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BackupReport {
+    /// The backup directory.
+    pub path: PathBuf,
+    /// Rows copied, all tables together.
+    pub rows: u64,
+    /// Blobs linked or copied.
+    pub blobs: u64,
+    /// Size of the database copy.
+    pub db_bytes: u64,
+    /// Snapshots taken (more than one when blobs went away meanwhile).
+    pub attempts: u32,
+    /// How long it took.
+    pub elapsed_ms: u64,
+}
+
+/// Snapshots tried before giving up while blobs keep disappearing.
+const MAX_ATTEMPTS: u32 = 5;
+
+fn io(what: String) -> impl FnOnce(std::io::Error) -> StorageError {
+    move |source| StorageError::Io { what, source }
+}
+
+/// Every table of the schema, copied by [`copy_tables`]. A table missing
+/// here would be missing from backups: a test compares this list with the
+/// tables a new database has.
+macro_rules! for_each_table {
+    ($m:ident!($($arg:tt)*)) => {
+        $m!($($arg)*;
+            META, TYPES, CODE, ACTORS, ACTOR_KEYS, STATE, EVENTS, IDEMPOTENCY, IDEM_EXPIRY,
+            ALARMS, ALARM_DUE, INPUTS, SUBSCRIPTIONS, OUTBOX, OUTBOX_DUE, SECRETS, PROVIDERS,
+            REVOKED_TOKENS, ACTOR_USAGE, TYPE_USAGE, FILES, FILE_USAGE, TYPE_FILE_USAGE,
+            BLOB_REFS, INBOX)
+    };
+}
+
+macro_rules! copy_all {
+    ($r:expr, $w:expr; $($t:ident),+) => {{
+        let mut rows = 0u64;
+        $( rows += copy_table($r, $w, $t)?; )+
+        rows
+    }};
+}
+
+#[cfg(test)]
+macro_rules! names {
+    (; $($t:ident),+) => { vec![$($t.name()),+] };
+}
+
+fn copy_table<K: redb::Key + 'static, V: redb::Value + 'static>(
+    read: &ReadTransaction,
+    write: &WriteTransaction,
+    def: TableDefinition<'_, K, V>,
+) -> Result<u64, StorageError> {
+    let src = match read.open_table(def) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+        Err(e) => return Err(e.into()),
+    };
+    let mut dst = write.open_table(def)?;
+    let mut n = 0;
+    for row in src.iter()? {
+        let (k, v) = row?;
+        dst.insert(k.value(), v.value())?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+fn copy_tables(read: &ReadTransaction, write: &WriteTransaction) -> Result<u64, StorageError> {
+    Ok(for_each_table!(copy_all!(read, write)))
+}
+
+/// Make `path` durable: the file's contents, or a directory's entries.
+fn sync(path: &Path) -> Result<(), StorageError> {
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(io(format!("failed to sync `{}`", path.display())))
+}
+
+/// Link `from` to `to`, or copy it where links are not possible (another
+/// file system). `Ok(false)` when `from` is gone.
+fn link_or_copy(from: &Path, to: &Path) -> Result<bool, StorageError> {
+    match std::fs::hard_link(from, to) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(_) => match std::fs::copy(from, to) {
+            Ok(_) => {
+                sync(to)?;
+                Ok(true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(StorageError::Io {
+                what: format!("failed to copy blob `{}`", from.display()),
+                source: e,
+            }),
+        },
+    }
+}
+
+impl Storage {
+    /// Write a consistent backup of everything committed to `dest`, a
+    /// directory that must not exist yet. Blocking; safe while the node
+    /// serves (it holds one read transaction, which keeps the pages it
+    /// reads from being reused, and never blocks the writer).
+    pub fn backup(&self, dest: &Path) -> Result<BackupReport, StorageError> {
+        if dest.exists() {
+            return Err(StorageError::Io {
+                what: format!("backup destination `{}`", dest.display()),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    "already exists; choose a new directory",
+                ),
+            });
+        }
+        let started = Instant::now();
+        let partial = dest.with_extension("partial");
+        for attempt in 1..=MAX_ATTEMPTS {
+            if partial.exists() {
+                std::fs::remove_dir_all(&partial)
+                    .map_err(io(format!("failed to clear `{}`", partial.display())))?;
+            }
+            let blob_dir = partial.join("blobs");
+            std::fs::create_dir_all(&blob_dir)
+                .map_err(io(format!("failed to create `{}`", blob_dir.display())))?;
+            let read = self.db.begin_read()?;
+            // Blobs first, from the snapshot's references.
+            let mut blobs = 0;
+            let mut complete = true;
+            for row in read.open_table(BLOB_REFS)?.iter()? {
+                let (sha, _) = row?;
+                let sha = *sha.value();
+                let from = self.blobs().path(&sha);
+                let rel = from.strip_prefix(self.path.parent().unwrap_or(Path::new("")));
+                let to = partial.join(rel.unwrap_or(&from));
+                if let Some(parent) = to.parent() {
+                    std::fs::create_dir_all(parent)
+                        .map_err(io(format!("failed to create `{}`", parent.display())))?;
+                }
+                if !link_or_copy(&from, &to)? {
+                    complete = false;
+                    break;
+                }
+                blobs += 1;
+            }
+            if !complete {
+                tracing::info!(
+                    attempt,
+                    "a blob went away during the backup; taking a newer snapshot"
+                );
+                continue;
+            }
+            let db_path = partial.join("marmot.redb");
+            let rows = {
+                let out = redb::Database::create(&db_path)?;
+                let write = out.begin_write()?;
+                let rows = copy_tables(&read, &write)?;
+                write.commit()?;
+                rows
+            };
+            sync(&db_path)?;
+            sync(&partial)?;
+            std::fs::rename(&partial, dest).map_err(io(format!(
+                "failed to move the backup into `{}`",
+                dest.display()
+            )))?;
+            if let Some(parent) = dest.parent().filter(|p| !p.as_os_str().is_empty()) {
+                sync(parent)?;
+            }
+            let db_bytes = std::fs::metadata(dest.join("marmot.redb"))
+                .map(|m| m.len())
+                .unwrap_or(0);
+            return Ok(BackupReport {
+                path: dest.to_owned(),
+                rows,
+                blobs,
+                db_bytes,
+                attempts: attempt,
+                elapsed_ms: started.elapsed().as_millis() as u64,
+            });
+        }
+        let _ = std::fs::remove_dir_all(&partial);
+        Err(StorageError::Io {
+            what: "backup".into(),
+            source: std::io::Error::other(format!(
+                "blobs kept disappearing during {MAX_ATTEMPTS} snapshots; try again"
+            )),
+        })
+    }
+}
+
+/// Copy the backup in `from` into `data`, which must hold no database yet.
+/// A backup of a newer format is refused; an older one is upgraded when
+/// the node opens it, as a data directory would be.
+pub fn restore(from: &Path, data: &Path) -> Result<u64, StorageError> {
+    let src_db = from.join("marmot.redb");
+    if !src_db.is_file() {
+        return Err(StorageError::Io {
+            what: format!("`{}` is not a marmot backup", from.display()),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no marmot.redb in it"),
+        });
+    }
+    let dst_db = data.join("marmot.redb");
+    if dst_db.exists() {
+        return Err(StorageError::Io {
+            what: format!("restore into `{}`", data.display()),
+            source: std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "it already holds a database; restore into an empty directory",
+            ),
+        });
+    }
+    {
+        // Refuse a newer format before copying anything.
+        let db = redb::Database::open(&src_db)?;
+        let read = db.begin_read()?;
+        let found = read
+            .open_table(META)?
+            .get("format_version")?
+            .map(|v| u32::from_le_bytes(v.value().try_into().unwrap_or([0; 4])));
+        if let Some(v) = found
+            && v > FORMAT_VERSION
+        {
+            return Err(FormatError::Mismatch {
+                found: v,
+                expected: FORMAT_VERSION,
+            }
+            .into());
+        }
+    }
+    std::fs::create_dir_all(data).map_err(io(format!("failed to create `{}`", data.display())))?;
+    let mut blobs = 0;
+    let src_blobs = from.join("blobs");
+    if src_blobs.is_dir() {
+        for shard in std::fs::read_dir(&src_blobs)
+            .map_err(io(format!("failed to list `{}`", src_blobs.display())))?
+        {
+            let shard = shard.map_err(io("failed to list blobs".into()))?;
+            let dst_shard = data.join("blobs").join(shard.file_name());
+            std::fs::create_dir_all(&dst_shard)
+                .map_err(io(format!("failed to create `{}`", dst_shard.display())))?;
+            for blob in
+                std::fs::read_dir(shard.path()).map_err(io("failed to list blobs".into()))?
+            {
+                let blob = blob.map_err(io("failed to list blobs".into()))?;
+                let to = dst_shard.join(blob.file_name());
+                std::fs::copy(blob.path(), &to)
+                    .map_err(io(format!("failed to copy `{}`", blob.path().display())))?;
+                sync(&to)?;
+                blobs += 1;
+            }
+            sync(&dst_shard)?;
+        }
+    }
+    // The database last, under a temporary name: a restore cut off midway
+    // leaves no database, and the directory stays restorable.
+    let tmp = data.join("marmot.redb.restoring");
+    std::fs::copy(&src_db, &tmp).map_err(io(format!("failed to copy `{}`", src_db.display())))?;
+    sync(&tmp)?;
+    std::fs::rename(&tmp, &dst_db)
+        .map_err(io(format!("failed to place `{}`", dst_db.display())))?;
+    sync(data)?;
+    Ok(blobs)
+}
+
+#[cfg(test)]
+mod tests {
+    use redb::TableHandle;
+
+    use super::*;
+
+    #[test]
+    fn backups_copy_every_table_of_the_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("x.redb")).unwrap();
+        check_format(&db).unwrap();
+        let read = db.begin_read().unwrap();
+        let mut existing: Vec<String> = read
+            .list_tables()
+            .unwrap()
+            .map(|t| t.name().to_owned())
+            .collect();
+        existing.sort();
+        let mut copied: Vec<String> = for_each_table!(names!())
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        copied.sort();
+        assert_eq!(copied, existing, "a table of the schema is not backed up");
+    }
+
+    #[test]
+    fn a_backup_from_a_newer_build_is_refused_and_nothing_is_copied() {
+        let dir = tempfile::tempdir().unwrap();
+        let backup = dir.path().join("backup");
+        std::fs::create_dir_all(&backup).unwrap();
+        {
+            let db = redb::Database::create(backup.join("marmot.redb")).unwrap();
+            let w = db.begin_write().unwrap();
+            w.open_table(META)
+                .unwrap()
+                .insert(
+                    "format_version",
+                    (FORMAT_VERSION + 1).to_le_bytes().as_slice(),
+                )
+                .unwrap();
+            w.commit().unwrap();
+        }
+        let data = dir.path().join("data");
+        let err = restore(&backup, &data).unwrap_err();
+        assert!(
+            matches!(err, StorageError::Format(FormatError::Mismatch { .. })),
+            "{err}"
+        );
+        assert!(!data.join("marmot.redb").exists());
+        // Not a backup at all.
+        assert!(restore(dir.path(), &data).is_err());
+    }
+}
