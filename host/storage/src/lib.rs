@@ -52,6 +52,15 @@ pub enum StorageError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The database file cannot be opened: damaged, not a database, or in
+    /// use by another process.
+    #[error("cannot open the database `{}`: {why}", path.display())]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong and what to do.
+        why: String,
+    },
     /// The writer thread is gone (node shutting down).
     #[error("storage writer stopped")]
     WriterGone,
@@ -123,6 +132,24 @@ pub struct Storage {
     outbox_ready: Arc<tokio::sync::Notify>,
 }
 
+/// What a failed open of `path` means for the operator.
+fn open_error(path: &Path, e: redb::DatabaseError) -> StorageError {
+    let why = match e {
+        redb::DatabaseError::DatabaseAlreadyOpen => {
+            "it is in use by another Marmot process (one node per data directory)".to_owned()
+        }
+        other => format!(
+            "{other}. The file is damaged or not a Marmot database: restore a backup \
+             (`marmot restore BACKUP --data NEW_DIR`) and start on that directory, or move the \
+             file away to start empty. Nothing was changed."
+        ),
+    };
+    StorageError::Open {
+        path: path.to_owned(),
+        why,
+    }
+}
+
 impl Storage {
     /// Open (or create) `dir/marmot.redb` and start the writer thread.
     pub fn open(
@@ -137,7 +164,8 @@ impl Storage {
         let path = dir.join("marmot.redb");
         let db = redb::Builder::new()
             .set_cache_size(config.cache_bytes)
-            .create(&path)?;
+            .create(&path)
+            .map_err(|e| open_error(&path, e))?;
         check_format(&db)?;
         let subscriptions = Arc::new(Subscriptions::load(&db)?);
         let blobs = blobs::BlobStore::open(dir.join("blobs"))?;

@@ -222,3 +222,38 @@ async fn a_failed_early_creation_fences_its_generation_and_its_number_is_not_reu
     );
     assert_eq!(value(&storage, rec.num, "k"), None);
 }
+
+#[test]
+fn a_damaged_database_file_is_a_clear_error_naming_it_and_nothing_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("marmot.redb");
+    {
+        let db = redb::Database::create(&path).unwrap();
+        crate::schema::check_format(&db).unwrap();
+    }
+    for damage in [
+        |p: &std::path::Path| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_len(5000)
+                .unwrap()
+        },
+        |p: &std::path::Path| std::fs::write(p, vec![0x5a; 100_000]).unwrap(),
+    ] {
+        damage(&path);
+        let before = std::fs::read(&path).unwrap();
+        let err = match Storage::open(dir.path(), &StorageConfig::default(), WriterMetrics::new()) {
+            Ok(_) => panic!("a damaged file opened"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(&path.display().to_string()), "{err}");
+        assert!(err.contains("marmot restore"), "{err}");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            before,
+            "the file was changed"
+        );
+    }
+}
