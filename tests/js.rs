@@ -795,7 +795,9 @@ async fn rust_actors_run_scripts_in_child_sandboxes() {
 /// types, huge and deep values, traversal paths, bad cron strings and
 /// zones, unknown types and providers, functions, typed arrays). Every
 /// turn must end with the guest's own reply or a clean error, the node must
-/// log no panic, and stay healthy and consistent afterwards.
+/// log no panic, and stay healthy and consistent afterwards. (Messages to
+/// other fuzz actors stop at once: two actors calling each other from
+/// different chains wait out `actor_call_timeout_ms`, by design.)
 const FUZZ_JS: &str = r#"import { state, events, alarms, inputs, actors, files, model, log } from "marmot";
 function rng(seed) {
   let a = seed >>> 0;
@@ -818,7 +820,7 @@ const values = [undefined, null, true, false, 0, -1, 1.5, 1e308, NaN, Infinity, 
 const fns = [
   (a) => state.get(a), (a, b) => state.set(a, b), (a) => state.delete(a), (a) => state.list(a),
   (a, b) => events.emit(a, b), (a, b) => alarms.set(a, b), (a) => alarms.cancel(a), () => alarms.list(),
-  (a) => inputs.request(a), (a, b) => actors.send(a, b, {}), (a, b) => actors.send("fuzz", a, b),
+  (a) => inputs.request(a), (a, b) => actors.send(a, b, {}), (a) => actors.send("fuzz", a, { stop: true }),
   (a) => actors.call("fuzz", a, { stop: true }), (a, b) => actors.call(a, b, { stop: true }),
   (a) => files.read(a), (a, b) => files.write(a, b), (a) => files.list(a), (a) => files.delete(a),
   (a, b) => log.info(a, b), (a) => console.log(a),
@@ -852,7 +854,7 @@ async fn host_calls_with_random_arguments_never_break_the_node() {
     for seed in 0..300u32 {
         let r = api
             .post_json(
-                &format!("/v1/actors/fuzz/f{}", seed % 7),
+                &format!("/v1/actors/fuzz/f{}", seed % 50),
                 &json!({"seed": seed}),
             )
             .await;
