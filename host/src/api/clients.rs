@@ -61,12 +61,12 @@ impl ClientGate {
     }
 
     /// The value of `Access-Control-Allow-Origin` for a request from
-    /// `headers`, if its origin is allowed.
-    fn allowed_origin(&self, headers: &HeaderMap) -> Option<HeaderValue> {
+    /// `origin`, if it is allowed.
+    fn allowed_origin(&self, origin: Option<&HeaderValue>) -> Option<HeaderValue> {
         if !self.cors {
             return None;
         }
-        let origin = headers.get(header::ORIGIN)?;
+        let origin = origin?;
         match &self.origins {
             None => Some(origin.clone()),
             Some(list) => list.iter().find(|o| *o == origin).cloned(),
@@ -81,7 +81,7 @@ impl ClientGate {
         {
             return None;
         }
-        let Some(origin) = self.allowed_origin(headers) else {
+        let Some(origin) = self.allowed_origin(headers.get(header::ORIGIN)) else {
             return Some(
                 ApiError::new(
                     StatusCode::FORBIDDEN,
@@ -110,9 +110,10 @@ impl ClientGate {
         Some(resp)
     }
 
-    /// Add CORS headers to the response to a request from `origin_of`.
-    pub(super) fn decorate(&self, origin_of: &HeaderMap, resp: &mut Response) {
-        if let Some(origin) = self.allowed_origin(origin_of) {
+    /// Add CORS headers to the response to a request from `origin` (its
+    /// `Origin` header; only browsers send one).
+    pub(super) fn decorate(&self, origin: Option<&HeaderValue>, resp: &mut Response) {
+        if let Some(origin) = self.allowed_origin(origin) {
             let h = resp.headers_mut();
             h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
             h.insert(

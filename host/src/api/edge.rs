@@ -84,12 +84,8 @@ where
     fn call(&mut self, mut req: Request) -> Self::Future {
         let id = request_id(&req);
         req.headers_mut().insert("x-request-id", id.clone());
-        // Only a browser sends `Origin`; keep it for the CORS headers.
-        let origin = req.headers().get(header::ORIGIN).map(|o| {
-            let mut h = axum::http::HeaderMap::new();
-            h.insert(header::ORIGIN, o.clone());
-            h
-        });
+        // Kept for the CORS headers of the response.
+        let origin = req.headers().get(header::ORIGIN).cloned();
         let gate = self.gate.clone();
         let early = gate
             .preflight(req.method(), req.headers())
@@ -98,9 +94,7 @@ where
         if let Some(early) = early {
             let mut resp = early.unwrap_or_else(IntoResponse::into_response);
             resp.headers_mut().insert("x-request-id", id);
-            if let Some(o) = &origin {
-                gate.decorate(o, &mut resp);
-            }
+            gate.decorate(origin.as_ref(), &mut resp);
             return Box::pin(std::future::ready(Ok(resp)));
         }
         // Drive the instance that was polled ready; leave a fresh clone behind.
@@ -109,9 +103,7 @@ where
         Box::pin(async move {
             let mut resp = inner.call(req).await?;
             resp.headers_mut().insert("x-request-id", id);
-            if let Some(o) = &origin {
-                gate.decorate(o, &mut resp);
-            }
+            gate.decorate(origin.as_ref(), &mut resp);
             Ok(resp)
         })
     }
