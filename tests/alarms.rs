@@ -368,13 +368,26 @@ async fn an_alarm_that_keeps_crashing_the_node_is_given_up() {
     }
     m.wait_ready().await;
     let api = m.client();
-    let ev = api.get("/v1/actors/kit/a/events").await.json;
-    let failed = ev["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["kind"] == "alarm_failed")
-        .unwrap_or_else(|| panic!("no alarm_failed event: {ev}"));
+    // The scheduler takes the overdue occurrence up after readiness, so
+    // the give-up is recorded shortly after, not before.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let failed = loop {
+        let ev = api.get("/v1/actors/kit/a/events").await.json;
+        let found = ev["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["kind"] == "alarm_failed")
+            .cloned();
+        if let Some(f) = found {
+            break f;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no alarm_failed event: {ev}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(failed["data"]["error"]["code"], "recovery_exhausted");
     assert!(alarms(&api, "a").await.is_empty());
     assert!(fired(&api, "a").await.is_empty());
