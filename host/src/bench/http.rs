@@ -281,7 +281,7 @@ pub(super) fn have_wrk() -> bool {
 /// Durable turns/s over HTTP across `actors` counters.
 pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Result<()> {
     let dir = tempfile::Builder::new().prefix("marmot-bench-").tempdir()?;
-    let config = super::server::limits_for(actors, args.js);
+    let config = super::server::limits_for(actors);
     let server = ServerProc::start(&dir.path().join("data"), &config).await?;
     let ty = if args.js {
         server

@@ -7,21 +7,11 @@ use super::server::ServerProc;
 
 const MB: f64 = 1024.0 * 1024.0;
 
-/// The default configuration, unless `n` actors need a larger active cap.
-fn config_for(n: usize) -> String {
-    let default = crate::config::Limits::default().max_active_actors;
-    if n <= default {
-        String::new()
-    } else {
-        format!("[limits]\nmax_active_actors = {n}\n")
-    }
-}
-
 /// RSS with `n` active counters (default 10,000).
 pub(super) async fn active(args: &BenchArgs) -> anyhow::Result<()> {
     let n = args.actors.unwrap_or(10_000);
     let dir = tempfile::Builder::new().prefix("marmot-bench-").tempdir()?;
-    let config = config_for(n);
+    let config = super::server::limits_for(n);
     let data = dir.path().join("data");
     let server = ServerProc::start(&data, &config).await?;
     server
@@ -125,7 +115,7 @@ pub(super) async fn hibernated(args: &BenchArgs) -> anyhow::Result<()> {
 pub(super) async fn js_active(args: &BenchArgs) -> anyhow::Result<()> {
     let n = args.actors.unwrap_or(1_000);
     let dir = tempfile::Builder::new().prefix("marmot-bench-").tempdir()?;
-    let config = config_for(n);
+    let config = super::server::limits_for(n);
     let data = dir.path().join("data");
     let server = ServerProc::start(&data, &config).await?;
     server

@@ -213,15 +213,14 @@ pub(super) async fn wait_until_serving(
     }
 }
 
-/// Node configuration (TOML) that keeps `actors` actors awake at once, and
-/// as many JavaScript sandboxes when `js`.
-pub(super) fn limits_for(actors: usize, js: bool) -> String {
-    let mut config = format!(
-        "[limits]\nmax_active_actors = {}\n",
-        (actors + 1000).max(10_000)
-    );
-    if js {
-        config += &format!("max_js_sandboxes = {}\n", actors + 1000);
+/// Node configuration (TOML) that keeps `actors` actors awake at once: the
+/// default configuration up to its active cap (JavaScript sandboxes
+/// included), a larger cap beyond it.
+pub(super) fn limits_for(actors: usize) -> String {
+    let default = crate::config::Limits::default().max_active_actors;
+    if actors <= default {
+        String::new()
+    } else {
+        format!("[limits]\nmax_active_actors = {actors}\n")
     }
-    config
 }

@@ -178,7 +178,7 @@ pub(super) async fn ingest(args: &BenchArgs) -> anyhow::Result<()> {
     let actors = args.actors.unwrap_or(10_000).max(1);
     let conns = args.connections.max(1);
     let dir = tempfile::Builder::new().prefix("marmot-bench-").tempdir()?;
-    let config = super::server::limits_for(actors, false);
+    let config = super::server::limits_for(actors);
     let server = ServerProc::start(&dir.path().join("data"), &config).await?;
     let secret = new_secret();
     server
