@@ -195,7 +195,8 @@ impl EngineParts {
             // maps the ~580 KB snapshot heap instead of copying it (eval
             // p50 494 → 229 µs), and instances of one Rust type share their
             // data pages (PSS per active counter 62 → 50 KB, wake time
-            // unchanged). One more mapping per live instance (see `pool`).
+            // unchanged). It costs mappings: 4 per live Rust instance
+            // instead of 2, 3 per sandbox (see `pool`).
             .memory_init_cow(true);
         // `MARMOT_WASM_PERFMAP=1`: name guest functions for `perf`
         // (/tmp/perf-PID.map), to profile where a turn's guest time goes.
