@@ -77,26 +77,23 @@ async fn a_backup_taken_under_load_restores_everything_acknowledged_before_it() 
 
     // Restore with the CLI into a new data directory, and serve it.
     let restored = dir.path().join("restored");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
-        .args(["restore"])
-        .arg(&backup)
-        .arg("--data")
-        .arg(&restored)
-        .output()
-        .unwrap();
+    let restore = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+            .arg("restore")
+            .arg(&backup)
+            .arg("--data")
+            .arg(&restored)
+            .output()
+            .unwrap()
+    };
+    let out = restore();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     // Not over an existing database.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
-        .args(["restore"])
-        .arg(&backup)
-        .arg("--data")
-        .arg(&restored)
-        .output()
-        .unwrap();
+    let out = restore();
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("already holds a database"),

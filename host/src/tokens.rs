@@ -354,7 +354,7 @@ mod tests {
 
     use super::*;
 
-    fn grant(id: Option<&str>, prefix: Option<&str>, scopes: &[Scope]) -> Grant {
+    pub(super) fn grant(id: Option<&str>, prefix: Option<&str>, scopes: &[Scope]) -> Grant {
         Grant {
             jti: "00".into(),
             ty: "assistant".into(),
@@ -451,14 +451,11 @@ mod props {
             method in prop_oneof![Just(Method::GET), Just(Method::POST), Just(Method::PUT), Just(Method::DELETE)],
             prefix in any::<bool>(),
         ) {
-            let grant = Grant {
-                jti: "00".into(),
-                ty: "assistant".into(),
-                id: (!prefix).then(|| "alice".to_owned()),
-                id_prefix: prefix.then(|| "team-7/".to_owned()),
-                scopes: vec![Scope::Send, Scope::Events, Scope::Inputs, Scope::Files],
-                iat: 0,
-                exp: u64::MAX / 2000,
+            let all = [Scope::Send, Scope::Events, Scope::Inputs, Scope::Files];
+            let grant = if prefix {
+                super::tests::grant(None, Some("team-7/"), &all)
+            } else {
+                super::tests::grant(Some("alice"), None, &all)
             };
             if let Ok((ty, id)) = grant.allows(&method, &path) {
                 prop_assert_eq!(ty, "assistant");

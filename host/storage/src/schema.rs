@@ -284,6 +284,17 @@ pub enum IdemOutcome {
     },
 }
 
+impl IdemOutcome {
+    /// The message the outcome belongs to.
+    pub fn into_message_id(self) -> String {
+        match self {
+            IdemOutcome::Queued { message_id }
+            | IdemOutcome::Done { message_id, .. }
+            | IdemOutcome::Failed { message_id, .. } => message_id,
+        }
+    }
+}
+
 /// An idempotency record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdemRecord {

@@ -43,12 +43,9 @@ impl ActorTask {
         match self.idempotency(&key) {
             Ok(None) => {}
             Ok(Some((seq, outcome))) => {
-                let message_id = match outcome {
-                    IdemOutcome::Queued { message_id }
-                    | IdemOutcome::Done { message_id, .. }
-                    | IdemOutcome::Failed { message_id, .. } => message_id,
-                };
-                let dup = WebhookOutcome::Done(EnqueueOutcome::Duplicate { message_id });
+                let dup = WebhookOutcome::Done(EnqueueOutcome::Duplicate {
+                    message_id: outcome.into_message_id(),
+                });
                 self.release_when_durable(seq, Ok(dup), reply);
                 return;
             }
@@ -61,7 +58,19 @@ impl ActorTask {
             outcome,
             expires_at_ms: now_ms() + dedupe_ttl_ms,
         };
-        let (finished, extras) = match self.ensure_version().await {
+        let ran = match self.ensure_version().await {
+            Ok(()) => {
+                self.next_attempt = 0;
+                let (kind, input) = turn_input(&row);
+                let version = self.record().version;
+                let id = row.message_id.clone();
+                self.run_turn(kind, version, id, input, Arc::from([]))
+                    .await
+                    .map(|(_, finished)| finished)
+            }
+            Err(e) => Err(e),
+        };
+        let (finished, extras) = match ran {
             Err(e) if not_started(&e) => {
                 let _ = reply.send(not_run(row));
                 return;
@@ -70,38 +79,22 @@ impl ActorTask {
                 self.unchanged(),
                 failed_turn(&row, e.code(), e.to_string(), record),
             ),
-            Ok(()) => {
-                self.next_attempt = 0;
-                let (kind, input) = turn_input(&row);
-                let version = self.record().version;
-                let id = row.message_id.clone();
-                match self.run_turn(kind, version, id, input, Arc::from([])).await {
-                    // As from the inbox: what the de-duplication record
-                    // keeps of a webhook's turn is an empty 200.
-                    Ok((_, finished)) => {
-                        let done = IdemOutcome::Done {
-                            message_id: row.message_id.clone(),
-                            reply: StoredReply {
-                                status: 200,
-                                body: Vec::new(),
-                                content_type: None,
-                            },
-                        };
-                        let extras = CommitExtras {
-                            idempotency: Some((key, record(done))),
-                            ..Default::default()
-                        };
-                        (finished, extras)
-                    }
-                    Err(e) if not_started(&e) => {
-                        let _ = reply.send(not_run(row));
-                        return;
-                    }
-                    Err(e) => (
-                        self.unchanged(),
-                        failed_turn(&row, e.code(), e.to_string(), record),
-                    ),
-                }
+            // As from the inbox: what the de-duplication record keeps of a
+            // webhook's turn is an empty 200.
+            Ok(finished) => {
+                let done = IdemOutcome::Done {
+                    message_id: row.message_id.clone(),
+                    reply: StoredReply {
+                        status: 200,
+                        body: Vec::new(),
+                        content_type: None,
+                    },
+                };
+                let extras = CommitExtras {
+                    idempotency: Some((key, record(done))),
+                    ..Default::default()
+                };
+                (finished, extras)
             }
         };
         let message_id = row.message_id.clone();

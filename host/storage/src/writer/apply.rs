@@ -297,12 +297,9 @@ impl WriterState {
                 None => None,
             };
             if let Some(rec) = existing.filter(|r| r.expires_at_ms > message.enqueued_at_ms) {
-                let message_id = match rec.outcome {
-                    IdemOutcome::Queued { message_id }
-                    | IdemOutcome::Done { message_id, .. }
-                    | IdemOutcome::Failed { message_id, .. } => message_id,
-                };
-                return Ok(EnqueueOutcome::Duplicate { message_id });
+                return Ok(EnqueueOutcome::Duplicate {
+                    message_id: rec.outcome.into_message_id(),
+                });
             }
             let rec = IdemRecord {
                 outcome: IdemOutcome::Queued {
