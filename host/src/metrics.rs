@@ -161,6 +161,16 @@ impl Metrics {
             "Commit latency including fsync",
             writer.commit_seconds.clone(),
         );
+        registry.register(
+            "storage_disk_faulted",
+            "1 while commits fail because the disk does (full, failed fsync); writes get 503",
+            writer.disk_faulted.clone(),
+        );
+        registry.register(
+            "storage_reopens",
+            "Times the database was reopened after a disk failure",
+            writer.reopens.clone(),
+        );
         let mailbox_full = Counter::default();
         registry.register(
             "mailbox_full",

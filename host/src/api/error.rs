@@ -66,7 +66,10 @@ impl From<TurnError> for ApiError {
     fn from(e: TurnError) -> Self {
         let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut err = Self::new(status, e.code(), e.to_string());
-        if matches!(e, TurnError::MailboxFull(_) | TurnError::Overloaded) {
+        if matches!(
+            e,
+            TurnError::MailboxFull(_) | TurnError::Overloaded | TurnError::Storage(_)
+        ) {
             err.retry_after = Some(1);
         }
         err
@@ -76,11 +79,13 @@ impl From<TurnError> for ApiError {
 impl From<StorageError> for ApiError {
     fn from(e: StorageError) -> Self {
         tracing::error!(error = %e, "storage error while serving a request");
-        Self::new(
+        let mut err = Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "storage_error",
             e.to_string(),
-        )
+        );
+        err.retry_after = Some(1);
+        err
     }
 }
 

@@ -10,17 +10,28 @@ pub(super) async fn healthz() -> Response {
     axum::Json(serde_json::json!({ "status": "ok" })).into_response()
 }
 
+/// Ready once crash recovery is done, and while commits succeed: a node
+/// whose disk fails (full, failed fsync) answers 503 `disk_fault` here, keeps
+/// serving reads and becomes ready again by itself when a commit succeeds.
 pub(super) async fn readyz(State(s): State<AppState>) -> Response {
-    if s.node.is_ready() {
-        axum::Json(serde_json::json!({ "status": "ready" })).into_response()
-    } else {
-        ApiError::new(
+    if !s.node.is_ready() {
+        return ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "not_ready",
             "crash recovery is still running",
         )
-        .into_response()
+        .into_response();
     }
+    if let Some(why) = s.node.storage().disk_fault() {
+        let mut err = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "disk_fault",
+            format!("writes are refused until the disk works again: {why}"),
+        );
+        err.retry_after = Some(1);
+        return err.into_response();
+    }
+    axum::Json(serde_json::json!({ "status": "ready" })).into_response()
 }
 
 pub(super) async fn metrics(State(s): State<AppState>) -> Response {

@@ -146,7 +146,7 @@ impl Storage {
             let blob_dir = partial.join("blobs");
             std::fs::create_dir_all(&blob_dir)
                 .map_err(io(format!("failed to create `{}`", blob_dir.display())))?;
-            let read = self.db.begin_read()?;
+            let read = self.db.get()?.begin_read()?;
             // Blobs first, from the snapshot's references.
             let mut blobs = 0;
             let mut complete = true;

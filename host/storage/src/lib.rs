@@ -15,6 +15,7 @@
 pub mod backup;
 pub mod blobs;
 pub mod bulk;
+mod db;
 pub mod schema;
 pub mod subscriptions;
 pub mod writer;
@@ -23,9 +24,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
+use db::DbCell;
 pub use marmot_core::config::StorageConfig;
 use marmot_core::ids::ActorKey;
 use schema::*;
@@ -67,6 +70,10 @@ pub enum StorageError {
     /// The commit holding this operation failed; nothing of it was written.
     #[error("{0}")]
     CommitFailed(#[from] CommitFailed),
+    /// The disk failed (full, or a failed write or fsync) and the database
+    /// is closed until it can be reopened.
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
 }
 
 macro_rules! db_err {
@@ -102,6 +109,10 @@ pub struct WriterMetrics {
     pub commit_batch_size: Histogram,
     /// Commit latency including fsync.
     pub commit_seconds: Histogram,
+    /// 1 while commits fail because the disk does (full, failed fsync).
+    pub disk_faulted: Gauge,
+    /// Times the database was reopened after a disk failure.
+    pub reopens: Counter,
 }
 
 impl WriterMetrics {
@@ -112,6 +123,8 @@ impl WriterMetrics {
             commit_failures: Counter::default(),
             commit_batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
             commit_seconds: Histogram::new(exponential_buckets(50e-6, 2.0, 16)),
+            disk_faulted: Gauge::default(),
+            reopens: Counter::default(),
         }
     }
 }
@@ -124,7 +137,7 @@ impl Default for WriterMetrics {
 
 /// The node's database and its writer.
 pub struct Storage {
-    db: Arc<redb::Database>,
+    db: Arc<DbCell>,
     blobs: blobs::BlobStore,
     writer: Writer,
     path: PathBuf,
@@ -162,15 +175,31 @@ impl Storage {
             source: e,
         })?;
         let path = dir.join("marmot.redb");
-        let db = redb::Builder::new()
-            .set_cache_size(config.cache_bytes)
-            .create(&path)
-            .map_err(|e| open_error(&path, e))?;
+        let cache_bytes = config.cache_bytes;
+        let file = path.clone();
+        let opener: db::Opener = Box::new(move || {
+            redb::Builder::new()
+                .set_cache_size(cache_bytes)
+                .create(&file)
+        });
+        Self::open_with(dir, config, metrics, opener)
+    }
+
+    /// Open with `opener`, which opens `dir/marmot.redb` (the tests open it
+    /// on a storage backend that injects disk faults).
+    pub(crate) fn open_with(
+        dir: &Path,
+        config: &StorageConfig,
+        metrics: WriterMetrics,
+        opener: db::Opener,
+    ) -> Result<Self, StorageError> {
+        let path = dir.join("marmot.redb");
+        let db = opener().map_err(|e| open_error(&path, e))?;
         check_format(&db)?;
         let subscriptions = Arc::new(Subscriptions::load(&db)?);
         let blobs = blobs::BlobStore::open(dir.join("blobs"))?;
         let outbox_ready = Arc::new(tokio::sync::Notify::new());
-        let db = Arc::new(db);
+        let db = Arc::new(DbCell::new(db, opener, path.clone()));
         let writer = Writer::start(
             db.clone(),
             config,
@@ -206,8 +235,15 @@ impl Storage {
     /// A consistent read-only view of everything committed so far.
     pub fn reader(&self) -> Result<Reader, StorageError> {
         Ok(Reader {
-            txn: self.db.begin_read()?,
+            txn: self.db.get()?.begin_read()?,
         })
+    }
+
+    /// Why commits are failing (a full disk, a failed fsync), while they
+    /// are: the node stays up, serves reads and refuses writes with 503
+    /// until a commit succeeds again.
+    pub fn disk_fault(&self) -> Option<String> {
+        self.db.fault()
     }
 
     /// The blobs holding large files.

@@ -31,8 +31,12 @@ use crate::LOG_TARGET;
 /// Version of the on-disk format described in this file.
 pub const FORMAT_VERSION: u32 = 3;
 
-/// Node-wide settings: `format_version` (u32 LE).
+/// Node-wide settings: `format_version` (u32 LE), and [`DISK_PROBE_KEY`].
 pub const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
+
+/// In [`META`]: when the writer last probed a failing disk (u64 LE ms). A
+/// real write, so that its commit succeeding means writes work again.
+pub const DISK_PROBE_KEY: &str = "disk_probe";
 
 /// Actor types: name → [`TypeRecord`].
 pub const TYPES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("types");

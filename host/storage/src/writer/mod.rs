@@ -37,6 +37,7 @@ pub use tracker::{CommitFailed, CommitTracker};
 use ops::{Applied, Reply, fail_op};
 use tables::Tables;
 
+use super::db::{DbCell, is_io_failure};
 use super::schema::*;
 use super::{StorageError, Subscriptions};
 use crate::{LOG_TARGET, WriterMetrics};
@@ -52,7 +53,7 @@ pub struct Writer {
 
 impl Writer {
     pub(super) fn start(
-        db: Arc<redb::Database>,
+        db: Arc<DbCell>,
         config: &StorageConfig,
         metrics: WriterMetrics,
         subscriptions: Arc<Subscriptions>,
@@ -61,7 +62,7 @@ impl Writer {
         let (tx, rx) = mpsc::unbounded_channel();
         let (next_num, actor_count, next_inbox_seq, next_delivery_seq) = {
             use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
-            let r = db.begin_read()?;
+            let r = db.get()?.begin_read()?;
             let keys = r.open_table(ACTOR_KEYS)?;
             let next_num = keys.last()?.map(|(k, _)| k.value() + 1).unwrap_or(1);
             let count = r.open_table(ACTORS)?.len()?;
@@ -165,8 +166,20 @@ const FIRST_TURN_WINDOW: Duration = Duration::from_millis(2);
 #[cfg(test)]
 const FIRST_TURN_WINDOW: Duration = Duration::from_secs(5);
 
+/// How often a faulted writer with nothing to do tries a commit.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// What the writer loop does next. (The op moves straight into the batch;
+/// boxing it would cost an allocation per op.)
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    Op(WriteOp),
+    Probe,
+    Closed,
+}
+
 struct WriterState {
-    db: Arc<redb::Database>,
+    db: Arc<DbCell>,
     rx: mpsc::UnboundedReceiver<WriteOp>,
     max_batch: usize,
     quick_repair: bool,
@@ -200,9 +213,13 @@ impl WriterState {
         let mut batch: Vec<WriteOp> = Vec::with_capacity(self.max_batch);
         loop {
             batch.clear();
-            match self.rx.blocking_recv() {
-                Some(op) => batch.push(op),
-                None => return,
+            match self.next_op() {
+                Next::Op(op) => batch.push(op),
+                Next::Probe => {
+                    self.probe();
+                    continue;
+                }
+                Next::Closed => return,
             }
             while batch.len() < self.max_batch {
                 match self.rx.try_recv() {
@@ -211,6 +228,89 @@ impl WriterState {
                 }
             }
             self.commit_batch(&mut batch);
+        }
+    }
+
+    /// The next operation; while the disk is faulted, a probe of it after
+    /// [`PROBE_EVERY`] without one, so that the node notices by itself that
+    /// writes work again.
+    fn next_op(&mut self) -> Next {
+        let timer = match &self.timer {
+            Some(timer) if self.db.fault().is_some() => timer,
+            _ => return self.rx.blocking_recv().map_or(Next::Closed, Next::Op),
+        };
+        let rx = &mut self.rx;
+        match timer.block_on(async { tokio::time::timeout(PROBE_EVERY, rx.recv()).await }) {
+            Ok(Some(op)) => Next::Op(op),
+            Ok(None) => Next::Closed,
+            Err(_) => Next::Probe,
+        }
+    }
+
+    /// Try a small real commit while the disk is faulted: reopening the
+    /// database if it is closed, then writing [`DISK_PROBE_KEY`].
+    fn probe(&mut self) {
+        let result = self.open_db().and_then(|db| {
+            let txn = db.begin_write()?;
+            {
+                let mut meta = txn.open_table(META)?;
+                let now = marmot_core::clock::now_ms().to_le_bytes();
+                meta.insert(DISK_PROBE_KEY, now.as_slice())?;
+            }
+            txn.commit()?;
+            Ok(())
+        });
+        match result {
+            Ok(()) => self.disk_recovered(),
+            Err(e) => {
+                tracing::debug!(target: LOG_TARGET, error = %e, "storage still failing");
+                if is_io_failure(&e) {
+                    self.reopen_db();
+                }
+            }
+        }
+    }
+
+    /// The open database, reopened first if a disk failure closed it.
+    fn open_db(&mut self) -> Result<Arc<redb::Database>, StorageError> {
+        if let Ok(db) = self.db.get() {
+            return Ok(db);
+        }
+        let db = self.db.reopen()?;
+        self.metrics.reopens.inc();
+        tracing::debug!(target: LOG_TARGET, "database reopened after a disk failure");
+        Ok(db)
+    }
+
+    /// Close the database and open it again at once, so that reads go on
+    /// between failing commits. If it cannot be opened yet (a reader still
+    /// holds the old handle, or the file cannot be read), the next commit or
+    /// probe tries again.
+    fn reopen_db(&mut self) {
+        self.db.close();
+        if let Err(e) = self.open_db() {
+            tracing::debug!(target: LOG_TARGET, error = %e, "cannot reopen the database yet");
+        }
+    }
+
+    /// A commit failed because the disk did: refuse writes until a commit
+    /// succeeds, and reopen the database (redb fails every transaction after
+    /// an I/O error until it is reopened, which repairs it from its last
+    /// durable commit).
+    fn disk_failed(&mut self, e: &StorageError) {
+        if self.db.fault().is_none() {
+            tracing::error!(target: LOG_TARGET, error = %e, "the disk failed: refusing writes until a commit succeeds; reads continue");
+        }
+        self.db.set_fault(Some(e.to_string()));
+        self.metrics.disk_faulted.set(1);
+        self.reopen_db();
+    }
+
+    fn disk_recovered(&mut self) {
+        if self.db.fault().is_some() {
+            tracing::info!(target: LOG_TARGET, "storage recovered: commits succeed again");
+            self.db.set_fault(None);
+            self.metrics.disk_faulted.set(0);
         }
     }
 
@@ -280,7 +380,18 @@ impl WriterState {
         self.subscriptions_touched = false;
         let mut created: i64 = 0;
         let mut error: Option<StorageError> = None;
-        match self.db.begin_write() {
+        let db = match self.open_db() {
+            Ok(db) => db,
+            Err(e) => {
+                let why = CommitFailed::Storage(e.to_string());
+                for op in batch.drain(..) {
+                    Applied::from_unapplied(op).complete(Some(&why));
+                }
+                self.metrics.commit_failures.inc();
+                return;
+            }
+        };
+        match db.begin_write() {
             Ok(mut txn) => {
                 txn.set_quick_repair(self.quick_repair);
                 match Tables::open(&txn) {
@@ -327,9 +438,11 @@ impl WriterState {
                 applied.extend(batch.drain(..).map(Applied::from_unapplied));
             }
         }
+        drop(db);
         let n = applied.len();
         match error {
             None => {
+                self.disk_recovered();
                 self.metrics.commits.inc();
                 self.metrics.commit_batch_size.observe(n as f64);
                 self.metrics
@@ -350,10 +463,13 @@ impl WriterState {
                 self.metrics.commit_failures.inc();
                 tracing::error!(target: LOG_TARGET, error = %e, ops = n, "storage commit failed; failing every operation in the batch");
                 (self.next_inbox_seq, self.next_delivery_seq) = saved;
+                if is_io_failure(&e) {
+                    self.disk_failed(&e);
+                }
                 if self.subscriptions_touched {
                     // Subscription changes were applied in memory as they
                     // were written: go back to what is on disk.
-                    match Subscriptions::load(&self.db) {
+                    match self.open_db().and_then(|db| Subscriptions::load(&db)) {
                         Ok(s) => self.subscriptions.replace(s.snapshot().as_ref().clone()),
                         Err(e) => {
                             tracing::error!(target: LOG_TARGET, error = %e, "cannot reload subscriptions")

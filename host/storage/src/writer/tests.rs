@@ -257,3 +257,109 @@ fn a_damaged_database_file_is_a_clear_error_naming_it_and_nothing_changes() {
         );
     }
 }
+
+/// A database file whose fsync fails while `fail_sync` is set, as a dying
+/// disk's does.
+#[derive(Debug)]
+struct FlakyDisk {
+    file: redb::backends::FileBackend,
+    fail_sync: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl redb::StorageBackend for FlakyDisk {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        self.file.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        self.file.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        self.file.set_len(len)
+    }
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        if self.fail_sync.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::other("injected fsync failure"));
+        }
+        self.file.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        self.file.write(offset, data)
+    }
+    fn close(&self) -> Result<(), std::io::Error> {
+        self.file.close()
+    }
+}
+
+#[tokio::test]
+async fn a_failing_fsync_refuses_writes_keeps_reads_and_recovers_without_a_restart() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let fail_sync = Arc::new(AtomicBool::new(false));
+    let (path, flag) = (dir.path().join("marmot.redb"), fail_sync.clone());
+    let opener: crate::db::Opener = Box::new(move || {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)?;
+        redb::Builder::new().create_with_backend(FlakyDisk {
+            file: redb::backends::FileBackend::new(file)?,
+            fail_sync: flag.clone(),
+        })
+    });
+    let metrics = WriterMetrics::new();
+    let storage = Storage::open_with(
+        dir.path(),
+        &StorageConfig::default(),
+        metrics.clone(),
+        opener,
+    )
+    .unwrap();
+    let (key, rec) = create(&storage, "a").await;
+    let tracker = Arc::new(CommitTracker::default());
+    let (op, rx) = turn(&key, &rec, &tracker, 0, 1, "k", "durable");
+    storage.writer().submit(op);
+    rx.await.unwrap().unwrap();
+
+    fail_sync.store(true, Ordering::SeqCst);
+    let (op, rx) = turn(&key, &rec, &tracker, 0, 2, "k", "unsynced");
+    storage.writer().submit(op);
+    assert!(matches!(rx.await.unwrap(), Err(CommitFailed::Storage(_))));
+    assert!(storage.disk_fault().is_some());
+    assert_eq!(metrics.disk_faulted.get(), 1);
+    // While every fsync fails the database cannot be repaired and reopened:
+    // reads are refused too, never wrong.
+    assert!(matches!(
+        storage.reader(),
+        Err(crate::StorageError::Unavailable(_))
+    ));
+    let (op, rx) = turn(&key, &rec, &tracker, 1, 3, "k", "still failing");
+    storage.writer().submit(op);
+    assert!(matches!(rx.await.unwrap(), Err(CommitFailed::Storage(_))));
+
+    // The disk heals: the writer's probe notices without any write.
+    fail_sync.store(false, Ordering::SeqCst);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while storage.disk_fault().is_some() {
+        assert!(std::time::Instant::now() < deadline, "no recovery");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(metrics.disk_faulted.get(), 0);
+    assert!(metrics.reopens.get() >= 1);
+    // A commit whose fsync failed has an unknown outcome (its pages may
+    // have reached the file): it was never acknowledged, and is either
+    // wholly there or wholly absent.
+    let v = value(&storage, rec.num, "k");
+    assert!(
+        matches!(v.as_deref(), Some(b"durable" | b"unsynced")),
+        "{v:?}"
+    );
+    let (op, rx) = turn(&key, &rec, &tracker, 2, 4, "k", "after");
+    storage.writer().submit(op);
+    rx.await.unwrap().unwrap();
+    assert_eq!(
+        value(&storage, rec.num, "k").as_deref(),
+        Some(&b"after"[..])
+    );
+}

@@ -1,0 +1,172 @@
+//! Disk faults on a real, full file system: a node whose disk fills up
+//! refuses writes with 503 and releases nothing of them, keeps serving
+//! reads, says so on `/readyz` and in metrics, and recovers by itself when
+//! space returns.
+//!
+//! Needs root (it mounts a size-limited tmpfs); without it the test says
+//! so and skips.
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Marmot, TESTKIT, metric, tempdir};
+use serde_json::json;
+
+/// A tmpfs of `mb` megabytes mounted at `dir`, unmounted on drop.
+struct SmallDisk {
+    dir: PathBuf,
+}
+
+impl SmallDisk {
+    fn mount(dir: &Path, mb: u32) -> Option<Self> {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mb}m"), "marmot-test"])
+            .arg(dir)
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            eprintln!(
+                "SKIPPED: mounting a size-limited tmpfs needs root: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            return None;
+        }
+        Some(Self {
+            dir: dir.to_owned(),
+        })
+    }
+
+    /// Write a file until the file system is full; returns its path.
+    fn fill(&self) -> PathBuf {
+        let path = self.dir.join("filler");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let chunk = vec![0xa5u8; 64 * 1024];
+        loop {
+            match f.write_all(&chunk) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc_enospc()) => break,
+                Err(e) => panic!("filling the disk: {e}"),
+            }
+        }
+        // Partial chunks: fill the last bytes too.
+        while f.write(&[0xa5u8; 512]).is_ok_and(|n| n > 0) {}
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
+
+const fn libc_enospc() -> i32 {
+    28
+}
+
+#[tokio::test]
+async fn a_full_disk_refuses_writes_keeps_reads_and_recovers_by_itself() {
+    let dir = tempdir();
+    let Some(disk) = SmallDisk::mount(&dir.path().join("disk"), 48) else {
+        return;
+    };
+    // The data directory is the small disk; the node log is beside it.
+    let mut m = Marmot::start(&disk.dir).await;
+    let api = m.client();
+    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+    for i in 1..=3 {
+        let r = api.add("kit", "a", 1).await;
+        assert_eq!(r.status, 200, "{}", r.json);
+        assert_eq!(r.json["value"], i);
+    }
+
+    let filler = disk.fill();
+    // Writes until one is refused. The database file may still hold free
+    // pages, so the first few commits can succeed: those are acknowledged
+    // and must stay.
+    let mut acked = 3;
+    let mut refused = None;
+    for _ in 0..2_000 {
+        let r = api
+            .op(
+                "kit",
+                "a",
+                json!({"op": "big", "key": format!("big{acked}"), "bytes": 16 * 1024}),
+            )
+            .await;
+        if r.status == 200 {
+            let r = api.add("kit", "a", 1).await;
+            if r.status == 200 {
+                acked += 1;
+                assert_eq!(r.json["value"], acked);
+                continue;
+            }
+            refused = Some(r);
+        } else {
+            refused = Some(r);
+        }
+        break;
+    }
+    let refused = refused.expect("a full disk refused a write");
+    assert_eq!(refused.status, 503, "{}", refused.json);
+    assert_eq!(refused.code(), "storage_error", "{}", refused.json);
+    assert_eq!(refused.headers.get("retry-after").unwrap(), "1");
+
+    // While the disk is full: more writes are refused, reads work, and the
+    // node says why it is not ready.
+    let r = api.add("kit", "a", 1).await;
+    assert_eq!(r.status, 503, "{}", r.json);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info = api.get("/v1/actors/kit/a").await;
+        let state = api.op("kit", "a", json!({"op": "get", "key": "n"})).await;
+        if info.status == 200 && state.status == 200 {
+            assert_eq!(state.json["value"], acked, "no refused write is visible");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "reads fail on a full disk: {} {} / {} {}\n{}",
+            info.status,
+            info.json,
+            state.status,
+            state.json,
+            m.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ready = api.get("/readyz").await;
+    assert_eq!(ready.status, 503, "{}", ready.json);
+    assert_eq!(ready.code(), "disk_fault", "{}", ready.json);
+    let metrics = String::from_utf8_lossy(&api.get("/metrics").await.body).into_owned();
+    assert_eq!(metric(&metrics, "marmot_storage_disk_faulted"), 1.0);
+    assert!(m.log_text().contains("the disk failed"), "the log says why");
+
+    // Space returns: the node notices by itself (no request needed), and
+    // writes continue from the last acknowledged value.
+    std::fs::remove_file(&filler).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while api.get("/readyz").await.status != 200 {
+        assert!(Instant::now() < deadline, "the node did not recover");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = api.add("kit", "a", 1).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["value"], acked + 1);
+    let metrics = String::from_utf8_lossy(&api.get("/metrics").await.body).into_owned();
+    assert_eq!(metric(&metrics, "marmot_storage_disk_faulted"), 0.0);
+    assert!(metric(&metrics, "marmot_storage_reopens_total") >= 1.0);
+
+    // And it is durable: a kill -9 and restart find it.
+    m.kill9();
+    m.restart().await;
+    let r = api.op("kit", "a", json!({"op": "get", "key": "n"})).await;
+    assert_eq!(r.json["value"], acked + 1, "{}", r.json);
+    drop(m);
+    drop(disk);
+}
