@@ -17,6 +17,7 @@ mod peer;
 mod rss;
 mod server;
 mod sse;
+mod torture;
 mod webhooks;
 
 use std::time::Duration;
@@ -58,6 +59,9 @@ pub struct BenchArgs {
     /// vs-workerd: measured rounds per scenario (A B A B …).
     #[arg(long, default_value_t = 2)]
     pub rounds: usize,
+    /// torture: `kill -9` cycles.
+    #[arg(long, default_value_t = 1000)]
+    pub cycles: usize,
 }
 
 /// The scenarios.
@@ -106,7 +110,12 @@ pub enum Scenario {
     /// Side by side with Cloudflare's workerd (Durable Objects on local
     /// SQLite), same load generator, alternating runs, with ratios.
     VsWorkerd,
-    /// Every scenario above but vs-workerd, one after another.
+    /// Crash torture, not a measurement: `--cycles` (default 1,000) `kill -9`s
+    /// under mixed load (`--connections` clients; `--actors` per block of 20
+    /// cycles, default 16), every acknowledged effect checked after each
+    /// restart.
+    Torture,
+    /// Every scenario above but vs-workerd and torture, one after another.
     All,
 }
 
@@ -164,6 +173,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::Files => files::files(&args).await?,
             Scenario::Agent => agent::agent(&args).await?,
             Scenario::VsWorkerd => compare::vs_workerd(&args).await?,
+            Scenario::Torture => torture::torture(&args).await?,
             Scenario::All => unreachable!(),
         }
     }

@@ -19,12 +19,32 @@ pub(super) struct ServerProc {
 impl ServerProc {
     /// Start `marmot dev` on `data` with `config` (TOML) and wait for readiness.
     pub async fn start(data: &Path, config: &str) -> anyhow::Result<Self> {
+        Self::start_with(data, config, &[], None).await
+    }
+
+    /// [`Self::start`] with extra environment variables, and the node's
+    /// log appended to `log` instead of this process's stderr.
+    pub async fn start_with(
+        data: &Path,
+        config: &str,
+        env: &[(&str, &str)],
+        log: Option<&Path>,
+    ) -> anyhow::Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let config_path = data.with_extension("toml");
         std::fs::write(&config_path, config)?;
+        let stderr = match log {
+            Some(path) => Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)?,
+            ),
+            None => Stdio::inherit(),
+        };
         let child = Command::new(std::env::current_exe()?)
             .args(["dev", "--no-examples", "--listen"])
             .arg(addr.to_string())
@@ -33,8 +53,9 @@ impl ServerProc {
             .arg("--config")
             .arg(&config_path)
             .env("MARMOT_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .context("cannot start the benchmark node")?;
         let mut s = Self { child, addr };
@@ -121,6 +142,12 @@ impl ServerProc {
             String::from_utf8_lossy(&body)
         );
         Ok(())
+    }
+
+    /// `kill -9` the node and reap it.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Stop the node (SIGTERM, then SIGKILL).
