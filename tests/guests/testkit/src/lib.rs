@@ -3,6 +3,8 @@
 //! Each message is `{"op": "...", ...}`; the ops exercise one host behaviour
 //! each (state, events, traps, limits, fault injection, upgrades).
 
+mod fuzz;
+
 use marmot_guest::actors;
 use marmot_guest::alarms::{self, Schedule};
 use marmot_guest::raw::{files, http, js};
@@ -48,6 +50,10 @@ enum Op {
     Crash { marker: String },
     /// One `model.chat` call: the answer, or the error.
     Chat { request: Value },
+    /// `calls` random host calls with random arguments through the raw
+    /// WIT bindings (a fuzzer of the host boundary); replies with how many
+    /// returned a value or an error per interface.
+    HostFuzz { seed: u64, calls: u32 },
     /// Print to stdout and stderr.
     Print { text: String },
     /// Reply with the context and the upgrade marker.
@@ -274,6 +280,7 @@ impl Actor for TestKit {
                 log::error(&marker);
                 Reply::json(&json!({ "crashed": false }))
             }
+            Op::HostFuzz { seed, calls } => Reply::json(&fuzz::run(seed, calls)),
             Op::Chat { request } => match marmot_guest::model::chat(&request) {
                 Ok(answer) => Reply::json(&json!({ "answer": answer })),
                 Err(e) => Reply::json(&json!({ "error": e.message() })),
