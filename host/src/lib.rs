@@ -43,5 +43,6 @@ mod node;
 mod sandbox;
 mod secrets;
 mod streams;
+mod telemetry;
 mod tokens;
 pub mod webhooks;

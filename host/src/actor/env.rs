@@ -174,6 +174,8 @@ impl ActorEnv {
                 idempotency_key,
                 chain,
                 reply,
+                trace: crate::telemetry::Parent::current(),
+                sent_at: std::time::Instant::now(),
             }))
         })
         .await

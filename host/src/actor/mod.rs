@@ -98,6 +98,11 @@ pub struct Delivery {
     pub chain: crate::sandbox::CallChain,
     /// Completed once the turn is durable (or failed).
     pub reply: oneshot::Sender<Result<TurnReply, TurnError>>,
+    /// The sender's span (a caller's turn, a request with a
+    /// `traceparent`), parent of the turn's span; `None` with traces off.
+    pub trace: Option<crate::telemetry::Parent>,
+    /// When the message was handed to the actor.
+    pub sent_at: std::time::Instant,
 }
 
 /// The reply to a message, released only after its turn is durable.

@@ -7,6 +7,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde::Deserialize;
+use tracing::Instrument as _;
 
 use super::extract::{ActorPath, KnownType};
 use super::{ApiError, AppState, Path, Query};
@@ -82,10 +83,16 @@ pub(super) async fn send(
         }
         return Ok(resp);
     }
-    let reply = s
-        .node
-        .send(&key, body, content_type, idempotency_key)
-        .await?;
+    let sent = s.node.send(&key, body, content_type, idempotency_key);
+    let reply = match crate::telemetry::Parent::from_headers(&headers) {
+        // The caller's trace: the turn's span becomes part of it.
+        Some(parent) => {
+            let span = tracing::info_span!("request", actor_type = key.ty(), actor_id = key.id());
+            parent.adopt(&span);
+            sent.instrument(span).await?
+        }
+        None => sent.await?,
+    };
     let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::OK);
     let content_type = reply
         .content_type

@@ -246,7 +246,6 @@ impl ClientArgs {
 /// Entry point of the `marmot` binary.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log, cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -257,7 +256,12 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let exporter = init_logging(&cli.log, cli.log_format, runtime.handle());
     let result = runtime.block_on(run(cli.command));
+    if let Some(exporter) = exporter {
+        // Flushes on this thread; its requests run on the runtime.
+        exporter.shutdown();
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -350,19 +354,42 @@ async fn run(command: Command) -> anyhow::Result<()> {
     }
 }
 
-fn init_logging(filter: &str, format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
+/// Logs to stderr, and OpenTelemetry traces when the environment asks for
+/// them (`OTEL_EXPORTER_OTLP_ENDPOINT`; see `telemetry`).
+fn init_logging(
+    filter: &str,
+    format: LogFormat,
+    runtime: &tokio::runtime::Handle,
+) -> Option<crate::telemetry::Exporter> {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::{EnvFilter, Layer as _};
     let filter = EnvFilter::try_new(filter).unwrap_or_else(|e| {
         eprintln!("warning: invalid log filter `{filter}` ({e}); using `info`");
         EnvFilter::new("info")
     });
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format {
+        LogFormat::Text => fmt.boxed(),
+        LogFormat::Json => fmt.json().boxed(),
+    };
+    let (otel, exporter) = if crate::telemetry::requested() {
+        match crate::telemetry::layer(runtime.clone()) {
+            Ok((layer, exporter)) => (Some(layer), Some(exporter)),
+            Err(e) => {
+                eprintln!("warning: OpenTelemetry traces are off: {e:#}");
+                (None, None)
+            }
+        }
+    } else {
+        (None, None)
+    };
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt)
+        .with(otel)
+        .init();
+    exporter
 }
 
 /// Parse `--listen`.

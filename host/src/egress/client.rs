@@ -428,6 +428,13 @@ impl Egress {
             if let Some(b) = &body {
                 builder = builder.body(Bytes::from(b.clone()));
             }
+            // The turn's trace, unless the guest carries its own.
+            if !headers
+                .iter()
+                .any(|h| h.name.eq_ignore_ascii_case("traceparent"))
+            {
+                builder = builder.headers(crate::telemetry::outgoing_headers());
+            }
             let resp = builder
                 .send()
                 .await

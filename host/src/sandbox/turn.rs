@@ -294,6 +294,7 @@ impl TurnState {
             // Filled in from the turn's outcome, which has it whatever the
             // result.
             usage: Default::default(),
+            span: None,
         };
         (carry, finished)
     }
@@ -366,6 +367,10 @@ pub struct FinishedTurn {
     /// Model usage of the turn, and the part of it held in the budget
     /// ledger until the commit is durable.
     pub usage: TurnUsage,
+    /// The turn's span while traces are exported: kept open until the
+    /// commit is durable, which then records its time (the actor layer
+    /// sets it).
+    pub span: Option<tracing::Span>,
 }
 
 impl FinishedTurn {

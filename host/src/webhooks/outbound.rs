@@ -19,6 +19,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use tokio::sync::mpsc;
 
@@ -253,7 +254,18 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
             in_flight.insert(seq);
             let (w, client, done_tx) = (w.clone(), client.clone(), done_tx.clone());
             tokio::spawn(async move {
-                w.attempt(&client, seq, rec, &sub, schedule).await;
+                let span = tracing::info_span!(
+                    "webhook_out",
+                    subscription = %rec.subscription,
+                    webhook_id = %rec.webhook_id,
+                    actor_type = %rec.actor_type,
+                    actor_id = %rec.actor_id,
+                    event_seq = rec.event_seq,
+                    attempt = rec.attempts + 1,
+                );
+                w.attempt(&client, seq, rec, &sub, schedule)
+                    .instrument(span)
+                    .await;
                 let _ = done_tx.send((seq, dest));
             });
         }
@@ -314,6 +326,7 @@ impl Worker {
             .header("webhook-id", &rec.webhook_id)
             .header("webhook-timestamp", ts.to_string())
             .header("webhook-signature", signature)
+            .headers(crate::telemetry::outgoing_headers())
             .body(rec.payload.clone())
             .send()
             .await;

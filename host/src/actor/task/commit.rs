@@ -5,6 +5,7 @@
 //! recipients woken).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::sync::oneshot;
 
@@ -121,6 +122,18 @@ impl ActorTask {
         }
         let mut inputs = finished.input_writes;
         inputs.append(&mut extras.inputs);
+        let on_durable = match finished.span {
+            // The turn's span ends once its commit is durable.
+            Some(span) => {
+                let submitted = Instant::now();
+                Box::new(move |r: Result<(), CommitFailed>| {
+                    span.record("commit_us", submitted.elapsed().as_micros() as u64);
+                    on_durable(r);
+                    drop(span);
+                }) as OnDurable
+            }
+            None => on_durable,
+        };
         let on_durable = if finished.blob_holds.is_empty() {
             on_durable
         } else {

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::super::{Delivery, EvalReply, TurnError, TurnReply};
-use super::{ActorTask, CommitExtras};
+use super::{ActorTask, CommitExtras, TurnTrace};
 use crate::clock::now_ms;
 use crate::sandbox::{Message, TurnInput, TurnOutput};
 use crate::storage::WriteOp;
@@ -20,7 +20,13 @@ impl ActorTask {
             idempotency_key,
             chain,
             reply,
+            trace,
+            sent_at,
         } = d;
+        self.next_trace = TurnTrace {
+            parent: trace,
+            since: Some(sent_at),
+        };
         if let Err(e) = self.ready(true).await {
             let _ = reply.send(Err(e));
             return;

@@ -95,6 +95,18 @@ pub(crate) struct ActorTask {
     /// Earlier starts of the delivery the next turn runs (an inbox row's
     /// counted recovery attempts); taken by that turn.
     next_attempt: u32,
+    /// Where the next turn's span hangs, and since when its delivery
+    /// waits; taken by that turn.
+    next_trace: TurnTrace,
+}
+
+/// The trace context of a turn's delivery.
+#[derive(Default)]
+pub(super) struct TurnTrace {
+    /// The span the turn's span is a child of.
+    pub(super) parent: Option<crate::telemetry::Parent>,
+    /// When the delivery reached the actor (the turn's wait starts).
+    pub(super) since: Option<Instant>,
 }
 
 impl ActorTask {
@@ -105,6 +117,7 @@ impl ActorTask {
             key,
             shared,
             next_attempt: 0,
+            next_trace: TurnTrace::default(),
             record: None,
             persisted: None,
             live: None,

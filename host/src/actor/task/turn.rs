@@ -184,6 +184,7 @@ impl ActorTask {
     ) -> Result<(TurnOutput, FinishedTurn), TurnError> {
         let started = Instant::now();
         let attempt = std::mem::take(&mut self.next_attempt);
+        let trace = std::mem::take(&mut self.next_trace);
         let span = tracing::info_span!(
             "turn",
             actor_type = self.key.ty(),
@@ -192,7 +193,14 @@ impl ActorTask {
             kind,
             turn_id,
             cpu_us = tracing::field::Empty,
+            wait_us = tracing::field::Empty,
+            run_us = tracing::field::Empty,
+            commit_us = tracing::field::Empty,
         );
+        let traced = crate::telemetry::enabled();
+        if let Some(parent) = trace.parent {
+            parent.adopt(&span);
+        }
         // An eval runs in a fresh sandbox; everything else in the actor's
         // live instance.
         let mut fresh = None;
@@ -247,8 +255,14 @@ impl ActorTask {
             Some(inst) => inst,
             None => &mut self.live.as_mut().expect("instance made live above").inst,
         };
+        let run_started = Instant::now();
         let outcome = inst.run(request).instrument(span.clone()).await;
         span.record("cpu_us", outcome.cpu.as_micros() as u64);
+        if traced {
+            let waited = run_started - trace.since.unwrap_or(started);
+            span.record("wait_us", waited.as_micros() as u64);
+            span.record("run_us", run_started.elapsed().as_micros() as u64);
+        }
         self.env
             .metrics
             .turn_seconds
@@ -293,6 +307,7 @@ impl ActorTask {
             Ok((out, mut finished)) => {
                 metrics.turn(kind, "ok");
                 finished.usage = usage;
+                finished.span = traced.then(|| span.clone());
                 Ok((out, finished))
             }
             Err(TurnFailure::Guest(msg)) => {
