@@ -34,6 +34,20 @@ ensure_c_toolchain() {
     apt_install "for the JavaScript engine" clang llvm wasi-libc
 }
 
+# The etcd client (cluster membership) is generated from etcd's protobuf
+# files at build time: it needs protoc (Debian's protobuf-compiler).
+ensure_protoc() {
+    if [ -n "${PROTOC:-}" ] || command -v protoc >/dev/null 2>&1; then
+        return 0
+    fi
+    ensure_commands protoc:protobuf-compiler
+}
+
+# The cluster tests run real etcd (Debian's etcd-server, 3.4+).
+ensure_etcd() {
+    ensure_commands etcd:etcd-server
+}
+
 # Install Debian packages for the commands named, when a command is missing:
 # ensure_commands "wrk:wrk" "npm:npm".
 ensure_commands() {

@@ -33,6 +33,7 @@ mod api;
 mod bench;
 mod catalog;
 pub mod cli;
+mod cluster;
 mod egress;
 pub mod fake_provider;
 mod guests;

@@ -23,6 +23,7 @@ mod runs;
 #[cfg(test)]
 mod tests;
 
+use crate::cluster::Cluster;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -70,6 +71,8 @@ pub struct Node {
     tokens: Arc<Tokens>,
     /// Model calls.
     models: Arc<Gateway>,
+    /// Membership and routing when the node is part of a cluster.
+    cluster: Option<Cluster>,
     ready: AtomicBool,
 }
 
@@ -162,6 +165,10 @@ impl Node {
                 at_ms: now_ms(),
             },
         });
+        let cluster = match &config.cluster {
+            Some(c) => Some(Cluster::start(c).await?),
+            None => None,
+        };
         let node = Arc::new(Self {
             config: config.clone(),
             storage: storage.clone(),
@@ -173,6 +180,7 @@ impl Node {
             secrets,
             tokens,
             models,
+            cluster,
             ready: AtomicBool::new(false),
         });
         node.update_gauges();
@@ -201,6 +209,11 @@ impl Node {
     /// Storage open and crash recovery finished.
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
+    }
+
+    /// Membership and routing, when the node is part of a cluster.
+    pub fn cluster(&self) -> Option<&Cluster> {
+        self.cluster.as_ref()
     }
 
     /// The node's configuration.

@@ -56,6 +56,8 @@ pub struct NodeConfig {
     pub models: ModelsConfig,
     /// Browsers and apps that call with client tokens: CORS, rate limits.
     pub clients: ClientsConfig,
+    /// Several nodes sharing metadata in etcd; `None`: this node runs alone.
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl Default for NodeConfig {
@@ -78,6 +80,7 @@ impl Default for NodeConfig {
             files: FilesConfig::default(),
             models: ModelsConfig::default(),
             clients: ClientsConfig::default(),
+            cluster: None,
         }
     }
 }
@@ -126,6 +129,9 @@ impl NodeConfig {
             ));
         }
         self.clients.validate()?;
+        if let Some(c) = &self.cluster {
+            c.validate()?;
+        }
         if self.models.max_attempts == 0 {
             return Err("models.max_attempts must be at least 1".into());
         }
@@ -321,6 +327,92 @@ impl Default for AlarmsConfig {
             retry_base_ms: 1000,
             concurrency: 256,
         }
+    }
+}
+
+/// Membership of a cluster (PRODUCT.md §8): etcd holds members, the
+/// controller and the slot table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Unique and stable: the node's name in the slot table.
+    pub node_id: String,
+    /// Where the node is (`eu-west`); new actors are placed in a region.
+    #[serde(default = "default_region")]
+    pub region: String,
+    /// The URL the other nodes reach this one at (`http://10.0.0.1:7878`).
+    pub advertise: String,
+    /// etcd endpoints (`http://10.0.0.9:2379`).
+    pub etcd: Vec<String>,
+    /// The membership lease's time to live. A node that cannot renew it
+    /// within this time stops serving; the controller moves its slots only
+    /// after it expired.
+    #[serde(default = "default_lease_ttl_s")]
+    pub lease_ttl_s: u64,
+    /// The cluster's key prefix in etcd (several clusters may share one).
+    #[serde(default = "default_etcd_prefix")]
+    pub etcd_prefix: String,
+}
+
+fn default_region() -> String {
+    "default".into()
+}
+
+fn default_lease_ttl_s() -> u64 {
+    5
+}
+
+fn default_etcd_prefix() -> String {
+    "/marmot".into()
+}
+
+impl ClusterConfig {
+    fn validate(&self) -> Result<(), String> {
+        let name_ok = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 64
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        };
+        if !name_ok(&self.node_id) {
+            return Err(format!(
+                "cluster.node_id `{}` must be 1–64 of A-Z a-z 0-9 - _ .",
+                self.node_id
+            ));
+        }
+        if !name_ok(&self.region) {
+            return Err(format!(
+                "cluster.region `{}` must be 1–64 of A-Z a-z 0-9 - _ .",
+                self.region
+            ));
+        }
+        let url_ok = |u: &str| {
+            (u.starts_with("http://") || u.starts_with("https://"))
+                && u.split_once("://").is_some_and(|(_, rest)| {
+                    !rest.is_empty() && !rest.contains(['/', '?', '#', ' '])
+                })
+        };
+        if !url_ok(&self.advertise) {
+            return Err(format!(
+                "cluster.advertise `{}` must be a base URL like `http://10.0.0.1:7878` (scheme, host, port; no path)",
+                self.advertise
+            ));
+        }
+        if self.etcd.is_empty() {
+            return Err("cluster.etcd must list at least one endpoint".into());
+        }
+        if let Some(e) = self.etcd.iter().find(|e| !url_ok(e)) {
+            return Err(format!(
+                "cluster.etcd: `{e}` is not an endpoint like `http://10.0.0.9:2379`"
+            ));
+        }
+        if !(2..=60).contains(&self.lease_ttl_s) {
+            return Err("cluster.lease_ttl_s must be between 2 and 60 seconds".into());
+        }
+        if !self.etcd_prefix.starts_with('/') || self.etcd_prefix.ends_with('/') {
+            return Err("cluster.etcd_prefix must start with `/` and not end with one".into());
+        }
+        Ok(())
     }
 }
 

@@ -1,0 +1,497 @@
+//! Several nodes as one: membership, the slot table and routing, with etcd
+//! as the metadata authority (PRODUCT.md §8; docs/design.md "Cluster").
+//!
+//! Each node holds an etcd lease on its member key and renews it; it serves
+//! its slots only while the lease is *provably* alive: until the send time
+//! of the last confirmed keepalive plus the TTL minus a margin, measured on
+//! the monotonic clock (a node paused past that stops serving before anyone
+//! else may take over). One node, elected by a key under its own lease, is
+//! the controller: the only writer of slot assignments, always by
+//! compare-and-swap, the epoch incremented on every change of owner. Every
+//! node watches the metadata and routes each actor request to its slot's
+//! owner.
+//!
+//! This slice has no replication yet: a slot that has served requests
+//! ("used") keeps its owner, and while that owner is down its actors are
+//! unavailable (503), never served elsewhere from empty state. Unused slots
+//! are balanced over the live members by rendezvous hashing.
+
+mod controller;
+pub mod records;
+mod view;
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
+use tokio::sync::Notify;
+
+use crate::config::ClusterConfig;
+use crate::ids::ActorKey;
+use records::{Keys, LAYOUT_VERSION, MemberRecord, MetaRecord, SLOTS, SlotRecord, slot_of};
+pub use view::View;
+
+/// Where a request for an actor goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// This node owns the slot.
+    Local { slot: u32, epoch: u64, used: bool },
+    /// Another node does.
+    Remote {
+        slot: u32,
+        epoch: u64,
+        node_id: String,
+        advertise: String,
+    },
+    /// Nobody can serve it now.
+    Unavailable { slot: u32, why: String },
+}
+
+/// A running cluster member.
+#[derive(Clone)]
+pub struct Cluster {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ClusterConfig,
+    keys: Keys,
+    client: Client,
+    view: RwLock<View>,
+    /// Woken when the view changes.
+    changed: Notify,
+    lease: Lease,
+}
+
+/// The membership lease and how long it is provably alive.
+struct Lease {
+    id: AtomicI64,
+    /// Monotonic milliseconds since `base` until which the lease is alive.
+    alive_until_ms: AtomicU64,
+    base: Instant,
+    ttl: Duration,
+}
+
+impl Lease {
+    /// Kept back from the TTL: etcd's clock and ours may drift, and a
+    /// request admitted just before the deadline still has to finish.
+    fn margin(&self) -> Duration {
+        self.ttl / 5
+    }
+
+    fn confirmed(&self, sent_at: Instant, ttl: Duration) {
+        let until = (sent_at + ttl.saturating_sub(self.margin())) - self.base;
+        self.alive_until_ms
+            .fetch_max(until.as_millis() as u64, Ordering::AcqRel);
+    }
+
+    fn alive(&self) -> bool {
+        (self.base.elapsed().as_millis() as u64) < self.alive_until_ms.load(Ordering::Acquire)
+    }
+}
+
+impl Cluster {
+    /// Connect to etcd, join (a member key under a fresh lease), read the
+    /// metadata and start renewing, watching and campaigning.
+    pub async fn start(config: &ClusterConfig) -> anyhow::Result<Self> {
+        let mut client =
+            tokio::time::timeout(Duration::from_secs(10), Client::connect(&config.etcd, None))
+                .await
+                .map_err(|_| {
+                    anyhow::anyhow!("etcd at {:?} did not answer within 10 s", config.etcd)
+                })?
+                .with_context(|| format!("cannot connect to etcd at {:?}", config.etcd))?;
+        let keys = Keys::new(&config.etcd_prefix);
+        check_meta(&mut client, &keys).await?;
+        let ttl = Duration::from_secs(config.lease_ttl_s);
+        let inner = Arc::new(Inner {
+            config: config.clone(),
+            keys,
+            client,
+            view: RwLock::new(View::default()),
+            changed: Notify::new(),
+            lease: Lease {
+                id: AtomicI64::new(0),
+                alive_until_ms: AtomicU64::new(0),
+                base: Instant::now(),
+                ttl,
+            },
+        });
+        inner.join().await?;
+        inner.relist().await?;
+        tokio::spawn(inner.clone().keep_alive());
+        tokio::spawn(inner.clone().watch());
+        tokio::spawn(controller::run(inner.clone()));
+        tracing::info!(node = %config.node_id, region = %config.region, etcd = ?config.etcd, "joined the cluster");
+        Ok(Self { inner })
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> &str {
+        &self.inner.config.node_id
+    }
+
+    /// This node's region.
+    pub fn region(&self) -> &str {
+        &self.inner.config.region
+    }
+
+    /// Whether this node's lease is provably alive.
+    pub fn alive(&self) -> bool {
+        self.inner.lease.alive()
+    }
+
+    /// Where a request for `key` goes now.
+    pub fn route(&self, key: &ActorKey) -> Route {
+        self.inner.route(slot_of(key))
+    }
+
+    /// Re-read the metadata from etcd (after a peer said our view is
+    /// stale).
+    pub async fn refresh(&self) -> anyhow::Result<()> {
+        self.inner.relist().await
+    }
+
+    /// Mark `slot`, owned here at `epoch`, used before serving it for the
+    /// first time: from then on the controller will not give it away
+    /// (compare-and-swap against its last write). `false`: the slot changed
+    /// meanwhile; route again.
+    pub async fn claim(&self, slot: u32, epoch: u64) -> anyhow::Result<bool> {
+        let inner = &self.inner;
+        let entry = inner.view().slots[slot as usize].clone();
+        let Some(entry) =
+            entry.filter(|e| e.record.owner == inner.config.node_id && e.record.epoch == epoch)
+        else {
+            return Ok(false);
+        };
+        if entry.record.used {
+            return Ok(true);
+        }
+        let key = inner.keys.slot(slot);
+        let record = SlotRecord {
+            used: true,
+            ..entry.record
+        };
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                entry.mod_revision,
+            )])
+            .and_then([TxnOp::put(key, serde_json::to_vec(&record)?, None)]);
+        let won = inner.client.clone().txn(txn).await?.succeeded();
+        inner.relist().await?;
+        Ok(won)
+    }
+
+    /// The members and the slot table, as `GET /v1/cluster` shows them.
+    pub fn status(&self) -> serde_json::Value {
+        let v = self.inner.view();
+        let counts = v.slot_counts();
+        let mut used = std::collections::BTreeMap::<&str, u32>::new();
+        let mut unavailable = 0;
+        for e in v.slots.iter().flatten() {
+            if e.record.used {
+                *used.entry(e.record.owner.as_str()).or_default() += 1;
+            }
+            if !v.members.contains_key(&e.record.owner) {
+                unavailable += 1;
+            }
+        }
+        let members: Vec<_> = v
+            .members
+            .values()
+            .map(|m| {
+                serde_json::json!({
+                    "node_id": m.node_id,
+                    "region": m.region,
+                    "advertise": m.advertise,
+                    "incarnation": m.incarnation,
+                    "alive": true,
+                    "slots": counts.get(&m.node_id).copied().unwrap_or(0),
+                    "slots_used": used.get(m.node_id.as_str()).copied().unwrap_or(0),
+                })
+            })
+            .collect();
+        let down: Vec<_> = counts
+            .iter()
+            .filter(|(n, _)| !v.members.contains_key(*n))
+            .map(|(n, c)| serde_json::json!({"node_id": n, "alive": false, "slots": c}))
+            .collect();
+        let max_epoch = v.slots.iter().flatten().map(|e| e.record.epoch).max();
+        serde_json::json!({
+            "node_id": self.inner.config.node_id,
+            "controller": v.controller,
+            "revision": v.revision,
+            "slots": SLOTS,
+            "slots_assigned": v.slots.iter().flatten().count(),
+            "slots_unavailable": unavailable,
+            "max_epoch": max_epoch,
+            "members": members.into_iter().chain(down).collect::<Vec<_>>(),
+        })
+    }
+
+    /// The other live members (for requests that every node must apply).
+    pub fn peers(&self) -> Vec<MemberRecord> {
+        self.inner
+            .view()
+            .members
+            .values()
+            .filter(|m| m.node_id != self.inner.config.node_id)
+            .cloned()
+            .collect()
+    }
+
+    /// Leave: revoke the lease so that the member key goes at once.
+    pub async fn leave(&self) {
+        let id = self.inner.lease.id.load(Ordering::Acquire);
+        let _ = self.inner.client.clone().lease_revoke(id).await;
+    }
+}
+
+impl Inner {
+    fn view(&self) -> std::sync::RwLockReadGuard<'_, View> {
+        self.view.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn route(&self, slot: u32) -> Route {
+        let v = self.view();
+        let Some(entry) = &v.slots[slot as usize] else {
+            return Route::Unavailable {
+                slot,
+                why: "the slot has no owner yet (the controller assigns it once members join)"
+                    .into(),
+            };
+        };
+        let r = &entry.record;
+        if r.owner == self.config.node_id {
+            if !self.lease.alive() {
+                return Route::Unavailable {
+                    slot,
+                    why: "this node's membership lease is not confirmed alive".into(),
+                };
+            }
+            return Route::Local {
+                slot,
+                epoch: r.epoch,
+                used: r.used,
+            };
+        }
+        match v.members.get(&r.owner) {
+            Some(m) => Route::Remote {
+                slot,
+                epoch: r.epoch,
+                node_id: m.node_id.clone(),
+                advertise: m.advertise.clone(),
+            },
+            None => Route::Unavailable {
+                slot,
+                why: format!(
+                    "its owner `{}` is down and the slot has no backup yet",
+                    r.owner
+                ),
+            },
+        }
+    }
+
+    /// Put the member key under a fresh lease.
+    async fn join(&self) -> anyhow::Result<()> {
+        let mut client = self.client.clone();
+        let sent_at = Instant::now();
+        let lease = client
+            .lease_grant(self.lease.ttl.as_secs() as i64, None)
+            .await
+            .context("cannot get a lease from etcd")?;
+        let id = lease.id();
+        let member = MemberRecord {
+            node_id: self.config.node_id.clone(),
+            region: self.config.region.clone(),
+            advertise: self.config.advertise.clone(),
+            incarnation: id,
+        };
+        // Only one live process per node id: the key must be free (or ours
+        // from a lease that is gone).
+        let key = self.keys.member(&self.config.node_id);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key,
+                serde_json::to_vec(&member)?,
+                Some(PutOptions::new().with_lease(id)),
+            )]);
+        if !client.txn(txn).await?.succeeded() {
+            let _ = client.lease_revoke(id).await;
+            anyhow::bail!(
+                "another live node is registered as `{}` (node ids must be unique; if that node just died, its lease ends within {} s)",
+                self.config.node_id,
+                self.lease.ttl.as_secs()
+            );
+        }
+        self.lease.id.store(id, Ordering::Release);
+        self.lease
+            .confirmed(sent_at, Duration::from_secs(lease.ttl().max(0) as u64));
+        Ok(())
+    }
+
+    /// Renew the lease every third of its TTL. A transport error retries
+    /// the same lease; once etcd says it is gone, join again as a new
+    /// incarnation.
+    async fn keep_alive(self: Arc<Self>) {
+        let every = self.lease.ttl / 3;
+        loop {
+            match self.renew(every).await {
+                Ok(()) => {
+                    tracing::warn!(
+                        "cluster membership lease lost: not serving this node's slots until it joins again"
+                    );
+                    loop {
+                        match self.join().await {
+                            Ok(()) => {
+                                tracing::info!("joined the cluster again with a new lease");
+                                break;
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "cannot join the cluster again yet")
+                            }
+                        }
+                        tokio::time::sleep(every).await;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cluster lease renewal failed; retrying");
+                    tokio::time::sleep(every / 2).await;
+                }
+            }
+        }
+    }
+
+    /// Renew until etcd says the lease is gone (`Ok`) or a request fails.
+    async fn renew(&self, every: Duration) -> anyhow::Result<()> {
+        let id = self.lease.id.load(Ordering::Acquire);
+        let (mut keeper, mut stream) = self.client.clone().lease_keep_alive(id).await?;
+        loop {
+            let sent_at = Instant::now();
+            keeper.keep_alive().await?;
+            let reply = tokio::time::timeout(every, stream.message())
+                .await
+                .map_err(|_| anyhow::anyhow!("no keepalive answer within {every:?}"))??
+                .ok_or_else(|| anyhow::anyhow!("keepalive stream closed"))?;
+            if reply.ttl() <= 0 {
+                return Ok(());
+            }
+            self.lease
+                .confirmed(sent_at, Duration::from_secs(reply.ttl() as u64));
+            tokio::time::sleep(every).await;
+        }
+    }
+
+    /// Read everything at one revision into a fresh view.
+    async fn relist(&self) -> anyhow::Result<()> {
+        let resp = self
+            .client
+            .clone()
+            .get(self.keys.all(), Some(GetOptions::new().with_prefix()))
+            .await?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let mut view = View {
+            revision,
+            ..View::default()
+        };
+        for kv in resp.kvs() {
+            if let Ok(key) = kv.key_str() {
+                view.apply(&self.keys, key, Some(kv.value()), kv.mod_revision());
+            }
+        }
+        {
+            let mut v = self.view.write().unwrap_or_else(|p| p.into_inner());
+            // A watch may have moved ahead meanwhile.
+            if v.revision <= revision {
+                *v = view;
+            }
+        }
+        self.changed.notify_waiters();
+        Ok(())
+    }
+
+    /// Follow changes from the view's revision; after a watch error or
+    /// compaction, re-list and watch from there.
+    async fn watch(self: Arc<Self>) {
+        loop {
+            if let Err(e) = self.watch_once().await {
+                tracing::warn!(error = %e, "cluster watch ended; re-listing");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if let Err(e) = self.relist().await {
+                tracing::warn!(error = %e, "cannot re-list the cluster metadata");
+            }
+        }
+    }
+
+    async fn watch_once(&self) -> anyhow::Result<()> {
+        let from = self.view().revision + 1;
+        let mut stream = self
+            .client
+            .clone()
+            .watch(
+                self.keys.all(),
+                Some(WatchOptions::new().with_prefix().with_start_revision(from)),
+            )
+            .await?;
+        while let Some(resp) = stream.message().await? {
+            if resp.canceled() || resp.compact_revision() > 0 {
+                anyhow::bail!("watch canceled (compacted at {})", resp.compact_revision());
+            }
+            let revision = resp.header().map_or(0, |h| h.revision());
+            {
+                let mut v = self.view.write().unwrap_or_else(|p| p.into_inner());
+                for ev in resp.events() {
+                    let Some(kv) = ev.kv() else { continue };
+                    let Ok(key) = kv.key_str() else { continue };
+                    let value = match ev.event_type() {
+                        etcd_client::EventType::Put => Some(kv.value()),
+                        etcd_client::EventType::Delete => None,
+                    };
+                    v.apply(&self.keys, key, value, kv.mod_revision());
+                }
+                v.revision = v.revision.max(revision);
+            }
+            self.changed.notify_waiters();
+        }
+        anyhow::bail!("watch stream closed")
+    }
+}
+
+/// Create `meta` on first use, or check that this build speaks its layout.
+async fn check_meta(client: &mut Client, keys: &Keys) -> anyhow::Result<()> {
+    let meta = MetaRecord {
+        layout: LAYOUT_VERSION,
+        slots: SLOTS,
+    };
+    let txn = Txn::new()
+        .when([Compare::create_revision(keys.meta(), CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(keys.meta(), serde_json::to_vec(&meta)?, None)])
+        .or_else([TxnOp::get(keys.meta(), None)]);
+    let resp = client.txn(txn).await?;
+    if resp.succeeded() {
+        return Ok(());
+    }
+    let found = resp.op_responses().into_iter().find_map(|r| match r {
+        etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
+        _ => None,
+    });
+    let found: MetaRecord = found
+        .as_deref()
+        .and_then(|b| serde_json::from_slice(b).ok())
+        .context("the cluster's meta record in etcd does not decode")?;
+    anyhow::ensure!(
+        found == meta,
+        "the cluster in etcd uses layout {} with {} slots; this build speaks layout {} with {} slots",
+        found.layout,
+        found.slots,
+        meta.layout,
+        meta.slots
+    );
+    Ok(())
+}

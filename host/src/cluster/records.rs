@@ -1,0 +1,198 @@
+//! What the cluster keeps in etcd, declared in one place: the key layout,
+//! the records (JSON, versioned by [`LAYOUT_VERSION`]) and the two hashes
+//! every node must agree on (actor → slot, slot → preferred node).
+//!
+//! ```text
+//! {prefix}/meta                 {"layout": 1, "slots": 1024}
+//! {prefix}/members/{node_id}    MemberRecord, under the member's lease
+//! {prefix}/controller           node_id of the controller, under its lease
+//! {prefix}/slots/{0000..1023}   SlotRecord, written only by the controller
+//!                               (and by the owner, to mark its slot used),
+//!                               always by compare-and-swap on mod_revision
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::ActorKey;
+
+/// Version of the layout above. A node refuses a cluster whose `meta`
+/// names another.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// Slots an actor can hash to. Fixed for the life of a cluster (recorded
+/// in `meta`).
+pub const SLOTS: u32 = 1024;
+
+/// The cluster's keys under one prefix.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    /// Keys under `prefix` (`/marmot`).
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    /// Everything of this cluster (watched as one range).
+    pub fn all(&self) -> String {
+        format!("{}/", self.prefix)
+    }
+
+    pub fn meta(&self) -> String {
+        format!("{}/meta", self.prefix)
+    }
+
+    pub fn member(&self, node_id: &str) -> String {
+        format!("{}/members/{node_id}", self.prefix)
+    }
+
+    pub fn controller(&self) -> String {
+        format!("{}/controller", self.prefix)
+    }
+
+    pub fn slot(&self, slot: u32) -> String {
+        format!("{}/slots/{slot:04}", self.prefix)
+    }
+
+    /// What a key under [`Self::all`] is.
+    pub fn parse<'k>(&self, key: &'k str) -> Option<Key<'k>> {
+        let rest = key.strip_prefix(&self.prefix)?.strip_prefix('/')?;
+        if let Some(id) = rest.strip_prefix("members/") {
+            return Some(Key::Member(id));
+        }
+        if let Some(n) = rest.strip_prefix("slots/") {
+            return n.parse().ok().filter(|n| *n < SLOTS).map(Key::Slot);
+        }
+        match rest {
+            "controller" => Some(Key::Controller),
+            "meta" => Some(Key::Meta),
+            _ => None,
+        }
+    }
+}
+
+/// A key of the layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key<'k> {
+    Meta,
+    Member(&'k str),
+    Controller,
+    Slot(u32),
+}
+
+/// `{prefix}/meta`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaRecord {
+    pub layout: u32,
+    pub slots: u32,
+}
+
+/// A live node. The key exists only while the node's lease does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberRecord {
+    pub node_id: String,
+    pub region: String,
+    /// Base URL the other nodes reach it at.
+    pub advertise: String,
+    /// The lease it joined with: a new process (or a rejoin after the
+    /// lease was lost) is a new incarnation.
+    pub incarnation: i64,
+}
+
+/// Who serves a slot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotRecord {
+    /// The owner's `node_id`.
+    pub owner: String,
+    /// Incremented on every change of owner: a request or commit made
+    /// under an older epoch is refused.
+    pub epoch: u64,
+    /// The owner has served the slot, so it may hold actors' data there.
+    /// A used slot moves only with its data (the next slice: backups and
+    /// moves); an unused one the controller may hand to another node.
+    pub used: bool,
+}
+
+/// The slot of an actor: FNV-1a (64 bit) of `type \0 id`, modulo
+/// [`SLOTS`]. Part of the layout: changing it moves every actor.
+pub fn slot_of(key: &ActorKey) -> u32 {
+    let h = fnv1a(&[key.ty().as_bytes(), b"\0", key.id().as_bytes()]);
+    (h % u64::from(SLOTS)) as u32
+}
+
+/// Rendezvous (highest random weight) score of `node_id` for `slot`: the
+/// node with the highest score is the slot's preferred owner, so a node
+/// joining or leaving moves only the slots it wins or held.
+pub fn score(slot: u32, node_id: &str) -> u64 {
+    // A final mix spreads FNV's weak low bits.
+    let h = fnv1a(&[&slot.to_le_bytes(), node_id.as_bytes()]);
+    let mut x = h ^ (h >> 33);
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^ (x >> 33)
+}
+
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for b in *part {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_stable_and_spread() {
+        // Pinned: these values are part of the layout.
+        let k = ActorKey::new("counter", "alice").unwrap();
+        assert_eq!(slot_of(&k), slot_of(&k.clone()));
+        let mut counts = vec![0u32; SLOTS as usize];
+        for i in 0..100_000 {
+            let k = ActorKey::new("t", &format!("user-{i}")).unwrap();
+            counts[slot_of(&k) as usize] += 1;
+        }
+        let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+        assert!(*min > 50 && *max < 160, "uneven: {min}..{max}");
+    }
+
+    #[test]
+    fn rendezvous_moves_only_the_slots_a_node_wins_or_held() {
+        fn best(nodes: &[&'static str], s: u32) -> &'static str {
+            nodes.iter().max_by_key(|n| score(s, n)).unwrap()
+        }
+        let three = ["n1", "n2", "n3"];
+        let four = ["n1", "n2", "n3", "n4"];
+        let mut moved = 0;
+        let mut won = [0; 3];
+        for s in 0..SLOTS {
+            let (a, b) = (best(&three, s), best(&four, s));
+            if a != b {
+                assert_eq!(b, "n4", "a slot moved between old nodes");
+                moved += 1;
+            }
+            won[three.iter().position(|n| *n == a).unwrap()] += 1;
+        }
+        assert!((180..330).contains(&moved), "moved {moved}");
+        assert!(won.iter().all(|w| (270..420).contains(w)), "{won:?}");
+    }
+
+    #[test]
+    fn keys_parse_back() {
+        let k = Keys::new("/marmot");
+        assert_eq!(k.parse(&k.member("n1")), Some(Key::Member("n1")));
+        assert_eq!(k.parse(&k.slot(17)), Some(Key::Slot(17)));
+        assert_eq!(k.parse(&k.controller()), Some(Key::Controller));
+        assert_eq!(k.parse(&k.meta()), Some(Key::Meta));
+        assert_eq!(k.parse("/marmot/slots/9999"), None);
+        assert_eq!(k.parse("/other/meta"), None);
+    }
+}

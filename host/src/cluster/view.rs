@@ -1,0 +1,82 @@
+//! This node's cached copy of the cluster's metadata: members and the slot
+//! table at one etcd revision, kept current by a watch (re-listed at a
+//! revision after a watch error or compaction).
+
+use std::collections::BTreeMap;
+
+use super::records::{Key, Keys, MemberRecord, SLOTS, SlotRecord};
+
+/// A slot's record and the etcd `mod_revision` it was written at (the
+/// compare-and-swap token for the next write).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotEntry {
+    pub record: SlotRecord,
+    pub mod_revision: i64,
+}
+
+/// Members and slots as of `revision`.
+#[derive(Debug, Clone)]
+pub struct View {
+    pub revision: i64,
+    pub members: BTreeMap<String, MemberRecord>,
+    pub slots: Vec<Option<SlotEntry>>,
+    pub controller: Option<String>,
+}
+
+impl Default for View {
+    fn default() -> Self {
+        Self {
+            revision: 0,
+            members: BTreeMap::new(),
+            slots: vec![None; SLOTS as usize],
+            controller: None,
+        }
+    }
+}
+
+impl View {
+    /// Apply a put (`Some(value)`) or delete (`None`) of `key`. Records that
+    /// do not decode are ignored (and logged): a foreign writer cannot
+    /// crash the node.
+    pub fn apply(&mut self, keys: &Keys, key: &str, value: Option<&[u8]>, mod_revision: i64) {
+        let Some(k) = keys.parse(key) else {
+            return;
+        };
+        match (k, value) {
+            (Key::Member(id), Some(v)) => match serde_json::from_slice::<MemberRecord>(v) {
+                Ok(m) if m.node_id == id => {
+                    self.members.insert(id.to_owned(), m);
+                }
+                _ => tracing::warn!(key, "ignoring a member record that does not decode"),
+            },
+            (Key::Member(id), None) => {
+                self.members.remove(id);
+            }
+            (Key::Slot(s), Some(v)) => match serde_json::from_slice::<SlotRecord>(v) {
+                Ok(record) => {
+                    self.slots[s as usize] = Some(SlotEntry {
+                        record,
+                        mod_revision,
+                    })
+                }
+                Err(e) => {
+                    tracing::warn!(key, error = %e, "ignoring a slot record that does not decode")
+                }
+            },
+            (Key::Slot(s), None) => self.slots[s as usize] = None,
+            (Key::Controller, v) => {
+                self.controller = v.map(|v| String::from_utf8_lossy(v).into_owned());
+            }
+            (Key::Meta, _) => {}
+        }
+    }
+
+    /// Slots per owner.
+    pub fn slot_counts(&self) -> BTreeMap<String, u32> {
+        let mut counts = BTreeMap::new();
+        for e in self.slots.iter().flatten() {
+            *counts.entry(e.record.owner.clone()).or_default() += 1;
+        }
+        counts
+    }
+}
