@@ -22,7 +22,7 @@ pub struct TurnLabels {
     pub outcome: &'static str,
 }
 
-/// Label set for inbound webhooks.
+/// Label set for inbound webhooks (and other counts by outcome).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HookLabels {
     /// In: `accepted`, `duplicate`, `rejected`; out: `delivered`, `failed`,
@@ -106,6 +106,9 @@ pub struct Metrics {
     pub model_call_seconds: Histogram,
     /// Tokens by provider and direction.
     pub model_tokens: Family<ModelLabels, Counter>,
+    /// Requests forwarded to the owner of an actor's slot, by outcome
+    /// (`ok`, `stale`: the owner's epoch differed, `error`).
+    pub cluster_forwards: Family<HookLabels, Counter>,
 }
 
 impl Metrics {
@@ -263,8 +266,15 @@ impl Metrics {
             "Tokens of model calls by provider and direction (input, output)",
             model_tokens.clone(),
         );
+        let cluster_forwards = Family::<HookLabels, Counter>::default();
+        registry.register(
+            "cluster_forwards",
+            "Requests forwarded to the node owning the actor, by outcome (ok, stale, error)",
+            cluster_forwards.clone(),
+        );
         Self {
             registry,
+            cluster_forwards,
             model_calls,
             model_call_seconds,
             model_tokens,
@@ -289,6 +299,13 @@ impl Metrics {
             alarm_lag_seconds,
             alarms_failed,
         }
+    }
+
+    /// Count a forwarded request.
+    pub fn cluster_forward(&self, outcome: &'static str) {
+        self.cluster_forwards
+            .get_or_create(&HookLabels { outcome })
+            .inc();
     }
 
     /// Count a turn.

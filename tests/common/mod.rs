@@ -70,6 +70,15 @@ impl Marmot {
         m
     }
 
+    /// Spawn on a chosen `port` (the config may name it, e.g. a cluster
+    /// node's advertise URL) without waiting for readiness.
+    pub fn spawn_on(port: u16, data: &Path, env: &[(&str, &str)], config: Option<&str>) -> Self {
+        let mut m = Self::new(data, env, config);
+        m.port = port;
+        m.spawn();
+        m
+    }
+
     /// Start a node on `data` as `marmot dev` does by default: with the
     /// bundled examples.
     pub async fn start_with_examples(data: &Path) -> Self {

@@ -226,10 +226,24 @@ pub(super) async fn info(
     State(s): State<AppState>,
     ActorPath(key): ActorPath,
 ) -> Result<Response, ApiError> {
-    match s.node.actor_info(&key)? {
-        Some(info) => Ok(axum::Json(info).into_response()),
-        None => Err(ApiError::actor_not_found(&key)),
+    let Some(info) = s.node.actor_info(&key)? else {
+        return Err(ApiError::actor_not_found(&key));
+    };
+    let Some(cluster) = s.node.cluster() else {
+        return Ok(axum::Json(info).into_response());
+    };
+    // In a cluster: where the actor lives (this node: requests for it were
+    // routed here).
+    let mut info = serde_json::to_value(info)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    if let (Some(o), crate::cluster::Route::Local { epoch, .. }) =
+        (info.as_object_mut(), cluster.route(&key))
+    {
+        o.insert("node".into(), cluster.node_id().into());
+        o.insert("region".into(), cluster.region().into());
+        o.insert("epoch".into(), epoch.into());
     }
+    Ok(axum::Json(info).into_response())
 }
 
 pub(super) async fn delete(

@@ -8,6 +8,7 @@
 mod actors;
 mod backup;
 mod clients;
+mod cluster;
 mod edge;
 mod error;
 mod extract;
@@ -59,6 +60,8 @@ fn put_reply(created: bool, body: impl serde::Serialize) -> axum::response::Resp
 #[derive(Clone)]
 pub struct AppState {
     node: Arc<Node>,
+    /// Reaches the other nodes of a cluster.
+    peers: reqwest::Client,
 }
 
 /// The router, with `admin_token` required on everything but health checks
@@ -68,13 +71,17 @@ pub fn router(node: Arc<Node>) -> Router {
     let tokens = node.tokens().clone();
     let clients_config = node.config().clients.clone();
     let limits = node.config().limits.clone();
-    let state = AppState { node };
+    let clustered = node.cluster().is_some();
+    let state = AppState {
+        node,
+        peers: cluster::peer_client(),
+    };
     // Manifests carry base64 code: allow for its 4/3 expansion.
     let code_limit = limits.max_code_bytes / 3 * 4 + 64 * 1024;
     // Routes are flat (no `nest`) and the edge concerns are one hand-written
     // layer: under load, axum's nesting and two `from_fn` middlewares cost
     // about a sixth of the node's CPU per request (measured with perf).
-    Router::new()
+    let router = Router::new()
         .route("/healthz", get(system::healthz))
         .route("/readyz", get(system::readyz))
         .route("/metrics", get(system::metrics))
@@ -137,9 +144,21 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/backup", post(backup::backup))
         .route("/v1/tokens", post(tokens::mint))
         .route("/v1/tokens/{id}", axum::routing::delete(tokens::revoke))
+        .route("/v1/cluster", get(cluster::status))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(limits.max_message_bytes))
+        .layer(DefaultBodyLimit::max(limits.max_message_bytes));
+    // In a cluster, requests go to the owner of their actor (after auth, so
+    // a node forwards only what it would have served).
+    let router = if clustered {
+        router.layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            cluster::route,
+        ))
+    } else {
+        router
+    };
+    router
         .layer(edge::EdgeLayer::new(
             token,
             tokens,

@@ -622,6 +622,15 @@ fn operations() -> Vec<Op> {
                 (400, "not a token id", None),
             ],
         },
+        Op {
+            method: "get",
+            path: "/v1/cluster",
+            id: "clusterStatus",
+            summary: "Members (node id, region, advertise URL, slots) and the slot table's state; `clustered: false` on a node that runs alone",
+            params: vec![],
+            body: None,
+            responses: vec![(200, "the cluster as this node sees it", Some(any_json()))],
+        },
     ]
 }
 

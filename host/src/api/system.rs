@@ -22,6 +22,17 @@ pub(super) async fn readyz(State(s): State<AppState>) -> Response {
         )
         .into_response();
     }
+    if let Some(c) = s.node.cluster()
+        && !c.alive()
+    {
+        let mut err = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_in_cluster",
+            "this node's cluster membership lease is not confirmed alive (etcd unreachable?); it serves none of its slots",
+        );
+        err.retry_after = Some(1);
+        return err.into_response();
+    }
     if let Some(why) = s.node.storage().disk_fault() {
         let mut err = ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

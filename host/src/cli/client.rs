@@ -443,6 +443,45 @@ pub(super) async fn token_revoke(args: &ClientArgs, token_id: &str) -> anyhow::R
     Ok(())
 }
 
+/// `marmot cluster status`.
+pub(super) async fn cluster_status(args: &ClientArgs) -> anyhow::Result<()> {
+    let c = Client::new(args)?;
+    let (_, body) = c.send(c.request(Method::GET, "/v1/cluster")).await?;
+    let v: serde_json::Value = serde_json::from_slice(&body).context("invalid response")?;
+    if v["clustered"] == false {
+        println!("this node runs alone (no [cluster] section in its config)");
+        return Ok(());
+    }
+    println!(
+        "node {}  controller {}  revision {}  slots {}/{} assigned, {} unavailable, max epoch {}",
+        v["node_id"].as_str().unwrap_or("?"),
+        v["controller"].as_str().unwrap_or("(none)"),
+        v["revision"],
+        v["slots_assigned"],
+        v["slots"],
+        v["slots_unavailable"],
+        v["max_epoch"],
+    );
+    println!(
+        "{:<16} {:<12} {:<6} {:>6} {:>6}  advertise",
+        "node", "region", "alive", "slots", "used"
+    );
+    for m in v["members"].as_array().into_iter().flatten() {
+        println!(
+            "{:<16} {:<12} {:<6} {:>6} {:>6}  {}",
+            m["node_id"].as_str().unwrap_or("?"),
+            m["region"].as_str().unwrap_or("-"),
+            m["alive"],
+            m["slots"],
+            m["slots_used"]
+                .as_u64()
+                .map_or("-".into(), |u| u.to_string()),
+            m["advertise"].as_str().unwrap_or("-"),
+        );
+    }
+    Ok(())
+}
+
 /// `marmot secrets rm NAME`.
 pub(super) async fn secret_rm(args: &ClientArgs, name: &str) -> anyhow::Result<()> {
     let c = Client::new(args)?;

@@ -135,6 +135,9 @@ enum Command {
     /// Mint and revoke client tokens (a browser or app talks to its own actor).
     #[command(subcommand)]
     Tokens(TokensCommand),
+    /// The cluster as the node sees it.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Back up a running node: a consistent copy of its database and blobs,
     /// written by the node into a new directory on its machine.
     Backup {
@@ -189,6 +192,16 @@ enum SecretsCommand {
     /// Print a new random master key (base64) for MARMOT_MASTER_KEY or a key
     /// file; no node is contacted.
     NewKey,
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Members (node id, region, advertise URL, alive), slots per node and
+    /// the slots nobody can serve now.
+    Status {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Subcommand)]
@@ -349,6 +362,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Tokens(TokensCommand::Revoke { token_id, client }) => {
             client::token_revoke(&client, &token_id).await
+        }
+        Command::Cluster(ClusterCommand::Status { client }) => {
+            client::cluster_status(&client).await
         }
         Command::Bench(args) => crate::bench::run(args).await,
     }

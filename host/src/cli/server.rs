@@ -154,8 +154,10 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         );
     }
     let listen = config.listen;
-    let node = Node::start(config).await?;
+    // Listen first: in a cluster, the node is routed to as soon as it
+    // joins.
     let listener = bind(listen).await?;
+    let node = Node::start(config).await?;
     tracing::info!(addr = %listener.local_addr()?, "marmot serve listening");
     run_server(node, listener).await
 }
@@ -170,6 +172,10 @@ async fn run_server(node: Arc<Node>, listener: tokio::net::TcpListener) -> anyho
     crate::api::serve(node.clone(), listener, shutdown_signal()).await?;
     tracing::info!("shutting down: flushing storage");
     node.flush().await;
+    if let Some(c) = node.cluster() {
+        // The member key goes now rather than when the lease runs out.
+        c.leave().await;
+    }
     Ok(())
 }
 

@@ -1,0 +1,367 @@
+//! The API in a cluster: any node serves any request.
+//!
+//! * Requests for one actor (`/v1/actors/{type}/{id}…`, `/v1/hooks/{type}/
+//!   {id}/…`) go to the owner of the actor's slot: served here, or forwarded
+//!   with the epoch this node expects. The owner refuses a forwarded request
+//!   whose epoch is not its own (421 `wrong_owner`); the forwarder then
+//!   re-reads the slot table and tries again with the same request (and so
+//!   the same `Idempotency-Key`). Responses stream back (SSE included).
+//! * Writes every node must apply (types, secrets, providers,
+//!   subscriptions, token revocations) run here, then on every other live
+//!   member.
+//! * `GET /v1/cluster`: members and slots.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::{ApiError, AppState};
+use crate::cluster::Route;
+use crate::ids::ActorKey;
+
+/// On a forwarded request: the epoch the forwarder expects the owner to
+/// hold the slot at.
+const FORWARDED_EPOCH: &str = "x-marmot-forwarded-epoch";
+/// On a forwarded request: the forwarding node.
+const FORWARDED_BY: &str = "x-marmot-forwarded-by";
+/// On a write applied on every node: the node that received it.
+const FANOUT_FROM: &str = "x-marmot-fanout-from";
+
+/// Forwards per request before giving up (each after re-reading the slot
+/// table).
+const ATTEMPTS: usize = 3;
+
+/// `GET /v1/cluster`.
+pub(super) async fn status(State(s): State<AppState>) -> Response {
+    match s.node.cluster() {
+        Some(c) => axum::Json(c.status()).into_response(),
+        None => axum::Json(serde_json::json!({
+            "clustered": false,
+            "message": "this node runs alone (no [cluster] section in its config)",
+        }))
+        .into_response(),
+    }
+}
+
+/// The actor a request path is for.
+fn actor_of(path: &str) -> Option<ActorKey> {
+    let rest = path
+        .strip_prefix("/v1/actors/")
+        .or_else(|| path.strip_prefix("/v1/hooks/"))?;
+    let mut parts = rest.splitn(3, '/');
+    let ty = percent_encoding::percent_decode_str(parts.next()?)
+        .decode_utf8()
+        .ok()?;
+    let id = percent_encoding::percent_decode_str(parts.next()?)
+        .decode_utf8()
+        .ok()?;
+    ActorKey::new(&ty, &id).ok()
+}
+
+/// Whether every node must apply this request.
+fn is_cluster_write(method: &Method, path: &str) -> bool {
+    if method == Method::GET || method == Method::HEAD || method == Method::OPTIONS {
+        return false;
+    }
+    [
+        "/v1/types/",
+        "/v1/secrets/",
+        "/v1/providers/",
+        "/v1/subscriptions/",
+    ]
+    .iter()
+    .any(|p| path.starts_with(p))
+        || (method == Method::DELETE && path.starts_with("/v1/tokens/"))
+}
+
+/// Routing middleware (installed only in a cluster).
+pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(cluster) = s.node.cluster().cloned() else {
+        return next.run(req).await;
+    };
+    let path = req.uri().path().to_owned();
+    if is_cluster_write(req.method(), &path) {
+        return fan_out(&s, &cluster, req, next).await;
+    }
+    let Some(key) = actor_of(&path) else {
+        return next.run(req).await;
+    };
+    let expected: Option<u64> = req
+        .headers()
+        .get(FORWARDED_EPOCH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let limit = s.node.config().limits.max_message_bytes + 64 * 1024;
+    let (parts, body) = req.into_parts();
+    let mut body = Some(body);
+    let mut buffered: Option<axum::body::Bytes> = None;
+    for attempt in 0..ATTEMPTS {
+        match cluster.route(&key) {
+            Route::Local { slot, epoch, used } => {
+                if expected.is_some_and(|e| e != epoch) {
+                    return wrong_owner(&key, epoch);
+                }
+                if !used {
+                    match cluster.claim(slot, epoch).await {
+                        Ok(true) => {}
+                        Ok(false) => continue,
+                        Err(e) => return unavailable(&key, &format!("cannot claim its slot: {e}")),
+                    }
+                }
+                let body = match (body.take(), buffered.take()) {
+                    (Some(b), _) => b,
+                    (None, Some(b)) => Body::from(b),
+                    (None, None) => Body::empty(),
+                };
+                return next.run(Request::from_parts(parts, body)).await;
+            }
+            // A forwarded request is never forwarded again: the sender's
+            // view is stale; it re-reads and retries.
+            Route::Remote { epoch, .. } if expected.is_some() => {
+                return wrong_owner(&key, epoch);
+            }
+            Route::Remote {
+                epoch,
+                node_id,
+                advertise,
+                ..
+            } => {
+                let bytes = match buffered.clone() {
+                    Some(b) => b,
+                    None => {
+                        match axum::body::to_bytes(body.take().unwrap_or_default(), limit).await {
+                            Ok(b) => {
+                                buffered = Some(b.clone());
+                                b
+                            }
+                            Err(_) => {
+                                return ApiError::new(
+                                    StatusCode::PAYLOAD_TOO_LARGE,
+                                    "payload_too_large",
+                                    "request body exceeds the size limit",
+                                )
+                                .into_response();
+                            }
+                        }
+                    }
+                };
+                let mut headers = forwardable(&parts.headers);
+                headers.insert(FORWARDED_EPOCH, HeaderValue::from(epoch));
+                if let Ok(v) = HeaderValue::from_str(cluster.node_id()) {
+                    headers.insert(FORWARDED_BY, v);
+                }
+                let sent = send(
+                    &s,
+                    parts.method.clone(),
+                    &advertise,
+                    parts.uri.path_and_query().map_or("/", |p| p.as_str()),
+                    headers,
+                    bytes,
+                )
+                .await;
+                match sent {
+                    Ok(resp) if resp.status() == StatusCode::MISDIRECTED_REQUEST => {
+                        s.node.metrics().cluster_forward("stale");
+                        if let Err(e) = cluster.refresh().await {
+                            tracing::warn!(error = %e, "cannot re-read the slot table");
+                        }
+                        if attempt + 1 == ATTEMPTS {
+                            return streamed(resp);
+                        }
+                    }
+                    Ok(resp) => {
+                        s.node.metrics().cluster_forward("ok");
+                        return streamed(resp);
+                    }
+                    Err(e) => {
+                        s.node.metrics().cluster_forward("error");
+                        tracing::warn!(actor = %key, owner = %node_id, error = %e, "forwarding failed");
+                        return ApiError::new(
+                            StatusCode::BAD_GATEWAY,
+                            "owner_unreachable",
+                            format!(
+                                "actor {key} lives on node `{node_id}`, which did not answer: {e}"
+                            ),
+                        )
+                        .into_response();
+                    }
+                }
+            }
+            Route::Unavailable { why, .. } => return unavailable(&key, &why),
+        }
+    }
+    unavailable(
+        &key,
+        "its slot kept changing while this node routed the request",
+    )
+}
+
+/// Apply a cluster-wide write here, then on every other live member.
+async fn fan_out(
+    s: &AppState,
+    cluster: &crate::cluster::Cluster,
+    req: Request,
+    next: Next,
+) -> Response {
+    if req.headers().contains_key(FANOUT_FROM) {
+        // One hop: another node already fans it out.
+        return next.run(req).await;
+    }
+    let limit = s.node.config().limits.max_code_bytes / 3 * 4 + 64 * 1024;
+    let (parts, body) = req.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
+        return ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            "request body exceeds the size limit",
+        )
+        .into_response();
+    };
+    let (method, uri) = (parts.method.clone(), parts.uri.clone());
+    let mut headers = forwardable(&parts.headers);
+    if let Ok(v) = HeaderValue::from_str(cluster.node_id()) {
+        headers.insert(FANOUT_FROM, v);
+    }
+    let resp = next
+        .run(Request::from_parts(parts, Body::from(bytes.clone())))
+        .await;
+    if !resp.status().is_success() {
+        return resp;
+    }
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut failed = Vec::new();
+    for peer in cluster.peers() {
+        let sent = send(
+            s,
+            method.clone(),
+            &peer.advertise,
+            path,
+            headers.clone(),
+            bytes.clone(),
+        );
+        match sent.await {
+            Ok(r) if r.status().is_success() => {}
+            Ok(r) => failed.push(format!("{} answered {}", peer.node_id, r.status())),
+            Err(e) => failed.push(format!("{}: {e}", peer.node_id)),
+        }
+    }
+    if failed.is_empty() {
+        return resp;
+    }
+    tracing::warn!(path = %uri.path(), ?failed, "a cluster-wide write did not reach every node");
+    ApiError::new(
+        StatusCode::BAD_GATEWAY,
+        "fanout_incomplete",
+        format!(
+            "applied on this node but not on: {}; repeat the request once they are back",
+            failed.join("; ")
+        ),
+    )
+    .into_response()
+}
+
+/// Headers a forwarded request keeps: everything but hop-by-hop ones.
+fn forwardable(headers: &HeaderMap) -> HeaderMap {
+    const HOP: [HeaderName; 6] = [
+        header::CONNECTION,
+        header::HOST,
+        header::CONTENT_LENGTH,
+        header::TRANSFER_ENCODING,
+        header::TE,
+        header::UPGRADE,
+    ];
+    headers
+        .iter()
+        .filter(|(k, _)| !HOP.contains(k) && k.as_str() != "keep-alive")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+async fn send(
+    s: &AppState,
+    method: Method,
+    base: &str,
+    path: &str,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> reqwest::Result<reqwest::Response> {
+    s.peers
+        .request(method, format!("{base}{path}"))
+        .headers(headers)
+        .body(body)
+        .send()
+        .await
+}
+
+/// The owner's response, streamed back as it comes.
+fn streamed(resp: reqwest::Response) -> Response {
+    let mut out = Response::builder().status(resp.status());
+    if let Some(h) = out.headers_mut() {
+        *h = forwardable(resp.headers());
+    }
+    out.body(Body::from_stream(resp.bytes_stream()))
+        .unwrap_or_else(|e| {
+            ApiError::new(StatusCode::BAD_GATEWAY, "owner_response", e.to_string()).into_response()
+        })
+}
+
+fn wrong_owner(key: &ActorKey, epoch: u64) -> Response {
+    ApiError::new(
+        StatusCode::MISDIRECTED_REQUEST,
+        "wrong_owner",
+        format!("this node does not own actor {key} at the epoch the sender expected (its epoch: {epoch}); re-read the slot table and retry"),
+    )
+    .into_response()
+}
+
+fn unavailable(key: &ActorKey, why: &str) -> Response {
+    let mut e = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "slot_unavailable",
+        format!("actor {key} cannot be served now: {why}"),
+    );
+    e.retry_after = Some(1);
+    e.into_response()
+}
+
+/// The HTTP client nodes use to reach each other.
+pub(super) fn peer_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(2))
+        // Streams (SSE) stay open as long as the client keeps them.
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build()
+        .expect("a reqwest client with these settings always builds")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actor_paths_name_their_actor() {
+        let k = |p: &str| actor_of(p).map(|k| k.to_string());
+        assert_eq!(k("/v1/actors/kit/alice").as_deref(), Some("kit/alice"));
+        assert_eq!(
+            k("/v1/actors/kit/al%20ice/events").as_deref(),
+            Some("kit/al ice")
+        );
+        assert_eq!(k("/v1/hooks/kit/bob/github").as_deref(), Some("kit/bob"));
+        assert_eq!(k("/v1/actors/kit"), None);
+        assert_eq!(k("/v1/types/kit"), None);
+    }
+
+    #[test]
+    fn cluster_wide_writes_are_the_admin_writes() {
+        assert!(is_cluster_write(&Method::PUT, "/v1/types/kit"));
+        assert!(is_cluster_write(&Method::DELETE, "/v1/secrets/KEY"));
+        assert!(is_cluster_write(&Method::DELETE, "/v1/tokens/abc"));
+        assert!(!is_cluster_write(&Method::POST, "/v1/tokens"));
+        assert!(!is_cluster_write(&Method::GET, "/v1/types/kit"));
+        assert!(!is_cluster_write(&Method::POST, "/v1/actors/kit/a"));
+    }
+}

@@ -1,0 +1,333 @@
+//! A cluster of real nodes on one real etcd (Debian's `etcd-server`, which
+//! `scripts/test` installs; without it these tests say so and skip).
+//!
+//! Any node serves any actor: requests are forwarded to the owner of the
+//! actor's slot, so every actor lives on exactly one node whichever node is
+//! asked. A dead owner's actors are unavailable (503), never served from
+//! empty state elsewhere, and come back with the owner and their data.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Api, Marmot, TESTKIT, free_port, tempdir};
+use serde_json::{Value, json};
+
+/// A single-member etcd on loopback ports, with its own data directory.
+struct Etcd {
+    child: Child,
+    url: String,
+}
+
+impl Etcd {
+    fn start(dir: &Path) -> Option<Self> {
+        if Command::new("etcd").arg("--version").output().is_err() {
+            eprintln!(
+                "SKIPPED: etcd is not installed (scripts/test installs Debian's etcd-server)"
+            );
+            return None;
+        }
+        let (client, peer) = (free_port(), free_port());
+        let url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = Command::new("etcd")
+            .arg("--name=test")
+            .arg(format!("--data-dir={}", dir.join("etcd").display()))
+            .arg(format!("--listen-client-urls={url}"))
+            .arg(format!("--advertise-client-urls={url}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster=test={peer_url}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("etcd.log")).unwrap())
+            .spawn()
+            .expect("start etcd");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", client)).is_err() {
+            assert!(Instant::now() < deadline, "etcd did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(Self { child, url })
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Three nodes (two regions) on one etcd.
+struct Cluster {
+    _dir: tempfile::TempDir,
+    _etcd: Etcd,
+    nodes: Vec<Marmot>,
+}
+
+const NODES: [(&str, &str); 3] = [("n1", "eu"), ("n2", "eu"), ("n3", "us")];
+
+impl Cluster {
+    async fn start() -> Option<Self> {
+        let dir = tempdir();
+        let etcd = Etcd::start(dir.path())?;
+        let mut nodes = Vec::new();
+        for (id, region) in NODES {
+            let port = free_port();
+            let config = format!(
+                "[cluster]\nnode_id = \"{id}\"\nregion = \"{region}\"\n\
+                 advertise = \"http://127.0.0.1:{port}\"\netcd = [\"{}\"]\nlease_ttl_s = 2\n",
+                etcd.url
+            );
+            nodes.push(Marmot::spawn_on(
+                port,
+                &dir.path().join(id),
+                &[],
+                Some(&config),
+            ));
+        }
+        for n in &mut nodes {
+            n.wait_ready().await;
+        }
+        let c = Self {
+            _dir: dir,
+            _etcd: etcd,
+            nodes,
+        };
+        // Every node sees every member with a share of the slots.
+        c.wait_status(|s| {
+            s["slots_assigned"] == 1024
+                && s["members"].as_array().is_some_and(|m| {
+                    m.len() == 3 && m.iter().all(|m| m["slots"].as_u64().unwrap_or(0) > 200)
+                })
+        })
+        .await;
+        Some(c)
+    }
+
+    fn api(&self, i: usize) -> Api {
+        self.nodes[i % self.nodes.len()].client()
+    }
+
+    /// Wait until every running node's `/v1/cluster` satisfies `f`.
+    async fn wait_status(&self, f: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut last = Value::Null;
+            let mut all = true;
+            for n in self.nodes.iter().filter(|n| n.pid().is_some()) {
+                last = n.client().get("/v1/cluster").await.json;
+                all &= f(&last);
+            }
+            if all {
+                return last;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cluster status never matched: {last:#}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn any_node_serves_any_actor_and_each_actor_lives_on_one_node() {
+    let Some(c) = Cluster::start().await else {
+        return;
+    };
+    // A deploy on one node reaches every node.
+    let r = c.api(0).deploy("kit", TESTKIT, json!({})).await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    for i in 0..3 {
+        assert_eq!(c.api(i).get("/v1/types/kit").await.status, 200, "node {i}");
+    }
+
+    // 30 actors, each written through every node in turn.
+    let mut owners = BTreeMap::<String, BTreeSet<String>>::new();
+    for a in 0..30 {
+        let id = format!("user-{a}");
+        for round in 0..3 {
+            let r = c.api(a + round).add("kit", &id, 1).await;
+            assert_eq!(
+                r.status,
+                200,
+                "{id} via node {}: {}",
+                (a + round) % 3,
+                r.json
+            );
+            assert_eq!(
+                r.json["value"],
+                round as i64 + 1,
+                "{id}: one actor, one state"
+            );
+        }
+        for i in 0..3 {
+            let info = c.api(i).get(&format!("/v1/actors/kit/{id}")).await;
+            assert_eq!(info.status, 200, "{}", info.json);
+            assert_eq!(info.json["turns"], 3, "{}", info.json);
+            let node = info.json["node"].as_str().unwrap().to_owned();
+            assert!(info.json["epoch"].as_u64().unwrap() >= 1);
+            owners.entry(id.clone()).or_default().insert(node);
+        }
+    }
+    assert!(
+        owners.values().all(|n| n.len() == 1),
+        "an actor answered from two nodes: {owners:?}"
+    );
+    let spread: BTreeSet<_> = owners.values().flatten().collect();
+    assert_eq!(spread.len(), 3, "30 actors should land on all 3 nodes");
+
+    // An idempotency key holds across nodes: the owner has the record.
+    let key = [("idempotency-key", "k-1")];
+    let first = c
+        .api(0)
+        .post_with(
+            "/v1/actors/kit/idem",
+            &json!({"op": "add", "key": "n", "by": 5}),
+            &key,
+        )
+        .await;
+    let again = c
+        .api(1)
+        .post_with(
+            "/v1/actors/kit/idem",
+            &json!({"op": "add", "key": "n", "by": 5}),
+            &key,
+        )
+        .await;
+    assert_eq!(first.json["value"], 5);
+    assert_eq!(again.json["value"], 5, "ran twice");
+    assert_eq!(again.headers["idempotent-replayed"], "true");
+
+    // Events from any node, also as a live stream.
+    let r = c
+        .api(2)
+        .op(
+            "kit",
+            "user-1",
+            json!({"op": "emit", "kind": "hello", "data": {"x": 1}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    for i in 0..3 {
+        let page = c.api(i).get("/v1/actors/kit/user-1/events").await;
+        assert_eq!(page.status, 200);
+        assert!(
+            page.json["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["kind"] == "hello")
+        );
+    }
+    let mut sse = c
+        .api(1)
+        .sse("/v1/actors/kit/user-1/events", Some("0"))
+        .await;
+    let frame = sse
+        .next_event(Duration::from_secs(5))
+        .await
+        .expect("an SSE frame via a forwarding node");
+    assert!(
+        frame.data.is_some_and(|d| d.contains("hello")),
+        "the event came through"
+    );
+
+    // Forwards are counted; the status and the CLI agree.
+    let mut forwarded = 0.0;
+    for i in 0..3 {
+        let text = String::from_utf8_lossy(&c.api(i).get("/metrics").await.body).into_owned();
+        forwarded += text
+            .lines()
+            .filter(|l| l.starts_with("marmot_cluster_forwards_total{outcome=\"ok\"}"))
+            .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    assert!(forwarded >= 60.0, "forwards: {forwarded}");
+    let out = Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["cluster", "status", "--url", &c.nodes[0].url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    for (id, region) in NODES {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(id) && l.contains(region)),
+            "{text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_dead_owners_actors_wait_for_it_and_come_back_with_their_data() {
+    let Some(mut c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    // An actor and its owner.
+    let r = c.api(0).add("kit", "alice", 7).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let info = c.api(0).get("/v1/actors/kit/alice").await.json;
+    let owner = info["node"].as_str().unwrap().to_owned();
+    let epoch = info["epoch"].as_u64().unwrap();
+    let o = NODES.iter().position(|(id, _)| *id == owner).unwrap();
+    let other = (o + 1) % 3;
+
+    c.nodes[o].kill9();
+    // Once its lease is gone (2 s), the other nodes see it down: its used
+    // slots stay its own (their data is on its disk), its unused slots go
+    // to the live members.
+    c.wait_status(|s| {
+        s["members"].as_array().is_some_and(|m| {
+            m.iter()
+                .any(|m| m["node_id"] == owner.as_str() && m["alive"] == false)
+        })
+    })
+    .await;
+    let r = c.api(other).add("kit", "alice", 1).await;
+    assert_eq!(r.status, 503, "{}", r.json);
+    assert_eq!(r.code(), "slot_unavailable", "{}", r.json);
+    assert!(
+        r.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&owner)
+    );
+    let status = c
+        .wait_status(|s| {
+            s["members"].as_array().is_some_and(|m| {
+                m.iter().any(|m| {
+                    m["node_id"] == owner.as_str()
+                        && m["alive"] == false
+                        && m["slots"].as_u64().unwrap_or(99) < 10
+                })
+            })
+        })
+        .await;
+    assert!(
+        status["slots_unavailable"].as_u64().unwrap() >= 1,
+        "{status:#}"
+    );
+
+    // It comes back: same data, same owner.
+    c.nodes[o].restart().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let r = loop {
+        let r = c.api(other).add("kit", "alice", 1).await;
+        if r.status == 200 || Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["value"], 8, "the actor came back with its state");
+    let info = c.api(other).get("/v1/actors/kit/alice").await.json;
+    assert_eq!(info["node"], owner.as_str());
+    assert!(info["epoch"].as_u64().unwrap() >= epoch);
+}
