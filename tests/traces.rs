@@ -1,7 +1,7 @@
 //! OpenTelemetry traces over OTLP/HTTP to a local collector that decodes
 //! the real protobuf: a span per turn with its times, the caller's
 //! `traceparent` as its parent, carried into `actors.call`, the `http`
-//! capability and outbound webhooks.
+//! capability and outbound webhooks (stored with the outbox row).
 
 mod common;
 
@@ -263,9 +263,13 @@ async fn turns_are_traced_under_the_callers_traceparent_and_carry_it_onwards() {
     // The fetch carried the caller's turn as its parent.
     let fetched = c.traceparents.lock().unwrap()["fetch"].clone();
     assert_eq!(fetched, format!("00-{trace_id}-{}-01", caller.span_id));
-    // The outbound webhook carries its delivery attempt's span.
+    // The outbound webhook continues the trace of the turn that emitted
+    // the event (stored with the outbox row), and carries its attempt's
+    // span.
     let hook = spans.iter().find(|s| s.name == "webhook_out").unwrap();
     assert_eq!(hook.attributes["actor_type"], "caller");
+    assert_eq!(hook.trace_id, trace_id);
+    assert_eq!(hook.parent_span_id, caller.span_id);
     let sent = c.traceparents.lock().unwrap()["hook"].clone();
     assert_eq!(sent, format!("00-{}-{}-01", hook.trace_id, hook.span_id));
 }

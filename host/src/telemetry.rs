@@ -120,10 +120,31 @@ impl Parent {
         cx.span().span_context().is_valid().then_some(Self(cx))
     }
 
+    /// A stored `traceparent` (an outbound webhook's originating turn).
+    pub fn from_traceparent(traceparent: &str) -> Option<Self> {
+        let mut headers = http::HeaderMap::new();
+        headers.insert("traceparent", traceparent.parse().ok()?);
+        Self::from_headers(&headers)
+    }
+
     /// Make `span` a child of this parent.
     pub fn adopt(self, span: &tracing::Span) {
         let _ = span.set_parent(self.0);
     }
+}
+
+/// The W3C `traceparent` of `span`, to store with work it leaves behind.
+pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
+    if !enabled() {
+        return None;
+    }
+    let mut headers = http::HeaderMap::new();
+    TraceContextPropagator::new()
+        .inject_context(&span.context(), &mut HeaderInjector(&mut headers));
+    headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
 }
 
 /// The `traceparent` (and `tracestate`) of the current span, to send on a

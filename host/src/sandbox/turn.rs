@@ -623,6 +623,7 @@ mod tests {
                     sends: finished.sends,
                     files: finished.files,
                     usage: None,
+                    traceparent: None,
                     state: finished.writes,
                     events: Vec::new(),
                     trim_events_below: None,

@@ -263,6 +263,15 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
                     event_seq = rec.event_seq,
                     attempt = rec.attempts + 1,
                 );
+                // Each attempt continues the trace of the turn that
+                // emitted the event.
+                if let Some(parent) = rec
+                    .traceparent
+                    .as_deref()
+                    .and_then(crate::telemetry::Parent::from_traceparent)
+                {
+                    parent.adopt(&span);
+                }
                 w.attempt(&client, seq, rec, &sub, schedule)
                     .instrument(span)
                     .await;

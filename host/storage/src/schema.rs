@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use crate::LOG_TARGET;
 
 /// Version of the on-disk format described in this file.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 
 /// Node-wide settings: `format_version` (u32 LE), and [`DISK_PROBE_KEY`].
 pub const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
@@ -343,6 +343,23 @@ pub enum InboxKind {
     },
 }
 
+/// [`DeliveryRecord`] as formats 2 and 3 wrote it (no `traceparent`).
+#[derive(Deserialize)]
+struct DeliveryRecordV3 {
+    subscription: String,
+    webhook_id: String,
+    actor_type: String,
+    actor_id: String,
+    event_seq: u64,
+    kind: String,
+    payload: Vec<u8>,
+    created_at_ms: u64,
+    attempts: u32,
+    next_attempt_ms: u64,
+    last_error: Option<String>,
+    status: DeliveryStatus,
+}
+
 /// [`InboxRecord`] as format 1 wrote it.
 #[derive(Deserialize)]
 struct InboxRecordV1 {
@@ -606,6 +623,9 @@ pub struct DeliveryRecord {
     pub last_error: Option<String>,
     /// Pending or dead.
     pub status: DeliveryStatus,
+    /// The W3C `traceparent` of the turn that emitted the event, when
+    /// traces were on: every attempt continues that trace. (Format 4.)
+    pub traceparent: Option<String>,
 }
 
 /// Where a delivery stands.
@@ -706,9 +726,7 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
         (found, complete)
     };
     match found {
-        Some(1) => return migrate_from_v1(db),
-        // 2 → 3 only adds tables: stamp the version, then create them.
-        Some(2) => return stamp_and_check(db),
+        Some(v @ 1..=3) => return upgrade(db, v),
         Some(v) if v != FORMAT_VERSION => {
             return Err(FormatError::Mismatch {
                 found: v,
@@ -756,8 +774,56 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
     Ok(())
 }
 
+/// Upgrade a file of format `from` (1–3) step by step: 1 → 2 inbox rows
+/// gain their kind; 2 → 3 only adds tables (created on open); 3 → 4 outbox
+/// rows gain their `traceparent`.
+fn upgrade(db: &redb::Database, from: u32) -> Result<(), FormatError> {
+    if from == 1 {
+        migrate_inbox_from_v1(db)?;
+    }
+    migrate_outbox_from_v3(db)?;
+    stamp_and_check(db)
+}
+
+/// Format 3 → 4: outbox rows gain `traceparent` (none for old rows).
+fn migrate_outbox_from_v3(db: &redb::Database) -> Result<(), FormatError> {
+    let write = db.begin_write().map_err(redb::Error::from)?;
+    {
+        let mut outbox = write.open_table(OUTBOX).map_err(redb::Error::from)?;
+        let mut rows = Vec::new();
+        for row in outbox.iter().map_err(redb::Error::from)? {
+            let (k, v) = row.map_err(redb::Error::from)?;
+            let old: DeliveryRecordV3 = postcard::from_bytes(v.value()).map_err(|e| {
+                redb::Error::Corrupted(format!("format 3 outbox row does not decode: {e}"))
+            })?;
+            let new = DeliveryRecord {
+                subscription: old.subscription,
+                webhook_id: old.webhook_id,
+                actor_type: old.actor_type,
+                actor_id: old.actor_id,
+                event_seq: old.event_seq,
+                kind: old.kind,
+                payload: old.payload,
+                created_at_ms: old.created_at_ms,
+                attempts: old.attempts,
+                next_attempt_ms: old.next_attempt_ms,
+                last_error: old.last_error,
+                status: old.status,
+                traceparent: None,
+            };
+            rows.push((k.value(), encode(&new)));
+        }
+        for (k, v) in &rows {
+            outbox.insert(*k, v.as_slice()).map_err(redb::Error::from)?;
+        }
+        tracing::info!(target: LOG_TARGET, outbox_rows = rows.len(), "outbox rows upgraded to format 4");
+    }
+    write.commit().map_err(redb::Error::from)?;
+    Ok(())
+}
+
 /// Format 1 → 2: inbox rows gain their kind (all of them were messages).
-fn migrate_from_v1(db: &redb::Database) -> Result<(), FormatError> {
+fn migrate_inbox_from_v1(db: &redb::Database) -> Result<(), FormatError> {
     let write = db.begin_write().map_err(redb::Error::from)?;
     {
         let mut inbox = write.open_table(INBOX).map_err(redb::Error::from)?;
@@ -788,7 +854,7 @@ fn migrate_from_v1(db: &redb::Database) -> Result<(), FormatError> {
         );
     }
     write.commit().map_err(redb::Error::from)?;
-    stamp_and_check(db)
+    Ok(())
 }
 
 /// Stamp the current format version, then create the tables added since.
@@ -944,7 +1010,61 @@ mod tests {
             .unwrap()
             .value()
             .to_vec();
-        assert_eq!(v, 3u32.to_le_bytes());
+        assert_eq!(v, FORMAT_VERSION.to_le_bytes());
+    }
+
+    #[test]
+    fn format_3_outbox_rows_gain_an_empty_traceparent() {
+        #[derive(Serialize)]
+        struct V3 {
+            subscription: String,
+            webhook_id: String,
+            actor_type: String,
+            actor_id: String,
+            event_seq: u64,
+            kind: String,
+            payload: Vec<u8>,
+            created_at_ms: u64,
+            attempts: u32,
+            next_attempt_ms: u64,
+            last_error: Option<String>,
+            status: DeliveryStatus,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("m.redb")).unwrap();
+        let old = V3 {
+            subscription: "s".into(),
+            webhook_id: "msg_1".into(),
+            actor_type: "kit".into(),
+            actor_id: "a".into(),
+            event_seq: 7,
+            kind: "done".into(),
+            payload: b"{}".to_vec(),
+            created_at_ms: 5,
+            attempts: 2,
+            next_attempt_ms: 9,
+            last_error: Some("HTTP 500".into()),
+            status: DeliveryStatus::Pending,
+        };
+        let w = db.begin_write().unwrap();
+        {
+            let mut meta = w.open_table(META).unwrap();
+            meta.insert("format_version", 3u32.to_le_bytes().as_slice())
+                .unwrap();
+            w.open_table(OUTBOX)
+                .unwrap()
+                .insert(1, postcard::to_allocvec(&old).unwrap().as_slice())
+                .unwrap();
+        }
+        w.commit().unwrap();
+        check_format(&db).unwrap();
+        let r = db.begin_read().unwrap();
+        let row = r.open_table(OUTBOX).unwrap().get(1).unwrap().unwrap();
+        let new: DeliveryRecord = decode("delivery", row.value()).unwrap();
+        assert_eq!(new.webhook_id, "msg_1");
+        assert_eq!(new.last_error.as_deref(), Some("HTTP 500"));
+        assert_eq!((new.attempts, new.event_seq), (2, 7));
+        assert_eq!(new.traceparent, None);
     }
 
     /// Part of the file format, like the actor record.

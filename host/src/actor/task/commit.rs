@@ -122,6 +122,10 @@ impl ActorTask {
         }
         let mut inputs = finished.input_writes;
         inputs.append(&mut extras.inputs);
+        let traceparent = finished
+            .span
+            .as_ref()
+            .and_then(crate::telemetry::traceparent_of);
         let on_durable = match finished.span {
             // The turn's span ends once its commit is durable.
             Some(span) => {
@@ -222,6 +226,7 @@ impl ActorTask {
             sends,
             files: finished.files,
             usage: (!usage.is_empty()).then_some(usage.record),
+            traceparent,
             on_durable,
         };
         self.env

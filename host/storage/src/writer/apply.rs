@@ -276,6 +276,7 @@ impl WriterState {
                     next_attempt_ms: ev.at_ms,
                     last_error: None,
                     status: DeliveryStatus::Pending,
+                    traceparent: t.traceparent.clone(),
                 };
                 tables.write_delivery(dseq, Some(&rec))?;
                 self.outbox_touched = true;

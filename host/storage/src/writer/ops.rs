@@ -54,6 +54,9 @@ pub struct TurnCommit {
     pub files: Vec<(String, Option<FileRecord>)>,
     /// Model usage of the turn, added to the actor's and its type's.
     pub usage: Option<UsageRecord>,
+    /// The turn's W3C `traceparent` (traces on): outbound webhooks of its
+    /// events continue its trace.
+    pub traceparent: Option<String>,
     /// Completion.
     pub on_durable: OnDurable,
 }

@@ -65,6 +65,7 @@ fn turn(
         sends: Vec::new(),
         files: Vec::new(),
         usage: None,
+        traceparent: None,
         on_durable: Box::new(move |r| {
             let _ = tx.send(r);
         }),
