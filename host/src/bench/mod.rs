@@ -8,6 +8,7 @@
 
 mod agent;
 mod alarms;
+mod cluster;
 mod compare;
 mod egress;
 mod files;
@@ -110,6 +111,10 @@ pub enum Scenario {
     /// Side by side with Cloudflare's workerd (Durable Objects on local
     /// SQLite), same load generator, alternating runs, with ratios.
     VsWorkerd,
+    /// Routing in a cluster (two nodes on a local etcd) side by side with a
+    /// node alone: turns/s and latency for actors the receiving node owns
+    /// and for actors it forwards (`--actors` per side, default 1,000).
+    Cluster,
     /// Crash torture, not a measurement: `--cycles` (default 1,000) `kill -9`s
     /// under mixed load (`--connections` clients; `--actors` per block of 20
     /// cycles, default 16), every acknowledged effect checked after each
@@ -174,6 +179,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::Agent => agent::agent(&args).await?,
             Scenario::VsWorkerd => compare::vs_workerd(&args).await?,
             Scenario::Torture => torture::torture(&args).await?,
+            Scenario::Cluster => cluster::cluster(&args).await?,
             Scenario::All => unreachable!(),
         }
     }
@@ -228,6 +234,7 @@ pub fn machine_line() -> String {
 }
 
 /// Latency percentiles of a sample.
+#[derive(Clone, Copy, Debug)]
 pub struct Percentiles {
     /// Sample size.
     pub n: usize,

@@ -30,9 +30,18 @@ impl ServerProc {
         env: &[(&str, &str)],
         log: Option<&Path>,
     ) -> anyhow::Result<Self> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
+        Self::start_on(free_port()?, data, config, env, log).await
+    }
+
+    /// [`Self::start_with`] on `port` (which the config may name, e.g. a
+    /// cluster node's advertise URL).
+    pub async fn start_on(
+        port: u16,
+        data: &Path,
+        config: &str,
+        env: &[(&str, &str)],
+        log: Option<&Path>,
+    ) -> anyhow::Result<Self> {
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let config_path = data.with_extension("toml");
         std::fs::write(&config_path, config)?;
@@ -172,6 +181,13 @@ impl Drop for ServerProc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A free loopback port.
+pub(super) fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// Resident set size of process `pid`, in bytes.

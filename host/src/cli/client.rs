@@ -471,8 +471,8 @@ pub(super) async fn cluster_status(args: &ClientArgs) -> anyhow::Result<()> {
             "{:<16} {:<12} {:<6} {:>6} {:>6}  {}",
             m["node_id"].as_str().unwrap_or("?"),
             m["region"].as_str().unwrap_or("-"),
-            m["alive"],
-            m["slots"],
+            m["alive"].to_string(),
+            m["slots"].to_string(),
             m["slots_used"]
                 .as_u64()
                 .map_or("-".into(), |u| u.to_string()),

@@ -1,0 +1,218 @@
+//! `cluster`: what routing through a cluster costs, side by side in one run.
+//!
+//! A single-member etcd (Debian's `etcd-server`) and two nodes in their own
+//! processes, plus a node without a cluster as the baseline, all on
+//! loopback. The same closed-loop load (durable counter turns, `--connections`
+//! connections, `--duration` seconds, `--rounds` rounds alternating A B C …)
+//! goes to:
+//!
+//! * `alone`: the node without a cluster;
+//! * `owner`: node 1, for actors node 1 owns (routing adds a slot lookup);
+//! * `forwarded`: node 1, for actors node 2 owns (one extra HTTP hop on
+//!   loopback, plus the body buffered for a possible retry).
+//!
+//! It prints turns/s, p50/p99 and the ratios. Failover time needs backups
+//! (not built yet) and is not measured.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+
+use super::http::Conn;
+use super::server::{ServerProc, free_port};
+use super::{BenchArgs, Percentiles};
+
+/// A throwaway single-member etcd.
+struct Etcd {
+    child: Child,
+    url: String,
+}
+
+impl Etcd {
+    fn start(dir: &Path) -> anyhow::Result<Self> {
+        let (client, peer) = (free_port()?, free_port()?);
+        let url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = Command::new("etcd")
+            .arg("--name=bench")
+            .arg(format!("--data-dir={}", dir.join("etcd").display()))
+            .arg(format!("--listen-client-urls={url}"))
+            .arg(format!("--advertise-client-urls={url}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster=bench={peer_url}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("cannot start etcd (Debian package etcd-server; scripts/test installs it)")?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", client)).is_err() {
+            anyhow::ensure!(Instant::now() < deadline, "etcd did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(Self { child, url })
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub(super) async fn cluster(args: &BenchArgs) -> anyhow::Result<()> {
+    let actors = args.actors.unwrap_or(1_000);
+    let duration = Duration::from_secs(args.duration);
+    let conns = args.connections;
+    let dir = tempfile::tempdir()?;
+    let etcd = Etcd::start(dir.path())?;
+    let alone = ServerProc::start(&dir.path().join("alone"), "").await?;
+    let mut nodes = Vec::new();
+    for id in ["n1", "n2"] {
+        let port = free_port()?;
+        let config = format!(
+            "[cluster]\nnode_id = \"{id}\"\nadvertise = \"http://127.0.0.1:{port}\"\netcd = [\"{}\"]\n",
+            etcd.url
+        );
+        nodes.push(ServerProc::start_on(port, &dir.path().join(id), &config, &[], None).await?);
+    }
+    wait_for_slots(nodes[0].addr).await?;
+    // A deploy on node 1 reaches node 2.
+    nodes[0].deploy_counter(serde_json::json!({})).await?;
+    alone.deploy_counter(serde_json::json!({})).await?;
+
+    // Create the actors through node 1 and sort them by owner.
+    let mut owned: [Vec<String>; 2] = [Vec::new(), Vec::new()];
+    let mut c = Conn::connect(nodes[0].addr).await?;
+    for i in 0..actors * 2 {
+        let path = format!("/v1/actors/counter/a{i}");
+        c.post(&path, br#"{"by":1}"#).await?;
+        let (_, info) = c.get(&path).await?;
+        let info: serde_json::Value = serde_json::from_slice(&info)?;
+        match info["node"].as_str() {
+            Some("n1") if owned[0].len() < actors => owned[0].push(path),
+            Some("n2") if owned[1].len() < actors => owned[1].push(path),
+            _ => {}
+        }
+        if owned.iter().all(|o| o.len() == actors) {
+            break;
+        }
+    }
+    let mut c = Conn::connect(alone.addr).await?;
+    for p in &owned[0] {
+        c.post(p, br#"{"by":1}"#).await?;
+    }
+    println!(
+        "cluster: 2 nodes on one etcd, {actors} actors per side, {conns} connections, {}s × {} rounds",
+        args.duration, args.rounds
+    );
+
+    let sides: [(&str, SocketAddr, &Vec<String>); 3] = [
+        ("alone", alone.addr, &owned[0]),
+        ("owner", nodes[0].addr, &owned[0]),
+        ("forwarded", nodes[0].addr, &owned[1]),
+    ];
+    let mut results: Vec<Vec<(f64, Percentiles)>> = vec![Vec::new(); sides.len()];
+    for round in 0..args.rounds {
+        for (i, (name, addr, paths)) in sides.iter().enumerate() {
+            let (rate, lat) = load(*addr, paths, conns, duration).await?;
+            println!(
+                "  round {} {name:<9} {rate:>9.0} turns/s  p50 {:>6.2} ms  p99 {:>6.2} ms",
+                round + 1,
+                ms(lat.p50),
+                ms(lat.p99)
+            );
+            results[i].push((rate, lat));
+        }
+    }
+    let best = |i: usize| {
+        results[i]
+            .iter()
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .cloned()
+            .expect("at least one round")
+    };
+    let (alone_r, alone_l) = best(0);
+    let (owner_r, owner_l) = best(1);
+    let (fwd_r, fwd_l) = best(2);
+    println!("  best of {} rounds:", args.rounds);
+    println!(
+        "  owner / alone      {:.2}×  (p50 {:+.3} ms)",
+        owner_r / alone_r,
+        ms(owner_l.p50) - ms(alone_l.p50)
+    );
+    println!(
+        "  forwarded / owner  {:.2}×  (p50 {:+.3} ms, p99 {:+.3} ms: the extra hop)",
+        fwd_r / owner_r,
+        ms(fwd_l.p50) - ms(owner_l.p50),
+        ms(fwd_l.p99) - ms(owner_l.p99)
+    );
+    println!("  failover time: not measured (no backups yet: a dead owner's used slots wait for it)");
+    drop(nodes);
+    drop(alone);
+    drop(etcd);
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Wait until node `addr` sees every slot assigned and both nodes holding
+/// some.
+async fn wait_for_slots(addr: SocketAddr) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut c = Conn::connect(addr).await?;
+        let (_, body) = c.get("/v1/cluster").await?;
+        let v: serde_json::Value = serde_json::from_slice(&body)?;
+        let both = v["members"]
+            .as_array()
+            .is_some_and(|m| m.len() == 2 && m.iter().all(|m| m["slots"].as_u64() > Some(100)));
+        if v["slots_assigned"] == 1024 && both {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the cluster did not settle: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Closed-loop durable turns over `paths` from `conns` connections.
+async fn load(
+    addr: SocketAddr,
+    paths: &[String],
+    conns: usize,
+    duration: Duration,
+) -> anyhow::Result<(f64, Percentiles)> {
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut tasks = Vec::with_capacity(conns);
+    for t in 0..conns {
+        let paths = paths.to_vec();
+        tasks.push(tokio::spawn(async move {
+            let mut c = Conn::connect(addr).await?;
+            let mut lat = Vec::new();
+            let mut i = t * 7919;
+            while Instant::now() < deadline {
+                i += 1;
+                let s = Instant::now();
+                let (status, _) = c
+                    .request("POST", &paths[i % paths.len()], "application/json", br#"{"by":1}"#)
+                    .await?;
+                anyhow::ensure!(status == 200, "a turn failed with {status}");
+                lat.push(s.elapsed());
+            }
+            anyhow::Ok(lat)
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    let rate = all.len() as f64 / started.elapsed().as_secs_f64();
+    Ok((rate, Percentiles::of(&mut all)))
+}
