@@ -331,3 +331,62 @@ async fn a_dead_owners_actors_wait_for_it_and_come_back_with_their_data() {
     assert_eq!(info["node"], owner.as_str());
     assert!(info["epoch"].as_u64().unwrap() >= epoch);
 }
+
+/// A node paused longer than its lease (SIGSTOP) wakes up fenced: a request
+/// that reached it while it was paused is refused, not served on stale
+/// ownership; it serves again once etcd has confirmed a new lease.
+#[tokio::test]
+async fn an_owner_paused_past_its_lease_serves_nothing_until_it_rejoins() {
+    let Some(c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let r = c.api(0).add("kit", "bob", 1).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let owner = c.api(0).get("/v1/actors/kit/bob").await.json["node"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let o = NODES.iter().position(|(id, _)| *id == owner).unwrap();
+    let pid = c.nodes[o].pid().unwrap().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    // A request straight to the paused owner waits in its accept queue.
+    let direct = c.api(o);
+    let queued = tokio::spawn(async move { direct.add("kit", "bob", 100).await });
+    // Past the lease (2 s) the others see it gone and refuse its actors.
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    let r = c.api(o + 1).add("kit", "bob", 1000).await;
+    assert_eq!(r.status, 503, "{}", r.json);
+    assert!(
+        Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let r = queued.await.unwrap();
+    assert_eq!(
+        r.status, 503,
+        "served on a lease that had expired: {}",
+        r.json
+    );
+    assert_eq!(r.code(), "slot_unavailable", "{}", r.json);
+    // Once it has joined again it serves, and nothing of the refused
+    // requests was applied.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let r = loop {
+        let r = c.api(o + 2).add("kit", "bob", 1).await;
+        if r.status == 200 || Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["value"], 2, "a refused request was applied");
+}

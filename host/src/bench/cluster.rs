@@ -151,7 +151,9 @@ pub(super) async fn cluster(args: &BenchArgs) -> anyhow::Result<()> {
         ms(fwd_l.p50) - ms(owner_l.p50),
         ms(fwd_l.p99) - ms(owner_l.p99)
     );
-    println!("  failover time: not measured (no backups yet: a dead owner's used slots wait for it)");
+    println!(
+        "  failover time: not measured (no backups yet: a dead owner's used slots wait for it)"
+    );
     drop(nodes);
     drop(alone);
     drop(etcd);
@@ -201,7 +203,12 @@ async fn load(
                 i += 1;
                 let s = Instant::now();
                 let (status, _) = c
-                    .request("POST", &paths[i % paths.len()], "application/json", br#"{"by":1}"#)
+                    .request(
+                        "POST",
+                        &paths[i % paths.len()],
+                        "application/json",
+                        br#"{"by":1}"#,
+                    )
                     .await?;
                 anyhow::ensure!(status == 200, "a turn failed with {status}");
                 lat.push(s.elapsed());
