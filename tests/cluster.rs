@@ -314,9 +314,27 @@ async fn a_dead_owners_actors_wait_for_it_and_come_back_with_their_data() {
         status["slots_unavailable"].as_u64().unwrap() >= 1,
         "{status:#}"
     );
+    // A type deployed while it is away reaches the live nodes only...
+    let js =
+        json!({"kind": "js", "code": "export default { onMessage() { return { late: true }; } };"});
+    let r = c
+        .api(other)
+        .req(
+            reqwest::Method::PUT,
+            "/v1/types/late",
+            Some(("application/json", serde_json::to_vec(&js).unwrap())),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
 
-    // It comes back: same data, same owner.
+    // It comes back: same data, same owner, and the catalog it missed.
     c.nodes[o].restart().await;
+    assert_eq!(
+        c.api(o).get("/v1/types/late").await.status,
+        200,
+        "catalog not synced"
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     let r = loop {
         let r = c.api(other).add("kit", "alice", 1).await;

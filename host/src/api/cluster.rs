@@ -47,6 +47,67 @@ pub(super) async fn status(State(s): State<AppState>) -> Response {
     }
 }
 
+/// `GET /v1/cluster/catalog`: every type's current version with its code
+/// and config, for a node joining the cluster.
+pub(super) async fn catalog(State(s): State<AppState>) -> Result<Response, ApiError> {
+    use base64::Engine as _;
+    let types: Vec<_> = s
+        .node
+        .catalog_export()?
+        .into_iter()
+        .map(|e| {
+            serde_json::json!({
+                "type": e.ty,
+                "kind": e.kind,
+                "code_base64": base64::engine::general_purpose::STANDARD.encode(&e.code),
+                "config": e.config,
+            })
+        })
+        .collect();
+    Ok(axum::Json(serde_json::json!({ "types": types })).into_response())
+}
+
+/// Catch up with types deployed while this node was away: take the
+/// catalog of a live peer and deploy what differs (a deploy of identical
+/// code and config is a no-op). Runs before the node serves.
+pub async fn sync_catalog(node: &crate::node::Node) -> anyhow::Result<usize> {
+    use anyhow::Context as _;
+    use base64::Engine as _;
+    let Some(cluster) = node.cluster() else {
+        return Ok(0);
+    };
+    let client = peer_client();
+    for peer in cluster.peers() {
+        let mut req = client.get(format!("{}/v1/cluster/catalog", peer.advertise));
+        if let Some(t) = &node.config().admin_token {
+            req = req.bearer_auth(t);
+        }
+        let body: serde_json::Value = match req.send().await.and_then(|r| r.error_for_status()) {
+            Ok(r) => r.json().await?,
+            Err(e) => {
+                tracing::warn!(peer = %peer.node_id, error = %e, "cannot read a peer's catalog; trying the next");
+                continue;
+            }
+        };
+        let mut changed = 0;
+        for t in body["types"].as_array().into_iter().flatten() {
+            let ty = t["type"].as_str().context("catalog entry without a type")?;
+            let kind = serde_json::from_value(t["kind"].clone())?;
+            let config = serde_json::from_value(t["config"].clone())?;
+            let code = base64::engine::general_purpose::STANDARD
+                .decode(t["code_base64"].as_str().unwrap_or_default())?;
+            let d = node
+                .deploy(ty, kind, code, config)
+                .await
+                .with_context(|| format!("deploying `{ty}` from {}'s catalog", peer.node_id))?;
+            changed += usize::from(d.created);
+        }
+        tracing::info!(peer = %peer.node_id, changed, "catalog in step with the cluster");
+        return Ok(changed);
+    }
+    Ok(0)
+}
+
 /// The actor a request path is for.
 fn actor_of(path: &str) -> Option<ActorKey> {
     let rest = path

@@ -8,7 +8,7 @@
 mod actors;
 mod backup;
 mod clients;
-mod cluster;
+pub(crate) mod cluster;
 mod edge;
 mod error;
 mod extract;
@@ -145,6 +145,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/tokens", post(tokens::mint))
         .route("/v1/tokens/{id}", axum::routing::delete(tokens::revoke))
         .route("/v1/cluster", get(cluster::status))
+        .route("/v1/cluster/catalog", get(cluster::catalog))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limits.max_message_bytes));

@@ -631,6 +631,19 @@ fn operations() -> Vec<Op> {
             body: None,
             responses: vec![(200, "the cluster as this node sees it", Some(any_json()))],
         },
+        Op {
+            method: "get",
+            path: "/v1/cluster/catalog",
+            id: "clusterCatalog",
+            summary: "Every type's current version with its code (base64) and config: what a node joining the cluster deploys",
+            params: vec![],
+            body: None,
+            responses: vec![(
+                200,
+                "{types: [{type, kind, code_base64, config}]}",
+                Some(any_json()),
+            )],
+        },
     ]
 }
 

@@ -79,6 +79,7 @@ pub(super) async fn dev(args: DevArgs) -> anyhow::Result<()> {
         super::assistant::prepare_config(&mut config);
     }
     let node = Node::start(config).await?;
+    crate::api::cluster::sync_catalog(&node).await?;
     if !args.no_examples {
         for (name, code) in crate::guests::EXAMPLES {
             // A type of that name is the user's (or an example from an
@@ -158,6 +159,7 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // joins.
     let listener = bind(listen).await?;
     let node = Node::start(config).await?;
+    crate::api::cluster::sync_catalog(&node).await?;
     tracing::info!(addr = %listener.local_addr()?, "marmot serve listening");
     run_server(node, listener).await
 }

@@ -76,6 +76,14 @@ pub enum DeleteTypeError {
     Storage(#[from] StorageError),
 }
 
+/// One type as [`Node::catalog_export`] gives it.
+pub struct CatalogEntry {
+    pub ty: String,
+    pub kind: CodeKind,
+    pub code: Vec<u8>,
+    pub config: TypeConfig,
+}
+
 impl Node {
     /// Deploy a new version of `ty`.
     pub async fn deploy(
@@ -184,6 +192,30 @@ impl Node {
     }
 
     /// Delete a type (and with `force` its actors).
+    /// Every live type's current version with its code and config: what
+    /// a node joining a cluster needs to serve any actor.
+    pub fn catalog_export(&self) -> Result<Vec<CatalogEntry>, StorageError> {
+        let reader = self.storage.reader()?;
+        let mut out = Vec::new();
+        for entry in self.catalog.all() {
+            if entry.is_deleted() {
+                continue;
+            }
+            let Some(v) = entry.version(entry.latest_version()) else {
+                continue;
+            };
+            if let Some(code) = reader.code(entry.name(), v.version)? {
+                out.push(CatalogEntry {
+                    ty: entry.name().to_owned(),
+                    kind: v.kind,
+                    code,
+                    config: v.config,
+                });
+            }
+        }
+        Ok(out)
+    }
+
     pub async fn delete_type(&self, ty: &str, force: bool) -> Result<u64, DeleteTypeError> {
         let _guard = self.catalog.deploy_lock.lock().await;
         if self.catalog.get(ty).is_none() {
