@@ -21,6 +21,8 @@ use serde_json::{Value, json};
 struct Etcd {
     child: Child,
     url: String,
+    dir: std::path::PathBuf,
+    ports: (u16, u16),
 }
 
 impl Etcd {
@@ -31,9 +33,29 @@ impl Etcd {
             );
             return None;
         }
-        let (client, peer) = (free_port(), free_port());
+        Some(Self::spawn(dir, (free_port(), free_port())))
+    }
+
+    /// Start again on the same data and ports (after [`Self::kill9`]).
+    fn restart(&mut self) {
+        self.kill9();
+        let (dir, ports) = (self.dir.clone(), self.ports);
+        *self = Self::spawn(&dir, ports);
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn spawn(dir: &Path, (client, peer): (u16, u16)) -> Self {
         let url = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("etcd.log"))
+            .unwrap();
         let child = Command::new("etcd")
             .arg("--name=test")
             .arg(format!("--data-dir={}", dir.join("etcd").display()))
@@ -43,7 +65,7 @@ impl Etcd {
             .arg(format!("--initial-advertise-peer-urls={peer_url}"))
             .arg(format!("--initial-cluster=test={peer_url}"))
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("etcd.log")).unwrap())
+            .stderr(log)
             .spawn()
             .expect("start etcd");
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -51,21 +73,25 @@ impl Etcd {
             assert!(Instant::now() < deadline, "etcd did not start");
             std::thread::sleep(Duration::from_millis(50));
         }
-        Some(Self { child, url })
+        Self {
+            child,
+            url,
+            dir: dir.to_owned(),
+            ports: (client, peer),
+        }
     }
 }
 
 impl Drop for Etcd {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill9();
     }
 }
 
 /// Three nodes (two regions) on one etcd.
 struct Cluster {
     _dir: tempfile::TempDir,
-    _etcd: Etcd,
+    etcd: Etcd,
     nodes: Vec<Marmot>,
 }
 
@@ -95,7 +121,7 @@ impl Cluster {
         }
         let c = Self {
             _dir: dir,
-            _etcd: etcd,
+            etcd,
             nodes,
         };
         // Every node sees every member with a share of the slots.
@@ -407,4 +433,44 @@ async fn an_owner_paused_past_its_lease_serves_nothing_until_it_rejoins() {
     };
     assert_eq!(r.status, 200, "{}", r.json);
     assert_eq!(r.json["value"], 2, "a refused request was applied");
+}
+
+/// Without etcd no node can prove its lease, so every node stops serving
+/// (and says why on `/readyz`) rather than risk two owners; when etcd comes
+/// back they rejoin and serve again, data intact.
+#[tokio::test]
+async fn when_etcd_dies_every_node_stops_serving_and_resumes_when_it_returns() {
+    let Some(mut c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    for a in 0..6 {
+        let r = c.api(a).add("kit", &format!("e{a}"), 1).await;
+        assert_eq!(r.status, 200, "{}", r.json);
+    }
+    c.etcd.kill9();
+    // Past the lease (2 s, minus the margin): fenced everywhere.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    for i in 0..3 {
+        let ready = c.api(i).get("/readyz").await;
+        assert_eq!(ready.status, 503, "node {i}: {}", ready.json);
+        assert_eq!(ready.code(), "not_in_cluster", "{}", ready.json);
+    }
+    for a in 0..6 {
+        let r = c.api(a).add("kit", &format!("e{a}"), 1).await;
+        assert_eq!(r.status, 503, "e{a} served without a lease: {}", r.json);
+    }
+    c.etcd.restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for a in 0..6 {
+        let r = loop {
+            let r = c.api(a + 1).add("kit", &format!("e{a}"), 1).await;
+            if r.status == 200 || Instant::now() > deadline {
+                break r;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(r.status, 200, "e{a}: {}", r.json);
+        assert_eq!(r.json["value"], 2, "e{a}: lost or doubled");
+    }
 }
