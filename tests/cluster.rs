@@ -208,6 +208,32 @@ async fn any_node_serves_any_actor_and_each_actor_lives_on_one_node() {
     let spread: BTreeSet<_> = owners.values().flatten().collect();
     assert_eq!(spread.len(), 3, "30 actors should land on all 3 nodes");
 
+    // Listing from any node covers every node, page by page.
+    let mut listed = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut path = "/v1/actors/kit?prefix=user-&limit=7".to_owned();
+        if let Some(c) = &cursor {
+            path.push_str(&format!("&cursor={c}"));
+        }
+        let page = c.api(listed.len()).get(&path).await.json;
+        let ids: Vec<String> = page["actors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["id"].as_str().unwrap().to_owned())
+            .collect();
+        assert!(ids.len() <= 7);
+        listed.extend(ids);
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    let mut expected: Vec<String> = owners.keys().cloned().collect();
+    expected.sort();
+    assert_eq!(listed, expected, "every actor listed once, in order");
+
     // An idempotency key holds across nodes: the owner has the record.
     let key = [("idempotency-key", "k-1")];
     let first = c

@@ -272,16 +272,30 @@ pub(super) async fn list(
     State(s): State<AppState>,
     KnownType(ty): KnownType,
     Query(q): Query<ListParams>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let page = s
         .node
         .list_actors(ty.name(), &q.prefix, q.cursor.as_deref(), limit)?;
-    Ok(axum::Json(serde_json::json!({
+    let local = serde_json::json!({
         "actors": page.items,
         "next_cursor": page.next_cursor,
-    }))
-    .into_response())
+    });
+    let local = match s.node.cluster() {
+        // In a cluster each node holds its own actors: merge every node's
+        // page.
+        Some(_) => {
+            let query = super::cluster::ListQuery {
+                prefix: &q.prefix,
+                cursor: q.cursor.as_deref(),
+                limit,
+            };
+            super::cluster::list_everywhere(&s, ty.name(), query, &headers, local).await
+        }
+        None => local,
+    };
+    Ok(axum::Json(local).into_response())
 }
 
 /// A state value as JSON: the value itself when it is JSON, else base64.

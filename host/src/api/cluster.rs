@@ -108,6 +108,87 @@ pub async fn sync_catalog(node: &crate::node::Node) -> anyhow::Result<usize> {
     Ok(0)
 }
 
+/// One page request of `GET /v1/actors/{type}`.
+pub(super) struct ListQuery<'q> {
+    pub prefix: &'q str,
+    pub cursor: Option<&'q str>,
+    pub limit: usize,
+}
+
+/// Merge this node's page of a type's actors (`local`) with every other
+/// live member's, in id order. A request another node sent for its own
+/// merge (marked [`FANOUT_FROM`]) gets this node's page only. Members that
+/// do not answer are named in `unreachable_nodes`.
+pub(super) async fn list_everywhere(
+    s: &AppState,
+    ty: &str,
+    q: ListQuery<'_>,
+    headers: &HeaderMap,
+    local: serde_json::Value,
+) -> serde_json::Value {
+    let Some(cluster) = s.node.cluster() else {
+        return local;
+    };
+    if headers.contains_key(FANOUT_FROM) {
+        return local;
+    }
+    let mut pages = vec![local];
+    let mut unreachable = Vec::new();
+    let mut forwarded = forwardable(headers);
+    if let Ok(v) = HeaderValue::from_str(cluster.node_id()) {
+        forwarded.insert(FANOUT_FROM, v);
+    }
+    for peer in cluster.peers() {
+        let mut req = s
+            .peers
+            .get(format!("{}/v1/actors/{ty}", peer.advertise))
+            .headers(forwarded.clone())
+            .query(&[("prefix", q.prefix), ("limit", &q.limit.to_string())]);
+        if let Some(c) = q.cursor {
+            req = req.query(&[("cursor", c)]);
+        }
+        match req.send().await.and_then(|r| r.error_for_status()) {
+            Ok(r) => match r.json::<serde_json::Value>().await {
+                Ok(page) => pages.push(page),
+                Err(_) => unreachable.push(peer.node_id),
+            },
+            Err(_) => unreachable.push(peer.node_id),
+        }
+    }
+    merge_pages(pages, q.limit, unreachable)
+}
+
+/// Pages of ids in order, each of at most `limit` items after the same
+/// cursor, as one page: the first `limit` ids; a cursor when any node has
+/// more.
+fn merge_pages(
+    pages: Vec<serde_json::Value>,
+    limit: usize,
+    unreachable: Vec<String>,
+) -> serde_json::Value {
+    let more = pages.iter().any(|p| !p["next_cursor"].is_null());
+    let mut all: Vec<serde_json::Value> = pages
+        .into_iter()
+        .flat_map(|mut p| match p["actors"].take() {
+            serde_json::Value::Array(a) => a,
+            _ => Vec::new(),
+        })
+        .collect();
+    all.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+    all.dedup_by(|a, b| a["id"] == b["id"]);
+    let next_cursor = if more || all.len() > limit {
+        all.truncate(limit);
+        all.last().map(|a| a["id"].clone())
+    } else {
+        None
+    };
+    let mut out = serde_json::json!({ "actors": all, "next_cursor": next_cursor });
+    if !unreachable.is_empty() {
+        out["unreachable_nodes"] = unreachable.into();
+    }
+    out
+}
+
 /// The actor a request path is for.
 fn actor_of(path: &str) -> Option<ActorKey> {
     let rest = path
@@ -414,6 +495,31 @@ mod tests {
         assert_eq!(k("/v1/hooks/kit/bob/github").as_deref(), Some("kit/bob"));
         assert_eq!(k("/v1/actors/kit"), None);
         assert_eq!(k("/v1/types/kit"), None);
+    }
+
+    #[test]
+    fn pages_merge_in_id_order_with_a_cursor_when_any_node_has_more() {
+        let page = |ids: &[&str], more: bool| {
+            serde_json::json!({
+                "actors": ids.iter().map(|i| serde_json::json!({"id": i})).collect::<Vec<_>>(),
+                "next_cursor": if more { ids.last().copied() } else { None },
+            })
+        };
+        let m = merge_pages(
+            vec![page(&["a", "d"], true), page(&["b", "c"], true)],
+            2,
+            vec![],
+        );
+        assert_eq!(m["actors"], serde_json::json!([{"id": "a"}, {"id": "b"}]));
+        assert_eq!(m["next_cursor"], "b");
+        let m = merge_pages(
+            vec![page(&["a"], false), page(&["b"], false)],
+            5,
+            vec!["n3".into()],
+        );
+        assert_eq!(m["actors"].as_array().unwrap().len(), 2);
+        assert!(m["next_cursor"].is_null());
+        assert_eq!(m["unreachable_nodes"], serde_json::json!(["n3"]));
     }
 
     #[test]
