@@ -69,16 +69,29 @@ pub(super) async fn catalog(State(s): State<AppState>) -> Result<Response, ApiEr
 
 /// Catch up with types deployed while this node was away: take the
 /// catalog of a live peer and deploy what differs (a deploy of identical
-/// code and config is a no-op). Runs before the node serves.
-pub async fn sync_catalog(node: &crate::node::Node) -> anyhow::Result<usize> {
+/// code and config is a no-op). Runs as the node starts serving; the node
+/// is ready (`/readyz`) once it is done, or has failed and said why.
+pub async fn sync_catalog(node: &crate::node::Node) {
+    let Some(cluster) = node.cluster() else {
+        return;
+    };
+    if let Err(e) = catch_up(node, cluster).await {
+        tracing::error!(error = %e, "cannot take the cluster's types from a peer; serving with this node's own catalog");
+    }
+    cluster.set_caught_up();
+}
+
+async fn catch_up(
+    node: &crate::node::Node,
+    cluster: &crate::cluster::Cluster,
+) -> anyhow::Result<usize> {
     use anyhow::Context as _;
     use base64::Engine as _;
-    let Some(cluster) = node.cluster() else {
-        return Ok(0);
-    };
     let client = peer_client();
     for peer in cluster.peers() {
-        let mut req = client.get(format!("{}/v1/cluster/catalog", peer.advertise));
+        let mut req = client
+            .get(format!("{}/v1/cluster/catalog", peer.advertise))
+            .timeout(Duration::from_secs(10));
         if let Some(t) = &node.config().admin_token {
             req = req.bearer_auth(t);
         }

@@ -23,6 +23,16 @@ pub(super) async fn readyz(State(s): State<AppState>) -> Response {
         .into_response();
     }
     if let Some(c) = s.node.cluster()
+        && !c.caught_up()
+    {
+        return ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "catching_up",
+            "taking the types deployed while this node was away from a peer",
+        )
+        .into_response();
+    }
+    if let Some(c) = s.node.cluster()
         && !c.alive()
     {
         let mut err = ApiError::new(

@@ -79,7 +79,6 @@ pub(super) async fn dev(args: DevArgs) -> anyhow::Result<()> {
         super::assistant::prepare_config(&mut config);
     }
     let node = Node::start(config).await?;
-    crate::api::cluster::sync_catalog(&node).await?;
     if !args.no_examples {
         for (name, code) in crate::guests::EXAMPLES {
             // A type of that name is the user's (or an example from an
@@ -159,7 +158,6 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // joins.
     let listener = bind(listen).await?;
     let node = Node::start(config).await?;
-    crate::api::cluster::sync_catalog(&node).await?;
     tracing::info!(addr = %listener.local_addr()?, "marmot serve listening");
     run_server(node, listener).await
 }
@@ -171,6 +169,12 @@ async fn bind(addr: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpListe
 }
 
 async fn run_server(node: Arc<Node>, listener: tokio::net::TcpListener) -> anyhow::Result<()> {
+    if node.cluster().is_some() {
+        // While serving (peers starting at the same time ask this node
+        // too): `/readyz` says not ready until it is done.
+        let n = node.clone();
+        tokio::spawn(async move { crate::api::cluster::sync_catalog(&n).await });
+    }
     crate::api::serve(node.clone(), listener, shutdown_signal()).await?;
     tracing::info!("shutting down: flushing storage");
     node.flush().await;

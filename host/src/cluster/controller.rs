@@ -59,7 +59,7 @@ async fn campaign(inner: &Inner) -> anyhow::Result<bool> {
             Some(PutOptions::new().with_lease(lease)),
         )])
         .or_else([TxnOp::get(key, None)]);
-    let resp = inner.client.clone().txn(txn).await?;
+    let resp = super::within(super::ETCD_CALL, inner.client.clone().txn(txn)).await?;
     if resp.succeeded() {
         tracing::info!("this node is the cluster controller");
         return Ok(true);
@@ -146,7 +146,8 @@ async fn assign(inner: &Inner, gone_since: &mut HashMap<String, Instant>) -> any
             puts.push(TxnOp::put(key, serde_json::to_vec(record)?, None));
         }
         let txn = Txn::new().when(compares).and_then(puts);
-        if inner.client.clone().txn(txn).await?.succeeded() {
+        let resp = super::within(super::ETCD_CALL, inner.client.clone().txn(txn)).await?;
+        if resp.succeeded() {
             applied += chunk.len();
         } else {
             // Someone else wrote meanwhile (an owner marked a slot used):

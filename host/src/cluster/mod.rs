@@ -33,6 +33,10 @@ use crate::ids::ActorKey;
 use records::{Keys, LAYOUT_VERSION, MemberRecord, MetaRecord, SLOTS, SlotRecord, slot_of};
 pub use view::View;
 
+/// The longest a single etcd request may take before the caller gives up
+/// (and retries, or reports).
+pub(super) const ETCD_CALL: Duration = Duration::from_secs(5);
+
 /// Where a request for an actor goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
@@ -63,6 +67,8 @@ struct Inner {
     /// Woken when the view changes.
     changed: Notify,
     lease: Lease,
+    /// The node has taken the types it missed from a peer.
+    caught_up: std::sync::atomic::AtomicBool,
 }
 
 /// The membership lease and how long it is provably alive.
@@ -96,13 +102,13 @@ impl Cluster {
     /// Connect to etcd, join (a member key under a fresh lease), read the
     /// metadata and start renewing, watching and campaigning.
     pub async fn start(config: &ClusterConfig) -> anyhow::Result<Self> {
-        let mut client =
-            tokio::time::timeout(Duration::from_secs(10), Client::connect(&config.etcd, None))
-                .await
-                .map_err(|_| {
-                    anyhow::anyhow!("etcd at {:?} did not answer within 10 s", config.etcd)
-                })?
-                .with_context(|| format!("cannot connect to etcd at {:?}", config.etcd))?;
+        let mut client = tokio::time::timeout(
+            Duration::from_secs(10),
+            Client::connect(&config.etcd, Some(connect_options())),
+        )
+        .await
+        .map_err(|_| anyhow::anyhow!("etcd at {:?} did not answer within 10 s", config.etcd))?
+        .with_context(|| format!("cannot connect to etcd at {:?}", config.etcd))?;
         let keys = Keys::new(&config.etcd_prefix);
         check_meta(&mut client, &keys).await?;
         let ttl = Duration::from_secs(config.lease_ttl_s);
@@ -112,6 +118,7 @@ impl Cluster {
             client,
             view: RwLock::new(View::default()),
             changed: Notify::new(),
+            caught_up: std::sync::atomic::AtomicBool::new(false),
             lease: Lease {
                 id: AtomicI64::new(0),
                 alive_until_ms: AtomicU64::new(0),
@@ -136,6 +143,17 @@ impl Cluster {
     /// This node's region.
     pub fn region(&self) -> &str {
         &self.inner.config.region
+    }
+
+    /// Whether the node has caught up with the cluster's types.
+    pub fn caught_up(&self) -> bool {
+        self.inner.caught_up.load(Ordering::Acquire)
+    }
+
+    /// The node has caught up with the cluster's types (or given up
+    /// trying, and said so).
+    pub fn set_caught_up(&self) {
+        self.inner.caught_up.store(true, Ordering::Release);
     }
 
     /// Whether this node's lease is provably alive.
@@ -181,9 +199,26 @@ impl Cluster {
                 entry.mod_revision,
             )])
             .and_then([TxnOp::put(key, serde_json::to_vec(&record)?, None)]);
-        let won = inner.client.clone().txn(txn).await?.succeeded();
-        inner.relist().await?;
-        Ok(won)
+        let resp = within(ETCD_CALL, inner.client.clone().txn(txn)).await?;
+        if !resp.succeeded() {
+            // Someone wrote the slot meanwhile: take the table as it is now.
+            inner.relist().await?;
+            return Ok(false);
+        }
+        // Ours: note it at once (the watch brings the same write later),
+        // so that concurrent first requests do not claim again.
+        let revision = resp.header().map_or(0, |h| h.revision());
+        {
+            let mut v = inner.view.write().unwrap_or_else(|p| p.into_inner());
+            let e = &mut v.slots[slot as usize];
+            if e.as_ref().is_some_and(|e| e.mod_revision < revision) {
+                *e = Some(view::SlotEntry {
+                    record,
+                    mod_revision: revision,
+                });
+            }
+        }
+        Ok(true)
     }
 
     /// The members and the slot table, as `GET /v1/cluster` shows them.
@@ -300,8 +335,8 @@ impl Inner {
     async fn join(&self) -> anyhow::Result<()> {
         let mut client = self.client.clone();
         let sent_at = Instant::now();
-        let lease = client
-            .lease_grant(self.lease.ttl.as_secs() as i64, None)
+        let ttl = self.lease.ttl;
+        let lease = within(ttl, client.lease_grant(ttl.as_secs() as i64, None))
             .await
             .context("cannot get a lease from etcd")?;
         let id = lease.id();
@@ -321,8 +356,8 @@ impl Inner {
                 serde_json::to_vec(&member)?,
                 Some(PutOptions::new().with_lease(id)),
             )]);
-        if !client.txn(txn).await?.succeeded() {
-            let _ = client.lease_revoke(id).await;
+        if !within(ttl, client.txn(txn)).await?.succeeded() {
+            let _ = within(ttl, client.lease_revoke(id)).await;
             anyhow::bail!(
                 "another live node is registered as `{}` (node ids must be unique; if that node just died, its lease ends within {} s)",
                 self.config.node_id,
@@ -370,10 +405,24 @@ impl Inner {
     /// Renew until etcd says the lease is gone (`Ok`) or a request fails.
     async fn renew(&self, every: Duration) -> anyhow::Result<()> {
         let id = self.lease.id.load(Ordering::Acquire);
-        let (mut keeper, mut stream) = self.client.clone().lease_keep_alive(id).await?;
+        let result = self.renew_lease(id, every).await;
+        if result.is_err() {
+            // The client reports an expired lease as an error of the
+            // keepalive stream: ask etcd directly.
+            let ttl = within(every, self.client.clone().lease_time_to_live(id, None)).await;
+            if ttl.is_ok_and(|t| t.ttl() <= 0) {
+                return Ok(());
+            }
+        }
+        result
+    }
+
+    async fn renew_lease(&self, id: i64, every: Duration) -> anyhow::Result<()> {
+        let (mut keeper, mut stream) =
+            within(every, self.client.clone().lease_keep_alive(id)).await?;
         loop {
             let sent_at = Instant::now();
-            keeper.keep_alive().await?;
+            within(every, keeper.keep_alive()).await?;
             let reply = tokio::time::timeout(every, stream.message())
                 .await
                 .map_err(|_| anyhow::anyhow!("no keepalive answer within {every:?}"))??
@@ -389,11 +438,8 @@ impl Inner {
 
     /// Read everything at one revision into a fresh view.
     async fn relist(&self) -> anyhow::Result<()> {
-        let resp = self
-            .client
-            .clone()
-            .get(self.keys.all(), Some(GetOptions::new().with_prefix()))
-            .await?;
+        let all = Some(GetOptions::new().with_prefix());
+        let resp = within(ETCD_CALL, self.client.clone().get(self.keys.all(), all)).await?;
         let revision = resp.header().map_or(0, |h| h.revision());
         let mut view = View {
             revision,
@@ -431,14 +477,10 @@ impl Inner {
 
     async fn watch_once(&self) -> anyhow::Result<()> {
         let from = self.view().revision + 1;
-        let mut stream = self
-            .client
-            .clone()
-            .watch(
-                self.keys.all(),
-                Some(WatchOptions::new().with_prefix().with_start_revision(from)),
-            )
-            .await?;
+        let options = WatchOptions::new().with_prefix().with_start_revision(from);
+        let mut client = self.client.clone();
+        let watch = client.watch(self.keys.all(), Some(options));
+        let mut stream = within(ETCD_CALL, watch).await?;
         while let Some(resp) = stream.message().await? {
             if resp.canceled() || resp.compact_revision() > 0 {
                 anyhow::bail!("watch canceled (compacted at {})", resp.compact_revision());
@@ -460,6 +502,31 @@ impl Inner {
             self.changed.notify_waiters();
         }
         anyhow::bail!("watch stream closed")
+    }
+}
+
+/// How the etcd client finds out that a connection died: a partition
+/// drops packets silently, and without pings a stream would wait for TCP's
+/// retransmission timeout (minutes) before reconnecting. etcd refuses pings
+/// more often than every 5 s (`--grpc-keepalive-min-time`). A member
+/// without a leader must not serve reads or watches (`require_leader`).
+fn connect_options() -> etcd_client::ConnectOptions {
+    etcd_client::ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_keep_alive(Duration::from_secs(5), Duration::from_secs(2))
+        .with_keep_alive_while_idle(true)
+        .with_require_leader(true)
+}
+
+/// `fut`, or an error after `limit`: no etcd call may hang a loop that
+/// must notice a lost lease.
+pub(super) async fn within<T, E: Into<anyhow::Error>>(
+    limit: Duration,
+    fut: impl std::future::Future<Output = Result<T, E>>,
+) -> anyhow::Result<T> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(r) => r.map_err(Into::into),
+        Err(_) => anyhow::bail!("etcd did not answer within {limit:?}"),
     }
 }
 
