@@ -8,7 +8,9 @@
 //!   the same `Idempotency-Key`). Responses stream back (SSE included).
 //! * Writes every node must apply (types, secrets, providers,
 //!   subscriptions, token revocations) run here, then on every other live
-//!   member.
+//!   member; a node that was away takes the types it missed from a peer
+//!   (`GET /v1/cluster/catalog`).
+//! * Listing a type's actors merges every node's page.
 //! * `GET /v1/cluster`: members and slots.
 
 use std::time::Duration;
