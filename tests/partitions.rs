@@ -58,10 +58,12 @@ impl Net {
         let tag = (std::process::id() % 1_000) * 10 + n_net;
         let subnet = (20 + (std::process::id() + 37 * n_net) % 200) as u8;
         let bridge = format!("mbr{tag}");
-        assert!(
-            sh(&["ip", "link", "add", &bridge, "type", "bridge"]),
-            "cannot create bridge {bridge}"
-        );
+        if !sh(&["ip", "link", "add", &bridge, "type", "bridge"]) {
+            eprintln!(
+                "SKIPPED: cannot create a network bridge here (root without CAP_NET_ADMIN?)"
+            );
+            return None;
+        }
         let mut net = Self {
             bridge,
             subnet,
