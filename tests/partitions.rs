@@ -59,9 +59,7 @@ impl Net {
         let subnet = (20 + (std::process::id() + 37 * n_net) % 200) as u8;
         let bridge = format!("mbr{tag}");
         if !sh(&["ip", "link", "add", &bridge, "type", "bridge"]) {
-            eprintln!(
-                "SKIPPED: cannot create a network bridge here (root without CAP_NET_ADMIN?)"
-            );
+            eprintln!("SKIPPED: cannot create a network bridge here (root without CAP_NET_ADMIN?)");
             return None;
         }
         let mut net = Self {
@@ -111,29 +109,20 @@ impl Net {
 
     /// Drop everything namespace `from` sends to namespace `to`.
     fn cut(&self, from: usize, to: usize) {
-        let dst = format!("{}/32", self.ip(to));
-        assert!(sh(&[
-            "ip",
-            "-n",
-            &self.namespaces[from],
-            "route",
-            "add",
-            "blackhole",
-            &dst
-        ]));
+        self.blackhole("add", from, to);
     }
 
     fn heal(&self, from: usize, to: usize) {
+        self.blackhole("del", from, to);
+    }
+
+    fn blackhole(&self, op: &str, from: usize, to: usize) {
         let dst = format!("{}/32", self.ip(to));
-        assert!(sh(&[
-            "ip",
-            "-n",
-            &self.namespaces[from],
-            "route",
-            "del",
-            "blackhole",
-            &dst
-        ]));
+        let ns = &self.namespaces[from];
+        assert!(
+            sh(&["ip", "-n", ns, "route", op, "blackhole", &dst]),
+            "route {op} {dst} in {ns}"
+        );
     }
 
     /// A command run inside namespace `i`.

@@ -23,7 +23,7 @@
 //! ordered by actor.
 
 use marmot_core::config::TypeConfig;
-use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::LOG_TARGET;
@@ -787,74 +787,75 @@ fn upgrade(db: &redb::Database, from: u32) -> Result<(), FormatError> {
 
 /// Format 3 → 4: outbox rows gain `traceparent` (none for old rows).
 fn migrate_outbox_from_v3(db: &redb::Database) -> Result<(), FormatError> {
-    let write = db.begin_write().map_err(redb::Error::from)?;
-    {
-        let mut outbox = write.open_table(OUTBOX).map_err(redb::Error::from)?;
-        let mut rows = Vec::new();
-        for row in outbox.iter().map_err(redb::Error::from)? {
-            let (k, v) = row.map_err(redb::Error::from)?;
-            let old: DeliveryRecordV3 = postcard::from_bytes(v.value()).map_err(|e| {
-                redb::Error::Corrupted(format!("format 3 outbox row does not decode: {e}"))
-            })?;
-            let new = DeliveryRecord {
-                subscription: old.subscription,
-                webhook_id: old.webhook_id,
-                actor_type: old.actor_type,
-                actor_id: old.actor_id,
-                event_seq: old.event_seq,
-                kind: old.kind,
-                payload: old.payload,
-                created_at_ms: old.created_at_ms,
-                attempts: old.attempts,
-                next_attempt_ms: old.next_attempt_ms,
-                last_error: old.last_error,
-                status: old.status,
-                traceparent: None,
-            };
-            rows.push((k.value(), encode(&new)));
-        }
-        for (k, v) in &rows {
-            outbox.insert(*k, v.as_slice()).map_err(redb::Error::from)?;
-        }
-        tracing::info!(target: LOG_TARGET, outbox_rows = rows.len(), "outbox rows upgraded to format 4");
-    }
-    write.commit().map_err(redb::Error::from)?;
+    let n = upgrade_rows(db, OUTBOX, |bytes| {
+        let old: DeliveryRecordV3 = postcard::from_bytes(bytes)?;
+        Ok(encode(&DeliveryRecord {
+            subscription: old.subscription,
+            webhook_id: old.webhook_id,
+            actor_type: old.actor_type,
+            actor_id: old.actor_id,
+            event_seq: old.event_seq,
+            kind: old.kind,
+            payload: old.payload,
+            created_at_ms: old.created_at_ms,
+            attempts: old.attempts,
+            next_attempt_ms: old.next_attempt_ms,
+            last_error: old.last_error,
+            status: old.status,
+            traceparent: None,
+        }))
+    })?;
+    tracing::info!(target: LOG_TARGET, outbox_rows = n, "outbox rows upgraded to format 4");
     Ok(())
 }
 
 /// Format 1 → 2: inbox rows gain their kind (all of them were messages).
 fn migrate_inbox_from_v1(db: &redb::Database) -> Result<(), FormatError> {
+    let n = upgrade_rows(db, INBOX, |bytes| {
+        let old: InboxRecordV1 = postcard::from_bytes(bytes)?;
+        Ok(encode(&InboxRecord {
+            message_id: old.message_id,
+            body: old.body,
+            content_type: old.content_type,
+            idempotency_key: old.idempotency_key,
+            attempts: old.attempts,
+            enqueued_at_ms: old.enqueued_at_ms,
+            kind: InboxKind::Message,
+        }))
+    })?;
+    tracing::info!(target: LOG_TARGET, inbox_rows = n, "storage migrated from format 1 to 2");
+    Ok(())
+}
+
+/// Rewrite every row of `table` (keys that are plain values, like seqs)
+/// with `upgrade` of its old encoding, in one transaction; a row that does
+/// not decode fails the whole upgrade. Returns the rows rewritten.
+fn upgrade_rows<K>(
+    db: &redb::Database,
+    table: TableDefinition<'_, K, &[u8]>,
+    upgrade: impl Fn(&[u8]) -> Result<Vec<u8>, postcard::Error>,
+) -> Result<usize, FormatError>
+where
+    K: redb::Key + 'static + for<'a> redb::Value<SelfType<'a> = K> + Copy,
+{
     let write = db.begin_write().map_err(redb::Error::from)?;
-    {
-        let mut inbox = write.open_table(INBOX).map_err(redb::Error::from)?;
+    let n = {
+        let mut t = write.open_table(table).map_err(redb::Error::from)?;
         let mut rows = Vec::new();
-        for row in inbox.iter().map_err(redb::Error::from)? {
+        for row in t.iter().map_err(redb::Error::from)? {
             let (k, v) = row.map_err(redb::Error::from)?;
-            let old: InboxRecordV1 = postcard::from_bytes(v.value()).map_err(|e| {
-                redb::Error::Corrupted(format!("format 1 inbox row does not decode: {e}"))
+            let new = upgrade(v.value()).map_err(|e| {
+                redb::Error::Corrupted(format!("a {} row does not decode: {e}", table.name()))
             })?;
-            let new = InboxRecord {
-                message_id: old.message_id,
-                body: old.body,
-                content_type: old.content_type,
-                idempotency_key: old.idempotency_key,
-                attempts: old.attempts,
-                enqueued_at_ms: old.enqueued_at_ms,
-                kind: InboxKind::Message,
-            };
-            rows.push((k.value(), encode(&new)));
+            rows.push((k.value(), new));
         }
         for (k, v) in &rows {
-            inbox.insert(*k, v.as_slice()).map_err(redb::Error::from)?;
+            t.insert(*k, v.as_slice()).map_err(redb::Error::from)?;
         }
-        tracing::info!(
-            target: LOG_TARGET,
-            inbox_rows = rows.len(),
-            "storage migrated from format 1 to 2"
-        );
-    }
+        rows.len()
+    };
     write.commit().map_err(redb::Error::from)?;
-    Ok(())
+    Ok(n)
 }
 
 /// Stamp the current format version, then create the tables added since.
