@@ -10,10 +10,12 @@
 //! webhook attempts, and what runs inside them.
 //!
 //! Propagation: a `traceparent` on an incoming message becomes the parent of
-//! its turn; `actors.call`/`actors.send` carry the caller's turn as parent
-//! in-process; requests the node sends for a turn (the `http` capability,
-//! model calls) carry the turn's `traceparent`. With tracing off all of this
-//! is a single relaxed load.
+//! its turn; `actors.call` carries the caller's turn as parent in-process;
+//! requests the node sends for a turn (the `http` capability, model calls)
+//! carry the turn's `traceparent`; an outbound webhook continues the trace of
+//! the turn that emitted its event (stored with the outbox row). Durable
+//! inbox work (`?wait=false`, `actors.send`, alarms, webhooks in) starts its
+//! own trace. With tracing off all of this is a single relaxed load.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
