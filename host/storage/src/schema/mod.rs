@@ -26,7 +26,9 @@ use marmot_core::config::TypeConfig;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
-use crate::LOG_TARGET;
+mod upgrade;
+
+pub use upgrade::{FormatError, check_format};
 
 /// Version of the on-disk format described in this file.
 pub const FORMAT_VERSION: u32 = 4;
@@ -343,34 +345,6 @@ pub enum InboxKind {
     },
 }
 
-/// [`DeliveryRecord`] as formats 2 and 3 wrote it (no `traceparent`).
-#[derive(Deserialize)]
-struct DeliveryRecordV3 {
-    subscription: String,
-    webhook_id: String,
-    actor_type: String,
-    actor_id: String,
-    event_seq: u64,
-    kind: String,
-    payload: Vec<u8>,
-    created_at_ms: u64,
-    attempts: u32,
-    next_attempt_ms: u64,
-    last_error: Option<String>,
-    status: DeliveryStatus,
-}
-
-/// [`InboxRecord`] as format 1 wrote it.
-#[derive(Deserialize)]
-struct InboxRecordV1 {
-    message_id: String,
-    body: Vec<u8>,
-    content_type: Option<String>,
-    idempotency_key: Option<String>,
-    attempts: u32,
-    enqueued_at_ms: u64,
-}
-
 /// When an alarm fires.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AlarmSchedule {
@@ -682,195 +656,6 @@ pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T
     postcard::from_bytes(bytes).map_err(|source| DecodeError { what, source })
 }
 
-/// Why a database cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum FormatError {
-    /// Written by a different version of the format.
-    #[error(
-        "data directory uses storage format {found}, this marmot reads format {expected}; \
-         use a matching marmot release"
-    )]
-    Mismatch {
-        /// Version on disk.
-        found: u32,
-        /// Version this build understands.
-        expected: u32,
-    },
-    /// redb failed.
-    #[error(transparent)]
-    Storage(#[from] redb::Error),
-}
-
-/// Create every table and stamp the format version on a new database, or
-/// check the stamp on an existing one.
-pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
-    let (found, tables_complete) = {
-        let read = db.begin_read().map_err(redb::Error::from)?;
-        let found = match read.open_table(META) {
-            Ok(meta) => meta
-                .get("format_version")
-                .map_err(redb::Error::from)?
-                .map(|v| u32::from_le_bytes(v.value().try_into().unwrap_or([0; 4]))),
-            Err(_) => None,
-        };
-        // Tables added within a format version are created on open.
-        let complete = read.open_table(ALARM_DUE).is_ok()
-            && read.open_table(FILES).is_ok()
-            && read.open_table(INPUTS).is_ok()
-            && read.open_table(OUTBOX_DUE).is_ok()
-            && read.open_table(SECRETS).is_ok()
-            && read.open_table(PROVIDERS).is_ok()
-            && read.open_table(ACTOR_USAGE).is_ok()
-            && read.open_table(TYPE_USAGE).is_ok()
-            && read.open_table(REVOKED_TOKENS).is_ok();
-        (found, complete)
-    };
-    match found {
-        Some(v @ 1..=3) => return upgrade(db, v),
-        Some(v) if v != FORMAT_VERSION => {
-            return Err(FormatError::Mismatch {
-                found: v,
-                expected: FORMAT_VERSION,
-            });
-        }
-        Some(_) if tables_complete => return Ok(()),
-        _ => {}
-    }
-    let write = db.begin_write().map_err(redb::Error::from)?;
-    {
-        let mut meta = write.open_table(META).map_err(redb::Error::from)?;
-        meta.insert("format_version", FORMAT_VERSION.to_le_bytes().as_slice())
-            .map_err(redb::Error::from)?;
-        write.open_table(TYPES).map_err(redb::Error::from)?;
-        write.open_table(CODE).map_err(redb::Error::from)?;
-        write.open_table(ACTORS).map_err(redb::Error::from)?;
-        write.open_table(ACTOR_KEYS).map_err(redb::Error::from)?;
-        write.open_table(STATE).map_err(redb::Error::from)?;
-        write.open_table(EVENTS).map_err(redb::Error::from)?;
-        write.open_table(IDEMPOTENCY).map_err(redb::Error::from)?;
-        write.open_table(IDEM_EXPIRY).map_err(redb::Error::from)?;
-        write.open_table(INBOX).map_err(redb::Error::from)?;
-        write.open_table(ALARMS).map_err(redb::Error::from)?;
-        write.open_table(ALARM_DUE).map_err(redb::Error::from)?;
-        write.open_table(INPUTS).map_err(redb::Error::from)?;
-        write.open_table(SUBSCRIPTIONS).map_err(redb::Error::from)?;
-        write.open_table(OUTBOX).map_err(redb::Error::from)?;
-        write.open_table(OUTBOX_DUE).map_err(redb::Error::from)?;
-        write.open_table(SECRETS).map_err(redb::Error::from)?;
-        write.open_table(PROVIDERS).map_err(redb::Error::from)?;
-        write
-            .open_table(REVOKED_TOKENS)
-            .map_err(redb::Error::from)?;
-        write.open_table(ACTOR_USAGE).map_err(redb::Error::from)?;
-        write.open_table(TYPE_USAGE).map_err(redb::Error::from)?;
-        write.open_table(FILES).map_err(redb::Error::from)?;
-        write.open_table(FILE_USAGE).map_err(redb::Error::from)?;
-        write
-            .open_table(TYPE_FILE_USAGE)
-            .map_err(redb::Error::from)?;
-        write.open_table(BLOB_REFS).map_err(redb::Error::from)?;
-    }
-    write.commit().map_err(redb::Error::from)?;
-    Ok(())
-}
-
-/// Upgrade a file of format `from` (1–3) step by step: 1 → 2 inbox rows
-/// gain their kind; 2 → 3 only adds tables (created on open); 3 → 4 outbox
-/// rows gain their `traceparent`.
-fn upgrade(db: &redb::Database, from: u32) -> Result<(), FormatError> {
-    if from == 1 {
-        migrate_inbox_from_v1(db)?;
-    }
-    migrate_outbox_from_v3(db)?;
-    stamp_and_check(db)
-}
-
-/// Format 3 → 4: outbox rows gain `traceparent` (none for old rows).
-fn migrate_outbox_from_v3(db: &redb::Database) -> Result<(), FormatError> {
-    let n = upgrade_rows(db, OUTBOX, |bytes| {
-        let old: DeliveryRecordV3 = postcard::from_bytes(bytes)?;
-        Ok(encode(&DeliveryRecord {
-            subscription: old.subscription,
-            webhook_id: old.webhook_id,
-            actor_type: old.actor_type,
-            actor_id: old.actor_id,
-            event_seq: old.event_seq,
-            kind: old.kind,
-            payload: old.payload,
-            created_at_ms: old.created_at_ms,
-            attempts: old.attempts,
-            next_attempt_ms: old.next_attempt_ms,
-            last_error: old.last_error,
-            status: old.status,
-            traceparent: None,
-        }))
-    })?;
-    tracing::info!(target: LOG_TARGET, outbox_rows = n, "outbox rows upgraded to format 4");
-    Ok(())
-}
-
-/// Format 1 → 2: inbox rows gain their kind (all of them were messages).
-fn migrate_inbox_from_v1(db: &redb::Database) -> Result<(), FormatError> {
-    let n = upgrade_rows(db, INBOX, |bytes| {
-        let old: InboxRecordV1 = postcard::from_bytes(bytes)?;
-        Ok(encode(&InboxRecord {
-            message_id: old.message_id,
-            body: old.body,
-            content_type: old.content_type,
-            idempotency_key: old.idempotency_key,
-            attempts: old.attempts,
-            enqueued_at_ms: old.enqueued_at_ms,
-            kind: InboxKind::Message,
-        }))
-    })?;
-    tracing::info!(target: LOG_TARGET, inbox_rows = n, "storage migrated from format 1 to 2");
-    Ok(())
-}
-
-/// Rewrite every row of `table` (keys that are plain values, like seqs)
-/// with `upgrade` of its old encoding, in one transaction; a row that does
-/// not decode fails the whole upgrade. Returns the rows rewritten.
-fn upgrade_rows<K>(
-    db: &redb::Database,
-    table: TableDefinition<'_, K, &[u8]>,
-    upgrade: impl Fn(&[u8]) -> Result<Vec<u8>, postcard::Error>,
-) -> Result<usize, FormatError>
-where
-    K: redb::Key + 'static + for<'a> redb::Value<SelfType<'a> = K> + Copy,
-{
-    let write = db.begin_write().map_err(redb::Error::from)?;
-    let n = {
-        let mut t = write.open_table(table).map_err(redb::Error::from)?;
-        let mut rows = Vec::new();
-        for row in t.iter().map_err(redb::Error::from)? {
-            let (k, v) = row.map_err(redb::Error::from)?;
-            let new = upgrade(v.value()).map_err(|e| {
-                redb::Error::Corrupted(format!("a {} row does not decode: {e}", table.name()))
-            })?;
-            rows.push((k.value(), new));
-        }
-        for (k, v) in &rows {
-            t.insert(*k, v.as_slice()).map_err(redb::Error::from)?;
-        }
-        rows.len()
-    };
-    write.commit().map_err(redb::Error::from)?;
-    Ok(n)
-}
-
-/// Stamp the current format version, then create the tables added since.
-fn stamp_and_check(db: &redb::Database) -> Result<(), FormatError> {
-    let write = db.begin_write().map_err(redb::Error::from)?;
-    {
-        let mut meta = write.open_table(META).map_err(redb::Error::from)?;
-        meta.insert("format_version", FORMAT_VERSION.to_le_bytes().as_slice())
-            .map_err(redb::Error::from)?;
-    }
-    write.commit().map_err(redb::Error::from)?;
-    tracing::info!(target: LOG_TARGET, version = FORMAT_VERSION, "storage format upgraded");
-    check_format(db)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -921,15 +706,6 @@ mod tests {
 
     #[test]
     fn format_1_files_are_migrated_and_newer_ones_refused() {
-        #[derive(Serialize)]
-        struct V1 {
-            message_id: String,
-            body: Vec<u8>,
-            content_type: Option<String>,
-            idempotency_key: Option<String>,
-            attempts: u32,
-            enqueued_at_ms: u64,
-        }
         let dir = tempfile::tempdir().unwrap();
         let db = redb::Database::create(dir.path().join("m.redb")).unwrap();
         let w = db.begin_write().unwrap();
@@ -938,7 +714,7 @@ mod tests {
             meta.insert("format_version", 1u32.to_le_bytes().as_slice())
                 .unwrap();
             let mut inbox = w.open_table(INBOX).unwrap();
-            let old = V1 {
+            let old = upgrade::InboxRecordV1 {
                 message_id: "m1".into(),
                 body: b"{}".to_vec(),
                 content_type: None,
@@ -1016,24 +792,9 @@ mod tests {
 
     #[test]
     fn format_3_outbox_rows_gain_an_empty_traceparent() {
-        #[derive(Serialize)]
-        struct V3 {
-            subscription: String,
-            webhook_id: String,
-            actor_type: String,
-            actor_id: String,
-            event_seq: u64,
-            kind: String,
-            payload: Vec<u8>,
-            created_at_ms: u64,
-            attempts: u32,
-            next_attempt_ms: u64,
-            last_error: Option<String>,
-            status: DeliveryStatus,
-        }
         let dir = tempfile::tempdir().unwrap();
         let db = redb::Database::create(dir.path().join("m.redb")).unwrap();
-        let old = V3 {
+        let old = upgrade::DeliveryRecordV3 {
             subscription: "s".into(),
             webhook_id: "msg_1".into(),
             actor_type: "kit".into(),
