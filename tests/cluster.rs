@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Api, Marmot, TESTKIT, free_port, tempdir};
+use common::{Api, Marmot, TESTKIT, free_port, metric, tempdir};
 use serde_json::{Value, json};
 
 /// A single-member etcd on loopback ports, with its own data directory.
@@ -314,6 +314,148 @@ async fn any_node_serves_any_actor_and_each_actor_lives_on_one_node() {
             "{text}"
         );
     }
+}
+
+/// Poll `id`'s state key `key` through node `i` until it is `want`.
+async fn wait_value(c: &Cluster, i: usize, id: &str, key: &str, want: i64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = c
+            .api(i)
+            .op("kit", id, json!({"op": "get", "key": key}))
+            .await;
+        if r.status == 200 && r.json["value"] == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id}/{key} never became {want}: {} {}",
+            r.status,
+            r.json
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Turns reach actors of other nodes: `actors.call` runs the callee on its
+/// owner (one activation, one state), a cycle through two nodes is refused,
+/// and `actors.send` goes through the sender's relay — exactly once, also
+/// when the recipient's owner is down for a while.
+#[tokio::test]
+async fn actors_on_different_nodes_call_and_send_to_each_other() {
+    let Some(mut c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    // Two actors with different owners.
+    let mut by_node = BTreeMap::<String, String>::new();
+    for a in 0..40 {
+        let id = format!("peer-{a}");
+        assert_eq!(c.api(0).add("kit", &id, 0).await.status, 200);
+        let info = c.api(0).get(&format!("/v1/actors/kit/{id}")).await.json;
+        by_node
+            .entry(info["node"].as_str().unwrap().to_owned())
+            .or_insert(id);
+        if by_node.len() == 2 {
+            break;
+        }
+    }
+    let mut pair = by_node.into_iter();
+    let (caller_node, caller) = pair.next().expect("an actor");
+    let (callee_node, callee) = pair.next().expect("actors on two nodes");
+    let index = |n: &str| NODES.iter().position(|(id, _)| *id == n).unwrap();
+    let (ci, di) = (index(&caller_node), index(&callee_node));
+
+    // Calls, through every node: the callee's one state, on its owner.
+    for i in 0..3 {
+        let r = c
+            .api(i)
+            .op(
+                "kit",
+                &caller,
+                json!({"op": "call", "ty": "kit", "id": callee, "body": {"op": "add", "key": "n", "by": 1}}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.json);
+        assert_eq!(r.json["status"], 200, "{}", r.json);
+        assert_eq!(r.json["body"]["value"], i as i64 + 1, "{}", r.json);
+    }
+    // Not a second activation on the caller's node: a direct write sees
+    // the calls' state.
+    let r = c.api(ci).add("kit", &callee, 1).await;
+    assert_eq!(r.json["value"], 4, "{}", r.json);
+    // A cycle through two nodes is refused (not a deadlock).
+    let r = c
+        .api(ci)
+        .op(
+            "kit",
+            &caller,
+            json!({"op": "call", "ty": "kit", "id": callee,
+                   "body": {"op": "call", "ty": "kit", "id": caller, "body": {"op": "get", "key": "n"}}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    // The callee's call back was refused: it answered 502 with why.
+    assert_eq!(r.json["status"], 502, "{}", r.json);
+    assert!(
+        r.json["body"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("cycle")),
+        "{}",
+        r.json
+    );
+    // A call to a type nobody deployed is `not-found`, as on one node.
+    let r = c
+        .api(ci)
+        .op(
+            "kit",
+            &caller,
+            json!({"op": "call", "ty": "nope", "id": "x", "body": {}}),
+        )
+        .await;
+    assert_eq!(r.status, 502, "{}", r.json);
+
+    // Sends: committed with the sending turn, handed over by its node.
+    let send = |fail: bool| {
+        json!({"op": "send", "ty": "kit", "id": callee, "fail": fail,
+               "body": {"op": "add", "key": "s", "by": 1}})
+    };
+    for i in 0..5 {
+        let r = c.api(i).op("kit", &caller, send(false)).await;
+        assert_eq!(r.status, 200, "{}", r.json);
+    }
+    let r = c.api(ci).op("kit", &caller, send(true)).await;
+    assert!(r.status >= 400, "a failed turn sends nothing: {}", r.json);
+    wait_value(&c, di, &callee, "s", 5).await;
+
+    // The recipient's owner dies: sends wait in the relay and arrive once
+    // it is back, each once.
+    c.nodes[di].kill9();
+    for _ in 0..3 {
+        let r = c.api(ci).op("kit", &caller, send(false)).await;
+        assert_eq!(r.status, 200, "{}", r.json);
+    }
+    // (It can only rejoin once its old lease is gone.)
+    c.wait_status(|s| {
+        s["members"].as_array().is_some_and(|m| {
+            m.iter()
+                .any(|m| m["node_id"] == callee_node.as_str() && m["alive"] == false)
+        })
+    })
+    .await;
+    c.nodes[di].restart().await;
+    wait_value(&c, ci, &callee, "s", 8).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_value(&c, ci, &callee, "s", 8).await;
+    let text = String::from_utf8_lossy(&c.api(ci).get("/metrics").await.body).into_owned();
+    assert!(
+        metric(&text, "marmot_cluster_relayed_total") >= 8.0,
+        "{}",
+        text.lines()
+            .filter(|l| l.contains("relayed"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
 
 #[tokio::test]

@@ -109,6 +109,9 @@ pub struct Metrics {
     /// Requests forwarded to the owner of an actor's slot, by outcome
     /// (`ok`, `stale`: the owner's epoch differed, `error`).
     pub cluster_forwards: Family<HookLabels, Counter>,
+    /// Messages sent with `actors.send` handed to their recipients' owners
+    /// (a cluster's relay).
+    pub cluster_relayed: Counter,
 }
 
 impl Metrics {
@@ -272,9 +275,16 @@ impl Metrics {
             "Requests forwarded to the node owning the actor, by outcome (ok, stale, error)",
             cluster_forwards.clone(),
         );
+        let cluster_relayed = Counter::default();
+        registry.register(
+            "cluster_relayed",
+            "Messages sent by actors (actors.send) handed to their recipients' owners",
+            cluster_relayed.clone(),
+        );
         Self {
             registry,
             cluster_forwards,
+            cluster_relayed,
             model_calls,
             model_call_seconds,
             model_tokens,
@@ -306,6 +316,11 @@ impl Metrics {
         self.cluster_forwards
             .get_or_create(&HookLabels { outcome })
             .inc();
+    }
+
+    /// Count messages the relay handed over.
+    pub fn relayed(&self, n: usize) {
+        self.cluster_relayed.inc_by(n as u64);
     }
 
     /// Count a turn.

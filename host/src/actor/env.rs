@@ -18,6 +18,7 @@ use super::registry::Registry;
 use super::{Delivery, Envelope, TurnError, TurnReply};
 use crate::alarms::scheduler::{AlarmTarget, DueAlarm, Scheduler};
 use crate::catalog::Catalog;
+use crate::cluster::{Cluster, PeerError, Peers, Target};
 use crate::config::{Budget, NodeConfig};
 use crate::egress::Egress;
 use crate::ids::{ActorKey, new_message_id};
@@ -59,6 +60,9 @@ pub struct ActorEnv {
     pub(crate) secrets: Arc<SecretStore>,
     pub(crate) models: Arc<Gateway>,
     pub(crate) boot: Boot,
+    /// Routing to the owners of actors, in a cluster: turns reach actors
+    /// of other nodes through it.
+    pub(crate) cluster: Option<(Cluster, Peers)>,
 }
 
 /// The parts of the node the actor layer uses, to build an [`ActorEnv`].
@@ -85,6 +89,9 @@ pub struct Parts {
     pub models: Arc<Gateway>,
     /// Facts about this start.
     pub boot: Boot,
+    /// Membership and routing, and the client to reach other nodes, in a
+    /// cluster.
+    pub cluster: Option<(Cluster, Peers)>,
 }
 
 impl ActorEnv {
@@ -105,6 +112,7 @@ impl ActorEnv {
             secrets: p.secrets,
             models: p.models,
             boot: p.boot,
+            cluster: p.cluster,
         })
     }
 
@@ -192,6 +200,24 @@ impl ActorCalls for ActorEnv {
     ) -> futures::future::BoxFuture<'static, Result<CallReply, GuestError>> {
         let timeout = Duration::from_millis(self.config.limits.actor_call_timeout_ms);
         Box::pin(async move {
+            if let Some((cluster, peers)) = &self.cluster
+                && let Target::Via(base) = cluster.target(&to)
+            {
+                let sent = peers.call(&base, &to, body, &chain);
+                return match tokio::time::timeout(timeout, sent).await {
+                    Ok(Ok(r)) => Ok(CallReply {
+                        status: r.status,
+                        body: r.body,
+                        content_type: r.content_type,
+                    }),
+                    Ok(Err(PeerError::NotFound(e))) => Err(GuestError::NotFound(e)),
+                    Ok(Err(PeerError::Failed(e))) => Err(GuestError::Internal(e)),
+                    Err(_) => Err(GuestError::Internal(format!(
+                        "{to} did not reply within {} ms",
+                        timeout.as_millis()
+                    ))),
+                };
+            }
             let sent = self.send(
                 &to,
                 Bytes::from(body),

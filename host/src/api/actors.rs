@@ -83,7 +83,31 @@ pub(super) async fn send(
         }
         return Ok(resp);
     }
-    let sent = s.node.send(&key, body, content_type, idempotency_key);
+    let chain = match headers.get(crate::cluster::CALL_CHAIN) {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(crate::cluster::decode_chain)
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "invalid_call_chain",
+                        "x-marmot-call-chain must list actors as type/id, percent-encoded, comma separated",
+                    )
+                })?,
+        ),
+    };
+    let sent = async {
+        match chain {
+            // A turn's `actors.call` from another node.
+            Some(chain) => {
+                s.node
+                    .send_in_chain(&key, body, content_type, chain.into())
+                    .await
+            }
+            None => s.node.send(&key, body, content_type, idempotency_key).await,
+        }
+    };
     let reply = match crate::telemetry::Parent::from_headers(&headers) {
         // The caller's trace: the turn's span becomes part of it.
         Some(parent) => {

@@ -89,7 +89,7 @@ async fn catch_up(
 ) -> anyhow::Result<usize> {
     use anyhow::Context as _;
     use base64::Engine as _;
-    let client = peer_client();
+    let client = crate::cluster::peer_client();
     for peer in cluster.peers() {
         let mut req = client
             .get(format!("{}/v1/cluster/catalog", peer.advertise))
@@ -483,16 +483,6 @@ fn unavailable(key: &ActorKey, why: &str) -> Response {
     );
     e.retry_after = Some(1);
     e.into_response()
-}
-
-/// The HTTP client nodes use to reach each other.
-pub(super) fn peer_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(2))
-        // Streams (SSE) stay open as long as the client keeps them.
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build()
-        .expect("a reqwest client with these settings always builds")
 }
 
 #[cfg(test)]

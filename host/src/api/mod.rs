@@ -74,7 +74,7 @@ pub fn router(node: Arc<Node>) -> Router {
     let clustered = node.cluster().is_some();
     let state = AppState {
         node,
-        peers: cluster::peer_client(),
+        peers: crate::cluster::peer_client(),
     };
     // Manifests carry base64 code: allow for its 4/3 expansion.
     let code_limit = limits.max_code_bytes / 3 * 4 + 64 * 1024;

@@ -17,6 +17,7 @@
 //! are balanced over the live members by rendezvous hashing.
 
 mod controller;
+mod peer;
 pub mod records;
 mod view;
 
@@ -30,6 +31,7 @@ use tokio::sync::Notify;
 
 use crate::config::ClusterConfig;
 use crate::ids::ActorKey;
+pub use peer::{CALL_CHAIN, PeerError, Peers, Target, client as peer_client, decode_chain};
 use records::{Keys, LAYOUT_VERSION, MemberRecord, MetaRecord, SLOTS, SlotRecord, slot_of};
 pub use view::View;
 
@@ -164,6 +166,20 @@ impl Cluster {
     /// Where a request for `key` goes now.
     pub fn route(&self, key: &ActorKey) -> Route {
         self.inner.route(slot_of(key))
+    }
+
+    /// Where a message from one of this node's turns to `key` goes: to the
+    /// actor here when this node owns its slot and has claimed it, else
+    /// through the API of the owner (or, to claim the slot or learn why
+    /// nobody can serve it, this node's own).
+    pub fn target(&self, key: &ActorKey) -> Target {
+        match self.route(key) {
+            Route::Local { used: true, .. } => Target::Here,
+            Route::Remote { advertise, .. } => Target::Via(advertise),
+            Route::Local { .. } | Route::Unavailable { .. } => {
+                Target::Via(self.inner.config.advertise.clone())
+            }
+        }
     }
 
     /// Re-read the metadata from etcd (after a peer said our view is

@@ -9,6 +9,7 @@ use super::Node;
 use crate::actor::{AnswerDelivery, Envelope, EvalReply, TurnError, TurnReply};
 use crate::clock::now_ms;
 use crate::ids::{ActorKey, new_message_id};
+use crate::sandbox::CallChain;
 use crate::storage::schema::{InboxKind, InboxRecord};
 use crate::storage::{EnqueueOutcome, WriteOp};
 
@@ -24,6 +25,20 @@ impl Node {
         self.actors
             .send(key, body, content_type, idempotency_key, Arc::from([]))
             .await
+    }
+
+    /// [`Self::send`] on behalf of a turn's `actors.call` on another node:
+    /// `chain` holds the actors waiting above it, outermost first (the
+    /// caller checked the call itself; the chain goes on with any call
+    /// this turn makes).
+    pub async fn send_in_chain(
+        &self,
+        key: &ActorKey,
+        body: Bytes,
+        content_type: Option<String>,
+        chain: CallChain,
+    ) -> Result<TurnReply, TurnError> {
+        self.actors.send(key, body, content_type, None, chain).await
     }
 
     /// Durably enqueue a message; returns its id once it is on disk.

@@ -19,11 +19,12 @@ mod background;
 mod deploy;
 mod hooks;
 mod queries;
+mod relay;
 mod runs;
 #[cfg(test)]
 mod tests;
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, Peers};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -149,6 +150,10 @@ impl Node {
             &config.models,
             metrics.clone(),
         )?);
+        let cluster = match &config.cluster {
+            Some(c) => Some(Cluster::start(c).await?),
+            None => None,
+        };
         let actors = ActorEnv::new(Parts {
             config: config.clone(),
             storage: storage.clone(),
@@ -164,11 +169,10 @@ impl Node {
                 inbox_seq: boot_inbox_seq,
                 at_ms: now_ms(),
             },
+            cluster: cluster
+                .clone()
+                .map(|c| (c, Peers::new(config.admin_token.clone()))),
         });
-        let cluster = match &config.cluster {
-            Some(c) => Some(Cluster::start(c).await?),
-            None => None,
-        };
         let node = Arc::new(Self {
             config: config.clone(),
             storage: storage.clone(),
@@ -202,6 +206,7 @@ impl Node {
             scheduler_rx,
         );
         tokio::spawn(node.clone().housekeeping());
+        tokio::spawn(node.clone().relay());
         crate::webhooks::outbound::start(storage, metrics, config.webhooks.clone());
         Ok(node)
     }

@@ -621,6 +621,7 @@ mod tests {
                     alarms: finished.alarm_writes,
                     inputs: finished.input_writes,
                     sends: finished.sends,
+                    relay_sends: false,
                     files: finished.files,
                     usage: None,
                     traceparent: None,

@@ -16,6 +16,7 @@ pub mod backup;
 pub mod blobs;
 pub mod bulk;
 mod db;
+mod relay;
 pub mod schema;
 pub mod subscriptions;
 pub mod writer;
@@ -143,6 +144,7 @@ pub struct Storage {
     path: PathBuf,
     subscriptions: Arc<Subscriptions>,
     outbox_ready: Arc<tokio::sync::Notify>,
+    relay_ready: Arc<tokio::sync::Notify>,
 }
 
 /// What a failed open of `path` means for the operator.
@@ -199,6 +201,7 @@ impl Storage {
         let subscriptions = Arc::new(Subscriptions::load(&db)?);
         let blobs = blobs::BlobStore::open(dir.join("blobs"))?;
         let outbox_ready = Arc::new(tokio::sync::Notify::new());
+        let relay_ready = Arc::new(tokio::sync::Notify::new());
         let db = Arc::new(DbCell::new(db, opener, path.clone()));
         let writer = Writer::start(
             db.clone(),
@@ -206,6 +209,7 @@ impl Storage {
             metrics,
             subscriptions.clone(),
             outbox_ready.clone(),
+            relay_ready.clone(),
         )?;
         Ok(Self {
             db,
@@ -214,6 +218,7 @@ impl Storage {
             path,
             subscriptions,
             outbox_ready,
+            relay_ready,
         })
     }
 
@@ -225,6 +230,11 @@ impl Storage {
     /// Notified after commits that add or change outbox rows.
     pub fn outbox_ready(&self) -> &Arc<tokio::sync::Notify> {
         &self.outbox_ready
+    }
+
+    /// Notified after commits that add relay rows.
+    pub fn relay_ready(&self) -> &Arc<tokio::sync::Notify> {
+        &self.relay_ready
     }
 
     /// The database file.

@@ -153,7 +153,9 @@ impl ActorTask {
             })
         };
         let sends = finished.sends;
-        let on_durable = if sends.is_empty() {
+        // In a cluster the relay hands sends over (the writer wakes it).
+        let relay_sends = self.env.cluster.is_some();
+        let on_durable = if sends.is_empty() || relay_sends {
             on_durable
         } else {
             // The recipients' inboxes got rows in this commit: wake them.
@@ -224,6 +226,7 @@ impl ActorTask {
             alarms,
             inputs,
             sends,
+            relay_sends,
             files: finished.files,
             usage: (!usage.is_empty()).then_some(usage.record),
             traceparent,

@@ -13,7 +13,9 @@
 //!
 //! History: 1 — first format; 2 — inbox rows carry their kind (message or
 //! webhook); 3 — actors' files (`files`, `file_usage`, `type_file_usage`,
-//! `blob_refs`), and no binary of format 2 may open a file that has them.
+//! `blob_refs`), and no binary of format 2 may open a file that has them;
+//! 4 — outbox rows carry the emitting turn's `traceparent`; 5 — messages
+//! sent in a cluster wait in `relay` (a format-4 binary would ignore them).
 //! Tables added within a version (`providers`, `actor_usage`, `type_usage`)
 //! are created when a file of
 //! that version without them is opened.
@@ -31,7 +33,7 @@ mod upgrade;
 pub use upgrade::{FormatError, check_format};
 
 /// Version of the on-disk format described in this file.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 
 /// Node-wide settings: `format_version` (u32 LE), and [`DISK_PROBE_KEY`].
 pub const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
@@ -128,6 +130,12 @@ pub const BLOB_REFS: TableDefinition<'_, &[u8; 32], u64> = TableDefinition::new(
 /// Durable inbox of `?wait=false` messages: (actor, seq) → [`InboxRecord`].
 /// `seq` is node-wide and increasing, so per-actor order is arrival order.
 pub const INBOX: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("inbox");
+
+/// Messages sent with `actors.send` by actors of a cluster node, waiting
+/// to be handed to their recipients' owners: seq → [`RelayRecord`].
+/// Written by the sending turn's commit, deleted once the owner queued the
+/// message (whose idempotency key makes a repeated hand-over harmless).
+pub const RELAY: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("relay");
 
 /// How a type's code runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -329,6 +337,17 @@ pub struct InboxRecord {
     pub enqueued_at_ms: u64,
     /// What it is (since format 2).
     pub kind: InboxKind,
+}
+
+/// A message on its way to an actor that may live on another node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RelayRecord {
+    /// The recipient's type.
+    pub actor_type: String,
+    /// The recipient's id.
+    pub actor_id: String,
+    /// The message, with an idempotency key derived from its id.
+    pub message: InboxRecord,
 }
 
 /// What a durable inbox row delivers.
@@ -779,6 +798,54 @@ mod tests {
         assert!(r.open_table(BLOB_REFS).is_ok());
         let state = r.open_table(STATE).unwrap();
         assert_eq!(state.get((1, "k")).unwrap().unwrap().value(), b"v");
+        let v = r
+            .open_table(META)
+            .unwrap()
+            .get("format_version")
+            .unwrap()
+            .unwrap()
+            .value()
+            .to_vec();
+        assert_eq!(v, FORMAT_VERSION.to_le_bytes());
+    }
+
+    #[test]
+    fn format_4_files_gain_the_relay_table_and_keep_their_outbox_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("m.redb")).unwrap();
+        let row = DeliveryRecord {
+            subscription: "s".into(),
+            webhook_id: "msg_1".into(),
+            actor_type: "kit".into(),
+            actor_id: "a".into(),
+            event_seq: 7,
+            kind: "done".into(),
+            payload: b"{}".to_vec(),
+            created_at_ms: 5,
+            attempts: 0,
+            next_attempt_ms: 9,
+            last_error: None,
+            status: DeliveryStatus::Pending,
+            traceparent: Some("00-1-2-01".into()),
+        };
+        let w = db.begin_write().unwrap();
+        {
+            let mut meta = w.open_table(META).unwrap();
+            meta.insert("format_version", 4u32.to_le_bytes().as_slice())
+                .unwrap();
+            w.open_table(OUTBOX)
+                .unwrap()
+                .insert(1, encode(&row).as_slice())
+                .unwrap();
+        }
+        w.commit().unwrap();
+        check_format(&db).unwrap();
+        let r = db.begin_read().unwrap();
+        assert!(r.open_table(RELAY).is_ok());
+        let outbox = r.open_table(OUTBOX).unwrap();
+        let back: DeliveryRecord =
+            decode("delivery", outbox.get(1).unwrap().unwrap().value()).unwrap();
+        assert_eq!(back, row, "a format-4 row is not migrated again");
         let v = r
             .open_table(META)
             .unwrap()

@@ -75,11 +75,12 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
             && read.open_table(PROVIDERS).is_ok()
             && read.open_table(ACTOR_USAGE).is_ok()
             && read.open_table(TYPE_USAGE).is_ok()
-            && read.open_table(REVOKED_TOKENS).is_ok();
+            && read.open_table(REVOKED_TOKENS).is_ok()
+            && read.open_table(RELAY).is_ok();
         (found, complete)
     };
     match found {
-        Some(v @ 1..=3) => return upgrade(db, v),
+        Some(v @ 1..=4) => return upgrade(db, v),
         Some(v) if v != FORMAT_VERSION => {
             return Err(FormatError::Mismatch {
                 found: v,
@@ -122,19 +123,22 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
             .open_table(TYPE_FILE_USAGE)
             .map_err(redb::Error::from)?;
         write.open_table(BLOB_REFS).map_err(redb::Error::from)?;
+        write.open_table(RELAY).map_err(redb::Error::from)?;
     }
     write.commit().map_err(redb::Error::from)?;
     Ok(())
 }
 
-/// Upgrade a file of format `from` (1–3) step by step: 1 → 2 inbox rows
+/// Upgrade a file of format `from` (1–4) step by step: 1 → 2 inbox rows
 /// gain their kind; 2 → 3 only adds tables (created on open); 3 → 4 outbox
-/// rows gain their `traceparent`.
+/// rows gain their `traceparent`; 4 → 5 only adds `relay`.
 fn upgrade(db: &redb::Database, from: u32) -> Result<(), FormatError> {
     if from == 1 {
         migrate_inbox_from_v1(db)?;
     }
-    migrate_outbox_from_v3(db)?;
+    if from <= 3 {
+        migrate_outbox_from_v3(db)?;
+    }
     stamp_and_check(db)
 }
 

@@ -159,6 +159,13 @@ impl WriterState {
                 usage,
                 done: d,
             } => done(d, tables.add_usage(num, key.ty(), usage)),
+            WriteOp::RelayDone { seqs, done: d } => {
+                let r = seqs.iter().try_for_each(|seq| {
+                    tables.relay.remove(*seq)?;
+                    Ok(())
+                });
+                done(d, r)
+            }
             WriteOp::RetryDelivery { seq, id, done: d } => {
                 self.outbox_touched = true;
                 let r = tables.retry_delivery(seq, &id);
@@ -191,6 +198,9 @@ impl WriterState {
             .write_turn(&t, created)
             .and_then(|()| self.write_outbox(tables, &t))
             .and_then(|()| {
+                if t.relay_sends {
+                    return self.relay(tables, &t.sends);
+                }
                 for (key, message) in &t.sends {
                     // The type was checked at send time but may have been
                     // deleted since: drop the message rather than create an
@@ -216,6 +226,30 @@ impl WriterState {
             on_durable: t.on_durable,
         };
         (applied, r)
+    }
+
+    /// Queue `sends` for the relay, each with an idempotency key derived
+    /// from its message id so that handing it over twice queues it once.
+    fn relay(
+        &mut self,
+        tables: &mut Tables<'_>,
+        sends: &[(ActorKey, InboxRecord)],
+    ) -> Result<(), StorageError> {
+        for (key, message) in sends {
+            let mut message = message.clone();
+            message.idempotency_key = Some(format!("relay-{}", message.message_id));
+            let rec = RelayRecord {
+                actor_type: key.ty().to_owned(),
+                actor_id: key.id().to_owned(),
+                message,
+            };
+            tables
+                .relay
+                .insert(self.next_relay_seq, encode(&rec).as_slice())?;
+            self.next_relay_seq += 1;
+            self.relay_touched = true;
+        }
+        Ok(())
     }
 
     fn get_or_create(

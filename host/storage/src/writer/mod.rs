@@ -58,9 +58,10 @@ impl Writer {
         metrics: WriterMetrics,
         subscriptions: Arc<Subscriptions>,
         outbox_ready: Arc<Notify>,
+        relay_ready: Arc<Notify>,
     ) -> Result<Self, StorageError> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let (next_num, actor_count, next_inbox_seq, next_delivery_seq) = {
+        let (next_num, actor_count, next_inbox_seq, next_delivery_seq, next_relay_seq) = {
             use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
             let r = db.get()?.begin_read()?;
             let keys = r.open_table(ACTOR_KEYS)?;
@@ -73,7 +74,9 @@ impl Writer {
             }
             let outbox = r.open_table(OUTBOX)?;
             let next_delivery = outbox.last()?.map(|(k, _)| k.value() + 1).unwrap_or(1);
-            (next_num, count, max_seq + 1, next_delivery)
+            let relay = r.open_table(RELAY)?;
+            let next_relay = relay.last()?.map(|(k, _)| k.value() + 1).unwrap_or(1);
+            (next_num, count, max_seq + 1, next_delivery, next_relay)
         };
         let actor_count = Arc::new(AtomicU64::new(actor_count));
         let fail_commits = Arc::new(AtomicU64::new(0));
@@ -85,12 +88,15 @@ impl Writer {
             next_num,
             next_inbox_seq,
             next_delivery_seq,
+            next_relay_seq,
             actor_count: actor_count.clone(),
             fail_commits: fail_commits.clone(),
             metrics,
             subscriptions,
             outbox_ready,
             outbox_touched: false,
+            relay_ready,
+            relay_touched: false,
             subscriptions_touched: false,
             timer: None,
         };
@@ -186,6 +192,7 @@ struct WriterState {
     next_num: u64,
     next_inbox_seq: u64,
     next_delivery_seq: u64,
+    next_relay_seq: u64,
     actor_count: Arc<AtomicU64>,
     fail_commits: Arc<AtomicU64>,
     metrics: WriterMetrics,
@@ -193,6 +200,9 @@ struct WriterState {
     outbox_ready: Arc<Notify>,
     /// The batch being applied added or changed outbox rows.
     outbox_touched: bool,
+    relay_ready: Arc<Notify>,
+    /// The batch being applied added relay rows.
+    relay_touched: bool,
     /// The batch changed subscriptions.
     subscriptions_touched: bool,
     /// A one-thread runtime with only a timer, owned by the writer thread:
@@ -375,8 +385,13 @@ impl WriterState {
         let mut applied: Vec<Applied> = Vec::with_capacity(batch.len());
         // Actor numbers are not given back when a batch fails: an early
         // answer may have handed one out, and a number is never reused.
-        let saved = (self.next_inbox_seq, self.next_delivery_seq);
+        let saved = (
+            self.next_inbox_seq,
+            self.next_delivery_seq,
+            self.next_relay_seq,
+        );
         self.outbox_touched = false;
+        self.relay_touched = false;
         self.subscriptions_touched = false;
         let mut created: i64 = 0;
         let mut error: Option<StorageError> = None;
@@ -455,6 +470,9 @@ impl WriterState {
                 if self.outbox_touched {
                     self.outbox_ready.notify_one();
                 }
+                if self.relay_touched {
+                    self.relay_ready.notify_one();
+                }
                 for a in applied {
                     a.complete(None);
                 }
@@ -462,7 +480,11 @@ impl WriterState {
             Some(e) => {
                 self.metrics.commit_failures.inc();
                 tracing::error!(target: LOG_TARGET, error = %e, ops = n, "storage commit failed; failing every operation in the batch");
-                (self.next_inbox_seq, self.next_delivery_seq) = saved;
+                (
+                    self.next_inbox_seq,
+                    self.next_delivery_seq,
+                    self.next_relay_seq,
+                ) = saved;
                 if is_io_failure(&e) {
                     self.disk_failed(&e);
                 }

@@ -49,6 +49,10 @@ pub struct TurnCommit {
     /// Messages to other actors (`actors.send`): (recipient, its type's
     /// version for a new actor, the inbox row), queued in this commit.
     pub sends: Vec<(ActorKey, InboxRecord)>,
+    /// Queue `sends` in the relay table instead of the recipients'
+    /// inboxes: in a cluster a recipient may live on another node, so a
+    /// relay hands each message to its owner after the commit.
+    pub relay_sends: bool,
     /// Files written (`Some`) or deleted (`None`); a blob a record names
     /// was stored before the commit.
     pub files: Vec<(String, Option<FileRecord>)>,
@@ -219,6 +223,13 @@ pub enum WriteOp {
         /// Completion.
         done: Reply<()>,
     },
+    /// Forget relayed messages their recipients' owners have queued.
+    RelayDone {
+        /// Their relay seqs.
+        seqs: Vec<u64>,
+        /// Completion.
+        done: Reply<()>,
+    },
     /// Completes once everything queued before it is durable.
     Barrier {
         /// Completion.
@@ -270,7 +281,7 @@ impl Applied {
             | WriteOp::RevokeToken { done, .. } => {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }
-            WriteOp::RecordUsage { done, .. } => {
+            WriteOp::RecordUsage { done, .. } | WriteOp::RelayDone { done, .. } => {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }
             WriteOp::RetryDelivery { done, .. } => {

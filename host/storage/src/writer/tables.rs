@@ -36,6 +36,7 @@ pub(super) struct Tables<'t> {
     file_usage: redb::Table<'t, u64, &'static [u8]>,
     type_file_usage: redb::Table<'t, &'static str, u64>,
     blob_refs: redb::Table<'t, &'static [u8; 32], u64>,
+    pub(super) relay: redb::Table<'t, u64, &'static [u8]>,
 }
 
 impl<'t> Tables<'t> {
@@ -65,6 +66,7 @@ impl<'t> Tables<'t> {
             file_usage: txn.open_table(FILE_USAGE)?,
             type_file_usage: txn.open_table(TYPE_FILE_USAGE)?,
             blob_refs: txn.open_table(BLOB_REFS)?,
+            relay: txn.open_table(RELAY)?,
         })
     }
 

@@ -63,6 +63,7 @@ fn turn(
         alarms: Vec::new(),
         inputs: Vec::new(),
         sends: Vec::new(),
+        relay_sends: false,
         files: Vec::new(),
         usage: None,
         traceparent: None,
@@ -363,4 +364,53 @@ async fn a_failing_fsync_refuses_writes_keeps_reads_and_recovers_without_a_resta
         value(&storage, rec.num, "k").as_deref(),
         Some(&b"after"[..])
     );
+}
+
+#[tokio::test]
+async fn relayed_sends_wait_in_the_relay_with_a_key_until_handed_over() {
+    let (_dir, storage) = open();
+    let (key, rec) = create(&storage, "a").await;
+    let tracker = Arc::new(CommitTracker::default());
+    let (op, rx) = turn(&key, &rec, &tracker, 0, 1, "k", "v");
+    let WriteOp::Turn(mut t) = op else {
+        unreachable!()
+    };
+    let to = ActorKey::new("t", "far").unwrap();
+    let message = |id: &str| crate::schema::InboxRecord {
+        message_id: id.into(),
+        body: b"{}".to_vec(),
+        content_type: None,
+        idempotency_key: None,
+        attempts: 0,
+        enqueued_at_ms: 1,
+        kind: crate::schema::InboxKind::Message,
+    };
+    t.sends = vec![(to.clone(), message("m1")), (to.clone(), message("m2"))];
+    t.relay_sends = true;
+    let ready = storage.relay_ready().clone();
+    let notified = ready.notified();
+    storage.writer().submit(WriteOp::Turn(t));
+    rx.await.unwrap().unwrap();
+    notified.await;
+    let page = storage.reader().unwrap().relay_page(10).unwrap();
+    let keys: Vec<_> = page
+        .iter()
+        .map(|(_, r)| (r.actor_id.as_str(), r.message.idempotency_key.as_deref()))
+        .collect();
+    assert_eq!(
+        keys,
+        [("far", Some("relay-m1")), ("far", Some("relay-m2"))],
+        "in send order, each with a key derived from its id"
+    );
+    // Not queued here: the recipient may live on another node.
+    let reader = storage.reader().unwrap();
+    assert!(reader.actor(&to).unwrap().is_none());
+    drop(reader);
+    let seqs = page.iter().map(|(s, _)| *s).collect();
+    storage
+        .writer()
+        .call(|done| WriteOp::RelayDone { seqs, done })
+        .await
+        .unwrap();
+    assert!(storage.reader().unwrap().relay_page(10).unwrap().is_empty());
 }

@@ -1,0 +1,224 @@
+//! Requests one node makes of another on behalf of its actors: a turn's
+//! `actors.call` to an actor owned elsewhere, and the hand-over of a
+//! relayed `actors.send`.
+//!
+//! Both go through the public API of the node that should serve them, so
+//! the receiving node's routing (the epoch check, the first claim of a
+//! slot, forwarding when its own view is newer) applies unchanged: a
+//! message for an actor of another node goes to that node, and a message
+//! for a slot this node owns but has not claimed goes to this node's own
+//! API, which claims it first.
+
+use std::time::Duration;
+
+use percent_encoding::{NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
+
+use crate::ids::ActorKey;
+
+/// On a message from a turn's `actors.call`: the actors waiting above the
+/// call, outermost first (`type/id` pairs, percent-encoded, comma
+/// separated), so that a cycle through several nodes is still refused.
+pub const CALL_CHAIN: &str = "x-marmot-call-chain";
+
+/// Where a message for an actor goes from this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// To the actor here: this node owns its slot and has claimed it.
+    Here,
+    /// Through the API at this base URL.
+    Via(String),
+}
+
+/// A reply from an actor on another node.
+#[derive(Debug, Clone)]
+pub struct PeerReply {
+    /// Its status.
+    pub status: u16,
+    /// Its body.
+    pub body: Vec<u8>,
+    /// Its content type.
+    pub content_type: Option<String>,
+}
+
+/// Why a request to another node did not get the actor's answer.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    /// The actor's type is not deployed (or the actor does not exist).
+    #[error("{0}")]
+    NotFound(String),
+    /// Anything else: the node did not answer, or refused for now.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// The client nodes use to reach each other on behalf of actors.
+#[derive(Clone)]
+pub struct Peers {
+    client: reqwest::Client,
+    /// Sent as the bearer token (the admin token: every node has it).
+    token: Option<String>,
+}
+
+impl Peers {
+    /// A client that authenticates with `token`.
+    pub fn new(token: Option<String>) -> Self {
+        Self {
+            client: client(),
+            token,
+        }
+    }
+
+    fn post(&self, base: &str, key: &ActorKey, query: &str) -> reqwest::RequestBuilder {
+        let url = format!(
+            "{base}/v1/actors/{}/{}{query}",
+            utf8_percent_encode(key.ty(), NON_ALPHANUMERIC),
+            utf8_percent_encode(key.id(), NON_ALPHANUMERIC),
+        );
+        let req = self
+            .client
+            .post(url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json");
+        match &self.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    }
+
+    /// Send `body` to `key` through the API at `base` and wait for its
+    /// reply; `chain` holds the actors waiting above the call.
+    pub async fn call(
+        &self,
+        base: &str,
+        key: &ActorKey,
+        body: Vec<u8>,
+        chain: &[ActorKey],
+    ) -> Result<PeerReply, PeerError> {
+        let resp = self
+            .post(base, key, "")
+            .header(CALL_CHAIN, encode_chain(chain))
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| PeerError::Failed(format!("{key}: {e}")))?;
+        let status = resp.status();
+        // An actor's reply carries its message id; anything else is the
+        // API refusing the request.
+        let from_actor = resp.headers().contains_key("x-marmot-message-id");
+        let content_type = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| PeerError::Failed(format!("{key}: reading the reply: {e}")))?;
+        if from_actor {
+            return Ok(PeerReply {
+                status: status.as_u16(),
+                body: body.to_vec(),
+                content_type,
+            });
+        }
+        Err(refusal(key, status, &body))
+    }
+
+    /// Queue `body` for `key` durably through the API at `base`, under
+    /// `idempotency_key` (a repeat is answered as a duplicate and queued
+    /// once).
+    pub async fn enqueue(
+        &self,
+        base: &str,
+        key: &ActorKey,
+        body: Vec<u8>,
+        idempotency_key: &str,
+    ) -> Result<(), PeerError> {
+        let resp = self
+            .post(base, key, "?wait=false")
+            .header("idempotency-key", idempotency_key)
+            .timeout(Duration::from_secs(10))
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| PeerError::Failed(format!("{key}: {e}")))?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let body = resp.bytes().await.unwrap_or_default();
+        Err(refusal(key, status, &body))
+    }
+}
+
+/// The API's refusal of a request for `key`, from its error body.
+fn refusal(key: &ActorKey, status: reqwest::StatusCode, body: &[u8]) -> PeerError {
+    let message = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    if status == reqwest::StatusCode::NOT_FOUND {
+        PeerError::NotFound(message)
+    } else {
+        PeerError::Failed(format!("{key}: {status}: {message}"))
+    }
+}
+
+/// The HTTP client nodes use to reach each other.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(2))
+        // Streams (SSE) stay open as long as the client keeps them.
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build()
+        .expect("a reqwest client with these settings always builds")
+}
+
+/// `chain` as the [`CALL_CHAIN`] header's value.
+pub fn encode_chain(chain: &[ActorKey]) -> String {
+    chain
+        .iter()
+        .map(|k| {
+            format!(
+                "{}/{}",
+                utf8_percent_encode(k.ty(), NON_ALPHANUMERIC),
+                utf8_percent_encode(k.id(), NON_ALPHANUMERIC)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A [`CALL_CHAIN`] header's actors; `None` if any part is not an actor.
+pub fn decode_chain(value: &str) -> Option<Vec<ActorKey>> {
+    if value.is_empty() {
+        return Some(Vec::new());
+    }
+    value
+        .split(',')
+        .map(|part| {
+            let (ty, id) = part.split_once('/')?;
+            let ty = percent_decode_str(ty).decode_utf8().ok()?;
+            let id = percent_decode_str(id).decode_utf8().ok()?;
+            ActorKey::new(&ty, &id).ok()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_chain_survives_its_header() {
+        let chain = vec![
+            ActorKey::new("kit", "a/b,c").unwrap(),
+            ActorKey::new("agent", "ünï cödé").unwrap(),
+        ];
+        let header = encode_chain(&chain);
+        assert!(header.is_ascii());
+        assert_eq!(decode_chain(&header), Some(chain));
+        assert_eq!(decode_chain(""), Some(Vec::new()));
+        assert_eq!(decode_chain("kit"), None);
+        assert_eq!(decode_chain("kit/a,%FF/b"), None);
+    }
+}

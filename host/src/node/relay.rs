@@ -1,0 +1,151 @@
+//! The relay: in a cluster, messages a turn sends with `actors.send` are
+//! committed with the turn into the relay table (the recipient may live on
+//! another node), then handed to the recipient's owner here. Each carries
+//! an idempotency key derived from its message id, so a hand-over repeated
+//! after a crash or a lost answer queues the message once: a send is
+//! delivered if and only if its turn committed, exactly once, across nodes.
+//!
+//! Messages are handed over in the order they were sent; when one
+//! recipient cannot be reached, later messages to it wait (its order is
+//! kept) while messages to others go on.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Node;
+use crate::actor::TurnError;
+use crate::cluster::{Cluster, PeerError, Peers, Target};
+use crate::ids::ActorKey;
+use crate::storage::WriteOp;
+use crate::storage::schema::RelayRecord;
+
+/// Relayed messages read per pass.
+const PAGE: usize = 256;
+/// Longest wait between passes while a recipient is unreachable.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+impl Node {
+    /// Hand relayed messages over as they are committed (cluster only).
+    pub(super) async fn relay(self: Arc<Self>) {
+        let Some((cluster, peers)) = self.actors.cluster.clone() else {
+            return;
+        };
+        let ready = self.storage.relay_ready().clone();
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            // Registered before reading, so a commit in between wakes us.
+            let notified = ready.notified();
+            let page = match self.storage.reader().and_then(|r| r.relay_page(PAGE)) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(error = %e, "relay: cannot read relayed messages");
+                    tokio::time::sleep(MAX_BACKOFF).await;
+                    continue;
+                }
+            };
+            if page.is_empty() {
+                // Also a periodic look, in case a wake-up was missed.
+                let _ = tokio::time::timeout(MAX_BACKOFF, notified).await;
+                continue;
+            }
+            let (done, stuck) = self.hand_over_page(&cluster, &peers, page).await;
+            if !done.is_empty() {
+                let n = done.len();
+                let forgotten = self
+                    .storage
+                    .writer()
+                    .call(|done_tx| WriteOp::RelayDone {
+                        seqs: done,
+                        done: done_tx,
+                    })
+                    .await;
+                match forgotten {
+                    Ok(()) => self.metrics.relayed(n),
+                    // Handed over but still here: the next pass repeats
+                    // them, and their keys make that harmless.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "relay: cannot forget handed-over messages")
+                    }
+                }
+            }
+            if stuck {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            } else {
+                backoff = Duration::from_millis(100);
+            }
+        }
+    }
+
+    /// Hand over one page; returns the seqs to forget (handed over, or
+    /// dropped) and whether any recipient could not be reached.
+    async fn hand_over_page(
+        &self,
+        cluster: &Cluster,
+        peers: &Peers,
+        page: Vec<(u64, RelayRecord)>,
+    ) -> (Vec<u64>, bool) {
+        let mut done = Vec::new();
+        let mut waiting = HashSet::new();
+        for (seq, rec) in page {
+            let key = match ActorKey::new(&rec.actor_type, &rec.actor_id) {
+                Ok(k) => k,
+                Err(e) => {
+                    tracing::error!(seq, error = %e, "relay: a relayed message names no valid actor; dropped");
+                    done.push(seq);
+                    continue;
+                }
+            };
+            if waiting.contains(&key) {
+                continue;
+            }
+            match self.hand_over(cluster, peers, &key, rec).await {
+                Ok(()) => done.push(seq),
+                Err(PeerError::NotFound(why)) => {
+                    // As on one node: a message to a type deleted since it
+                    // was sent is dropped.
+                    tracing::warn!(to = %key, %why, "relay: message to an actor of an unknown type dropped");
+                    done.push(seq);
+                }
+                Err(PeerError::Failed(why)) => {
+                    tracing::warn!(to = %key, %why, "relay: cannot hand a message over yet; retrying");
+                    waiting.insert(key);
+                }
+            }
+        }
+        (done, !waiting.is_empty())
+    }
+
+    /// Queue one relayed message with the recipient's owner.
+    async fn hand_over(
+        &self,
+        cluster: &Cluster,
+        peers: &Peers,
+        key: &ActorKey,
+        rec: RelayRecord,
+    ) -> Result<(), PeerError> {
+        let idempotency_key = rec
+            .message
+            .idempotency_key
+            .clone()
+            .unwrap_or_else(|| format!("relay-{}", rec.message.message_id));
+        match cluster.target(key) {
+            Target::Here => {
+                let ttl = self.config.limits.idempotency_ttl_ms;
+                match self.enqueue_record(key, rec.message, ttl).await {
+                    Ok(_) => Ok(()),
+                    Err(TurnError::UnknownType(t)) => {
+                        Err(PeerError::NotFound(format!("type `{t}` is not deployed")))
+                    }
+                    Err(e) => Err(PeerError::Failed(format!("{key}: {e}"))),
+                }
+            }
+            Target::Via(base) => {
+                peers
+                    .enqueue(&base, key, rec.message.body, &idempotency_key)
+                    .await
+            }
+        }
+    }
+}
