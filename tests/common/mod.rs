@@ -37,12 +37,34 @@ pub fn shared_cache_dir() -> PathBuf {
     dir
 }
 
+/// A loopback port nothing listens on, for a node to bind later.
+///
+/// Asking the kernel for port 0 and releasing it is racy: the kernel hands
+/// the same ephemeral ports to outgoing connections (and to the next test
+/// asking), so a node could find its port taken — or a test could talk to
+/// another test's node. Ports come instead from below the kernel's
+/// ephemeral range, which outgoing connections never use, from a counter
+/// shared by the tests of this binary (started at a place that depends on
+/// the process id, so consecutive test binaries start elsewhere), each
+/// checked free by a bind.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    // [10000, low): 22,768 ports with Linux's default range.
+    let span = low.saturating_sub(10_000).max(1000);
+    let start = std::process::id() * 97;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = 10_000 + (start.wrapping_add(n)) % span;
+        if TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+            return port as u16;
+        }
+    }
+    panic!("no free loopback port below {low}");
 }
 
 impl Marmot {
