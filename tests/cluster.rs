@@ -97,6 +97,13 @@ struct Cluster {
 
 const NODES: [(&str, &str); 3] = [("n1", "eu"), ("n2", "eu"), ("n3", "us")];
 
+/// The master key every node of the test cluster shares (a cluster's nodes
+/// must: secrets are sealed under it).
+const MASTER_KEY: (&str, &str) = (
+    "MARMOT_MASTER_KEY",
+    "C9Mh/JqnrwNn9Q8IXpMutKmk/pY/hA+w2GZaccRpfFk=",
+);
+
 impl Cluster {
     async fn start() -> Option<Self> {
         let dir = tempdir();
@@ -112,7 +119,7 @@ impl Cluster {
             nodes.push(Marmot::spawn_on(
                 port,
                 &dir.path().join(id),
-                &[],
+                &[MASTER_KEY],
                 Some(&config),
             ));
         }
@@ -316,6 +323,18 @@ async fn any_node_serves_any_actor_and_each_actor_lives_on_one_node() {
     }
 }
 
+/// `PUT path` with a JSON body.
+async fn put(api: &Api, path: String, body: Value) -> common::Resp {
+    let bytes = serde_json::to_vec(&body).unwrap();
+    api.req(
+        reqwest::Method::PUT,
+        &path,
+        Some(("application/json", bytes)),
+        &[],
+    )
+    .await
+}
+
 /// Poll `id`'s state key `key` through node `i` until it is `want`.
 async fn wait_value(c: &Cluster, i: usize, id: &str, key: &str, want: i64) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -472,6 +491,11 @@ async fn a_dead_owners_actors_wait_for_it_and_come_back_with_their_data() {
     let epoch = info["epoch"].as_u64().unwrap();
     let o = NODES.iter().position(|(id, _)| *id == owner).unwrap();
     let other = (o + 1) % 3;
+    let secret = |v: &str| json!({"value": v, "hosts": ["api.example.com"]});
+    for name in ["OLD", "KEPT"] {
+        let r = put(&c.api(0), format!("/v1/secrets/{name}"), secret("v1")).await;
+        assert_eq!(r.status, 201, "{}", r.json);
+    }
 
     c.nodes[o].kill9();
     // Once its lease is gone (2 s), the other nodes see it down: its used
@@ -521,6 +545,26 @@ async fn a_dead_owners_actors_wait_for_it_and_come_back_with_their_data() {
         )
         .await;
     assert_eq!(r.status, 201, "{}", r.json);
+    // ... and so do secrets, providers and subscriptions set or deleted.
+    assert_eq!(
+        put(&c.api(other), "/v1/secrets/NEW".into(), secret("v1"))
+            .await
+            .status,
+        201
+    );
+    assert_eq!(
+        put(&c.api(other), "/v1/secrets/KEPT".into(), secret("v2"))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(c.api(other).delete("/v1/secrets/OLD").await.status, 200);
+    let provider = json!({"format": "openai-chat", "base_url": "http://127.0.0.1:9/v1"});
+    let r = put(&c.api(other), "/v1/providers/local".into(), provider).await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let sub = json!({"url": "http://127.0.0.1:9/hook"});
+    let r = put(&c.api(other), "/v1/subscriptions/audit".into(), sub).await;
+    assert_eq!(r.status, 201, "{}", r.json);
 
     // It comes back: same data, same owner, and the catalog it missed.
     c.nodes[o].restart().await;
@@ -529,6 +573,40 @@ async fn a_dead_owners_actors_wait_for_it_and_come_back_with_their_data() {
         200,
         "catalog not synced"
     );
+    let names: Vec<Value> = c.api(o).get("/v1/secrets").await.json["secrets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].clone())
+        .collect();
+    assert_eq!(names, [json!("KEPT"), json!("NEW")], "secrets not in step");
+    assert_eq!(c.api(o).get("/v1/providers/local").await.status, 200);
+    assert_eq!(c.api(o).get("/v1/subscriptions/audit").await.status, 200);
+    // Every node holds the same shared state; the subscription's generated
+    // signing secret included (each node would sign alike).
+    let shared = |i: usize| {
+        let api = c.api(i);
+        async move {
+            let mut s = api.get("/v1/cluster/catalog").await.json["shared"].take();
+            // Secrets are sealed per node (own nonce): compare names only.
+            for e in s["secrets"].as_array_mut().unwrap() {
+                *e = e[0].clone();
+            }
+            // Each node stamps its own times.
+            for kind in ["providers", "subscriptions"] {
+                for e in s[kind].as_array_mut().unwrap() {
+                    let record = e[1].as_object_mut().unwrap();
+                    record.retain(|k, _| !k.ends_with("_at_ms"));
+                }
+            }
+            s
+        }
+    };
+    let first = shared(0).await;
+    assert_eq!(first["subscriptions"].as_array().unwrap().len(), 1);
+    for i in 1..3 {
+        assert_eq!(shared(i).await, first, "node {i}'s shared state differs");
+    }
     let deadline = Instant::now() + Duration::from_secs(20);
     let r = loop {
         let r = c.api(other).add("kit", "alice", 1).await;

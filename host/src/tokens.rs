@@ -258,6 +258,39 @@ impl Tokens {
         Ok(grant)
     }
 
+    /// Take the revocations a peer of the cluster has that this node
+    /// missed (`(token id, until)`). Returns how many were new.
+    pub async fn adopt_revocations(&self, peer: &[(String, u64)]) -> Result<usize, TokenError> {
+        let now = now_ms();
+        let mut new = 0;
+        for (jti, until) in peer {
+            let known = self
+                .revoked
+                .read()
+                .expect("revocations lock")
+                .contains_key(jti);
+            if known || *until <= now {
+                continue;
+            }
+            self.storage
+                .writer()
+                .call(|done| WriteOp::RevokeToken {
+                    jti: jti.clone(),
+                    expires_at_ms: *until,
+                    now_ms: now,
+                    done,
+                })
+                .await
+                .map_err(|e| TokenError::Invalid(format!("cannot store the revocation: {e}")))?;
+            self.revoked
+                .write()
+                .expect("revocations lock")
+                .insert(jti.clone(), *until);
+            new += 1;
+        }
+        Ok(new)
+    }
+
     /// Revoke the token `token_id` (whether or not this node minted it):
     /// kept until any token could have expired. Whether it is new.
     pub async fn revoke(&self, token_id: &str) -> Result<bool, TokenError> {

@@ -50,7 +50,8 @@ pub(super) async fn status(State(s): State<AppState>) -> Response {
 }
 
 /// `GET /v1/cluster/catalog`: every type's current version with its code
-/// and config, for a node joining the cluster.
+/// and config, and the shared state (secrets sealed, providers,
+/// subscriptions, revocations), for a node returning to the cluster.
 pub(super) async fn catalog(State(s): State<AppState>) -> Result<Response, ApiError> {
     use base64::Engine as _;
     let types: Vec<_> = s
@@ -66,19 +67,24 @@ pub(super) async fn catalog(State(s): State<AppState>) -> Result<Response, ApiEr
             })
         })
         .collect();
-    Ok(axum::Json(serde_json::json!({ "types": types })).into_response())
+    let shared = s.node.shared_state()?;
+    Ok(axum::Json(serde_json::json!({ "types": types, "shared": shared })).into_response())
 }
 
-/// Catch up with types deployed while this node was away: take the
-/// catalog of a live peer and deploy what differs (a deploy of identical
-/// code and config is a no-op). Runs as the node starts serving; the node
-/// is ready (`/readyz`) once it is done, or has failed and said why.
+/// Catch up with what changed while this node was away: take the catalog
+/// of a live peer, deploy the types that differ (a deploy of identical
+/// code and config is a no-op) and make the shared state the peer's.
+/// Runs as the node starts serving; the node is ready (`/readyz`) once it
+/// is done, or has failed and said why.
 pub async fn sync_catalog(node: &crate::node::Node) {
     let Some(cluster) = node.cluster() else {
         return;
     };
     if let Err(e) = catch_up(node, cluster).await {
-        tracing::error!(error = %e, "cannot take the cluster's types from a peer; serving with this node's own catalog");
+        tracing::error!(
+            error = format!("{e:#}"),
+            "cannot catch up with the cluster from a peer; serving with this node's own types and shared state"
+        );
     }
     cluster.set_caught_up();
 }
@@ -97,7 +103,8 @@ async fn catch_up(
         if let Some(t) = &node.config().admin_token {
             req = req.bearer_auth(t);
         }
-        let body: serde_json::Value = match req.send().await.and_then(|r| r.error_for_status()) {
+        let mut body: serde_json::Value = match req.send().await.and_then(|r| r.error_for_status())
+        {
             Ok(r) => r.json().await?,
             Err(e) => {
                 tracing::warn!(peer = %peer.node_id, error = %e, "cannot read a peer's catalog; trying the next");
@@ -117,7 +124,15 @@ async fn catch_up(
                 .with_context(|| format!("deploying `{ty}` from {}'s catalog", peer.node_id))?;
             changed += usize::from(d.created);
         }
-        tracing::info!(peer = %peer.node_id, changed, "catalog in step with the cluster");
+        let shared: crate::node::SharedState = serde_json::from_value(body["shared"].take())
+            .with_context(|| format!("{}'s shared state", peer.node_id))?;
+        let adopted = node
+            .adopt_shared_state(&shared)
+            .await
+            .with_context(|| format!("taking {}'s shared state", peer.node_id))?;
+        tracing::info!(peer = %peer.node_id, types = changed, secrets = adopted.secrets,
+            providers = adopted.providers, subscriptions = adopted.subscriptions,
+            revocations = adopted.revocations, "in step with the cluster");
         return Ok(changed);
     }
     Ok(0)
@@ -389,6 +404,11 @@ async fn fan_out(
     if !resp.status().is_success() {
         return resp;
     }
+    let (resp, bytes) = if method == Method::PUT && uri.path().starts_with("/v1/subscriptions/") {
+        with_generated_secret(resp, bytes).await
+    } else {
+        (resp, bytes)
+    };
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
     let mut failed = Vec::new();
     for peer in cluster.peers() {
@@ -419,6 +439,39 @@ async fn fan_out(
         ),
     )
     .into_response()
+}
+
+/// A subscription whose signing secret this node generated goes to the
+/// other nodes *with* that secret, so that every node signs its webhooks
+/// alike (each would generate its own otherwise). Returns the response
+/// (read and rebuilt) and the request body to send on.
+async fn with_generated_secret(
+    resp: Response,
+    request: axum::body::Bytes,
+) -> (Response, axum::body::Bytes) {
+    let (parts, body) = resp.into_parts();
+    let Ok(out) = axum::body::to_bytes(body, 1 << 20).await else {
+        let e = ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "cannot read the subscription just saved",
+        );
+        return (e.into_response(), request);
+    };
+    let secret = serde_json::from_slice::<serde_json::Value>(&out)
+        .ok()
+        .and_then(|v| v["secret"].as_str().map(str::to_owned));
+    let request = match (
+        secret,
+        serde_json::from_slice::<serde_json::Value>(&request),
+    ) {
+        (Some(secret), Ok(serde_json::Value::Object(mut spec))) => {
+            spec.insert("secret".into(), secret.into());
+            serde_json::to_vec(&spec).map_or(request, Into::into)
+        }
+        _ => request,
+    };
+    (Response::from_parts(parts, Body::from(out)), request)
 }
 
 /// Headers a forwarded request keeps: everything but hop-by-hop ones.

@@ -299,6 +299,38 @@ impl Providers {
         Ok((info, !existed))
     }
 
+    /// Make this node's providers those of `peer` (records as a peer of the
+    /// cluster stores them): set those that differ, delete those the peer
+    /// does not have. Returns the providers changed.
+    pub async fn adopt(
+        &self,
+        peer: &[(String, ProviderRecord)],
+    ) -> Result<usize, ProviderConfigError> {
+        let local: HashMap<String, ProviderRecord> =
+            self.storage.reader()?.providers()?.into_iter().collect();
+        let mut changed = 0;
+        for (name, theirs) in peer {
+            if local
+                .get(name)
+                .is_some_and(|m| m.config_json == theirs.config_json)
+            {
+                continue;
+            }
+            let spec = serde_json::from_str(&theirs.config_json).map_err(|e| {
+                ProviderConfigError::Invalid(format!("a peer's provider `{name}`: {e}"))
+            })?;
+            self.put(name, spec).await?;
+            changed += 1;
+        }
+        for name in local.keys() {
+            if !peer.iter().any(|(n, _)| n == name) {
+                self.delete(name).await?;
+                changed += 1;
+            }
+        }
+        Ok(changed)
+    }
+
     /// Every provider, by name.
     pub fn list(&self) -> Result<Vec<ProviderInfo>, ProviderConfigError> {
         let mut out = Vec::new();

@@ -191,7 +191,6 @@ impl Node {
         })
     }
 
-    /// Delete a type (and with `force` its actors).
     /// Every live type's current version with its code and config: what
     /// a node joining a cluster needs to serve any actor.
     pub fn catalog_export(&self) -> Result<Vec<CatalogEntry>, StorageError> {
@@ -216,6 +215,7 @@ impl Node {
         Ok(out)
     }
 
+    /// Delete a type (and with `force` its actors).
     pub async fn delete_type(&self, ty: &str, force: bool) -> Result<u64, DeleteTypeError> {
         let _guard = self.catalog.deploy_lock.lock().await;
         if self.catalog.get(ty).is_none() {

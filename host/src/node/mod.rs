@@ -21,6 +21,7 @@ mod hooks;
 mod queries;
 mod relay;
 mod runs;
+mod shared;
 #[cfg(test)]
 mod tests;
 
@@ -32,6 +33,7 @@ use std::time::Duration;
 pub use deploy::{DeleteTypeError, DeployError};
 pub use hooks::WebhookError;
 pub use runs::RunWaitError;
+pub use shared::SharedState;
 
 use crate::actor::{ActorEnv, Boot, Parts, Registry};
 use crate::alarms::scheduler::Scheduler;

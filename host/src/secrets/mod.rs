@@ -353,6 +353,69 @@ impl SecretStore {
         Ok(existed)
     }
 
+    /// Make this node's secrets those of `peer` (sealed records, as a peer
+    /// of the cluster stores them): a secret whose value or hosts differ is
+    /// re-sealed here under this node's key, one the peer does not have is
+    /// deleted. Needs a master key the peer's records are sealed under
+    /// (the cluster shares its master keys). Returns the secrets changed.
+    pub async fn adopt(&self, peer: &[(String, SecretRecord)]) -> Result<usize, SecretError> {
+        let _guard = self.write_lock.lock().await;
+        let local: std::collections::BTreeMap<String, SecretRecord> =
+            self.storage.reader()?.secrets()?.into_iter().collect();
+        let open = |name: &str, rec: &SecretRecord| {
+            let key = self
+                .keys
+                .by_id(&rec.key_id)
+                .ok_or_else(|| SecretError::Sealed {
+                    name: name.to_owned(),
+                    why: OpenError::UnknownKey(rec.key_id.clone()),
+                })?;
+            key.open(name, rec.version, &rec.nonce, &rec.sealed)
+                .map_err(|why| SecretError::Sealed {
+                    name: name.to_owned(),
+                    why,
+                })
+        };
+        let mut writes = Vec::new();
+        for (name, theirs) in peer {
+            validate_secret_name(name)?;
+            let value = open(name, theirs)?;
+            let mine = local.get(name);
+            let same = mine.is_some_and(|m| {
+                m.hosts == theirs.hosts && open(name, m).is_ok_and(|v| v.expose() == value.expose())
+            });
+            if same {
+                continue;
+            }
+            let version = theirs.version.max(mine.map_or(0, |m| m.version) + 1);
+            let key = &self.keys.current;
+            let (nonce, sealed) = key.seal(name, version, value.expose());
+            let record = SecretRecord {
+                hosts: theirs.hosts.clone(),
+                created_at_ms: theirs.created_at_ms,
+                updated_at_ms: theirs.updated_at_ms,
+                version,
+                key_id: key.id().to_owned(),
+                nonce,
+                sealed,
+            };
+            writes.push((name.clone(), Some(record)));
+        }
+        for name in local.keys() {
+            if !peer.iter().any(|(n, _)| n == name) {
+                writes.push((name.clone(), None));
+            }
+        }
+        let changed = writes.len();
+        for (name, record) in writes {
+            self.storage
+                .writer()
+                .call(|done| WriteOp::PutSecret { name, record, done })
+                .await?;
+        }
+        Ok(changed)
+    }
+
     /// A secret's value and the hosts it may be sent to, opened for one
     /// outbound request.
     pub fn reveal(&self, name: &str) -> Result<(SecretValue, Vec<HostPattern>), SecretError> {
