@@ -36,8 +36,18 @@ impl Node {
         loop {
             // Registered before reading, so a commit in between wakes us.
             let notified = ready.notified();
+            // Rows of a batch its backups have not acknowledged yet wait.
+            let released = self
+                .storage
+                .writer()
+                .released()
+                .relays
+                .load(std::sync::atomic::Ordering::Acquire);
             let page = match self.storage.reader().and_then(|r| r.relay_page(PAGE)) {
-                Ok(p) => p,
+                Ok(p) => p
+                    .into_iter()
+                    .take_while(|(seq, _)| *seq <= released)
+                    .collect::<Vec<_>>(),
                 Err(e) => {
                     tracing::warn!(error = %e, "relay: cannot read relayed messages");
                     tokio::time::sleep(MAX_BACKOFF).await;

@@ -228,7 +228,18 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
             }
         };
         let subs = w.storage.subscriptions().snapshot();
+        // Rows of a batch whose backups have not acknowledged it yet wait
+        // (the output gate); their release wakes this loop.
+        let released = w
+            .storage
+            .writer()
+            .released()
+            .deliveries
+            .load(std::sync::atomic::Ordering::Acquire);
         for (seq, rec) in due {
+            if seq > released {
+                continue;
+            }
             if in_flight.len() >= cfg.concurrency.max(1) {
                 break;
             }

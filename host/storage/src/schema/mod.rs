@@ -15,7 +15,8 @@
 //! webhook); 3 — actors' files (`files`, `file_usage`, `type_file_usage`,
 //! `blob_refs`), and no binary of format 2 may open a file that has them;
 //! 4 — outbox rows carry the emitting turn's `traceparent`; 5 — messages
-//! sent in a cluster wait in `relay` (a format-4 binary would ignore them).
+//! sent in a cluster wait in `relay` (a format-4 binary would ignore them),
+//! and `replica_lsn` marks where each slot's replication stands.
 //! Tables added within a version (`providers`, `actor_usage`, `type_usage`)
 //! are created when a file of
 //! that version without them is opened.
@@ -136,6 +137,12 @@ pub const INBOX: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("
 /// Written by the sending turn's commit, deleted once the owner queued the
 /// message (whose idempotency key makes a repeated hand-over harmless).
 pub const RELAY: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("relay");
+
+/// Replication: per slot, the last `(epoch, lsn)` this node wrote — as the
+/// slot's owner, the last batch it shipped; as its backup, the last it
+/// applied (a batch at or below it is a repeat and is skipped). Written in
+/// the same transaction as the batch: slot (u32) → [`ReplicaMark`].
+pub const REPLICA_LSN: TableDefinition<'_, u32, &[u8]> = TableDefinition::new("replica_lsn");
 
 /// How a type's code runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -348,6 +355,119 @@ pub struct RelayRecord {
     pub actor_id: String,
     /// The message, with an idempotency key derived from its id.
     pub message: InboxRecord,
+}
+
+/// Where a slot's replication stands on this node (Raft's term and index:
+/// `epoch` is the owner's term, `lsn` counts batches within the slot).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ReplicaMark {
+    /// The slot's epoch the batch was written under.
+    pub epoch: u64,
+    /// The batch's number in the slot.
+    pub lsn: u64,
+}
+
+/// One committed batch's writes to the rows of one slot's actors, as the
+/// slot's owner ships them to its backup. The backup applies them in one
+/// transaction, once (by `mark`), and only while it is the slot's backup at
+/// `mark.epoch` or later.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaBatch {
+    /// The slot.
+    pub slot: u32,
+    /// Its epoch and this batch's number.
+    pub mark: ReplicaMark,
+    /// The writes, in commit order.
+    pub ops: Vec<ReplicaOp>,
+    /// Blobs the batch's files name: (SHA-256, bytes).
+    pub blobs: Vec<([u8; 32], Vec<u8>)>,
+}
+
+/// One write to an actor's rows. Actors are named by type and id: each
+/// node numbers its actors itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "built once per write and serialized at once"
+)]
+pub enum ReplicaOp {
+    /// The actor exists (created with `version`, at `created_at_ms`).
+    Create {
+        /// Its type.
+        actor_type: String,
+        /// Its id.
+        actor_id: String,
+        /// Its type's version.
+        version: u32,
+        /// When it was created.
+        created_at_ms: u64,
+    },
+    /// A committed turn's writes.
+    Turn(Box<ReplicaTurn>),
+    /// A durable message queued at inbox `seq`, with the idempotency
+    /// record its key got (if any).
+    Enqueue {
+        /// Its type.
+        actor_type: String,
+        /// Its id.
+        actor_id: String,
+        /// The inbox row's seq on the owner.
+        seq: u64,
+        /// The message.
+        message: InboxRecord,
+        /// Its idempotency record.
+        idempotency: Option<IdemRecord>,
+    },
+    /// Model usage added without a turn.
+    Usage {
+        /// Its type.
+        actor_type: String,
+        /// Its id.
+        actor_id: String,
+        /// What was added.
+        usage: UsageRecord,
+    },
+    /// The actor was deleted with everything it owned.
+    Delete {
+        /// Its type.
+        actor_type: String,
+        /// Its id.
+        actor_id: String,
+    },
+}
+
+/// A turn's writes (see the writer's `TurnCommit`), without what only the
+/// owner does with them (outbound webhooks, sends: the owner delivers
+/// those it committed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaTurn {
+    /// Its type.
+    pub actor_type: String,
+    /// Its id.
+    pub actor_id: String,
+    /// The actor record after the turn (its `num` is the owner's; the
+    /// backup uses its own).
+    pub record: Option<ActorRecord>,
+    /// State writes (`None` deletes).
+    pub state: Vec<(String, Option<Vec<u8>>)>,
+    /// Events appended, with their seqs.
+    pub events: Vec<(u64, EventRecord)>,
+    /// Events below this seq deleted.
+    pub trim_events_below: Option<u64>,
+    /// An idempotency record written.
+    pub idempotency: Option<(String, IdemRecord)>,
+    /// The inbox row consumed.
+    pub inbox_done: Option<u64>,
+    /// An inbox row rewritten.
+    pub inbox_update: Option<(u64, InboxRecord)>,
+    /// Alarms set or removed.
+    pub alarms: Vec<(String, Option<AlarmRecord>)>,
+    /// Input requests written or removed.
+    pub inputs: Vec<(String, Option<InputRecord>)>,
+    /// Files written or deleted.
+    pub files: Vec<(String, Option<FileRecord>)>,
+    /// Model usage added.
+    pub usage: Option<UsageRecord>,
 }
 
 /// What a durable inbox row delivers.

@@ -76,7 +76,8 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
             && read.open_table(ACTOR_USAGE).is_ok()
             && read.open_table(TYPE_USAGE).is_ok()
             && read.open_table(REVOKED_TOKENS).is_ok()
-            && read.open_table(RELAY).is_ok();
+            && read.open_table(RELAY).is_ok()
+            && read.open_table(REPLICA_LSN).is_ok();
         (found, complete)
     };
     match found {
@@ -124,6 +125,7 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
             .map_err(redb::Error::from)?;
         write.open_table(BLOB_REFS).map_err(redb::Error::from)?;
         write.open_table(RELAY).map_err(redb::Error::from)?;
+        write.open_table(REPLICA_LSN).map_err(redb::Error::from)?;
     }
     write.commit().map_err(redb::Error::from)?;
     Ok(())
@@ -131,7 +133,7 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
 
 /// Upgrade a file of format `from` (1–4) step by step: 1 → 2 inbox rows
 /// gain their kind; 2 → 3 only adds tables (created on open); 3 → 4 outbox
-/// rows gain their `traceparent`; 4 → 5 only adds `relay`.
+/// rows gain their `traceparent`; 4 → 5 only adds `relay` and `replica_lsn`.
 fn upgrade(db: &redb::Database, from: u32) -> Result<(), FormatError> {
     if from == 1 {
         migrate_inbox_from_v1(db)?;

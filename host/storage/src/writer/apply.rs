@@ -6,6 +6,7 @@ use redb::ReadableTable;
 
 use super::WriterState;
 use super::ops::{Applied, EnqueueOutcome, Reply, TurnCommit, WriteOp};
+use super::replica::turn_op;
 use super::tables::Tables;
 use super::tracker::CommitFailed;
 use crate::LOG_TARGET;
@@ -44,7 +45,7 @@ impl WriterState {
                 version,
                 early: Some(fence),
                 done: d,
-            } => match self.get_or_create(tables, &key, version, created) {
+            } => match self.create(tables, &key, version, created) {
                 Ok(rec) => {
                     let _ = d.send(Ok(rec));
                     (Applied::Answered(fence), Ok(()))
@@ -60,7 +61,7 @@ impl WriterState {
                 early: None,
                 done: d,
             } => {
-                let r = self.get_or_create(tables, &key, version, created);
+                let r = self.create(tables, &key, version, created);
                 done(d, r)
             }
             WriteOp::Enqueue {
@@ -70,15 +71,37 @@ impl WriterState {
                 idempotency_ttl_ms,
                 done: d,
             } => {
+                let replicated = self.replicated(&key).is_some();
+                let copy = replicated.then(|| message.clone());
                 let r = self
-                    .get_or_create(tables, &key, version, created)
+                    .create(tables, &key, version, created)
                     .and_then(|rec| self.enqueue(tables, rec.num, message, idempotency_ttl_ms));
+                if let (Ok(EnqueueOutcome::Queued { message_id }), Some(message)) = (&r, copy) {
+                    let idempotency = message.idempotency_key.as_ref().map(|_| IdemRecord {
+                        outcome: IdemOutcome::Queued {
+                            message_id: message_id.clone(),
+                        },
+                        expires_at_ms: message.enqueued_at_ms + idempotency_ttl_ms,
+                    });
+                    let seq = self.next_inbox_seq - 1;
+                    self.record(&key, || ReplicaOp::Enqueue {
+                        actor_type: key.ty().to_owned(),
+                        actor_id: key.id().to_owned(),
+                        seq,
+                        message,
+                        idempotency,
+                    });
+                }
                 done(d, r)
             }
             WriteOp::DeleteActor { key, done: d } => {
                 let r = tables.delete_actor(&key);
                 if let Ok(true) = r {
                     *created -= 1;
+                    self.record(&key, || ReplicaOp::Delete {
+                        actor_type: key.ty().to_owned(),
+                        actor_id: key.id().to_owned(),
+                    });
                 }
                 done(d, r)
             }
@@ -158,7 +181,23 @@ impl WriterState {
                 num,
                 usage,
                 done: d,
-            } => done(d, tables.add_usage(num, key.ty(), usage)),
+            } => {
+                let r = tables.add_usage(num, key.ty(), usage);
+                self.record(&key, || ReplicaOp::Usage {
+                    actor_type: key.ty().to_owned(),
+                    actor_id: key.id().to_owned(),
+                    usage,
+                });
+                done(d, r)
+            }
+            WriteOp::Replica {
+                batch,
+                accept,
+                done: d,
+            } => {
+                let r = self.apply_replica(tables, &batch, accept.as_ref(), created);
+                done(d, r)
+            }
             WriteOp::RelayDone { seqs, done: d } => {
                 let r = seqs.iter().try_for_each(|seq| {
                     tables.relay.remove(*seq)?;
@@ -197,6 +236,7 @@ impl WriterState {
         let r = tables
             .write_turn(&t, created)
             .and_then(|()| self.write_outbox(tables, &t))
+            .map(|()| self.record(&t.key, || turn_op(&t)))
             .and_then(|()| {
                 if t.relay_sends {
                     return self.relay(tables, &t.sends);
@@ -252,7 +292,28 @@ impl WriterState {
         Ok(())
     }
 
-    fn get_or_create(
+    /// [`Self::get_or_create`], recorded for the backup when new.
+    fn create(
+        &mut self,
+        tables: &mut Tables<'_>,
+        key: &ActorKey,
+        version: u32,
+        created: &mut i64,
+    ) -> Result<ActorRecord, StorageError> {
+        let before = *created;
+        let rec = self.get_or_create(tables, key, version, created)?;
+        if *created != before {
+            self.record(key, || ReplicaOp::Create {
+                actor_type: key.ty().to_owned(),
+                actor_id: key.id().to_owned(),
+                version,
+                created_at_ms: rec.created_at_ms,
+            });
+        }
+        Ok(rec)
+    }
+
+    pub(super) fn get_or_create(
         &mut self,
         tables: &mut Tables<'_>,
         key: &ActorKey,

@@ -19,19 +19,21 @@
 
 mod apply;
 mod ops;
+mod replica;
 mod tables;
 #[cfg(test)]
 mod tests;
 mod tracker;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use marmot_core::config::StorageConfig;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 pub use ops::{EnqueueOutcome, Fence, TurnCommit, WriteOp};
+pub use replica::{ReplicaApplied, Replication};
 pub use tracker::{CommitFailed, CommitTracker};
 
 use ops::{Applied, Reply, fail_op};
@@ -42,9 +44,24 @@ use super::schema::*;
 use super::{StorageError, Subscriptions};
 use crate::{LOG_TARGET, WriterMetrics};
 
+/// How far committed rows that leave the node by themselves (outbound
+/// webhooks, relayed sends) are released: rows up to these seqs may go.
+/// Without replication a row is released by its commit; with it, once the
+/// backups of its batch acknowledged.
+#[derive(Debug, Default)]
+pub struct Released {
+    /// Outbox rows up to this seq.
+    pub deliveries: AtomicU64,
+    /// Relay rows up to this seq.
+    pub relays: AtomicU64,
+}
+
 /// Handle to the writer thread.
 pub struct Writer {
     tx: mpsc::UnboundedSender<WriteOp>,
+    /// Where committed writes go besides this disk (a cluster).
+    replication: Arc<OnceLock<Arc<dyn Replication>>>,
+    released: Arc<Released>,
     /// Actors on disk, kept current by the writer.
     actor_count: Arc<AtomicU64>,
     /// Fault injection for tests: fail this many upcoming commits.
@@ -80,6 +97,12 @@ impl Writer {
         };
         let actor_count = Arc::new(AtomicU64::new(actor_count));
         let fail_commits = Arc::new(AtomicU64::new(0));
+        let replication = Arc::new(OnceLock::new());
+        // What is on disk at start was committed: released.
+        let released = Arc::new(Released {
+            deliveries: AtomicU64::new(next_delivery_seq - 1),
+            relays: AtomicU64::new(next_relay_seq - 1),
+        });
         let mut state = WriterState {
             db,
             rx,
@@ -99,6 +122,9 @@ impl Writer {
             relay_touched: false,
             subscriptions_touched: false,
             timer: None,
+            replication: replication.clone(),
+            drafts: Default::default(),
+            released: released.clone(),
         };
         std::thread::Builder::new()
             .name("marmot-writer".into())
@@ -118,9 +144,22 @@ impl Writer {
             })?;
         Ok(Self {
             tx,
+            replication,
+            released,
             actor_count,
             fail_commits,
         })
+    }
+
+    /// Ship committed writes to the backups of their slots from now on.
+    /// Installed once; returns false if one was installed before.
+    pub fn replicate(&self, replication: Arc<dyn Replication>) -> bool {
+        self.replication.set(replication).is_ok()
+    }
+
+    /// How far rows that leave the node by themselves are released.
+    pub fn released(&self) -> &Arc<Released> {
+        &self.released
     }
 
     /// Make the next `n` commits fail as if the disk had failed (tests).
@@ -209,6 +248,10 @@ struct WriterState {
     /// waiting for a new actor's first turn blocks on the channel with a
     /// timeout.
     timer: Option<tokio::runtime::Runtime>,
+    replication: Arc<OnceLock<Arc<dyn Replication>>>,
+    /// The batch's writes to replicated slots.
+    drafts: replica::Drafts,
+    released: Arc<Released>,
 }
 
 impl WriterState {
@@ -392,6 +435,8 @@ impl WriterState {
         );
         self.outbox_touched = false;
         self.relay_touched = false;
+        self.drafts.clear();
+        let mut shipments = Vec::new();
         self.subscriptions_touched = false;
         let mut created: i64 = 0;
         let mut error: Option<StorageError> = None;
@@ -427,6 +472,12 @@ impl WriterState {
                             && applied.iter().all(|a| matches!(a, Applied::Answered(_)))
                         {
                             error = self.await_first_turns(&mut tables, &mut applied, &mut created);
+                        }
+                        if error.is_none() && !self.drafts.is_empty() {
+                            match self.seal_drafts(&mut tables) {
+                                Ok(s) => shipments = s,
+                                Err(e) => error = Some(e),
+                            }
                         }
                     }
                     Err(e) => {
@@ -467,14 +518,27 @@ impl WriterState {
                     let c = self.actor_count.load(Ordering::Relaxed) as i64 + created;
                     self.actor_count.store(c.max(0) as u64, Ordering::Relaxed);
                 }
-                if self.outbox_touched {
-                    self.outbox_ready.notify_one();
-                }
-                if self.relay_touched {
-                    self.relay_ready.notify_one();
-                }
-                for a in applied {
-                    a.complete(None);
+                // Released once the backups have it (if any): replies,
+                // streams, alarms, and the rows that leave by themselves.
+                let released = self.released.clone();
+                let (deliveries, relays) = (self.next_delivery_seq - 1, self.next_relay_seq - 1);
+                let wake = [
+                    self.outbox_touched.then(|| self.outbox_ready.clone()),
+                    self.relay_touched.then(|| self.relay_ready.clone()),
+                ];
+                let release = move || {
+                    released.deliveries.fetch_max(deliveries, Ordering::AcqRel);
+                    released.relays.fetch_max(relays, Ordering::AcqRel);
+                    for ready in wake.into_iter().flatten() {
+                        ready.notify_one();
+                    }
+                    for a in applied {
+                        a.complete(None);
+                    }
+                };
+                match self.replication.get() {
+                    Some(r) => r.ship(shipments, Box::new(release)),
+                    None => release(),
                 }
             }
             Some(e) => {

@@ -223,6 +223,17 @@ pub enum WriteOp {
         /// Completion.
         done: Reply<()>,
     },
+    /// Apply a batch the owner of its slot shipped to this node, its
+    /// backup, if `accept` holds when it is applied.
+    Replica {
+        /// The batch.
+        batch: ReplicaBatch,
+        /// Whether this node is (still) the slot's backup at the batch's
+        /// epoch; asked on the writer thread, just before applying.
+        accept: Box<dyn Fn() -> bool + Send>,
+        /// Completion.
+        done: Reply<super::ReplicaApplied>,
+    },
     /// Forget relayed messages their recipients' owners have queued.
     RelayDone {
         /// Their relay seqs.
@@ -284,6 +295,7 @@ impl Applied {
             WriteOp::RecordUsage { done, .. } | WriteOp::RelayDone { done, .. } => {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }
+            WriteOp::Replica { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
             WriteOp::RetryDelivery { done, .. } => {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }

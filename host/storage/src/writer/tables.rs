@@ -37,6 +37,7 @@ pub(super) struct Tables<'t> {
     type_file_usage: redb::Table<'t, &'static str, u64>,
     blob_refs: redb::Table<'t, &'static [u8; 32], u64>,
     pub(super) relay: redb::Table<'t, u64, &'static [u8]>,
+    pub(super) replica_lsn: redb::Table<'t, u32, &'static [u8]>,
 }
 
 impl<'t> Tables<'t> {
@@ -67,6 +68,7 @@ impl<'t> Tables<'t> {
             type_file_usage: txn.open_table(TYPE_FILE_USAGE)?,
             blob_refs: txn.open_table(BLOB_REFS)?,
             relay: txn.open_table(RELAY)?,
+            replica_lsn: txn.open_table(REPLICA_LSN)?,
         })
     }
 

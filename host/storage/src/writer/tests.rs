@@ -414,3 +414,181 @@ async fn relayed_sends_wait_in_the_relay_with_a_key_until_handed_over() {
         .unwrap();
     assert!(storage.reader().unwrap().relay_page(10).unwrap().is_empty());
 }
+
+/// A replication that collects what the writer ships and releases each
+/// batch when the test says so.
+type Shipment = (Vec<crate::schema::ReplicaBatch>, Box<dyn FnOnce() + Send>);
+
+#[derive(Default)]
+struct Collect {
+    shipped: std::sync::Mutex<Vec<Shipment>>,
+}
+
+impl super::Replication for Collect {
+    fn slot(&self, key: &ActorKey) -> Option<(u32, u64)> {
+        // Actors whose id starts with `r` replicate (slot 7, epoch 3).
+        key.id().starts_with('r').then_some((7, 3))
+    }
+    fn ship(&self, batches: Vec<crate::schema::ReplicaBatch>, release: Box<dyn FnOnce() + Send>) {
+        self.shipped.lock().unwrap().push((batches, release));
+    }
+}
+
+impl Collect {
+    /// Wait for the next shipment.
+    async fn next(&self) -> Shipment {
+        for _ in 0..500 {
+            {
+                let mut s = self.shipped.lock().unwrap();
+                if !s.is_empty() {
+                    return s.remove(0);
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        panic!("nothing shipped");
+    }
+}
+
+async fn apply_on(
+    storage: &Storage,
+    batch: crate::schema::ReplicaBatch,
+    accept: bool,
+) -> super::ReplicaApplied {
+    storage
+        .writer()
+        .call(|done| WriteOp::Replica {
+            batch,
+            accept: Box::new(move || accept),
+            done,
+        })
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_backup_applies_what_the_owner_shipped_once_and_only_while_it_is_the_backup() {
+    use crate::schema::*;
+    let (_a_dir, owner) = open();
+    let (_b_dir, backup) = open();
+    let collect = Arc::new(Collect::default());
+    assert!(owner.writer().replicate(collect.clone()));
+    // An actor that does not replicate takes a number on the backup first,
+    // so that numbers differ between the nodes.
+    create(&backup, "local").await;
+
+    // Creation, a turn (state, an event, an alarm), a durable message.
+    let key = ActorKey::new("t", "r1").unwrap();
+    let rec = {
+        let (done, created) = oneshot::channel();
+        owner.writer().submit(WriteOp::GetOrCreate {
+            key: key.clone(),
+            version: 1,
+            early: None,
+            done,
+        });
+        let (batches, release) = collect.next().await;
+        assert_eq!(batches.len(), 1);
+        assert!(matches!(batches[0].ops[..], [ReplicaOp::Create { .. }]));
+        assert_eq!(batches[0].mark, ReplicaMark { epoch: 3, lsn: 1 });
+        assert_eq!(
+            apply_on(&backup, batches[0].clone(), true).await,
+            super::ReplicaApplied::Applied
+        );
+        release();
+        created.await.unwrap().unwrap()
+    };
+    let tracker = Arc::new(CommitTracker::default());
+    let (op, rx) = turn(&key, &rec, &tracker, 0, 1, "k", "v1");
+    let WriteOp::Turn(mut t) = op else {
+        unreachable!()
+    };
+    t.events = vec![(
+        1,
+        EventRecord {
+            kind: "hi".into(),
+            data: b"{}".to_vec(),
+            at_ms: 5,
+        },
+    )];
+    t.alarms = vec![(
+        "a".into(),
+        Some(AlarmRecord {
+            schedule: AlarmSchedule::At(10),
+            payload: Vec::new(),
+            next_due_ms: 10,
+            attempts: 0,
+            boot_attempts: 0,
+            set_at_ms: 1,
+        }),
+    )];
+    owner.writer().submit(WriteOp::Turn(t));
+    let (batches, release) = collect.next().await;
+    // The output gate: nothing is released before the replication says so.
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let mut rx = rx;
+    assert!(
+        rx.try_recv().is_err(),
+        "a turn was released before its backup had it"
+    );
+    let batch = batches[0].clone();
+    assert_eq!(batch.mark.lsn, 2);
+    assert_eq!(
+        apply_on(&backup, batch.clone(), true).await,
+        super::ReplicaApplied::Applied
+    );
+    // A repeat (a lost acknowledgement) changes nothing.
+    assert_eq!(
+        apply_on(&backup, batch, true).await,
+        super::ReplicaApplied::Repeat
+    );
+    release();
+    rx.await.unwrap().unwrap();
+
+    let message = InboxRecord {
+        message_id: "m1".into(),
+        body: b"{}".to_vec(),
+        content_type: None,
+        idempotency_key: Some("k1".into()),
+        attempts: 0,
+        enqueued_at_ms: 7,
+        kind: InboxKind::Message,
+    };
+    let (done, queued) = oneshot::channel();
+    owner.writer().submit(WriteOp::Enqueue {
+        key: key.clone(),
+        version: 1,
+        message,
+        idempotency_ttl_ms: 1000,
+        done,
+    });
+    let (batches, release) = collect.next().await;
+    // Not the backup (any more): refused, nothing written.
+    assert_eq!(
+        apply_on(&backup, batches[0].clone(), false).await,
+        super::ReplicaApplied::Refused
+    );
+    assert_eq!(
+        apply_on(&backup, batches[0].clone(), true).await,
+        super::ReplicaApplied::Applied
+    );
+    release();
+    queued.await.unwrap().unwrap();
+
+    // The backup holds the actor as the owner does, under its own number.
+    let (o, b) = (owner.reader().unwrap(), backup.reader().unwrap());
+    let (on, bn) = (
+        o.actor(&key).unwrap().unwrap().num,
+        b.actor(&key).unwrap().unwrap().num,
+    );
+    assert_ne!(on, bn);
+    assert_eq!(b.state(bn, "k").unwrap().as_deref(), Some(&b"v1"[..]));
+    assert_eq!(b.events(bn, 0, 10).unwrap(), o.events(on, 0, 10).unwrap());
+    assert_eq!(b.alarms(bn).unwrap(), o.alarms(on).unwrap());
+    assert_eq!(b.inbox(bn, 0, 10).unwrap(), o.inbox(on, 0, 10).unwrap());
+    assert_eq!(
+        b.idempotency(bn, "k1").unwrap(),
+        o.idempotency(on, "k1").unwrap()
+    );
+    assert_eq!(b.actor(&key).unwrap().map(|r| r.version), Some(1));
+}
