@@ -448,13 +448,19 @@ async fn killing_the_etcd_leader_under_load_loses_no_acknowledged_write() {
         let mut seen = BTreeMap::<String, i64>::new();
         let mut after = String::new();
         loop {
-            let page = rig
-                .api(1)
-                .get(&format!(
-                    "/v1/actors/kit/{actor}/state?prefix=seen/&limit=1000&after={after}"
-                ))
-                .await
-                .json;
+            // (Through any node, once the cluster has settled after the
+            // election: a node may still be renewing its lease.)
+            let path =
+                format!("/v1/actors/kit/{actor}/state?prefix=seen/&limit=1000&after={after}");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let page = loop {
+                let r = rig.api(1).get(&path).await;
+                if r.status == 200 {
+                    break r.json;
+                }
+                assert!(Instant::now() < deadline, "{path}: {} {}", r.status, r.json);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
             for e in page["entries"].as_array().unwrap() {
                 let k = e["key"].as_str().unwrap().trim_start_matches("seen/");
                 seen.insert(k.to_owned(), e["value"].as_i64().unwrap_or(0));

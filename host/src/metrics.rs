@@ -112,6 +112,15 @@ pub struct Metrics {
     /// Messages sent with `actors.send` handed to their recipients' owners
     /// (a cluster's relay).
     pub cluster_relayed: Counter,
+    /// Round trips shipping committed batches to backups (the time a
+    /// batch's output waits for its backup).
+    pub replication_seconds: Histogram,
+    /// Committed batches waiting for the next shipping round.
+    pub replication_queue: Gauge,
+    /// Slots this node owns and has used that have no backup (degraded).
+    pub degraded_slots: Gauge,
+    /// Batches applied as a backup.
+    pub replica_batches: Counter,
 }
 
 impl Metrics {
@@ -275,6 +284,30 @@ impl Metrics {
             "Requests forwarded to the node owning the actor, by outcome (ok, stale, error)",
             cluster_forwards.clone(),
         );
+        let replication_seconds = Histogram::new(exponential_buckets(50e-6, 2.0, 18));
+        registry.register(
+            "cluster_replication_seconds",
+            "Round trips shipping committed batches to the backups of their slots",
+            replication_seconds.clone(),
+        );
+        let replication_queue = Gauge::default();
+        registry.register(
+            "cluster_replication_queue",
+            "Committed batches waiting for the next shipping round (replication lag)",
+            replication_queue.clone(),
+        );
+        let degraded_slots = Gauge::default();
+        registry.register(
+            "cluster_degraded_slots",
+            "Used slots this node owns that have no backup",
+            degraded_slots.clone(),
+        );
+        let replica_batches = Counter::default();
+        registry.register(
+            "cluster_replica_batches",
+            "Batches applied as the backup of a slot",
+            replica_batches.clone(),
+        );
         let cluster_relayed = Counter::default();
         registry.register(
             "cluster_relayed",
@@ -285,6 +318,10 @@ impl Metrics {
             registry,
             cluster_forwards,
             cluster_relayed,
+            replication_seconds,
+            replication_queue,
+            degraded_slots,
+            replica_batches,
             model_calls,
             model_call_seconds,
             model_tokens,

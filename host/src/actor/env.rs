@@ -253,8 +253,17 @@ impl AlarmTarget for ActorEnv {
     fn deliver_alarm(
         self: Arc<Self>,
         key: &ActorKey,
-        alarm: DueAlarm,
+        mut alarm: DueAlarm,
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        // In a cluster this node also keeps the alarms of actors it backs
+        // up (or owned before a failover): only the owner fires them. A
+        // later reload brings them back, should this node take over.
+        if let Some((cluster, _)) = &self.cluster
+            && cluster.target(key) != Target::Here
+        {
+            alarm.ticket.settle();
+            return Ok(());
+        }
         Ok(self.deliver(key, Envelope::Alarm(Box::new(alarm)))?)
     }
 }

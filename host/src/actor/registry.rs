@@ -391,6 +391,18 @@ impl Registry {
         }
     }
 
+    /// Ask every active actor `which` picks to hibernate when idle.
+    pub(crate) fn hibernate_where(&self, which: impl Fn(&ActorKey) -> bool) {
+        for shard in self.shards.iter() {
+            let shard = shard.lock().expect("registry shard lock");
+            for (k, h) in shard.iter() {
+                if which(k) {
+                    h.shared.hibernate.notify_one();
+                }
+            }
+        }
+    }
+
     /// Ask every active actor to hibernate when idle (benchmarks, shutdown).
     pub fn hibernate_all(&self) {
         for shard in self.shards.iter() {

@@ -47,6 +47,9 @@ pub enum Notice {
         /// When it is due now.
         due_ms: Option<u64>,
     },
+    /// Re-read the due index now (this node just took over actors whose
+    /// alarms were written by another node).
+    Reload,
     /// A delivered alarm is settled, or must be delivered again.
     Done {
         /// Actor number.
@@ -248,6 +251,7 @@ impl Loop {
 
     fn handle(&mut self, notice: Notice) {
         match notice {
+            Notice::Reload => self.reload(),
             Notice::Set { num, name, due_ms } => {
                 let due = due_ms.filter(|d| *d < self.loaded_until);
                 let id = (num, name);

@@ -266,6 +266,7 @@ pub(super) async fn info(
         o.insert("node".into(), cluster.node_id().into());
         o.insert("region".into(), cluster.region().into());
         o.insert("epoch".into(), epoch.into());
+        o.insert("backup".into(), cluster.backup_of(&key).into());
     }
     Ok(axum::Json(info).into_response())
 }

@@ -138,6 +138,36 @@ async fn catch_up(
     Ok(0)
 }
 
+/// Largest request of batches a backup takes (blobs included).
+pub(super) const MAX_REPLICA_BYTES: usize = 512 << 20;
+
+/// `POST /v1/cluster/replicate`: apply an owner's batches as their slots'
+/// backup.
+pub(super) async fn replicate(
+    State(s): State<AppState>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body?;
+    let batches: Vec<crate::storage::schema::ReplicaBatch> =
+        postcard::from_bytes(&body).map_err(|e| {
+            ApiError::bad_request("invalid_batches", format!("not replicated batches: {e}"))
+        })?;
+    let outcomes =
+        s.node.apply_replicas(batches).await.map_err(|e| {
+            ApiError::new(StatusCode::BAD_REQUEST, "not_replicating", format!("{e:#}"))
+        })?;
+    let names: Vec<&str> = outcomes
+        .iter()
+        .map(|o| match o {
+            crate::storage::ReplicaApplied::Applied => "applied",
+            crate::storage::ReplicaApplied::Repeat => "repeat",
+            crate::storage::ReplicaApplied::Refused => "refused",
+            crate::storage::ReplicaApplied::Gap => "gap",
+        })
+        .collect();
+    Ok(axum::Json(serde_json::json!({ "outcomes": names })).into_response())
+}
+
 /// One page request of `GET /v1/actors/{type}`.
 pub(super) struct ListQuery<'q> {
     pub prefix: &'q str,

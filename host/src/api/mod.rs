@@ -146,6 +146,10 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/tokens/{id}", axum::routing::delete(tokens::revoke))
         .route("/v1/cluster", get(cluster::status))
         .route("/v1/cluster/catalog", get(cluster::catalog))
+        .route(
+            "/v1/cluster/replicate",
+            post(cluster::replicate).layer(DefaultBodyLimit::max(cluster::MAX_REPLICA_BYTES)),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limits.max_message_bytes));

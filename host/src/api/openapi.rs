@@ -635,14 +635,31 @@ fn operations() -> Vec<Op> {
             method: "get",
             path: "/v1/cluster/catalog",
             id: "clusterCatalog",
-            summary: "Every type's current version with its code (base64) and config: what a node joining the cluster deploys",
+            summary: "Every type's current version with its code (base64) and config, and the shared state (secrets sealed, providers, subscriptions, revocations): what a node returning to the cluster takes",
             params: vec![],
             body: None,
             responses: vec![(
                 200,
-                "{types: [{type, kind, code_base64, config}]}",
+                "{types: [{type, kind, code_base64, config}], shared: {…}}",
                 Some(any_json()),
             )],
+        },
+        Op {
+            method: "post",
+            path: "/v1/cluster/replicate",
+            id: "clusterReplicate",
+            summary: "Between nodes: committed batches of a slot's owner (postcard), applied by the slot's backup in order, each once; the owner releases their output after this answers",
+            params: vec![],
+            body: Some(json!({"required": true, "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}})),
+            responses: vec![
+                (
+                    200,
+                    "{outcomes: [applied | repeat | refused | gap]}, one per batch",
+                    Some(any_json()),
+                ),
+                (400, "not batches, or this node is not in a cluster", None),
+            ],
         },
     ]
 }

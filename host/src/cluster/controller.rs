@@ -4,11 +4,17 @@
 //! stale controller (paused, partitioned) cannot overwrite a newer
 //! decision: its compare fails.
 //!
-//! Assignment: each unassigned slot, and each unused one whose owner is not
-//! the rendezvous choice among live members (a member joined, or the owner
-//! has been gone for [`GRACE`] past its lease's expiry), goes to the
-//! rendezvous choice. A used slot keeps its owner (moving it needs its data:
-//! the next slice's backups and moves).
+//! Per slot, each round ([`decide`]):
+//! * an unassigned or unused slot goes to the rendezvous choice among live
+//!   members, with the runner-up as its backup (no data yet, so both may
+//!   change freely; a dead owner's slots wait [`GRACE`] past its lease);
+//! * a used slot whose owner is gone (past its lease and [`GRACE`]) goes to
+//!   its backup, at epoch + 1: a failover. The backup has every write the
+//!   owner released (the output gate waits for it), and it refuses writes
+//!   of the old epoch from then on;
+//! * a used slot whose backup is gone loses it (degraded): the owner
+//!   releases its output on its own disk alone until a new backup could
+//!   catch up from a snapshot (not built yet).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,9 +24,10 @@ use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
 use super::Inner;
 use super::records::{SLOTS, SlotRecord, score};
+use super::view::View;
 
 /// How long a member must have been gone (its lease already expired)
-/// before the controller gives its unused slots to another node.
+/// before the controller moves its slots or drops it as a backup.
 const GRACE: Duration = Duration::from_secs(2);
 
 /// Slot writes per etcd transaction (etcd allows 128 operations).
@@ -75,59 +82,110 @@ async fn campaign(inner: &Inner) -> anyhow::Result<bool> {
     }))
 }
 
+/// A change the controller makes to one slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Write {
+    slot: u32,
+    /// The `mod_revision` compared against (`None`: create).
+    revision: Option<i64>,
+    record: SlotRecord,
+    /// A used slot moved to its backup.
+    failover: bool,
+}
+
+/// This round's writes for `view`. `gone` says whether a member that is
+/// not live any more has been gone past the grace period.
+fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
+    let live: Vec<&str> = view.members.keys().map(String::as_str).collect();
+    if live.is_empty() {
+        return Vec::new();
+    }
+    let mut writes = Vec::new();
+    for slot in 0..SLOTS {
+        let mut ranked = live.clone();
+        ranked.sort_by_key(|n| std::cmp::Reverse(score(slot, n)));
+        let (best, second) = (ranked[0], ranked.get(1).map(|n| (*n).to_owned()));
+        let entry = &view.slots[slot as usize];
+        let Some(e) = entry else {
+            writes.push(Write {
+                slot,
+                revision: None,
+                record: SlotRecord {
+                    owner: best.to_owned(),
+                    epoch: 1,
+                    used: false,
+                    backup: second,
+                },
+                failover: false,
+            });
+            continue;
+        };
+        let r = &e.record;
+        let is_live = |n: &str| view.members.contains_key(n);
+        let next = if !r.used {
+            if r.owner != best && (is_live(&r.owner) || gone(&r.owner)) {
+                Some(SlotRecord {
+                    owner: best.to_owned(),
+                    epoch: r.epoch + 1,
+                    used: false,
+                    backup: second,
+                })
+            } else if r.owner == best && r.backup != second {
+                // Unused: nothing to copy, the backup follows the members.
+                Some(SlotRecord {
+                    backup: second,
+                    ..r.clone()
+                })
+            } else {
+                None
+            }
+        } else if !is_live(&r.owner) {
+            match &r.backup {
+                Some(b) if is_live(b) && gone(&r.owner) => Some(SlotRecord {
+                    owner: b.clone(),
+                    epoch: r.epoch + 1,
+                    used: true,
+                    backup: None,
+                }),
+                _ => None,
+            }
+        } else {
+            match &r.backup {
+                Some(b) if !is_live(b) && gone(b) => Some(SlotRecord {
+                    backup: None,
+                    ..r.clone()
+                }),
+                _ => None,
+            }
+        };
+        if let Some(record) = next {
+            writes.push(Write {
+                slot,
+                revision: Some(e.mod_revision),
+                failover: r.used && record.owner != r.owner,
+                record,
+            });
+        }
+    }
+    writes
+}
+
 /// One round: compute the writes, apply them in compare-and-swap batches.
 async fn assign(inner: &Inner, gone_since: &mut HashMap<String, Instant>) -> anyhow::Result<()> {
     let writes = {
         let v = inner.view();
-        if v.members.is_empty() {
-            return Ok(());
-        }
         let now = Instant::now();
         gone_since.retain(|n, _| !v.members.contains_key(n));
-        let live: Vec<&str> = v.members.keys().map(String::as_str).collect();
-        let mut writes = Vec::new();
-        for slot in 0..SLOTS {
-            let best = *live
-                .iter()
-                .max_by_key(|n| score(slot, n))
-                .expect("members is not empty");
-            match &v.slots[slot as usize] {
-                None => writes.push((
-                    slot,
-                    None,
-                    SlotRecord {
-                        owner: best.to_owned(),
-                        epoch: 1,
-                        used: false,
-                    },
-                )),
-                Some(e) if e.record.used || e.record.owner == best => {}
-                Some(e) => {
-                    let owner_live = v.members.contains_key(&e.record.owner);
-                    if !owner_live {
-                        let since = *gone_since.entry(e.record.owner.clone()).or_insert(now);
-                        if now.duration_since(since) < GRACE {
-                            continue;
-                        }
-                    }
-                    writes.push((
-                        slot,
-                        Some(e.mod_revision),
-                        SlotRecord {
-                            owner: best.to_owned(),
-                            epoch: e.record.epoch + 1,
-                            used: false,
-                        },
-                    ));
-                }
-            }
-        }
-        writes
+        decide(&v, &mut |node| {
+            let since = *gone_since.entry(node.to_owned()).or_insert(now);
+            now.duration_since(since) >= GRACE
+        })
     };
     if writes.is_empty() {
         return Ok(());
     }
     let mut applied = 0;
+    let mut failovers = 0;
     for chunk in writes.chunks(WRITES_PER_TXN) {
         let mut compares = Vec::with_capacity(chunk.len() + 1);
         let mut puts = Vec::with_capacity(chunk.len());
@@ -137,18 +195,23 @@ async fn assign(inner: &Inner, gone_since: &mut HashMap<String, Instant>) -> any
             CompareOp::Equal,
             inner.lease.id.load(std::sync::atomic::Ordering::Acquire),
         ));
-        for (slot, rev, record) in chunk {
-            let key = inner.keys.slot(*slot);
-            compares.push(match rev {
+        for w in chunk {
+            let key = inner.keys.slot(w.slot);
+            compares.push(match w.revision {
                 None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-                Some(r) => Compare::mod_revision(key.clone(), CompareOp::Equal, *r),
+                Some(r) => Compare::mod_revision(key.clone(), CompareOp::Equal, r),
             });
-            puts.push(TxnOp::put(key, serde_json::to_vec(record)?, None));
+            puts.push(TxnOp::put(key, serde_json::to_vec(&w.record)?, None));
         }
         let txn = Txn::new().when(compares).and_then(puts);
         let resp = super::within(super::ETCD_CALL, inner.client.clone().txn(txn)).await?;
         if resp.succeeded() {
             applied += chunk.len();
+            for w in chunk.iter().filter(|w| w.failover) {
+                failovers += 1;
+                tracing::warn!(slot = w.slot, to = %w.record.owner, epoch = w.record.epoch,
+                    "failover: the slot's owner is gone; its backup takes over");
+            }
         } else {
             // Someone else wrote meanwhile (an owner marked a slot used):
             // the watch brings it, the next round decides again.
@@ -156,7 +219,88 @@ async fn assign(inner: &Inner, gone_since: &mut HashMap<String, Instant>) -> any
         }
     }
     if applied > 0 {
-        tracing::info!(slots = applied, "assigned slots");
+        tracing::info!(slots = applied, failovers, "assigned slots");
     }
+    inner
+        .failovers
+        .fetch_add(failovers, std::sync::atomic::Ordering::Relaxed);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::records::{Keys, MemberRecord};
+
+    fn view(members: &[&str], slots: &[(u32, SlotRecord)]) -> View {
+        let keys = Keys::new("/m");
+        let mut v = View::default();
+        for (i, m) in members.iter().enumerate() {
+            let rec = MemberRecord {
+                node_id: (*m).into(),
+                region: "r".into(),
+                advertise: format!("http://127.0.0.1:{}", 1000 + i),
+                incarnation: 1,
+            };
+            v.apply(
+                &keys,
+                &keys.member(m),
+                Some(&serde_json::to_vec(&rec).unwrap()),
+                1,
+            );
+        }
+        for (s, rec) in slots {
+            v.apply(
+                &keys,
+                &keys.slot(*s),
+                Some(&serde_json::to_vec(rec).unwrap()),
+                5,
+            );
+        }
+        v
+    }
+
+    fn slot(owner: &str, backup: Option<&str>, used: bool, epoch: u64) -> SlotRecord {
+        SlotRecord {
+            owner: owner.into(),
+            epoch,
+            used,
+            backup: backup.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn new_slots_get_an_owner_and_a_different_backup() {
+        let writes = decide(&view(&["a", "b", "c"], &[]), &mut |_| true);
+        assert_eq!(writes.len(), SLOTS as usize);
+        for w in &writes {
+            let b = w.record.backup.as_deref().expect("a backup");
+            assert_ne!(b, w.record.owner);
+        }
+        // Alone: no backup to give.
+        let writes = decide(&view(&["a"], &[]), &mut |_| true);
+        assert!(writes.iter().all(|w| w.record.backup.is_none()));
+    }
+
+    #[test]
+    fn a_used_slot_fails_over_to_its_backup_only_after_the_grace_period() {
+        let slots = [(3, slot("gone", Some("b"), true, 4))];
+        let v = view(&["a", "b"], &slots);
+        let for_3 = |ws: Vec<Write>| ws.into_iter().find(|w| w.slot == 3);
+        assert_eq!(for_3(decide(&v, &mut |_| false)), None, "within the grace");
+        let w = for_3(decide(&v, &mut |_| true)).expect("a failover");
+        assert_eq!(w.record, slot("b", None, true, 5));
+        assert!(w.failover);
+        // No live backup: the slot waits for its owner.
+        let v = view(&["a"], &slots);
+        assert_eq!(for_3(decide(&v, &mut |_| true)), None);
+        // A dead backup of a live owner is dropped (degraded), epoch kept.
+        let v = view(&["a"], &[(3, slot("a", Some("gone"), true, 4))]);
+        let w = for_3(decide(&v, &mut |_| true)).expect("backup dropped");
+        assert_eq!(w.record, slot("a", None, true, 4));
+        assert!(!w.failover);
+        // A used slot never moves to a node without its data.
+        let v = view(&["a", "b", "c"], &[(3, slot("a", None, true, 4))]);
+        assert_eq!(for_3(decide(&v, &mut |_| true)), None);
+    }
 }

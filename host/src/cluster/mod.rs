@@ -19,6 +19,7 @@
 mod controller;
 mod peer;
 pub mod records;
+mod replication;
 mod view;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -33,6 +34,7 @@ use crate::config::ClusterConfig;
 use crate::ids::ActorKey;
 pub use peer::{CALL_CHAIN, PeerError, Peers, Target, client as peer_client, decode_chain};
 use records::{Keys, LAYOUT_VERSION, MemberRecord, MetaRecord, SLOTS, SlotRecord, slot_of};
+pub use replication::Replicator;
 pub use view::View;
 
 /// The longest a single etcd request may take before the caller gives up
@@ -55,6 +57,22 @@ pub enum Route {
     Unavailable { slot: u32, why: String },
 }
 
+/// Where a replicated batch goes now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Shipping {
+    /// To the slot's backup.
+    To {
+        /// Its node id.
+        node_id: String,
+        /// Its URL, while it is a live member.
+        advertise: Option<String>,
+    },
+    /// Nowhere: the slot has no backup (degraded); release on this disk.
+    NoBackup,
+    /// The slot is no longer this node's at that epoch: fail the batch.
+    Lost,
+}
+
 /// A running cluster member.
 #[derive(Clone)]
 pub struct Cluster {
@@ -71,6 +89,8 @@ struct Inner {
     lease: Lease,
     /// The node has taken the types it missed from a peer.
     caught_up: std::sync::atomic::AtomicBool,
+    /// Failovers this node made as the controller.
+    failovers: AtomicU64,
 }
 
 /// The membership lease and how long it is provably alive.
@@ -121,6 +141,7 @@ impl Cluster {
             view: RwLock::new(View::default()),
             changed: Notify::new(),
             caught_up: std::sync::atomic::AtomicBool::new(false),
+            failovers: AtomicU64::new(0),
             lease: Lease {
                 id: AtomicI64::new(0),
                 alive_until_ms: AtomicU64::new(0),
@@ -237,15 +258,139 @@ impl Cluster {
         Ok(true)
     }
 
+    /// The backup of `key`'s slot, if it has one.
+    pub fn backup_of(&self, key: &ActorKey) -> Option<String> {
+        let v = self.inner.view();
+        v.slots[slot_of(key) as usize]
+            .as_ref()
+            .and_then(|e| e.record.backup.clone())
+    }
+
+    /// Where this node's commits for `key` go: refused unless this node
+    /// owns its slot; to the slot's backup too when it has one.
+    pub fn placement(&self, key: &ActorKey) -> crate::storage::Placement {
+        use crate::storage::Placement;
+        let slot = slot_of(key);
+        let v = self.inner.view();
+        let Some(e) = &v.slots[slot as usize] else {
+            return Placement::Elsewhere;
+        };
+        match &e.record {
+            r if r.owner != self.inner.config.node_id => Placement::Elsewhere,
+            r if r.backup.is_some() => Placement::Replicated {
+                slot,
+                epoch: r.epoch,
+            },
+            _ => Placement::Here,
+        }
+    }
+
+    /// Where a batch of `slot` written at `epoch` goes now: to its backup
+    /// (id and URL; the URL is `None` while that node is not a live
+    /// member), or nowhere.
+    pub fn shipping(&self, slot: u32, epoch: u64) -> Shipping {
+        let v = self.inner.view();
+        let Some(e) = &v.slots[slot as usize] else {
+            return Shipping::Lost;
+        };
+        let r = &e.record;
+        if r.owner != self.inner.config.node_id || r.epoch != epoch {
+            return Shipping::Lost;
+        }
+        match &r.backup {
+            None => Shipping::NoBackup,
+            Some(b) => Shipping::To {
+                node_id: b.clone(),
+                advertise: v.members.get(b).map(|m| m.advertise.clone()),
+            },
+        }
+    }
+
+    /// Whether this node applies a batch of `slot` written at `epoch`: it
+    /// is the slot's backup at that very epoch (a new owner's epoch seals
+    /// the old owner's writes out). Its own lease does not matter: keeping
+    /// a copy is harmless, and a backup whose lease lapsed is dropped by
+    /// the controller before it could be promoted.
+    pub fn accepts_replica(&self, slot: u32, epoch: u64) -> bool {
+        let v = self.inner.view();
+        v.slots
+            .get(slot as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|e| {
+                e.record.backup.as_deref() == Some(self.inner.config.node_id.as_str())
+                    && e.record.epoch == epoch
+            })
+    }
+
+    /// Drop `backup` from `slot` (owned here at `epoch`) because this node
+    /// cannot reach it: the slot runs without a backup from then on.
+    /// Compare-and-swap like every slot write; `false` if the slot changed.
+    pub async fn drop_backup(&self, slot: u32, epoch: u64, backup: &str) -> anyhow::Result<bool> {
+        let inner = &self.inner;
+        let entry = inner.view().slots[slot as usize].clone();
+        let Some(entry) = entry.filter(|e| {
+            e.record.owner == inner.config.node_id
+                && e.record.epoch == epoch
+                && e.record.backup.as_deref() == Some(backup)
+        }) else {
+            return Ok(false);
+        };
+        let key = inner.keys.slot(slot);
+        let record = SlotRecord {
+            backup: None,
+            ..entry.record
+        };
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                entry.mod_revision,
+            )])
+            .and_then([TxnOp::put(key, serde_json::to_vec(&record)?, None)]);
+        let resp = within(ETCD_CALL, inner.client.clone().txn(txn)).await?;
+        inner.relist().await?;
+        Ok(resp.succeeded())
+    }
+
+    /// Slots this node owns and has used, and how many of them have no
+    /// backup.
+    pub fn owned_used(&self) -> (Vec<u32>, usize) {
+        let v = self.inner.view();
+        let me = &self.inner.config.node_id;
+        let mut slots = Vec::new();
+        let mut degraded = 0;
+        for (i, e) in v.slots.iter().enumerate() {
+            if let Some(e) = e
+                && e.record.used
+                && &e.record.owner == me
+            {
+                slots.push(i as u32);
+                degraded += usize::from(e.record.backup.is_none());
+            }
+        }
+        (slots, degraded)
+    }
+
+    /// Wait until the view changes.
+    pub async fn changed(&self) {
+        self.inner.changed.notified().await;
+    }
+
     /// The members and the slot table, as `GET /v1/cluster` shows them.
     pub fn status(&self) -> serde_json::Value {
         let v = self.inner.view();
         let counts = v.slot_counts();
         let mut used = std::collections::BTreeMap::<&str, u32>::new();
+        let mut backups = std::collections::BTreeMap::<&str, u32>::new();
         let mut unavailable = 0;
+        let mut degraded = 0;
         for e in v.slots.iter().flatten() {
             if e.record.used {
                 *used.entry(e.record.owner.as_str()).or_default() += 1;
+                degraded += u32::from(e.record.backup.is_none());
+            }
+            if let Some(b) = &e.record.backup {
+                *backups.entry(b.as_str()).or_default() += 1;
             }
             if !v.members.contains_key(&e.record.owner) {
                 unavailable += 1;
@@ -263,6 +408,7 @@ impl Cluster {
                     "alive": true,
                     "slots": counts.get(&m.node_id).copied().unwrap_or(0),
                     "slots_used": used.get(m.node_id.as_str()).copied().unwrap_or(0),
+                    "backup_of": backups.get(m.node_id.as_str()).copied().unwrap_or(0),
                 })
             })
             .collect();
@@ -279,6 +425,8 @@ impl Cluster {
             "slots": SLOTS,
             "slots_assigned": v.slots.iter().flatten().count(),
             "slots_unavailable": unavailable,
+            "slots_degraded": degraded,
+            "failovers_by_this_node": self.inner.failovers.load(Ordering::Relaxed),
             "max_epoch": max_epoch,
             "members": members.into_iter().chain(down).collect::<Vec<_>>(),
         })

@@ -150,6 +150,42 @@ impl Peers {
     }
 }
 
+impl Peers {
+    /// Ship replicated batches (postcard) to the backup at `base`; its
+    /// outcome per batch, in order (`applied`, `repeat`, `refused`,
+    /// `gap`).
+    pub async fn replicate(&self, base: &str, body: Vec<u8>) -> Result<Vec<String>, PeerError> {
+        let mut req = self
+            .client
+            .post(format!("{base}/v1/cluster/replicate"))
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .timeout(Duration::from_secs(5))
+            .body(body);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| PeerError::Failed(format!("{base}: {e}")))?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let body = resp.text().await.unwrap_or_default();
+            return Err(PeerError::Failed(format!("{base}: {status}: {body}")));
+        }
+        let v: serde_json::Value = resp
+            .json()
+            .await
+            .map_err(|e| PeerError::Failed(format!("{base}: {e}")))?;
+        Ok(v["outcomes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| o.as_str().unwrap_or_default().to_owned())
+            .collect())
+    }
+}
+
 /// The API's refusal of a request for `key`, from its error body.
 fn refusal(key: &ActorKey, status: reqwest::StatusCode, body: &[u8]) -> PeerError {
     let message = serde_json::from_slice::<serde_json::Value>(body)

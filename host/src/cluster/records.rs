@@ -7,8 +7,9 @@
 //! {prefix}/members/{node_id}    MemberRecord, under the member's lease
 //! {prefix}/controller           node_id of the controller, under its lease
 //! {prefix}/slots/{0000..1023}   SlotRecord, written only by the controller
-//!                               (and by the owner, to mark its slot used),
-//!                               always by compare-and-swap on mod_revision
+//!                               (and by the owner, to mark its slot used or
+//!                               to drop a backup it cannot reach), always by
+//!                               compare-and-swap on mod_revision
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -112,9 +113,17 @@ pub struct SlotRecord {
     /// under an older epoch is refused.
     pub epoch: u64,
     /// The owner has served the slot, so it may hold actors' data there.
-    /// A used slot moves only with its data (the next slice: backups and
-    /// moves); an unused one the controller may hand to another node.
+    /// A used slot moves only to its backup (which has the data); an unused
+    /// one the controller may hand to any node.
     pub used: bool,
+    /// The node every commit of the slot reaches before its output is
+    /// released, and which becomes the owner if the owner dies. A backup
+    /// holds the slot's data since the slot was first used; once dropped
+    /// (it died, or the owner could not reach it) a used slot has none
+    /// (degraded) until a new backup can catch up from a snapshot (not
+    /// built yet). Absent in records of layout 1 written before backups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<String>,
 }
 
 /// The slot of an actor: FNV-1a (64 bit) of `type \0 id`, modulo

@@ -29,6 +29,13 @@ impl Node {
                     continue;
                 }
             };
+            // In a cluster: only this node's own actors (it may hold copies
+            // of others', as a backup or a former owner).
+            if let Some(c) = &self.cluster
+                && c.target(&key) != crate::cluster::Target::Here
+            {
+                continue;
+            }
             let Ok(permit) = permits.clone().acquire_owned().await else {
                 break;
             };

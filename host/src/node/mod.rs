@@ -20,12 +20,14 @@ mod deploy;
 mod hooks;
 mod queries;
 mod relay;
+mod replicas;
 mod runs;
 mod shared;
+mod slots;
 #[cfg(test)]
 mod tests;
 
-use crate::cluster::{Cluster, Peers};
+use crate::cluster::{Cluster, Peers, Replicator};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -175,6 +177,13 @@ impl Node {
                 .clone()
                 .map(|c| (c, Peers::new(config.admin_token.clone()))),
         });
+        if let Some(c) = &cluster {
+            // Before any turn: every commit of a slot with a backup reaches
+            // it before its output is released.
+            let peers = Peers::new(config.admin_token.clone());
+            let replicator = Replicator::start(c.clone(), peers, storage.clone(), metrics.clone());
+            storage.writer().replicate(replicator);
+        }
         let node = Arc::new(Self {
             config: config.clone(),
             storage: storage.clone(),
@@ -209,6 +218,7 @@ impl Node {
         );
         tokio::spawn(node.clone().housekeeping());
         tokio::spawn(node.clone().relay());
+        tokio::spawn(node.clone().follow_slots());
         crate::webhooks::outbound::start(storage, metrics, config.webhooks.clone());
         Ok(node)
     }

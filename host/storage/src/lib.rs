@@ -34,7 +34,10 @@ pub use marmot_core::config::StorageConfig;
 use marmot_core::ids::ActorKey;
 use schema::*;
 pub use subscriptions::Subscriptions;
-pub use writer::{CommitFailed, CommitTracker, EnqueueOutcome, Fence, TurnCommit, WriteOp, Writer};
+pub use writer::{
+    CommitFailed, CommitTracker, EnqueueOutcome, Fence, Placement, Release, Released,
+    ReplicaApplied, Replication, TurnCommit, WriteOp, Writer,
+};
 
 /// A storage failure.
 #[derive(Debug, thiserror::Error)]

@@ -6,7 +6,7 @@ use redb::ReadableTable;
 
 use super::WriterState;
 use super::ops::{Applied, EnqueueOutcome, Reply, TurnCommit, WriteOp};
-use super::replica::turn_op;
+use super::replica::{Placement, turn_op};
 use super::tables::Tables;
 use super::tracker::CommitFailed;
 use crate::LOG_TARGET;
@@ -37,6 +37,13 @@ impl WriterState {
                     )
                 }
             }
+        }
+        if let Some(key) = op.actor()
+            && self.placement(key) == Placement::Elsewhere
+        {
+            // Not this node's actor (any more): refused, the batch goes on.
+            let key = key.to_string();
+            return (Applied::refuse(op, &key), Ok(()));
         }
         match op {
             WriteOp::Turn(t) => self.apply_turn(tables, *t, created),
@@ -71,7 +78,7 @@ impl WriterState {
                 idempotency_ttl_ms,
                 done: d,
             } => {
-                let replicated = self.replicated(&key).is_some();
+                let replicated = matches!(self.placement(&key), Placement::Replicated { .. });
                 let copy = replicated.then(|| message.clone());
                 let r = self
                     .create(tables, &key, version, created)
@@ -196,7 +203,10 @@ impl WriterState {
                 done: d,
             } => {
                 let r = self.apply_replica(tables, &batch, accept.as_ref(), created);
-                done(d, r)
+                match done(d, r) {
+                    (Applied::Reply(f), r) => (Applied::Durable(f), r),
+                    other => other,
+                }
             }
             WriteOp::RelayDone { seqs, done: d } => {
                 let r = seqs.iter().try_for_each(|seq| {

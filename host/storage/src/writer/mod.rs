@@ -33,7 +33,7 @@ use marmot_core::config::StorageConfig;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 pub use ops::{EnqueueOutcome, Fence, TurnCommit, WriteOp};
-pub use replica::{ReplicaApplied, Replication};
+pub use replica::{Placement, Release, ReplicaApplied, Replication};
 pub use tracker::{CommitFailed, CommitTracker};
 
 use ops::{Applied, Reply, fail_op};
@@ -518,15 +518,33 @@ impl WriterState {
                     let c = self.actor_count.load(Ordering::Relaxed) as i64 + created;
                     self.actor_count.store(c.max(0) as u64, Ordering::Relaxed);
                 }
-                // Released once the backups have it (if any): replies,
-                // streams, alarms, and the rows that leave by themselves.
+                // A backup's acknowledgements go at once; everything else
+                // once the backups have it (if any): replies, streams,
+                // alarms, and the rows that leave by themselves.
+                let mut applied = applied;
+                if applied.iter().any(|a| matches!(a, Applied::Durable(_))) {
+                    let (durable, rest): (Vec<Applied>, Vec<Applied>) = applied
+                        .into_iter()
+                        .partition(|a| matches!(a, Applied::Durable(_)));
+                    for a in durable {
+                        a.complete(None);
+                    }
+                    applied = rest;
+                }
                 let released = self.released.clone();
                 let (deliveries, relays) = (self.next_delivery_seq - 1, self.next_relay_seq - 1);
                 let wake = [
                     self.outbox_touched.then(|| self.outbox_ready.clone()),
                     self.relay_touched.then(|| self.relay_ready.clone()),
                 ];
-                let release = move || {
+                let release = move |r: Result<(), String>| {
+                    if let Err(why) = r {
+                        let why = CommitFailed::Storage(why);
+                        for a in applied {
+                            a.complete(Some(&why));
+                        }
+                        return;
+                    }
                     released.deliveries.fetch_max(deliveries, Ordering::AcqRel);
                     released.relays.fetch_max(relays, Ordering::AcqRel);
                     for ready in wake.into_iter().flatten() {
@@ -538,7 +556,7 @@ impl WriterState {
                 };
                 match self.replication.get() {
                     Some(r) => r.ship(shipments, Box::new(release)),
-                    None => release(),
+                    None => release(Ok(())),
                 }
             }
             Some(e) => {

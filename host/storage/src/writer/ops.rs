@@ -255,11 +255,50 @@ pub enum WriteOp {
     },
 }
 
+impl WriteOp {
+    /// The actor whose rows the op writes, if it is one actor's.
+    pub(super) fn actor(&self) -> Option<&ActorKey> {
+        match self {
+            WriteOp::Turn(t) => Some(&t.key),
+            WriteOp::GetOrCreate { key, .. }
+            | WriteOp::Enqueue { key, .. }
+            | WriteOp::DeleteActor { key, .. }
+            | WriteOp::RecordUsage { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+}
+
 pub(super) fn fail_op(op: WriteOp, why: CommitFailed) {
     Applied::from_unapplied(op).complete(Some(&why));
 }
 
 impl Applied {
+    /// The completion of an op refused because another node owns `actor`.
+    pub(super) fn refuse(op: WriteOp, actor: &str) -> Applied {
+        let why = || {
+            StorageError::Unavailable(format!(
+                "actor {actor} belongs to another node now; its write here was refused"
+            ))
+        };
+        match op {
+            WriteOp::Turn(t) => {
+                t.tracker.mark_failed(t.generation);
+                Applied::Refused(t.on_durable)
+            }
+            WriteOp::GetOrCreate { done, early, .. } => {
+                if let Some(f) = early {
+                    f.tracker.mark_failed(f.generation);
+                }
+                Applied::reply(done, Err(why()))
+            }
+            WriteOp::Enqueue { done, .. } => Applied::reply(done, Err(why())),
+            WriteOp::DeleteActor { done, .. } => Applied::reply(done, Err(why())),
+            WriteOp::RecordUsage { done, .. } => Applied::reply(done, Err(why())),
+            other => Applied::from_unapplied(other),
+        }
+    }
+
     /// The completion of an op that was never applied.
     pub(super) fn from_unapplied(op: WriteOp) -> Applied {
         match op {
@@ -337,6 +376,11 @@ pub(super) enum Applied {
     /// Anything else: a closure that sends the op's result, or the commit's
     /// failure, to its waiter.
     Reply(ReplyFn),
+    /// Like `Reply`, but answered as soon as the commit is durable here,
+    /// not held for the replication: a backup's acknowledgement of an
+    /// owner's batch (held behind this node's own shipments, two nodes
+    /// backing up each other would wait for each other forever).
+    Durable(ReplyFn),
 }
 
 impl Applied {
@@ -372,7 +416,7 @@ impl Applied {
                 None => f.tracker.mark_committed(f.seq),
                 Some(_) => f.tracker.mark_failed(f.generation),
             },
-            Applied::Reply(f) => f(failed),
+            Applied::Reply(f) | Applied::Durable(f) => f(failed),
         }
     }
 }

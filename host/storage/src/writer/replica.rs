@@ -31,16 +31,39 @@ use crate::schema::*;
 /// Where committed writes go besides this node's disk: the backups of
 /// their slots. Installed once, when the node joins a cluster.
 pub trait Replication: Send + Sync {
-    /// `(slot, epoch)` of `key` when its writes must reach a backup.
-    fn slot(&self, key: &ActorKey) -> Option<(u32, u64)>;
+    /// Where `key`'s rows are kept.
+    fn placement(&self, key: &ActorKey) -> Placement;
 
     /// Ship a committed batch's writes (one [`ReplicaBatch`] per slot,
     /// possibly none) and call `release` once this batch may be released:
     /// after every batch shipped before it, and once each of its backups
-    /// acknowledged (or the slot's policy lets it go without). Called on
-    /// the writer thread, in commit order.
-    fn ship(&self, batches: Vec<ReplicaBatch>, release: Box<dyn FnOnce() + Send>);
+    /// acknowledged (or the slot has no backup any more). `Err(why)` fails
+    /// the batch's operations instead: its slot moved to another node
+    /// before its backup had it. Called on the writer thread, in commit
+    /// order.
+    fn ship(&self, batches: Vec<ReplicaBatch>, release: Release);
 }
+
+/// Where an actor's rows are kept, as the writer commits them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Here alone.
+    Here,
+    /// Here, and on the backup of `slot`, owned here at `epoch`.
+    Replicated {
+        /// The actor's slot.
+        slot: u32,
+        /// Its epoch.
+        epoch: u64,
+    },
+    /// Another node owns the actor's slot: this node's commits for it are
+    /// refused (the fence is in storage, like Durable Objects': a stale
+    /// instance stops at its next write).
+    Elsewhere,
+}
+
+/// Releases (`Ok`) or fails a shipped batch's operations.
+pub type Release = Box<dyn FnOnce(Result<(), String>) + Send>;
 
 /// A batch's writes to one slot, while the batch is applied.
 pub(super) struct Draft {
@@ -57,17 +80,21 @@ pub enum ReplicaApplied {
     Repeat,
     /// Refused: this node is not the slot's backup at the batch's epoch.
     Refused,
+    /// Refused: an earlier batch of the slot is missing here.
+    Gap,
 }
 
 impl WriterState {
-    /// The slot and epoch `key`'s writes replicate under, if any.
-    pub(super) fn replicated(&self, key: &ActorKey) -> Option<(u32, u64)> {
-        self.replication.get()?.slot(key)
+    /// Where `key`'s rows are kept.
+    pub(super) fn placement(&self, key: &ActorKey) -> Placement {
+        self.replication
+            .get()
+            .map_or(Placement::Here, |r| r.placement(key))
     }
 
     /// Record `op` for the backup of `key`'s slot.
     pub(super) fn record(&mut self, key: &ActorKey, op: impl FnOnce() -> ReplicaOp) {
-        if let Some((slot, epoch)) = self.replicated(key) {
+        if let Placement::Replicated { slot, epoch } = self.placement(key) {
             let draft = self.drafts.entry(slot).or_insert_with(|| Draft {
                 epoch,
                 ops: Vec::new(),
@@ -112,8 +139,13 @@ impl WriterState {
         created: &mut i64,
     ) -> Result<ReplicaApplied, StorageError> {
         let last = read_mark(&tables.replica_lsn, batch.slot)?;
-        if batch.mark <= last {
+        if batch.mark.lsn <= last.lsn {
             return Ok(ReplicaApplied::Repeat);
+        }
+        if batch.mark.lsn != last.lsn + 1 || batch.mark.epoch < last.epoch {
+            // A batch is missing (the owner committed one it never
+            // shipped): this copy cannot follow without a snapshot.
+            return Ok(ReplicaApplied::Gap);
         }
         // Checked here, on the writer thread: once this node serves the
         // slot as its new owner it refuses older epochs, and anything it

@@ -417,7 +417,7 @@ async fn relayed_sends_wait_in_the_relay_with_a_key_until_handed_over() {
 
 /// A replication that collects what the writer ships and releases each
 /// batch when the test says so.
-type Shipment = (Vec<crate::schema::ReplicaBatch>, Box<dyn FnOnce() + Send>);
+type Shipment = (Vec<crate::schema::ReplicaBatch>, super::Release);
 
 #[derive(Default)]
 struct Collect {
@@ -425,11 +425,16 @@ struct Collect {
 }
 
 impl super::Replication for Collect {
-    fn slot(&self, key: &ActorKey) -> Option<(u32, u64)> {
-        // Actors whose id starts with `r` replicate (slot 7, epoch 3).
-        key.id().starts_with('r').then_some((7, 3))
+    fn placement(&self, key: &ActorKey) -> super::Placement {
+        // Actors whose id starts with `r` replicate (slot 7, epoch 3);
+        // those starting with `x` are another node's.
+        match key.id().as_bytes()[0] {
+            b'r' => super::Placement::Replicated { slot: 7, epoch: 3 },
+            b'x' => super::Placement::Elsewhere,
+            _ => super::Placement::Here,
+        }
     }
-    fn ship(&self, batches: Vec<crate::schema::ReplicaBatch>, release: Box<dyn FnOnce() + Send>) {
+    fn ship(&self, batches: Vec<crate::schema::ReplicaBatch>, release: super::Release) {
         self.shipped.lock().unwrap().push((batches, release));
     }
 }
@@ -495,7 +500,7 @@ async fn a_backup_applies_what_the_owner_shipped_once_and_only_while_it_is_the_b
             apply_on(&backup, batches[0].clone(), true).await,
             super::ReplicaApplied::Applied
         );
-        release();
+        release(Ok(()));
         created.await.unwrap().unwrap()
     };
     let tracker = Arc::new(CommitTracker::default());
@@ -539,10 +544,17 @@ async fn a_backup_applies_what_the_owner_shipped_once_and_only_while_it_is_the_b
     );
     // A repeat (a lost acknowledgement) changes nothing.
     assert_eq!(
-        apply_on(&backup, batch, true).await,
+        apply_on(&backup, batch.clone(), true).await,
         super::ReplicaApplied::Repeat
     );
-    release();
+    // A batch after a missing one is refused.
+    let mut later = batch;
+    later.mark.lsn += 2;
+    assert_eq!(
+        apply_on(&backup, later, true).await,
+        super::ReplicaApplied::Gap
+    );
+    release(Ok(()));
     rx.await.unwrap().unwrap();
 
     let message = InboxRecord {
@@ -572,7 +584,7 @@ async fn a_backup_applies_what_the_owner_shipped_once_and_only_while_it_is_the_b
         apply_on(&backup, batches[0].clone(), true).await,
         super::ReplicaApplied::Applied
     );
-    release();
+    release(Ok(()));
     queued.await.unwrap().unwrap();
 
     // The backup holds the actor as the owner does, under its own number.
@@ -591,4 +603,45 @@ async fn a_backup_applies_what_the_owner_shipped_once_and_only_while_it_is_the_b
         o.idempotency(on, "k1").unwrap()
     );
     assert_eq!(b.actor(&key).unwrap().map(|r| r.version), Some(1));
+    drop((o, b));
+
+    // An actor another node owns: its writes are refused here (the fence
+    // is in storage), and the rest of the batch commits.
+    let (release_hold, until) = std::sync::mpsc::channel();
+    owner.writer().submit(WriteOp::Hold { until });
+    let (done_x, refused) = oneshot::channel();
+    owner.writer().submit(WriteOp::GetOrCreate {
+        key: ActorKey::new("t", "x1").unwrap(),
+        version: 1,
+        early: None,
+        done: done_x,
+    });
+    let (done_y, fine) = oneshot::channel();
+    owner.writer().submit(WriteOp::GetOrCreate {
+        key: ActorKey::new("t", "y1").unwrap(),
+        version: 1,
+        early: None,
+        done: done_y,
+    });
+    drop(release_hold);
+    loop {
+        let (_, release) = collect.next().await;
+        release(Ok(()));
+        if !fine.is_empty() {
+            break;
+        }
+    }
+    assert!(matches!(
+        refused.await.unwrap(),
+        Err(crate::StorageError::Unavailable(_))
+    ));
+    assert!(fine.await.unwrap().is_ok());
+    assert!(
+        owner
+            .reader()
+            .unwrap()
+            .actor(&ActorKey::new("t", "x1").unwrap())
+            .unwrap()
+            .is_none()
+    );
 }

@@ -1,0 +1,293 @@
+//! The owner's side of synchronous replication: every committed batch's
+//! writes to slots with a backup go to that backup, and the batch is
+//! released (replies, stream frames, outbound webhooks, relayed sends,
+//! alarm effects) only once the backup acknowledged them — the output gate
+//! covers the backup's disk too.
+//!
+//! Shipments queue in commit order and are released in that order. While
+//! one round trip is in flight the next shipments gather, so the backup
+//! gets them in one request (group replication, like the group commit).
+//! A backup that refuses (it does not see itself as the backup at that
+//! epoch yet) or cannot be reached is retried; once it has failed for
+//! [`DROP_AFTER`], the owner drops it from the slot (compare-and-swap) and
+//! the slot runs without a backup (degraded, counted in metrics and
+//! `GET /v1/cluster`). A batch whose slot moved to another node meanwhile
+//! fails instead of being released.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::{Cluster, Peers, Shipping};
+use crate::ids::ActorKey;
+use crate::metrics::Metrics;
+use crate::storage::schema::{FileBody, ReplicaBatch, ReplicaOp};
+use crate::storage::{Placement, Release, Replication, Storage};
+
+/// How long a live backup may fail before the owner drops it.
+pub const DROP_AFTER: Duration = Duration::from_secs(3);
+
+/// Shipments gathered into one round per backup, at most.
+const MAX_ROUND: usize = 512;
+
+struct Shipment {
+    batches: Vec<ReplicaBatch>,
+    release: Release,
+}
+
+/// The [`Replication`] of a cluster node.
+pub struct Replicator {
+    cluster: Cluster,
+    tx: mpsc::UnboundedSender<Shipment>,
+}
+
+impl Replicator {
+    /// Start shipping for `cluster`, reading blobs from `storage`.
+    pub fn start(
+        cluster: Cluster,
+        peers: Peers,
+        storage: Arc<Storage>,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let sender = Sender {
+            cluster: cluster.clone(),
+            peers,
+            storage,
+            metrics,
+        };
+        tokio::spawn(sender.run(rx));
+        Arc::new(Self { cluster, tx })
+    }
+}
+
+impl Replication for Replicator {
+    fn placement(&self, key: &ActorKey) -> Placement {
+        self.cluster.placement(key)
+    }
+
+    fn ship(&self, batches: Vec<ReplicaBatch>, release: Release) {
+        if let Err(mpsc::error::SendError(s)) = self.tx.send(Shipment { batches, release }) {
+            (s.release)(Err("the node is shutting down".into()));
+        }
+    }
+}
+
+struct Sender {
+    cluster: Cluster,
+    peers: Peers,
+    storage: Arc<Storage>,
+    metrics: Arc<Metrics>,
+}
+
+/// What became of one batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Fate {
+    /// On the backup (or no backup to wait for): release.
+    Done,
+    /// Its slot is no longer this node's: fail.
+    Lost(String),
+}
+
+impl Sender {
+    async fn run(self, mut rx: mpsc::UnboundedReceiver<Shipment>) {
+        while let Some(first) = rx.recv().await {
+            let mut round = vec![first];
+            while round.len() < MAX_ROUND {
+                match rx.try_recv() {
+                    Ok(s) => round.push(s),
+                    Err(_) => break,
+                }
+            }
+            self.metrics.replication_queue.set(rx.len() as i64);
+            let (batches, releases): (Vec<Vec<ReplicaBatch>>, Vec<Release>) =
+                round.into_iter().map(|s| (s.batches, s.release)).unzip();
+            let started = Instant::now();
+            let fates = self.ship_round(&batches).await;
+            if batches.iter().any(|b| !b.is_empty()) {
+                self.metrics
+                    .replication_seconds
+                    .observe(started.elapsed().as_secs_f64());
+            }
+            let mut fates = fates.into_iter();
+            for (shipped, release) in batches.iter().zip(releases) {
+                let lost = fates.by_ref().take(shipped.len()).find_map(|f| match f {
+                    Fate::Lost(why) => Some(why),
+                    Fate::Done => None,
+                });
+                release(lost.map_or(Ok(()), Err));
+            }
+        }
+    }
+
+    /// Every batch of the round onto its backup; a fate per batch, in
+    /// order.
+    async fn ship_round(&self, round: &[Vec<ReplicaBatch>]) -> Vec<Fate> {
+        let batches: Vec<&ReplicaBatch> = round.iter().flatten().collect();
+        let mut fates = vec![Fate::Done; batches.len()];
+        // Per backup node, its batches in commit order.
+        let mut per_node: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (i, b) in batches.iter().enumerate() {
+            match self.cluster.shipping(b.slot, b.mark.epoch) {
+                Shipping::To { node_id, .. } => per_node.entry(node_id).or_default().push(i),
+                Shipping::NoBackup => {}
+                Shipping::Lost => fates[i] = lost(b),
+            }
+        }
+        let sends = per_node
+            .into_iter()
+            .map(|(node, idx)| self.ship_to(node, idx, &batches));
+        for (i, fate) in futures::future::join_all(sends).await.into_iter().flatten() {
+            fates[i] = fate;
+        }
+        fates
+    }
+
+    /// Ship batches `idx` (of `all`) to `node` until each is on it, or
+    /// resolved otherwise.
+    async fn ship_to(
+        &self,
+        node: String,
+        idx: Vec<usize>,
+        all: &[&ReplicaBatch],
+    ) -> Vec<(usize, Fate)> {
+        let started = Instant::now();
+        let mut pending = idx;
+        let mut out = Vec::new();
+        let mut backoff = Duration::from_millis(10);
+        let mut blobs_cache: BTreeMap<[u8; 32], Vec<u8>> = BTreeMap::new();
+        loop {
+            // Re-resolve: the slot may have lost its backup or its owner.
+            let mut url = None;
+            pending.retain(|&i| {
+                let b = all[i];
+                match self.cluster.shipping(b.slot, b.mark.epoch) {
+                    Shipping::To { node_id, advertise } if node_id == node => {
+                        url = url.take().or(advertise);
+                        true
+                    }
+                    Shipping::Lost => {
+                        out.push((i, lost(b)));
+                        false
+                    }
+                    // No backup now (dropped), or another one: the writes
+                    // stay on this disk alone.
+                    _ => {
+                        out.push((i, Fate::Done));
+                        false
+                    }
+                }
+            });
+            if pending.is_empty() {
+                return out;
+            }
+            if let Some(base) = &url {
+                match self.send(base, &pending, all, &mut blobs_cache).await {
+                    Ok(outcomes) => {
+                        let mut refused = Vec::new();
+                        for (&i, o) in pending.iter().zip(&outcomes) {
+                            if o == "applied" || o == "repeat" {
+                                out.push((i, Fate::Done));
+                            } else {
+                                refused.push(i);
+                            }
+                        }
+                        // Anything past the answered ones is resent.
+                        refused.extend(pending.iter().skip(outcomes.len()));
+                        pending = refused;
+                        if pending.is_empty() {
+                            return out;
+                        }
+                        tracing::debug!(backup = %node, batches = pending.len(), ?outcomes, "backup refused batches; retrying");
+                    }
+                    Err(e) => {
+                        tracing::debug!(backup = %node, error = %e, "shipping to the backup failed; retrying");
+                    }
+                }
+            }
+            if started.elapsed() >= DROP_AFTER {
+                self.drop_backup(&node, &pending, all).await;
+                backoff = Duration::from_millis(10);
+                continue;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(250));
+        }
+    }
+
+    /// Drop `node` as the backup of the slots of `pending`.
+    async fn drop_backup(&self, node: &str, pending: &[usize], all: &[&ReplicaBatch]) {
+        let mut slots: Vec<(u32, u64)> = pending
+            .iter()
+            .map(|&i| (all[i].slot, all[i].mark.epoch))
+            .collect();
+        slots.sort_unstable();
+        slots.dedup();
+        for (slot, epoch) in slots {
+            match self.cluster.drop_backup(slot, epoch, node).await {
+                Ok(true) => tracing::warn!(slot, backup = %node,
+                    "backup unreachable or out of step for {DROP_AFTER:?}; the slot runs without one"),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(slot, backup = %node, error = %e, "cannot drop an unreachable backup")
+                }
+            }
+        }
+    }
+
+    /// One request with batches `idx`, their blobs filled in.
+    async fn send(
+        &self,
+        base: &str,
+        idx: &[usize],
+        all: &[&ReplicaBatch],
+        blobs: &mut BTreeMap<[u8; 32], Vec<u8>>,
+    ) -> anyhow::Result<Vec<String>> {
+        let mut out: Vec<ReplicaBatch> = Vec::with_capacity(idx.len());
+        for &i in idx {
+            let mut b = all[i].clone();
+            for sha in blob_shas(&b) {
+                let bytes = match blobs.entry(sha) {
+                    std::collections::btree_map::Entry::Occupied(e) => e.get().clone(),
+                    std::collections::btree_map::Entry::Vacant(e) => {
+                        let storage = self.storage.clone();
+                        let read = move || storage.blobs().read(&sha);
+                        e.insert(tokio::task::spawn_blocking(read).await??).clone()
+                    }
+                };
+                b.blobs.push((sha, bytes));
+            }
+            out.push(b);
+        }
+        let body = postcard::to_allocvec(&out)?;
+        Ok(self.peers.replicate(base, body).await?)
+    }
+}
+
+fn lost(b: &ReplicaBatch) -> Fate {
+    Fate::Lost(format!(
+        "slot {} moved to another node before its backup had this commit",
+        b.slot
+    ))
+}
+
+/// Blobs the files of a batch name.
+fn blob_shas(b: &ReplicaBatch) -> Vec<[u8; 32]> {
+    let mut out = Vec::new();
+    for op in &b.ops {
+        if let ReplicaOp::Turn(t) = op {
+            for (_, f) in &t.files {
+                if let Some(f) = f
+                    && f.body == FileBody::Blob
+                {
+                    out.push(f.sha256);
+                }
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}

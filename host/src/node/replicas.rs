@@ -1,0 +1,58 @@
+//! The backup's side of replication: batches an owner shipped are applied
+//! here in order, each once, and only while this node is the slot's backup
+//! at the batch's epoch (see `cluster/replication.rs` for the owner's).
+
+use super::Node;
+use crate::storage::schema::ReplicaBatch;
+use crate::storage::{ReplicaApplied, WriteOp};
+
+impl Node {
+    /// Apply `batches` (in order) as the backup of their slots; an outcome
+    /// per batch. Their blobs are stored first.
+    pub async fn apply_replicas(
+        &self,
+        batches: Vec<ReplicaBatch>,
+    ) -> anyhow::Result<Vec<ReplicaApplied>> {
+        let Some(cluster) = self.cluster.clone() else {
+            anyhow::bail!("this node is not in a cluster");
+        };
+        // Blobs first: a file row is committed only with its blob on disk.
+        // The holds keep them from the collector until the rows commit.
+        let blobs: Vec<Vec<u8>> = batches
+            .iter()
+            .flat_map(|b| b.blobs.iter().map(|(_, bytes)| bytes.clone()))
+            .collect();
+        let storage = self.storage.clone();
+        let _holds = tokio::task::spawn_blocking(move || {
+            blobs
+                .iter()
+                .map(|b| storage.blobs().put(b))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .await??;
+        // Submitted together, so the writer applies them in order (and
+        // mostly in one transaction), then awaited.
+        let mut waiting = Vec::with_capacity(batches.len());
+        for mut batch in batches {
+            batch.blobs = Vec::new();
+            let (slot, epoch) = (batch.slot, batch.mark.epoch);
+            let c = cluster.clone();
+            let (done, rx) = tokio::sync::oneshot::channel();
+            self.storage.writer().submit(WriteOp::Replica {
+                batch,
+                accept: Box::new(move || c.accepts_replica(slot, epoch)),
+                done,
+            });
+            waiting.push(rx);
+        }
+        let mut out = Vec::with_capacity(waiting.len());
+        for rx in waiting {
+            let outcome = rx.await??;
+            if outcome == ReplicaApplied::Applied {
+                self.metrics.replica_batches.inc();
+            }
+            out.push(outcome);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,80 @@
+//! Following this node's slots in a cluster. When a failover makes it the
+//! owner of used slots (it was their backup), their actors start here:
+//! alarms are re-read and actors with queued messages are woken. When it
+//! loses slots (it was fenced and another node took over), their active
+//! actors leave (whatever they would commit is refused by the writer
+//! anyway). It also keeps the degraded-slots gauge current.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Node;
+use crate::alarms::scheduler::Notice;
+use crate::cluster::records::slot_of;
+
+impl Node {
+    pub(super) async fn follow_slots(self: Arc<Self>) {
+        let Some(cluster) = self.cluster.clone() else {
+            return;
+        };
+        let (slots, degraded) = cluster.owned_used();
+        self.metrics.degraded_slots.set(degraded as i64);
+        let mut owned: BTreeSet<u32> = slots.into_iter().collect();
+        loop {
+            let _ = tokio::time::timeout(Duration::from_secs(1), cluster.changed()).await;
+            let (slots, degraded) = cluster.owned_used();
+            self.metrics.degraded_slots.set(degraded as i64);
+            let now: BTreeSet<u32> = slots.into_iter().collect();
+            let gained: BTreeSet<u32> = now.difference(&owned).copied().collect();
+            let lost: BTreeSet<u32> = owned.difference(&now).copied().collect();
+            if !lost.is_empty() {
+                tracing::warn!(
+                    slots = lost.len(),
+                    "slots taken over by another node; their actors leave"
+                );
+                self.actors
+                    .registry()
+                    .hibernate_where(|k| lost.contains(&slot_of(k)));
+            }
+            if !gained.is_empty() {
+                self.take_over(&gained);
+            }
+            owned = now;
+        }
+    }
+
+    /// Start the actors of `slots`, which this node now owns with their
+    /// data: their alarms, and their queued messages.
+    fn take_over(&self, slots: &BTreeSet<u32>) {
+        self.actors.scheduler.notify(Notice::Reload);
+        let woken = match self.storage.reader().and_then(|r| {
+            let (nums, _) = r.inbox_actors()?;
+            let mut keys = Vec::new();
+            for num in nums {
+                if let Some(k) = r.actor_key(num)?
+                    && slots.contains(&slot_of(&k))
+                {
+                    keys.push(k);
+                }
+            }
+            Ok(keys)
+        }) {
+            Ok(keys) => {
+                for k in &keys {
+                    self.actors.poke(k);
+                }
+                keys.len()
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the inboxes of slots taken over");
+                0
+            }
+        };
+        tracing::info!(
+            slots = slots.len(),
+            actors_with_messages = woken,
+            "took over slots"
+        );
+    }
+}
