@@ -333,6 +333,35 @@ impl Api {
         .await
     }
 
+    /// [`Self::post_with`], `None` when the request or its answer was cut
+    /// off (a node killed meanwhile).
+    pub async fn try_post_with(
+        &self,
+        path: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> Option<Resp> {
+        let mut r = self
+            .http
+            .post(format!("{}{path}", self.url))
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(body).unwrap());
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        let resp = r.send().await.ok()?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = resp.bytes().await.ok()?.to_vec();
+        let json = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        Some(Resp {
+            status,
+            headers,
+            body,
+            json,
+        })
+    }
+
     pub async fn delete(&self, path: &str) -> Resp {
         self.req(reqwest::Method::DELETE, path, None, &[]).await
     }

@@ -26,6 +26,11 @@ use crate::metrics::Metrics;
 use crate::storage::schema::{FileBody, ReplicaBatch, ReplicaOp};
 use crate::storage::{Placement, Release, Replication, Storage};
 
+/// Fault injection for tests: delay every shipping round by this many
+/// milliseconds (a slow link to the backups), so that a test can kill an
+/// owner while its commits are on their way.
+pub const FAULT_DELAY_ENV: &str = "MARMOT_FAULT_REPLICATION_DELAY_MS";
+
 /// How long a live backup may fail before the owner drops it.
 pub const DROP_AFTER: Duration = Duration::from_secs(3);
 
@@ -52,11 +57,19 @@ impl Replicator {
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
+        let delay = std::env::var(FAULT_DELAY_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_millis);
+        if let Some(d) = delay {
+            tracing::warn!(delay = ?d, "fault injection enabled ({FAULT_DELAY_ENV}); never use this in production");
+        }
         let sender = Sender {
             cluster: cluster.clone(),
             peers,
             storage,
             metrics,
+            delay,
         };
         tokio::spawn(sender.run(rx));
         Arc::new(Self { cluster, tx })
@@ -80,6 +93,8 @@ struct Sender {
     peers: Peers,
     storage: Arc<Storage>,
     metrics: Arc<Metrics>,
+    /// Injected before each round ([`FAULT_DELAY_ENV`]).
+    delay: Option<Duration>,
 }
 
 /// What became of one batch.
@@ -105,6 +120,9 @@ impl Sender {
             let (batches, releases): (Vec<Vec<ReplicaBatch>>, Vec<Release>) =
                 round.into_iter().map(|s| (s.batches, s.release)).unzip();
             let started = Instant::now();
+            if let Some(d) = self.delay {
+                tokio::time::sleep(d).await;
+            }
             let fates = self.ship_round(&batches).await;
             if batches.iter().any(|b| !b.is_empty()) {
                 self.metrics
