@@ -106,11 +106,12 @@ const MASTER_KEY: (&str, &str) = (
 
 impl Cluster {
     async fn start() -> Option<Self> {
-        Self::start_with(&[]).await
+        Self::start_with(&[], "").await
     }
 
-    /// Start with extra environment variables for every node.
-    async fn start_with(env: &[(&str, &str)]) -> Option<Self> {
+    /// Start with extra environment variables and `[cluster]` settings for
+    /// every node.
+    async fn start_with(env: &[(&str, &str)], cluster: &str) -> Option<Self> {
         let dir = tempdir();
         let etcd = Etcd::start(dir.path())?;
         let mut nodes = Vec::new();
@@ -118,7 +119,7 @@ impl Cluster {
             let port = free_port();
             let config = format!(
                 "[cluster]\nnode_id = \"{id}\"\nregion = \"{region}\"\n\
-                 advertise = \"http://127.0.0.1:{port}\"\netcd = [\"{}\"]\nlease_ttl_s = 2\n",
+                 advertise = \"http://127.0.0.1:{port}\"\netcd = [\"{}\"]\nlease_ttl_s = 2\n{cluster}\n",
                 etcd.url
             );
             nodes.push(Marmot::spawn_on(
@@ -724,7 +725,7 @@ async fn when_etcd_dies_every_node_stops_serving_and_resumes_when_it_returns() {
 #[tokio::test]
 async fn kill_9_of_an_owner_under_load_loses_no_acknowledged_write() {
     use std::sync::{Arc, Mutex};
-    let Some(mut c) = Cluster::start_with(&[("MARMOT_FAULT_REPLICATION_DELAY_MS", "30")]).await
+    let Some(mut c) = Cluster::start_with(&[("MARMOT_FAULT_REPLICATION_DELAY_MS", "30")], "").await
     else {
         return;
     };
@@ -833,4 +834,62 @@ async fn kill_9_of_an_owner_under_load_loses_no_acknowledged_write() {
             "{actor}: a write applied twice: {seen:?}"
         );
     }
+}
+
+/// A used slot whose backup died runs without one: flagged in `/readyz`
+/// and `GET /v1/cluster`; with `without_backup = "refuse"` its writes are
+/// refused (reads go on) instead of being durable on one disk.
+#[tokio::test]
+async fn a_slot_without_a_backup_refuses_writes_when_told_to() {
+    let Some(mut c) = Cluster::start_with(&[], "without_backup = \"refuse\"").await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let r = c.api(0).add("kit", "carol", 3).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let info = c.api(0).get("/v1/actors/kit/carol").await.json;
+    let index = |n: &str| NODES.iter().position(|(id, _)| *id == n).unwrap();
+    let o = index(info["node"].as_str().unwrap());
+    let b = index(info["backup"].as_str().expect("a backup"));
+    c.nodes[b].kill9();
+    // Once the backup's lease is gone and the grace is over, the
+    // controller drops it from the slot.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info = c.api(o).get("/v1/actors/kit/carol").await.json;
+        if info["backup"].is_null() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the dead backup stayed: {info}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = c.api(o).add("kit", "carol", 1).await;
+    assert!(
+        r.status >= 500,
+        "a write without a backup went through: {} {}",
+        r.status,
+        r.json
+    );
+    // A turn that writes nothing commits nothing: answered.
+    let r = c
+        .api(o)
+        .op("kit", "carol", json!({"op": "get", "key": "n"}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["value"], 3, "{}", r.json);
+    let state = c.api(o).get("/v1/actors/kit/carol/state/n").await;
+    assert_eq!(state.status, 200, "reads go on: {}", state.json);
+    assert_eq!(state.json, json!(3), "{}", state.json);
+    let ready = c.api(o).get("/readyz").await;
+    assert_eq!(ready.status, 200);
+    assert!(
+        ready.json["degraded_slots"].as_u64().unwrap_or(0) >= 1,
+        "{}",
+        ready.json
+    );
+    let status = c.api(o).get("/v1/cluster").await.json;
+    assert!(
+        status["slots_degraded"].as_u64().unwrap_or(0) >= 1,
+        "{status}"
+    );
 }

@@ -52,7 +52,16 @@ pub(super) async fn readyz(State(s): State<AppState>) -> Response {
         err.retry_after = Some(1);
         return err.into_response();
     }
-    axum::Json(serde_json::json!({ "status": "ready" })).into_response()
+    match s.node.cluster().map(|c| c.owned_used().1) {
+        // Ready, but flagged: used slots of this node have no backup.
+        Some(degraded) if degraded > 0 => axum::Json(serde_json::json!({
+            "status": "ready",
+            "degraded_slots": degraded,
+            "message": "some slots this node owns have no backup: their commits are durable on this node's disk alone (or refused, with cluster.without_backup = \"refuse\")",
+        }))
+        .into_response(),
+        _ => axum::Json(serde_json::json!({ "status": "ready" })).into_response(),
+    }
 }
 
 pub(super) async fn metrics(State(s): State<AppState>) -> Response {

@@ -7,12 +7,17 @@
 //! goes to:
 //!
 //! * `alone`: the node without a cluster;
-//! * `owner`: node 1, for actors node 1 owns (routing adds a slot lookup);
+//! * `no-backup`: a node that is a cluster of its own (routing, fencing,
+//!   the writer's placement check; no backup to wait for);
+//! * `owner`: node 1, for actors node 1 owns, with node 2 as their backup
+//!   (every commit makes a round trip to it before its reply is released);
 //! * `forwarded`: node 1, for actors node 2 owns (one extra HTTP hop on
 //!   loopback, plus the body buffered for a possible retry).
 //!
-//! It prints turns/s, p50/p99 and the ratios. Failover time needs backups
-//! (not built yet) and is not measured.
+//! It prints turns/s, p50/p99 and the ratios; then kills node 2 (`kill
+//! -9`) `--failovers` times (restarting it in between) and prints how long
+//! its actors took to answer again through node 1 — lease TTL 5 s (the
+//! default) plus the controller's 2 s grace, by design.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -71,7 +76,16 @@ pub(super) async fn cluster(args: &BenchArgs) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let etcd = Etcd::start(dir.path())?;
     let alone = ServerProc::start(&dir.path().join("alone"), "").await?;
+    let solo = {
+        let port = free_port()?;
+        let config = format!(
+            "[cluster]\nnode_id = \"solo\"\nadvertise = \"http://127.0.0.1:{port}\"\netcd = [\"{}\"]\netcd_prefix = \"/solo\"\n",
+            etcd.url
+        );
+        ServerProc::start_on(port, &dir.path().join("solo"), &config, &[], None).await?
+    };
     let mut nodes = Vec::new();
+    let mut configs = Vec::new();
     for id in ["n1", "n2"] {
         let port = free_port()?;
         let config = format!(
@@ -79,11 +93,14 @@ pub(super) async fn cluster(args: &BenchArgs) -> anyhow::Result<()> {
             etcd.url
         );
         nodes.push(ServerProc::start_on(port, &dir.path().join(id), &config, &[], None).await?);
+        configs.push((port, config));
     }
-    wait_for_slots(nodes[0].addr).await?;
+    wait_for_slots(nodes[0].addr, 2, 100).await?;
+    wait_for_slots(solo.addr, 1, 100).await?;
     // A deploy on node 1 reaches node 2.
     nodes[0].deploy_counter(serde_json::json!({})).await?;
     alone.deploy_counter(serde_json::json!({})).await?;
+    solo.deploy_counter(serde_json::json!({})).await?;
 
     // Create the actors through node 1 and sort them by owner.
     let mut owned: [Vec<String>; 2] = [Vec::new(), Vec::new()];
@@ -102,17 +119,20 @@ pub(super) async fn cluster(args: &BenchArgs) -> anyhow::Result<()> {
             break;
         }
     }
-    let mut c = Conn::connect(alone.addr).await?;
-    for p in &owned[0] {
-        c.post(p, br#"{"by":1}"#).await?;
+    for addr in [alone.addr, solo.addr] {
+        let mut c = Conn::connect(addr).await?;
+        for p in &owned[0] {
+            c.post(p, br#"{"by":1}"#).await?;
+        }
     }
     println!(
         "cluster: 2 nodes on one etcd, {actors} actors per side, {conns} connections, {}s × {} rounds",
         args.duration, args.rounds
     );
 
-    let sides: [(&str, SocketAddr, &Vec<String>); 3] = [
+    let sides: [(&str, SocketAddr, &Vec<String>); 4] = [
         ("alone", alone.addr, &owned[0]),
+        ("no-backup", solo.addr, &owned[0]),
         ("owner", nodes[0].addr, &owned[0]),
         ("forwarded", nodes[0].addr, &owned[1]),
     ];
@@ -137,13 +157,20 @@ pub(super) async fn cluster(args: &BenchArgs) -> anyhow::Result<()> {
             .expect("at least one round")
     };
     let (alone_r, alone_l) = best(0);
-    let (owner_r, owner_l) = best(1);
-    let (fwd_r, fwd_l) = best(2);
+    let (solo_r, solo_l) = best(1);
+    let (owner_r, owner_l) = best(2);
+    let (fwd_r, fwd_l) = best(3);
     println!("  best of {} rounds:", args.rounds);
     println!(
-        "  owner / alone      {:.2}×  (p50 {:+.3} ms)",
-        owner_r / alone_r,
-        ms(owner_l.p50) - ms(alone_l.p50)
+        "  no-backup / alone  {:.2}×  (p50 {:+.3} ms: routing and fencing)",
+        solo_r / alone_r,
+        ms(solo_l.p50) - ms(alone_l.p50)
+    );
+    println!(
+        "  owner / no-backup  {:.2}×  (p50 {:+.3} ms, p99 {:+.3} ms: the synchronous backup)",
+        owner_r / solo_r,
+        ms(owner_l.p50) - ms(solo_l.p50),
+        ms(owner_l.p99) - ms(solo_l.p99)
     );
     println!(
         "  forwarded / owner  {:.2}×  (p50 {:+.3} ms, p99 {:+.3} ms: the extra hop)",
@@ -151,30 +178,102 @@ pub(super) async fn cluster(args: &BenchArgs) -> anyhow::Result<()> {
         ms(fwd_l.p50) - ms(owner_l.p50),
         ms(fwd_l.p99) - ms(owner_l.p99)
     );
-    println!(
-        "  failover time: not measured (no backups yet: a dead owner's used slots wait for it)"
-    );
-    drop(nodes);
+    drop(solo);
     drop(alone);
+
+    // Failovers: kill -9 node 2 and time until one of its actors answers
+    // through node 1 (served by node 1, its backup). Node 2 comes back
+    // (as an empty-handed member) before the next one; each round uses
+    // an actor it owns then, with node 1 as the backup.
+    let mut times = Vec::new();
+    for round in 0..args.failovers {
+        // (After a failover the used slots stay with node 1: node 2 gets
+        // unused ones back.)
+        wait_for_slots(nodes[0].addr, 2, 1).await?;
+        let Some(victim) = actor_owned_by(nodes[0].addr, "n2", round).await? else {
+            anyhow::bail!("no actor with n2 as owner and n1 as backup");
+        };
+        nodes[1].kill9();
+        let killed = Instant::now();
+        let deadline = killed + Duration::from_secs(60);
+        loop {
+            let mut c = Conn::connect(nodes[0].addr).await?;
+            let (status, _) = c
+                .request("POST", &victim, "application/json", br#"{"by":1}"#)
+                .await?;
+            if status == 200 {
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "no failover within 60 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let t = killed.elapsed();
+        println!(
+            "  failover {}: served again {:.2} s after kill -9",
+            round + 1,
+            t.as_secs_f64()
+        );
+        times.push(t);
+        let (port, config) = &configs[1];
+        nodes[1] = ServerProc::start_on(*port, &dir.path().join("n2"), config, &[], None).await?;
+    }
+    if !times.is_empty() {
+        let p = Percentiles::of(&mut times);
+        println!(
+            "  failover time over {} kills: p50 {:.2} s, p99 {:.2} s (lease TTL 5 s + 2 s grace)",
+            times.len(),
+            p.p50.as_secs_f64(),
+            p.p99.as_secs_f64()
+        );
+    }
+    drop(nodes);
     drop(etcd);
     Ok(())
+}
+
+/// An actor (a fresh one per `round`) owned by `owner` with a backup, as
+/// `node` routes it: created through `node` until one lands there.
+async fn actor_owned_by(
+    node: SocketAddr,
+    owner: &str,
+    round: usize,
+) -> anyhow::Result<Option<String>> {
+    let mut c = Conn::connect(node).await?;
+    for i in 0..200 {
+        let path = format!("/v1/actors/counter/failover-{round}-{i}");
+        let (status, _) = c
+            .request("POST", &path, "application/json", br#"{"by":1}"#)
+            .await?;
+        if status != 200 {
+            continue;
+        }
+        let (_, info) = c.get(&path).await?;
+        let info: serde_json::Value = serde_json::from_slice(&info)?;
+        if info["node"] == owner && !info["backup"].is_null() {
+            return Ok(Some(path));
+        }
+    }
+    Ok(None)
 }
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// Wait until node `addr` sees every slot assigned and both nodes holding
-/// some.
-async fn wait_for_slots(addr: SocketAddr) -> anyhow::Result<()> {
+/// Wait until node `addr` sees every slot assigned and `members` live
+/// nodes holding more than `min` each.
+async fn wait_for_slots(addr: SocketAddr, members: usize, min: u64) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let mut c = Conn::connect(addr).await?;
         let (_, body) = c.get("/v1/cluster").await?;
         let v: serde_json::Value = serde_json::from_slice(&body)?;
-        let both = v["members"]
-            .as_array()
-            .is_some_and(|m| m.len() == 2 && m.iter().all(|m| m["slots"].as_u64() > Some(100)));
+        let both = v["members"].as_array().is_some_and(|m| {
+            m.iter()
+                .filter(|m| m["alive"] == true && m["slots"].as_u64() > Some(min))
+                .count()
+                == members
+        });
         if v["slots_assigned"] == 1024 && both {
             return Ok(());
         }

@@ -63,6 +63,9 @@ pub struct BenchArgs {
     /// torture: `kill -9` cycles.
     #[arg(long, default_value_t = 1000)]
     pub cycles: usize,
+    /// cluster: `kill -9` failovers timed after the load.
+    #[arg(long, default_value_t = 3)]
+    pub failovers: usize,
 }
 
 /// The scenarios.

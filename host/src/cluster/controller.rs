@@ -209,7 +209,7 @@ async fn assign(inner: &Inner, gone_since: &mut HashMap<String, Instant>) -> any
             applied += chunk.len();
             for w in chunk.iter().filter(|w| w.failover) {
                 failovers += 1;
-                tracing::warn!(slot = w.slot, to = %w.record.owner, epoch = w.record.epoch,
+                tracing::debug!(slot = w.slot, to = %w.record.owner, epoch = w.record.epoch,
                     "failover: the slot's owner is gone; its backup takes over");
             }
         } else {
@@ -217,6 +217,12 @@ async fn assign(inner: &Inner, gone_since: &mut HashMap<String, Instant>) -> any
             // the watch brings it, the next round decides again.
             break;
         }
+    }
+    if failovers > 0 {
+        tracing::warn!(
+            slots = failovers,
+            "failover: owners gone past their lease; their backups took over their used slots"
+        );
     }
     if applied > 0 {
         tracing::info!(slots = applied, failovers, "assigned slots");

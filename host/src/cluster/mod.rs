@@ -30,7 +30,7 @@ use anyhow::Context as _;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
 use tokio::sync::Notify;
 
-use crate::config::ClusterConfig;
+use crate::config::{ClusterConfig, WithoutBackup};
 use crate::ids::ActorKey;
 pub use peer::{CALL_CHAIN, PeerError, Peers, Target, client as peer_client, decode_chain};
 use records::{Keys, LAYOUT_VERSION, MemberRecord, MetaRecord, SLOTS, SlotRecord, slot_of};
@@ -281,6 +281,9 @@ impl Cluster {
                 slot,
                 epoch: r.epoch,
             },
+            r if r.used && self.inner.config.without_backup == WithoutBackup::Refuse => {
+                Placement::NoBackup
+            }
             _ => Placement::Here,
         }
     }

@@ -352,6 +352,23 @@ pub struct ClusterConfig {
     /// The cluster's key prefix in etcd (several clusters may share one).
     #[serde(default = "default_etcd_prefix")]
     pub etcd_prefix: String,
+    /// What a used slot without a backup (it died, or could not be
+    /// reached) does with writes.
+    #[serde(default)]
+    pub without_backup: WithoutBackup,
+}
+
+/// The policy of a slot that has no backup (degraded).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WithoutBackup {
+    /// Keep serving, durable on the owner's disk alone (flagged in
+    /// `/readyz`, metrics and `GET /v1/cluster`).
+    #[default]
+    Local,
+    /// Refuse writes (503 `no_backup`) until the slot has a backup again;
+    /// reads go on.
+    Refuse,
 }
 
 fn default_region() -> String {

@@ -38,12 +38,19 @@ impl WriterState {
                 }
             }
         }
-        if let Some(key) = op.actor()
-            && self.placement(key) == Placement::Elsewhere
-        {
-            // Not this node's actor (any more): refused, the batch goes on.
-            let key = key.to_string();
-            return (Applied::refuse(op, &key), Ok(()));
+        if let Some(key) = op.actor() {
+            let why = match self.placement(key) {
+                Placement::Elsewhere => Some("belongs to another node now"),
+                Placement::NoBackup => {
+                    Some("has no backup, and the cluster refuses writes without one")
+                }
+                _ => None,
+            };
+            if let Some(why) = why {
+                // Refused; the rest of the batch goes on.
+                let what = format!("actor {key} {why}");
+                return (Applied::refuse(op, &what), Ok(()));
+            }
         }
         match op {
             WriteOp::Turn(t) => self.apply_turn(tables, *t, created),

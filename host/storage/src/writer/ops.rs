@@ -274,13 +274,10 @@ pub(super) fn fail_op(op: WriteOp, why: CommitFailed) {
 }
 
 impl Applied {
-    /// The completion of an op refused because another node owns `actor`.
-    pub(super) fn refuse(op: WriteOp, actor: &str) -> Applied {
-        let why = || {
-            StorageError::Unavailable(format!(
-                "actor {actor} belongs to another node now; its write here was refused"
-            ))
-        };
+    /// The completion of an op refused here (`why`: another node owns its
+    /// actor, or its slot has no backup).
+    pub(super) fn refuse(op: WriteOp, why: &str) -> Applied {
+        let why = || StorageError::Unavailable(format!("{why}; the write was refused"));
         match op {
             WriteOp::Turn(t) => {
                 t.tracker.mark_failed(t.generation);

@@ -60,6 +60,9 @@ pub enum Placement {
     /// refused (the fence is in storage, like Durable Objects': a stale
     /// instance stops at its next write).
     Elsewhere,
+    /// This node owns the slot, but it has no backup and the cluster's
+    /// policy refuses writes without one.
+    NoBackup,
 }
 
 /// Releases (`Ok`) or fails a shipped batch's operations.
