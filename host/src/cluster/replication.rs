@@ -178,12 +178,15 @@ impl Sender {
         let mut blobs_cache: BTreeMap<[u8; 32], Vec<u8>> = BTreeMap::new();
         loop {
             // Re-resolve: the slot may have lost its backup or its owner.
+            // (`url`: the backup's, while it is a live member.)
             let mut url = None;
             pending.retain(|&i| {
                 let b = all[i];
                 match self.cluster.shipping(b.slot, b.mark.epoch) {
                     Shipping::To { node_id, advertise } if node_id == node => {
-                        url = url.take().or(advertise);
+                        if url.is_none() {
+                            url = advertise;
+                        }
                         true
                     }
                     Shipping::Lost => {
