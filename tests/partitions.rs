@@ -380,6 +380,76 @@ async fn an_owner_cut_off_from_etcd_fences_itself_and_serves_again_after_the_hea
     assert_eq!(r.json["value"], 2, "a refused write was applied");
 }
 
+/// An owner that cannot reach its slot's backup (both still reach etcd):
+/// its commits wait for the backup, then the owner drops it from the slot
+/// (3 s) and releases them — durable on its own disk, the slot flagged
+/// degraded. The backup is not promoted (the owner is alive), and after
+/// the heal every node serves the one state.
+#[tokio::test]
+async fn an_owner_cut_off_from_its_backup_drops_it_and_goes_on() {
+    let Some(rig) = Rig::start(1, 2) else {
+        return;
+    };
+    rig.wait_formed().await;
+    assert_eq!(
+        rig.api(1).deploy("kit", TESTKIT, json!({})).await.status,
+        201
+    );
+    let r = rig.api(1).add("kit", "dave", 1).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let info = rig.api(1).get("/v1/actors/kit/dave").await.json;
+    let o = owner_of(&info);
+    let b: usize = info["backup"].as_str().expect("a backup")[1..]
+        .parse()
+        .unwrap();
+    let epoch = info["epoch"].as_u64().unwrap();
+
+    rig.net.cut(o, b);
+    rig.net.cut(b, o);
+    let started = Instant::now();
+    let r = rig.api(o).add("kit", "dave", 1).await;
+    let waited = started.elapsed();
+    assert_eq!(r.status, 200, "{}\n{}", r.json, rig.log(&format!("n{o}")));
+    assert_eq!(r.json["value"], 2);
+    assert!(
+        waited >= Duration::from_secs(2),
+        "released before the backup was dropped ({waited:?})"
+    );
+    let info = rig.api(o).get("/v1/actors/kit/dave").await.json;
+    assert!(info["backup"].is_null(), "{info}");
+    assert_eq!(
+        owner_of(&info),
+        o,
+        "the backup took over a live owner: {info}"
+    );
+    assert_eq!(info["epoch"].as_u64().unwrap(), epoch, "{info}");
+    let ready = rig.api(o).get("/readyz").await;
+    assert!(
+        ready.json["degraded_slots"].as_u64().unwrap_or(0) >= 1,
+        "{}",
+        ready.json
+    );
+    // Without a backup to wait for, writes go on at once.
+    let started = Instant::now();
+    let r = rig.api(o).add("kit", "dave", 1).await;
+    assert_eq!(r.json["value"], 3, "{}", r.json);
+    assert!(started.elapsed() < Duration::from_secs(1));
+
+    rig.net.heal(o, b);
+    rig.net.heal(b, o);
+    let mut want = 3;
+    for n in 1..=3 {
+        want += 1;
+        let r = rig
+            .until_ok(Duration::from_secs(20), async || {
+                rig.api(n).add("kit", "dave", 1).await
+            })
+            .await;
+        assert_eq!(r.status, 200, "node {n}: {}", r.json);
+        assert_eq!(r.json["value"], want, "node {n}");
+    }
+}
+
 #[tokio::test]
 async fn killing_the_etcd_leader_under_load_loses_no_acknowledged_write() {
     let Some(mut rig) = Rig::start(3, 5) else {
