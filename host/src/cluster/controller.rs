@@ -13,8 +13,12 @@
 //!   owner released (the output gate waits for it), and it refuses writes
 //!   of the old epoch from then on;
 //! * a used slot whose backup is gone loses it (degraded): the owner
-//!   releases its output on its own disk alone until a new backup could
-//!   catch up from a snapshot (not built yet).
+//!   releases its output on its own disk alone until a new backup caught
+//!   up;
+//! * a used slot without a backup gets a *joining* node (the runner-up):
+//!   its owner ships it a snapshot of the slot and then every write, and
+//!   names it the backup once it has the snapshot. A joining node that
+//!   dies is dropped.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -115,6 +119,7 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
                     epoch: 1,
                     used: false,
                     backup: second,
+                    joining: None,
                 },
                 failover: false,
             });
@@ -129,6 +134,7 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
                     epoch: r.epoch + 1,
                     used: false,
                     backup: second,
+                    joining: None,
                 })
             } else if r.owner == best && r.backup != second {
                 // Unused: nothing to copy, the backup follows the members.
@@ -146,13 +152,28 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
                     epoch: r.epoch + 1,
                     used: true,
                     backup: None,
+                    joining: None,
                 }),
                 _ => None,
             }
         } else {
-            match &r.backup {
-                Some(b) if !is_live(b) && gone(b) => Some(SlotRecord {
+            // The runner-up among the live members other than the owner.
+            let candidate = ranked
+                .iter()
+                .find(|n| **n != r.owner)
+                .map(|n| (*n).to_owned());
+            match (&r.backup, &r.joining) {
+                (Some(b), _) if !is_live(b) && gone(b) => Some(SlotRecord {
                     backup: None,
+                    ..r.clone()
+                }),
+                (Some(_), _) => None,
+                (None, Some(j)) if !is_live(j) && gone(j) => Some(SlotRecord {
+                    joining: None,
+                    ..r.clone()
+                }),
+                (None, None) if candidate.is_some() => Some(SlotRecord {
+                    joining: candidate,
                     ..r.clone()
                 }),
                 _ => None,
@@ -272,6 +293,7 @@ mod tests {
             epoch,
             used,
             backup: backup.map(Into::into),
+            joining: None,
         }
     }
 
@@ -305,8 +327,19 @@ mod tests {
         let w = for_3(decide(&v, &mut |_| true)).expect("backup dropped");
         assert_eq!(w.record, slot("a", None, true, 4));
         assert!(!w.failover);
-        // A used slot never moves to a node without its data.
+        // A used slot never moves to a node without its data: a slot
+        // without a backup gets a joining node, which is not promoted.
         let v = view(&["a", "b", "c"], &[(3, slot("a", None, true, 4))]);
-        assert_eq!(for_3(decide(&v, &mut |_| true)), None);
+        let w = for_3(decide(&v, &mut |_| true)).expect("a joining node");
+        assert_eq!(w.record.owner, "a");
+        assert!(w.record.backup.is_none());
+        let joining = w.record.joining.clone().expect("joining");
+        assert_ne!(joining, "a");
+        let v = view(&["b", "c"], &[(3, w.record.clone())]);
+        assert_eq!(
+            for_3(decide(&v, &mut |_| true)),
+            None,
+            "a joining node took over"
+        );
     }
 }

@@ -281,6 +281,11 @@ impl Cluster {
                 slot,
                 epoch: r.epoch,
             },
+            r if r.joining.is_some() => Placement::Joining {
+                slot,
+                epoch: r.epoch,
+                session: e.mod_revision,
+            },
             r if r.used && self.inner.config.without_backup == WithoutBackup::Refuse => {
                 Placement::NoBackup
             }
@@ -300,7 +305,7 @@ impl Cluster {
         if r.owner != self.inner.config.node_id || r.epoch != epoch {
             return Shipping::Lost;
         }
-        match &r.backup {
+        match r.backup.as_ref().or(r.joining.as_ref()) {
             None => Shipping::NoBackup,
             Some(b) => Shipping::To {
                 node_id: b.clone(),
@@ -320,29 +325,63 @@ impl Cluster {
             .get(slot as usize)
             .and_then(Option::as_ref)
             .is_some_and(|e| {
-                e.record.backup.as_deref() == Some(self.inner.config.node_id.as_str())
+                let me = Some(self.inner.config.node_id.as_str());
+                (e.record.backup.as_deref() == me || e.record.joining.as_deref() == me)
                     && e.record.epoch == epoch
             })
     }
 
-    /// Drop `backup` from `slot` (owned here at `epoch`) because this node
-    /// cannot reach it: the slot runs without a backup from then on.
-    /// Compare-and-swap like every slot write; `false` if the slot changed.
-    pub async fn drop_backup(&self, slot: u32, epoch: u64, backup: &str) -> anyhow::Result<bool> {
+    /// Slots this node owns whose joining node needs a snapshot:
+    /// (slot, epoch, session).
+    pub fn joining_slots(&self) -> Vec<(u32, u64, i64)> {
+        let v = self.inner.view();
+        let me = &self.inner.config.node_id;
+        v.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| {
+                let e = e.as_ref()?;
+                let r = &e.record;
+                (&r.owner == me && r.backup.is_none() && r.joining.is_some()).then_some((
+                    i as u32,
+                    r.epoch,
+                    e.mod_revision,
+                ))
+            })
+            .collect()
+    }
+
+    /// `node`, catching up as `slot`'s joining node, has its snapshot:
+    /// name it the backup (compare-and-swap; `false` if the slot changed).
+    pub async fn joined(&self, slot: u32, epoch: u64, node: &str) -> anyhow::Result<bool> {
+        self.rewrite_slot(slot, epoch, |r| {
+            (r.backup.is_none() && r.joining.as_deref() == Some(node)).then(|| SlotRecord {
+                backup: Some(node.to_owned()),
+                joining: None,
+                ..r.clone()
+            })
+        })
+        .await
+    }
+
+    /// Write `slot` (owned here at `epoch`) as `change` says, by
+    /// compare-and-swap; `false` if it changed meanwhile or `change` has
+    /// nothing to do.
+    async fn rewrite_slot(
+        &self,
+        slot: u32,
+        epoch: u64,
+        change: impl Fn(&SlotRecord) -> Option<SlotRecord>,
+    ) -> anyhow::Result<bool> {
         let inner = &self.inner;
         let entry = inner.view().slots[slot as usize].clone();
-        let Some(entry) = entry.filter(|e| {
-            e.record.owner == inner.config.node_id
-                && e.record.epoch == epoch
-                && e.record.backup.as_deref() == Some(backup)
-        }) else {
+        let Some((entry, record)) = entry
+            .filter(|e| e.record.owner == inner.config.node_id && e.record.epoch == epoch)
+            .and_then(|e| change(&e.record).map(|r| (e, r)))
+        else {
             return Ok(false);
         };
         let key = inner.keys.slot(slot);
-        let record = SlotRecord {
-            backup: None,
-            ..entry.record
-        };
         let txn = Txn::new()
             .when([Compare::mod_revision(
                 key.clone(),
@@ -353,6 +392,28 @@ impl Cluster {
         let resp = within(ETCD_CALL, inner.client.clone().txn(txn)).await?;
         inner.relist().await?;
         Ok(resp.succeeded())
+    }
+
+    /// Drop `backup` from `slot` (owned here at `epoch`) because this node
+    /// cannot reach it: the slot runs without a backup from then on.
+    /// Compare-and-swap like every slot write; `false` if the slot changed.
+    pub async fn drop_backup(&self, slot: u32, epoch: u64, backup: &str) -> anyhow::Result<bool> {
+        self.rewrite_slot(slot, epoch, |r| {
+            if r.backup.as_deref() == Some(backup) {
+                Some(SlotRecord {
+                    backup: None,
+                    ..r.clone()
+                })
+            } else if r.joining.as_deref() == Some(backup) {
+                Some(SlotRecord {
+                    joining: None,
+                    ..r.clone()
+                })
+            } else {
+                None
+            }
+        })
+        .await
     }
 
     /// Slots this node owns and has used, and how many of them have no

@@ -124,6 +124,12 @@ pub struct SlotRecord {
     /// built yet). Absent in records of layout 1 written before backups.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<String>,
+    /// A node catching up to become the backup of a used slot that has
+    /// none: the owner ships it a snapshot of the slot, then every write;
+    /// once it has the snapshot the owner names it the backup. Never
+    /// promoted to owner before that.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub joining: Option<String>,
 }
 
 /// The slot of an actor: FNV-1a (64 bit) of `type \0 id`, modulo

@@ -81,6 +81,10 @@ impl Replication for Replicator {
         self.cluster.placement(key)
     }
 
+    fn slot_of(&self, key: &ActorKey) -> u32 {
+        super::records::slot_of(key)
+    }
+
     fn ship(&self, batches: Vec<ReplicaBatch>, release: Release) {
         if let Err(mpsc::error::SendError(s)) = self.tx.send(Shipment { batches, release }) {
             (s.release)(Err("the node is shutting down".into()));
@@ -211,6 +215,9 @@ impl Sender {
                         for (&i, o) in pending.iter().zip(&outcomes) {
                             if o == "applied" || o == "repeat" {
                                 out.push((i, Fate::Done));
+                                if all[i].snapshot {
+                                    self.joined(all[i], &node).await;
+                                }
                             } else {
                                 refused.push(i);
                             }
@@ -235,6 +242,17 @@ impl Sender {
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_millis(250));
+        }
+    }
+
+    /// `node` has the snapshot `b` of its slot: name it the backup.
+    async fn joined(&self, b: &ReplicaBatch, node: &str) {
+        match self.cluster.joined(b.slot, b.mark.epoch, node).await {
+            Ok(true) => tracing::info!(slot = b.slot, backup = %node, actors = b.ops.len(),
+                "a new backup caught up with the slot"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(slot = b.slot, backup = %node, error = %e,
+                "cannot name the caught-up backup; retrying with the next snapshot"),
         }
     }
 

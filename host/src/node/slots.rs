@@ -21,7 +21,9 @@ impl Node {
         let (slots, degraded) = cluster.owned_used();
         self.metrics.degraded_slots.set(degraded as i64);
         let mut owned: BTreeSet<u32> = slots.into_iter().collect();
+        let mut snapshots: BTreeSet<(u32, i64)> = BTreeSet::new();
         loop {
+            self.snapshot_for_joining(&cluster, &mut snapshots);
             let _ = tokio::time::timeout(Duration::from_secs(1), cluster.changed()).await;
             let (slots, degraded) = cluster.owned_used();
             self.metrics.degraded_slots.set(degraded as i64);
@@ -42,6 +44,39 @@ impl Node {
             }
             owned = now;
         }
+    }
+
+    /// Ship a snapshot of each slot this node owns that has a joining node
+    /// (once per catching-up, `asked`), so that the node becomes its backup.
+    fn snapshot_for_joining(
+        &self,
+        cluster: &crate::cluster::Cluster,
+        asked: &mut BTreeSet<(u32, i64)>,
+    ) {
+        let slots: Vec<(u32, u64, i64)> = cluster
+            .joining_slots()
+            .into_iter()
+            .filter(|(slot, _, session)| asked.insert((*slot, *session)))
+            .collect();
+        if slots.is_empty() {
+            return;
+        }
+        let n = slots.len();
+        let storage = self.storage.clone();
+        tokio::spawn(async move {
+            let taken = storage
+                .writer()
+                .call(|done| crate::storage::WriteOp::Snapshot { slots, done })
+                .await;
+            match taken {
+                Ok(actors) => {
+                    tracing::info!(slots = n, actors, "snapshots shipped to joining backups")
+                }
+                Err(e) => {
+                    tracing::warn!(slots = n, error = %e, "snapshot for joining backups failed")
+                }
+            }
+        });
     }
 
     /// Start the actors of `slots`, which this node now owns with their

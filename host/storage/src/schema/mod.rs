@@ -381,6 +381,10 @@ pub struct ReplicaBatch {
     pub ops: Vec<ReplicaOp>,
     /// Blobs the batch's files name: (SHA-256, bytes).
     pub blobs: Vec<([u8; 32], Vec<u8>)>,
+    /// The batch starts with a snapshot of the whole slot ([`ReplicaOp::
+    /// Install`] of every actor): the receiver first drops whatever it
+    /// holds of the slot, and the batch need not follow its last mark.
+    pub snapshot: bool,
 }
 
 /// One write to an actor's rows. Actors are named by type and id: each
@@ -434,6 +438,35 @@ pub enum ReplicaOp {
         /// Its id.
         actor_id: String,
     },
+    /// The actor with all its rows, as part of a snapshot of its slot.
+    Install(Box<ActorImage>),
+}
+
+/// All of an actor's rows, for a new backup of its slot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActorImage {
+    /// Its type.
+    pub actor_type: String,
+    /// Its id.
+    pub actor_id: String,
+    /// Its record (`num` is the sender's).
+    pub record: ActorRecord,
+    /// State.
+    pub state: Vec<(String, Vec<u8>)>,
+    /// Retained events.
+    pub events: Vec<(u64, EventRecord)>,
+    /// Idempotency records.
+    pub idempotency: Vec<(String, IdemRecord)>,
+    /// Queued messages, by inbox seq.
+    pub inbox: Vec<(u64, InboxRecord)>,
+    /// Alarms.
+    pub alarms: Vec<(String, AlarmRecord)>,
+    /// Input requests.
+    pub inputs: Vec<(String, InputRecord)>,
+    /// Files.
+    pub files: Vec<(String, FileRecord)>,
+    /// Model usage.
+    pub usage: Option<UsageRecord>,
 }
 
 /// A turn's writes (see the writer's `TurnCommit`), without what only the

@@ -215,6 +215,10 @@ impl WriterState {
                     other => other,
                 }
             }
+            WriteOp::Snapshot { slots, done: d } => {
+                let r = self.snapshot(tables, &slots);
+                done(d, r)
+            }
             WriteOp::RelayDone { seqs, done: d } => {
                 let r = seqs.iter().try_for_each(|seq| {
                     tables.relay.remove(*seq)?;

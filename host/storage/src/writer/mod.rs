@@ -124,6 +124,8 @@ impl Writer {
             timer: None,
             replication: replication.clone(),
             drafts: Default::default(),
+            joined: Default::default(),
+            joined_in_batch: Vec::new(),
             released: released.clone(),
         };
         std::thread::Builder::new()
@@ -251,6 +253,11 @@ struct WriterState {
     replication: Arc<OnceLock<Arc<dyn Replication>>>,
     /// The batch's writes to replicated slots.
     drafts: replica::Drafts,
+    /// Slots whose snapshot went to a node catching up to become their
+    /// backup: (slot, session).
+    joined: std::collections::HashSet<(u32, i64)>,
+    /// Those of the batch being applied (kept if it commits).
+    joined_in_batch: Vec<(u32, i64)>,
     released: Arc<Released>,
 }
 
@@ -436,6 +443,7 @@ impl WriterState {
         self.outbox_touched = false;
         self.relay_touched = false;
         self.drafts.clear();
+        self.joined_in_batch.clear();
         let mut shipments = Vec::new();
         self.subscriptions_touched = false;
         let mut created: i64 = 0;
@@ -509,6 +517,7 @@ impl WriterState {
         match error {
             None => {
                 self.disk_recovered();
+                self.joined.extend(self.joined_in_batch.drain(..));
                 self.metrics.commits.inc();
                 self.metrics.commit_batch_size.observe(n as f64);
                 self.metrics

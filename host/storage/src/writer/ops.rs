@@ -234,6 +234,17 @@ pub enum WriteOp {
         /// Completion.
         done: Reply<super::ReplicaApplied>,
     },
+    /// Ship a snapshot of `slot` (owned here at `epoch`) to the node
+    /// catching up to become its backup (`session`: see
+    /// [`super::Placement::Joining`]); from then on the slot's writes go
+    /// to it too.
+    Snapshot {
+        /// (slot, epoch, session) of each slot.
+        slots: Vec<(u32, u64, i64)>,
+        /// Completion (once the commit is released): actors in the
+        /// snapshot.
+        done: Reply<usize>,
+    },
     /// Forget relayed messages their recipients' owners have queued.
     RelayDone {
         /// Their relay seqs.
@@ -332,6 +343,7 @@ impl Applied {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }
             WriteOp::Replica { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
+            WriteOp::Snapshot { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
             WriteOp::RetryDelivery { done, .. } => {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }

@@ -34,6 +34,9 @@ pub trait Replication: Send + Sync {
     /// Where `key`'s rows are kept.
     fn placement(&self, key: &ActorKey) -> Placement;
 
+    /// The slot of `key`.
+    fn slot_of(&self, key: &ActorKey) -> u32;
+
     /// Ship a committed batch's writes (one [`ReplicaBatch`] per slot,
     /// possibly none) and call `release` once this batch may be released:
     /// after every batch shipped before it, and once each of its backups
@@ -63,6 +66,18 @@ pub enum Placement {
     /// This node owns the slot, but it has no backup and the cluster's
     /// policy refuses writes without one.
     NoBackup,
+    /// This node owns the slot, which has no backup yet but a node
+    /// catching up to become it: once the writer took the slot's snapshot
+    /// ([`super::WriteOp::Snapshot`]) writes go to that node like to a
+    /// backup, before that they are part of the snapshot.
+    Joining {
+        /// The actor's slot.
+        slot: u32,
+        /// Its epoch.
+        epoch: u64,
+        /// Which catching-up this is (a new one needs a new snapshot).
+        session: i64,
+    },
 }
 
 /// Releases (`Ok`) or fails a shipped batch's operations.
@@ -72,6 +87,8 @@ pub type Release = Box<dyn FnOnce(Result<(), String>) + Send>;
 pub(super) struct Draft {
     epoch: u64,
     ops: Vec<ReplicaOp>,
+    /// Starts with the slot's snapshot.
+    snapshot: bool,
 }
 
 /// The outcome of a replicated batch on a backup.
@@ -88,11 +105,26 @@ pub enum ReplicaApplied {
 }
 
 impl WriterState {
-    /// Where `key`'s rows are kept.
+    /// Where `key`'s rows are kept (a joining node counts as the backup
+    /// once the slot's snapshot is taken).
     pub(super) fn placement(&self, key: &ActorKey) -> Placement {
-        self.replication
-            .get()
-            .map_or(Placement::Here, |r| r.placement(key))
+        match self.replication.get().map(|r| r.placement(key)) {
+            None => Placement::Here,
+            Some(Placement::Joining {
+                slot,
+                epoch,
+                session,
+            }) => {
+                let taken = self.joined.contains(&(slot, session))
+                    || self.drafts.get(&slot).is_some_and(|d| d.snapshot);
+                if taken {
+                    Placement::Replicated { slot, epoch }
+                } else {
+                    Placement::Here
+                }
+            }
+            Some(p) => p,
+        }
     }
 
     /// Record `op` for the backup of `key`'s slot.
@@ -101,6 +133,7 @@ impl WriterState {
             let draft = self.drafts.entry(slot).or_insert_with(|| Draft {
                 epoch,
                 ops: Vec::new(),
+                snapshot: false,
             });
             draft.epoch = draft.epoch.max(epoch);
             draft.ops.push(op());
@@ -122,14 +155,57 @@ impl WriterState {
                 lsn: last.lsn + 1,
             };
             tables.replica_lsn.insert(slot, encode(&mark).as_slice())?;
+
             out.push(ReplicaBatch {
                 slot,
                 mark,
                 ops: d.ops,
                 blobs: Vec::new(),
+                snapshot: d.snapshot,
             });
         }
         Ok(out)
+    }
+
+    /// Take a snapshot of `slot` (owned here at `epoch`) for the node
+    /// catching up to become its backup: every actor of the slot with all
+    /// its rows, first in this batch's shipment of the slot. From here on
+    /// the slot's writes go to that node too. Returns the actors.
+    pub(super) fn snapshot(
+        &mut self,
+        tables: &mut Tables<'_>,
+        slots: &[(u32, u64, i64)],
+    ) -> Result<usize, StorageError> {
+        let Some(r) = self.replication.get().cloned() else {
+            return Ok(0);
+        };
+        // One pass over the actors for every slot asked.
+        let wanted: BTreeMap<u32, (u64, i64)> = slots
+            .iter()
+            .map(|&(s, e, session)| (s, (e, session)))
+            .collect();
+        let actors = tables.actors_where(|k| wanted.contains_key(&r.slot_of(k)))?;
+        let mut ops: BTreeMap<u32, Vec<ReplicaOp>> = BTreeMap::new();
+        for (key, record) in &actors {
+            let image = tables.actor_image(key, record.clone())?;
+            ops.entry(r.slot_of(key))
+                .or_default()
+                .push(ReplicaOp::Install(Box::new(image)));
+        }
+        for (&slot, &(epoch, session)) in &wanted {
+            // Writes of the slot already drafted in this batch are in the
+            // snapshot (it reads this transaction).
+            self.joined_in_batch.push((slot, session));
+            self.drafts.insert(
+                slot,
+                Draft {
+                    epoch,
+                    ops: ops.remove(&slot).unwrap_or_default(),
+                    snapshot: true,
+                },
+            );
+        }
+        Ok(actors.len())
     }
 
     /// Apply a batch shipped by the owner of its slot, if `accept` (still
@@ -142,10 +218,10 @@ impl WriterState {
         created: &mut i64,
     ) -> Result<ReplicaApplied, StorageError> {
         let last = read_mark(&tables.replica_lsn, batch.slot)?;
-        if batch.mark.lsn <= last.lsn {
+        if batch.mark <= last {
             return Ok(ReplicaApplied::Repeat);
         }
-        if batch.mark.lsn != last.lsn + 1 || batch.mark.epoch < last.epoch {
+        if !batch.snapshot && (batch.mark.lsn != last.lsn + 1 || batch.mark.epoch < last.epoch) {
             // A batch is missing (the owner committed one it never
             // shipped): this copy cannot follow without a snapshot.
             return Ok(ReplicaApplied::Gap);
@@ -155,6 +231,16 @@ impl WriterState {
         // applied before then is in what its actors load.
         if !accept() {
             return Ok(ReplicaApplied::Refused);
+        }
+        if batch.snapshot
+            && let Some(r) = self.replication.get().cloned()
+        {
+            // What this node held of the slot (an old copy) goes first.
+            for (key, _) in tables.actors_where(|k| r.slot_of(k) == batch.slot)? {
+                if tables.delete_actor(&key)? {
+                    *created -= 1;
+                }
+            }
         }
         for op in &batch.ops {
             self.apply_replica_op(tables, op, created)?;
@@ -260,6 +346,79 @@ impl WriterState {
                     *created -= 1;
                 }
             }
+            ReplicaOp::Install(image) => self.install(tables, image, created)?,
+        }
+        Ok(())
+    }
+
+    /// Write every row of an actor from a snapshot.
+    fn install(
+        &mut self,
+        tables: &mut Tables<'_>,
+        image: &ActorImage,
+        created: &mut i64,
+    ) -> Result<(), StorageError> {
+        let k = ActorKey::new(&image.actor_type, &image.actor_id)
+            .map_err(|e| StorageError::Unavailable(format!("a snapshot names no actor: {e}")))?;
+        let num = self
+            .get_or_create(tables, &k, image.record.version, created)?
+            .num;
+        let commit = TurnCommit {
+            key: k.clone(),
+            tracker: Arc::new(CommitTracker::default()),
+            generation: 0,
+            seq: 0,
+            num,
+            record: Some(ActorRecord {
+                num,
+                ..image.record.clone()
+            }),
+            state: image
+                .state
+                .iter()
+                .map(|(k, v)| (k.clone(), Some(v.clone().into())))
+                .collect(),
+            events: image.events.clone(),
+            trim_events_below: None,
+            idempotency: None,
+            inbox_done: None,
+            inbox_update: None,
+            alarms: image
+                .alarms
+                .iter()
+                .map(|(n, a)| (n.clone(), Some(a.clone())))
+                .collect(),
+            inputs: image
+                .inputs
+                .iter()
+                .map(|(n, i)| (n.clone(), Some(i.clone())))
+                .collect(),
+            sends: Vec::new(),
+            relay_sends: false,
+            files: image
+                .files
+                .iter()
+                .map(|(p, f)| (p.clone(), Some(f.clone())))
+                .collect(),
+            usage: image.usage,
+            traceparent: None,
+            on_durable: Box::new(|_| {}),
+        };
+        let mut ignored = 0;
+        tables.write_turn(&commit, &mut ignored)?;
+        for (key, rec) in &image.idempotency {
+            tables
+                .idempotency
+                .insert((num, key.as_str()), encode(rec).as_slice())?;
+            tables
+                .idem_expiry
+                .insert((rec.expires_at_ms, num, key.as_str()), ())?;
+        }
+        for (seq, message) in &image.inbox {
+            tables
+                .inbox
+                .insert((num, *seq), encode(message).as_slice())?;
+            self.next_inbox_seq = self.next_inbox_seq.max(seq + 1);
         }
         Ok(())
     }

@@ -301,6 +301,86 @@ impl<'t> Tables<'t> {
         Ok(())
     }
 
+    /// Every actor (key and record) `pick` selects.
+    pub(super) fn actors_where(
+        &self,
+        pick: impl Fn(&ActorKey) -> bool,
+    ) -> Result<Vec<(ActorKey, ActorRecord)>, StorageError> {
+        let mut out = Vec::new();
+        for row in self.actors.iter()? {
+            let (k, v) = row?;
+            let (ty, id) = k.value();
+            let Ok(key) = ActorKey::new(ty, id) else {
+                continue;
+            };
+            if pick(&key) {
+                out.push((key, decode("actor", v.value())?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// All of actor `key`'s rows.
+    pub(super) fn actor_image(
+        &self,
+        key: &ActorKey,
+        record: ActorRecord,
+    ) -> Result<ActorImage, StorageError> {
+        let num = record.num;
+        let mut image = ActorImage {
+            actor_type: key.ty().to_owned(),
+            actor_id: key.id().to_owned(),
+            record,
+            state: Vec::new(),
+            events: Vec::new(),
+            idempotency: Vec::new(),
+            inbox: Vec::new(),
+            alarms: Vec::new(),
+            inputs: Vec::new(),
+            files: Vec::new(),
+            usage: None,
+        };
+        for row in self.state.range((num, "")..)? {
+            let (k, v) = row?;
+            let (n, name) = k.value();
+            if n != num {
+                break;
+            }
+            image.state.push((name.to_owned(), v.value().to_vec()));
+        }
+        for row in self.events.range((num, 0)..=(num, u64::MAX))? {
+            let (k, v) = row?;
+            image
+                .events
+                .push((k.value().1, decode("event", v.value())?));
+        }
+        for row in self.inbox.range((num, 0)..=(num, u64::MAX))? {
+            let (k, v) = row?;
+            image.inbox.push((k.value().1, decode("inbox", v.value())?));
+        }
+        macro_rules! named {
+            ($table:expr, $into:expr, $what:literal) => {
+                for row in $table.range((num, "")..)? {
+                    let (k, v) = row?;
+                    let (n, name) = k.value();
+                    if n != num {
+                        break;
+                    }
+                    $into.push((name.to_owned(), decode($what, v.value())?));
+                }
+            };
+        }
+        named!(self.idempotency, image.idempotency, "idempotency");
+        named!(self.alarms, image.alarms, "alarm");
+        named!(self.inputs, image.inputs, "input");
+        named!(self.files, image.files, "file");
+        image.usage = match self.actor_usage.get(num)? {
+            Some(v) => Some(decode("usage", v.value())?),
+            None => None,
+        };
+        Ok(image)
+    }
+
     /// Write or remove one model provider; whether one existed.
     pub(super) fn put_provider(
         &mut self,

@@ -425,6 +425,10 @@ struct Collect {
 }
 
 impl super::Replication for Collect {
+    fn slot_of(&self, _: &ActorKey) -> u32 {
+        7
+    }
+
     fn placement(&self, key: &ActorKey) -> super::Placement {
         // Actors whose id starts with `r` replicate (slot 7, epoch 3);
         // those starting with `x` are another node's.
@@ -644,4 +648,114 @@ async fn a_backup_applies_what_the_owner_shipped_once_and_only_while_it_is_the_b
             .unwrap()
             .is_none()
     );
+}
+
+/// Slot 9 (actors `j…`) has a node catching up to become its backup.
+/// With `auto`, shipments are released at once (a node applying them).
+struct Joining(Collect, bool);
+
+impl super::Replication for Joining {
+    fn slot_of(&self, key: &ActorKey) -> u32 {
+        if key.id().starts_with('j') { 9 } else { 7 }
+    }
+
+    fn placement(&self, key: &ActorKey) -> super::Placement {
+        if key.id().starts_with('j') {
+            super::Placement::Joining {
+                slot: 9,
+                epoch: 2,
+                session: 1,
+            }
+        } else {
+            super::Placement::Here
+        }
+    }
+
+    fn ship(&self, batches: Vec<crate::schema::ReplicaBatch>, release: super::Release) {
+        if self.1 {
+            release(Ok(()));
+        } else {
+            self.0.ship(batches, release);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_joining_backup_gets_a_snapshot_of_the_slot_then_every_write() {
+    let (_a_dir, owner) = open();
+    let (_b_dir, backup) = open();
+    let shipped = Arc::new(Joining(Collect::default(), false));
+    assert!(owner.writer().replicate(shipped.clone()));
+    assert!(
+        backup
+            .writer()
+            .replicate(Arc::new(Joining(Collect::default(), true)))
+    );
+    // Releases every shipment until `rx` has its answer.
+    async fn until<T>(c: &Collect, mut rx: oneshot::Receiver<T>) -> T {
+        loop {
+            if let Ok(v) = rx.try_recv() {
+                return v;
+            }
+            let (_, release) = c.next().await;
+            release(Ok(()));
+        }
+    }
+    // Before the snapshot, the slot's writes stay here.
+    let key = ActorKey::new("t", "j1").unwrap();
+    let (done, rx) = oneshot::channel();
+    owner.writer().submit(WriteOp::GetOrCreate {
+        key: key.clone(),
+        version: 1,
+        early: None,
+        done,
+    });
+    let rec = until(&shipped.0, rx).await.unwrap();
+    let tracker = Arc::new(CommitTracker::default());
+    let (op, rx) = turn(&key, &rec, &tracker, 0, 1, "k", "before");
+    owner.writer().submit(op);
+    until(&shipped.0, rx).await.unwrap();
+    // The backup holds an old copy of another actor of the slot.
+    create(&backup, "j-stale").await;
+
+    let (done, rx) = oneshot::channel();
+    owner.writer().submit(WriteOp::Snapshot {
+        slots: vec![(9, 2, 1)],
+        done,
+    });
+    let (batches, release) = shipped.0.next().await;
+    assert_eq!(batches.len(), 1);
+    let snapshot = batches[0].clone();
+    assert!(snapshot.snapshot);
+    assert!(matches!(
+        snapshot.ops[..],
+        [crate::schema::ReplicaOp::Install(_)]
+    ));
+    assert_eq!(
+        apply_on(&backup, snapshot, true).await,
+        super::ReplicaApplied::Applied
+    );
+    release(Ok(()));
+    assert_eq!(rx.await.unwrap().unwrap(), 1);
+    // From now on the slot's writes are shipped, following the snapshot.
+    let (op, rx) = turn(&key, &rec, &tracker, 0, 2, "k", "after");
+    owner.writer().submit(op);
+    let (batches, release) = shipped.0.next().await;
+    assert_eq!(batches.len(), 1);
+    assert!(!batches[0].snapshot);
+    assert_eq!(
+        apply_on(&backup, batches[0].clone(), true).await,
+        super::ReplicaApplied::Applied
+    );
+    release(Ok(()));
+    rx.await.unwrap().unwrap();
+    let r = backup.reader().unwrap();
+    assert!(
+        r.actor(&ActorKey::new("t", "j-stale").unwrap())
+            .unwrap()
+            .is_none(),
+        "the old copy stayed"
+    );
+    let num = r.actor(&key).unwrap().unwrap().num;
+    assert_eq!(r.state(num, "k").unwrap().as_deref(), Some(&b"after"[..]));
 }
