@@ -23,13 +23,17 @@ impl Node {
             .flat_map(|b| b.blobs.iter().map(|(_, bytes)| bytes.clone()))
             .collect();
         let storage = self.storage.clone();
-        let _holds = tokio::task::spawn_blocking(move || {
-            blobs
-                .iter()
-                .map(|b| storage.blobs().put(b))
-                .collect::<Result<Vec<_>, _>>()
-        })
-        .await??;
+        let _holds = if blobs.is_empty() {
+            Vec::new()
+        } else {
+            tokio::task::spawn_blocking(move || {
+                blobs
+                    .iter()
+                    .map(|b| storage.blobs().put(b))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .await??
+        };
         // Submitted together, so the writer applies them in order (and
         // mostly in one transaction), then awaited.
         let mut waiting = Vec::with_capacity(batches.len());
