@@ -120,6 +120,7 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
                     used: false,
                     backup: second,
                     joining: None,
+                    avoid: None,
                 },
                 failover: false,
             });
@@ -135,6 +136,7 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
                     used: false,
                     backup: second,
                     joining: None,
+                    avoid: None,
                 })
             } else if r.owner == best && r.backup != second {
                 // Unused: nothing to copy, the backup follows the members.
@@ -153,14 +155,16 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
                     used: true,
                     backup: None,
                     joining: None,
+                    avoid: None,
                 }),
                 _ => None,
             }
         } else {
-            // The runner-up among the live members other than the owner.
+            // The runner-up among the live members other than the owner
+            // (and the node the owner could not reach).
             let candidate = ranked
                 .iter()
-                .find(|n| **n != r.owner)
+                .find(|n| **n != r.owner && Some(**n) != r.avoid.as_deref())
                 .map(|n| (*n).to_owned());
             match (&r.backup, &r.joining) {
                 (Some(b), _) if !is_live(b) && gone(b) => Some(SlotRecord {
@@ -294,6 +298,7 @@ mod tests {
             used,
             backup: backup.map(Into::into),
             joining: None,
+            avoid: None,
         }
     }
 
@@ -340,6 +345,20 @@ mod tests {
             for_3(decide(&v, &mut |_| true)),
             None,
             "a joining node took over"
+        );
+        // A node the owner could not reach is not chosen again.
+        let avoided = SlotRecord {
+            avoid: Some(joining.clone()),
+            ..slot("a", None, true, 4)
+        };
+        let v = view(&["a", "b", "c"], &[(3, avoided.clone())]);
+        let w = for_3(decide(&v, &mut |_| true)).expect("another joining node");
+        assert_ne!(w.record.joining, Some(joining.clone()));
+        let v = view(&["a", &joining], &[(3, avoided)]);
+        assert_eq!(
+            for_3(decide(&v, &mut |_| true)),
+            None,
+            "only the avoided node left"
         );
     }
 }

@@ -358,6 +358,7 @@ impl Cluster {
             (r.backup.is_none() && r.joining.as_deref() == Some(node)).then(|| SlotRecord {
                 backup: Some(node.to_owned()),
                 joining: None,
+                avoid: None,
                 ..r.clone()
             })
         })
@@ -402,11 +403,13 @@ impl Cluster {
             if r.backup.as_deref() == Some(backup) {
                 Some(SlotRecord {
                     backup: None,
+                    avoid: Some(backup.to_owned()),
                     ..r.clone()
                 })
             } else if r.joining.as_deref() == Some(backup) {
                 Some(SlotRecord {
                     joining: None,
+                    avoid: Some(backup.to_owned()),
                     ..r.clone()
                 })
             } else {

@@ -130,6 +130,11 @@ pub struct SlotRecord {
     /// promoted to owner before that.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub joining: Option<String>,
+    /// A node the owner dropped as backup or joining node because it could
+    /// not reach it: not chosen as the next joining node (which would stall
+    /// the slot's writes again), until a backup has caught up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub avoid: Option<String>,
 }
 
 /// The slot of an actor: FNV-1a (64 bit) of `type \0 id`, modulo
