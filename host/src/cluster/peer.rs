@@ -1,8 +1,8 @@
-//! Requests one node makes of another on behalf of its actors: a turn's
-//! `actors.call` to an actor owned elsewhere, and the hand-over of a
-//! relayed `actors.send`.
+//! Requests one node makes of another: a turn's `actors.call` to an actor
+//! owned elsewhere, the hand-over of a relayed `actors.send`, and the
+//! shipping of committed batches to a slot's backup.
 //!
-//! Both go through the public API of the node that should serve them, so
+//! Calls and sends go through the public API of the node that should serve them, so
 //! the receiving node's routing (the epoch check, the first claim of a
 //! slot, forwarding when its own view is newer) applies unchanged: a
 //! message for an actor of another node goes to that node, and a message
@@ -148,9 +148,6 @@ impl Peers {
         let body = resp.bytes().await.unwrap_or_default();
         Err(refusal(key, status, &body))
     }
-}
-
-impl Peers {
     /// Ship replicated batches (postcard) to the backup at `base`; its
     /// outcome per batch, in order (`applied`, `repeat`, `refused`,
     /// `gap`).

@@ -272,38 +272,7 @@ impl WriterState {
                 self.get_or_create(tables, &key(actor_type, actor_id)?, *version, created)?;
             }
             ReplicaOp::Turn(t) => {
-                let k = key(&t.actor_type, &t.actor_id)?;
-                let version = t.record.as_ref().map_or(1, |r| r.version);
-                let num = self.get_or_create(tables, &k, version, created)?.num;
-                let commit = TurnCommit {
-                    key: k,
-                    tracker: Arc::new(CommitTracker::default()),
-                    generation: 0,
-                    seq: 0,
-                    num,
-                    record: t.record.clone().map(|r| ActorRecord { num, ..r }),
-                    state: t
-                        .state
-                        .iter()
-                        .map(|(k, v)| (k.clone(), v.clone().map(Into::into)))
-                        .collect(),
-                    events: t.events.clone(),
-                    trim_events_below: t.trim_events_below,
-                    idempotency: t.idempotency.clone(),
-                    inbox_done: t.inbox_done,
-                    inbox_update: t.inbox_update.clone(),
-                    alarms: t.alarms.clone(),
-                    inputs: t.inputs.clone(),
-                    sends: Vec::new(),
-                    relay_sends: false,
-                    files: t.files.clone(),
-                    usage: t.usage,
-                    traceparent: None,
-                    on_durable: Box::new(|_| {}),
-                };
-                // The actor record exists already (created above).
-                let mut ignored = 0;
-                tables.write_turn(&commit, &mut ignored)?;
+                self.replay_turn(tables, t, created)?;
             }
             ReplicaOp::Enqueue {
                 actor_type,
@@ -351,61 +320,79 @@ impl WriterState {
         Ok(())
     }
 
-    /// Write every row of an actor from a snapshot.
+    /// Write a turn's writes as the owner committed them, under this
+    /// node's number for the actor. Returns the number.
+    fn replay_turn(
+        &mut self,
+        tables: &mut Tables<'_>,
+        t: &ReplicaTurn,
+        created: &mut i64,
+    ) -> Result<u64, StorageError> {
+        let k = ActorKey::new(&t.actor_type, &t.actor_id).map_err(|e| {
+            StorageError::Unavailable(format!("a replicated write names no actor: {e}"))
+        })?;
+        let version = t.record.as_ref().map_or(1, |r| r.version);
+        let num = self.get_or_create(tables, &k, version, created)?.num;
+        let commit = TurnCommit {
+            key: k,
+            tracker: Arc::new(CommitTracker::default()),
+            generation: 0,
+            seq: 0,
+            num,
+            record: t.record.clone().map(|r| ActorRecord { num, ..r }),
+            state: t
+                .state
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone().map(Into::into)))
+                .collect(),
+            events: t.events.clone(),
+            trim_events_below: t.trim_events_below,
+            idempotency: t.idempotency.clone(),
+            inbox_done: t.inbox_done,
+            inbox_update: t.inbox_update.clone(),
+            alarms: t.alarms.clone(),
+            inputs: t.inputs.clone(),
+            sends: Vec::new(),
+            relay_sends: false,
+            files: t.files.clone(),
+            usage: t.usage,
+            traceparent: None,
+            on_durable: Box::new(|_| {}),
+        };
+        // The actor record exists already (created above).
+        let mut ignored = 0;
+        tables.write_turn(&commit, &mut ignored)?;
+        Ok(num)
+    }
+
+    /// Write every row of an actor from a snapshot: its rows as one turn's
+    /// writes, then its idempotency records and queued messages.
     fn install(
         &mut self,
         tables: &mut Tables<'_>,
         image: &ActorImage,
         created: &mut i64,
     ) -> Result<(), StorageError> {
-        let k = ActorKey::new(&image.actor_type, &image.actor_id)
-            .map_err(|e| StorageError::Unavailable(format!("a snapshot names no actor: {e}")))?;
-        let num = self
-            .get_or_create(tables, &k, image.record.version, created)?
-            .num;
-        let commit = TurnCommit {
-            key: k.clone(),
-            tracker: Arc::new(CommitTracker::default()),
-            generation: 0,
-            seq: 0,
-            num,
-            record: Some(ActorRecord {
-                num,
-                ..image.record.clone()
-            }),
+        let all = ReplicaTurn {
+            actor_type: image.actor_type.clone(),
+            actor_id: image.actor_id.clone(),
+            record: Some(image.record.clone()),
             state: image
                 .state
                 .iter()
-                .map(|(k, v)| (k.clone(), Some(v.clone().into())))
+                .map(|(k, v)| (k.clone(), Some(v.clone())))
                 .collect(),
             events: image.events.clone(),
             trim_events_below: None,
             idempotency: None,
             inbox_done: None,
             inbox_update: None,
-            alarms: image
-                .alarms
-                .iter()
-                .map(|(n, a)| (n.clone(), Some(a.clone())))
-                .collect(),
-            inputs: image
-                .inputs
-                .iter()
-                .map(|(n, i)| (n.clone(), Some(i.clone())))
-                .collect(),
-            sends: Vec::new(),
-            relay_sends: false,
-            files: image
-                .files
-                .iter()
-                .map(|(p, f)| (p.clone(), Some(f.clone())))
-                .collect(),
+            alarms: some(&image.alarms),
+            inputs: some(&image.inputs),
+            files: some(&image.files),
             usage: image.usage,
-            traceparent: None,
-            on_durable: Box::new(|_| {}),
         };
-        let mut ignored = 0;
-        tables.write_turn(&commit, &mut ignored)?;
+        let num = self.replay_turn(tables, &all, created)?;
         for (key, rec) in &image.idempotency {
             tables
                 .idempotency
@@ -422,6 +409,13 @@ impl WriterState {
         }
         Ok(())
     }
+}
+
+/// Rows as writes of them.
+fn some<T: Clone>(rows: &[(String, T)]) -> Vec<(String, Option<T>)> {
+    rows.iter()
+        .map(|(k, v)| (k.clone(), Some(v.clone())))
+        .collect()
 }
 
 fn read_mark(
