@@ -453,29 +453,31 @@ pub(super) async fn cluster_status(args: &ClientArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "node {}  controller {}  revision {}  slots {}/{} assigned, {} unavailable, max epoch {}",
+        "node {}  controller {}  revision {}  slots {}/{} assigned, {} unavailable, {} without a backup, max epoch {}",
         v["node_id"].as_str().unwrap_or("?"),
         v["controller"].as_str().unwrap_or("(none)"),
         v["revision"],
         v["slots_assigned"],
         v["slots"],
         v["slots_unavailable"],
+        v["slots_degraded"],
         v["max_epoch"],
     );
+    let count =
+        |m: &serde_json::Value, k: &str| m[k].as_u64().map_or("-".into(), |u| u.to_string());
     println!(
-        "{:<16} {:<12} {:<6} {:>6} {:>6}  advertise",
-        "node", "region", "alive", "slots", "used"
+        "{:<16} {:<12} {:<6} {:>6} {:>6} {:>7}  advertise",
+        "node", "region", "alive", "slots", "used", "backup"
     );
     for m in v["members"].as_array().into_iter().flatten() {
         println!(
-            "{:<16} {:<12} {:<6} {:>6} {:>6}  {}",
+            "{:<16} {:<12} {:<6} {:>6} {:>6} {:>7}  {}",
             m["node_id"].as_str().unwrap_or("?"),
             m["region"].as_str().unwrap_or("-"),
             m["alive"].to_string(),
             m["slots"].to_string(),
-            m["slots_used"]
-                .as_u64()
-                .map_or("-".into(), |u| u.to_string()),
+            count(m, "slots_used"),
+            count(m, "backup_of"),
             m["advertise"].as_str().unwrap_or("-"),
         );
     }
