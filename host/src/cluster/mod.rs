@@ -214,48 +214,23 @@ impl Cluster {
     /// (compare-and-swap against its last write). `false`: the slot changed
     /// meanwhile; route again.
     pub async fn claim(&self, slot: u32, epoch: u64) -> anyhow::Result<bool> {
-        let inner = &self.inner;
-        let entry = inner.view().slots[slot as usize].clone();
-        let Some(entry) =
-            entry.filter(|e| e.record.owner == inner.config.node_id && e.record.epoch == epoch)
-        else {
-            return Ok(false);
-        };
-        if entry.record.used {
+        let claimed = self.inner.view().slots[slot as usize]
+            .as_ref()
+            .is_some_and(|e| {
+                e.record.owner == self.inner.config.node_id
+                    && e.record.epoch == epoch
+                    && e.record.used
+            });
+        if claimed {
             return Ok(true);
         }
-        let key = inner.keys.slot(slot);
-        let record = SlotRecord {
-            used: true,
-            ..entry.record
-        };
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                key.clone(),
-                CompareOp::Equal,
-                entry.mod_revision,
-            )])
-            .and_then([TxnOp::put(key, serde_json::to_vec(&record)?, None)]);
-        let resp = within(ETCD_CALL, inner.client.clone().txn(txn)).await?;
-        if !resp.succeeded() {
-            // Someone wrote the slot meanwhile: take the table as it is now.
-            inner.relist().await?;
-            return Ok(false);
-        }
-        // Ours: note it at once (the watch brings the same write later),
-        // so that concurrent first requests do not claim again.
-        let revision = resp.header().map_or(0, |h| h.revision());
-        {
-            let mut v = inner.view.write().unwrap_or_else(|p| p.into_inner());
-            let e = &mut v.slots[slot as usize];
-            if e.as_ref().is_some_and(|e| e.mod_revision < revision) {
-                *e = Some(view::SlotEntry {
-                    record,
-                    mod_revision: revision,
-                });
-            }
-        }
-        Ok(true)
+        self.rewrite_slot(slot, epoch, |r| {
+            (!r.used).then(|| SlotRecord {
+                used: true,
+                ..r.clone()
+            })
+        })
+        .await
     }
 
     /// The backup of `key`'s slot, if it has one.
@@ -366,8 +341,9 @@ impl Cluster {
     }
 
     /// Write `slot` (owned here at `epoch`) as `change` says, by
-    /// compare-and-swap; `false` if it changed meanwhile or `change` has
-    /// nothing to do.
+    /// compare-and-swap: the owner's own writes of its slot (marking it
+    /// used, dropping a backup, naming a caught-up one). `false` if it
+    /// changed meanwhile or `change` has nothing to do.
     async fn rewrite_slot(
         &self,
         slot: u32,
@@ -391,8 +367,24 @@ impl Cluster {
             )])
             .and_then([TxnOp::put(key, serde_json::to_vec(&record)?, None)]);
         let resp = within(ETCD_CALL, inner.client.clone().txn(txn)).await?;
-        inner.relist().await?;
-        Ok(resp.succeeded())
+        if !resp.succeeded() {
+            // Someone wrote the slot meanwhile: take the table as it is now.
+            inner.relist().await?;
+            return Ok(false);
+        }
+        // Ours: note it at once (the watch brings the same write later), so
+        // that what follows sees it — concurrent first requests do not
+        // claim again, the replication sees a dropped backup.
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let mut v = inner.view.write().unwrap_or_else(|p| p.into_inner());
+        let e = &mut v.slots[slot as usize];
+        if e.as_ref().is_some_and(|e| e.mod_revision < revision) {
+            *e = Some(view::SlotEntry {
+                record,
+                mod_revision: revision,
+            });
+        }
+        Ok(true)
     }
 
     /// Drop `backup` from `slot` (owned here at `epoch`) because this node

@@ -362,27 +362,16 @@ impl SecretStore {
         let _guard = self.write_lock.lock().await;
         let local: std::collections::BTreeMap<String, SecretRecord> =
             self.storage.reader()?.secrets()?.into_iter().collect();
-        let open = |name: &str, rec: &SecretRecord| {
-            let key = self
-                .keys
-                .by_id(&rec.key_id)
-                .ok_or_else(|| SecretError::Sealed {
-                    name: name.to_owned(),
-                    why: OpenError::UnknownKey(rec.key_id.clone()),
-                })?;
-            key.open(name, rec.version, &rec.nonce, &rec.sealed)
-                .map_err(|why| SecretError::Sealed {
-                    name: name.to_owned(),
-                    why,
-                })
-        };
         let mut writes = Vec::new();
         for (name, theirs) in peer {
             validate_secret_name(name)?;
-            let value = open(name, theirs)?;
+            let value = self.open_sealed(name, theirs)?;
             let mine = local.get(name);
             let same = mine.is_some_and(|m| {
-                m.hosts == theirs.hosts && open(name, m).is_ok_and(|v| v.expose() == value.expose())
+                m.hosts == theirs.hosts
+                    && self
+                        .open_sealed(name, m)
+                        .is_ok_and(|v| v.expose() == value.expose())
             });
             if same {
                 continue;
@@ -416,6 +405,20 @@ impl SecretStore {
         Ok(changed)
     }
 
+    /// The value sealed in `rec`, the record of secret `name`.
+    fn open_sealed(&self, name: &str, rec: &SecretRecord) -> Result<SecretValue, SecretError> {
+        let sealed = |why| SecretError::Sealed {
+            name: name.to_owned(),
+            why,
+        };
+        let key = self
+            .keys
+            .by_id(&rec.key_id)
+            .ok_or_else(|| sealed(OpenError::UnknownKey(rec.key_id.clone())))?;
+        key.open(name, rec.version, &rec.nonce, &rec.sealed)
+            .map_err(sealed)
+    }
+
     /// A secret's value and the hosts it may be sent to, opened for one
     /// outbound request.
     pub fn reveal(&self, name: &str) -> Result<(SecretValue, Vec<HostPattern>), SecretError> {
@@ -424,19 +427,7 @@ impl SecretStore {
             .reader()?
             .secret(name)?
             .ok_or_else(|| SecretError::NotFound(name.to_owned()))?;
-        let key = self
-            .keys
-            .by_id(&rec.key_id)
-            .ok_or_else(|| SecretError::Sealed {
-                name: name.to_owned(),
-                why: OpenError::UnknownKey(rec.key_id.clone()),
-            })?;
-        let value = key
-            .open(name, rec.version, &rec.nonce, &rec.sealed)
-            .map_err(|why| SecretError::Sealed {
-                name: name.to_owned(),
-                why,
-            })?;
+        let value = self.open_sealed(name, &rec)?;
         // Patterns were checked when stored.
         let hosts = rec
             .hosts
