@@ -88,11 +88,23 @@ pub enum ReplicaOp {
         /// Its id.
         actor_id: String,
     },
-    /// The actor with all its rows, as part of a snapshot of its slot.
+    /// The actor with all its rows, as part of a snapshot of its slot or
+    /// moved into it.
     Install(Box<ActorImage>),
+    /// The actor moved to slot `to`: its rows go, unless the node keeps
+    /// that slot's rows too.
+    Moved {
+        /// Its type.
+        actor_type: String,
+        /// Its id.
+        actor_id: String,
+        /// Its new slot.
+        to: u32,
+    },
 }
 
-/// All of an actor's rows, for a new backup of its slot.
+/// All of an actor's rows, for a new backup of its slot or for the node it
+/// moves to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ActorImage {
     /// Its type.

@@ -38,19 +38,12 @@ impl WriterState {
                 }
             }
         }
-        if let Some(key) = op.actor() {
-            let why = match self.placement(key) {
-                Placement::Elsewhere => Some("belongs to another node now"),
-                Placement::NoBackup => {
-                    Some("has no backup, and the cluster refuses writes without one")
-                }
-                _ => None,
-            };
-            if let Some(why) = why {
-                // Refused; the rest of the batch goes on.
-                let what = format!("actor {key} {why}");
-                return (Applied::refuse(op, &what), Ok(()));
-            }
+        if let Some(key) = op.actor()
+            && let Some(why) = refusal(self.placement(key))
+        {
+            // Refused; the rest of the batch goes on.
+            let what = format!("actor {key} {why}");
+            return (Applied::refuse(op, &what), Ok(()));
         }
         match op {
             WriteOp::Turn(t) => self.apply_turn(tables, *t, created),
@@ -219,6 +212,34 @@ impl WriterState {
                 let r = self.snapshot(tables, &slots);
                 done(d, r)
             }
+            WriteOp::ReadImage { key, done: d } => {
+                let r = self.read_image(tables, &key);
+                done(d, r)
+            }
+            WriteOp::MoveIn {
+                image,
+                slot,
+                done: d,
+            } => {
+                if let Some(why) = refusal(self.slot_placement(slot)) {
+                    let why = format!("slot {slot} {why}; the move was refused");
+                    return (
+                        Applied::reply(d, Err(StorageError::Unavailable(why))),
+                        Ok(()),
+                    );
+                }
+                let r = self.move_in(tables, &image, slot, created);
+                done(d, r)
+            }
+            WriteOp::MoveOut {
+                key,
+                from,
+                to,
+                done: d,
+            } => {
+                let r = self.move_out(tables, &key, from, to, created);
+                done(d, r)
+            }
             WriteOp::RelayDone { seqs, done: d } => {
                 let r = seqs.iter().try_for_each(|seq| {
                     tables.relay.remove(*seq)?;
@@ -253,6 +274,28 @@ impl WriterState {
     ) -> (Applied, Result<(), StorageError>) {
         if t.generation < t.tracker.min_generation() {
             return (Applied::Refused(t.on_durable), Ok(()));
+        }
+        // In a cluster an actor's rows can be replaced underneath an active
+        // instance (moved away and back, a slot's snapshot installed): a
+        // turn computed on the old rows must not land on a dead number.
+        if self.replication.get().is_some() {
+            match tables.current_num(&t.key) {
+                Ok(Some(num)) if num == t.num => {}
+                Ok(None) if t.record.is_some() => {}
+                Ok(_) => {
+                    t.tracker.mark_failed(t.generation);
+                    return (Applied::Refused(t.on_durable), Ok(()));
+                }
+                Err(e) => {
+                    let applied = Applied::Turn {
+                        tracker: t.tracker,
+                        generation: t.generation,
+                        seq: t.seq,
+                        on_durable: t.on_durable,
+                    };
+                    return (applied, Err(e));
+                }
+            }
         }
         let r = tables
             .write_turn(&t, created)
@@ -439,6 +482,15 @@ impl WriterState {
         Ok(EnqueueOutcome::Queued {
             message_id: message.message_id,
         })
+    }
+}
+
+/// Why writes placed at `p` are refused here, if they are.
+fn refusal(p: Placement) -> Option<&'static str> {
+    match p {
+        Placement::Elsewhere => Some("belongs to another node now"),
+        Placement::NoBackup => Some("has no backup, and the cluster refuses writes without one"),
+        _ => None,
     }
 }
 

@@ -18,6 +18,7 @@
 //! released.
 
 mod apply;
+mod moves;
 mod ops;
 mod replica;
 mod tables;

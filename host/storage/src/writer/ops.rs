@@ -245,6 +245,38 @@ pub enum WriteOp {
         /// snapshot.
         done: Reply<usize>,
     },
+    /// Read all of an actor's rows (`None`: it does not exist), in the
+    /// writer's transaction: with the actor fenced (a move under way),
+    /// nothing of it can commit after the read.
+    ReadImage {
+        /// The actor.
+        key: ActorKey,
+        /// Completion (once durable).
+        done: Reply<Option<Box<ActorImage>>>,
+    },
+    /// An actor moved here, into `slot` (owned here): its rows replace any
+    /// copy held, and go to the slot's backup.
+    MoveIn {
+        /// The actor's rows.
+        image: Box<ActorImage>,
+        /// Its new slot.
+        slot: u32,
+        /// Completion (once durable here and on the slot's backup).
+        done: Reply<()>,
+    },
+    /// An actor moved out of `from` (owned here) to `to`: its rows go,
+    /// here (unless this node keeps `to`'s rows too) and on `from`'s
+    /// backup.
+    MoveOut {
+        /// The actor.
+        key: ActorKey,
+        /// The slot it left.
+        from: u32,
+        /// The slot it lives in now.
+        to: u32,
+        /// Completion: whether rows went here.
+        done: Reply<bool>,
+    },
     /// Forget relayed messages their recipients' owners have queued.
     RelayDone {
         /// Their relay seqs.
@@ -344,6 +376,9 @@ impl Applied {
             }
             WriteOp::Replica { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
             WriteOp::Snapshot { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
+            WriteOp::ReadImage { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
+            WriteOp::MoveIn { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
+            WriteOp::MoveOut { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
             WriteOp::RetryDelivery { done, .. } => {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }

@@ -31,11 +31,19 @@ use crate::schema::*;
 /// Where committed writes go besides this node's disk: the backups of
 /// their slots. Installed once, when the node joins a cluster.
 pub trait Replication: Send + Sync {
-    /// Where `key`'s rows are kept.
+    /// Where `key`'s rows are kept (`Elsewhere` also while the actor is
+    /// being moved: nothing of it commits until it lives in its new slot).
     fn placement(&self, key: &ActorKey) -> Placement;
+
+    /// Where the rows of `slot`'s actors are kept.
+    fn slot_placement(&self, slot: u32) -> Placement;
 
     /// The slot of `key`.
     fn slot_of(&self, key: &ActorKey) -> u32;
+
+    /// Whether this node keeps the rows of `slot` (owns it, backs it up or
+    /// is catching up to): an actor moved there keeps its rows here.
+    fn holds(&self, slot: u32) -> bool;
 
     /// Ship a committed batch's writes (one [`ReplicaBatch`] per slot,
     /// possibly none) and call `release` once this batch may be released:
@@ -108,7 +116,18 @@ impl WriterState {
     /// Where `key`'s rows are kept (a joining node counts as the backup
     /// once the slot's snapshot is taken).
     pub(super) fn placement(&self, key: &ActorKey) -> Placement {
-        match self.replication.get().map(|r| r.placement(key)) {
+        self.taken(self.replication.get().map(|r| r.placement(key)))
+    }
+
+    /// Where the rows of `slot` are kept (see [`Self::placement`]).
+    pub(super) fn slot_placement(&self, slot: u32) -> Placement {
+        self.taken(self.replication.get().map(|r| r.slot_placement(slot)))
+    }
+
+    /// `placement`, with a joining node as the backup once the slot's
+    /// snapshot is taken.
+    fn taken(&self, placement: Option<Placement>) -> Placement {
+        match placement {
             None => Placement::Here,
             Some(Placement::Joining {
                 slot,
@@ -129,7 +148,12 @@ impl WriterState {
 
     /// Record `op` for the backup of `key`'s slot.
     pub(super) fn record(&mut self, key: &ActorKey, op: impl FnOnce() -> ReplicaOp) {
-        if let Placement::Replicated { slot, epoch } = self.placement(key) {
+        self.record_at(self.placement(key), op);
+    }
+
+    /// Record `op` for the backup of the slot `placement` names.
+    pub(super) fn record_at(&mut self, placement: Placement, op: impl FnOnce() -> ReplicaOp) {
+        if let Placement::Replicated { slot, epoch } = placement {
             let draft = self.drafts.entry(slot).or_insert_with(|| Draft {
                 epoch,
                 ops: Vec::new(),
@@ -316,6 +340,13 @@ impl WriterState {
                 }
             }
             ReplicaOp::Install(image) => self.install(tables, image, created)?,
+            ReplicaOp::Moved {
+                actor_type,
+                actor_id,
+                to,
+            } => {
+                self.moved_out(tables, &key(actor_type, actor_id)?, *to, created)?;
+            }
         }
         Ok(())
     }
@@ -367,7 +398,7 @@ impl WriterState {
 
     /// Write every row of an actor from a snapshot: its rows as one turn's
     /// writes, then its idempotency records and queued messages.
-    fn install(
+    pub(super) fn install(
         &mut self,
         tables: &mut Tables<'_>,
         image: &ActorImage,

@@ -301,6 +301,14 @@ impl<'t> Tables<'t> {
         Ok(())
     }
 
+    /// The number `key` has now, if it exists.
+    pub(super) fn current_num(&self, key: &ActorKey) -> Result<Option<u64>, StorageError> {
+        match self.actors.get((key.ty(), key.id()))? {
+            Some(v) => Ok(Some(decode::<ActorRecord>("actor", v.value())?.num)),
+            None => Ok(None),
+        }
+    }
+
     /// Every actor (key and record) `pick` selects.
     pub(super) fn actors_where(
         &self,

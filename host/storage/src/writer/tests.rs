@@ -438,6 +438,19 @@ impl super::Replication for Collect {
             _ => super::Placement::Here,
         }
     }
+
+    fn slot_placement(&self, slot: u32) -> super::Placement {
+        match slot {
+            7 => super::Placement::Replicated { slot: 7, epoch: 3 },
+            _ => super::Placement::Here,
+        }
+    }
+
+    /// This node keeps slot 8's rows too.
+    fn holds(&self, slot: u32) -> bool {
+        slot == 8
+    }
+
     fn ship(&self, batches: Vec<crate::schema::ReplicaBatch>, release: super::Release) {
         self.shipped.lock().unwrap().push((batches, release));
     }
@@ -671,6 +684,21 @@ impl super::Replication for Joining {
         }
     }
 
+    fn slot_placement(&self, slot: u32) -> super::Placement {
+        match slot {
+            9 => super::Placement::Joining {
+                slot: 9,
+                epoch: 2,
+                session: 1,
+            },
+            _ => super::Placement::Here,
+        }
+    }
+
+    fn holds(&self, _: u32) -> bool {
+        false
+    }
+
     fn ship(&self, batches: Vec<crate::schema::ReplicaBatch>, release: super::Release) {
         if self.1 {
             release(Ok(()));
@@ -758,4 +786,117 @@ async fn a_joining_backup_gets_a_snapshot_of_the_slot_then_every_write() {
     );
     let num = r.actor(&key).unwrap().unwrap().num;
     assert_eq!(r.state(num, "k").unwrap().as_deref(), Some(&b"after"[..]));
+}
+
+/// A move: the source reads the actor's rows, the target installs them
+/// (its copy replaced, the install shipped to its slot's backup), the
+/// source drops its copy and tells its own backup — and a node that keeps
+/// the new slot's rows too keeps them.
+#[tokio::test]
+async fn a_moved_actor_takes_all_its_rows_and_leaves_none_behind() {
+    use crate::schema::*;
+    let (_a_dir, source) = open();
+    let (_b_dir, target) = open();
+    let (key, rec) = create(&source, "m1").await;
+    let tracker = Arc::new(CommitTracker::default());
+    let (op, rx) = turn(&key, &rec, &tracker, 0, 1, "k", "v1");
+    source.writer().submit(op);
+    rx.await.unwrap().unwrap();
+    let message = InboxRecord {
+        message_id: "m1".into(),
+        body: b"{}".to_vec(),
+        content_type: None,
+        idempotency_key: Some("k1".into()),
+        attempts: 0,
+        enqueued_at_ms: 7,
+        kind: InboxKind::Message,
+    };
+    let k = key.clone();
+    source
+        .writer()
+        .call(|done| WriteOp::Enqueue {
+            key: k,
+            version: 1,
+            message,
+            idempotency_ttl_ms: 60_000,
+            done,
+        })
+        .await
+        .unwrap();
+
+    let absent = ActorKey::new("t", "nobody").unwrap();
+    let image = source
+        .writer()
+        .call(|done| WriteOp::ReadImage { key: absent, done })
+        .await
+        .unwrap();
+    assert!(image.is_none(), "an actor that does not exist has no rows");
+    let k = key.clone();
+    let image = source
+        .writer()
+        .call(|done| WriteOp::ReadImage { key: k, done })
+        .await
+        .unwrap()
+        .expect("the actor exists");
+
+    // The target holds a stale copy (an undone move): replaced.
+    let (_, stale) = create(&target, "m1").await;
+    let shipped_by_target = Arc::new(Collect::default());
+    assert!(target.writer().replicate(shipped_by_target.clone()));
+    let (done, moved_in) = oneshot::channel();
+    target.writer().submit(WriteOp::MoveIn {
+        image: image.clone(),
+        slot: 7,
+        done,
+    });
+    let (batches, release) = shipped_by_target.next().await;
+    assert!(matches!(
+        batches[0].ops[..],
+        [ReplicaOp::Delete { .. }, ReplicaOp::Install(_)]
+    ));
+    release(Ok(()));
+    moved_in.await.unwrap().unwrap();
+    let reader = target.reader().unwrap();
+    let here = reader.actor(&key).unwrap().unwrap();
+    assert_ne!(here.num, stale.num, "the stale copy went");
+    assert_eq!(
+        reader.state(here.num, "k").unwrap().as_deref(),
+        Some(&b"v1"[..])
+    );
+    assert_eq!(reader.inbox_len(here.num).unwrap(), 1);
+    assert!(reader.idempotency(here.num, "k1").unwrap().is_some());
+    drop(reader);
+
+    // The source drops its rows and tells its slot's backup.
+    let collect = Arc::new(Collect::default());
+    assert!(source.writer().replicate(collect.clone()));
+    let k = key.clone();
+    let (done, out) = oneshot::channel();
+    source.writer().submit(WriteOp::MoveOut {
+        key: k,
+        from: 7,
+        to: 3,
+        done,
+    });
+    let (batches, release) = collect.next().await;
+    assert!(matches!(
+        batches[0].ops[..],
+        [ReplicaOp::Moved { to: 3, .. }]
+    ));
+    release(Ok(()));
+    assert!(out.await.unwrap().unwrap(), "the rows went");
+    assert!(source.reader().unwrap().actor(&key).unwrap().is_none());
+
+    // A node that keeps the new slot's rows (slot 8 here) keeps them.
+    let (done, kept) = oneshot::channel();
+    target.writer().submit(WriteOp::MoveOut {
+        key: key.clone(),
+        from: 7,
+        to: 8,
+        done,
+    });
+    let (_, release) = shipped_by_target.next().await;
+    release(Ok(()));
+    assert!(!kept.await.unwrap().unwrap(), "nothing went");
+    assert!(target.reader().unwrap().actor(&key).unwrap().is_some());
 }

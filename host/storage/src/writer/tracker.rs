@@ -61,6 +61,14 @@ impl CommitTracker {
         self.mark_failed(u64::MAX - 1);
     }
 
+    /// Refuse the commits of this actor's current generation, so that its
+    /// activation reloads from disk before its next turn: its rows moved
+    /// away or were replaced underneath it.
+    pub fn invalidate(&self) {
+        self.min_generation.fetch_add(1, Ordering::AcqRel);
+        self.committed.notify_waiters();
+    }
+
     pub(super) fn mark_committed(&self, seq: u64) {
         self.committed_seq.fetch_max(seq, Ordering::AcqRel);
         self.committed.notify_waiters();

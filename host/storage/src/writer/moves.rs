@@ -1,0 +1,94 @@
+//! Moving one actor between slots (to a node nearer its users), in the
+//! writer: the source reads the fenced actor's rows, the target installs
+//! them in its new slot, and once the switch is made the source drops its
+//! copy. Each step is replicated to the backup of the slot it writes, so a
+//! failover at any point finds the rows where the placement says they are.
+
+use marmot_core::ids::ActorKey;
+use redb::ReadableTable;
+
+use super::WriterState;
+use super::tables::Tables;
+use crate::StorageError;
+use crate::schema::*;
+
+impl WriterState {
+    /// All of `key`'s rows, if it exists.
+    pub(super) fn read_image(
+        &mut self,
+        tables: &mut Tables<'_>,
+        key: &ActorKey,
+    ) -> Result<Option<Box<ActorImage>>, StorageError> {
+        let record: ActorRecord = match tables.actors.get((key.ty(), key.id()))? {
+            Some(v) => decode("actor", v.value())?,
+            None => return Ok(None),
+        };
+        Ok(Some(Box::new(tables.actor_image(key, record)?)))
+    }
+
+    /// Install a moved actor's rows in `slot` (owned here): whatever copy
+    /// this node held of the actor goes first (an earlier move that was
+    /// undone, or the copy it keeps as a backup of the old slot — the same
+    /// rows, the actor being fenced).
+    pub(super) fn move_in(
+        &mut self,
+        tables: &mut Tables<'_>,
+        image: &ActorImage,
+        slot: u32,
+        created: &mut i64,
+    ) -> Result<(), StorageError> {
+        let key = ActorKey::new(&image.actor_type, &image.actor_id).map_err(|e| {
+            StorageError::Unavailable(format!("a moved actor has no valid name: {e}"))
+        })?;
+        if tables.delete_actor(&key)? {
+            *created -= 1;
+        }
+        self.install(tables, image, created)?;
+        let at = self.slot_placement(slot);
+        self.record_at(at, || ReplicaOp::Delete {
+            actor_type: image.actor_type.clone(),
+            actor_id: image.actor_id.clone(),
+        });
+        self.record_at(at, || ReplicaOp::Install(Box::new(image.clone())));
+        Ok(())
+    }
+
+    /// `key` moved from `from` (owned here) to `to`: drop its rows here
+    /// unless this node keeps `to`'s rows too, and tell `from`'s backup.
+    /// Whether rows went.
+    pub(super) fn move_out(
+        &mut self,
+        tables: &mut Tables<'_>,
+        key: &ActorKey,
+        from: u32,
+        to: u32,
+        created: &mut i64,
+    ) -> Result<bool, StorageError> {
+        let dropped = self.moved_out(tables, key, to, created)?;
+        let at = self.slot_placement(from);
+        self.record_at(at, || ReplicaOp::Moved {
+            actor_type: key.ty().to_owned(),
+            actor_id: key.id().to_owned(),
+            to,
+        });
+        Ok(dropped)
+    }
+
+    /// Drop `key`'s rows, moved to `to`, unless this node keeps `to`'s.
+    pub(super) fn moved_out(
+        &mut self,
+        tables: &mut Tables<'_>,
+        key: &ActorKey,
+        to: u32,
+        created: &mut i64,
+    ) -> Result<bool, StorageError> {
+        if self.replication.get().is_some_and(|r| r.holds(to)) {
+            return Ok(false);
+        }
+        let dropped = tables.delete_actor(key)?;
+        if dropped {
+            *created -= 1;
+        }
+        Ok(dropped)
+    }
+}
