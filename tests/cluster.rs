@@ -922,3 +922,305 @@ async fn a_slot_without_a_backup_refuses_writes_when_told_to() {
         "{status}"
     );
 }
+
+/// The node an actor lives on, asked through node `i`.
+async fn owner_of(c: &Cluster, i: usize, id: &str) -> String {
+    let info = c.api(i).get(&format!("/v1/actors/kit/{id}")).await;
+    assert_eq!(info.status, 200, "{}", info.json);
+    info.json["node"].as_str().unwrap().to_owned()
+}
+
+fn region_of(node: &str) -> &'static str {
+    NODES.iter().find(|(n, _)| *n == node).unwrap().1
+}
+
+/// A keyed write to `mover` through node `i`.
+async fn keyed(c: &Cluster, i: usize) -> common::Resp {
+    c.api(i)
+        .post_with(
+            "/v1/actors/kit/mover",
+            &json!({"op": "add", "key": "n", "by": 10}),
+            &[("idempotency-key", "once")],
+        )
+        .await
+}
+
+/// A new actor lives in the region its first message names (else the
+/// receiving node's), and a move takes all of it — state, events, alarms,
+/// idempotency records — to the other region, whichever node is asked.
+#[tokio::test]
+async fn actors_live_in_the_region_asked_and_move_with_all_their_data() {
+    let Some(c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let add = json!({"op": "add", "key": "n", "by": 1});
+
+    // Placement at creation: `?region=` through a node of the other
+    // region, and the receiving node's region without one.
+    for i in 0..6 {
+        let id = format!("far-{i}");
+        let r = c
+            .api(0)
+            .post_json(&format!("/v1/actors/kit/{id}?region=us"), &add)
+            .await;
+        assert_eq!(r.status, 200, "{}", r.json);
+        assert_eq!(owner_of(&c, 1, &id).await, "n3", "{id} asked for us");
+        let id = format!("near-{i}");
+        assert_eq!(
+            c.api(2)
+                .post_json(&format!("/v1/actors/kit/{id}"), &add)
+                .await
+                .status,
+            200
+        );
+        assert_eq!(
+            owner_of(&c, 0, &id).await,
+            "n3",
+            "{id} was created through n3 (us)"
+        );
+        let id = format!("home-{i}");
+        assert_eq!(
+            c.api(1)
+                .post_json(&format!("/v1/actors/kit/{id}"), &add)
+                .await
+                .status,
+            200
+        );
+        assert_eq!(
+            region_of(&owner_of(&c, 2, &id).await),
+            "eu",
+            "{id} was created through n2 (eu)"
+        );
+    }
+    // A region no node is in: refused, nothing created.
+    let r = c
+        .api(0)
+        .post_json("/v1/actors/kit/lost?region=mars", &add)
+        .await;
+    assert_eq!(r.status, 400, "{}", r.json);
+    assert_eq!(r.json["error"]["code"], "unknown_region");
+    assert_eq!(c.api(1).get("/v1/actors/kit/lost").await.status, 404);
+    // An existing actor stays where it is whatever a message asks.
+    let r = c
+        .api(1)
+        .post_json("/v1/actors/kit/far-0?region=eu", &add)
+        .await;
+    assert_eq!(r.json["value"], 2, "{}", r.json);
+    assert_eq!(owner_of(&c, 0, "far-0").await, "n3");
+
+    // An actor with state, an event, an alarm and an idempotency record.
+    let api = c.api(0);
+    assert_eq!(api.add("kit", "mover", 5).await.status, 200);
+    let home = owner_of(&c, 0, "mover").await;
+    assert_eq!(region_of(&home), "eu");
+    assert_eq!(
+        c.api(1)
+            .op(
+                "kit",
+                "mover",
+                json!({"op": "emit", "kind": "before-move", "data": {}})
+            )
+            .await
+            .status,
+        200
+    );
+    let r = c
+        .api(1)
+        .op(
+            "kit",
+            "mover",
+            json!({"op": "alarm_set", "name": "later", "after": 2500}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(keyed(&c, 0).await.json["value"], 15);
+
+    let r = c
+        .api(1)
+        .post_json("/v1/actors/kit/mover/move?region=us", &json!({}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["moved"], true, "{}", r.json);
+    assert_eq!(r.json["node"], "n3", "{}", r.json);
+    for i in 0..3 {
+        assert_eq!(owner_of(&c, i, "mover").await, "n3");
+    }
+    let info = c.api(0).get("/v1/actors/kit/mover").await.json;
+    assert_eq!(info["region"], "us", "{info}");
+    // Everything came along: the repeat of a keyed request is answered
+    // from its record (not applied again), the state and the event are
+    // there, and the alarm fires on the new owner.
+    assert_eq!(keyed(&c, 2).await.json["value"], 15, "applied twice");
+    let r = c
+        .api(1)
+        .op("kit", "mover", json!({"op": "get", "key": "n"}))
+        .await;
+    assert_eq!(r.json["value"], 15, "{}", r.json);
+    let events = c.api(0).get("/v1/actors/kit/mover/events").await;
+    let events = String::from_utf8_lossy(&events.body).into_owned();
+    assert!(events.contains("before-move"), "{events}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = c
+            .api(1)
+            .op("kit", "mover", json!({"op": "get", "key": "fired"}))
+            .await;
+        if r.json["value"].as_array().is_some_and(|a| a.len() == 1) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the alarm never fired after the move: {}",
+            r.json
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let h = NODES.iter().position(|(n, _)| *n == home).unwrap();
+    let text =
+        String::from_utf8_lossy(&c.nodes[h].client().get("/metrics").await.body).into_owned();
+    assert_eq!(metric(&text, "marmot_cluster_moves_total"), 1.0, "{text}");
+
+    // Asked again: already there. Back to eu: with its data.
+    let r = c
+        .api(2)
+        .post_json("/v1/actors/kit/mover/move?region=us", &json!({}))
+        .await;
+    assert_eq!(
+        (r.status, r.json["moved"].clone()),
+        (200, json!(false)),
+        "{}",
+        r.json
+    );
+    let r = c
+        .api(2)
+        .post_json("/v1/actors/kit/mover/move?region=eu", &json!({}))
+        .await;
+    assert_eq!(r.json["moved"], true, "{}", r.json);
+    assert_eq!(region_of(&owner_of(&c, 2, "mover").await), "eu");
+    assert_eq!(
+        c.api(1)
+            .op("kit", "mover", json!({"op": "get", "key": "n"}))
+            .await
+            .json["value"],
+        15
+    );
+
+    // Bad moves change nothing.
+    let r = c
+        .api(0)
+        .post_json("/v1/actors/kit/nobody/move?region=us", &json!({}))
+        .await;
+    assert_eq!(r.status, 404, "{}", r.json);
+    let r = c
+        .api(0)
+        .post_json("/v1/actors/kit/mover/move?region=mars", &json!({}))
+        .await;
+    assert_eq!(r.status, 400, "{}", r.json);
+    let r = c
+        .api(0)
+        .post_json("/v1/actors/kit/mover/move", &json!({}))
+        .await;
+    assert_eq!(r.status, 400, "{}", r.json);
+}
+
+/// Moves under load: actors go back and forth between the regions while
+/// clients write to them through every node (retrying with the same
+/// idempotency key): every acknowledged write is there exactly once.
+#[tokio::test]
+async fn moves_under_load_lose_and_double_nothing() {
+    use std::sync::{Arc, Mutex};
+    let Some(c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    const ACTORS: usize = 4;
+    for a in 0..ACTORS {
+        assert_eq!(c.api(0).add("kit", &format!("m-{a}"), 1).await.status, 200);
+    }
+    let acked: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>> = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for client in 0..4 {
+        let apis: Vec<Api> = (0..3).map(|i| c.api(i)).collect();
+        let (acked, stop) = (acked.clone(), stop.clone());
+        clients.push(tokio::spawn(async move {
+            let mut seq = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                seq += 1;
+                let id = format!("c{client}-{seq}");
+                let actor = format!("m-{}", (client + seq) % ACTORS);
+                for attempt in 0..200 {
+                    let r = apis[(seq + attempt) % 3]
+                        .try_post_with(
+                            &format!("/v1/actors/kit/{actor}"),
+                            &json!({"op": "record", "id": id, "busy_ms": seq % 2 * 40}),
+                            &[("idempotency-key", &id)],
+                        )
+                        .await;
+                    if r.is_some_and(|r| r.status == 200) {
+                        acked.lock().unwrap().entry(actor).or_default().insert(id);
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }));
+    }
+    let mut moves = 0;
+    let started = Instant::now();
+    for round in 0..5 {
+        for a in 0..ACTORS {
+            let region = if (round + a) % 2 == 0 { "us" } else { "eu" };
+            let r = c
+                .api(round + a)
+                .post_json(
+                    &format!("/v1/actors/kit/m-{a}/move?region={region}"),
+                    &json!({}),
+                )
+                .await;
+            assert_eq!(r.status, 200, "m-{a} to {region}: {}", r.json);
+            moves += usize::from(r.json["moved"] == true);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let took = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for client in clients {
+        client.await.unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    let total: usize = acked.values().map(BTreeSet::len).sum();
+    eprintln!("{moves} moves in {took:?} under load; {total} writes acknowledged");
+    assert!(moves >= 15, "only {moves} moves happened");
+    assert!(total > 50, "the load stalled: {total}");
+    for (actor, ids) in &acked {
+        let page = c
+            .api(1)
+            .get(&format!(
+                "/v1/actors/kit/{actor}/state?prefix=seen/&limit=1000"
+            ))
+            .await;
+        assert_eq!(page.status, 200, "{}", page.json);
+        let seen: BTreeMap<String, i64> = page.json["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                let k = e["key"].as_str().unwrap().trim_start_matches("seen/");
+                (k.to_owned(), e["value"].as_i64().unwrap_or(0))
+            })
+            .collect();
+        for id in ids {
+            assert_eq!(
+                seen.get(id),
+                Some(&1),
+                "{actor}: acknowledged {id} lost or applied twice"
+            );
+        }
+        assert!(
+            seen.values().all(|n| *n == 1),
+            "{actor}: a write applied twice"
+        );
+    }
+}

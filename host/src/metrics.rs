@@ -112,6 +112,8 @@ pub struct Metrics {
     /// Messages sent with `actors.send` handed to their recipients' owners
     /// (a cluster's relay).
     pub cluster_relayed: Counter,
+    /// Actors moved out of this node's slots to another region.
+    pub cluster_moves: Counter,
     /// Round trips shipping committed batches to backups (the time a
     /// batch's output waits for its backup).
     pub replication_seconds: Histogram,
@@ -314,10 +316,17 @@ impl Metrics {
             "Messages sent by actors (actors.send) handed to their recipients' owners",
             cluster_relayed.clone(),
         );
+        let cluster_moves = Counter::default();
+        registry.register(
+            "cluster_moves",
+            "Actors moved out of this node's slots to another region",
+            cluster_moves.clone(),
+        );
         Self {
             registry,
             cluster_forwards,
             cluster_relayed,
+            cluster_moves,
             replication_seconds,
             replication_queue,
             degraded_slots,

@@ -379,24 +379,28 @@ impl Registry {
         }
     }
 
-    /// Ask every active actor of `ty` to hibernate when idle.
-    pub(crate) fn hibernate_type(&self, ty: &str) {
+    /// The active instances of the actors `which` selects hold rows that
+    /// moved away or were replaced (a move, a slot lost): refuse what they
+    /// have not committed yet, make them reload before their next turn,
+    /// and ask them to hibernate when idle.
+    pub(crate) fn invalidate_where(&self, which: impl Fn(&ActorKey) -> bool) {
         for shard in self.shards.iter() {
             let shard = shard.lock().expect("registry shard lock");
             for (k, h) in shard.iter() {
-                if k.ty() == ty {
+                if which(k) {
+                    h.shared.tracker.invalidate();
                     h.shared.hibernate.notify_one();
                 }
             }
         }
     }
 
-    /// Ask every active actor `which` picks to hibernate when idle.
-    pub(crate) fn hibernate_where(&self, which: impl Fn(&ActorKey) -> bool) {
+    /// Ask every active actor of `ty` to hibernate when idle.
+    pub(crate) fn hibernate_type(&self, ty: &str) {
         for shard in self.shards.iter() {
             let shard = shard.lock().expect("registry shard lock");
             for (k, h) in shard.iter() {
-                if which(k) {
+                if k.ty() == ty {
                     h.shared.hibernate.notify_one();
                 }
             }

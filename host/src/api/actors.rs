@@ -20,6 +20,10 @@ use crate::storage::schema::{AlarmSchedule, InputStatus};
 pub(super) struct SendParams {
     #[serde(default = "yes")]
     wait: bool,
+    /// Where a new actor should live (used by the cluster's router; a
+    /// node alone has one place).
+    #[serde(default, rename = "region")]
+    _region: Option<String>,
 }
 
 fn yes() -> bool {

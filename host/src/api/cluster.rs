@@ -21,7 +21,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header}
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::{ApiError, AppState};
+use super::{ApiError, AppState, placement};
 use crate::cluster::Route;
 use crate::ids::ActorKey;
 
@@ -297,6 +297,24 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
         .get(FORWARDED_EPOCH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok());
+    let region_header = s
+        .node
+        .config()
+        .cluster
+        .as_ref()
+        .and_then(|c| c.region_header.as_deref());
+    let place_in = match placement::wanted_region(
+        &cluster,
+        req.method(),
+        &path,
+        req.uri().query(),
+        req.headers(),
+        expected.is_some(),
+        region_header,
+    ) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
     let limit = s.node.config().limits.max_message_bytes + 64 * 1024;
     let (parts, body) = req.into_parts();
     let mut body = Some(body);
@@ -307,11 +325,25 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                 if expected.is_some_and(|e| e != epoch) {
                     return wrong_owner(&key, epoch);
                 }
+                if cluster.moving(&key).is_some() {
+                    placement::settle_move(&s, &cluster, &key).await;
+                    continue;
+                }
                 if !used {
                     match cluster.claim(slot, epoch).await {
                         Ok(true) => {}
                         Ok(false) => continue,
                         Err(e) => return unavailable(&key, &format!("cannot claim its slot: {e}")),
+                    }
+                }
+                if let Some(region) = &place_in {
+                    match placement::place_if_new(&s, &cluster, &key, slot, region).await {
+                        // Placed elsewhere: a forwarder re-reads and
+                        // sends it there; from here it goes there now.
+                        Ok(true) if expected.is_some() => return wrong_owner(&key, epoch),
+                        Ok(true) => continue,
+                        Ok(false) => {}
+                        Err(e) => return e.into_response(),
                     }
                 }
                 let body = match (body.take(), buffered.take()) {
@@ -353,6 +385,12 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                 };
                 let mut headers = forwardable(&parts.headers);
                 headers.insert(FORWARDED_EPOCH, HeaderValue::from(epoch));
+                if let Some(v) = place_in
+                    .as_deref()
+                    .and_then(|r| HeaderValue::from_str(r).ok())
+                {
+                    headers.insert(placement::PLACE_IN, v);
+                }
                 if let Ok(v) = HeaderValue::from_str(cluster.node_id()) {
                     headers.insert(FORWARDED_BY, v);
                 }

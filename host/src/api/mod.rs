@@ -15,6 +15,7 @@ mod extract;
 mod files;
 mod hooks;
 mod openapi;
+mod placement;
 mod providers;
 mod secrets;
 mod streams;
@@ -118,7 +119,7 @@ pub fn router(node: Arc<Node>) -> Router {
         )
         .route("/v1/actors/{type}/{id}/files", get(files::list))
         .route("/v1/actors/{type}/{id}/files/{*path}", get(files::download))
-        .route("/v1/actors/{type}/{id}/move", post(not_yet))
+        .route("/v1/actors/{type}/{id}/move", post(placement::move_actor))
         .route("/v1/hooks/{type}/{id}/{name}", post(hooks::receive))
         .route("/v1/providers", get(providers::list))
         .route(
@@ -146,6 +147,10 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/tokens/{id}", axum::routing::delete(tokens::revoke))
         .route("/v1/cluster", get(cluster::status))
         .route("/v1/cluster/catalog", get(cluster::catalog))
+        .route(
+            "/v1/cluster/move-in",
+            post(placement::move_in).layer(DefaultBodyLimit::max(cluster::MAX_REPLICA_BYTES)),
+        )
         .route(
             "/v1/cluster/replicate",
             post(cluster::replicate).layer(DefaultBodyLimit::max(cluster::MAX_REPLICA_BYTES)),
@@ -181,14 +186,6 @@ async fn method_not_allowed() -> ApiError {
         StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",
         "method not allowed on this endpoint",
-    )
-}
-
-async fn not_yet() -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "not_supported",
-        "this endpoint is part of the Marmot API but not supported by this node yet",
     )
 }
 

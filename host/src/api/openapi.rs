@@ -178,6 +178,11 @@ fn operations() -> Vec<Op> {
                         "boolean",
                         "false: enqueue and answer 202 {message_id}",
                     ),
+                    query(
+                        "region",
+                        "string",
+                        "in a cluster: the region a new actor lives in (an existing one stays)",
+                    ),
                     header(
                         "Idempotency-Key",
                         "a repeat returns the first reply without running again",
@@ -390,10 +395,19 @@ fn operations() -> Vec<Op> {
             method: "post",
             path: "/v1/actors/{type}/{id}/move",
             id: "moveActor",
-            summary: "Move an actor to a region (cluster; not in a single node)",
-            params: actor(),
+            summary: "Move an actor to a region (in a cluster)",
+            params: with(
+                actor(),
+                [query("region", "string", "the region to move it to")],
+            ),
             body: None,
-            responses: vec![(501, "not available on a single node", None)],
+            responses: vec![
+                (200, "moved, or in that region already", Some(any_json())),
+                (400, "no live node in that region, or no `region`", None),
+                (404, "no such actor", None),
+                (409, "a node alone, or another move under way", None),
+                (503, "a step failed; nothing changed", None),
+            ],
         },
         Op {
             method: "post",

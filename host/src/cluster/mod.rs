@@ -18,6 +18,7 @@
 
 mod controller;
 mod peer;
+mod placement;
 pub mod records;
 mod replication;
 mod view;
@@ -33,7 +34,8 @@ use tokio::sync::Notify;
 use crate::config::{ClusterConfig, WithoutBackup};
 use crate::ids::ActorKey;
 pub use peer::{CALL_CHAIN, PeerError, Peers, Target, client as peer_client, decode_chain};
-use records::{Keys, LAYOUT_VERSION, MemberRecord, MetaRecord, SLOTS, SlotRecord, slot_of};
+pub use placement::MoveStarted;
+use records::{Keys, LAYOUT_VERSION, MemberRecord, MetaRecord, SLOTS, SlotRecord};
 pub use replication::Replicator;
 pub use view::View;
 
@@ -186,7 +188,12 @@ impl Cluster {
 
     /// Where a request for `key` goes now.
     pub fn route(&self, key: &ActorKey) -> Route {
-        self.inner.route(slot_of(key))
+        self.inner.route(self.slot_of(key))
+    }
+
+    /// Where a request for an actor of `slot` goes now.
+    pub fn route_slot(&self, slot: u32) -> Route {
+        self.inner.route(slot)
     }
 
     /// Where a message from one of this node's turns to `key` goes: to the
@@ -194,6 +201,10 @@ impl Cluster {
     /// through the API of the owner (or, to claim the slot or learn why
     /// nobody can serve it, this node's own).
     pub fn target(&self, key: &ActorKey) -> Target {
+        if self.moving(key).is_some() {
+            // Through this node's API, which waits for the move.
+            return Target::Via(self.inner.config.advertise.clone());
+        }
         match self.route(key) {
             Route::Local { used: true, .. } => Target::Here,
             Route::Remote { advertise, .. } => Target::Via(advertise),
@@ -235,17 +246,33 @@ impl Cluster {
 
     /// The backup of `key`'s slot, if it has one.
     pub fn backup_of(&self, key: &ActorKey) -> Option<String> {
+        let slot = self.slot_of(key);
         let v = self.inner.view();
-        v.slots[slot_of(key) as usize]
+        v.slots[slot as usize]
             .as_ref()
             .and_then(|e| e.record.backup.clone())
     }
 
     /// Where this node's commits for `key` go: refused unless this node
-    /// owns its slot; to the slot's backup too when it has one.
+    /// owns its slot and no move of the actor is under way; to the slot's
+    /// backup too when it has one.
     pub fn placement(&self, key: &ActorKey) -> crate::storage::Placement {
+        let slot = {
+            let v = self.inner.view();
+            match v.placements.get(key) {
+                Some(e) if e.record.moving.is_some() => {
+                    return crate::storage::Placement::Elsewhere;
+                }
+                Some(e) => e.record.slot,
+                None => records::hash_slot(key),
+            }
+        };
+        self.slot_placement(slot)
+    }
+
+    /// Where this node's commits to the rows of `slot` go.
+    pub fn slot_placement(&self, slot: u32) -> crate::storage::Placement {
         use crate::storage::Placement;
-        let slot = slot_of(key);
         let v = self.inner.view();
         let Some(e) = &v.slots[slot as usize] else {
             return Placement::Elsewhere;
@@ -304,6 +331,17 @@ impl Cluster {
                 (e.record.backup.as_deref() == me || e.record.joining.as_deref() == me)
                     && e.record.epoch == epoch
             })
+    }
+
+    /// Whether this node keeps the rows of `slot`: it owns it, backs it up
+    /// or is catching up to.
+    pub fn holds(&self, slot: u32) -> bool {
+        let v = self.inner.view();
+        let me = Some(self.inner.config.node_id.as_str());
+        v.slots[slot as usize].as_ref().is_some_and(|e| {
+            let r = &e.record;
+            Some(r.owner.as_str()) == me || r.backup.as_deref() == me || r.joining.as_deref() == me
+        })
     }
 
     /// Slots this node owns whose joining node needs a snapshot:

@@ -148,6 +148,31 @@ impl Peers {
         let body = resp.bytes().await.unwrap_or_default();
         Err(refusal(key, status, &body))
     }
+    /// Hand an actor's rows (a `MoveIn`, postcard) to the owner of its new
+    /// slot at `base`, which answers once they are durable there and on
+    /// its backup.
+    pub async fn move_in(&self, base: &str, body: Vec<u8>) -> Result<(), PeerError> {
+        let mut req = self
+            .client
+            .post(format!("{base}/v1/cluster/move-in"))
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .timeout(Duration::from_secs(30))
+            .body(body);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| PeerError::Failed(format!("{base}: {e}")))?;
+        if resp.status().is_success() {
+            return Ok(());
+        }
+        let status = resp.status();
+        let body = resp.text().await.unwrap_or_default();
+        Err(PeerError::Failed(format!("{base}: {status}: {body}")))
+    }
+
     /// Ship replicated batches (postcard) to the backup at `base`; its
     /// outcome per batch, in order (`applied`, `repeat`, `refused`,
     /// `gap`).

@@ -10,8 +10,14 @@
 //!                               (and by the owner, to mark its slot used or
 //!                               to drop a backup it cannot reach), always by
 //!                               compare-and-swap on mod_revision
+//! {prefix}/placements/{t}/{id}  PlacementRecord of an actor that lives in
+//!                               another slot than its hash names (placed in
+//!                               a region, or moved), written only by the
+//!                               owner of the slot it leaves, by
+//!                               compare-and-swap; type and id percent-encoded
 //! ```
 
+use percent_encoding::{NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 use serde::{Deserialize, Serialize};
 
 use crate::ids::ActorKey;
@@ -59,9 +65,24 @@ impl Keys {
         format!("{}/slots/{slot:04}", self.prefix)
     }
 
+    pub fn placement(&self, actor: &ActorKey) -> String {
+        format!(
+            "{}/placements/{}/{}",
+            self.prefix,
+            utf8_percent_encode(actor.ty(), NON_ALPHANUMERIC),
+            utf8_percent_encode(actor.id(), NON_ALPHANUMERIC)
+        )
+    }
+
     /// What a key under [`Self::all`] is.
     pub fn parse<'k>(&self, key: &'k str) -> Option<Key<'k>> {
         let rest = key.strip_prefix(&self.prefix)?.strip_prefix('/')?;
+        if let Some(actor) = rest.strip_prefix("placements/") {
+            let (ty, id) = actor.split_once('/')?;
+            let ty = percent_decode_str(ty).decode_utf8().ok()?;
+            let id = percent_decode_str(id).decode_utf8().ok()?;
+            return ActorKey::new(&ty, &id).ok().map(Key::Placement);
+        }
         if let Some(id) = rest.strip_prefix("members/") {
             return Some(Key::Member(id));
         }
@@ -77,12 +98,13 @@ impl Keys {
 }
 
 /// A key of the layout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Key<'k> {
     Meta,
     Member(&'k str),
     Controller,
     Slot(u32),
+    Placement(ActorKey),
 }
 
 /// `{prefix}/meta`.
@@ -137,9 +159,25 @@ pub struct SlotRecord {
     pub avoid: Option<String>,
 }
 
-/// The slot of an actor: FNV-1a (64 bit) of `type \0 id`, modulo
+/// Where an actor lives when not in the slot its hash names: it was
+/// placed in a region when created, or moved. The entry is the switch of a
+/// move: the actor's rows count only in the slot it names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacementRecord {
+    /// The slot the actor lives in.
+    pub slot: u32,
+    /// A move (or a placement) out of `slot` is under way, by the slot's
+    /// owner `by`: requests wait, and nothing of the actor commits, until
+    /// the entry names its new slot — or the move is undone (by `by`, or by
+    /// whichever node owns `slot` once `by` is gone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moving: Option<String>,
+}
+
+/// The slot of an actor by its hash (where it lives unless a
+/// [`PlacementRecord`] says otherwise): FNV-1a (64 bit) of `type \0 id`, modulo
 /// [`SLOTS`]. Part of the layout: changing it moves every actor.
-pub fn slot_of(key: &ActorKey) -> u32 {
+pub fn hash_slot(key: &ActorKey) -> u32 {
     let h = fnv1a(&[key.ty().as_bytes(), b"\0", key.id().as_bytes()]);
     (h % u64::from(SLOTS)) as u32
 }
@@ -174,11 +212,11 @@ mod tests {
     fn slots_are_stable_and_spread() {
         // Pinned: these values are part of the layout.
         let k = ActorKey::new("counter", "alice").unwrap();
-        assert_eq!(slot_of(&k), slot_of(&k.clone()));
+        assert_eq!(hash_slot(&k), hash_slot(&k.clone()));
         let mut counts = vec![0u32; SLOTS as usize];
         for i in 0..100_000 {
             let k = ActorKey::new("t", &format!("user-{i}")).unwrap();
-            counts[slot_of(&k) as usize] += 1;
+            counts[hash_slot(&k) as usize] += 1;
         }
         let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
         assert!(*min > 50 && *max < 160, "uneven: {min}..{max}");
@@ -212,6 +250,8 @@ mod tests {
         assert_eq!(k.parse(&k.slot(17)), Some(Key::Slot(17)));
         assert_eq!(k.parse(&k.controller()), Some(Key::Controller));
         assert_eq!(k.parse(&k.meta()), Some(Key::Meta));
+        let odd = ActorKey::new("counter", "x y/ü").unwrap();
+        assert_eq!(k.parse(&k.placement(&odd)), Some(Key::Placement(odd)));
         assert_eq!(k.parse("/marmot/slots/9999"), None);
         assert_eq!(k.parse("/other/meta"), None);
     }

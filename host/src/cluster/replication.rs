@@ -81,8 +81,16 @@ impl Replication for Replicator {
         self.cluster.placement(key)
     }
 
+    fn slot_placement(&self, slot: u32) -> Placement {
+        self.cluster.slot_placement(slot)
+    }
+
     fn slot_of(&self, key: &ActorKey) -> u32 {
-        super::records::slot_of(key)
+        self.cluster.slot_of(key)
+    }
+
+    fn holds(&self, slot: u32) -> bool {
+        self.cluster.holds(slot)
     }
 
     fn ship(&self, batches: Vec<ReplicaBatch>, release: Release) {

@@ -2,9 +2,10 @@
 //! table at one etcd revision, kept current by a watch (re-listed at a
 //! revision after a watch error or compaction).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
-use super::records::{Key, Keys, MemberRecord, SLOTS, SlotRecord};
+use super::records::{Key, Keys, MemberRecord, PlacementRecord, SLOTS, SlotRecord};
+use crate::ids::ActorKey;
 
 /// A slot's record and the etcd `mod_revision` it was written at (the
 /// compare-and-swap token for the next write).
@@ -14,12 +15,21 @@ pub struct SlotEntry {
     pub mod_revision: i64,
 }
 
-/// Members and slots as of `revision`.
+/// An actor's placement and the etcd `mod_revision` it was written at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlacementEntry {
+    pub record: PlacementRecord,
+    pub mod_revision: i64,
+}
+
+/// Members, slots and placements as of `revision`.
 #[derive(Debug, Clone)]
 pub struct View {
     pub revision: i64,
     pub members: BTreeMap<String, MemberRecord>,
     pub slots: Vec<Option<SlotEntry>>,
+    /// Actors that live in another slot than their hash names.
+    pub placements: HashMap<ActorKey, PlacementEntry>,
     pub controller: Option<String>,
 }
 
@@ -29,6 +39,7 @@ impl Default for View {
             revision: 0,
             members: BTreeMap::new(),
             slots: vec![None; SLOTS as usize],
+            placements: HashMap::new(),
             controller: None,
         }
     }
@@ -64,6 +75,32 @@ impl View {
                 }
             },
             (Key::Slot(s), None) => self.slots[s as usize] = None,
+            (Key::Placement(actor), Some(v)) => {
+                match serde_json::from_slice::<PlacementRecord>(v) {
+                    Ok(record) if record.slot < SLOTS => {
+                        // A write this node noted at once may be newer than
+                        // what the watch brings.
+                        if self
+                            .placements
+                            .get(&actor)
+                            .is_some_and(|e| e.mod_revision > mod_revision)
+                        {
+                            return;
+                        }
+                        self.placements.insert(
+                            actor,
+                            PlacementEntry {
+                                record,
+                                mod_revision,
+                            },
+                        );
+                    }
+                    _ => tracing::warn!(key, "ignoring a placement record that does not decode"),
+                }
+            }
+            (Key::Placement(actor), None) => {
+                self.placements.remove(&actor);
+            }
             (Key::Controller, v) => {
                 self.controller = v.map(|v| String::from_utf8_lossy(v).into_owned());
             }

@@ -18,6 +18,7 @@ mod actors;
 mod background;
 mod deploy;
 mod hooks;
+mod moves;
 mod queries;
 mod relay;
 mod replicas;
@@ -34,6 +35,7 @@ use std::time::Duration;
 
 pub use deploy::{DeleteTypeError, DeployError};
 pub use hooks::WebhookError;
+pub use moves::{MoveError, MoveIn, Moved};
 pub use runs::RunWaitError;
 pub use shared::SharedState;
 
@@ -78,6 +80,8 @@ pub struct Node {
     models: Arc<Gateway>,
     /// Membership and routing when the node is part of a cluster.
     cluster: Option<Cluster>,
+    /// Actors this node is moving to another region now.
+    moves: moves::Moves,
     ready: AtomicBool,
 }
 
@@ -196,6 +200,7 @@ impl Node {
             tokens,
             models,
             cluster,
+            moves: moves::Moves::default(),
             ready: AtomicBool::new(false),
         });
         node.update_gauges();

@@ -76,6 +76,12 @@ impl From<UsageRecord> for ModelUsage {
 }
 
 impl Node {
+    /// Whether `key` exists: active here, or committed.
+    pub fn actor_exists(&self, key: &ActorKey) -> Result<bool, StorageError> {
+        Ok(self.registry().live_stats(key).is_some()
+            || self.storage.reader()?.actor(key)?.is_some())
+    }
+
     /// What is known about an actor (its committed state).
     pub fn actor_info(&self, key: &ActorKey) -> Result<Option<ActorInfo>, StorageError> {
         let r = self.storage.reader()?;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::Node;
 use crate::alarms::scheduler::Notice;
-use crate::cluster::records::slot_of;
+use crate::ids::ActorKey;
 
 impl Node {
     pub(super) async fn follow_slots(self: Arc<Self>) {
@@ -37,10 +37,15 @@ impl Node {
                 );
                 self.actors
                     .registry()
-                    .hibernate_where(|k| lost.contains(&slot_of(k)));
+                    .invalidate_where(|k| lost.contains(&cluster.slot_of(k)));
             }
             if !gained.is_empty() {
-                self.take_over(&gained);
+                let woken = self.start_actors(|k| gained.contains(&cluster.slot_of(k)));
+                tracing::info!(
+                    slots = gained.len(),
+                    actors_with_messages = woken,
+                    "took over slots"
+                );
             }
             owned = now;
         }
@@ -79,16 +84,17 @@ impl Node {
         });
     }
 
-    /// Start the actors of `slots`, which this node now owns with their
-    /// data: their alarms, and their queued messages.
-    fn take_over(&self, slots: &BTreeSet<u32>) {
+    /// Start the actors `which` selects, which this node now serves with
+    /// their data (slots taken over, an actor moved in): their alarms, and
+    /// their queued messages. Returns the actors woken for messages.
+    pub(super) fn start_actors(&self, which: impl Fn(&ActorKey) -> bool) -> usize {
         self.actors.scheduler.notify(Notice::Reload);
-        let woken = match self.storage.reader().and_then(|r| {
+        match self.storage.reader().and_then(|r| {
             let (nums, _) = r.inbox_actors()?;
             let mut keys = Vec::new();
             for num in nums {
                 if let Some(k) = r.actor_key(num)?
-                    && slots.contains(&slot_of(&k))
+                    && which(&k)
                 {
                     keys.push(k);
                 }
@@ -102,14 +108,9 @@ impl Node {
                 keys.len()
             }
             Err(e) => {
-                tracing::error!(error = %e, "cannot read the inboxes of slots taken over");
+                tracing::error!(error = %e, "cannot read the inboxes of actors to start");
                 0
             }
-        };
-        tracing::info!(
-            slots = slots.len(),
-            actors_with_messages = woken,
-            "took over slots"
-        );
+        }
     }
 }

@@ -356,6 +356,12 @@ pub struct ClusterConfig {
     /// reached) does with writes.
     #[serde(default)]
     pub without_backup: WithoutBackup,
+    /// A request header set by the edge in front of the cluster naming the
+    /// client's region (`x-edge-region`): a new actor is placed in that
+    /// region when it is one of the cluster's (`?region=` wins; without
+    /// either, the receiving node's region).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region_header: Option<String>,
 }
 
 /// The policy of a slot that has no backup (degraded).

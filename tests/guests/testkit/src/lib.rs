@@ -20,7 +20,11 @@ enum Op {
     /// Add `by` to the integer under `key`; reply with the new value.
     Add { key: String, by: i64 },
     /// Count operation `id` under `seen/<id>` and bump `total`, in one turn.
-    Record { id: String },
+    Record {
+        id: String,
+        #[serde(default)]
+        busy_ms: u64,
+    },
     /// Append `value` to the JSON list under `key` (read-modify-write).
     Append { key: String, value: Value },
     /// Set `key` to the JSON `value`.
@@ -209,11 +213,17 @@ impl Actor for TestKit {
                 state::set_json(&key, &v)?;
                 Reply::json(&json!({ "value": v }))
             }
-            Op::Record { id } => {
+            Op::Record { id, busy_ms } => {
+                // Read, then stay busy: a commit that lands well after the
+                // turn started (a move or a failover meanwhile).
                 let seen = state::get_json::<u64>(&format!("seen/{id}"))?.unwrap_or(0) + 1;
                 state::set_json(&format!("seen/{id}"), &seen)?;
                 let total = state::get_json::<u64>("total")?.unwrap_or(0) + 1;
                 state::set_json("total", &total)?;
+                let start = std::time::Instant::now();
+                while start.elapsed().as_millis() < u128::from(busy_ms) {
+                    std::hint::spin_loop();
+                }
                 Reply::json(&json!({ "seen": seen, "total": total }))
             }
             Op::Append { key, value } => {

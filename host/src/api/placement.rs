@@ -1,0 +1,201 @@
+//! Actors near their users, in the API (docs/design.md "Placement and
+//! moves"):
+//!
+//! * A message that may create an actor names the region it should live
+//!   in: `?region=`, else the edge's header (`cluster.region_header`), else
+//!   the region of the node that received it (passed on to the owner in
+//!   [`PLACE_IN`]). The owner of the actor's hash slot places a new actor
+//!   whose slot is elsewhere in that region before its first write; an
+//!   actor that exists stays where it is.
+//! * `POST /v1/actors/{type}/{id}/move?region=` moves one actor, on the
+//!   owner of the slot it lives in (the router sends it there).
+//! * While an actor moves, its requests wait on the mover.
+
+use std::time::{Duration, Instant};
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use super::extract::ActorPath;
+use super::{ApiError, AppState};
+use crate::cluster::Cluster;
+use crate::ids::ActorKey;
+use crate::node::{MoveError, MoveIn, Moved};
+
+/// On a forwarded request that may create its actor: the region it should
+/// live in, as the receiving node decided.
+pub(super) const PLACE_IN: &str = "x-marmot-place-in";
+
+/// The longest a request waits for a move of its actor.
+const MOVE_WAIT: Duration = Duration::from_secs(30);
+
+/// The region a request that may create `path`'s actor wants it in, if it
+/// may create one (`Err`: a `?region=` no live node is in).
+pub(super) fn wanted_region(
+    cluster: &Cluster,
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    forwarded: bool,
+    region_header: Option<&str>,
+) -> Result<Option<String>, ApiError> {
+    let creates = method == Method::POST
+        && (path.starts_with("/v1/hooks/")
+            || path
+                .strip_prefix("/v1/actors/")
+                .is_some_and(|rest| rest.split('/').count() == 2));
+    if !creates {
+        return Ok(None);
+    }
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+    };
+    if forwarded {
+        return Ok(header(PLACE_IN));
+    }
+    let live = cluster.regions();
+    let asked = query.and_then(|q| {
+        url::form_urlencoded::parse(q.as_bytes())
+            .find(|(k, _)| k == "region")
+            .map(|(_, v)| v.into_owned())
+    });
+    if let Some(region) = asked {
+        if !live.contains(&region) {
+            let known: Vec<&str> = live.iter().map(String::as_str).collect();
+            return Err(ApiError::bad_request(
+                "unknown_region",
+                format!(
+                    "no live node is in region `{region}` (regions: {})",
+                    known.join(", ")
+                ),
+            ));
+        }
+        return Ok(Some(region));
+    }
+    // The edge's hint counts only when it names a region of the cluster.
+    if let Some(region) = region_header.and_then(header).filter(|r| live.contains(r)) {
+        return Ok(Some(region));
+    }
+    Ok(Some(cluster.region().to_owned()))
+}
+
+/// Wait while this node moves `key`; undo the fence of a move whose mover
+/// is gone. Called by the owner of the slot the actor lives in.
+pub(super) async fn settle_move(s: &AppState, cluster: &Cluster, key: &ActorKey) {
+    let deadline = Instant::now() + MOVE_WAIT;
+    while cluster.moving(key).is_some() && Instant::now() < deadline {
+        if !s.node.is_moving(key) {
+            if let Err(e) = s.node.undo_stale_move(key).await {
+                tracing::warn!(actor = %key, error = %e, "cannot undo a stale move");
+            }
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// On the owner of `key`'s hash slot: place `key` in `region` if it is new
+/// and its slot is in another region. `true` if it now lives elsewhere.
+pub(super) async fn place_if_new(
+    s: &AppState,
+    cluster: &Cluster,
+    key: &ActorKey,
+    slot: u32,
+    region: &str,
+) -> Result<bool, ApiError> {
+    if cluster.placed(key) || cluster.region_of_slot(slot).as_deref() == Some(region) {
+        return Ok(false);
+    }
+    if s.node.actor_exists(key)? {
+        return Ok(false);
+    }
+    s.node
+        .place_new(key, region)
+        .await
+        .map_err(|e| move_error(key, e))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MoveParams {
+    region: String,
+}
+
+/// `POST /v1/actors/{type}/{id}/move?region=`.
+pub(super) async fn move_actor(
+    State(s): State<AppState>,
+    ActorPath(key): ActorPath,
+    Query(q): Query<MoveParams>,
+) -> Result<Response, ApiError> {
+    let moved = s
+        .node
+        .move_actor(&key, &q.region)
+        .await
+        .map_err(|e| move_error(&key, e))?;
+    let cluster = s
+        .node
+        .cluster()
+        .ok_or_else(|| move_error(&key, MoveError::NoCluster))?;
+    let slot = cluster.slot_of(&key);
+    let node = match cluster.route_slot(slot) {
+        crate::cluster::Route::Local { .. } => Some(cluster.node_id().to_owned()),
+        crate::cluster::Route::Remote { node_id, .. } => Some(node_id),
+        crate::cluster::Route::Unavailable { .. } => None,
+    };
+    Ok(axum::Json(serde_json::json!({
+        "moved": matches!(moved, Moved::To { .. }),
+        "region": q.region,
+        "slot": slot,
+        "node": node,
+    }))
+    .into_response())
+}
+
+/// `POST /v1/cluster/move-in`: an actor's rows from the node moving it.
+pub(super) async fn move_in(
+    State(s): State<AppState>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body?;
+    let request: MoveIn = postcard::from_bytes(&body)
+        .map_err(|e| ApiError::bad_request("invalid_move", format!("not a moved actor: {e}")))?;
+    let key = ActorKey::new(&request.image.actor_type, &request.image.actor_id)
+        .map_err(|e| ApiError::bad_request("invalid_move", e.to_string()))?;
+    s.node
+        .accept_move(request)
+        .await
+        .map_err(|e| move_error(&key, e))?;
+    Ok(axum::Json(serde_json::json!({ "installed": true })).into_response())
+}
+
+fn move_error(key: &ActorKey, e: MoveError) -> ApiError {
+    match e {
+        MoveError::NotFound(_) => ApiError::actor_not_found(key),
+        MoveError::NoRegion(..) => ApiError::bad_request("unknown_region", e.to_string()),
+        MoveError::NoCluster => {
+            ApiError::new(StatusCode::CONFLICT, "not_in_cluster", e.to_string())
+        }
+        MoveError::Busy(_) => {
+            let mut err = ApiError::new(StatusCode::CONFLICT, "move_conflict", e.to_string());
+            err.retry_after = Some(1);
+            err
+        }
+        MoveError::Failed(_) => {
+            let mut err = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "move_failed",
+                e.to_string(),
+            );
+            err.retry_after = Some(1);
+            err
+        }
+    }
+}

@@ -1,0 +1,401 @@
+//! Moving an actor to a node nearer its users, and placing a new one
+//! there (docs/design.md "Placement and moves").
+//!
+//! Run by the owner of the slot the actor lives in:
+//!
+//! 1. **Fence**: its placement entry says this node is moving it (etcd
+//!    compare-and-swap, also on the slot's record: only the slot's owner
+//!    at its epoch can start). From then on requests for the actor wait
+//!    and every node's writer refuses its commits.
+//! 2. **Read** all its rows in the writer (after the fence: nothing can
+//!    commit after the read).
+//! 3. **Install** them on the owner of the new slot, which commits them
+//!    there and on that slot's backup before it answers.
+//! 4. **Switch**: the placement entry names the new slot (compare-and-swap
+//!    on the entry this node wrote). This is the moment of the move.
+//! 5. **Drop** the rows here (and on the old slot's backup).
+//!
+//! A failure before the switch undoes the fence (the rows in the old slot
+//! are still the actor's); a node that finds a fence whose mover is gone
+//! (it crashed, or lost the slot) undoes it the same way. A copy installed
+//! on the target before an undone switch is never served (the entry does
+//! not name its slot) and is replaced by the next move there.
+//!
+//! Placing a new actor is the same with nothing to read: if the actor
+//! turns out to exist after the fence, it stays.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::Node;
+use crate::cluster::{Cluster, MoveStarted, Peers, Route};
+use crate::ids::ActorKey;
+use crate::storage::WriteOp;
+use crate::storage::schema::{ActorImage, FileBody};
+
+/// Actors this node is moving now: their requests wait here.
+#[derive(Default)]
+pub(super) struct Moves(Mutex<HashSet<ActorKey>>);
+
+/// Removes its actor from [`Moves`] when the move ends, however it ends.
+struct Moving<'m>(&'m Moves, ActorKey);
+
+impl Drop for Moving<'_> {
+    fn drop(&mut self) {
+        self.0
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.1);
+    }
+}
+
+impl Moves {
+    fn begin(&self, key: &ActorKey) -> Option<Moving<'_>> {
+        let mut set = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        set.insert(key.clone()).then(|| Moving(self, key.clone()))
+    }
+
+    fn contains(&self, key: &ActorKey) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(key)
+    }
+}
+
+/// An actor's rows on their way to the owner of its new slot
+/// (`POST /v1/cluster/move-in`, postcard).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MoveIn {
+    /// The new slot.
+    pub slot: u32,
+    /// Its epoch, as the sender saw it.
+    pub epoch: u64,
+    /// The rows.
+    pub image: ActorImage,
+    /// The blobs its files name: (SHA-256, bytes).
+    pub blobs: Vec<([u8; 32], Vec<u8>)>,
+}
+
+/// What became of a move.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Moved {
+    /// The actor lives in `slot` now.
+    To { slot: u32 },
+    /// It was in that region already.
+    Already,
+}
+
+/// Why an actor was not moved. Nothing changed.
+#[derive(Debug, thiserror::Error)]
+pub enum MoveError {
+    /// The actor does not exist.
+    #[error("actor {0} does not exist")]
+    NotFound(ActorKey),
+    /// No live node is in the region.
+    #[error("no live node is in region `{0}` (regions: {1})")]
+    NoRegion(String, String),
+    /// The node is not in a cluster.
+    #[error("this node runs alone: there is nowhere to move an actor to")]
+    NoCluster,
+    /// Another move of the actor is under way, or the slot changed hands.
+    #[error("{0}")]
+    Busy(String),
+    /// A step failed (etcd, the target node, storage).
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// What the actor turned out to be after the fence.
+enum Found {
+    Nothing,
+    Rows(Box<ActorImage>),
+}
+
+impl Node {
+    /// Move `key`, which lives in a slot this node owns, to `region`.
+    pub async fn move_actor(
+        self: &Arc<Self>,
+        key: &ActorKey,
+        region: &str,
+    ) -> Result<Moved, MoveError> {
+        let cluster = self.cluster.clone().ok_or(MoveError::NoCluster)?;
+        let to = slot_in(&cluster, key, region)?;
+        let exists = self
+            .actor_exists(key)
+            .map_err(|e| MoveError::Failed(format!("cannot read actor {key}: {e}")))?;
+        if !exists {
+            return Err(MoveError::NotFound(key.clone()));
+        }
+        if cluster.region_of_slot(cluster.slot_of(key)).as_deref() == Some(region) {
+            return Ok(Moved::Already);
+        }
+        self.relocate(&cluster, key, to, false).await
+    }
+
+    /// Place `key`, new, in `region`: `true` if it now lives there, `false`
+    /// if it turned out to exist (it stays where it is).
+    pub async fn place_new(
+        self: &Arc<Self>,
+        key: &ActorKey,
+        region: &str,
+    ) -> Result<bool, MoveError> {
+        let cluster = self.cluster.clone().ok_or(MoveError::NoCluster)?;
+        let to = slot_in(&cluster, key, region)?;
+        Ok(self.relocate(&cluster, key, to, true).await? != Moved::Already)
+    }
+
+    /// Whether this node is moving `key` now.
+    pub fn is_moving(&self, key: &ActorKey) -> bool {
+        self.moves.contains(key)
+    }
+
+    /// Undo the fence of a move whose mover is gone (or restarted), if
+    /// this node owns the actor's slot. `true` if undone.
+    pub async fn undo_stale_move(&self, key: &ActorKey) -> anyhow::Result<bool> {
+        let Some(cluster) = &self.cluster else {
+            return Ok(false);
+        };
+        if self.moves.contains(key) {
+            return Ok(false);
+        }
+        let Route::Local { slot, .. } = cluster.route(key) else {
+            return Ok(false);
+        };
+        let undone = cluster.undo_stale_move(key, slot).await?;
+        if undone {
+            tracing::warn!(actor = %key, slot, "undid the fence of a move whose mover is gone");
+        }
+        Ok(undone)
+    }
+
+    async fn relocate(
+        self: &Arc<Self>,
+        cluster: &Cluster,
+        key: &ActorKey,
+        to: u32,
+        placing: bool,
+    ) -> Result<Moved, MoveError> {
+        let Route::Local { slot, epoch, .. } = cluster.route(key) else {
+            return Err(MoveError::Busy(format!(
+                "actor {key} is not served by this node now; retry"
+            )));
+        };
+        let Some(_moving) = self.moves.begin(key) else {
+            return Err(MoveError::Busy(format!(
+                "a move of actor {key} is under way"
+            )));
+        };
+        let started = cluster
+            .start_move(key, slot, epoch)
+            .await
+            .map_err(|e| MoveError::Failed(format!("cannot fence actor {key}: {e:#}")))?
+            .ok_or_else(|| {
+                MoveError::Busy(format!("actor {key}'s slot or placement changed; retry"))
+            })?;
+        // Fenced: whatever the active instance would commit is refused.
+        self.actors.registry().invalidate_where(|k| k == key);
+        let found = self.read_fenced(key).await;
+        let result = match (found, placing) {
+            (Err(e), _) => Err(e),
+            (Ok(Found::Rows(_)), true) => Ok(Moved::Already),
+            (Ok(Found::Nothing), false) => Err(MoveError::NotFound(key.clone())),
+            (Ok(Found::Nothing), true) => Ok(Moved::To { slot: to }),
+            (Ok(Found::Rows(image)), false) => self
+                .ship(cluster, to, *image)
+                .await
+                .map(|()| Moved::To { slot: to }),
+        };
+        let Ok(Moved::To { slot: to }) = result else {
+            self.end(cluster, key, started, started.from).await;
+            return result;
+        };
+        if !self.end(cluster, key, started, to).await {
+            return Err(MoveError::Busy(format!(
+                "actor {key}'s slot changed hands during the move; it stays where it was"
+            )));
+        }
+        if !placing {
+            let dropped = self
+                .storage
+                .writer()
+                .call(|done| WriteOp::MoveOut {
+                    key: key.clone(),
+                    from: started.from,
+                    to,
+                    done,
+                })
+                .await;
+            if let Err(e) = dropped {
+                // The entry names the new slot: these rows are never
+                // served again, only kept.
+                tracing::warn!(actor = %key, error = %e, "cannot drop the rows of a moved actor");
+            }
+            self.actors.registry().invalidate_where(|k| k == key);
+            self.actors
+                .scheduler
+                .notify(crate::alarms::scheduler::Notice::Reload);
+            self.metrics.cluster_moves.inc();
+        }
+        tracing::info!(actor = %key, from = started.from, to, placing, "actor moved");
+        Ok(Moved::To { slot: to })
+    }
+
+    /// The fenced actor's rows.
+    async fn read_fenced(&self, key: &ActorKey) -> Result<Found, MoveError> {
+        let image = self
+            .storage
+            .writer()
+            .call(|done| WriteOp::ReadImage {
+                key: key.clone(),
+                done,
+            })
+            .await
+            .map_err(|e| MoveError::Failed(format!("cannot read actor {key}: {e}")))?;
+        Ok(image.map_or(Found::Nothing, Found::Rows))
+    }
+
+    /// End the move at `to` (`started.from`: undo it). `false` if the
+    /// entry was no longer this node's to write.
+    async fn end(&self, cluster: &Cluster, key: &ActorKey, started: MoveStarted, to: u32) -> bool {
+        for attempt in 0..5u32 {
+            match cluster.end_move(key, started, to).await {
+                Ok(done) => return done,
+                Err(e) => {
+                    tracing::warn!(actor = %key, attempt, error = %e, "cannot end a move yet");
+                    tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
+                }
+            }
+        }
+        // The fence stays until this node (or the slot's next owner) finds
+        // it stale and undoes it: the actor waits, nothing is lost.
+        false
+    }
+
+    /// Install `image` on the owner of slot `to`.
+    async fn ship(
+        self: &Arc<Self>,
+        cluster: &Cluster,
+        to: u32,
+        image: ActorImage,
+    ) -> Result<(), MoveError> {
+        let (epoch, base) = match cluster.route_slot(to) {
+            Route::Local { epoch, .. } => (epoch, None),
+            Route::Remote {
+                epoch, advertise, ..
+            } => (epoch, Some(advertise)),
+            Route::Unavailable { why, .. } => {
+                return Err(MoveError::Failed(format!(
+                    "the new slot cannot take the actor: {why}"
+                )));
+            }
+        };
+        let mut blobs = Vec::new();
+        for (_, f) in &image.files {
+            if f.body == FileBody::Blob {
+                let storage = self.storage.clone();
+                let sha = f.sha256;
+                let bytes = tokio::task::spawn_blocking(move || storage.blobs().read(&sha))
+                    .await
+                    .map_err(|e| MoveError::Failed(e.to_string()))?
+                    .map_err(|e| MoveError::Failed(format!("cannot read a file's blob: {e}")))?;
+                blobs.push((sha, bytes));
+            }
+        }
+        let request = MoveIn {
+            slot: to,
+            epoch,
+            image,
+            blobs,
+        };
+        match base {
+            None => self.accept_move(request).await,
+            Some(base) => {
+                let body = postcard::to_stdvec(&request)
+                    .map_err(|e| MoveError::Failed(format!("cannot encode the move: {e}")))?;
+                Peers::new(self.config.admin_token.clone())
+                    .move_in(&base, body)
+                    .await
+                    .map_err(|e| MoveError::Failed(format!("the new owner refused: {e}")))
+            }
+        }
+    }
+
+    /// Take an actor moved into `request.slot`, which this node must own
+    /// at `request.epoch`: its rows are durable here and on the slot's
+    /// backup when this returns. It starts (alarms, queued messages) once
+    /// this node sees the switch.
+    pub async fn accept_move(self: &Arc<Self>, request: MoveIn) -> Result<(), MoveError> {
+        let cluster = self.cluster.clone().ok_or(MoveError::NoCluster)?;
+        let MoveIn {
+            slot,
+            epoch,
+            image,
+            blobs,
+        } = request;
+        match cluster.route_slot(slot) {
+            Route::Local { epoch: e, used, .. } if e == epoch => {
+                // The slot holds data from now on.
+                if !used && !cluster.claim(slot, epoch).await.unwrap_or(false) {
+                    return Err(MoveError::Busy(format!("slot {slot} changed hands")));
+                }
+            }
+            _ => {
+                return Err(MoveError::Busy(format!(
+                    "slot {slot} is not this node's at epoch {epoch}"
+                )));
+            }
+        }
+        let storage = self.storage.clone();
+        let _holds = tokio::task::spawn_blocking(move || {
+            blobs
+                .iter()
+                .map(|(_, b)| storage.blobs().put(b))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .await
+        .map_err(|e| MoveError::Failed(e.to_string()))?
+        .map_err(|e| MoveError::Failed(format!("cannot store a file's blob: {e}")))?;
+        let key = ActorKey::new(&image.actor_type, &image.actor_id)
+            .map_err(|e| MoveError::Failed(format!("the moved actor has no valid name: {e}")))?;
+        // An instance left here from an earlier stay would serve what it
+        // remembers: it reloads the rows installed now.
+        self.actors.registry().invalidate_where(|k| k == &key);
+        self.storage
+            .writer()
+            .call(|done| WriteOp::MoveIn {
+                image: Box::new(image),
+                slot,
+                done,
+            })
+            .await
+            .map_err(|e| MoveError::Failed(format!("cannot install actor {key}: {e}")))?;
+        self.actors.registry().invalidate_where(|k| k == &key);
+        // Start it once the switch is seen (bounded: an undone move never
+        // switches).
+        let node = self.clone();
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            while tokio::time::Instant::now() < deadline {
+                if cluster.slot_of(&key) == slot && cluster.moving(&key).is_none() {
+                    node.start_actors(|k| k == &key);
+                    return;
+                }
+                let _ = tokio::time::timeout(Duration::from_secs(1), cluster.changed()).await;
+            }
+        });
+        Ok(())
+    }
+}
+
+/// The slot `key` goes to in `region`.
+fn slot_in(cluster: &Cluster, key: &ActorKey, region: &str) -> Result<u32, MoveError> {
+    cluster.slot_in_region(key, region).ok_or_else(|| {
+        let regions: Vec<String> = cluster.regions().into_iter().collect();
+        MoveError::NoRegion(region.to_owned(), regions.join(", "))
+    })
+}
