@@ -643,16 +643,36 @@ async fn delete_type_needs_force_while_actors_exist() {
     assert_eq!(api.delete("/v1/types/empty").await.status, 200);
 }
 
+/// A node alone has one place: moving an actor is refused (it exists or
+/// not), and a region hint on a message changes nothing.
 #[tokio::test]
-async fn endpoints_of_later_capabilities_say_so() {
+async fn a_node_alone_moves_no_actor() {
     let (_dir, _node, api) = common::kit_node(json!({})).await;
-    for (method, path) in [(Method::POST, "/v1/actors/kit/a/move")] {
-        assert_error(
-            &api.req(method, path, None, &[]).await,
-            501,
-            "not_supported",
-        );
-    }
+    assert_eq!(api.add("kit", "a", 1).await.status, 200);
+    let r = api
+        .post_json(
+            "/v1/actors/kit/a?region=eu",
+            &json!({"op": "add", "key": "n", "by": 1}),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json["value"].clone()),
+        (200, json!(2)),
+        "{}",
+        r.json
+    );
+    assert_error(
+        &api.req(Method::POST, "/v1/actors/kit/a/move?region=eu", None, &[])
+            .await,
+        409,
+        "not_in_cluster",
+    );
+    assert_error(
+        &api.req(Method::POST, "/v1/actors/kit/a/move", None, &[])
+            .await,
+        400,
+        "invalid_query",
+    );
 }
 
 #[tokio::test]

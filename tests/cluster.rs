@@ -1081,7 +1081,31 @@ async fn actors_live_in_the_region_asked_and_move_with_all_their_data() {
         String::from_utf8_lossy(&c.nodes[h].client().get("/metrics").await.body).into_owned();
     assert_eq!(metric(&text, "marmot_cluster_moves_total"), 1.0, "{text}");
 
-    // Asked again: already there. Back to eu: with its data.
+    // Asked again (with the CLI): already there. Back to eu: with its data.
+    let out = Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args([
+            "cluster",
+            "move",
+            "kit",
+            "mover",
+            "--region",
+            "us",
+            "--url",
+            &c.nodes[2].url,
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("already"), "{text}");
+    let out = Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["cluster", "status", "--url", &c.nodes[2].url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("actors placed outside their hash slot"),
+        "{text}"
+    );
     let r = c
         .api(2)
         .post_json("/v1/actors/kit/mover/move?region=us", &json!({}))

@@ -13,13 +13,13 @@
 
 use std::time::{Duration, Instant};
 
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::extract::ActorPath;
-use super::{ApiError, AppState};
+use super::{ApiError, AppState, Query};
 use crate::cluster::Cluster;
 use crate::ids::ActorKey;
 use crate::node::{MoveError, MoveIn, Moved};
@@ -61,12 +61,16 @@ pub(super) fn wanted_region(
     if forwarded {
         return Ok(header(PLACE_IN));
     }
-    let live = cluster.regions();
     let asked = query.and_then(|q| {
         url::form_urlencoded::parse(q.as_bytes())
             .find(|(k, _)| k == "region")
             .map(|(_, v)| v.into_owned())
     });
+    let hinted = region_header.and_then(header);
+    if asked.is_none() && hinted.is_none() {
+        return Ok(Some(cluster.region().to_owned()));
+    }
+    let live = cluster.regions();
     if let Some(region) = asked {
         if !live.contains(&region) {
             let known: Vec<&str> = live.iter().map(String::as_str).collect();
@@ -81,7 +85,7 @@ pub(super) fn wanted_region(
         return Ok(Some(region));
     }
     // The edge's hint counts only when it names a region of the cluster.
-    if let Some(region) = region_header.and_then(header).filter(|r| live.contains(r)) {
+    if let Some(region) = hinted.filter(|r| live.contains(r)) {
         return Ok(Some(region));
     }
     Ok(Some(cluster.region().to_owned()))

@@ -14,7 +14,10 @@
 //! * `forwarded`: node 1, for actors node 2 owns (one extra HTTP hop on
 //!   loopback, plus the body buffered for a possible retry).
 //!
-//! It prints turns/s, p50/p99 and the ratios; then kills node 2 (`kill
+//! Node 1 is in region `eu`, node 2 in `us`; half of the actors are
+//! created in each (`?region=`). It prints turns/s, p50/p99 and the
+//! ratios; then times `--moves` moves of node 1's actors to `us` and back;
+//! then kills node 2 (`kill
 //! -9`) `--failovers` times (restarting it in between) and prints how long
 //! its actors took to answer again through node 1 — lease TTL 5 s (the
 //! default) plus the controller's 2 s grace, by design.
@@ -86,10 +89,10 @@ pub(super) async fn cluster(args: &BenchArgs) -> anyhow::Result<()> {
     };
     let mut nodes = Vec::new();
     let mut configs = Vec::new();
-    for id in ["n1", "n2"] {
+    for (id, region) in [("n1", "eu"), ("n2", "us")] {
         let port = free_port()?;
         let config = format!(
-            "[cluster]\nnode_id = \"{id}\"\nadvertise = \"http://127.0.0.1:{port}\"\netcd = [\"{}\"]\n",
+            "[cluster]\nnode_id = \"{id}\"\nregion = \"{region}\"\nadvertise = \"http://127.0.0.1:{port}\"\netcd = [\"{}\"]\n",
             etcd.url
         );
         nodes.push(ServerProc::start_on(port, &dir.path().join(id), &config, &[], None).await?);
@@ -102,12 +105,15 @@ pub(super) async fn cluster(args: &BenchArgs) -> anyhow::Result<()> {
     alone.deploy_counter(serde_json::json!({})).await?;
     solo.deploy_counter(serde_json::json!({})).await?;
 
-    // Create the actors through node 1 and sort them by owner.
+    // Create the actors through node 1, half of them in node 2's region,
+    // and sort them by owner.
     let mut owned: [Vec<String>; 2] = [Vec::new(), Vec::new()];
     let mut c = Conn::connect(nodes[0].addr).await?;
     for i in 0..actors * 2 {
         let path = format!("/v1/actors/counter/a{i}");
-        c.post(&path, br#"{"by":1}"#).await?;
+        let region = if i % 2 == 0 { "eu" } else { "us" };
+        c.post(&format!("{path}?region={region}"), br#"{"by":1}"#)
+            .await?;
         let (_, info) = c.get(&path).await?;
         let info: serde_json::Value = serde_json::from_slice(&info)?;
         match info["node"].as_str() {
@@ -180,6 +186,7 @@ pub(super) async fn cluster(args: &BenchArgs) -> anyhow::Result<()> {
     );
     drop(solo);
     drop(alone);
+    moves(nodes[0].addr, &owned[0], args.moves).await?;
 
     // Failovers: kill -9 node 2 and time until one of its actors answers
     // through node 1 (served by node 1, its backup). Node 2 comes back
@@ -231,8 +238,47 @@ pub(super) async fn cluster(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Move `count` of node 1's actors (`paths`) to node 2's region and back,
+/// through node 1, and print how long a move takes (fence, copy to the new
+/// owner and its backup, switch, drop).
+async fn moves(node: SocketAddr, paths: &[String], count: usize) -> anyhow::Result<()> {
+    if count == 0 {
+        return Ok(());
+    }
+    let mut c = Conn::connect(node).await?;
+    let mut times = Vec::new();
+    for path in paths.iter().cycle().take(count) {
+        for region in ["us", "eu"] {
+            let started = Instant::now();
+            let (status, body) = c
+                .request(
+                    "POST",
+                    &format!("{path}/move?region={region}"),
+                    "application/json",
+                    b"",
+                )
+                .await?;
+            anyhow::ensure!(
+                status == 200,
+                "moving {path} to {region}: {status} {}",
+                String::from_utf8_lossy(&body)
+            );
+            times.push(started.elapsed());
+        }
+    }
+    let p = Percentiles::of(&mut times);
+    println!(
+        "  moves between regions ({} of them, state of a counter): p50 {:.2} ms, p99 {:.2} ms",
+        times.len(),
+        ms(p.p50),
+        ms(p.p99)
+    );
+    Ok(())
+}
+
 /// An actor (a fresh one per `round`) owned by `owner` with a backup, as
-/// `node` routes it: created through `node` until one lands there.
+/// `node` routes it: created through `node` (in the owner's region, us)
+/// until one lands there.
 async fn actor_owned_by(
     node: SocketAddr,
     owner: &str,
@@ -242,7 +288,12 @@ async fn actor_owned_by(
     for i in 0..200 {
         let path = format!("/v1/actors/counter/failover-{round}-{i}");
         let (status, _) = c
-            .request("POST", &path, "application/json", br#"{"by":1}"#)
+            .request(
+                "POST",
+                &format!("{path}?region=us"),
+                "application/json",
+                br#"{"by":1}"#,
+            )
             .await?;
         if status != 200 {
             continue;

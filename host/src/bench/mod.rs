@@ -66,6 +66,9 @@ pub struct BenchArgs {
     /// cluster: `kill -9` failovers timed after the load.
     #[arg(long, default_value_t = 3)]
     pub failovers: usize,
+    /// cluster: actors moved to the other region and back, timed.
+    #[arg(long, default_value_t = 20)]
+    pub moves: usize,
 }
 
 /// The scenarios.

@@ -463,6 +463,10 @@ pub(super) async fn cluster_status(args: &ClientArgs) -> anyhow::Result<()> {
         v["slots_degraded"],
         v["max_epoch"],
     );
+    println!(
+        "actors placed outside their hash slot: {} ({} moving now)",
+        v["actors_placed"], v["actors_moving"]
+    );
     let count =
         |m: &serde_json::Value, k: &str| m[k].as_u64().map_or("-".into(), |u| u.to_string());
     println!(
@@ -480,6 +484,34 @@ pub(super) async fn cluster_status(args: &ClientArgs) -> anyhow::Result<()> {
             count(m, "backup_of"),
             m["advertise"].as_str().unwrap_or("-"),
         );
+    }
+    Ok(())
+}
+
+/// `marmot cluster move TYPE ID --region REGION`.
+pub(super) async fn move_actor(
+    args: &ClientArgs,
+    ty: &str,
+    id: &str,
+    region: &str,
+) -> anyhow::Result<()> {
+    let c = Client::new(args)?;
+    let path = format!(
+        "/v1/actors/{}/{}/move?region={}",
+        seg(ty),
+        seg(id),
+        seg(region)
+    );
+    let (_, body) = c.send(c.request(Method::POST, &path)).await?;
+    let v: serde_json::Value = serde_json::from_slice(&body).context("invalid response")?;
+    if v["moved"] == true {
+        println!(
+            "{ty}/{id} moved to region {region} (node {}, slot {})",
+            v["node"].as_str().unwrap_or("?"),
+            v["slot"]
+        );
+    } else {
+        println!("{ty}/{id} is in region {region} already");
     }
     Ok(())
 }

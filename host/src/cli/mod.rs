@@ -202,6 +202,19 @@ enum ClusterCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Move actor (TYPE, ID) with all its data to a node of REGION.
+    Move {
+        /// Actor type.
+        #[arg(value_name = "TYPE")]
+        ty: String,
+        /// Actor id.
+        id: String,
+        /// The region to move it to.
+        #[arg(long)]
+        region: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Subcommand)]
@@ -366,6 +379,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Cluster(ClusterCommand::Status { client }) => {
             client::cluster_status(&client).await
         }
+        Command::Cluster(ClusterCommand::Move {
+            ty,
+            id,
+            region,
+            client,
+        }) => client::move_actor(&client, &ty, &id, &region).await,
         Command::Bench(args) => crate::bench::run(args).await,
     }
 }

@@ -257,42 +257,18 @@ impl Cluster {
     /// owns its slot and no move of the actor is under way; to the slot's
     /// backup too when it has one.
     pub fn placement(&self, key: &ActorKey) -> crate::storage::Placement {
-        let slot = {
-            let v = self.inner.view();
-            match v.placements.get(key) {
-                Some(e) if e.record.moving.is_some() => {
-                    return crate::storage::Placement::Elsewhere;
-                }
-                Some(e) => e.record.slot,
-                None => records::hash_slot(key),
-            }
+        let v = self.inner.view();
+        let slot = match v.placements.get(key) {
+            Some(e) if e.record.moving.is_some() => return crate::storage::Placement::Elsewhere,
+            Some(e) => e.record.slot,
+            None => records::hash_slot(key),
         };
-        self.slot_placement(slot)
+        self.inner.slot_placement(&v, slot)
     }
 
     /// Where this node's commits to the rows of `slot` go.
     pub fn slot_placement(&self, slot: u32) -> crate::storage::Placement {
-        use crate::storage::Placement;
-        let v = self.inner.view();
-        let Some(e) = &v.slots[slot as usize] else {
-            return Placement::Elsewhere;
-        };
-        match &e.record {
-            r if r.owner != self.inner.config.node_id => Placement::Elsewhere,
-            r if r.backup.is_some() => Placement::Replicated {
-                slot,
-                epoch: r.epoch,
-            },
-            r if r.joining.is_some() => Placement::Joining {
-                slot,
-                epoch: r.epoch,
-                session: e.mod_revision,
-            },
-            r if r.used && self.inner.config.without_backup == WithoutBackup::Refuse => {
-                Placement::NoBackup
-            }
-            _ => Placement::Here,
-        }
+        self.inner.slot_placement(&self.inner.view(), slot)
     }
 
     /// Where a batch of `slot` written at `epoch` goes now: to its backup
@@ -524,6 +500,8 @@ impl Cluster {
             "slots_unavailable": unavailable,
             "slots_degraded": degraded,
             "failovers_by_this_node": self.inner.failovers.load(Ordering::Relaxed),
+            "actors_placed": v.placements.len(),
+            "actors_moving": v.placements.values().filter(|e| e.record.moving.is_some()).count(),
             "max_epoch": max_epoch,
             "members": members.into_iter().chain(down).collect::<Vec<_>>(),
         })
@@ -550,6 +528,29 @@ impl Cluster {
 impl Inner {
     fn view(&self) -> std::sync::RwLockReadGuard<'_, View> {
         self.view.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn slot_placement(&self, v: &View, slot: u32) -> crate::storage::Placement {
+        use crate::storage::Placement;
+        let Some(e) = &v.slots[slot as usize] else {
+            return Placement::Elsewhere;
+        };
+        match &e.record {
+            r if r.owner != self.config.node_id => Placement::Elsewhere,
+            r if r.backup.is_some() => Placement::Replicated {
+                slot,
+                epoch: r.epoch,
+            },
+            r if r.joining.is_some() => Placement::Joining {
+                slot,
+                epoch: r.epoch,
+                session: e.mod_revision,
+            },
+            r if r.used && self.config.without_backup == WithoutBackup::Refuse => {
+                Placement::NoBackup
+            }
+            _ => Placement::Here,
+        }
     }
 
     fn route(&self, slot: u32) -> Route {
