@@ -11,10 +11,12 @@
 //! node watches the metadata and routes each actor request to its slot's
 //! owner.
 //!
-//! This slice has no replication yet: a slot that has served requests
-//! ("used") keeps its owner, and while that owner is down its actors are
-//! unavailable (503), never served elsewhere from empty state. Unused slots
-//! are balanced over the live members by rendezvous hashing.
+//! A slot that has served requests ("used") keeps its owner until the
+//! owner dies; then its backup, which has every commit the owner released
+//! (`replication.rs`), takes it over at the next epoch. Unused slots are
+//! balanced over the live members by rendezvous hashing. An actor lives in
+//! its hash slot unless a placement entry names another (`placement.rs`:
+//! placed in a region at creation, or moved).
 
 mod controller;
 mod peer;

@@ -142,8 +142,8 @@ pub struct SlotRecord {
     /// released, and which becomes the owner if the owner dies. A backup
     /// holds the slot's data since the slot was first used; once dropped
     /// (it died, or the owner could not reach it) a used slot has none
-    /// (degraded) until a new backup can catch up from a snapshot (not
-    /// built yet). Absent in records of layout 1 written before backups.
+    /// (degraded) until a new backup has caught up from a snapshot
+    /// (`joining`). Absent in records of layout 1 written before backups.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<String>,
     /// A node catching up to become the backup of a used slot that has
