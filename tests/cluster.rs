@@ -1248,3 +1248,63 @@ async fn moves_under_load_lose_and_double_nothing() {
         );
     }
 }
+
+/// kill -9 of the node moving an actor, between the copy to the new owner
+/// and the switch: the actor stays where it was, with its data — the
+/// slot's next owner finds the mover's fence stale and undoes it — and the
+/// copy on the new owner is never served.
+#[tokio::test]
+async fn a_mover_killed_before_the_switch_leaves_the_actor_where_it_was() {
+    let Some(mut c) = Cluster::start_with(&[("MARMOT_FAULT_MOVE_DELAY_MS", "1500")], "").await
+    else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    assert_eq!(c.api(0).add("kit", "stuck", 5).await.status, 200);
+    let info = c.api(0).get("/v1/actors/kit/stuck").await.json;
+    let mover = info["node"].as_str().unwrap().to_owned();
+    let backup = info["backup"].as_str().expect("a backup").to_owned();
+    assert_eq!(region_of(&mover), "eu");
+    let m = NODES.iter().position(|(n, _)| *n == mover).unwrap();
+    let b = NODES.iter().position(|(n, _)| *n == backup).unwrap();
+
+    let api = c.api(m);
+    let moving = tokio::spawn(async move {
+        api.try_post_with("/v1/actors/kit/stuck/move?region=us", &json!({}), &[])
+            .await
+    });
+    // The copy is on n3 and the switch is held back: a request now waits.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let status = c.api(b).get("/v1/cluster").await.json;
+    assert_eq!(status["actors_moving"], 1, "{status:#}");
+    c.nodes[m].kill9();
+    let r = moving.await.unwrap();
+    assert!(
+        r.is_none_or(|r| r.status != 200),
+        "the move cannot have finished"
+    );
+
+    // Its slot fails over to its backup, which undoes the stale fence and
+    // serves the actor with its data.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let r = loop {
+        let r = c.api(b).add("kit", "stuck", 1).await;
+        if r.status == 200 || Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["value"], 6, "{}", r.json);
+    assert_eq!(owner_of(&c, b, "stuck").await, backup);
+    let status = c.api(b).get("/v1/cluster").await.json;
+    assert_eq!(status["actors_moving"], 0, "{status:#}");
+
+    // The mover comes back: one actor, one state, whichever node is asked.
+    c.nodes[m].restart().await;
+    for i in 0..3 {
+        wait_value(&c, i, "stuck", "n", 6).await;
+    }
+    assert_eq!(c.api(m).add("kit", "stuck", 1).await.json["value"], 7);
+    assert_eq!(owner_of(&c, 2, "stuck").await, backup);
+}

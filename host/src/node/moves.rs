@@ -214,6 +214,10 @@ impl Node {
             self.end(cluster, key, started, started.from).await;
             return result;
         };
+        if let Some(delay) = fault_delay() {
+            tracing::warn!(actor = %key, ?delay, "fault injection ({FAULT_MOVE_DELAY_ENV}): holding a move before its switch");
+            tokio::time::sleep(delay).await;
+        }
         if !self.end(cluster, key, started, to).await {
             return Err(MoveError::Busy(format!(
                 "actor {key}'s slot changed hands during the move; it stays where it was"
@@ -390,6 +394,17 @@ impl Node {
         });
         Ok(())
     }
+}
+
+/// Environment variable: hold every move this long between the install on
+/// the new owner and the switch (fault tests kill the mover there).
+pub const FAULT_MOVE_DELAY_ENV: &str = "MARMOT_FAULT_MOVE_DELAY_MS";
+
+fn fault_delay() -> Option<Duration> {
+    std::env::var(FAULT_MOVE_DELAY_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_millis)
 }
 
 /// The slot `key` goes to in `region`.
