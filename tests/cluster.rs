@@ -112,7 +112,11 @@ impl Cluster {
     /// Start with extra environment variables and `[cluster]` settings for
     /// every node.
     async fn start_with(env: &[(&str, &str)], cluster: &str) -> Option<Self> {
-        let dir = tempdir();
+        Self::start_in(tempdir(), env, cluster).await
+    }
+
+    /// [`Self::start_with`], the nodes' data in `dir/{node_id}`.
+    async fn start_in(dir: tempfile::TempDir, env: &[(&str, &str)], cluster: &str) -> Option<Self> {
         let etcd = Etcd::start(dir.path())?;
         let mut nodes = Vec::new();
         for (id, region) in NODES {
@@ -1307,4 +1311,75 @@ async fn a_mover_killed_before_the_switch_leaves_the_actor_where_it_was() {
     }
     assert_eq!(c.api(m).add("kit", "stuck", 1).await.json["value"], 7);
     assert_eq!(owner_of(&c, 2, "stuck").await, backup);
+}
+
+/// A backup whose disk is full cannot take the owner's commits: they wait
+/// (nothing is released before a backup has them), then the owner drops it
+/// and goes on; a third node catches up as the new backup, and when the
+/// owner dies that node takes over with every acknowledged write. Needs
+/// root (size-limited tmpfs) and etcd; says so and skips without.
+#[tokio::test]
+async fn a_backup_whose_disk_fails_is_dropped_and_no_acknowledged_write_is_lost() {
+    let dir = tempdir();
+    let mut disks = Vec::new();
+    for (id, _) in NODES {
+        match common::disk::SmallDisk::mount(&dir.path().join(id), 256) {
+            Some(d) => disks.push(d),
+            None => return,
+        }
+    }
+    let Some(mut c) = Cluster::start_in(dir, &[], "").await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    assert_eq!(c.api(0).add("kit", "disk", 5).await.status, 200);
+    let info = c.api(0).get("/v1/actors/kit/disk").await.json;
+    let owner = info["node"].as_str().unwrap().to_owned();
+    let backup = info["backup"].as_str().expect("a backup").to_owned();
+    let (o, b) = (
+        NODES.iter().position(|(n, _)| *n == owner).unwrap(),
+        NODES.iter().position(|(n, _)| *n == backup).unwrap(),
+    );
+    let third = 3 - o - b;
+
+    // The backup's disk fills up: the next write waits for it, then the
+    // owner drops it and releases the write (durable on its own disk).
+    let filler = disks[b].fill();
+    let started = Instant::now();
+    let r = c.api(o).add("kit", "disk", 1).await;
+    let waited = started.elapsed();
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["value"], 6);
+    assert!(
+        waited >= Duration::from_secs(2),
+        "released after {waited:?}, before the backup was dropped"
+    );
+    // The third node catches up and becomes the backup.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info = c.api(o).get("/v1/actors/kit/disk").await.json;
+        if info["backup"] == NODES[third].0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no new backup: {info}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for _ in 0..5 {
+        assert_eq!(c.api(o).add("kit", "disk", 1).await.status, 200);
+    }
+    std::fs::remove_file(filler).unwrap();
+
+    // The owner dies: its new backup serves every acknowledged write.
+    c.nodes[o].kill9();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let r = loop {
+        let r = c.api(third).add("kit", "disk", 1).await;
+        if r.status == 200 || Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["value"], 12, "{}", r.json);
+    drop(c);
 }

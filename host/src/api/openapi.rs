@@ -675,6 +675,25 @@ fn operations() -> Vec<Op> {
                 (400, "not batches, or this node is not in a cluster", None),
             ],
         },
+        Op {
+            method: "post",
+            path: "/v1/cluster/move-in",
+            id: "clusterMoveIn",
+            summary: "Between nodes: an actor's rows (postcard) from the node moving it, installed in its new slot; answered once durable here and on the slot's backup",
+            params: vec![],
+            body: Some(json!({"required": true, "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}})),
+            responses: vec![
+                (200, "{installed: true}", Some(any_json())),
+                (400, "not a moved actor", None),
+                (
+                    409,
+                    "the slot is not this node's at that epoch, or a node alone",
+                    None,
+                ),
+                (503, "the rows could not be installed", None),
+            ],
+        },
     ]
 }
 

@@ -221,7 +221,11 @@ impl WriterState {
                 slot,
                 done: d,
             } => {
-                if let Some(why) = refusal(self.slot_placement(slot)) {
+                let why = refusal(self.slot_placement(slot)).or_else(|| {
+                    self.awaiting_snapshot(slot)
+                        .then_some("has a new backup waiting for its snapshot; retry")
+                });
+                if let Some(why) = why {
                     let why = format!("slot {slot} {why}; the move was refused");
                     return (
                         Applied::reply(d, Err(StorageError::Unavailable(why))),

@@ -8,6 +8,7 @@ use marmot_core::ids::ActorKey;
 use redb::ReadableTable;
 
 use super::WriterState;
+use super::replica::Placement;
 use super::tables::Tables;
 use crate::StorageError;
 use crate::schema::*;
@@ -24,6 +25,15 @@ impl WriterState {
             None => return Ok(None),
         };
         Ok(Some(Box::new(tables.actor_image(key, record)?)))
+    }
+
+    /// Whether `slot` has a node catching up to become its backup that
+    /// has not got the slot's snapshot yet: an actor moved in now would be
+    /// in neither the snapshot (read before the switch) nor the writes
+    /// that follow it.
+    pub(super) fn awaiting_snapshot(&self, slot: u32) -> bool {
+        let raw = self.replication.get().map(|r| r.slot_placement(slot));
+        matches!(raw, Some(Placement::Joining { .. })) && self.taken(raw) == Placement::Here
     }
 
     /// Install a moved actor's rows in `slot` (owned here): whatever copy

@@ -126,7 +126,7 @@ impl WriterState {
 
     /// `placement`, with a joining node as the backup once the slot's
     /// snapshot is taken.
-    fn taken(&self, placement: Option<Placement>) -> Placement {
+    pub(super) fn taken(&self, placement: Option<Placement>) -> Placement {
         match placement {
             None => Placement::Here,
             Some(Placement::Joining {
