@@ -4,6 +4,7 @@
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
 pub mod disk;
+pub mod history;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

@@ -30,6 +30,11 @@ use crate::ids::ActorKey;
 const FORWARDED_EPOCH: &str = "x-marmot-forwarded-epoch";
 /// On a forwarded request: the forwarding node.
 const FORWARDED_BY: &str = "x-marmot-forwarded-by";
+/// On a response for an actor: the node that served it, the epoch it held
+/// the actor's slot at, and the slot.
+const SERVED_BY: &str = "x-marmot-node";
+const SERVED_AT: &str = "x-marmot-epoch";
+const SERVED_SLOT: &str = "x-marmot-slot";
 /// On a write applied on every node: the node that received it.
 const FANOUT_FROM: &str = "x-marmot-fanout-from";
 
@@ -351,7 +356,16 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                     (None, Some(b)) => Body::from(b),
                     (None, None) => Body::empty(),
                 };
-                return next.run(Request::from_parts(parts, body)).await;
+                let mut resp = next.run(Request::from_parts(parts, body)).await;
+                // Who served it, at which epoch of which slot (clients and
+                // the fault tests' history checker see the committer).
+                let h = resp.headers_mut();
+                if let Ok(v) = HeaderValue::from_str(cluster.node_id()) {
+                    h.insert(SERVED_BY, v);
+                }
+                h.insert(SERVED_AT, HeaderValue::from(epoch));
+                h.insert(SERVED_SLOT, HeaderValue::from(slot));
+                return resp;
             }
             // A forwarded request is never forwarded again: the sender's
             // view is stale; it re-reads and retries.

@@ -263,21 +263,24 @@ impl Node {
         Ok(image.map_or(Found::Nothing, Found::Rows))
     }
 
-    /// End the move at `to` (`started.from`: undo it). `false` if the
-    /// entry was no longer this node's to write.
+    /// End the move at `to` (`started.from`: undo it). Whether the actor
+    /// lives in `to` now, fence lifted — also when an answer from etcd was
+    /// lost but the write landed (the failed compare re-reads the view).
     async fn end(&self, cluster: &Cluster, key: &ActorKey, started: MoveStarted, to: u32) -> bool {
         for attempt in 0..5u32 {
             match cluster.end_move(key, started, to).await {
-                Ok(done) => return done,
+                Ok(true) => return true,
+                Ok(false) => break,
                 Err(e) => {
                     tracing::warn!(actor = %key, attempt, error = %e, "cannot end a move yet");
                     tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
                 }
             }
         }
-        // The fence stays until this node (or the slot's next owner) finds
-        // it stale and undoes it: the actor waits, nothing is lost.
-        false
+        // Otherwise the fence stays until this node (or the slot's next
+        // owner) finds it stale and undoes it: the actor waits, nothing is
+        // lost.
+        cluster.slot_of(key) == to && cluster.moving(key).is_none()
     }
 
     /// Install `image` on the owner of slot `to`.
