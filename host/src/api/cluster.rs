@@ -330,9 +330,14 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                 if expected.is_some_and(|e| e != epoch) {
                     return wrong_owner(&key, epoch);
                 }
-                if cluster.moving(&key).is_some() {
-                    placement::settle_move(&s, &cluster, &key).await;
-                    continue;
+                // A move of the actor under way, or a new actor placed in
+                // another region: route again (a forwarded request is then
+                // refused below, and its sender re-reads and retries).
+                match placement::before_serving(&s, &cluster, &key, slot, place_in.as_deref()).await
+                {
+                    Ok(false) => {}
+                    Ok(true) => continue,
+                    Err(e) => return e.into_response(),
                 }
                 if !used {
                     match cluster.claim(slot, epoch).await {
@@ -341,31 +346,13 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                         Err(e) => return unavailable(&key, &format!("cannot claim its slot: {e}")),
                     }
                 }
-                if let Some(region) = &place_in {
-                    match placement::place_if_new(&s, &cluster, &key, slot, region).await {
-                        // Placed elsewhere: a forwarder re-reads and
-                        // sends it there; from here it goes there now.
-                        Ok(true) if expected.is_some() => return wrong_owner(&key, epoch),
-                        Ok(true) => continue,
-                        Ok(false) => {}
-                        Err(e) => return e.into_response(),
-                    }
-                }
                 let body = match (body.take(), buffered.take()) {
                     (Some(b), _) => b,
                     (None, Some(b)) => Body::from(b),
                     (None, None) => Body::empty(),
                 };
-                let mut resp = next.run(Request::from_parts(parts, body)).await;
-                // Who served it, at which epoch of which slot (clients and
-                // the fault tests' history checker see the committer).
-                let h = resp.headers_mut();
-                if let Ok(v) = HeaderValue::from_str(cluster.node_id()) {
-                    h.insert(SERVED_BY, v);
-                }
-                h.insert(SERVED_AT, HeaderValue::from(epoch));
-                h.insert(SERVED_SLOT, HeaderValue::from(slot));
-                return resp;
+                let resp = next.run(Request::from_parts(parts, body)).await;
+                return served(resp, cluster.node_id(), slot, epoch);
             }
             // A forwarded request is never forwarded again: the sender's
             // view is stale; it re-reads and retries.
@@ -599,6 +586,18 @@ fn streamed(resp: reqwest::Response) -> Response {
         .unwrap_or_else(|e| {
             ApiError::new(StatusCode::BAD_GATEWAY, "owner_response", e.to_string()).into_response()
         })
+}
+
+/// `resp`, naming who served it, at which epoch of which slot (clients and
+/// the fault tests' history checker see the committer).
+fn served(mut resp: Response, node: &str, slot: u32, epoch: u64) -> Response {
+    let h = resp.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(node) {
+        h.insert(SERVED_BY, v);
+    }
+    h.insert(SERVED_AT, HeaderValue::from(epoch));
+    h.insert(SERVED_SLOT, HeaderValue::from(slot));
+    resp
 }
 
 fn wrong_owner(key: &ActorKey, epoch: u64) -> Response {

@@ -91,9 +91,29 @@ pub(super) fn wanted_region(
     Ok(Some(cluster.region().to_owned()))
 }
 
+/// On the owner of `key`'s slot, before serving a request for it: wait
+/// for a move of the actor, or place it in `place_in` if it is new there.
+/// `true`: route the request again (the actor may live elsewhere now).
+pub(super) async fn before_serving(
+    s: &AppState,
+    cluster: &Cluster,
+    key: &ActorKey,
+    slot: u32,
+    place_in: Option<&str>,
+) -> Result<bool, ApiError> {
+    if cluster.moving(key).is_some() {
+        settle_move(s, cluster, key).await;
+        return Ok(true);
+    }
+    match place_in {
+        Some(region) => place_if_new(s, cluster, key, slot, region).await,
+        None => Ok(false),
+    }
+}
+
 /// Wait while this node moves `key`; undo the fence of a move whose mover
 /// is gone. Called by the owner of the slot the actor lives in.
-pub(super) async fn settle_move(s: &AppState, cluster: &Cluster, key: &ActorKey) {
+async fn settle_move(s: &AppState, cluster: &Cluster, key: &ActorKey) {
     let deadline = Instant::now() + MOVE_WAIT;
     while cluster.moving(key).is_some() && Instant::now() < deadline {
         if !s.node.is_moving(key) {
@@ -108,7 +128,7 @@ pub(super) async fn settle_move(s: &AppState, cluster: &Cluster, key: &ActorKey)
 
 /// On the owner of `key`'s hash slot: place `key` in `region` if it is new
 /// and its slot is in another region. `true` if it now lives elsewhere.
-pub(super) async fn place_if_new(
+async fn place_if_new(
     s: &AppState,
     cluster: &Cluster,
     key: &ActorKey,

@@ -279,30 +279,13 @@ impl WriterState {
         if t.generation < t.tracker.min_generation() {
             return (Applied::Refused(t.on_durable), Ok(()));
         }
-        // In a cluster an actor's rows can be replaced underneath an active
-        // instance (moved away and back, a slot's snapshot installed): a
-        // turn computed on the old rows must not land on a dead number.
-        if self.replication.get().is_some() {
-            match tables.current_num(&t.key) {
-                Ok(Some(num)) if num == t.num => {}
-                Ok(None) if t.record.is_some() => {}
-                Ok(_) => {
-                    t.tracker.mark_failed(t.generation);
-                    return (Applied::Refused(t.on_durable), Ok(()));
-                }
-                Err(e) => {
-                    let applied = Applied::Turn {
-                        tracker: t.tracker,
-                        generation: t.generation,
-                        seq: t.seq,
-                        on_durable: t.on_durable,
-                    };
-                    return (applied, Err(e));
-                }
-            }
+        let current = self.is_current(tables, &t);
+        if let Ok(false) = current {
+            t.tracker.mark_failed(t.generation);
+            return (Applied::Refused(t.on_durable), Ok(()));
         }
-        let r = tables
-            .write_turn(&t, created)
+        let r = current
+            .and_then(|_| tables.write_turn(&t, created))
             .and_then(|()| self.write_outbox(tables, &t))
             .map(|()| self.record(&t.key, || turn_op(&t)))
             .and_then(|()| {
@@ -334,6 +317,21 @@ impl WriterState {
             on_durable: t.on_durable,
         };
         (applied, r)
+    }
+
+    /// Whether `t` was computed on the actor's current rows. In a cluster
+    /// an actor's rows can be replaced underneath an active instance (moved
+    /// away and back, a slot's snapshot installed, both renumbering them):
+    /// a turn computed on the old rows must not land on a dead number.
+    fn is_current(&self, tables: &Tables<'_>, t: &TurnCommit) -> Result<bool, StorageError> {
+        if self.replication.get().is_none() {
+            return Ok(true);
+        }
+        Ok(match tables.current_num(&t.key)? {
+            Some(num) => num == t.num,
+            // Its first commit creates it.
+            None => t.record.is_some(),
+        })
     }
 
     /// Queue `sends` for the relay, each with an idempotency key derived
