@@ -345,6 +345,20 @@ async fn put(api: &Api, path: String, body: Value) -> common::Resp {
     .await
 }
 
+/// Add 1 to `id`'s `n` through node `i`, retrying while nobody serves it
+/// (a failover under way) for up to 30 s: the first 200, or the last
+/// answer.
+async fn add_when_served(c: &Cluster, i: usize, id: &str) -> common::Resp {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = c.api(i).add("kit", id, 1).await;
+        if r.status == 200 || Instant::now() > deadline {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Poll `id`'s state key `key` through node `i` until it is `want`.
 async fn wait_value(c: &Cluster, i: usize, id: &str, key: &str, want: i64) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -516,14 +530,7 @@ async fn a_dead_owners_actors_fail_over_to_its_backup_with_their_data() {
     // the owner acknowledged.
     let killed = Instant::now();
     c.nodes[o].kill9();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let r = loop {
-        let r = c.api(b).add("kit", "alice", 1).await;
-        if r.status == 200 || Instant::now() > deadline {
-            break r;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let r = add_when_served(&c, b, "alice").await;
     let failover = killed.elapsed();
     assert_eq!(r.status, 200, "{}", r.json);
     assert_eq!(r.json["value"], 8, "the backup took over with the state");
@@ -631,14 +638,7 @@ async fn a_dead_owners_actors_fail_over_to_its_backup_with_their_data() {
     // over with the state.
     let s = NODES.iter().position(|(id, _)| *id == second).unwrap();
     c.nodes[b].kill9();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let r = loop {
-        let r = c.api(s).add("kit", "alice", 1).await;
-        if r.status == 200 || Instant::now() > deadline {
-            break r;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let r = add_when_served(&c, s, "alice").await;
     assert_eq!(r.status, 200, "{}", r.json);
     assert_eq!(
         r.json["value"], 10,
@@ -1287,14 +1287,7 @@ async fn a_mover_killed_before_the_switch_leaves_the_actor_where_it_was() {
 
     // Its slot fails over to its backup, which undoes the stale fence and
     // serves the actor with its data.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let r = loop {
-        let r = c.api(b).add("kit", "stuck", 1).await;
-        if r.status == 200 || Instant::now() > deadline {
-            break r;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let r = add_when_served(&c, b, "stuck").await;
     assert_eq!(r.status, 200, "{}", r.json);
     assert_eq!(r.json["value"], 6, "{}", r.json);
     assert_eq!(owner_of(&c, b, "stuck").await, backup);
@@ -1368,14 +1361,7 @@ async fn a_backup_whose_disk_fails_is_dropped_and_no_acknowledged_write_is_lost(
 
     // The owner dies: its new backup serves every acknowledged write.
     c.nodes[o].kill9();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let r = loop {
-        let r = c.api(third).add("kit", "disk", 1).await;
-        if r.status == 200 || Instant::now() > deadline {
-            break r;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let r = add_when_served(&c, third, "disk").await;
     assert_eq!(r.status, 200, "{}", r.json);
     assert_eq!(r.json["value"], 12, "{}", r.json);
     drop(c);

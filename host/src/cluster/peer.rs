@@ -152,36 +152,44 @@ impl Peers {
     /// slot at `base`, which answers once they are durable there and on
     /// its backup.
     pub async fn move_in(&self, base: &str, body: Vec<u8>) -> Result<(), PeerError> {
-        let mut req = self
-            .client
-            .post(format!("{base}/v1/cluster/move-in"))
-            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
-            .timeout(Duration::from_secs(30))
-            .body(body);
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        let resp = req
-            .send()
+        self.internal(base, "/v1/cluster/move-in", body, Duration::from_secs(30))
             .await
-            .map_err(|e| PeerError::Failed(format!("{base}: {e}")))?;
-        if resp.status().is_success() {
-            return Ok(());
-        }
-        let status = resp.status();
-        let body = resp.text().await.unwrap_or_default();
-        Err(PeerError::Failed(format!("{base}: {status}: {body}")))
+            .map(drop)
     }
 
     /// Ship replicated batches (postcard) to the backup at `base`; its
     /// outcome per batch, in order (`applied`, `repeat`, `refused`,
     /// `gap`).
     pub async fn replicate(&self, base: &str, body: Vec<u8>) -> Result<Vec<String>, PeerError> {
+        let resp = self
+            .internal(base, "/v1/cluster/replicate", body, Duration::from_secs(5))
+            .await?;
+        let v: serde_json::Value = resp
+            .json()
+            .await
+            .map_err(|e| PeerError::Failed(format!("{base}: {e}")))?;
+        Ok(v["outcomes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| o.as_str().unwrap_or_default().to_owned())
+            .collect())
+    }
+
+    /// `POST` a binary `body` to a node-to-node endpoint; a successful
+    /// response, or why not.
+    async fn internal(
+        &self,
+        base: &str,
+        path: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<reqwest::Response, PeerError> {
         let mut req = self
             .client
-            .post(format!("{base}/v1/cluster/replicate"))
+            .post(format!("{base}{path}"))
             .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
-            .timeout(Duration::from_secs(5))
+            .timeout(timeout)
             .body(body);
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
@@ -195,16 +203,7 @@ impl Peers {
             let body = resp.text().await.unwrap_or_default();
             return Err(PeerError::Failed(format!("{base}: {status}: {body}")));
         }
-        let v: serde_json::Value = resp
-            .json()
-            .await
-            .map_err(|e| PeerError::Failed(format!("{base}: {e}")))?;
-        Ok(v["outcomes"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|o| o.as_str().unwrap_or_default().to_owned())
-            .collect())
+        Ok(resp)
     }
 }
 

@@ -415,6 +415,19 @@ async fn relayed_sends_wait_in_the_relay_with_a_key_until_handed_over() {
     assert!(storage.reader().unwrap().relay_page(10).unwrap().is_empty());
 }
 
+/// A queued message `m1` under idempotency key `k1`.
+fn keyed_message() -> crate::schema::InboxRecord {
+    crate::schema::InboxRecord {
+        message_id: "m1".into(),
+        body: b"{}".to_vec(),
+        content_type: None,
+        idempotency_key: Some("k1".into()),
+        attempts: 0,
+        enqueued_at_ms: 7,
+        kind: crate::schema::InboxKind::Message,
+    }
+}
+
 /// A replication that collects what the writer ships and releases each
 /// batch when the test says so.
 type Shipment = (Vec<crate::schema::ReplicaBatch>, super::Release);
@@ -574,15 +587,7 @@ async fn a_backup_applies_what_the_owner_shipped_once_and_only_while_it_is_the_b
     release(Ok(()));
     rx.await.unwrap().unwrap();
 
-    let message = InboxRecord {
-        message_id: "m1".into(),
-        body: b"{}".to_vec(),
-        content_type: None,
-        idempotency_key: Some("k1".into()),
-        attempts: 0,
-        enqueued_at_ms: 7,
-        kind: InboxKind::Message,
-    };
+    let message = keyed_message();
     let (done, queued) = oneshot::channel();
     owner.writer().submit(WriteOp::Enqueue {
         key: key.clone(),
@@ -802,15 +807,7 @@ async fn a_moved_actor_takes_all_its_rows_and_leaves_none_behind() {
     let (op, rx) = turn(&key, &rec, &tracker, 0, 1, "k", "v1");
     source.writer().submit(op);
     rx.await.unwrap().unwrap();
-    let message = InboxRecord {
-        message_id: "m1".into(),
-        body: b"{}".to_vec(),
-        content_type: None,
-        idempotency_key: Some("k1".into()),
-        attempts: 0,
-        enqueued_at_ms: 7,
-        kind: InboxKind::Message,
-    };
+    let message = keyed_message();
     let k = key.clone();
     source
         .writer()
