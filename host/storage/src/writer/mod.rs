@@ -21,6 +21,8 @@ mod apply;
 mod moves;
 mod ops;
 mod replica;
+#[cfg(test)]
+mod replica_tests;
 mod tables;
 #[cfg(test)]
 mod tests;

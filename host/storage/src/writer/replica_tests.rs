@@ -1,0 +1,496 @@
+//! Replication in the writer, checked without a node: what an owner ships
+//! to its slot's backup and when it releases it, how a backup applies it
+//! (once, in order, only while it is the backup), a joining backup's
+//! snapshot, and an actor's rows moving between slots.
+
+use std::sync::Arc;
+
+use marmot_core::ids::ActorKey;
+use tokio::sync::oneshot;
+
+use super::tests::{create, open, turn};
+use super::{CommitTracker, WriteOp};
+use crate::Storage;
+
+/// A queued message `m1` under idempotency key `k1`.
+fn keyed_message() -> crate::schema::InboxRecord {
+    crate::schema::InboxRecord {
+        message_id: "m1".into(),
+        body: b"{}".to_vec(),
+        content_type: None,
+        idempotency_key: Some("k1".into()),
+        attempts: 0,
+        enqueued_at_ms: 7,
+        kind: crate::schema::InboxKind::Message,
+    }
+}
+
+/// A replication that collects what the writer ships and releases each
+/// batch when the test says so.
+type Shipment = (Vec<crate::schema::ReplicaBatch>, super::Release);
+
+#[derive(Default)]
+struct Collect {
+    shipped: std::sync::Mutex<Vec<Shipment>>,
+}
+
+impl super::Replication for Collect {
+    fn slot_of(&self, _: &ActorKey) -> u32 {
+        7
+    }
+
+    fn placement(&self, key: &ActorKey) -> super::Placement {
+        // Actors whose id starts with `r` replicate (slot 7, epoch 3);
+        // those starting with `x` are another node's.
+        match key.id().as_bytes()[0] {
+            b'r' => super::Placement::Replicated { slot: 7, epoch: 3 },
+            b'x' => super::Placement::Elsewhere,
+            _ => super::Placement::Here,
+        }
+    }
+
+    fn slot_placement(&self, slot: u32) -> super::Placement {
+        match slot {
+            7 => super::Placement::Replicated { slot: 7, epoch: 3 },
+            _ => super::Placement::Here,
+        }
+    }
+
+    /// This node keeps slot 8's rows too.
+    fn holds(&self, slot: u32) -> bool {
+        slot == 8
+    }
+
+    fn ship(&self, batches: Vec<crate::schema::ReplicaBatch>, release: super::Release) {
+        self.shipped.lock().unwrap().push((batches, release));
+    }
+}
+
+impl Collect {
+    /// Wait for the next shipment.
+    async fn next(&self) -> Shipment {
+        for _ in 0..500 {
+            {
+                let mut s = self.shipped.lock().unwrap();
+                if !s.is_empty() {
+                    return s.remove(0);
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        panic!("nothing shipped");
+    }
+}
+
+async fn apply_on(
+    storage: &Storage,
+    batch: crate::schema::ReplicaBatch,
+    accept: bool,
+) -> super::ReplicaApplied {
+    storage
+        .writer()
+        .call(|done| WriteOp::Replica {
+            batch,
+            accept: Box::new(move || accept),
+            done,
+        })
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_backup_applies_what_the_owner_shipped_once_and_only_while_it_is_the_backup() {
+    use crate::schema::*;
+    let (_a_dir, owner) = open();
+    let (_b_dir, backup) = open();
+    let collect = Arc::new(Collect::default());
+    assert!(owner.writer().replicate(collect.clone()));
+    // An actor that does not replicate takes a number on the backup first,
+    // so that numbers differ between the nodes.
+    create(&backup, "local").await;
+
+    // Creation, a turn (state, an event, an alarm), a durable message.
+    let key = ActorKey::new("t", "r1").unwrap();
+    let rec = {
+        let (done, created) = oneshot::channel();
+        owner.writer().submit(WriteOp::GetOrCreate {
+            key: key.clone(),
+            version: 1,
+            early: None,
+            done,
+        });
+        let (batches, release) = collect.next().await;
+        assert_eq!(batches.len(), 1);
+        assert!(matches!(batches[0].ops[..], [ReplicaOp::Create { .. }]));
+        assert_eq!(batches[0].mark, ReplicaMark { epoch: 3, lsn: 1 });
+        assert_eq!(
+            apply_on(&backup, batches[0].clone(), true).await,
+            super::ReplicaApplied::Applied
+        );
+        release(Ok(()));
+        created.await.unwrap().unwrap()
+    };
+    let tracker = Arc::new(CommitTracker::default());
+    let (op, rx) = turn(&key, &rec, &tracker, 0, 1, "k", "v1");
+    let WriteOp::Turn(mut t) = op else {
+        unreachable!()
+    };
+    t.events = vec![(
+        1,
+        EventRecord {
+            kind: "hi".into(),
+            data: b"{}".to_vec(),
+            at_ms: 5,
+        },
+    )];
+    t.alarms = vec![(
+        "a".into(),
+        Some(AlarmRecord {
+            schedule: AlarmSchedule::At(10),
+            payload: Vec::new(),
+            next_due_ms: 10,
+            attempts: 0,
+            boot_attempts: 0,
+            set_at_ms: 1,
+        }),
+    )];
+    owner.writer().submit(WriteOp::Turn(t));
+    let (batches, release) = collect.next().await;
+    // The output gate: nothing is released before the replication says so.
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let mut rx = rx;
+    assert!(
+        rx.try_recv().is_err(),
+        "a turn was released before its backup had it"
+    );
+    let batch = batches[0].clone();
+    assert_eq!(batch.mark.lsn, 2);
+    assert_eq!(
+        apply_on(&backup, batch.clone(), true).await,
+        super::ReplicaApplied::Applied
+    );
+    // A repeat (a lost acknowledgement) changes nothing.
+    assert_eq!(
+        apply_on(&backup, batch.clone(), true).await,
+        super::ReplicaApplied::Repeat
+    );
+    // A batch after a missing one is refused.
+    let mut later = batch;
+    later.mark.lsn += 2;
+    assert_eq!(
+        apply_on(&backup, later, true).await,
+        super::ReplicaApplied::Gap
+    );
+    release(Ok(()));
+    rx.await.unwrap().unwrap();
+
+    let message = keyed_message();
+    let (done, queued) = oneshot::channel();
+    owner.writer().submit(WriteOp::Enqueue {
+        key: key.clone(),
+        version: 1,
+        message,
+        idempotency_ttl_ms: 1000,
+        done,
+    });
+    let (batches, release) = collect.next().await;
+    // Not the backup (any more): refused, nothing written.
+    assert_eq!(
+        apply_on(&backup, batches[0].clone(), false).await,
+        super::ReplicaApplied::Refused
+    );
+    assert_eq!(
+        apply_on(&backup, batches[0].clone(), true).await,
+        super::ReplicaApplied::Applied
+    );
+    release(Ok(()));
+    queued.await.unwrap().unwrap();
+
+    // The backup holds the actor as the owner does, under its own number.
+    let (o, b) = (owner.reader().unwrap(), backup.reader().unwrap());
+    let (on, bn) = (
+        o.actor(&key).unwrap().unwrap().num,
+        b.actor(&key).unwrap().unwrap().num,
+    );
+    assert_ne!(on, bn);
+    assert_eq!(b.state(bn, "k").unwrap().as_deref(), Some(&b"v1"[..]));
+    assert_eq!(b.events(bn, 0, 10).unwrap(), o.events(on, 0, 10).unwrap());
+    assert_eq!(b.alarms(bn).unwrap(), o.alarms(on).unwrap());
+    assert_eq!(b.inbox(bn, 0, 10).unwrap(), o.inbox(on, 0, 10).unwrap());
+    assert_eq!(
+        b.idempotency(bn, "k1").unwrap(),
+        o.idempotency(on, "k1").unwrap()
+    );
+    assert_eq!(b.actor(&key).unwrap().map(|r| r.version), Some(1));
+    drop((o, b));
+
+    // An actor another node owns: its writes are refused here (the fence
+    // is in storage), and the rest of the batch commits.
+    let (release_hold, until) = std::sync::mpsc::channel();
+    owner.writer().submit(WriteOp::Hold { until });
+    let (done_x, refused) = oneshot::channel();
+    owner.writer().submit(WriteOp::GetOrCreate {
+        key: ActorKey::new("t", "x1").unwrap(),
+        version: 1,
+        early: None,
+        done: done_x,
+    });
+    let (done_y, fine) = oneshot::channel();
+    owner.writer().submit(WriteOp::GetOrCreate {
+        key: ActorKey::new("t", "y1").unwrap(),
+        version: 1,
+        early: None,
+        done: done_y,
+    });
+    drop(release_hold);
+    loop {
+        let (_, release) = collect.next().await;
+        release(Ok(()));
+        if !fine.is_empty() {
+            break;
+        }
+    }
+    assert!(matches!(
+        refused.await.unwrap(),
+        Err(crate::StorageError::Unavailable(_))
+    ));
+    assert!(fine.await.unwrap().is_ok());
+    assert!(
+        owner
+            .reader()
+            .unwrap()
+            .actor(&ActorKey::new("t", "x1").unwrap())
+            .unwrap()
+            .is_none()
+    );
+}
+
+/// Slot 9 (actors `j…`) has a node catching up to become its backup.
+/// With `auto`, shipments are released at once (a node applying them).
+struct Joining(Collect, bool);
+
+impl super::Replication for Joining {
+    fn slot_of(&self, key: &ActorKey) -> u32 {
+        if key.id().starts_with('j') { 9 } else { 7 }
+    }
+
+    fn placement(&self, key: &ActorKey) -> super::Placement {
+        if key.id().starts_with('j') {
+            super::Placement::Joining {
+                slot: 9,
+                epoch: 2,
+                session: 1,
+            }
+        } else {
+            super::Placement::Here
+        }
+    }
+
+    fn slot_placement(&self, slot: u32) -> super::Placement {
+        match slot {
+            9 => super::Placement::Joining {
+                slot: 9,
+                epoch: 2,
+                session: 1,
+            },
+            _ => super::Placement::Here,
+        }
+    }
+
+    fn holds(&self, _: u32) -> bool {
+        false
+    }
+
+    fn ship(&self, batches: Vec<crate::schema::ReplicaBatch>, release: super::Release) {
+        if self.1 {
+            release(Ok(()));
+        } else {
+            self.0.ship(batches, release);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_joining_backup_gets_a_snapshot_of_the_slot_then_every_write() {
+    let (_a_dir, owner) = open();
+    let (_b_dir, backup) = open();
+    let shipped = Arc::new(Joining(Collect::default(), false));
+    assert!(owner.writer().replicate(shipped.clone()));
+    assert!(
+        backup
+            .writer()
+            .replicate(Arc::new(Joining(Collect::default(), true)))
+    );
+    // Releases every shipment until `rx` has its answer.
+    async fn until<T>(c: &Collect, mut rx: oneshot::Receiver<T>) -> T {
+        loop {
+            if let Ok(v) = rx.try_recv() {
+                return v;
+            }
+            let (_, release) = c.next().await;
+            release(Ok(()));
+        }
+    }
+    // Before the snapshot, the slot's writes stay here.
+    let key = ActorKey::new("t", "j1").unwrap();
+    let (done, rx) = oneshot::channel();
+    owner.writer().submit(WriteOp::GetOrCreate {
+        key: key.clone(),
+        version: 1,
+        early: None,
+        done,
+    });
+    let rec = until(&shipped.0, rx).await.unwrap();
+    let tracker = Arc::new(CommitTracker::default());
+    let (op, rx) = turn(&key, &rec, &tracker, 0, 1, "k", "before");
+    owner.writer().submit(op);
+    until(&shipped.0, rx).await.unwrap();
+    // The backup holds an old copy of another actor of the slot.
+    create(&backup, "j-stale").await;
+
+    let (done, rx) = oneshot::channel();
+    owner.writer().submit(WriteOp::Snapshot {
+        slots: vec![(9, 2, 1)],
+        done,
+    });
+    let (batches, release) = shipped.0.next().await;
+    assert_eq!(batches.len(), 1);
+    let snapshot = batches[0].clone();
+    assert!(snapshot.snapshot);
+    assert!(matches!(
+        snapshot.ops[..],
+        [crate::schema::ReplicaOp::Install(_)]
+    ));
+    assert_eq!(
+        apply_on(&backup, snapshot, true).await,
+        super::ReplicaApplied::Applied
+    );
+    release(Ok(()));
+    assert_eq!(rx.await.unwrap().unwrap(), 1);
+    // From now on the slot's writes are shipped, following the snapshot.
+    let (op, rx) = turn(&key, &rec, &tracker, 0, 2, "k", "after");
+    owner.writer().submit(op);
+    let (batches, release) = shipped.0.next().await;
+    assert_eq!(batches.len(), 1);
+    assert!(!batches[0].snapshot);
+    assert_eq!(
+        apply_on(&backup, batches[0].clone(), true).await,
+        super::ReplicaApplied::Applied
+    );
+    release(Ok(()));
+    rx.await.unwrap().unwrap();
+    let r = backup.reader().unwrap();
+    assert!(
+        r.actor(&ActorKey::new("t", "j-stale").unwrap())
+            .unwrap()
+            .is_none(),
+        "the old copy stayed"
+    );
+    let num = r.actor(&key).unwrap().unwrap().num;
+    assert_eq!(r.state(num, "k").unwrap().as_deref(), Some(&b"after"[..]));
+}
+
+/// A move: the source reads the actor's rows, the target installs them
+/// (its copy replaced, the install shipped to its slot's backup), the
+/// source drops its copy and tells its own backup — and a node that keeps
+/// the new slot's rows too keeps them.
+#[tokio::test]
+async fn a_moved_actor_takes_all_its_rows_and_leaves_none_behind() {
+    use crate::schema::*;
+    let (_a_dir, source) = open();
+    let (_b_dir, target) = open();
+    let (key, rec) = create(&source, "m1").await;
+    let tracker = Arc::new(CommitTracker::default());
+    let (op, rx) = turn(&key, &rec, &tracker, 0, 1, "k", "v1");
+    source.writer().submit(op);
+    rx.await.unwrap().unwrap();
+    let message = keyed_message();
+    let k = key.clone();
+    source
+        .writer()
+        .call(|done| WriteOp::Enqueue {
+            key: k,
+            version: 1,
+            message,
+            idempotency_ttl_ms: 60_000,
+            done,
+        })
+        .await
+        .unwrap();
+
+    let absent = ActorKey::new("t", "nobody").unwrap();
+    let image = source
+        .writer()
+        .call(|done| WriteOp::ReadImage { key: absent, done })
+        .await
+        .unwrap();
+    assert!(image.is_none(), "an actor that does not exist has no rows");
+    let k = key.clone();
+    let image = source
+        .writer()
+        .call(|done| WriteOp::ReadImage { key: k, done })
+        .await
+        .unwrap()
+        .expect("the actor exists");
+
+    // The target holds a stale copy (an undone move): replaced.
+    let (_, stale) = create(&target, "m1").await;
+    let shipped_by_target = Arc::new(Collect::default());
+    assert!(target.writer().replicate(shipped_by_target.clone()));
+    let (done, moved_in) = oneshot::channel();
+    target.writer().submit(WriteOp::MoveIn {
+        image: image.clone(),
+        slot: 7,
+        done,
+    });
+    let (batches, release) = shipped_by_target.next().await;
+    assert!(matches!(
+        batches[0].ops[..],
+        [ReplicaOp::Delete { .. }, ReplicaOp::Install(_)]
+    ));
+    release(Ok(()));
+    moved_in.await.unwrap().unwrap();
+    let reader = target.reader().unwrap();
+    let here = reader.actor(&key).unwrap().unwrap();
+    assert_ne!(here.num, stale.num, "the stale copy went");
+    assert_eq!(
+        reader.state(here.num, "k").unwrap().as_deref(),
+        Some(&b"v1"[..])
+    );
+    assert_eq!(reader.inbox_len(here.num).unwrap(), 1);
+    assert!(reader.idempotency(here.num, "k1").unwrap().is_some());
+    drop(reader);
+
+    // The source drops its rows and tells its slot's backup.
+    let collect = Arc::new(Collect::default());
+    assert!(source.writer().replicate(collect.clone()));
+    let k = key.clone();
+    let (done, out) = oneshot::channel();
+    source.writer().submit(WriteOp::MoveOut {
+        key: k,
+        from: 7,
+        to: 3,
+        done,
+    });
+    let (batches, release) = collect.next().await;
+    assert!(matches!(
+        batches[0].ops[..],
+        [ReplicaOp::Moved { to: 3, .. }]
+    ));
+    release(Ok(()));
+    assert!(out.await.unwrap().unwrap(), "the rows went");
+    assert!(source.reader().unwrap().actor(&key).unwrap().is_none());
+
+    // A node that keeps the new slot's rows (slot 8 here) keeps them.
+    let (done, kept) = oneshot::channel();
+    target.writer().submit(WriteOp::MoveOut {
+        key: key.clone(),
+        from: 7,
+        to: 8,
+        done,
+    });
+    let (_, release) = shipped_by_target.next().await;
+    release(Ok(()));
+    assert!(!kept.await.unwrap().unwrap(), "nothing went");
+    assert!(target.reader().unwrap().actor(&key).unwrap().is_some());
+}
