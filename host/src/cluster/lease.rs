@@ -1,0 +1,149 @@
+//! The membership lease: joining (the member key under a fresh lease, one
+//! live process per node id), renewing it, rejoining as a new incarnation
+//! once it is gone, and how long it is *provably* alive — until the send
+//! time of the last confirmed keepalive plus the TTL minus a margin, on the
+//! monotonic clock.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+
+use super::records::MemberRecord;
+use super::{Inner, within};
+
+/// The membership lease and how long it is provably alive.
+pub(super) struct Lease {
+    pub(super) id: AtomicI64,
+    /// Monotonic milliseconds since `base` until which the lease is alive.
+    pub(super) alive_until_ms: AtomicU64,
+    pub(super) base: Instant,
+    pub(super) ttl: Duration,
+}
+
+impl Lease {
+    /// Kept back from the TTL: etcd's clock and ours may drift, and a
+    /// request admitted just before the deadline still has to finish.
+    fn margin(&self) -> Duration {
+        self.ttl / 5
+    }
+
+    pub(super) fn confirmed(&self, sent_at: Instant, ttl: Duration) {
+        let until = (sent_at + ttl.saturating_sub(self.margin())) - self.base;
+        self.alive_until_ms
+            .fetch_max(until.as_millis() as u64, Ordering::AcqRel);
+    }
+
+    pub(super) fn alive(&self) -> bool {
+        (self.base.elapsed().as_millis() as u64) < self.alive_until_ms.load(Ordering::Acquire)
+    }
+}
+
+impl Inner {
+    /// Put the member key under a fresh lease.
+    pub(super) async fn join(&self) -> anyhow::Result<()> {
+        let mut client = self.client.clone();
+        let sent_at = Instant::now();
+        let ttl = self.lease.ttl;
+        let lease = within(ttl, client.lease_grant(ttl.as_secs() as i64, None))
+            .await
+            .context("cannot get a lease from etcd")?;
+        let id = lease.id();
+        let member = MemberRecord {
+            node_id: self.config.node_id.clone(),
+            region: self.config.region.clone(),
+            advertise: self.config.advertise.clone(),
+            incarnation: id,
+        };
+        // Only one live process per node id: the key must be free (or ours
+        // from a lease that is gone).
+        let key = self.keys.member(&self.config.node_id);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key,
+                serde_json::to_vec(&member)?,
+                Some(PutOptions::new().with_lease(id)),
+            )]);
+        if !within(ttl, client.txn(txn)).await?.succeeded() {
+            let _ = within(ttl, client.lease_revoke(id)).await;
+            anyhow::bail!(
+                "another live node is registered as `{}` (node ids must be unique; if that node just died, its lease ends within {} s)",
+                self.config.node_id,
+                self.lease.ttl.as_secs()
+            );
+        }
+        self.lease.id.store(id, Ordering::Release);
+        self.lease
+            .confirmed(sent_at, Duration::from_secs(lease.ttl().max(0) as u64));
+        Ok(())
+    }
+
+    /// Renew the lease every third of its TTL. A transport error retries
+    /// the same lease; once etcd says it is gone, join again as a new
+    /// incarnation.
+    pub(super) async fn keep_alive(self: Arc<Self>) {
+        let every = self.lease.ttl / 3;
+        loop {
+            match self.renew(every).await {
+                Ok(()) => {
+                    tracing::warn!(
+                        "cluster membership lease lost: not serving this node's slots until it joins again"
+                    );
+                    loop {
+                        match self.join().await {
+                            Ok(()) => {
+                                tracing::info!("joined the cluster again with a new lease");
+                                break;
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "cannot join the cluster again yet")
+                            }
+                        }
+                        tokio::time::sleep(every).await;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cluster lease renewal failed; retrying");
+                    tokio::time::sleep(every / 2).await;
+                }
+            }
+        }
+    }
+
+    /// Renew until etcd says the lease is gone (`Ok`) or a request fails.
+    async fn renew(&self, every: Duration) -> anyhow::Result<()> {
+        let id = self.lease.id.load(Ordering::Acquire);
+        let result = self.renew_lease(id, every).await;
+        if result.is_err() {
+            // The client reports an expired lease as an error of the
+            // keepalive stream: ask etcd directly.
+            let ttl = within(every, self.client.clone().lease_time_to_live(id, None)).await;
+            if ttl.is_ok_and(|t| t.ttl() <= 0) {
+                return Ok(());
+            }
+        }
+        result
+    }
+
+    async fn renew_lease(&self, id: i64, every: Duration) -> anyhow::Result<()> {
+        let (mut keeper, mut stream) =
+            within(every, self.client.clone().lease_keep_alive(id)).await?;
+        loop {
+            let sent_at = Instant::now();
+            within(every, keeper.keep_alive()).await?;
+            let reply = tokio::time::timeout(every, stream.message())
+                .await
+                .map_err(|_| anyhow::anyhow!("no keepalive answer within {every:?}"))??
+                .ok_or_else(|| anyhow::anyhow!("keepalive stream closed"))?;
+            if reply.ttl() <= 0 {
+                return Ok(());
+            }
+            self.lease
+                .confirmed(sent_at, Duration::from_secs(reply.ttl() as u64));
+            tokio::time::sleep(every).await;
+        }
+    }
+}
