@@ -1435,3 +1435,178 @@ fn the_history_checker_finds_what_it_must() {
         "committed by",
     );
 }
+
+/// A local webhook receiver: records each request's `webhook-id` and
+/// answers with the status the test sets.
+struct HookReceiver {
+    url: String,
+    ids: std::sync::Arc<std::sync::Mutex<Vec<(String, u16)>>>,
+    status: std::sync::Arc<std::sync::atomic::AtomicU16>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl HookReceiver {
+    async fn start(status: u16) -> Self {
+        use std::sync::atomic::{AtomicU16, Ordering};
+        use std::sync::{Arc, Mutex};
+        let ids: Arc<Mutex<Vec<(String, u16)>>> = Arc::default();
+        let status = Arc::new(AtomicU16::new(status));
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let (got, answer) = (ids.clone(), status.clone());
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move |headers: axum::http::HeaderMap| {
+                let (got, answer) = (got.clone(), answer.clone());
+                async move {
+                    let id = headers
+                        .get("webhook-id")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned();
+                    let status = answer.load(Ordering::SeqCst);
+                    got.lock().unwrap().push((id, status));
+                    axum::http::StatusCode::from_u16(status).unwrap()
+                }
+            }),
+        );
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Self {
+            url,
+            ids,
+            status,
+            task,
+        }
+    }
+
+    fn got(&self) -> Vec<(String, u16)> {
+        self.ids.lock().unwrap().clone()
+    }
+}
+
+impl Drop for HookReceiver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Outbound webhooks in a cluster: the rows an actor's turns commit, and
+/// each attempt's outcome, are replicated to its slot's backup; only the
+/// slot's owner delivers; after kill -9 of the owner, its backup delivers
+/// what was left, with the same `webhook-id`s and no new rows.
+#[tokio::test]
+async fn outbound_webhooks_are_sent_by_the_slots_owner_and_after_a_failover_by_the_new_one() {
+    let Some(mut c) = Cluster::start_with(
+        &[("MARMOT_WEBHOOK_RETRY_BASE_MS", "100")],
+        "[webhooks]\nretry_max_delay_ms = 400",
+    )
+    .await
+    else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    // The receiver is down (503): every delivery stays pending, retried.
+    let hooks = HookReceiver::start(503).await;
+    let r = put(
+        &c.api(0),
+        "/v1/subscriptions/audit".into(),
+        json!({"url": hooks.url}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    assert_eq!(c.api(1).add("kit", "hooked", 0).await.status, 200);
+    let info = c.api(0).get("/v1/actors/kit/hooked").await.json;
+    let index = |n: &str| NODES.iter().position(|(id, _)| *id == n).unwrap();
+    let o = index(info["node"].as_str().unwrap());
+    let b = index(info["backup"].as_str().expect("a backup"));
+    let third = 3 - o - b;
+    for n in 0..10 {
+        let r = c
+            .api(n)
+            .op(
+                "kit",
+                "hooked",
+                json!({"op": "emit", "kind": "order.paid", "data": {"n": n}}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.json);
+    }
+    // Each of the 10 rows attempted (and failed) at least twice, by the
+    // owner only.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let ids: BTreeSet<String> = loop {
+        let got = hooks.got();
+        let ids: BTreeSet<String> = got.iter().map(|(id, _)| id.clone()).collect();
+        if ids.len() == 10 && got.len() >= 20 {
+            break ids;
+        }
+        assert!(Instant::now() < deadline, "attempts: {got:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let attempts = |api: Api| async move {
+        let text = String::from_utf8_lossy(&api.get("/metrics").await.body).into_owned();
+        text.lines()
+            .filter(|l| l.starts_with("marmot_webhook_deliveries_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    assert!(attempts(c.api(o)).await >= 20.0);
+    assert_eq!(attempts(c.api(b)).await, 0.0, "the backup sent a delivery");
+    assert_eq!(
+        attempts(c.api(third)).await,
+        0.0,
+        "another node sent a delivery"
+    );
+    // The backup keeps each row, and what became of it.
+    let listed = c.api(b).get("/v1/deliveries").await.json;
+    let on_backup: BTreeSet<String> = listed["deliveries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(on_backup, ids, "{listed:#}");
+
+    // The owner dies; the receiver comes back. The new owner delivers
+    // every row, under the same ids.
+    c.nodes[o].kill9();
+    hooks.status.store(200, std::sync::atomic::Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let delivered: BTreeSet<String> = hooks
+            .got()
+            .into_iter()
+            .filter(|(_, status)| *status == 200)
+            .map(|(id, _)| id)
+            .collect();
+        if delivered == ids {
+            break;
+        }
+        assert!(
+            delivered.is_subset(&ids),
+            "a delivery under a new id: {delivered:?}"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "delivered after failover: {} of 10",
+            delivered.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Delivered rows are gone on the new owner; nothing is sent again.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let after = hooks.got().len();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(hooks.got().len(), after, "deliveries go on after success");
+    let listed = c.api(b).get("/v1/deliveries").await.json;
+    assert_eq!(listed["deliveries"], json!([]), "{listed:#}");
+    assert_eq!(
+        attempts(c.api(third)).await,
+        0.0,
+        "a node that is neither sent"
+    );
+}

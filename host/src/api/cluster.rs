@@ -269,6 +269,17 @@ fn actor_of(path: &str) -> Option<ActorKey> {
     ActorKey::new(&ty, &id).ok()
 }
 
+/// The actor whose delivery `POST /v1/deliveries/{id}/retry` names, if
+/// this node keeps a copy of the row (it owns or backs up the actor's
+/// slot): the retry goes to the slot's owner, which delivers.
+fn delivery_actor(s: &AppState, path: &str) -> Option<ActorKey> {
+    let id = path
+        .strip_prefix("/v1/deliveries/")?
+        .strip_suffix("/retry")?;
+    let rec = s.node.storage().reader().ok()?.delivery_by_id(id).ok()??;
+    ActorKey::new(&rec.actor_type, &rec.actor_id).ok()
+}
+
 /// Whether every node must apply this request.
 fn is_cluster_write(method: &Method, path: &str) -> bool {
     if method == Method::GET || method == Method::HEAD || method == Method::OPTIONS {
@@ -294,7 +305,7 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
     if is_cluster_write(req.method(), &path) {
         return fan_out(&s, &cluster, req, next).await;
     }
-    let Some(key) = actor_of(&path) else {
+    let Some(key) = actor_of(&path).or_else(|| delivery_actor(&s, &path)) else {
         return next.run(req).await;
     };
     let expected: Option<u64> = req

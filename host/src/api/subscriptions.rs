@@ -157,13 +157,13 @@ pub(super) async fn retry(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let not_found = || ApiError::not_found("delivery_not_found", format!("no delivery `{id}`"));
-    let seq = delivery_seq(&id).ok_or_else(not_found)?;
+    delivery_seq(&id).ok_or_else(not_found)?;
     let i = id.clone();
     let rec = s
         .node
         .storage()
         .writer()
-        .call(|done| WriteOp::RetryDelivery { seq, id: i, done })
+        .call(|done| WriteOp::RetryDelivery { id: i, done })
         .await?
         .ok_or_else(not_found)?;
     debug_assert_eq!(rec.status, DeliveryStatus::Pending);

@@ -5,6 +5,10 @@
 //! after a crash or a lost answer queues the message once: a send is
 //! delivered if and only if its turn committed, exactly once, across nodes.
 //!
+//! The relay rows of a slot's actors are replicated to the slot's backup
+//! like its other rows; only the slot's owner hands them over, so after a
+//! failover the new owner hands over what the old one had not.
+//!
 //! Messages are handed over in the order they were sent; when one
 //! recipient cannot be reached, later messages to it wait (its order is
 //! kept) while messages to others go on.
@@ -43,7 +47,17 @@ impl Node {
                 .released()
                 .relays
                 .load(std::sync::atomic::Ordering::Acquire);
-            let page = match self.storage.reader().and_then(|r| r.relay_page(PAGE)) {
+            // Only the owner of the sender's slot hands a message over (its
+            // backup keeps a copy); rows from before senders were recorded
+            // go from the node that has them.
+            let writer = self.storage.writer();
+            let mine = |rec: &RelayRecord| {
+                rec.from
+                    .as_ref()
+                    .and_then(|(ty, id)| ActorKey::new(ty, id).ok())
+                    .is_none_or(|from| writer.sends_for(&from))
+            };
+            let page = match self.storage.reader().and_then(|r| r.relay_page(PAGE, mine)) {
                 Ok(p) => p
                     .into_iter()
                     .take_while(|(seq, _)| *seq <= released)

@@ -85,10 +85,14 @@ impl Node {
     }
 
     /// Start the actors `which` selects, which this node now serves with
-    /// their data (slots taken over, an actor moved in): their alarms, and
-    /// their queued messages. Returns the actors woken for messages.
+    /// their data (slots taken over, an actor moved in): their alarms,
+    /// their queued messages, and what they committed to send (outbound
+    /// webhooks, relayed messages: the workers look again). Returns the
+    /// actors woken for messages.
     pub(super) fn start_actors(&self, which: impl Fn(&ActorKey) -> bool) -> usize {
         self.actors.scheduler.notify(Notice::Reload);
+        self.storage.outbox_ready().notify_one();
+        self.storage.relay_ready().notify_one();
         match self.storage.reader().and_then(|r| {
             let (nums, _) = r.inbox_actors()?;
             let mut keys = Vec::new();

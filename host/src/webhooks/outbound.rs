@@ -15,6 +15,12 @@
 //! `POST /v1/deliveries/{id}/retry`. A 410 Gone kills it at once. The outcome
 //! of an attempt is durable before the row can be picked again, so a crash
 //! at any point means at most a repeat of the same `webhook-id`.
+//!
+//! In a cluster the rows, and each attempt's outcome, are replicated to the
+//! backup of the emitting actor's slot; only the slot's owner delivers
+//! (`Writer::sends_for`), so after a failover or a move the new owner goes
+//! on where the old one stopped. An attempt in flight when the slot changed
+//! hands may be repeated by the new owner, with the same `webhook-id`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -215,10 +221,18 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
     let mut per_dest: HashMap<String, usize> = HashMap::new();
     loop {
         let now = now_ms();
+        // In a cluster, only the owner of the emitting actor's slot
+        // delivers (its backup keeps a copy of each row and of what became
+        // of it, and delivers once it owns the slot).
+        let writer = w.storage.writer();
+        let mine = |d: &DeliveryRecord| {
+            crate::ids::ActorKey::new(&d.actor_type, &d.actor_id)
+                .is_ok_and(|k| writer.sends_for(&k))
+        };
         let due = w
             .storage
             .reader()
-            .and_then(|r| r.deliveries_due(now, BATCH));
+            .and_then(|r| r.deliveries_due(now, BATCH, mine));
         let due = match due {
             Ok(d) => d,
             Err(e) => {

@@ -331,11 +331,14 @@ impl Reader {
         Ok(out)
     }
 
-    /// Outbox rows due by `now_ms`, earliest first, at most `limit`.
+    /// Outbox rows due by `now_ms` that `mine` accepts (in a cluster, the
+    /// rows of slots this node owns: a backup's copies wait), earliest
+    /// first, at most `limit`.
     pub fn deliveries_due(
         &self,
         now_ms: u64,
         limit: usize,
+        mine: impl Fn(&DeliveryRecord) -> bool,
     ) -> Result<Vec<(u64, DeliveryRecord)>, StorageError> {
         let due = self.txn.open_table(OUTBOX_DUE)?;
         let outbox = self.txn.open_table(OUTBOX)?;
@@ -347,7 +350,10 @@ impl Reader {
             let (k, _) = row?;
             let (_, seq) = k.value();
             if let Some(v) = outbox.get(seq)? {
-                out.push((seq, decode("delivery", v.value())?));
+                let rec = decode("delivery", v.value())?;
+                if mine(&rec) {
+                    out.push((seq, rec));
+                }
             }
         }
         Ok(out)
@@ -395,6 +401,15 @@ impl Reader {
             }
         }
         Ok((out, None))
+    }
+
+    /// The outbox row whose `webhook-id` is `id`.
+    pub fn delivery_by_id(&self, id: &str) -> Result<Option<DeliveryRecord>, StorageError> {
+        let ids = self.txn.open_table(OUTBOX_IDS)?;
+        match ids.get(id)? {
+            Some(seq) => self.delivery(seq.value()),
+            None => Ok(None),
+        }
     }
 
     /// One outbox row.
@@ -567,13 +582,24 @@ impl Reader {
 /// Messages sent by this node's actors in a cluster, waiting to be handed
 /// to their recipients' owners.
 impl Reader {
-    /// Up to `limit` relayed messages, oldest first.
-    pub fn relay_page(&self, limit: usize) -> Result<Vec<(u64, RelayRecord)>, StorageError> {
+    /// Up to `limit` relayed messages that `mine` accepts (in a cluster,
+    /// those sent by actors of slots this node owns), oldest first.
+    pub fn relay_page(
+        &self,
+        limit: usize,
+        mine: impl Fn(&RelayRecord) -> bool,
+    ) -> Result<Vec<(u64, RelayRecord)>, StorageError> {
         let relay = self.txn.open_table(RELAY)?;
         let mut out = Vec::new();
-        for row in relay.iter()?.take(limit) {
+        for row in relay.iter()? {
+            if out.len() == limit {
+                break;
+            }
             let (k, v) = row?;
-            out.push((k.value(), decode("relay", v.value())?));
+            let rec = decode("relay", v.value())?;
+            if mine(&rec) {
+                out.push((k.value(), rec));
+            }
         }
         Ok(out)
     }

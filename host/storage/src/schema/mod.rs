@@ -16,7 +16,10 @@
 //! `blob_refs`), and no binary of format 2 may open a file that has them;
 //! 4 — outbox rows carry the emitting turn's `traceparent`; 5 — messages
 //! sent in a cluster wait in `relay` (a format-4 binary would ignore them),
-//! and `replica_lsn` marks where each slot's replication stands.
+//! and `replica_lsn` marks where each slot's replication stands; 6 —
+//! outbox and relay rows are found by their public ids (`outbox_ids`,
+//! `relay_ids`: a slot's backup keeps copies of them under its own seqs)
+//! and relay rows name their sender.
 //! Tables added within a version (`providers`, `actor_usage`, `type_usage`)
 //! are created when a file of
 //! that version without them is opened.
@@ -37,7 +40,7 @@ pub use replica::*;
 pub use upgrade::{FormatError, check_format};
 
 /// Version of the on-disk format described in this file.
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 
 /// Node-wide settings: `format_version` (u32 LE), and [`DISK_PROBE_KEY`].
 pub const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
@@ -96,6 +99,11 @@ pub const OUTBOX: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("outbox
 /// Due index for pending [`OUTBOX`] rows: (next attempt ms, seq) → ().
 pub const OUTBOX_DUE: TableDefinition<'_, (u64, u64), ()> = TableDefinition::new("outbox_due");
 
+/// [`OUTBOX`] rows by their `webhook-id` → seq. Seqs are each node's own;
+/// the id is the same on every node that keeps a copy of the row (the
+/// owner of the emitting actor's slot, and its backup). (Format 6.)
+pub const OUTBOX_IDS: TableDefinition<'_, &str, u64> = TableDefinition::new("outbox_ids");
+
 /// The secret store, by name: [`SecretRecord`] (postcard). Values are
 /// sealed under the node's master key; nothing here is plaintext.
 pub const SECRETS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("secrets");
@@ -140,6 +148,10 @@ pub const INBOX: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("
 /// Written by the sending turn's commit, deleted once the owner queued the
 /// message (whose idempotency key makes a repeated hand-over harmless).
 pub const RELAY: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("relay");
+
+/// [`RELAY`] rows by their message's id → seq (like [`OUTBOX_IDS`]).
+/// (Format 6.)
+pub const RELAY_IDS: TableDefinition<'_, &str, u64> = TableDefinition::new("relay_ids");
 
 /// Replication: per slot, the last `(epoch, lsn)` this node wrote — as the
 /// slot's owner, the last batch it shipped; as its backup, the last it
@@ -358,6 +370,10 @@ pub struct RelayRecord {
     pub actor_id: String,
     /// The message, with an idempotency key derived from its id.
     pub message: InboxRecord,
+    /// The sending actor (type, id): only the owner of its slot hands the
+    /// message over. `None` in rows written before format 6: handed over
+    /// by the node that has them.
+    pub from: Option<(String, String)>,
 }
 
 /// What a durable inbox row delivers.

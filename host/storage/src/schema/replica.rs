@@ -91,6 +91,23 @@ pub enum ReplicaOp {
     /// The actor with all its rows, as part of a snapshot of its slot or
     /// moved into it.
     Install(Box<ActorImage>),
+    /// An outbound webhook delivery of an actor of the slot written
+    /// (`Some`: new, attempted, or made due again) or gone (`None`:
+    /// delivered, or its subscription deleted), found by its id.
+    Delivery {
+        /// Its `webhook-id`.
+        webhook_id: String,
+        /// The row, as the owner wrote it.
+        record: Option<DeliveryRecord>,
+    },
+    /// A message an actor of the slot sent to another actor, waiting for
+    /// the relay (`Some`) or handed over (`None`), found by its id.
+    Relay {
+        /// The message's id.
+        message_id: String,
+        /// The row.
+        record: Option<RelayRecord>,
+    },
     /// The actor moved to slot `to`: its rows go, unless the node keeps
     /// that slot's rows too.
     Moved {
@@ -129,11 +146,16 @@ pub struct ActorImage {
     pub files: Vec<(String, FileRecord)>,
     /// Model usage.
     pub usage: Option<UsageRecord>,
+    /// Its outbound webhook deliveries not yet delivered (a move carries
+    /// them; a slot's snapshot sends them as [`ReplicaOp::Delivery`]).
+    pub deliveries: Vec<DeliveryRecord>,
+    /// Messages it sent that wait for the relay (likewise).
+    pub relays: Vec<RelayRecord>,
 }
 
-/// A turn's writes (see the writer's `TurnCommit`), without what only the
-/// owner does with them (outbound webhooks, sends: the owner delivers
-/// those it committed).
+/// A turn's writes (see the writer's `TurnCommit`). The outbound webhook
+/// deliveries and relayed sends it wrote follow as [`ReplicaOp::Delivery`]
+/// and [`ReplicaOp::Relay`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReplicaTurn {
     /// Its type.

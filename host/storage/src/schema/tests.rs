@@ -308,3 +308,67 @@ mod props {
         }
     }
 }
+
+#[test]
+fn format_5_relay_rows_gain_an_unknown_sender_and_both_tables_their_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = redb::Database::create(dir.path().join("m.redb")).unwrap();
+    let message = InboxRecord {
+        message_id: "m1".into(),
+        body: b"{}".to_vec(),
+        content_type: None,
+        idempotency_key: Some("relay-m1".into()),
+        attempts: 0,
+        enqueued_at_ms: 3,
+        kind: InboxKind::Message,
+    };
+    let old = upgrade::RelayRecordV5 {
+        actor_type: "kit".into(),
+        actor_id: "b".into(),
+        message: message.clone(),
+    };
+    let delivery = DeliveryRecord {
+        subscription: "s".into(),
+        webhook_id: "msg_00000000000000090000000000000001".into(),
+        actor_type: "kit".into(),
+        actor_id: "a".into(),
+        event_seq: 1,
+        kind: "done".into(),
+        payload: b"{}".to_vec(),
+        created_at_ms: 5,
+        attempts: 0,
+        next_attempt_ms: 5,
+        last_error: None,
+        status: DeliveryStatus::Pending,
+        traceparent: None,
+    };
+    let w = db.begin_write().unwrap();
+    {
+        let mut meta = w.open_table(META).unwrap();
+        meta.insert("format_version", 5u32.to_le_bytes().as_slice())
+            .unwrap();
+        w.open_table(RELAY)
+            .unwrap()
+            .insert(4, postcard::to_allocvec(&old).unwrap().as_slice())
+            .unwrap();
+        w.open_table(OUTBOX)
+            .unwrap()
+            .insert(9, encode(&delivery).as_slice())
+            .unwrap();
+    }
+    w.commit().unwrap();
+    check_format(&db).unwrap();
+    let r = db.begin_read().unwrap();
+    let row = r.open_table(RELAY).unwrap().get(4).unwrap().unwrap();
+    let new: RelayRecord = decode("relay", row.value()).unwrap();
+    assert_eq!(new.message, message);
+    assert_eq!((new.actor_id.as_str(), new.from), ("b", None));
+    let relay_ids = r.open_table(RELAY_IDS).unwrap();
+    assert_eq!(relay_ids.get("m1").unwrap().unwrap().value(), 4);
+    let outbox_ids = r.open_table(OUTBOX_IDS).unwrap();
+    let seq = outbox_ids.get(delivery.webhook_id.as_str()).unwrap();
+    assert_eq!(seq.unwrap().value(), 9);
+    // Opening it again changes nothing.
+    drop((row, relay_ids, outbox_ids, r));
+    check_format(&db).unwrap();
+}

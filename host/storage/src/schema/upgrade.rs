@@ -42,6 +42,15 @@ pub(super) struct DeliveryRecordV3 {
     pub(super) status: DeliveryStatus,
 }
 
+/// [`RelayRecord`] as format 5 wrote it (no sender).
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+pub(super) struct RelayRecordV5 {
+    pub(super) actor_type: String,
+    pub(super) actor_id: String,
+    pub(super) message: InboxRecord,
+}
+
 /// [`InboxRecord`] as format 1 wrote it.
 #[derive(Deserialize)]
 #[cfg_attr(test, derive(serde::Serialize))]
@@ -77,11 +86,13 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
             && read.open_table(TYPE_USAGE).is_ok()
             && read.open_table(REVOKED_TOKENS).is_ok()
             && read.open_table(RELAY).is_ok()
-            && read.open_table(REPLICA_LSN).is_ok();
+            && read.open_table(REPLICA_LSN).is_ok()
+            && read.open_table(OUTBOX_IDS).is_ok()
+            && read.open_table(RELAY_IDS).is_ok();
         (found, complete)
     };
     match found {
-        Some(v @ 1..=4) => return upgrade(db, v),
+        Some(v @ 1..=5) => return upgrade(db, v),
         Some(v) if v != FORMAT_VERSION => {
             return Err(FormatError::Mismatch {
                 found: v,
@@ -126,14 +137,17 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
         write.open_table(BLOB_REFS).map_err(redb::Error::from)?;
         write.open_table(RELAY).map_err(redb::Error::from)?;
         write.open_table(REPLICA_LSN).map_err(redb::Error::from)?;
+        write.open_table(OUTBOX_IDS).map_err(redb::Error::from)?;
+        write.open_table(RELAY_IDS).map_err(redb::Error::from)?;
     }
     write.commit().map_err(redb::Error::from)?;
     Ok(())
 }
 
-/// Upgrade a file of format `from` (1–4) step by step: 1 → 2 inbox rows
+/// Upgrade a file of format `from` (1–5) step by step: 1 → 2 inbox rows
 /// gain their kind; 2 → 3 only adds tables (created on open); 3 → 4 outbox
-/// rows gain their `traceparent`; 4 → 5 only adds `relay` and `replica_lsn`.
+/// rows gain their `traceparent`; 4 → 5 only adds `relay` and `replica_lsn`;
+/// 5 → 6 relay rows gain their (unknown) sender, and both tables their ids.
 fn upgrade(db: &redb::Database, from: u32) -> Result<(), FormatError> {
     if from == 1 {
         migrate_inbox_from_v1(db)?;
@@ -141,7 +155,56 @@ fn upgrade(db: &redb::Database, from: u32) -> Result<(), FormatError> {
     if from <= 3 {
         migrate_outbox_from_v3(db)?;
     }
+    if from <= 5 {
+        migrate_relay_from_v5(db)?;
+        index_ids(db)?;
+    }
     stamp_and_check(db)
+}
+
+/// Format 5 → 6: relay rows gain `from` (unknown for old rows: the node
+/// that has them hands them over, as format 5 did).
+fn migrate_relay_from_v5(db: &redb::Database) -> Result<(), FormatError> {
+    let n = upgrade_rows(db, RELAY, |bytes| {
+        let old: RelayRecordV5 = postcard::from_bytes(bytes)?;
+        Ok(encode(&RelayRecord {
+            actor_type: old.actor_type,
+            actor_id: old.actor_id,
+            message: old.message,
+            from: None,
+        }))
+    })?;
+    tracing::info!(target: LOG_TARGET, relay_rows = n, "relay rows upgraded to format 6");
+    Ok(())
+}
+
+/// Format 5 → 6: index outbox rows by `webhook-id` and relay rows by
+/// message id.
+fn index_ids(db: &redb::Database) -> Result<(), FormatError> {
+    let write = db.begin_write().map_err(redb::Error::from)?;
+    {
+        let corrupt =
+            |what: &str, e: DecodeError| redb::Error::Corrupted(format!("a {what} row: {e}"));
+        let outbox = write.open_table(OUTBOX).map_err(redb::Error::from)?;
+        let mut ids = write.open_table(OUTBOX_IDS).map_err(redb::Error::from)?;
+        for row in outbox.iter().map_err(redb::Error::from)? {
+            let (k, v) = row.map_err(redb::Error::from)?;
+            let rec: DeliveryRecord =
+                decode("delivery", v.value()).map_err(|e| corrupt("outbox", e))?;
+            ids.insert(rec.webhook_id.as_str(), k.value())
+                .map_err(redb::Error::from)?;
+        }
+        let relay = write.open_table(RELAY).map_err(redb::Error::from)?;
+        let mut ids = write.open_table(RELAY_IDS).map_err(redb::Error::from)?;
+        for row in relay.iter().map_err(redb::Error::from)? {
+            let (k, v) = row.map_err(redb::Error::from)?;
+            let rec: RelayRecord = decode("relay", v.value()).map_err(|e| corrupt("relay", e))?;
+            ids.insert(rec.message.message_id.as_str(), k.value())
+                .map_err(redb::Error::from)?;
+        }
+    }
+    write.commit().map_err(redb::Error::from)?;
+    Ok(())
 }
 
 /// Format 3 → 4: outbox rows gain `traceparent` (none for old rows).

@@ -164,8 +164,8 @@ impl WriterState {
                 update,
                 done: d,
             } => {
-                self.outbox_touched = true;
-                done(d, tables.write_delivery(seq, update.as_ref()))
+                let r = self.delivery_attempted(tables, seq, update);
+                done(d, r)
             }
             WriteOp::PutSecret {
                 name,
@@ -245,15 +245,11 @@ impl WriterState {
                 done(d, r)
             }
             WriteOp::RelayDone { seqs, done: d } => {
-                let r = seqs.iter().try_for_each(|seq| {
-                    tables.relay.remove(*seq)?;
-                    Ok(())
-                });
+                let r = self.relay_done(tables, &seqs);
                 done(d, r)
             }
-            WriteOp::RetryDelivery { seq, id, done: d } => {
-                self.outbox_touched = true;
-                let r = tables.retry_delivery(seq, &id);
+            WriteOp::RetryDelivery { id, done: d } => {
+                let r = self.retry_delivery(tables, &id);
                 done(d, r)
             }
             #[cfg(test)]
@@ -290,7 +286,7 @@ impl WriterState {
             .map(|()| self.record(&t.key, || turn_op(&t)))
             .and_then(|()| {
                 if t.relay_sends {
-                    return self.relay(tables, &t.sends);
+                    return self.relay(tables, &t.key, &t.sends);
                 }
                 for (key, message) in &t.sends {
                     // The type was checked at send time but may have been
@@ -339,6 +335,7 @@ impl WriterState {
     fn relay(
         &mut self,
         tables: &mut Tables<'_>,
+        from: &ActorKey,
         sends: &[(ActorKey, InboxRecord)],
     ) -> Result<(), StorageError> {
         for (key, message) in sends {
@@ -348,12 +345,9 @@ impl WriterState {
                 actor_type: key.ty().to_owned(),
                 actor_id: key.id().to_owned(),
                 message,
+                from: Some((from.ty().to_owned(), from.id().to_owned())),
             };
-            tables
-                .relay
-                .insert(self.next_relay_seq, encode(&rec).as_slice())?;
-            self.next_relay_seq += 1;
-            self.relay_touched = true;
+            self.add_relay(tables, from, rec)?;
         }
         Ok(())
     }
@@ -439,8 +433,7 @@ impl WriterState {
                     status: DeliveryStatus::Pending,
                     traceparent: t.traceparent.clone(),
                 };
-                tables.write_delivery(dseq, Some(&rec))?;
-                self.outbox_touched = true;
+                self.add_delivery(tables, dseq, rec)?;
             }
         }
         Ok(())

@@ -20,6 +20,7 @@
 mod apply;
 mod moves;
 mod ops;
+mod outgoing;
 mod replica;
 #[cfg(test)]
 mod replica_tests;
@@ -33,6 +34,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use marmot_core::config::StorageConfig;
+use marmot_core::ids::ActorKey;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 pub use ops::{EnqueueOutcome, Fence, TurnCommit, WriteOp};
@@ -160,6 +162,16 @@ impl Writer {
     /// Installed once; returns false if one was installed before.
     pub fn replicate(&self, replication: Arc<dyn Replication>) -> bool {
         self.replication.set(replication).is_ok()
+    }
+
+    /// Whether this node sends what `key` committed (its outbound webhook
+    /// deliveries, its relayed messages): always alone; in a cluster while
+    /// it owns the actor's slot (a backup keeps copies and sends nothing;
+    /// nobody sends while the actor is being moved).
+    pub fn sends_for(&self, key: &ActorKey) -> bool {
+        self.replication
+            .get()
+            .is_none_or(|r| r.placement(key) != Placement::Elsewhere)
     }
 
     /// How far rows that leave the node by themselves are released.

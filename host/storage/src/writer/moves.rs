@@ -24,7 +24,11 @@ impl WriterState {
             Some(v) => decode("actor", v.value())?,
             None => return Ok(None),
         };
-        Ok(Some(Box::new(tables.actor_image(key, record)?)))
+        let mut image = tables.actor_image(key, record)?;
+        let outgoing = tables.outgoing_where(|k| k == key)?;
+        image.deliveries = outgoing.deliveries.into_iter().map(|(_, r)| r).collect();
+        image.relays = outgoing.relays.into_iter().map(|(_, r)| r).collect();
+        Ok(Some(Box::new(image)))
     }
 
     /// Whether `slot` has a node catching up to become its backup that
@@ -53,6 +57,8 @@ impl WriterState {
         if tables.delete_actor(&key)? {
             *created -= 1;
         }
+        let stale = tables.outgoing_where(|k| *k == key)?;
+        tables.drop_outgoing(&stale)?;
         self.install(tables, image, created)?;
         let at = self.slot_placement(slot);
         self.record_at(at, || ReplicaOp::Delete {
@@ -84,7 +90,8 @@ impl WriterState {
         Ok(dropped)
     }
 
-    /// Drop `key`'s rows, moved to `to`, unless this node keeps `to`'s.
+    /// Drop `key`'s rows (its outgoing ones too: they moved with it), moved
+    /// to `to`, unless this node keeps `to`'s.
     pub(super) fn moved_out(
         &mut self,
         tables: &mut Tables<'_>,
@@ -99,6 +106,8 @@ impl WriterState {
         if dropped {
             *created -= 1;
         }
+        let outgoing = tables.outgoing_where(|k| k == key)?;
+        tables.drop_outgoing(&outgoing)?;
         Ok(dropped)
     }
 }

@@ -175,9 +175,7 @@ pub enum WriteOp {
     },
     /// Make a delivery due again now, with a fresh retry schedule (replay).
     RetryDelivery {
-        /// Outbox seq.
-        seq: u64,
-        /// Its public id (must match the row).
+        /// Its public id (`webhook-id`).
         id: String,
         /// Completion: the row, if it exists.
         done: Reply<Option<DeliveryRecord>>,

@@ -12,8 +12,9 @@
 //!
 //! A backup applies a [`ReplicaBatch`] in one transaction, with its own
 //! actor numbers, once: a batch at or below the slot's mark is a repeat.
-//! The owner's outbound webhooks and relayed sends stay the owner's: it
-//! delivers what it committed.
+//! It keeps copies of the slot's outbound webhook deliveries and relayed
+//! sends, and what became of each (`outgoing.rs`), but sends none of them
+//! until it owns the slot.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use redb::ReadableTable;
 
 use super::WriterState;
 use super::ops::TurnCommit;
+use super::outgoing::outgoing_ops;
 use super::tables::Tables;
 use super::tracker::CommitTracker;
 use crate::StorageError;
@@ -208,13 +210,30 @@ impl WriterState {
             .iter()
             .map(|&(s, e, session)| (s, (e, session)))
             .collect();
-        let actors = tables.actors_where(|k| wanted.contains_key(&r.slot_of(k)))?;
+        let in_slots = |k: &ActorKey| wanted.contains_key(&r.slot_of(k));
+        let actors = tables.actors_where(in_slots)?;
         let mut ops: BTreeMap<u32, Vec<ReplicaOp>> = BTreeMap::new();
         for (key, record) in &actors {
             let image = tables.actor_image(key, record.clone())?;
             ops.entry(r.slot_of(key))
                 .or_default()
                 .push(ReplicaOp::Install(Box::new(image)));
+        }
+        // The slots' outgoing rows (also those of actors deleted since
+        // their events were emitted).
+        let outgoing = tables.outgoing_where(in_slots)?;
+        let slot_of = |ty: &str, id: &str| ActorKey::new(ty, id).map(|k| r.slot_of(&k)).ok();
+        for (_, d) in outgoing.deliveries {
+            if let Some(slot) = slot_of(&d.actor_type, &d.actor_id) {
+                let op = outgoing_ops(vec![d], Vec::new());
+                ops.entry(slot).or_default().extend(op);
+            }
+        }
+        for (_, m) in outgoing.relays {
+            if let Some(slot) = m.from.as_ref().and_then(|(ty, id)| slot_of(ty, id)) {
+                let op = outgoing_ops(Vec::new(), vec![m]);
+                ops.entry(slot).or_default().extend(op);
+            }
         }
         for (&slot, &(epoch, session)) in &wanted {
             // Writes of the slot already drafted in this batch are in the
@@ -260,11 +279,14 @@ impl WriterState {
             && let Some(r) = self.replication.get().cloned()
         {
             // What this node held of the slot (an old copy) goes first.
-            for (key, _) in tables.actors_where(|k| r.slot_of(k) == batch.slot)? {
+            let in_slot = |k: &ActorKey| r.slot_of(k) == batch.slot;
+            for (key, _) in tables.actors_where(in_slot)? {
                 if tables.delete_actor(&key)? {
                     *created -= 1;
                 }
             }
+            let outgoing = tables.outgoing_where(in_slot)?;
+            tables.drop_outgoing(&outgoing)?;
         }
         for op in &batch.ops {
             self.apply_replica_op(tables, op, created)?;
@@ -340,6 +362,9 @@ impl WriterState {
                 }
             }
             ReplicaOp::Install(image) => self.install(tables, image, created)?,
+            ReplicaOp::Delivery { .. } | ReplicaOp::Relay { .. } => {
+                self.put_outgoing(tables, op)?;
+            }
             ReplicaOp::Moved {
                 actor_type,
                 actor_id,
@@ -397,7 +422,8 @@ impl WriterState {
     }
 
     /// Write every row of an actor from a snapshot: its rows as one turn's
-    /// writes, then its idempotency records and queued messages.
+    /// writes, then its idempotency records, queued messages and outgoing
+    /// rows.
     pub(super) fn install(
         &mut self,
         tables: &mut Tables<'_>,
@@ -438,7 +464,7 @@ impl WriterState {
                 .insert((num, *seq), encode(message).as_slice())?;
             self.next_inbox_seq = self.next_inbox_seq.max(seq + 1);
         }
-        Ok(())
+        self.install_outgoing(tables, image)
     }
 }
 

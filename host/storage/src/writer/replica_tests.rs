@@ -82,6 +82,49 @@ impl Collect {
     }
 }
 
+/// Release every shipment until `rx` has its answer.
+async fn until<T>(c: &Collect, mut rx: oneshot::Receiver<T>) -> T {
+    loop {
+        if let Ok(v) = rx.try_recv() {
+            return v;
+        }
+        let (_, release) = c.next().await;
+        release(Ok(()));
+    }
+}
+
+/// A subscription to every event, put on `storage`.
+async fn subscribe(storage: &Storage, c: Option<&Collect>) {
+    let (done, rx) = oneshot::channel();
+    storage.writer().submit(WriteOp::PutSubscription {
+        name: "all".into(),
+        record: crate::schema::SubscriptionRecord {
+            url: "http://127.0.0.1:9/".into(),
+            events: vec!["*".into()],
+            types: Vec::new(),
+            secret: "whsec_x".into(),
+            created_at_ms: 1,
+        },
+        done,
+    });
+    match c {
+        Some(c) => until(c, rx).await.unwrap(),
+        None => rx.await.unwrap().unwrap(),
+    };
+}
+
+/// One event of kind `kind`, as a turn appends it at seq `seq`.
+fn event(seq: u64, kind: &str) -> (u64, crate::schema::EventRecord) {
+    (
+        seq,
+        crate::schema::EventRecord {
+            kind: kind.into(),
+            data: b"{}".to_vec(),
+            at_ms: 5,
+        },
+    )
+}
+
 async fn apply_on(
     storage: &Storage,
     batch: crate::schema::ReplicaBatch,
@@ -321,16 +364,6 @@ async fn a_joining_backup_gets_a_snapshot_of_the_slot_then_every_write() {
             .writer()
             .replicate(Arc::new(Joining(Collect::default(), true)))
     );
-    // Releases every shipment until `rx` has its answer.
-    async fn until<T>(c: &Collect, mut rx: oneshot::Receiver<T>) -> T {
-        loop {
-            if let Ok(v) = rx.try_recv() {
-                return v;
-            }
-            let (_, release) = c.next().await;
-            release(Ok(()));
-        }
-    }
     // Before the snapshot, the slot's writes stay here.
     let key = ActorKey::new("t", "j1").unwrap();
     let (done, rx) = oneshot::channel();
@@ -342,11 +375,25 @@ async fn a_joining_backup_gets_a_snapshot_of_the_slot_then_every_write() {
     });
     let rec = until(&shipped.0, rx).await.unwrap();
     let tracker = Arc::new(CommitTracker::default());
+    subscribe(&owner, Some(&shipped.0)).await;
     let (op, rx) = turn(&key, &rec, &tracker, 0, 1, "k", "before");
-    owner.writer().submit(op);
+    let WriteOp::Turn(mut t) = op else {
+        unreachable!()
+    };
+    t.events = vec![event(1, "hi")];
+    owner.writer().submit(WriteOp::Turn(t));
     until(&shipped.0, rx).await.unwrap();
-    // The backup holds an old copy of another actor of the slot.
-    create(&backup, "j-stale").await;
+    // The backup holds an old copy of another actor of the slot, with an
+    // outbound delivery.
+    let (stale, stale_rec) = create(&backup, "j-stale").await;
+    subscribe(&backup, None).await;
+    let (op, rx) = turn(&stale, &stale_rec, &tracker, 0, 1, "k", "old");
+    let WriteOp::Turn(mut t) = op else {
+        unreachable!()
+    };
+    t.events = vec![event(1, "old")];
+    backup.writer().submit(WriteOp::Turn(t));
+    rx.await.unwrap().unwrap();
 
     let (done, rx) = oneshot::channel();
     owner.writer().submit(WriteOp::Snapshot {
@@ -359,7 +406,10 @@ async fn a_joining_backup_gets_a_snapshot_of_the_slot_then_every_write() {
     assert!(snapshot.snapshot);
     assert!(matches!(
         snapshot.ops[..],
-        [crate::schema::ReplicaOp::Install(_)]
+        [
+            crate::schema::ReplicaOp::Install(_),
+            crate::schema::ReplicaOp::Delivery { .. }
+        ]
     ));
     assert_eq!(
         apply_on(&backup, snapshot, true).await,
@@ -386,6 +436,9 @@ async fn a_joining_backup_gets_a_snapshot_of_the_slot_then_every_write() {
             .is_none(),
         "the old copy stayed"
     );
+    let due = r.deliveries_due(u64::MAX, 10, |_| true).unwrap();
+    assert_eq!(due.len(), 1, "the old copy's delivery stayed");
+    assert_eq!(due[0].1.actor_id, "j1");
     let num = r.actor(&key).unwrap().unwrap().num;
     assert_eq!(r.state(num, "k").unwrap().as_deref(), Some(&b"after"[..]));
 }
@@ -401,8 +454,15 @@ async fn a_moved_actor_takes_all_its_rows_and_leaves_none_behind() {
     let (_b_dir, target) = open();
     let (key, rec) = create(&source, "m1").await;
     let tracker = Arc::new(CommitTracker::default());
+    subscribe(&source, None).await;
     let (op, rx) = turn(&key, &rec, &tracker, 0, 1, "k", "v1");
-    source.writer().submit(op);
+    let WriteOp::Turn(mut t) = op else {
+        unreachable!()
+    };
+    t.events = vec![event(1, "hi")];
+    t.sends = vec![(ActorKey::new("t", "other").unwrap(), keyed_message())];
+    t.relay_sends = true;
+    source.writer().submit(WriteOp::Turn(t));
     rx.await.unwrap().unwrap();
     let message = keyed_message();
     let k = key.clone();
@@ -432,6 +492,15 @@ async fn a_moved_actor_takes_all_its_rows_and_leaves_none_behind() {
         .await
         .unwrap()
         .expect("the actor exists");
+    assert_eq!((image.deliveries.len(), image.relays.len()), (1, 1));
+    let id = image.deliveries[0].webhook_id.clone();
+    let outgoing = |storage: &Storage| {
+        let r = storage.reader().unwrap();
+        (
+            r.delivery_by_id(&id).unwrap().is_some(),
+            r.relay_page(10, |_| true).unwrap().len(),
+        )
+    };
 
     // The target holds a stale copy (an undone move): replaced.
     let (_, stale) = create(&target, "m1").await;
@@ -460,6 +529,7 @@ async fn a_moved_actor_takes_all_its_rows_and_leaves_none_behind() {
     assert_eq!(reader.inbox_len(here.num).unwrap(), 1);
     assert!(reader.idempotency(here.num, "k1").unwrap().is_some());
     drop(reader);
+    assert_eq!(outgoing(&target), (true, 1), "its outgoing rows moved too");
 
     // The source drops its rows and tells its slot's backup.
     let collect = Arc::new(Collect::default());
@@ -480,6 +550,7 @@ async fn a_moved_actor_takes_all_its_rows_and_leaves_none_behind() {
     release(Ok(()));
     assert!(out.await.unwrap().unwrap(), "the rows went");
     assert!(source.reader().unwrap().actor(&key).unwrap().is_none());
+    assert_eq!(outgoing(&source), (false, 0), "outgoing rows left behind");
 
     // A node that keeps the new slot's rows (slot 8 here) keeps them.
     let (done, kept) = oneshot::channel();
@@ -493,4 +564,157 @@ async fn a_moved_actor_takes_all_its_rows_and_leaves_none_behind() {
     release(Ok(()));
     assert!(!kept.await.unwrap().unwrap(), "nothing went");
     assert!(target.reader().unwrap().actor(&key).unwrap().is_some());
+    assert_eq!(outgoing(&target), (true, 1));
+}
+
+/// Outgoing rows: the owner ships each outbound webhook delivery and each
+/// relayed send its slot's actors commit, and what became of them, to the
+/// backup, which keeps copies under its own seqs (found by their ids) and
+/// so can go on where the owner stopped. Only the owner sends them.
+#[tokio::test]
+async fn a_backup_keeps_the_slots_outgoing_rows_and_what_became_of_them() {
+    use crate::schema::*;
+    let (_a_dir, owner) = open();
+    let (_b_dir, backup) = open();
+    let collect = Arc::new(Collect::default());
+    assert!(owner.writer().replicate(collect.clone()));
+    subscribe(&owner, Some(&collect)).await;
+    // The backup has a delivery of its own first: seqs differ.
+    subscribe(&backup, None).await;
+    let (local, local_rec) = create(&backup, "local").await;
+    let (op, rx) = turn(&local, &local_rec, &Default::default(), 0, 1, "k", "v");
+    let WriteOp::Turn(mut t) = op else {
+        unreachable!()
+    };
+    t.events = vec![event(1, "mine")];
+    backup.writer().submit(WriteOp::Turn(t));
+    rx.await.unwrap().unwrap();
+
+    let key = ActorKey::new("t", "r1").unwrap();
+    let (done, rx) = oneshot::channel();
+    owner.writer().submit(WriteOp::GetOrCreate {
+        key: key.clone(),
+        version: 1,
+        early: None,
+        done,
+    });
+    let (batches, release) = collect.next().await;
+    apply_on(&backup, batches[0].clone(), true).await;
+    release(Ok(()));
+    let rec = rx.await.unwrap().unwrap();
+    // A turn with an event (one delivery) and a relayed send.
+    let (op, rx) = turn(&key, &rec, &Default::default(), 0, 1, "k", "v");
+    let WriteOp::Turn(mut t) = op else {
+        unreachable!()
+    };
+    t.events = vec![event(1, "hi")];
+    t.sends = vec![(ActorKey::new("t", "other").unwrap(), keyed_message())];
+    t.relay_sends = true;
+    owner.writer().submit(WriteOp::Turn(t));
+    let (batches, release) = collect.next().await;
+    assert!(matches!(
+        batches[0].ops[..],
+        [
+            ReplicaOp::Delivery {
+                record: Some(_),
+                ..
+            },
+            ReplicaOp::Turn(_),
+            ReplicaOp::Relay {
+                record: Some(_),
+                ..
+            }
+        ]
+    ));
+    apply_on(&backup, batches[0].clone(), true).await;
+    release(Ok(()));
+    rx.await.unwrap().unwrap();
+
+    let all = |_: &DeliveryRecord| true;
+    let any = |_: &RelayRecord| true;
+    let o = owner.reader().unwrap();
+    let [(oseq, row)] = &o.deliveries_due(u64::MAX, 10, all).unwrap()[..] else {
+        panic!("one delivery on the owner")
+    };
+    let [(relay_seq, relayed)] = &o.relay_page(10, any).unwrap()[..] else {
+        panic!("one relayed send on the owner")
+    };
+    assert_eq!(relayed.from, Some(("t".into(), "r1".into())));
+    let (oseq, relay_seq, id) = (*oseq, *relay_seq, row.webhook_id.clone());
+    drop(o);
+    let copy = |storage: &Storage| storage.reader().unwrap().delivery_by_id(&id).unwrap();
+    assert_eq!(copy(&backup).as_ref(), Some(row), "the backup has the row");
+    let b = backup.reader().unwrap();
+    assert_eq!(b.deliveries_due(u64::MAX, 10, all).unwrap().len(), 2);
+    assert_ne!(
+        b.deliveries_due(u64::MAX, 10, all).unwrap()[1].0,
+        oseq,
+        "under its own seq"
+    );
+    assert_eq!(b.relay_page(10, any).unwrap()[0].1, *relayed);
+    drop(b);
+    // Only the owner of an actor's slot sends what it committed.
+    assert!(owner.writer().sends_for(&key));
+    assert!(!owner.writer().sends_for(&ActorKey::new("t", "x1").unwrap()));
+
+    // A failed attempt, a replay, then the delivery: each reaches the copy.
+    let mut failed = row.clone();
+    failed.attempts = 1;
+    failed.next_attempt_ms = u64::MAX / 2;
+    failed.last_error = Some("HTTP 500".into());
+    let (done, rx) = oneshot::channel();
+    owner.writer().submit(WriteOp::DeliveryAttempted {
+        seq: oseq,
+        update: Some(failed.clone()),
+        done,
+    });
+    let (batches, release) = collect.next().await;
+    apply_on(&backup, batches[0].clone(), true).await;
+    release(Ok(()));
+    rx.await.unwrap().unwrap();
+    assert_eq!(copy(&backup), Some(failed));
+    let b = backup.reader().unwrap();
+    assert_eq!(b.deliveries_due(u64::MAX / 4, 10, all).unwrap().len(), 1);
+    drop(b);
+    let (done, rx) = oneshot::channel();
+    owner.writer().submit(WriteOp::RetryDelivery {
+        id: id.clone(),
+        done,
+    });
+    let (batches, release) = collect.next().await;
+    apply_on(&backup, batches[0].clone(), true).await;
+    release(Ok(()));
+    assert_eq!(rx.await.unwrap().unwrap().unwrap().attempts, 0);
+    assert_eq!(copy(&backup).unwrap().attempts, 0);
+    for op in [
+        WriteOp::DeliveryAttempted {
+            seq: oseq,
+            update: None,
+            done: oneshot::channel().0,
+        },
+        WriteOp::RelayDone {
+            seqs: vec![relay_seq],
+            done: oneshot::channel().0,
+        },
+    ] {
+        owner.writer().submit(op);
+        let (batches, release) = collect.next().await;
+        apply_on(&backup, batches[0].clone(), true).await;
+        release(Ok(()));
+    }
+    assert_eq!(copy(&owner), None);
+    assert_eq!(copy(&backup), None, "delivered: the copy went");
+    let b = backup.reader().unwrap();
+    assert!(b.relay_page(10, any).unwrap().is_empty(), "handed over");
+    assert_eq!(b.deliveries_due(u64::MAX, 10, all).unwrap().len(), 1);
+    drop(b);
+    // An attempt whose row went meanwhile (moved away) writes nothing.
+    let (done, rx) = oneshot::channel();
+    owner.writer().submit(WriteOp::DeliveryAttempted {
+        seq: oseq,
+        update: Some(row.clone()),
+        done,
+    });
+    until(&collect, rx).await.unwrap();
+    assert_eq!(copy(&owner), None, "a delivered row came back");
 }

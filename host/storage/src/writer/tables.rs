@@ -1,7 +1,6 @@
 //! Every table of a write transaction, and the row-level writes the ops
 //! are made of (keeping secondary indexes in step with their tables).
 
-use marmot_core::clock::now_ms;
 use marmot_core::ids::ActorKey;
 use redb::{ReadableTable, WriteTransaction};
 
@@ -27,6 +26,7 @@ pub(super) struct Tables<'t> {
     pub(super) subscriptions: redb::Table<'t, &'static str, &'static [u8]>,
     pub(super) outbox: redb::Table<'t, u64, &'static [u8]>,
     pub(super) outbox_due: redb::Table<'t, (u64, u64), ()>,
+    pub(super) outbox_ids: redb::Table<'t, &'static str, u64>,
     pub(super) secrets: redb::Table<'t, &'static str, &'static [u8]>,
     providers: redb::Table<'t, &'static str, &'static [u8]>,
     revoked_tokens: redb::Table<'t, &'static str, u64>,
@@ -37,6 +37,7 @@ pub(super) struct Tables<'t> {
     type_file_usage: redb::Table<'t, &'static str, u64>,
     blob_refs: redb::Table<'t, &'static [u8; 32], u64>,
     pub(super) relay: redb::Table<'t, u64, &'static [u8]>,
+    pub(super) relay_ids: redb::Table<'t, &'static str, u64>,
     pub(super) replica_lsn: redb::Table<'t, u32, &'static [u8]>,
 }
 
@@ -58,6 +59,7 @@ impl<'t> Tables<'t> {
             subscriptions: txn.open_table(SUBSCRIPTIONS)?,
             outbox: txn.open_table(OUTBOX)?,
             outbox_due: txn.open_table(OUTBOX_DUE)?,
+            outbox_ids: txn.open_table(OUTBOX_IDS)?,
             secrets: txn.open_table(SECRETS)?,
             providers: txn.open_table(PROVIDERS)?,
             revoked_tokens: txn.open_table(REVOKED_TOKENS)?,
@@ -68,6 +70,7 @@ impl<'t> Tables<'t> {
             type_file_usage: txn.open_table(TYPE_FILE_USAGE)?,
             blob_refs: txn.open_table(BLOB_REFS)?,
             relay: txn.open_table(RELAY)?,
+            relay_ids: txn.open_table(RELAY_IDS)?,
             replica_lsn: txn.open_table(REPLICA_LSN)?,
         })
     }
@@ -141,59 +144,6 @@ impl<'t> Tables<'t> {
             }
         }
         Ok(())
-    }
-
-    /// Write or remove one outbox row, keeping the due index in step.
-    pub(super) fn write_delivery(
-        &mut self,
-        seq: u64,
-        rec: Option<&DeliveryRecord>,
-    ) -> Result<(), StorageError> {
-        let old = self
-            .outbox
-            .get(seq)?
-            .map(|v| decode::<DeliveryRecord>("delivery", v.value()))
-            .transpose()?;
-        if let Some(old) = old
-            && old.status == DeliveryStatus::Pending
-        {
-            self.outbox_due.remove((old.next_attempt_ms, seq))?;
-        }
-        match rec {
-            Some(r) => {
-                self.outbox.insert(seq, encode(r).as_slice())?;
-                if r.status == DeliveryStatus::Pending {
-                    self.outbox_due.insert((r.next_attempt_ms, seq), ())?;
-                }
-            }
-            None => {
-                self.outbox.remove(seq)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Make row `seq` (whose public id is `id`) due now with a fresh
-    /// schedule.
-    pub(super) fn retry_delivery(
-        &mut self,
-        seq: u64,
-        id: &str,
-    ) -> Result<Option<DeliveryRecord>, StorageError> {
-        let Some(mut rec) = self
-            .outbox
-            .get(seq)?
-            .map(|v| decode::<DeliveryRecord>("delivery", v.value()))
-            .transpose()?
-            .filter(|r| r.webhook_id == id)
-        else {
-            return Ok(None);
-        };
-        rec.status = DeliveryStatus::Pending;
-        rec.attempts = 0;
-        rec.next_attempt_ms = now_ms();
-        self.write_delivery(seq, Some(&rec))?;
-        Ok(Some(rec))
     }
 
     /// Write (`Some`) or delete (`None`) files of actor `num` (of type
@@ -328,7 +278,8 @@ impl<'t> Tables<'t> {
         Ok(out)
     }
 
-    /// All of actor `key`'s rows.
+    /// All of actor `key`'s rows but its outgoing ones (which take a scan
+    /// of their tables: [`Self::outgoing_where`]).
     pub(super) fn actor_image(
         &self,
         key: &ActorKey,
@@ -347,6 +298,8 @@ impl<'t> Tables<'t> {
             inputs: Vec::new(),
             files: Vec::new(),
             usage: None,
+            deliveries: Vec::new(),
+            relays: Vec::new(),
         };
         for row in self.state.range((num, "")..)? {
             let (k, v) = row?;

@@ -392,7 +392,7 @@ async fn relayed_sends_wait_in_the_relay_with_a_key_until_handed_over() {
     storage.writer().submit(WriteOp::Turn(t));
     rx.await.unwrap().unwrap();
     notified.await;
-    let page = storage.reader().unwrap().relay_page(10).unwrap();
+    let page = storage.reader().unwrap().relay_page(10, |_| true).unwrap();
     let keys: Vec<_> = page
         .iter()
         .map(|(_, r)| (r.actor_id.as_str(), r.message.idempotency_key.as_deref()))
@@ -412,5 +412,12 @@ async fn relayed_sends_wait_in_the_relay_with_a_key_until_handed_over() {
         .call(|done| WriteOp::RelayDone { seqs, done })
         .await
         .unwrap();
-    assert!(storage.reader().unwrap().relay_page(10).unwrap().is_empty());
+    assert!(
+        storage
+            .reader()
+            .unwrap()
+            .relay_page(10, |_| true)
+            .unwrap()
+            .is_empty()
+    );
 }
