@@ -1,0 +1,344 @@
+//! Actors near their users, in a cluster of real nodes on etcd: a new
+//! actor lives in the region asked, and a move takes all of it to another
+//! region — also under load, and when the mover dies half-way.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::cluster::*;
+use common::{Api, TESTKIT, metric};
+use serde_json::json;
+
+/// A new actor lives in the region its first message names (else the
+/// receiving node's), and a move takes all of it — state, events, alarms,
+/// idempotency records — to the other region, whichever node is asked.
+#[tokio::test]
+async fn actors_live_in_the_region_asked_and_move_with_all_their_data() {
+    let Some(c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let add = json!({"op": "add", "key": "n", "by": 1});
+
+    // Placement at creation: `?region=` through a node of the other
+    // region, and the receiving node's region without one.
+    for i in 0..6 {
+        let id = format!("far-{i}");
+        let r = c
+            .api(0)
+            .post_json(&format!("/v1/actors/kit/{id}?region=us"), &add)
+            .await;
+        assert_eq!(r.status, 200, "{}", r.json);
+        assert_eq!(owner_of(&c, 1, &id).await, "n3", "{id} asked for us");
+        let id = format!("near-{i}");
+        assert_eq!(
+            c.api(2)
+                .post_json(&format!("/v1/actors/kit/{id}"), &add)
+                .await
+                .status,
+            200
+        );
+        assert_eq!(
+            owner_of(&c, 0, &id).await,
+            "n3",
+            "{id} was created through n3 (us)"
+        );
+        let id = format!("home-{i}");
+        assert_eq!(
+            c.api(1)
+                .post_json(&format!("/v1/actors/kit/{id}"), &add)
+                .await
+                .status,
+            200
+        );
+        assert_eq!(
+            region_of(&owner_of(&c, 2, &id).await),
+            "eu",
+            "{id} was created through n2 (eu)"
+        );
+    }
+    // A region no node is in: refused, nothing created.
+    let r = c
+        .api(0)
+        .post_json("/v1/actors/kit/lost?region=mars", &add)
+        .await;
+    assert_eq!(r.status, 400, "{}", r.json);
+    assert_eq!(r.json["error"]["code"], "unknown_region");
+    assert_eq!(c.api(1).get("/v1/actors/kit/lost").await.status, 404);
+    // An existing actor stays where it is whatever a message asks.
+    let r = c
+        .api(1)
+        .post_json("/v1/actors/kit/far-0?region=eu", &add)
+        .await;
+    assert_eq!(r.json["value"], 2, "{}", r.json);
+    assert_eq!(owner_of(&c, 0, "far-0").await, "n3");
+
+    // An actor with state, an event, an alarm and an idempotency record.
+    let api = c.api(0);
+    assert_eq!(api.add("kit", "mover", 5).await.status, 200);
+    let home = owner_of(&c, 0, "mover").await;
+    assert_eq!(region_of(&home), "eu");
+    assert_eq!(
+        c.api(1)
+            .op(
+                "kit",
+                "mover",
+                json!({"op": "emit", "kind": "before-move", "data": {}})
+            )
+            .await
+            .status,
+        200
+    );
+    let r = c
+        .api(1)
+        .op(
+            "kit",
+            "mover",
+            json!({"op": "alarm_set", "name": "later", "after": 2500}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(keyed(&c, 0).await.json["value"], 15);
+
+    let r = c
+        .api(1)
+        .post_json("/v1/actors/kit/mover/move?region=us", &json!({}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["moved"], true, "{}", r.json);
+    assert_eq!(r.json["node"], "n3", "{}", r.json);
+    for i in 0..3 {
+        assert_eq!(owner_of(&c, i, "mover").await, "n3");
+    }
+    let info = c.api(0).get("/v1/actors/kit/mover").await.json;
+    assert_eq!(info["region"], "us", "{info}");
+    // Everything came along: the repeat of a keyed request is answered
+    // from its record (not applied again), the state and the event are
+    // there, and the alarm fires on the new owner.
+    assert_eq!(keyed(&c, 2).await.json["value"], 15, "applied twice");
+    let r = c
+        .api(1)
+        .op("kit", "mover", json!({"op": "get", "key": "n"}))
+        .await;
+    assert_eq!(r.json["value"], 15, "{}", r.json);
+    let events = c.api(0).get("/v1/actors/kit/mover/events").await;
+    let events = String::from_utf8_lossy(&events.body).into_owned();
+    assert!(events.contains("before-move"), "{events}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = c
+            .api(1)
+            .op("kit", "mover", json!({"op": "get", "key": "fired"}))
+            .await;
+        if r.json["value"].as_array().is_some_and(|a| a.len() == 1) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the alarm never fired after the move: {}",
+            r.json
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let h = NODES.iter().position(|(n, _)| *n == home).unwrap();
+    let text =
+        String::from_utf8_lossy(&c.nodes[h].client().get("/metrics").await.body).into_owned();
+    assert_eq!(metric(&text, "marmot_cluster_moves_total"), 1.0, "{text}");
+
+    // Asked again (with the CLI): already there. Back to eu: with its data.
+    let out = Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args([
+            "cluster",
+            "move",
+            "kit",
+            "mover",
+            "--region",
+            "us",
+            "--url",
+            &c.nodes[2].url,
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("already"), "{text}");
+    let out = Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["cluster", "status", "--url", &c.nodes[2].url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("actors placed outside their hash slot"),
+        "{text}"
+    );
+    let r = c
+        .api(2)
+        .post_json("/v1/actors/kit/mover/move?region=us", &json!({}))
+        .await;
+    assert_eq!(
+        (r.status, r.json["moved"].clone()),
+        (200, json!(false)),
+        "{}",
+        r.json
+    );
+    let r = c
+        .api(2)
+        .post_json("/v1/actors/kit/mover/move?region=eu", &json!({}))
+        .await;
+    assert_eq!(r.json["moved"], true, "{}", r.json);
+    assert_eq!(region_of(&owner_of(&c, 2, "mover").await), "eu");
+    assert_eq!(
+        c.api(1)
+            .op("kit", "mover", json!({"op": "get", "key": "n"}))
+            .await
+            .json["value"],
+        15
+    );
+
+    // Bad moves change nothing.
+    let r = c
+        .api(0)
+        .post_json("/v1/actors/kit/nobody/move?region=us", &json!({}))
+        .await;
+    assert_eq!(r.status, 404, "{}", r.json);
+    let r = c
+        .api(0)
+        .post_json("/v1/actors/kit/mover/move?region=mars", &json!({}))
+        .await;
+    assert_eq!(r.status, 400, "{}", r.json);
+    let r = c
+        .api(0)
+        .post_json("/v1/actors/kit/mover/move", &json!({}))
+        .await;
+    assert_eq!(r.status, 400, "{}", r.json);
+}
+
+/// Moves under load: actors go back and forth between the regions while
+/// clients write to them through every node (retrying with the same
+/// idempotency key): every acknowledged write is there exactly once.
+#[tokio::test]
+async fn moves_under_load_lose_and_double_nothing() {
+    use common::history::History;
+    use std::sync::Arc;
+    let Some(c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    const ACTORS: usize = 4;
+    for a in 0..ACTORS {
+        assert_eq!(c.api(0).add("kit", &format!("m-{a}"), 1).await.status, 200);
+    }
+    let history = Arc::new(History::default());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for client in 0..4 {
+        let apis: Vec<Api> = (0..3).map(|i| c.api(i)).collect();
+        let (history, stop) = (history.clone(), stop.clone());
+        clients.push(tokio::spawn(async move {
+            let mut seq = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                seq += 1;
+                let id = format!("c{client}-{seq}");
+                let actor = format!("m-{}", (client + seq) % ACTORS);
+                history.invoke(&actor, &id);
+                for attempt in 0..200 {
+                    let r = apis[(seq + attempt) % 3]
+                        .try_post_with(
+                            &format!("/v1/actors/kit/{actor}"),
+                            &json!({"op": "record", "id": id, "busy_ms": seq % 2 * 40}),
+                            &[("idempotency-key", &id)],
+                        )
+                        .await;
+                    history.outcome(&actor, &id, r.as_ref());
+                    if r.is_some_and(|r| r.status == 200) {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }));
+    }
+    let mut moves = 0;
+    let started = Instant::now();
+    for round in 0..5 {
+        for a in 0..ACTORS {
+            let region = if (round + a) % 2 == 0 { "us" } else { "eu" };
+            let r = c
+                .api(round + a)
+                .post_json(
+                    &format!("/v1/actors/kit/m-{a}/move?region={region}"),
+                    &json!({}),
+                )
+                .await;
+            assert_eq!(r.status, 200, "m-{a} to {region}: {}", r.json);
+            moves += usize::from(r.json["moved"] == true);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let took = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for client in clients {
+        client.await.unwrap();
+    }
+    let total: usize = history.acked().values().map(BTreeSet::len).sum();
+    assert!(moves >= 15, "only {moves} moves happened");
+    assert!(total > 50, "the load stalled: {total}");
+    let actors: Vec<String> = (0..ACTORS).map(|a| format!("m-{a}")).collect();
+    let summary = history.check(&seen(&c, 1, &actors).await);
+    eprintln!("{moves} moves in {took:?} under load; {summary:?}");
+}
+
+/// kill -9 of the node moving an actor, between the copy to the new owner
+/// and the switch: the actor stays where it was, with its data — the
+/// slot's next owner finds the mover's fence stale and undoes it — and the
+/// copy on the new owner is never served.
+#[tokio::test]
+async fn a_mover_killed_before_the_switch_leaves_the_actor_where_it_was() {
+    let Some(mut c) = Cluster::start_with(&[("MARMOT_FAULT_MOVE_DELAY_MS", "1500")], "").await
+    else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    assert_eq!(c.api(0).add("kit", "stuck", 5).await.status, 200);
+    let info = c.api(0).get("/v1/actors/kit/stuck").await.json;
+    let mover = info["node"].as_str().unwrap().to_owned();
+    let backup = info["backup"].as_str().expect("a backup").to_owned();
+    assert_eq!(region_of(&mover), "eu");
+    let m = NODES.iter().position(|(n, _)| *n == mover).unwrap();
+    let b = NODES.iter().position(|(n, _)| *n == backup).unwrap();
+
+    let api = c.api(m);
+    let moving = tokio::spawn(async move {
+        api.try_post_with("/v1/actors/kit/stuck/move?region=us", &json!({}), &[])
+            .await
+    });
+    // The copy is on n3 and the switch is held back: a request now waits.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let status = c.api(b).get("/v1/cluster").await.json;
+    assert_eq!(status["actors_moving"], 1, "{status:#}");
+    c.nodes[m].kill9();
+    let r = moving.await.unwrap();
+    assert!(
+        r.is_none_or(|r| r.status != 200),
+        "the move cannot have finished"
+    );
+
+    // Its slot fails over to its backup, which undoes the stale fence and
+    // serves the actor with its data.
+    let r = add_when_served(&c, b, "stuck").await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["value"], 6, "{}", r.json);
+    assert_eq!(owner_of(&c, b, "stuck").await, backup);
+    let status = c.api(b).get("/v1/cluster").await.json;
+    assert_eq!(status["actors_moving"], 0, "{status:#}");
+
+    // The mover comes back: one actor, one state, whichever node is asked.
+    c.nodes[m].restart().await;
+    for i in 0..3 {
+        wait_value(&c, i, "stuck", "n", 6).await;
+    }
+    assert_eq!(c.api(m).add("kit", "stuck", 1).await.json["value"], 7);
+    assert_eq!(owner_of(&c, 2, "stuck").await, backup);
+}
