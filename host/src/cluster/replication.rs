@@ -93,6 +93,12 @@ impl Replication for Replicator {
         self.cluster.holds(slot)
     }
 
+    /// Output: only while the lease is provably alive (self-fencing), like
+    /// the replies of turns.
+    fn sends_for(&self, key: &ActorKey) -> bool {
+        self.cluster.alive() && self.cluster.placement(key) != Placement::Elsewhere
+    }
+
     fn ship(&self, batches: Vec<ReplicaBatch>, release: Release) {
         if let Err(mpsc::error::SendError(s)) = self.tx.send(Shipment { batches, release }) {
             (s.release)(Err("the node is shutting down".into()));

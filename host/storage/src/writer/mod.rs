@@ -166,12 +166,11 @@ impl Writer {
 
     /// Whether this node sends what `key` committed (its outbound webhook
     /// deliveries, its relayed messages): always alone; in a cluster while
-    /// it owns the actor's slot (a backup keeps copies and sends nothing;
-    /// nobody sends while the actor is being moved).
+    /// it owns the actor's slot and may act on it (a backup keeps copies
+    /// and sends nothing; nobody sends while the actor is being moved, nor
+    /// from a node whose membership lease lapsed).
     pub fn sends_for(&self, key: &ActorKey) -> bool {
-        self.replication
-            .get()
-            .is_none_or(|r| r.placement(key) != Placement::Elsewhere)
+        self.replication.get().is_none_or(|r| r.sends_for(key))
     }
 
     /// How far rows that leave the node by themselves are released.

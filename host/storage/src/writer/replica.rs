@@ -47,6 +47,13 @@ pub trait Replication: Send + Sync {
     /// is catching up to): an actor moved there keeps its rows here.
     fn holds(&self, slot: u32) -> bool;
 
+    /// Whether this node may send what `key` committed now (outbound
+    /// webhooks, relayed messages): it owns the actor's slot, and may act
+    /// on that (a node whose membership lease lapsed releases nothing).
+    fn sends_for(&self, key: &ActorKey) -> bool {
+        self.placement(key) != Placement::Elsewhere
+    }
+
     /// Ship a committed batch's writes (one [`ReplicaBatch`] per slot,
     /// possibly none) and call `release` once this batch may be released:
     /// after every batch shipped before it, and once each of its backups
