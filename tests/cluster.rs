@@ -557,7 +557,7 @@ async fn kill_9_of_an_owner_under_load_loses_no_acknowledged_write() {
     // Each op records a unique id on one actor, through a random live node,
     // with the id as its idempotency key; retried (same key) until it is
     // acknowledged or the load stops.
-    let history = Arc::new(History::default());
+    let history = Arc::new(History::named("kill_9_of_an_owner_under_load"));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let victim = 1;
     let killed = Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -470,7 +470,9 @@ async fn killing_the_etcd_leader_under_load_loses_no_acknowledged_write() {
 
     // Load: each op records a unique id on one of 12 actors, through a
     // random node, with its id as the idempotency key.
-    let history = Arc::new(common::history::History::default());
+    let history = Arc::new(common::history::History::named(
+        "etcd_leader_killed_under_load",
+    ));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut clients = Vec::new();
     for c in 0..6 {

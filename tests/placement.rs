@@ -230,7 +230,7 @@ async fn moves_under_load_lose_and_double_nothing() {
     for a in 0..ACTORS {
         assert_eq!(c.api(0).add("kit", &format!("m-{a}"), 1).await.status, 200);
     }
-    let history = Arc::new(History::default());
+    let history = Arc::new(History::named("moves_under_load"));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut clients = Vec::new();
     for client in 0..4 {

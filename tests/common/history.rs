@@ -7,7 +7,9 @@
 //!
 //! The checker asks of the final state: every acknowledged id is there, no
 //! id is there twice, no id is there that was never invoked, and at most
-//! one node acknowledged writes for any (slot, epoch).
+//! one node acknowledged writes for any (slot, epoch). A named history is
+//! also written, with the final state, to
+//! `target/tmp/histories/{name}.history` for a look after the run.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -39,9 +41,38 @@ pub enum Line {
 
 /// A history, appended to from many clients.
 #[derive(Default)]
-pub struct History(Mutex<Vec<Line>>);
+pub struct History {
+    /// Names the file it is written to (none: not written).
+    name: String,
+    lines: Mutex<Vec<Line>>,
+}
+
+impl std::fmt::Display for Line {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Line::Invoke { actor, id } => write!(f, "invoke {actor} {id}"),
+            Line::Ok {
+                actor,
+                id,
+                node,
+                slot,
+                epoch,
+            } => write!(f, "ok {actor} {id} {node} {slot} {epoch}"),
+            Line::Fail { actor, id, status } => write!(f, "fail {actor} {id} {status}"),
+            Line::Unknown { actor, id } => write!(f, "unknown {actor} {id}"),
+        }
+    }
+}
 
 impl History {
+    /// A history written to a file named `name` when it is checked.
+    pub fn named(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            lines: Mutex::default(),
+        }
+    }
+
     pub fn invoke(&self, actor: &str, id: &str) {
         self.push(Line::Invoke {
             actor: actor.into(),
@@ -80,7 +111,7 @@ impl History {
     }
 
     fn push(&self, line: Line) {
-        self.0.lock().unwrap().push(line);
+        self.lines.lock().unwrap().push(line);
     }
 
     /// Append a line as it is (the checker's own test).
@@ -89,7 +120,7 @@ impl History {
     }
 
     pub fn lines(&self) -> Vec<Line> {
-        self.0.lock().unwrap().clone()
+        self.lines.lock().unwrap().clone()
     }
 
     /// Acknowledged ids per actor.
@@ -107,6 +138,7 @@ impl History {
     /// was applied. Panics with every violation found.
     pub fn check(&self, state: &BTreeMap<String, BTreeMap<String, i64>>) -> Summary {
         let lines = self.lines();
+        let saved = self.save(&lines, state);
         let mut invoked: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
         let mut committers: BTreeMap<(u32, u64), BTreeSet<&str>> = BTreeMap::new();
         let mut summary = Summary::default();
@@ -161,12 +193,42 @@ impl History {
         summary.epochs = committers.len();
         assert!(
             violations.is_empty(),
-            "{} violations in a history of {} lines:\n{}",
+            "{} violations in a history of {} lines{}:\n{}",
             violations.len(),
             lines.len(),
+            saved
+                .map(|p| format!(" (written to {})", p.display()))
+                .unwrap_or_default(),
             violations.join("\n")
         );
         summary
+    }
+
+    /// Write the lines and the final state (`final actor id times`) to
+    /// this history's file, if it is named.
+    fn save(
+        &self,
+        lines: &[Line],
+        state: &BTreeMap<String, BTreeMap<String, i64>>,
+    ) -> Option<std::path::PathBuf> {
+        if self.name.is_empty() {
+            return None;
+        }
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("histories");
+        std::fs::create_dir_all(&dir).ok()?;
+        let path = dir.join(format!("{}.history", self.name));
+        let mut text = String::new();
+        for l in lines {
+            text.push_str(&format!("{l}\n"));
+        }
+        for (actor, seen) in state {
+            for (id, n) in seen {
+                text.push_str(&format!("final {actor} {id} {n}\n"));
+            }
+        }
+        std::fs::write(&path, text).ok()?;
+        eprintln!("history written to {}", path.display());
+        Some(path)
     }
 }
 
