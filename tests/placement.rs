@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::*;
 use common::{Api, TESTKIT, metric};
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// A new actor lives in the region its first message names (else the
 /// receiving node's), and a move takes all of it — state, events, alarms,
@@ -341,4 +341,128 @@ async fn a_mover_killed_before_the_switch_leaves_the_actor_where_it_was() {
     }
     assert_eq!(c.api(m).add("kit", "stuck", 1).await.json["value"], 7);
     assert_eq!(owner_of(&c, 2, "stuck").await, backup);
+}
+
+/// A node comes back after its used slots failed over: `rebalance` moves
+/// each used slot whose preferred node (in its region) is the returning
+/// one back to it — it first catches up as the slot's backup, then the
+/// owner hands the slot over — while clients keep writing through every
+/// node: no acknowledged write lost or applied twice, every actor's data
+/// where the slot table says.
+#[tokio::test]
+async fn a_rebalance_gives_a_returning_node_its_slots_back_and_loses_no_write() {
+    use common::history::History;
+    use std::sync::Arc;
+    let Some(mut c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    const ACTORS: usize = 24;
+    let actors: Vec<String> = (0..ACTORS).map(|a| format!("rb-{a}")).collect();
+    for a in &actors {
+        assert_eq!(c.api(0).add("kit", a, 1).await.status, 200);
+    }
+    let on_n2: Vec<&String> = {
+        let mut v = Vec::new();
+        for a in &actors {
+            if owner_of(&c, 0, a).await == "n2" {
+                v.push(a);
+            }
+        }
+        v
+    };
+    assert!(!on_n2.is_empty(), "no actor on n2");
+    let used_by = |status: &Value, node: &str| {
+        status["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["node_id"] == node && m["alive"] == true)
+            .and_then(|m| m["slots_used"].as_u64())
+    };
+    // n2 dies; its used slots fail over; it comes back with none.
+    c.nodes[1].kill9();
+    assert_eq!(add_when_served(&c, 0, on_n2[0]).await.status, 200);
+    c.nodes[1].restart().await;
+    let status = c
+        .wait_status(|s| used_by(s, "n2").is_some() && s["slots_degraded"] == 0)
+        .await;
+    assert_eq!(used_by(&status, "n2"), Some(0), "{status:#}");
+
+    let history = Arc::new(History::named("rebalance_under_load"));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for client in 0..3 {
+        let apis: Vec<Api> = (0..3).map(|i| c.api(i)).collect();
+        let (history, stop, actors) = (history.clone(), stop.clone(), actors.clone());
+        clients.push(tokio::spawn(async move {
+            let mut seq = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                seq += 1;
+                let id = format!("c{client}-{seq}");
+                let actor = &actors[(client * 7 + seq) % ACTORS];
+                history.invoke(actor, &id);
+                for attempt in 0..200 {
+                    let r = apis[(seq + attempt) % 3]
+                        .try_post_with(
+                            &format!("/v1/actors/kit/{actor}"),
+                            &json!({"op": "record", "id": id, "busy_ms": seq % 2 * 20}),
+                            &[("idempotency-key", &id)],
+                        )
+                        .await;
+                    history.outcome(actor, &id, r.as_ref());
+                    if r.is_some_and(|r| r.status == 200) {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let r = c
+        .api(2)
+        .post_json("/v1/cluster/rebalance", &json!({}))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    assert!(r.json["slots_to_move"].as_u64().unwrap() > 0, "{}", r.json);
+    // Done when the controller forgets the request (once this node's view
+    // has it: the watch brings it).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen_asked = false;
+    let status = loop {
+        let s = c.api(0).get("/v1/cluster").await.json;
+        seen_asked |= !s["rebalance"].is_null() || used_by(&s, "n2").is_some_and(|n| n > 0);
+        if seen_asked && s["rebalance"].is_null() && s["slots_degraded"] == 0 {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "rebalance never ended: {s:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let took = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for client in clients {
+        client.await.unwrap();
+    }
+    assert!(used_by(&status, "n2").unwrap() > 0, "{status:#}");
+    let handoffs: f64 = {
+        let mut n = 0.0;
+        for i in 0..3 {
+            let text = String::from_utf8_lossy(&c.api(i).get("/metrics").await.body).into_owned();
+            n += common::metric(&text, "marmot_cluster_handoffs_total");
+        }
+        n
+    };
+    assert!(handoffs >= 1.0, "no slot was handed over");
+    // Every actor n2 had before is on an eu node, with its data.
+    for a in &on_n2 {
+        let node = owner_of(&c, 2, a).await;
+        assert_ne!(node, "n3", "{a} left its region");
+    }
+    let total: usize = history.acked().values().map(BTreeSet::len).sum();
+    assert!(total > 30, "the load stalled: {total}");
+    let summary = history.check(&seen(&c, 1, &actors).await);
+    eprintln!("rebalance: {handoffs} handoffs in {took:?} under load; {summary:?}");
 }

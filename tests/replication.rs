@@ -279,7 +279,9 @@ async fn sends_waiting_in_a_dead_owners_relay_are_handed_over_by_its_backup() {
     let mut pair = None;
     for i in 0..200 {
         let id = format!("relay-{i}");
-        assert_eq!(c.api(0).add("kit", &id, 0).await.status, 200);
+        // Through every node: actors in both regions (a backup is in its
+        // owner's region when it can be).
+        assert_eq!(c.api(i).add("kit", &id, 0).await.status, 200);
         let info = c.api(0).get(&format!("/v1/actors/kit/{id}")).await.json;
         let (owner, backup) = (index(&info["node"]), index(&info["backup"]));
         match seen.get(&backup) {

@@ -114,6 +114,8 @@ pub struct Metrics {
     pub cluster_relayed: Counter,
     /// Actors moved out of this node's slots to another region.
     pub cluster_moves: Counter,
+    /// Slots this node handed to their backup (a rebalance).
+    pub cluster_handoffs: Counter,
     /// Round trips shipping committed batches to backups (the time a
     /// batch's output waits for its backup).
     pub replication_seconds: Histogram,
@@ -322,11 +324,18 @@ impl Metrics {
             "Actors moved out of this node's slots to another region",
             cluster_moves.clone(),
         );
+        let cluster_handoffs = Counter::default();
+        registry.register(
+            "cluster_handoffs",
+            "Slots this node handed to their backup in a rebalance",
+            cluster_handoffs.clone(),
+        );
         Self {
             registry,
             cluster_forwards,
             cluster_relayed,
             cluster_moves,
+            cluster_handoffs,
             replication_seconds,
             replication_queue,
             degraded_slots,

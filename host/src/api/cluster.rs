@@ -341,6 +341,17 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                 if expected.is_some_and(|e| e != epoch) {
                     return wrong_owner(&key, epoch);
                 }
+                // Being handed to its backup (a rebalance): wait for the
+                // switch (milliseconds), then route again.
+                if cluster.draining(slot) {
+                    for _ in 0..400 {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        if !cluster.draining(slot) {
+                            break;
+                        }
+                    }
+                    continue;
+                }
                 // A move of the actor under way, or a new actor placed in
                 // another region: route again (a forwarded request is then
                 // refused below, and its sender re-reads and retries).

@@ -147,6 +147,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/tokens/{id}", axum::routing::delete(tokens::revoke))
         .route("/v1/cluster", get(cluster::status))
         .route("/v1/cluster/catalog", get(cluster::catalog))
+        .route("/v1/cluster/rebalance", post(placement::rebalance))
         .route(
             "/v1/cluster/move-in",
             post(placement::move_in).layer(DefaultBodyLimit::max(cluster::MAX_REPLICA_BYTES)),

@@ -4,6 +4,8 @@
 
 use serde_json::{Map, Value, json};
 
+mod cluster;
+
 /// One operation: method, path (OpenAPI spelling), id, summary, its
 /// parameters, request body and responses.
 struct Op {
@@ -58,7 +60,7 @@ fn any_json() -> Value {
 /// Every operation of the API.
 fn operations() -> Vec<Op> {
     let name = |what| vec![path_param("name", what)];
-    vec![
+    let mut ops = vec![
         Op {
             method: "get",
             path: "/healthz",
@@ -393,24 +395,6 @@ fn operations() -> Vec<Op> {
         },
         Op {
             method: "post",
-            path: "/v1/actors/{type}/{id}/move",
-            id: "moveActor",
-            summary: "Move an actor to a region (in a cluster)",
-            params: with(
-                actor(),
-                [query("region", "string", "the region to move it to")],
-            ),
-            body: None,
-            responses: vec![
-                (200, "moved, or in that region already", Some(any_json())),
-                (400, "no live node in that region, or no `region`", None),
-                (404, "no such actor", None),
-                (409, "a node alone, or another move under way", None),
-                (503, "a step failed; nothing changed", None),
-            ],
-        },
-        Op {
-            method: "post",
             path: "/v1/hooks/{type}/{id}/{name}",
             id: "inboundWebhook",
             summary: "Inbound webhook (Standard Webhooks or GitHub signature; no bearer token)",
@@ -636,65 +620,9 @@ fn operations() -> Vec<Op> {
                 (400, "not a token id", None),
             ],
         },
-        Op {
-            method: "get",
-            path: "/v1/cluster",
-            id: "clusterStatus",
-            summary: "Members (node id, region, advertise URL, slots) and the slot table's state; `clustered: false` on a node that runs alone",
-            params: vec![],
-            body: None,
-            responses: vec![(200, "the cluster as this node sees it", Some(any_json()))],
-        },
-        Op {
-            method: "get",
-            path: "/v1/cluster/catalog",
-            id: "clusterCatalog",
-            summary: "Every type's current version with its code (base64) and config, and the shared state (secrets sealed, providers, subscriptions, revocations): what a node returning to the cluster takes",
-            params: vec![],
-            body: None,
-            responses: vec![(
-                200,
-                "{types: [{type, kind, code_base64, config}], shared: {…}}",
-                Some(any_json()),
-            )],
-        },
-        Op {
-            method: "post",
-            path: "/v1/cluster/replicate",
-            id: "clusterReplicate",
-            summary: "Between nodes: committed batches of a slot's owner (postcard), applied by the slot's backup in order, each once; the owner releases their output after this answers",
-            params: vec![],
-            body: Some(json!({"required": true, "content": {
-                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}})),
-            responses: vec![
-                (
-                    200,
-                    "{outcomes: [applied | repeat | refused | gap]}, one per batch",
-                    Some(any_json()),
-                ),
-                (400, "not batches, or this node is not in a cluster", None),
-            ],
-        },
-        Op {
-            method: "post",
-            path: "/v1/cluster/move-in",
-            id: "clusterMoveIn",
-            summary: "Between nodes: an actor's rows (postcard) from the node moving it, installed in its new slot; answered once durable here and on the slot's backup",
-            params: vec![],
-            body: Some(json!({"required": true, "content": {
-                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}})),
-            responses: vec![
-                (200, "{installed: true}", Some(any_json())),
-                (400, "not a moved actor", None),
-                (
-                    409,
-                    "the slot is not this node's at that epoch, or a node alone",
-                    None,
-                ),
-                (503, "the rows could not be installed", None),
-            ],
-        },
-    ]
+    ];
+    ops.extend(cluster::operations());
+    ops
 }
 
 fn components() -> Value {
@@ -778,99 +706,4 @@ pub(super) async fn serve() -> axum::Json<Value> {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::BTreeSet;
-
-    use super::*;
-
-    /// (method, path) of every route in the router's source, paths in
-    /// OpenAPI spelling (`{*key}` → `{key}`).
-    fn router_routes() -> BTreeSet<(String, String)> {
-        let src = include_str!("mod.rs");
-        let mut out = BTreeSet::new();
-        let mut rest = src;
-        while let Some(i) = rest.find(".route(") {
-            rest = &rest[i + ".route(".len()..];
-            // The route's arguments end at the parenthesis that closes it.
-            let mut depth = 1;
-            let end = rest
-                .char_indices()
-                .find(|&(_, c)| {
-                    match c {
-                        '(' => depth += 1,
-                        ')' => depth -= 1,
-                        _ => {}
-                    }
-                    depth == 0
-                })
-                .map(|(j, _)| j)
-                .expect("balanced route call");
-            let args = &rest[..end];
-            let path = args.split('"').nth(1).expect("a path literal");
-            let path = path.replace("{*", "{");
-            for method in ["get", "post", "put", "delete"] {
-                let called = args.contains(&format!(" {method}("))
-                    || args.contains(&format!("\t{method}("))
-                    || args.contains(&format!("\n{method}("))
-                    || args.contains(&format!(".{method}("))
-                    || args.contains(&format!("::{method}("))
-                    || args.contains(&format!(",{method}("));
-                if called {
-                    out.insert((method.to_owned(), path.clone()));
-                }
-            }
-        }
-        out
-    }
-
-    fn documented() -> BTreeSet<(String, String)> {
-        operations()
-            .iter()
-            .map(|o| (o.method.to_owned(), o.path.to_owned()))
-            .collect()
-    }
-
-    #[test]
-    fn the_document_and_the_router_name_the_same_operations() {
-        let routes = router_routes();
-        assert!(
-            routes.len() > 30,
-            "parsed {} routes: {routes:?}",
-            routes.len()
-        );
-        let docs = documented();
-        let missing: Vec<_> = routes.difference(&docs).collect();
-        let extra: Vec<_> = docs.difference(&routes).collect();
-        assert!(
-            missing.is_empty(),
-            "routes without documentation: {missing:?}"
-        );
-        assert!(extra.is_empty(), "documented but not routed: {extra:?}");
-    }
-
-    #[test]
-    fn operations_are_unique_and_complete() {
-        let ops = operations();
-        let ids: BTreeSet<_> = ops.iter().map(|o| o.id).collect();
-        assert_eq!(ids.len(), ops.len(), "operation ids are unique");
-        let doc = document();
-        assert_eq!(doc["openapi"], "3.1.0");
-        for op in &ops {
-            // Every path parameter of the path is declared, and no other.
-            let declared: BTreeSet<String> = op
-                .params
-                .iter()
-                .filter(|p| p["in"] == "path")
-                .map(|p| p["name"].as_str().unwrap().to_owned())
-                .collect();
-            let in_path: BTreeSet<String> = op
-                .path
-                .split('{')
-                .skip(1)
-                .map(|s| s.split('}').next().unwrap().to_owned())
-                .collect();
-            assert_eq!(declared, in_path, "{} {}", op.method, op.path);
-            assert!(!op.responses.is_empty(), "{}", op.id);
-        }
-    }
-}
+mod tests;

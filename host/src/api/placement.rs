@@ -223,3 +223,30 @@ fn move_error(key: &ActorKey, e: MoveError) -> ApiError {
         }
     }
 }
+
+/// `POST /v1/cluster/rebalance`: move every used slot to the preferred
+/// node of its region (after adding a node, or when one came back), a few
+/// at a time, with no acknowledged write lost: 202 with how many slots are
+/// to move now (`GET /v1/cluster` shows the progress); 409 alone.
+pub(super) async fn rebalance(State(s): State<AppState>) -> Result<Response, ApiError> {
+    let Some(cluster) = s.node.cluster() else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_in_cluster",
+            "this node is not in a cluster: there is nothing to rebalance",
+        ));
+    };
+    let to_move = cluster.request_rebalance().await.map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "etcd_unavailable",
+            format!("cannot ask for a rebalance: {e:#}"),
+        )
+    })?;
+    tracing::info!(slots_to_move = to_move, "rebalance asked for");
+    Ok((
+        StatusCode::ACCEPTED,
+        axum::Json(serde_json::json!({"requested": true, "slots_to_move": to_move})),
+    )
+        .into_response())
+}

@@ -467,6 +467,14 @@ pub(super) async fn cluster_status(args: &ClientArgs) -> anyhow::Result<()> {
         "actors placed outside their hash slot: {} ({} moving now)",
         v["actors_placed"], v["actors_moving"]
     );
+    if let Some(r) = v["rebalance"].as_object() {
+        println!(
+            "rebalancing (asked through {}): {} used slots to move, {} being handed over",
+            r.get("by").and_then(|b| b.as_str()).unwrap_or("?"),
+            r.get("slots_to_move").unwrap_or(&serde_json::Value::Null),
+            r.get("handoffs").unwrap_or(&serde_json::Value::Null),
+        );
+    }
     let count =
         |m: &serde_json::Value, k: &str| m[k].as_u64().map_or("-".into(), |u| u.to_string());
     println!(
@@ -513,6 +521,20 @@ pub(super) async fn move_actor(
     } else {
         println!("{ty}/{id} is in region {region} already");
     }
+    Ok(())
+}
+
+/// `marmot cluster rebalance`.
+pub(super) async fn rebalance(args: &ClientArgs) -> anyhow::Result<()> {
+    let c = Client::new(args)?;
+    let (_, body) = c
+        .send(c.request(Method::POST, "/v1/cluster/rebalance"))
+        .await?;
+    let v: serde_json::Value = serde_json::from_slice(&body).context("invalid response")?;
+    println!(
+        "rebalance asked for: {} used slots to move (see `marmot cluster status`)",
+        v["slots_to_move"]
+    );
     Ok(())
 }
 

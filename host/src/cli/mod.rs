@@ -215,6 +215,13 @@ enum ClusterCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Move used slots to the preferred node of their region (after adding
+    /// a node, or when one came back), a few at a time; `status` shows the
+    /// progress.
+    Rebalance {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Subcommand)]
@@ -385,6 +392,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             region,
             client,
         }) => client::move_actor(&client, &ty, &id, &region).await,
+        Command::Cluster(ClusterCommand::Rebalance { client }) => client::rebalance(&client).await,
         Command::Bench(args) => crate::bench::run(args).await,
     }
 }

@@ -19,8 +19,14 @@
 //!   its owner ships it a snapshot of the slot and then every write, and
 //!   names it the backup once it has the snapshot. A joining node that
 //!   dies is dropped.
+//!
+//! While a rebalance is asked for ([`rebalance`]), used slots whose owner
+//! is not the preferred node of its region move there too — the preferred
+//! node first catches up as the backup, then the owner hands the slot over
+//! — a few slots at a time; the controller deletes the request when every
+//! slot is where it should be.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,6 +42,10 @@ const GRACE: Duration = Duration::from_secs(2);
 
 /// Slot writes per etcd transaction (etcd allows 128 operations).
 const WRITES_PER_TXN: usize = 64;
+
+/// Slots a rebalance moves at once (each catching-up backup takes a
+/// snapshot of its slot, and the slot runs without a backup meanwhile).
+const REBALANCE_AT_ONCE: usize = 8;
 
 pub(super) async fn run(inner: Arc<Inner>) {
     let mut gone_since: HashMap<String, Instant> = HashMap::new();
@@ -108,7 +118,8 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
     for slot in 0..SLOTS {
         let mut ranked = live.clone();
         ranked.sort_by_key(|n| std::cmp::Reverse(score(slot, n)));
-        let (best, second) = (ranked[0], ranked.get(1).map(|n| (*n).to_owned()));
+        let best = ranked[0];
+        let second = backup_for(view, &ranked, best, None);
         let entry = &view.slots[slot as usize];
         let Some(e) = entry else {
             writes.push(Write {
@@ -121,6 +132,7 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
                     backup: second,
                     joining: None,
                     avoid: None,
+                    handoff: None,
                 },
                 failover: false,
             });
@@ -137,6 +149,7 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
                     backup: second,
                     joining: None,
                     avoid: None,
+                    handoff: None,
                 })
             } else if r.owner == best && r.backup != second {
                 // Unused: nothing to copy, the backup follows the members.
@@ -156,16 +169,15 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
                     backup: None,
                     joining: None,
                     avoid: None,
+                    handoff: None,
                 }),
                 _ => None,
             }
         } else {
             // The runner-up among the live members other than the owner
-            // (and the node the owner could not reach).
-            let candidate = ranked
-                .iter()
-                .find(|n| **n != r.owner && Some(**n) != r.avoid.as_deref())
-                .map(|n| (*n).to_owned());
+            // (and the node the owner could not reach), in its region if
+            // it can be.
+            let candidate = backup_for(view, &ranked, &r.owner, r.avoid.as_deref());
             match (&r.backup, &r.joining) {
                 (Some(b), _) if !is_live(b) && gone(b) => Some(SlotRecord {
                     backup: None,
@@ -195,17 +207,172 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
     writes
 }
 
+/// The backup for a slot owned by `owner`: the first of `ranked` (live
+/// members by rendezvous score) other than `owner` and `avoid`, in
+/// `owner`'s region if one is — so that a failover keeps the slot's actors
+/// near their users — else in any.
+fn backup_for(view: &View, ranked: &[&str], owner: &str, avoid: Option<&str>) -> Option<String> {
+    let region = view.members.get(owner).map(|m| m.region.as_str());
+    let fits = |n: &&&str| **n != owner && Some(**n) != avoid;
+    let same_region = |n: &&&str| view.members.get(**n).map(|m| m.region.as_str()) == region;
+    ranked
+        .iter()
+        .filter(fits)
+        .find(same_region)
+        .or_else(|| ranked.iter().find(fits))
+        .map(|n| (*n).to_owned())
+}
+
+/// The node `slot` should live on among the live members of `region`:
+/// their rendezvous choice (so a new node takes about its share).
+fn preferred<'v>(view: &'v View, slot: u32, region: &str) -> Option<&'v str> {
+    view.members
+        .values()
+        .filter(|m| m.region == region)
+        .max_by_key(|m| score(slot, &m.node_id))
+        .map(|m| m.node_id.as_str())
+}
+
+/// A rebalance's writes this round, for the slots `decide` left alone, and
+/// how many used slots are not where they should be yet (0: done).
+///
+/// A used slot whose owner is not the preferred node of the owner's region
+/// moves there without ever being on fewer disks than its acknowledged
+/// writes need: the preferred node first catches up as the slot's backup
+/// (it replaces the old one: the slot is degraded until it has the
+/// snapshot), then the owner is asked to hand the slot over (`handoff`),
+/// which it does itself once the backup has every commit. At most
+/// [`REBALANCE_AT_ONCE`] slots are catching up or being handed over at once.
+/// A slot stays in its region: actors placed near their users stay there;
+/// and a slot on its preferred node whose backup is in another region gets
+/// one in its own when a node there is live (so that a failover keeps it
+/// near its users too).
+fn rebalance(view: &View, decided: &BTreeSet<u32>) -> (Vec<Write>, usize) {
+    let live = |n: &str| view.members.contains_key(n);
+    let mut busy = view
+        .slots
+        .iter()
+        .flatten()
+        .filter(|e| e.record.joining.is_some() || e.record.handoff.is_some())
+        .count();
+    let mut writes = Vec::new();
+    let mut to_move = 0;
+    for slot in 0..SLOTS {
+        let Some(e) = view.slots[slot as usize].as_ref() else {
+            continue;
+        };
+        let r = &e.record;
+        if decided.contains(&slot) || !r.used {
+            continue;
+        }
+        let Some(region) = view.members.get(&r.owner).map(|m| m.region.as_str()) else {
+            continue;
+        };
+        let Some(target) = preferred(view, slot, region) else {
+            continue;
+        };
+        let write = |record: SlotRecord| Write {
+            slot,
+            revision: Some(e.mod_revision),
+            record,
+            failover: false,
+        };
+        if let Some(h) = &r.handoff {
+            if r.backup.as_deref() == Some(h.as_str()) && live(h) && h == target {
+                to_move += 1;
+            } else {
+                // Its node is no longer the backup, live, or preferred.
+                writes.push(write(SlotRecord {
+                    handoff: None,
+                    ..r.clone()
+                }));
+            }
+            continue;
+        }
+        // Where the slot's backup should be: in the region too, if it can.
+        let in_region = |n: &str| view.members.get(n).is_some_and(|m| m.region == region);
+        let new_backup = if target == r.owner {
+            let mut ranked: Vec<&str> = view.members.keys().map(String::as_str).collect();
+            ranked.sort_by_key(|n| std::cmp::Reverse(score(slot, n)));
+            match backup_for(view, &ranked, &r.owner, None) {
+                Some(b) if in_region(&b) && r.backup.as_deref().is_some_and(|o| !in_region(o)) => b,
+                _ => continue,
+            }
+        } else {
+            target.to_owned()
+        };
+        to_move += 1;
+        // Catching up (a snapshot under way), or degraded (`decide` finds
+        // it a joining node first): wait.
+        let Some(backup) = r
+            .backup
+            .as_deref()
+            .filter(|b| live(b) && r.joining.is_none())
+        else {
+            continue;
+        };
+        if busy >= REBALANCE_AT_ONCE {
+            continue;
+        }
+        busy += 1;
+        writes.push(write(if backup == target && target != r.owner {
+            SlotRecord {
+                handoff: Some(target.to_owned()),
+                ..r.clone()
+            }
+        } else {
+            SlotRecord {
+                backup: None,
+                joining: Some(new_backup),
+                avoid: None,
+                ..r.clone()
+            }
+        }));
+    }
+    (writes, to_move)
+}
+
+/// Used slots not on the preferred node of their region (a rebalance would
+/// move them).
+pub(super) fn slots_to_move(view: &View) -> usize {
+    rebalance(view, &BTreeSet::new()).1
+}
+
 /// One round: compute the writes, apply them in compare-and-swap batches.
 async fn assign(inner: &Inner, gone_since: &mut HashMap<String, Instant>) -> anyhow::Result<()> {
-    let writes = {
+    let (writes, rebalanced) = {
         let v = inner.view();
         let now = Instant::now();
         gone_since.retain(|n, _| !v.members.contains_key(n));
-        decide(&v, &mut |node| {
+        let mut writes = decide(&v, &mut |node| {
             let since = *gone_since.entry(node.to_owned()).or_insert(now);
             now.duration_since(since) >= GRACE
-        })
+        });
+        let mut rebalanced = None;
+        if let Some((_, revision)) = &v.rebalance {
+            let decided: BTreeSet<u32> = writes.iter().map(|w| w.slot).collect();
+            let (more, to_move) = rebalance(&v, &decided);
+            writes.extend(more);
+            if to_move == 0 && writes.is_empty() {
+                rebalanced = Some(*revision);
+            }
+        }
+        (writes, rebalanced)
     };
+    if let Some(revision) = rebalanced {
+        // Done: forget the request (unless asked again meanwhile).
+        let key = inner.keys.rebalance();
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                revision,
+            )])
+            .and_then([TxnOp::delete(key, None)]);
+        super::within(super::ETCD_CALL, inner.client.clone().txn(txn)).await?;
+        tracing::info!("rebalance done: every used slot is on the preferred node of its region");
+        return Ok(());
+    }
     if writes.is_empty() {
         return Ok(());
     }
@@ -264,12 +431,18 @@ mod tests {
     use crate::cluster::records::{Keys, MemberRecord};
 
     fn view(members: &[&str], slots: &[(u32, SlotRecord)]) -> View {
+        let members: Vec<(&str, &str)> = members.iter().map(|m| (*m, "r")).collect();
+        view_in(&members, slots)
+    }
+
+    /// Members (id, region) and slots.
+    fn view_in(members: &[(&str, &str)], slots: &[(u32, SlotRecord)]) -> View {
         let keys = Keys::new("/m");
         let mut v = View::default();
-        for (i, m) in members.iter().enumerate() {
+        for (i, (m, region)) in members.iter().enumerate() {
             let rec = MemberRecord {
                 node_id: (*m).into(),
-                region: "r".into(),
+                region: (*region).into(),
                 advertise: format!("http://127.0.0.1:{}", 1000 + i),
                 incarnation: 1,
             };
@@ -299,6 +472,7 @@ mod tests {
             backup: backup.map(Into::into),
             joining: None,
             avoid: None,
+            handoff: None,
         }
     }
 
@@ -313,6 +487,16 @@ mod tests {
         // Alone: no backup to give.
         let writes = decide(&view(&["a"], &[]), &mut |_| true);
         assert!(writes.iter().all(|w| w.record.backup.is_none()));
+        // In the owner's region when a node there is live (a failover then
+        // keeps the slot near its users), else anywhere.
+        let v = view_in(&[("a", "eu"), ("b", "eu"), ("c", "us")], &[]);
+        for w in decide(&v, &mut |_| true) {
+            let b = w.record.backup.expect("a backup");
+            match w.record.owner.as_str() {
+                "c" => assert_ne!(b, "c"),
+                _ => assert_ne!(b, "c", "slot {} backed up across regions", w.slot),
+            }
+        }
     }
 
     #[test]
@@ -360,5 +544,88 @@ mod tests {
             None,
             "only the avoided node left"
         );
+    }
+
+    /// A rebalance moves each used slot to the preferred node of its
+    /// owner's region — through its backup, never straight — a few at a
+    /// time, and withdraws a handoff that no longer fits.
+    #[test]
+    fn a_rebalance_moves_used_slots_to_their_regions_preferred_node_via_the_backup() {
+        let members = [("a", "eu"), ("b", "eu"), ("c", "us")];
+        let none = BTreeSet::new();
+        // Slots where `b` is eu's preferred node, owned by `a`.
+        let v = view_in(&members, &[]);
+        let to_b: Vec<u32> = (0..SLOTS)
+            .filter(|s| preferred(&v, *s, "eu") == Some("b"))
+            .take(20)
+            .collect();
+        let stay = (0..SLOTS)
+            .find(|s| preferred(&v, *s, "eu") == Some("a"))
+            .unwrap();
+        // Backed up by `c` (another region): `b` first catches up.
+        let (s0, s1) = (to_b[0], to_b[1]);
+        let v = view_in(
+            &members,
+            &[
+                (s0, slot("a", Some("c"), true, 3)),
+                (s1, slot("a", Some("b"), true, 3)),
+                (stay, slot("a", Some("b"), true, 3)),
+            ],
+        );
+        let (writes, to_move) = rebalance(&v, &none);
+        assert_eq!(to_move, 2, "{writes:?}");
+        let w0 = writes.iter().find(|w| w.slot == s0).expect("s0 moves");
+        assert_eq!(
+            w0.record,
+            SlotRecord {
+                joining: Some("b".into()),
+                ..slot("a", None, true, 3)
+            }
+        );
+        // Backed up by `b` already: the owner is asked to hand it over.
+        let w1 = writes.iter().find(|w| w.slot == s1).expect("s1 moves");
+        assert_eq!(
+            w1.record,
+            SlotRecord {
+                handoff: Some("b".into()),
+                ..slot("a", Some("b"), true, 3)
+            }
+        );
+        assert!(!writes.iter().any(|w| w.slot == stay || w.failover));
+        // On its preferred node, but backed up in another region while a
+        // node of its own is live: it gets a backup in its region.
+        let v = view_in(&members, &[(stay, slot("a", Some("c"), true, 3))]);
+        let (writes, to_move) = rebalance(&v, &none);
+        assert_eq!(to_move, 1);
+        assert_eq!(
+            writes[0].record,
+            SlotRecord {
+                joining: Some("b".into()),
+                ..slot("a", None, true, 3)
+            }
+        );
+        // A slot of the us region stays there, even with eu nodes around.
+        let v = view_in(&members, &[(s0, slot("c", Some("a"), true, 3))]);
+        assert_eq!(rebalance(&v, &none), (vec![], 0));
+        // A handoff whose node is no longer the backup is withdrawn.
+        let stale = SlotRecord {
+            handoff: Some("b".into()),
+            ..slot("a", Some("c"), true, 3)
+        };
+        let v = view_in(&members, &[(s1, stale)]);
+        let (writes, _) = rebalance(&v, &none);
+        assert_eq!(writes[0].record, slot("a", Some("c"), true, 3));
+        // Slots `decide` writes this round are left to it.
+        let v = view_in(&members, &[(s1, slot("a", Some("b"), true, 3))]);
+        assert!(rebalance(&v, &BTreeSet::from([s1])).0.is_empty());
+        // A few at a time: 20 slots to move, 8 started, all counted.
+        let many: Vec<(u32, SlotRecord)> = to_b
+            .iter()
+            .map(|s| (*s, slot("a", Some("c"), true, 3)))
+            .collect();
+        let v = view_in(&members, &many);
+        let (writes, to_move) = rebalance(&v, &none);
+        assert_eq!((writes.len(), to_move), (REBALANCE_AT_ONCE, 20));
+        assert_eq!(slots_to_move(&v), 20);
     }
 }

@@ -22,6 +22,7 @@ mod controller;
 mod lease;
 mod peer;
 mod placement;
+mod rebalance;
 pub mod records;
 mod replication;
 mod view;
@@ -97,6 +98,8 @@ struct Inner {
     caught_up: std::sync::atomic::AtomicBool,
     /// Failovers this node made as the controller.
     failovers: AtomicU64,
+    /// Slots this node is handing to their backup (`rebalance.rs`): fenced.
+    draining: rebalance::Draining,
 }
 
 impl Cluster {
@@ -121,6 +124,7 @@ impl Cluster {
             changed: Notify::new(),
             caught_up: std::sync::atomic::AtomicBool::new(false),
             failovers: AtomicU64::new(0),
+            draining: rebalance::Draining::default(),
             lease: Lease {
                 id: AtomicI64::new(0),
                 alive_until_ms: AtomicU64::new(0),
@@ -183,7 +187,10 @@ impl Cluster {
             return Target::Via(self.inner.config.advertise.clone());
         }
         match self.route(key) {
-            Route::Local { used: true, .. } => Target::Here,
+            // Not while the slot is handed over: the API waits for that.
+            Route::Local {
+                used: true, slot, ..
+            } if !self.draining(slot) => Target::Here,
             Route::Remote { advertise, .. } => Target::Via(advertise),
             Route::Local { .. } | Route::Unavailable { .. } => {
                 Target::Via(self.inner.config.advertise.clone())
@@ -480,6 +487,7 @@ impl Cluster {
             "actors_placed": v.placements.len(),
             "actors_moving": v.placements.values().filter(|e| e.record.moving.is_some()).count(),
             "max_epoch": max_epoch,
+            "rebalance": self.rebalance_status(&v),
             "members": members.into_iter().chain(down).collect::<Vec<_>>(),
         })
     }
@@ -514,6 +522,7 @@ impl Inner {
         };
         match &e.record {
             r if r.owner != self.config.node_id => Placement::Elsewhere,
+            _ if self.draining.contains(slot) => Placement::Elsewhere,
             r if r.backup.is_some() => Placement::Replicated {
                 slot,
                 epoch: r.epoch,

@@ -15,6 +15,9 @@
 //!                               a region, or moved), written only by the
 //!                               owner of the slot it leaves, by
 //!                               compare-and-swap; type and id percent-encoded
+//! {prefix}/rebalance            RebalanceRecord: an operator asked that used
+//!                               slots move to the preferred node of their
+//!                               region; deleted by the controller when done
 //! ```
 
 use percent_encoding::{NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
@@ -65,6 +68,10 @@ impl Keys {
         format!("{}/slots/{slot:04}", self.prefix)
     }
 
+    pub fn rebalance(&self) -> String {
+        format!("{}/rebalance", self.prefix)
+    }
+
     pub fn placement(&self, actor: &ActorKey) -> String {
         format!(
             "{}/placements/{}/{}",
@@ -92,6 +99,7 @@ impl Keys {
         match rest {
             "controller" => Some(Key::Controller),
             "meta" => Some(Key::Meta),
+            "rebalance" => Some(Key::Rebalance),
             _ => None,
         }
     }
@@ -105,6 +113,7 @@ pub enum Key<'k> {
     Controller,
     Slot(u32),
     Placement(ActorKey),
+    Rebalance,
 }
 
 /// `{prefix}/meta`.
@@ -157,6 +166,21 @@ pub struct SlotRecord {
     /// the slot's writes again), until a backup has caught up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub avoid: Option<String>,
+    /// A rebalance asks the owner to hand the slot to its backup (this
+    /// node, the preferred one of the owner's region). The owner fences
+    /// the slot, waits until the backup has every commit, and writes the
+    /// switch itself (owner ↔ backup, epoch + 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff: Option<String>,
+}
+
+/// `{prefix}/rebalance`: a rebalance was asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebalanceRecord {
+    /// When (the asking node's clock).
+    pub requested_at_ms: u64,
+    /// The node that was asked.
+    pub by: String,
 }
 
 /// Where an actor lives when not in the slot its hash names: it was

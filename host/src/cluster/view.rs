@@ -4,7 +4,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::records::{Key, Keys, MemberRecord, PlacementRecord, SLOTS, SlotRecord};
+use super::records::{
+    Key, Keys, MemberRecord, PlacementRecord, RebalanceRecord, SLOTS, SlotRecord,
+};
 use crate::ids::ActorKey;
 
 /// A slot's record and the etcd `mod_revision` it was written at (the
@@ -31,6 +33,8 @@ pub struct View {
     /// Actors that live in another slot than their hash names.
     pub placements: HashMap<ActorKey, PlacementEntry>,
     pub controller: Option<String>,
+    /// A rebalance asked for, and the `mod_revision` it was written at.
+    pub rebalance: Option<(RebalanceRecord, i64)>,
 }
 
 impl Default for View {
@@ -41,6 +45,7 @@ impl Default for View {
             slots: vec![None; SLOTS as usize],
             placements: HashMap::new(),
             controller: None,
+            rebalance: None,
         }
     }
 }
@@ -104,6 +109,11 @@ impl View {
             (Key::Controller, v) => {
                 self.controller = v.map(|v| String::from_utf8_lossy(v).into_owned());
             }
+            (Key::Rebalance, Some(v)) => match serde_json::from_slice::<RebalanceRecord>(v) {
+                Ok(r) => self.rebalance = Some((r, mod_revision)),
+                Err(_) => tracing::warn!(key, "ignoring a rebalance record that does not decode"),
+            },
+            (Key::Rebalance, None) => self.rebalance = None,
             (Key::Meta, _) => {}
         }
     }

@@ -24,6 +24,9 @@ impl Node {
         let mut snapshots: BTreeSet<(u32, i64)> = BTreeSet::new();
         loop {
             self.snapshot_for_joining(&cluster, &mut snapshots);
+            for (slot, epoch, to) in cluster.handoffs_asked() {
+                tokio::spawn(self.clone().hand_off(cluster.clone(), slot, epoch, to));
+            }
             let _ = tokio::time::timeout(Duration::from_secs(1), cluster.changed()).await;
             let (slots, degraded) = cluster.owned_used();
             self.metrics.degraded_slots.set(degraded as i64);
@@ -49,6 +52,45 @@ impl Node {
             }
             owned = now;
         }
+    }
+
+    /// Hand `slot` (owned here at `epoch`) to its backup `to`, as a
+    /// rebalance asks (`cluster/rebalance.rs`): fence it, let every earlier
+    /// commit reach the backup, switch.
+    async fn hand_off(
+        self: Arc<Self>,
+        cluster: crate::cluster::Cluster,
+        slot: u32,
+        epoch: u64,
+        to: String,
+    ) {
+        if !cluster.start_drain(slot) {
+            return;
+        }
+        // Released only after every batch committed before it, each once
+        // its backup has it.
+        let (done, drained) = tokio::sync::oneshot::channel();
+        self.storage
+            .writer()
+            .submit(crate::storage::WriteOp::Barrier { done });
+        let switched = match drained.await {
+            Ok(()) => cluster.hand_off(slot, epoch, &to).await,
+            Err(_) => Err(anyhow::anyhow!("the writer stopped")),
+        };
+        match switched {
+            Ok(true) => {
+                self.metrics.cluster_handoffs.inc();
+                tracing::info!(slot, to = %to, epoch = epoch + 1, "slot handed to its backup (rebalance)");
+            }
+            Ok(false) => tracing::debug!(slot, "handoff withdrawn or the slot changed"),
+            Err(e) => {
+                // The switch may have been written: keep the fence until
+                // the view says (or for a while), then go on.
+                tracing::warn!(slot, error = %e, "handing the slot over failed");
+                let _ = tokio::time::timeout(Duration::from_secs(2), cluster.changed()).await;
+            }
+        }
+        cluster.end_drain(slot);
     }
 
     /// Ship a snapshot of each slot this node owns that has a joining node

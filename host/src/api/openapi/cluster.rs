@@ -1,0 +1,100 @@
+//! The cluster's operations in the OpenAPI document: moving actors,
+//! rebalancing, the cluster's state, and the node-to-node endpoints.
+
+use serde_json::json;
+
+use super::{Op, actor, any_json, query, with};
+
+pub(super) fn operations() -> Vec<Op> {
+    vec![
+        Op {
+            method: "post",
+            path: "/v1/actors/{type}/{id}/move",
+            id: "moveActor",
+            summary: "Move an actor to a region (in a cluster)",
+            params: with(
+                actor(),
+                [query("region", "string", "the region to move it to")],
+            ),
+            body: None,
+            responses: vec![
+                (200, "moved, or in that region already", Some(any_json())),
+                (400, "no live node in that region, or no `region`", None),
+                (404, "no such actor", None),
+                (409, "a node alone, or another move under way", None),
+                (503, "a step failed; nothing changed", None),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/cluster",
+            id: "clusterStatus",
+            summary: "Members (node id, region, advertise URL, slots) and the slot table's state; `clustered: false` on a node that runs alone",
+            params: vec![],
+            body: None,
+            responses: vec![(200, "the cluster as this node sees it", Some(any_json()))],
+        },
+        Op {
+            method: "get",
+            path: "/v1/cluster/catalog",
+            id: "clusterCatalog",
+            summary: "Every type's current version with its code (base64) and config, and the shared state (secrets sealed, providers, subscriptions, revocations): what a node returning to the cluster takes",
+            params: vec![],
+            body: None,
+            responses: vec![(
+                200,
+                "{types: [{type, kind, code_base64, config}], shared: {…}}",
+                Some(any_json()),
+            )],
+        },
+        Op {
+            method: "post",
+            path: "/v1/cluster/replicate",
+            id: "clusterReplicate",
+            summary: "Between nodes: committed batches of a slot's owner (postcard), applied by the slot's backup in order, each once; the owner releases their output after this answers",
+            params: vec![],
+            body: Some(json!({"required": true, "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}})),
+            responses: vec![
+                (
+                    200,
+                    "{outcomes: [applied | repeat | refused | gap]}, one per batch",
+                    Some(any_json()),
+                ),
+                (400, "not batches, or this node is not in a cluster", None),
+            ],
+        },
+        Op {
+            method: "post",
+            path: "/v1/cluster/move-in",
+            id: "clusterMoveIn",
+            summary: "Between nodes: an actor's rows (postcard) from the node moving it, installed in its new slot; answered once durable here and on the slot's backup",
+            params: vec![],
+            body: Some(json!({"required": true, "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}})),
+            responses: vec![
+                (200, "{installed: true}", Some(any_json())),
+                (400, "not a moved actor", None),
+                (
+                    409,
+                    "the slot is not this node's at that epoch, or a node alone",
+                    None,
+                ),
+                (503, "the rows could not be installed", None),
+            ],
+        },
+        Op {
+            method: "post",
+            path: "/v1/cluster/rebalance",
+            id: "clusterRebalance",
+            summary: "Move every used slot to the preferred node of its region (after adding a node, or when one came back), a few at a time, with no acknowledged write lost; progress in `GET /v1/cluster`",
+            params: vec![],
+            body: None,
+            responses: vec![
+                (202, "{requested: true, slots_to_move}", Some(any_json())),
+                (409, "a node alone", None),
+                (503, "etcd did not answer", None),
+            ],
+        },
+    ]
+}
