@@ -254,12 +254,20 @@ pub async fn seen(
 ) -> BTreeMap<String, BTreeMap<String, i64>> {
     let mut out = BTreeMap::new();
     for actor in actors {
-        let page = c
-            .api(i)
-            .get(&format!(
-                "/v1/actors/kit/{actor}/state?prefix=seen/&limit=1000"
-            ))
-            .await;
+        // A 503 (the node between leases, a failover finishing) is retried.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let page = loop {
+            let page = c
+                .api(i)
+                .get(&format!(
+                    "/v1/actors/kit/{actor}/state?prefix=seen/&limit=1000"
+                ))
+                .await;
+            if page.status != 503 || Instant::now() > deadline {
+                break page;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
         if page.status == 404 {
             continue;
         }

@@ -259,15 +259,30 @@ impl Sender {
         }
     }
 
-    /// `node` has the snapshot `b` of its slot: name it the backup.
+    /// `node` has the snapshot `b` of its slot: name it the backup. Until
+    /// then it gets every write as the joining node, so naming it may take
+    /// a while: retried in the background while etcd fails (a slot whose
+    /// caught-up node is never named stays without a backup), until named
+    /// or the slot changed.
     async fn joined(&self, b: &ReplicaBatch, node: &str) {
-        match self.cluster.joined(b.slot, b.mark.epoch, node).await {
-            Ok(true) => tracing::info!(slot = b.slot, backup = %node, actors = b.ops.len(),
-                "a new backup caught up with the slot"),
-            Ok(false) => {}
-            Err(e) => tracing::warn!(slot = b.slot, backup = %node, error = %e,
-                "cannot name the caught-up backup; retrying with the next snapshot"),
-        }
+        let (cluster, slot, epoch) = (self.cluster.clone(), b.slot, b.mark.epoch);
+        let (node, actors) = (node.to_owned(), b.ops.len());
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(50);
+            loop {
+                match cluster.joined(slot, epoch, &node).await {
+                    Ok(true) => {
+                        tracing::info!(slot, backup = %node, actors, "a new backup caught up with the slot");
+                        return;
+                    }
+                    Ok(false) => return,
+                    Err(e) => tracing::warn!(slot, backup = %node, error = %e,
+                        "cannot name the caught-up backup yet; retrying"),
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        });
     }
 
     /// Drop `node` as the backup of the slots of `pending`.
