@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::cluster::*;
-use common::{Api, TESTKIT, metric};
+use common::{TESTKIT, metric};
 use serde_json::{Value, json};
 
 /// A new actor lives in the region its first message names (else the
@@ -231,35 +231,8 @@ async fn moves_under_load_lose_and_double_nothing() {
         assert_eq!(c.api(0).add("kit", &format!("m-{a}"), 1).await.status, 200);
     }
     let history = Arc::new(History::named("moves_under_load"));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut clients = Vec::new();
-    for client in 0..4 {
-        let apis: Vec<Api> = (0..3).map(|i| c.api(i)).collect();
-        let (history, stop) = (history.clone(), stop.clone());
-        clients.push(tokio::spawn(async move {
-            let mut seq = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                seq += 1;
-                let id = format!("c{client}-{seq}");
-                let actor = format!("m-{}", (client + seq) % ACTORS);
-                history.invoke(&actor, &id);
-                for attempt in 0..200 {
-                    let r = apis[(seq + attempt) % 3]
-                        .try_post_with(
-                            &format!("/v1/actors/kit/{actor}"),
-                            &json!({"op": "record", "id": id, "busy_ms": seq % 2 * 40}),
-                            &[("idempotency-key", &id)],
-                        )
-                        .await;
-                    history.outcome(&actor, &id, r.as_ref());
-                    if r.is_some_and(|r| r.status == 200) {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
-        }));
-    }
+    let actors: Vec<String> = (0..ACTORS).map(|a| format!("m-{a}")).collect();
+    let writers = Writers::start(&c, &history, &actors, 4, 40);
     let mut moves = 0;
     let started = Instant::now();
     for round in 0..5 {
@@ -278,14 +251,10 @@ async fn moves_under_load_lose_and_double_nothing() {
         }
     }
     let took = started.elapsed();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for client in clients {
-        client.await.unwrap();
-    }
+    writers.stop().await;
     let total: usize = history.acked().values().map(BTreeSet::len).sum();
     assert!(moves >= 15, "only {moves} moves happened");
     assert!(total > 50, "the load stalled: {total}");
-    let actors: Vec<String> = (0..ACTORS).map(|a| format!("m-{a}")).collect();
     let summary = history.check(&seen(&c, 1, &actors).await);
     eprintln!("{moves} moves in {took:?} under load; {summary:?}");
 }
@@ -390,35 +359,7 @@ async fn a_rebalance_gives_a_returning_node_its_slots_back_and_loses_no_write() 
     assert_eq!(used_by(&status, "n2"), Some(0), "{status:#}");
 
     let history = Arc::new(History::named("rebalance_under_load"));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut clients = Vec::new();
-    for client in 0..3 {
-        let apis: Vec<Api> = (0..3).map(|i| c.api(i)).collect();
-        let (history, stop, actors) = (history.clone(), stop.clone(), actors.clone());
-        clients.push(tokio::spawn(async move {
-            let mut seq = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                seq += 1;
-                let id = format!("c{client}-{seq}");
-                let actor = &actors[(client * 7 + seq) % ACTORS];
-                history.invoke(actor, &id);
-                for attempt in 0..200 {
-                    let r = apis[(seq + attempt) % 3]
-                        .try_post_with(
-                            &format!("/v1/actors/kit/{actor}"),
-                            &json!({"op": "record", "id": id, "busy_ms": seq % 2 * 20}),
-                            &[("idempotency-key", &id)],
-                        )
-                        .await;
-                    history.outcome(actor, &id, r.as_ref());
-                    if r.is_some_and(|r| r.status == 200) {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
-        }));
-    }
+    let writers = Writers::start(&c, &history, &actors, 3, 20);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
     let r = c
@@ -442,10 +383,7 @@ async fn a_rebalance_gives_a_returning_node_its_slots_back_and_loses_no_write() 
     };
     let took = started.elapsed();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for client in clients {
-        client.await.unwrap();
-    }
+    writers.stop().await;
     assert!(used_by(&status, "n2").unwrap() > 0, "{status:#}");
     let handoffs: f64 = {
         let mut n = 0.0;

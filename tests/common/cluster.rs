@@ -343,3 +343,63 @@ impl Drop for HookReceiver {
         self.task.abort();
     }
 }
+
+/// Clients writing unique ids (testkit `record`, half of them holding their
+/// turn `busy_ms` before committing) to `actors` through every node until
+/// stopped: each id retried with itself as idempotency key until
+/// acknowledged, every attempt recorded in `history`.
+pub struct Writers {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Writers {
+    pub fn start(
+        c: &Cluster,
+        history: &std::sync::Arc<super::history::History>,
+        actors: &[String],
+        clients: usize,
+        busy_ms: u64,
+    ) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let tasks = (0..clients)
+            .map(|client| {
+                let apis: Vec<Api> = (0..3).map(|i| c.api(i)).collect();
+                let (history, stop, actors) = (history.clone(), stop.clone(), actors.to_vec());
+                tokio::spawn(async move {
+                    let mut seq = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        seq += 1;
+                        let id = format!("c{client}-{seq}");
+                        let actor = &actors[(client * 7 + seq) % actors.len()];
+                        history.invoke(actor, &id);
+                        for attempt in 0..200 {
+                            let r = apis[(seq + attempt) % 3]
+                                .try_post_with(
+                                    &format!("/v1/actors/kit/{actor}"),
+                                    &json!({"op": "record", "id": id, "busy_ms": seq as u64 % 2 * busy_ms}),
+                                    &[("idempotency-key", &id)],
+                                )
+                                .await;
+                            history.outcome(actor, &id, r.as_ref());
+                            if r.is_some_and(|r| r.status == 200) {
+                                break;
+                            }
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                })
+            })
+            .collect();
+        Self { stop, tasks }
+    }
+
+    /// Stop, and wait for each client's last write to end.
+    pub async fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+    }
+}

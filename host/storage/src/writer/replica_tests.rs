@@ -125,6 +125,20 @@ fn event(seq: u64, kind: &str) -> (u64, crate::schema::EventRecord) {
     )
 }
 
+/// Turn `op` emitting one event of `kind` (an outbound delivery, with a
+/// subscription), and relaying a keyed message when `send`.
+fn emitting(op: WriteOp, kind: &str, send: bool) -> WriteOp {
+    let WriteOp::Turn(mut t) = op else {
+        unreachable!()
+    };
+    t.events = vec![event(1, kind)];
+    if send {
+        t.sends = vec![(ActorKey::new("t", "other").unwrap(), keyed_message())];
+        t.relay_sends = true;
+    }
+    WriteOp::Turn(t)
+}
+
 async fn apply_on(
     storage: &Storage,
     batch: crate::schema::ReplicaBatch,
@@ -377,22 +391,14 @@ async fn a_joining_backup_gets_a_snapshot_of_the_slot_then_every_write() {
     let tracker = Arc::new(CommitTracker::default());
     subscribe(&owner, Some(&shipped.0)).await;
     let (op, rx) = turn(&key, &rec, &tracker, 0, 1, "k", "before");
-    let WriteOp::Turn(mut t) = op else {
-        unreachable!()
-    };
-    t.events = vec![event(1, "hi")];
-    owner.writer().submit(WriteOp::Turn(t));
+    owner.writer().submit(emitting(op, "hi", false));
     until(&shipped.0, rx).await.unwrap();
     // The backup holds an old copy of another actor of the slot, with an
     // outbound delivery.
     let (stale, stale_rec) = create(&backup, "j-stale").await;
     subscribe(&backup, None).await;
     let (op, rx) = turn(&stale, &stale_rec, &tracker, 0, 1, "k", "old");
-    let WriteOp::Turn(mut t) = op else {
-        unreachable!()
-    };
-    t.events = vec![event(1, "old")];
-    backup.writer().submit(WriteOp::Turn(t));
+    backup.writer().submit(emitting(op, "old", false));
     rx.await.unwrap().unwrap();
 
     let (done, rx) = oneshot::channel();
@@ -456,13 +462,7 @@ async fn a_moved_actor_takes_all_its_rows_and_leaves_none_behind() {
     let tracker = Arc::new(CommitTracker::default());
     subscribe(&source, None).await;
     let (op, rx) = turn(&key, &rec, &tracker, 0, 1, "k", "v1");
-    let WriteOp::Turn(mut t) = op else {
-        unreachable!()
-    };
-    t.events = vec![event(1, "hi")];
-    t.sends = vec![(ActorKey::new("t", "other").unwrap(), keyed_message())];
-    t.relay_sends = true;
-    source.writer().submit(WriteOp::Turn(t));
+    source.writer().submit(emitting(op, "hi", true));
     rx.await.unwrap().unwrap();
     let message = keyed_message();
     let k = key.clone();
@@ -583,11 +583,7 @@ async fn a_backup_keeps_the_slots_outgoing_rows_and_what_became_of_them() {
     subscribe(&backup, None).await;
     let (local, local_rec) = create(&backup, "local").await;
     let (op, rx) = turn(&local, &local_rec, &Default::default(), 0, 1, "k", "v");
-    let WriteOp::Turn(mut t) = op else {
-        unreachable!()
-    };
-    t.events = vec![event(1, "mine")];
-    backup.writer().submit(WriteOp::Turn(t));
+    backup.writer().submit(emitting(op, "mine", false));
     rx.await.unwrap().unwrap();
 
     let key = ActorKey::new("t", "r1").unwrap();
@@ -604,13 +600,7 @@ async fn a_backup_keeps_the_slots_outgoing_rows_and_what_became_of_them() {
     let rec = rx.await.unwrap().unwrap();
     // A turn with an event (one delivery) and a relayed send.
     let (op, rx) = turn(&key, &rec, &Default::default(), 0, 1, "k", "v");
-    let WriteOp::Turn(mut t) = op else {
-        unreachable!()
-    };
-    t.events = vec![event(1, "hi")];
-    t.sends = vec![(ActorKey::new("t", "other").unwrap(), keyed_message())];
-    t.relay_sends = true;
-    owner.writer().submit(WriteOp::Turn(t));
+    owner.writer().submit(emitting(op, "hi", true));
     let (batches, release) = collect.next().await;
     assert!(matches!(
         batches[0].ops[..],
