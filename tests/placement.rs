@@ -372,8 +372,11 @@ async fn a_rebalance_gives_a_returning_node_its_slots_back_and_loses_no_write() 
     // has it: the watch brings it).
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut seen_asked = false;
+    let mut degraded = 0;
     let status = loop {
         let s = c.api(0).get("/v1/cluster").await.json;
+        // The old backup stays until the new one has caught up.
+        degraded = degraded.max(s["slots_degraded"].as_u64().unwrap_or(0));
         seen_asked |= !s["rebalance"].is_null() || used_by(&s, "n2").is_some_and(|n| n > 0);
         if seen_asked && s["rebalance"].is_null() && s["slots_degraded"] == 0 {
             break s;
@@ -385,6 +388,10 @@ async fn a_rebalance_gives_a_returning_node_its_slots_back_and_loses_no_write() 
     tokio::time::sleep(Duration::from_millis(300)).await;
     writers.stop().await;
     assert!(used_by(&status, "n2").unwrap() > 0, "{status:#}");
+    assert_eq!(
+        degraded, 0,
+        "a slot ran without a backup during the rebalance"
+    );
     let handoffs: f64 = {
         let mut n = 0.0;
         for i in 0..3 {

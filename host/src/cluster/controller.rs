@@ -183,6 +183,11 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
                     backup: None,
                     ..r.clone()
                 }),
+                // A rebalance's node catching up beside the backup died.
+                (Some(_), Some(j)) if !is_live(j) && gone(j) => Some(SlotRecord {
+                    joining: None,
+                    ..r.clone()
+                }),
                 (Some(_), _) => None,
                 (None, Some(j)) if !is_live(j) && gone(j) => Some(SlotRecord {
                     joining: None,
@@ -238,9 +243,9 @@ fn preferred<'v>(view: &'v View, slot: u32, region: &str) -> Option<&'v str> {
 ///
 /// A used slot whose owner is not the preferred node of the owner's region
 /// moves there without ever being on fewer disks than its acknowledged
-/// writes need: the preferred node first catches up as the slot's backup
-/// (it replaces the old one: the slot is degraded until it has the
-/// snapshot), then the owner is asked to hand the slot over (`handoff`),
+/// writes need: the preferred node first catches up beside the slot's
+/// backup (from a snapshot; every batch waits for both meanwhile) and
+/// replaces it, then the owner is asked to hand the slot over (`handoff`),
 /// which it does itself once the backup has every commit. At most
 /// [`REBALANCE_AT_ONCE`] slots are catching up or being handed over at once.
 /// A slot stays in its region: actors placed near their users stay there;
@@ -321,8 +326,8 @@ fn rebalance(view: &View, decided: &BTreeSet<u32>) -> (Vec<Write>, usize) {
                 ..r.clone()
             }
         } else {
+            // The old backup stays until the new one has caught up.
             SlotRecord {
-                backup: None,
                 joining: Some(new_backup),
                 avoid: None,
                 ..r.clone()
@@ -579,8 +584,9 @@ mod tests {
             w0.record,
             SlotRecord {
                 joining: Some("b".into()),
-                ..slot("a", None, true, 3)
-            }
+                ..slot("a", Some("c"), true, 3)
+            },
+            "the old backup stays while the new one catches up"
         );
         // Backed up by `b` already: the owner is asked to hand it over.
         let w1 = writes.iter().find(|w| w.slot == s1).expect("s1 moves");
@@ -601,7 +607,7 @@ mod tests {
             writes[0].record,
             SlotRecord {
                 joining: Some("b".into()),
-                ..slot("a", None, true, 3)
+                ..slot("a", Some("c"), true, 3)
             }
         );
         // A slot of the us region stays there, even with eu nodes around.

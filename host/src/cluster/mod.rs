@@ -67,17 +67,25 @@ pub enum Route {
 /// Where a replicated batch goes now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Shipping {
-    /// To the slot's backup.
-    To {
-        /// Its node id.
-        node_id: String,
-        /// Its URL, while it is a live member.
-        advertise: Option<String>,
-    },
+    /// To the slot's backup, and to the node catching up to replace it
+    /// (a rebalance keeps the old backup meanwhile), or to the latter only.
+    To(Vec<ShipTarget>),
     /// Nowhere: the slot has no backup (degraded); release on this disk.
     NoBackup,
     /// The slot is no longer this node's at that epoch: fail the batch.
     Lost,
+}
+
+/// A node a slot's batches go to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShipTarget {
+    /// Its node id.
+    pub node_id: String,
+    /// Its URL, while it is a live member.
+    pub advertise: Option<String>,
+    /// Catching up (joining) in this session (the slot record's revision):
+    /// it gets the slot's batches from its snapshot on, none before.
+    pub joining: Option<i64>,
 }
 
 /// A running cluster member.
@@ -256,8 +264,8 @@ impl Cluster {
     }
 
     /// Where a batch of `slot` written at `epoch` goes now: to its backup
-    /// (id and URL; the URL is `None` while that node is not a live
-    /// member), or nowhere.
+    /// and its joining node (id and URL; the URL is `None` while that node
+    /// is not a live member), or nowhere.
     pub fn shipping(&self, slot: u32, epoch: u64) -> Shipping {
         let v = self.inner.view();
         let Some(e) = &v.slots[slot as usize] else {
@@ -267,12 +275,21 @@ impl Cluster {
         if r.owner != self.inner.config.node_id || r.epoch != epoch {
             return Shipping::Lost;
         }
-        match r.backup.as_ref().or(r.joining.as_ref()) {
-            None => Shipping::NoBackup,
-            Some(b) => Shipping::To {
-                node_id: b.clone(),
-                advertise: v.members.get(b).map(|m| m.advertise.clone()),
-            },
+        let target = |node: &String, joining: Option<i64>| ShipTarget {
+            node_id: node.clone(),
+            advertise: v.members.get(node).map(|m| m.advertise.clone()),
+            joining,
+        };
+        let to: Vec<ShipTarget> = r
+            .backup
+            .iter()
+            .map(|b| target(b, None))
+            .chain(r.joining.iter().map(|j| target(j, Some(e.mod_revision))))
+            .collect();
+        if to.is_empty() {
+            Shipping::NoBackup
+        } else {
+            Shipping::To(to)
         }
     }
 
@@ -315,7 +332,7 @@ impl Cluster {
             .filter_map(|(i, e)| {
                 let e = e.as_ref()?;
                 let r = &e.record;
-                (&r.owner == me && r.backup.is_none() && r.joining.is_some()).then_some((
+                (&r.owner == me && r.joining.is_some()).then_some((
                     i as u32,
                     r.epoch,
                     e.mod_revision,
@@ -325,10 +342,11 @@ impl Cluster {
     }
 
     /// `node`, catching up as `slot`'s joining node, has its snapshot:
-    /// name it the backup (compare-and-swap; `false` if the slot changed).
+    /// name it the backup, in place of the old one if there was one (a
+    /// rebalance) — compare-and-swap; `false` if the slot changed.
     pub async fn joined(&self, slot: u32, epoch: u64, node: &str) -> anyhow::Result<bool> {
         self.rewrite_slot(slot, epoch, |r| {
-            (r.backup.is_none() && r.joining.as_deref() == Some(node)).then(|| SlotRecord {
+            (r.joining.as_deref() == Some(node)).then(|| SlotRecord {
                 backup: Some(node.to_owned()),
                 joining: None,
                 avoid: None,

@@ -13,14 +13,19 @@
 //! the slot runs without a backup (degraded, counted in metrics and
 //! `GET /v1/cluster`). A batch whose slot moved to another node meanwhile
 //! fails instead of being released.
+//!
+//! A node catching up to become a slot's backup (joining) gets the slot's
+//! batches from its snapshot on — the snapshot holds everything before —
+//! and none before it (it could not apply them). A rebalance keeps the old
+//! backup meanwhile, so a batch then waits for both.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::{Cluster, Peers, Shipping};
+use super::{Cluster, Peers, ShipTarget, Shipping};
 use crate::ids::ActorKey;
 use crate::metrics::Metrics;
 use crate::storage::schema::{FileBody, ReplicaBatch, ReplicaOp};
@@ -70,6 +75,7 @@ impl Replicator {
             storage,
             metrics,
             delay,
+            armed: Mutex::default(),
         };
         tokio::spawn(sender.run(rx));
         Arc::new(Self { cluster, tx })
@@ -113,6 +119,9 @@ struct Sender {
     metrics: Arc<Metrics>,
     /// Injected before each round ([`FAULT_DELAY_ENV`]).
     delay: Option<Duration>,
+    /// Per slot, the joining node (and its session) whose snapshot has been
+    /// shipped: it gets the slot's later batches.
+    armed: Mutex<HashMap<u32, (String, i64)>>,
 }
 
 /// What became of one batch.
@@ -163,11 +172,23 @@ impl Sender {
     async fn ship_round(&self, round: &[Vec<ReplicaBatch>]) -> Vec<Fate> {
         let batches: Vec<&ReplicaBatch> = round.iter().flatten().collect();
         let mut fates = vec![Fate::Done; batches.len()];
-        // Per backup node, its batches in commit order.
+        // Per target node, its batches in commit order.
         let mut per_node: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (i, b) in batches.iter().enumerate() {
             match self.cluster.shipping(b.slot, b.mark.epoch) {
-                Shipping::To { node_id, .. } => per_node.entry(node_id).or_default().push(i),
+                Shipping::To(targets) => {
+                    for t in targets {
+                        if b.snapshot
+                            && let Some(session) = t.joining
+                        {
+                            self.lock_armed()
+                                .insert(b.slot, (t.node_id.clone(), session));
+                        }
+                        if self.gets(b, &t) {
+                            per_node.entry(t.node_id).or_default().push(i);
+                        }
+                    }
+                }
                 Shipping::NoBackup => {}
                 Shipping::Lost => fates[i] = lost(b),
             }
@@ -175,10 +196,28 @@ impl Sender {
         let sends = per_node
             .into_iter()
             .map(|(node, idx)| self.ship_to(node, idx, &batches));
+        // A batch is done once every node it went to has it.
         for (i, fate) in futures::future::join_all(sends).await.into_iter().flatten() {
-            fates[i] = fate;
+            if fate != Fate::Done {
+                fates[i] = fate;
+            }
         }
         fates
+    }
+
+    /// Whether batch `b` goes to target `t`: a backup gets every batch, a
+    /// joining node those from its snapshot on.
+    fn gets(&self, b: &ReplicaBatch, t: &ShipTarget) -> bool {
+        match t.joining {
+            None => true,
+            Some(session) => {
+                b.snapshot || self.lock_armed().get(&b.slot) == Some(&(t.node_id.clone(), session))
+            }
+        }
+    }
+
+    fn lock_armed(&self) -> std::sync::MutexGuard<'_, HashMap<u32, (String, i64)>> {
+        self.armed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Ship batches `idx` (of `all`) to `node` until each is on it, or
@@ -200,19 +239,24 @@ impl Sender {
             let mut url = None;
             pending.retain(|&i| {
                 let b = all[i];
-                match self.cluster.shipping(b.slot, b.mark.epoch) {
-                    Shipping::To { node_id, advertise } if node_id == node => {
+                let target = match self.cluster.shipping(b.slot, b.mark.epoch) {
+                    Shipping::To(targets) => targets.into_iter().find(|t| t.node_id == node),
+                    Shipping::NoBackup => None,
+                    Shipping::Lost => {
+                        out.push((i, lost(b)));
+                        return false;
+                    }
+                };
+                match target {
+                    Some(t) if self.gets(b, &t) => {
                         if url.is_none() {
-                            url = advertise;
+                            url = t.advertise;
                         }
                         true
                     }
-                    Shipping::Lost => {
-                        out.push((i, lost(b)));
-                        false
-                    }
-                    // No backup now (dropped), or another one: the writes
-                    // stay on this disk alone.
+                    // Not a target now (dropped, named backup in place of
+                    // another, or catching up anew): the writes are on the
+                    // slot's other copies, or on this disk alone.
                     _ => {
                         out.push((i, Fate::Done));
                         false
