@@ -215,6 +215,98 @@ async fn actors_live_in_the_region_asked_and_move_with_all_their_data() {
     assert_eq!(r.status, 400, "{}", r.json);
 }
 
+/// etcd keeps placement entries only for actors that exist: deleting a
+/// placed actor removes its entry at once (so the id can be placed anew),
+/// and the sweep removes an entry whose actor is gone otherwise.
+#[tokio::test]
+async fn placement_entries_go_with_their_actors() {
+    let Some(c) = Cluster::start_with(&[("MARMOT_PLACEMENT_SWEEP_SECS", "3")], "").await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let placed = |i: usize| {
+        let api = c.api(i);
+        async move { api.get("/v1/cluster").await.json["actors_placed"].clone() }
+    };
+    let add = json!({"op": "add", "key": "n", "by": 1});
+    let ids: Vec<String> = (0..4).map(|i| format!("gone-{i}")).collect();
+    for id in &ids {
+        let r = c
+            .api(0)
+            .post_json(&format!("/v1/actors/kit/{id}?region=us"), &add)
+            .await;
+        assert_eq!(r.status, 200, "{}", r.json);
+    }
+    let entries = placed(2).await.as_u64().unwrap();
+    assert!(entries > 0, "no actor needed an entry to live in us");
+    for id in &ids {
+        let r = c.api(1).delete(&format!("/v1/actors/kit/{id}")).await;
+        assert_eq!(r.json["deleted"], true, "{}", r.json);
+    }
+    // The owner (n3, the only node in us) waited for its view.
+    assert_eq!(placed(2).await, 0, "a deleted actor kept its entry");
+    // The id is new again: it goes where its next first message says.
+    let r = c
+        .api(2)
+        .post_json("/v1/actors/kit/gone-0?region=eu", &add)
+        .await;
+    assert_eq!((r.status, r.json["value"].clone()), (200, json!(1)));
+    assert_eq!(region_of(&owner_of(&c, 2, "gone-0").await), "eu");
+
+    // An entry whose actor does not exist (as a crash between a delete and
+    // its forget would leave) goes at the sweep after next; an entry whose
+    // actor exists stays.
+    let r = c
+        .api(0)
+        .post_json("/v1/actors/kit/kept?region=us", &add)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let slot = r.headers["x-marmot-slot"].to_str().unwrap().to_owned();
+    let before = placed(2).await.as_u64().unwrap();
+    let mut etcd = etcd_client::Client::connect([c.etcd.url.as_str()], None)
+        .await
+        .unwrap();
+    etcd.put(
+        "/marmot/placements/kit/stray",
+        format!("{{\"slot\": {slot}}}"),
+        None,
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = false;
+    loop {
+        let now = placed(2).await.as_u64().unwrap();
+        seen |= now > before;
+        if seen && now == before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sweep never removed the stray entry ({now})"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let stray = etcd
+        .get("/marmot/placements/kit/stray", None)
+        .await
+        .unwrap();
+    assert!(stray.kvs().is_empty(), "still in etcd");
+    assert_eq!(
+        placed(2).await.as_u64().unwrap(),
+        before,
+        "kept lost its entry"
+    );
+    let text = String::from_utf8_lossy(&c.api(2).get("/metrics").await.body).into_owned();
+    assert!(
+        metric(&text, "marmot_cluster_placements_forgotten_total") >= (entries + 1) as f64,
+        "{text}"
+    );
+    // The sweep leaves actors that exist where they are.
+    let r = c.api(0).post_json("/v1/actors/kit/gone-0", &add).await;
+    assert_eq!(r.json["value"], 2, "{}", r.json);
+}
+
 /// Moves under load: actors go back and forth between the regions while
 /// clients write to them through every node (retrying with the same
 /// idempotency key): every acknowledged write is there exactly once.

@@ -116,6 +116,9 @@ pub struct Metrics {
     pub cluster_moves: Counter,
     /// Slots this node handed to their backup (a rebalance).
     pub cluster_handoffs: Counter,
+    /// Placement entries removed because their actor was gone (deleted,
+    /// or never created).
+    pub cluster_placements_forgotten: Counter,
     /// Round trips shipping committed batches to backups (the time a
     /// batch's output waits for its backup).
     pub replication_seconds: Histogram,
@@ -330,12 +333,19 @@ impl Metrics {
             "Slots this node handed to their backup in a rebalance",
             cluster_handoffs.clone(),
         );
+        let cluster_placements_forgotten = Counter::default();
+        registry.register(
+            "cluster_placements_forgotten",
+            "Placement entries removed from etcd because their actor was deleted or never created",
+            cluster_placements_forgotten.clone(),
+        );
         Self {
             registry,
             cluster_forwards,
             cluster_relayed,
             cluster_moves,
             cluster_handoffs,
+            cluster_placements_forgotten,
             replication_seconds,
             replication_queue,
             degraded_slots,

@@ -2,9 +2,12 @@
 //! slot unless a placement entry says otherwise), which slots a region
 //! has, and the two compare-and-swap writes of a move — its start (the
 //! actor is fenced where it is) and its switch (the actor lives in its new
-//! slot from that revision on). docs/design.md "Placement and moves".
+//! slot from that revision on). An entry that would name the actor's hash
+//! slot is deleted instead: etcd holds only the exceptions.
+//! docs/design.md "Placement and moves".
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
@@ -42,6 +45,44 @@ impl Cluster {
     /// Whether `key` has a placement entry (it was placed or moved once).
     pub fn placed(&self, key: &ActorKey) -> bool {
         self.inner.view().placements.contains_key(key)
+    }
+
+    /// Whether this node answers for `key` in a listing: it owns the
+    /// actor's slot, or backs it up while its owner is gone (a failover
+    /// under way). Copies a node keeps otherwise — of a slot it used to
+    /// own or back up, rows a crashed move left — are not the actor's.
+    pub fn lists(&self, key: &ActorKey) -> bool {
+        let slot = self.slot_of(key);
+        let v = self.inner.view();
+        let me = &self.inner.config.node_id;
+        v.slots[slot as usize].as_ref().is_some_and(|e| {
+            &e.record.owner == me
+                || (e.record.backup.as_ref() == Some(me)
+                    && !v.members.contains_key(&e.record.owner))
+        })
+    }
+
+    /// The slot `key` lives in without a placement entry.
+    pub fn hash_slot(&self, key: &ActorKey) -> u32 {
+        hash_slot(key)
+    }
+
+    /// Placement entries of slots this node owns, with no move under way:
+    /// (actor, the entry's revision). The sweep of entries whose actor is
+    /// gone starts from these.
+    pub fn placements_owned(&self) -> Vec<(ActorKey, i64)> {
+        let v = self.inner.view();
+        let me = &self.inner.config.node_id;
+        v.placements
+            .iter()
+            .filter(|(_, e)| {
+                e.record.moving.is_none()
+                    && v.slots[e.record.slot as usize]
+                        .as_ref()
+                        .is_some_and(|s| &s.record.owner == me)
+            })
+            .map(|(k, e)| (k.clone(), e.mod_revision))
+            .collect()
     }
 
     /// The regions of the live members.
@@ -135,14 +176,7 @@ impl Cluster {
             },
             mod_revision: started.revision,
         };
-        let record = PlacementRecord {
-            slot: to,
-            moving: None,
-        };
-        Ok(self
-            .write_placement(key, Some(entry), record, None)
-            .await?
-            .is_some())
+        self.settle(key, entry, to).await
     }
 
     /// Undo a move some other node started out of `slot`, which this node
@@ -154,11 +188,65 @@ impl Cluster {
         else {
             return Ok(false);
         };
+        self.settle(key, entry, slot).await
+    }
+
+    /// Replace `expected` (a fence) by "`key` lives in `slot`": an entry
+    /// naming `slot`, or none when `slot` is the actor's hash slot.
+    async fn settle(
+        &self,
+        key: &ActorKey,
+        expected: PlacementEntry,
+        slot: u32,
+    ) -> anyhow::Result<bool> {
+        if slot == hash_slot(key) {
+            return self.delete_placement(key, expected).await;
+        }
         let record = PlacementRecord { slot, moving: None };
         Ok(self
-            .write_placement(key, Some(entry), record, None)
+            .write_placement(key, Some(expected), record, None)
             .await?
             .is_some())
+    }
+
+    /// Delete `key`'s entry by compare-and-swap against `expected`. A
+    /// delete is not noted in the view at once (a late watch event of an
+    /// earlier write would bring the entry back): this waits until the
+    /// watch has passed the delete, or re-reads the view.
+    async fn delete_placement(
+        &self,
+        key: &ActorKey,
+        expected: PlacementEntry,
+    ) -> anyhow::Result<bool> {
+        let inner = &self.inner;
+        let etcd_key = inner.keys.placement(key);
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                etcd_key.clone(),
+                CompareOp::Equal,
+                expected.mod_revision,
+            )])
+            .and_then([TxnOp::delete(etcd_key, None)]);
+        let resp = within(ETCD_CALL, inner.client.clone().txn(txn)).await?;
+        if !resp.succeeded() {
+            inner.relist().await?;
+            return Ok(false);
+        }
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let caught_up = tokio::time::timeout(Duration::from_secs(2), async {
+            loop {
+                let changed = inner.changed.notified();
+                if inner.view().revision >= revision {
+                    return;
+                }
+                changed.await;
+            }
+        })
+        .await;
+        if caught_up.is_err() {
+            inner.relist().await?;
+        }
+        Ok(true)
     }
 
     /// Write `key`'s placement by compare-and-swap against `expected` (its

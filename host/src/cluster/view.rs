@@ -104,7 +104,15 @@ impl View {
                 }
             }
             (Key::Placement(actor), None) => {
-                self.placements.remove(&actor);
+                // A delete event's revision is the delete's: an entry this
+                // node wrote (and noted) after it stays.
+                if self
+                    .placements
+                    .get(&actor)
+                    .is_some_and(|e| e.mod_revision < mod_revision)
+                {
+                    self.placements.remove(&actor);
+                }
             }
             (Key::Controller, v) => {
                 self.controller = v.map(|v| String::from_utf8_lossy(v).into_owned());
@@ -125,5 +133,30 @@ impl View {
             *counts.entry(e.record.owner.clone()).or_default() += 1;
         }
         counts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_placement_event_older_than_the_entry_changes_nothing() {
+        let keys = Keys::new("/m");
+        let actor = ActorKey::new("kit", "a").unwrap();
+        let key = keys.placement(&actor);
+        let at = |slot: u32| serde_json::to_vec(&serde_json::json!({ "slot": slot })).unwrap();
+        let mut v = View::default();
+        v.apply(&keys, &key, Some(&at(7)), 10);
+        // A late put and a late delete (both before 10) are ignored.
+        v.apply(&keys, &key, Some(&at(3)), 8);
+        v.apply(&keys, &key, None, 9);
+        assert_eq!(v.placements[&actor].record.slot, 7);
+        assert_eq!(v.placements[&actor].mod_revision, 10);
+        // A later delete removes it; a later put brings it back.
+        v.apply(&keys, &key, None, 11);
+        assert!(v.placements.is_empty());
+        v.apply(&keys, &key, Some(&at(5)), 12);
+        assert_eq!(v.placements[&actor].record.slot, 5);
     }
 }

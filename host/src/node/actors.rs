@@ -103,14 +103,22 @@ impl Node {
     }
 
     /// Delete an actor and everything it owns. Returns false if it did not exist.
-    pub async fn delete_actor(&self, key: &ActorKey) -> Result<bool, TurnError> {
+    pub async fn delete_actor(self: &Arc<Self>, key: &ActorKey) -> Result<bool, TurnError> {
         if self.catalog.get(key.ty()).is_none() {
             return Err(TurnError::UnknownType(key.ty().to_owned()));
         }
         if !self.registry().is_active(key) && self.storage.reader()?.actor(key)?.is_none() {
             return Ok(false);
         }
-        self.actors.ask(key, Envelope::Delete).await
+        let deleted = self.actors.ask(key, Envelope::Delete).await?;
+        if deleted && self.cluster.as_ref().is_some_and(|c| c.placed(key)) {
+            // etcd keeps only the placements of actors that exist (the
+            // sweep removes an entry this misses).
+            if let Err(e) = self.forget_placement(key).await {
+                tracing::warn!(actor = %key, error = %e, "cannot remove a deleted actor's placement entry yet");
+            }
+        }
+        Ok(deleted)
     }
 
     /// Answer one of an actor's input requests: runs its `on-input` turn and

@@ -22,7 +22,9 @@
 //! not name its slot) and is replaced by the next move there.
 //!
 //! Placing a new actor is the same with nothing to read: if the actor
-//! turns out to exist after the fence, it stays.
+//! turns out to exist after the fence, it stays. So is forgetting the
+//! placement of an actor that is gone (deleted, or never created): it
+//! "moves" to its hash slot, which deletes its entry.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -149,6 +151,58 @@ impl Node {
         Ok(self.relocate(&cluster, key, to, true).await? != Moved::Already)
     }
 
+    /// Delete the placement entry of `key` if the actor does not exist
+    /// (after the fence: nothing can create it meanwhile). `true` if the
+    /// entry is gone; `false` if the actor exists, or had no entry.
+    pub async fn forget_placement(self: &Arc<Self>, key: &ActorKey) -> Result<bool, MoveError> {
+        let cluster = self.cluster.clone().ok_or(MoveError::NoCluster)?;
+        if !cluster.placed(key) {
+            return Ok(false);
+        }
+        let home = cluster.hash_slot(key);
+        let forgotten = self.relocate(&cluster, key, home, true).await? != Moved::Already;
+        if forgotten {
+            self.metrics.cluster_placements_forgotten.inc();
+        }
+        Ok(forgotten)
+    }
+
+    /// Forget the placement entries, in slots this node owns, of actors
+    /// that do not exist here and whose entry has not changed since the
+    /// last sweep (`seen`: so an actor being placed right now, whose first
+    /// turn has not committed yet, keeps its entry).
+    pub(super) async fn sweep_placements(self: &Arc<Self>, seen: &mut HashSet<(ActorKey, i64)>) {
+        let Some(cluster) = self.cluster.clone() else {
+            return;
+        };
+        let now: HashSet<(ActorKey, i64)> = cluster.placements_owned().into_iter().collect();
+        let mut forgotten = 0;
+        for (key, revision) in now.intersection(seen) {
+            match self.actor_exists(key) {
+                Ok(false) => {}
+                Ok(true) => continue,
+                Err(e) => {
+                    tracing::warn!(actor = %key, error = %e, "placement sweep: cannot read actor");
+                    continue;
+                }
+            }
+            match self.forget_placement(key).await {
+                Ok(true) => forgotten += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::debug!(actor = %key, revision, error = %e, "placement sweep: entry kept")
+                }
+            }
+        }
+        if forgotten > 0 {
+            tracing::info!(
+                entries = forgotten,
+                "placement entries of actors that do not exist removed"
+            );
+        }
+        *seen = now;
+    }
+
     /// Whether this node is moving `key` now.
     pub fn is_moving(&self, key: &ActorKey) -> bool {
         self.moves.contains(key)
@@ -245,7 +299,11 @@ impl Node {
                 .notify(crate::alarms::scheduler::Notice::Reload);
             self.metrics.cluster_moves.inc();
         }
-        tracing::info!(actor = %key, from = started.from, to, placing, "actor moved");
+        if placing && to == cluster.hash_slot(key) {
+            tracing::info!(actor = %key, from = started.from, "placement entry removed");
+        } else {
+            tracing::info!(actor = %key, from = started.from, to, placing, "actor moved");
+        }
         Ok(Moved::To { slot: to })
     }
 
