@@ -315,6 +315,17 @@ async fn a_dead_owners_actors_fail_over_to_its_backup_with_their_data() {
     let backup = info["backup"].as_str().expect("a backup").to_owned();
     assert_ne!(backup, owner);
     let b = NODES.iter().position(|(id, _)| *id == backup).unwrap();
+    // Another actor of the same owner, deleted while the owner is away.
+    let mut bob = None;
+    for i in 0..40 {
+        let id = format!("bob-{i}");
+        assert_eq!(c.api(0).add("kit", &id, 1).await.status, 200);
+        if owner_of(&c, 0, &id).await == owner {
+            bob = Some((id, i));
+            break;
+        }
+    }
+    let (bob, others) = bob.expect("no actor landed on the owner");
 
     // The owner dies. Once its lease is gone (2 s) and the grace (2 s) is
     // over, its backup owns the slot at the next epoch, with every write
@@ -331,6 +342,9 @@ async fn a_dead_owners_actors_fail_over_to_its_backup_with_their_data() {
     assert_eq!(info["epoch"].as_u64().unwrap(), epoch + 1, "{info}");
     let status = c.api(other).get("/v1/cluster").await.json;
     assert!(status["max_epoch"].as_u64().unwrap() > epoch, "{status:#}");
+    assert_eq!(add_when_served(&c, other, &bob).await.status, 200);
+    let r = c.api(other).delete(&format!("/v1/actors/kit/{bob}")).await;
+    assert_eq!(r.json["deleted"], true, "{}", r.json);
     // A type deployed while it is away reaches the live nodes only...
     let js =
         json!({"kind": "js", "code": "export default { onMessage() { return { late: true }; } };"});
@@ -413,6 +427,25 @@ async fn a_dead_owners_actors_fail_over_to_its_backup_with_their_data() {
     assert_eq!(r.json["value"], 9, "{}", r.json);
     let info = c.api(o).get("/v1/actors/kit/alice").await.json;
     assert_eq!(info["node"], backup.as_str(), "{info}");
+    // Nor is its copy of the deleted actor: gone, and not listed.
+    assert_eq!(
+        c.api(o).get(&format!("/v1/actors/kit/{bob}")).await.status,
+        404
+    );
+    for i in 0..3 {
+        let page = c.api(i).get("/v1/actors/kit?prefix=bob-").await.json;
+        let listed: Vec<&str> = page["actors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|a| a["id"].as_str())
+            .collect();
+        assert!(
+            !listed.contains(&bob.as_str()),
+            "{bob} listed after its deletion: {page}"
+        );
+        assert_eq!(listed.len(), others, "the other bob- actors: {page}");
+    }
 
     // The slot gets a new backup: a live node catches up from a snapshot.
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -224,14 +224,19 @@ pub(super) async fn list_everywhere(
 }
 
 /// Pages of ids in order, each of at most `limit` items after the same
-/// cursor, as one page: the first `limit` ids; a cursor when any node has
-/// more.
+/// cursor, as one page: the first `limit` ids, none past the lowest cursor
+/// (a node's scan stopped there: it may have more before a later id); a
+/// cursor when any node has more.
 fn merge_pages(
     pages: Vec<serde_json::Value>,
     limit: usize,
     unreachable: Vec<String>,
 ) -> serde_json::Value {
-    let more = pages.iter().any(|p| !p["next_cursor"].is_null());
+    let lowest: Option<String> = pages
+        .iter()
+        .filter_map(|p| p["next_cursor"].as_str())
+        .min()
+        .map(str::to_owned);
     let mut all: Vec<serde_json::Value> = pages
         .into_iter()
         .flat_map(|mut p| match p["actors"].take() {
@@ -241,11 +246,14 @@ fn merge_pages(
         .collect();
     all.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
     all.dedup_by(|a, b| a["id"] == b["id"]);
-    let next_cursor = if more || all.len() > limit {
+    if let Some(lowest) = &lowest {
+        all.retain(|a| a["id"].as_str().is_some_and(|id| id <= lowest.as_str()));
+    }
+    let next_cursor = if all.len() > limit {
         all.truncate(limit);
         all.last().map(|a| a["id"].clone())
     } else {
-        None
+        lowest.map(serde_json::Value::from)
     };
     let mut out = serde_json::json!({ "actors": all, "next_cursor": next_cursor });
     if !unreachable.is_empty() {
@@ -672,6 +680,12 @@ mod tests {
             vec![],
         );
         assert_eq!(m["actors"], serde_json::json!([{"id": "a"}, {"id": "b"}]));
+        assert_eq!(m["next_cursor"], "b");
+        // A node whose scan stopped at "b" (it listed none of what it
+        // read): nothing past "b" yet, the next page goes on from there.
+        let stopped = serde_json::json!({"actors": [], "next_cursor": "b"});
+        let m = merge_pages(vec![stopped, page(&["a", "c"], false)], 5, vec![]);
+        assert_eq!(m["actors"], serde_json::json!([{"id": "a"}]));
         assert_eq!(m["next_cursor"], "b");
         let m = merge_pages(
             vec![page(&["a"], false), page(&["b"], false)],

@@ -130,7 +130,9 @@ impl Node {
         Ok(self.storage.reader()?.type_usage(ty)?.into())
     }
 
-    /// Actors of a type.
+    /// Actors of a type. In a cluster: those this node answers for (its
+    /// page may then hold fewer than `limit`; the cursor is where its scan
+    /// stopped).
     pub fn list_actors(
         &self,
         ty: &str,
@@ -143,6 +145,9 @@ impl Node {
         let mut items = Vec::with_capacity(page.items.len());
         for (id, rec) in page.items {
             let key = ActorKey::new_unchecked(ty, &id);
+            if self.cluster.as_ref().is_some_and(|c| !c.lists(&key)) {
+                continue;
+            }
             items.push(self.info_from(&key, &rec, &r)?);
         }
         Ok(Page {
