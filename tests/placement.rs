@@ -255,7 +255,21 @@ async fn placement_entries_go_with_their_actors() {
 
     // An entry whose actor does not exist (as a crash between a delete and
     // its forget would leave) goes at the sweep after next; an entry whose
-    // actor exists stays.
+    // actor exists stays. Here the owner of the actor's hash slot also
+    // keeps a copy from before (as a move out that crashed before its drop
+    // would leave): dropped first, not served once the entry is gone.
+    let mut stray = None;
+    for i in 0..40 {
+        let id = format!("stray-{i}");
+        assert_eq!(c.api(0).add("kit", &id, 1).await.status, 200);
+        // Neither its owner nor its backup is n3, the stray entry's node.
+        let info = c.api(0).get(&format!("/v1/actors/kit/{id}")).await.json;
+        if info["node"] != "n3" && info["backup"] != "n3" {
+            stray = Some(id);
+            break;
+        }
+    }
+    let stray = stray.expect("every actor landed on n3");
     let r = c
         .api(0)
         .post_json("/v1/actors/kit/kept?region=us", &add)
@@ -263,16 +277,14 @@ async fn placement_entries_go_with_their_actors() {
     assert_eq!(r.status, 200, "{}", r.json);
     let slot = r.headers["x-marmot-slot"].to_str().unwrap().to_owned();
     let before = placed(2).await.as_u64().unwrap();
+    // The layout's key: type and id percent-encoded.
+    let entry_key = format!("/marmot/placements/kit/{}", stray.replace('-', "%2D"));
     let mut etcd = etcd_client::Client::connect([c.etcd.url.as_str()], None)
         .await
         .unwrap();
-    etcd.put(
-        "/marmot/placements/kit/stray",
-        format!("{{\"slot\": {slot}}}"),
-        None,
-    )
-    .await
-    .unwrap();
+    etcd.put(entry_key.clone(), format!("{{\"slot\": {slot}}}"), None)
+        .await
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut seen = false;
     loop {
@@ -287,11 +299,17 @@ async fn placement_entries_go_with_their_actors() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let stray = etcd
-        .get("/marmot/placements/kit/stray", None)
-        .await
-        .unwrap();
-    assert!(stray.kvs().is_empty(), "still in etcd");
+    let entry = etcd.get(entry_key, None).await.unwrap();
+    assert!(entry.kvs().is_empty(), "still in etcd");
+    for i in 0..3 {
+        let r = c.api(i).get(&format!("/v1/actors/kit/{stray}")).await;
+        assert_eq!(r.status, 404, "the copy from before is served: {}", r.json);
+        let page = c.api(i).get("/v1/actors/kit?prefix=stray-").await.json;
+        assert!(
+            !page.to_string().contains(&format!("\"{stray}\"")),
+            "{page}"
+        );
+    }
     assert_eq!(
         placed(2).await.as_u64().unwrap(),
         before,

@@ -152,6 +152,7 @@ pub fn router(node: Arc<Node>) -> Router {
             "/v1/cluster/move-in",
             post(placement::move_in).layer(DefaultBodyLimit::max(cluster::MAX_REPLICA_BYTES)),
         )
+        .route("/v1/cluster/drop-copy", post(placement::drop_copy))
         .route(
             "/v1/cluster/replicate",
             post(cluster::replicate).layer(DefaultBodyLimit::max(cluster::MAX_REPLICA_BYTES)),

@@ -22,7 +22,7 @@ use super::extract::ActorPath;
 use super::{ApiError, AppState, Query};
 use crate::cluster::Cluster;
 use crate::ids::ActorKey;
-use crate::node::{MoveError, MoveIn, Moved};
+use crate::node::{DropCopy, MoveError, MoveIn, Moved};
 
 /// On a forwarded request that may create its actor: the region it should
 /// live in, as the receiving node decided.
@@ -198,6 +198,25 @@ pub(super) async fn move_in(
         .await
         .map_err(|e| move_error(&key, e))?;
     Ok(axum::Json(serde_json::json!({ "installed": true })).into_response())
+}
+
+/// `POST /v1/cluster/drop-copy`: drop a copy of an actor kept from
+/// before, ahead of the removal of its placement entry.
+pub(super) async fn drop_copy(
+    State(s): State<AppState>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body?;
+    let request: DropCopy = postcard::from_bytes(&body)
+        .map_err(|e| ApiError::bad_request("invalid_drop", format!("not a dropped copy: {e}")))?;
+    let key = ActorKey::new(&request.actor_type, &request.actor_id)
+        .map_err(|e| ApiError::bad_request("invalid_drop", e.to_string()))?;
+    let dropped = s
+        .node
+        .accept_drop_copy(request)
+        .await
+        .map_err(|e| move_error(&key, e))?;
+    Ok(axum::Json(serde_json::json!({ "dropped": dropped })).into_response())
 }
 
 fn move_error(key: &ActorKey, e: MoveError) -> ApiError {

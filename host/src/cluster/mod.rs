@@ -227,7 +227,7 @@ impl Cluster {
         if claimed {
             return Ok(true);
         }
-        self.rewrite_slot(slot, epoch, |r| {
+        self.rewrite_slot(slot, epoch, None, |r| {
             (!r.used).then(|| SlotRecord {
                 used: true,
                 ..r.clone()
@@ -341,11 +341,20 @@ impl Cluster {
             .collect()
     }
 
-    /// `node`, catching up as `slot`'s joining node, has its snapshot:
-    /// name it the backup, in place of the old one if there was one (a
-    /// rebalance) — compare-and-swap; `false` if the slot changed.
-    pub async fn joined(&self, slot: u32, epoch: u64, node: &str) -> anyhow::Result<bool> {
-        self.rewrite_slot(slot, epoch, |r| {
+    /// `node`, catching up as `slot`'s joining node, has its snapshot,
+    /// taken for the catching-up `session` (the slot record's revision
+    /// then): name it the backup, in place of the old one if there was one
+    /// (a rebalance) — compare-and-swap on that very record; `false` if
+    /// the slot changed since (its writes meanwhile may be in no snapshot
+    /// the node has: a new catching-up takes a new one).
+    pub async fn joined(
+        &self,
+        slot: u32,
+        epoch: u64,
+        node: &str,
+        session: i64,
+    ) -> anyhow::Result<bool> {
+        self.rewrite_slot(slot, epoch, Some(session), |r| {
             (r.joining.as_deref() == Some(node)).then(|| SlotRecord {
                 backup: Some(node.to_owned()),
                 joining: None,
@@ -356,20 +365,23 @@ impl Cluster {
         .await
     }
 
-    /// Write `slot` (owned here at `epoch`) as `change` says, by
-    /// compare-and-swap: the owner's own writes of its slot (marking it
-    /// used, dropping a backup, naming a caught-up one). `false` if it
-    /// changed meanwhile or `change` has nothing to do.
+    /// Write `slot` (owned here at `epoch`; its record written at
+    /// `revision`, when given) as `change` says, by compare-and-swap: the
+    /// owner's own writes of its slot (marking it used, dropping a backup,
+    /// naming a caught-up one). `false` if it changed meanwhile or `change`
+    /// has nothing to do.
     async fn rewrite_slot(
         &self,
         slot: u32,
         epoch: u64,
+        revision: Option<i64>,
         change: impl Fn(&SlotRecord) -> Option<SlotRecord>,
     ) -> anyhow::Result<bool> {
         let inner = &self.inner;
         let entry = inner.view().slots[slot as usize].clone();
         let Some((entry, record)) = entry
             .filter(|e| e.record.owner == inner.config.node_id && e.record.epoch == epoch)
+            .filter(|e| revision.is_none_or(|r| r == e.mod_revision))
             .and_then(|e| change(&e.record).map(|r| (e, r)))
         else {
             return Ok(false);
@@ -407,7 +419,7 @@ impl Cluster {
     /// cannot reach it: the slot runs without a backup from then on.
     /// Compare-and-swap like every slot write; `false` if the slot changed.
     pub async fn drop_backup(&self, slot: u32, epoch: u64, backup: &str) -> anyhow::Result<bool> {
-        self.rewrite_slot(slot, epoch, |r| {
+        self.rewrite_slot(slot, epoch, None, |r| {
             if r.backup.as_deref() == Some(backup) {
                 Some(SlotRecord {
                     backup: None,

@@ -157,6 +157,14 @@ impl Peers {
             .map(drop)
     }
 
+    /// Have the node at `base` drop its copy of an actor (postcard
+    /// `DropCopy`).
+    pub async fn drop_copy(&self, base: &str, body: Vec<u8>) -> Result<(), PeerError> {
+        self.internal(base, "/v1/cluster/drop-copy", body, Duration::from_secs(10))
+            .await
+            .map(drop)
+    }
+
     /// Ship replicated batches (postcard) to the backup at `base`; its
     /// outcome per batch, in order (`applied`, `repeat`, `refused`,
     /// `gap`).

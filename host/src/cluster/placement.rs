@@ -52,8 +52,11 @@ impl Cluster {
     /// under way). Copies a node keeps otherwise — of a slot it used to
     /// own or back up, rows a crashed move left — are not the actor's.
     pub fn lists(&self, key: &ActorKey) -> bool {
-        let slot = self.slot_of(key);
         let v = self.inner.view();
+        let slot = v
+            .placements
+            .get(key)
+            .map_or_else(|| hash_slot(key), |e| e.record.slot);
         let me = &self.inner.config.node_id;
         v.slots[slot as usize].as_ref().is_some_and(|e| {
             &e.record.owner == me

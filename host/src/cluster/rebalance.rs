@@ -124,7 +124,7 @@ impl Cluster {
     /// (the handoff was withdrawn, the backup dropped).
     pub async fn hand_off(&self, slot: u32, epoch: u64, to: &str) -> anyhow::Result<bool> {
         let me = self.inner.config.node_id.clone();
-        self.rewrite_slot(slot, epoch, |r| {
+        self.rewrite_slot(slot, epoch, None, |r| {
             (r.handoff.as_deref() == Some(to) && r.backup.as_deref() == Some(to)).then(|| {
                 SlotRecord {
                     owner: to.to_owned(),

@@ -178,8 +178,10 @@ impl Sender {
             match self.cluster.shipping(b.slot, b.mark.epoch) {
                 Shipping::To(targets) => {
                     for t in targets {
-                        if b.snapshot
-                            && let Some(session) = t.joining
+                        // A joining node takes the slot's batches from the
+                        // snapshot of its own catching-up on.
+                        if let Some(session) = t.joining
+                            && b.snapshot == Some(session)
                         {
                             self.lock_armed()
                                 .insert(b.slot, (t.node_id.clone(), session));
@@ -206,12 +208,14 @@ impl Sender {
     }
 
     /// Whether batch `b` goes to target `t`: a backup gets every batch, a
-    /// joining node those from its snapshot on.
+    /// joining node those from the snapshot of its catching-up on (not one
+    /// taken for an earlier record of the slot).
     fn gets(&self, b: &ReplicaBatch, t: &ShipTarget) -> bool {
         match t.joining {
             None => true,
             Some(session) => {
-                b.snapshot || self.lock_armed().get(&b.slot) == Some(&(t.node_id.clone(), session))
+                b.snapshot == Some(session)
+                    || self.lock_armed().get(&b.slot) == Some(&(t.node_id.clone(), session))
             }
         }
     }
@@ -273,8 +277,8 @@ impl Sender {
                         for (&i, o) in pending.iter().zip(&outcomes) {
                             if o == "applied" || o == "repeat" {
                                 out.push((i, Fate::Done));
-                                if all[i].snapshot {
-                                    self.joined(all[i], &node).await;
+                                if let Some(session) = all[i].snapshot {
+                                    self.joined(all[i], &node, session).await;
                                 }
                             } else {
                                 refused.push(i);
@@ -308,13 +312,13 @@ impl Sender {
     /// a while: retried in the background while etcd fails (a slot whose
     /// caught-up node is never named stays without a backup), until named
     /// or the slot changed.
-    async fn joined(&self, b: &ReplicaBatch, node: &str) {
+    async fn joined(&self, b: &ReplicaBatch, node: &str, session: i64) {
         let (cluster, slot, epoch) = (self.cluster.clone(), b.slot, b.mark.epoch);
         let (node, actors) = (node.to_owned(), b.ops.len());
         tokio::spawn(async move {
             let mut backoff = Duration::from_millis(50);
             loop {
-                match cluster.joined(slot, epoch, &node).await {
+                match cluster.joined(slot, epoch, &node, session).await {
                     Ok(true) => {
                         tracing::info!(slot, backup = %node, actors, "a new backup caught up with the slot");
                         return;

@@ -1,6 +1,5 @@
 //! Work the node does on its own: crash recovery at start-up, and periodic
-//! chores (gauges, idempotency expiry, event retention by age, placement
-//! entries of actors that are gone).
+//! chores (gauges, idempotency expiry, event retention by age).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -80,17 +79,12 @@ impl Node {
         let max_age = self.config.events.max_age_ms;
         // Sweep old events a few times per retention period (1 s to 1 h).
         let sweep_every = (max_age / 4 / 1000).clamp(1, 3600);
-        let placements_every = placement_sweep_secs();
-        let mut placements_seen = std::collections::HashSet::new();
         loop {
             tick.tick().await;
             n += 1;
             self.update_gauges();
             if max_age > 0 && n.is_multiple_of(sweep_every) {
                 self.sweep_old_events().await;
-            }
-            if self.cluster.is_some() && n.is_multiple_of(placements_every) {
-                self.sweep_placements(&mut placements_seen).await;
             }
             if n.is_multiple_of(600) {
                 let grace = Duration::from_millis(self.config.files.blob_gc_grace_ms);
@@ -152,16 +146,4 @@ impl Node {
             tracing::debug!(actors = poked, "event retention: old events trimmed");
         }
     }
-}
-
-/// Environment variable: seconds between two sweeps of placement entries
-/// (default 300; the tests shorten it).
-pub const PLACEMENT_SWEEP_ENV: &str = "MARMOT_PLACEMENT_SWEEP_SECS";
-
-fn placement_sweep_secs() -> u64 {
-    std::env::var(PLACEMENT_SWEEP_ENV)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|s| *s > 0)
-        .unwrap_or(300)
 }

@@ -35,7 +35,7 @@ use std::time::Duration;
 
 pub use deploy::{DeleteTypeError, DeployError};
 pub use hooks::WebhookError;
-pub use moves::{MoveError, MoveIn, Moved};
+pub use moves::{DropCopy, MoveError, MoveIn, Moved};
 pub use runs::RunWaitError;
 pub use shared::SharedState;
 
@@ -224,6 +224,7 @@ impl Node {
         tokio::spawn(node.clone().housekeeping());
         tokio::spawn(node.clone().relay());
         tokio::spawn(node.clone().follow_slots());
+        tokio::spawn(node.clone().sweep_placements());
         crate::webhooks::outbound::start(storage, metrics, config.webhooks.clone());
         Ok(node)
     }

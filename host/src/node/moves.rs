@@ -24,7 +24,10 @@
 //! Placing a new actor is the same with nothing to read: if the actor
 //! turns out to exist after the fence, it stays. So is forgetting the
 //! placement of an actor that is gone (deleted, or never created): it
-//! "moves" to its hash slot, which deletes its entry.
+//! "moves" to its hash slot, which deletes its entry — after the owner of
+//! the hash slot dropped any copy of the actor it kept from before (a move
+//! out that crashed before its drop, a move in that was undone), which
+//! would otherwise be served as the actor.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -81,6 +84,22 @@ pub struct MoveIn {
     pub image: ActorImage,
     /// The blobs its files name: (SHA-256, bytes).
     pub blobs: Vec<([u8; 32], Vec<u8>)>,
+}
+
+/// Drop a copy of an actor that the owner of `slot` (at `epoch`) may keep
+/// from before, ahead of its placement entry's removal
+/// (`POST /v1/cluster/drop-copy`, postcard). The actor is gone where it
+/// lived (checked under its fence), so any copy of it is stale.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DropCopy {
+    /// The slot whose owner may keep a copy (the actor's hash slot).
+    pub slot: u32,
+    /// Its epoch, as the sender saw it.
+    pub epoch: u64,
+    /// The actor's type.
+    pub actor_type: String,
+    /// The actor's id.
+    pub actor_id: String,
 }
 
 /// What became of a move.
@@ -167,17 +186,36 @@ impl Node {
         Ok(forgotten)
     }
 
+    /// In a cluster, forever: every few minutes, forget the placement
+    /// entries of actors that are gone ([`Self::sweep_placements_once`]).
+    pub(super) async fn sweep_placements(self: Arc<Self>) {
+        if self.cluster.is_none() {
+            return;
+        }
+        let every = std::env::var(PLACEMENT_SWEEP_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|s| *s > 0)
+            .map_or(Duration::from_secs(300), Duration::from_secs);
+        let mut seen = HashSet::new();
+        loop {
+            tokio::time::sleep(every).await;
+            self.sweep_placements_once(&mut seen).await;
+        }
+    }
+
     /// Forget the placement entries, in slots this node owns, of actors
     /// that do not exist here and whose entry has not changed since the
     /// last sweep (`seen`: so an actor being placed right now, whose first
-    /// turn has not committed yet, keeps its entry).
-    pub(super) async fn sweep_placements(self: &Arc<Self>, seen: &mut HashSet<(ActorKey, i64)>) {
+    /// turn has not committed yet, keeps its entry). At most
+    /// [`SWEEP_AT_ONCE`] per sweep.
+    async fn sweep_placements_once(self: &Arc<Self>, seen: &mut HashSet<(ActorKey, i64)>) {
         let Some(cluster) = self.cluster.clone() else {
             return;
         };
         let now: HashSet<(ActorKey, i64)> = cluster.placements_owned().into_iter().collect();
         let mut forgotten = 0;
-        for (key, revision) in now.intersection(seen) {
+        for (key, revision) in now.intersection(seen).take(SWEEP_AT_ONCE) {
             match self.actor_exists(key) {
                 Ok(false) => {}
                 Ok(true) => continue,
@@ -254,10 +292,17 @@ impl Node {
         // Fenced: whatever the active instance would commit is refused.
         self.actors.registry().invalidate_where(|k| k == key);
         let found = self.read_fenced(key).await;
+        let home = cluster.hash_slot(key);
         let result = match (found, placing) {
             (Err(e), _) => Err(e),
             (Ok(Found::Rows(_)), true) => Ok(Moved::Already),
             (Ok(Found::Nothing), false) => Err(MoveError::NotFound(key.clone())),
+            // Forgetting the entry: what the hash slot's owner kept of the
+            // actor goes first.
+            (Ok(Found::Nothing), true) if to == home && to != started.from => self
+                .drop_copy(cluster, key, to)
+                .await
+                .map(|()| Moved::To { slot: to }),
             (Ok(Found::Nothing), true) => Ok(Moved::To { slot: to }),
             (Ok(Found::Rows(image)), false) => self
                 .ship(cluster, to, *image)
@@ -284,7 +329,7 @@ impl Node {
                 .call(|done| WriteOp::MoveOut {
                     key: key.clone(),
                     from: started.from,
-                    to,
+                    to: Some(to),
                     done,
                 })
                 .await;
@@ -299,7 +344,7 @@ impl Node {
                 .notify(crate::alarms::scheduler::Notice::Reload);
             self.metrics.cluster_moves.inc();
         }
-        if placing && to == cluster.hash_slot(key) {
+        if placing && to == home {
             tracing::info!(actor = %key, from = started.from, "placement entry removed");
         } else {
             tracing::info!(actor = %key, from = started.from, to, placing, "actor moved");
@@ -339,6 +384,83 @@ impl Node {
         // owner) finds it stale and undoes it: the actor waits, nothing is
         // lost.
         cluster.slot_of(key) == to && cluster.moving(key).is_none()
+    }
+
+    /// Have the owner of `slot` drop its copy of `key`, which is gone
+    /// where it lived (and fenced there).
+    async fn drop_copy(
+        self: &Arc<Self>,
+        cluster: &Cluster,
+        key: &ActorKey,
+        slot: u32,
+    ) -> Result<(), MoveError> {
+        let (epoch, base) = match cluster.route_slot(slot) {
+            Route::Local { epoch, .. } => (epoch, None),
+            Route::Remote {
+                epoch, advertise, ..
+            } => (epoch, Some(advertise)),
+            Route::Unavailable { why, .. } => {
+                return Err(MoveError::Failed(format!(
+                    "the actor's hash slot cannot drop its copy: {why}"
+                )));
+            }
+        };
+        let request = DropCopy {
+            slot,
+            epoch,
+            actor_type: key.ty().to_owned(),
+            actor_id: key.id().to_owned(),
+        };
+        match base {
+            None => self.accept_drop_copy(request).await.map(drop),
+            Some(base) => {
+                let body = postcard::to_stdvec(&request)
+                    .map_err(|e| MoveError::Failed(format!("cannot encode the drop: {e}")))?;
+                Peers::new(self.config.admin_token.clone())
+                    .drop_copy(&base, body)
+                    .await
+                    .map_err(|e| MoveError::Failed(format!("the hash slot's owner refused: {e}")))
+            }
+        }
+    }
+
+    /// Drop this node's copy of an actor of `request.slot` (owned here at
+    /// `request.epoch`), here and on the slot's backup; `true` if there
+    /// was one. Durable when this returns.
+    pub async fn accept_drop_copy(&self, request: DropCopy) -> Result<bool, MoveError> {
+        let cluster = self.cluster.clone().ok_or(MoveError::NoCluster)?;
+        let DropCopy {
+            slot,
+            epoch,
+            actor_type,
+            actor_id,
+        } = request;
+        let key = ActorKey::new(&actor_type, &actor_id)
+            .map_err(|e| MoveError::Failed(format!("no valid actor name: {e}")))?;
+        match cluster.route_slot(slot) {
+            Route::Local { epoch: e, .. } if e == epoch => {}
+            _ => {
+                return Err(MoveError::Busy(format!(
+                    "slot {slot} is not this node's at epoch {epoch}"
+                )));
+            }
+        }
+        self.actors.registry().invalidate_where(|k| k == &key);
+        let dropped = self
+            .storage
+            .writer()
+            .call(|done| WriteOp::MoveOut {
+                key: key.clone(),
+                from: slot,
+                to: None,
+                done,
+            })
+            .await
+            .map_err(|e| MoveError::Failed(format!("cannot drop the copy of {key}: {e}")))?;
+        if dropped {
+            tracing::info!(actor = %key, slot, "dropped a copy of an actor kept from before");
+        }
+        Ok(dropped)
     }
 
     /// Install `image` on the owner of slot `to`.
@@ -456,6 +578,14 @@ impl Node {
         Ok(())
     }
 }
+
+/// Environment variable: seconds between two sweeps of placement entries
+/// (default 300; the tests shorten it).
+pub const PLACEMENT_SWEEP_ENV: &str = "MARMOT_PLACEMENT_SWEEP_SECS";
+
+/// The most placement entries one sweep forgets (each costs two etcd
+/// transactions and a commit); the next sweep goes on.
+const SWEEP_AT_ONCE: usize = 1000;
 
 /// Environment variable: hold every move this long between the install on
 /// the new owner and the switch (fault tests kill the mover there).

@@ -85,6 +85,25 @@ pub(super) fn operations() -> Vec<Op> {
         },
         Op {
             method: "post",
+            path: "/v1/cluster/drop-copy",
+            id: "clusterDropCopy",
+            summary: "Between nodes: drop a copy of an actor (postcard) that the owner of its hash slot kept from before, ahead of the removal of its placement entry; answered once durable here and on the slot's backup",
+            params: vec![],
+            body: Some(json!({"required": true, "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}})),
+            responses: vec![
+                (200, "{dropped: bool}", Some(any_json())),
+                (400, "not a dropped copy", None),
+                (
+                    409,
+                    "the slot is not this node's at that epoch, or a node alone",
+                    None,
+                ),
+                (503, "the copy could not be dropped", None),
+            ],
+        },
+        Op {
+            method: "post",
             path: "/v1/cluster/rebalance",
             id: "clusterRebalance",
             summary: "Move every used slot to the preferred node of its region (after adding a node, or when one came back), a few at a time, with no acknowledged write lost; progress in `GET /v1/cluster`",

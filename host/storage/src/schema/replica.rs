@@ -31,10 +31,13 @@ pub struct ReplicaBatch {
     pub ops: Vec<ReplicaOp>,
     /// Blobs the batch's files name: (SHA-256, bytes).
     pub blobs: Vec<([u8; 32], Vec<u8>)>,
-    /// The batch starts with a snapshot of the whole slot ([`ReplicaOp::
-    /// Install`] of every actor): the receiver first drops whatever it
-    /// holds of the slot, and the batch need not follow its last mark.
-    pub snapshot: bool,
+    /// `Some(session)`: the batch starts with a snapshot of the whole slot
+    /// ([`ReplicaOp::Install`] of every actor), taken for the catching-up
+    /// `session` (the slot record's etcd revision then): the receiver first
+    /// drops whatever it holds of the slot, and the batch need not follow
+    /// its last mark. A joining node is named backup only while the slot's
+    /// record is still the one of that session.
+    pub snapshot: Option<i64>,
 }
 
 /// One write to an actor's rows. Actors are named by type and id: each
@@ -109,14 +112,15 @@ pub enum ReplicaOp {
         record: Option<RelayRecord>,
     },
     /// The actor moved to slot `to`: its rows go, unless the node keeps
-    /// that slot's rows too.
+    /// that slot's rows too. `None`: the actor is gone (deleted where it
+    /// lived), and a copy of it anywhere is stale: its rows go.
     Moved {
         /// Its type.
         actor_type: String,
         /// Its id.
         actor_id: String,
         /// Its new slot.
-        to: u32,
+        to: Option<u32>,
     },
 }
 

@@ -71,13 +71,14 @@ impl WriterState {
 
     /// `key` moved from `from` (owned here) to `to`: drop its rows here
     /// unless this node keeps `to`'s rows too, and tell `from`'s backup.
-    /// Whether rows went.
+    /// Whether rows went. (`to: None`: the actor is gone: see
+    /// [`WriteOp::MoveOut`](super::WriteOp::MoveOut).)
     pub(super) fn move_out(
         &mut self,
         tables: &mut Tables<'_>,
         key: &ActorKey,
         from: u32,
-        to: u32,
+        to: Option<u32>,
         created: &mut i64,
     ) -> Result<bool, StorageError> {
         let dropped = self.moved_out(tables, key, to, created)?;
@@ -91,15 +92,17 @@ impl WriterState {
     }
 
     /// Drop `key`'s rows (its outgoing ones too: they moved with it), moved
-    /// to `to`, unless this node keeps `to`'s.
+    /// to `to`, unless this node keeps `to`'s (`None`: gone, drop them).
     pub(super) fn moved_out(
         &mut self,
         tables: &mut Tables<'_>,
         key: &ActorKey,
-        to: u32,
+        to: Option<u32>,
         created: &mut i64,
     ) -> Result<bool, StorageError> {
-        if self.replication.get().is_some_and(|r| r.holds(to)) {
+        if let Some(to) = to
+            && self.replication.get().is_some_and(|r| r.holds(to))
+        {
             return Ok(false);
         }
         let dropped = tables.delete_actor(key)?;

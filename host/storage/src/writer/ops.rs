@@ -264,14 +264,16 @@ pub enum WriteOp {
     },
     /// An actor moved out of `from` (owned here) to `to`: its rows go,
     /// here (unless this node keeps `to`'s rows too) and on `from`'s
-    /// backup.
+    /// backup. `to: None`: the actor is gone, and this node's copy of it
+    /// (kept in `from` from before) is stale: it goes whatever else this
+    /// node keeps.
     MoveOut {
         /// The actor.
         key: ActorKey,
         /// The slot it left.
         from: u32,
         /// The slot it lives in now.
-        to: u32,
+        to: Option<u32>,
         /// Completion: whether rows went here.
         done: Reply<bool>,
     },

@@ -104,8 +104,8 @@ pub type Release = Box<dyn FnOnce(Result<(), String>) + Send>;
 pub(super) struct Draft {
     epoch: u64,
     ops: Vec<ReplicaOp>,
-    /// Starts with the slot's snapshot.
-    snapshot: bool,
+    /// Starts with the slot's snapshot, taken for this catching-up session.
+    snapshot: Option<i64>,
 }
 
 /// The outcome of a replicated batch on a backup.
@@ -144,7 +144,7 @@ impl WriterState {
                 session,
             }) => {
                 let taken = self.joined.contains(&(slot, session))
-                    || self.drafts.get(&slot).is_some_and(|d| d.snapshot);
+                    || self.drafts.get(&slot).is_some_and(|d| d.snapshot.is_some());
                 if taken {
                     Placement::Replicated { slot, epoch }
                 } else {
@@ -166,7 +166,7 @@ impl WriterState {
             let draft = self.drafts.entry(slot).or_insert_with(|| Draft {
                 epoch,
                 ops: Vec::new(),
-                snapshot: false,
+                snapshot: None,
             });
             draft.epoch = draft.epoch.max(epoch);
             draft.ops.push(op());
@@ -251,7 +251,7 @@ impl WriterState {
                 Draft {
                     epoch,
                     ops: ops.remove(&slot).unwrap_or_default(),
-                    snapshot: true,
+                    snapshot: Some(session),
                 },
             );
         }
@@ -271,7 +271,9 @@ impl WriterState {
         if batch.mark <= last {
             return Ok(ReplicaApplied::Repeat);
         }
-        if !batch.snapshot && (batch.mark.lsn != last.lsn + 1 || batch.mark.epoch < last.epoch) {
+        if batch.snapshot.is_none()
+            && (batch.mark.lsn != last.lsn + 1 || batch.mark.epoch < last.epoch)
+        {
             // A batch is missing (the owner committed one it never
             // shipped): this copy cannot follow without a snapshot.
             return Ok(ReplicaApplied::Gap);
@@ -282,7 +284,7 @@ impl WriterState {
         if !accept() {
             return Ok(ReplicaApplied::Refused);
         }
-        if batch.snapshot
+        if batch.snapshot.is_some()
             && let Some(r) = self.replication.get().cloned()
         {
             // What this node held of the slot (an old copy) goes first.

@@ -139,6 +139,26 @@ fn emitting(op: WriteOp, kind: &str, send: bool) -> WriteOp {
     WriteOp::Turn(t)
 }
 
+/// Submit the creation of `t/{id}` without waiting for it: on a
+/// replicating writer it completes only once its batch is released.
+fn submit_create(
+    storage: &Storage,
+    id: &str,
+) -> (
+    ActorKey,
+    oneshot::Receiver<Result<crate::schema::ActorRecord, crate::StorageError>>,
+) {
+    let key = ActorKey::new("t", id).unwrap();
+    let (done, rx) = oneshot::channel();
+    storage.writer().submit(WriteOp::GetOrCreate {
+        key: key.clone(),
+        version: 1,
+        early: None,
+        done,
+    });
+    (key, rx)
+}
+
 async fn apply_on(
     storage: &Storage,
     batch: crate::schema::ReplicaBatch,
@@ -167,15 +187,8 @@ async fn a_backup_applies_what_the_owner_shipped_once_and_only_while_it_is_the_b
     create(&backup, "local").await;
 
     // Creation, a turn (state, an event, an alarm), a durable message.
-    let key = ActorKey::new("t", "r1").unwrap();
+    let (key, created) = submit_create(&owner, "r1");
     let rec = {
-        let (done, created) = oneshot::channel();
-        owner.writer().submit(WriteOp::GetOrCreate {
-            key: key.clone(),
-            version: 1,
-            early: None,
-            done,
-        });
         let (batches, release) = collect.next().await;
         assert_eq!(batches.len(), 1);
         assert!(matches!(batches[0].ops[..], [ReplicaOp::Create { .. }]));
@@ -285,20 +298,8 @@ async fn a_backup_applies_what_the_owner_shipped_once_and_only_while_it_is_the_b
     // is in storage), and the rest of the batch commits.
     let (release_hold, until) = std::sync::mpsc::channel();
     owner.writer().submit(WriteOp::Hold { until });
-    let (done_x, refused) = oneshot::channel();
-    owner.writer().submit(WriteOp::GetOrCreate {
-        key: ActorKey::new("t", "x1").unwrap(),
-        version: 1,
-        early: None,
-        done: done_x,
-    });
-    let (done_y, fine) = oneshot::channel();
-    owner.writer().submit(WriteOp::GetOrCreate {
-        key: ActorKey::new("t", "y1").unwrap(),
-        version: 1,
-        early: None,
-        done: done_y,
-    });
+    let (_, refused) = submit_create(&owner, "x1");
+    let (_, fine) = submit_create(&owner, "y1");
     drop(release_hold);
     loop {
         let (_, release) = collect.next().await;
@@ -379,14 +380,7 @@ async fn a_joining_backup_gets_a_snapshot_of_the_slot_then_every_write() {
             .replicate(Arc::new(Joining(Collect::default(), true)))
     );
     // Before the snapshot, the slot's writes stay here.
-    let key = ActorKey::new("t", "j1").unwrap();
-    let (done, rx) = oneshot::channel();
-    owner.writer().submit(WriteOp::GetOrCreate {
-        key: key.clone(),
-        version: 1,
-        early: None,
-        done,
-    });
+    let (key, rx) = submit_create(&owner, "j1");
     let rec = until(&shipped.0, rx).await.unwrap();
     let tracker = Arc::new(CommitTracker::default());
     subscribe(&owner, Some(&shipped.0)).await;
@@ -409,7 +403,7 @@ async fn a_joining_backup_gets_a_snapshot_of_the_slot_then_every_write() {
     let (batches, release) = shipped.0.next().await;
     assert_eq!(batches.len(), 1);
     let snapshot = batches[0].clone();
-    assert!(snapshot.snapshot);
+    assert!(snapshot.snapshot.is_some());
     assert!(matches!(
         snapshot.ops[..],
         [
@@ -428,7 +422,7 @@ async fn a_joining_backup_gets_a_snapshot_of_the_slot_then_every_write() {
     owner.writer().submit(op);
     let (batches, release) = shipped.0.next().await;
     assert_eq!(batches.len(), 1);
-    assert!(!batches[0].snapshot);
+    assert!(batches[0].snapshot.is_none());
     assert_eq!(
         apply_on(&backup, batches[0].clone(), true).await,
         super::ReplicaApplied::Applied
@@ -539,13 +533,13 @@ async fn a_moved_actor_takes_all_its_rows_and_leaves_none_behind() {
     source.writer().submit(WriteOp::MoveOut {
         key: k,
         from: 7,
-        to: 3,
+        to: Some(3),
         done,
     });
     let (batches, release) = collect.next().await;
     assert!(matches!(
         batches[0].ops[..],
-        [ReplicaOp::Moved { to: 3, .. }]
+        [ReplicaOp::Moved { to: Some(3), .. }]
     ));
     release(Ok(()));
     assert!(out.await.unwrap().unwrap(), "the rows went");
@@ -557,7 +551,7 @@ async fn a_moved_actor_takes_all_its_rows_and_leaves_none_behind() {
     target.writer().submit(WriteOp::MoveOut {
         key: key.clone(),
         from: 7,
-        to: 8,
+        to: Some(8),
         done,
     });
     let (_, release) = shipped_by_target.next().await;
@@ -586,14 +580,7 @@ async fn a_backup_keeps_the_slots_outgoing_rows_and_what_became_of_them() {
     backup.writer().submit(emitting(op, "mine", false));
     rx.await.unwrap().unwrap();
 
-    let key = ActorKey::new("t", "r1").unwrap();
-    let (done, rx) = oneshot::channel();
-    owner.writer().submit(WriteOp::GetOrCreate {
-        key: key.clone(),
-        version: 1,
-        early: None,
-        done,
-    });
+    let (key, rx) = submit_create(&owner, "r1");
     let (batches, release) = collect.next().await;
     apply_on(&backup, batches[0].clone(), true).await;
     release(Ok(()));
