@@ -200,8 +200,9 @@ pub(super) async fn move_in(
     Ok(axum::Json(serde_json::json!({ "installed": true })).into_response())
 }
 
-/// `POST /v1/cluster/drop-copy`: drop a copy of an actor kept from
-/// before, ahead of the removal of its placement entry.
+/// `POST /v1/cluster/drop-copy`: which copy of an actor this node keeps
+/// from before, or drop that copy, ahead of the removal of its placement
+/// entry.
 pub(super) async fn drop_copy(
     State(s): State<AppState>,
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
@@ -211,12 +212,12 @@ pub(super) async fn drop_copy(
         .map_err(|e| ApiError::bad_request("invalid_drop", format!("not a dropped copy: {e}")))?;
     let key = ActorKey::new(&request.actor_type, &request.actor_id)
         .map_err(|e| ApiError::bad_request("invalid_drop", e.to_string()))?;
-    let dropped = s
+    let created_at_ms = s
         .node
-        .accept_drop_copy(request)
+        .accept_drop_copy(&request)
         .await
         .map_err(|e| move_error(&key, e))?;
-    Ok(axum::Json(serde_json::json!({ "dropped": dropped })).into_response())
+    Ok(axum::Json(serde_json::json!({ "created_at_ms": created_at_ms })).into_response())
 }
 
 fn move_error(key: &ActorKey, e: MoveError) -> ApiError {

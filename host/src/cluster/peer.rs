@@ -157,12 +157,19 @@ impl Peers {
             .map(drop)
     }
 
-    /// Have the node at `base` drop its copy of an actor (postcard
-    /// `DropCopy`).
-    pub async fn drop_copy(&self, base: &str, body: Vec<u8>) -> Result<(), PeerError> {
-        self.internal(base, "/v1/cluster/drop-copy", body, Duration::from_secs(10))
+    /// Ask the node at `base` which copy of an actor it keeps, or have it
+    /// drop that copy (postcard `DropCopy`); its JSON answer.
+    pub async fn drop_copy(
+        &self,
+        base: &str,
+        body: Vec<u8>,
+    ) -> Result<serde_json::Value, PeerError> {
+        let resp = self
+            .internal(base, "/v1/cluster/drop-copy", body, Duration::from_secs(10))
+            .await?;
+        resp.json()
             .await
-            .map(drop)
+            .map_err(|e| PeerError::Failed(format!("{base}: {e}")))
     }
 
     /// Ship replicated batches (postcard) to the backup at `base`; its

@@ -86,10 +86,10 @@ pub struct MoveIn {
     pub blobs: Vec<([u8; 32], Vec<u8>)>,
 }
 
-/// Drop a copy of an actor that the owner of `slot` (at `epoch`) may keep
-/// from before, ahead of its placement entry's removal
+/// A copy of an actor that the owner of `slot` (at `epoch`) may keep from
+/// before, to drop ahead of the removal of its placement entry
 /// (`POST /v1/cluster/drop-copy`, postcard). The actor is gone where it
-/// lived (checked under its fence), so any copy of it is stale.
+/// lived (checked under its fence), so the copy held then is stale.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct DropCopy {
     /// The slot whose owner may keep a copy (the actor's hash slot).
@@ -100,6 +100,9 @@ pub struct DropCopy {
     pub actor_type: String,
     /// The actor's id.
     pub actor_id: String,
+    /// `None`: only say which copy is held (its creation time). `Some`:
+    /// drop the copy created then, if that is the one held.
+    pub created_at_ms: Option<u64>,
 }
 
 /// What became of a move.
@@ -214,10 +217,13 @@ impl Node {
             return;
         };
         let now: HashSet<(ActorKey, i64)> = cluster.placements_owned().into_iter().collect();
-        let mut forgotten = 0;
-        for (key, revision) in now.intersection(seen).take(SWEEP_AT_ONCE) {
+        let (mut forgotten, mut tried) = (0, 0);
+        for (key, revision) in now.intersection(seen) {
+            if tried == SWEEP_AT_ONCE {
+                break;
+            }
             match self.actor_exists(key) {
-                Ok(false) => {}
+                Ok(false) => tried += 1,
                 Ok(true) => continue,
                 Err(e) => {
                     tracing::warn!(actor = %key, error = %e, "placement sweep: cannot read actor");
@@ -329,7 +335,7 @@ impl Node {
                 .call(|done| WriteOp::MoveOut {
                     key: key.clone(),
                     from: started.from,
-                    to: Some(to),
+                    to,
                     done,
                 })
                 .await;
@@ -387,7 +393,10 @@ impl Node {
     }
 
     /// Have the owner of `slot` drop its copy of `key`, which is gone
-    /// where it lived (and fenced there).
+    /// where it lived (and fenced there). Two steps: learn which copy it
+    /// holds (its creation time), then drop that copy — so that a drop
+    /// arriving late, after this node gave up and lifted the fence and
+    /// the id was used again, never takes the new actor's rows.
     async fn drop_copy(
         self: &Arc<Self>,
         cluster: &Cluster,
@@ -405,54 +414,75 @@ impl Node {
                 )));
             }
         };
-        let request = DropCopy {
+        let mut request = DropCopy {
             slot,
             epoch,
             actor_type: key.ty().to_owned(),
             actor_id: key.id().to_owned(),
+            created_at_ms: None,
         };
-        match base {
-            None => self.accept_drop_copy(request).await.map(drop),
-            Some(base) => {
-                let body = postcard::to_stdvec(&request)
-                    .map_err(|e| MoveError::Failed(format!("cannot encode the drop: {e}")))?;
-                Peers::new(self.config.admin_token.clone())
-                    .drop_copy(&base, body)
-                    .await
-                    .map_err(|e| MoveError::Failed(format!("the hash slot's owner refused: {e}")))
-            }
-        }
+        let Some(held) = self.ask_drop_copy(base.as_deref(), &request).await? else {
+            return Ok(());
+        };
+        request.created_at_ms = Some(held);
+        self.ask_drop_copy(base.as_deref(), &request)
+            .await
+            .map(drop)
     }
 
-    /// Drop this node's copy of an actor of `request.slot` (owned here at
-    /// `request.epoch`), here and on the slot's backup; `true` if there
-    /// was one. Durable when this returns.
-    pub async fn accept_drop_copy(&self, request: DropCopy) -> Result<bool, MoveError> {
+    /// `request` on the node at `base` (`None`: this one).
+    async fn ask_drop_copy(
+        &self,
+        base: Option<&str>,
+        request: &DropCopy,
+    ) -> Result<Option<u64>, MoveError> {
+        let Some(base) = base else {
+            return self.accept_drop_copy(request).await;
+        };
+        let body = postcard::to_stdvec(request)
+            .map_err(|e| MoveError::Failed(format!("cannot encode the drop: {e}")))?;
+        let answer = Peers::new(self.config.admin_token.clone())
+            .drop_copy(base, body)
+            .await
+            .map_err(|e| MoveError::Failed(format!("the hash slot's owner refused: {e}")))?;
+        Ok(answer["created_at_ms"].as_u64())
+    }
+
+    /// On the owner of `request.slot` (at `request.epoch`): without
+    /// `created_at_ms`, the creation time of the copy of the actor held
+    /// here, if any; with it, drop that copy (here and on the slot's
+    /// backup) and answer its creation time if rows went. Durable when
+    /// this returns.
+    pub async fn accept_drop_copy(&self, request: &DropCopy) -> Result<Option<u64>, MoveError> {
         let cluster = self.cluster.clone().ok_or(MoveError::NoCluster)?;
-        let DropCopy {
-            slot,
-            epoch,
-            actor_type,
-            actor_id,
-        } = request;
-        let key = ActorKey::new(&actor_type, &actor_id)
+        let key = ActorKey::new(&request.actor_type, &request.actor_id)
             .map_err(|e| MoveError::Failed(format!("no valid actor name: {e}")))?;
+        let slot = request.slot;
         match cluster.route_slot(slot) {
-            Route::Local { epoch: e, .. } if e == epoch => {}
+            Route::Local { epoch, .. } if epoch == request.epoch => {}
             _ => {
                 return Err(MoveError::Busy(format!(
-                    "slot {slot} is not this node's at epoch {epoch}"
+                    "slot {slot} is not this node's at epoch {}",
+                    request.epoch
                 )));
             }
         }
+        let Some(created_at_ms) = request.created_at_ms else {
+            let held = self
+                .storage
+                .reader()
+                .and_then(|r| r.actor(&key))
+                .map_err(|e| MoveError::Failed(format!("cannot read actor {key}: {e}")))?;
+            return Ok(held.map(|r| r.created_at_ms));
+        };
         self.actors.registry().invalidate_where(|k| k == &key);
         let dropped = self
             .storage
             .writer()
-            .call(|done| WriteOp::MoveOut {
+            .call(|done| WriteOp::DropStale {
                 key: key.clone(),
-                from: slot,
-                to: None,
+                slot,
+                created_at_ms,
                 done,
             })
             .await
@@ -460,7 +490,7 @@ impl Node {
         if dropped {
             tracing::info!(actor = %key, slot, "dropped a copy of an actor kept from before");
         }
-        Ok(dropped)
+        Ok(dropped.then_some(created_at_ms))
     }
 
     /// Install `image` on the owner of slot `to`.
@@ -583,8 +613,8 @@ impl Node {
 /// (default 300; the tests shorten it).
 pub const PLACEMENT_SWEEP_ENV: &str = "MARMOT_PLACEMENT_SWEEP_SECS";
 
-/// The most placement entries one sweep forgets (each costs two etcd
-/// transactions and a commit); the next sweep goes on.
+/// The most placement entries one sweep tries to forget (each costs a few
+/// etcd transactions and commits); the next sweep goes on.
 const SWEEP_AT_ONCE: usize = 1000;
 
 /// Environment variable: hold every move this long between the install on

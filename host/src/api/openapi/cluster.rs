@@ -87,12 +87,16 @@ pub(super) fn operations() -> Vec<Op> {
             method: "post",
             path: "/v1/cluster/drop-copy",
             id: "clusterDropCopy",
-            summary: "Between nodes: drop a copy of an actor (postcard) that the owner of its hash slot kept from before, ahead of the removal of its placement entry; answered once durable here and on the slot's backup",
+            summary: "Between nodes: which copy of an actor (postcard) the owner of its hash slot kept from before, or drop the copy created at a given time, ahead of the removal of its placement entry; a drop is answered once durable here and on the slot's backup",
             params: vec![],
             body: Some(json!({"required": true, "content": {
                 "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}})),
             responses: vec![
-                (200, "{dropped: bool}", Some(any_json())),
+                (
+                    200,
+                    "{created_at_ms}: the copy held (asked), or dropped (null: none)",
+                    Some(any_json()),
+                ),
                 (400, "not a dropped copy", None),
                 (
                     409,

@@ -112,15 +112,26 @@ pub enum ReplicaOp {
         record: Option<RelayRecord>,
     },
     /// The actor moved to slot `to`: its rows go, unless the node keeps
-    /// that slot's rows too. `None`: the actor is gone (deleted where it
-    /// lived), and a copy of it anywhere is stale: its rows go.
+    /// that slot's rows too.
     Moved {
         /// Its type.
         actor_type: String,
         /// Its id.
         actor_id: String,
         /// Its new slot.
-        to: Option<u32>,
+        to: u32,
+    },
+    /// A copy of the actor kept from before, created at `created_at_ms`,
+    /// is stale (the actor is gone where it lived): its rows go if they
+    /// are that copy. A copy created at another time is another actor's
+    /// (the id was used again since) and stays.
+    Stale {
+        /// Its type.
+        actor_type: String,
+        /// Its id.
+        actor_id: String,
+        /// When the stale copy was created.
+        created_at_ms: u64,
     },
 }
 

@@ -244,6 +244,24 @@ impl WriterState {
                 let r = self.move_out(tables, &key, from, to, created);
                 done(d, r)
             }
+            WriteOp::DropStale {
+                key,
+                slot,
+                created_at_ms,
+                done: d,
+            } => {
+                // Refused without failing the batch's other writes.
+                if matches!(self.slot_placement(slot), Placement::Elsewhere) {
+                    let why =
+                        format!("slot {slot} belongs to another node now; the copy of {key} stays");
+                    return (
+                        Applied::reply(d, Err(StorageError::Unavailable(why))),
+                        Ok(()),
+                    );
+                }
+                let r = self.drop_stale(tables, &key, slot, created_at_ms, created);
+                done(d, r)
+            }
             WriteOp::RelayDone { seqs, done: d } => {
                 let r = self.relay_done(tables, &seqs);
                 done(d, r)
@@ -380,10 +398,23 @@ impl WriterState {
         version: u32,
         created: &mut i64,
     ) -> Result<ActorRecord, StorageError> {
+        self.get_or_create_at(tables, key, version, now_ms(), created)
+    }
+
+    /// [`Self::get_or_create`], a new actor created at `at_ms` (a backup
+    /// keeps the owner's creation time: it names the copy).
+    pub(super) fn get_or_create_at(
+        &mut self,
+        tables: &mut Tables<'_>,
+        key: &ActorKey,
+        version: u32,
+        at_ms: u64,
+        created: &mut i64,
+    ) -> Result<ActorRecord, StorageError> {
         if let Some(v) = tables.actors.get((key.ty(), key.id()))? {
             return Ok(decode("actor", v.value())?);
         }
-        let rec = ActorRecord::new(self.next_num, now_ms(), version);
+        let rec = ActorRecord::new(self.next_num, at_ms, version);
         self.next_num += 1;
         tables
             .actors

@@ -71,14 +71,13 @@ impl WriterState {
 
     /// `key` moved from `from` (owned here) to `to`: drop its rows here
     /// unless this node keeps `to`'s rows too, and tell `from`'s backup.
-    /// Whether rows went. (`to: None`: the actor is gone: see
-    /// [`WriteOp::MoveOut`](super::WriteOp::MoveOut).)
+    /// Whether rows went.
     pub(super) fn move_out(
         &mut self,
         tables: &mut Tables<'_>,
         key: &ActorKey,
         from: u32,
-        to: Option<u32>,
+        to: u32,
         created: &mut i64,
     ) -> Result<bool, StorageError> {
         let dropped = self.moved_out(tables, key, to, created)?;
@@ -92,17 +91,15 @@ impl WriterState {
     }
 
     /// Drop `key`'s rows (its outgoing ones too: they moved with it), moved
-    /// to `to`, unless this node keeps `to`'s (`None`: gone, drop them).
+    /// to `to`, unless this node keeps `to`'s.
     pub(super) fn moved_out(
         &mut self,
         tables: &mut Tables<'_>,
         key: &ActorKey,
-        to: Option<u32>,
+        to: u32,
         created: &mut i64,
     ) -> Result<bool, StorageError> {
-        if let Some(to) = to
-            && self.replication.get().is_some_and(|r| r.holds(to))
-        {
+        if self.replication.get().is_some_and(|r| r.holds(to)) {
             return Ok(false);
         }
         let dropped = tables.delete_actor(key)?;
@@ -113,4 +110,48 @@ impl WriterState {
         tables.drop_outgoing(&outgoing)?;
         Ok(dropped)
     }
+
+    /// `key`'s copy in `slot` (owned here: checked by the caller), created
+    /// at `created_at_ms`, is stale: drop it here and on the slot's
+    /// backup. Whether rows went.
+    pub(super) fn drop_stale(
+        &mut self,
+        tables: &mut Tables<'_>,
+        key: &ActorKey,
+        slot: u32,
+        created_at_ms: u64,
+        created: &mut i64,
+    ) -> Result<bool, StorageError> {
+        let at = self.slot_placement(slot);
+        let dropped = dropped_if_stale(tables, key, created_at_ms, created)?;
+        self.record_at(at, || ReplicaOp::Stale {
+            actor_type: key.ty().to_owned(),
+            actor_id: key.id().to_owned(),
+            created_at_ms,
+        });
+        Ok(dropped)
+    }
+}
+
+/// Drop `key`'s rows (and its outgoing ones) if they are the copy created
+/// at `created_at_ms`. Whether they went.
+pub(super) fn dropped_if_stale(
+    tables: &mut Tables<'_>,
+    key: &ActorKey,
+    created_at_ms: u64,
+    created: &mut i64,
+) -> Result<bool, StorageError> {
+    let held: Option<ActorRecord> = match tables.actors.get((key.ty(), key.id()))? {
+        Some(v) => Some(decode("actor", v.value())?),
+        None => None,
+    };
+    if held.is_none_or(|r| r.created_at_ms != created_at_ms) {
+        return Ok(false);
+    }
+    if tables.delete_actor(key)? {
+        *created -= 1;
+    }
+    let outgoing = tables.outgoing_where(|k| k == key)?;
+    tables.drop_outgoing(&outgoing)?;
+    Ok(true)
 }

@@ -264,16 +264,28 @@ pub enum WriteOp {
     },
     /// An actor moved out of `from` (owned here) to `to`: its rows go,
     /// here (unless this node keeps `to`'s rows too) and on `from`'s
-    /// backup. `to: None`: the actor is gone, and this node's copy of it
-    /// (kept in `from` from before) is stale: it goes whatever else this
-    /// node keeps.
+    /// backup.
     MoveOut {
         /// The actor.
         key: ActorKey,
         /// The slot it left.
         from: u32,
         /// The slot it lives in now.
-        to: Option<u32>,
+        to: u32,
+        /// Completion: whether rows went here.
+        done: Reply<bool>,
+    },
+    /// The copy of an actor this node keeps in `slot` (owned here) from
+    /// before, created at `created_at_ms`, is stale: its rows go, here and
+    /// on the slot's backup, if they are that copy. Refused if the slot is
+    /// another node's now.
+    DropStale {
+        /// The actor.
+        key: ActorKey,
+        /// The slot the copy is in.
+        slot: u32,
+        /// When the stale copy was created.
+        created_at_ms: u64,
         /// Completion: whether rows went here.
         done: Reply<bool>,
     },
@@ -379,6 +391,7 @@ impl Applied {
             WriteOp::ReadImage { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
             WriteOp::MoveIn { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
             WriteOp::MoveOut { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
+            WriteOp::DropStale { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
             WriteOp::RetryDelivery { done, .. } => {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }

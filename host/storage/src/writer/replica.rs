@@ -322,9 +322,10 @@ impl WriterState {
                 actor_type,
                 actor_id,
                 version,
-                ..
+                created_at_ms,
             } => {
-                self.get_or_create(tables, &key(actor_type, actor_id)?, *version, created)?;
+                let key = key(actor_type, actor_id)?;
+                self.get_or_create_at(tables, &key, *version, *created_at_ms, created)?;
             }
             ReplicaOp::Turn(t) => {
                 self.replay_turn(tables, t, created)?;
@@ -380,6 +381,14 @@ impl WriterState {
                 to,
             } => {
                 self.moved_out(tables, &key(actor_type, actor_id)?, *to, created)?;
+            }
+            ReplicaOp::Stale {
+                actor_type,
+                actor_id,
+                created_at_ms,
+            } => {
+                let key = key(actor_type, actor_id)?;
+                super::moves::dropped_if_stale(tables, &key, *created_at_ms, created)?;
             }
         }
         Ok(())

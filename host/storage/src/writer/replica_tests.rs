@@ -52,6 +52,7 @@ impl super::Replication for Collect {
     fn slot_placement(&self, slot: u32) -> super::Placement {
         match slot {
             7 => super::Placement::Replicated { slot: 7, epoch: 3 },
+            13 => super::Placement::Elsewhere,
             _ => super::Placement::Here,
         }
     }
@@ -533,13 +534,13 @@ async fn a_moved_actor_takes_all_its_rows_and_leaves_none_behind() {
     source.writer().submit(WriteOp::MoveOut {
         key: k,
         from: 7,
-        to: Some(3),
+        to: 3,
         done,
     });
     let (batches, release) = collect.next().await;
     assert!(matches!(
         batches[0].ops[..],
-        [ReplicaOp::Moved { to: Some(3), .. }]
+        [ReplicaOp::Moved { to: 3, .. }]
     ));
     release(Ok(()));
     assert!(out.await.unwrap().unwrap(), "the rows went");
@@ -551,7 +552,7 @@ async fn a_moved_actor_takes_all_its_rows_and_leaves_none_behind() {
     target.writer().submit(WriteOp::MoveOut {
         key: key.clone(),
         from: 7,
-        to: Some(8),
+        to: 8,
         done,
     });
     let (_, release) = shipped_by_target.next().await;
@@ -694,4 +695,59 @@ async fn a_backup_keeps_the_slots_outgoing_rows_and_what_became_of_them() {
     });
     until(&collect, rx).await.unwrap();
     assert_eq!(copy(&owner), None, "a delivered row came back");
+}
+
+#[tokio::test]
+async fn a_stale_copy_goes_only_if_it_is_the_copy_named() {
+    use crate::schema::ReplicaOp;
+    let (_a_dir, owner) = open();
+    let (_b_dir, backup) = open();
+    let collect = Arc::new(Collect::default());
+    assert!(owner.writer().replicate(collect.clone()));
+    let (key, created) = submit_create(&owner, "r-stale");
+    let (batches, release) = collect.next().await;
+    apply_on(&backup, batches[0].clone(), true).await;
+    release(Ok(()));
+    let at = created.await.unwrap().unwrap().created_at_ms;
+    let drop_stale = |created_at_ms: u64, slot: u32| {
+        let (done, rx) = oneshot::channel();
+        owner.writer().submit(WriteOp::DropStale {
+            key: key.clone(),
+            slot,
+            created_at_ms,
+            done,
+        });
+        rx
+    };
+
+    // Another copy (the id was used again since): it stays, here and on
+    // the backup.
+    let rx = drop_stale(at + 1, 7);
+    let (batches, release) = collect.next().await;
+    assert!(matches!(
+        &batches[0].ops[..],
+        [ReplicaOp::Stale { created_at_ms, .. }] if *created_at_ms == at + 1
+    ));
+    apply_on(&backup, batches[0].clone(), true).await;
+    release(Ok(()));
+    assert!(!rx.await.unwrap().unwrap(), "another actor's rows went");
+    assert!(owner.reader().unwrap().actor(&key).unwrap().is_some());
+    assert!(backup.reader().unwrap().actor(&key).unwrap().is_some());
+
+    // A slot another node owns now: refused, nothing goes.
+    let refused = until(&collect, drop_stale(at, 13)).await;
+    assert!(
+        matches!(refused, Err(crate::StorageError::Unavailable(_))),
+        "{refused:?}"
+    );
+    assert!(owner.reader().unwrap().actor(&key).unwrap().is_some());
+
+    // The copy named: it goes here and on the backup.
+    let rx = drop_stale(at, 7);
+    let (batches, release) = collect.next().await;
+    apply_on(&backup, batches[0].clone(), true).await;
+    release(Ok(()));
+    assert!(rx.await.unwrap().unwrap(), "the stale copy stayed");
+    assert!(owner.reader().unwrap().actor(&key).unwrap().is_none());
+    assert!(backup.reader().unwrap().actor(&key).unwrap().is_none());
 }
