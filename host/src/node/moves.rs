@@ -403,17 +403,7 @@ impl Node {
         key: &ActorKey,
         slot: u32,
     ) -> Result<(), MoveError> {
-        let (epoch, base) = match cluster.route_slot(slot) {
-            Route::Local { epoch, .. } => (epoch, None),
-            Route::Remote {
-                epoch, advertise, ..
-            } => (epoch, Some(advertise)),
-            Route::Unavailable { why, .. } => {
-                return Err(MoveError::Failed(format!(
-                    "the actor's hash slot cannot drop its copy: {why}"
-                )));
-            }
-        };
+        let (epoch, base) = owner_of(cluster, slot, "the actor's hash slot cannot drop its copy")?;
         let mut request = DropCopy {
             slot,
             epoch,
@@ -500,17 +490,7 @@ impl Node {
         to: u32,
         image: ActorImage,
     ) -> Result<(), MoveError> {
-        let (epoch, base) = match cluster.route_slot(to) {
-            Route::Local { epoch, .. } => (epoch, None),
-            Route::Remote {
-                epoch, advertise, ..
-            } => (epoch, Some(advertise)),
-            Route::Unavailable { why, .. } => {
-                return Err(MoveError::Failed(format!(
-                    "the new slot cannot take the actor: {why}"
-                )));
-            }
-        };
+        let (epoch, base) = owner_of(cluster, to, "the new slot cannot take the actor")?;
         let mut blobs = Vec::new();
         for (_, f) in &image.files {
             if f.body == FileBody::Blob {
@@ -626,6 +606,18 @@ fn fault_delay() -> Option<Duration> {
         .ok()
         .and_then(|v| v.parse().ok())
         .map(Duration::from_millis)
+}
+
+/// The epoch of `slot` and its owner's URL (`None`: this node), or why
+/// nobody can serve it (after `what`).
+fn owner_of(cluster: &Cluster, slot: u32, what: &str) -> Result<(u64, Option<String>), MoveError> {
+    match cluster.route_slot(slot) {
+        Route::Local { epoch, .. } => Ok((epoch, None)),
+        Route::Remote {
+            epoch, advertise, ..
+        } => Ok((epoch, Some(advertise))),
+        Route::Unavailable { why, .. } => Err(MoveError::Failed(format!("{what}: {why}"))),
+    }
 }
 
 /// The slot `key` goes to in `region`.
