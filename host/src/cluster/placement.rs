@@ -30,10 +30,7 @@ pub struct MoveStarted {
 impl Cluster {
     /// The slot `key` lives in.
     pub fn slot_of(&self, key: &ActorKey) -> u32 {
-        let v = self.inner.view();
-        v.placements
-            .get(key)
-            .map_or_else(|| hash_slot(key), |e| e.record.slot)
+        self.inner.view().slot_of(key)
     }
 
     /// The node moving `key` out of its slot, while a move is under way.
@@ -53,10 +50,7 @@ impl Cluster {
     /// own or back up, rows a crashed move left — are not the actor's.
     pub fn lists(&self, key: &ActorKey) -> bool {
         let v = self.inner.view();
-        let slot = v
-            .placements
-            .get(key)
-            .map_or_else(|| hash_slot(key), |e| e.record.slot);
+        let slot = v.slot_of(key);
         let me = &self.inner.config.node_id;
         v.slots[slot as usize].as_ref().is_some_and(|e| {
             &e.record.owner == me

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::records::{
-    Key, Keys, MemberRecord, PlacementRecord, RebalanceRecord, SLOTS, SlotRecord,
+    Key, Keys, MemberRecord, PlacementRecord, RebalanceRecord, SLOTS, SlotRecord, hash_slot,
 };
 use crate::ids::ActorKey;
 
@@ -124,6 +124,13 @@ impl View {
             (Key::Rebalance, None) => self.rebalance = None,
             (Key::Meta, _) => {}
         }
+    }
+
+    /// The slot `key` lives in: its hash slot unless an entry names another.
+    pub fn slot_of(&self, key: &ActorKey) -> u32 {
+        self.placements
+            .get(key)
+            .map_or_else(|| hash_slot(key), |e| e.record.slot)
     }
 
     /// Slots per owner.

@@ -111,9 +111,10 @@ impl Node {
             return Ok(false);
         }
         let deleted = self.actors.ask(key, Envelope::Delete).await?;
-        if deleted && self.cluster.as_ref().is_some_and(|c| c.placed(key)) {
+        if deleted && self.cluster.is_some() {
             // etcd keeps only the placements of actors that exist (the
-            // sweep removes an entry this misses).
+            // sweep removes an entry this misses); `forget_placement` does
+            // nothing for an actor that has none.
             if let Err(e) = self.forget_placement(key).await {
                 tracing::warn!(actor = %key, error = %e, "cannot remove a deleted actor's placement entry yet");
             }
