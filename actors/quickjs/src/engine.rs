@@ -21,8 +21,8 @@ const PRELUDE: &str = include_str!("prelude.js");
 
 /// Run once before the snapshot is taken, then collected: a handler's
 /// usual work (parse a module's functions, build and serialize objects,
-/// settle a promise). Measured with `marmot bench js-rss`: 257 → 233 KB of
-/// PSS per active JavaScript actor.
+/// settle a promise). See "What a sandbox copies of the snapshot" in
+/// docs/design.md.
 const WARMUP: &str = r#"(() => {
   const handlers = {
     onMessage(body, ctx) {
@@ -63,6 +63,36 @@ pub fn init() {
             *e.borrow_mut() = Some(Engine::new());
         }
     });
+}
+
+/// Use up every free chunk of the heap before the snapshot is taken, so
+/// that a sandbox's allocations come from memory past the snapshot instead
+/// of from chunks freed during start-up, which lie scattered over the
+/// snapshot's pages: each one a turn reused copied a whole shared page into
+/// the sandbox. The chunks are leaked on purpose; they are part of the
+/// snapshot, mapped and shared by every sandbox, so they cost no sandbox
+/// anything. Stops at the first allocation that had to grow the memory.
+#[cfg(target_family = "wasm")]
+pub fn seal_heap() {
+    use std::alloc::{Layout, alloc, dealloc};
+    // The smallest chunk wasi-libc's malloc hands out.
+    let layout = Layout::from_size_align(16, 8).expect("valid layout");
+    let pages = core::arch::wasm32::memory_size(0);
+    for _ in 0..(1 << 20) {
+        // SAFETY: a non-zero-sized layout; the block is leaked or freed
+        // with the same layout.
+        #[allow(unsafe_code, reason = "raw allocations to fill the heap's free chunks")]
+        unsafe {
+            let p = alloc(layout);
+            if p.is_null() {
+                return;
+            }
+            if core::arch::wasm32::memory_size(0) != pages {
+                dealloc(p, layout);
+                return;
+            }
+        }
+    }
 }
 
 /// Run `f` on this sandbox's engine.
