@@ -88,7 +88,8 @@ async fn measure(
     n: usize,
     title: &str,
 ) -> anyhow::Result<()> {
-    let mut passes: Vec<(&str, Vec<Duration>)> = Vec::new();
+    let me = std::process::id();
+    let mut passes: Vec<(&str, Vec<Duration>, Cost)> = Vec::new();
     for (label, body, hibernate_first) in [
         ("warm read-only turn (active actor)", READ, false),
         ("wake → reply, read-only turn", READ, true),
@@ -98,27 +99,57 @@ async fn measure(
             hibernate_all(node).await;
         }
         let mut lat = Vec::with_capacity(n);
+        let before = Cost::now(me)?;
         for i in 0..n {
             let actor = if hibernate_first { i } else { 0 };
             let t = Instant::now();
             target.send(ty, actor, body).await?;
             lat.push(t.elapsed());
         }
-        passes.push((label, lat));
+        passes.push((label, lat, Cost::now(me)?.since(&before, n)));
     }
     // What stays resident once every actor sleeps again (pools keep
     // memory they may reuse).
     hibernate_all(node).await;
     let rss = super::server::rss_of(std::process::id())?;
     println!("scenario {title}");
-    for (label, mut lat) in passes {
+    for (label, mut lat, cost) in passes {
         println!("  {label:<40} {}", Percentiles::of(&mut lat).line());
+        println!(
+            "  {:<40} CPU {:.1}µs, {:.1} minor page faults per message (this process: node and client)",
+            "", cost.cpu_us, cost.faults
+        );
     }
     println!(
         "  RSS of this process after hibernating all: {:.1} MB",
         rss as f64 / (1024.0 * 1024.0)
     );
     Ok(())
+}
+
+/// What a pass cost this process: CPU time and minor page faults, totals
+/// and then per message.
+struct Cost {
+    cpu_us: f64,
+    faults: f64,
+}
+
+impl Cost {
+    fn now(pid: u32) -> anyhow::Result<Self> {
+        Ok(Self {
+            cpu_us: super::server::cpu_of(pid)?.as_secs_f64() * 1e6,
+            faults: super::server::minor_faults_of(pid)? as f64,
+        })
+    }
+
+    /// Per message, over `n` messages since `before`.
+    fn since(&self, before: &Self, n: usize) -> Self {
+        let n = n.max(1) as f64;
+        Self {
+            cpu_us: (self.cpu_us - before.cpu_us) / n,
+            faults: (self.faults - before.faults) / n,
+        }
+    }
 }
 
 /// In-process: `Node::send` to hibernated Rust actors.
