@@ -145,10 +145,8 @@ impl Engine {
             {
                 panic!("warm-up failed: {}", describe_error(&ctx, e));
             }
+            run_jobs(&ctx).expect("warm-up jobs");
         });
-        while runtime.is_job_pending() {
-            let _ = runtime.execute_pending_job();
-        }
         // Collect what start-up left behind so the snapshot is compact.
         runtime.run_gc();
         Self {

@@ -111,7 +111,7 @@ async fn measure(
     // What stays resident once every actor sleeps again (pools keep
     // memory they may reuse).
     hibernate_all(node).await;
-    let rss = super::server::rss_of(std::process::id())?;
+    let rss = super::server::rss_of(me)?;
     println!("scenario {title}");
     for (label, mut lat, cost) in passes {
         println!("  {label:<40} {}", Percentiles::of(&mut lat).line());
