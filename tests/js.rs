@@ -891,3 +891,131 @@ async fn host_calls_with_random_arguments_never_break_the_node() {
     assert_eq!(r.json, json!({"stopped": true}));
     assert_eq!(api.get("/v1/actors/fuzz/f3/state").await.status, 200);
 }
+
+/// A type version's module is evaluated once, when the node prepares it, and
+/// every sandbox of the version starts from that evaluated module (its own
+/// copy). A module whose top level draws random numbers, sets timers, calls
+/// the `marmot` API or runs away is evaluated by each sandbox's first turn
+/// instead, as if nothing had been preloaded.
+#[tokio::test]
+async fn module_top_level_is_preloaded_once_per_type_version_unless_it_needs_a_turn() {
+    let (_dir, mut m, api) = node(None).await;
+    let pure = r#"
+const loadedAt = Date.now();
+const squares = Array.from({ length: 100 }, (_, i) => i * i);
+let hits = 0;
+export default {
+  onMessage() {
+    hits += 1;
+    return { loadedAt, now: Date.now(), hits, sum: squares.reduce((a, b) => a + b) };
+  },
+};
+"#;
+    assert_eq!(deploy_js(&api, "pure", pure).await.status, 201);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let a = api.op("pure", "a", json!({})).await;
+    assert_eq!(a.status, 200, "{}", a.json);
+    let (loaded, now) = (
+        a.json["loadedAt"].as_f64().unwrap(),
+        a.json["now"].as_f64().unwrap(),
+    );
+    assert!(
+        now - loaded >= 300.0,
+        "the top level ran at deploy, not in the first turn: {}",
+        a.json
+    );
+    assert_eq!(a.json["sum"], 328_350);
+    let loaded_at = a.json["loadedAt"].clone();
+    assert_eq!(a.json["hits"], 1);
+    assert_eq!(api.op("pure", "a", json!({})).await.json["hits"], 2);
+    // Another actor starts from the module as evaluated, not from a's copy.
+    let b = api.op("pure", "b", json!({})).await;
+    assert_eq!(
+        (b.json["hits"].clone(), b.json["loadedAt"].clone()),
+        (json!(1), a.json["loadedAt"].clone())
+    );
+
+    let random = r#"
+const salt = Math.random();
+const bytes = Array.from(crypto.getRandomValues(new Uint8Array(8)));
+export default { onMessage() { return { salt, bytes }; } };
+"#;
+    let api_call = r#"
+import { state } from "marmot";
+const before = state.get("n") ?? "none";
+export default { onMessage() { return { before }; } };
+"#;
+    let timers = r#"
+let fired = false;
+setTimeout(() => { fired = true; }, 0);
+export default { async onMessage() { await new Promise((r) => setTimeout(r, 5)); return { fired }; } };
+"#;
+    let throws = r#"
+if (globalThis.marmotNeverDefinesThis === undefined) throw new Error("top level failed");
+export default { onMessage() { return 1; } };
+"#;
+    for (ty, src) in [
+        ("random", random),
+        ("apicall", api_call),
+        ("timers", timers),
+        ("throws", throws),
+    ] {
+        assert_eq!(deploy_js(&api, ty, src).await.status, 201, "{ty}");
+    }
+    let (a, b) = (
+        api.op("random", "a", json!({})).await,
+        api.op("random", "b", json!({})).await,
+    );
+    assert_eq!(a.status, 200, "{}", a.json);
+    assert_ne!(
+        a.json["salt"], b.json["salt"],
+        "each sandbox draws its own numbers"
+    );
+    assert_ne!(a.json["bytes"], b.json["bytes"]);
+    assert_eq!(
+        api.op("apicall", "a", json!({})).await.json,
+        json!({"before": "none"})
+    );
+    assert_eq!(
+        api.op("timers", "a", json!({})).await.json,
+        json!({"fired": true})
+    );
+    let r = api.op("throws", "a", json!({})).await;
+    assert_eq!(r.status, 500, "{}", r.json);
+    assert!(
+        r.json.to_string().contains("top level failed"),
+        "{}",
+        r.json
+    );
+
+    // A runaway top level costs the deploy its CPU slice, once, and fails
+    // the turns that load it, as it always did.
+    let manifest = json!({"kind": "js", "code": "for (;;) {}\nexport default {};", "config": {"cpu_slice_ms": 100}});
+    let started = Instant::now();
+    let r = api
+        .req(
+            Method::PUT,
+            "/v1/types/runaway",
+            Some(("application/json", serde_json::to_vec(&manifest).unwrap())),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let r = api.op("runaway", "a", json!({})).await;
+    assert_eq!(r.status, 500, "{}", r.json);
+    assert!(r.json.to_string().contains("CPU"), "{}", r.json);
+
+    // After a restart the compiled snapshot is loaded, not taken again.
+    m.restart().await;
+    let c = api.op("pure", "c", json!({})).await;
+    assert_eq!(c.status, 200, "{}", c.json);
+    assert_eq!(
+        (c.json["hits"].clone(), c.json["loadedAt"].clone()),
+        (json!(1), loaded_at)
+    );
+}

@@ -140,9 +140,14 @@ impl TypeEntry {
             };
             let agent = meta.kind == CodeKind::Agent;
             let manifest = agent.then(|| code.clone());
+            let mut config = meta.config.resolve(defaults, js);
+            if let Some(m) = manifest {
+                with_manifest(&mut config, m)?;
+            }
+            let (module, resolved) = (js_module.clone(), config.clone());
             let pre = tokio::task::spawn_blocking(move || {
-                if js {
-                    sandbox.js_engine()
+                if let Some(module) = module {
+                    sandbox.js_type_engine(&module, &resolved)
                 } else if agent {
                     sandbox.agent_engine()
                 } else {
@@ -153,10 +158,6 @@ impl TypeEntry {
             .map_err(|e| {
                 LoadError::Code(CodeError::Invalid(format!("compiler panicked: {e}")))
             })??;
-            let mut config = meta.config.resolve(defaults, js);
-            if let Some(m) = manifest {
-                with_manifest(&mut config, m)?;
-            }
             let http = Arc::new(HttpGrant::new(&config.http).map_err(LoadError::Config)?);
             Ok(Arc::new(PreparedVersion {
                 version,

@@ -53,6 +53,23 @@ const MAX_RESULT_BYTES: usize = 1 << 20;
 
 thread_local! {
     static ENGINE: RefCell<Option<Engine>> = const { RefCell::new(None) };
+    /// While [`Engine::preload`] runs the module's top level: `Some`, with
+    /// the first thing it did that only a turn may do.
+    static PRELOADING: RefCell<Option<Option<&'static str>>> = const { RefCell::new(None) };
+}
+
+/// Whether the module's top level is being preloaded; if so, `what` is
+/// recorded as the reason the preload fails (the caller then throws).
+/// Randomness and timers must not be frozen into a snapshot every actor of
+/// the type starts from: each sandbox would draw the same numbers.
+pub fn refused_in_preload(what: &'static str) -> bool {
+    PRELOADING.with(|p| match &mut *p.borrow_mut() {
+        Some(first) => {
+            first.get_or_insert(what);
+            true
+        }
+        None => false,
+    })
 }
 
 /// Set up the runtime (idempotent). Runs inside `wizer-initialize` so the
@@ -156,6 +173,30 @@ impl Engine {
             context,
             _runtime: runtime,
         }
+    }
+
+    /// Load the module and run its top level now, in `wizer-preload`, so
+    /// that the snapshot taken next holds it evaluated: every sandbox of the
+    /// type version starts with its module loaded, and a wake neither parses
+    /// nor evaluates it. Fails if the top level throws or does what only a
+    /// turn may (randomness, timers; the `marmot` API traps outside a turn):
+    /// such a module is loaded by each sandbox's first turn, as before.
+    #[cfg_attr(
+        not(target_family = "wasm"),
+        allow(dead_code, reason = "reached only through the wasm export")
+    )]
+    pub fn preload(&mut self) -> Result<(), String> {
+        PRELOADING.with(|p| *p.borrow_mut() = Some(None));
+        let context = self.context.clone();
+        let loaded = context.with(|ctx| self.handlers(&ctx).map(drop));
+        let refused = PRELOADING.with(|p| p.borrow_mut().take()).flatten();
+        if let Some(what) = refused {
+            return Err(format!("the module's top level uses {what}"));
+        }
+        loaded?;
+        // Collect what the parse left behind so the snapshot is compact.
+        self._runtime.run_gc();
+        Ok(())
     }
 
     /// The module's default export, loading the module on first use.

@@ -13,6 +13,7 @@ use crate::bindings::marmot::actor::types::Error as HostError;
 use crate::bindings::marmot::actor::{
     actors, alarms, events, files, http, inputs, log, model, state,
 };
+use crate::engine::refused_in_preload;
 
 /// Where `console` output goes.
 pub enum ConsoleSink {
@@ -39,11 +40,18 @@ thread_local! {
     static EPOCH: RefCell<Option<Instant>> = const { RefCell::new(None) };
 }
 
-fn now_ms() -> f64 {
-    EPOCH.with(|e| {
+/// What a preload that meets randomness or a timer throws (nobody sees it:
+/// the module is then loaded by each sandbox's first turn instead).
+const PRELOAD_REFUSAL: &str = "not available while the module's top level is preloaded";
+
+fn now_ms(ctx: Ctx<'_>) -> Result<f64> {
+    if refused_in_preload("timers") {
+        return Err(Exception::throw_message(&ctx, PRELOAD_REFUSAL));
+    }
+    Ok(EPOCH.with(|e| {
         let start = *e.borrow_mut().get_or_insert_with(Instant::now);
         start.elapsed().as_secs_f64() * 1000.0
-    })
+    }))
 }
 
 fn describe(e: HostError) -> String {
@@ -333,12 +341,15 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
     h.set("randomBytes", Function::new(ctx.clone(), random_bytes)?)?;
     h.set(
         "randomFloat",
-        Function::new(ctx.clone(), || {
+        Function::new(ctx.clone(), |ctx: Ctx<'_>| {
+            if refused_in_preload("Math.random") {
+                return Err(Exception::throw_message(&ctx, PRELOAD_REFUSAL));
+            }
             let mut b = [0u8; 8];
             // WASI random never fails in practice; fall back to a constant
             // rather than throwing from Math.random.
             let _ = getrandom::fill(&mut b);
-            (u64::from_le_bytes(b) >> 11) as f64 / (1u64 << 53) as f64
+            Ok((u64::from_le_bytes(b) >> 11) as f64 / (1u64 << 53) as f64)
         })?,
     )?;
     h.set("utf8Encode", Function::new(ctx.clone(), utf8_encode)?)?;
@@ -450,6 +461,9 @@ fn state_list<'js>(
 }
 
 fn random_bytes<'js>(ctx: Ctx<'js>, n: usize) -> Result<TypedArray<'js, u8>> {
+    if refused_in_preload("crypto.getRandomValues") {
+        return Err(Exception::throw_message(&ctx, PRELOAD_REFUSAL));
+    }
     let mut buf = vec![0u8; n.min(65536)];
     getrandom::fill(&mut buf)
         .map_err(|e| Exception::throw_message(&ctx, &format!("crypto: {e}")))?;

@@ -46,6 +46,13 @@ impl bindings::Guest for Component {
         #[cfg(target_family = "wasm")]
         engine::seal_heap();
     }
+
+    fn wizer_preload() -> Result<(), String> {
+        engine::with(|e| e.preload())?;
+        #[cfg(target_family = "wasm")]
+        engine::seal_heap();
+        Ok(())
+    }
 }
 
 impl handlers::Guest for Component {

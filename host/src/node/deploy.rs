@@ -137,7 +137,8 @@ impl Node {
                 .check_js(&module.name, &module.source, &resolved)
                 .await?;
             let sandbox = self.sandbox.clone();
-            let engine = tokio::task::spawn_blocking(move || sandbox.js_engine())
+            let (m, config) = (module.clone(), resolved.clone());
+            let engine = tokio::task::spawn_blocking(move || sandbox.js_type_engine(&m, &config))
                 .await
                 .map_err(|e| CodeError::Invalid(format!("compiler panicked: {e}")))??;
             (engine, Some(module))

@@ -16,6 +16,7 @@
 mod bindings;
 mod caps;
 mod host;
+mod js_engine;
 mod output;
 mod pool;
 mod run;
@@ -198,6 +199,10 @@ impl EngineParts {
             // unchanged). It costs mappings: 4 per live Rust instance
             // instead of 2, 3 per sandbox (see `pool`).
             .memory_init_cow(true);
+        // A JavaScript type version's snapshot is the engine with other
+        // data: compiling it reuses every function compiled before.
+        wc.enable_incremental_compilation(Arc::new(js_engine::CompileCache::default()))
+            .map_err(anyhow::Error::from)?;
         // `MARMOT_WASM_PERFMAP=1`: name guest functions for `perf`
         // (/tmp/perf-PID.map), to profile where a turn's guest time goes.
         if std::env::var_os("MARMOT_WASM_PERFMAP").is_some_and(|v| v == "1") {
@@ -238,8 +243,8 @@ pub struct Sandbox {
     /// What turns read committed state from.
     storage: Arc<Storage>,
     turn_limits: Arc<TurnLimits>,
-    /// The built-in JavaScript engine, compiled on first use.
-    js_engine: std::sync::Mutex<Option<Arc<Prepared>>>,
+    /// The built-in JavaScript engine and its snapshots.
+    js: js_engine::JsEngines,
     /// The built-in agent harness, compiled on first use.
     agent_engine: std::sync::Mutex<Option<Arc<Prepared>>>,
 }
@@ -274,7 +279,7 @@ impl Sandbox {
             tick_ms,
             storage,
             turn_limits,
-            js_engine: std::sync::Mutex::new(None),
+            js: js_engine::JsEngines::default(),
             agent_engine: std::sync::Mutex::new(None),
         });
         let engine = sandbox.parts.engine.weak();
@@ -294,7 +299,8 @@ impl Sandbox {
     /// Compile `code` (or load it from the cache) and check that it fits the
     /// actor world. Blocking: call from a blocking thread.
     pub fn prepare(&self, code: &[u8]) -> Result<Prepared, CodeError> {
-        self.prepare_with(&self.parts, code)
+        let component = self.compile(code)?;
+        self.link(&component)
     }
 
     /// The built-in agent harness (`actors/agent`), compiled (or loaded
@@ -310,11 +316,13 @@ impl Sandbox {
         Ok(p)
     }
 
-    fn prepare_with(&self, parts: &EngineParts, code: &[u8]) -> Result<Prepared, CodeError> {
-        let component = self.compile(parts, code)?;
-        let pre = parts
+    /// Link compiled code against the host and check it fits the actor
+    /// world.
+    fn link(&self, component: &Component) -> Result<Prepared, CodeError> {
+        let pre = self
+            .parts
             .linker
-            .instantiate_pre(&component)
+            .instantiate_pre(component)
             .map_err(|e| CodeError::WrongWorld(format!("{e:#}")))?;
         let handlers = bindings::HandlersIndices::new(&pre)
             .map_err(|e| CodeError::WrongWorld(format!("{e:#}")))?;
@@ -323,118 +331,20 @@ impl Sandbox {
         Ok(Prepared { pre, handlers, js })
     }
 
-    /// The built-in JavaScript engine, pre-initialized with Wizer and
-    /// compiled (or loaded from the cache) on first use. Blocking: call from
-    /// a blocking thread inside the tokio runtime.
-    pub fn js_engine(&self) -> Result<Arc<Prepared>, CodeError> {
-        if let Some(p) = self.js_engine_if_ready() {
-            return Ok(p);
-        }
-        let mut slot = self.js_engine.lock().expect("js engine lock");
-        if let Some(p) = &*slot {
-            return Ok(p.clone());
-        }
-        let started = std::time::Instant::now();
-        let config = crate::config::TypeConfig::default().resolve(&Default::default(), true);
-        let spec = InstanceSpec {
-            config: &config,
-            js_module: None,
-            actors: None,
-            http: None,
-            models: None,
-        };
-        let host = Host::new(
-            spec,
-            None,
-            CapSet::NONE,
-            self.tick_ms,
-            self.config.output_capacity,
-            None,
-        );
-        let snapshot = tokio::runtime::Handle::current().block_on(snapshot::snapshot(
-            &self.parts.engine,
-            &self.parts.linker,
-            host,
-            crate::guests::QUICKJS,
-            &self.config.cache_dir,
-            &self.parts.hash,
-        ))?;
-        let prepared = Arc::new(self.prepare_with(&self.parts, &snapshot)?);
-        if !prepared.is_js_engine() {
-            return Err(CodeError::WrongWorld(
-                "the built-in JavaScript engine does not export js-runtime".into(),
-            ));
-        }
-        tracing::info!(
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "JavaScript engine ready"
-        );
-        *slot = Some(prepared.clone());
-        Ok(prepared)
-    }
-
-    /// The built-in JavaScript engine, compiled on a blocking thread if it
-    /// is not yet.
-    pub async fn js_engine_async(self: &Arc<Self>) -> Result<Arc<Prepared>, CodeError> {
-        if let Some(e) = self.js_engine_if_ready() {
-            return Ok(e);
-        }
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || this.js_engine())
-            .await
-            .map_err(|e| CodeError::Invalid(format!("compiler panicked: {e}")))?
-    }
-
     /// The limits of a script run by `js.eval`.
     pub fn eval_config(&self) -> &ResolvedTypeConfig {
         &self.config.eval
     }
 
-    /// The JavaScript engine if it is already compiled (never blocks on a
-    /// compile).
-    pub fn js_engine_if_ready(&self) -> Option<Arc<Prepared>> {
-        self.js_engine
-            .try_lock()
-            .ok()
-            .and_then(|slot| slot.as_ref().cloned())
-    }
-
-    /// Compile `source` as the module `name` in a throw-away engine
-    /// instance, without running it.
-    pub async fn check_js(
-        self: &Arc<Self>,
-        name: &str,
-        source: &str,
-        config: &ResolvedTypeConfig,
-    ) -> Result<(), CodeError> {
-        let engine = self.js_engine_async().await?;
-        let spec = InstanceSpec {
-            config,
-            js_module: None,
-            actors: None,
-            http: None,
-            models: None,
-        };
-        let mut inst = self
-            .instantiate(&engine, spec)
-            .await
-            .map_err(|e| CodeError::Invalid(format!("cannot start the JavaScript engine: {e}")))?;
-        inst.check_js(name, source).await.map_err(CodeError::Script)
-    }
-
-    fn compile(&self, parts: &EngineParts, code: &[u8]) -> Result<Component, CodeError> {
+    fn compile(&self, code: &[u8]) -> Result<Component, CodeError> {
         check_header(code)?;
         let sha = hex::encode(Sha256::digest(code));
         let path = self
             .config
             .cache_dir
-            .join(format!("{sha}-{}.cwasm", parts.hash));
+            .join(format!("{sha}-{}.cwasm", self.parts.hash));
         if path.exists() {
-            // The file was written by this node from a successful
-            // `serialize`, under a name that includes the engine's
-            // compatibility hash; wasmtime re-checks that hash on load.
-            #[allow(unsafe_code, reason = "loading our own compiled-code cache")]
-            match unsafe { Component::deserialize_file(&parts.engine, &path) } {
+            match self.load_cached(&path) {
                 Ok(c) => return Ok(c),
                 Err(e) => {
                     tracing::warn!(path = %path.display(), error = %e, "discarding unusable compiled-code cache entry");
@@ -442,7 +352,7 @@ impl Sandbox {
                 }
             }
         }
-        let component = Component::new(&parts.engine, code)
+        let component = Component::new(&self.parts.engine, code)
             .map_err(|e| CodeError::Invalid(format!("{e:#}")))?;
         match component.serialize() {
             Ok(bytes) => {
@@ -453,6 +363,17 @@ impl Sandbox {
             Err(e) => tracing::warn!(error = %e, "failed to serialize compiled code"),
         }
         Ok(component)
+    }
+
+    /// Load compiled code from the cache (mapped, not read).
+    fn load_cached(&self, path: &Path) -> wasmtime::Result<Component> {
+        // The file was written by this node from a successful `serialize`,
+        // under a name that includes the engine's compatibility hash;
+        // wasmtime re-checks that hash on load.
+        #[allow(unsafe_code, reason = "loading our own compiled-code cache")]
+        unsafe {
+            Component::deserialize_file(&self.parts.engine, path)
+        }
     }
 
     /// Instantiate `pre` in a fresh store: an actor's instance, with every
@@ -497,17 +418,7 @@ impl Sandbox {
         // The component knows which engine compiled it.
         let mut store = Store::new(pre.pre.component().engine(), host);
         store.limiter(|h| &mut h.limits);
-        store.epoch_deadline_callback(|mut ctx| {
-            let h = ctx.data_mut();
-            h.cpu_ticks += 1;
-            if h.cpu_ticks > h.cpu_tick_limit {
-                return Err(wasmtime::Error::new(LimitTrap::Cpu(
-                    h.cpu_ticks * h.tick_ms,
-                )));
-            }
-            Ok(UpdateDeadline::Yield(1))
-        });
-        store.set_epoch_deadline(1);
+        meter_cpu(&mut store);
         let loaded = async {
             let instance = pre.pre.instantiate_async(&mut store).await?;
             let handlers = pre.handlers.load(&mut store, &instance)?;
@@ -537,6 +448,22 @@ impl Sandbox {
             }
         }
     }
+}
+
+/// Yield to tokio on every epoch tick, and trap once the guest has run
+/// its CPU slice without calling the host.
+fn meter_cpu(store: &mut Store<Host>) {
+    store.epoch_deadline_callback(|mut ctx| {
+        let h = ctx.data_mut();
+        h.cpu_ticks += 1;
+        if h.cpu_ticks > h.cpu_tick_limit {
+            return Err(wasmtime::Error::new(LimitTrap::Cpu(
+                h.cpu_ticks * h.tick_ms,
+            )));
+        }
+        Ok(UpdateDeadline::Yield(1))
+    });
+    store.set_epoch_deadline(1);
 }
 
 fn check_header(code: &[u8]) -> Result<(), CodeError> {

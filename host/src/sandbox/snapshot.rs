@@ -5,70 +5,146 @@
 //! resulting memory means every JavaScript sandbox starts initialized: a
 //! fresh eval costs an instantiation instead of a runtime start-up.
 //!
-//! The snapshot depends only on the engine's bytes and this wasmtime, so it
-//! is built on first use and cached next to the compiled code.
+//! A JavaScript type version gets a snapshot of its own, taken after
+//! `wizer-preload` has also loaded its module and run the module's top
+//! level: its sandboxes wake with the module evaluated (see "One snapshot
+//! per JavaScript type version" in docs/design.md). Both snapshots come
+//! from one [`Preinit`], the engine instrumented by Wizer and compiled once.
 
-use std::path::Path;
+use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use wasmtime::Store;
 use wasmtime::component::{Component, Instance, Lift, Linker, WasmList};
-use wasmtime_wizer::{ComponentInstanceState, Wizer};
+use wasmtime_wizer::{ComponentContext, ComponentInstanceState, Wizer};
 
 use super::{CodeError, Host};
 
-/// Build the snapshot of `engine_wasm`, or read it from `cache_dir`.
-pub(super) async fn snapshot(
-    engine: &wasmtime::Engine,
-    linker: &Linker<Host>,
-    host: Host,
-    engine_wasm: &[u8],
-    cache_dir: &Path,
-    engine_hash: &str,
-) -> Result<Vec<u8>, CodeError> {
-    let sha = hex::encode(Sha256::digest(engine_wasm));
-    let path = cache_dir.join(format!(
-        "quickjs-{}-{engine_hash}.snapshot.wasm",
-        &sha[..16]
-    ));
-    if let Ok(bytes) = std::fs::read(&path) {
-        return Ok(bytes);
+/// The engine instrumented by Wizer, and compiled: what each snapshot
+/// starts from.
+pub(super) struct Preinit {
+    wizer: Wizer,
+    cx: ComponentContext<'static>,
+    component: Component,
+}
+
+/// Why a snapshot with a module preloaded was not taken.
+#[derive(Debug)]
+pub(super) enum PreloadError {
+    /// The module's top level threw, used what only a turn may use, or ran
+    /// past its type's CPU or memory limit.
+    Refused(String),
+    /// Taking the snapshot itself failed.
+    Failed(CodeError),
+}
+
+/// Limits of a preload: the user's code runs in it.
+pub(super) struct PreloadLimits {
+    /// Wall-clock bound on the module's top level.
+    pub timeout: Duration,
+}
+
+impl Preinit {
+    /// Instrument `engine_wasm` and compile it with `compile`.
+    pub(super) fn new(
+        engine_wasm: &'static [u8],
+        compile: impl FnOnce(&[u8]) -> Result<Component, CodeError>,
+    ) -> Result<Self, CodeError> {
+        let mut wizer = Wizer::new();
+        wizer.init_func("wizer-initialize").keep_init_func(true);
+        let (cx, instrumented) = wizer.instrument_component(engine_wasm).map_err(|e| {
+            CodeError::Invalid(format!("instrumenting the JavaScript engine: {e:#}"))
+        })?;
+        let component = compile(&instrumented)?;
+        Ok(Self {
+            wizer,
+            cx,
+            component,
+        })
     }
-    let fail = |what: &str, e: wasmtime::Error| CodeError::Invalid(format!("{what}: {e:#}"));
-    let mut wizer = Wizer::new();
-    wizer.init_func("wizer-initialize").keep_init_func(true);
-    let (cx, instrumented) = wizer
-        .instrument_component(engine_wasm)
-        .map_err(|e| fail("instrumenting the JavaScript engine", e))?;
-    let component = Component::new(engine, &instrumented)
-        .map_err(|e| fail("compiling the JavaScript engine for pre-initialization", e))?;
-    let mut store = Store::new(engine, host);
-    // Initialization is trusted code with no deadline of its own.
-    store.set_epoch_deadline(u64::MAX / 2);
-    let instance = linker
-        .instantiate_async(&mut store, &component)
-        .await
-        .map_err(|e| fail("instantiating the JavaScript engine", e))?;
-    let init = instance
-        .get_typed_func::<(), ()>(&mut store, "wizer-initialize")
-        .map_err(|e| fail("the JavaScript engine has no wizer-initialize", e))?;
-    init.call_async(&mut store, ())
-        .await
-        .map_err(|e| fail("initializing the JavaScript engine", e))?;
-    let snapshot = wizer
-        .snapshot_component(
-            &cx,
-            &mut Access {
-                store: &mut store,
-                instance,
-            },
-        )
-        .await
-        .map_err(|e| fail("snapshotting the JavaScript engine", e))?;
-    if let Err(e) = super::write_atomic(&path, &snapshot) {
-        tracing::warn!(path = %path.display(), error = %e, "failed to cache the engine snapshot");
+
+    /// The engine's own snapshot: `wizer-initialize` in a fresh instance.
+    pub(super) async fn engine(
+        &self,
+        linker: &Linker<Host>,
+        host: Host,
+    ) -> Result<Vec<u8>, CodeError> {
+        let (mut store, instance) = self.initialized(linker, host).await?;
+        self.take(&mut store, instance).await
     }
-    Ok(snapshot)
+
+    /// The snapshot of one JavaScript type version: `wizer-initialize`,
+    /// then `wizer-preload`, which asks `host` for the module and runs its
+    /// top level under the type's CPU and memory limits (from `host`) and
+    /// `limits`.
+    pub(super) async fn type_version(
+        &self,
+        linker: &Linker<Host>,
+        host: Host,
+        limits: PreloadLimits,
+    ) -> Result<Vec<u8>, PreloadError> {
+        let (mut store, instance) = self
+            .initialized(linker, host)
+            .await
+            .map_err(PreloadError::Failed)?;
+        let preload = instance
+            .get_typed_func::<(), (Result<(), String>,)>(&mut store, "wizer-preload")
+            .map_err(|e| {
+                PreloadError::Failed(CodeError::Invalid(format!(
+                    "the JavaScript engine has no wizer-preload: {e:#}"
+                )))
+            })?;
+        // From here on the user's code runs: metered like a turn.
+        store.limiter(|h| &mut h.limits);
+        super::meter_cpu(&mut store);
+        let ran = tokio::time::timeout(limits.timeout, preload.call_async(&mut store, ())).await;
+        match ran {
+            Err(_) => {
+                return Err(PreloadError::Refused(
+                    "the module's top level timed out".into(),
+                ));
+            }
+            Ok(Err(trap)) => return Err(PreloadError::Refused(format!("{trap:#}"))),
+            Ok(Ok((Err(e),))) => return Err(PreloadError::Refused(e)),
+            Ok(Ok((Ok(()),))) => {}
+        }
+        self.take(&mut store, instance)
+            .await
+            .map_err(PreloadError::Failed)
+    }
+
+    /// A fresh instance of the instrumented engine after `wizer-initialize`.
+    async fn initialized(
+        &self,
+        linker: &Linker<Host>,
+        host: Host,
+    ) -> Result<(Store<Host>, Instance), CodeError> {
+        let fail = |what: &str, e: wasmtime::Error| CodeError::Invalid(format!("{what}: {e:#}"));
+        let mut store = Store::new(self.component.engine(), host);
+        // Initialization is trusted code with no deadline of its own.
+        store.set_epoch_deadline(u64::MAX / 2);
+        let instance = linker
+            .instantiate_async(&mut store, &self.component)
+            .await
+            .map_err(|e| fail("instantiating the JavaScript engine", e))?;
+        let init = instance
+            .get_typed_func::<(), ()>(&mut store, "wizer-initialize")
+            .map_err(|e| fail("the JavaScript engine has no wizer-initialize", e))?;
+        init.call_async(&mut store, ())
+            .await
+            .map_err(|e| fail("initializing the JavaScript engine", e))?;
+        Ok((store, instance))
+    }
+
+    async fn take(
+        &self,
+        store: &mut Store<Host>,
+        instance: Instance,
+    ) -> Result<Vec<u8>, CodeError> {
+        self.wizer
+            .snapshot_component(&self.cx, &mut Access { store, instance })
+            .await
+            .map_err(|e| CodeError::Invalid(format!("snapshotting the JavaScript engine: {e:#}")))
+    }
 }
 
 /// Lets Wizer read the instrumented instance's memories and globals through

@@ -1,0 +1,288 @@
+//! The built-in JavaScript engine: its own snapshot, shared by evals and
+//! child scripts, and one snapshot per JavaScript type version with the
+//! type's module already evaluated (see "One snapshot per JavaScript type
+//! version" in docs/design.md).
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::Component;
+
+use super::caps::CapSet;
+use super::snapshot::{Preinit, PreloadError, PreloadLimits};
+use super::{CodeError, Host, InstanceSpec, JsModule, Prepared, Sandbox};
+use crate::config::ResolvedTypeConfig;
+
+/// The engine's snapshot and what builds snapshots, each made on first use.
+#[derive(Default)]
+pub(super) struct JsEngines {
+    /// The engine's own snapshot, compiled.
+    engine: Mutex<Option<Arc<Prepared>>>,
+    /// The instrumented engine, compiled.
+    preinit: Mutex<Option<Arc<Preinit>>>,
+}
+
+impl Sandbox {
+    /// The built-in JavaScript engine, pre-initialized with Wizer and
+    /// compiled (or loaded from the cache) on first use: what evals and
+    /// child scripts run in, and what a JavaScript type runs in when its
+    /// module cannot be preloaded. Blocking: call from a blocking thread
+    /// inside the tokio runtime.
+    pub fn js_engine(&self) -> Result<Arc<Prepared>, CodeError> {
+        if let Some(p) = self.js_engine_if_ready() {
+            return Ok(p);
+        }
+        let mut slot = self.js.engine.lock().expect("js engine lock");
+        if let Some(p) = &*slot {
+            return Ok(p.clone());
+        }
+        let started = std::time::Instant::now();
+        let sha = hex::encode(Sha256::digest(crate::guests::QUICKJS));
+        let path = self.config.cache_dir.join(format!(
+            "quickjs-{}-{}.snapshot.wasm",
+            &sha[..16],
+            self.parts.hash
+        ));
+        let snapshot = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(_) => {
+                let config =
+                    crate::config::TypeConfig::default().resolve(&Default::default(), true);
+                let host = self.preload_host(&config, None);
+                let preinit = self.preinit()?;
+                let bytes = tokio::runtime::Handle::current()
+                    .block_on(preinit.engine(&self.parts.linker, host))?;
+                if let Err(e) = super::write_atomic(&path, &bytes) {
+                    tracing::warn!(path = %path.display(), error = %e, "failed to cache the engine snapshot");
+                }
+                bytes
+            }
+        };
+        let prepared = Arc::new(self.prepare(&snapshot)?);
+        if !prepared.is_js_engine() {
+            return Err(CodeError::WrongWorld(
+                "the built-in JavaScript engine does not export js-runtime".into(),
+            ));
+        }
+        tracing::info!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "JavaScript engine ready"
+        );
+        *slot = Some(prepared.clone());
+        Ok(prepared)
+    }
+
+    /// The engine for one JavaScript type version: a snapshot taken after
+    /// the module's top level ran, compiled (or loaded from the cache), so
+    /// that a wake neither parses nor evaluates the module. A module whose
+    /// top level throws, draws random numbers, sets timers, calls the
+    /// `marmot` API or exceeds the type's limits gets the shared engine
+    /// instead, and is loaded by each sandbox's first turn. Blocking: call
+    /// from a blocking thread inside the tokio runtime.
+    pub fn js_type_engine(
+        &self,
+        module: &JsModule,
+        config: &ResolvedTypeConfig,
+    ) -> Result<Arc<Prepared>, CodeError> {
+        let shared = self.js_engine()?;
+        let (cwasm, refused) = self.type_cache_paths(module, config);
+        if cwasm.exists() {
+            match self.load_cached(&cwasm) {
+                Ok(c) => return Ok(Arc::new(self.link(&c)?)),
+                Err(e) => {
+                    tracing::warn!(path = %cwasm.display(), error = %e, "discarding unusable compiled-code cache entry");
+                    let _ = std::fs::remove_file(&cwasm);
+                }
+            }
+        }
+        if refused.exists() {
+            return Ok(shared);
+        }
+        let started = std::time::Instant::now();
+        let host = self.preload_host(config, Some(Arc::new(module.clone())));
+        let preinit = self.preinit()?;
+        let limits = PreloadLimits {
+            timeout: config.turn_timeout,
+        };
+        let snapshot = tokio::runtime::Handle::current().block_on(preinit.type_version(
+            &self.parts.linker,
+            host,
+            limits,
+        ));
+        let snapshot = match snapshot {
+            Ok(bytes) => bytes,
+            Err(PreloadError::Refused(why)) => {
+                tracing::info!(module = %module.name, reason = %why, "module not preloaded: each sandbox evaluates it in its first turn");
+                // Remembered, so a restart does not run its top level again.
+                if let Err(e) = super::write_atomic(&refused, why.as_bytes()) {
+                    tracing::warn!(path = %refused.display(), error = %e, "failed to cache a refused preload");
+                }
+                return Ok(shared);
+            }
+            Err(PreloadError::Failed(e)) => {
+                tracing::warn!(module = %module.name, error = %e, "preloading a module failed; it runs on the shared engine");
+                return Ok(shared);
+            }
+        };
+        let component = Component::new(&self.parts.engine, &snapshot)
+            .map_err(|e| CodeError::Invalid(format!("{e:#}")))?;
+        match component.serialize() {
+            Ok(bytes) => {
+                if let Err(e) = super::write_atomic(&cwasm, &bytes) {
+                    tracing::warn!(path = %cwasm.display(), error = %e, "failed to cache compiled code");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "failed to serialize compiled code"),
+        }
+        let prepared = Arc::new(self.link(&component)?);
+        tracing::info!(
+            module = %module.name,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "module preloaded into its own snapshot"
+        );
+        Ok(prepared)
+    }
+
+    /// The built-in JavaScript engine, compiled on a blocking thread if it
+    /// is not yet.
+    pub async fn js_engine_async(self: &Arc<Self>) -> Result<Arc<Prepared>, CodeError> {
+        if let Some(e) = self.js_engine_if_ready() {
+            return Ok(e);
+        }
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.js_engine())
+            .await
+            .map_err(|e| CodeError::Invalid(format!("compiler panicked: {e}")))?
+    }
+
+    /// The JavaScript engine if it is already compiled (never blocks on a
+    /// compile).
+    pub fn js_engine_if_ready(&self) -> Option<Arc<Prepared>> {
+        self.js
+            .engine
+            .try_lock()
+            .ok()
+            .and_then(|slot| slot.as_ref().cloned())
+    }
+
+    /// Compile `source` as the module `name` in a throw-away engine
+    /// instance, without running it.
+    pub async fn check_js(
+        self: &Arc<Self>,
+        name: &str,
+        source: &str,
+        config: &ResolvedTypeConfig,
+    ) -> Result<(), CodeError> {
+        let engine = self.js_engine_async().await?;
+        let spec = InstanceSpec {
+            config,
+            js_module: None,
+            actors: None,
+            http: None,
+            models: None,
+        };
+        let mut inst = self
+            .instantiate(&engine, spec)
+            .await
+            .map_err(|e| CodeError::Invalid(format!("cannot start the JavaScript engine: {e}")))?;
+        inst.check_js(name, source).await.map_err(CodeError::Script)
+    }
+
+    /// The instrumented engine, compiled (or loaded from the cache) once.
+    fn preinit(&self) -> Result<Arc<Preinit>, CodeError> {
+        let mut slot = self.js.preinit.lock().expect("preinit lock");
+        if let Some(p) = &*slot {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(Preinit::new(crate::guests::QUICKJS, |wasm| {
+            self.compile(wasm)
+        })?);
+        *slot = Some(p.clone());
+        Ok(p)
+    }
+
+    /// Store data for a pre-initialization: no capabilities (the `marmot`
+    /// API traps), the type's limits.
+    fn preload_host(&self, config: &ResolvedTypeConfig, module: Option<Arc<JsModule>>) -> Host {
+        let spec = InstanceSpec {
+            config,
+            js_module: module,
+            actors: None,
+            http: None,
+            models: None,
+        };
+        Host::new(
+            spec,
+            None,
+            CapSet::NONE,
+            self.tick_ms,
+            self.config.output_capacity,
+            None,
+        )
+    }
+
+    /// Where a type version's compiled snapshot, or the reason it has
+    /// none, is cached: named by what the preload depends on.
+    fn type_cache_paths(
+        &self,
+        module: &JsModule,
+        config: &ResolvedTypeConfig,
+    ) -> (PathBuf, PathBuf) {
+        let mut h = Sha256::new();
+        h.update(Sha256::digest(crate::guests::QUICKJS));
+        for part in [module.name.as_bytes(), module.source.as_bytes()] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
+        h.update(config.max_memory_bytes.to_le_bytes());
+        h.update((config.cpu_slice.as_micros() as u64).to_le_bytes());
+        h.update((config.turn_timeout.as_micros() as u64).to_le_bytes());
+        for (k, v) in &config.env {
+            for part in [k, v] {
+                h.update((part.len() as u64).to_le_bytes());
+                h.update(part.as_bytes());
+            }
+        }
+        let key = hex::encode(h.finalize());
+        let stem = format!("quickjs-type-{}-{}", &key[..24], self.parts.hash);
+        let dir = &self.config.cache_dir;
+        (
+            dir.join(format!("{stem}.cwasm")),
+            dir.join(format!("{stem}.refused")),
+        )
+    }
+}
+
+/// Cranelift's incremental compilation cache, in memory. A type version's
+/// snapshot differs from the engine's only in its data, so compiling it
+/// finds every function here. Bounded: when full it starts again empty.
+#[derive(Debug, Default)]
+pub(super) struct CompileCache {
+    entries: Mutex<(HashMap<Vec<u8>, Vec<u8>>, usize)>,
+}
+
+impl CompileCache {
+    /// Bytes of compiled functions kept.
+    const CAPACITY: usize = 64 << 20;
+}
+
+impl wasmtime::CacheStore for CompileCache {
+    fn get(&self, key: &[u8]) -> Option<Cow<'_, [u8]>> {
+        let entries = self.entries.lock().expect("compile cache lock");
+        entries.0.get(key).map(|v| Cow::Owned(v.clone()))
+    }
+
+    fn insert(&self, key: &[u8], value: Vec<u8>) -> bool {
+        let mut entries = self.entries.lock().expect("compile cache lock");
+        let size = key.len() + value.len();
+        if entries.1 + size > Self::CAPACITY {
+            *entries = (HashMap::new(), 0);
+        }
+        entries.1 += size;
+        entries.0.insert(key.to_vec(), value);
+        true
+    }
+}
