@@ -261,7 +261,13 @@ impl Sandbox {
 /// finds every function here. Bounded: when full it starts again empty.
 #[derive(Debug, Default)]
 pub(super) struct CompileCache {
-    entries: Mutex<(HashMap<Vec<u8>, Vec<u8>>, usize)>,
+    entries: Mutex<CacheEntries>,
+}
+
+#[derive(Debug, Default)]
+struct CacheEntries {
+    map: HashMap<Vec<u8>, Vec<u8>>,
+    bytes: usize,
 }
 
 impl CompileCache {
@@ -272,17 +278,17 @@ impl CompileCache {
 impl wasmtime::CacheStore for CompileCache {
     fn get(&self, key: &[u8]) -> Option<Cow<'_, [u8]>> {
         let entries = self.entries.lock().expect("compile cache lock");
-        entries.0.get(key).map(|v| Cow::Owned(v.clone()))
+        entries.map.get(key).map(|v| Cow::Owned(v.clone()))
     }
 
     fn insert(&self, key: &[u8], value: Vec<u8>) -> bool {
         let mut entries = self.entries.lock().expect("compile cache lock");
         let size = key.len() + value.len();
-        if entries.1 + size > Self::CAPACITY {
-            *entries = (HashMap::new(), 0);
+        if entries.bytes + size > Self::CAPACITY {
+            *entries = CacheEntries::default();
         }
-        entries.1 += size;
-        entries.0.insert(key.to_vec(), value);
+        entries.bytes += size;
+        entries.map.insert(key.to_vec(), value);
         true
     }
 }
