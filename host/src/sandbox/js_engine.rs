@@ -127,8 +127,11 @@ impl Sandbox {
                 return Ok(shared);
             }
         };
+        let compiling = std::time::Instant::now();
         let component = Component::new(&self.parts.engine, &snapshot)
             .map_err(|e| CodeError::Invalid(format!("{e:#}")))?;
+        let compile_ms = compiling.elapsed().as_millis() as u64;
+        self.parts.compile_cache.persist();
         match component.serialize() {
             Ok(bytes) => {
                 if let Err(e) = super::write_atomic(&cwasm, &bytes) {
@@ -141,6 +144,7 @@ impl Sandbox {
         tracing::info!(
             module = %module.name,
             elapsed_ms = started.elapsed().as_millis() as u64,
+            compile_ms,
             "module preloaded into its own snapshot"
         );
         Ok(prepared)
@@ -256,23 +260,96 @@ impl Sandbox {
     }
 }
 
-/// Cranelift's incremental compilation cache, in memory. A type version's
-/// snapshot differs from the engine's only in its data, so compiling it
-/// finds every function here. Bounded: when full it starts again empty.
-#[derive(Debug, Default)]
+/// Cranelift's incremental compilation cache. A type version's snapshot
+/// differs from the engine's only in its data, so compiling it finds every
+/// function here. Kept in memory, bounded (when full it starts again
+/// empty), and in one file in the compiled-code cache, so that a node whose
+/// engine snapshot was already compiled does not compile the engine's
+/// functions again for its first type version.
+#[derive(Debug)]
 pub(super) struct CompileCache {
     entries: Mutex<CacheEntries>,
+    /// Where the entries are kept between runs.
+    file: PathBuf,
 }
 
 #[derive(Debug, Default)]
 struct CacheEntries {
     map: HashMap<Vec<u8>, Vec<u8>>,
     bytes: usize,
+    /// Inserted since the file was written.
+    dirty: bool,
+}
+
+impl CacheEntries {
+    fn insert(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        let size = key.len() + value.len();
+        if self.bytes + size > CompileCache::CAPACITY {
+            self.map.clear();
+            self.bytes = 0;
+        }
+        self.bytes += size;
+        self.map.insert(key, value);
+    }
 }
 
 impl CompileCache {
     /// Bytes of compiled functions kept.
     const CAPACITY: usize = 64 << 20;
+    /// The file's first bytes; the format's version is part of them. Then,
+    /// per entry: key length (u32 LE), key, value length (u32 LE), value.
+    const MAGIC: &'static [u8] = b"marmot-cranelift-cache-v1\n";
+
+    /// The cache kept in `file`, with what the file holds (an unreadable
+    /// or malformed file is ignored: it is only a cache).
+    pub(super) fn open(file: PathBuf) -> Self {
+        let mut entries = CacheEntries::default();
+        if let Ok(bytes) = std::fs::read(&file)
+            && let Some(mut rest) = bytes.strip_prefix(Self::MAGIC)
+        {
+            fn field<'a>(rest: &mut &'a [u8]) -> Option<&'a [u8]> {
+                let (len, tail) = rest.split_first_chunk::<4>()?;
+                let len = u32::from_le_bytes(*len) as usize;
+                let (value, tail) = (tail.get(..len)?, tail.get(len..)?);
+                *rest = tail;
+                Some(value)
+            }
+            while !rest.is_empty() {
+                let (Some(k), Some(v)) = (field(&mut rest), field(&mut rest)) else {
+                    entries = CacheEntries::default();
+                    break;
+                };
+                entries.insert(k.to_vec(), v.to_vec());
+            }
+        }
+        Self {
+            entries: Mutex::new(entries),
+            file,
+        }
+    }
+
+    /// Write the entries to the file if any were added since it was last
+    /// written.
+    pub(super) fn persist(&self) {
+        let mut entries = self.entries.lock().expect("compile cache lock");
+        if !entries.dirty {
+            return;
+        }
+        let mut out = Vec::with_capacity(Self::MAGIC.len() + entries.bytes + 8 * entries.map.len());
+        out.extend_from_slice(Self::MAGIC);
+        for (k, v) in &entries.map {
+            for part in [k, v] {
+                out.extend_from_slice(&(part.len() as u32).to_le_bytes());
+                out.extend_from_slice(part);
+            }
+        }
+        match super::write_atomic(&self.file, &out) {
+            Ok(()) => entries.dirty = false,
+            Err(e) => {
+                tracing::warn!(path = %self.file.display(), error = %e, "failed to write the compile cache")
+            }
+        }
+    }
 }
 
 impl wasmtime::CacheStore for CompileCache {
@@ -283,12 +360,45 @@ impl wasmtime::CacheStore for CompileCache {
 
     fn insert(&self, key: &[u8], value: Vec<u8>) -> bool {
         let mut entries = self.entries.lock().expect("compile cache lock");
-        let size = key.len() + value.len();
-        if entries.bytes + size > Self::CAPACITY {
-            *entries = CacheEntries::default();
-        }
-        entries.bytes += size;
-        entries.map.insert(key.to_vec(), value);
+        entries.insert(key.to_vec(), value);
+        entries.dirty = true;
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmtime::CacheStore;
+
+    #[test]
+    fn the_compile_cache_survives_a_restart_and_ignores_a_damaged_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("cache");
+        let cache = CompileCache::open(file.clone());
+        assert!(cache.get(b"k").is_none());
+        assert!(cache.insert(b"k", b"compiled".to_vec()));
+        assert!(cache.insert(b"", Vec::new()));
+        cache.persist();
+        let again = CompileCache::open(file.clone());
+        assert_eq!(again.get(b"k").as_deref(), Some(&b"compiled"[..]));
+        assert_eq!(again.get(b"").as_deref(), Some(&b""[..]));
+        // Cut short: nothing of it is trusted.
+        let bytes = std::fs::read(&file).unwrap();
+        std::fs::write(&file, &bytes[..bytes.len() - 3]).unwrap();
+        assert!(CompileCache::open(file.clone()).get(b"k").is_none());
+        std::fs::write(&file, b"something else").unwrap();
+        assert!(CompileCache::open(file).get(b"k").is_none());
+    }
+
+    #[test]
+    fn the_compile_cache_is_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = CompileCache::open(dir.path().join("cache"));
+        let big = vec![0u8; CompileCache::CAPACITY / 2];
+        cache.insert(b"a", big.clone());
+        cache.insert(b"b", big);
+        assert!(cache.get(b"a").is_none(), "full: started again");
+        assert!(cache.get(b"b").is_some());
     }
 }

@@ -155,6 +155,8 @@ struct EngineParts {
     linker: Linker<Host>,
     /// Compatibility hash, part of compiled-code cache names.
     hash: String,
+    /// Cranelift's incremental cache (written after each compile).
+    compile_cache: Arc<js_engine::CompileCache>,
 }
 
 impl EngineParts {
@@ -201,7 +203,10 @@ impl EngineParts {
             .memory_init_cow(true);
         // A JavaScript type version's snapshot is the engine with other
         // data: compiling it reuses every function compiled before.
-        wc.enable_incremental_compilation(Arc::new(js_engine::CompileCache::default()))
+        let compile_cache = Arc::new(js_engine::CompileCache::open(
+            config.cache_dir.join("cranelift-incremental.cache"),
+        ));
+        wc.enable_incremental_compilation(compile_cache.clone())
             .map_err(anyhow::Error::from)?;
         // `MARMOT_WASM_PERFMAP=1`: name guest functions for `perf`
         // (/tmp/perf-PID.map), to profile where a turn's guest time goes.
@@ -222,6 +227,7 @@ impl EngineParts {
             engine,
             linker,
             hash,
+            compile_cache,
         })
     }
 }
@@ -354,6 +360,7 @@ impl Sandbox {
         }
         let component = Component::new(&self.parts.engine, code)
             .map_err(|e| CodeError::Invalid(format!("{e:#}")))?;
+        self.parts.compile_cache.persist();
         match component.serialize() {
             Ok(bytes) => {
                 if let Err(e) = write_atomic(&path, &bytes) {
