@@ -397,6 +397,23 @@ async fn run(command: Command) -> anyhow::Result<()> {
     }
 }
 
+/// `filter` with the compiler's own debug and trace output off unless it
+/// names the compiler: at `trace`, Cranelift logs every instruction it
+/// lowers, gigabytes for one compile of the JavaScript engine.
+fn quiet_compiler(filter: &str) -> String {
+    let mut out = filter.trim().to_owned();
+    for target in ["cranelift", "regalloc2"] {
+        if !filter.contains(target) {
+            if !out.is_empty() {
+                out.push(',');
+            }
+            out.push_str(target);
+            out.push_str("=info");
+        }
+    }
+    out
+}
+
 /// Logs to stderr, and OpenTelemetry traces when the environment asks for
 /// them (`OTEL_EXPORTER_OTLP_ENDPOINT`; see `telemetry`).
 fn init_logging(
@@ -407,7 +424,7 @@ fn init_logging(
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     use tracing_subscriber::{EnvFilter, Layer as _};
-    let filter = EnvFilter::try_new(filter).unwrap_or_else(|e| {
+    let filter = EnvFilter::try_new(quiet_compiler(filter)).unwrap_or_else(|e| {
         eprintln!("warning: invalid log filter `{filter}` ({e}); using `info`");
         EnvFilter::new("info")
     });
@@ -440,4 +457,22 @@ pub(crate) fn parse_listen(s: &str) -> anyhow::Result<SocketAddr> {
     s.parse().map_err(|e| {
         anyhow::anyhow!("invalid listen address `{s}`: {e} (expected e.g. 127.0.0.1:7878)")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quiet_compiler;
+
+    #[test]
+    fn the_compiler_stays_quiet_unless_named() {
+        assert_eq!(
+            quiet_compiler("trace"),
+            "trace,cranelift=info,regalloc2=info"
+        );
+        assert_eq!(quiet_compiler(""), "cranelift=info,regalloc2=info");
+        assert_eq!(
+            quiet_compiler("info,cranelift_codegen=trace"),
+            "info,cranelift_codegen=trace,regalloc2=info"
+        );
+    }
 }
