@@ -131,7 +131,7 @@ impl Sandbox {
         let component = Component::new(&self.parts.engine, &snapshot)
             .map_err(|e| CodeError::Invalid(format!("{e:#}")))?;
         let compile_ms = compiling.elapsed().as_millis() as u64;
-        self.parts.compile_cache.persist();
+        self.parts.compile_cache.release();
         match component.serialize() {
             Ok(bytes) => {
                 if let Err(e) = super::write_atomic(&cwasm, &bytes) {
@@ -262,10 +262,12 @@ impl Sandbox {
 
 /// Cranelift's incremental compilation cache. A type version's snapshot
 /// differs from the engine's only in its data, so compiling it finds every
-/// function here. Kept in memory, bounded (when full it starts again
-/// empty), and in one file in the compiled-code cache, so that a node whose
-/// engine snapshot was already compiled does not compile the engine's
-/// functions again for its first type version.
+/// function here. Kept in one file in the compiled-code cache, so that a
+/// node whose engine snapshot was already compiled does not compile the
+/// engine's functions again for its first type version; read into memory
+/// when a compile first asks, and dropped from memory after each compile
+/// ([`CompileCache::release`]), so an idle node does not hold it (12 MB for
+/// the engine). Bounded: when full it starts again empty.
 #[derive(Debug)]
 pub(super) struct CompileCache {
     entries: Mutex<CacheEntries>,
@@ -277,6 +279,8 @@ pub(super) struct CompileCache {
 struct CacheEntries {
     map: HashMap<Vec<u8>, Vec<u8>>,
     bytes: usize,
+    /// Whether `map` holds what the file held.
+    loaded: bool,
     /// Inserted since the file was written.
     dirty: bool,
 }
@@ -300,11 +304,23 @@ impl CompileCache {
     /// per entry: key length (u32 LE), key, value length (u32 LE), value.
     const MAGIC: &'static [u8] = b"marmot-cranelift-cache-v1\n";
 
-    /// The cache kept in `file`, with what the file holds (an unreadable
-    /// or malformed file is ignored: it is only a cache).
+    /// The cache kept in `file` (read on first use).
     pub(super) fn open(file: PathBuf) -> Self {
-        let mut entries = CacheEntries::default();
-        if let Ok(bytes) = std::fs::read(&file)
+        Self {
+            entries: Mutex::new(CacheEntries::default()),
+            file,
+        }
+    }
+
+    /// The entries, read from the file if they are not in memory. An
+    /// unreadable or malformed file counts as empty: it is only a cache.
+    fn entries(&self) -> std::sync::MutexGuard<'_, CacheEntries> {
+        let mut entries = self.entries.lock().expect("compile cache lock");
+        if entries.loaded {
+            return entries;
+        }
+        entries.loaded = true;
+        if let Ok(bytes) = std::fs::read(&self.file)
             && let Some(mut rest) = bytes.strip_prefix(Self::MAGIC)
         {
             fn field<'a>(rest: &mut &'a [u8]) -> Option<&'a [u8]> {
@@ -314,25 +330,26 @@ impl CompileCache {
                 *rest = tail;
                 Some(value)
             }
+            let mut read = CacheEntries::default();
             while !rest.is_empty() {
                 let (Some(k), Some(v)) = (field(&mut rest), field(&mut rest)) else {
-                    entries = CacheEntries::default();
+                    read = CacheEntries::default();
                     break;
                 };
-                entries.insert(k.to_vec(), v.to_vec());
+                read.insert(k.to_vec(), v.to_vec());
             }
+            read.loaded = true;
+            *entries = read;
         }
-        Self {
-            entries: Mutex::new(entries),
-            file,
-        }
+        entries
     }
 
-    /// Write the entries to the file if any were added since it was last
-    /// written.
-    pub(super) fn persist(&self) {
+    /// After a compile: write the entries to the file if any were added,
+    /// and drop them from memory.
+    pub(super) fn release(&self) {
         let mut entries = self.entries.lock().expect("compile cache lock");
         if !entries.dirty {
+            *entries = CacheEntries::default();
             return;
         }
         let mut out = Vec::with_capacity(Self::MAGIC.len() + entries.bytes + 8 * entries.map.len());
@@ -343,23 +360,20 @@ impl CompileCache {
                 out.extend_from_slice(part);
             }
         }
-        match super::write_atomic(&self.file, &out) {
-            Ok(()) => entries.dirty = false,
-            Err(e) => {
-                tracing::warn!(path = %self.file.display(), error = %e, "failed to write the compile cache")
-            }
+        if let Err(e) = super::write_atomic(&self.file, &out) {
+            tracing::warn!(path = %self.file.display(), error = %e, "failed to write the compile cache");
         }
+        *entries = CacheEntries::default();
     }
 }
 
 impl wasmtime::CacheStore for CompileCache {
     fn get(&self, key: &[u8]) -> Option<Cow<'_, [u8]>> {
-        let entries = self.entries.lock().expect("compile cache lock");
-        entries.map.get(key).map(|v| Cow::Owned(v.clone()))
+        self.entries().map.get(key).map(|v| Cow::Owned(v.clone()))
     }
 
     fn insert(&self, key: &[u8], value: Vec<u8>) -> bool {
-        let mut entries = self.entries.lock().expect("compile cache lock");
+        let mut entries = self.entries();
         entries.insert(key.to_vec(), value);
         entries.dirty = true;
         true
@@ -379,7 +393,12 @@ mod tests {
         assert!(cache.get(b"k").is_none());
         assert!(cache.insert(b"k", b"compiled".to_vec()));
         assert!(cache.insert(b"", Vec::new()));
-        cache.persist();
+        cache.release();
+        assert_eq!(
+            cache.get(b"k").as_deref(),
+            Some(&b"compiled"[..]),
+            "read again"
+        );
         let again = CompileCache::open(file.clone());
         assert_eq!(again.get(b"k").as_deref(), Some(&b"compiled"[..]));
         assert_eq!(again.get(b"").as_deref(), Some(&b""[..]));

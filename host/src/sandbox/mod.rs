@@ -155,7 +155,8 @@ struct EngineParts {
     linker: Linker<Host>,
     /// Compatibility hash, part of compiled-code cache names.
     hash: String,
-    /// Cranelift's incremental cache (written after each compile).
+    /// Cranelift's incremental cache (written and released after each
+    /// compile).
     compile_cache: Arc<js_engine::CompileCache>,
 }
 
@@ -360,7 +361,7 @@ impl Sandbox {
         }
         let component = Component::new(&self.parts.engine, code)
             .map_err(|e| CodeError::Invalid(format!("{e:#}")))?;
-        self.parts.compile_cache.persist();
+        self.parts.compile_cache.release();
         match component.serialize() {
             Ok(bytes) => {
                 if let Err(e) = write_atomic(&path, &bytes) {
