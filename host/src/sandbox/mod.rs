@@ -149,6 +149,12 @@ pub enum CodeError {
     Script(String),
 }
 
+/// Dropped instances whose memory is decommitted together. Until a batch
+/// is full its instances' pages stay resident and their slots taken: at
+/// most `DECOMMIT_BATCH - 1` instances per core (per shard of wasmtime's
+/// queue), flushed early when the pool runs short.
+const DECOMMIT_BATCH: usize = 16;
+
 /// The wasmtime engine with its linker.
 struct EngineParts {
     engine: Engine,
@@ -176,7 +182,12 @@ impl EngineParts {
             .max_core_instances_per_component(32)
             .max_memories_per_component(4)
             .max_tables_per_component(16)
-            .max_unused_warm_slots(256);
+            .max_unused_warm_slots(256)
+            // Decommit the memory of several dropped instances in one
+            // `process_madvise`: one TLB shootdown (an IPI to every other
+            // core, a VM exit under a hypervisor) per batch instead of per
+            // instance. See "Batched decommits" in docs/design.md.
+            .decommit_batch_size(DECOMMIT_BATCH);
         let mut wc = Config::new();
         wc.epoch_interruption(true)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
