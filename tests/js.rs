@@ -950,6 +950,10 @@ let fired = false;
 setTimeout(() => { fired = true; }, 0);
 export default { async onMessage() { await new Promise((r) => setTimeout(r, 5)); return { fired }; } };
 "#;
+    let logs = r#"
+console.log("loading");
+export default { onMessage() { return { ok: true }; } };
+"#;
     let throws = r#"
 if (globalThis.marmotNeverDefinesThis === undefined) throw new Error("top level failed");
 export default { onMessage() { return 1; } };
@@ -958,6 +962,7 @@ export default { onMessage() { return 1; } };
         ("random", random),
         ("apicall", api_call),
         ("timers", timers),
+        ("logs", logs),
         ("throws", throws),
     ] {
         assert_eq!(deploy_js(&api, ty, src).await.status, 201, "{ty}");
@@ -979,6 +984,10 @@ export default { onMessage() { return 1; } };
     assert_eq!(
         api.op("timers", "a", json!({})).await.json,
         json!({"fired": true})
+    );
+    assert_eq!(
+        api.op("logs", "a", json!({})).await.json,
+        json!({"ok": true})
     );
     let r = api.op("throws", "a", json!({})).await;
     assert_eq!(r.status, 500, "{}", r.json);
