@@ -1028,3 +1028,28 @@ export default { onMessage() { return 1; } };
         (json!(1), loaded_at)
     );
 }
+
+/// A timer still pending when its turn ends is dropped: it does not fire in
+/// a later turn that waits for timers of its own.
+#[tokio::test]
+async fn timers_pending_when_a_turn_ends_are_dropped() {
+    let (_dir, _m, api) = node(None).await;
+    let src = r#"
+let fired = 0;
+export default {
+  async onMessage(body) {
+    if (body?.op === "leave") {
+      setTimeout(() => { fired += 1; }, 20);
+      return fired;
+    }
+    await new Promise((r) => setTimeout(r, 80));
+    return fired;
+  },
+};
+"#;
+    assert_eq!(deploy_js(&api, "late", src).await.status, 201);
+    assert_eq!(api.op("late", "a", json!({"op": "leave"})).await.json, 0);
+    let r = api.op("late", "a", json!({"op": "wait"})).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json, 0, "the first turn's timer fired in the second");
+}

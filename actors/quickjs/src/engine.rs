@@ -245,7 +245,9 @@ impl Engine {
             .call::<_, Value<'js>>((This(handlers), arg, jsctx))
             .map_err(|e| describe_error(ctx, e));
         let settled = result.and_then(|v| settle(ctx, v));
-        self.clear_timers(ctx);
+        if host_api::take_timers_touched() {
+            self.clear_timers(ctx);
+        }
         settled
     }
 

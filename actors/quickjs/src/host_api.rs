@@ -38,6 +38,16 @@ pub const MAX_EVAL_LOG_LINES: usize = 1000;
 thread_local! {
     pub static CONSOLE: RefCell<ConsoleSink> = const { RefCell::new(ConsoleSink::Turn) };
     static EPOCH: RefCell<Option<Instant>> = const { RefCell::new(None) };
+    /// Whether anything asked for the time (every `setTimeout` does) since
+    /// [`take_timers_touched`] last looked.
+    static TIMERS_TOUCHED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether a timer may have been set since the last call: a turn that set
+/// none need not call the prelude to drop pending timers (a call that
+/// writes to the snapshot's shared pages in every fresh sandbox).
+pub fn take_timers_touched() -> bool {
+    TIMERS_TOUCHED.with(|t| t.replace(false))
 }
 
 /// What a preload that meets randomness or a timer throws (nobody sees it:
@@ -48,6 +58,7 @@ fn now_ms(ctx: Ctx<'_>) -> Result<f64> {
     if refused_in_preload("timers") {
         return Err(Exception::throw_message(&ctx, PRELOAD_REFUSAL));
     }
+    TIMERS_TOUCHED.with(|t| t.set(true));
     Ok(EPOCH.with(|e| {
         let start = *e.borrow_mut().get_or_insert_with(Instant::now);
         start.elapsed().as_secs_f64() * 1000.0
