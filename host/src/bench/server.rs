@@ -216,26 +216,31 @@ pub(super) fn pss_of(pid: u32) -> anyhow::Result<u64> {
     Ok(kb * 1024)
 }
 
-/// Field `n` (1-based, as in proc(5)) of `/proc/{pid}/stat`, from the 3rd
-/// on: the ones after the parenthesised command name.
-fn stat_field(pid: u32, n: usize) -> anyhow::Result<u64> {
+/// Fields `ns` (1-based, as in proc(5), each from the 3rd on: the ones
+/// after the parenthesised command name) of `/proc/{pid}/stat`, read once.
+fn stat_fields<const N: usize>(pid: u32, ns: [usize; N]) -> anyhow::Result<[u64; N]> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let rest = stat
         .rsplit_once(')')
         .map(|(_, r)| r)
         .context("malformed /proc/<pid>/stat")?;
-    let field = rest
-        .split_whitespace()
-        .nth(n - 3)
-        .context("short /proc/<pid>/stat")?;
-    Ok(field.parse()?)
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let mut out = [0; N];
+    for (o, n) in out.iter_mut().zip(ns) {
+        *o = fields
+            .get(n - 3)
+            .context("short /proc/<pid>/stat")?
+            .parse()?;
+    }
+    Ok(out)
 }
 
 /// CPU time (user + system) process `pid` has used so far.
 pub(super) fn cpu_of(pid: u32) -> anyhow::Result<Duration> {
     // utime and stime, in USER_HZ, which is 100 on every architecture Linux
     // supports.
-    let ticks = stat_field(pid, 14)? + stat_field(pid, 15)?;
+    let [utime, stime] = stat_fields(pid, [14, 15])?;
+    let ticks = utime + stime;
     Ok(Duration::from_millis(ticks * 10))
 }
 
@@ -243,7 +248,8 @@ pub(super) fn cpu_of(pid: u32) -> anyhow::Result<Duration> {
 /// copy-on-write faults on a sandbox's snapshot pages. Steadier than time
 /// on a noisy machine.
 pub(super) fn minor_faults_of(pid: u32) -> anyhow::Result<u64> {
-    stat_field(pid, 10)
+    let [minflt] = stat_fields(pid, [10])?;
+    Ok(minflt)
 }
 
 /// Wait until `GET path` on `addr` answers `status`, within `timeout`;

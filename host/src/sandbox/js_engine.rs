@@ -9,7 +9,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
-use wasmtime::component::Component;
 
 use super::caps::CapSet;
 use super::snapshot::{Preinit, PreloadError, PreloadLimits};
@@ -89,14 +88,8 @@ impl Sandbox {
     ) -> Result<Arc<Prepared>, CodeError> {
         let shared = self.js_engine()?;
         let (cwasm, refused) = self.type_cache_paths(module, config);
-        if cwasm.exists() {
-            match self.load_cached(&cwasm) {
-                Ok(c) => return Ok(Arc::new(self.link(&c)?)),
-                Err(e) => {
-                    tracing::warn!(path = %cwasm.display(), error = %e, "discarding unusable compiled-code cache entry");
-                    let _ = std::fs::remove_file(&cwasm);
-                }
-            }
+        if let Some(c) = self.load_cached(&cwasm) {
+            return Ok(Arc::new(self.link(&c)?));
         }
         if refused.exists() {
             return Ok(shared);
@@ -128,18 +121,8 @@ impl Sandbox {
             }
         };
         let compiling = std::time::Instant::now();
-        let component = Component::new(&self.parts.engine, &snapshot)
-            .map_err(|e| CodeError::Invalid(format!("{e:#}")))?;
+        let component = self.compile_into(&snapshot, &cwasm)?;
         let compile_ms = compiling.elapsed().as_millis() as u64;
-        self.parts.compile_cache.release();
-        match component.serialize() {
-            Ok(bytes) => {
-                if let Err(e) = super::write_atomic(&cwasm, &bytes) {
-                    tracing::warn!(path = %cwasm.display(), error = %e, "failed to cache compiled code");
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "failed to serialize compiled code"),
-        }
         let prepared = Arc::new(self.link(&component)?);
         tracing::info!(
             module = %module.name,

@@ -361,21 +361,20 @@ impl Sandbox {
             .config
             .cache_dir
             .join(format!("{sha}-{}.cwasm", self.parts.hash));
-        if path.exists() {
-            match self.load_cached(&path) {
-                Ok(c) => return Ok(c),
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "discarding unusable compiled-code cache entry");
-                    let _ = std::fs::remove_file(&path);
-                }
-            }
+        match self.load_cached(&path) {
+            Some(c) => Ok(c),
+            None => self.compile_into(code, &path),
         }
+    }
+
+    /// Compile `code` and cache the result at `path`.
+    fn compile_into(&self, code: &[u8], path: &Path) -> Result<Component, CodeError> {
         let component = Component::new(&self.parts.engine, code)
             .map_err(|e| CodeError::Invalid(format!("{e:#}")))?;
         self.parts.compile_cache.release();
         match component.serialize() {
             Ok(bytes) => {
-                if let Err(e) = write_atomic(&path, &bytes) {
+                if let Err(e) = write_atomic(path, &bytes) {
                     tracing::warn!(path = %path.display(), error = %e, "failed to cache compiled code");
                 }
             }
@@ -384,14 +383,24 @@ impl Sandbox {
         Ok(component)
     }
 
-    /// Load compiled code from the cache (mapped, not read).
-    fn load_cached(&self, path: &Path) -> wasmtime::Result<Component> {
+    /// Compiled code from the cache at `path` (mapped, not read), if there
+    /// is any; an entry that does not load is removed.
+    fn load_cached(&self, path: &Path) -> Option<Component> {
+        if !path.exists() {
+            return None;
+        }
         // The file was written by this node from a successful `serialize`,
         // under a name that includes the engine's compatibility hash;
         // wasmtime re-checks that hash on load.
         #[allow(unsafe_code, reason = "loading our own compiled-code cache")]
-        unsafe {
-            Component::deserialize_file(&self.parts.engine, path)
+        let loaded = unsafe { Component::deserialize_file(&self.parts.engine, path) };
+        match loaded {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "discarding unusable compiled-code cache entry");
+                let _ = std::fs::remove_file(path);
+                None
+            }
         }
     }
 
