@@ -70,6 +70,11 @@ pub struct Metrics {
     pub wake_seconds: Histogram,
     /// Hibernations.
     pub hibernations: Counter,
+    /// Idle JavaScript sandboxes trimmed, and the snapshot pages they gave
+    /// back (see "Trimming idle JavaScript sandboxes" in docs/design.md).
+    pub js_trims: Counter,
+    /// Pages given back by those trims.
+    pub js_trimmed_pages: Counter,
     /// What the storage writer counts (commits, failures, batch sizes,
     /// latency).
     pub writer: WriterMetrics,
@@ -162,6 +167,18 @@ impl Metrics {
         );
         let hibernations = Counter::default();
         registry.register("hibernations", "Actors put to sleep", hibernations.clone());
+        let js_trims = Counter::default();
+        registry.register(
+            "js_sandbox_trims",
+            "Idle JavaScript sandboxes trimmed",
+            js_trims.clone(),
+        );
+        let js_trimmed_pages = Counter::default();
+        registry.register(
+            "js_sandbox_trimmed_pages",
+            "Snapshot pages idle JavaScript sandboxes gave back, unchanged",
+            js_trimmed_pages.clone(),
+        );
         let writer = WriterMetrics::new();
         registry.register(
             "commits",
@@ -366,6 +383,8 @@ impl Metrics {
             turn_seconds,
             wake_seconds,
             hibernations,
+            js_trims,
+            js_trimmed_pages,
             writer,
             mailbox_full,
             traps,

@@ -327,10 +327,12 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
     // Warm-up, not measured.
     run(Duration::from_secs(2)).await?;
     let (commits0, ops0) = commit_stats(server.addr).await?;
+    let trims0 = trims(server.addr).await?;
     let cpu0 = server.cpu_time()?;
     let r = run(Duration::from_secs(args.duration)).await?;
     let cpu1 = server.cpu_time()?;
     let (commits1, ops1) = commit_stats(server.addr).await?;
+    let trims = trims(server.addr).await? - trims0;
     let rps = r.requests as f64 / r.elapsed.as_secs_f64();
     let name = if actors == 1 {
         "http-hot"
@@ -358,6 +360,9 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
             commits / r.elapsed.as_secs_f64(),
             (ops1 - ops0) / commits
         );
+    }
+    if args.js {
+        println!("  idle sandboxes trimmed during the run: {trims:.0}");
     }
     server.stop();
     Ok(())
@@ -421,6 +426,12 @@ async fn commit_stats(addr: SocketAddr) -> anyhow::Result<(f64, f64)> {
         find("marmot_commits_total"),
         find("marmot_commit_batch_size_sum"),
     ))
+}
+
+/// Idle JavaScript sandboxes the node at `addr` has trimmed so far.
+pub(super) async fn trims(addr: SocketAddr) -> anyhow::Result<f64> {
+    let text = metrics(addr).await?;
+    Ok(sample(&text, "marmot_js_sandbox_trims_total").unwrap_or(0.0))
 }
 
 /// The node's Prometheus metrics, as text.

@@ -130,20 +130,45 @@ pub(super) async fn js_active(args: &BenchArgs) -> anyhow::Result<()> {
     let server = ServerProc::start(&data, &config).await?;
     super::http::create_typed(server.addr, "jscounter", 1).await?;
     let (base, base_pss) = (server.rss()?, server.pss()?);
+    let trims_before = super::http::trims(server.addr).await?;
     super::http::create_typed(server.addr, "jscounter", n).await?;
     let (full, full_pss) = (server.rss()?, server.pss()?);
+    let trimmed_early = super::http::trims(server.addr).await? - trims_before;
     println!("scenario js-rss ({n} active JavaScript counter actors, each with its own sandbox)");
+    let per_actor = |total: u64, base: u64| total.saturating_sub(base) as f64 / n as f64 / 1024.0;
     println!(
         "  RSS idle node: {:.1} MB   with {n} active: {:.1} MB   per actor: {:.1} KB",
         base as f64 / MB,
         full as f64 / MB,
-        (full.saturating_sub(base)) as f64 / n as f64 / 1024.0
+        per_actor(full, base)
     );
     println!(
-        "  PSS idle node: {:.1} MB   with {n} active: {:.1} MB   per actor: {:.1} KB",
+        "  PSS idle node: {:.1} MB   with {n} active: {:.1} MB   per actor: {:.1} KB   \
+         (right after the last first turn; {trimmed_early:.0} sandboxes already trimmed)",
         base_pss as f64 / MB,
         full_pss as f64 / MB,
-        (full_pss.saturating_sub(base_pss)) as f64 / n as f64 / 1024.0
+        per_actor(full_pss, base_pss)
+    );
+    // Every sandbox is trimmed once it has been idle a moment.
+    let (cpu_before, trims_at) = (server.cpu_time()?, super::http::trims(server.addr).await?);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while super::http::trims(server.addr).await? - trims_before < n as f64
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let (idle, idle_pss) = (server.rss()?, server.pss()?);
+    let trims_now = super::http::trims(server.addr).await?;
+    let cpu = server.cpu_time()?.saturating_sub(cpu_before);
+    println!(
+        "  once idle and trimmed ({:.0} sandboxes): RSS {:.1} MB, per actor {:.1} KB   \
+         PSS {:.1} MB, per actor {:.1} KB   node CPU per trim {:.0} µs",
+        trims_now - trims_before,
+        idle as f64 / MB,
+        per_actor(idle, base),
+        idle_pss as f64 / MB,
+        per_actor(idle_pss, base_pss),
+        cpu.as_secs_f64() * 1e6 / (trims_now - trims_at).max(1.0)
     );
     println!(
         "  memory mappings: {} (Linux default limit 65530)",

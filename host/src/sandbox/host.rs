@@ -61,6 +61,9 @@ pub struct Host {
     pub(super) js: Option<JsAccess>,
     /// What this instance's guest may call (all, but in a child sandbox).
     pub(super) granted: CapSet,
+    /// Where the guest's memory is, once it said so (JavaScript sandboxes,
+    /// for [`trim`](super::trim)).
+    pub(super) memory_origin: Option<super::trim::MemoryOrigin>,
 }
 
 /// A JavaScript module as the engine receives it.
@@ -121,6 +124,7 @@ impl Host {
             models: spec.models,
             js,
             granted,
+            memory_origin: None,
         }
     }
 

@@ -21,6 +21,7 @@ mod output;
 mod pool;
 mod run;
 mod snapshot;
+mod trim;
 mod turn;
 
 use std::hash::{Hash, Hasher};
@@ -30,7 +31,7 @@ use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
+use wasmtime::component::{Component, ComponentExportIndex, HasSelf, InstancePre, Linker};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline,
 };
@@ -48,6 +49,7 @@ pub use caps::state::StateLimits;
 pub use host::{JsModule, LimitTrap};
 pub use pool::{HostLimits, PoolPlan};
 pub use run::{EvalReply, GuestReply, Instance, TurnFailure, TurnInput, TurnOutput, TurnRequest};
+pub use trim::Trimmed;
 pub use turn::{ActorCounts, Carry, FinishedTurn, TurnLimits, TurnStart, release_blobs};
 
 use caps::CapSet;
@@ -62,6 +64,11 @@ pub struct Prepared {
     pre: InstancePre<Host>,
     handlers: bindings::HandlersIndices,
     js: Option<bindings::JsRuntimeIndices>,
+    /// The JavaScript engine's `report-memory-origin`, for [`trim`].
+    origin: Option<ComponentExportIndex>,
+    /// What [`Sandbox::trim`] compares its instances with: made on the
+    /// first trim (`None`: trimming is not possible here).
+    pristine: tokio::sync::OnceCell<Option<trim::Pristine>>,
 }
 
 impl Prepared {
@@ -230,6 +237,7 @@ impl EngineParts {
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(anyhow::Error::from)?;
         bindings::JsEngine::add_to_linker::<Host, HasSelf<Host>>(&mut linker, |h| h)
             .map_err(anyhow::Error::from)?;
+        trim::link(&mut linker).map_err(anyhow::Error::from)?;
         let hash = {
             let mut h = std::collections::hash_map::DefaultHasher::new();
             engine.precompile_compatibility_hash().hash(&mut h);
@@ -346,7 +354,16 @@ impl Sandbox {
             .map_err(|e| CodeError::WrongWorld(format!("{e:#}")))?;
         // Only the built-in engine exports `js-runtime`.
         let js = bindings::JsRuntimeIndices::new(&pre).ok();
-        Ok(Prepared { pre, handlers, js })
+        let origin = js
+            .as_ref()
+            .and_then(|_| component.get_export_index(None, trim::ORIGIN_EXPORT));
+        Ok(Prepared {
+            pre,
+            handlers,
+            js,
+            origin,
+            pristine: tokio::sync::OnceCell::new(),
+        })
     }
 
     /// The limits of a script run by `js.eval`.
@@ -417,6 +434,61 @@ impl Sandbox {
         self.instantiate_with(pre, spec, js, CapSet::ALL).await
     }
 
+    /// Give back the snapshot pages `inst`, an idle instance of `pre`,
+    /// copied but left as they were (see [`trim`]). Nothing happens for
+    /// code other than the JavaScript engine, or where it is not possible.
+    pub async fn trim(&self, pre: &Prepared, inst: &mut Instance) -> Trimmed {
+        if pre.origin.is_none() {
+            return Trimmed::default();
+        }
+        let Ok(Some(pristine)) = pre.pristine.get_or_try_init(|| self.pristine(pre)).await else {
+            return Trimmed::default();
+        };
+        let Some(origin) = inst.memory_origin().await else {
+            return Trimmed::default();
+        };
+        trim::trim(origin, pristine).unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "trimming a JavaScript sandbox failed");
+            Trimmed::default()
+        })
+    }
+
+    /// The instance of `pre` that trims compare with; `Ok(None)` if
+    /// trimming is not possible here, `Err` if the pool has no room now.
+    async fn pristine(&self, pre: &Prepared) -> Result<Option<trim::Pristine>, ()> {
+        let spec = InstanceSpec {
+            config: &self.config.eval,
+            js_module: None,
+            actors: None,
+            http: None,
+            models: None,
+        };
+        // Not counted against the JavaScript sandbox cap: it never runs,
+        // and its memory is the snapshot's pages, shared.
+        let mut inst = match self
+            .instantiate_in(pre, spec, None, CapSet::NONE, None)
+            .await
+        {
+            Ok(inst) => inst,
+            Err(InstantiateError::NoRoom(_) | InstantiateError::TooManyJs(_)) => return Err(()),
+            Err(InstantiateError::Failed(e)) => {
+                tracing::warn!(error = %e, "JavaScript sandboxes will not be trimmed");
+                return Ok(None);
+            }
+        };
+        let Some(origin) = inst.memory_origin().await else {
+            tracing::warn!("JavaScript sandboxes will not be trimmed: the engine hides its memory");
+            return Ok(None);
+        };
+        match trim::Pristine::new(inst, origin) {
+            Ok(p) => Ok(Some(p)),
+            Err(e) => {
+                tracing::info!(error = %e, "JavaScript sandboxes will not be trimmed");
+                Ok(None)
+            }
+        }
+    }
+
     /// Instantiate `pre` for `spec`, granting `granted` and `js`.
     pub(crate) async fn instantiate_with(
         &self,
@@ -434,6 +506,19 @@ impl Sandbox {
             ),
             None => None,
         };
+        self.instantiate_in(pre, spec, js, granted, js_slot).await
+    }
+
+    /// Instantiate `pre`, counted in `js_slot` if it is a JavaScript
+    /// sandbox that counts against the node's cap.
+    async fn instantiate_in(
+        &self,
+        pre: &Prepared,
+        spec: InstanceSpec<'_>,
+        js: Option<JsAccess>,
+        granted: CapSet,
+        js_slot: Option<pool::JsSlot>,
+    ) -> Result<Instance, InstantiateError> {
         let turn_timeout = spec.config.turn_timeout;
         let host = Host::new(
             spec,
@@ -454,13 +539,20 @@ impl Sandbox {
                 Some(js) => Some(js.load(&mut store, &instance)?),
                 None => None,
             };
-            Ok::<_, wasmtime::Error>((handlers, js))
-        };
-        match loaded.await {
-            Ok((handlers, js)) => Ok(Instance::new(
-                store,
+            let origin = match &pre.origin {
+                Some(i) => Some(instance.get_typed_func::<(), ()>(&mut store, i)?),
+                None => None,
+            };
+            Ok::<_, wasmtime::Error>(run::Exports {
                 handlers,
                 js,
+                origin,
+            })
+        };
+        match loaded.await {
+            Ok(exports) => Ok(Instance::new(
+                store,
+                exports,
                 turn_timeout,
                 self.turn_limits.clone(),
                 self.storage.clone(),

@@ -14,11 +14,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use wasmtime::Store;
+use wasmtime::component::TypedFunc;
 
 use super::bindings::marmot::actor::types::{Alarm, InputAnswer, Webhook};
 use super::bindings::{Context, Handlers, JsRuntime, Message};
 use super::caps::model::TurnUsage;
 use super::host::{Host, LimitTrap};
+use super::trim::MemoryOrigin;
 use super::turn::{Carry, FinishedTurn, TurnLimits, TurnStart, TurnState};
 use crate::ids::ActorKey;
 use crate::storage::Storage;
@@ -176,6 +178,8 @@ pub struct Instance {
     handlers: Handlers,
     /// The JavaScript engine's extra entry points.
     js: Option<JsRuntime>,
+    /// The JavaScript engine's `report-memory-origin`.
+    origin: Option<TypedFunc<(), ()>>,
     turn_timeout: Duration,
     limits: Arc<TurnLimits>,
     storage: Arc<Storage>,
@@ -184,20 +188,34 @@ pub struct Instance {
     _js_slot: Option<super::pool::JsSlot>,
 }
 
+/// The exports of an instance the host calls.
+pub(super) struct Exports {
+    pub(super) handlers: Handlers,
+    /// The JavaScript engine's extra entry points.
+    pub(super) js: Option<JsRuntime>,
+    /// The JavaScript engine's `report-memory-origin`.
+    pub(super) origin: Option<TypedFunc<(), ()>>,
+}
+
 impl Instance {
     pub(super) fn new(
         store: Store<Host>,
-        handlers: Handlers,
-        js: Option<JsRuntime>,
+        exports: Exports,
         turn_timeout: Duration,
         limits: Arc<TurnLimits>,
         storage: Arc<Storage>,
         js_slot: Option<super::pool::JsSlot>,
     ) -> Self {
+        let Exports {
+            handlers,
+            js,
+            origin,
+        } = exports;
         Self {
             store,
             handlers,
             js,
+            origin,
             turn_timeout,
             limits,
             storage,
@@ -221,6 +239,20 @@ impl Instance {
             )),
             Err(_) => Err("compiling the module took too long".into()),
         }
+    }
+
+    /// Where the guest's memory is mapped (`None`: it cannot say). Asked
+    /// once: the memory never moves. The call only passes an address to
+    /// the host; if it trapped anyway, the next turn finds the instance
+    /// unusable and the actor replaces it, as after any trap.
+    pub(super) async fn memory_origin(&mut self) -> Option<MemoryOrigin> {
+        if let Some(origin) = self.store.data().memory_origin {
+            return Some(origin);
+        }
+        let report = self.origin?;
+        self.store.data_mut().cpu_ticks = 0;
+        report.call_async(&mut self.store, ()).await.ok()?;
+        self.store.data().memory_origin
     }
 
     /// Run one turn to its end.

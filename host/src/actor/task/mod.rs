@@ -20,12 +20,14 @@
 //! | `inbox.rs` | durable messages and webhooks, crash recovery |
 //! | `alarms.rs` | due alarms, retries, giving up |
 //! | `inputs.rs` | answers to input requests, expiry |
+//! | `trim.rs` | when the idle JavaScript sandbox gives back unchanged pages |
 
 mod alarms;
 mod commit;
 mod inbox;
 mod inputs;
 mod messages;
+mod trim;
 mod turn;
 mod webhooks;
 
@@ -45,6 +47,7 @@ use crate::sandbox::{ActorCounts, Carry, FinishedTurn};
 use crate::storage::schema::{ActorRecord, CodeKind, IdemOutcome};
 use crate::storage::{Fence, WriteOp};
 use commit::CommitExtras;
+use trim::TrimClock;
 use turn::Live;
 
 /// Cap on the state cache of one actor before committed entries are dropped.
@@ -92,6 +95,8 @@ pub(crate) struct ActorTask {
     /// queue behind them, not run first.
     inbox_deferred: bool,
     last_activity: Instant,
+    /// When the idle JavaScript sandbox is next trimmed.
+    trim_clock: TrimClock,
     /// Earlier starts of the delivery the next turn runs (an inbox row's
     /// counted recovery attempts); taken by that turn.
     next_attempt: u32,
@@ -133,6 +138,7 @@ impl ActorTask {
             inbox_retry_ms: INBOX_RETRY_MS,
             inbox_deferred: false,
             last_activity: now,
+            trim_clock: TrimClock::new(),
         }
     }
 
@@ -166,6 +172,10 @@ impl ActorTask {
                 self.set_busy(false);
                 self.last_activity = Instant::now();
             }
+            let wake = self.next_wake(idle);
+            if wake < sleep.deadline().into_std() {
+                sleep.as_mut().reset(wake.into());
+            }
             tokio::select! {
                 biased;
                 env = rx.recv() => {
@@ -192,17 +202,28 @@ impl ActorTask {
                     }
                 }
                 () = &mut sleep => {
-                    let deadline = self.last_activity + idle;
-                    if Instant::now() >= deadline {
+                    let now = Instant::now();
+                    if now >= self.last_activity + idle {
                         if Box::pin(self.try_hibernate(&mut rx)).await {
                             return;
                         }
                         sleep.as_mut().reset((Instant::now() + idle).into());
                     } else {
-                        sleep.as_mut().reset(deadline.into());
+                        Box::pin(self.trim_if_due(now)).await;
+                        sleep.as_mut().reset(self.next_wake(idle).into());
                     }
                 }
             }
+        }
+    }
+
+    /// When the loop must next look at the clock: to hibernate, or to
+    /// trim a sandbox a turn ran in.
+    fn next_wake(&self, idle: Duration) -> Instant {
+        let hibernate = self.last_activity + idle;
+        match self.trim_clock.due(self.last_activity) {
+            Some(trim) => hibernate.min(trim),
+            None => hibernate,
         }
     }
 

@@ -20,8 +20,10 @@ use crate::storage::WriteOp;
 
 /// The actor's instance, while it has one.
 pub(super) struct Live {
-    inst: Instance,
+    pub(super) inst: Instance,
     version: u32,
+    /// What `inst` is an instance of (for [`ActorTask::trim`]).
+    pub(super) pre: Arc<Prepared>,
     _slot: SlotHeld,
 }
 
@@ -166,6 +168,7 @@ impl ActorTask {
         self.live = Some(Live {
             inst,
             version,
+            pre: prepared.pre.clone(),
             _slot: SlotHeld::new(&self.shared, js),
         });
         Ok(self.live.as_mut().expect("just set"))
@@ -253,7 +256,11 @@ impl ActorTask {
         let is_fresh = fresh.is_some();
         let inst = match &mut fresh {
             Some(inst) => inst,
-            None => &mut self.live.as_mut().expect("instance made live above").inst,
+            None => {
+                let live = self.live.as_mut().expect("instance made live above");
+                self.trim_clock.turn(live.pre.is_js_engine());
+                &mut live.inst
+            }
         };
         let run_started = Instant::now();
         let outcome = inst.run(request).instrument(span.clone()).await;

@@ -1,0 +1,256 @@
+//! Trimming idle JavaScript sandboxes: giving back the snapshot pages a
+//! sandbox copied but left as it found them.
+//!
+//! A sandbox's linear memory starts as its snapshot, mapped copy-on-write.
+//! QuickJS writes to shared objects on every turn (a reference count taken
+//! and dropped again, a list link moved and moved back), so a turn copies
+//! some 25 snapshot pages into the sandbox, and after the turn more than
+//! half of them hold exactly what the snapshot holds. Once a sandbox has
+//! been idle a moment, the actor asks for a trim: every private page of its
+//! memory that equals the same page of a *pristine* instance of the same
+//! compiled engine is discarded with `madvise(MADV_DONTNEED)`. For a
+//! private mapping that maps the snapshot's page again (or the zero page,
+//! past the snapshot), which is what the page already held: the guest
+//! cannot tell. Its next turn copies the page again if it writes to it.
+//!
+//! The pristine instance ([`Pristine`]) is instantiated once per compiled
+//! engine and never runs a turn. It runs one call, `report-memory-origin`
+//! (how the host learns where a sandbox's memory is mapped); any page that
+//! call wrote is never trimmed, since the pristine page then no longer shows
+//! what `MADV_DONTNEED` would restore. Which pages are private comes from
+//! `/proc/self/pagemap`; without it (not Linux, or no access) nothing is
+//! trimmed.
+
+use std::fs::File;
+use std::sync::{Mutex, OnceLock};
+
+use wasmtime::StoreContextMut;
+use wasmtime::component::{Linker, WasmList};
+
+use super::host::Host;
+use super::run::Instance;
+
+/// The host import the engine calls from `report-memory-origin`.
+pub(super) const ORIGIN_IMPORT: &str = "memory-origin";
+/// The engine export that calls it.
+pub(super) const ORIGIN_EXPORT: &str = "report-memory-origin";
+
+/// Where a guest's linear memory is mapped in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct MemoryOrigin {
+    /// The address of the guest's byte 0.
+    pub(super) start: usize,
+    /// Its size when it said so, in bytes.
+    pub(super) size: usize,
+}
+
+/// Define [`ORIGIN_IMPORT`]: `at` is one byte of the guest's memory, at
+/// guest address `addr`, so the memory starts `addr` bytes before it.
+pub(super) fn link(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
+    linker.root().func_wrap(
+        ORIGIN_IMPORT,
+        |mut store: StoreContextMut<'_, Host>, (at, addr, size): (WasmList<u8>, u32, u64)| {
+            let at = at.as_le_slice(&store).as_ptr() as usize;
+            store.data_mut().memory_origin =
+                at.checked_sub(addr as usize).map(|start| MemoryOrigin {
+                    start,
+                    size: usize::try_from(size).unwrap_or(0),
+                });
+            Ok(())
+        },
+    )
+}
+
+/// An instance of a compiled engine that never runs a turn: its memory is
+/// the snapshot as every instance of that engine starts.
+pub(super) struct Pristine {
+    /// Kept, never called again: its memory must stay mapped and unwritten.
+    _instance: Mutex<Instance>,
+    /// Where its memory starts.
+    origin: usize,
+    /// Pages compared: the memory as it was instantiated.
+    pages: usize,
+    /// Pages `report-memory-origin` wrote in it (its stack): not trimmed.
+    written: Vec<bool>,
+}
+
+impl Pristine {
+    /// `instance`, fresh from instantiation and then only asked for
+    /// `origin`.
+    pub(super) fn new(instance: Instance, origin: MemoryOrigin) -> std::io::Result<Self> {
+        let pages = origin.size / page_size();
+        let entries = pagemap_entries(origin.start, pages)?;
+        Ok(Self {
+            _instance: Mutex::new(instance),
+            origin: origin.start,
+            pages,
+            written: entries.iter().map(|&e| is_private(e)).collect(),
+        })
+    }
+}
+
+/// What one trim found and gave back, in pages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Trimmed {
+    /// Private pages of the compared memory before the trim.
+    pub private: usize,
+    /// Of those, pages discarded because they equalled the snapshot.
+    pub released: usize,
+}
+
+/// Discard the private pages of the `sandbox` memory that equal the same
+/// pages of `pristine`.
+///
+/// The caller holds the sandbox's store exclusively, so no guest code runs
+/// in this memory while it is compared and trimmed, and `pristine` is an
+/// instance of the same compiled engine.
+pub(super) fn trim(sandbox: MemoryOrigin, pristine: &Pristine) -> std::io::Result<Trimmed> {
+    let page = page_size();
+    let origin = sandbox.start;
+    if !origin.is_multiple_of(page) || !pristine.origin.is_multiple_of(page) {
+        return Ok(Trimmed::default());
+    }
+    let pages = pristine.pages.min(sandbox.size / page);
+    let entries = pagemap_entries(origin, pages)?;
+    let mut out = Trimmed::default();
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for (i, &entry) in entries.iter().enumerate() {
+        if !is_private(entry) {
+            continue;
+        }
+        out.private += 1;
+        if pristine.written[i] || !page_eq(origin + i * page, pristine.origin + i * page, page) {
+            continue;
+        }
+        out.released += 1;
+        match runs.last_mut() {
+            Some((start, len)) if *start + *len == origin + i * page => *len += page,
+            _ => runs.push((origin + i * page, page)),
+        }
+    }
+    discard(&runs)?;
+    Ok(out)
+}
+
+/// The system's page size.
+fn page_size() -> usize {
+    static PAGE: OnceLock<usize> = OnceLock::new();
+    *PAGE.get_or_init(|| {
+        #[allow(unsafe_code, reason = "sysconf has no preconditions")]
+        // SAFETY: `sysconf` only reads a system constant.
+        let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+    })
+}
+
+/// Whether a pagemap entry is a page present in memory and private to
+/// this process: not the file's page, so written since it was mapped.
+fn is_private(entry: u64) -> bool {
+    const PRESENT: u64 = 1 << 63;
+    const FILE_OR_SHARED: u64 = 1 << 61;
+    entry & PRESENT != 0 && entry & FILE_OR_SHARED == 0
+}
+
+/// `/proc/self/pagemap` entries of `pages` pages from `start`.
+fn pagemap_entries(start: usize, pages: usize) -> std::io::Result<Vec<u64>> {
+    use std::os::unix::fs::FileExt;
+    static PAGEMAP: OnceLock<Option<File>> = OnceLock::new();
+    let Some(file) = PAGEMAP.get_or_init(|| File::open("/proc/self/pagemap").ok()) else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "/proc/self/pagemap cannot be read",
+        ));
+    };
+    let mut buf = vec![0u8; pages * 8];
+    file.read_exact_at(&mut buf, (start / page_size()) as u64 * 8)?;
+    Ok(buf
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect())
+}
+
+/// Whether the `len` bytes at `a` and at `b` are equal.
+fn page_eq(a: usize, b: usize, len: usize) -> bool {
+    #[allow(unsafe_code, reason = "reading two sandboxes' memories in place")]
+    // SAFETY: both ranges lie inside linear memories that stay mapped while
+    // their instances live (the caller holds one, the pristine instance
+    // holds the other), and no guest code runs in either meanwhile: the
+    // caller holds the sandbox's store, and the pristine instance never
+    // runs again. Wasm memory is plain bytes: any content is a valid `u8`.
+    unsafe {
+        std::slice::from_raw_parts(a as *const u8, len)
+            == std::slice::from_raw_parts(b as *const u8, len)
+    }
+}
+
+/// Drop this process's copy of the pages in `runs` (start, length).
+///
+/// One `process_madvise` call for all of them where the kernel allows it
+/// for the calling process (Linux 6.14+): one TLB shootdown instead of one
+/// per run, which on a virtual machine is most of a trim's cost. Else one
+/// `madvise` per run.
+fn discard(runs: &[(usize, usize)]) -> std::io::Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static BATCH: AtomicBool = AtomicBool::new(true);
+    /// `pidfd` meaning the calling process.
+    const PIDFD_SELF: libc::c_int = -10000;
+    if runs.is_empty() {
+        return Ok(());
+    }
+    let iov: Vec<libc::iovec> = runs
+        .iter()
+        .map(|&(start, len)| libc::iovec {
+            iov_base: start as *mut libc::c_void,
+            iov_len: len,
+        })
+        .collect();
+    let total: usize = runs.iter().map(|r| r.1).sum();
+    if runs.len() > 1 && iov.len() <= libc::UIO_MAXIOV as usize && BATCH.load(Ordering::Relaxed) {
+        #[allow(unsafe_code, reason = "discarding pages of a guest's memory")]
+        // SAFETY: as for `madvise` below, for every range in `iov`.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_process_madvise,
+                PIDFD_SELF,
+                iov.as_ptr(),
+                iov.len(),
+                libc::MADV_DONTNEED,
+                0,
+            )
+        };
+        if usize::try_from(r).is_ok_and(|done| done == total) {
+            return Ok(());
+        }
+        // Not this kernel (too old for the call, for `MADV_DONTNEED` or for
+        // `PIDFD_SELF`), or not allowed: use `madvise` from now on. A
+        // partial discard is finished below (discarding twice is harmless).
+        if r < 0 {
+            BATCH.store(false, Ordering::Relaxed);
+        }
+    }
+    for &(start, len) in runs {
+        #[allow(unsafe_code, reason = "discarding pages of a guest's memory")]
+        // SAFETY: the range is page-aligned and inside a sandbox's linear
+        // memory, a private mapping; every page in it equals what the
+        // mapping shows once the private copy is gone (checked just before,
+        // with no guest code running), so no one can observe the discard.
+        let r = unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_means_present_and_not_the_files_page() {
+        assert!(is_private(1 << 63));
+        assert!(!is_private((1 << 63) | (1 << 61)));
+        assert!(!is_private(0));
+        assert!(!is_private(1 << 61));
+    }
+}

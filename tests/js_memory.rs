@@ -1,0 +1,107 @@
+//! The memory of JavaScript sandboxes: an idle sandbox gives back the
+//! snapshot pages it copied but left unchanged, and keeps everything else.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Api, Marmot, metric, tempdir};
+use reqwest::Method;
+use serde_json::json;
+
+/// Module-scope data the turns read and write: some of it built by the top
+/// level (so it lies in the type version's snapshot), some by the turns.
+const MODULE: &str = r#"
+import { state } from "marmot";
+
+const table = Array.from({ length: 4000 }, (_, i) => ({ i, text: "row " + i }));
+const seen = [];
+let turns = 0;
+
+export default {
+  onMessage(body, ctx) {
+    turns += 1;
+    const row = table[body.row];
+    row.hits = (row.hits ?? 0) + 1;
+    seen.push(body.row);
+    const n = (state.get("n") ?? 0) + 1;
+    state.set("n", n);
+    let hits = 0;
+    for (const r of table) hits += r.hits ?? 0;
+    return { id: ctx.id, turns, n, hits, row: row.text, rowHits: row.hits, seen: seen.length };
+  },
+};
+"#;
+
+async fn metrics(api: &Api) -> String {
+    String::from_utf8(api.get("/metrics").await.body).unwrap()
+}
+
+/// Wait until the node has trimmed at least `trims` sandboxes in all.
+async fn wait_for_trims(api: &Api, trims: f64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = metrics(api).await;
+        if metric(&m, "marmot_js_sandbox_trims_total") >= trims {
+            return m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "idle sandboxes were not trimmed: {}",
+            metric(&m, "marmot_js_sandbox_trims_total")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn idle_sandboxes_give_back_unchanged_pages_and_keep_their_heap() {
+    let dir = tempdir();
+    let m = Marmot::start_opts(&dir.path().join("data"), &[], None).await;
+    let api = m.client();
+    let r = api
+        .req(
+            Method::PUT,
+            "/v1/types/rows",
+            Some(("text/javascript", MODULE.as_bytes().to_vec())),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+
+    let ids = ["a", "b", "c"];
+    let mut trims = 0.0;
+    let mut released = 0.0;
+    // Three rounds of turns, each followed by the sandboxes going idle and
+    // being trimmed: every turn must find exactly what the earlier ones
+    // left, in the module's heap (part of it in snapshot pages the turns
+    // wrote to) and in state.
+    for round in 1..=3u64 {
+        for (k, id) in ids.iter().enumerate() {
+            for t in 0..3u64 {
+                // Rows far apart, so the writes land on different pages.
+                let row = (k as u64 * 1000 + round * 97 + t) % 4000;
+                let r = api.op("rows", id, json!({ "row": row })).await;
+                assert_eq!(r.status, 200, "{}", r.json);
+                let turn = (round - 1) * 3 + t + 1;
+                assert_eq!(r.json["turns"], turn, "{id}: {}", r.json);
+                assert_eq!(r.json["n"], turn, "{id}: {}", r.json);
+                assert_eq!(r.json["hits"], turn, "{id}: {}", r.json);
+                assert_eq!(r.json["seen"], turn, "{id}: {}", r.json);
+                assert_eq!(r.json["rowHits"], 1, "{id}: {}", r.json);
+                assert_eq!(r.json["row"], format!("row {row}"), "{id}: {}", r.json);
+            }
+        }
+        trims += ids.len() as f64;
+        let m = wait_for_trims(&api, trims).await;
+        let now = metric(&m, "marmot_js_sandbox_trimmed_pages_total");
+        assert!(
+            now > released,
+            "round {round}: the trims gave nothing back ({now} pages in all)"
+        );
+        released = now;
+    }
+    // Still the same sandboxes: trims are not hibernations.
+    let m = metrics(&api).await;
+    assert_eq!(metric(&m, "marmot_hibernations_total"), 0.0);
+}
