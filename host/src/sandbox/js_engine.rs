@@ -60,12 +60,8 @@ impl Sandbox {
                 bytes
             }
         };
-        let prepared = Arc::new(self.prepare(&snapshot)?);
-        if !prepared.is_js_engine() {
-            return Err(CodeError::WrongWorld(
-                "the built-in JavaScript engine does not export js-runtime".into(),
-            ));
-        }
+        let component = self.compile(&snapshot)?;
+        let prepared = Arc::new(self.link_js_engine(&component)?);
         tracing::info!(
             elapsed_ms = started.elapsed().as_millis() as u64,
             "JavaScript engine ready"
@@ -89,7 +85,7 @@ impl Sandbox {
         let shared = self.js_engine()?;
         let (cwasm, refused) = self.type_cache_paths(module, config);
         if let Some(c) = self.load_cached(&cwasm) {
-            return Ok(Arc::new(self.link(&c)?));
+            return Ok(Arc::new(self.link_js_engine(&c)?));
         }
         if refused.exists() {
             return Ok(shared);
@@ -123,7 +119,7 @@ impl Sandbox {
         let compiling = std::time::Instant::now();
         let component = self.compile_into(&snapshot, &cwasm)?;
         let compile_ms = compiling.elapsed().as_millis() as u64;
-        let prepared = Arc::new(self.link(&component)?);
+        let prepared = Arc::new(self.link_js_engine(&component)?);
         tracing::info!(
             module = %module.name,
             elapsed_ms = started.elapsed().as_millis() as u64,

@@ -64,7 +64,8 @@ pub struct Prepared {
     pre: InstancePre<Host>,
     handlers: bindings::HandlersIndices,
     js: Option<bindings::JsRuntimeIndices>,
-    /// The JavaScript engine's `report-memory-origin`, for [`trim`].
+    /// The built-in JavaScript engine's `report-memory-origin`, for
+    /// [`trim`] (`None` for any other code).
     origin: Option<ComponentExportIndex>,
     /// What [`Sandbox::trim`] compares its instances with: made on the
     /// first trim (`None`: trimming is not possible here).
@@ -342,6 +343,21 @@ impl Sandbox {
         Ok(p)
     }
 
+    /// Link the built-in JavaScript engine (or a snapshot of it): like
+    /// [`link`](Self::link), and its sandboxes can be trimmed. Never for
+    /// deployed code: the host trusts what the engine says about where its
+    /// memory is, and trimming discards pages there.
+    fn link_js_engine(&self, component: &Component) -> Result<Prepared, CodeError> {
+        let mut prepared = self.link(component)?;
+        if !prepared.is_js_engine() {
+            return Err(CodeError::WrongWorld(
+                "the built-in JavaScript engine does not export js-runtime".into(),
+            ));
+        }
+        prepared.origin = component.get_export_index(None, trim::ORIGIN_EXPORT);
+        Ok(prepared)
+    }
+
     /// Link compiled code against the host and check it fits the actor
     /// world.
     fn link(&self, component: &Component) -> Result<Prepared, CodeError> {
@@ -354,14 +370,11 @@ impl Sandbox {
             .map_err(|e| CodeError::WrongWorld(format!("{e:#}")))?;
         // Only the built-in engine exports `js-runtime`.
         let js = bindings::JsRuntimeIndices::new(&pre).ok();
-        let origin = js
-            .as_ref()
-            .and_then(|_| component.get_export_index(None, trim::ORIGIN_EXPORT));
         Ok(Prepared {
             pre,
             handlers,
             js,
-            origin,
+            origin: None,
             pristine: tokio::sync::OnceCell::new(),
         })
     }
@@ -435,22 +448,20 @@ impl Sandbox {
     }
 
     /// Give back the snapshot pages `inst`, an idle instance of `pre`,
-    /// copied but left as they were (see [`trim`]). Nothing happens for
-    /// code other than the JavaScript engine, or where it is not possible.
-    pub async fn trim(&self, pre: &Prepared, inst: &mut Instance) -> Trimmed {
-        if pre.origin.is_none() {
-            return Trimmed::default();
-        }
-        let Ok(Some(pristine)) = pre.pristine.get_or_try_init(|| self.pristine(pre)).await else {
-            return Trimmed::default();
-        };
-        let Some(origin) = inst.memory_origin().await else {
-            return Trimmed::default();
-        };
-        trim::trim(origin, pristine).unwrap_or_else(|e| {
-            tracing::debug!(error = %e, "trimming a JavaScript sandbox failed");
-            Trimmed::default()
-        })
+    /// copied but left as they were (see [`trim`]). `None`: not possible,
+    /// for code other than the built-in JavaScript engine, or here.
+    pub async fn trim(&self, pre: &Prepared, inst: &mut Instance) -> Option<Trimmed> {
+        pre.origin.as_ref()?;
+        let pristine = pre
+            .pristine
+            .get_or_try_init(|| self.pristine(pre))
+            .await
+            .ok()?
+            .as_ref()?;
+        let origin = inst.memory_origin().await?;
+        trim::trim(origin, pristine)
+            .inspect_err(|e| tracing::debug!(error = %e, "trimming a JavaScript sandbox failed"))
+            .ok()
     }
 
     /// The instance of `pre` that trims compare with; `Ok(None)` if

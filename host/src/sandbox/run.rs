@@ -246,10 +246,12 @@ impl Instance {
     /// the host; if it trapped anyway, the next turn finds the instance
     /// unusable and the actor replaces it, as after any trap.
     pub(super) async fn memory_origin(&mut self) -> Option<MemoryOrigin> {
+        // Only the built-in engine is asked (and believed): any component
+        // may call the import.
+        let report = self.origin?;
         if let Some(origin) = self.store.data().memory_origin {
             return Some(origin);
         }
-        let report = self.origin?;
         self.store.data_mut().cpu_ticks = 0;
         report.call_async(&mut self.store, ()).await.ok()?;
         self.store.data().memory_origin

@@ -68,7 +68,9 @@ impl ActorTask {
         let Some(live) = self.live.as_mut() else {
             return;
         };
-        let trimmed = self.env.sandbox.trim(&live.pre, &mut live.inst).await;
+        let Some(trimmed) = self.env.sandbox.trim(&live.pre, &mut live.inst).await else {
+            return;
+        };
         self.env.metrics.js_trims.inc();
         self.env
             .metrics
