@@ -64,6 +64,9 @@ pub struct Host {
     /// Where the guest's memory is, once it said so (JavaScript sandboxes,
     /// for [`trim`](super::trim)).
     pub(super) memory_origin: Option<super::trim::MemoryOrigin>,
+    /// The host is asking the guest where its memory is: the only time
+    /// the answer is taken.
+    pub(super) origin_asked: bool,
 }
 
 /// A JavaScript module as the engine receives it.
@@ -125,6 +128,7 @@ impl Host {
             js,
             granted,
             memory_origin: None,
+            origin_asked: false,
         }
     }
 

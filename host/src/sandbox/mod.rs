@@ -48,7 +48,9 @@ pub use caps::model::{ModelAccess, TurnUsage};
 pub use caps::state::StateLimits;
 pub use host::{JsModule, LimitTrap};
 pub use pool::{HostLimits, PoolPlan};
-pub use run::{EvalReply, GuestReply, Instance, TurnFailure, TurnInput, TurnOutput, TurnRequest};
+pub use run::{
+    EvalReply, GuestReply, Instance, InstanceLost, TurnFailure, TurnInput, TurnOutput, TurnRequest,
+};
 pub use trim::Trimmed;
 pub use turn::{ActorCounts, Carry, FinishedTurn, TurnLimits, TurnStart, release_blobs};
 
@@ -67,9 +69,17 @@ pub struct Prepared {
     /// The built-in JavaScript engine's `report-memory-origin`, for
     /// [`trim`] (`None` for any other code).
     origin: Option<ComponentExportIndex>,
-    /// What [`Sandbox::trim`] compares its instances with: made on the
-    /// first trim (`None`: trimming is not possible here).
-    pristine: tokio::sync::OnceCell<Option<trim::Pristine>>,
+    /// What [`Sandbox::trim`] compares its instances with.
+    pristine: tokio::sync::Mutex<PristineSlot>,
+}
+
+/// The pristine instance of a [`Prepared`], while trimmed instances hold
+/// it.
+#[derive(Default)]
+struct PristineSlot {
+    live: std::sync::Weak<trim::Pristine>,
+    /// Making one failed for a reason that will not go away.
+    impossible: bool,
 }
 
 impl Prepared {
@@ -375,7 +385,7 @@ impl Sandbox {
             handlers,
             js,
             origin: None,
-            pristine: tokio::sync::OnceCell::new(),
+            pristine: Default::default(),
         })
     }
 
@@ -448,27 +458,45 @@ impl Sandbox {
     }
 
     /// Give back the snapshot pages `inst`, an idle instance of `pre`,
-    /// copied but left as they were (see [`trim`]). `None`: not possible,
-    /// for code other than the built-in JavaScript engine, or here.
-    pub async fn trim(&self, pre: &Prepared, inst: &mut Instance) -> Option<Trimmed> {
-        pre.origin.as_ref()?;
-        let pristine = pre
-            .pristine
-            .get_or_try_init(|| self.pristine(pre))
-            .await
-            .ok()?
-            .as_ref()?;
-        let origin = inst.memory_origin().await?;
-        trim::trim(origin, pristine)
+    /// copied but left as they were (see [`trim`]). `Ok(None)`: not
+    /// possible, for code other than the built-in JavaScript engine, or
+    /// here. `Err`: asking the engine where its memory is trapped, and
+    /// `inst` must not run again.
+    pub async fn trim(
+        &self,
+        pre: &Prepared,
+        inst: &mut Instance,
+    ) -> Result<Option<Trimmed>, InstanceLost> {
+        let Some(origin) = inst.memory_origin().await? else {
+            return Ok(None);
+        };
+        if inst.pristine.is_none() {
+            inst.pristine = self.pristine(pre).await;
+        }
+        let Some(pristine) = &inst.pristine else {
+            return Ok(None);
+        };
+        Ok(trim::trim(origin, pristine)
             .inspect_err(|e| tracing::debug!(error = %e, "trimming a JavaScript sandbox failed"))
-            .ok()
+            .ok())
     }
 
-    /// The instance of `pre` that trims compare with; `Ok(None)` if
-    /// trimming is not possible here, `Err` if the pool has no room now.
-    async fn pristine(&self, pre: &Prepared) -> Result<Option<trim::Pristine>, ()> {
+    /// The instance of `pre` that trims compare with: kept while any
+    /// trimmed instance of `pre` lives, made again after. `None`: the pool
+    /// has no room now, or trimming is not possible here.
+    async fn pristine(&self, pre: &Prepared) -> Option<Arc<trim::Pristine>> {
+        let mut slot = pre.pristine.lock().await;
+        if slot.impossible {
+            return None;
+        }
+        if let Some(p) = slot.live.upgrade() {
+            return Some(p);
+        }
+        // Its memory may start as large as any type's.
+        let mut config = self.config.eval.clone();
+        config.max_memory_bytes = self.config.max_memory_bytes;
         let spec = InstanceSpec {
-            config: &self.config.eval,
+            config: &config,
             js_module: None,
             actors: None,
             http: None,
@@ -476,26 +504,27 @@ impl Sandbox {
         };
         // Not counted against the JavaScript sandbox cap: it never runs,
         // and its memory is the snapshot's pages, shared.
-        let mut inst = match self
+        let made = match self
             .instantiate_in(pre, spec, None, CapSet::NONE, None)
             .await
         {
-            Ok(inst) => inst,
-            Err(InstantiateError::NoRoom(_) | InstantiateError::TooManyJs(_)) => return Err(()),
-            Err(InstantiateError::Failed(e)) => {
-                tracing::warn!(error = %e, "JavaScript sandboxes will not be trimmed");
-                return Ok(None);
+            Ok(mut inst) => match inst.memory_origin().await {
+                Ok(Some(origin)) => trim::Pristine::new(inst, origin).map_err(|e| e.to_string()),
+                _ => Err("the engine did not say where its memory is".into()),
+            },
+            Err(InstantiateError::NoRoom(_) | InstantiateError::TooManyJs(_)) => return None,
+            Err(InstantiateError::Failed(e)) => Err(e),
+        };
+        match made {
+            Ok(p) => {
+                let p = Arc::new(p);
+                slot.live = Arc::downgrade(&p);
+                Some(p)
             }
-        };
-        let Some(origin) = inst.memory_origin().await else {
-            tracing::warn!("JavaScript sandboxes will not be trimmed: the engine hides its memory");
-            return Ok(None);
-        };
-        match trim::Pristine::new(inst, origin) {
-            Ok(p) => Ok(Some(p)),
             Err(e) => {
-                tracing::info!(error = %e, "JavaScript sandboxes will not be trimmed");
-                Ok(None)
+                tracing::warn!(error = %e, "JavaScript sandboxes will not be trimmed");
+                slot.impossible = true;
+                None
             }
         }
     }

@@ -20,7 +20,7 @@ use super::bindings::marmot::actor::types::{Alarm, InputAnswer, Webhook};
 use super::bindings::{Context, Handlers, JsRuntime, Message};
 use super::caps::model::TurnUsage;
 use super::host::{Host, LimitTrap};
-use super::trim::MemoryOrigin;
+use super::trim::{MemoryOrigin, Pristine};
 use super::turn::{Carry, FinishedTurn, TurnLimits, TurnStart, TurnState};
 use crate::ids::ActorKey;
 use crate::storage::Storage;
@@ -131,6 +131,11 @@ impl TurnOutcome {
     }
 }
 
+/// A call outside a turn trapped: the instance must not run again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the instance trapped outside a turn")]
+pub struct InstanceLost;
+
 /// Why a guest call was stopped, for metrics and messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TrapKind {
@@ -180,6 +185,8 @@ pub struct Instance {
     js: Option<JsRuntime>,
     /// The JavaScript engine's `report-memory-origin`.
     origin: Option<TypedFunc<(), ()>>,
+    /// What trims of this instance compare with, once it has been trimmed.
+    pub(super) pristine: Option<Arc<Pristine>>,
     turn_timeout: Duration,
     limits: Arc<TurnLimits>,
     storage: Arc<Storage>,
@@ -216,6 +223,7 @@ impl Instance {
             handlers,
             js,
             origin,
+            pristine: None,
             turn_timeout,
             limits,
             storage,
@@ -241,20 +249,27 @@ impl Instance {
         }
     }
 
-    /// Where the guest's memory is mapped (`None`: it cannot say). Asked
-    /// once: the memory never moves. The call only passes an address to
-    /// the host; if it trapped anyway, the next turn finds the instance
-    /// unusable and the actor replaces it, as after any trap.
-    pub(super) async fn memory_origin(&mut self) -> Option<MemoryOrigin> {
+    /// Where the guest's memory is mapped (`Ok(None)`: it cannot say).
+    /// Asked once: the memory never moves. `Err`: the call trapped, and
+    /// the instance must not run again.
+    pub(super) async fn memory_origin(&mut self) -> Result<Option<MemoryOrigin>, InstanceLost> {
         // Only the built-in engine is asked (and believed): any component
-        // may call the import.
-        let report = self.origin?;
+        // may call the import, which takes an answer only while asked.
+        let Some(report) = self.origin else {
+            return Ok(None);
+        };
         if let Some(origin) = self.store.data().memory_origin {
-            return Some(origin);
+            return Ok(Some(origin));
         }
-        self.store.data_mut().cpu_ticks = 0;
-        report.call_async(&mut self.store, ()).await.ok()?;
-        self.store.data().memory_origin
+        let host = self.store.data_mut();
+        host.cpu_ticks = 0;
+        host.origin_asked = true;
+        let called = report.call_async(&mut self.store, ()).await;
+        self.store.data_mut().origin_asked = false;
+        match called {
+            Ok(()) => Ok(self.store.data().memory_origin),
+            Err(_) => Err(InstanceLost),
+        }
     }
 
     /// Run one turn to its end.

@@ -50,6 +50,9 @@ pub(super) fn link(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
     linker.root().func_wrap(
         ORIGIN_IMPORT,
         |mut store: StoreContextMut<'_, Host>, (at, addr, size): (WasmList<u8>, u32, u64)| {
+            if !store.data().origin_asked || size <= u64::from(addr) {
+                return Ok(());
+            }
             let at = at.as_le_slice(&store).as_ptr() as usize;
             store.data_mut().memory_origin =
                 at.checked_sub(addr as usize).map(|start| MemoryOrigin {
@@ -84,7 +87,11 @@ impl Pristine {
             _instance: Mutex::new(instance),
             origin: origin.start,
             pages,
-            written: entries.iter().map(|&e| is_private(e)).collect(),
+            // A page swapped out since the call wrote it counts as written.
+            written: entries
+                .iter()
+                .map(|&e| is_private(e) || e & SWAPPED != 0)
+                .collect(),
         })
     }
 }
@@ -143,23 +150,30 @@ fn page_size() -> usize {
     })
 }
 
-/// Whether a pagemap entry is a page present in memory and private to
-/// this process: not the file's page, so written since it was mapped.
+/// Pagemap entry bits (Documentation/admin-guide/mm/pagemap.rst).
+const PRESENT: u64 = 1 << 63;
+const SWAPPED: u64 = 1 << 62;
+const FILE_OR_SHARED: u64 = 1 << 61;
+const EXCLUSIVE: u64 = 1 << 56;
+
+/// Whether a pagemap entry is a page present in memory, mapped only here,
+/// and not the file's page (nor the zero page, which is not exclusive):
+/// a copy this process made when the page was written.
 fn is_private(entry: u64) -> bool {
-    const PRESENT: u64 = 1 << 63;
-    const FILE_OR_SHARED: u64 = 1 << 61;
-    entry & PRESENT != 0 && entry & FILE_OR_SHARED == 0
+    entry & PRESENT != 0 && entry & FILE_OR_SHARED == 0 && entry & EXCLUSIVE != 0
 }
 
 /// `/proc/self/pagemap` entries of `pages` pages from `start`.
 fn pagemap_entries(start: usize, pages: usize) -> std::io::Result<Vec<u64>> {
     use std::os::unix::fs::FileExt;
-    static PAGEMAP: OnceLock<Option<File>> = OnceLock::new();
-    let Some(file) = PAGEMAP.get_or_init(|| File::open("/proc/self/pagemap").ok()) else {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::Unsupported,
-            "/proc/self/pagemap cannot be read",
-        ));
+    static PAGEMAP: OnceLock<File> = OnceLock::new();
+    let file = match PAGEMAP.get() {
+        Some(file) => file,
+        // Tried again next time if it fails (say, out of descriptors).
+        None => {
+            let opened = File::open("/proc/self/pagemap")?;
+            PAGEMAP.get_or_init(|| opened)
+        }
     };
     let mut buf = vec![0u8; pages * 8];
     file.read_exact_at(&mut buf, (start / page_size()) as u64 * 8)?;
@@ -224,7 +238,12 @@ fn discard(runs: &[(usize, usize)]) -> std::io::Result<()> {
         // Not this kernel (too old for the call, for `MADV_DONTNEED` or for
         // `PIDFD_SELF`), or not allowed: use `madvise` from now on. A
         // partial discard is finished below (discarding twice is harmless).
-        if r < 0 {
+        let permanent = [libc::ENOSYS, libc::EINVAL, libc::EBADF, libc::EPERM];
+        if r < 0
+            && std::io::Error::last_os_error()
+                .raw_os_error()
+                .is_some_and(|e| permanent.contains(&e))
+        {
             BATCH.store(false, Ordering::Relaxed);
         }
     }
@@ -248,9 +267,10 @@ mod tests {
 
     #[test]
     fn private_means_present_and_not_the_files_page() {
-        assert!(is_private(1 << 63));
-        assert!(!is_private((1 << 63) | (1 << 61)));
+        assert!(is_private(PRESENT | EXCLUSIVE));
+        assert!(!is_private(PRESENT), "the zero page is not exclusive");
+        assert!(!is_private(PRESENT | FILE_OR_SHARED | EXCLUSIVE));
         assert!(!is_private(0));
-        assert!(!is_private(1 << 61));
+        assert!(!is_private(SWAPPED | EXCLUSIVE));
     }
 }

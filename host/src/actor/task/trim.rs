@@ -64,13 +64,19 @@ impl ActorTask {
             return;
         }
         self.trim_clock.pending = false;
-        self.trim_clock.trimmed = true;
         let Some(live) = self.live.as_mut() else {
             return;
         };
-        let Some(trimmed) = self.env.sandbox.trim(&live.pre, &mut live.inst).await else {
-            return;
+        let trimmed = match self.env.sandbox.trim(&live.pre, &mut live.inst).await {
+            Ok(Some(trimmed)) => trimmed,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(actor = %self.key, error = %e, "dropping the sandbox");
+                self.live = None;
+                return;
+            }
         };
+        self.trim_clock.trimmed = true;
         self.env.metrics.js_trims.inc();
         self.env
             .metrics
