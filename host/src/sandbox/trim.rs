@@ -13,11 +13,13 @@
 //! past the snapshot), which is what the page already held: the guest
 //! cannot tell. Its next turn copies the page again if it writes to it.
 //!
-//! The pristine instance ([`Pristine`]) is instantiated once per compiled
-//! engine and never runs a turn. It runs one call, `report-memory-origin`
-//! (how the host learns where a sandbox's memory is mapped); any page that
-//! call wrote is never trimmed, since the pristine page then no longer shows
-//! what `MADV_DONTNEED` would restore. Which pages are private comes from
+//! The pristine instance ([`Pristine`]) is an instance of the compiled
+//! engine that never runs a turn, held by the sandboxes trimmed against it.
+//! It runs one call, `report-memory-origin` (how the host learns where a
+//! sandbox's memory is mapped); any page that call wrote is never trimmed,
+//! since the pristine page then no longer shows what `MADV_DONTNEED` would
+//! restore. Only the built-in engine is asked: the host believes no other
+//! code about where its memory is. Which pages are private comes from
 //! `/proc/self/pagemap`; without it (not Linux, or no access) nothing is
 //! trimmed.
 

@@ -22,7 +22,7 @@ use crate::storage::WriteOp;
 pub(super) struct Live {
     pub(super) inst: Instance,
     version: u32,
-    /// What `inst` is an instance of (for [`ActorTask::trim`]).
+    /// What `inst` is an instance of (for trims: `trim.rs`).
     pub(super) pre: Arc<Prepared>,
     _slot: SlotHeld,
 }
