@@ -251,14 +251,7 @@ export default {
 #[tokio::test]
 async fn javascript_actors_call_and_send() {
     let (_dir, _m, api) = kit_node(json!({})).await;
-    let r = api
-        .req(
-            Method::PUT,
-            "/v1/types/caller",
-            Some(("text/javascript", CALLER_JS.as_bytes().to_vec())),
-            &[],
-        )
-        .await;
+    let r = api.deploy_js("caller", CALLER_JS).await;
     assert_eq!(r.status, 201, "{}", r.json);
     let r = api
         .post_json("/v1/actors/caller/x", &json!({"to": "b", "by": 3}))

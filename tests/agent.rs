@@ -916,15 +916,7 @@ async fn the_javascript_agent_example_runs_its_own_loop() {
     .await;
     assert_eq!(r.status, 201);
     let source = include_str!("../examples/js-agent/agent.js");
-    let r = rig
-        .api
-        .req(
-            reqwest::Method::PUT,
-            "/v1/types/js-agent",
-            Some(("text/javascript", source.as_bytes().to_vec())),
-            &[],
-        )
-        .await;
+    let r = rig.api.deploy_js("js-agent", source).await;
     assert_eq!(r.status, 201, "{}", r.json);
     rig.fake.push([
         Scripted::ToolCalls {

@@ -592,14 +592,7 @@ export default {
 #[tokio::test]
 async fn javascript_actors_set_and_receive_alarms() {
     let (_dir, _m, api) = kit_node(json!({})).await;
-    let r = api
-        .req(
-            reqwest::Method::PUT,
-            "/v1/types/timer",
-            Some(("text/javascript", TIMER_JS.as_bytes().to_vec())),
-            &[],
-        )
-        .await;
+    let r = api.deploy_js("timer", TIMER_JS).await;
     assert_eq!(r.status, 201, "{}", r.json);
     let r = api
         .post_json(

@@ -872,14 +872,7 @@ async fn dev_examples_never_replace_a_users_type() {
     assert_eq!(example.json["kind"], "wasm");
 
     let mine = "export default { async onMessage(body) { return { mine: true }; } };";
-    let r = api
-        .req(
-            Method::PUT,
-            "/v1/types/counter",
-            Some(("text/javascript", mine.as_bytes().to_vec())),
-            &[],
-        )
-        .await;
+    let r = api.deploy_js("counter", mine).await;
     assert_eq!(r.status, 201, "{}", r.json);
     let version = r.json["version"].clone();
 

@@ -375,14 +375,7 @@ export default {
     return { read: files.read("outputs/hello.txt"), list: files.list("outputs/") };
   }
 };"#;
-    let r = api
-        .req(
-            Method::PUT,
-            "/v1/types/jsfiles",
-            Some(("text/javascript", source.as_bytes().to_vec())),
-            &[],
-        )
-        .await;
+    let r = api.deploy_js("jsfiles", source).await;
     assert_eq!(r.status, 201, "{}", r.json);
     let r = api
         .post_json("/v1/actors/jsfiles/a", &json!({ "name": "ann" }))

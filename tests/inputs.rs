@@ -317,14 +317,7 @@ export default {
 #[tokio::test]
 async fn javascript_actors_request_and_receive_inputs() {
     let (_dir, _m, api) = kit_node(json!({})).await;
-    let r = api
-        .req(
-            Method::PUT,
-            "/v1/types/approver",
-            Some(("text/javascript", APPROVER_JS.as_bytes().to_vec())),
-            &[],
-        )
-        .await;
+    let r = api.deploy_js("approver", APPROVER_JS).await;
     assert_eq!(r.status, 201, "{}", r.json);
     let r = api
         .post_json("/v1/actors/approver/x", &json!({"what": "v2"}))

@@ -46,16 +46,6 @@ export default {
 import { files } from "marmot";
 "#;
 
-async fn deploy_js(api: &Api, ty: &str, source: &str) -> Resp {
-    api.req(
-        Method::PUT,
-        &format!("/v1/types/{ty}"),
-        Some(("text/javascript", source.as_bytes().to_vec())),
-        &[],
-    )
-    .await
-}
-
 async fn eval(api: &Api, ty: &str, id: &str, code: &str) -> Resp {
     api.req(
         Method::POST,
@@ -76,7 +66,7 @@ async fn node(config: Option<&str>) -> (tempfile::TempDir, Marmot, Api) {
 #[tokio::test]
 async fn javascript_actors_run_turns_against_the_marmot_module() {
     let (_dir, m, api) = node(None).await;
-    let r = deploy_js(&api, "jscount", COUNTER_JS).await;
+    let r = api.deploy_js("jscount", COUNTER_JS).await;
     assert_eq!(r.status, 201, "{}", r.json);
     assert_eq!(r.json["kind"], "js");
 
@@ -147,13 +137,13 @@ async fn javascript_actors_run_turns_against_the_marmot_module() {
 #[tokio::test]
 async fn javascript_errors_are_clear_and_commit_nothing() {
     let (_dir, _m, api) = node(None).await;
-    deploy_js(&api, "jscount", COUNTER_JS).await;
+    api.deploy_js("jscount", COUNTER_JS).await;
     api.post_json("/v1/actors/jscount/a", &json!({"by": 3}))
         .await;
 
     // A syntax error is a 400 naming line and column; nothing is deployed.
     let bad = "export default {\n  onMessage() {\n    return 1 +;\n  }\n};\n";
-    let r = deploy_js(&api, "jscount", bad).await;
+    let r = api.deploy_js("jscount", bad).await;
     assert_eq!(r.status, 400, "{}", r.json);
     assert_eq!(r.code(), "invalid_code");
     let msg = r.json["error"]["message"].as_str().unwrap();
@@ -197,7 +187,7 @@ async fn javascript_errors_are_clear_and_commit_nothing() {
     );
 
     // A module without handlers says so.
-    deploy_js(&api, "empty", "export const x = 1;").await;
+    api.deploy_js("empty", "export const x = 1;").await;
     let r = api.op("empty", "a", json!({})).await;
     assert_eq!(r.status, 500);
     assert!(
@@ -267,7 +257,7 @@ async fn more_javascript_actors_than_sandboxes_take_turns_by_making_room() {
     // least recently used idle ones hibernate to make way instead of callers
     // getting 503s.
     let (_dir, _m, api) = node(Some("[limits]\nmax_js_sandboxes = 16\n")).await;
-    assert_eq!(deploy_js(&api, "jscount", COUNTER_JS).await.status, 201);
+    assert_eq!(api.deploy_js("jscount", COUNTER_JS).await.status, 201);
     for round in 1..=3 {
         let mut calls = Vec::new();
         for i in 0..40 {
@@ -321,7 +311,7 @@ export default {
   },
 };
 "#;
-    assert_eq!(deploy_js(&api, "g", src).await.status, 201);
+    assert_eq!(api.deploy_js("g", src).await.status, 201);
     let a = api.op("g", "a", json!({})).await;
     assert_eq!(a.status, 200, "{}", a.json);
     assert_eq!(a.json["order"], json!(["timer", "micro"]));
@@ -350,7 +340,7 @@ export default {
 #[tokio::test]
 async fn eval_runs_scripts_bound_to_the_actor_and_commits_only_on_success() {
     let (_dir, _m, api) = node(None).await;
-    deploy_js(&api, "jscount", COUNTER_JS).await;
+    api.deploy_js("jscount", COUNTER_JS).await;
     api.post_json("/v1/actors/jscount/e", &json!({"by": 10}))
         .await;
 
@@ -500,7 +490,7 @@ async fn contained(api: &Api, id: &str, attack: &str) -> String {
 async fn hostile_scripts_are_contained() {
     let config = "[limits]\neval_cpu_ms = 300\neval_memory_bytes = 16777216\n";
     let (_dir, _m, api) = node(Some(config)).await;
-    deploy_js(&api, "jscount", COUNTER_JS).await;
+    api.deploy_js("jscount", COUNTER_JS).await;
     api.post_json("/v1/actors/jscount/victim", &json!({"by": 1}))
         .await;
     let w = "marmot.state.set('pwned', 1);\n";
@@ -627,7 +617,7 @@ export default {
   },
 };
 "#;
-    deploy_js(&api, "p", src).await;
+    api.deploy_js("p", src).await;
     assert_eq!(
         api.op("p", "evil", json!({"op": "pollute"})).await.body,
         b"done"
@@ -849,7 +839,7 @@ export default {
 #[tokio::test]
 async fn host_calls_with_random_arguments_never_break_the_node() {
     let (_dir, m, api) = node(None).await;
-    assert_eq!(deploy_js(&api, "fuzz", FUZZ_JS).await.status, 201);
+    assert_eq!(api.deploy_js("fuzz", FUZZ_JS).await.status, 201);
     let (mut ok, mut thrown, mut failed) = (0, 0, 0);
     for seed in 0..300u32 {
         let r = api
@@ -911,7 +901,7 @@ export default {
   },
 };
 "#;
-    assert_eq!(deploy_js(&api, "pure", pure).await.status, 201);
+    assert_eq!(api.deploy_js("pure", pure).await.status, 201);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let a = api.op("pure", "a", json!({})).await;
     assert_eq!(a.status, 200, "{}", a.json);
@@ -965,7 +955,7 @@ export default { onMessage() { return 1; } };
         ("logs", logs),
         ("throws", throws),
     ] {
-        assert_eq!(deploy_js(&api, ty, src).await.status, 201, "{ty}");
+        assert_eq!(api.deploy_js(ty, src).await.status, 201, "{ty}");
     }
     let (a, b) = (
         api.op("random", "a", json!({})).await,
@@ -1047,7 +1037,7 @@ export default {
   },
 };
 "#;
-    assert_eq!(deploy_js(&api, "late", src).await.status, 201);
+    assert_eq!(api.deploy_js("late", src).await.status, 201);
     assert_eq!(api.op("late", "a", json!({"op": "leave"})).await.json, 0);
     let r = api.op("late", "a", json!({"op": "wait"})).await;
     assert_eq!(r.status, 200, "{}", r.json);

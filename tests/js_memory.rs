@@ -6,7 +6,6 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Api, Marmot, metric, tempdir};
-use reqwest::Method;
 use serde_json::json;
 
 /// Module-scope data the turns read and write: some of it built by the top
@@ -59,14 +58,7 @@ async fn idle_sandboxes_give_back_unchanged_pages_and_keep_their_heap() {
     let dir = tempdir();
     let m = Marmot::start_opts(&dir.path().join("data"), &[], None).await;
     let api = m.client();
-    let r = api
-        .req(
-            Method::PUT,
-            "/v1/types/rows",
-            Some(("text/javascript", MODULE.as_bytes().to_vec())),
-            &[],
-        )
-        .await;
+    let r = api.deploy_js("rows", MODULE).await;
     assert_eq!(r.status, 201, "{}", r.json);
 
     let ids = ["a", "b", "c"];

@@ -456,15 +456,7 @@ export default {
   },
 };
 "#;
-    let r = rig
-        .api
-        .req(
-            reqwest::Method::PUT,
-            "/v1/types/jsbot",
-            Some(("text/javascript", js.as_bytes().to_vec())),
-            &[],
-        )
-        .await;
+    let r = rig.api.deploy_js("jsbot", js).await;
     assert_eq!(r.status, 201, "{}", r.json);
     rig.fake
         .set_timing(Duration::ZERO, Duration::from_millis(30));
@@ -730,15 +722,7 @@ export default { async onMessage() {
   throw new Error("after the call");
 } };
 "#;
-    let r = rig
-        .api
-        .req(
-            reqwest::Method::PUT,
-            "/v1/types/failing",
-            Some(("text/javascript", js.as_bytes().to_vec())),
-            &[],
-        )
-        .await;
+    let r = rig.api.deploy_js("failing", js).await;
     assert_eq!(r.status, 201, "{}", r.json);
     rig.fake.push([Scripted::Text("spent".into())]);
     let r = rig.api.post_json("/v1/actors/failing/f", &json!({})).await;

@@ -387,6 +387,17 @@ impl Api {
         .await
     }
 
+    /// Deploy a JavaScript module as type `ty`.
+    pub async fn deploy_js(&self, ty: &str, source: &str) -> Resp {
+        self.req(
+            reqwest::Method::PUT,
+            &format!("/v1/types/{ty}"),
+            Some(("text/javascript", source.as_bytes().to_vec())),
+            &[],
+        )
+        .await
+    }
+
     /// Add `by` to the testkit integer `n` of (ty, id).
     pub async fn add(&self, ty: &str, id: &str, by: i64) -> Resp {
         self.op(

@@ -87,6 +87,12 @@ impl Prepared {
     pub fn is_js_engine(&self) -> bool {
         self.js.is_some()
     }
+
+    /// Whether idle instances can be trimmed ([`Sandbox::trim`]): the
+    /// built-in JavaScript engine's.
+    pub fn trimmable(&self) -> bool {
+        self.origin.is_some()
+    }
 }
 
 /// What an instance is given besides its code.

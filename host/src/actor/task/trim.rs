@@ -39,9 +39,10 @@ impl TrimClock {
         }
     }
 
-    /// A turn runs in the live instance (`js`: the JavaScript engine's).
-    pub(super) fn turn(&mut self, js: bool) {
-        self.pending = js;
+    /// A turn runs in the live instance (`trimmable`: one of the built-in
+    /// JavaScript engine's).
+    pub(super) fn turn(&mut self, trimmable: bool) {
+        self.pending = trimmable;
         if std::mem::take(&mut self.trimmed) {
             self.after = (self.after * 2).min(TRIM_AFTER_MAX);
         }

@@ -258,7 +258,7 @@ impl ActorTask {
             Some(inst) => inst,
             None => {
                 let live = self.live.as_mut().expect("instance made live above");
-                self.trim_clock.turn(live.pre.is_js_engine());
+                self.trim_clock.turn(live.pre.trimmable());
                 &mut live.inst
             }
         };
