@@ -1,5 +1,7 @@
 //! The memory of JavaScript sandboxes: an idle sandbox gives back the
-//! snapshot pages it copied but left unchanged, and keeps everything else.
+//! snapshot pages it copied but left unchanged, and keeps everything else;
+//! pages a turn is known to write are copied before it runs, and the turn
+//! finds them as it would have.
 
 mod common;
 
@@ -92,8 +94,53 @@ async fn idle_sandboxes_give_back_unchanged_pages_and_keep_their_heap() {
             "round {round}: the trims gave nothing back ({now} pages in all)"
         );
         released = now;
+        // The turns after a trim took back what it gave, up front.
+        if round > 1 {
+            assert!(
+                metric(&m, "marmot_js_sandbox_prefaulted_pages_total") > 0.0,
+                "round {round}: trimmed sandboxes ran again without their pages populated"
+            );
+        }
     }
     // Still the same sandboxes: trims are not hibernations.
     let m = metrics(&api).await;
     assert_eq!(metric(&m, "marmot_hibernations_total"), 0.0);
+}
+
+#[tokio::test]
+async fn fresh_sandboxes_start_with_the_pages_first_turns_write() {
+    let dir = tempdir();
+    let m = Marmot::start_opts(&dir.path().join("data"), &[], None).await;
+    let api = m.client();
+    let r = api.deploy_js("rows", MODULE).await;
+    assert_eq!(r.status, 201, "{}", r.json);
+
+    // Each new actor's first turn runs in a fresh sandbox. The first ones
+    // teach the type version which pages such a turn copies; the later
+    // ones start with those pages populated, and must see the snapshot's
+    // data and nothing of any other actor's turns.
+    for k in 0..16u64 {
+        let id = format!("fresh-{k}");
+        let row = (k * 251) % 4000;
+        let r = api.op("rows", &id, json!({ "row": row })).await;
+        assert_eq!(r.status, 200, "{}", r.json);
+        assert_eq!(r.json["turns"], 1, "{id}: {}", r.json);
+        assert_eq!(r.json["n"], 1, "{id}: {}", r.json);
+        assert_eq!(r.json["hits"], 1, "{id}: {}", r.json);
+        assert_eq!(r.json["seen"], 1, "{id}: {}", r.json);
+        assert_eq!(r.json["row"], format!("row {row}"), "{id}: {}", r.json);
+    }
+    let m = metrics(&api).await;
+    assert!(
+        metric(&m, "marmot_js_sandbox_prefaulted_pages_total") > 0.0,
+        "no fresh sandbox had its pages populated"
+    );
+    // And a second turn in each finds its own first one.
+    for k in 0..16u64 {
+        let id = format!("fresh-{k}");
+        let r = api.op("rows", &id, json!({ "row": 7 })).await;
+        assert_eq!(r.status, 200, "{}", r.json);
+        assert_eq!(r.json["turns"], 2, "{id}: {}", r.json);
+        assert_eq!(r.json["hits"], 2, "{id}: {}", r.json);
+    }
 }

@@ -75,6 +75,8 @@ pub struct Metrics {
     pub js_trims: Counter,
     /// Pages given back by those trims.
     pub js_trimmed_pages: Counter,
+    /// Pages of JavaScript sandboxes populated before a turn wrote them.
+    pub js_prefaulted_pages: Counter,
     /// What the storage writer counts (commits, failures, batch sizes,
     /// latency).
     pub writer: WriterMetrics,
@@ -178,6 +180,12 @@ impl Metrics {
             "js_sandbox_trimmed_pages",
             "Snapshot pages idle JavaScript sandboxes gave back, unchanged",
             js_trimmed_pages.clone(),
+        );
+        let js_prefaulted_pages = Counter::default();
+        registry.register(
+            "js_sandbox_prefaulted_pages",
+            "Pages of JavaScript sandboxes copied up front, before a turn that writes them",
+            js_prefaulted_pages.clone(),
         );
         let writer = WriterMetrics::new();
         registry.register(
@@ -385,6 +393,7 @@ impl Metrics {
             hibernations,
             js_trims,
             js_trimmed_pages,
+            js_prefaulted_pages,
             writer,
             mailbox_full,
             traps,

@@ -105,6 +105,7 @@ async fn measure(
             let t = Instant::now();
             target.send(ty, actor, body).await?;
             lat.push(t.elapsed());
+            progress(label, i + 1, n);
         }
         passes.push((label, lat, Cost::now(me)?.since(&before, n)));
     }

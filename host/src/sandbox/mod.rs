@@ -19,6 +19,7 @@ mod host;
 mod js_engine;
 mod output;
 mod pool;
+mod prefault;
 mod run;
 mod snapshot;
 mod trim;
@@ -71,6 +72,9 @@ pub struct Prepared {
     origin: Option<ComponentExportIndex>,
     /// What [`Sandbox::trim`] compares its instances with.
     pristine: tokio::sync::Mutex<PristineSlot>,
+    /// The pages a fresh instance writes, populated before its first turn
+    /// (see [`prefault`]); used only with `origin`.
+    writes: Arc<prefault::WriteSet>,
 }
 
 /// The pristine instance of a [`Prepared`], while trimmed instances hold
@@ -392,6 +396,7 @@ impl Sandbox {
             js,
             origin: None,
             pristine: Default::default(),
+            writes: Default::default(),
         })
     }
 
@@ -482,9 +487,16 @@ impl Sandbox {
         let Some(pristine) = &inst.pristine else {
             return Ok(None);
         };
-        Ok(trim::trim(origin, pristine)
-            .inspect_err(|e| tracing::debug!(error = %e, "trimming a JavaScript sandbox failed"))
-            .ok())
+        match trim::trim(origin, pristine) {
+            Ok((trimmed, runs)) => {
+                inst.refault = runs;
+                Ok(Some(trimmed))
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "trimming a JavaScript sandbox failed");
+                Ok(None)
+            }
+        }
     }
 
     /// The instance of `pre` that trims compare with: kept while any
@@ -552,7 +564,13 @@ impl Sandbox {
             ),
             None => None,
         };
-        self.instantiate_in(pre, spec, js, granted, js_slot).await
+        let mut inst = self.instantiate_in(pre, spec, js, granted, js_slot).await?;
+        if pre.origin.is_some() {
+            inst.prefault(&pre.writes)
+                .await
+                .map_err(|e| InstantiateError::Failed(e.to_string()))?;
+        }
+        Ok(inst)
     }
 
     /// Instantiate `pre`, counted in `js_slot` if it is a JavaScript

@@ -20,6 +20,7 @@ use super::bindings::marmot::actor::types::{Alarm, InputAnswer, Webhook};
 use super::bindings::{Context, Handlers, JsRuntime, Message};
 use super::caps::model::TurnUsage;
 use super::host::{Host, LimitTrap};
+use super::prefault::WriteSet;
 use super::trim::{MemoryOrigin, Pristine};
 use super::turn::{Carry, FinishedTurn, TurnLimits, TurnStart, TurnState};
 use crate::ids::ActorKey;
@@ -187,6 +188,13 @@ pub struct Instance {
     origin: Option<TypedFunc<(), ()>>,
     /// What trims of this instance compare with, once it has been trimmed.
     pub(super) pristine: Option<Arc<Pristine>>,
+    /// Where this fresh instance reports the pages its first turn wrote.
+    learn: Option<Arc<WriteSet>>,
+    /// Pages the last trim gave back, populated again before the next
+    /// turn (start, length).
+    pub(super) refault: Vec<(usize, usize)>,
+    /// Pages populated since [`take_prefaulted`](Self::take_prefaulted).
+    prefaulted: usize,
     turn_timeout: Duration,
     limits: Arc<TurnLimits>,
     storage: Arc<Storage>,
@@ -224,6 +232,9 @@ impl Instance {
             js,
             origin,
             pristine: None,
+            learn: None,
+            refault: Vec::new(),
+            prefaulted: 0,
             turn_timeout,
             limits,
             storage,
@@ -272,6 +283,36 @@ impl Instance {
         }
     }
 
+    /// Before the first turn of a fresh instance of the built-in engine:
+    /// populate the pages `writes` says such a turn writes, or have this
+    /// turn teach it. `Err`: asking the engine where its memory is
+    /// trapped, and the instance must not run.
+    pub(super) async fn prefault(&mut self, writes: &Arc<WriteSet>) -> Result<(), InstanceLost> {
+        if !super::prefault::enabled() {
+            return Ok(());
+        }
+        let Some(origin) = self.memory_origin().await? else {
+            return Ok(());
+        };
+        if writes.learning() {
+            self.learn = Some(writes.clone());
+            return Ok(());
+        }
+        match writes.prefault(origin) {
+            Ok(pages) => self.prefaulted += pages,
+            Err(e) => tracing::debug!(error = %e, "prefaulting a JavaScript sandbox failed"),
+        }
+        Ok(())
+    }
+
+    /// Pages populated before a turn wrote them (see [`prefault`]) since
+    /// the last call.
+    ///
+    /// [`prefault`]: super::prefault
+    pub fn take_prefaulted(&mut self) -> usize {
+        std::mem::take(&mut self.prefaulted)
+    }
+
     /// Run one turn to its end.
     pub async fn run(&mut self, req: TurnRequest) -> TurnOutcome {
         let TurnRequest {
@@ -286,6 +327,16 @@ impl Instance {
             turn_id: start.turn_id.clone(),
         };
         let turn = TurnState::new(start, carry, &self.limits, &self.storage);
+        // A trimmed sandbox that runs again copies what it gave back:
+        // copied up front, the pages cost no fault and no TLB flush.
+        if !self.refault.is_empty() {
+            match super::prefault::populate(std::mem::take(&mut self.refault)) {
+                Ok(pages) => self.prefaulted += pages,
+                Err(e) => {
+                    tracing::debug!(error = %e, "populating a trimmed JavaScript sandbox failed")
+                }
+            }
+        }
         let (turn, result, cpu) = self.drive(turn, ctx, input).await;
         let Some(turn) = turn else {
             // A timeout while a child script held the turn drops it with
@@ -383,6 +434,14 @@ impl Instance {
         let call = call_handler(store, handlers, js.as_ref(), &ctx, input);
         let (result, cpu) = metered(tokio::time::timeout(*turn_timeout, call)).await;
         let turn = store.data_mut().turn.take();
+        // Asked before the turn: the size is the memory's at the start.
+        if let Some(writes) = self.learn.take()
+            && matches!(result, Ok(Ok(Ok(_))))
+            && let Some(origin) = store.data().memory_origin
+            && let Err(e) = writes.learn(origin)
+        {
+            tracing::debug!(error = %e, "sampling a JavaScript sandbox's pages failed");
+        }
         let stderr_tail = forward_output(&key, version, store.data());
         let result = match result {
             Ok(Ok(Ok(out))) => Ok(out),

@@ -108,16 +108,19 @@ pub struct Trimmed {
 }
 
 /// Discard the private pages of the `sandbox` memory that equal the same
-/// pages of `pristine`.
+/// pages of `pristine`; with the runs of pages discarded (start, length).
 ///
 /// The caller holds the sandbox's store exclusively, so no guest code runs
 /// in this memory while it is compared and trimmed, and `pristine` is an
 /// instance of the same compiled engine.
-pub(super) fn trim(sandbox: MemoryOrigin, pristine: &Pristine) -> std::io::Result<Trimmed> {
+pub(super) fn trim(
+    sandbox: MemoryOrigin,
+    pristine: &Pristine,
+) -> std::io::Result<(Trimmed, Vec<(usize, usize)>)> {
     let page = page_size();
     let origin = sandbox.start;
     if !origin.is_multiple_of(page) || !pristine.origin.is_multiple_of(page) {
-        return Ok(Trimmed::default());
+        return Ok((Trimmed::default(), Vec::new()));
     }
     let pages = pristine.pages.min(sandbox.size / page);
     let entries = pagemap_entries(origin, pages)?;
@@ -138,11 +141,11 @@ pub(super) fn trim(sandbox: MemoryOrigin, pristine: &Pristine) -> std::io::Resul
         }
     }
     discard(&runs)?;
-    Ok(out)
+    Ok((out, runs))
 }
 
 /// The system's page size.
-fn page_size() -> usize {
+pub(super) fn page_size() -> usize {
     static PAGE: OnceLock<usize> = OnceLock::new();
     *PAGE.get_or_init(|| {
         #[allow(unsafe_code, reason = "sysconf has no preconditions")]
@@ -161,12 +164,12 @@ const EXCLUSIVE: u64 = 1 << 56;
 /// Whether a pagemap entry is a page present in memory, mapped only here,
 /// and not the file's page (nor the zero page, which is not exclusive):
 /// a copy this process made when the page was written.
-fn is_private(entry: u64) -> bool {
+pub(super) fn is_private(entry: u64) -> bool {
     entry & PRESENT != 0 && entry & FILE_OR_SHARED == 0 && entry & EXCLUSIVE != 0
 }
 
 /// `/proc/self/pagemap` entries of `pages` pages from `start`.
-fn pagemap_entries(start: usize, pages: usize) -> std::io::Result<Vec<u64>> {
+pub(super) fn pagemap_entries(start: usize, pages: usize) -> std::io::Result<Vec<u64>> {
     use std::os::unix::fs::FileExt;
     static PAGEMAP: OnceLock<File> = OnceLock::new();
     let file = match PAGEMAP.get() {

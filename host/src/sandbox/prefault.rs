@@ -1,0 +1,273 @@
+//! Copying up front the snapshot pages a JavaScript sandbox is about to
+//! write.
+//!
+//! A fresh sandbox's linear memory is its snapshot, mapped copy-on-write
+//! with no page table entries yet. QuickJS first reads most of the pages a
+//! turn writes (a reference count, a list link): the read maps the file's
+//! page read-only (and, by fault-around, up to 15 neighbours with it), and
+//! the write then faults again to copy it. Replacing that read-only entry
+//! has to flush it from every core that runs the process: on a virtual
+//! machine an interprocessor interrupt each, which under load cost more
+//! than the copy itself (`marmot bench http-spread --js --actors 16000`:
+//! a quarter of the node's CPU in `flush_tlb_mm_range`). A write to a page
+//! with no entry yet needs no flush.
+//!
+//! So each compiled engine ([`WriteSet`], one per
+//! [`Prepared`](super::Prepared)) learns which pages of its memory its
+//! sandboxes copy in their first turn: the pages private to the sandbox in
+//! `/proc/self/pagemap` after the first turn of each of its first
+//! [`SAMPLES`] sandboxes, kept if every sample copied them. From then on a
+//! fresh sandbox has those pages populated writable
+//! (`madvise(MADV_POPULATE_WRITE)`) before its first turn runs: the same
+//! copies, without the faults and the flushes. A trimmed sandbox (see
+//! [`trim`](super::trim)) that runs again has the pages the trim gave back
+//! populated the same way ([`populate`]). Populating copies the snapshot's
+//! page, so the guest cannot tell.
+//!
+//! `MARMOT_JS_PREFAULT=0` turns it off, to measure it side by side.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use super::trim::{MemoryOrigin, is_private, page_size, pagemap_entries};
+
+/// First turns sampled before a compiled engine's write set is fixed.
+const SAMPLES: u32 = 8;
+
+/// The pages fresh sandboxes of one compiled engine write in their first
+/// turn: being learned, then fixed.
+#[derive(Default)]
+pub(super) struct WriteSet {
+    learning: Mutex<Learning>,
+    /// Runs of pages, as (offset from the memory's start, length) in
+    /// bytes, once learned.
+    runs: OnceLock<Box<[(usize, usize)]>>,
+}
+
+#[derive(Default)]
+struct Learning {
+    samples: u32,
+    /// Pages private in every sample so far (`None` before the first).
+    written: Option<Vec<bool>>,
+}
+
+/// Whether this kernel populates pages on request (Linux 5.14+); cleared
+/// after the first refusal.
+static POPULATE: AtomicBool = AtomicBool::new(true);
+
+impl WriteSet {
+    /// Whether the write set is still being learned: the next fresh
+    /// sandbox should report its pages after its first turn.
+    pub(super) fn learning(&self) -> bool {
+        self.runs.get().is_none() && enabled()
+    }
+
+    /// Take the pages private to a sandbox's memory at `origin`, just
+    /// after its first turn, as one sample.
+    pub(super) fn learn(&self, origin: MemoryOrigin) -> std::io::Result<()> {
+        let page = page_size();
+        if !origin.start.is_multiple_of(page) {
+            return Ok(());
+        }
+        let seen: Vec<bool> = pagemap_entries(origin.start, origin.size / page)?
+            .into_iter()
+            .map(is_private)
+            .collect();
+        let mut learning = self.learning.lock().expect("write set lock");
+        if self.runs.get().is_some() {
+            return Ok(());
+        }
+        let written = match learning.written.take() {
+            None => seen,
+            Some(mut written) => {
+                written.truncate(seen.len());
+                for (w, s) in written.iter_mut().zip(seen) {
+                    *w &= s;
+                }
+                written
+            }
+        };
+        learning.samples += 1;
+        if learning.samples < SAMPLES {
+            learning.written = Some(written);
+            return Ok(());
+        }
+        let _ = self.runs.set(runs(&written, page));
+        tracing::debug!(
+            pages = written.iter().filter(|&&w| w).count(),
+            "learned the pages a fresh JavaScript sandbox writes"
+        );
+        Ok(())
+    }
+
+    /// Populate the learned pages of a fresh sandbox's memory at `origin`
+    /// writable; the number of pages asked for.
+    ///
+    /// The caller holds the sandbox's store, which has not run a turn.
+    pub(super) fn prefault(&self, origin: MemoryOrigin) -> std::io::Result<usize> {
+        let Some(runs) = self.runs.get() else {
+            return Ok(0);
+        };
+        if !origin.start.is_multiple_of(page_size()) {
+            return Ok(0);
+        }
+        // The memory may be smaller than the sampled ones were.
+        let runs = runs.iter().filter_map(|&(offset, len)| {
+            let len = len.min(origin.size.saturating_sub(offset));
+            (len > 0).then_some((origin.start + offset, len))
+        });
+        populate(runs)
+    }
+}
+
+/// Whether prefaulting is on: `MARMOT_JS_PREFAULT=0` turns it off, to
+/// measure what it does side by side.
+pub(super) fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("MARMOT_JS_PREFAULT").is_none_or(|v| v != "0"))
+        && POPULATE.load(Ordering::Relaxed)
+}
+
+/// Populate the pages of `runs` (start, length; page-aligned, inside a
+/// sandbox's accessible linear memory, whose store the caller holds)
+/// writable; the number of pages asked for.
+pub(super) fn populate(runs: impl IntoIterator<Item = (usize, usize)>) -> std::io::Result<usize> {
+    if !enabled() {
+        return Ok(0);
+    }
+    let mut asked = 0;
+    for (start, len) in runs {
+        #[allow(unsafe_code, reason = "populating pages of a guest's memory")]
+        // SAFETY: the range is page-aligned and inside a sandbox's
+        // accessible linear memory, a private mapping, and no guest code
+        // runs in it meanwhile (the caller holds the store). Populating
+        // writes nothing: each page keeps the content the guest would have
+        // read.
+        let r =
+            unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) };
+        if r != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINVAL) {
+                // Not this kernel (before 5.14).
+                POPULATE.store(false, Ordering::Relaxed);
+            }
+            return Err(e);
+        }
+        asked += len / page_size();
+    }
+    Ok(asked)
+}
+
+/// Runs of `true` in `pages`, as (offset, length) in bytes.
+fn runs(pages: &[bool], page: usize) -> Box<[(usize, usize)]> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for (i, _) in pages.iter().enumerate().filter(|(_, w)| **w) {
+        match runs.last_mut() {
+            Some((start, len)) if *start + *len == i * page => *len += page,
+            _ => runs.push((i * page, page)),
+        }
+    }
+    runs.into_boxed_slice()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `pages` pages of private anonymous memory, unmapped on drop.
+    struct Mapping {
+        start: usize,
+        len: usize,
+    }
+
+    impl Mapping {
+        fn new(pages: usize) -> Self {
+            let len = pages * page_size();
+            #[allow(unsafe_code, reason = "a test mapping")]
+            // SAFETY: a fresh anonymous mapping; nothing else refers to it.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            Self {
+                start: p as usize,
+                len,
+            }
+        }
+
+        fn write(&self, page: usize) {
+            #[allow(unsafe_code, reason = "a test mapping")]
+            // SAFETY: inside the mapping, which is readable and writable.
+            unsafe {
+                *((self.start + page * page_size()) as *mut u8) = 1;
+            }
+        }
+
+        fn origin(&self) -> MemoryOrigin {
+            MemoryOrigin {
+                start: self.start,
+                size: self.len,
+            }
+        }
+
+        fn private(&self) -> Vec<usize> {
+            pagemap_entries(self.start, self.len / page_size())
+                .expect("pagemap")
+                .into_iter()
+                .enumerate()
+                .filter(|&(_, e)| is_private(e))
+                .map(|(i, _)| i)
+                .collect()
+        }
+    }
+
+    impl Drop for Mapping {
+        fn drop(&mut self) {
+            #[allow(unsafe_code, reason = "a test mapping")]
+            // SAFETY: the mapping made in `new`, no longer used.
+            unsafe {
+                libc::munmap(self.start as *mut libc::c_void, self.len);
+            }
+        }
+    }
+
+    #[test]
+    fn learns_the_pages_every_sample_wrote_then_populates_them() {
+        let set = WriteSet::default();
+        for sample in 0..SAMPLES {
+            assert!(set.learning());
+            let m = Mapping::new(16);
+            for page in [2, 3, 7] {
+                m.write(page);
+            }
+            // Written by one sample only: not learned.
+            if sample == 0 {
+                m.write(9);
+            }
+            set.learn(m.origin()).unwrap();
+        }
+        assert!(!set.learning());
+        let fresh = Mapping::new(16);
+        assert_eq!(fresh.private(), Vec::<usize>::new());
+        assert_eq!(set.prefault(fresh.origin()).unwrap(), 3);
+        assert_eq!(fresh.private(), vec![2, 3, 7]);
+        // A smaller memory gets the learned pages that fit in it.
+        let small = Mapping::new(3);
+        assert_eq!(set.prefault(small.origin()).unwrap(), 1);
+        assert_eq!(small.private(), vec![2]);
+    }
+
+    #[test]
+    fn runs_join_neighbouring_pages() {
+        let pages = [false, true, true, false, true, false, false, true];
+        assert_eq!(&*runs(&pages, 10), &[(10, 20), (40, 10), (70, 10)]);
+        assert!(runs(&[false; 3], 10).is_empty());
+    }
+}
