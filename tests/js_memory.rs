@@ -135,6 +135,8 @@ async fn fresh_sandboxes_start_with_the_pages_first_turns_write() {
         metric(&m, "marmot_js_sandbox_prefaulted_pages_total") > 0.0,
         "no fresh sandbox had its pages populated"
     );
+    // One sandbox per active actor, counted against the node's cap.
+    assert_eq!(metric(&m, "marmot_js_sandboxes"), 16.0);
     // And a second turn in each finds its own first one.
     for k in 0..16u64 {
         let id = format!("fresh-{k}");

@@ -77,6 +77,9 @@ pub struct Metrics {
     pub js_trimmed_pages: Counter,
     /// Pages of JavaScript sandboxes populated before a turn wrote them.
     pub js_prefaulted_pages: Counter,
+    /// JavaScript sandboxes live, counted against the node's cap (set when
+    /// the metrics are read).
+    pub js_sandboxes: Gauge,
     /// What the storage writer counts (commits, failures, batch sizes,
     /// latency).
     pub writer: WriterMetrics,
@@ -186,6 +189,12 @@ impl Metrics {
             "js_sandbox_prefaulted_pages",
             "Pages of JavaScript sandboxes copied up front, before a turn that writes them",
             js_prefaulted_pages.clone(),
+        );
+        let js_sandboxes = Gauge::default();
+        registry.register(
+            "js_sandboxes",
+            "JavaScript sandboxes live, against the node's cap: actors', and evals' while they run",
+            js_sandboxes.clone(),
         );
         let writer = WriterMetrics::new();
         registry.register(
@@ -394,6 +403,7 @@ impl Metrics {
             js_trims,
             js_trimmed_pages,
             js_prefaulted_pages,
+            js_sandboxes,
             writer,
             mailbox_full,
             traps,

@@ -70,7 +70,7 @@ pub(super) async fn metrics(State(s): State<AppState>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        s.node.metrics().render(),
+        s.node.render_metrics(),
     )
         .into_response()
 }

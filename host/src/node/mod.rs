@@ -249,6 +249,15 @@ impl Node {
         &self.metrics
     }
 
+    /// The metrics in Prometheus text, with the gauges that are sampled
+    /// rather than kept up to date set first.
+    pub fn render_metrics(&self) -> String {
+        self.metrics
+            .js_sandboxes
+            .set(i64::from(self.sandbox.js_sandboxes()));
+        self.metrics.render()
+    }
+
     /// Client tokens.
     pub fn tokens(&self) -> &Arc<Tokens> {
         &self.tokens

@@ -307,6 +307,11 @@ impl Sandbox {
         }
     }
 
+    /// JavaScript sandboxes live now, counted against the cap.
+    pub fn js_sandboxes(&self) -> u32 {
+        self.js_live.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Build the engine and start its epoch ticker. Turns read what is
     /// committed from `storage`.
     pub fn new(config: SandboxConfig, storage: Arc<Storage>) -> anyhow::Result<Arc<Self>> {
