@@ -6,6 +6,7 @@
 pub mod cluster;
 pub mod disk;
 pub mod history;
+pub mod js;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

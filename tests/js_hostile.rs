@@ -1,0 +1,302 @@
+//! Hostile JavaScript: every attack must end in bounded time with a clear
+//! error, commit nothing, and leave the node and its other actors serving.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Api;
+use common::js::{COUNTER_JS, eval, node};
+use serde_json::json;
+
+/// Runs `attack` as an eval while a neighbour actor keeps taking turns;
+/// returns the eval's error.
+async fn contained(api: &Api, id: &str, attack: &str) -> String {
+    let started = Instant::now();
+    let neighbour = {
+        let api = api.clone();
+        tokio::spawn(async move {
+            let mut worst = Duration::ZERO;
+            let mut turns = 0;
+            let end = Instant::now() + Duration::from_millis(400);
+            while Instant::now() < end {
+                let t = Instant::now();
+                let r = api
+                    .post_json("/v1/actors/jscount/neighbour", &json!({"by": 1}))
+                    .await;
+                assert_eq!(r.status, 200, "the neighbour was refused: {}", r.json);
+                worst = worst.max(t.elapsed());
+                turns += 1;
+            }
+            (turns, worst)
+        })
+    };
+    let r = eval(api, "jscount", id, attack).await;
+    let took = started.elapsed();
+    let (turns, worst) = neighbour.await.unwrap();
+    assert_eq!(r.status, 200, "{attack}: {}", r.json);
+    assert!(took < Duration::from_secs(10), "{attack}: took {took:?}");
+    assert!(turns > 5, "{attack}: the neighbour only got {turns} turns");
+    assert!(
+        worst < Duration::from_secs(1),
+        "{attack}: a neighbour turn waited {worst:?}"
+    );
+    let err = r.json["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{attack}: no error: {}", r.json));
+    // Nothing the attack wrote was committed.
+    assert_eq!(
+        api.get(&format!("/v1/actors/jscount/{id}/state/pwned"))
+            .await
+            .status,
+        404
+    );
+    err.to_owned()
+}
+
+#[tokio::test]
+async fn hostile_scripts_are_contained() {
+    let config = "[limits]\neval_cpu_ms = 300\neval_memory_bytes = 16777216\n";
+    let (_dir, _m, api) = node(Some(config)).await;
+    api.deploy_js("jscount", COUNTER_JS).await;
+    api.post_json("/v1/actors/jscount/victim", &json!({"by": 1}))
+        .await;
+    let w = "marmot.state.set('pwned', 1);\n";
+
+    let cpu = [
+        "for (;;) {}",
+        "'x'.repeat(1 << 20).split('').map((c) => c.repeat(50)).sort().join('').length; for(;;){}",
+        "/(a+)+$/.test('a'.repeat(40) + '!')",
+        "const loop = () => Promise.resolve().then(loop); loop(); await new Promise(() => {})",
+        "Array.from({ length: 1e9 }, (_, i) => i).reduce((a, b) => a + b)",
+    ];
+    for attack in cpu {
+        let err = contained(&api, "victim", &format!("{w}{attack}")).await;
+        assert!(
+            err.contains("CPU limit") || err.contains("memory limit"),
+            "{attack}: {err}"
+        );
+    }
+    let mem = [
+        "const a = []; for (;;) a.push(new Array(1e5).fill(1.5))",
+        "'x'.repeat(2 ** 28)",
+        "new ArrayBuffer(1 << 30)",
+    ];
+    for attack in mem {
+        let err = contained(&api, "victim", &format!("{w}{attack}")).await;
+        assert!(
+            err.contains("memory") || err.contains("RangeError") || err.contains("InternalError"),
+            "{attack}: {err}"
+        );
+    }
+    let recursion = contained(
+        &api,
+        "victim",
+        &format!("{w}function f(n) {{ return f(n + 1) + 1 }} f(0)"),
+    )
+    .await;
+    assert!(
+        recursion.contains("stack")
+            || recursion.contains("RangeError")
+            || recursion.contains("InternalError"),
+        "{recursion}"
+    );
+
+    // Huge outputs are capped, huge results refused.
+    let r = eval(
+        &api,
+        "jscount",
+        "victim",
+        "for (let i = 0; i < 5000; i++) console.log('x'.repeat(1000)); 1",
+    )
+    .await;
+    assert_eq!(r.json["result"], 1);
+    let logs = r.json["logs"].as_array().unwrap();
+    assert!(logs.len() <= 1001, "{} log lines kept", logs.len());
+    assert!(logs.last().unwrap().as_str().unwrap().contains("dropped"));
+    let r = eval(&api, "jscount", "victim", "'y'.repeat(3 << 20)").await;
+    assert!(
+        r.json["error"].as_str().unwrap().contains("over the limit"),
+        "{}",
+        r.json
+    );
+
+    // No way out: network, files, environment, modules, Wasm.
+    let probe = r#"({
+      fetch: await fetch("http://127.0.0.1:" + PORT + "/").then(() => "reached", (e) => String(e.message)),
+      require: typeof require, process: typeof process,
+      wasm: typeof WebAssembly, sab: typeof SharedArrayBuffer, atomics: typeof Atomics,
+      std: await import("std").then(() => "loaded", (e) => String(e.message)),
+      os: await import("os").then(() => "loaded", (e) => String(e.message)),
+      host: typeof __marmot_host,
+      fn: (() => { try { return new Function("return globalThis")() === globalThis } catch (e) { return String(e) } })(),
+    })"#;
+    // Something listens on loopback; fetch must not reach it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let probe = probe.replace("PORT", &port.to_string());
+    let r = eval(&api, "jscount", "victim", &probe).await;
+    let p = &r.json["result"];
+    let fetch = p["fetch"].as_str().unwrap_or("");
+    assert!(
+        fetch.starts_with("fetch: unsupported") || fetch.starts_with("fetch: denied"),
+        "{}",
+        r.json
+    );
+    listener.set_nonblocking(true).unwrap();
+    assert!(
+        listener.accept().is_err(),
+        "fetch reached the host's loopback"
+    );
+    assert_eq!(p["require"], "undefined");
+    assert_eq!(p["process"], "undefined");
+    assert_eq!(p["wasm"], "undefined");
+    assert_eq!(p["sab"], "undefined");
+    assert_eq!(p["atomics"], "undefined");
+    assert_ne!(p["std"], "loaded");
+    assert_ne!(p["os"], "loaded");
+    assert_eq!(
+        p["host"], "undefined",
+        "the native host handle must be hidden"
+    );
+
+    // The victim is unharmed and still counts.
+    assert_eq!(
+        api.post_json("/v1/actors/jscount/victim", &json!({"by": 1}))
+            .await
+            .json["n"],
+        2
+    );
+}
+
+#[tokio::test]
+async fn prototype_pollution_stays_in_its_sandbox() {
+    let (_dir, _m, api) = node(None).await;
+    let src = r#"
+export default {
+  onMessage(body) {
+    if (body.op === "pollute") {
+      Object.prototype.polluted = "yes";
+      Array.prototype.map = () => "hijacked";
+      JSON.stringify = () => "hijacked";
+      return "done";
+    }
+    return { polluted: ({}).polluted ?? null, map: [1].map((x) => x + 1) };
+  },
+};
+"#;
+    api.deploy_js("p", src).await;
+    assert_eq!(
+        api.op("p", "evil", json!({"op": "pollute"})).await.body,
+        b"done"
+    );
+    // The polluter itself still replies correctly: the host's encoding does
+    // not go through the (replaced) global JSON.
+    let r = api.op("p", "evil", json!({"op": "look"})).await;
+    assert_eq!(r.json["polluted"], "yes");
+    // Another actor of the same type, and an eval sandbox, are untouched.
+    let r = api.op("p", "good", json!({"op": "look"})).await;
+    assert_eq!(r.json, json!({"polluted": null, "map": [2]}));
+    let r = eval(
+        &api,
+        "p",
+        "evil",
+        "[({}).polluted ?? null, [1].map((x) => x * 3)]",
+    )
+    .await;
+    assert_eq!(r.json["result"], json!([null, [3]]));
+}
+
+const FUZZ_JS: &str = r#"import { state, events, alarms, inputs, actors, files, model, log } from "marmot";
+function rng(seed) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6D2B79F5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+const deep = (n) => { let o = {}; for (let i = 0; i < n; i++) o = { o }; return o; };
+const values = [undefined, null, true, false, 0, -1, 1.5, 1e308, NaN, Infinity, -0, "", "a", "n",
+  "x".repeat(300), "y".repeat(70000), "../../etc/passwd", "/abs", "a/../b", "\u0000", "名前/ファイル",
+  "outputs/r.txt", "*/5 * * * *", "bad cron", "Europe/Berlin", {}, [], { a: 1 }, [1, "2", null],
+  { at: 0 }, { after: 5 }, { cron: "* * * * *" }, { cron: "nope", tz: "Mars/Base" }, { after: -1 },
+  { at: 1e20 }, new Uint8Array(8), () => 1, deep(50), deep(400),
+  { prompt: "q", schema: { type: "string" } }, { provider: "none", model: "x", messages: [] },
+  Symbol.iterator, 123456789012345678901234567890n];
+const fns = [
+  (a) => state.get(a), (a, b) => state.set(a, b), (a) => state.delete(a), (a) => state.list(a),
+  (a, b) => events.emit(a, b), (a, b) => alarms.set(a, b), (a) => alarms.cancel(a), () => alarms.list(),
+  (a) => inputs.request(a), (a, b) => actors.send(a, b, {}), (a) => actors.send("fuzz", a, { stop: true }),
+  (a) => actors.call("fuzz", a, { stop: true }), (a, b) => actors.call(a, b, { stop: true }),
+  (a) => files.read(a), (a, b) => files.write(a, b), (a) => files.list(a), (a) => files.delete(a),
+  (a, b) => log.info(a, b), (a) => console.log(a),
+  (a) => model.chat(a), (a) => fetch(a), (a, b) => fetch("https://example.invalid/", b),
+  (a) => setTimeout(a, 1), (a) => new TextDecoder().decode(a), (a) => new URL(a),
+  (a) => crypto.getRandomValues(a), (a) => JSON.stringify(a),
+];
+export default {
+  async onMessage(body) {
+    if (body?.stop) return { stopped: true };
+    const r = rng(body?.seed ?? 1);
+    let ok = 0, thrown = 0;
+    for (let i = 0; i < 40; i++) {
+      const f = fns[Math.floor(r() * fns.length)];
+      const a = values[Math.floor(r() * values.length)];
+      const b = values[Math.floor(r() * values.length)];
+      try { await f(a, b); ok++; } catch (e) { thrown++; }
+    }
+    return { ok, thrown };
+  },
+  onAlarm() {},
+  onInput() {},
+};
+"#;
+
+#[tokio::test]
+async fn host_calls_with_random_arguments_never_break_the_node() {
+    let (_dir, m, api) = node(None).await;
+    assert_eq!(api.deploy_js("fuzz", FUZZ_JS).await.status, 201);
+    let (mut ok, mut thrown, mut failed) = (0, 0, 0);
+    for seed in 0..300u32 {
+        let r = api
+            .post_json(
+                &format!("/v1/actors/fuzz/f{}", seed % 50),
+                &json!({"seed": seed}),
+            )
+            .await;
+        match r.status {
+            200 => {
+                ok += r.json["ok"].as_u64().unwrap();
+                thrown += r.json["thrown"].as_u64().unwrap();
+            }
+            // A limit the random calls ran into (memory, output) ends the
+            // turn cleanly: a JSON error, the instance discarded.
+            _ => {
+                assert!(
+                    r.json["error"]["code"].is_string(),
+                    "seed {seed}: {}",
+                    r.json
+                );
+                failed += 1;
+            }
+        }
+    }
+    eprintln!("host calls: {ok} returned, {thrown} threw; {failed} turns ended by a limit");
+    assert!(
+        ok > 400 && thrown > 400,
+        "the generator reached both outcomes"
+    );
+    assert!(failed < 30, "{failed} of 300 turns failed");
+    assert_eq!(api.get("/healthz").await.status, 200);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!m.log_text().contains("panicked"), "the node panicked");
+    // Still consistent: plain turns and reads work.
+    let r = api
+        .post_json("/v1/actors/fuzz/after", &json!({"stop": true}))
+        .await;
+    assert_eq!(r.json, json!({"stopped": true}));
+    assert_eq!(api.get("/v1/actors/fuzz/f3/state").await.status, 200);
+}
