@@ -17,12 +17,12 @@ const TRIM_AFTER_MAX: Duration = Duration::from_secs(300);
 /// turn now copies them up front (see `sandbox/prefault.rs`), without the
 /// page fault and, on a virtual machine, the TLB shootdown each once cost
 /// (some 800 µs of CPU per trim and turn after it, measured with `marmot
-/// bench http-spread --js --actors 10000`), but the copies remain. An
-/// actor that was trimmed and then called again, rather
-/// than left to hibernate, was not done: its delay doubles (2 s, 4 s, 8 s,
-/// …, 5 min) for the rest of its activation. So an actor called every 10 s
-/// is trimmed three times, then not again, and one called and then left
-/// alone is trimmed once, 2 s after its turn.
+/// bench http-spread --js --actors 10000`), but the copies remain. An actor
+/// that was trimmed and then called again, rather than left to hibernate,
+/// was not done: its delay doubles (2 s, 4 s, 8 s, …, 5 min) for the rest
+/// of its activation. So an actor called every 10 s is trimmed three times,
+/// then not again, and one called and then left alone is trimmed once, 2 s
+/// after its turn.
 pub(super) struct TrimClock {
     /// A turn ran in the live JavaScript sandbox since its last trim.
     pending: bool,
