@@ -7,7 +7,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Api, Marmot, metric, tempdir};
+use common::js::node;
+use common::{Api, metric};
 use serde_json::json;
 
 /// Module-scope data the turns read and write: some of it built by the top
@@ -57,9 +58,7 @@ async fn wait_for_trims(api: &Api, trims: f64) -> String {
 
 #[tokio::test]
 async fn idle_sandboxes_give_back_unchanged_pages_and_keep_their_heap() {
-    let dir = tempdir();
-    let m = Marmot::start_opts(&dir.path().join("data"), &[], None).await;
-    let api = m.client();
+    let (_dir, _m, api) = node(None).await;
     let r = api.deploy_js("rows", MODULE).await;
     assert_eq!(r.status, 201, "{}", r.json);
 
@@ -109,9 +108,7 @@ async fn idle_sandboxes_give_back_unchanged_pages_and_keep_their_heap() {
 
 #[tokio::test]
 async fn fresh_sandboxes_start_with_the_pages_first_turns_write() {
-    let dir = tempdir();
-    let m = Marmot::start_opts(&dir.path().join("data"), &[], None).await;
-    let api = m.client();
+    let (_dir, _m, api) = node(None).await;
     let r = api.deploy_js("rows", MODULE).await;
     assert_eq!(r.status, 201, "{}", r.json);
 

@@ -29,7 +29,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use super::trim::{MemoryOrigin, is_private, page_size, pagemap_entries};
+use super::trim::{MemoryOrigin, is_private, page_runs, page_size, pagemap_entries};
 
 /// First turns sampled before a compiled engine's write set is fixed.
 const SAMPLES: u32 = 8;
@@ -92,7 +92,9 @@ impl WriteSet {
             learning.written = Some(written);
             return Ok(());
         }
-        let _ = self.runs.set(runs(&written, page));
+        let _ = self
+            .runs
+            .set(page_runs(0, &written, page).into_boxed_slice());
         tracing::debug!(
             pages = written.iter().filter(|&&w| w).count(),
             "learned the pages a fresh JavaScript sandbox writes"
@@ -156,18 +158,6 @@ pub(super) fn populate(runs: impl IntoIterator<Item = (usize, usize)>) -> std::i
         asked += len / page_size();
     }
     Ok(asked)
-}
-
-/// Runs of `true` in `pages`, as (offset, length) in bytes.
-fn runs(pages: &[bool], page: usize) -> Box<[(usize, usize)]> {
-    let mut runs: Vec<(usize, usize)> = Vec::new();
-    for (i, _) in pages.iter().enumerate().filter(|(_, w)| **w) {
-        match runs.last_mut() {
-            Some((start, len)) if *start + *len == i * page => *len += page,
-            _ => runs.push((i * page, page)),
-        }
-    }
-    runs.into_boxed_slice()
 }
 
 #[cfg(test)]
@@ -262,12 +252,5 @@ mod tests {
         let small = Mapping::new(3);
         assert_eq!(set.prefault(small.origin()).unwrap(), 1);
         assert_eq!(small.private(), vec![2]);
-    }
-
-    #[test]
-    fn runs_join_neighbouring_pages() {
-        let pages = [false, true, true, false, true, false, false, true];
-        assert_eq!(&*runs(&pages, 10), &[(10, 20), (40, 10), (70, 10)]);
-        assert!(runs(&[false; 3], 10).is_empty());
     }
 }

@@ -125,7 +125,7 @@ pub(super) fn trim(
     let pages = pristine.pages.min(sandbox.size / page);
     let entries = pagemap_entries(origin, pages)?;
     let mut out = Trimmed::default();
-    let mut runs: Vec<(usize, usize)> = Vec::new();
+    let mut release = vec![false; entries.len()];
     for (i, &entry) in entries.iter().enumerate() {
         if !is_private(entry) {
             continue;
@@ -135,13 +135,25 @@ pub(super) fn trim(
             continue;
         }
         out.released += 1;
-        match runs.last_mut() {
-            Some((start, len)) if *start + *len == origin + i * page => *len += page,
-            _ => runs.push((origin + i * page, page)),
-        }
+        release[i] = true;
     }
+    let runs = page_runs(origin, &release, page);
     discard(&runs)?;
     Ok((out, runs))
+}
+
+/// Runs of the pages marked in `pages` (page `i` at `start + i * page`),
+/// as (start, length) in bytes, neighbours joined.
+pub(super) fn page_runs(start: usize, pages: &[bool], page: usize) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for (i, _) in pages.iter().enumerate().filter(|(_, marked)| **marked) {
+        let at = start + i * page;
+        match runs.last_mut() {
+            Some((run, len)) if *run + *len == at => *len += page,
+            _ => runs.push((at, page)),
+        }
+    }
+    runs
 }
 
 /// The system's page size.
@@ -269,6 +281,14 @@ fn discard(runs: &[(usize, usize)]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runs_join_neighbouring_pages() {
+        let pages = [false, true, true, false, true, false, false, true];
+        assert_eq!(page_runs(0, &pages, 10), [(10, 20), (40, 10), (70, 10)]);
+        assert_eq!(page_runs(1000, &pages, 10)[0], (1010, 20));
+        assert!(page_runs(0, &[false; 3], 10).is_empty());
+    }
 
     #[test]
     fn private_means_present_and_not_the_files_page() {
