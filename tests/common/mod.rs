@@ -3,6 +3,7 @@
 
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
+pub mod agent;
 pub mod cluster;
 pub mod disk;
 pub mod history;
