@@ -623,10 +623,7 @@ async fn the_dev_assistant_works_without_credentials() {
     let secret = manifest["config"]["webhook_secret"].as_str().unwrap();
     let body =
         serde_json::to_vec(&json!({"ticket": {"requester": "bob", "status": "solved"}})).unwrap();
-    let ts = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
+    let ts = common::now_s();
     let sig = marmot::webhooks::sign(&marmot::webhooks::secret_key(secret), "msg_1", ts, &body);
     let r = api
         .req(

@@ -450,6 +450,14 @@ pub async fn kit_node(config: Value) -> (tempfile::TempDir, Marmot, Api) {
     (dir, m, api)
 }
 
+/// Seconds since the Unix epoch, as webhook timestamps count them.
+pub fn now_s() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
 /// A fresh temporary data directory.
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()

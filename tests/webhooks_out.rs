@@ -1,0 +1,417 @@
+//! Webhooks out: every committed event a subscription matches reaches its
+//! receiver, signed, retried with the same id, bounded per host, kept as a
+//! dead letter when it keeps failing; nothing uncommitted goes out, and
+//! pending deliveries survive `kill -9`. Webhooks in are in
+//! `tests/webhooks.rs`.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{Api, Marmot, TESTKIT, kit_node, now_s, tempdir};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+/// One request the receiver got.
+#[derive(Debug, Clone)]
+struct Received {
+    id: String,
+    timestamp: String,
+    signature: String,
+    body: Vec<u8>,
+}
+
+/// A local webhook receiver whose answers the test controls.
+#[derive(Default)]
+struct ReceiverState {
+    got: Mutex<Vec<Received>>,
+    /// Answer 500 to this many requests first.
+    fail_first: AtomicUsize,
+    /// Status for everything else (200 when 0).
+    status: AtomicU16,
+    delay_ms: AtomicUsize,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+}
+
+struct Receiver {
+    url: String,
+    state: Arc<ReceiverState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Receiver {
+    async fn start() -> Self {
+        Self::start_on(0).await
+    }
+
+    async fn start_on(port: u16) -> Self {
+        let state = Arc::new(ReceiverState::default());
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let st = state.clone();
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(
+                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                    let st = st.clone();
+                    async move {
+                        let now = st.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                        st.max_in_flight.fetch_max(now, Ordering::SeqCst);
+                        let delay = st.delay_ms.load(Ordering::SeqCst);
+                        if delay > 0 {
+                            tokio::time::sleep(Duration::from_millis(delay as u64)).await;
+                        }
+                        let h = |n: &str| {
+                            headers
+                                .get(n)
+                                .map(|v| v.to_str().unwrap().to_owned())
+                                .unwrap_or_default()
+                        };
+                        st.got.lock().unwrap().push(Received {
+                            id: h("webhook-id"),
+                            timestamp: h("webhook-timestamp"),
+                            signature: h("webhook-signature"),
+                            body: body.to_vec(),
+                        });
+                        st.in_flight.fetch_sub(1, Ordering::SeqCst);
+                        let failing = st
+                            .fail_first
+                            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                            .is_ok();
+                        let status = match st.status.load(Ordering::SeqCst) {
+                            _ if failing => 500,
+                            0 => 200,
+                            s => s,
+                        };
+                        (
+                            axum::http::StatusCode::from_u16(status).unwrap(),
+                            "nope".to_owned(),
+                        )
+                    }
+                },
+            ),
+        );
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Self { url, state, task }
+    }
+
+    fn got(&self) -> Vec<Received> {
+        self.state.got.lock().unwrap().clone()
+    }
+
+    async fn wait_for(&self, n: usize) -> Vec<Received> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let got = self.got();
+            if got.len() >= n {
+                return got;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "receiver got {} of {n} requests",
+                got.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+async fn subscribe(api: &Api, name: &str, spec: Value) -> common::Resp {
+    api.req(
+        Method::PUT,
+        &format!("/v1/subscriptions/{name}"),
+        Some(("application/json", serde_json::to_vec(&spec).unwrap())),
+        &[],
+    )
+    .await
+}
+
+async fn emit_kind(api: &Api, id: &str, kind: &str, n: i64) {
+    let r = api
+        .op(
+            "kit",
+            id,
+            json!({"op": "emit", "kind": kind, "data": {"n": n}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+}
+
+fn check_signature(secret: &str, r: &Received) {
+    let verified = marmot::webhooks::verify_standard(
+        &marmot::webhooks::secret_key(secret),
+        &r.id,
+        &r.timestamp,
+        &r.signature,
+        &r.body,
+        now_s(),
+        300,
+    );
+    assert_eq!(verified, Ok(()), "signature of {r:?}");
+}
+
+async fn fast_retry_node(config: Option<&str>) -> (tempfile::TempDir, Marmot, Api) {
+    let dir = tempdir();
+    let m = Marmot::start_opts(
+        &dir.path().join("data"),
+        &[("MARMOT_WEBHOOK_RETRY_BASE_MS", "40")],
+        config,
+    )
+    .await;
+    let api = m.client();
+    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+    (dir, m, api)
+}
+
+#[tokio::test]
+async fn a_failing_receiver_gets_the_event_again_with_the_same_id_and_valid_signatures() {
+    let rx = Receiver::start().await;
+    rx.state.fail_first.store(3, Ordering::SeqCst);
+    let (_dir, _m, api) = fast_retry_node(None).await;
+    let secret = marmot::webhooks::new_secret();
+    let r = subscribe(
+        &api,
+        "orders",
+        json!({"url": rx.url, "events": ["order.*"], "secret": secret}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    assert!(
+        r.json.get("secret").is_none(),
+        "a given secret is not echoed"
+    );
+    emit_kind(&api, "a", "order.paid", 7).await;
+    emit_kind(&api, "a", "note", 8).await; // not subscribed
+    let got = rx.wait_for(4).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got_all = rx.got();
+    assert_eq!(got_all.len(), 4, "3 failures + 1 success, nothing else");
+    assert!(got.iter().all(|r| r.id == got[0].id), "stable webhook-id");
+    assert!(got[0].id.starts_with("msg_"));
+    assert!(got.iter().all(|r| r.body == got[0].body), "same bytes");
+    for r in &got {
+        check_signature(&secret, r);
+    }
+    let body: Value = serde_json::from_slice(&got[0].body).unwrap();
+    assert_eq!(body["type"], "order.paid");
+    assert!(body["timestamp"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(
+        body["data"],
+        json!({"actor_type": "kit", "actor_id": "a", "seq": 1, "kind": "order.paid",
+               "data": {"n": 7}, "at_ms": body["data"]["at_ms"]})
+    );
+    let d = api.get("/v1/deliveries").await.json;
+    assert_eq!(d["deliveries"], json!([]), "delivered rows are gone: {d}");
+    let text = String::from_utf8(api.get("/metrics").await.body).unwrap();
+    assert!(
+        text.contains(r#"marmot_webhook_deliveries_total{outcome="failed"} 3"#),
+        "{text}"
+    );
+    assert!(text.contains(r#"marmot_webhook_deliveries_total{outcome="delivered"} 1"#));
+}
+
+#[tokio::test]
+async fn dead_letters_are_kept_and_can_be_replayed() {
+    let rx = Receiver::start().await;
+    rx.state.status.store(503, Ordering::SeqCst);
+    let (_dir, m, api) = fast_retry_node(Some("[webhooks]\nmax_attempts = 3\n")).await;
+    let r = subscribe(&api, "all", json!({"url": rx.url})).await;
+    assert_eq!(r.status, 201);
+    let secret = r.json["secret"].as_str().unwrap().to_owned();
+    assert!(
+        secret.starts_with("whsec_"),
+        "a generated secret is shown once"
+    );
+    emit_kind(&api, "a", "order.paid", 1).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let dead = loop {
+        let d = api.get("/v1/deliveries?status=dead").await.json;
+        if let Some(x) = d["deliveries"].as_array().and_then(|a| a.first()) {
+            break x.clone();
+        }
+        assert!(Instant::now() < deadline, "never dead: {d}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    assert_eq!(dead["attempts"], 3);
+    assert_eq!(dead["status"], "dead");
+    assert_eq!(dead["subscription"], "all");
+    assert_eq!(dead["actor"], json!({"type": "kit", "id": "a"}));
+    assert_eq!(dead["next_attempt_ms"], Value::Null);
+    assert_eq!(dead["last_error"], "HTTP 503: nope");
+    assert_eq!(rx.got().len(), 3);
+    assert!(m.log_text().contains("dead-letter"));
+    let text = String::from_utf8(api.get("/metrics").await.body).unwrap();
+    assert!(text.contains(r#"marmot_webhook_deliveries_total{outcome="dead"} 1"#));
+
+    // The receiver is fixed; replay the dead delivery.
+    rx.state.status.store(200, Ordering::SeqCst);
+    let id = dead["id"].as_str().unwrap();
+    let r = api
+        .req(
+            Method::POST,
+            &format!("/v1/deliveries/{id}/retry"),
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    let got = rx.wait_for(4).await;
+    assert_eq!(got[3].id, id, "the replay carries the same webhook-id");
+    check_signature(&secret, &got[3]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !api.get("/v1/deliveries").await.json["deliveries"]
+        .as_array()
+        .unwrap()
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let r = api
+        .req(
+            Method::POST,
+            &format!("/v1/deliveries/{id}/retry"),
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 404, "delivered: nothing left to replay");
+    let r = api
+        .req(Method::POST, "/v1/deliveries/msg_nope/retry", None, &[])
+        .await;
+    assert_eq!(r.code(), "delivery_not_found");
+}
+
+#[tokio::test]
+async fn only_committed_events_go_out_and_pending_ones_survive_kill_9() {
+    // The receiver is down at first: its port is reserved but closed.
+    let port = common::free_port();
+    let url = format!("http://127.0.0.1:{port}/hook");
+    let dir = tempdir();
+    let mut m = Marmot::start_with_env(
+        &dir.path().join("data"),
+        &[("MARMOT_WEBHOOK_RETRY_BASE_MS", "40")],
+    )
+    .await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    assert_eq!(
+        subscribe(&api, "all", json!({"url": url, "types": ["kit"]}))
+            .await
+            .status,
+        201
+    );
+    emit_kind(&api, "a", "first", 1).await;
+    // A failed turn emits an event that never commits.
+    api.op(
+        "kit",
+        "a",
+        json!({"op": "set_then_fail", "key": "k", "value": 1}),
+    )
+    .await;
+    emit_kind(&api, "a", "second", 2).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let d = api.get("/v1/deliveries?status=failed").await.json;
+        if d["deliveries"].as_array().unwrap().len() == 2 {
+            assert!(
+                d["deliveries"][0]["last_error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("connection failed")
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "{d}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    m.kill9();
+    let rx = Receiver::start_on(port).await;
+    m.restart().await;
+    let got = rx.wait_for(2).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let kinds: Vec<String> = rx
+        .got()
+        .iter()
+        .map(|r| {
+            serde_json::from_slice::<Value>(&r.body).unwrap()["type"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    let mut sorted = kinds.clone();
+    sorted.sort();
+    assert_eq!(
+        sorted,
+        ["first", "second"],
+        "committed events only, once each"
+    );
+    assert_ne!(got[0].id, got[1].id);
+}
+
+#[tokio::test]
+async fn deliveries_to_one_host_are_bounded() {
+    let rx = Receiver::start().await;
+    rx.state.delay_ms.store(150, Ordering::SeqCst);
+    let (_dir, _m, api) = fast_retry_node(Some("[webhooks]\nper_destination = 2\n")).await;
+    subscribe(&api, "all", json!({"url": rx.url})).await;
+    let sends = (0..8).map(|i| {
+        let api = api.clone();
+        async move { emit_kind(&api, &format!("a{i}"), "k", i).await }
+    });
+    futures::future::join_all(sends).await;
+    rx.wait_for(8).await;
+    let max = rx.state.max_in_flight.load(Ordering::SeqCst);
+    assert!(max <= 2, "{max} deliveries in flight to one host");
+    assert!(max >= 1);
+}
+
+#[tokio::test]
+async fn subscriptions_are_validated_and_never_show_their_secret() {
+    let (_dir, _m, api) = kit_node(json!({})).await;
+    for (spec, name) in [
+        (json!({"url": "ftp://x/"}), "s"),
+        (json!({"url": "http://x/", "events": []}), "s"),
+        (json!({"url": "http://x/", "secret": "hunter2"}), "s"),
+        (json!({"url": "http://x/", "oops": 1}), "s"),
+        (json!({"url": "http://x/"}), "bad name"),
+    ] {
+        let r = subscribe(&api, name, spec.clone()).await;
+        assert_eq!(r.status, 400, "{spec}: {}", r.json);
+    }
+    let r = subscribe(
+        &api,
+        "s",
+        json!({"url": "https://example.com/h", "events": ["a.*"]}),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    let secret = r.json["secret"].as_str().unwrap().to_owned();
+    let r = subscribe(&api, "s", json!({"url": "https://example.com/h2"})).await;
+    assert_eq!(r.status, 200, "replaced");
+    let one = api.get("/v1/subscriptions/s").await.json;
+    assert_eq!(one["url"], "https://example.com/h2");
+    assert_eq!(one["events"], json!(["*"]));
+    let all = api.get("/v1/subscriptions").await;
+    assert!(!String::from_utf8_lossy(&all.body).contains(&secret[6..]));
+    assert!(!String::from_utf8_lossy(&all.body).contains("secret"));
+    assert_eq!(api.get("/v1/subscriptions/none").await.status, 404);
+    assert_eq!(api.delete("/v1/subscriptions/s").await.status, 200);
+    assert_eq!(api.delete("/v1/subscriptions/s").await.status, 404);
+    assert_eq!(api.get("/v1/deliveries?status=weird").await.status, 400);
+}
