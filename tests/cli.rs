@@ -1,0 +1,219 @@
+//! The `marmot` command line against a real process: `serve` with its
+//! admin token, the client commands, and `dev`'s examples.
+
+mod common;
+
+use common::{Marmot, TESTKIT, tempdir};
+use serde_json::{Value, json};
+
+#[tokio::test]
+async fn serve_requires_a_token_and_enforces_it() {
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    // Without a token `serve` refuses to start, with one clear line.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(&data)
+        .env_remove("MARMOT_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("requires an admin token"), "{err}");
+    // `dev` refuses to listen beyond loopback.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["dev", "--listen", "0.0.0.0:0", "--data"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
+
+    let token = "s3cret-token-for-tests-0123456789";
+    // Without a master key for the secret store, `serve` refuses to start
+    // and says how to make one.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(&data)
+        .env("MARMOT_ADMIN_TOKEN", token)
+        .env_remove("MARMOT_MASTER_KEY")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("MARMOT_MASTER_KEY") && err.contains("marmot secrets new-key"),
+        "{err}"
+    );
+    let key = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["secrets", "new-key"])
+        .output()
+        .unwrap();
+    assert!(key.status.success());
+    let key = String::from_utf8(key.stdout).unwrap().trim().to_owned();
+
+    let port = common::free_port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data"])
+        .arg(&data)
+        .env("MARMOT_ADMIN_TOKEN", token)
+        .env("MARMOT_MASTER_KEY", &key)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let mut ready = false;
+    for _ in 0..400 {
+        if let Ok(r) = http.get(format!("{url}/readyz")).send().await
+            && r.status() == 200
+        {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(ready, "serve did not become ready");
+    let r = http.get(format!("{url}/v1/types")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unauthorized");
+    let r = http
+        .get(format!("{url}/v1/types"))
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = http
+        .get(format!("{url}/v1/types"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = http.get(format!("{url}/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), 401, "metrics are behind auth in serve");
+    assert_eq!(
+        http.get(format!("{url}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    // The API description is open, and describes this API.
+    let r = http
+        .get(format!("{url}/v1/openapi.json"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let doc: Value = r.json().await.unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    assert!(doc["paths"]["/v1/actors/{type}/{id}"]["post"].is_object());
+    // Inbound webhooks authenticate by signature, not by the admin token.
+    let r = http
+        .post(format!("{url}/v1/hooks/nope/a/github"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404, "reaches the hook handler (unknown type)");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[tokio::test]
+async fn cli_client_commands() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let wasm = dir.path().join("kit.wasm");
+    std::fs::write(&wasm, TESTKIT).unwrap();
+    let bad = dir.path().join("bad.wasm");
+    std::fs::write(&bad, b"nope").unwrap();
+    let marmot = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+            .args(args)
+            .env("MARMOT_URL", &m.url)
+            .output()
+            .unwrap()
+    };
+    let out = marmot(&["deploy", "kit", wasm.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["version"], 1);
+    let out = marmot(&["call", "kit", "a", r#"{"op":"add","key":"n","by":4}"#]);
+    assert!(out.status.success());
+    assert_eq!(
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()["value"],
+        4
+    );
+    let out = marmot(&[
+        "call",
+        "kit",
+        "a",
+        r#"{"op":"add","key":"n","by":1}"#,
+        "--no-wait",
+    ]);
+    assert!(out.status.success());
+    assert!(serde_json::from_slice::<Value>(&out.stdout).unwrap()["message_id"].is_string());
+    let out = marmot(&["actors", "kit"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("a "));
+    let out = marmot(&["inspect", "kit", "a"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["actor"]["id"], "a");
+
+    // Errors: one line on stderr, non-zero exit, nothing on stdout.
+    for args in [
+        vec!["deploy", "kit", bad.to_str().unwrap()],
+        vec!["call", "nope", "a"],
+        vec!["call", "kit", "a", "{not json"],
+        vec!["inspect", "kit", "ghost"],
+    ] {
+        let out = marmot(&args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.trim_end().lines().last().unwrap_or("");
+        assert!(last.starts_with("error: "), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?} printed to stdout");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["call", "kit", "a"])
+        .env("MARMOT_URL", "http://127.0.0.1:1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach marmot"));
+}
+
+/// Regression: `marmot dev` deployed its bundled examples at every start,
+/// over a user's type of the same name: the user's code was silently
+/// replaced and their actors ran other code.
+#[tokio::test]
+async fn dev_examples_never_replace_a_users_type() {
+    let dir = tempdir();
+    let mut m = Marmot::start_with_examples(&dir.path().join("data")).await;
+    let api = m.client();
+    let example = api.get("/v1/types/counter").await;
+    assert_eq!(example.status, 200, "{}", example.json);
+    assert_eq!(example.json["kind"], "wasm");
+
+    let mine = "export default { async onMessage(body) { return { mine: true }; } };";
+    let r = api.deploy_js("counter", mine).await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let version = r.json["version"].clone();
+
+    m.restart().await;
+    let after = api.get("/v1/types/counter").await.json;
+    assert_eq!(after["kind"], "js", "the example replaced the user's type");
+    assert_eq!(after["version"], version, "a new version appeared: {after}");
+    let reply = api.post_json("/v1/actors/counter/a", &json!({})).await;
+    assert_eq!(reply.status, 200, "{}", reply.json);
+    assert_eq!(reply.json, json!({ "mine": true }));
+    // The other example was not touched either, and is still there.
+    assert_eq!(api.get("/v1/types/notes").await.json["version"], 1);
+}
