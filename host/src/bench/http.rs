@@ -278,26 +278,27 @@ pub(super) fn have_wrk() -> bool {
         .is_ok()
 }
 
+/// Deploy the counter the scenario asked for (`--js`: the JavaScript one)
+/// and return its type name.
+async fn deploy_counter_of(server: &ServerProc, js: bool) -> anyhow::Result<&'static str> {
+    let config = serde_json::json!({"idle_timeout_ms": 3_600_000});
+    if js {
+        server
+            .deploy_js("jscounter", super::inproc::JS_COUNTER, config)
+            .await?;
+        Ok("jscounter")
+    } else {
+        server.deploy_counter(config).await?;
+        Ok("counter")
+    }
+}
+
 /// Durable turns/s over HTTP across `actors` counters.
 pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Result<()> {
     let dir = tempfile::Builder::new().prefix("marmot-bench-").tempdir()?;
     let config = super::server::limits_for(actors);
     let server = ServerProc::start(&dir.path().join("data"), &config).await?;
-    let ty = if args.js {
-        server
-            .deploy_js(
-                "jscounter",
-                super::inproc::JS_COUNTER,
-                serde_json::json!({"idle_timeout_ms": 3_600_000}),
-            )
-            .await?;
-        "jscounter"
-    } else {
-        server
-            .deploy_counter(serde_json::json!({"idle_timeout_ms": 3_600_000}))
-            .await?;
-        "counter"
-    };
+    let ty = deploy_counter_of(&server, args.js).await?;
     create_typed(server.addr, ty, actors).await?;
     let target = Target {
         addr: server.addr,
@@ -376,17 +377,18 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
 pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
     let dir = tempfile::Builder::new().prefix("marmot-bench-").tempdir()?;
     let server = ServerProc::start(&dir.path().join("data"), "").await?;
-    server
-        .deploy_counter(serde_json::json!({"idle_timeout_ms": 3_600_000}))
-        .await?;
+    let ty = deploy_counter_of(&server, args.js).await?;
     let secs = args.duration.min(3);
     let target = |prefix: &str| Target {
         addr: server.addr,
-        prefix: format!("/v1/actors/counter/{prefix}-"),
+        prefix: format!("/v1/actors/{ty}/{prefix}-"),
         actors: 0,
     };
     builtin_load(&target("warm"), 4, Duration::from_secs(1)).await?;
-    println!("scenario create (a new counter actor per request, default config, {secs}s per run)");
+    let kind = if args.js { "JavaScript" } else { "Rust" };
+    println!(
+        "scenario create (a new {kind} counter actor per request, default config, {secs}s per run)"
+    );
     for (label, conns) in [
         ("one connection", 1),
         ("many connections", args.connections),

@@ -50,7 +50,8 @@ pub struct BenchArgs {
     /// Load generator for HTTP throughput scenarios.
     #[arg(long, value_enum, default_value_t = LoadGen::Auto)]
     pub load: LoadGen,
-    /// http-hot / http-spread: JavaScript counter actors instead of Rust.
+    /// http-hot / http-spread / create: JavaScript counter actors instead
+    /// of Rust.
     #[arg(long)]
     pub js: bool,
     /// vs-workerd: the workerd binary (`scripts/bench-vs-workerd` installs

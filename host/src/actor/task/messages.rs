@@ -27,7 +27,7 @@ impl ActorTask {
             parent: trace,
             since: Some(sent_at),
         };
-        if let Err(e) = self.ready(true).await {
+        if let Err(e) = self.ready_for_turn().await {
             let _ = reply.send(Err(e));
             return;
         }

@@ -45,7 +45,7 @@ use crate::clock::now_ms;
 use crate::ids::ActorKey;
 use crate::sandbox::{ActorCounts, Carry, FinishedTurn};
 use crate::storage::schema::{ActorRecord, CodeKind, IdemOutcome};
-use crate::storage::{Fence, WriteOp};
+use crate::storage::{Fence, StorageError, WriteOp};
 use commit::CommitExtras;
 use trim::TrimClock;
 use turn::Live;
@@ -300,6 +300,17 @@ impl ActorTask {
     /// Checks before any turn: the type still exists, no commit failed
     /// underneath us, and the actor's record is loaded (created if asked).
     async fn ready(&mut self, create: bool) -> Result<(), TurnError> {
+        self.ready_inner(create, false).await
+    }
+
+    /// [`ready`](Self::ready) with creation, for a turn on the actor's live
+    /// instance: a brand-new actor's instance is made while the writer
+    /// creates its record (see [`create`](Self::create)).
+    async fn ready_for_turn(&mut self) -> Result<(), TurnError> {
+        self.ready_inner(true, true).await
+    }
+
+    async fn ready_inner(&mut self, create: bool, instantiate: bool) -> Result<(), TurnError> {
         if self.shared.ty.is_deleted() {
             return Err(TurnError::UnknownType(self.key.ty().to_owned()));
         }
@@ -324,34 +335,7 @@ impl ActorTask {
             self.record = match on_disk {
                 Some(r) => Some(r),
                 None if create => {
-                    // Answered before the creation commits, so that the
-                    // first turn's commit shares its fsync. The creation
-                    // counts as one of this activation's commits: replies
-                    // wait for it like for any earlier commit, and if it
-                    // fails this generation is fenced and reloads.
-                    let key = self.key.clone();
-                    let version = self.shared.ty.latest_version();
-                    self.seq += 1;
-                    self.submitted_seq = self.seq;
-                    let early = Some(Fence {
-                        tracker: self.shared.tracker.clone(),
-                        generation: self.generation,
-                        seq: self.seq,
-                    });
-                    let rec = self
-                        .env
-                        .storage
-                        .writer()
-                        .call(|done| WriteOp::GetOrCreate {
-                            key,
-                            version,
-                            early,
-                            done,
-                        })
-                        .await?;
-                    // Not known durable: the first turn writes the record
-                    // (even a read-only one commits, joining the creation).
-                    self.record = Some(rec);
+                    self.record = Some(self.create(instantiate).await?);
                     return Ok(());
                 }
                 None => return Err(TurnError::NotFound),
@@ -359,6 +343,41 @@ impl ActorTask {
             self.persisted = self.record.clone();
         }
         Ok(())
+    }
+
+    /// Create this actor's record. It is answered before the creation
+    /// commits, so that the first turn's commit shares its fsync; the
+    /// creation counts as one of this activation's commits: replies wait
+    /// for it like for any earlier commit, and if it fails this generation
+    /// is fenced and reloads. The record is not known durable: the first
+    /// turn writes it (even a read-only one commits, joining the creation).
+    ///
+    /// With `instantiate`, the actor's instance is made while the writer
+    /// thread creates the record, instead of after its answer: the first
+    /// message to a new actor then waits for the longer of the two, not
+    /// for both. An instance that cannot be made is left to the turn,
+    /// which reports why.
+    async fn create(&mut self, instantiate: bool) -> Result<ActorRecord, TurnError> {
+        let version = self.shared.ty.latest_version();
+        self.seq += 1;
+        self.submitted_seq = self.seq;
+        let early = Some(Fence {
+            tracker: self.shared.tracker.clone(),
+            generation: self.generation,
+            seq: self.seq,
+        });
+        let (done, answer) = tokio::sync::oneshot::channel();
+        self.env.storage.writer().submit(WriteOp::GetOrCreate {
+            key: self.key.clone(),
+            version,
+            early,
+            done,
+        });
+        if instantiate {
+            let _ = self.instance(version).await;
+        }
+        let record = answer.await.map_err(|_| StorageError::WriterGone)??;
+        Ok(record)
     }
 
     /// Forget the in-memory view; the next turn reloads from disk.

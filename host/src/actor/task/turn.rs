@@ -126,7 +126,7 @@ impl ActorTask {
     }
 
     /// Make sure an instance of `version` is live.
-    async fn instance(&mut self, version: u32) -> Result<&mut Live, TurnError> {
+    pub(super) async fn instance(&mut self, version: u32) -> Result<&mut Live, TurnError> {
         if self.live.as_ref().is_some_and(|l| l.version == version) {
             return Ok(self.live.as_mut().expect("checked"));
         }

@@ -28,7 +28,7 @@ impl ActorTask {
             let _ = reply.send(not_run(row));
             return;
         }
-        if let Err(e) = self.ready(true).await {
+        if let Err(e) = self.ready_for_turn().await {
             let _ = reply.send(match e {
                 TurnError::UnknownType(_) => Err(e),
                 _ => not_run(row),
