@@ -318,26 +318,57 @@ async fn a_failing_durable_message_records_turn_failed() {
     assert_eq!(retry.code(), "turn_failed");
 }
 
+/// Commits the node has made so far (`marmot_commits_total`).
+async fn commits(api: &common::Api) -> f64 {
+    String::from_utf8(api.get("/metrics").await.body)
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("marmot_commits_total "))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
 #[tokio::test]
 async fn many_actors_share_commits() {
     let (_dir, _node, api) = common::kit_node(json!({})).await;
     // Warm up so the measured turns need no actor creation.
     let ids: Vec<String> = (0..200).map(|i| format!("g{i}")).collect();
     futures::future::join_all(ids.iter().map(|id| api.add("kit", id, 1))).await;
-    let commits = |text: &str| -> f64 {
-        text.lines()
-            .find(|l| l.starts_with("marmot_commits_total "))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap()
-    };
-    let before = commits(&String::from_utf8(api.get("/metrics").await.body).unwrap());
+    let before = commits(&api).await;
     let replies = futures::future::join_all(ids.iter().map(|id| api.add("kit", id, 1))).await;
     assert!(replies.iter().all(|r| r.json["value"] == 2));
-    let after = commits(&String::from_utf8(api.get("/metrics").await.body).unwrap());
+    let after = commits(&api).await;
     assert!(
         after - before < 200.0,
         "200 concurrent turns took {} commits: group commit is not batching",
         after - before
     );
+}
+
+/// The first message to a new actor creates it in its first turn's
+/// commit: one fsync per new actor, not one for the record and one for
+/// the turn (the instance is made while the record is created).
+#[tokio::test]
+async fn a_new_actor_is_created_in_its_first_turns_commit() {
+    let (_dir, _node, api) = common::kit_node(json!({})).await;
+    assert_eq!(api.add("kit", "warm", 1).await.json["value"], 1);
+    let before = commits(&api).await;
+    for i in 0..20 {
+        let r = api.add("kit", &format!("new{i}"), 1).await;
+        assert_eq!(r.json["value"], 1, "{}", r.json);
+    }
+    let after = commits(&api).await;
+    // One each; a little slack for a background chore committing meanwhile.
+    assert!(
+        (20.0..25.0).contains(&(after - before)),
+        "20 new actors, one after another, took {} commits",
+        after - before
+    );
+    // Created for real: each one is there, and answers from its state.
+    for i in 0..20 {
+        let info = api.get(&format!("/v1/actors/kit/new{i}")).await;
+        assert_eq!(info.status, 200, "{}", info.json);
+        assert_eq!(api.add("kit", &format!("new{i}"), 1).await.json["value"], 2);
+    }
 }

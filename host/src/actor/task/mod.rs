@@ -355,8 +355,8 @@ impl ActorTask {
     /// With `instantiate`, the actor's instance is made while the writer
     /// thread creates the record, instead of after its answer: the first
     /// message to a new actor then waits for the longer of the two, not
-    /// for both. An instance that cannot be made is left to the turn,
-    /// which reports why.
+    /// for both. An instance that cannot be made at once is left to the
+    /// turn, which waits for room or reports why.
     async fn create(&mut self, instantiate: bool) -> Result<ActorRecord, TurnError> {
         let version = self.shared.ty.latest_version();
         self.seq += 1;
@@ -374,7 +374,7 @@ impl ActorTask {
             done,
         });
         if instantiate {
-            let _ = self.instance(version).await;
+            self.try_instance(version).await;
         }
         let record = answer.await.map_err(|_| StorageError::WriterGone)??;
         Ok(record)

@@ -125,8 +125,23 @@ impl ActorTask {
         ))
     }
 
-    /// Make sure an instance of `version` is live.
-    pub(super) async fn instance(&mut self, version: u32) -> Result<&mut Live, TurnError> {
+    /// Make sure an instance of `version` is live, waiting (and making
+    /// room) while the pool is full.
+    async fn instance(&mut self, version: u32) -> Result<&mut Live, TurnError> {
+        self.make_live(version, true).await
+    }
+
+    /// Make an instance of `version` live if one can be made at once, as a
+    /// head start for the turn that follows: no waiting for room, no
+    /// warning; whatever fails is left to that turn's own [`instance`]
+    /// call, which reports it.
+    ///
+    /// [`instance`]: Self::instance
+    pub(super) async fn try_instance(&mut self, version: u32) {
+        let _ = self.make_live(version, false).await;
+    }
+
+    async fn make_live(&mut self, version: u32, wait: bool) -> Result<&mut Live, TurnError> {
         if self.live.as_ref().is_some_and(|l| l.version == version) {
             return Ok(self.live.as_mut().expect("checked"));
         }
@@ -146,8 +161,16 @@ impl ActorTask {
             models: Some(env.model_access(prepared.config.budget)),
         };
         let js = prepared.js_module.is_some();
-        let inst = match instantiate_with_room(env, &prepared.pre, spec).await {
+        let made = if wait {
+            instantiate_with_room(env, &prepared.pre, spec).await
+        } else {
+            env.sandbox.instantiate(&prepared.pre, spec()).await
+        };
+        let inst = match made {
             Ok(i) => i,
+            // Only a head start (`try_instance`): the turn's own call
+            // waits for room or reports the failure.
+            Err(_) if !wait => return Err(TurnError::Overloaded),
             Err(e @ (InstantiateError::NoRoom(_) | InstantiateError::TooManyJs(_))) => {
                 tracing::warn!(actor = %self.key, error = %e, "no instance slot free");
                 return Err(TurnError::Overloaded);
