@@ -376,8 +376,14 @@ impl ActorTask {
         if instantiate {
             self.try_instance(version).await;
         }
-        let record = answer.await.map_err(|_| StorageError::WriterGone)??;
-        Ok(record)
+        match answer.await.map_err(|_| StorageError::WriterGone)? {
+            Ok(record) => Ok(record),
+            Err(e) => {
+                // No actor, so no instance either: give its slot back.
+                self.live = None;
+                Err(e.into())
+            }
+        }
     }
 
     /// Forget the in-memory view; the next turn reloads from disk.
