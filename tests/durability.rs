@@ -354,19 +354,21 @@ async fn a_new_actor_is_created_in_its_first_turns_commit() {
     let (_dir, _node, api) = common::kit_node(json!({})).await;
     assert_eq!(api.add("kit", "warm", 1).await.json["value"], 1);
     let before = commits(&api).await;
-    for i in 0..20 {
+    for i in 0..40 {
         let r = api.add("kit", &format!("new{i}"), 1).await;
         assert_eq!(r.json["value"], 1, "{}", r.json);
     }
     let after = commits(&api).await;
-    // One each; a little slack for a background chore committing meanwhile.
+    // One each, two if the creation commits alone. The writer holds the
+    // creation open for 2 ms, which a loaded test machine may miss now
+    // and then, so some slack; two commits each would be 80.
     assert!(
-        (20.0..25.0).contains(&(after - before)),
-        "20 new actors, one after another, took {} commits",
+        (40.0..56.0).contains(&(after - before)),
+        "40 new actors, one after another, took {} commits",
         after - before
     );
     // Created for real: each one is there, and answers from its state.
-    for i in 0..20 {
+    for i in 0..40 {
         let info = api.get(&format!("/v1/actors/kit/new{i}")).await;
         assert_eq!(info.status, 200, "{}", info.json);
         assert_eq!(api.add("kit", &format!("new{i}"), 1).await.json["value"], 2);

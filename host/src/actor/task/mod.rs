@@ -376,7 +376,7 @@ impl ActorTask {
         if instantiate {
             self.try_instance(version).await;
         }
-        match answer.await.map_err(|_| StorageError::WriterGone)? {
+        match answer.await.unwrap_or(Err(StorageError::WriterGone)) {
             Ok(record) => Ok(record),
             Err(e) => {
                 // No actor, so no instance either: give its slot back.

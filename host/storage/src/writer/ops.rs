@@ -360,7 +360,13 @@ impl Applied {
                 seq: t.seq,
                 on_durable: t.on_durable,
             },
-            WriteOp::GetOrCreate { done, .. } => {
+            WriteOp::GetOrCreate { done, early, .. } => {
+                // Never applied, so nothing was created: the activation
+                // that counted the creation as one of its commits must
+                // reload, as when the creation is refused.
+                if let Some(f) = early {
+                    f.tracker.mark_failed(f.generation);
+                }
                 Applied::reply(done, Err(StorageError::WriterGone))
             }
             WriteOp::Enqueue { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),

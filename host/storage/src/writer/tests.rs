@@ -200,6 +200,29 @@ async fn an_early_creation_shares_the_commit_of_the_first_turn() {
     assert_eq!(value(&storage, rec.num, "k").as_deref(), Some(&b"v"[..]));
 }
 
+/// An early creation that a failed batch never applied fences the
+/// activation that counted it, which would otherwise wait for that commit
+/// for good (at hibernation).
+#[test]
+fn an_unapplied_early_creation_fences_its_generation() {
+    let tracker = Arc::new(CommitTracker::default());
+    let (done, rx) = oneshot::channel();
+    let op = WriteOp::GetOrCreate {
+        key: ActorKey::new("t", "a").unwrap(),
+        version: 1,
+        early: Some(Fence {
+            tracker: tracker.clone(),
+            generation: 0,
+            seq: 1,
+        }),
+        done,
+    };
+    let why = CommitFailed::Storage("an earlier op failed".into());
+    super::ops::Applied::from_unapplied(op).complete(Some(&why));
+    assert_eq!(tracker.min_generation(), 1, "the activation must reload");
+    assert!(rx.blocking_recv().unwrap().is_err());
+}
+
 #[tokio::test]
 async fn a_failed_early_creation_fences_its_generation_and_its_number_is_not_reused() {
     let (_dir, storage) = open();
