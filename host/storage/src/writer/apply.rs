@@ -58,7 +58,7 @@ impl WriterState {
                     (Applied::Answered(fence), Ok(()))
                 }
                 Err(e) => {
-                    fence.tracker.mark_failed(fence.generation);
+                    fence.fail();
                     done(d, Err(e))
                 }
             },

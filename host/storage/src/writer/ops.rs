@@ -340,7 +340,7 @@ impl Applied {
             }
             WriteOp::GetOrCreate { done, early, .. } => {
                 if let Some(f) = early {
-                    f.tracker.mark_failed(f.generation);
+                    f.fail();
                 }
                 Applied::reply(done, Err(why()))
             }
@@ -365,7 +365,7 @@ impl Applied {
                 // that counted the creation as one of its commits must
                 // reload, as when the creation is refused.
                 if let Some(f) = early {
-                    f.tracker.mark_failed(f.generation);
+                    f.fail();
                 }
                 Applied::reply(done, Err(StorageError::WriterGone))
             }
@@ -424,6 +424,14 @@ pub struct Fence {
     pub seq: u64,
 }
 
+impl Fence {
+    /// The creation did not commit: the activation that counted it must
+    /// reload.
+    pub(super) fn fail(&self) {
+        self.tracker.mark_failed(self.generation);
+    }
+}
+
 /// What applying one op produced, released (or failed) after the commit.
 pub(super) enum Applied {
     Turn {
@@ -477,7 +485,7 @@ impl Applied {
             Applied::Refused(on_durable) => on_durable(Err(CommitFailed::Superseded)),
             Applied::Answered(f) => match failed {
                 None => f.tracker.mark_committed(f.seq),
-                Some(_) => f.tracker.mark_failed(f.generation),
+                Some(_) => f.fail(),
             },
             Applied::Reply(f) | Applied::Durable(f) => f(failed),
         }
