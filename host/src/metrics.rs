@@ -80,6 +80,9 @@ pub struct Metrics {
     /// JavaScript sandboxes live, counted against the node's cap (set when
     /// the metrics are read).
     pub js_sandboxes: Gauge,
+    /// Compiled-code cache files removed because no node had used them for
+    /// the retention (old versions, old builds, abandoned temporary files).
+    pub code_cache_removed_files: Counter,
     /// What the storage writer counts (commits, failures, batch sizes,
     /// latency).
     pub writer: WriterMetrics,
@@ -189,6 +192,12 @@ impl Metrics {
             "js_sandbox_prefaulted_pages",
             "Pages of JavaScript sandboxes copied up front, before a turn that writes them",
             js_prefaulted_pages.clone(),
+        );
+        let code_cache_removed_files = Counter::default();
+        registry.register(
+            "code_cache_removed_files",
+            "Compiled-code cache files removed after going unused for the retention",
+            code_cache_removed_files.clone(),
         );
         let js_sandboxes = Gauge::default();
         registry.register(
@@ -404,6 +413,7 @@ impl Metrics {
             js_trimmed_pages,
             js_prefaulted_pages,
             js_sandboxes,
+            code_cache_removed_files,
             writer,
             mailbox_full,
             traps,

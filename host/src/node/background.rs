@@ -72,6 +72,29 @@ impl Node {
         }
     }
 
+    /// Remove compiled-code cache files that no node sharing the cache has
+    /// used for a week (see `sandbox/code_cache.rs`).
+    pub(super) async fn sweep_code_cache(&self) {
+        let sandbox = self.sandbox.clone();
+        let swept = tokio::task::spawn_blocking(move || {
+            sandbox.sweep_code_cache(crate::sandbox::CODE_CACHE_UNUSED_FOR)
+        })
+        .await;
+        match swept {
+            Ok(Ok(s)) if s.files == 0 => {}
+            Ok(Ok(s)) => {
+                self.metrics.code_cache_removed_files.inc_by(s.files);
+                tracing::info!(
+                    files = s.files,
+                    bytes = s.bytes,
+                    "removed compiled code unused for a week"
+                );
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "compiled-code cache sweep failed"),
+            Err(e) => tracing::warn!(error = %e, "compiled-code cache sweep panicked"),
+        }
+    }
+
     /// Periodic chores: idempotency expiry, event retention by age, gauges.
     pub(super) async fn housekeeping(self: Arc<Self>) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -89,6 +112,11 @@ impl Node {
             if n.is_multiple_of(600) {
                 let grace = Duration::from_millis(self.config.files.blob_gc_grace_ms);
                 self.collect_blobs(grace).await;
+            }
+            // A minute after start (the versions woken at start are loaded
+            // by then and count as used), then hourly.
+            if n == 60 || n.is_multiple_of(3600) {
+                self.sweep_code_cache().await;
             }
             if n.is_multiple_of(60) {
                 let now = now_ms();

@@ -88,3 +88,44 @@ async fn replies_depending_on_a_failed_commit_are_never_released() {
         r#"{"n":1}"#
     );
 }
+
+/// The compiled-code cache keeps what this node uses, however old its
+/// file's time, and removes what nobody has used for the retention: a
+/// component of an older build, say.
+#[tokio::test]
+async fn the_code_cache_sweep_keeps_the_code_in_use_and_removes_the_rest() {
+    let (dir, node) = node().await;
+    let cache = dir.path().join("data/cache");
+    let month_ago = std::time::SystemTime::now() - Duration::from_secs(30 * 24 * 3600);
+    let stale = cache.join("0123abcd-olderbuild.cwasm");
+    std::fs::write(&stale, b"compiled by an older build").unwrap();
+    let ours: Vec<_> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "cwasm") && *p != stale)
+        .collect();
+    assert!(!ours.is_empty(), "deploying the counter cached its code");
+    for path in ours.iter().chain([&stale]) {
+        let f = std::fs::File::options().write(true).open(path).unwrap();
+        f.set_modified(month_ago).unwrap();
+    }
+
+    node.sweep_code_cache().await;
+
+    assert!(!stale.exists(), "unused for a month: removed");
+    for path in &ours {
+        assert!(path.exists(), "in use: kept ({})", path.display());
+        let modified = std::fs::metadata(path).unwrap().modified().unwrap();
+        assert!(modified > month_ago, "in use: marked fresh for other nodes");
+    }
+    let metrics = node.metrics().render();
+    assert!(
+        metrics.contains("marmot_code_cache_removed_files_total 1"),
+        "{metrics}"
+    );
+    // The counter still runs from the cache.
+    assert_eq!(
+        send(&node, r#"{"by": 1}"#).await.unwrap().body,
+        r#"{"n":1}"#
+    );
+}

@@ -46,7 +46,10 @@ impl Sandbox {
             self.parts.hash
         ));
         let snapshot = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
+            Ok(bytes) => {
+                self.cache.used(&path);
+                bytes
+            }
             Err(_) => {
                 let config =
                     crate::config::TypeConfig::default().resolve(&Default::default(), true);
@@ -54,8 +57,11 @@ impl Sandbox {
                 let preinit = self.preinit()?;
                 let bytes = tokio::runtime::Handle::current()
                     .block_on(preinit.engine(&self.parts.linker, host))?;
-                if let Err(e) = super::write_atomic(&path, &bytes) {
-                    tracing::warn!(path = %path.display(), error = %e, "failed to cache the engine snapshot");
+                match super::write_atomic(&path, &bytes) {
+                    Ok(()) => self.cache.used(&path),
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "failed to cache the engine snapshot");
+                    }
                 }
                 bytes
             }
@@ -88,6 +94,7 @@ impl Sandbox {
             return Ok(Arc::new(self.link_js_engine(&c)?));
         }
         if refused.exists() {
+            self.cache.used(&refused);
             return Ok(shared);
         }
         let started = std::time::Instant::now();
@@ -106,8 +113,11 @@ impl Sandbox {
             Err(PreloadError::Refused(why)) => {
                 tracing::info!(module = %module.name, reason = %why, "module not preloaded: each sandbox evaluates it in its first turn");
                 // Remembered, so a restart does not run its top level again.
-                if let Err(e) = super::write_atomic(&refused, why.as_bytes()) {
-                    tracing::warn!(path = %refused.display(), error = %e, "failed to cache a refused preload");
+                match super::write_atomic(&refused, why.as_bytes()) {
+                    Ok(()) => self.cache.used(&refused),
+                    Err(e) => {
+                        tracing::warn!(path = %refused.display(), error = %e, "failed to cache a refused preload");
+                    }
                 }
                 return Ok(shared);
             }

@@ -15,6 +15,7 @@
 
 mod bindings;
 mod caps;
+mod code_cache;
 mod host;
 mod js_engine;
 mod output;
@@ -47,6 +48,7 @@ pub use caps::inputs::InputLimits;
 pub use caps::log::LogLimits;
 pub use caps::model::{ModelAccess, TurnUsage};
 pub use caps::state::StateLimits;
+pub use code_cache::{Swept, UNUSED_FOR as CODE_CACHE_UNUSED_FOR};
 pub use host::{JsModule, LimitTrap};
 pub use pool::{HostLimits, PoolPlan};
 pub use run::{
@@ -294,6 +296,8 @@ pub struct Sandbox {
     js: js_engine::JsEngines,
     /// The built-in agent harness, compiled on first use.
     agent_engine: std::sync::Mutex<Option<Arc<Prepared>>>,
+    /// Which compiled-code cache files this node uses.
+    cache: code_cache::CodeCache,
 }
 
 impl Sandbox {
@@ -324,6 +328,7 @@ impl Sandbox {
         })?;
         let tick_ms = config.tick.as_millis().max(1) as u64;
         let turn_limits = Arc::new(config.turn_limits.clone());
+        let cache = code_cache::CodeCache::new(config.cache_dir.clone());
         let sandbox = Arc::new(Self {
             parts,
             js_live: Arc::new(AtomicU32::new(0)),
@@ -333,6 +338,7 @@ impl Sandbox {
             turn_limits,
             js: js_engine::JsEngines::default(),
             agent_engine: std::sync::Mutex::new(None),
+            cache,
         });
         let engine = sandbox.parts.engine.weak();
         let tick = sandbox.config.tick;
@@ -405,6 +411,13 @@ impl Sandbox {
         })
     }
 
+    /// Remove the compiled-code cache files that no node sharing the
+    /// directory has used for `unused_for` ([`CODE_CACHE_UNUSED_FOR`] in production),
+    /// after marking this node's own as used. Blocking.
+    pub fn sweep_code_cache(&self, unused_for: Duration) -> std::io::Result<Swept> {
+        self.cache.sweep(std::time::SystemTime::now(), unused_for)
+    }
+
     /// The limits of a script run by `js.eval`.
     pub fn eval_config(&self) -> &ResolvedTypeConfig {
         &self.config.eval
@@ -429,11 +442,12 @@ impl Sandbox {
             .map_err(|e| CodeError::Invalid(format!("{e:#}")))?;
         self.parts.compile_cache.release();
         match component.serialize() {
-            Ok(bytes) => {
-                if let Err(e) = write_atomic(path, &bytes) {
+            Ok(bytes) => match write_atomic(path, &bytes) {
+                Ok(()) => self.cache.used(path),
+                Err(e) => {
                     tracing::warn!(path = %path.display(), error = %e, "failed to cache compiled code");
                 }
-            }
+            },
             Err(e) => tracing::warn!(error = %e, "failed to serialize compiled code"),
         }
         Ok(component)
@@ -451,7 +465,10 @@ impl Sandbox {
         #[allow(unsafe_code, reason = "loading our own compiled-code cache")]
         let loaded = unsafe { Component::deserialize_file(&self.parts.engine, path) };
         match loaded {
-            Ok(c) => Some(c),
+            Ok(c) => {
+                self.cache.used(path);
+                Some(c)
+            }
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "discarding unusable compiled-code cache entry");
                 let _ = std::fs::remove_file(path);
