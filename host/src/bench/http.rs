@@ -299,7 +299,9 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
     let config = super::server::limits_for(actors);
     let server = ServerProc::start(&dir.path().join("data"), &config).await?;
     let ty = deploy_counter_of(&server, args.js).await?;
+    let pss_empty = server.pss()?;
     create_typed(server.addr, ty, actors).await?;
+    let pss_created = server.pss()?;
     let target = Target {
         addr: server.addr,
         prefix: format!("/v1/actors/{ty}/a"),
@@ -334,6 +336,7 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
     let cpu1 = server.cpu_time()?;
     let (commits1, ops1) = commit_stats(server.addr).await?;
     let trims = trims(server.addr).await? - trims0;
+    let pss_loaded = server.pss()?;
     let rps = r.requests as f64 / r.elapsed.as_secs_f64();
     let name = if actors == 1 {
         "http-hot"
@@ -365,6 +368,15 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
     if args.js {
         println!("  idle sandboxes trimmed during the run: {trims:.0}");
     }
+    // What every active actor costs, once created and once it has taken
+    // turns under load (the figure `vs-workerd` reports for the whole node).
+    let per_actor = |pss: u64| pss.saturating_sub(pss_empty) as f64 / actors as f64 / 1024.0;
+    println!(
+        "  PSS per actor: {:.1} KB after its first turn, {:.1} KB after the load (node {:.0} MB)",
+        per_actor(pss_created),
+        per_actor(pss_loaded),
+        pss_loaded as f64 / (1024.0 * 1024.0)
+    );
     server.stop();
     Ok(())
 }
@@ -394,12 +406,14 @@ pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
         ("many connections", args.connections),
     ] {
         let (commits0, ops0) = commit_stats(server.addr).await?;
+        let cpu0 = server.cpu_time()?;
         let r = builtin_load(
             &target(&format!("c{conns}")),
             conns,
             Duration::from_secs(secs),
         )
         .await?;
+        let cpu = server.cpu_time()?.saturating_sub(cpu0);
         let (commits1, ops1) = commit_stats(server.addr).await?;
         println!(
             "  {label} ({conns}): {:.0} new actors/s   errors: {}   latency {}",
@@ -410,9 +424,10 @@ pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
         let commits = commits1 - commits0;
         if r.requests > 0 && commits > 0.0 {
             println!(
-                "    commits per new actor: {:.2}   mean ops per commit: {:.1}",
+                "    commits per new actor: {:.2}   mean ops per commit: {:.1}   node CPU per new actor: {:.0}µs",
                 commits / r.requests as f64,
-                (ops1 - ops0) / commits
+                (ops1 - ops0) / commits,
+                cpu.as_secs_f64() * 1e6 / r.requests as f64
             );
         }
     }
