@@ -11,7 +11,9 @@
 //! keeps its own files fresh, so one node's sweep never takes another's.
 //! A file removed while mapped stays readable to whoever mapped it; a node
 //! that needs a removed file later compiles it again, as after a wiped
-//! cache.
+//! cache. A file counts as used for as long as the node that loaded it
+//! runs, even after its type is deleted: it goes a week after that node's
+//! next restart.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
