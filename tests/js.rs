@@ -645,7 +645,13 @@ export default { onMessage() { return 1; } };
 
     // A runaway top level costs the deploy its CPU slice, once, and fails
     // the turns that load it, as it always did.
-    let manifest = json!({"kind": "js", "code": "for (;;) {}\nexport default {};", "config": {"cpu_slice_ms": 100}});
+    // (Its own source in every run: the code cache is shared between runs.)
+    let runaway = format!(
+        "// {:?}\nfor (;;) {{}}\nexport default {{}};",
+        std::time::SystemTime::now()
+    );
+    let manifest = json!({"kind": "js", "code": runaway, "config": {"cpu_slice_ms": 100}});
+    let since = std::time::SystemTime::now();
     let started = Instant::now();
     let r = api
         .req(
@@ -664,6 +670,19 @@ export default { onMessage() { return 1; } };
     let r = api.op("runaway", "a", json!({})).await;
     assert_eq!(r.status, 500, "{}", r.json);
     assert!(r.json.to_string().contains("CPU"), "{}", r.json);
+    // Refusals that would repeat are remembered, in a file holding the
+    // reason; running out of CPU is not, since a busy moment can cause it.
+    let reasons: Vec<String> = std::fs::read_dir(common::shared_cache_dir())
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "refused"))
+        .filter(|e| e.metadata().unwrap().modified().unwrap() >= since)
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .collect();
+    assert!(
+        !reasons.iter().any(|r| r.contains("CPU limit")),
+        "{reasons:?}"
+    );
 
     // After a restart the compiled snapshot is loaded, not taken again.
     m.restart().await;

@@ -121,6 +121,11 @@ impl Sandbox {
                 }
                 return Ok(shared);
             }
+            Err(PreloadError::TooSlow(why)) => {
+                // Not remembered: the next start tries again.
+                tracing::info!(module = %module.name, reason = %why, "module not preloaded this time: each sandbox evaluates it in its first turn");
+                return Ok(shared);
+            }
             Err(PreloadError::Failed(e)) => {
                 tracing::warn!(module = %module.name, error = %e, "preloading a module failed; it runs on the shared engine");
                 return Ok(shared);

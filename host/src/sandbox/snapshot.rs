@@ -17,7 +17,7 @@ use wasmtime::Store;
 use wasmtime::component::{Component, Instance, Lift, Linker, WasmList};
 use wasmtime_wizer::{ComponentContext, ComponentInstanceState, Wizer};
 
-use super::{CodeError, Host};
+use super::{CodeError, Host, LimitTrap};
 
 /// The engine instrumented by Wizer, and compiled: what each snapshot
 /// starts from.
@@ -31,8 +31,11 @@ pub(super) struct Preinit {
 #[derive(Debug)]
 pub(super) enum PreloadError {
     /// The module's top level threw, used what only a turn may use, or ran
-    /// past its type's CPU or memory limit.
+    /// past its type's memory limit: it would do so again.
     Refused(String),
+    /// The top level ran past its CPU slice or the turn timeout. On a
+    /// machine busy for a moment the same module may fit next time.
+    TooSlow(String),
     /// Taking the snapshot itself failed.
     Failed(CodeError),
 }
@@ -99,9 +102,12 @@ impl Preinit {
         let ran = tokio::time::timeout(limits.timeout, preload.call_async(&mut store, ())).await;
         match ran {
             Err(_) => {
-                return Err(PreloadError::Refused(
+                return Err(PreloadError::TooSlow(
                     "the module's top level timed out".into(),
                 ));
+            }
+            Ok(Err(trap)) if matches!(trap.downcast_ref(), Some(LimitTrap::Cpu(_))) => {
+                return Err(PreloadError::TooSlow(format!("{trap:#}")));
             }
             Ok(Err(trap)) => return Err(PreloadError::Refused(format!("{trap:#}"))),
             Ok(Ok((Err(e),))) => return Err(PreloadError::Refused(e)),
