@@ -745,3 +745,27 @@ async fn a_slot_without_a_backup_refuses_writes_when_told_to() {
         "{status}"
     );
 }
+
+/// A node started while etcd cannot be reached (started together, or a
+/// member still coming up) keeps asking, and joins once etcd answers.
+#[tokio::test]
+async fn a_node_started_before_etcd_joins_once_etcd_answers() {
+    let dir = common::tempdir();
+    let Some(mut etcd) = Etcd::start(dir.path()) else {
+        return;
+    };
+    etcd.kill9();
+    let port = common::free_port();
+    let config = format!(
+        "[cluster]\nnode_id = \"n1\"\nadvertise = \"http://127.0.0.1:{port}\"\n\
+         etcd = [\"{}\"]\nlease_ttl_s = 2\n",
+        etcd.url
+    );
+    let mut node =
+        common::Marmot::spawn_on(port, &dir.path().join("n1"), &[MASTER_KEY], Some(&config));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    etcd.restart();
+    node.wait_ready().await;
+    let status = node.client().get("/v1/cluster").await;
+    assert_eq!(status.status, 200, "{}", status.json);
+}

@@ -20,6 +20,7 @@
 
 mod controller;
 mod lease;
+mod patience;
 mod peer;
 mod placement;
 mod rebalance;
@@ -38,6 +39,7 @@ use tokio::sync::Notify;
 use crate::config::{ClusterConfig, WithoutBackup};
 use crate::ids::ActorKey;
 use lease::Lease;
+use patience::patiently;
 pub use peer::{CALL_CHAIN, PeerError, Peers, Target, client as peer_client, decode_chain};
 pub use placement::MoveStarted;
 use records::{Keys, LAYOUT_VERSION, MemberRecord, MetaRecord, SLOTS, SlotRecord};
@@ -114,7 +116,7 @@ impl Cluster {
     /// Connect to etcd, join (a member key under a fresh lease), read the
     /// metadata and start renewing, watching and campaigning.
     pub async fn start(config: &ClusterConfig) -> anyhow::Result<Self> {
-        let mut client = tokio::time::timeout(
+        let client = tokio::time::timeout(
             Duration::from_secs(10),
             Client::connect(&config.etcd, Some(connect_options())),
         )
@@ -122,7 +124,12 @@ impl Cluster {
         .map_err(|_| anyhow::anyhow!("etcd at {:?} did not answer within 10 s", config.etcd))?
         .with_context(|| format!("cannot connect to etcd at {:?}", config.etcd))?;
         let keys = Keys::new(&config.etcd_prefix);
-        check_meta(&mut client, &keys).await?;
+        let keys_ref = &keys;
+        patiently("checking the cluster's layout", || {
+            let mut client = client.clone();
+            async move { check_meta(&mut client, keys_ref).await }
+        })
+        .await?;
         let ttl = Duration::from_secs(config.lease_ttl_s);
         let inner = Arc::new(Inner {
             config: config.clone(),
@@ -140,8 +147,8 @@ impl Cluster {
                 ttl,
             },
         });
-        inner.join().await?;
-        inner.relist().await?;
+        patiently("joining", || inner.join()).await?;
+        patiently("reading the cluster's view", || inner.relist()).await?;
         tokio::spawn(inner.clone().keep_alive());
         tokio::spawn(inner.clone().watch());
         tokio::spawn(controller::run(inner.clone()));
@@ -699,7 +706,7 @@ pub(super) async fn within<T, E: Into<anyhow::Error>>(
 ) -> anyhow::Result<T> {
     match tokio::time::timeout(limit, fut).await {
         Ok(r) => r.map_err(Into::into),
-        Err(_) => anyhow::bail!("etcd did not answer within {limit:?}"),
+        Err(_) => Err(patience::NoAnswer(limit).into()),
     }
 }
 
