@@ -77,6 +77,18 @@ impl CodeCache {
             .insert(path.to_path_buf());
     }
 
+    /// Write `bytes` to `path` (atomically) as a file this node uses. A
+    /// failure costs only a compile later, so it is logged, not returned:
+    /// `what` names the entry in the log.
+    pub(super) fn store(&self, path: &Path, bytes: &[u8], what: &str) {
+        match super::write_atomic(path, bytes) {
+            Ok(()) => self.used(path),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "failed to cache {what}");
+            }
+        }
+    }
+
     /// Refresh the files this node uses, then remove cache files unused
     /// for longer than `unused_for` (and temporary files abandoned for an
     /// hour). Blocking: run it on a blocking thread.

@@ -57,12 +57,7 @@ impl Sandbox {
                 let preinit = self.preinit()?;
                 let bytes = tokio::runtime::Handle::current()
                     .block_on(preinit.engine(&self.parts.linker, host))?;
-                match super::write_atomic(&path, &bytes) {
-                    Ok(()) => self.cache.used(&path),
-                    Err(e) => {
-                        tracing::warn!(path = %path.display(), error = %e, "failed to cache the engine snapshot");
-                    }
-                }
+                self.cache.store(&path, &bytes, "the engine snapshot");
                 bytes
             }
         };
@@ -113,12 +108,8 @@ impl Sandbox {
             Err(PreloadError::Refused(why)) => {
                 tracing::info!(module = %module.name, reason = %why, "module not preloaded: each sandbox evaluates it in its first turn");
                 // Remembered, so a restart does not run its top level again.
-                match super::write_atomic(&refused, why.as_bytes()) {
-                    Ok(()) => self.cache.used(&refused),
-                    Err(e) => {
-                        tracing::warn!(path = %refused.display(), error = %e, "failed to cache a refused preload");
-                    }
-                }
+                self.cache
+                    .store(&refused, why.as_bytes(), "a refused preload");
                 return Ok(shared);
             }
             Err(PreloadError::TooSlow(why)) => {

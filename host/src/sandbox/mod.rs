@@ -442,12 +442,7 @@ impl Sandbox {
             .map_err(|e| CodeError::Invalid(format!("{e:#}")))?;
         self.parts.compile_cache.release();
         match component.serialize() {
-            Ok(bytes) => match write_atomic(path, &bytes) {
-                Ok(()) => self.cache.used(path),
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "failed to cache compiled code");
-                }
-            },
+            Ok(bytes) => self.cache.store(path, &bytes, "compiled code"),
             Err(e) => tracing::warn!(error = %e, "failed to serialize compiled code"),
         }
         Ok(component)
