@@ -474,20 +474,42 @@ async fn overdue_alarms_after_a_restart_all_fire_with_bounded_concurrency() {
     let mut m = Marmot::start_opts(&data, &[], Some(config)).await;
     let api = m.client();
     api.deploy("kit", TESTKIT, json!({})).await;
+    // The alarms fall due well after the node is killed, even on a slow
+    // machine, so every one of them is overdue at the restart. (With a short
+    // delay, some fired before the kill and the lag count below came short.)
+    const AFTER_MS: u64 = 3000;
+    let set_from = now_ms();
     let sets = (0..ACTORS).map(|i| {
         let api = api.clone();
-        async move { set(&api, &format!("a{i}"), json!({"name": "t", "after": 300})).await }
+        async move {
+            set(
+                &api,
+                &format!("a{i}"),
+                json!({"name": "t", "after": AFTER_MS}),
+            )
+            .await
+        }
     });
     for r in futures::future::join_all(sets).await {
         assert_eq!(r.status, 200);
     }
+    assert!(
+        now_ms() < set_from + AFTER_MS,
+        "setting {ACTORS} alarms took longer than their delay"
+    );
     m.kill9();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let all_due = set_from + AFTER_MS + 300;
+    tokio::time::sleep(Duration::from_millis(all_due.saturating_sub(now_ms()))).await;
+    let restarted_at = now_ms();
     m.restart().await;
     let api = m.client();
     for i in 0..ACTORS {
         let fired = wait_fired(&api, &format!("a{i}"), 1).await;
         assert_eq!(fired.len(), 1);
+        assert!(
+            fired[0]["now"].as_u64().unwrap() >= restarted_at,
+            "a{i} fired before the kill: {fired:?}"
+        );
     }
     let text = String::from_utf8(api.get("/metrics").await.body).unwrap();
     assert!(metric(&text, "marmot_alarm_lag_seconds_count") >= ACTORS as f64);
