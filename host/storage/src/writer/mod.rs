@@ -131,6 +131,7 @@ impl Writer {
             drafts: Default::default(),
             joined: Default::default(),
             joined_in_batch: Vec::new(),
+            batch_placements: Default::default(),
             released: released.clone(),
         };
         std::thread::Builder::new()
@@ -272,6 +273,8 @@ struct WriterState {
     joined: std::collections::HashSet<(u32, i64)>,
     /// Those of the batch being applied (kept if it commits).
     joined_in_batch: Vec<(u32, i64)>,
+    /// Where the batch's actors and slots are kept, asked once per batch.
+    batch_placements: replica::BatchPlacements,
     released: Arc<Released>,
 }
 
@@ -458,6 +461,7 @@ impl WriterState {
         self.relay_touched = false;
         self.drafts.clear();
         self.joined_in_batch.clear();
+        self.batch_placements.clear();
         let mut shipments = Vec::new();
         self.subscriptions_touched = false;
         let mut created: i64 = 0;

@@ -35,8 +35,8 @@ impl WriterState {
     /// has not got the slot's snapshot yet: an actor moved in now would be
     /// in neither the snapshot (read before the switch) nor the writes
     /// that follow it.
-    pub(super) fn awaiting_snapshot(&self, slot: u32) -> bool {
-        let raw = self.replication.get().map(|r| r.slot_placement(slot));
+    pub(super) fn awaiting_snapshot(&mut self, slot: u32) -> bool {
+        let raw = self.raw_slot_placement(slot);
         matches!(raw, Some(Placement::Joining { .. })) && self.taken(raw) == Placement::Here
     }
 

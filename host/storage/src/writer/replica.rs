@@ -121,16 +121,64 @@ pub enum ReplicaApplied {
     Gap,
 }
 
+/// Where the actors and slots the batch being applied touched are kept, as
+/// [`Replication`] first answered for this batch (cleared at each batch).
+///
+/// The cluster's view changes while a batch is applied — a handoff fences
+/// a slot, a move starts. An op is checked (refused if its actor is another
+/// node's) and then recorded for the backup; asking the view twice let a
+/// write pass the check, find the slot fenced when it was recorded, and so
+/// commit here undrafted: released without its backup, then lost when the
+/// slot went to that backup (seen once in the rebalance test). One answer
+/// per batch makes both steps agree; a view that changed meanwhile is
+/// seen by the next batch, as if the change had come a moment later.
+#[derive(Default)]
+pub(super) struct BatchPlacements {
+    keys: std::collections::HashMap<ActorKey, Placement>,
+    slots: std::collections::HashMap<u32, Placement>,
+}
+
+impl BatchPlacements {
+    pub(super) fn clear(&mut self) {
+        self.keys.clear();
+        self.slots.clear();
+    }
+}
+
 impl WriterState {
     /// Where `key`'s rows are kept (a joining node counts as the backup
-    /// once the slot's snapshot is taken).
-    pub(super) fn placement(&self, key: &ActorKey) -> Placement {
-        self.taken(self.replication.get().map(|r| r.placement(key)))
+    /// once the slot's snapshot is taken), as first asked in this batch.
+    pub(super) fn placement(&mut self, key: &ActorKey) -> Placement {
+        let raw = self.raw_placement(key);
+        self.taken(raw)
     }
 
     /// Where the rows of `slot` are kept (see [`Self::placement`]).
-    pub(super) fn slot_placement(&self, slot: u32) -> Placement {
-        self.taken(self.replication.get().map(|r| r.slot_placement(slot)))
+    pub(super) fn slot_placement(&mut self, slot: u32) -> Placement {
+        let raw = self.raw_slot_placement(slot);
+        self.taken(raw)
+    }
+
+    /// [`Replication::placement`], once per batch (None: not replicating).
+    fn raw_placement(&mut self, key: &ActorKey) -> Option<Placement> {
+        let r = self.replication.get()?;
+        let memo = &mut self.batch_placements.keys;
+        Some(match memo.get(key) {
+            Some(&p) => p,
+            None => *memo.entry(key.clone()).or_insert_with(|| r.placement(key)),
+        })
+    }
+
+    /// [`Replication::slot_placement`], once per batch.
+    pub(super) fn raw_slot_placement(&mut self, slot: u32) -> Option<Placement> {
+        let r = self.replication.get()?;
+        Some(
+            *self
+                .batch_placements
+                .slots
+                .entry(slot)
+                .or_insert_with(|| r.slot_placement(slot)),
+        )
     }
 
     /// `placement`, with a joining node as the backup once the slot's
@@ -157,7 +205,8 @@ impl WriterState {
 
     /// Record `op` for the backup of `key`'s slot.
     pub(super) fn record(&mut self, key: &ActorKey, op: impl FnOnce() -> ReplicaOp) {
-        self.record_at(self.placement(key), op);
+        let placement = self.placement(key);
+        self.record_at(placement, op);
     }
 
     /// Record `op` for the backup of the slot `placement` names.
