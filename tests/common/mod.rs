@@ -459,11 +459,20 @@ pub fn now_s() -> i64 {
 }
 
 /// A fresh temporary data directory.
+/// A directory for one test's data and logs, removed when dropped — kept
+/// when `MARMOT_TEST_KEEP` is set, to read the nodes' logs after a failure
+/// (each node logs to `<data>.log`).
 pub fn tempdir() -> tempfile::TempDir {
-    tempfile::Builder::new()
+    let keep = std::env::var_os("MARMOT_TEST_KEEP").is_some();
+    let dir = tempfile::Builder::new()
         .prefix("marmot-test-")
+        .disable_cleanup(keep)
         .tempdir()
-        .unwrap()
+        .unwrap();
+    if keep {
+        eprintln!("keeping {}", dir.path().display());
+    }
+    dir
 }
 
 /// One server-sent-events frame.
