@@ -324,6 +324,11 @@ impl ActorTask {
             self.submitted_seq = self.shared.tracker.committed_seq();
             self.seq = self.seq.max(self.submitted_seq);
             self.reset();
+            // Landed on this disk is not yet released: commits after the
+            // failed one may still be on their way to the backup. Whatever
+            // the reloaded actor reads and answers with (its state, an
+            // idempotency key's stored reply) must be released first.
+            self.env.storage.writer().barrier().await;
         }
         if self.record.is_none() {
             if self.shared.after_crash.swap(false, Ordering::AcqRel) {

@@ -200,7 +200,8 @@ impl Writer {
         rx.await.map_err(|_| StorageError::WriterGone)?
     }
 
-    /// Wait until everything submitted so far is durable.
+    /// Wait until everything submitted so far is durable and released
+    /// (in a cluster: on the backups too, or failed).
     pub async fn barrier(&self) {
         let (done, rx) = oneshot::channel();
         self.submit(WriteOp::Barrier { done });
