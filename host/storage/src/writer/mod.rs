@@ -392,6 +392,28 @@ impl WriterState {
         }
     }
 
+    /// A batch of barriers alone writes nothing: no transaction (and no
+    /// fsync, nor a commit that would tell a faulted disk it recovered),
+    /// only their place in the release order, behind every earlier batch.
+    fn pass_barriers(&mut self, batch: &mut Vec<WriteOp>) {
+        let waiters: Vec<_> = batch
+            .drain(..)
+            .filter_map(|op| match op {
+                WriteOp::Barrier { done } => Some(done),
+                _ => None,
+            })
+            .collect();
+        let release = move |_: Result<(), String>| {
+            for done in waiters {
+                let _ = done.send(());
+            }
+        };
+        match self.replication.get() {
+            Some(r) => r.ship(Vec::new(), Box::new(release)),
+            None => release(Ok(())),
+        }
+    }
+
     /// The batch holds only early-answered creations: keep its transaction
     /// open a moment for the new actors' first turns, so that a creation
     /// and its first turn share one commit (and one fsync). Stops at the
@@ -449,6 +471,10 @@ impl WriterState {
     /// apply, or the commit fails, the whole batch fails: a half-applied
     /// transaction is never committed.
     fn commit_batch(&mut self, batch: &mut Vec<WriteOp>) {
+        if batch.iter().all(|op| matches!(op, WriteOp::Barrier { .. })) {
+            self.pass_barriers(batch);
+            return;
+        }
         let started = Instant::now();
         let mut applied: Vec<Applied> = Vec::with_capacity(batch.len());
         // Actor numbers are not given back when a batch fails: an early

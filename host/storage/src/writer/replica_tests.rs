@@ -839,3 +839,29 @@ async fn a_write_let_through_is_shipped_even_if_its_slot_is_fenced_meanwhile() {
     let on_disk = owner.reader().unwrap().state(rec.num, "k").unwrap();
     assert_eq!(on_disk.as_deref(), Some(&b"v1"[..]));
 }
+
+/// A barrier alone commits nothing, and passes only behind every earlier
+/// batch's release (a handoff and a reloading actor rely on it).
+#[tokio::test]
+async fn a_barrier_commits_nothing_and_passes_behind_earlier_releases() {
+    let (_dir, owner) = open();
+    let c = Arc::new(Collect::default());
+    assert!(owner.writer().replicate(c.clone()));
+    let (_, created) = submit_create(&owner, "r1");
+    let (first, release_first) = c.next().await;
+    assert_eq!(first.len(), 1);
+    let (done, mut passed) = oneshot::channel();
+    owner.writer().submit(WriteOp::Barrier { done });
+    let (batches, release_barrier) = c.next().await;
+    assert!(batches.is_empty(), "a barrier ships nothing: {batches:?}");
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    assert!(
+        passed.try_recv().is_err(),
+        "the barrier passed an unreleased batch"
+    );
+    // Releases come in order (the replication keeps them so).
+    release_first(Ok(()));
+    created.await.unwrap().unwrap();
+    release_barrier(Ok(()));
+    passed.await.unwrap();
+}
