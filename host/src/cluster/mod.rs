@@ -26,6 +26,7 @@ mod placement;
 mod rebalance;
 pub mod records;
 mod replication;
+mod takeover;
 mod view;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -110,6 +111,8 @@ struct Inner {
     failovers: AtomicU64,
     /// Slots this node is handing to their backup (`rebalance.rs`): fenced.
     draining: rebalance::Draining,
+    /// Slots this node owns whose batches accepted as backup have landed.
+    settled: takeover::Settled,
 }
 
 impl Cluster {
@@ -140,6 +143,7 @@ impl Cluster {
             caught_up: std::sync::atomic::AtomicBool::new(false),
             failovers: AtomicU64::new(0),
             draining: rebalance::Draining::default(),
+            settled: takeover::Settled::default(),
             lease: Lease {
                 id: AtomicI64::new(0),
                 alive_until_ms: AtomicU64::new(0),

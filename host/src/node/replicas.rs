@@ -44,7 +44,13 @@ impl Node {
             let (done, rx) = tokio::sync::oneshot::channel();
             self.storage.writer().submit(WriteOp::Replica {
                 batch,
-                accept: Box::new(move || c.accepts_replica(slot, epoch)),
+                accept: Box::new(move || {
+                    let accepted = c.accepts_replica(slot, epoch);
+                    if accepted {
+                        stall_for_tests();
+                    }
+                    accepted
+                }),
                 done,
             });
             waiting.push(rx);
@@ -58,5 +64,28 @@ impl Node {
             out.push(outcome);
         }
         Ok(out)
+    }
+}
+
+/// Fault injection for tests: while the file this names exists, a backup's
+/// writer holds a batch it has just accepted, before committing it (a slow
+/// commit, long enough for a failover to happen meanwhile). At most 30 s.
+pub const FAULT_STALL_ENV: &str = "MARMOT_FAULT_REPLICA_STALL_FILE";
+
+fn stall_for_tests() {
+    static FILE: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    let init = || {
+        let file = std::env::var_os(FAULT_STALL_ENV).map(std::path::PathBuf::from);
+        if let Some(f) = &file {
+            tracing::warn!(file = %f.display(), "fault injection enabled ({FAULT_STALL_ENV}); never use this in production");
+        }
+        file
+    };
+    let Some(file) = FILE.get_or_init(init) else {
+        return;
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while file.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }

@@ -43,6 +43,13 @@ impl Node {
                     .invalidate_where(|k| lost.contains(&cluster.slot_of(k)));
             }
             if !gained.is_empty() {
+                // What this node accepted as their backup lands before
+                // their actors start (`cluster/takeover.rs`).
+                let epochs = cluster.owned_epochs(&gained);
+                self.storage.writer().barrier().await;
+                for (slot, epoch) in epochs {
+                    cluster.mark_settled(slot, epoch);
+                }
                 let woken = self.start_actors(|k| gained.contains(&cluster.slot_of(k)));
                 tracing::info!(
                     slots = gained.len(),
@@ -51,6 +58,16 @@ impl Node {
                 );
             }
             owned = now;
+        }
+    }
+
+    /// Let every batch this node accepted as `slot`'s backup land before
+    /// the slot's actors load here, owned at `epoch`
+    /// (`cluster/takeover.rs`).
+    pub(crate) async fn settle_slot(&self, slot: u32, epoch: u64) {
+        self.storage.writer().barrier().await;
+        if let Some(c) = &self.cluster {
+            c.mark_settled(slot, epoch);
         }
     }
 

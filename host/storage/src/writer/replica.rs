@@ -329,7 +329,9 @@ impl WriterState {
         }
         // Checked here, on the writer thread: once this node serves the
         // slot as its new owner it refuses older epochs, and anything it
-        // applied before then is in what its actors load.
+        // applied before then is in what its actors load (the node passes
+        // a writer barrier before serving a slot gained: the host's
+        // `cluster/takeover.rs`).
         if !accept() {
             return Ok(ReplicaApplied::Refused);
         }

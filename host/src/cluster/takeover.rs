@@ -1,0 +1,67 @@
+//! Settling a slot this node has just come to own.
+//!
+//! A backup checks that it is still the slot's backup on its writer
+//! thread, then commits the batch — a millisecond or two with the fsync.
+//! If the view makes it the owner in between (a failover, a handoff), an
+//! actor of the slot loaded at once would read a transaction without that
+//! batch, which then lands underneath the live instance: its next turn
+//! writes over it. So a node serves a slot it owns at an epoch only after
+//! one writer barrier since it saw that epoch: the barrier passes behind
+//! every batch accepted before it (and commits nothing itself). Requests
+//! settle a slot in the route layer; `Node::follow_slots` settles the slots
+//! it sees gained before it starts their actors. Not covered: an alarm of
+//! a backed-up actor falling due in the moment between the view's change
+//! and `follow_slots` noticing it (in-node callers do not wait for the
+//! settling, lest an alarm of a slot no request settles never fire).
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::Cluster;
+use super::records::SLOTS;
+
+/// Per slot, the epoch from which this node has settled it (0: none).
+pub(super) struct Settled {
+    epochs: Box<[AtomicU64]>,
+}
+
+impl Default for Settled {
+    fn default() -> Self {
+        Self {
+            epochs: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
+impl Cluster {
+    /// Whether this node, owning `slot` at `epoch`, has settled it: every
+    /// batch it accepted as the slot's backup has committed.
+    pub fn settled(&self, slot: u32, epoch: u64) -> bool {
+        self.inner
+            .settled
+            .epochs
+            .get(slot as usize)
+            .is_some_and(|e| e.load(Ordering::Acquire) >= epoch)
+    }
+
+    /// `slot`, owned here at `epoch`, is settled (a writer barrier passed
+    /// after this node saw the epoch).
+    pub fn mark_settled(&self, slot: u32, epoch: u64) {
+        if let Some(e) = self.inner.settled.epochs.get(slot as usize) {
+            e.fetch_max(epoch, Ordering::AcqRel);
+        }
+    }
+
+    /// Of `slots`, those this node owns now, with their epochs.
+    pub fn owned_epochs(&self, slots: &BTreeSet<u32>) -> Vec<(u32, u64)> {
+        let v = self.inner.view();
+        let me = &self.inner.config.node_id;
+        slots
+            .iter()
+            .filter_map(|&slot| {
+                let r = &v.slots.get(slot as usize)?.as_ref()?.record;
+                (&r.owner == me).then_some((slot, r.epoch))
+            })
+            .collect()
+    }
+}

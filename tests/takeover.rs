@@ -1,0 +1,85 @@
+//! A node that takes a slot over serves it with every batch it accepted as
+//! the slot's backup — also one still committing when its view made it the
+//! owner (`cluster/takeover.rs`). Real nodes on etcd; the backup's commit
+//! is held with a test-only fault (`MARMOT_FAULT_REPLICA_STALL_FILE`).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::TESTKIT;
+use common::cluster::*;
+use serde_json::{Value, json};
+
+#[tokio::test]
+async fn a_new_owner_loads_what_it_accepted_as_backup_even_if_still_committing() {
+    let flags = common::tempdir();
+    let stall = flags.path().join("stall");
+    let stall_env = stall.to_str().unwrap().to_owned();
+    let env = [("MARMOT_FAULT_REPLICA_STALL_FILE", stall_env.as_str())];
+    let Some(mut c) = Cluster::start_with(&env, "").await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let r = c.api(0).add("kit", "alice", 7).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let info = c.api(0).get("/v1/actors/kit/alice").await.json;
+    let index = |node: &Value| {
+        let id = node.as_str().expect("a node id");
+        NODES.iter().position(|(n, _)| *n == id).unwrap()
+    };
+    let (o, b) = (index(&info["node"]), index(&info["backup"]));
+    let before = slots_used(&c, b).await;
+
+    // The owner commits `n = 8` and ships it; the backup accepts the batch
+    // and holds it before its commit. The owner never hears back: it dies.
+    std::fs::write(&stall, b"").unwrap();
+    let owner_api = c.api(o);
+    let add = json!({"op": "add", "key": "n", "by": 1});
+    let pending = tokio::spawn(async move {
+        owner_api
+            .try_post_with("/v1/actors/kit/alice", &add, &[])
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.nodes[o].kill9();
+    let _ = pending.await;
+
+    // The backup takes the slot over while its commit is still held.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while slots_used(&c, b).await <= before {
+        assert!(Instant::now() < deadline, "the backup never took over");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let api = c.api(b);
+    let read = tokio::spawn(async move {
+        api.op("kit", "alice", json!({"op": "get", "key": "n"}))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    std::fs::remove_file(&stall).unwrap();
+
+    // The first read loaded the actor after the held batch landed.
+    let read = read.await.unwrap();
+    assert_eq!(read.status, 200, "{}", read.json);
+    assert_eq!(
+        read.json["value"], 8,
+        "the new owner loaded the actor before the batch it had accepted landed"
+    );
+    let r = c.api(b).add("kit", "alice", 1).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["value"], 9, "{}", r.json);
+}
+
+/// The used slots node `i` owns, as it sees them (not an actor's path: no
+/// turn, nothing that waits for its writer).
+async fn slots_used(c: &Cluster, i: usize) -> u64 {
+    let s = c.api(i).get("/v1/cluster").await.json;
+    s["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["node_id"] == NODES[i].0)
+        .and_then(|m| m["slots_used"].as_u64())
+        .unwrap_or(0)
+}
