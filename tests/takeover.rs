@@ -41,7 +41,12 @@ async fn a_new_owner_loads_what_it_accepted_as_backup_even_if_still_committing()
             .try_post_with("/v1/actors/kit/alice", &add, &[])
             .await
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let held = flags.path().join("stall.held");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !held.exists() {
+        assert!(Instant::now() < deadline, "the backup never held the batch");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     c.nodes[o].kill9();
     let _ = pending.await;
 

@@ -69,7 +69,8 @@ impl Node {
 
 /// Fault injection for tests: while the file this names exists, a backup's
 /// writer holds a batch it has just accepted, before committing it (a slow
-/// commit, long enough for a failover to happen meanwhile). At most 30 s.
+/// commit, long enough for a failover to happen meanwhile), and says so by
+/// creating the same path with `.held` appended. At most 30 s.
 pub const FAULT_STALL_ENV: &str = "MARMOT_FAULT_REPLICA_STALL_FILE";
 
 fn stall_for_tests() {
@@ -84,6 +85,12 @@ fn stall_for_tests() {
     let Some(file) = FILE.get_or_init(init) else {
         return;
     };
+    if !file.exists() {
+        return;
+    }
+    let mut held = file.clone().into_os_string();
+    held.push(".held");
+    let _ = std::fs::write(held, b"");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while file.exists() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(10));
