@@ -21,6 +21,8 @@ mod apply;
 mod moves;
 mod ops;
 mod outgoing;
+#[cfg(test)]
+mod release_tests;
 mod replica;
 #[cfg(test)]
 mod replica_tests;
