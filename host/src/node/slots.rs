@@ -45,11 +45,7 @@ impl Node {
             if !gained.is_empty() {
                 // What this node accepted as their backup lands before
                 // their actors start (`cluster/takeover.rs`).
-                let epochs = cluster.owned_epochs(&gained);
-                self.storage.writer().barrier().await;
-                for (slot, epoch) in epochs {
-                    cluster.mark_settled(slot, epoch);
-                }
+                self.settle(&cluster.owned_epochs(&gained)).await;
                 let woken = self.start_actors(|k| gained.contains(&cluster.slot_of(k)));
                 tracing::info!(
                     slots = gained.len(),
@@ -61,13 +57,15 @@ impl Node {
         }
     }
 
-    /// Let every batch this node accepted as `slot`'s backup land before
-    /// the slot's actors load here, owned at `epoch`
+    /// Let every batch this node accepted as the backup of `slots` land
+    /// before their actors load here, each owned at its epoch
     /// (`cluster/takeover.rs`).
-    pub(crate) async fn settle_slot(&self, slot: u32, epoch: u64) {
+    pub(crate) async fn settle(&self, slots: &[(u32, u64)]) {
         self.storage.writer().barrier().await;
         if let Some(c) = &self.cluster {
-            c.mark_settled(slot, epoch);
+            for &(slot, epoch) in slots {
+                c.mark_settled(slot, epoch);
+            }
         }
     }
 
