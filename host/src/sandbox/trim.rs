@@ -180,6 +180,13 @@ pub(super) fn is_private(entry: u64) -> bool {
     entry & PRESENT != 0 && entry & FILE_OR_SHARED == 0 && entry & EXCLUSIVE != 0
 }
 
+/// Whether a pagemap entry is the mapped file's own page (the snapshot's,
+/// in a sandbox's memory): mapped read-only in a private mapping, so
+/// discarding it maps the same page again.
+pub(super) fn shows_the_file(entry: u64) -> bool {
+    entry & PRESENT != 0 && entry & FILE_OR_SHARED != 0
+}
+
 /// `/proc/self/pagemap` entries of `pages` pages from `start`.
 pub(super) fn pagemap_entries(start: usize, pages: usize) -> std::io::Result<Vec<u64>> {
     use std::os::unix::fs::FileExt;
@@ -214,13 +221,16 @@ fn page_eq(a: usize, b: usize, len: usize) -> bool {
     }
 }
 
-/// Drop this process's copy of the pages in `runs` (start, length).
+/// Drop this process's mapping of the pages in `runs` (start, length).
+/// Each page must hold what the mapping shows without it: a private copy
+/// equal to the snapshot's page, or the snapshot's page itself, checked by
+/// the caller with no guest code run since.
 ///
 /// One `process_madvise` call for all of them where the kernel allows it
 /// for the calling process (Linux 6.14+): one TLB shootdown instead of one
 /// per run, which on a virtual machine is most of a trim's cost. Else one
 /// `madvise` per run.
-fn discard(runs: &[(usize, usize)]) -> std::io::Result<()> {
+pub(super) fn discard(runs: &[(usize, usize)]) -> std::io::Result<()> {
     use std::sync::atomic::{AtomicBool, Ordering};
     static BATCH: AtomicBool = AtomicBool::new(true);
     /// `pidfd` meaning the calling process.
@@ -268,8 +278,9 @@ fn discard(runs: &[(usize, usize)]) -> std::io::Result<()> {
         #[allow(unsafe_code, reason = "discarding pages of a guest's memory")]
         // SAFETY: the range is page-aligned and inside a sandbox's linear
         // memory, a private mapping; every page in it equals what the
-        // mapping shows once the private copy is gone (checked just before,
-        // with no guest code running), so no one can observe the discard.
+        // mapping shows once this process's entry is gone (checked by the
+        // caller, with no guest code run since), so no one can observe the
+        // discard.
         let r = unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) };
         if r != 0 {
             return Err(std::io::Error::last_os_error());
