@@ -332,8 +332,10 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
     let (commits0, ops0) = commit_stats(server.addr).await?;
     let trims0 = trims(server.addr).await?;
     let cpu0 = server.cpu_time()?;
+    let tlb0 = super::server::tlb_shootdowns();
     let r = run(Duration::from_secs(args.duration)).await?;
     let cpu1 = server.cpu_time()?;
+    let tlb1 = super::server::tlb_shootdowns();
     let (commits1, ops1) = commit_stats(server.addr).await?;
     let trims = trims(server.addr).await? - trims0;
     let pss_loaded = server.pss()?;
@@ -356,6 +358,12 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
             "  node CPU per turn: {:.1}µs (user+system, HTTP included; steadier than turns/s on a noisy machine)",
             (cpu1 - cpu0).as_secs_f64() * 1e6 / r.requests as f64
         );
+        if let (Some(before), Some(after)) = (tlb0, tlb1) {
+            println!(
+                "  TLB shootdowns per turn: {:.2} (whole machine, /proc/interrupts)",
+                after.saturating_sub(before) as f64 / r.requests as f64
+            );
+        }
     }
     let commits = commits1 - commits0;
     if commits > 0.0 {

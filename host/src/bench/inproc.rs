@@ -120,6 +120,12 @@ async fn measure(
             "  {:<40} CPU {:.1}µs, {:.1} minor page faults per message (this process: node and client)",
             "", cost.cpu_us, cost.faults
         );
+        if let Some(shootdowns) = cost.shootdowns {
+            println!(
+                "  {:<40} {shootdowns:.2} TLB shootdowns per message (whole machine, /proc/interrupts)",
+                ""
+            );
+        }
     }
     println!(
         "  RSS of this process after hibernating all: {:.1} MB",
@@ -152,6 +158,8 @@ async fn measure_in_process(
 struct Cost {
     cpu_us: f64,
     faults: f64,
+    /// The whole machine's (see [`super::server::tlb_shootdowns`]).
+    shootdowns: Option<f64>,
 }
 
 impl Cost {
@@ -159,6 +167,7 @@ impl Cost {
         Ok(Self {
             cpu_us: super::server::cpu_of(pid)?.as_secs_f64() * 1e6,
             faults: super::server::minor_faults_of(pid)? as f64,
+            shootdowns: super::server::tlb_shootdowns().map(|n| n as f64),
         })
     }
 
@@ -168,6 +177,10 @@ impl Cost {
         Self {
             cpu_us: (self.cpu_us - before.cpu_us) / n,
             faults: (self.faults - before.faults) / n,
+            shootdowns: self
+                .shootdowns
+                .zip(before.shootdowns)
+                .map(|(now, then)| (now - then) / n),
         }
     }
 }

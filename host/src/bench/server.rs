@@ -252,6 +252,23 @@ pub(super) fn minor_faults_of(pid: u32) -> anyhow::Result<u64> {
     Ok(minflt)
 }
 
+/// TLB shootdowns this machine's cores have taken so far (the `TLB` row
+/// of `/proc/interrupts`; `None` where there is none): on a virtual
+/// machine each is a VM exit, and JavaScript sandboxes cause them by
+/// replacing or dropping page table entries of their memories. Counted for
+/// the whole machine, so read it on an otherwise quiet one.
+pub(super) fn tlb_shootdowns() -> Option<u64> {
+    let interrupts = std::fs::read_to_string("/proc/interrupts").ok()?;
+    let row = interrupts
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("TLB:"))?;
+    Some(
+        row.split_whitespace()
+            .map_while(|n| n.parse::<u64>().ok())
+            .sum(),
+    )
+}
+
 /// Wait until `GET path` on `addr` answers `status`, within `timeout`;
 /// fail at once if `child` (called `what`) exits first.
 pub(super) async fn wait_until_serving(
