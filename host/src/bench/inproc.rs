@@ -89,7 +89,7 @@ async fn measure(
     title: &str,
 ) -> anyhow::Result<()> {
     let me = std::process::id();
-    let mut passes: Vec<(&str, Vec<Duration>, Cost)> = Vec::new();
+    let mut passes: Vec<(&str, Vec<Duration>, Cost, String)> = Vec::new();
     for (label, body, hibernate_first) in [
         ("warm read-only turn (active actor)", READ, false),
         ("wake → reply, read-only turn", READ, true),
@@ -99,6 +99,7 @@ async fn measure(
             hibernate_all(node).await;
         }
         let mut lat = Vec::with_capacity(n);
+        let split = Split::now(node);
         let before = Cost::now(me)?;
         for i in 0..n {
             let actor = if hibernate_first { i } else { 0 };
@@ -107,14 +108,15 @@ async fn measure(
             lat.push(t.elapsed());
             progress(label, i + 1, n);
         }
-        passes.push((label, lat, Cost::now(me)?.since(&before, n)));
+        let cost = Cost::now(me)?.since(&before, n);
+        passes.push((label, lat, cost, Split::now(node).since(&split)));
     }
     // What stays resident once every actor sleeps again (pools keep
     // memory they may reuse).
     hibernate_all(node).await;
     let rss = super::server::rss_of(me)?;
     println!("scenario {title}");
-    for (label, mut lat, cost) in passes {
+    for (label, mut lat, cost, split) in passes {
         println!("  {label:<40} {}", Percentiles::of(&mut lat).line());
         println!(
             "  {:<40} CPU {:.1}µs, {:.1} minor page faults per message (this process: node and client)",
@@ -126,6 +128,7 @@ async fn measure(
                 ""
             );
         }
+        println!("  {:<40} {split}", "");
     }
     println!(
         "  RSS of this process after hibernating all: {:.1} MB",
@@ -151,6 +154,45 @@ async fn measure_in_process(
         measure(&node, target, ty, n, &title).await
     })
     .await?
+}
+
+/// Where a pass's time went, from the node's own histograms: sums and
+/// counts of wakes (task start to instance ready: the record read,
+/// instantiation, prefaulting) and of guest turns.
+struct Split {
+    wake: (f64, f64),
+    turn: (f64, f64),
+}
+
+impl Split {
+    fn now(node: &Node) -> Self {
+        let text = node.metrics().render();
+        let sum_count = |metric: &str| {
+            let get = |part: &str| super::http::sample(&text, &format!("{metric}_{part}"));
+            (get("sum").unwrap_or(0.0), get("count").unwrap_or(0.0))
+        };
+        Self {
+            wake: sum_count("marmot_wake_duration_seconds"),
+            turn: sum_count("marmot_turn_duration_seconds"),
+        }
+    }
+
+    /// The means since `before`, as one line.
+    fn since(&self, before: &Self) -> String {
+        let mean = |(sum, n): (f64, f64), (sum0, n0): (f64, f64)| {
+            let n = n - n0;
+            if n > 0.0 {
+                format!("{:.1}µs over {n:.0}", (sum - sum0) * 1e6 / n)
+            } else {
+                "none".to_owned()
+            }
+        };
+        format!(
+            "mean wake (record read to instance ready) {}, mean guest turn {}",
+            mean(self.wake, before.wake),
+            mean(self.turn, before.turn)
+        )
+    }
 }
 
 /// What a pass cost this process: CPU time and minor page faults, totals

@@ -297,10 +297,11 @@ impl ActorTask {
             span.record("wait_us", waited.as_micros() as u64);
             span.record("run_us", run_started.elapsed().as_micros() as u64);
         }
+        // The guest's run only: making the instance is `wake_seconds`.
         self.env
             .metrics
             .turn_seconds
-            .observe(started.elapsed().as_secs_f64());
+            .observe(run_started.elapsed().as_secs_f64());
         if !outcome.instance_usable() && !is_fresh {
             self.live = None;
         }
