@@ -197,7 +197,7 @@ pub(super) fn populate(runs: impl IntoIterator<Item = (usize, usize)>) -> std::i
 mod tests {
     use super::*;
 
-    /// `pages` pages of private anonymous memory, unmapped on drop.
+    /// `pages` pages of private memory, unmapped on drop.
     struct Mapping {
         start: usize,
         len: usize,
@@ -205,24 +205,7 @@ mod tests {
 
     impl Mapping {
         fn new(pages: usize) -> Self {
-            let len = pages * page_size();
-            #[allow(unsafe_code, reason = "a test mapping")]
-            // SAFETY: a fresh anonymous mapping; nothing else refers to it.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            assert_ne!(p, libc::MAP_FAILED);
-            Self {
-                start: p as usize,
-                len,
-            }
+            Self::map(pages, libc::MAP_ANONYMOUS, -1)
         }
 
         /// `pages` pages of a file whose page `i` holds `i + 1` in every
@@ -234,16 +217,22 @@ mod tests {
             for i in 0..pages {
                 file.write_all(&vec![i as u8 + 1; page_size()]).unwrap();
             }
+            // The mapping keeps the file once it is closed.
+            Self::map(pages, 0, file.as_raw_fd())
+        }
+
+        fn map(pages: usize, flags: libc::c_int, fd: libc::c_int) -> Self {
             let len = pages * page_size();
             #[allow(unsafe_code, reason = "a test mapping")]
-            // SAFETY: a fresh private mapping of a file only this test has.
+            // SAFETY: a fresh private mapping, of anonymous memory or of a
+            // file only this test has; nothing else refers to it.
             let p = unsafe {
                 libc::mmap(
                     std::ptr::null_mut(),
                     len,
                     libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE,
-                    file.as_raw_fd(),
+                    libc::MAP_PRIVATE | flags,
+                    fd,
                     0,
                 )
             };
