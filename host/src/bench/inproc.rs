@@ -115,6 +115,7 @@ async fn measure(
     // memory they may reuse).
     hibernate_all(node).await;
     let rss = super::server::rss_of(me)?;
+    let pss = super::server::pss_of(me)?;
     println!("scenario {title}");
     for (label, mut lat, cost, split) in passes {
         println!("  {label:<40} {}", Percentiles::of(&mut lat).line());
@@ -131,8 +132,9 @@ async fn measure(
         println!("  {:<40} {split}", "");
     }
     println!(
-        "  RSS of this process after hibernating all: {:.1} MB",
-        rss as f64 / (1024.0 * 1024.0)
+        "  RSS of this process after hibernating all: {:.1} MB (PSS {:.1} MB)",
+        rss as f64 / (1024.0 * 1024.0),
+        pss as f64 / (1024.0 * 1024.0)
     );
     Ok(())
 }
