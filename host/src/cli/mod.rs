@@ -6,6 +6,7 @@
 
 mod assistant;
 mod client;
+mod hugepages;
 mod server;
 
 use std::net::SocketAddr;
@@ -278,6 +279,8 @@ impl ClientArgs {
 
 /// Entry point of the `marmot` binary.
 pub fn main() -> ExitCode {
+    // Before the runtime starts its threads.
+    let huge_pages = hugepages::turn_off_unless_asked();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -290,7 +293,7 @@ pub fn main() -> ExitCode {
         }
     };
     let exporter = init_logging(&cli.log, cli.log_format, runtime.handle());
-    let result = runtime.block_on(run(cli.command));
+    let result = runtime.block_on(run(cli.command, huge_pages));
     if let Some(exporter) = exporter {
         // Flushes on this thread; its requests run on the runtime.
         exporter.shutdown();
@@ -308,10 +311,16 @@ fn one_line(e: &anyhow::Error) -> String {
     format!("{e:#}").replace('\n', " ")
 }
 
-async fn run(command: Command) -> anyhow::Result<()> {
+async fn run(command: Command, huge_pages: hugepages::HugePages) -> anyhow::Result<()> {
     match command {
-        Command::Dev(args) => server::dev(args).await,
-        Command::Serve(args) => server::serve(args).await,
+        Command::Dev(args) => {
+            huge_pages.log();
+            server::dev(args).await
+        }
+        Command::Serve(args) => {
+            huge_pages.log();
+            server::serve(args).await
+        }
         Command::Deploy { ty, file, client } => client::deploy(&client, &ty, &file).await,
         Command::Call {
             ty,

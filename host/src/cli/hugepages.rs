@@ -1,0 +1,128 @@
+//! Transparent huge pages for the process's heap: off unless asked for.
+//!
+//! mimalloc asks the kernel for transparent huge pages on its arenas, and a
+//! fault in a fresh 2 MiB range then zeroes a whole huge page. On the VMs
+//! we measure on that zeroing was a fifth of the node's CPU while new
+//! JavaScript actors arrived (wasmtime's instance allocations), and the
+//! CPU per new actor fell by a third without it, while turns on active
+//! actors stayed within the noise (numbers in docs/design.md, "Transparent
+//! huge pages"). So the `marmot` binary turns them off for itself, as
+//! `MIMALLOC_ALLOW_THP=0` would, before it starts any thread; setting
+//! `MIMALLOC_ALLOW_THP` (to anything) leaves the choice to mimalloc.
+
+/// What the process runs with, for the start-up log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum HugePages {
+    /// Turned off here (`prctl(PR_SET_THP_DISABLE)`).
+    Off,
+    /// `MIMALLOC_ALLOW_THP` is set: mimalloc decided.
+    LeftToMimalloc,
+    /// The kernel refused (not Linux, or too old): as the system says.
+    AsTheSystemSays,
+}
+
+/// Turn transparent huge pages off for this process unless
+/// `MIMALLOC_ALLOW_THP` is set. Call before starting threads.
+pub(super) fn turn_off_unless_asked() -> HugePages {
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {
+        return HugePages::LeftToMimalloc;
+    }
+    disable()
+}
+
+#[cfg(target_os = "linux")]
+fn disable() -> HugePages {
+    // SAFETY: `PR_SET_THP_DISABLE` takes integer arguments only and
+    // changes a flag of this process's address space.
+    #[allow(unsafe_code, reason = "one prctl with integer arguments")]
+    let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    if rc == 0 {
+        HugePages::Off
+    } else {
+        HugePages::AsTheSystemSays
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn disable() -> HugePages {
+    HugePages::AsTheSystemSays
+}
+
+impl HugePages {
+    /// One line for the log.
+    pub(super) fn log(self) {
+        match self {
+            Self::Off => tracing::info!(
+                "transparent huge pages off for this process \
+                 (set MIMALLOC_ALLOW_THP=1 to keep them)"
+            ),
+            Self::LeftToMimalloc => {
+                tracing::info!("transparent huge pages as MIMALLOC_ALLOW_THP says")
+            }
+            Self::AsTheSystemSays => {
+                tracing::info!("transparent huge pages as the system's settings say")
+            }
+        }
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    const CHILD: &str = "MARMOT_TEST_THP_CHILD";
+
+    fn thp_disabled() -> i32 {
+        // SAFETY: integer arguments only; reads a flag.
+        #[allow(unsafe_code, reason = "reading the flag back")]
+        unsafe {
+            libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0)
+        }
+    }
+
+    /// Run `test` again in a child process (the flag belongs to the whole
+    /// process, and this binary's other tests must keep the system's
+    /// setting), with `MIMALLOC_ALLOW_THP` set to `allow` or unset.
+    fn in_child(test: &str, allow: Option<&str>) {
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", test, "--nocapture"]).env(CHILD, "1");
+        match allow {
+            Some(v) => cmd.env("MIMALLOC_ALLOW_THP", v),
+            None => cmd.env_remove("MIMALLOC_ALLOW_THP"),
+        };
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "child failed: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The child ran the test, not zero tests through a wrong filter.
+        assert!(stdout.contains("1 passed"), "child output: {stdout}");
+    }
+
+    #[test]
+    fn huge_pages_are_turned_off_for_the_process() {
+        if std::env::var_os(CHILD).is_none() {
+            return in_child(
+                "cli::hugepages::tests::huge_pages_are_turned_off_for_the_process",
+                None,
+            );
+        }
+        assert_eq!(thp_disabled(), 0, "on before asking");
+        assert_eq!(turn_off_unless_asked(), HugePages::Off);
+        assert_eq!(thp_disabled(), 1, "the kernel reports them off");
+    }
+
+    #[test]
+    fn an_explicit_mimalloc_setting_is_left_alone() {
+        if std::env::var_os(CHILD).is_none() {
+            return in_child(
+                "cli::hugepages::tests::an_explicit_mimalloc_setting_is_left_alone",
+                Some("1"),
+            );
+        }
+        assert_eq!(turn_off_unless_asked(), HugePages::LeftToMimalloc);
+        assert_eq!(thp_disabled(), 0, "still on");
+    }
+}
