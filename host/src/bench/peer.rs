@@ -102,15 +102,15 @@ impl Workerd {
             .local_addr()?
             .port();
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let child = Command::new(bin)
-            .arg("serve")
+        let mut cmd = Command::new(bin);
+        cmd.arg("serve")
             .arg(dir.join("config.capnp"))
             .arg(format!("--socket-addr=http={addr}"))
             .arg(format!("--directory-path=storage={}", storage.display()))
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("cannot start workerd")?;
+            .stderr(Stdio::inherit());
+        with_system_huge_pages(&mut cmd);
+        let child = cmd.spawn().context("cannot start workerd")?;
         let mut w = Self {
             child,
             addr,
@@ -134,3 +134,23 @@ impl Drop for Workerd {
         let _ = self.child.wait();
     }
 }
+
+/// `marmot` turns transparent huge pages off for itself
+/// (`cli/hugepages.rs`), and a child inherits that: the peer gets the
+/// system's setting back, as its own users run it.
+#[cfg(target_os = "linux")]
+fn with_system_huge_pages(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: runs between fork and exec; `prctl` is a system call with
+    // integer arguments (async-signal-safe), and nothing is allocated.
+    #[allow(unsafe_code, reason = "a prctl between fork and exec")]
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_THP_DISABLE, 0, 0, 0, 0);
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn with_system_huge_pages(_: &mut Command) {}

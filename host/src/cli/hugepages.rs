@@ -1,9 +1,9 @@
 //! Transparent huge pages for the process's heap: off unless asked for.
 //!
 //! mimalloc asks the kernel for transparent huge pages on its arenas, and a
-//! fault in a fresh 2 MiB range then zeroes a whole huge page. On the VMs
-//! we measure on that zeroing was a fifth of the node's CPU while new
-//! JavaScript actors arrived (wasmtime's instance allocations), and the
+//! fault in a fresh 2 MiB range then zeroes a whole huge page. On the VM
+//! we measured on, that zeroing was a fifth of the worker threads' CPU
+//! while new JavaScript actors arrived (wasmtime's instance allocations), and the
 //! CPU per new actor fell by a third without it, while turns on active
 //! actors stayed within the noise (numbers in docs/design.md, "Transparent
 //! huge pages"). So the `marmot` binary turns them off for itself, as
@@ -23,29 +23,41 @@ pub(super) enum HugePages {
 
 /// Turn transparent huge pages off for this process unless
 /// `MIMALLOC_ALLOW_THP` is set. Call before starting threads.
+///
+/// The flag is inherited across `fork` and `exec`, so a `marmot` started
+/// by another (`marmot bench` starts its servers) would find it set: with
+/// `MIMALLOC_ALLOW_THP` set to anything but a "no" it is cleared again,
+/// and with a "no" mimalloc has set it itself.
 pub(super) fn turn_off_unless_asked() -> HugePages {
-    if std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {
-        return HugePages::LeftToMimalloc;
+    let Some(asked) = std::env::var_os("MIMALLOC_ALLOW_THP") else {
+        return if set_disabled(true) {
+            HugePages::Off
+        } else {
+            HugePages::AsTheSystemSays
+        };
+    };
+    // mimalloc's spellings of "no".
+    let no = ["0", "false", "off", "no"];
+    let asked = asked.to_string_lossy().trim().to_ascii_lowercase();
+    if !no.contains(&asked.as_str()) {
+        set_disabled(false);
     }
-    disable()
+    HugePages::LeftToMimalloc
 }
 
+/// Whether the kernel took the setting.
 #[cfg(target_os = "linux")]
-fn disable() -> HugePages {
+fn set_disabled(disabled: bool) -> bool {
     // SAFETY: `PR_SET_THP_DISABLE` takes integer arguments only and
     // changes a flag of this process's address space.
     #[allow(unsafe_code, reason = "one prctl with integer arguments")]
-    let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-    if rc == 0 {
-        HugePages::Off
-    } else {
-        HugePages::AsTheSystemSays
-    }
+    let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, u64::from(disabled), 0, 0, 0) };
+    rc == 0
 }
 
 #[cfg(not(target_os = "linux"))]
-fn disable() -> HugePages {
-    HugePages::AsTheSystemSays
+fn set_disabled(_: bool) -> bool {
+    false
 }
 
 impl HugePages {
@@ -109,20 +121,23 @@ mod tests {
                 None,
             );
         }
-        assert_eq!(thp_disabled(), 0, "on before asking");
+        assert!(set_disabled(false), "start from the system's setting");
         assert_eq!(turn_off_unless_asked(), HugePages::Off);
         assert_eq!(thp_disabled(), 1, "the kernel reports them off");
     }
 
     #[test]
-    fn an_explicit_mimalloc_setting_is_left_alone() {
+    fn asking_for_huge_pages_clears_an_inherited_flag() {
         if std::env::var_os(CHILD).is_none() {
             return in_child(
-                "cli::hugepages::tests::an_explicit_mimalloc_setting_is_left_alone",
+                "cli::hugepages::tests::asking_for_huge_pages_clears_an_inherited_flag",
                 Some("1"),
             );
         }
+        // As a parent `marmot` would have left it.
+        assert!(set_disabled(true));
+        assert_eq!(thp_disabled(), 1);
         assert_eq!(turn_off_unless_asked(), HugePages::LeftToMimalloc);
-        assert_eq!(thp_disabled(), 0, "still on");
+        assert_eq!(thp_disabled(), 0, "on again, as asked");
     }
 }
