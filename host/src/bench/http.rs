@@ -329,6 +329,13 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
     };
     // Warm-up, not measured.
     run(Duration::from_secs(2)).await?;
+    let idle_trims = if args.idle > 0 {
+        let before = trims(server.addr).await?;
+        tokio::time::sleep(Duration::from_secs(args.idle)).await;
+        Some(trims(server.addr).await? - before)
+    } else {
+        None
+    };
     let (commits0, ops0) = commit_stats(server.addr).await?;
     let trims0 = trims(server.addr).await?;
     let cpu0 = server.cpu_time()?;
@@ -371,6 +378,12 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
             "  commits/s: {:.0}   mean ops per commit: {:.1}",
             commits / r.elapsed.as_secs_f64(),
             (ops1 - ops0) / commits
+        );
+    }
+    if let Some(idle_trims) = idle_trims {
+        println!(
+            "  idle {}s between the warm-up and the load: {idle_trims:.0} sandboxes trimmed then",
+            args.idle
         );
     }
     if args.js {

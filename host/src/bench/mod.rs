@@ -54,6 +54,12 @@ pub struct BenchArgs {
     /// of Rust.
     #[arg(long)]
     pub js: bool,
+    /// http-hot / http-spread: seconds every actor sits idle between the
+    /// warm-up and the measured load (as each side of `vs-workerd` does
+    /// while the others run), so that idle JavaScript sandboxes are
+    /// trimmed first.
+    #[arg(long, default_value_t = 0)]
+    pub idle: u64,
     /// vs-workerd: the workerd binary (`scripts/bench-vs-workerd` installs
     /// it from npm).
     #[arg(long, env = "MARMOT_WORKERD")]
