@@ -3,12 +3,12 @@
 //! mimalloc asks the kernel for transparent huge pages on its arenas, and a
 //! fault in a fresh 2 MiB range then zeroes a whole huge page. On the VM
 //! we measured on, that zeroing was a fifth of the worker threads' CPU
-//! while new JavaScript actors arrived (wasmtime's instance allocations), and the
-//! CPU per new actor fell by a third without it, while turns on active
-//! actors stayed within the noise (numbers in docs/design.md, "Transparent
-//! huge pages"). So the `marmot` binary turns them off for itself, as
-//! `MIMALLOC_ALLOW_THP=0` would, before it starts any thread; setting
-//! `MIMALLOC_ALLOW_THP` (to anything) leaves the choice to mimalloc.
+//! while new JavaScript actors arrived (wasmtime's instance allocations),
+//! and the CPU per new actor fell by a third without it, while turns on
+//! active actors stayed within the noise (numbers in docs/design.md,
+//! "Transparent huge pages off"). So the `marmot` binary turns them off
+//! for itself, as `MIMALLOC_ALLOW_THP=0` would, before it starts any
+//! thread; setting `MIMALLOC_ALLOW_THP` leaves the choice to mimalloc.
 
 /// What the process runs with, for the start-up log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
