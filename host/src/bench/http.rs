@@ -329,15 +329,16 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
     };
     // Warm-up, not measured.
     run(Duration::from_secs(2)).await?;
-    let idle_trims = if args.idle > 0 {
+    let before_idle = if args.idle > 0 {
         let before = trims(server.addr).await?;
         tokio::time::sleep(Duration::from_secs(args.idle)).await;
-        Some(trims(server.addr).await? - before)
+        Some(before)
     } else {
         None
     };
     let (commits0, ops0) = commit_stats(server.addr).await?;
     let trims0 = trims(server.addr).await?;
+    let idle_trims = before_idle.map(|before| trims0 - before);
     let cpu0 = server.cpu_time()?;
     let tlb0 = super::server::tlb_shootdowns();
     let r = run(Duration::from_secs(args.duration)).await?;
