@@ -19,6 +19,8 @@ import { state } from "marmot";
 const table = Array.from({ length: 4000 }, (_, i) => ({ i, text: "row " + i }));
 const seen = [];
 let turns = 0;
+// Recursion runs deep into the execution stack a trim gives back.
+const depth = (n) => (n === 0 ? 0 : 1 + depth(n - 1));
 
 export default {
   onMessage(body, ctx) {
@@ -30,7 +32,10 @@ export default {
     state.set("n", n);
     let hits = 0;
     for (const r of table) hits += r.hits ?? 0;
-    return { id: ctx.id, turns, n, hits, row: row.text, rowHits: row.hits, seen: seen.length };
+    return {
+      id: ctx.id, turns, n, hits, row: row.text, rowHits: row.hits, seen: seen.length,
+      depth: depth(500 + body.row % 7),
+    };
   },
 };
 "#;
@@ -83,6 +88,7 @@ async fn idle_sandboxes_give_back_unchanged_pages_and_keep_their_heap() {
                 assert_eq!(r.json["seen"], turn, "{id}: {}", r.json);
                 assert_eq!(r.json["rowHits"], 1, "{id}: {}", r.json);
                 assert_eq!(r.json["row"], format!("row {row}"), "{id}: {}", r.json);
+                assert_eq!(r.json["depth"], 500 + row % 7, "{id}: {}", r.json);
             }
         }
         trims += ids.len() as f64;
@@ -93,6 +99,12 @@ async fn idle_sandboxes_give_back_unchanged_pages_and_keep_their_heap() {
             "round {round}: the trims gave nothing back ({now} pages in all)"
         );
         released = now;
+        // And the execution stack each store keeps between calls.
+        let stack = metric(&m, "marmot_js_sandbox_trimmed_stack_pages_total");
+        assert!(
+            stack >= round as f64 * ids.len() as f64,
+            "round {round}: {stack} stack pages given back in all"
+        );
         // The turns after a trim took back what it gave, up front.
         if round > 1 {
             assert!(

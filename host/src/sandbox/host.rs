@@ -67,6 +67,9 @@ pub struct Host {
     /// The host is asking the guest where its memory is: the only time
     /// the answer is taken.
     pub(super) origin_asked: bool,
+    /// An address on the fiber stack the last asked call ran on (see
+    /// [`stack`](super::stack)).
+    pub(super) stack_point: Option<usize>,
 }
 
 /// A JavaScript module as the engine receives it.
@@ -129,6 +132,7 @@ impl Host {
             granted,
             memory_origin: None,
             origin_asked: false,
+            stack_point: None,
         }
     }
 

@@ -23,6 +23,7 @@ mod pool;
 mod prefault;
 mod run;
 mod snapshot;
+mod stack;
 mod trim;
 mod turn;
 
@@ -227,7 +228,7 @@ impl EngineParts {
             .memory_reservation_for_growth(0)
             .memory_guard_size(64 << 10)
             .max_wasm_stack(512 << 10)
-            .async_stack_size(1 << 20)
+            .async_stack_size(stack::ASYNC_STACK_SIZE)
             // A stack goes back to the pool decommitted (zeroed by the
             // kernel): a hibernated actor keeps no stack pages resident,
             // and no guest reads another's old stack.
@@ -500,11 +501,20 @@ impl Sandbox {
         };
         if inst.pristine.is_none() {
             inst.pristine = self.pristine(pre).await;
+            if inst.pristine.is_none() {
+                return Ok(None);
+            }
         }
+        // The store's latest call, so the stack it ran on is the one the
+        // store keeps (see `stack`).
+        let stack = inst
+            .stack_point()
+            .await?
+            .and_then(|point| stack::bounds(point, stack::ASYNC_STACK_SIZE));
         let Some(pristine) = &inst.pristine else {
             return Ok(None);
         };
-        match trim::trim(origin, pristine) {
+        match trim::trim(origin, pristine, stack) {
             Ok((trimmed, runs)) => {
                 inst.refault = runs;
                 Ok(Some(trimmed))

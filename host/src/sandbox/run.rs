@@ -272,15 +272,31 @@ impl Instance {
         if let Some(origin) = self.store.data().memory_origin {
             return Ok(Some(origin));
         }
+        self.ask_origin(report).await?;
+        Ok(self.store.data().memory_origin)
+    }
+
+    /// An address on the fiber stack this store keeps between calls: the
+    /// engine is asked where its memory is once more, and the import notes
+    /// where its own frame is (see [`stack`](super::stack)). `Err`: the
+    /// call trapped, and the instance must not run again.
+    pub(super) async fn stack_point(&mut self) -> Result<Option<usize>, InstanceLost> {
+        let Some(report) = self.origin else {
+            return Ok(None);
+        };
+        self.store.data_mut().stack_point = None;
+        self.ask_origin(report).await?;
+        Ok(self.store.data_mut().stack_point.take())
+    }
+
+    /// Call the engine's `report-memory-origin`, its answer taken.
+    async fn ask_origin(&mut self, report: TypedFunc<(), ()>) -> Result<(), InstanceLost> {
         let host = self.store.data_mut();
         host.cpu_ticks = 0;
         host.origin_asked = true;
         let called = report.call_async(&mut self.store, ()).await;
         self.store.data_mut().origin_asked = false;
-        match called {
-            Ok(()) => Ok(self.store.data().memory_origin),
-            Err(_) => Err(InstanceLost),
-        }
+        called.map_err(|_| InstanceLost)
     }
 
     /// Before the first turn of a fresh instance of the built-in engine:

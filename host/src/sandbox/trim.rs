@@ -55,6 +55,9 @@ pub(super) fn link(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
             if !store.data().origin_asked || size <= u64::from(addr) {
                 return Ok(());
             }
+            // This frame is on the fiber stack the store runs the guest on.
+            let here = 0u8;
+            store.data_mut().stack_point = Some(std::hint::black_box(&raw const here) as usize);
             let at = at.as_le_slice(&store).as_ptr() as usize;
             store.data_mut().memory_origin =
                 at.checked_sub(addr as usize).map(|start| MemoryOrigin {
@@ -105,17 +108,23 @@ pub struct Trimmed {
     pub private: usize,
     /// Of those, pages discarded because they equalled the snapshot.
     pub released: usize,
+    /// Pages of the store's fiber stack discarded (see
+    /// [`stack`](super::stack)).
+    pub stack: usize,
 }
 
 /// Discard the private pages of the `sandbox` memory that equal the same
-/// pages of `pristine`; with the runs of pages discarded (start, length).
+/// pages of `pristine`, and the resident pages of `stack` (start, length);
+/// with the runs of memory pages discarded (start, length).
 ///
 /// The caller holds the sandbox's store exclusively, so no guest code runs
-/// in this memory while it is compared and trimmed, and `pristine` is an
-/// instance of the same compiled engine.
+/// in this memory while it is compared and trimmed, nor on the store's
+/// fiber `stack`, and `pristine` is an instance of the same compiled
+/// engine.
 pub(super) fn trim(
     sandbox: MemoryOrigin,
     pristine: &Pristine,
+    stack: Option<(usize, usize)>,
 ) -> std::io::Result<(Trimmed, Vec<(usize, usize)>)> {
     let page = page_size();
     let origin = sandbox.start;
@@ -138,7 +147,18 @@ pub(super) fn trim(
         release[i] = true;
     }
     let runs = page_runs(origin, &release, page);
-    discard(&runs)?;
+    let mut all = runs.clone();
+    if let Some((start, len)) = stack {
+        let resident = pagemap_entries(start, len / page)?
+            .iter()
+            .filter(|&&e| e & PRESENT != 0)
+            .count();
+        if resident > 0 {
+            out.stack = resident;
+            all.push((start, len));
+        }
+    }
+    discard(&all)?;
     Ok((out, runs))
 }
 
@@ -224,7 +244,8 @@ fn page_eq(a: usize, b: usize, len: usize) -> bool {
 /// Drop this process's mapping of the pages in `runs` (start, length).
 /// Each page must hold what the mapping shows without it: a private copy
 /// equal to the snapshot's page, or the snapshot's page itself, checked by
-/// the caller with no guest code run since.
+/// the caller with no guest code run since; or be a page of a fiber stack
+/// no code runs on, whose content is dead.
 ///
 /// One `process_madvise` call for all of them where the kernel allows it
 /// for the calling process (Linux 6.14+): one TLB shootdown instead of one
@@ -280,7 +301,8 @@ pub(super) fn discard(runs: &[(usize, usize)]) -> std::io::Result<()> {
         // memory, a private mapping; every page in it equals what the
         // mapping shows once this process's entry is gone (checked by the
         // caller, with no guest code run since), so no one can observe the
-        // discard.
+        // discard. Or it is a store's idle fiber stack, which holds no live
+        // frame, and reads as zero after, as a stack fresh from the pool.
         let r = unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) };
         if r != 0 {
             return Err(std::io::Error::last_os_error());

@@ -85,10 +85,15 @@ impl ActorTask {
             .metrics
             .js_trimmed_pages
             .inc_by(trimmed.released as u64);
+        self.env
+            .metrics
+            .js_trimmed_stack_pages
+            .inc_by(trimmed.stack as u64);
         tracing::trace!(
             actor = %self.key,
             private = trimmed.private,
             released = trimmed.released,
+            stack = trimmed.stack,
             "trimmed the idle sandbox"
         );
     }
