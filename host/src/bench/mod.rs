@@ -17,6 +17,7 @@ mod inproc;
 mod peer;
 mod rss;
 mod server;
+mod smaps;
 mod sse;
 mod torture;
 mod webhooks;

@@ -4,6 +4,7 @@
 use super::BenchArgs;
 use super::http::create_actors;
 use super::server::ServerProc;
+use super::smaps::pss_by_kind;
 
 const MB: f64 = 1024.0 * 1024.0;
 
@@ -23,8 +24,10 @@ pub(super) async fn active(args: &BenchArgs) -> anyhow::Result<()> {
     let server = ServerProc::start(&data, &config).await?;
     create_actors(server.addr, 1).await?;
     let (base, base_pss) = (server.rss()?, server.pss()?);
+    let base_kinds = pss_by_kind(server.pid())?;
     create_actors(server.addr, n).await?;
     let (full, full_pss) = (server.rss()?, server.pss()?);
+    let full_kinds = pss_by_kind(server.pid())?;
     let maps = server.map_count()?;
     println!("scenario rss-active ({n} active counter actors, each with its own instance)");
     println!(
@@ -38,6 +41,10 @@ pub(super) async fn active(args: &BenchArgs) -> anyhow::Result<()> {
         base_pss as f64 / MB,
         full_pss as f64 / MB,
         (full_pss.saturating_sub(base_pss)) as f64 / n as f64 / 1024.0
+    );
+    println!(
+        "  PSS per actor by mapping: {}",
+        (full_kinds - base_kinds).per_actor(n)
     );
     println!("  memory mappings: {maps} (Linux default limit 65530)");
     server.stop();
@@ -130,9 +137,11 @@ pub(super) async fn js_active(args: &BenchArgs) -> anyhow::Result<()> {
     let server = ServerProc::start(&data, &config).await?;
     super::http::create_typed(server.addr, "jscounter", 1).await?;
     let (base, base_pss) = (server.rss()?, server.pss()?);
+    let base_kinds = pss_by_kind(server.pid())?;
     let trims_before = super::http::trims(server.addr).await?;
     super::http::create_typed(server.addr, "jscounter", n).await?;
     let (full, full_pss) = (server.rss()?, server.pss()?);
+    let full_kinds = pss_by_kind(server.pid())?;
     let trimmed_early = super::http::trims(server.addr).await? - trims_before;
     println!("scenario js-rss ({n} active JavaScript counter actors, each with its own sandbox)");
     let per_actor = |total: u64, base: u64| total.saturating_sub(base) as f64 / n as f64 / 1024.0;
@@ -149,6 +158,7 @@ pub(super) async fn js_active(args: &BenchArgs) -> anyhow::Result<()> {
         full_pss as f64 / MB,
         per_actor(full_pss, base_pss)
     );
+    println!("    by mapping: {}", (full_kinds - base_kinds).per_actor(n));
     // Every sandbox is trimmed once it has been idle a moment.
     let (cpu_before, trims_at) = (server.cpu_time()?, super::http::trims(server.addr).await?);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -158,6 +168,7 @@ pub(super) async fn js_active(args: &BenchArgs) -> anyhow::Result<()> {
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     let (idle, idle_pss) = (server.rss()?, server.pss()?);
+    let idle_kinds = pss_by_kind(server.pid())?;
     let trims_now = super::http::trims(server.addr).await?;
     let cpu = server.cpu_time()?.saturating_sub(cpu_before);
     println!(
@@ -170,6 +181,7 @@ pub(super) async fn js_active(args: &BenchArgs) -> anyhow::Result<()> {
         per_actor(idle_pss, base_pss),
         cpu.as_secs_f64() * 1e6 / (trims_now - trims_at).max(1.0)
     );
+    println!("    by mapping: {}", (idle_kinds - base_kinds).per_actor(n));
     println!(
         "  memory mappings: {} (Linux default limit 65530)",
         server.map_count()?

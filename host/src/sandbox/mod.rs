@@ -55,6 +55,7 @@ pub use pool::{HostLimits, PoolPlan};
 pub use run::{
     EvalReply, GuestReply, Instance, InstanceLost, TurnFailure, TurnInput, TurnOutput, TurnRequest,
 };
+pub use stack::ASYNC_STACK_SIZE;
 pub use trim::Trimmed;
 pub use turn::{ActorCounts, Carry, FinishedTurn, TurnLimits, TurnStart, release_blobs};
 

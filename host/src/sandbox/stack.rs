@@ -27,7 +27,7 @@
 use super::trim::page_size;
 
 /// The size of every fiber stack in the engine's pool.
-pub(super) const ASYNC_STACK_SIZE: usize = 1 << 20;
+pub const ASYNC_STACK_SIZE: usize = 1 << 20;
 
 /// The bytes of the pooled stack of `len` bytes (rounded up to pages) that
 /// `point` lies on, as (start, length); `None` if the memory around
