@@ -100,7 +100,7 @@ async fn idle_sandboxes_give_back_unchanged_pages_and_keep_their_heap() {
         );
         released = now;
         // And the execution stack each store keeps between calls.
-        let stack = metric(&m, "marmot_js_sandbox_trimmed_stack_pages_total");
+        let stack = metric(&m, "marmot_sandbox_trimmed_stack_pages_total");
         assert!(
             stack >= round as f64 * ids.len() as f64,
             "round {round}: {stack} stack pages given back in all"

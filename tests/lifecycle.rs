@@ -368,3 +368,36 @@ async fn sandboxes_have_no_ambient_authority() {
     listener.set_nonblocking(true).unwrap();
     assert!(listener.accept().is_err(), "a connection reached the host");
 }
+
+#[tokio::test]
+async fn idle_actors_give_back_their_stack_and_stay_awake() {
+    let (_dir, _m, api) = common::kit_node(json!({})).await;
+    let stack_pages = |m: &str| common::metric(m, "marmot_sandbox_trimmed_stack_pages_total");
+    for id in ["s1", "s2"] {
+        assert_eq!(api.add("kit", id, 5).await.json["value"], 5);
+    }
+    // Idle 2 s, each is trimmed: its store's fiber stack pages go back.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let m = loop {
+        let m = String::from_utf8(api.get("/metrics").await.body).unwrap();
+        if stack_pages(&m) >= 2.0 {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "no stack given back: {m}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        common::metric(&m, "marmot_hibernations_total"),
+        0.0,
+        "trims are not hibernations"
+    );
+    // The same instances run again on the stacks they gave back, with
+    // everything their turns left in memory and in state.
+    for id in ["s1", "s2"] {
+        assert_eq!(api.add("kit", id, 2).await.json["value"], 7);
+        assert_eq!(
+            api.get(&format!("/v1/actors/kit/{id}")).await.json["status"],
+            "active"
+        );
+    }
+}

@@ -75,8 +75,8 @@ pub struct Metrics {
     pub js_trims: Counter,
     /// Pages given back by those trims.
     pub js_trimmed_pages: Counter,
-    /// Fiber stack pages given back by those trims.
-    pub js_trimmed_stack_pages: Counter,
+    /// Fiber stack pages idle instances (of any language) gave back.
+    pub trimmed_stack_pages: Counter,
     /// Pages of JavaScript sandboxes populated before a turn wrote them.
     pub js_prefaulted_pages: Counter,
     /// JavaScript sandboxes live, counted against the node's cap (set when
@@ -189,11 +189,11 @@ impl Metrics {
             "Snapshot pages idle JavaScript sandboxes gave back, unchanged",
             js_trimmed_pages.clone(),
         );
-        let js_trimmed_stack_pages = Counter::default();
+        let trimmed_stack_pages = Counter::default();
         registry.register(
-            "js_sandbox_trimmed_stack_pages",
-            "Pages of idle JavaScript sandboxes' execution stacks given back",
-            js_trimmed_stack_pages.clone(),
+            "sandbox_trimmed_stack_pages",
+            "Pages of the fiber stacks idle instances keep between calls, given back",
+            trimmed_stack_pages.clone(),
         );
         let js_prefaulted_pages = Counter::default();
         registry.register(
@@ -419,7 +419,7 @@ impl Metrics {
             hibernations,
             js_trims,
             js_trimmed_pages,
-            js_trimmed_stack_pages,
+            trimmed_stack_pages,
             js_prefaulted_pages,
             js_sandboxes,
             code_cache_removed_files,

@@ -473,6 +473,12 @@ pub(super) async fn trims(addr: SocketAddr) -> anyhow::Result<f64> {
     Ok(sample(&text, "marmot_js_sandbox_trims_total").unwrap_or(0.0))
 }
 
+/// Fiber stack pages idle instances of the node at `addr` gave back so far.
+pub(super) async fn trimmed_stack_pages(addr: SocketAddr) -> anyhow::Result<f64> {
+    let text = metrics(addr).await?;
+    Ok(sample(&text, "marmot_sandbox_trimmed_stack_pages_total").unwrap_or(0.0))
+}
+
 /// The node's Prometheus metrics, as text.
 pub(super) async fn metrics(addr: SocketAddr) -> anyhow::Result<String> {
     let mut c = Conn::connect(addr).await?;

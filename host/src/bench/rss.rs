@@ -46,6 +46,26 @@ pub(super) async fn active(args: &BenchArgs) -> anyhow::Result<()> {
         "  PSS per actor by mapping: {}",
         (full_kinds - base_kinds).per_actor(n)
     );
+    // Idle a moment, every instance is trimmed: its stack pages go back.
+    // Done when the count has grown and then held for a second.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut last = 0.0;
+    while std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let now = super::http::trimmed_stack_pages(server.addr).await?;
+        if now > 0.0 && now == last {
+            break;
+        }
+        last = now;
+    }
+    let (idle_pss, idle_kinds) = (server.pss()?, pss_by_kind(server.pid())?);
+    println!(
+        "  once idle and trimmed ({last:.0} stack pages given back): PSS {:.1} MB, per actor \
+         {:.1} KB   by mapping: {}",
+        idle_pss as f64 / MB,
+        (idle_pss.saturating_sub(base_pss)) as f64 / n as f64 / 1024.0,
+        (idle_kinds - base_kinds).per_actor(n)
+    );
     println!("  memory mappings: {maps} (Linux default limit 65530)");
     server.stop();
     Ok(())

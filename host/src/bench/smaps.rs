@@ -17,8 +17,12 @@ pub(super) struct PssByKind {
     /// the data segments of the binary and its libraries, which do not
     /// grow with actors.
     pub(super) guest_images: u64,
-    /// Anonymous mappings exactly one fiber stack long: the pool's stacks
-    /// (each store keeps the one it last ran on).
+    /// Anonymous mappings exactly one fiber stack long right above an
+    /// inaccessible mapping exactly one page long (its guard): the pool's
+    /// stacks (each store keeps the one it last ran on). A guest's linear
+    /// memory can hold an anonymous region of the same length (a Rust
+    /// guest's 1 MiB shadow stack), but the memory pool's guards are
+    /// larger.
     pub(super) stacks: u64,
     /// Every other anonymous mapping: the host heap (wasmtime's instance
     /// state, stores, actor tasks, the database cache), pool memory past
@@ -59,14 +63,20 @@ impl PssByKind {
 /// [`PssByKind`] of process `pid`.
 pub(super) fn pss_by_kind(pid: u32) -> anyhow::Result<PssByKind> {
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps"))?;
-    parse(&smaps, crate::sandbox::ASYNC_STACK_SIZE as u64)
+    #[allow(unsafe_code, reason = "sysconf has no preconditions")]
+    // SAFETY: `sysconf` only reads a system constant.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    parse(&smaps, crate::sandbox::ASYNC_STACK_SIZE as u64, page)
 }
 
 /// Sum `smaps` (the text of `/proc/PID/smaps`) by kind; `stack` is the
-/// length of a fiber stack.
-fn parse(smaps: &str, stack: u64) -> anyhow::Result<PssByKind> {
+/// length of a fiber stack, `page` of its guard.
+fn parse(smaps: &str, stack: u64, page: u64) -> anyhow::Result<PssByKind> {
     let mut out = PssByKind::default();
     let mut kind: Option<fn(&mut PssByKind) -> &mut u64> = None;
+    // The mapping before: where it ends, and whether it is one
+    // inaccessible page.
+    let mut below: Option<(u64, bool)> = None;
     for line in smaps.lines() {
         let mut fields = line.split_whitespace();
         let Some(first) = fields.next() else { continue };
@@ -76,11 +86,13 @@ fn parse(smaps: &str, stack: u64) -> anyhow::Result<PssByKind> {
             // address perms offset dev inode [name]
             let perms = fields.next().unwrap_or("");
             let name = fields.nth(3).unwrap_or("");
+            let guarded = below == Some((from, true));
+            below = Some((to, perms == "---p" && to - from == page));
             kind = Some(if name.starts_with('/') && perms == "rw-p" {
                 |k| &mut k.guest_images
             } else if name.starts_with('/') {
                 |k| &mut k.files
-            } else if name.is_empty() && to - from == stack {
+            } else if name.is_empty() && to - from == stack && guarded {
                 |k| &mut k.stacks
             } else {
                 |k| &mut k.other_anon
@@ -112,6 +124,14 @@ Pss:                 104 kB
 Pss_Dirty:           104 kB
 7e9bacf00000-7e9bacf91000 rw-p 00020000 08:01 77                         /data/code/quickjs.cwasm
 Pss:                  20 kB
+7df7a1fac000-7df7a1fbc000 ---p 00000000 00:00 0 
+Pss:                   0 kB
+7df7a1fbc000-7df7a20bc000 rw-p 00000000 00:00 0 
+Pss:                   8 kB
+7df7a20bc000-7df7a21ac000 rw-p 00000000 00:00 0 
+Pss:                   4 kB
+7df7a21ac000-7df7a21ad000 ---p 00000000 00:00 0 
+Pss:                   0 kB
 7df7a21ad000-7df7a22ad000 rw-p 00000000 00:00 0 
 Pss:                  12 kB
 55d0c0000000-55d0c1000000 r-xp 00000000 08:01 42                         /usr/bin/marmot
@@ -119,16 +139,16 @@ Pss:                  40 kB
 7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]
 Pss:                   4 kB
 ";
-        let k = parse(smaps, 1 << 20).unwrap();
+        let k = parse(smaps, 1 << 20, 4096).unwrap();
         assert_eq!(
             k,
             PssByKind {
                 guest_images: 124 << 10,
                 stacks: 12 << 10,
-                other_anon: 12 << 10,
+                other_anon: 24 << 10,
                 files: 40 << 10,
             }
         );
-        assert!(parse("Pss: 4 kB\n", 1 << 20).is_err());
+        assert!(parse("Pss: 4 kB\n", 1 << 20, 4096).is_err());
     }
 }

@@ -67,7 +67,7 @@ pub struct Host {
     /// The host is asking the guest where its memory is: the only time
     /// the answer is taken.
     pub(super) origin_asked: bool,
-    /// An address on the fiber stack the last asked call ran on (see
+    /// An address on the fiber stack the store's stack probe ran on (see
     /// [`stack`](super::stack)).
     pub(super) stack_point: Option<usize>,
 }

@@ -96,9 +96,10 @@ impl Prepared {
         self.js.is_some()
     }
 
-    /// Whether idle instances can be trimmed ([`Sandbox::trim`]): the
-    /// built-in JavaScript engine's.
-    pub fn trimmable(&self) -> bool {
+    /// Whether trims of idle instances ([`Sandbox::trim`]) give back
+    /// snapshot pages too, not only their stacks: the built-in JavaScript
+    /// engine's.
+    pub fn trims_snapshot_pages(&self) -> bool {
         self.origin.is_some()
     }
 }
@@ -487,24 +488,20 @@ impl Sandbox {
         self.instantiate_with(pre, spec, js, CapSet::ALL).await
     }
 
-    /// Give back the snapshot pages `inst`, an idle instance of `pre`,
-    /// copied but left as they were (see [`trim`]). `Ok(None)`: not
-    /// possible, for code other than the built-in JavaScript engine, or
-    /// here. `Err`: asking the engine where its memory is trapped, and
-    /// `inst` must not run again.
+    /// Give back what `inst`, an idle instance of `pre`, holds but does
+    /// not need until its next call: the pages of the fiber stack its
+    /// store keeps (see [`stack`]), and for the built-in JavaScript engine
+    /// the snapshot pages its turns copied but left as they were (see
+    /// [`trim`]). `Ok(None)`: nothing could be done here. `Err`: a call
+    /// into the store failed, and `inst` must not run again.
     pub async fn trim(
         &self,
         pre: &Prepared,
         inst: &mut Instance,
     ) -> Result<Option<Trimmed>, InstanceLost> {
-        let Some(origin) = inst.memory_origin().await? else {
-            return Ok(None);
-        };
-        if inst.pristine.is_none() {
+        let origin = inst.memory_origin().await?;
+        if origin.is_some() && inst.pristine.is_none() {
             inst.pristine = self.pristine(pre).await;
-            if inst.pristine.is_none() {
-                return Ok(None);
-            }
         }
         // The store's latest call, so the stack it ran on is the one the
         // store keeps (see `stack`).
@@ -512,16 +509,19 @@ impl Sandbox {
             .stack_point()
             .await?
             .and_then(|point| stack::bounds(point, stack::ASYNC_STACK_SIZE));
-        let Some(pristine) = &inst.pristine else {
-            return Ok(None);
-        };
-        match trim::trim(origin, pristine, stack) {
-            Ok((trimmed, runs)) => {
-                inst.refault = runs;
-                Ok(Some(trimmed))
+        let trimmed = match (origin, inst.pristine.clone()) {
+            (Some(origin), Some(pristine)) => {
+                trim::trim(origin, &pristine, stack).map(|(trimmed, runs)| {
+                    inst.refault = runs;
+                    trimmed
+                })
             }
+            _ => trim::trim_stack(stack),
+        };
+        match trimmed {
+            Ok(trimmed) => Ok(Some(trimmed)),
             Err(e) => {
-                tracing::debug!(error = %e, "trimming a JavaScript sandbox failed");
+                tracing::debug!(error = %e, "trimming an idle instance failed");
                 Ok(None)
             }
         }

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use wasmtime::Store;
 use wasmtime::component::TypedFunc;
+use wasmtime::{Caller, Func, Store};
 
 use super::bindings::marmot::actor::types::{Alarm, InputAnswer, Webhook};
 use super::bindings::{Context, Handlers, JsRuntime, Message};
@@ -186,6 +186,9 @@ pub struct Instance {
     js: Option<JsRuntime>,
     /// The JavaScript engine's `report-memory-origin`.
     origin: Option<TypedFunc<(), ()>>,
+    /// A host function of this store that notes where its frame is, made
+    /// on the first trim (see [`stack`](super::stack)).
+    stack_probe: Option<Func>,
     /// What trims of this instance compare with, once it has been trimmed.
     pub(super) pristine: Option<Arc<Pristine>>,
     /// Where this fresh instance reports the pages its first turn wrote.
@@ -231,6 +234,7 @@ impl Instance {
             handlers,
             js,
             origin,
+            stack_probe: None,
             pristine: None,
             learn: None,
             refault: Vec::new(),
@@ -272,31 +276,36 @@ impl Instance {
         if let Some(origin) = self.store.data().memory_origin {
             return Ok(Some(origin));
         }
-        self.ask_origin(report).await?;
-        Ok(self.store.data().memory_origin)
-    }
-
-    /// An address on the fiber stack this store keeps between calls: the
-    /// engine is asked where its memory is once more, and the import notes
-    /// where its own frame is (see [`stack`](super::stack)). `Err`: the
-    /// call trapped, and the instance must not run again.
-    pub(super) async fn stack_point(&mut self) -> Result<Option<usize>, InstanceLost> {
-        let Some(report) = self.origin else {
-            return Ok(None);
-        };
-        self.store.data_mut().stack_point = None;
-        self.ask_origin(report).await?;
-        Ok(self.store.data_mut().stack_point.take())
-    }
-
-    /// Call the engine's `report-memory-origin`, its answer taken.
-    async fn ask_origin(&mut self, report: TypedFunc<(), ()>) -> Result<(), InstanceLost> {
         let host = self.store.data_mut();
         host.cpu_ticks = 0;
         host.origin_asked = true;
         let called = report.call_async(&mut self.store, ()).await;
         self.store.data_mut().origin_asked = false;
-        called.map_err(|_| InstanceLost)
+        match called {
+            Ok(()) => Ok(self.store.data().memory_origin),
+            Err(_) => Err(InstanceLost),
+        }
+    }
+
+    /// An address on the fiber stack this store keeps between calls: a
+    /// call made now, into a host function of the store, runs on that
+    /// stack and notes where its frame is (see [`stack`](super::stack)).
+    /// No guest code runs. `Err`: the call failed, and the instance must
+    /// not run again.
+    pub(super) async fn stack_point(&mut self) -> Result<Option<usize>, InstanceLost> {
+        let probe = *self.stack_probe.get_or_insert_with(|| {
+            Func::wrap(&mut self.store, |mut caller: Caller<'_, Host>| {
+                let here = 0u8;
+                caller.data_mut().stack_point =
+                    Some(std::hint::black_box(&raw const here) as usize);
+            })
+        });
+        self.store.data_mut().stack_point = None;
+        probe
+            .call_async(&mut self.store, &[], &mut [])
+            .await
+            .map_err(|_| InstanceLost)?;
+        Ok(self.store.data_mut().stack_point.take())
     }
 
     /// Before the first turn of a fresh instance of the built-in engine:

@@ -1,18 +1,19 @@
-//! Giving back the execution stack of an idle JavaScript sandbox.
+//! Giving back the execution stack of an idle instance.
 //!
 //! Guest code runs on a fiber stack from the engine's pool: a guard page,
 //! then [`ASYNC_STACK_SIZE`] bytes. A wasmtime store keeps the last stack
 //! it ran on for its next call and hands it back to the pool (which
 //! decommits it) only when the store is dropped, and wasmtime has no call
 //! to hand it back sooner. So an awake actor holds every stack page its
-//! turns touched: three pages, 12 KB, for a JavaScript counter, next to the
-//! ~105 KB of its own heap pages.
+//! turns touched: 8 KB for a Rust counter (a sixth of its memory), 12 KB
+//! for a JavaScript one.
 //!
-//! A trim finds the stack and discards its pages. The engine's
-//! `report-memory-origin` calls back into the host, and the import notes
-//! an address of its own frame: a point on the stack the store just ran
-//! on, and so the stack the store keeps once the call returns, unused until
-//! its next call (the caller holds the store). [`bounds`] then finds where
+//! A trim finds the stack and discards its pages. It calls a host function
+//! of the store the way a guest export is called (`call_async`, so on the
+//! store's fiber), and the function notes an address of its own frame: a
+//! point on the stack the store just ran on, and so the stack the store
+//! keeps once the call returns, unused until its next call (the caller
+//! holds the store). No guest code runs. [`bounds`] then finds where
 //! that stack starts and ends by asking the kernel which pages around the
 //! point are mapped readable, and accepts only the shape of a pooled
 //! stack: exactly [`ASYNC_STACK_SIZE`] readable bytes with unreadable

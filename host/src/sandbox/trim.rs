@@ -55,9 +55,6 @@ pub(super) fn link(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
             if !store.data().origin_asked || size <= u64::from(addr) {
                 return Ok(());
             }
-            // This frame is on the fiber stack the store runs the guest on.
-            let here = 0u8;
-            store.data_mut().stack_point = Some(std::hint::black_box(&raw const here) as usize);
             let at = at.as_le_slice(&store).as_ptr() as usize;
             store.data_mut().memory_origin =
                 at.checked_sub(addr as usize).map(|start| MemoryOrigin {
@@ -148,18 +145,35 @@ pub(super) fn trim(
     }
     let runs = page_runs(origin, &release, page);
     let mut all = runs.clone();
-    if let Some((start, len)) = stack {
-        let resident = pagemap_entries(start, len / page)?
-            .iter()
-            .filter(|&&e| e & PRESENT != 0)
-            .count();
-        if resident > 0 {
-            out.stack = resident;
-            all.push((start, len));
-        }
+    if let Some((resident, run)) = stack_run(stack)? {
+        out.stack = resident;
+        all.push(run);
     }
     discard(&all)?;
     Ok((out, runs))
+}
+
+/// Discard the resident pages of `stack` (start, length), a fiber stack
+/// no code runs on.
+pub(super) fn trim_stack(stack: Option<(usize, usize)>) -> std::io::Result<Trimmed> {
+    let mut out = Trimmed::default();
+    if let Some((resident, run)) = stack_run(stack)? {
+        out.stack = resident;
+        discard(&[run])?;
+    }
+    Ok(out)
+}
+
+/// `stack`, with how many of its pages are resident, if any are.
+fn stack_run(stack: Option<(usize, usize)>) -> std::io::Result<Option<(usize, (usize, usize))>> {
+    let Some((start, len)) = stack else {
+        return Ok(None);
+    };
+    let resident = pagemap_entries(start, len / page_size())?
+        .iter()
+        .filter(|&&e| e & PRESENT != 0)
+        .count();
+    Ok((resident > 0).then_some((resident, (start, len))))
 }
 
 /// Runs of the pages marked in `pages` (page `i` at `start + i * page`),

@@ -1,5 +1,6 @@
-//! Trimming the idle JavaScript sandbox: when to ask the sandbox layer to
-//! give back the snapshot pages the sandbox's turns copied but left as they
+//! Trimming the idle instance: when to ask the sandbox layer to give back
+//! the fiber stack pages its store keeps between calls, and for a
+//! JavaScript sandbox the snapshot pages its turns copied but left as they
 //! found them (see "Trimming idle JavaScript sandboxes" in docs/design.md).
 
 use std::time::{Duration, Instant};
@@ -24,7 +25,7 @@ const TRIM_AFTER_MAX: Duration = Duration::from_secs(300);
 /// then not again, and one called and then left alone is trimmed once, 2 s
 /// after its turn.
 pub(super) struct TrimClock {
-    /// A turn ran in the live JavaScript sandbox since its last trim.
+    /// A turn ran in the live instance since its last trim.
     pending: bool,
     /// How long the sandbox must be idle before it is trimmed.
     after: Duration,
@@ -41,10 +42,9 @@ impl TrimClock {
         }
     }
 
-    /// A turn runs in the live instance (`trimmable`: one of the built-in
-    /// JavaScript engine's).
-    pub(super) fn turn(&mut self, trimmable: bool) {
-        self.pending = trimmable;
+    /// A turn runs in the live instance.
+    pub(super) fn turn(&mut self) {
+        self.pending = true;
         if std::mem::take(&mut self.trimmed) {
             self.after = (self.after * 2).min(TRIM_AFTER_MAX);
         }
@@ -57,7 +57,7 @@ impl TrimClock {
 }
 
 impl ActorTask {
-    /// Trim the idle sandbox if a trim is due.
+    /// Trim the idle instance if a trim is due.
     pub(super) async fn trim_if_due(&mut self, now: Instant) {
         if self
             .trim_clock
@@ -70,6 +70,7 @@ impl ActorTask {
         let Some(live) = self.live.as_mut() else {
             return;
         };
+        let js = live.pre.trims_snapshot_pages();
         let trimmed = match self.env.sandbox.trim(&live.pre, &mut live.inst).await {
             Ok(Some(trimmed)) => trimmed,
             Ok(None) => return,
@@ -80,21 +81,23 @@ impl ActorTask {
             }
         };
         self.trim_clock.trimmed = true;
-        self.env.metrics.js_trims.inc();
+        if js {
+            self.env.metrics.js_trims.inc();
+            self.env
+                .metrics
+                .js_trimmed_pages
+                .inc_by(trimmed.released as u64);
+        }
         self.env
             .metrics
-            .js_trimmed_pages
-            .inc_by(trimmed.released as u64);
-        self.env
-            .metrics
-            .js_trimmed_stack_pages
+            .trimmed_stack_pages
             .inc_by(trimmed.stack as u64);
         tracing::trace!(
             actor = %self.key,
             private = trimmed.private,
             released = trimmed.released,
             stack = trimmed.stack,
-            "trimmed the idle sandbox"
+            "trimmed the idle instance"
         );
     }
 }
@@ -108,24 +111,22 @@ mod tests {
         let t0 = Instant::now();
         let mut c = TrimClock::new();
         assert_eq!(c.due(t0), None, "nothing ran");
-        c.turn(true);
+        c.turn();
         assert_eq!(c.due(t0), Some(t0 + TRIM_AFTER));
         // Turns without a trim between them leave the delay as it is.
-        c.turn(true);
+        c.turn();
         assert_eq!(c.after, TRIM_AFTER);
         // Trimmed, then called again: the delay doubles.
         c.pending = false;
         c.trimmed = true;
         assert_eq!(c.due(t0), None, "nothing ran since the trim");
-        c.turn(true);
+        c.turn();
         assert_eq!(c.due(t0), Some(t0 + TRIM_AFTER * 2));
-        // It never grows past the cap, and Rust instances are not trimmed.
+        // It never grows past the cap.
         for _ in 0..20 {
             c.trimmed = true;
-            c.turn(true);
+            c.turn();
         }
         assert_eq!(c.after, TRIM_AFTER_MAX);
-        c.turn(false);
-        assert_eq!(c.due(t0), None);
     }
 }

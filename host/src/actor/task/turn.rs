@@ -281,7 +281,7 @@ impl ActorTask {
             Some(inst) => inst,
             None => {
                 let live = self.live.as_mut().expect("instance made live above");
-                self.trim_clock.turn(live.pre.trimmable());
+                self.trim_clock.turn();
                 &mut live.inst
             }
         };
