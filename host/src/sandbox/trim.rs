@@ -164,14 +164,16 @@ pub(super) fn trim_stack(stack: Option<(usize, usize)>) -> std::io::Result<Trimm
     Ok(out)
 }
 
-/// `stack`, with how many of its pages are resident, if any are.
+/// `stack`, with how many of its pages hold memory of their own, if any
+/// do. (Finding the stack read its lowest page, which maps the shared zero
+/// page there: present, but not this process's; discarded with the rest.)
 fn stack_run(stack: Option<(usize, usize)>) -> std::io::Result<Option<(usize, (usize, usize))>> {
     let Some((start, len)) = stack else {
         return Ok(None);
     };
     let resident = pagemap_entries(start, len / page_size())?
         .iter()
-        .filter(|&&e| e & PRESENT != 0)
+        .filter(|&&e| is_private(e))
         .count();
     Ok((resident > 0).then_some((resident, (start, len))))
 }
