@@ -63,10 +63,8 @@ impl PssByKind {
 /// [`PssByKind`] of process `pid`.
 pub(super) fn pss_by_kind(pid: u32) -> anyhow::Result<PssByKind> {
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps"))?;
-    #[allow(unsafe_code, reason = "sysconf has no preconditions")]
-    // SAFETY: `sysconf` only reads a system constant.
-    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-    parse(&smaps, crate::sandbox::ASYNC_STACK_SIZE as u64, page)
+    use crate::sandbox::{ASYNC_STACK_SIZE, page_size};
+    parse(&smaps, ASYNC_STACK_SIZE as u64, page_size() as u64)
 }
 
 /// Sum `smaps` (the text of `/proc/PID/smaps`) by kind; `stack` is the

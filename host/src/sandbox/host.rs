@@ -67,9 +67,6 @@ pub struct Host {
     /// The host is asking the guest where its memory is: the only time
     /// the answer is taken.
     pub(super) origin_asked: bool,
-    /// An address on the fiber stack the store's stack probe ran on (see
-    /// [`stack`](super::stack)).
-    pub(super) stack_point: Option<usize>,
 }
 
 /// A JavaScript module as the engine receives it.
@@ -132,7 +129,6 @@ impl Host {
             granted,
             memory_origin: None,
             origin_asked: false,
-            stack_point: None,
         }
     }
 

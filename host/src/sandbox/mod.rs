@@ -56,7 +56,7 @@ pub use run::{
     EvalReply, GuestReply, Instance, InstanceLost, TurnFailure, TurnInput, TurnOutput, TurnRequest,
 };
 pub use stack::ASYNC_STACK_SIZE;
-pub use trim::Trimmed;
+pub use trim::{Trimmed, page_size};
 pub use turn::{ActorCounts, Carry, FinishedTurn, TurnLimits, TurnStart, release_blobs};
 
 use caps::CapSet;
@@ -505,10 +505,7 @@ impl Sandbox {
         }
         // The store's latest call, so the stack it ran on is the one the
         // store keeps (see `stack`).
-        let stack = inst
-            .stack_point()
-            .await?
-            .and_then(|point| stack::bounds(point, stack::ASYNC_STACK_SIZE));
+        let stack = stack::bounds(inst.stack_point().await?, stack::ASYNC_STACK_SIZE);
         let trimmed = match (origin, inst.pristine.clone()) {
             (Some(origin), Some(pristine)) => {
                 trim::trim(origin, &pristine, stack).map(|(trimmed, runs)| {

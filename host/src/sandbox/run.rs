@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use wasmtime::component::TypedFunc;
-use wasmtime::{Caller, Func, Store};
+use wasmtime::{Func, Store};
 
 use super::bindings::marmot::actor::types::{Alarm, InputAnswer, Webhook};
 use super::bindings::{Context, Handlers, JsRuntime, Message};
@@ -186,9 +186,9 @@ pub struct Instance {
     js: Option<JsRuntime>,
     /// The JavaScript engine's `report-memory-origin`.
     origin: Option<TypedFunc<(), ()>>,
-    /// A host function of this store that notes where its frame is, made
-    /// on the first trim (see [`stack`](super::stack)).
-    stack_probe: Option<Func>,
+    /// A host function of this store that returns where its frame is,
+    /// made on the first trim (see [`stack`](super::stack)).
+    stack_probe: Option<wasmtime::TypedFunc<(), u64>>,
     /// What trims of this instance compare with, once it has been trimmed.
     pub(super) pristine: Option<Arc<Pristine>>,
     /// Where this fresh instance reports the pages its first turn wrote.
@@ -289,23 +289,26 @@ impl Instance {
 
     /// An address on the fiber stack this store keeps between calls: a
     /// call made now, into a host function of the store, runs on that
-    /// stack and notes where its frame is (see [`stack`](super::stack)).
+    /// stack and returns where its frame is (see [`stack`](super::stack)).
     /// No guest code runs. `Err`: the call failed, and the instance must
     /// not run again.
-    pub(super) async fn stack_point(&mut self) -> Result<Option<usize>, InstanceLost> {
-        let probe = *self.stack_probe.get_or_insert_with(|| {
-            Func::wrap(&mut self.store, |mut caller: Caller<'_, Host>| {
-                let here = 0u8;
-                caller.data_mut().stack_point =
-                    Some(std::hint::black_box(&raw const here) as usize);
-            })
-        });
-        self.store.data_mut().stack_point = None;
-        probe
-            .call_async(&mut self.store, &[], &mut [])
+    pub(super) async fn stack_point(&mut self) -> Result<usize, InstanceLost> {
+        let probe = match &self.stack_probe {
+            Some(probe) => probe.clone(),
+            None => {
+                let f = Func::wrap(&mut self.store, || {
+                    let here = 0u8;
+                    std::hint::black_box(&raw const here) as u64
+                });
+                let probe = f.typed::<(), u64>(&self.store).map_err(|_| InstanceLost)?;
+                self.stack_probe.insert(probe).clone()
+            }
+        };
+        let point = probe
+            .call_async(&mut self.store, ())
             .await
             .map_err(|_| InstanceLost)?;
-        Ok(self.store.data_mut().stack_point.take())
+        Ok(point as usize)
     }
 
     /// Before the first turn of a fresh instance of the built-in engine:

@@ -10,7 +10,7 @@
 //!
 //! A trim finds the stack and discards its pages. It calls a host function
 //! of the store the way a guest export is called (`call_async`, so on the
-//! store's fiber), and the function notes an address of its own frame: a
+//! store's fiber), and the function returns an address of its own frame: a
 //! point on the stack the store just ran on, and so the stack the store
 //! keeps once the call returns, unused until its next call (the caller
 //! holds the store). No guest code runs. [`bounds`] then finds where

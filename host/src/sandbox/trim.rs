@@ -193,7 +193,7 @@ pub(super) fn page_runs(start: usize, pages: &[bool], page: usize) -> Vec<(usize
 }
 
 /// The system's page size.
-pub(super) fn page_size() -> usize {
+pub fn page_size() -> usize {
     static PAGE: OnceLock<usize> = OnceLock::new();
     *PAGE.get_or_init(|| {
         #[allow(unsafe_code, reason = "sysconf has no preconditions")]
