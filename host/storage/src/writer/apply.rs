@@ -136,11 +136,11 @@ impl WriterState {
                 record,
                 done: d,
             } => {
-                let r = tables
-                    .subscriptions
-                    .insert(name.as_str(), encode(&record).as_slice())
-                    .map(|old| old.is_none())
-                    .map_err(StorageError::from);
+                let r = tables.subscriptions().and_then(|t| {
+                    t.insert(name.as_str(), encode(&record).as_slice())
+                        .map(|old| old.is_none())
+                        .map_err(StorageError::from)
+                });
                 if r.is_ok() {
                     self.subscriptions.set(&name, Some(record));
                     self.subscriptions_touched = true;
@@ -148,11 +148,11 @@ impl WriterState {
                 done(d, r)
             }
             WriteOp::DeleteSubscription { name, done: d } => {
-                let r = tables
-                    .subscriptions
-                    .remove(name.as_str())
-                    .map(|old| old.is_some())
-                    .map_err(StorageError::from);
+                let r = tables.subscriptions().and_then(|t| {
+                    t.remove(name.as_str())
+                        .map(|old| old.is_some())
+                        .map_err(StorageError::from)
+                });
                 if r.is_ok() {
                     self.subscriptions.set(&name, None);
                     self.subscriptions_touched = true;
@@ -310,7 +310,7 @@ impl WriterState {
                     // The type was checked at send time but may have been
                     // deleted since: drop the message rather than create an
                     // actor of a type that no longer exists.
-                    let ty = match tables.types.get(key.ty())? {
+                    let ty = match tables.types()?.get(key.ty())? {
                         Some(v) => decode_type(v.value())?,
                         None => {
                             tracing::warn!(target: LOG_TARGET, from = %t.key, to = %key,
@@ -337,7 +337,7 @@ impl WriterState {
     /// an actor's rows can be replaced underneath an active instance (moved
     /// away and back, a slot's snapshot installed, both renumbering them):
     /// a turn computed on the old rows must not land on a dead number.
-    fn is_current(&self, tables: &Tables<'_>, t: &TurnCommit) -> Result<bool, StorageError> {
+    fn is_current(&self, tables: &mut Tables<'_>, t: &TurnCommit) -> Result<bool, StorageError> {
         if self.replication.get().is_none() {
             return Ok(true);
         }
@@ -411,15 +411,15 @@ impl WriterState {
         at_ms: u64,
         created: &mut i64,
     ) -> Result<ActorRecord, StorageError> {
-        if let Some(v) = tables.actors.get((key.ty(), key.id()))? {
+        if let Some(v) = tables.actors()?.get((key.ty(), key.id()))? {
             return Ok(decode("actor", v.value())?);
         }
         let rec = ActorRecord::new(self.next_num, at_ms, version);
         self.next_num += 1;
         tables
-            .actors
+            .actors()?
             .insert((key.ty(), key.id()), encode(&rec).as_slice())?;
-        tables.actor_keys.insert(rec.num, (key.ty(), key.id()))?;
+        tables.actor_keys()?.insert(rec.num, (key.ty(), key.id()))?;
         *created += 1;
         Ok(rec)
     }
@@ -478,7 +478,7 @@ impl WriterState {
         ttl_ms: u64,
     ) -> Result<EnqueueOutcome, StorageError> {
         if let Some(key) = &message.idempotency_key {
-            let existing = match tables.idempotency.get((num, key.as_str()))? {
+            let existing = match tables.idempotency()?.get((num, key.as_str()))? {
                 Some(v) => Some(decode::<IdemRecord>("idempotency", v.value())?),
                 None => None,
             };
@@ -494,16 +494,16 @@ impl WriterState {
                 expires_at_ms: message.enqueued_at_ms + ttl_ms,
             };
             tables
-                .idempotency
+                .idempotency()?
                 .insert((num, key.as_str()), encode(&rec).as_slice())?;
             tables
-                .idem_expiry
+                .idem_expiry()?
                 .insert((rec.expires_at_ms, num, key.as_str()), ())?;
         }
         let seq = self.next_inbox_seq;
         self.next_inbox_seq += 1;
         tables
-            .inbox
+            .inbox()?
             .insert((num, seq), encode(&message).as_slice())?;
         Ok(EnqueueOutcome::Queued {
             message_id: message.message_id,

@@ -32,12 +32,12 @@ mod tests;
 mod tracker;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use marmot_core::config::StorageConfig;
 use marmot_core::ids::ActorKey;
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{Notify, oneshot};
 
 pub use ops::{EnqueueOutcome, Fence, TurnCommit, WriteOp};
 pub use replica::{Placement, Release, ReplicaApplied, Replication};
@@ -65,7 +65,7 @@ pub struct Released {
 
 /// Handle to the writer thread.
 pub struct Writer {
-    tx: mpsc::UnboundedSender<WriteOp>,
+    tx: mpsc::Sender<WriteOp>,
     /// Where committed writes go besides this disk (a cluster).
     replication: Arc<OnceLock<Arc<dyn Replication>>>,
     released: Arc<Released>,
@@ -84,7 +84,7 @@ impl Writer {
         outbox_ready: Arc<Notify>,
         relay_ready: Arc<Notify>,
     ) -> Result<Self, StorageError> {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel();
         let (next_num, actor_count, next_inbox_seq, next_delivery_seq, next_relay_seq) = {
             use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
             let r = db.get()?.begin_read()?;
@@ -128,7 +128,6 @@ impl Writer {
             relay_ready,
             relay_touched: false,
             subscriptions_touched: false,
-            timer: None,
             replication: replication.clone(),
             drafts: Default::default(),
             joined: Default::default(),
@@ -190,7 +189,7 @@ impl Writer {
     /// Queue an operation. If the writer is gone the operation is dropped,
     /// which completes its reply channel with an error for the waiter.
     pub fn submit(&self, op: WriteOp) {
-        if let Err(mpsc::error::SendError(op)) = self.tx.send(op) {
+        if let Err(mpsc::SendError(op)) = self.tx.send(op) {
             fail_op(op, CommitFailed::ShuttingDown);
         }
     }
@@ -245,7 +244,7 @@ enum Next {
 
 struct WriterState {
     db: Arc<DbCell>,
-    rx: mpsc::UnboundedReceiver<WriteOp>,
+    rx: mpsc::Receiver<WriteOp>,
     max_batch: usize,
     quick_repair: bool,
     next_num: u64,
@@ -264,10 +263,6 @@ struct WriterState {
     relay_touched: bool,
     /// The batch changed subscriptions.
     subscriptions_touched: bool,
-    /// A one-thread runtime with only a timer, owned by the writer thread:
-    /// waiting for a new actor's first turn blocks on the channel with a
-    /// timeout.
-    timer: Option<tokio::runtime::Runtime>,
     replication: Arc<OnceLock<Arc<dyn Replication>>>,
     /// The batch's writes to replicated slots.
     drafts: replica::Drafts,
@@ -283,13 +278,6 @@ struct WriterState {
 
 impl WriterState {
     fn run(&mut self) {
-        // Without a timer there is no first-turn window: creations then
-        // commit on their own, as any batch does.
-        self.timer = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .inspect_err(|e| tracing::warn!(target: LOG_TARGET, error = %e, "no timer for the storage writer; new actors commit apart from their first turn"))
-            .ok();
         let mut batch: Vec<WriteOp> = Vec::with_capacity(self.max_batch);
         loop {
             batch.clear();
@@ -315,15 +303,13 @@ impl WriterState {
     /// [`PROBE_EVERY`] without one, so that the node notices by itself that
     /// writes work again.
     fn next_op(&mut self) -> Next {
-        let timer = match &self.timer {
-            Some(timer) if self.db.fault().is_some() => timer,
-            _ => return self.rx.blocking_recv().map_or(Next::Closed, Next::Op),
-        };
-        let rx = &mut self.rx;
-        match timer.block_on(async { tokio::time::timeout(PROBE_EVERY, rx.recv()).await }) {
-            Ok(Some(op)) => Next::Op(op),
-            Ok(None) => Next::Closed,
-            Err(_) => Next::Probe,
+        if self.db.fault().is_none() {
+            return self.rx.recv().map_or(Next::Closed, Next::Op);
+        }
+        match self.rx.recv_timeout(PROBE_EVERY) {
+            Ok(op) => Next::Op(op),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Next::Closed,
+            Err(mpsc::RecvTimeoutError::Timeout) => Next::Probe,
         }
     }
 
@@ -428,33 +414,18 @@ impl WriterState {
         applied: &mut Vec<Applied>,
         created: &mut i64,
     ) -> Option<StorageError> {
-        let timer = self.timer.take()?;
-        let r = self.await_with(&timer, tables, applied, created);
-        self.timer = Some(timer);
-        r
-    }
-
-    fn await_with(
-        &mut self,
-        timer: &tokio::runtime::Runtime,
-        tables: &mut Tables<'_>,
-        applied: &mut Vec<Applied>,
-        created: &mut i64,
-    ) -> Option<StorageError> {
         let deadline = Instant::now() + FIRST_TURN_WINDOW;
         let mut other_seen = false;
         while applied.len() < self.max_batch {
             let op = match self.rx.try_recv() {
                 Ok(op) => op,
-                Err(mpsc::error::TryRecvError::Empty) if !other_seen => {
+                Err(mpsc::TryRecvError::Empty) if !other_seen => {
                     // Woken by the next op the moment it is sent.
                     let left = deadline.saturating_duration_since(Instant::now());
-                    let rx = &mut self.rx;
-                    // (The timeout is made inside the runtime: it needs its timer.)
-                    match timer.block_on(async { tokio::time::timeout(left, rx.recv()).await }) {
-                        Ok(Some(op)) => op,
+                    match self.rx.recv_timeout(left) {
+                        Ok(op) => op,
                         // The window is over, or the channel closed.
-                        _ => break,
+                        Err(_) => break,
                     }
                 }
                 Err(_) => break,
@@ -509,35 +480,29 @@ impl WriterState {
         match db.begin_write() {
             Ok(mut txn) => {
                 txn.set_quick_repair(self.quick_repair);
-                match Tables::open(&txn) {
-                    Ok(mut tables) => {
-                        for op in batch.drain(..) {
-                            if error.is_some() {
-                                // Not applied; only its waiter needs an answer.
-                                applied.push(Applied::from_unapplied(op));
-                                continue;
-                            }
-                            let (a, r) = self.apply(&mut tables, op, &mut created);
-                            applied.push(a);
-                            if let Err(e) = r {
-                                error = Some(e);
-                            }
+                {
+                    let mut tables = Tables::open(&txn);
+                    for op in batch.drain(..) {
+                        if error.is_some() {
+                            // Not applied; only its waiter needs an answer.
+                            applied.push(Applied::from_unapplied(op));
+                            continue;
                         }
-                        if error.is_none()
-                            && applied.iter().all(|a| matches!(a, Applied::Answered(_)))
-                        {
-                            error = self.await_first_turns(&mut tables, &mut applied, &mut created);
-                        }
-                        if error.is_none() && !self.drafts.is_empty() {
-                            match self.seal_drafts(&mut tables) {
-                                Ok(s) => shipments = s,
-                                Err(e) => error = Some(e),
-                            }
+                        let (a, r) = self.apply(&mut tables, op, &mut created);
+                        applied.push(a);
+                        if let Err(e) = r {
+                            error = Some(e);
                         }
                     }
-                    Err(e) => {
-                        error = Some(e);
-                        applied.extend(batch.drain(..).map(Applied::from_unapplied));
+                    if error.is_none() && applied.iter().all(|a| matches!(a, Applied::Answered(_)))
+                    {
+                        error = self.await_first_turns(&mut tables, &mut applied, &mut created);
+                    }
+                    if error.is_none() && !self.drafts.is_empty() {
+                        match self.seal_drafts(&mut tables) {
+                            Ok(s) => shipments = s,
+                            Err(e) => error = Some(e),
+                        }
                     }
                 }
                 let injected = self

@@ -20,7 +20,7 @@ impl WriterState {
         tables: &mut Tables<'_>,
         key: &ActorKey,
     ) -> Result<Option<Box<ActorImage>>, StorageError> {
-        let record: ActorRecord = match tables.actors.get((key.ty(), key.id()))? {
+        let record: ActorRecord = match tables.actors()?.get((key.ty(), key.id()))? {
             Some(v) => decode("actor", v.value())?,
             None => return Ok(None),
         };
@@ -141,7 +141,7 @@ pub(super) fn dropped_if_stale(
     created_at_ms: u64,
     created: &mut i64,
 ) -> Result<bool, StorageError> {
-    let held: Option<ActorRecord> = match tables.actors.get((key.ty(), key.id()))? {
+    let held: Option<ActorRecord> = match tables.actors()?.get((key.ty(), key.id()))? {
         Some(v) => Some(decode("actor", v.value())?),
         None => None,
     };

@@ -28,8 +28,8 @@ pub(super) struct Outgoing {
 
 impl Tables<'_> {
     /// One outbox row.
-    pub(super) fn delivery(&self, seq: u64) -> Result<Option<DeliveryRecord>, StorageError> {
-        match self.outbox.get(seq)? {
+    pub(super) fn delivery(&mut self, seq: u64) -> Result<Option<DeliveryRecord>, StorageError> {
+        match self.outbox()?.get(seq)? {
             Some(v) => Ok(Some(decode("delivery", v.value())?)),
             None => Ok(None),
         }
@@ -44,22 +44,22 @@ impl Tables<'_> {
     ) -> Result<(), StorageError> {
         if let Some(old) = self.delivery(seq)? {
             if old.status == DeliveryStatus::Pending {
-                self.outbox_due.remove((old.next_attempt_ms, seq))?;
+                self.outbox_due()?.remove((old.next_attempt_ms, seq))?;
             }
             if rec.is_none_or(|r| r.webhook_id != old.webhook_id) {
-                self.outbox_ids.remove(old.webhook_id.as_str())?;
+                self.outbox_ids()?.remove(old.webhook_id.as_str())?;
             }
         }
         match rec {
             Some(r) => {
-                self.outbox.insert(seq, encode(r).as_slice())?;
+                self.outbox()?.insert(seq, encode(r).as_slice())?;
                 if r.status == DeliveryStatus::Pending {
-                    self.outbox_due.insert((r.next_attempt_ms, seq), ())?;
+                    self.outbox_due()?.insert((r.next_attempt_ms, seq), ())?;
                 }
-                self.outbox_ids.insert(r.webhook_id.as_str(), seq)?;
+                self.outbox_ids()?.insert(r.webhook_id.as_str(), seq)?;
             }
             None => {
-                self.outbox.remove(seq)?;
+                self.outbox()?.remove(seq)?;
             }
         }
         Ok(())
@@ -73,7 +73,7 @@ impl Tables<'_> {
         rec: Option<&DeliveryRecord>,
         next_seq: &mut u64,
     ) -> Result<(), StorageError> {
-        let seq = match self.outbox_ids.get(id)? {
+        let seq = match self.outbox_ids()?.get(id)? {
             Some(v) => v.value(),
             None if rec.is_none() => return Ok(()),
             None => {
@@ -90,7 +90,7 @@ impl Tables<'_> {
         &mut self,
         id: &str,
     ) -> Result<Option<(u64, DeliveryRecord)>, StorageError> {
-        let Some(seq) = self.outbox_ids.get(id)?.map(|v| v.value()) else {
+        let Some(seq) = self.outbox_ids()?.get(id)?.map(|v| v.value()) else {
             return Ok(None);
         };
         let Some(mut rec) = self.delivery(seq)? else {
@@ -105,8 +105,8 @@ impl Tables<'_> {
 
     /// Add relay row `seq`.
     pub(super) fn insert_relay(&mut self, seq: u64, rec: &RelayRecord) -> Result<(), StorageError> {
-        self.relay.insert(seq, encode(rec).as_slice())?;
-        self.relay_ids
+        self.relay()?.insert(seq, encode(rec).as_slice())?;
+        self.relay_ids()?
             .insert(rec.message.message_id.as_str(), seq)?;
         Ok(())
     }
@@ -114,12 +114,12 @@ impl Tables<'_> {
     /// Remove relay row `seq`; the row, if it was there.
     pub(super) fn remove_relay(&mut self, seq: u64) -> Result<Option<RelayRecord>, StorageError> {
         let rec: RelayRecord = {
-            let Some(v) = self.relay.remove(seq)? else {
+            let Some(v) = self.relay()?.remove(seq)? else {
                 return Ok(None);
             };
             decode("relay", v.value())?
         };
-        self.relay_ids.remove(rec.message.message_id.as_str())?;
+        self.relay_ids()?.remove(rec.message.message_id.as_str())?;
         Ok(Some(rec))
     }
 
@@ -131,7 +131,7 @@ impl Tables<'_> {
         rec: Option<&RelayRecord>,
         next_seq: &mut u64,
     ) -> Result<(), StorageError> {
-        let seq = self.relay_ids.get(id)?.map(|v| v.value());
+        let seq = self.relay_ids()?.get(id)?.map(|v| v.value());
         match (seq, rec) {
             (Some(seq), None) => {
                 self.remove_relay(seq)?;
@@ -150,19 +150,19 @@ impl Tables<'_> {
     /// table (relay rows written before their sender was recorded belong
     /// to no actor).
     pub(super) fn outgoing_where(
-        &self,
+        &mut self,
         pick: impl Fn(&ActorKey) -> bool,
     ) -> Result<Outgoing, StorageError> {
         let picked = |ty: &str, id: &str| ActorKey::new(ty, id).is_ok_and(|k| pick(&k));
         let mut out = Outgoing::default();
-        for row in self.outbox.iter()? {
+        for row in self.outbox()?.iter()? {
             let (k, v) = row?;
             let rec: DeliveryRecord = decode("delivery", v.value())?;
             if picked(&rec.actor_type, &rec.actor_id) {
                 out.deliveries.push((k.value(), rec));
             }
         }
-        for row in self.relay.iter()? {
+        for row in self.relay()?.iter()? {
             let (k, v) = row?;
             let rec: RelayRecord = decode("relay", v.value())?;
             if rec.from.as_ref().is_some_and(|(ty, id)| picked(ty, id)) {

@@ -231,12 +231,14 @@ impl WriterState {
         let drafts = std::mem::take(&mut self.drafts);
         let mut out = Vec::with_capacity(drafts.len());
         for (slot, d) in drafts {
-            let last = read_mark(&tables.replica_lsn, slot)?;
+            let last = read_mark(tables.replica_lsn()?, slot)?;
             let mark = ReplicaMark {
                 epoch: d.epoch.max(last.epoch),
                 lsn: last.lsn + 1,
             };
-            tables.replica_lsn.insert(slot, encode(&mark).as_slice())?;
+            tables
+                .replica_lsn()?
+                .insert(slot, encode(&mark).as_slice())?;
 
             out.push(ReplicaBatch {
                 slot,
@@ -316,7 +318,7 @@ impl WriterState {
         accept: &(dyn Fn() -> bool + Send),
         created: &mut i64,
     ) -> Result<ReplicaApplied, StorageError> {
-        let last = read_mark(&tables.replica_lsn, batch.slot)?;
+        let last = read_mark(tables.replica_lsn()?, batch.slot)?;
         if batch.mark <= last {
             return Ok(ReplicaApplied::Repeat);
         }
@@ -352,7 +354,7 @@ impl WriterState {
             self.apply_replica_op(tables, op, created)?;
         }
         tables
-            .replica_lsn
+            .replica_lsn()?
             .insert(batch.slot, encode(&batch.mark).as_slice())?;
         Ok(ReplicaApplied::Applied)
     }
@@ -393,14 +395,14 @@ impl WriterState {
                     .num;
                 if let (Some(k), Some(rec)) = (&message.idempotency_key, idempotency) {
                     tables
-                        .idempotency
+                        .idempotency()?
                         .insert((num, k.as_str()), encode(rec).as_slice())?;
                     tables
-                        .idem_expiry
+                        .idem_expiry()?
                         .insert((rec.expires_at_ms, num, k.as_str()), ())?;
                 }
                 tables
-                    .inbox
+                    .inbox()?
                     .insert((num, *seq), encode(message).as_slice())?;
                 // Messages queued here later (as the new owner) come after.
                 self.next_inbox_seq = self.next_inbox_seq.max(seq + 1);
@@ -521,15 +523,15 @@ impl WriterState {
         let num = self.replay_turn(tables, &all, created)?;
         for (key, rec) in &image.idempotency {
             tables
-                .idempotency
+                .idempotency()?
                 .insert((num, key.as_str()), encode(rec).as_slice())?;
             tables
-                .idem_expiry
+                .idem_expiry()?
                 .insert((rec.expires_at_ms, num, key.as_str()), ())?;
         }
         for (seq, message) in &image.inbox {
             tables
-                .inbox
+                .inbox()?
                 .insert((num, *seq), encode(message).as_slice())?;
             self.next_inbox_seq = self.next_inbox_seq.max(seq + 1);
         }

@@ -8,73 +8,68 @@ use super::ops::TurnCommit;
 use crate::schema::*;
 use crate::{StorageError, encode_type};
 
-/// Every table, opened once per batch: opening a redb table per operation
-/// costs a lookup and, on close, a root update.
-pub(super) struct Tables<'t> {
-    pub(super) types: redb::Table<'t, &'static str, &'static [u8]>,
-    pub(super) code: redb::Table<'t, (&'static str, u32), &'static [u8]>,
-    pub(super) actors: redb::Table<'t, (&'static str, &'static str), &'static [u8]>,
-    pub(super) actor_keys: redb::Table<'t, u64, (&'static str, &'static str)>,
-    pub(super) state: redb::Table<'t, (u64, &'static str), &'static [u8]>,
-    pub(super) events: redb::Table<'t, (u64, u64), &'static [u8]>,
-    pub(super) idempotency: redb::Table<'t, (u64, &'static str), &'static [u8]>,
-    pub(super) idem_expiry: redb::Table<'t, (u64, u64, &'static str), ()>,
-    pub(super) inbox: redb::Table<'t, (u64, u64), &'static [u8]>,
-    pub(super) alarms: redb::Table<'t, (u64, &'static str), &'static [u8]>,
-    pub(super) alarm_due: redb::Table<'t, (u64, u64, &'static str), ()>,
-    pub(super) inputs: redb::Table<'t, (u64, &'static str), &'static [u8]>,
-    pub(super) subscriptions: redb::Table<'t, &'static str, &'static [u8]>,
-    pub(super) outbox: redb::Table<'t, u64, &'static [u8]>,
-    pub(super) outbox_due: redb::Table<'t, (u64, u64), ()>,
-    pub(super) outbox_ids: redb::Table<'t, &'static str, u64>,
-    pub(super) secrets: redb::Table<'t, &'static str, &'static [u8]>,
-    providers: redb::Table<'t, &'static str, &'static [u8]>,
-    revoked_tokens: redb::Table<'t, &'static str, u64>,
-    actor_usage: redb::Table<'t, u64, &'static [u8]>,
-    type_usage: redb::Table<'t, &'static str, &'static [u8]>,
-    files: redb::Table<'t, (u64, &'static str), &'static [u8]>,
-    file_usage: redb::Table<'t, u64, &'static [u8]>,
-    type_file_usage: redb::Table<'t, &'static str, u64>,
-    blob_refs: redb::Table<'t, &'static [u8; 32], u64>,
-    pub(super) relay: redb::Table<'t, u64, &'static [u8]>,
-    pub(super) relay_ids: redb::Table<'t, &'static str, u64>,
-    pub(super) replica_lsn: redb::Table<'t, u32, &'static [u8]>,
+/// Every table of one batch's transaction, each opened when the batch
+/// first uses it and kept open to the end of the batch: opening a redb
+/// table costs a lookup in the table tree and, on close, a root update, so
+/// opening all of them for every batch was a tenth of the writer's CPU
+/// (a counter's turn touches one or two).
+macro_rules! tables {
+    ($($name:ident: $def:ident => $k:ty, $v:ty;)*) => {
+        pub(super) struct Tables<'t> {
+            txn: &'t WriteTransaction,
+            $($name: Option<redb::Table<'t, $k, $v>>,)*
+        }
+
+        impl<'t> Tables<'t> {
+            pub(super) fn open(txn: &'t WriteTransaction) -> Self {
+                Self { txn, $($name: None,)* }
+            }
+
+            $(
+                pub(super) fn $name(&mut self) -> Result<&mut redb::Table<'t, $k, $v>, StorageError> {
+                    let txn = self.txn;
+                    Ok(match &mut self.$name {
+                        Some(table) => table,
+                        slot => slot.insert(txn.open_table($def)?),
+                    })
+                }
+            )*
+        }
+    };
 }
 
-impl<'t> Tables<'t> {
-    pub(super) fn open(txn: &'t WriteTransaction) -> Result<Self, StorageError> {
-        Ok(Self {
-            types: txn.open_table(TYPES)?,
-            code: txn.open_table(CODE)?,
-            actors: txn.open_table(ACTORS)?,
-            actor_keys: txn.open_table(ACTOR_KEYS)?,
-            state: txn.open_table(STATE)?,
-            events: txn.open_table(EVENTS)?,
-            idempotency: txn.open_table(IDEMPOTENCY)?,
-            idem_expiry: txn.open_table(IDEM_EXPIRY)?,
-            inbox: txn.open_table(INBOX)?,
-            alarms: txn.open_table(ALARMS)?,
-            alarm_due: txn.open_table(ALARM_DUE)?,
-            inputs: txn.open_table(INPUTS)?,
-            subscriptions: txn.open_table(SUBSCRIPTIONS)?,
-            outbox: txn.open_table(OUTBOX)?,
-            outbox_due: txn.open_table(OUTBOX_DUE)?,
-            outbox_ids: txn.open_table(OUTBOX_IDS)?,
-            secrets: txn.open_table(SECRETS)?,
-            providers: txn.open_table(PROVIDERS)?,
-            revoked_tokens: txn.open_table(REVOKED_TOKENS)?,
-            actor_usage: txn.open_table(ACTOR_USAGE)?,
-            type_usage: txn.open_table(TYPE_USAGE)?,
-            files: txn.open_table(FILES)?,
-            file_usage: txn.open_table(FILE_USAGE)?,
-            type_file_usage: txn.open_table(TYPE_FILE_USAGE)?,
-            blob_refs: txn.open_table(BLOB_REFS)?,
-            relay: txn.open_table(RELAY)?,
-            relay_ids: txn.open_table(RELAY_IDS)?,
-            replica_lsn: txn.open_table(REPLICA_LSN)?,
-        })
-    }
+tables! {
+    types: TYPES => &'static str, &'static [u8];
+    code: CODE => (&'static str, u32), &'static [u8];
+    actors: ACTORS => (&'static str, &'static str), &'static [u8];
+    actor_keys: ACTOR_KEYS => u64, (&'static str, &'static str);
+    state: STATE => (u64, &'static str), &'static [u8];
+    events: EVENTS => (u64, u64), &'static [u8];
+    idempotency: IDEMPOTENCY => (u64, &'static str), &'static [u8];
+    idem_expiry: IDEM_EXPIRY => (u64, u64, &'static str), ();
+    inbox: INBOX => (u64, u64), &'static [u8];
+    alarms: ALARMS => (u64, &'static str), &'static [u8];
+    alarm_due: ALARM_DUE => (u64, u64, &'static str), ();
+    inputs: INPUTS => (u64, &'static str), &'static [u8];
+    subscriptions: SUBSCRIPTIONS => &'static str, &'static [u8];
+    outbox: OUTBOX => u64, &'static [u8];
+    outbox_due: OUTBOX_DUE => (u64, u64), ();
+    outbox_ids: OUTBOX_IDS => &'static str, u64;
+    secrets: SECRETS => &'static str, &'static [u8];
+    providers: PROVIDERS => &'static str, &'static [u8];
+    revoked_tokens: REVOKED_TOKENS => &'static str, u64;
+    actor_usage: ACTOR_USAGE => u64, &'static [u8];
+    type_usage: TYPE_USAGE => &'static str, &'static [u8];
+    files: FILES => (u64, &'static str), &'static [u8];
+    file_usage: FILE_USAGE => u64, &'static [u8];
+    type_file_usage: TYPE_FILE_USAGE => &'static str, u64;
+    blob_refs: BLOB_REFS => &'static [u8; 32], u64;
+    relay: RELAY => u64, &'static [u8];
+    relay_ids: RELAY_IDS => &'static str, u64;
+    replica_lsn: REPLICA_LSN => u32, &'static [u8];
+}
 
+impl Tables<'_> {
     /// Write everything a turn produced.
     pub(super) fn write_turn(
         &mut self,
@@ -84,44 +79,44 @@ impl<'t> Tables<'t> {
         let num = t.num;
         if let Some(record) = &t.record {
             let was = self
-                .actors
+                .actors()?
                 .insert((t.key.ty(), t.key.id()), encode(record).as_slice())?;
             if was.is_none() {
                 drop(was);
                 *created += 1;
-                self.actor_keys.insert(num, (t.key.ty(), t.key.id()))?;
+                self.actor_keys()?.insert(num, (t.key.ty(), t.key.id()))?;
             }
         }
         for (k, v) in &t.state {
             match v {
                 Some(v) => {
-                    self.state.insert((num, k.as_str()), v.as_ref())?;
+                    self.state()?.insert((num, k.as_str()), v.as_ref())?;
                 }
                 None => {
-                    self.state.remove((num, k.as_str()))?;
+                    self.state()?.remove((num, k.as_str()))?;
                 }
             }
         }
         for (seq, ev) in &t.events {
-            self.events.insert((num, *seq), encode(ev).as_slice())?;
+            self.events()?.insert((num, *seq), encode(ev).as_slice())?;
         }
         if let Some(below) = t.trim_events_below {
-            let old = seqs(&self.events, num, below)?;
+            let old = seqs(&*self.events()?, num, below)?;
             for seq in old {
-                self.events.remove((num, seq))?;
+                self.events()?.remove((num, seq))?;
             }
         }
         if let Some((key, rec)) = &t.idempotency {
-            self.idempotency
+            self.idempotency()?
                 .insert((num, key.as_str()), encode(rec).as_slice())?;
-            self.idem_expiry
+            self.idem_expiry()?
                 .insert((rec.expires_at_ms, num, key.as_str()), ())?;
         }
         if let Some(seq) = t.inbox_done {
-            self.inbox.remove((num, seq))?;
+            self.inbox()?.remove((num, seq))?;
         }
         if let Some((seq, rec)) = &t.inbox_update {
-            self.inbox.insert((num, *seq), encode(rec).as_slice())?;
+            self.inbox()?.insert((num, *seq), encode(rec).as_slice())?;
         }
         for (name, rec) in &t.alarms {
             self.write_alarm(num, name, rec.as_ref())?;
@@ -135,11 +130,11 @@ impl<'t> Tables<'t> {
         for (id, rec) in &t.inputs {
             match rec {
                 Some(r) => {
-                    self.inputs
+                    self.inputs()?
                         .insert((num, id.as_str()), encode(r).as_slice())?;
                 }
                 None => {
-                    self.inputs.remove((num, id.as_str()))?;
+                    self.inputs()?.remove((num, id.as_str()))?;
                 }
             }
         }
@@ -155,14 +150,14 @@ impl<'t> Tables<'t> {
         ty: &str,
         files: &[(String, Option<FileRecord>)],
     ) -> Result<(), StorageError> {
-        let mut usage: FileUsage = match self.file_usage.get(num)? {
+        let mut usage: FileUsage = match self.file_usage()?.get(num)? {
             Some(v) => decode("file usage", v.value())?,
             None => FileUsage::default(),
         };
         let (mut added, mut removed) = (0u64, 0u64);
         for (path, rec) in files {
             let old = self
-                .files
+                .files()?
                 .get((num, path.as_str()))?
                 .map(|v| decode::<FileRecord>("file", v.value()))
                 .transpose()?;
@@ -180,38 +175,38 @@ impl<'t> Tables<'t> {
                     if r.body == FileBody::Blob {
                         self.blob_ref(&r.sha256, 1)?;
                     }
-                    self.files
+                    self.files()?
                         .insert((num, path.as_str()), encode(r).as_slice())?;
                 }
                 None => {
-                    self.files.remove((num, path.as_str()))?;
+                    self.files()?.remove((num, path.as_str()))?;
                 }
             }
         }
         usage.bytes = usage.bytes + added - removed;
         if usage == FileUsage::default() {
-            self.file_usage.remove(num)?;
+            self.file_usage()?.remove(num)?;
         } else {
-            self.file_usage.insert(num, encode(&usage).as_slice())?;
+            self.file_usage()?.insert(num, encode(&usage).as_slice())?;
         }
-        let type_bytes = self.type_file_usage.get(ty)?.map_or(0, |v| v.value());
+        let type_bytes = self.type_file_usage()?.get(ty)?.map_or(0, |v| v.value());
         let type_bytes = (type_bytes + added).saturating_sub(removed);
         if type_bytes == 0 {
-            self.type_file_usage.remove(ty)?;
+            self.type_file_usage()?.remove(ty)?;
         } else {
-            self.type_file_usage.insert(ty, type_bytes)?;
+            self.type_file_usage()?.insert(ty, type_bytes)?;
         }
         Ok(())
     }
 
     /// Add `delta` references to blob `sha256` (a row at zero goes).
     fn blob_ref(&mut self, sha256: &[u8; 32], delta: i64) -> Result<(), StorageError> {
-        let n = self.blob_refs.get(sha256)?.map_or(0, |v| v.value());
+        let n = self.blob_refs()?.get(sha256)?.map_or(0, |v| v.value());
         let n = n.saturating_add_signed(delta);
         if n == 0 {
-            self.blob_refs.remove(sha256)?;
+            self.blob_refs()?.remove(sha256)?;
         } else {
-            self.blob_refs.insert(sha256, n)?;
+            self.blob_refs()?.insert(sha256, n)?;
         }
         Ok(())
     }
@@ -223,8 +218,11 @@ impl<'t> Tables<'t> {
         rec: Option<&SecretRecord>,
     ) -> Result<bool, StorageError> {
         let existed = match rec {
-            Some(r) => self.secrets.insert(name, encode(r).as_slice())?.is_some(),
-            None => self.secrets.remove(name)?.is_some(),
+            Some(r) => self
+                .secrets()?
+                .insert(name, encode(r).as_slice())?
+                .is_some(),
+            None => self.secrets()?.remove(name)?.is_some(),
         };
         Ok(existed)
     }
@@ -236,24 +234,24 @@ impl<'t> Tables<'t> {
         ty: &str,
         delta: UsageRecord,
     ) -> Result<(), StorageError> {
-        let actor: UsageRecord = match self.actor_usage.get(num)? {
+        let actor: UsageRecord = match self.actor_usage()?.get(num)? {
             Some(v) => decode("usage", v.value())?,
             None => UsageRecord::default(),
         };
-        self.actor_usage
+        self.actor_usage()?
             .insert(num, encode(&actor.plus(delta)).as_slice())?;
-        let total: UsageRecord = match self.type_usage.get(ty)? {
+        let total: UsageRecord = match self.type_usage()?.get(ty)? {
             Some(v) => decode("usage", v.value())?,
             None => UsageRecord::default(),
         };
-        self.type_usage
+        self.type_usage()?
             .insert(ty, encode(&total.plus(delta)).as_slice())?;
         Ok(())
     }
 
     /// The number `key` has now, if it exists.
-    pub(super) fn current_num(&self, key: &ActorKey) -> Result<Option<u64>, StorageError> {
-        match self.actors.get((key.ty(), key.id()))? {
+    pub(super) fn current_num(&mut self, key: &ActorKey) -> Result<Option<u64>, StorageError> {
+        match self.actors()?.get((key.ty(), key.id()))? {
             Some(v) => Ok(Some(decode::<ActorRecord>("actor", v.value())?.num)),
             None => Ok(None),
         }
@@ -261,11 +259,11 @@ impl<'t> Tables<'t> {
 
     /// Every actor (key and record) `pick` selects.
     pub(super) fn actors_where(
-        &self,
+        &mut self,
         pick: impl Fn(&ActorKey) -> bool,
     ) -> Result<Vec<(ActorKey, ActorRecord)>, StorageError> {
         let mut out = Vec::new();
-        for row in self.actors.iter()? {
+        for row in self.actors()?.iter()? {
             let (k, v) = row?;
             let (ty, id) = k.value();
             let Ok(key) = ActorKey::new(ty, id) else {
@@ -281,7 +279,7 @@ impl<'t> Tables<'t> {
     /// All of actor `key`'s rows but its outgoing ones (which take a scan
     /// of their tables: [`Self::outgoing_where`]).
     pub(super) fn actor_image(
-        &self,
+        &mut self,
         key: &ActorKey,
         record: ActorRecord,
     ) -> Result<ActorImage, StorageError> {
@@ -301,7 +299,7 @@ impl<'t> Tables<'t> {
             deliveries: Vec::new(),
             relays: Vec::new(),
         };
-        for row in self.state.range((num, "")..)? {
+        for row in self.state()?.range((num, "")..)? {
             let (k, v) = row?;
             let (n, name) = k.value();
             if n != num {
@@ -309,13 +307,13 @@ impl<'t> Tables<'t> {
             }
             image.state.push((name.to_owned(), v.value().to_vec()));
         }
-        for row in self.events.range((num, 0)..=(num, u64::MAX))? {
+        for row in self.events()?.range((num, 0)..=(num, u64::MAX))? {
             let (k, v) = row?;
             image
                 .events
                 .push((k.value().1, decode("event", v.value())?));
         }
-        for row in self.inbox.range((num, 0)..=(num, u64::MAX))? {
+        for row in self.inbox()?.range((num, 0)..=(num, u64::MAX))? {
             let (k, v) = row?;
             image.inbox.push((k.value().1, decode("inbox", v.value())?));
         }
@@ -331,11 +329,11 @@ impl<'t> Tables<'t> {
                 }
             };
         }
-        named!(self.idempotency, image.idempotency, "idempotency");
-        named!(self.alarms, image.alarms, "alarm");
-        named!(self.inputs, image.inputs, "input");
-        named!(self.files, image.files, "file");
-        image.usage = match self.actor_usage.get(num)? {
+        named!(self.idempotency()?, image.idempotency, "idempotency");
+        named!(self.alarms()?, image.alarms, "alarm");
+        named!(self.inputs()?, image.inputs, "input");
+        named!(self.files()?, image.files, "file");
+        image.usage = match self.actor_usage()?.get(num)? {
             Some(v) => Some(decode("usage", v.value())?),
             None => None,
         };
@@ -349,8 +347,11 @@ impl<'t> Tables<'t> {
         rec: Option<&ProviderRecord>,
     ) -> Result<bool, StorageError> {
         let existed = match rec {
-            Some(r) => self.providers.insert(name, encode(r).as_slice())?.is_some(),
-            None => self.providers.remove(name)?.is_some(),
+            Some(r) => self
+                .providers()?
+                .insert(name, encode(r).as_slice())?
+                .is_some(),
+            None => self.providers()?.remove(name)?.is_some(),
         };
         Ok(existed)
     }
@@ -363,8 +364,8 @@ impl<'t> Tables<'t> {
         expires_at_ms: u64,
         now_ms: u64,
     ) -> Result<bool, StorageError> {
-        self.revoked_tokens.retain(|_, exp| exp > now_ms)?;
-        Ok(self.revoked_tokens.insert(jti, expires_at_ms)?.is_none())
+        self.revoked_tokens()?.retain(|_, exp| exp > now_ms)?;
+        Ok(self.revoked_tokens()?.insert(jti, expires_at_ms)?.is_none())
     }
 
     /// Set, move or remove one alarm, keeping the due index in step.
@@ -375,20 +376,20 @@ impl<'t> Tables<'t> {
         rec: Option<&AlarmRecord>,
     ) -> Result<(), StorageError> {
         let old = self
-            .alarms
+            .alarms()?
             .get((num, name))?
             .map(|v| decode::<AlarmRecord>("alarm", v.value()))
             .transpose()?;
         if let Some(old) = old {
-            self.alarm_due.remove((old.next_due_ms, num, name))?;
+            self.alarm_due()?.remove((old.next_due_ms, num, name))?;
         }
         match rec {
             Some(r) => {
-                self.alarms.insert((num, name), encode(r).as_slice())?;
-                self.alarm_due.insert((r.next_due_ms, num, name), ())?;
+                self.alarms()?.insert((num, name), encode(r).as_slice())?;
+                self.alarm_due()?.insert((r.next_due_ms, num, name), ())?;
             }
             None => {
-                self.alarms.remove((num, name))?;
+                self.alarms()?.remove((num, name))?;
             }
         }
         Ok(())
@@ -399,10 +400,10 @@ impl<'t> Tables<'t> {
         record: &TypeRecord,
         code: Option<(u32, Vec<u8>)>,
     ) -> Result<(), StorageError> {
-        self.types
+        self.types()?
             .insert(record.name.as_str(), encode_type(record).as_slice())?;
         if let Some((version, bytes)) = code {
-            self.code
+            self.code()?
                 .insert((record.name.as_str(), version), bytes.as_slice())?;
         }
         Ok(())
@@ -416,7 +417,7 @@ impl<'t> Tables<'t> {
         let mut deleted = 0;
         if with_actors {
             let mut ids = Vec::new();
-            for row in self.actors.range((name, "")..)? {
+            for row in self.actors()?.range((name, "")..)? {
                 let (k, _) = row?;
                 let (ty, id) = k.value();
                 if ty != name {
@@ -431,21 +432,21 @@ impl<'t> Tables<'t> {
             }
         }
         let mut versions = Vec::new();
-        for row in self.code.range((name, 0)..=(name, u32::MAX))? {
+        for row in self.code()?.range((name, 0)..=(name, u32::MAX))? {
             versions.push(row?.0.value().1);
         }
         for v in versions {
-            self.code.remove((name, v))?;
+            self.code()?.remove((name, v))?;
         }
-        self.type_file_usage.remove(name)?;
-        self.type_usage.remove(name)?;
-        self.types.remove(name)?;
+        self.type_file_usage()?.remove(name)?;
+        self.type_usage()?.remove(name)?;
+        self.types()?.remove(name)?;
         Ok(deleted)
     }
 
     pub(super) fn sweep_idempotency(&mut self, now_ms: u64) -> Result<u64, StorageError> {
         let mut expired: Vec<(u64, u64, String)> = Vec::new();
-        for row in self.idem_expiry.range((0, 0, "")..(now_ms, 0, ""))? {
+        for row in self.idem_expiry()?.range((0, 0, "")..(now_ms, 0, ""))? {
             let (k, _) = row?;
             let (at, num, key) = k.value();
             expired.push((at, num, key.to_owned()));
@@ -455,16 +456,16 @@ impl<'t> Tables<'t> {
         }
         let mut removed = 0;
         for (at, num, key) in &expired {
-            self.idem_expiry.remove((*at, *num, key.as_str()))?;
+            self.idem_expiry()?.remove((*at, *num, key.as_str()))?;
             // Only remove the record if it still carries this expiry (a
             // newer record for the same key has a later one).
             let current = self
-                .idempotency
+                .idempotency()?
                 .get((*num, key.as_str()))?
                 .map(|v| decode::<IdemRecord>("idempotency", v.value()))
                 .transpose()?;
             if current.is_some_and(|r| r.expires_at_ms == *at) {
-                self.idempotency.remove((*num, key.as_str()))?;
+                self.idempotency()?.remove((*num, key.as_str()))?;
                 removed += 1;
             }
         }
@@ -474,38 +475,38 @@ impl<'t> Tables<'t> {
     /// Remove an actor and every row it owns. Returns whether it existed.
     pub(super) fn delete_actor(&mut self, key: &ActorKey) -> Result<bool, StorageError> {
         let rec: ActorRecord = {
-            let Some(v) = self.actors.remove((key.ty(), key.id()))? else {
+            let Some(v) = self.actors()?.remove((key.ty(), key.id()))? else {
                 return Ok(false);
             };
             decode("actor", v.value())?
         };
         let num = rec.num;
-        self.actor_keys.remove(num)?;
-        self.actor_usage.remove(num)?;
-        for k in string_keys(&self.state, num)? {
-            self.state.remove((num, k.as_str()))?;
+        self.actor_keys()?.remove(num)?;
+        self.actor_usage()?.remove(num)?;
+        for k in string_keys(&*self.state()?, num)? {
+            self.state()?.remove((num, k.as_str()))?;
         }
-        for k in string_keys(&self.idempotency, num)? {
-            self.idempotency.remove((num, k.as_str()))?;
+        for k in string_keys(&*self.idempotency()?, num)? {
+            self.idempotency()?.remove((num, k.as_str()))?;
         }
-        for name in string_keys(&self.alarms, num)? {
+        for name in string_keys(&*self.alarms()?, num)? {
             self.write_alarm(num, &name, None)?;
         }
-        for id in string_keys(&self.inputs, num)? {
-            self.inputs.remove((num, id.as_str()))?;
+        for id in string_keys(&*self.inputs()?, num)? {
+            self.inputs()?.remove((num, id.as_str()))?;
         }
-        let paths: Vec<(String, Option<FileRecord>)> = string_keys(&self.files, num)?
+        let paths: Vec<(String, Option<FileRecord>)> = string_keys(&*self.files()?, num)?
             .into_iter()
             .map(|p| (p, None))
             .collect();
         if !paths.is_empty() {
             self.write_files(num, key.ty(), &paths)?;
         }
-        for s in seqs(&self.events, num, u64::MAX)? {
-            self.events.remove((num, s))?;
+        for s in seqs(&*self.events()?, num, u64::MAX)? {
+            self.events()?.remove((num, s))?;
         }
-        for s in seqs(&self.inbox, num, u64::MAX)? {
-            self.inbox.remove((num, s))?;
+        for s in seqs(&*self.inbox()?, num, u64::MAX)? {
+            self.inbox()?.remove((num, s))?;
         }
         Ok(true)
     }
