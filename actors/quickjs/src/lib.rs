@@ -39,26 +39,6 @@ use bindings::marmot::actor::types::{Alarm, Context, InputAnswer, Message, Reply
 /// is exported) the engine's code is still reachable and linted as live.
 pub struct Component;
 
-/// How much memory around a read fault Linux maps along with the page
-/// (`fault_around_bytes`, 64 KiB unless changed).
-const FAULT_AROUND: usize = 64 * 1024;
-
-/// What the byte the host is shown (`report-memory-origin`) sits in.
-///
-/// The host reads that byte, and the read fault maps the snapshot's pages
-/// around it read-only too. When those were pages a first turn writes (5 of
-/// a counter's 26, with a byte among the engine's other statics), a fresh
-/// sandbox had to unmap them again before populating them writable: a TLB
-/// shootdown, an interprocessor interrupt, on every JavaScript wake. So the
-/// byte sits in the middle of twice that window of its own, aligned to it:
-/// whatever window the kernel picks around it holds only this block, which
-/// nothing writes.
-#[repr(C, align(65536))]
-struct Isolated([u8; 2 * FAULT_AROUND]);
-
-static ORIGIN: Isolated = Isolated([0; 2 * FAULT_AROUND]);
-const _: () = assert!(core::mem::align_of::<Isolated>() == FAULT_AROUND);
-
 impl bindings::Guest for Component {
     fn wizer_initialize() {
         engine::init();
@@ -75,6 +55,26 @@ impl bindings::Guest for Component {
     }
 
     fn report_memory_origin() {
+        /// How much memory around a read fault Linux maps along with the page
+        /// (`fault_around_bytes`, 64 KiB unless changed).
+        const FAULT_AROUND: usize = 64 * 1024;
+
+        /// What the byte the host is shown (`report-memory-origin`) sits in.
+        ///
+        /// The host reads that byte, and the read fault maps the snapshot's
+        /// pages around it read-only too. When those were pages a first turn
+        /// writes (5 of a counter's 26, with a byte among the engine's other
+        /// statics), a fresh sandbox had to unmap them again before populating
+        /// them writable: a TLB shootdown, an interprocessor interrupt, on
+        /// every JavaScript wake. So the byte sits in the middle of twice that
+        /// window of its own, aligned to it: whatever window the kernel picks
+        /// around it holds only this block, which nothing writes.
+        #[repr(C, align(65536))]
+        struct Isolated([u8; 2 * FAULT_AROUND]);
+
+        static ORIGIN: Isolated = Isolated([0; 2 * FAULT_AROUND]);
+        const _: () = assert!(core::mem::align_of::<Isolated>() == FAULT_AROUND);
+
         let origin = &ORIGIN.0[FAULT_AROUND];
         let addr = core::ptr::from_ref(origin) as usize;
         #[cfg(target_family = "wasm")]
