@@ -481,7 +481,7 @@ impl WriterState {
             Ok(mut txn) => {
                 txn.set_quick_repair(self.quick_repair);
                 {
-                    let mut tables = Tables::open(&txn);
+                    let mut tables = Tables::of(&txn);
                     for op in batch.drain(..) {
                         if error.is_some() {
                             // Not applied; only its waiter needs an answer.

@@ -21,7 +21,8 @@ macro_rules! tables {
         }
 
         impl<'t> Tables<'t> {
-            pub(super) fn open(txn: &'t WriteTransaction) -> Self {
+            /// The tables of `txn`, none opened yet.
+            pub(super) fn of(txn: &'t WriteTransaction) -> Self {
                 Self { txn, $($name: None,)* }
             }
 
