@@ -18,8 +18,10 @@
 //! It runs one call, `report-memory-origin` (how the host learns where a
 //! sandbox's memory is mapped); any page that call wrote is never trimmed,
 //! since the pristine page then no longer shows what `MADV_DONTNEED` would
-//! restore. Only the built-in engine is asked: the host believes no other
-//! code about where its memory is. Which pages are private comes from
+//! restore. Where the memory is comes from wasmtime's lift of that call's
+//! argument, never from what the guest says ([`link`]). Only the built-in
+//! engine's sandboxes are trimmed this way: other code has no snapshot
+//! its turns write back unchanged. Which pages are private comes from
 //! `/proc/self/pagemap`; without it (not Linux, or no access) nothing is
 //! trimmed.
 
@@ -27,7 +29,8 @@ use std::fs::File;
 use std::sync::{Mutex, OnceLock};
 
 use wasmtime::StoreContextMut;
-use wasmtime::component::{Linker, WasmList};
+use wasmtime::component::__internal::{CanonicalAbiInfo, InstanceType, InterfaceType, LiftContext};
+use wasmtime::component::{ComponentType, Lift, Linker, WasmList};
 
 use super::host::Host;
 use super::run::Instance;
@@ -46,24 +49,76 @@ pub(super) struct MemoryOrigin {
     pub(super) size: usize,
 }
 
-/// Define [`ORIGIN_IMPORT`]: `at` is one byte of the guest's memory, at
-/// guest address `addr`, so the memory starts `addr` bytes before it.
+/// Define [`ORIGIN_IMPORT`]: the memory is the one the `at` list was
+/// lifted from, as wasmtime maps it. What the guest says about addresses
+/// (`addr`, `size`) is not needed, so not believed.
 pub(super) fn link(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
     linker.root().func_wrap(
         ORIGIN_IMPORT,
-        |mut store: StoreContextMut<'_, Host>, (at, addr, size): (WasmList<u8>, u32, u64)| {
-            if !store.data().origin_asked || size <= u64::from(addr) {
-                return Ok(());
+        |mut store: StoreContextMut<'_, Host>,
+         (memory, _addr, _size): (CallersMemory, u32, u64)| {
+            if store.data().origin_asked {
+                store.data_mut().memory_origin = Some(memory.0);
             }
-            let at = at.as_le_slice(&store).as_ptr() as usize;
-            store.data_mut().memory_origin =
-                at.checked_sub(addr as usize).map(|start| MemoryOrigin {
-                    start,
-                    size: usize::try_from(size).unwrap_or(0),
-                });
             Ok(())
         },
     )
+}
+
+/// A `list<u8>` argument, lifted (bounds-checked) as any list is, and
+/// kept only for where the memory it was lifted from is: the caller's
+/// whole linear memory as wasmtime's lift sees it, so a guest cannot name
+/// any other address.
+///
+/// wasmtime's public API gives a host function no view of a component's
+/// memory; its lifting context does, through the traits `bindgen!` and
+/// `#[derive(Lift)]` implement (`#[doc(hidden)]`, so tied to the pinned
+/// wasmtime: `tests/js_memory.rs` and the prefault tests fail if this
+/// stops finding the memory).
+struct CallersMemory(MemoryOrigin);
+
+impl CallersMemory {
+    fn of(memory: &[u8]) -> Self {
+        Self(MemoryOrigin {
+            start: memory.as_ptr() as usize,
+            size: memory.len(),
+        })
+    }
+}
+
+// SAFETY: the canonical ABI shape (lowered form, size, alignment, type
+// check) is `WasmList<u8>`'s, to which lifting is delegated.
+#[allow(unsafe_code, reason = "a component type with WasmList<u8>'s ABI")]
+unsafe impl ComponentType for CallersMemory {
+    type Lower = <WasmList<u8> as ComponentType>::Lower;
+    const ABI: CanonicalAbiInfo = <WasmList<u8> as ComponentType>::ABI;
+
+    fn typecheck(ty: &InterfaceType, types: &InstanceType<'_>) -> wasmtime::Result<()> {
+        <WasmList<u8> as ComponentType>::typecheck(ty, types)
+    }
+}
+
+// SAFETY: lifts exactly as `WasmList<u8>` does (so a list out of bounds is
+// refused as it would be), then reads nothing but the memory's extent.
+#[allow(unsafe_code, reason = "a component type with WasmList<u8>'s ABI")]
+unsafe impl Lift for CallersMemory {
+    fn linear_lift_from_flat(
+        cx: &mut LiftContext<'_>,
+        ty: InterfaceType,
+        src: &Self::Lower,
+    ) -> wasmtime::Result<Self> {
+        WasmList::<u8>::linear_lift_from_flat(cx, ty, src)?;
+        Ok(Self::of(cx.memory()))
+    }
+
+    fn linear_lift_from_memory(
+        cx: &mut LiftContext<'_>,
+        ty: InterfaceType,
+        bytes: &[u8],
+    ) -> wasmtime::Result<Self> {
+        WasmList::<u8>::linear_lift_from_memory(cx, ty, bytes)?;
+        Ok(Self::of(cx.memory()))
+    }
 }
 
 /// An instance of a compiled engine that never runs a turn: its memory is
