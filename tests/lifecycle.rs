@@ -401,3 +401,50 @@ async fn idle_actors_give_back_their_stack_and_stay_awake() {
         );
     }
 }
+
+/// An actor built with the SDK says where its memory is (wasmtime's view,
+/// not the guest's word), so the node learns which pages a fresh
+/// instance's first turn writes and copies them before the next fresh
+/// instances run: those start exactly as the image says, with nothing of
+/// any other instance, and their turns see what they wrote.
+#[tokio::test]
+async fn fresh_instances_start_with_the_pages_first_turns_write() {
+    let (_dir, _m, api) = common::kit_node(json!({})).await;
+    // A byte string given masked, so that only a turn that wrote it puts
+    // it in a guest's memory.
+    let scan = |needle: &str| {
+        let mask: Vec<u8> = (0..needle.len()).map(|i| 0x5a ^ (i as u8)).collect();
+        let masked: Vec<u8> = needle.bytes().zip(&mask).map(|(b, m)| b ^ m).collect();
+        json!({ "op": "scan_memory", "masked": masked, "mask": mask })
+    };
+    for k in 0..16 {
+        let id = format!("fresh-{k}");
+        // The first turn, in a fresh instance (populated from the 9th on).
+        if k > 0 {
+            let previous = format!("marker-of-fresh-{}-5150", k - 1);
+            let r = api.op("kit", &id, scan(&previous)).await;
+            assert_eq!(r.status, 200, "{}", r.json);
+            assert_eq!(r.json["found"], false, "{id} sees another instance's data");
+        }
+        let marker = format!("marker-of-fresh-{k}-5150");
+        let r = api
+            .op(
+                "kit",
+                &id,
+                json!({ "op": "set", "key": "m", "value": marker }),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.json);
+        assert_eq!(api.add("kit", &id, k + 1).await.json["value"], k + 1);
+        assert_eq!(api.add("kit", &id, 1).await.json["value"], k + 2);
+    }
+    let m = String::from_utf8(api.get("/metrics").await.body).unwrap();
+    assert!(
+        common::metric(&m, "marmot_sandbox_prefaulted_pages_total") > 0.0,
+        "no fresh instance had its pages populated: {m}"
+    );
+    assert_eq!(
+        common::metric(&m, "marmot_js_sandbox_prefaulted_pages_total"),
+        0.0
+    );
+}

@@ -69,8 +69,17 @@ pub mod raw {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::bindings::__export_actor_world;
+    pub use crate::bindings::Guest as Component;
     pub use crate::bindings::exports::marmot::actor::handlers::Guest;
     pub use crate::handler::dispatch;
+
+    /// `report-memory-origin`: tell the host where this instance's memory
+    /// is, so that it can copy up front the pages a first turn writes. The
+    /// host takes that from the list's lift, not from anything said here,
+    /// so the list is empty and the call reads and writes no memory.
+    pub fn report_memory_origin() {
+        crate::bindings::memory_origin(&[], 0, 0);
+    }
 }
 
 /// Export `$ty`, which implements [`Actor`], as this component's handlers.
@@ -114,6 +123,12 @@ macro_rules! export_actor {
                 from_version: u32,
             ) -> ::core::result::Result<(), ::std::string::String> {
                 $crate::__private::dispatch::on_upgrade::<$ty>(ctx, from_version)
+            }
+        }
+
+        impl $crate::__private::Component for __MarmotActorExport {
+            fn report_memory_origin() {
+                $crate::__private::report_memory_origin()
             }
         }
 

@@ -79,6 +79,9 @@ pub struct Metrics {
     pub trimmed_stack_pages: Counter,
     /// Pages of JavaScript sandboxes populated before a turn wrote them.
     pub js_prefaulted_pages: Counter,
+    /// Pages of other instances (actors built with the Rust SDK)
+    /// populated before their first turn wrote them.
+    pub prefaulted_pages: Counter,
     /// JavaScript sandboxes live, counted against the node's cap (set when
     /// the metrics are read).
     pub js_sandboxes: Gauge,
@@ -200,6 +203,12 @@ impl Metrics {
             "js_sandbox_prefaulted_pages",
             "Pages of JavaScript sandboxes copied up front, before a turn that writes them",
             js_prefaulted_pages.clone(),
+        );
+        let prefaulted_pages = Counter::default();
+        registry.register(
+            "sandbox_prefaulted_pages",
+            "Pages of other instances (actors built with the Rust SDK) copied up front, before a first turn that writes them",
+            prefaulted_pages.clone(),
         );
         let code_cache_removed_files = Counter::default();
         registry.register(
@@ -421,6 +430,7 @@ impl Metrics {
             js_trimmed_pages,
             trimmed_stack_pages,
             js_prefaulted_pages,
+            prefaulted_pages,
             js_sandboxes,
             code_cache_removed_files,
             writer,

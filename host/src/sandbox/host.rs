@@ -61,8 +61,9 @@ pub struct Host {
     pub(super) js: Option<JsAccess>,
     /// What this instance's guest may call (all, but in a child sandbox).
     pub(super) granted: CapSet,
-    /// Where the guest's memory is, once it said so (JavaScript sandboxes,
-    /// for [`trim`](super::trim)).
+    /// Where the guest's memory is, once asked (code that exports
+    /// `report-memory-origin`: see [`trim`](super::trim) and
+    /// [`prefault`](super::prefault)).
     pub(super) memory_origin: Option<super::trim::MemoryOrigin>,
     /// The host is asking the guest where its memory is: the only time
     /// the answer is taken.

@@ -34,6 +34,7 @@ use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
+use wasmtime::component::types::ComponentItem;
 use wasmtime::component::{Component, ComponentExportIndex, HasSelf, InstancePre, Linker};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline,
@@ -71,9 +72,13 @@ pub struct Prepared {
     pre: InstancePre<Host>,
     handlers: bindings::HandlersIndices,
     js: Option<bindings::JsRuntimeIndices>,
-    /// The built-in JavaScript engine's `report-memory-origin`, for
-    /// [`trim`] (`None` for any other code).
+    /// Its `report-memory-origin`, if it has one (the built-in engines,
+    /// and actors built with the Rust SDK): where a fresh instance's
+    /// memory is, for [`prefault`] and [`trim`].
     origin: Option<ComponentExportIndex>,
+    /// Trims give back snapshot pages, not only stacks: the built-in
+    /// JavaScript engine (or a snapshot of it).
+    trims_snapshot: bool,
     /// What [`Sandbox::trim`] compares its instances with.
     pristine: tokio::sync::Mutex<PristineSlot>,
     /// The pages a fresh instance writes, populated before its first turn
@@ -100,7 +105,7 @@ impl Prepared {
     /// snapshot pages too, not only their stacks: the built-in JavaScript
     /// engine's.
     pub fn trims_snapshot_pages(&self) -> bool {
-        self.origin.is_some()
+        self.trims_snapshot && self.origin.is_some()
     }
 }
 
@@ -378,9 +383,9 @@ impl Sandbox {
     }
 
     /// Link the built-in JavaScript engine (or a snapshot of it): like
-    /// [`link`](Self::link), and its sandboxes can be trimmed. Never for
-    /// deployed code: the host trusts what the engine says about where its
-    /// memory is, and trimming discards pages there.
+    /// [`link`](Self::link), and trims of its sandboxes give back the
+    /// snapshot pages their turns left unchanged. Never for deployed code:
+    /// only the engine's turns write pages back as they found them.
     fn link_js_engine(&self, component: &Component) -> Result<Prepared, CodeError> {
         let mut prepared = self.link(component)?;
         if !prepared.is_js_engine() {
@@ -388,7 +393,7 @@ impl Sandbox {
                 "the built-in JavaScript engine does not export js-runtime".into(),
             ));
         }
-        prepared.origin = component.get_export_index(None, trim::ORIGIN_EXPORT);
+        prepared.trims_snapshot = true;
         Ok(prepared)
     }
 
@@ -404,11 +409,23 @@ impl Sandbox {
             .map_err(|e| CodeError::WrongWorld(format!("{e:#}")))?;
         // Only the built-in engine exports `js-runtime`.
         let js = bindings::JsRuntimeIndices::new(&pre).ok();
+        // Any code may export `report-memory-origin` (the SDK's actors do):
+        // the host takes the answer from wasmtime, not from the guest.
+        // A function of another shape by that name is left alone.
+        let origin = match component.get_export(None, trim::ORIGIN_EXPORT) {
+            Some((ComponentItem::ComponentFunc(f), index))
+                if f.params().len() == 0 && f.results().len() == 0 && !f.async_() =>
+            {
+                Some(index)
+            }
+            _ => None,
+        };
         Ok(Prepared {
             pre,
             handlers,
             js,
-            origin: None,
+            origin,
+            trims_snapshot: false,
             pristine: Default::default(),
             writes: Default::default(),
         })
@@ -499,7 +516,10 @@ impl Sandbox {
         pre: &Prepared,
         inst: &mut Instance,
     ) -> Result<Option<Trimmed>, InstanceLost> {
-        let origin = inst.memory_origin().await?;
+        let origin = match pre.trims_snapshot_pages() {
+            true => inst.memory_origin().await?,
+            false => None,
+        };
         if origin.is_some() && inst.pristine.is_none() {
             inst.pristine = self.pristine(pre).await;
         }

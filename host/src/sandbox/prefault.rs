@@ -1,5 +1,7 @@
 //! Copying up front the snapshot pages a JavaScript sandbox is about to
-//! write.
+//! write, and the pages a fresh instance of an actor built with the Rust
+//! SDK is (its data image, heap and stack; the same mechanism, since both
+//! export `report-memory-origin`).
 //!
 //! A fresh sandbox's linear memory is its snapshot, mapped copy-on-write
 //! with no page table entries yet. QuickJS first reads most of the pages a
@@ -24,7 +26,7 @@
 //! populated the same way ([`populate`]). Populating copies the snapshot's
 //! page, so the guest cannot tell.
 //!
-//! `MARMOT_JS_PREFAULT=0` turns it off, to measure it side by side.
+//! `MARMOT_JS_PREFAULT=0` turns it off (for both kinds), to measure it side by side.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -99,7 +101,7 @@ impl WriteSet {
             .set(page_runs(0, &written, page).into_boxed_slice());
         tracing::debug!(
             pages = written.iter().filter(|&&w| w).count(),
-            "learned the pages a fresh JavaScript sandbox writes"
+            "learned the pages a fresh instance writes in its first turn"
         );
         Ok(())
     }

@@ -184,7 +184,7 @@ pub struct Instance {
     handlers: Handlers,
     /// The JavaScript engine's extra entry points.
     js: Option<JsRuntime>,
-    /// The JavaScript engine's `report-memory-origin`.
+    /// Its `report-memory-origin`, if the code has one.
     origin: Option<TypedFunc<(), ()>>,
     /// A host function of this store that returns where its frame is,
     /// made on the first trim (see [`stack`](super::stack)).
@@ -211,7 +211,7 @@ pub(super) struct Exports {
     pub(super) handlers: Handlers,
     /// The JavaScript engine's extra entry points.
     pub(super) js: Option<JsRuntime>,
-    /// The JavaScript engine's `report-memory-origin`.
+    /// Its `report-memory-origin`, if the code has one.
     pub(super) origin: Option<TypedFunc<(), ()>>,
 }
 
@@ -268,8 +268,10 @@ impl Instance {
     /// Asked once: the memory never moves. `Err`: the call trapped, and
     /// the instance must not run again.
     pub(super) async fn memory_origin(&mut self) -> Result<Option<MemoryOrigin>, InstanceLost> {
-        // Only the built-in engine is asked (and believed): any component
-        // may call the import, which takes an answer only while asked.
+        // The import takes an answer only while asked, and the answer is
+        // wasmtime's (see `trim::link`), so deployed code may be asked too.
+        // Its export is guest code: under the CPU meter and the turn
+        // timeout, and with no turn, so every capability traps.
         let Some(report) = self.origin else {
             return Ok(None);
         };
@@ -279,11 +281,12 @@ impl Instance {
         let host = self.store.data_mut();
         host.cpu_ticks = 0;
         host.origin_asked = true;
-        let called = report.call_async(&mut self.store, ()).await;
+        let called =
+            tokio::time::timeout(self.turn_timeout, report.call_async(&mut self.store, ())).await;
         self.store.data_mut().origin_asked = false;
         match called {
-            Ok(()) => Ok(self.store.data().memory_origin),
-            Err(_) => Err(InstanceLost),
+            Ok(Ok(())) => Ok(self.store.data().memory_origin),
+            Ok(Err(_)) | Err(_) => Err(InstanceLost),
         }
     }
 
@@ -311,9 +314,9 @@ impl Instance {
         Ok(point as usize)
     }
 
-    /// Before the first turn of a fresh instance of the built-in engine:
-    /// populate the pages `writes` says such a turn writes, or have this
-    /// turn teach it. `Err`: asking the engine where its memory is
+    /// Before the first turn of a fresh instance of code that can say
+    /// where its memory is: populate the pages `writes` says such a turn
+    /// writes, or have this turn teach it. `Err`: asking the engine where its memory is
     /// trapped, and the instance must not run.
     pub(super) async fn prefault(&mut self, writes: &Arc<WriteSet>) -> Result<(), InstanceLost> {
         if !super::prefault::enabled() {
@@ -328,9 +331,15 @@ impl Instance {
         }
         match writes.prefault(origin) {
             Ok(pages) => self.prefaulted += pages,
-            Err(e) => tracing::debug!(error = %e, "prefaulting a JavaScript sandbox failed"),
+            Err(e) => tracing::debug!(error = %e, "prefaulting a fresh sandbox failed"),
         }
         Ok(())
+    }
+
+    /// Whether this is a JavaScript sandbox (an instance of the built-in
+    /// engine).
+    pub fn is_js(&self) -> bool {
+        self.js.is_some()
     }
 
     /// Pages populated before a turn wrote them (see [`prefault`]) since
@@ -468,7 +477,7 @@ impl Instance {
             && let Some(origin) = store.data().memory_origin
             && let Err(e) = writes.learn(origin)
         {
-            tracing::debug!(error = %e, "sampling a JavaScript sandbox's pages failed");
+            tracing::debug!(error = %e, "sampling a fresh sandbox's pages failed");
         }
         let stderr_tail = forward_output(&key, version, store.data());
         let result = match result {

@@ -288,10 +288,11 @@ impl ActorTask {
         let run_started = Instant::now();
         let outcome = inst.run(request).instrument(span.clone()).await;
         span.record("cpu_us", outcome.cpu.as_micros() as u64);
-        self.env
-            .metrics
-            .js_prefaulted_pages
-            .inc_by(inst.take_prefaulted() as u64);
+        let prefaulted = match inst.is_js() {
+            true => &self.env.metrics.js_prefaulted_pages,
+            false => &self.env.metrics.prefaulted_pages,
+        };
+        prefaulted.inc_by(inst.take_prefaulted() as u64);
         if traced {
             let waited = run_started - trace.since.unwrap_or(started);
             span.record("wait_us", waited.as_micros() as u64);
