@@ -69,8 +69,8 @@ pub mod raw {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::bindings::__export_actor_world;
-    pub use crate::bindings::Guest as Component;
     pub use crate::bindings::exports::marmot::actor::handlers::Guest;
+    pub use crate::bindings::origin::{__export_memory_origin, Guest as MemoryOrigin};
     pub use crate::handler::dispatch;
 
     /// `report-memory-origin`: tell the host where this instance's memory
@@ -78,7 +78,7 @@ pub mod __private {
     /// host takes that from the list's lift, not from anything said here,
     /// so the list is empty and the call reads and writes no memory.
     pub fn report_memory_origin() {
-        crate::bindings::memory_origin(&[], 0, 0);
+        crate::bindings::origin::memory_origin(&[], 0, 0);
     }
 }
 
@@ -126,7 +126,7 @@ macro_rules! export_actor {
             }
         }
 
-        impl $crate::__private::Component for __MarmotActorExport {
+        impl $crate::__private::MemoryOrigin for __MarmotActorExport {
             fn report_memory_origin() {
                 $crate::__private::report_memory_origin()
             }
@@ -138,5 +138,7 @@ macro_rules! export_actor {
         // such as `marmot:actor/handlers@0.1.0#on-message`.
         #[cfg(target_family = "wasm")]
         $crate::__private::__export_actor_world!(__MarmotActorExport with_types_in $crate::bindings);
+        #[cfg(target_family = "wasm")]
+        $crate::__private::__export_memory_origin!(__MarmotActorExport with_types_in $crate::bindings::origin);
     };
 }
