@@ -1,7 +1,7 @@
-//! Copying up front the snapshot pages a JavaScript sandbox is about to
-//! write, and the pages a fresh instance of an actor built with the Rust
-//! SDK is (its data image, heap and stack; the same mechanism, since both
-//! export `report-memory-origin`).
+//! Copying up front the pages a fresh instance is about to write: the
+//! snapshot pages of a JavaScript sandbox, and the data image, heap and
+//! stack pages of an actor built with the Rust SDK (both export
+//! `report-memory-origin`, so the host knows where their memory is).
 //!
 //! A fresh sandbox's linear memory is its snapshot, mapped copy-on-write
 //! with no page table entries yet. QuickJS first reads most of the pages a

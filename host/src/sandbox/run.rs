@@ -316,8 +316,8 @@ impl Instance {
 
     /// Before the first turn of a fresh instance of code that can say
     /// where its memory is: populate the pages `writes` says such a turn
-    /// writes, or have this turn teach it. `Err`: asking the engine where its memory is
-    /// trapped, and the instance must not run.
+    /// writes, or have this turn teach it. `Err`: asking the code where
+    /// its memory is trapped or timed out, and the instance must not run.
     pub(super) async fn prefault(&mut self, writes: &Arc<WriteSet>) -> Result<(), InstanceLost> {
         if !super::prefault::enabled() {
             return Ok(());

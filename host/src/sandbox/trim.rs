@@ -73,8 +73,8 @@ pub(super) fn link(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
 /// wasmtime's public API gives a host function no view of a component's
 /// memory; its lifting context does, through the traits `bindgen!` and
 /// `#[derive(Lift)]` implement (`#[doc(hidden)]`, so tied to the pinned
-/// wasmtime: `tests/js_memory.rs` and the prefault tests fail if this
-/// stops finding the memory).
+/// wasmtime: `tests/js_memory.rs` and `fresh_instances_start_with_the_pages_first_turns_write`
+/// in `tests/lifecycle.rs` fail if this stops finding the memory).
 struct CallersMemory(MemoryOrigin);
 
 impl CallersMemory {
