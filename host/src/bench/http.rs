@@ -340,9 +340,11 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
     let trims0 = trims(server.addr).await?;
     let idle_trims = before_idle.map(|before| trims0 - before);
     let cpu0 = server.cpu_time()?;
+    let writer0 = server.writer_cpu_time()?;
     let tlb0 = super::server::tlb_shootdowns();
     let r = run(Duration::from_secs(args.duration)).await?;
     let cpu1 = server.cpu_time()?;
+    let writer = server.writer_cpu_time()? - writer0;
     let tlb1 = super::server::tlb_shootdowns();
     let (commits1, ops1) = commit_stats(server.addr).await?;
     let trims = trims(server.addr).await? - trims0;
@@ -373,13 +375,8 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
             );
         }
     }
-    let commits = commits1 - commits0;
-    if commits > 0.0 {
-        println!(
-            "  commits/s: {:.0}   mean ops per commit: {:.1}",
-            commits / r.elapsed.as_secs_f64(),
-            (ops1 - ops0) / commits
-        );
+    if let Some(line) = commit_line(commits1 - commits0, ops1 - ops0, writer, r.elapsed) {
+        println!("{line}");
     }
     if let Some(idle_trims) = idle_trims {
         println!(
@@ -429,6 +426,7 @@ pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
     ] {
         let (commits0, ops0) = commit_stats(server.addr).await?;
         let cpu0 = server.cpu_time()?;
+        let writer0 = server.writer_cpu_time()?;
         let r = builtin_load(
             &target(&format!("c{conns}")),
             conns,
@@ -436,6 +434,7 @@ pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
         )
         .await?;
         let cpu = server.cpu_time()?.saturating_sub(cpu0);
+        let writer = server.writer_cpu_time()?.saturating_sub(writer0);
         let (commits1, ops1) = commit_stats(server.addr).await?;
         println!(
             "  {label} ({conns}): {:.0} new actors/s   errors: {}   latency {}",
@@ -446,10 +445,11 @@ pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
         let commits = commits1 - commits0;
         if r.requests > 0 && commits > 0.0 {
             println!(
-                "    commits per new actor: {:.2}   mean ops per commit: {:.1}   node CPU per new actor: {:.0}µs",
+                "    commits per new actor: {:.2}   mean ops per commit: {:.1}   node CPU per new actor: {:.0}µs ({:.0}µs of it the writer's)",
                 commits / r.requests as f64,
                 (ops1 - ops0) / commits,
-                cpu.as_secs_f64() * 1e6 / r.requests as f64
+                cpu.as_secs_f64() * 1e6 / r.requests as f64,
+                writer.as_secs_f64() * 1e6 / r.requests as f64
             );
         }
     }
@@ -457,8 +457,32 @@ pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What the writer did over a run of `elapsed`: `commits` commits of
+/// `ops` operations in all, using `writer` of CPU. `None` without commits.
+///
+/// The writer commits one batch at a time, so its CPU and its waits for
+/// `fdatasync` bound the commits it can make a second: a writer near a
+/// core's worth of time is what limits, and larger batches are how it
+/// keeps up.
+pub(super) fn commit_line(
+    commits: f64,
+    ops: f64,
+    writer: Duration,
+    elapsed: Duration,
+) -> Option<String> {
+    (commits > 0.0).then(|| {
+        format!(
+            "  commits/s: {:.0}   mean ops per commit: {:.1}   writer CPU per commit: {:.0}µs ({:.0}% of a core)",
+            commits / elapsed.as_secs_f64(),
+            ops / commits,
+            writer.as_secs_f64() * 1e6 / commits,
+            writer.as_secs_f64() * 100.0 / elapsed.as_secs_f64()
+        )
+    })
+}
+
 /// (commits, operations committed) from the node's metrics.
-async fn commit_stats(addr: SocketAddr) -> anyhow::Result<(f64, f64)> {
+pub(super) async fn commit_stats(addr: SocketAddr) -> anyhow::Result<(f64, f64)> {
     let text = metrics(addr).await?;
     let find = |name: &str| sample(&text, name).unwrap_or(0.0);
     Ok((

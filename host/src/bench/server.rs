@@ -103,6 +103,12 @@ impl ServerProc {
         cpu_of(self.child.id())
     }
 
+    /// CPU time (user + system) the node's storage writer thread has used
+    /// so far: it applies and commits every batch, one at a time.
+    pub fn writer_cpu_time(&self) -> anyhow::Result<Duration> {
+        thread_cpu_of(self.child.id(), "marmot-writer")
+    }
+
     /// Deploy the counter example with `config` (JSON).
     pub async fn deploy_counter(&self, config: serde_json::Value) -> anyhow::Result<()> {
         use base64::Engine as _;
@@ -219,7 +225,12 @@ pub(super) fn pss_of(pid: u32) -> anyhow::Result<u64> {
 /// Fields `ns` (1-based, as in proc(5), each from the 3rd on: the ones
 /// after the parenthesised command name) of `/proc/{pid}/stat`, read once.
 fn stat_fields<const N: usize>(pid: u32, ns: [usize; N]) -> anyhow::Result<[u64; N]> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    stat_fields_at(&format!("/proc/{pid}/stat"), ns)
+}
+
+/// Fields `ns` (numbered as in proc(5), from 1) of the stat file at `path`.
+fn stat_fields_at<const N: usize>(path: &str, ns: [usize; N]) -> anyhow::Result<[u64; N]> {
+    let stat = std::fs::read_to_string(path)?;
     let rest = stat
         .rsplit_once(')')
         .map(|(_, r)| r)
@@ -241,6 +252,26 @@ pub(super) fn cpu_of(pid: u32) -> anyhow::Result<Duration> {
     // supports.
     let [utime, stime] = stat_fields(pid, [14, 15])?;
     let ticks = utime + stime;
+    Ok(Duration::from_millis(ticks * 10))
+}
+
+/// CPU time (user + system) the threads of process `pid` named `name`
+/// have used so far (threads that ended no longer count).
+pub(super) fn thread_cpu_of(pid: u32, name: &str) -> anyhow::Result<Duration> {
+    let mut ticks = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let dir = task?.path();
+        // A thread may end between the listing and the reads.
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+            continue;
+        };
+        if comm.trim_end() != name {
+            continue;
+        }
+        if let Ok([utime, stime]) = stat_fields_at(&dir.join("stat").to_string_lossy(), [14, 15]) {
+            ticks += utime + stime;
+        }
+    }
     Ok(Duration::from_millis(ticks * 10))
 }
 

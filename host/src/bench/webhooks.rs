@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
-use super::http::{Conn, create_actors, metrics, sample};
+use super::http::{Conn, commit_line, commit_stats, create_actors, metrics, sample};
 use super::server::ServerProc;
 use super::{BenchArgs, Percentiles};
 use crate::webhooks::{new_secret, secret_key, sign};
@@ -192,8 +192,12 @@ pub(super) async fn ingest(args: &BenchArgs) -> anyhow::Result<()> {
 
     eprintln!("  posting webhooks for {}s…", args.duration);
     let cpu0 = server.cpu_time()?;
+    let (commits0, ops0) = commit_stats(server.addr).await?;
+    let writer0 = server.writer_cpu_time()?;
     let deadline = Instant::now() + Duration::from_secs(args.duration);
     let ingest = load(server.addr, key.clone(), actors, conns, Ok(deadline)).await?;
+    let (commits1, ops1) = commit_stats(server.addr).await?;
+    let writer = server.writer_cpu_time()? - writer0;
     let backlog = drain(server.addr).await?;
     // After the drain: the on-webhook turns of the backlog count too.
     let cpu1 = server.cpu_time()?;
@@ -218,6 +222,9 @@ pub(super) async fn ingest(args: &BenchArgs) -> anyhow::Result<()> {
             "  node CPU per webhook: {:.1}µs (verify + store + on-webhook turn)",
             (cpu1 - cpu0).as_secs_f64() * 1e6 / accepted as f64
         );
+    }
+    if let Some(line) = commit_line(commits1 - commits0, ops1 - ops0, writer, ingest.elapsed) {
+        println!("{line}");
     }
     println!(
         "  processed per s: {:.0} (on-webhook turns; inboxes drained {:.0} ms after the load stopped)",
