@@ -21,6 +21,7 @@ const GUESTS: &[(&str, &str)] = &[
     ("counter", "examples/counter"),
     ("notes", "examples/notes"),
     ("marmot-testkit", "tests/guests/testkit"),
+    ("marmot-spinning-origin", "tests/guests/spinning-origin"),
     ("marmot-quickjs", "actors/quickjs"),
     ("marmot-agent", "actors/agent"),
 ];

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{COUNTER, Marmot, TESTKIT, tempdir};
+use common::{COUNTER, Marmot, SPINNING_ORIGIN, TESTKIT, tempdir};
 use serde_json::json;
 
 #[tokio::test]
@@ -447,4 +447,58 @@ async fn fresh_instances_start_with_the_pages_first_turns_write() {
         common::metric(&m, "marmot_js_sandbox_prefaulted_pages_total"),
         0.0
     );
+}
+
+/// Deployed code may export `report-memory-origin`, which the host calls
+/// before a fresh instance's first turn. One that never returns is
+/// stopped by the CPU meter, as a spinning turn is: the message fails as
+/// one whose instance trapped, the instance is not used again, other
+/// actors run meanwhile, and the next message to it fails the same way
+/// rather than hanging.
+#[tokio::test]
+async fn a_report_of_memory_origin_that_never_returns_is_stopped() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    let r = api
+        .deploy("spinner", SPINNING_ORIGIN, json!({"cpu_slice_ms": 300}))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    api.deploy("kit", TESTKIT, json!({})).await;
+    assert_eq!(api.add("kit", "neighbour", 1).await.json["value"], 1);
+
+    let spin = {
+        let api = api.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let r = api.post_json("/v1/actors/spinner/a", &json!({})).await;
+            (r, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = Instant::now();
+    assert_eq!(api.add("kit", "neighbour", 1).await.json["value"], 2);
+    assert!(
+        started.elapsed() < Duration::from_millis(250),
+        "neighbour waited {:?}",
+        started.elapsed()
+    );
+    let (r, took) = spin.await.unwrap();
+    assert_eq!(r.status, 500, "{}", r.json);
+    assert_eq!(r.code(), "actor_trapped", "{}", r.json);
+    assert!(
+        r.json["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("instantiation failed")),
+        "{}",
+        r.json
+    );
+    assert!(took < Duration::from_secs(3), "it ran {took:?}");
+
+    let started = Instant::now();
+    let again = api.post_json("/v1/actors/spinner/a", &json!({})).await;
+    assert_eq!(again.status, 500, "{}", again.json);
+    assert_eq!(again.code(), "actor_trapped", "{}", again.json);
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(api.add("kit", "neighbour", 1).await.json["value"], 3);
 }

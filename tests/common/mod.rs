@@ -18,6 +18,9 @@ use serde_json::Value;
 
 /// The test actor (`tests/guests/testkit`).
 pub const TESTKIT: &[u8] = include_bytes!(env!("MARMOT_GUEST_MARMOT_TESTKIT"));
+/// An actor whose `report-memory-origin` never returns
+/// (`tests/guests/spinning-origin`).
+pub const SPINNING_ORIGIN: &[u8] = include_bytes!(env!("MARMOT_GUEST_MARMOT_SPINNING_ORIGIN"));
 /// The counter example.
 pub const COUNTER: &[u8] = include_bytes!(env!("MARMOT_GUEST_COUNTER"));
 /// The notes example.
