@@ -228,7 +228,8 @@ fn stat_fields<const N: usize>(pid: u32, ns: [usize; N]) -> anyhow::Result<[u64;
     stat_fields_at(&format!("/proc/{pid}/stat"), ns)
 }
 
-/// Fields `ns` (numbered as in proc(5), from 1) of the stat file at `path`.
+/// Fields `ns`, numbered as for [`stat_fields`], of the stat file at
+/// `path` (a process's or a thread's).
 fn stat_fields_at<const N: usize>(path: &str, ns: [usize; N]) -> anyhow::Result<[u64; N]> {
     let stat = std::fs::read_to_string(path)?;
     let rest = stat
