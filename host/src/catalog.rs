@@ -88,6 +88,13 @@ impl TypeEntry {
         self.deleted.load(Ordering::Acquire)
     }
 
+    /// How the current version's code runs, read in place: the request
+    /// path asks on every message, and a copy of the record costs as many
+    /// allocations as the type has versions.
+    pub fn latest_kind(&self) -> CodeKind {
+        self.record.read().expect("type record lock").latest().kind
+    }
+
     /// A copy of the stored record.
     pub fn record(&self) -> TypeRecord {
         self.record.read().expect("type record lock").clone()
@@ -262,5 +269,37 @@ impl Catalog {
             e.deleted.store(true, Ordering::Release);
         }
         entry
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn version(version: u32, kind: CodeKind) -> VersionRecord {
+        VersionRecord {
+            version,
+            kind,
+            sha256: String::new(),
+            code_bytes: 0,
+            config: Default::default(),
+            deployed_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn latest_kind_is_the_current_versions() {
+        let entry = TypeEntry::new(TypeRecord {
+            name: "t".into(),
+            created_at_ms: 0,
+            versions: vec![version(1, CodeKind::Wasm), version(2, CodeKind::Agent)],
+        });
+        assert_eq!(entry.latest_kind(), CodeKind::Agent);
+        *entry.record.write().unwrap() = TypeRecord {
+            name: "t".into(),
+            created_at_ms: 0,
+            versions: vec![version(1, CodeKind::Agent), version(2, CodeKind::Js)],
+        };
+        assert_eq!(entry.latest_kind(), CodeKind::Js);
     }
 }

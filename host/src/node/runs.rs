@@ -51,7 +51,7 @@ impl Node {
     pub fn is_agent(&self, ty: &str) -> bool {
         self.catalog
             .get(ty)
-            .is_some_and(|t| t.record().latest().kind == CodeKind::Agent)
+            .is_some_and(|t| t.latest_kind() == CodeKind::Agent)
     }
 
     /// Queue `body` (`{"input": …}`) for the agent `key`; the run id.
