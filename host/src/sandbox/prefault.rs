@@ -21,54 +21,120 @@
 //! [`SAMPLES`] sandboxes, kept if every sample copied them. From then on a
 //! fresh sandbox has those pages populated writable
 //! (`madvise(MADV_POPULATE_WRITE)`) before its first turn runs: the same
-//! copies, without the faults and the flushes. A trimmed sandbox (see
+//! copies, without the faults and the flushes. Every [`RELEARN_AFTER`]
+//! prefaulted sandboxes the next [`SAMPLES`] run unpopulated and the set is
+//! learned again from them, so it follows the load rather than whatever
+//! came first (a node's first sandboxes of a type are often creations,
+//! whose first turn writes pages a wake's does not). A trimmed sandbox (see
 //! [`trim`](super::trim)) that runs again has the pages the trim gave back
 //! populated the same way ([`populate`]). Populating copies the snapshot's
 //! page, so the guest cannot tell.
 //!
 //! `MARMOT_JS_PREFAULT=0` turns it off (for both kinds), to measure it side by side.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use super::trim::{
     MemoryOrigin, discard, is_private, page_runs, page_size, pagemap_entries, shows_the_file,
 };
 
-/// First turns sampled before a compiled engine's write set is fixed.
+/// First turns sampled each time a compiled engine's write set is learned.
 const SAMPLES: u32 = 8;
 
+/// Fresh sandboxes prefaulted from one learned set before the next
+/// [`SAMPLES`] learn it again. A sample runs unpopulated (its faults, and
+/// flushes if other cores run the process), so one in ~1,000.
+const RELEARN_AFTER: u32 = 1024;
+
 /// The pages fresh sandboxes of one compiled engine write in their first
-/// turn: being learned, then fixed.
-#[derive(Default)]
+/// turn: learned from samples, and learned again from time to time.
 pub(super) struct WriteSet {
     learning: Mutex<Learning>,
-    /// Runs of pages, as (offset from the memory's start, length) in
-    /// bytes, once learned.
-    runs: OnceLock<Box<[(usize, usize)]>>,
+    /// The pages learned last, if any yet.
+    runs: RwLock<Option<Runs>>,
+    /// Fresh sandboxes prefaulted since the set was last learned, or a
+    /// round last opened.
+    prefaulted: AtomicU32,
+    relearn_after: u32,
 }
 
-#[derive(Default)]
+/// Runs of pages, as (offset from the memory's start, length) in bytes.
+type Runs = Arc<[(usize, usize)]>;
+
+/// One round of samples.
 struct Learning {
-    samples: u32,
-    /// Pages private in every sample so far (`None` before the first).
+    /// Which round (a sample reports to the round that handed it out).
+    round: u32,
+    /// Samples handed out this round. The first round hands one to every
+    /// fresh sandbox until it has learned (there is nothing to prefault
+    /// with yet); a later one hands out [`SAMPLES`], and hands out again
+    /// the ones whose turn failed (they never report) when it is due again.
+    handed: u32,
+    /// Samples reported this round.
+    reported: u32,
+    /// Pages private in every sample of this round so far (`None` before
+    /// the first).
     written: Option<Vec<bool>>,
 }
 
+/// A fresh sandbox chosen as a sample: run it unpopulated and report its
+/// pages with [`WriteSet::learn`] after its first turn.
+pub(super) struct Sample {
+    round: u32,
+}
+
+impl Default for WriteSet {
+    fn default() -> Self {
+        Self::relearning_after(RELEARN_AFTER)
+    }
+}
+
 /// Whether this kernel populates pages on request (Linux 5.14+); cleared
-/// after the first refusal.
+/// the first time it refuses.
 static POPULATE: AtomicBool = AtomicBool::new(true);
 
 impl WriteSet {
-    /// Whether the write set is still being learned: the next fresh
-    /// sandbox should report its pages after its first turn.
-    pub(super) fn learning(&self) -> bool {
-        self.runs.get().is_none() && enabled()
+    fn relearning_after(relearn_after: u32) -> Self {
+        Self {
+            learning: Mutex::new(Learning {
+                round: 0,
+                handed: 0,
+                reported: 0,
+                written: None,
+            }),
+            runs: RwLock::new(None),
+            prefaulted: AtomicU32::new(0),
+            relearn_after,
+        }
+    }
+
+    /// Whether the next fresh sandbox is a sample. If not, the caller
+    /// prefaults it.
+    pub(super) fn sample(&self) -> Option<Sample> {
+        if !enabled() {
+            return None;
+        }
+        let mut learning = self.learning.lock().expect("write set lock");
+        let first = self.runs.read().expect("write set lock").is_none();
+        if !first && learning.handed >= SAMPLES {
+            if self.prefaulted.fetch_add(1, Ordering::Relaxed) + 1 < self.relearn_after {
+                return None;
+            }
+            // Due: open the round, or open it again for the samples that
+            // never reported.
+            self.prefaulted.store(0, Ordering::Relaxed);
+            learning.handed = learning.reported;
+        }
+        learning.handed += 1;
+        Some(Sample {
+            round: learning.round,
+        })
     }
 
     /// Take the pages private to a sandbox's memory at `origin`, just
     /// after its first turn, as one sample.
-    pub(super) fn learn(&self, origin: MemoryOrigin) -> std::io::Result<()> {
+    pub(super) fn learn(&self, sample: Sample, origin: MemoryOrigin) -> std::io::Result<()> {
         let page = page_size();
         if !origin.start.is_multiple_of(page) {
             return Ok(());
@@ -78,7 +144,8 @@ impl WriteSet {
             .map(is_private)
             .collect();
         let mut learning = self.learning.lock().expect("write set lock");
-        if self.runs.get().is_some() {
+        if sample.round != learning.round {
+            // Its round learned enough without it.
             return Ok(());
         }
         let written = match learning.written.take() {
@@ -91,18 +158,25 @@ impl WriteSet {
                 written
             }
         };
-        learning.samples += 1;
-        if learning.samples < SAMPLES {
+        learning.reported += 1;
+        if learning.reported < SAMPLES {
             learning.written = Some(written);
             return Ok(());
         }
-        let _ = self
-            .runs
-            .set(page_runs(0, &written, page).into_boxed_slice());
+        let runs: Runs = page_runs(0, &written, page).into();
         tracing::debug!(
+            round = learning.round,
             pages = written.iter().filter(|&&w| w).count(),
             "learned the pages a fresh instance writes in its first turn"
         );
+        *self.runs.write().expect("write set lock") = Some(runs);
+        *learning = Learning {
+            round: learning.round.wrapping_add(1),
+            handed: SAMPLES,
+            reported: 0,
+            written: None,
+        };
+        self.prefaulted.store(0, Ordering::Relaxed);
         Ok(())
     }
 
@@ -111,7 +185,7 @@ impl WriteSet {
     ///
     /// The caller holds the sandbox's store, which has not run a turn.
     pub(super) fn prefault(&self, origin: MemoryOrigin) -> std::io::Result<usize> {
-        let Some(runs) = self.runs.get() else {
+        let Some(runs) = self.runs.read().expect("write set lock").clone() else {
             return Ok(0);
         };
         if !origin.start.is_multiple_of(page_size()) {
@@ -310,7 +384,7 @@ mod tests {
     fn learns_the_pages_every_sample_wrote_then_populates_them() {
         let set = WriteSet::default();
         for sample in 0..SAMPLES {
-            assert!(set.learning());
+            let taken = set.sample().expect("a sample");
             let m = Mapping::new(16);
             for page in [2, 3, 7] {
                 m.write(page);
@@ -319,9 +393,9 @@ mod tests {
             if sample == 0 {
                 m.write(9);
             }
-            set.learn(m.origin()).unwrap();
+            set.learn(taken, m.origin()).unwrap();
         }
-        assert!(!set.learning());
+        assert!(set.sample().is_none());
         let fresh = Mapping::new(16);
         assert_eq!(fresh.private(), Vec::<usize>::new());
         assert_eq!(set.prefault(fresh.origin()).unwrap(), 3);
@@ -330,6 +404,52 @@ mod tests {
         let small = Mapping::new(3);
         assert_eq!(set.prefault(small.origin()).unwrap(), 1);
         assert_eq!(small.private(), vec![2]);
+    }
+
+    #[test]
+    fn the_set_is_learned_again_from_later_samples() {
+        let set = WriteSet::relearning_after(3);
+        let report = |taken: Sample, pages: &[usize]| {
+            let m = Mapping::new(16);
+            for &page in pages {
+                m.write(page);
+            }
+            set.learn(taken, m.origin()).unwrap();
+        };
+        let sample = |pages: &[usize]| report(set.sample().expect("a sample"), pages);
+        // The first round samples every fresh sandbox until it has learned;
+        // one still out then reports too late to count.
+        let late = set.sample().expect("a sample");
+        for _ in 0..SAMPLES {
+            sample(&[2, 3, 7]);
+        }
+        report(late, &[9]);
+        // Prefaulted from the first set until the third sandbox since.
+        for _ in 0..2 {
+            assert!(set.sample().is_none());
+            let fresh = Mapping::new(16);
+            set.prefault(fresh.origin()).unwrap();
+            assert_eq!(fresh.private(), vec![2, 3, 7]);
+        }
+        // The load changed: the next samples write other pages. A round
+        // hands out only its samples, and one whose turn failed never
+        // reports: the round waits, prefaulting from the old set, until it
+        // is due again.
+        let _lost = set.sample().expect("a sample");
+        for _ in 1..SAMPLES {
+            sample(&[2, 5]);
+        }
+        for _ in 0..2 {
+            assert!(set.sample().is_none());
+        }
+        let fresh = Mapping::new(16);
+        set.prefault(fresh.origin()).unwrap();
+        assert_eq!(fresh.private(), vec![2, 3, 7]);
+        sample(&[2, 5]);
+        assert!(set.sample().is_none());
+        let fresh = Mapping::new(16);
+        assert_eq!(set.prefault(fresh.origin()).unwrap(), 2);
+        assert_eq!(fresh.private(), vec![2, 5]);
     }
 
     #[test]

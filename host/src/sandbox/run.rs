@@ -20,7 +20,7 @@ use super::bindings::marmot::actor::types::{Alarm, InputAnswer, Webhook};
 use super::bindings::{Context, Handlers, JsRuntime, Message};
 use super::caps::model::TurnUsage;
 use super::host::{Host, LimitTrap};
-use super::prefault::WriteSet;
+use super::prefault::{Sample, WriteSet};
 use super::trim::{MemoryOrigin, Pristine};
 use super::turn::{Carry, FinishedTurn, TurnLimits, TurnStart, TurnState};
 use crate::ids::ActorKey;
@@ -192,7 +192,7 @@ pub struct Instance {
     /// What trims of this instance compare with, once it has been trimmed.
     pub(super) pristine: Option<Arc<Pristine>>,
     /// Where this fresh instance reports the pages its first turn wrote.
-    learn: Option<Arc<WriteSet>>,
+    learn: Option<(Arc<WriteSet>, Sample)>,
     /// Pages the last trim gave back, populated again before the next
     /// turn (start, length).
     pub(super) refault: Vec<(usize, usize)>,
@@ -325,8 +325,8 @@ impl Instance {
         let Some(origin) = self.memory_origin().await? else {
             return Ok(());
         };
-        if writes.learning() {
-            self.learn = Some(writes.clone());
+        if let Some(sample) = writes.sample() {
+            self.learn = Some((writes.clone(), sample));
             return Ok(());
         }
         match writes.prefault(origin) {
@@ -472,10 +472,10 @@ impl Instance {
         let (result, cpu) = metered(tokio::time::timeout(*turn_timeout, call)).await;
         let turn = store.data_mut().turn.take();
         // Asked before the turn: the size is the memory's at the start.
-        if let Some(writes) = self.learn.take()
+        if let Some((writes, sample)) = self.learn.take()
             && matches!(result, Ok(Ok(Ok(_))))
             && let Some(origin) = store.data().memory_origin
-            && let Err(e) = writes.learn(origin)
+            && let Err(e) = writes.learn(sample, origin)
         {
             tracing::debug!(error = %e, "sampling a fresh sandbox's pages failed");
         }
