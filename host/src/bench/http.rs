@@ -279,18 +279,25 @@ pub(super) fn have_wrk() -> bool {
 }
 
 /// Deploy the counter the scenario asked for (`--js`: the JavaScript one)
-/// and return its type name.
-async fn deploy_counter_of(server: &ServerProc, js: bool) -> anyhow::Result<&'static str> {
-    let config = serde_json::json!({"idle_timeout_ms": 3_600_000});
-    if js {
-        server
-            .deploy_js("jscounter", super::inproc::JS_COUNTER, config)
-            .await?;
-        Ok("jscounter")
-    } else {
-        server.deploy_counter(config).await?;
-        Ok("counter")
+/// `versions` times, each with a config of its own, so that the type has
+/// that many versions; return its type name.
+async fn deploy_counter_of(
+    server: &ServerProc,
+    js: bool,
+    versions: usize,
+) -> anyhow::Result<&'static str> {
+    for v in 0..versions.max(1) {
+        // Identical code and config would return the current version.
+        let config = serde_json::json!({"idle_timeout_ms": 3_600_000 + v});
+        if js {
+            server
+                .deploy_js("jscounter", super::inproc::JS_COUNTER, config)
+                .await?;
+        } else {
+            server.deploy_counter(config).await?;
+        }
     }
+    Ok(if js { "jscounter" } else { "counter" })
 }
 
 /// Durable turns/s over HTTP across `actors` counters.
@@ -298,7 +305,7 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
     let dir = tempfile::Builder::new().prefix("marmot-bench-").tempdir()?;
     let config = super::server::limits_for(actors);
     let server = ServerProc::start(&dir.path().join("data"), &config).await?;
-    let ty = deploy_counter_of(&server, args.js).await?;
+    let ty = deploy_counter_of(&server, args.js, args.versions).await?;
     let pss_empty = server.pss()?;
     create_typed(server.addr, ty, actors).await?;
     let pss_created = server.pss()?;
@@ -356,8 +363,13 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
         "http-spread"
     };
     let kind = if args.js { "JavaScript" } else { "Rust" };
+    let versions = if args.versions > 1 {
+        format!(", the type deployed {} times", args.versions)
+    } else {
+        String::new()
+    };
     println!(
-        "scenario {name} ({actors} {kind} actor(s), {} connections, {gen_name}, {}s)",
+        "scenario {name} ({actors} {kind} actor(s), {} connections, {gen_name}, {}s{versions})",
         args.connections,
         r.elapsed.as_secs()
     );
@@ -408,7 +420,7 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
 pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
     let dir = tempfile::Builder::new().prefix("marmot-bench-").tempdir()?;
     let server = ServerProc::start(&dir.path().join("data"), "").await?;
-    let ty = deploy_counter_of(&server, args.js).await?;
+    let ty = deploy_counter_of(&server, args.js, 1).await?;
     let secs = args.duration.min(3);
     let target = |prefix: &str| Target {
         addr: server.addr,

@@ -61,6 +61,11 @@ pub struct BenchArgs {
     /// trimmed first.
     #[arg(long, default_value_t = 0)]
     pub idle: u64,
+    /// http-hot / http-spread: versions of the counter's type, each deployed
+    /// with a config of its own before the load (a type redeployed often
+    /// must not make its messages slower).
+    #[arg(long, default_value_t = 1)]
+    pub versions: usize,
     /// vs-workerd: the workerd binary (`scripts/bench-vs-workerd` installs
     /// it from npm).
     #[arg(long, env = "MARMOT_WORKERD")]
