@@ -351,7 +351,7 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
     let tlb0 = super::server::tlb_shootdowns();
     let r = run(Duration::from_secs(args.duration)).await?;
     let cpu1 = server.cpu_time()?;
-    let writer = server.writer_cpu_time()? - writer0;
+    let writer = server.writer_cpu_time()?.saturating_sub(writer0);
     let tlb1 = super::server::tlb_shootdowns();
     let (commits1, ops1) = commit_stats(server.addr).await?;
     let trims = trims(server.addr).await? - trims0;

@@ -249,11 +249,14 @@ fn stat_fields_at<const N: usize>(path: &str, ns: [usize; N]) -> anyhow::Result<
 
 /// CPU time (user + system) process `pid` has used so far.
 pub(super) fn cpu_of(pid: u32) -> anyhow::Result<Duration> {
-    // utime and stime, in USER_HZ, which is 100 on every architecture Linux
-    // supports.
     let [utime, stime] = stat_fields(pid, [14, 15])?;
-    let ticks = utime + stime;
-    Ok(Duration::from_millis(ticks * 10))
+    Ok(from_ticks(utime + stime))
+}
+
+/// CPU time from clock ticks of a stat file (utime, stime): USER_HZ, which
+/// is 100 on every architecture Linux supports.
+fn from_ticks(ticks: u64) -> Duration {
+    Duration::from_millis(ticks * 10)
 }
 
 /// CPU time (user + system) the threads of process `pid` named `name`
@@ -273,7 +276,7 @@ pub(super) fn thread_cpu_of(pid: u32, name: &str) -> anyhow::Result<Duration> {
             ticks += utime + stime;
         }
     }
-    Ok(Duration::from_millis(ticks * 10))
+    Ok(from_ticks(ticks))
 }
 
 /// Minor page faults process `pid` has taken so far: on a wake, mostly

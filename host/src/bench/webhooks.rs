@@ -197,7 +197,7 @@ pub(super) async fn ingest(args: &BenchArgs) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(args.duration);
     let ingest = load(server.addr, key.clone(), actors, conns, Ok(deadline)).await?;
     let (commits1, ops1) = commit_stats(server.addr).await?;
-    let writer = server.writer_cpu_time()? - writer0;
+    let writer = server.writer_cpu_time()?.saturating_sub(writer0);
     let backlog = drain(server.addr).await?;
     // After the drain: the on-webhook turns of the backlog count too.
     let cpu1 = server.cpu_time()?;
