@@ -41,7 +41,7 @@ const DEBIAN_WASI_INCLUDE: &str = "/usr/include/wasm32-wasi";
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let root = manifest_dir.parent().unwrap().to_path_buf();
-    for dir in ["wit", "guest-sdk", "Cargo.lock", "Cargo.toml"] {
+    for dir in ["wit", "guest-sdk", "vendor", "Cargo.lock", "Cargo.toml"] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
     for (_, dir) in GUESTS {
