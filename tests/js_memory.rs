@@ -155,3 +155,73 @@ async fn fresh_sandboxes_start_with_the_pages_first_turns_write() {
         assert_eq!(r.json["hits"], 2, "{id}: {}", r.json);
     }
 }
+
+/// Objects, strings and closures the module's top level made: they are in
+/// the type version's snapshot, and their reference counts stay untouched
+/// while turns use them (`vendor/rquickjs-sys/MARMOT.md`). Every use that
+/// changes such a value (a new property, a deleted one, a string grown in
+/// place, a shape shared with a turn's own objects) must behave as plain
+/// JavaScript, sandbox by sandbox, and what turns make and drop must still
+/// be freed.
+const SNAPSHOT_MODULE: &str = r#"
+const shared = { a: 1 };
+const twin = { a: 1 };
+let text = "snap";
+const alias = text;
+const list = [1, 2, 3];
+const byKey = new Map([["k", { deep: [1] }]]);
+let counter = 0;
+const bump = () => ++counter;
+
+export default {
+  onMessage() {
+    const fresh = { a: 1 };
+    fresh.b = 2;
+    shared[`k${bump()}`] = counter;
+    delete twin.a;
+    text += "!";
+    list.push(list.length + 1);
+    byKey.get("k").deep.push(counter);
+    // About 2 MB that the next turn drops: 40 turns of it would not fit the
+    // sandbox's 32 MiB if dropped values were never freed.
+    shared.big = new Array(250000).fill(counter);
+    return {
+      shared: Object.keys(shared).filter((k) => k !== "big").map((k) => [k, shared[k]]),
+      big: shared.big.length, twin, fresh, text, alias, list,
+      deep: byKey.get("k").deep,
+    };
+  },
+};
+"#;
+
+#[tokio::test]
+async fn snapshot_objects_behave_as_javascript_and_turns_still_free_what_they_drop() {
+    let (_dir, _m, api) = node(None).await;
+    let r = api.deploy_js("snap", SNAPSHOT_MODULE).await;
+    assert_eq!(r.status, 201, "{}", r.json);
+
+    let expected = |turn: u64| {
+        let mut shared = vec![json!(["a", 1])];
+        shared.extend((1..=turn).map(|k| json!([format!("k{k}"), k])));
+        json!({
+            "shared": shared,
+            "big": 250000,
+            "twin": {},
+            "fresh": {"a": 1, "b": 2},
+            "text": format!("snap{}", "!".repeat(turn as usize)),
+            "alias": "snap",
+            "list": (1..=3 + turn).collect::<Vec<_>>(),
+            "deep": std::iter::once(1).chain(1..=turn).collect::<Vec<_>>(),
+        })
+    };
+    for turn in 1..=40u64 {
+        let r = api.op("snap", "a", json!({})).await;
+        assert_eq!(r.status, 200, "turn {turn}: {}", r.json);
+        assert_eq!(r.json, expected(turn), "turn {turn}");
+    }
+    // Another actor's sandbox starts from the snapshot, untouched by a's.
+    for turn in 1..=2u64 {
+        let r = api.op("snap", "b", json!({})).await;
+        assert_eq!(r.json, expected(turn), "b, turn {turn}");
+    }
+}

@@ -82,6 +82,38 @@ pub fn init() {
     });
 }
 
+#[cfg(target_family = "wasm")]
+#[allow(
+    unsafe_code,
+    reason = "Marmot's addition to QuickJS (vendor/rquickjs-sys)"
+)]
+unsafe extern "C" {
+    /// Whether the snapshot is sealed: while it is, the reference counts of
+    /// what was allocated before the seal stay untouched (immortal snapshot
+    /// objects, `vendor/rquickjs-sys/MARMOT.md`).
+    safe fn JS_SetSnapshotSealed(sealed: bool);
+}
+
+/// Build on the snapshot again (`wizer-preload`): what is allocated from now
+/// on joins it, and its objects count references as usual until sealed.
+#[cfg(target_family = "wasm")]
+pub fn unseal_snapshot() {
+    JS_SetSnapshotSealed(false);
+}
+
+/// The snapshot is about to be taken: fill the heap's free chunks
+/// ([`seal_heap`]) if `fill`, and from now on leave the reference counts of
+/// everything allocated so far alone, so that a sandbox's turns do not write
+/// to the snapshot's pages only to count references to its objects (each
+/// page written is copied into the sandbox).
+#[cfg(target_family = "wasm")]
+pub fn seal_snapshot(fill: bool) {
+    if fill {
+        seal_heap();
+    }
+    JS_SetSnapshotSealed(true);
+}
+
 /// Use up every free chunk of the heap before the snapshot is taken, so
 /// that a sandbox's allocations come from memory past the snapshot instead
 /// of from chunks freed during start-up, which lie scattered over the
@@ -90,7 +122,7 @@ pub fn init() {
 /// snapshot, mapped and shared by every sandbox, so they cost no sandbox
 /// anything. Stops at the first allocation that had to grow the memory.
 #[cfg(target_family = "wasm")]
-pub fn seal_heap() {
+fn seal_heap() {
     use std::alloc::{Layout, alloc, dealloc};
     // The smallest chunk wasi-libc's malloc hands out.
     let layout = Layout::from_size_align(16, 8).expect("valid layout");

@@ -44,14 +44,16 @@ impl bindings::Guest for Component {
         engine::init();
         // Built for the host only to be linted: nothing to seal there.
         #[cfg(target_family = "wasm")]
-        engine::seal_heap();
+        engine::seal_snapshot(true);
     }
 
     fn wizer_preload() -> Result<(), String> {
-        engine::with(|e| e.preload())?;
         #[cfg(target_family = "wasm")]
-        engine::seal_heap();
-        Ok(())
+        engine::unseal_snapshot();
+        let loaded = engine::with(|e| e.preload());
+        #[cfg(target_family = "wasm")]
+        engine::seal_snapshot(loaded.is_ok());
+        loaded
     }
 
     fn report_memory_origin() {

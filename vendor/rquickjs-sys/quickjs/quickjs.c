@@ -508,6 +508,47 @@ static inline JSMallocBlockHeader *js_rc(const void *p) {
 #define JS_GC_TYPE(p)   (js_rc(p)->gc_obj_type)
 #define JS_GC_MARK(p)   (js_rc(p)->mark)
 
+/* Marmot: immortal snapshot objects (docs/design.md in Marmot's repository).
+   A sandbox starts from a snapshot of the initialized engine, or of a type's
+   evaluated module. Counting references to the snapshot's objects writes to
+   their pages, and each page written is copied into the sandbox. So blocks
+   allocated before the snapshot is sealed are tagged, and while it is sealed
+   their reference counts are neither raised nor lowered: they are never
+   freed (the snapshot holds them anyway), never unique (so never changed in
+   place as if unshared), and the cycle collector leaves them out of its
+   count arithmetic. Blocks allocated after the seal count as usual.
+   JS_SetSnapshotSealed(false) while building a snapshot, true once built. */
+#define JS_BLOCK_TAG_MORTAL   0xff /* upstream's fail-safe value for large blocks */
+#define JS_BLOCK_TAG_SNAPSHOT 0xfe
+static bool js_snapshot_sealed;
+void JS_SetSnapshotSealed(bool sealed)
+{
+    js_snapshot_sealed = sealed;
+}
+static inline uint8_t js_new_block_tag(void)
+{
+    return js_snapshot_sealed ? JS_BLOCK_TAG_MORTAL : JS_BLOCK_TAG_SNAPSHOT;
+}
+static inline bool js_is_immortal(const void *p)
+{
+    return js_snapshot_sealed && js_rc(p)->block_size_idx == JS_BLOCK_TAG_SNAPSHOT;
+}
+static inline void js_rc_inc(const void *p)
+{
+    if (!js_is_immortal(p))
+        js_rc(p)->ref_count++;
+}
+/* The count after lowering it; an immortal block's is never <= 0. */
+static inline int js_rc_dec(const void *p)
+{
+    return js_is_immortal(p) ? INT_MAX : --js_rc(p)->ref_count;
+}
+/* Whether this is the only reference, so the block may change in place. */
+static inline bool js_rc_unique(const void *p)
+{
+    return !js_is_immortal(p) && js_rc(p)->ref_count == 1;
+}
+
 /* bigint */
 typedef int32_t js_slimb_t;
 typedef uint32_t js_limb_t;
@@ -1664,7 +1705,7 @@ static JSValue js_dup(JSValueConst v)
 {
     if (JS_VALUE_HAS_REF_COUNT(v)) {
         void *p = JS_VALUE_GET_PTR(v);
-        JS_REF_COUNT(p)++;
+        js_rc_inc(p);
     }
     return unsafe_unconst(v);
 }
@@ -1785,7 +1826,7 @@ static no_inline void *arena_malloc_large(JSRuntime *rt, size_t size)
     if (!b)
         return NULL;
     b->u.block_idx = JS_ARENA_FREE_NIL;
-    b->block_size_idx = 0xff; /* fail safe */
+    b->block_size_idx = js_new_block_tag();
     return b->user_data;
 }
 
@@ -1797,7 +1838,7 @@ static no_inline void *arena_calloc_large(JSRuntime *rt, size_t size)
     if (!b)
         return NULL;
     b->u.block_idx = JS_ARENA_FREE_NIL;
-    b->block_size_idx = 0xff; /* fail safe */
+    b->block_size_idx = js_new_block_tag();
     return b->user_data;
 }
 
@@ -1907,12 +1948,13 @@ static void *js_arena_realloc(JSRuntime *rt, void *ptr, size_t size)
             return js_arena_malloc(rt, size);
         } else {
             JSMallocBlockHeader *nb;
+            uint8_t tag = b->block_size_idx; /* a moved block keeps it */
             nb = rt->mf.js_realloc(rt->malloc_state.opaque, b,
                                    sizeof(JSMallocBlockHeader) + size);
             if (!nb)
                 return NULL;
             nb->u.block_idx = JS_ARENA_FREE_NIL;
-            nb->block_size_idx = 0xff;
+            nb->block_size_idx = tag;
             return nb->user_data;
         }
     } else {
@@ -2608,7 +2650,7 @@ static inline void js_free_string0(JSRuntime *rt, JSString *str);
 /* same as JS_FreeValueRT() but faster */
 static inline void js_free_string(JSRuntime *rt, JSString *str)
 {
-    if (--JS_REF_COUNT(str) <= 0)
+    if (js_rc_dec(str) <= 0)
         js_free_string0(rt, str);
 }
 
@@ -2720,7 +2762,7 @@ void JS_FreeRuntime(JSRuntime *rt)
         for(i = 0; i < rt->atom_size; i++) {
             JSAtomStruct *p = rt->atom_array[i];
             if (!atom_is_free(p) /* && p->str*/) {
-                if (i >= JS_ATOM_END || JS_REF_COUNT(p) != 1) {
+                if (i >= JS_ATOM_END || !js_rc_unique(p)) {
                     if (!header_done) {
                         header_done = true;
                         if (rt->rt_info) {
@@ -2977,7 +3019,7 @@ static void js_free_modules(JSContext *ctx, JSFreeModuleEnum flag)
 
 JSContext *JS_DupContext(JSContext *ctx)
 {
-    JS_REF_COUNT(ctx)++;
+    js_rc_inc(ctx);
     return ctx;
 }
 
@@ -3042,7 +3084,7 @@ void JS_FreeContext(JSContext *ctx)
     JSRuntime *rt = ctx->rt;
     int i;
 
-    if (--JS_REF_COUNT(ctx) > 0)
+    if (js_rc_dec(ctx) > 0)
         return;
     assert(JS_REF_COUNT(ctx) == 0);
 
@@ -3268,7 +3310,7 @@ static __maybe_unused void JS_DumpString(JSRuntime *rt, JSString *p)
         printf("<null>");
         return;
     }
-    if (JS_REF_COUNT(p) != 1)
+    if (!js_rc_unique(p))
         printf("%d", JS_REF_COUNT(p));
     if (p->is_wide_char)
         putchar('L');
@@ -3391,7 +3433,7 @@ JSAtom JS_DupAtomRT(JSRuntime *rt, JSAtom v)
 
     if (!__JS_AtomIsConst(v)) {
         p = rt->atom_array[v];
-        JS_REF_COUNT(p)++;
+        js_rc_inc(p);
     }
     return v;
 }
@@ -3404,7 +3446,7 @@ JSAtom JS_DupAtom(JSContext *ctx, JSAtom v)
     if (!__JS_AtomIsConst(v)) {
         rt = ctx->rt;
         p = rt->atom_array[v];
-        JS_REF_COUNT(p)++;
+        js_rc_inc(p);
     }
     return v;
 }
@@ -3470,7 +3512,7 @@ static JSAtom __JS_NewAtom(JSRuntime *rt, JSString *str, int atom_type)
             i = js_get_atom_index(rt, str);
             /* reduce string refcount and increase atom's unless constant */
             if (__JS_AtomIsConst(i))
-                JS_REF_COUNT(str)--;
+                js_rc_dec(str);
             return i;
         }
         /* try and locate an already registered atom */
@@ -3486,7 +3528,7 @@ static JSAtom __JS_NewAtom(JSRuntime *rt, JSString *str, int atom_type)
                 p->len == len &&
                 js_string_memcmp(p, str, len) == 0) {
                 if (!__JS_AtomIsConst(i))
-                    JS_REF_COUNT(p)++;
+                    js_rc_inc(p);
                 goto done;
             }
             i = p->hash_next;
@@ -3644,7 +3686,7 @@ static JSAtom __JS_FindAtom(JSRuntime *rt, const char *str, size_t len,
             p->is_wide_char == 0 &&
             memcmp(str8(p), str, len) == 0) {
             if (!__JS_AtomIsConst(i))
-                JS_REF_COUNT(p)++;
+                js_rc_inc(p);
             return i;
         }
         i = p->hash_next;
@@ -3697,7 +3739,7 @@ static void __JS_FreeAtom(JSRuntime *rt, uint32_t i)
     JSAtomStruct *p;
 
     p = rt->atom_array[i];
-    if (--JS_REF_COUNT(p) > 0)
+    if (js_rc_dec(p) > 0)
         return;
     JS_FreeAtomStruct(rt, p);
 }
@@ -4330,7 +4372,7 @@ static JSValue js_sub_string(JSContext *ctx, JSString *p, int start, int end)
         slice = (void *)&q[1];
         slice->parent = p;
         slice->start = start << p->is_wide_char; // chars -> bytes
-        JS_REF_COUNT(p)++;
+        js_rc_inc(p);
         return JS_MKPTR(JS_TAG_STRING, q);
     }
     if (p->is_wide_char) {
@@ -5459,7 +5501,7 @@ static JSValue JS_ConcatString2(JSContext *ctx, JSValue op1, JSValue op2)
     if (p2->len == 0) {
         goto ret_op1;
     }
-    if (JS_REF_COUNT(p1) == 1 && p1->is_wide_char == p2->is_wide_char
+    if (js_rc_unique(p1) && p1->is_wide_char == p2->is_wide_char
     &&  js_malloc_usable_size(ctx, p1) >= sizeof(*p1) + ((p1->len + p2->len) << p2->is_wide_char) + 1 - p1->is_wide_char) {
         /* Concatenate in place in available space at the end of p1 */
         if (p1->is_wide_char) {
@@ -5799,7 +5841,7 @@ static JSShape *js_clone_shape(JSContext *ctx, JSShape *sh1)
 
 static JSShape *js_dup_shape(JSShape *sh)
 {
-    JS_REF_COUNT(sh)++;
+    js_rc_inc(sh);
     return sh;
 }
 
@@ -5825,7 +5867,7 @@ static void js_free_shape0(JSRuntime *rt, JSShape *sh)
 
 static void js_free_shape(JSRuntime *rt, JSShape *sh)
 {
-    if (unlikely(--JS_REF_COUNT(sh) <= 0)) {
+    if (unlikely(js_rc_dec(sh) <= 0)) {
         js_free_shape0(rt, sh);
     }
 }
@@ -6873,7 +6915,7 @@ static void free_var_ref(JSRuntime *rt, JSVarRef *var_ref)
 {
     if (var_ref) {
         assert(JS_REF_COUNT(var_ref) > 0);
-        if (--JS_REF_COUNT(var_ref) == 0) {
+        if (js_rc_dec(var_ref) == 0) {
             if (var_ref->is_detached) {
                 JS_FreeValueRT(rt, var_ref->value);
                 remove_gc_object(&var_ref->header);
@@ -7191,7 +7233,7 @@ void JS_FreeValueRT(JSRuntime *rt, JSValue v)
 {
     if (JS_VALUE_HAS_REF_COUNT(v)) {
         void *p = JS_VALUE_GET_PTR(v);
-        if (--JS_REF_COUNT(p) <= 0) {
+        if (js_rc_dec(p) <= 0) {
             js_free_value_rt(rt, v);
         }
     }
@@ -7357,6 +7399,8 @@ static void mark_children(JSRuntime *rt, JSGCObjectHeader *gp,
 
 static void gc_decref_child(JSRuntime *rt, JSGCObjectHeader *p)
 {
+    if (js_is_immortal(p))
+        return;
     assert(JS_REF_COUNT(p) > 0);
     JS_REF_COUNT(p)--;
     if (JS_REF_COUNT(p) == 0 && JS_GC_MARK(p) == 1) {
@@ -7389,8 +7433,10 @@ static void gc_decref(JSRuntime *rt)
 
 static void gc_scan_incref_child(JSRuntime *rt, JSGCObjectHeader *p)
 {
-    JS_REF_COUNT(p)++;
-    if (JS_REF_COUNT(p) == 1) {
+    if (js_is_immortal(p))
+        return;
+    js_rc_inc(p);
+    if (js_rc_unique(p)) {
         /* ref_count was 0: remove from tmp_obj_list and add at the
            end of gc_obj_list */
         list_del(&p->link);
@@ -7401,7 +7447,9 @@ static void gc_scan_incref_child(JSRuntime *rt, JSGCObjectHeader *p)
 
 static void gc_scan_incref_child2(JSRuntime *rt, JSGCObjectHeader *p)
 {
-    JS_REF_COUNT(p)++;
+    if (js_is_immortal(p))
+        return;
+    js_rc_inc(p);
 }
 
 static void gc_scan(JSRuntime *rt)
@@ -10173,7 +10221,7 @@ static JSProperty *add_property(JSContext *ctx,
             p->shape = js_dup_shape(new_sh);
             js_free_shape(ctx->rt, sh);
             return &p->prop[new_sh->prop_count - 1];
-        } else if (JS_REF_COUNT(sh) != 1) {
+        } else if (!js_rc_unique(sh)) {
             /* if the shape is shared, clone it */
             new_sh = js_clone_shape(ctx, sh);
             if (!new_sh)
@@ -11171,7 +11219,7 @@ static int js_shape_prepare_update(JSContext *ctx, JSObject *p,
 
     sh = p->shape;
     if (sh->is_hashed) {
-        if (JS_REF_COUNT(sh) != 1) {
+        if (!js_rc_unique(sh)) {
             if (pprs)
                 idx = *pprs - get_shape_prop(sh);
             /* clone the shape (the resulting one is no longer hashed) */
@@ -12768,7 +12816,7 @@ static JSBigInt *js_bigint_normalize1(JSContext *ctx, JSBigInt *a, int l)
 {
     js_limb_t v;
 
-    assert(JS_REF_COUNT(a) == 1);
+    assert(js_rc_unique(a));
     while (l > 1) {
         v = a->tab[l - 1];
         if ((v != 0 && v != -1) ||
@@ -17513,7 +17561,7 @@ static JSVarRef *get_var_ref(JSContext *ctx, JSStackFrame *sf, int var_idx,
         var_ref = sf->var_refs[var_ref_idx];
         if (var_ref) {
             /* reference to the already created local variable */
-            JS_REF_COUNT(var_ref)++;
+            js_rc_inc(var_ref);
             return var_ref;
         }
 
@@ -17592,7 +17640,7 @@ static JSValue js_closure2(JSContext *ctx, JSValue func_obj,
             case JS_CLOSURE_REF:
             case JS_CLOSURE_GLOBAL_REF:
                 var_ref = cur_var_refs[cv->var_idx];
-                JS_REF_COUNT(var_ref)++;
+                js_rc_inc(var_ref);
                 break;
             default:
                 abort();
@@ -19120,7 +19168,7 @@ static JSValue JS_CallInternal(JSContext *caller_ctx, JSValueConst func_obj,
                     goto exception;
                 if (opcode == OP_make_var_ref_ref) {
                     var_ref = var_refs[idx];
-                    JS_REF_COUNT(var_ref)++;
+                    js_rc_inc(var_ref);
                 } else {
                     var_ref = get_var_ref(ctx, sf, idx, opcode == OP_make_arg_ref);
                     if (!var_ref)
@@ -21421,7 +21469,7 @@ static void js_async_function_free0(JSRuntime *rt, JSAsyncFunctionData *s)
 
 static void js_async_function_free(JSRuntime *rt, JSAsyncFunctionData *s)
 {
-    if (--JS_REF_COUNT(s) == 0) {
+    if (js_rc_dec(s) == 0) {
         js_async_function_free0(rt, s);
     }
 }
@@ -21465,7 +21513,7 @@ static int js_async_function_resolve_create(JSContext *ctx,
             return -1;
         }
         p = JS_VALUE_GET_OBJ(resolving_funcs[i]);
-        JS_REF_COUNT(s)++;
+        js_rc_inc(s);
         p->u.async_function_data = s;
     }
     return 0;
@@ -31265,7 +31313,7 @@ static JSValue js_build_module_ns(JSContext *ctx, JSModuleDef *m)
                                   JS_PROP_VARREF);
                 if (!pr)
                     goto fail;
-                JS_REF_COUNT(var_ref)++;
+                js_rc_inc(var_ref);
                 pr->u.var_ref = var_ref;
             }
             break;
@@ -31387,7 +31435,7 @@ static int js_create_module_bytecode_function(JSContext *ctx, JSModuleDef *m)
 
     p = JS_VALUE_GET_OBJ(func_obj);
     p->u.func.function_bytecode = b;
-    JS_REF_COUNT(b)++;
+    js_rc_inc(b);
     p->u.func.home_object = NULL;
     p->u.func.var_refs = NULL;
     if (b->closure_var_count) {
@@ -31623,7 +31671,7 @@ static int js_inner_module_linking(JSContext *ctx, JSModuleDef *m,
                             JS_AtomGetStr(ctx, buf3, sizeof(buf3), res_m->module_name));
                         goto fail;
                     }
-                    JS_REF_COUNT(var_ref)++;
+                    js_rc_inc(var_ref);
                     var_refs[mi->var_idx] = var_ref;
 
                     module_trace(ctx, "local export (var_ref=%p)\n", (void *)var_ref);
@@ -31638,7 +31686,7 @@ static int js_inner_module_linking(JSContext *ctx, JSModuleDef *m,
             JSExportEntry *me = &m->export_entries[i];
             if (me->export_type == JS_EXPORT_TYPE_LOCAL) {
                 var_ref = var_refs[me->u.local.var_idx];
-                JS_REF_COUNT(var_ref)++;
+                js_rc_inc(var_ref);
                 me->u.local.var_ref = var_ref;
             }
         }

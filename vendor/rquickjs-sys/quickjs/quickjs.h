@@ -506,6 +506,8 @@ typedef void JSRuntimeFinalizer(JSRuntime *rt, void *arg);
 typedef struct JSGCObjectHeader JSGCObjectHeader;
 
 JS_EXTERN JSRuntime *JS_NewRuntime(void);
+/* Marmot: see js_is_immortal in quickjs.c. */
+JS_EXTERN void JS_SetSnapshotSealed(bool sealed);
 /* info lifetime must exceed that of rt */
 JS_EXTERN void JS_SetRuntimeInfo(JSRuntime *rt, const char *info);
 /* use 0 to disable memory limit */
