@@ -183,11 +183,15 @@ export default {
     list.push(list.length + 1);
     byKey.get("k").deep.push(counter);
     // About 2 MB that the next turn drops: 40 turns of it would not fit the
-    // sandbox's 32 MiB if dropped values were never freed.
-    shared.big = new Array(250000).fill(counter);
+    // sandbox's 32 MiB if dropped values were never freed. It refers to
+    // itself, so only the cycle collector can free it, walking from a
+    // snapshot object to it.
+    const cycle = { items: new Array(250000).fill(counter) };
+    cycle.self = cycle;
+    shared.big = cycle;
     return {
       shared: Object.keys(shared).filter((k) => k !== "big").map((k) => [k, shared[k]]),
-      big: shared.big.length, twin, fresh, text, alias, list,
+      big: shared.big.items.length, twin, fresh, text, alias, list,
       deep: byKey.get("k").deep,
     };
   },

@@ -5449,7 +5449,7 @@ static JSValue js_linearize_string_rope(JSContext *ctx, JSValueConst rope)
     if (string_buffer_concat_value(b, rope))
         goto fail;
     ret = string_buffer_end(b);
-    if (JS_REF_COUNT(r) > 1) {
+    if (!js_rc_unique(r)) {
         /* update the rope so that it won't need to be linearized again */
         JS_FreeValue(ctx, r->left);
         JS_FreeValue(ctx, r->right);
@@ -7423,7 +7423,8 @@ static void gc_decref(JSRuntime *rt)
         p = list_entry(el, JSGCObjectHeader, link);
         assert(JS_GC_MARK(p) == 0);
         mark_children(rt, p, gc_decref_child);
-        JS_GC_MARK(p) = 1;
+        if (!js_is_immortal(p))
+            JS_GC_MARK(p) = 1;
         if (JS_REF_COUNT(p) == 0) {
             list_del(&p->link);
             list_add_tail(&p->link, &rt->tmp_obj_list);
@@ -7461,7 +7462,8 @@ static void gc_scan(JSRuntime *rt)
     list_for_each(el, &rt->gc_obj_list) {
         p = list_entry(el, JSGCObjectHeader, link);
         assert(JS_REF_COUNT(p) > 0);
-        JS_GC_MARK(p) = 0; /* reset the mark for the next GC call */
+        if (!js_is_immortal(p))
+            JS_GC_MARK(p) = 0; /* reset the mark for the next GC call */
         mark_children(rt, p, gc_scan_incref_child);
     }
 
@@ -17587,7 +17589,7 @@ static JSVarRef *get_var_ref(JSContext *ctx, JSStackFrame *sf, int var_idx,
            the coroutine itself is recovered via stack_frame->cur_gc_obj. */
         var_ref->is_coro = (sf->cur_gc_obj != NULL);
         if (sf->cur_gc_obj) {
-            JS_REF_COUNT(sf->cur_gc_obj)++;
+            js_rc_inc(sf->cur_gc_obj);
             add_gc_object(ctx->rt, &var_ref->header, JS_GC_OBJ_TYPE_VAR_REF);
         }
         return var_ref;
