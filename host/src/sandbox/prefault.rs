@@ -32,7 +32,7 @@
 //!
 //! `MARMOT_JS_PREFAULT=0` turns it off (for both kinds), to measure it side by side.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use super::trim::{
@@ -53,9 +53,6 @@ pub(super) struct WriteSet {
     learning: Mutex<Learning>,
     /// The pages learned last, if any yet.
     runs: RwLock<Option<Runs>>,
-    /// Fresh sandboxes prefaulted since the set was last learned, or a
-    /// round last opened.
-    prefaulted: AtomicU32,
     relearn_after: u32,
 }
 
@@ -73,6 +70,9 @@ struct Learning {
     handed: u32,
     /// Samples reported this round.
     reported: u32,
+    /// Fresh sandboxes prefaulted since the set was last learned, or the
+    /// round last opened.
+    prefaulted: u32,
     /// Pages private in every sample of this round so far (`None` before
     /// the first).
     written: Option<Vec<bool>>,
@@ -101,10 +101,10 @@ impl WriteSet {
                 round: 0,
                 handed: 0,
                 reported: 0,
+                prefaulted: 0,
                 written: None,
             }),
             runs: RwLock::new(None),
-            prefaulted: AtomicU32::new(0),
             relearn_after,
         }
     }
@@ -118,12 +118,13 @@ impl WriteSet {
         let mut learning = self.learning.lock().expect("write set lock");
         let first = self.runs.read().expect("write set lock").is_none();
         if !first && learning.handed >= SAMPLES {
-            if self.prefaulted.fetch_add(1, Ordering::Relaxed) + 1 < self.relearn_after {
+            learning.prefaulted += 1;
+            if learning.prefaulted < self.relearn_after {
                 return None;
             }
             // Due: open the round, or open it again for the samples that
             // never reported.
-            self.prefaulted.store(0, Ordering::Relaxed);
+            learning.prefaulted = 0;
             learning.handed = learning.reported;
         }
         learning.handed += 1;
@@ -174,9 +175,9 @@ impl WriteSet {
             round: learning.round.wrapping_add(1),
             handed: SAMPLES,
             reported: 0,
+            prefaulted: 0,
             written: None,
         };
-        self.prefaulted.store(0, Ordering::Relaxed);
         Ok(())
     }
 
