@@ -515,9 +515,10 @@ static inline JSMallocBlockHeader *js_rc(const void *p) {
    allocated before the snapshot is sealed are tagged, and while it is sealed
    their reference counts are neither raised nor lowered: they are never
    freed (the snapshot holds them anyway), never unique (so never changed in
-   place as if unshared), and the cycle collector leaves them out of its
-   count arithmetic. Blocks allocated after the seal count as usual.
-   JS_SetSnapshotSealed(false) while building a snapshot, true once built. */
+   place as if unshared), and the cycle collector neither counts nor marks
+   them. Blocks allocated after the seal count as usual.
+   JS_SetSnapshotSealed(false) while building on a snapshot, true right
+   before it is taken. */
 #define JS_BLOCK_TAG_MORTAL   0xff /* upstream's fail-safe value for large blocks */
 #define JS_BLOCK_TAG_SNAPSHOT 0xfe
 static bool js_snapshot_sealed;
