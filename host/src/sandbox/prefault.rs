@@ -32,7 +32,7 @@
 //!
 //! `MARMOT_JS_PREFAULT=0` turns it off (for both kinds), to measure it side by side.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use super::trim::{
@@ -47,6 +47,10 @@ const SAMPLES: u32 = 8;
 /// flushes if other cores run the process), so one in ~1,000.
 const RELEARN_AFTER: u32 = 1024;
 
+/// Prefaults in a row whose check found no snapshot page mapped (see
+/// [`unmap_snapshot_pages`]) after which a learned set stops checking.
+const CLEAN_CHECKS: u32 = 16;
+
 /// The pages fresh sandboxes of one compiled engine write in their first
 /// turn: learned from samples, and learned again from time to time.
 pub(super) struct WriteSet {
@@ -54,6 +58,14 @@ pub(super) struct WriteSet {
     /// The pages learned last, if any yet.
     runs: RwLock<Option<Runs>>,
     relearn_after: u32,
+    /// Prefaults in a row, since the set was last learned, that found no
+    /// page of it mapped read-only. At [`CLEAN_CHECKS`] the rest of them
+    /// skip the check: reading `/proc/self/pagemap` for the set's span
+    /// cost 11-18 µs of a ~145 µs JavaScript wake (2026-12-04, AMD VM),
+    /// and where it finds nothing it cannot find anything later either
+    /// (what the origin question maps is the same for every sandbox of
+    /// one compiled engine).
+    clean_checks: AtomicU32,
 }
 
 /// Runs of pages, as (offset from the memory's start, length) in bytes.
@@ -106,6 +118,7 @@ impl WriteSet {
             }),
             runs: RwLock::new(None),
             relearn_after,
+            clean_checks: AtomicU32::new(0),
         }
     }
 
@@ -171,6 +184,7 @@ impl WriteSet {
             "learned the pages a fresh instance writes in its first turn"
         );
         *self.runs.write().expect("write set lock") = Some(runs);
+        self.clean_checks.store(0, Ordering::Relaxed);
         *learning = Learning {
             round: learning.round.wrapping_add(1),
             handed: SAMPLES,
@@ -200,28 +214,37 @@ impl WriteSet {
                 (len > 0).then_some((origin.start + offset, len))
             })
             .collect();
-        unmap_snapshot_pages(&runs)?;
+        if self.clean_checks.load(Ordering::Relaxed) < CLEAN_CHECKS {
+            if unmap_snapshot_pages(&runs)? {
+                self.clean_checks.store(0, Ordering::Relaxed);
+            } else {
+                self.clean_checks.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         populate(runs)
     }
 }
 
 /// Unmap the pages of `runs` (sorted, page-aligned, inside a sandbox's
 /// memory whose store the caller holds) that show the snapshot's page
-/// read-only, all in one call.
+/// read-only, all in one call; whether there were any.
 ///
-/// Asking the engine where its memory is (`report-memory-origin`) reads
-/// one of its statics, and that read fault maps the snapshot pages around
-/// it read-only (fault-around). Populating such a page writable replaces
-/// its entry, which flushes it from every other core running the process:
-/// one interprocessor interrupt per page. Unmapped together first, they
-/// cost one flush, and populating them costs none. The engine keeps that
-/// static in a 128 KiB block of its own, so with the kernel's default
-/// 64 KiB window no page a turn writes is mapped and this finds nothing
-/// (it used to find 5 of a counter's 26); it stays for kernels set to map
-/// more around a fault.
-fn unmap_snapshot_pages(runs: &[(usize, usize)]) -> std::io::Result<()> {
+/// Asking code where its memory is (`report-memory-origin`) runs guest
+/// code, and a read it makes of the snapshot maps the snapshot pages
+/// around it read-only (fault-around, 64 KiB by default). Populating such
+/// a page writable replaces its entry, which flushes it from every other
+/// core running the process: one interprocessor interrupt per page.
+/// Unmapped together first, they cost one flush, and populating them costs
+/// none. Neither the JavaScript engine nor the SDK reads anything there
+/// any more (until 2026-12-04 the engine's export read wit-bindgen's
+/// once-only constructor flag among its statics, and this found 5 of a
+/// counter's 16 pages mapped on every wake), so this finds nothing, and a
+/// write set stops asking once [`CLEAN_CHECKS`] prefaults in a row found
+/// nothing; it stays for code that does read, and kernels set to map more
+/// around a fault.
+fn unmap_snapshot_pages(runs: &[(usize, usize)]) -> std::io::Result<bool> {
     let (Some(&(first, _)), Some(&(last, last_len))) = (runs.first(), runs.last()) else {
-        return Ok(());
+        return Ok(false);
     };
     let page = page_size();
     let entries = pagemap_entries(first, (last + last_len - first) / page)?;
@@ -232,7 +255,9 @@ fn unmap_snapshot_pages(runs: &[(usize, usize)]) -> std::io::Result<()> {
             mapped[i] = shows_the_file(entries[i]);
         }
     }
-    discard(&page_runs(first, &mapped, page))
+    let mapped = page_runs(first, &mapped, page);
+    discard(&mapped)?;
+    Ok(!mapped.is_empty())
 }
 
 /// Whether prefaulting is on: `MARMOT_JS_PREFAULT=0` turns it off, to
@@ -472,5 +497,61 @@ mod tests {
         assert_eq!(m.private(), [1, 2, 3, 5]);
         let bytes: Vec<u8> = (0..6).map(|page| m.read(page)).collect();
         assert_eq!(bytes, [1, 2, 3, 1, 5, 6], "the guest sees no difference");
+    }
+
+    #[test]
+    fn stops_looking_for_mapped_pages_once_none_are_found_until_learned_again() {
+        let set = WriteSet::relearning_after(2 * CLEAN_CHECKS);
+        // Learn pages 1 and 2, from `first` and as many more samples as
+        // that takes.
+        let learn = |set: &WriteSet, mut first: Option<Sample>| {
+            for _ in 0..SAMPLES {
+                let taken = first
+                    .take()
+                    .unwrap_or_else(|| set.sample().expect("a sample"));
+                let m = Mapping::of_file(4);
+                m.write(1);
+                m.write(2);
+                set.learn(taken, m.origin()).unwrap();
+            }
+        };
+        let checks = |set: &WriteSet| set.clean_checks.load(Ordering::Relaxed);
+        // A fresh sandbox of `Mapping::of_file(4)`, page 1 read (mapped
+        // read-only) if `read`, prefaulted; what it shows after.
+        let prefault = |set: &WriteSet, read: bool| {
+            let m = Mapping::of_file(4);
+            if read {
+                m.read(1);
+            }
+            assert!(set.sample().is_none());
+            assert_eq!(set.prefault(m.origin()).unwrap(), 2);
+            let bytes: Vec<u8> = (0..4).map(|page| m.read(page)).collect();
+            assert_eq!(bytes, [1, 2, 3, 4], "the guest sees no difference");
+            m.private()
+        };
+        learn(&set, None);
+        for _ in 0..3 {
+            prefault(&set, false);
+        }
+        assert_eq!(checks(&set), 3);
+        // Found one: counting starts again.
+        prefault(&set, true);
+        assert_eq!(checks(&set), 0);
+        for _ in 0..CLEAN_CHECKS {
+            prefault(&set, false);
+        }
+        assert_eq!(checks(&set), CLEAN_CHECKS);
+        // No longer looked for: populating copies the mapped page all the
+        // same (replacing its entry, a flush on a busy machine).
+        assert_eq!(prefault(&set, true), [1, 2]);
+        assert_eq!(checks(&set), CLEAN_CHECKS);
+        // Learned again (the round is due): looked for again.
+        let due = std::iter::repeat_with(|| set.sample())
+            .take(2 * CLEAN_CHECKS as usize)
+            .flatten()
+            .next();
+        assert!(due.is_some(), "a round of samples is due");
+        learn(&set, due);
+        assert_eq!(checks(&set), 0);
     }
 }
