@@ -257,9 +257,9 @@ fn unmap_snapshot_pages(runs: &[(usize, usize)]) -> std::io::Result<bool> {
             mapped[i] = shows_the_file(entries[i]);
         }
     }
-    let mapped = page_runs(first, &mapped, page);
-    discard(&mapped)?;
-    Ok(!mapped.is_empty())
+    let to_unmap = page_runs(first, &mapped, page);
+    discard(&to_unmap)?;
+    Ok(!to_unmap.is_empty())
 }
 
 /// Whether prefaulting is on: `MARMOT_JS_PREFAULT=0` turns it off, to
