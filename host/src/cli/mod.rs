@@ -307,6 +307,22 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// One line for the log: how many threads run HTTP and turns, and who
+/// chose. One per core (tokio's default) serves the most turns under load;
+/// one in all answers a lone request sooner on a small host, where the
+/// second worker's wake-ups cost more than it gives (README,
+/// "Configuration"; docs/design.md, "One worker thread per core").
+fn log_workers() {
+    let workers = tokio::runtime::Handle::current().metrics().num_workers();
+    match std::env::var("TOKIO_WORKER_THREADS") {
+        Ok(set) => tracing::info!(workers, "worker threads as TOKIO_WORKER_THREADS={set} says"),
+        Err(_) => tracing::info!(
+            workers,
+            "one worker thread per core (set TOKIO_WORKER_THREADS to choose)"
+        ),
+    }
+}
+
 fn one_line(e: &anyhow::Error) -> String {
     format!("{e:#}").replace('\n', " ")
 }
@@ -315,10 +331,12 @@ async fn run(command: Command, huge_pages: hugepages::HugePages) -> anyhow::Resu
     match command {
         Command::Dev(args) => {
             huge_pages.log();
+            log_workers();
             server::dev(args).await
         }
         Command::Serve(args) => {
             huge_pages.log();
+            log_workers();
             server::serve(args).await
         }
         Command::Deploy { ty, file, client } => client::deploy(&client, &ty, &file).await,
