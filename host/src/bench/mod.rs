@@ -231,7 +231,10 @@ async fn deploy_awake(
     Ok(())
 }
 
-/// `cores=… cpu=… kernel=…`.
+/// `cores=… cpu=… kernel=… workers=…`: the node's worker threads too,
+/// since they move the numbers (`TOKIO_WORKER_THREADS`; see "One worker
+/// thread per core" in docs/design.md). A node the bench starts as its
+/// own process inherits the same setting.
 pub fn machine_line() -> String {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -246,8 +249,9 @@ pub fn machine_line() -> String {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_owned())
         .unwrap_or_else(|_| "unknown".into());
+    let workers = tokio::runtime::Handle::try_current().map_or(0, |h| h.metrics().num_workers());
     format!(
-        "machine: cores={cores} cpu=\"{cpu}\" kernel={kernel} marmot={}",
+        "machine: cores={cores} cpu=\"{cpu}\" kernel={kernel} workers={workers} marmot={}",
         env!("CARGO_PKG_VERSION")
     )
 }
