@@ -13,6 +13,7 @@
 //!   yields to tokio on every tick and traps once a guest runs `cpu_slice`
 //!   without calling the host. Memory: `StoreLimits` per store.
 
+mod advise;
 mod bindings;
 mod caps;
 mod code_cache;

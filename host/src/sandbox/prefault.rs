@@ -272,32 +272,28 @@ pub(super) fn enabled() -> bool {
 
 /// Populate the pages of `runs` (start, length; page-aligned, inside a
 /// sandbox's accessible linear memory, whose store the caller holds)
-/// writable; the number of pages asked for.
+/// writable, all in one call where the kernel allows (see
+/// [`advise`](super::advise)); the number of pages asked for.
 pub(super) fn populate(runs: impl IntoIterator<Item = (usize, usize)>) -> std::io::Result<usize> {
+    static BATCHING: super::advise::Batching = super::advise::Batching::new();
     if !enabled() {
         return Ok(0);
     }
-    let mut asked = 0;
-    for (start, len) in runs {
-        #[allow(unsafe_code, reason = "populating pages of a guest's memory")]
-        // SAFETY: the range is page-aligned and inside a sandbox's
-        // accessible linear memory, a private mapping, and no guest code
-        // runs in it meanwhile (the caller holds the store). Populating
-        // writes nothing: each page keeps the content the guest would have
-        // read.
-        let r =
-            unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) };
-        if r != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINVAL) {
-                // Not this kernel (before 5.14).
-                POPULATE.store(false, Ordering::Relaxed);
-            }
-            return Err(e);
+    let runs: Vec<(usize, usize)> = runs.into_iter().collect();
+    #[allow(unsafe_code, reason = "populating pages of a guest's memory")]
+    // SAFETY: every run is page-aligned and inside a sandbox's accessible
+    // linear memory, a private mapping, and no guest code runs in it
+    // meanwhile (the caller holds the store). Populating writes nothing:
+    // each page keeps the content the guest would have read.
+    let r = unsafe { super::advise::advise(&runs, libc::MADV_POPULATE_WRITE, &BATCHING) };
+    if let Err(e) = r {
+        if e.raw_os_error() == Some(libc::EINVAL) {
+            // Not this kernel (before 5.14).
+            POPULATE.store(false, Ordering::Relaxed);
         }
-        asked += len / page_size();
+        return Err(e);
     }
-    Ok(asked)
+    Ok(runs.iter().map(|r| r.1 / page_size()).sum())
 }
 
 #[cfg(test)]

@@ -318,68 +318,21 @@ fn page_eq(a: usize, b: usize, len: usize) -> bool {
 /// the caller with no guest code run since; or be a page of a fiber stack
 /// no code runs on, whose content is dead.
 ///
-/// One `process_madvise` call for all of them where the kernel allows it
-/// for the calling process (Linux 6.14+): one TLB shootdown instead of one
-/// per run, which on a virtual machine is most of a trim's cost. Else one
-/// `madvise` per run.
+/// All in one call where the kernel allows (see [`advise`](super::advise)):
+/// one TLB shootdown instead of one per run, which on a virtual machine is
+/// most of a trim's cost.
 pub(super) fn discard(runs: &[(usize, usize)]) -> std::io::Result<()> {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    static BATCH: AtomicBool = AtomicBool::new(true);
-    /// `pidfd` meaning the calling process.
-    const PIDFD_SELF: libc::c_int = -10000;
-    if runs.is_empty() {
-        return Ok(());
+    static BATCHING: super::advise::Batching = super::advise::Batching::new();
+    #[allow(unsafe_code, reason = "discarding pages of a guest's memory")]
+    // SAFETY: every run is page-aligned and inside a sandbox's linear
+    // memory, a private mapping; every page in it equals what the mapping
+    // shows once this process's entry is gone (checked by the caller, with
+    // no guest code run since), so no one can observe the discard. Or it
+    // is a store's idle fiber stack, which holds no live frame, and reads
+    // as zero after, as a stack fresh from the pool.
+    unsafe {
+        super::advise::advise(runs, libc::MADV_DONTNEED, &BATCHING)
     }
-    let iov: Vec<libc::iovec> = runs
-        .iter()
-        .map(|&(start, len)| libc::iovec {
-            iov_base: start as *mut libc::c_void,
-            iov_len: len,
-        })
-        .collect();
-    let total: usize = runs.iter().map(|r| r.1).sum();
-    if runs.len() > 1 && iov.len() <= libc::UIO_MAXIOV as usize && BATCH.load(Ordering::Relaxed) {
-        #[allow(unsafe_code, reason = "discarding pages of a guest's memory")]
-        // SAFETY: as for `madvise` below, for every range in `iov`.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_process_madvise,
-                PIDFD_SELF,
-                iov.as_ptr(),
-                iov.len(),
-                libc::MADV_DONTNEED,
-                0,
-            )
-        };
-        if usize::try_from(r).is_ok_and(|done| done == total) {
-            return Ok(());
-        }
-        // Not this kernel (too old for the call, for `MADV_DONTNEED` or for
-        // `PIDFD_SELF`), or not allowed: use `madvise` from now on. A
-        // partial discard is finished below (discarding twice is harmless).
-        let permanent = [libc::ENOSYS, libc::EINVAL, libc::EBADF, libc::EPERM];
-        if r < 0
-            && std::io::Error::last_os_error()
-                .raw_os_error()
-                .is_some_and(|e| permanent.contains(&e))
-        {
-            BATCH.store(false, Ordering::Relaxed);
-        }
-    }
-    for &(start, len) in runs {
-        #[allow(unsafe_code, reason = "discarding pages of a guest's memory")]
-        // SAFETY: the range is page-aligned and inside a sandbox's linear
-        // memory, a private mapping; every page in it equals what the
-        // mapping shows once this process's entry is gone (checked by the
-        // caller, with no guest code run since), so no one can observe the
-        // discard. Or it is a store's idle fiber stack, which holds no live
-        // frame, and reads as zero after, as a stack fresh from the pool.
-        let r = unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) };
-        if r != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
