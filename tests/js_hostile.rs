@@ -11,7 +11,61 @@ use serde_json::json;
 
 /// Runs `attack` as an eval while a neighbour actor keeps taking turns;
 /// returns the eval's error.
+///
+/// A neighbour turn must never wait a second. An attack during which one
+/// did is run once more before the test fails: on a loaded two-core CI
+/// machine one neighbour request once took 1.01 s beside the recursion
+/// attack, whose worst neighbour turn is 5–10 ms in other runs (every
+/// attack's: 5–50 ms). A script that holds a worker stalls its neighbour
+/// on every attempt, so it still fails; one that stalls it only now and
+/// then is caught less often.
 async fn contained(api: &Api, id: &str, attack: &str) -> String {
+    let mut attempt = attacked(api, id, attack).await;
+    if attempt.worst >= Duration::from_secs(1) {
+        eprintln!(
+            "{attack}: a neighbour turn waited {:?}; running the attack again",
+            attempt.worst
+        );
+        attempt = attacked(api, id, attack).await;
+    }
+    let Attempt {
+        r,
+        took,
+        turns,
+        worst,
+    } = attempt;
+    assert_eq!(r.status, 200, "{attack}: {}", r.json);
+    assert!(took < Duration::from_secs(10), "{attack}: took {took:?}");
+    assert!(turns > 5, "{attack}: the neighbour only got {turns} turns");
+    assert!(
+        worst < Duration::from_secs(1),
+        "{attack}: a neighbour turn waited {worst:?}"
+    );
+    let err = r.json["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{attack}: no error: {}", r.json));
+    // Nothing the attack wrote was committed.
+    assert_eq!(
+        api.get(&format!("/v1/actors/jscount/{id}/state/pwned"))
+            .await
+            .status,
+        404
+    );
+    err.to_owned()
+}
+
+/// One run of an attack beside the neighbour's turns.
+struct Attempt {
+    /// The eval's answer.
+    r: common::Resp,
+    /// How long the eval took.
+    took: Duration,
+    /// The neighbour's turns meanwhile, and the longest one.
+    turns: u32,
+    worst: Duration,
+}
+
+async fn attacked(api: &Api, id: &str, attack: &str) -> Attempt {
     let started = Instant::now();
     let neighbour = {
         let api = api.clone();
@@ -34,24 +88,12 @@ async fn contained(api: &Api, id: &str, attack: &str) -> String {
     let r = eval(api, "jscount", id, attack).await;
     let took = started.elapsed();
     let (turns, worst) = neighbour.await.unwrap();
-    assert_eq!(r.status, 200, "{attack}: {}", r.json);
-    assert!(took < Duration::from_secs(10), "{attack}: took {took:?}");
-    assert!(turns > 5, "{attack}: the neighbour only got {turns} turns");
-    assert!(
-        worst < Duration::from_secs(1),
-        "{attack}: a neighbour turn waited {worst:?}"
-    );
-    let err = r.json["error"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{attack}: no error: {}", r.json));
-    // Nothing the attack wrote was committed.
-    assert_eq!(
-        api.get(&format!("/v1/actors/jscount/{id}/state/pwned"))
-            .await
-            .status,
-        404
-    );
-    err.to_owned()
+    Attempt {
+        r,
+        took,
+        turns,
+        worst,
+    }
 }
 
 #[tokio::test]
