@@ -15,10 +15,10 @@ use serde_json::json;
 /// A neighbour turn must never wait a second. An attack during which one
 /// did is run once more before the test fails: on a loaded two-core CI
 /// machine one neighbour request once took 1.01 s beside the recursion
-/// attack, whose worst neighbour turn is 5–10 ms in other runs (every
-/// attack's: 5–50 ms). A script that holds a worker stalls its neighbour
-/// on every attempt, so it still fails; one that stalls it only now and
-/// then is caught less often.
+/// attack, whose worst neighbour turn was 5.5 ms in a run that printed
+/// them (every attack's: 5–50 ms). A script that holds a worker stalls
+/// its neighbour on every attempt, so it still fails; one that stalls it
+/// only now and then is caught less often.
 async fn contained(api: &Api, id: &str, attack: &str) -> String {
     let mut attempt = attacked(api, id, attack).await;
     if attempt.worst >= Duration::from_secs(1) {
