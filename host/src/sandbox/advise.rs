@@ -95,51 +95,25 @@ pub(super) unsafe fn advise(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::page_size;
+    use crate::sandbox::test_mapping::Mapping;
 
     /// Several runs advised at once: each run is discarded (reads as zero
     /// again), the pages between them are left alone, batched or not.
     #[test]
     fn discards_every_run_and_nothing_else() {
-        let page = page_size();
         for batching in [Batching::new(), Batching(AtomicBool::new(false))] {
-            let len = 8 * page;
-            #[allow(unsafe_code, reason = "a private mapping for the test")]
-            // SAFETY: a fresh anonymous mapping, unmapped below.
-            let base = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            assert_ne!(base, libc::MAP_FAILED);
-            let base = base as usize;
-            #[allow(unsafe_code, reason = "the test's own mapping")]
-            // SAFETY: `len` bytes at `base` are this test's, mapped above.
-            let bytes = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, len) };
-            bytes.fill(7);
-            let runs = [
-                (base + page, page),
-                (base + 3 * page, 2 * page),
-                (base + 7 * page, page),
-            ];
+            let m = Mapping::new(8);
+            for page in 0..8 {
+                m.write(page);
+            }
+            let runs = [m.run(1, 1), m.run(3, 2), m.run(7, 1)];
             #[allow(unsafe_code, reason = "discarding the test's own pages")]
             // SAFETY: the runs lie in the test's mapping, whose content is
             // only read again below.
             unsafe { advise(&runs, libc::MADV_DONTNEED, &batching) }.expect("discard");
-            for (i, chunk) in bytes.chunks(page).enumerate() {
-                let discarded = [1, 3, 4, 7].contains(&i);
-                let want = if discarded { 0 } else { 7 };
-                assert!(chunk.iter().all(|&b| b == want), "page {i}");
-            }
-            #[allow(unsafe_code, reason = "unmapping the test's own mapping")]
-            // SAFETY: mapped above, no reference into it survives.
-            unsafe {
-                libc::munmap(base as *mut libc::c_void, len);
+            for page in 0..8 {
+                let want = if [1, 3, 4, 7].contains(&page) { 0 } else { 1 };
+                assert_eq!(m.read(page), want, "page {page}");
             }
         }
     }

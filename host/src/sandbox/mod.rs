@@ -25,6 +25,8 @@ mod prefault;
 mod run;
 mod snapshot;
 mod stack;
+#[cfg(test)]
+mod test_mapping;
 mod trim;
 mod turn;
 

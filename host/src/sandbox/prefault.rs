@@ -223,7 +223,7 @@ impl WriteSet {
                 self.clean_checks.fetch_add(1, Ordering::Relaxed);
             }
         }
-        populate(runs)
+        populate(&runs)
     }
 }
 
@@ -274,18 +274,17 @@ pub(super) fn enabled() -> bool {
 /// sandbox's accessible linear memory, whose store the caller holds)
 /// writable, all in one call where the kernel allows (see
 /// [`advise`](super::advise)); the number of pages asked for.
-pub(super) fn populate(runs: impl IntoIterator<Item = (usize, usize)>) -> std::io::Result<usize> {
+pub(super) fn populate(runs: &[(usize, usize)]) -> std::io::Result<usize> {
     static BATCHING: super::advise::Batching = super::advise::Batching::new();
     if !enabled() {
         return Ok(0);
     }
-    let runs: Vec<(usize, usize)> = runs.into_iter().collect();
     #[allow(unsafe_code, reason = "populating pages of a guest's memory")]
     // SAFETY: every run is page-aligned and inside a sandbox's accessible
     // linear memory, a private mapping, and no guest code runs in it
     // meanwhile (the caller holds the store). Populating writes nothing:
     // each page keeps the content the guest would have read.
-    let r = unsafe { super::advise::advise(&runs, libc::MADV_POPULATE_WRITE, &BATCHING) };
+    let r = unsafe { super::advise::advise(runs, libc::MADV_POPULATE_WRITE, &BATCHING) };
     if let Err(e) = r {
         if e.raw_os_error() == Some(libc::EINVAL) {
             // Not this kernel (before 5.14).
@@ -299,110 +298,7 @@ pub(super) fn populate(runs: impl IntoIterator<Item = (usize, usize)>) -> std::i
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// `pages` pages of private memory, unmapped on drop.
-    struct Mapping {
-        start: usize,
-        len: usize,
-    }
-
-    impl Mapping {
-        fn new(pages: usize) -> Self {
-            Self::map(pages, libc::MAP_ANONYMOUS, -1)
-        }
-
-        /// `pages` pages of a file whose page `i` holds `i + 1` in every
-        /// byte, mapped private: as a sandbox maps its snapshot.
-        fn of_file(pages: usize) -> Self {
-            use std::io::Write;
-            use std::os::fd::AsRawFd;
-            let mut file = tempfile::tempfile().expect("temporary file");
-            for i in 0..pages {
-                file.write_all(&vec![i as u8 + 1; page_size()]).unwrap();
-            }
-            // The mapping keeps the file once it is closed.
-            Self::map(pages, 0, file.as_raw_fd())
-        }
-
-        fn map(pages: usize, flags: libc::c_int, fd: libc::c_int) -> Self {
-            let len = pages * page_size();
-            #[allow(unsafe_code, reason = "a test mapping")]
-            // SAFETY: a fresh private mapping, of anonymous memory or of a
-            // file only this test has; nothing else refers to it.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | flags,
-                    fd,
-                    0,
-                )
-            };
-            assert_ne!(p, libc::MAP_FAILED);
-            Self {
-                start: p as usize,
-                len,
-            }
-        }
-
-        fn read(&self, page: usize) -> u8 {
-            #[allow(unsafe_code, reason = "a test mapping")]
-            // SAFETY: inside the mapping, which is readable.
-            unsafe {
-                std::ptr::read_volatile((self.start + page * page_size()) as *const u8)
-            }
-        }
-
-        fn run(&self, page: usize, pages: usize) -> (usize, usize) {
-            (self.start + page * page_size(), pages * page_size())
-        }
-
-        fn present(&self) -> Vec<usize> {
-            pagemap_entries(self.start, self.len / page_size())
-                .expect("pagemap")
-                .into_iter()
-                .enumerate()
-                .filter(|&(_, e)| e & (1 << 63) != 0)
-                .map(|(i, _)| i)
-                .collect()
-        }
-
-        fn write(&self, page: usize) {
-            #[allow(unsafe_code, reason = "a test mapping")]
-            // SAFETY: inside the mapping, which is readable and writable.
-            unsafe {
-                *((self.start + page * page_size()) as *mut u8) = 1;
-            }
-        }
-
-        fn origin(&self) -> MemoryOrigin {
-            MemoryOrigin {
-                start: self.start,
-                size: self.len,
-            }
-        }
-
-        fn private(&self) -> Vec<usize> {
-            pagemap_entries(self.start, self.len / page_size())
-                .expect("pagemap")
-                .into_iter()
-                .enumerate()
-                .filter(|&(_, e)| is_private(e))
-                .map(|(i, _)| i)
-                .collect()
-        }
-    }
-
-    impl Drop for Mapping {
-        fn drop(&mut self) {
-            #[allow(unsafe_code, reason = "a test mapping")]
-            // SAFETY: the mapping made in `new`, no longer used.
-            unsafe {
-                libc::munmap(self.start as *mut libc::c_void, self.len);
-            }
-        }
-    }
+    use crate::sandbox::test_mapping::Mapping;
 
     #[test]
     fn learns_the_pages_every_sample_wrote_then_populates_them() {
@@ -491,7 +387,7 @@ mod tests {
         // pages outside the runs stay.
         assert_eq!(m.present(), [0, 3, 4]);
         assert_eq!(m.private(), [3]);
-        assert_eq!(populate(runs).unwrap(), 4);
+        assert_eq!(populate(&runs).unwrap(), 4);
         assert_eq!(m.private(), [1, 2, 3, 5]);
         let bytes: Vec<u8> = (0..6).map(|page| m.read(page)).collect();
         assert_eq!(bytes, [1, 2, 3, 1, 5, 6], "the guest sees no difference");

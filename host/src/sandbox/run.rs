@@ -367,7 +367,7 @@ impl Instance {
         // A trimmed sandbox that runs again copies what it gave back:
         // copied up front, the pages cost no fault and no TLB flush.
         if !self.refault.is_empty() {
-            match super::prefault::populate(std::mem::take(&mut self.refault)) {
+            match super::prefault::populate(&std::mem::take(&mut self.refault)) {
                 Ok(pages) => self.prefaulted += pages,
                 Err(e) => {
                     tracing::debug!(error = %e, "populating a trimmed JavaScript sandbox failed")
