@@ -348,10 +348,12 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
     let idle_trims = before_idle.map(|before| trims0 - before);
     let cpu0 = server.cpu_time()?;
     let writer0 = server.writer_cpu_time()?;
+    let written0 = server.written_bytes()?;
     let tlb0 = super::server::tlb_shootdowns();
     let r = run(Duration::from_secs(args.duration)).await?;
     let cpu1 = server.cpu_time()?;
     let writer = server.writer_cpu_time()?.saturating_sub(writer0);
+    let written = server.written_bytes()?.saturating_sub(written0);
     let tlb1 = super::server::tlb_shootdowns();
     let (commits1, ops1) = commit_stats(server.addr).await?;
     let trims = trims(server.addr).await? - trims0;
@@ -387,7 +389,7 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
             );
         }
     }
-    if let Some(line) = commit_line(commits1 - commits0, ops1 - ops0, writer, r.elapsed) {
+    if let Some(line) = commit_line(commits1 - commits0, ops1 - ops0, writer, written, r.elapsed) {
         println!("{line}");
     }
     if let Some(idle_trims) = idle_trims {
@@ -439,6 +441,7 @@ pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
         let (commits0, ops0) = commit_stats(server.addr).await?;
         let cpu0 = server.cpu_time()?;
         let writer0 = server.writer_cpu_time()?;
+        let written0 = server.written_bytes()?;
         let r = builtin_load(
             &target(&format!("c{conns}")),
             conns,
@@ -447,6 +450,7 @@ pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
         .await?;
         let cpu = server.cpu_time()?.saturating_sub(cpu0);
         let writer = server.writer_cpu_time()?.saturating_sub(writer0);
+        let written = server.written_bytes()?.saturating_sub(written0);
         let (commits1, ops1) = commit_stats(server.addr).await?;
         println!(
             "  {label} ({conns}): {:.0} new actors/s   errors: {}   latency {}",
@@ -457,11 +461,12 @@ pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
         let commits = commits1 - commits0;
         if r.requests > 0 && commits > 0.0 {
             println!(
-                "    commits per new actor: {:.2}   mean ops per commit: {:.1}   node CPU per new actor: {:.0}µs ({:.0}µs of it the writer's)",
+                "    commits per new actor: {:.2}   mean ops per commit: {:.1}   node CPU per new actor: {:.0}µs ({:.0}µs of it the writer's)   written to disk: {:.1} KB per new actor",
                 commits / r.requests as f64,
                 (ops1 - ops0) / commits,
                 cpu.as_secs_f64() * 1e6 / r.requests as f64,
-                writer.as_secs_f64() * 1e6 / r.requests as f64
+                writer.as_secs_f64() * 1e6 / r.requests as f64,
+                written as f64 / 1024.0 / r.requests as f64
             );
         }
     }
@@ -470,26 +475,38 @@ pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 /// What the writer did over a run of `elapsed`: `commits` commits of
-/// `ops` operations in all, using `writer` of CPU. `None` without commits.
+/// `ops` operations in all, using `writer` of CPU and sending `written`
+/// bytes to storage. `None` without commits.
 ///
 /// The writer commits one batch at a time, so its CPU and its waits for
 /// `fdatasync` bound the commits it can make a second: a writer near a
 /// core's worth of time is what limits, and larger batches are how it
-/// keeps up.
+/// keeps up. When it is not, the disk is: what a commit writes is every
+/// B-tree page its operations changed, so the bytes per operation say how
+/// many pages each one dirties (4 KiB each).
 pub(super) fn commit_line(
     commits: f64,
     ops: f64,
     writer: Duration,
+    written: u64,
     elapsed: Duration,
 ) -> Option<String> {
     (commits > 0.0).then(|| {
-        format!(
+        let mut line = format!(
             "  commits/s: {:.0}   mean ops per commit: {:.1}   writer CPU per commit: {:.0}µs ({:.0}% of a core)",
             commits / elapsed.as_secs_f64(),
             ops / commits,
             writer.as_secs_f64() * 1e6 / commits,
             writer.as_secs_f64() * 100.0 / elapsed.as_secs_f64()
-        )
+        );
+        if ops > 0.0 {
+            line.push_str(&format!(
+                "\n  written to disk: {:.1} KB per op ({:.0} MB/s)",
+                written as f64 / 1024.0 / ops,
+                written as f64 / 1e6 / elapsed.as_secs_f64()
+            ));
+        }
+        line
     })
 }
 

@@ -109,6 +109,12 @@ impl ServerProc {
         thread_cpu_of(self.child.id(), "marmot-writer")
     }
 
+    /// Bytes the node has sent to storage so far: what its commits made
+    /// the disk write.
+    pub fn written_bytes(&self) -> anyhow::Result<u64> {
+        written_bytes_of(self.child.id())
+    }
+
     /// Deploy the counter example with `config` (JSON).
     pub async fn deploy_counter(&self, config: serde_json::Value) -> anyhow::Result<()> {
         use base64::Engine as _;
@@ -277,6 +283,18 @@ pub(super) fn thread_cpu_of(pid: u32, name: &str) -> anyhow::Result<Duration> {
         }
     }
     Ok(from_ticks(ticks))
+}
+
+/// Bytes process `pid` has caused to be sent to storage so far
+/// (`write_bytes` of `/proc/PID/io`: page-cache pages it dirtied, whether
+/// or not they have been written back yet; threads that ended included).
+pub(super) fn written_bytes_of(pid: u32) -> anyhow::Result<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .with_context(|| format!("cannot read /proc/{pid}/io"))?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+        .context("no write_bytes in /proc/PID/io")
 }
 
 /// Minor page faults process `pid` has taken so far: on a wake, mostly
