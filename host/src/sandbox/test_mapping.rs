@@ -1,7 +1,7 @@
 //! Private test mappings: pages of anonymous memory, or of a file mapped
 //! private as a sandbox maps its snapshot, unmapped on drop.
 
-use super::trim::{MemoryOrigin, is_private, page_size, pagemap_entries};
+use super::trim::{MemoryOrigin, PRESENT, is_private, page_size, pagemap_entries};
 
 /// `pages` pages of private memory, unmapped on drop.
 pub(super) struct Mapping {
@@ -61,14 +61,9 @@ impl Mapping {
         (self.start + page * page_size(), pages * page_size())
     }
 
+    /// The pages present in memory.
     pub(super) fn present(&self) -> Vec<usize> {
-        pagemap_entries(self.start, self.len / page_size())
-            .expect("pagemap")
-            .into_iter()
-            .enumerate()
-            .filter(|&(_, e)| e & (1 << 63) != 0)
-            .map(|(i, _)| i)
-            .collect()
+        self.pages_where(|e| e & PRESENT != 0)
     }
 
     pub(super) fn write(&self, page: usize) {
@@ -86,12 +81,18 @@ impl Mapping {
         }
     }
 
+    /// The pages this process copied (see [`is_private`]).
     pub(super) fn private(&self) -> Vec<usize> {
+        self.pages_where(is_private)
+    }
+
+    /// The pages whose pagemap entry satisfies `pick`.
+    fn pages_where(&self, pick: impl Fn(u64) -> bool) -> Vec<usize> {
         pagemap_entries(self.start, self.len / page_size())
             .expect("pagemap")
             .into_iter()
             .enumerate()
-            .filter(|&(_, e)| is_private(e))
+            .filter(|&(_, e)| pick(e))
             .map(|(i, _)| i)
             .collect()
     }

@@ -259,7 +259,7 @@ pub fn page_size() -> usize {
 }
 
 /// Pagemap entry bits (Documentation/admin-guide/mm/pagemap.rst).
-const PRESENT: u64 = 1 << 63;
+pub(super) const PRESENT: u64 = 1 << 63;
 const SWAPPED: u64 = 1 << 62;
 const FILE_OR_SHARED: u64 = 1 << 61;
 const EXCLUSIVE: u64 = 1 << 56;
