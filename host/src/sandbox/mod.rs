@@ -196,6 +196,39 @@ pub enum CodeError {
 /// queue), flushed early when the pool runs short.
 const DECOMMIT_BATCH: usize = 16;
 
+/// The instance pool of `n` slots, each memory at most `max_memory_bytes`.
+fn pooling(n: u32, max_memory_bytes: usize) -> PoolingAllocationConfig {
+    let mut pool = PoolingAllocationConfig::new();
+    pool.total_component_instances(n)
+        .total_core_instances(n.saturating_mul(8))
+        // One memory slot per instance slot, no more. A memory slot keeps
+        // its copy-on-write image mapped after its instance is gone
+        // (wasmtime's warm slots): four mappings for good once a Rust
+        // actor used it. The pool plan counts one memory per slot (see
+        // `pool`), and with twice as many a node at the default active
+        // cap, churning through more actors than the cap, ran out of
+        // `vm.max_map_count` and aborted: each thread takes never-used
+        // memory slots of its own shard before warm ones of another. A
+        // component with several memories takes several slots.
+        .total_memories(n)
+        .total_tables(n.saturating_mul(4))
+        // A store keeps its fiber stack between calls, so every live
+        // instance needs one. Each pooled stack is two memory mappings,
+        // mapped up front (see `pool`).
+        .total_stacks(n)
+        .max_memory_size(max_memory_bytes)
+        .max_core_instances_per_component(32)
+        .max_memories_per_component(4)
+        .max_tables_per_component(16)
+        .max_unused_warm_slots(256)
+        // Decommit the memory of several dropped instances in one
+        // `process_madvise`: one TLB shootdown (an IPI to every other
+        // core, a VM exit under a hypervisor) per batch instead of per
+        // instance. See "Batched decommits" in docs/design.md.
+        .decommit_batch_size(DECOMMIT_BATCH);
+    pool
+}
+
 /// The wasmtime engine with its linker.
 struct EngineParts {
     engine: Engine,
@@ -209,26 +242,10 @@ struct EngineParts {
 
 impl EngineParts {
     fn new(config: &SandboxConfig) -> anyhow::Result<Self> {
-        let n = config.max_instances.max(16);
-        let mut pool = PoolingAllocationConfig::new();
-        pool.total_component_instances(n)
-            .total_core_instances(n.saturating_mul(8))
-            .total_memories(n.saturating_mul(2))
-            .total_tables(n.saturating_mul(4))
-            // A store keeps its fiber stack between calls, so every live
-            // instance needs one. Each pooled stack is two memory mappings,
-            // mapped up front (see `pool`).
-            .total_stacks(n)
-            .max_memory_size(config.max_memory_bytes as usize)
-            .max_core_instances_per_component(32)
-            .max_memories_per_component(4)
-            .max_tables_per_component(16)
-            .max_unused_warm_slots(256)
-            // Decommit the memory of several dropped instances in one
-            // `process_madvise`: one TLB shootdown (an IPI to every other
-            // core, a VM exit under a hypervisor) per batch instead of per
-            // instance. See "Batched decommits" in docs/design.md.
-            .decommit_batch_size(DECOMMIT_BATCH);
+        let pool = pooling(
+            config.max_instances.max(16),
+            config.max_memory_bytes as usize,
+        );
         let mut wc = Config::new();
         wc.epoch_interruption(true)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
@@ -718,6 +735,47 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The pool plan counts one memory per slot (`pool::MAPS_PER_LIVE`
+    /// for each): the pool must not hold more memories than slots, or
+    /// memory slots beyond the count keep their images mapped and the
+    /// node runs out of `vm.max_map_count`.
+    #[test]
+    fn the_pool_holds_no_more_memories_than_slots() {
+        const SLOTS: u32 = 32;
+        // (module (memory 1) (data (i32.const 0) "*")): a memory with a
+        // data image, as a Rust actor has.
+        const MODULE: &[u8] = &[
+            0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // header
+            0x05, 0x03, 0x01, 0x00, 0x01, // one memory of one page
+            0x0b, 0x07, 0x01, 0x00, 0x41, 0x00, 0x0b, 0x01, 0x2a, // its data
+        ];
+        let mut config = Config::new();
+        config
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(SLOTS, 1 << 20)))
+            .memory_reservation(1 << 20)
+            .memory_reservation_for_growth(0)
+            .memory_guard_size(64 << 10)
+            .memory_init_cow(true);
+        let engine = Engine::new(&config).unwrap();
+        let module = wasmtime::Module::new(&engine, MODULE).unwrap();
+        let instantiate = || {
+            let mut store = Store::new(&engine, ());
+            wasmtime::Instance::new(&mut store, &module, &[]).map(|_| store)
+        };
+        // Core instances are plenty (8 per slot): memories run out first.
+        let live: Vec<_> = (0..SLOTS).map(|_| instantiate().unwrap()).collect();
+        let e = instantiate()
+            .map(|_| ())
+            .expect_err("one memory more than slots");
+        let msg = format!("{e:#}");
+        assert!(
+            run::is_resource_exhaustion(&msg),
+            "a full pool is no room, not bad code: {msg}"
+        );
+        drop(live);
+        instantiate().expect("room again once the instances are gone");
+    }
 
     #[test]
     fn headers() {

@@ -16,12 +16,15 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// Memory mappings (VMAs) taken by every pool slot, used or not: its fiber
 /// stack and guard page, mapped when the engine is built.
 const MAPS_PER_SLOT: u64 = 2;
-/// Memory mappings a live instance adds at most: its memory slot splits
-/// into the accessible part, the copy-on-write image inside it (a Rust
-/// actor's data sits past its stack, so the image splits the accessible
-/// part in two) and the guard. Measured with `/proc/PID/maps` (`marmot
-/// bench rss-active` and `js-rss` print the count): 4 per Rust actor, 3 per
-/// JavaScript sandbox (its snapshot image starts at address 0).
+/// Memory mappings a memory slot takes at most once an instance used it:
+/// the accessible part, the copy-on-write image inside it (a Rust actor's
+/// data sits past its stack, so the image splits the accessible part in
+/// two) and the guard. The slot keeps them after its instance is gone
+/// (wasmtime keeps the image for the next instance of the module), so the
+/// engine has exactly one memory slot per pool slot (`pooling`). Measured
+/// with `/proc/PID/maps` (`marmot bench rss-active` and `js-rss` print the
+/// count): 4 per Rust actor, 3 per JavaScript sandbox (its snapshot image
+/// starts at address 0).
 const MAPS_PER_LIVE: u64 = 4;
 /// Everything else of the process: binary, libraries, heap, threads.
 const MAPS_BESIDES_POOL: u64 = 4096;
