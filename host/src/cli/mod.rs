@@ -7,6 +7,7 @@
 mod assistant;
 mod client;
 mod hugepages;
+mod open_files;
 mod server;
 
 use std::net::SocketAddr;
@@ -281,6 +282,7 @@ impl ClientArgs {
 pub fn main() -> ExitCode {
     // Before the runtime starts its threads.
     let huge_pages = hugepages::turn_off_unless_asked();
+    let open_files = open_files::raise();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -293,7 +295,7 @@ pub fn main() -> ExitCode {
         }
     };
     let exporter = init_logging(&cli.log, cli.log_format, runtime.handle());
-    let result = runtime.block_on(run(cli.command, huge_pages));
+    let result = runtime.block_on(run(cli.command, huge_pages, open_files));
     if let Some(exporter) = exporter {
         // Flushes on this thread; its requests run on the runtime.
         exporter.shutdown();
@@ -327,15 +329,21 @@ fn one_line(e: &anyhow::Error) -> String {
     format!("{e:#}").replace('\n', " ")
 }
 
-async fn run(command: Command, huge_pages: hugepages::HugePages) -> anyhow::Result<()> {
+async fn run(
+    command: Command,
+    huge_pages: hugepages::HugePages,
+    open_files: open_files::OpenFiles,
+) -> anyhow::Result<()> {
     match command {
         Command::Dev(args) => {
             huge_pages.log();
+            open_files.log();
             log_workers();
             server::dev(args).await
         }
         Command::Serve(args) => {
             huge_pages.log();
+            open_files.log();
             log_workers();
             server::serve(args).await
         }

@@ -743,22 +743,7 @@ mod tests {
     #[test]
     fn the_pool_holds_no_more_memories_than_slots() {
         const SLOTS: u32 = 32;
-        // (module (memory 1) (data (i32.const 0) "*")): a memory with a
-        // data image, as a Rust actor has.
-        const MODULE: &[u8] = &[
-            0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // header
-            0x05, 0x03, 0x01, 0x00, 0x01, // one memory of one page
-            0x0b, 0x07, 0x01, 0x00, 0x41, 0x00, 0x0b, 0x01, 0x2a, // its data
-        ];
-        let mut config = Config::new();
-        config
-            .allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(SLOTS, 1 << 20)))
-            .memory_reservation(1 << 20)
-            .memory_reservation_for_growth(0)
-            .memory_guard_size(64 << 10)
-            .memory_init_cow(true);
-        let engine = Engine::new(&config).unwrap();
-        let module = wasmtime::Module::new(&engine, MODULE).unwrap();
+        let (engine, module) = small_engine(SLOTS);
         let instantiate = || {
             let mut store = Store::new(&engine, ());
             wasmtime::Instance::new(&mut store, &module, &[]).map(|_| store)
@@ -775,6 +760,81 @@ mod tests {
         );
         drop(live);
         instantiate().expect("room again once the instances are gone");
+    }
+
+    /// The engine of [`the_pool_holds_no_more_memories_than_slots`] with
+    /// `slots` slots, and its one module.
+    fn small_engine(slots: u32) -> (Engine, wasmtime::Module) {
+        // (module (memory 1) (data (i32.const 0) "*")): a memory with a
+        // data image, as a Rust actor has.
+        const MODULE: &[u8] = &[
+            0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // header
+            0x05, 0x03, 0x01, 0x00, 0x01, // one memory of one page
+            0x0b, 0x07, 0x01, 0x00, 0x41, 0x00, 0x0b, 0x01, 0x2a, // its data
+        ];
+        let mut config = Config::new();
+        config
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(slots, 1 << 20)))
+            .memory_reservation(1 << 20)
+            .memory_reservation_for_growth(0)
+            .memory_guard_size(64 << 10)
+            .memory_init_cow(true);
+        let engine = Engine::new(&config).unwrap();
+        let module = wasmtime::Module::new(&engine, MODULE).unwrap();
+        (engine, module)
+    }
+
+    /// A module's first instance makes its memory image in a memfd; at the
+    /// open-files limit that fails, and the failure is "no room" (the
+    /// turn waits, then 503), not a trap of the actor's code.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn no_file_descriptor_left_is_no_room() {
+        const CHILD: &str = "MARMOT_TEST_NO_FD_CHILD";
+        const NAME: &str = "sandbox::tests::no_file_descriptor_left_is_no_room";
+        if std::env::var_os(CHILD).is_none() {
+            // The limit is the process's: lower it in a child of its own.
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", NAME, "--nocapture"])
+                .env(CHILD, "1")
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && stdout.contains("1 passed"),
+                "child: {stdout}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return;
+        }
+        let (engine, module) = small_engine(16);
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `lim` is a local `rlimit` for the kernel to fill, then read.
+        #[allow(unsafe_code, reason = "lowering this child's own limit")]
+        unsafe {
+            assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+            lim.rlim_cur = 128;
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+        }
+        // Take every descriptor left.
+        let mut held = Vec::new();
+        while let Ok(f) = std::fs::File::open("/dev/null") {
+            held.push(f);
+        }
+        let mut store = Store::new(&engine, ());
+        let e = wasmtime::Instance::new(&mut store, &module, &[])
+            .map(|_| ())
+            .expect_err("no descriptor for the memfd");
+        let msg = format!("{e:#}");
+        assert!(
+            run::is_resource_exhaustion(&msg),
+            "not taken for no room: {msg}"
+        );
+        drop(held);
+        wasmtime::Instance::new(&mut store, &module, &[]).expect("room again");
     }
 
     #[test]

@@ -568,13 +568,17 @@ async fn metered<F: Future>(fut: F) -> (F::Output, Duration) {
 }
 
 /// Failures that mean "no room right now", not bad code: an instance pool
-/// or the fiber stacks are exhausted, or the kernel refused memory or
-/// mappings.
+/// or the fiber stacks are exhausted, or the kernel refused memory,
+/// mappings or a file descriptor (a module's first instance makes its
+/// memory image in a memfd: at the open-files limit that fails).
 pub(super) fn is_resource_exhaustion(msg: &str) -> bool {
     msg.contains("concurrent")
         || msg.contains("pooling")
         || msg.contains("Cannot allocate memory")
         || msg.contains("os error 12")
+        || msg.contains("cannot create a memfd")
+        || msg.contains("Too many open files")
+        || msg.contains("os error 24")
 }
 
 /// Send what the guest printed to the node's logs; return what stderr says
