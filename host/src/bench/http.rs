@@ -470,6 +470,15 @@ pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
             );
         }
     }
+    // More new actors than the active cap went through the pool: what it
+    // holds now is what a node that keeps taking new actors holds.
+    let limit = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".into());
+    println!(
+        "  memory mappings after: {} (vm.max_map_count {limit})",
+        server.map_count()?
+    );
     server.stop();
     Ok(())
 }
