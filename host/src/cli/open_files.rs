@@ -126,8 +126,9 @@ impl OpenFiles {
 mod tests {
     use super::*;
 
-    /// Run the named test alone in a child process whose soft limit is
-    /// `soft`: the limit is the process's, shared with other tests.
+    /// Run the named test alone in a child process, told to lower its
+    /// soft limit to `soft`: the limit is the process's, shared with
+    /// other tests.
     fn in_child(test: &str, soft: u64) {
         let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
         cmd.args(["--exact", test, "--nocapture"])

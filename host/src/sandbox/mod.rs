@@ -816,7 +816,7 @@ mod tests {
         #[allow(unsafe_code, reason = "lowering this child's own limit")]
         unsafe {
             assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
-            lim.rlim_cur = 128;
+            lim.rlim_cur = lim.rlim_max.min(128);
             assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
         }
         // Take every descriptor left.
