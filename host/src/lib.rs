@@ -45,5 +45,7 @@ mod sandbox;
 mod secrets;
 mod streams;
 mod telemetry;
+#[cfg(test)]
+mod test_child;
 mod tokens;
 pub mod webhooks;

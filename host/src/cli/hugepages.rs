@@ -96,21 +96,7 @@ mod tests {
     /// process, and this binary's other tests must keep the system's
     /// setting), with `MIMALLOC_ALLOW_THP` set to `allow` or unset.
     fn in_child(test: &str, allow: Option<&str>) {
-        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-        cmd.args(["--exact", test, "--nocapture"]).env(CHILD, "1");
-        match allow {
-            Some(v) => cmd.env("MIMALLOC_ALLOW_THP", v),
-            None => cmd.env_remove("MIMALLOC_ALLOW_THP"),
-        };
-        let out = cmd.output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "child failed: {stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // The child ran the test, not zero tests through a wrong filter.
-        assert!(stdout.contains("1 passed"), "child output: {stdout}");
+        crate::test_child::rerun(test, &[(CHILD, Some("1")), ("MIMALLOC_ALLOW_THP", allow)]);
     }
 
     #[test]

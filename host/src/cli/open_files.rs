@@ -126,24 +126,6 @@ impl OpenFiles {
 mod tests {
     use super::*;
 
-    /// Run the named test alone in a child process, told to lower its
-    /// soft limit to `soft`: the limit is the process's, shared with
-    /// other tests.
-    fn in_child(test: &str, soft: u64) {
-        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-        cmd.args(["--exact", test, "--nocapture"])
-            .env(CHILD, soft.to_string());
-        let out = cmd.output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "child failed: {stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // The child ran the test, not zero tests through a wrong filter.
-        assert!(stdout.contains("1 passed"), "child output: {stdout}");
-    }
-
     const CHILD: &str = "MARMOT_TEST_OPEN_FILES_CHILD";
 
     #[cfg(target_os = "linux")]
@@ -155,9 +137,10 @@ mod tests {
             .and_then(|s| s.parse::<u64>().ok())
         else {
             let low = 256.min(hard);
-            return in_child(
+            // The limit is the process's: lower it in a child of its own.
+            return crate::test_child::rerun(
                 "cli::open_files::tests::the_soft_limit_is_raised_to_the_hard_one",
-                low,
+                &[(CHILD, Some(&low.to_string()))],
             );
         };
         // As a service manager would have started us.

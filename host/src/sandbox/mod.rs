@@ -794,18 +794,7 @@ mod tests {
         const NAME: &str = "sandbox::tests::no_file_descriptor_left_is_no_room";
         if std::env::var_os(CHILD).is_none() {
             // The limit is the process's: lower it in a child of its own.
-            let out = std::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", NAME, "--nocapture"])
-                .env(CHILD, "1")
-                .output()
-                .unwrap();
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            assert!(
-                out.status.success() && stdout.contains("1 passed"),
-                "child: {stdout}{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            return;
+            return crate::test_child::rerun(NAME, &[(CHILD, Some("1"))]);
         }
         let (engine, module) = small_engine(16);
         let mut lim = libc::rlimit {
