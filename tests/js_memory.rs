@@ -229,3 +229,77 @@ async fn snapshot_objects_behave_as_javascript_and_turns_still_free_what_they_dr
         assert_eq!(r.json, expected(turn), "b, turn {turn}");
     }
 }
+
+/// Holds `mb` more MiB of its heap per message, after writing state, so a
+/// refused turn shows whether anything of it committed.
+const HOG: &str = r#"
+import { state } from "marmot";
+const kept = [];
+export default {
+  onMessage(body) {
+    state.set("asked", (state.get("asked") ?? 0) + body.mb);
+    if (body.mb > 0) kept.push(new Uint8Array(body.mb << 20).fill(7));
+    return { held_mb: kept.reduce((s, a) => s + a.length, 0) >> 20 };
+  },
+};
+"#;
+
+#[tokio::test]
+async fn growth_past_the_nodes_guest_memory_budget_is_refused_and_given_back() {
+    // 24 MiB for all guests' growth: two actors holding 8 MiB each fit, a
+    // third asking for 12 does not. Without the budget, enough such actors
+    // take the node's whole memory and the kernel kills it.
+    let config = "[limits]\nguest_memory_budget_bytes = 25165824\n";
+    let (_dir, m, api) = node(Some(config)).await;
+    assert_eq!(api.deploy_js("hog", HOG).await.status, 201);
+    for id in ["a", "b"] {
+        let r = api.op("hog", id, json!({"mb": 8})).await;
+        assert_eq!((r.status, &r.json), (200, &json!({"held_mb": 8})));
+    }
+    let grown = metric(&metrics(&api).await, "marmot_guest_memory_grown_bytes");
+    // Less than asked when the heap had free room past its start.
+    assert!(
+        (12.0 * 1048576.0..24.0 * 1048576.0).contains(&grown),
+        "{grown}"
+    );
+
+    let r = api.op("hog", "c", json!({"mb": 12})).await;
+    assert_eq!(r.status, 503, "{}", r.json);
+    assert_eq!(r.json["error"]["code"], "overloaded", "{}", r.json);
+    let message = r.json["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("guest memory is exhausted") && message.contains("25165824"),
+        "{message}"
+    );
+    // The refused turn committed nothing.
+    let state = api.get("/v1/actors/hog/c/state/asked").await;
+    assert_eq!(state.status, 404, "{}", state.json);
+    let text = metrics(&api).await;
+    assert_eq!(metric(&text, "marmot_guest_memory_refused_total"), 1.0);
+    assert_eq!(
+        metric(&text, "marmot_guest_memory_budget_bytes"),
+        25165824.0
+    );
+    assert!(m.log_text().contains("guest memory is exhausted"));
+
+    // The idle actors holding grown memory were asked to hibernate: their
+    // growth comes back to the node, and the same request now fits.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let grown = metric(&metrics(&api).await, "marmot_guest_memory_grown_bytes");
+        if grown == 0.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "growth not given back: {grown}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = api.op("hog", "c", json!({"mb": 12})).await;
+    assert_eq!((r.status, &r.json), (200, &json!({"held_mb": 12})));
+    assert_eq!(
+        api.get("/v1/actors/hog/c/state/asked").await.json,
+        json!(12)
+    );
+    // The others still answer, from a fresh heap.
+    let r = api.op("hog", "a", json!({"mb": 0})).await;
+    assert_eq!((r.status, &r.json), (200, &json!({"held_mb": 0})));
+}

@@ -85,6 +85,13 @@ pub struct Metrics {
     /// JavaScript sandboxes live, counted against the node's cap (set when
     /// the metrics are read).
     pub js_sandboxes: Gauge,
+    /// Bytes live guests have grown their memories by, against
+    /// `guest_memory_budget_bytes` (set when the metrics are read).
+    pub guest_memory_grown_bytes: Gauge,
+    /// The node's guest memory growth budget.
+    pub guest_memory_budget_bytes: Gauge,
+    /// Growths the budget refused (set when the metrics are read).
+    pub guest_memory_refused: Counter,
     /// Compiled-code cache files removed because no node had used them for
     /// the retention (old versions, old builds, abandoned temporary files).
     pub code_cache_removed_files: Counter,
@@ -221,6 +228,24 @@ impl Metrics {
             "js_sandboxes",
             "JavaScript sandboxes live, against the node's cap: actors', and evals' while they run",
             js_sandboxes.clone(),
+        );
+        let guest_memory_grown_bytes = Gauge::default();
+        registry.register(
+            "guest_memory_grown_bytes",
+            "Bytes live guests have grown their linear memories by past their starting size, against the node's budget",
+            guest_memory_grown_bytes.clone(),
+        );
+        let guest_memory_budget_bytes = Gauge::default();
+        registry.register(
+            "guest_memory_budget_bytes",
+            "Bytes all live guests together may grow their memories by (limits.guest_memory_budget_bytes)",
+            guest_memory_budget_bytes.clone(),
+        );
+        let guest_memory_refused = Counter::default();
+        registry.register(
+            "guest_memory_refused",
+            "Memory growths refused because the node's guest memory budget was spent (the turn got 503)",
+            guest_memory_refused.clone(),
         );
         let writer = WriterMetrics::new();
         registry.register(
@@ -432,6 +457,9 @@ impl Metrics {
             js_prefaulted_pages,
             prefaulted_pages,
             js_sandboxes,
+            guest_memory_grown_bytes,
+            guest_memory_budget_bytes,
+            guest_memory_refused,
             code_cache_removed_files,
             writer,
             mailbox_full,

@@ -136,6 +136,10 @@ pub enum TurnError {
     /// No instance slot is free.
     #[error("the node has no free instance slot; retry later")]
     Overloaded,
+    /// The turn grew its memory past what the node's guest memory budget
+    /// had left; it changed nothing.
+    #[error("{0}; the turn changed nothing, retry later")]
+    NoGuestMemory(String),
     /// The guest's handler returned an error.
     #[error("{0}")]
     ActorError(String),
@@ -196,7 +200,7 @@ impl TurnError {
             TurnError::UnknownType(_) => "unknown_type",
             TurnError::NotFound => "actor_not_found",
             TurnError::MailboxFull(_) => "mailbox_full",
-            TurnError::Overloaded => "overloaded",
+            TurnError::Overloaded | TurnError::NoGuestMemory(_) => "overloaded",
             TurnError::ActorError(_) => "actor_error",
             TurnError::Trap { kind, .. } => match *kind {
                 "cpu" => "cpu_limit_exceeded",
@@ -224,7 +228,10 @@ impl TurnError {
             TurnError::InputSettled { .. } => 409,
             TurnError::InvalidAnswer(_) => 422,
             TurnError::MailboxFull(_) => 429,
-            TurnError::Overloaded | TurnError::Storage(_) | TurnError::Stopped => 503,
+            TurnError::Overloaded
+            | TurnError::NoGuestMemory(_)
+            | TurnError::Storage(_)
+            | TurnError::Stopped => 503,
             TurnError::IdempotencyInProgress => 409,
             TurnError::Timeout(_) => 504,
             _ => 500,

@@ -36,6 +36,9 @@ pub(crate) struct Shared {
     /// A turn (or other work) is in progress: asking it to hibernate would
     /// free nothing soon.
     pub busy: AtomicBool,
+    /// Bytes its instance has grown its memory by, charged to the node's
+    /// guest memory budget (as of its last turn).
+    pub grown: AtomicU64,
     /// Activity statistics of this activation: (turns, last turn at ms),
     /// ahead of what is on disk until the next record write.
     stats: Mutex<(u64, u64)>,
@@ -66,14 +69,19 @@ pub(crate) enum Room {
     /// A JavaScript sandbox (all that the node allows are live): an idle
     /// JavaScript actor makes way.
     JsSandbox = 1,
+    /// The node's guest memory budget: an idle actor whose instance grew
+    /// its memory makes way.
+    Memory = 2,
 }
 
 impl Room {
-    /// Whether an actor holding `slot` frees this kind of room.
-    fn freed_by(self, slot: u8) -> bool {
+    /// Whether the actor sharing `s` frees this kind of room.
+    fn freed_by(self, s: &Shared) -> bool {
+        let slot = s.slot.load(Ordering::Relaxed);
         match self {
             Room::Instance => slot != SLOT_NONE,
             Room::JsSandbox => slot == SLOT_JS,
+            Room::Memory => slot != SLOT_NONE && s.grown.load(Ordering::Relaxed) > 0,
         }
     }
 }
@@ -97,9 +105,9 @@ pub struct Registry {
     active: AtomicUsize,
     evicting: AtomicBool,
     /// A [`Registry::make_room`] pass is running, per [`Room`].
-    making_room: [AtomicBool; 2],
+    making_room: [AtomicBool; 3],
     /// Activations waiting for room, per [`Room`].
-    waiting_for_room: [Arc<AtomicUsize>; 2],
+    waiting_for_room: [Arc<AtomicUsize>; 3],
     max_active: usize,
     mailbox_capacity: usize,
 }
@@ -112,7 +120,7 @@ impl Registry {
             hasher: Default::default(),
             active: AtomicUsize::new(0),
             evicting: AtomicBool::new(false),
-            making_room: [AtomicBool::new(false), AtomicBool::new(false)],
+            making_room: Default::default(),
             waiting_for_room: Default::default(),
             max_active,
             mailbox_capacity,
@@ -246,6 +254,7 @@ impl Registry {
             after_crash: AtomicBool::new(after_crash),
             slot: AtomicU8::new(SLOT_NONE),
             busy: AtomicBool::new(false),
+            grown: AtomicU64::new(0),
             stats: Mutex::new((0, 0)),
         });
         shard.insert(
@@ -316,9 +325,9 @@ impl Registry {
         WaitingForRoom(n)
     }
 
-    /// The instance pool is full, or all JavaScript sandboxes are in use
-    /// (`room`): ask the least recently used *idle* actors holding what is
-    /// short to hibernate — `batch` of them, or one per waiting activation
+    /// The instance pool is full, all JavaScript sandboxes are in use, or
+    /// the guest memory budget is spent (`room`): ask the least recently
+    /// used *idle* actors holding what is short to hibernate — `batch` of them, or one per waiting activation
     /// if more wait — so waking actors find room. The caller shows it is
     /// counted among the waiting.
     pub(crate) fn make_room(
@@ -337,7 +346,7 @@ impl Registry {
         tokio::spawn(async move {
             let reg = &env.registry;
             reg.hibernate_oldest(count.max(1), |s| {
-                room.freed_by(s.slot.load(Ordering::Relaxed)) && !s.busy.load(Ordering::Relaxed)
+                room.freed_by(s) && !s.busy.load(Ordering::Relaxed)
             });
             reg.making_room[i].store(false, Ordering::Release);
         });

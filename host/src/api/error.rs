@@ -68,7 +68,10 @@ impl From<TurnError> for ApiError {
         let mut err = Self::new(status, e.code(), e.to_string());
         if matches!(
             e,
-            TurnError::MailboxFull(_) | TurnError::Overloaded | TurnError::Storage(_)
+            TurnError::MailboxFull(_)
+                | TurnError::Overloaded
+                | TurnError::NoGuestMemory(_)
+                | TurnError::Storage(_)
         ) {
             err.retry_after = Some(1);
         }

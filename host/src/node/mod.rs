@@ -97,6 +97,7 @@ impl Node {
         let pool = PoolPlan::new(
             config.limits.max_active_actors,
             config.limits.max_js_sandboxes,
+            config.limits.guest_memory_budget_bytes,
             &host,
         );
         pool.log(config.limits.max_active_actors, &host);
@@ -139,6 +140,7 @@ impl Node {
                 fault_abort_marker,
                 turn_limits: turn_limits(&config),
                 eval: config.limits.eval_config(),
+                guest_memory_budget: pool.guest_memory,
             },
             storage.clone(),
         )?;
@@ -255,6 +257,14 @@ impl Node {
         self.metrics
             .js_sandboxes
             .set(i64::from(self.sandbox.js_sandboxes()));
+        let guest_memory = self.sandbox.guest_memory();
+        let m = &self.metrics;
+        m.guest_memory_grown_bytes.set(guest_memory.used() as i64);
+        m.guest_memory_budget_bytes
+            .set(guest_memory.limit().min(i64::MAX as u64) as i64);
+        m.guest_memory_refused
+            .inner()
+            .store(guest_memory.refused(), std::sync::atomic::Ordering::Relaxed);
         self.metrics.render()
     }
 

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use wasmtime::StoreLimitsBuilder;
 use wasmtime::component::ResourceTable;
-use wasmtime::{StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::InstanceSpec;
@@ -13,6 +13,7 @@ use super::caps::http::HttpAccess;
 use super::caps::js::JsAccess;
 use super::caps::model::ModelAccess;
 use super::caps::{Cap, CapSet};
+use super::guest_memory::{GuestLimits, GuestMemory};
 use super::output::GuestOutput;
 use super::turn::TurnState;
 use crate::config::ResolvedTypeConfig;
@@ -35,7 +36,9 @@ pub enum LimitTrap {
 pub struct Host {
     wasi: WasiCtx,
     pub(super) table: ResourceTable,
-    pub(super) limits: StoreLimits,
+    /// The store's memory and table limits, and its charge against the
+    /// node's guest memory budget.
+    pub(super) limits: GuestLimits,
     /// The running turn, if any.
     pub(super) turn: Option<TurnState>,
     /// Epoch ticks the guest has run since its last host call.
@@ -81,7 +84,8 @@ pub struct JsModule {
 
 impl Host {
     /// Store data for an instance given `spec`, which may call `granted`
-    /// and start child JavaScript sandboxes through `js`.
+    /// and start child JavaScript sandboxes through `js`; what its guest
+    /// grows is charged to `guest_memory`, if given.
     pub(super) fn new(
         spec: InstanceSpec<'_>,
         js: Option<JsAccess>,
@@ -89,6 +93,7 @@ impl Host {
         tick_ms: u64,
         output_capacity: usize,
         fault_abort_marker: Option<Arc<str>>,
+        guest_memory: Option<Arc<GuestMemory>>,
     ) -> Self {
         let config: &ResolvedTypeConfig = spec.config;
         let stdout = GuestOutput::new(output_capacity);
@@ -108,6 +113,7 @@ impl Host {
             .tables(64)
             .memories(8)
             .build();
+        let limits = GuestLimits::new(limits, guest_memory);
         let cpu_tick_limit = (config.cpu_slice.as_millis() as u64)
             .div_ceil(tick_ms.max(1))
             .max(1);

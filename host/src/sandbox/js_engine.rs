@@ -210,6 +210,8 @@ impl Sandbox {
             self.tick_ms,
             self.config.output_capacity,
             None,
+            // Deploy-time work, bounded by the type's own limits.
+            None,
         )
     }
 

@@ -11,12 +11,15 @@
 //!   an instance is dropped.
 //! * CPU: an epoch ticker thread advances the engine every `tick`; each store
 //!   yields to tokio on every tick and traps once a guest runs `cpu_slice`
-//!   without calling the host. Memory: `StoreLimits` per store.
+//!   without calling the host. Memory: `StoreLimits` per store, and one
+//!   budget for what all live guests grow ([`guest_memory`]).
 
 mod advise;
 mod bindings;
 mod caps;
+mod cgroup;
 mod code_cache;
+mod guest_memory;
 mod host;
 mod js_engine;
 mod output;
@@ -54,6 +57,7 @@ pub use caps::log::LogLimits;
 pub use caps::model::{ModelAccess, TurnUsage};
 pub use caps::state::StateLimits;
 pub use code_cache::{Swept, UNUSED_FOR as CODE_CACHE_UNUSED_FOR};
+pub use guest_memory::GuestMemory;
 pub use host::{JsModule, LimitTrap};
 pub use pool::{HostLimits, PoolPlan};
 pub use run::{
@@ -165,6 +169,8 @@ pub struct SandboxConfig {
     pub turn_limits: TurnLimits,
     /// Limits of a script run by `js.eval` (CPU, memory, time).
     pub eval: ResolvedTypeConfig,
+    /// Bytes all live guests together may grow their memories by.
+    pub guest_memory_budget: u64,
 }
 
 /// Why code cannot be deployed.
@@ -326,6 +332,8 @@ pub struct Sandbox {
     agent_engine: std::sync::Mutex<Option<Arc<Prepared>>>,
     /// Which compiled-code cache files this node uses.
     cache: code_cache::CodeCache,
+    /// What live guests have grown their memories by, against the budget.
+    guest_memory: Arc<GuestMemory>,
 }
 
 impl Sandbox {
@@ -337,6 +345,11 @@ impl Sandbox {
         } else {
             self.config.max_instances as usize
         }
+    }
+
+    /// The node's budget for guest memory growth.
+    pub fn guest_memory(&self) -> &Arc<GuestMemory> {
+        &self.guest_memory
     }
 
     /// JavaScript sandboxes live now, counted against the cap.
@@ -357,6 +370,7 @@ impl Sandbox {
         let tick_ms = config.tick.as_millis().max(1) as u64;
         let turn_limits = Arc::new(config.turn_limits.clone());
         let cache = code_cache::CodeCache::new(config.cache_dir.clone());
+        let guest_memory = GuestMemory::new(config.guest_memory_budget);
         let sandbox = Arc::new(Self {
             parts,
             js_live: Arc::new(AtomicU32::new(0)),
@@ -367,6 +381,7 @@ impl Sandbox {
             js: js_engine::JsEngines::default(),
             agent_engine: std::sync::Mutex::new(None),
             cache,
+            guest_memory,
         });
         let engine = sandbox.parts.engine.weak();
         let tick = sandbox.config.tick;
@@ -656,6 +671,7 @@ impl Sandbox {
             self.tick_ms,
             self.config.output_capacity,
             self.config.fault_abort_marker.clone(),
+            Some(self.guest_memory.clone()),
         );
         // The component knows which engine compiled it.
         let mut store = Store::new(pre.pre.component().engine(), host);
@@ -663,6 +679,7 @@ impl Sandbox {
         meter_cpu(&mut store);
         let loaded = async {
             let instance = pre.pre.instantiate_async(&mut store).await?;
+            store.data_mut().limits.instantiated();
             let handlers = pre.handlers.load(&mut store, &instance)?;
             let js = match &pre.js {
                 Some(js) => Some(js.load(&mut store, &instance)?),

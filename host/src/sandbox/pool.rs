@@ -36,6 +36,11 @@ const MEMORY_SHARE: u64 = 2;
 const BYTES_PER_INSTANCE: u64 = 64 << 10;
 /// Planned resident memory of a live JavaScript sandbox (measured ~590 KB).
 const BYTES_PER_JS_SANDBOX: u64 = 640 << 10;
+/// The share of the host's memory that guests may grow their memories by,
+/// all together (see [`guest_memory`](super::guest_memory)): a third, next
+/// to the half planned for instances as they start, so that what is left
+/// holds the host's own heap, the storage cache and the page cache.
+const GUEST_GROWTH_SHARE: u64 = 3;
 
 /// What the host allows, read at start-up.
 #[derive(Debug, Clone, Copy, Default)]
@@ -48,7 +53,8 @@ pub struct HostLimits {
 }
 
 impl HostLimits {
-    /// Read the limits of this host (Linux `/proc` and cgroup v2).
+    /// Read the limits of this host (Linux `/proc`, and the cgroup the
+    /// process runs in, v1 or v2).
     pub fn read() -> Self {
         let max_map_count = std::fs::read_to_string("/proc/sys/vm/max_map_count")
             .ok()
@@ -59,10 +65,7 @@ impl HostLimits {
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
                 .map(|kb| kb * 1024)
         });
-        // "max" (no limit) does not parse and is ignored.
-        let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok());
+        let cgroup = super::cgroup::memory_limit();
         let memory_bytes = match (total, cgroup) {
             (Some(t), Some(c)) => Some(t.min(c)),
             (t, c) => t.or(c),
@@ -128,12 +131,23 @@ pub struct PoolPlan {
     pub js_bound: Bound,
     /// Memory mappings the full pool needs.
     pub maps_needed: u64,
+    /// Bytes all live guests may grow their memories by (`u64::MAX`: no
+    /// bound, the host's memory being unknown).
+    pub guest_memory: u64,
+    /// What bounded `guest_memory`.
+    pub guest_memory_bound: Bound,
 }
 
 impl PoolPlan {
     /// Size the pool for `max_active` actors and `max_js` JavaScript
-    /// sandboxes (`None`: as many as memory allows) on `host`.
-    pub fn new(max_active: usize, max_js: Option<u32>, host: &HostLimits) -> Self {
+    /// sandboxes (`None`: as many as memory allows) on `host`, and the
+    /// guests' growth budget (`None`: a share of the host's memory).
+    pub fn new(
+        max_active: usize,
+        max_js: Option<u32>,
+        guest_memory: Option<u64>,
+        host: &HostLimits,
+    ) -> Self {
         let wanted = pool_for_active(max_active);
         let mut slots = wanted;
         let mut slots_bound = Bound::Config;
@@ -165,6 +179,13 @@ impl PoolPlan {
                 _ => (slots, slots_bound),
             },
         };
+        let (guest_memory, guest_memory_bound) = match guest_memory {
+            Some(b) => (b, Bound::Config),
+            None => match host.memory_bytes {
+                Some(m) => (m / GUEST_GROWTH_SHARE, Bound::Memory),
+                None => (u64::MAX, Bound::Config),
+            },
+        };
         Self {
             slots,
             max_active,
@@ -172,6 +193,8 @@ impl PoolPlan {
             slots_bound,
             js_bound,
             maps_needed: maps_needed(u64::from(slots)),
+            guest_memory,
+            guest_memory_bound,
         }
     }
 
@@ -182,6 +205,8 @@ impl PoolPlan {
         let (slots_by, js_by) = (self.slots_bound.label(), self.js_bound.label());
         let (maps, map_limit) = (self.maps_needed, host.max_map_count);
         let memory_mb = host.memory_bytes.map(|b| b >> 20);
+        let guest_memory_mb = (self.guest_memory != u64::MAX).then_some(self.guest_memory >> 20);
+        let guest_memory_by = self.guest_memory_bound.label();
         if active < configured_active {
             tracing::warn!(
                 slots,
@@ -193,6 +218,8 @@ impl PoolPlan {
                 maps_needed = maps,
                 max_map_count = map_limit,
                 memory_mb,
+                guest_memory_mb,
+                guest_memory_bound = guest_memory_by,
                 "instance pool smaller than limits.max_active_actors asks: the host allows \
                  fewer; raise vm.max_map_count (sysctl -w vm.max_map_count=N) or memory, \
                  or lower the limit"
@@ -207,6 +234,8 @@ impl PoolPlan {
                 maps_needed = maps,
                 max_map_count = map_limit,
                 memory_mb,
+                guest_memory_mb,
+                guest_memory_bound = guest_memory_by,
                 "instance pool sized"
             );
         }
@@ -261,6 +290,7 @@ mod tests {
         let plan = PoolPlan::new(
             l.max_active_actors,
             l.max_js_sandboxes,
+            l.guest_memory_budget_bytes,
             &host(65_530, 24 * GIB),
         );
         assert_eq!(plan.max_active, l.max_active_actors);
@@ -272,7 +302,7 @@ mod tests {
 
     #[test]
     fn a_low_map_limit_shrinks_the_pool_and_the_active_cap_with_it() {
-        let plan = PoolPlan::new(10_000, None, &host(30_000, 64 * GIB));
+        let plan = PoolPlan::new(10_000, None, None, &host(30_000, 64 * GIB));
         assert_eq!(plan.slots_bound, Bound::MapCount);
         assert!(plan.maps_needed <= 30_000, "{plan:?}");
         assert!(plan.max_active < 10_000);
@@ -282,7 +312,7 @@ mod tests {
     #[test]
     fn small_memory_bounds_javascript_sandboxes_first() {
         // 1 GiB: half of it for instances, ~640 KB per sandbox.
-        let plan = PoolPlan::new(10_000, None, &host(65_530, GIB));
+        let plan = PoolPlan::new(10_000, None, None, &host(65_530, GIB));
         assert_eq!(plan.js_bound, Bound::Memory);
         assert_eq!(plan.js_sandboxes, 819);
         assert_eq!(plan.slots, 8_192);
@@ -293,9 +323,9 @@ mod tests {
     #[test]
     fn a_configured_javascript_cap_is_kept_but_never_above_the_pool() {
         let h = host(65_530, 64 * GIB);
-        assert_eq!(PoolPlan::new(100, Some(20), &h).js_sandboxes, 20);
-        assert_eq!(PoolPlan::new(100, Some(1), &h).js_sandboxes, MIN_POOL);
-        let p = PoolPlan::new(100, Some(1_000_000), &h);
+        assert_eq!(PoolPlan::new(100, Some(20), None, &h).js_sandboxes, 20);
+        assert_eq!(PoolPlan::new(100, Some(1), None, &h).js_sandboxes, MIN_POOL);
+        let p = PoolPlan::new(100, Some(1_000_000), None, &h);
         assert_eq!(p.js_sandboxes, p.slots);
     }
 
@@ -312,8 +342,23 @@ mod tests {
 
     #[test]
     fn unknown_limits_leave_the_configuration_alone() {
-        let plan = PoolPlan::new(500, None, &HostLimits::default());
+        let plan = PoolPlan::new(500, None, None, &HostLimits::default());
         assert_eq!(plan.max_active, 500);
         assert_eq!(u64::from(plan.slots), pool_for_active(500));
+        assert_eq!(plan.guest_memory, u64::MAX, "no memory known, no bound");
+    }
+
+    #[test]
+    fn guests_may_grow_by_a_third_of_memory_unless_configured() {
+        let plan = PoolPlan::new(10_000, None, None, &host(65_530, 3 * GIB));
+        assert_eq!(
+            (plan.guest_memory, plan.guest_memory_bound),
+            (GIB, Bound::Memory)
+        );
+        let plan = PoolPlan::new(10_000, None, Some(5 << 20), &host(65_530, 3 * GIB));
+        assert_eq!(
+            (plan.guest_memory, plan.guest_memory_bound),
+            (5 << 20, Bound::Config)
+        );
     }
 }

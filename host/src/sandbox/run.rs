@@ -19,6 +19,7 @@ use wasmtime::{Func, Store};
 use super::bindings::marmot::actor::types::{Alarm, InputAnswer, Webhook};
 use super::bindings::{Context, Handlers, JsRuntime, Message};
 use super::caps::model::TurnUsage;
+use super::guest_memory::MemoryExhausted;
 use super::host::{Host, LimitTrap};
 use super::prefault::{Sample, WriteSet};
 use super::trim::{MemoryOrigin, Pristine};
@@ -102,6 +103,13 @@ pub enum TurnFailure {
     Timeout(Duration),
     /// No room to run (no fiber stack free): the guest never ran.
     NoRoom(String),
+    /// The guest grew its memory past what the node's guest memory budget
+    /// had left ([`MemoryExhausted`]): it trapped, and its instance must
+    /// not run again. Not the guest's fault alone, so not a trap to report
+    /// as one: the caller may retry once other actors gave theirs back.
+    ///
+    /// [`MemoryExhausted`]: super::guest_memory::MemoryExhausted
+    NodeMemory(String),
     /// The host lost the turn state (a host bug): the actor's caches went
     /// with it, and the instance must not run again.
     LostState,
@@ -127,7 +135,10 @@ impl TurnOutcome {
     pub fn instance_usable(&self) -> bool {
         !matches!(
             self.result,
-            Err(TurnFailure::Trap { .. } | TurnFailure::Timeout(_) | TurnFailure::LostState)
+            Err(TurnFailure::Trap { .. }
+                | TurnFailure::NodeMemory(_)
+                | TurnFailure::Timeout(_)
+                | TurnFailure::LostState)
         )
     }
 }
@@ -336,6 +347,12 @@ impl Instance {
         Ok(())
     }
 
+    /// Bytes this instance's guest has grown its memory by, charged to the
+    /// node's guest memory budget until the instance is dropped.
+    pub fn grown_bytes(&self) -> u64 {
+        self.store.data().limits.held()
+    }
+
     /// Whether this is a JavaScript sandbox (an instance of the built-in
     /// engine).
     pub fn is_js(&self) -> bool {
@@ -483,7 +500,9 @@ impl Instance {
         let result = match result {
             Ok(Ok(Ok(out))) => Ok(out),
             Ok(Ok(Err(msg))) => Err(TurnFailure::Guest(msg)),
-            Ok(Err(trap)) => Err(if is_resource_exhaustion(&format!("{trap:#}")) {
+            Ok(Err(trap)) => Err(if let Some(e) = trap.downcast_ref::<MemoryExhausted>() {
+                TurnFailure::NodeMemory(e.to_string())
+            } else if is_resource_exhaustion(&format!("{trap:#}")) {
                 TurnFailure::NoRoom(format!("{trap:#}"))
             } else {
                 let mut message = trap_message(&trap);

@@ -128,6 +128,9 @@ impl NodeConfig {
                 self.defaults.max_memory_bytes, l.max_guest_memory_bytes
             ));
         }
+        if l.guest_memory_budget_bytes.is_some_and(|b| b < 1 << 20) {
+            return Err("limits.guest_memory_budget_bytes must be at least 1 MiB (1048576)".into());
+        }
         self.clients.validate()?;
         if let Some(c) = &self.cluster {
             c.validate()?;
@@ -179,6 +182,13 @@ pub struct Limits {
     pub idempotency_ttl_ms: u64,
     /// Upper bound for any type's `max_memory_bytes`; sizes the instance pool.
     pub max_guest_memory_bytes: u64,
+    /// Memory all live guests together may grow past the size they start
+    /// with (the node's bound, on top of each type's `max_memory_bytes`).
+    /// A turn whose growth does not fit traps, changes nothing and gets
+    /// 503 `overloaded`; idle actors holding grown memory hibernate to give
+    /// it back. Unset: a third of the host's memory, or of its cgroup's
+    /// limit when lower.
+    pub guest_memory_budget_bytes: Option<u64>,
     /// Log lines a turn may write (guest `log` and stdout/stderr).
     pub max_log_lines_per_turn: u32,
     /// Largest log line kept; longer ones are cut.
@@ -223,6 +233,7 @@ impl Default for Limits {
             max_events_per_actor: 10_000,
             idempotency_ttl_ms: 24 * 3600 * 1000,
             max_guest_memory_bytes: 64 << 20,
+            guest_memory_budget_bytes: None,
             max_log_lines_per_turn: 1000,
             max_log_line_bytes: 8 << 10,
             eval_cpu_ms: 2_000,
@@ -751,5 +762,25 @@ mod props {
                 let _ = c.validate();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_guest_memory_budget_under_a_mebibyte_is_refused() {
+        let parse = |text: &str| toml::from_str::<NodeConfig>(text).unwrap().validate();
+        let err = parse("[limits]\nguest_memory_budget_bytes = 1000\n").unwrap_err();
+        assert!(
+            err.contains("limits.guest_memory_budget_bytes must be at least 1 MiB"),
+            "{err}"
+        );
+        assert_eq!(
+            parse("[limits]\nguest_memory_budget_bytes = 1048576\n"),
+            Ok(())
+        );
+        assert_eq!(parse(""), Ok(()), "unset: derived from the host's memory");
     }
 }

@@ -422,11 +422,16 @@ fn counts(r: &ActorRecord) -> ActorCounts {
     }
 }
 
-/// Errors that mean no handler ran, so a durable message must stay queued
-/// rather than be settled as failed.
+/// Errors that mean no handler ran, or one ran and was stopped for want of
+/// the node's memory (not the message's fault, and nothing of it
+/// committed), so a durable message must stay queued rather than be
+/// settled as failed.
 fn not_started(e: &TurnError) -> bool {
     matches!(
         e,
-        TurnError::Overloaded | TurnError::Code(_) | TurnError::Storage(_)
+        TurnError::Overloaded
+            | TurnError::NoGuestMemory(_)
+            | TurnError::Code(_)
+            | TurnError::Storage(_)
     )
 }

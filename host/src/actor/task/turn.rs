@@ -43,6 +43,7 @@ impl SlotHeld {
 impl Drop for SlotHeld {
     fn drop(&mut self) {
         self.0.slot.store(SLOT_NONE, Ordering::Relaxed);
+        self.0.grown.store(0, Ordering::Relaxed);
     }
 }
 
@@ -293,6 +294,9 @@ impl ActorTask {
             false => &self.env.metrics.prefaulted_pages,
         };
         prefaulted.inc_by(inst.take_prefaulted() as u64);
+        self.shared
+            .grown
+            .store(inst.grown_bytes(), Ordering::Relaxed);
         if traced {
             let waited = run_started - trace.since.unwrap_or(started);
             span.record("wait_us", waited.as_micros() as u64);
@@ -358,6 +362,19 @@ impl ActorTask {
                 metrics.turn(kind, "not_started");
                 tracing::warn!(actor = %self.key, error = %msg, "no room to run a turn");
                 return Err(TurnError::Overloaded);
+            }
+            Err(TurnFailure::NodeMemory(msg)) => {
+                // The turn changed nothing; idle actors holding grown
+                // memory give it back, so a retry may fit.
+                metrics.trap("node_memory");
+                metrics.turn(kind, "overloaded");
+                span.in_scope(|| tracing::warn!(error = %msg, "turn stopped: the node's guest memory is exhausted; instance discarded, asking idle actors holding grown memory to hibernate"));
+                let waiting = self.env.registry.wait_for_room(Room::Memory);
+                let held = self.env.sandbox.pool_size(false);
+                self.env
+                    .registry
+                    .make_room(&self.env, Room::Memory, held / 20, &waiting);
+                return Err(TurnError::NoGuestMemory(msg));
             }
             Err(TurnFailure::Trap {
                 kind: trap,

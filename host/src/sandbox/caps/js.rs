@@ -111,6 +111,9 @@ impl js::Host for Host {
             Err(TurnFailure::NoRoom(_)) => Err(GuestError::LimitExceeded(
                 "no room to run the script; try again later".into(),
             )),
+            Err(TurnFailure::NodeMemory(m)) => {
+                Err(GuestError::LimitExceeded(format!("{m}; try again later")))
+            }
             Err(TurnFailure::LostState) => {
                 return Err(wasmtime::format_err!("the host lost the turn state"));
             }
@@ -123,7 +126,9 @@ impl js::Host for Host {
                         format!("the script exceeded its time limit of {} ms", d.as_millis())
                     }
                     TurnFailure::Guest(m) => m,
-                    TurnFailure::NoRoom(_) | TurnFailure::LostState => unreachable!(),
+                    TurnFailure::NoRoom(_)
+                    | TurnFailure::NodeMemory(_)
+                    | TurnFailure::LostState => unreachable!(),
                 }),
             }),
         })
