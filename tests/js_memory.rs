@@ -303,3 +303,64 @@ async fn growth_past_the_nodes_guest_memory_budget_is_refused_and_given_back() {
     let r = api.op("hog", "a", json!({"mb": 0})).await;
     assert_eq!((r.status, &r.json), (200, &json!({"held_mb": 0})));
 }
+
+/// Writes `chunks` values of 256 KiB each: a module-level string, so the
+/// guest's memory does not grow but the host's copy of each does.
+const WRITER: &str = r#"
+import { state } from "marmot";
+const chunk = "x".repeat(256 << 10);
+export default {
+  onMessage(body) {
+    for (let i = 0; i < body.chunks; i++) state.set("k" + i, chunk + body.tag);
+    return { wrote: body.chunks };
+  },
+};
+"#;
+
+#[tokio::test]
+async fn the_actors_state_caches_together_stay_within_the_nodes_budget() {
+    // 4 MiB for all caches; three actors each write 3 MiB and fall idle.
+    // Each alone is under the 8 MiB per-actor cap, so without the node's
+    // budget all 9 MiB would stay cached until they hibernate (30 s).
+    let config = "[limits]\nstate_cache_budget_bytes = 4194304\n";
+    let (_dir, _m, api) = node(Some(config)).await;
+    assert_eq!(api.deploy_js("w", WRITER).await.status, 201);
+    for id in ["a", "b", "c"] {
+        let r = api.op("w", id, json!({"chunks": 12, "tag": id})).await;
+        assert_eq!((r.status, &r.json), (200, &json!({"wrote": 12})));
+    }
+    let text = metrics(&api).await;
+    assert_eq!(metric(&text, "marmot_state_cache_budget_bytes"), 4194304.0);
+    // Within a few seconds of falling idle (their writes durable), the
+    // actors drop what the node cannot afford.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let cached = metric(&metrics(&api).await, "marmot_state_cache_bytes");
+        if cached <= 4194304.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "caches still hold {cached} bytes"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Nothing was lost: what was dropped is read from disk again, by the
+    // actors' turns and by the API.
+    for id in ["a", "b", "c"] {
+        let v = api.get(&format!("/v1/actors/w/{id}/state/k11")).await;
+        let s = v.json.as_str().unwrap();
+        assert!(s.len() == (256 << 10) + 1 && s.ends_with(id), "{id}");
+        let r = api.op("w", id, json!({"chunks": 1, "tag": "again"})).await;
+        assert_eq!(r.status, 200, "{}", r.json);
+    }
+    assert_eq!(
+        api.get("/v1/actors/w/b/state/k0")
+            .await
+            .json
+            .as_str()
+            .unwrap()
+            .len(),
+        (256 << 10) + 5
+    );
+}

@@ -92,6 +92,12 @@ pub struct Metrics {
     pub guest_memory_budget_bytes: Gauge,
     /// Growths the budget refused (set when the metrics are read).
     pub guest_memory_refused: Counter,
+    /// Bytes the active actors' state caches hold (set when the metrics
+    /// are read).
+    pub state_cache_bytes: Gauge,
+    /// What they may hold together before actors keep only what is not
+    /// yet durable.
+    pub state_cache_budget_bytes: Gauge,
     /// Compiled-code cache files removed because no node had used them for
     /// the retention (old versions, old builds, abandoned temporary files).
     pub code_cache_removed_files: Counter,
@@ -240,6 +246,18 @@ impl Metrics {
             "guest_memory_budget_bytes",
             "Bytes all live guests together may grow their memories by (limits.guest_memory_budget_bytes)",
             guest_memory_budget_bytes.clone(),
+        );
+        let state_cache_bytes = Gauge::default();
+        registry.register(
+            "state_cache_bytes",
+            "Bytes of state values the active actors keep between turns",
+            state_cache_bytes.clone(),
+        );
+        let state_cache_budget_bytes = Gauge::default();
+        registry.register(
+            "state_cache_budget_bytes",
+            "What the actors' state caches may hold together (limits.state_cache_budget_bytes)",
+            state_cache_budget_bytes.clone(),
         );
         let guest_memory_refused = Counter::default();
         registry.register(
@@ -460,6 +478,8 @@ impl Metrics {
             guest_memory_grown_bytes,
             guest_memory_budget_bytes,
             guest_memory_refused,
+            state_cache_bytes,
+            state_cache_budget_bytes,
             code_cache_removed_files,
             writer,
             mailbox_full,

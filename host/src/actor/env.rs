@@ -14,6 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
+use super::caches::StateCaches;
 use super::registry::Registry;
 use super::{Delivery, Envelope, TurnError, TurnReply};
 use crate::alarms::scheduler::{AlarmTarget, DueAlarm, Scheduler};
@@ -50,6 +51,8 @@ pub struct ActorEnv {
     pub(crate) catalog: Arc<Catalog>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) registry: Registry,
+    /// What the actors' state caches hold together.
+    pub(crate) state_caches: Arc<StateCaches>,
     /// Told about alarms that commits set, move or remove.
     pub(crate) scheduler: Scheduler,
     /// Told about events once they are durable.
@@ -99,6 +102,7 @@ impl ActorEnv {
     pub fn new(p: Parts) -> Arc<Self> {
         let l = &p.config.limits;
         let registry = Registry::new(l.max_active_actors, l.mailbox_capacity);
+        let state_caches = StateCaches::new(l.state_cache_budget_bytes.unwrap_or(u64::MAX));
         Arc::new(Self {
             config: p.config,
             storage: p.storage,
@@ -106,6 +110,7 @@ impl ActorEnv {
             catalog: p.catalog,
             metrics: p.metrics,
             registry,
+            state_caches,
             scheduler: p.scheduler,
             event_bus: p.event_bus,
             egress: p.egress,

@@ -16,6 +16,7 @@
 //! Nothing here holds the node: tasks and the registry run on an
 //! [`ActorEnv`] of the parts they use.
 
+mod caches;
 mod env;
 mod registry;
 mod task;

@@ -94,14 +94,10 @@ impl Node {
         // Fit the instance pool to the host; the active cap follows it, so
         // active actors never outnumber instance slots.
         let host = HostLimits::read();
-        let pool = PoolPlan::new(
-            config.limits.max_active_actors,
-            config.limits.max_js_sandboxes,
-            config.limits.guest_memory_budget_bytes,
-            &host,
-        );
+        let pool = PoolPlan::new(&config.limits, &host);
         pool.log(config.limits.max_active_actors, &host);
         config.limits.max_active_actors = pool.max_active;
+        config.limits.state_cache_budget_bytes = Some(pool.state_cache);
         let config = Arc::new(config);
         let metrics = Arc::new(Metrics::new());
         let storage = {
@@ -262,6 +258,10 @@ impl Node {
         m.guest_memory_grown_bytes.set(guest_memory.used() as i64);
         m.guest_memory_budget_bytes
             .set(guest_memory.limit().min(i64::MAX as u64) as i64);
+        let caches = &self.actors.state_caches;
+        m.state_cache_bytes.set(caches.used() as i64);
+        m.state_cache_budget_bytes
+            .set(caches.limit().min(i64::MAX as u64) as i64);
         m.guest_memory_refused
             .inner()
             .store(guest_memory.refused(), std::sync::atomic::Ordering::Relaxed);

@@ -13,6 +13,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::config::Limits;
+
 /// Memory mappings (VMAs) taken by every pool slot, used or not: its fiber
 /// stack and guard page, mapped when the engine is built.
 const MAPS_PER_SLOT: u64 = 2;
@@ -41,6 +43,9 @@ const BYTES_PER_JS_SANDBOX: u64 = 640 << 10;
 /// to the half planned for instances as they start, so that what is left
 /// holds the host's own heap, the storage cache and the page cache.
 const GUEST_GROWTH_SHARE: u64 = 3;
+/// The share of the host's memory the actors' state caches may hold
+/// together (see `actor/caches.rs`).
+const STATE_CACHE_SHARE: u64 = 8;
 
 /// What the host allows, read at start-up.
 #[derive(Debug, Clone, Copy, Default)]
@@ -136,18 +141,17 @@ pub struct PoolPlan {
     pub guest_memory: u64,
     /// What bounded `guest_memory`.
     pub guest_memory_bound: Bound,
+    /// Bytes the actors' state caches may hold together (`u64::MAX`: no
+    /// bound, the host's memory being unknown).
+    pub state_cache: u64,
 }
 
 impl PoolPlan {
     /// Size the pool for `max_active` actors and `max_js` JavaScript
     /// sandboxes (`None`: as many as memory allows) on `host`, and the
-    /// guests' growth budget (`None`: a share of the host's memory).
-    pub fn new(
-        max_active: usize,
-        max_js: Option<u32>,
-        guest_memory: Option<u64>,
-        host: &HostLimits,
-    ) -> Self {
+    /// memory budgets of `limits` (unset: a share of the host's memory).
+    pub fn new(limits: &Limits, host: &HostLimits) -> Self {
+        let (max_active, max_js) = (limits.max_active_actors, limits.max_js_sandboxes);
         let wanted = pool_for_active(max_active);
         let mut slots = wanted;
         let mut slots_bound = Bound::Config;
@@ -179,13 +183,17 @@ impl PoolPlan {
                 _ => (slots, slots_bound),
             },
         };
-        let (guest_memory, guest_memory_bound) = match guest_memory {
+        let (guest_memory, guest_memory_bound) = match limits.guest_memory_budget_bytes {
             Some(b) => (b, Bound::Config),
             None => match host.memory_bytes {
                 Some(m) => (m / GUEST_GROWTH_SHARE, Bound::Memory),
                 None => (u64::MAX, Bound::Config),
             },
         };
+        let state_cache = limits
+            .state_cache_budget_bytes
+            .or(host.memory_bytes.map(|m| m / STATE_CACHE_SHARE))
+            .unwrap_or(u64::MAX);
         Self {
             slots,
             max_active,
@@ -195,6 +203,7 @@ impl PoolPlan {
             maps_needed: maps_needed(u64::from(slots)),
             guest_memory,
             guest_memory_bound,
+            state_cache,
         }
     }
 
@@ -207,6 +216,7 @@ impl PoolPlan {
         let memory_mb = host.memory_bytes.map(|b| b >> 20);
         let guest_memory_mb = (self.guest_memory != u64::MAX).then_some(self.guest_memory >> 20);
         let guest_memory_by = self.guest_memory_bound.label();
+        let state_cache_mb = (self.state_cache != u64::MAX).then_some(self.state_cache >> 20);
         if active < configured_active {
             tracing::warn!(
                 slots,
@@ -220,6 +230,7 @@ impl PoolPlan {
                 memory_mb,
                 guest_memory_mb,
                 guest_memory_bound = guest_memory_by,
+                state_cache_mb,
                 "instance pool smaller than limits.max_active_actors asks: the host allows \
                  fewer; raise vm.max_map_count (sysctl -w vm.max_map_count=N) or memory, \
                  or lower the limit"
@@ -236,6 +247,7 @@ impl PoolPlan {
                 memory_mb,
                 guest_memory_mb,
                 guest_memory_bound = guest_memory_by,
+                state_cache_mb,
                 "instance pool sized"
             );
         }
@@ -274,6 +286,17 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
+    /// The plan for these limits, the others at their defaults.
+    fn plan(active: usize, js: Option<u32>, guest: Option<u64>, host: &HostLimits) -> PoolPlan {
+        let limits = Limits {
+            max_active_actors: active,
+            max_js_sandboxes: js,
+            guest_memory_budget_bytes: guest,
+            ..Limits::default()
+        };
+        PoolPlan::new(&limits, host)
+    }
+
     fn host(maps: u64, memory: u64) -> HostLimits {
         HostLimits {
             max_map_count: Some(maps),
@@ -286,13 +309,8 @@ mod tests {
         // `marmot dev` with the default limits on Linux's default
         // vm.max_map_count (65,530) and a 24 GiB machine: every configured
         // active actor gets a slot, JavaScript ones included.
-        let l = crate::config::Limits::default();
-        let plan = PoolPlan::new(
-            l.max_active_actors,
-            l.max_js_sandboxes,
-            l.guest_memory_budget_bytes,
-            &host(65_530, 24 * GIB),
-        );
+        let l = Limits::default();
+        let plan = PoolPlan::new(&l, &host(65_530, 24 * GIB));
         assert_eq!(plan.max_active, l.max_active_actors);
         assert_eq!(u64::from(plan.slots), pool_for_active(l.max_active_actors));
         assert_eq!(plan.js_sandboxes, plan.slots);
@@ -302,7 +320,7 @@ mod tests {
 
     #[test]
     fn a_low_map_limit_shrinks_the_pool_and_the_active_cap_with_it() {
-        let plan = PoolPlan::new(10_000, None, None, &host(30_000, 64 * GIB));
+        let plan = plan(10_000, None, None, &host(30_000, 64 * GIB));
         assert_eq!(plan.slots_bound, Bound::MapCount);
         assert!(plan.maps_needed <= 30_000, "{plan:?}");
         assert!(plan.max_active < 10_000);
@@ -312,7 +330,7 @@ mod tests {
     #[test]
     fn small_memory_bounds_javascript_sandboxes_first() {
         // 1 GiB: half of it for instances, ~640 KB per sandbox.
-        let plan = PoolPlan::new(10_000, None, None, &host(65_530, GIB));
+        let plan = plan(10_000, None, None, &host(65_530, GIB));
         assert_eq!(plan.js_bound, Bound::Memory);
         assert_eq!(plan.js_sandboxes, 819);
         assert_eq!(plan.slots, 8_192);
@@ -323,9 +341,9 @@ mod tests {
     #[test]
     fn a_configured_javascript_cap_is_kept_but_never_above_the_pool() {
         let h = host(65_530, 64 * GIB);
-        assert_eq!(PoolPlan::new(100, Some(20), None, &h).js_sandboxes, 20);
-        assert_eq!(PoolPlan::new(100, Some(1), None, &h).js_sandboxes, MIN_POOL);
-        let p = PoolPlan::new(100, Some(1_000_000), None, &h);
+        assert_eq!(plan(100, Some(20), None, &h).js_sandboxes, 20);
+        assert_eq!(plan(100, Some(1), None, &h).js_sandboxes, MIN_POOL);
+        let p = plan(100, Some(1_000_000), None, &h);
         assert_eq!(p.js_sandboxes, p.slots);
     }
 
@@ -342,23 +360,30 @@ mod tests {
 
     #[test]
     fn unknown_limits_leave_the_configuration_alone() {
-        let plan = PoolPlan::new(500, None, None, &HostLimits::default());
+        let plan = plan(500, None, None, &HostLimits::default());
         assert_eq!(plan.max_active, 500);
         assert_eq!(u64::from(plan.slots), pool_for_active(500));
         assert_eq!(plan.guest_memory, u64::MAX, "no memory known, no bound");
+        assert_eq!(plan.state_cache, u64::MAX);
     }
 
     #[test]
-    fn guests_may_grow_by_a_third_of_memory_unless_configured() {
-        let plan = PoolPlan::new(10_000, None, None, &host(65_530, 3 * GIB));
+    fn memory_budgets_take_shares_of_memory_unless_configured() {
+        let p = plan(10_000, None, None, &host(65_530, 3 * GIB));
+        assert_eq!((p.guest_memory, p.guest_memory_bound), (GIB, Bound::Memory));
+        assert_eq!(p.state_cache, 3 * GIB / 8);
+        let p = plan(10_000, None, Some(5 << 20), &host(65_530, 3 * GIB));
         assert_eq!(
-            (plan.guest_memory, plan.guest_memory_bound),
-            (GIB, Bound::Memory)
-        );
-        let plan = PoolPlan::new(10_000, None, Some(5 << 20), &host(65_530, 3 * GIB));
-        assert_eq!(
-            (plan.guest_memory, plan.guest_memory_bound),
+            (p.guest_memory, p.guest_memory_bound),
             (5 << 20, Bound::Config)
+        );
+        let limits = Limits {
+            state_cache_budget_bytes: Some(7),
+            ..Limits::default()
+        };
+        assert_eq!(
+            PoolPlan::new(&limits, &host(65_530, 3 * GIB)).state_cache,
+            7
         );
     }
 }

@@ -122,6 +122,11 @@ impl Carry {
         self.files.trim(committed_seq);
     }
 
+    /// Bytes of state keys and values cached.
+    pub fn state_bytes(&self) -> usize {
+        self.state.bytes()
+    }
+
     /// The actor's alarms as its turns see them, read with `load` if no
     /// turn of this activation needed them yet (then nothing about them is
     /// in flight, and disk is current).

@@ -189,6 +189,11 @@ pub struct Limits {
     /// it back. Unset: a third of the host's memory, or of its cgroup's
     /// limit when lower.
     pub guest_memory_budget_bytes: Option<u64>,
+    /// What the active actors' state caches may hold together (each holds
+    /// up to 8 MiB of values its turns read or wrote). Past it, actors keep
+    /// only entries not yet durable and read the rest from disk again.
+    /// Unset: an eighth of the host's memory, or of its cgroup's limit.
+    pub state_cache_budget_bytes: Option<u64>,
     /// Log lines a turn may write (guest `log` and stdout/stderr).
     pub max_log_lines_per_turn: u32,
     /// Largest log line kept; longer ones are cut.
@@ -234,6 +239,7 @@ impl Default for Limits {
             idempotency_ttl_ms: 24 * 3600 * 1000,
             max_guest_memory_bytes: 64 << 20,
             guest_memory_budget_bytes: None,
+            state_cache_budget_bytes: None,
             max_log_lines_per_turn: 1000,
             max_log_line_bytes: 8 << 10,
             eval_cpu_ms: 2_000,

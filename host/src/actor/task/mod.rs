@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use super::caches::CacheShare;
 use super::env::ActorEnv;
 use super::registry::Shared;
 use super::{Envelope, TurnError};
@@ -50,7 +51,9 @@ use commit::CommitExtras;
 use trim::TrimClock;
 use turn::Live;
 
-/// Cap on the state cache of one actor before committed entries are dropped.
+/// Cap on the state cache of one actor before committed entries are
+/// dropped (0 while all actors' caches hold more than the node's budget:
+/// `actor/caches.rs`).
 const STATE_CACHE_BYTES: usize = 8 << 20;
 /// Commits of one actor that may be in flight before its next turn waits:
 /// bounds the memory a fast actor can pile up while the disk is slow.
@@ -74,6 +77,8 @@ pub(crate) struct ActorTask {
     /// What turns read (state, alarms, input counts), including changes
     /// not yet durable.
     carry: Carry,
+    /// The cache's part of what all actors' caches hold.
+    cache_share: CacheShare,
     /// When the oldest event on the log was written, if known: spares a disk
     /// read per commit when retention by age is on.
     oldest_event_at_ms: Option<u64>,
@@ -117,6 +122,7 @@ pub(super) struct TurnTrace {
 impl ActorTask {
     pub(crate) fn new(env: Arc<ActorEnv>, key: ActorKey, shared: Arc<Shared>) -> Self {
         let now = Instant::now();
+        let cache_share = CacheShare::new(&env.state_caches);
         Self {
             env,
             key,
@@ -127,6 +133,7 @@ impl ActorTask {
             persisted: None,
             live: None,
             carry: Carry::default(),
+            cache_share,
             oldest_event_at_ms: None,
             generation: 0,
             seq: 0,
@@ -397,6 +404,7 @@ impl ActorTask {
         self.persisted = None;
         self.live = None;
         self.carry = Carry::default();
+        self.cache_share.set(0);
         self.oldest_event_at_ms = None;
         self.idem_pending.clear();
         self.inbox_cursor = 0;

@@ -67,6 +67,9 @@ impl ActorTask {
             return;
         }
         self.trim_clock.pending = false;
+        // Idle now, its writes durable: a cache the node cannot afford
+        // goes too.
+        self.trim_cache();
         let Some(live) = self.live.as_mut() else {
             return;
         };

@@ -429,9 +429,12 @@ impl ActorTask {
         });
     }
 
+    /// Drop cached state values whose writes are durable, if the cache is
+    /// over its cap, and report what it holds to the node's total.
     pub(super) fn trim_cache(&mut self) {
-        self.carry
-            .trim(STATE_CACHE_BYTES, self.shared.tracker.committed_seq());
+        let cap = self.env.state_caches.cap(STATE_CACHE_BYTES);
+        self.carry.trim(cap, self.shared.tracker.committed_seq());
+        self.cache_share.set(self.carry.state_bytes() as u64);
     }
 }
 
