@@ -1,7 +1,8 @@
 //! The memory of JavaScript sandboxes: an idle sandbox gives back the
 //! snapshot pages it copied but left unchanged, and keeps everything else;
 //! pages a turn is known to write are copied before it runs, and the turn
-//! finds them as it would have.
+//! finds them as it would have. And the node's own bounds on memory: what
+//! guests grow, what state caches hold and what request bodies it holds.
 
 mod common;
 
@@ -363,4 +364,55 @@ async fn the_actors_state_caches_together_stay_within_the_nodes_budget() {
             .len(),
         (256 << 10) + 5
     );
+}
+
+/// Takes half a second per message, holding its body meanwhile.
+const SLOW: &str = r#"
+export default {
+  async onMessage(body) {
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    return { len: body.pad.length };
+  },
+};
+"#;
+
+#[tokio::test]
+async fn request_bodies_past_the_nodes_budget_are_shed_at_once() {
+    // 1 MiB of request bodies at once: one 600 KB message fits, a second
+    // while the first is held does not.
+    let config = "[limits]\nrequest_body_budget_bytes = 1048576\n";
+    let (_dir, _m, api) = node(Some(config)).await;
+    assert_eq!(api.deploy_js("slow", SLOW).await.status, 201);
+    let big = json!({"pad": "x".repeat(600_000)});
+    let first = {
+        let (api, big) = (api.clone(), big.clone());
+        tokio::spawn(async move { api.op("slow", "a", big).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&metrics(&api).await, "marmot_request_body_bytes") < 600_000.0 {
+        assert!(Instant::now() < deadline, "the first body was never held");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second = api.op("slow", "b", big.clone()).await;
+    assert_eq!(second.status, 503, "{}", second.json);
+    assert_eq!(second.code(), "overloaded");
+    assert_eq!(second.headers["retry-after"], "1");
+    let message = second.json["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("limits.request_body_budget_bytes"),
+        "{message}"
+    );
+    // Requests without a body still get through, and small ones fit.
+    assert_eq!(api.get("/v1/actors/slow/a").await.status, 200);
+    let small = api.op("slow", "c", json!({"pad": "x"})).await;
+    assert_eq!((small.status, &small.json), (200, &json!({"len": 1})));
+    // The first one finishes, its body is given back, and the refused
+    // message, sent again, fits.
+    let first = first.await.unwrap();
+    assert_eq!((first.status, &first.json), (200, &json!({"len": 600_000})));
+    let again = api.op("slow", "b", big).await;
+    assert_eq!((again.status, &again.json), (200, &json!({"len": 600_000})));
+    let text = metrics(&api).await;
+    assert_eq!(metric(&text, "marmot_request_body_bytes"), 0.0);
+    assert_eq!(metric(&text, "marmot_requests_shed_total"), 1.0);
 }

@@ -98,6 +98,12 @@ pub struct Metrics {
     /// What they may hold together before actors keep only what is not
     /// yet durable.
     pub state_cache_budget_bytes: Gauge,
+    /// Bytes of request bodies the node holds (read, or declared and being
+    /// read) until their responses are made.
+    pub request_body_bytes: Gauge,
+    /// Requests refused at once because their bodies did not fit
+    /// `limits.request_body_budget_bytes`.
+    pub requests_shed: Counter,
     /// Compiled-code cache files removed because no node had used them for
     /// the retention (old versions, old builds, abandoned temporary files).
     pub code_cache_removed_files: Counter,
@@ -258,6 +264,18 @@ impl Metrics {
             "state_cache_budget_bytes",
             "What the actors' state caches may hold together (limits.state_cache_budget_bytes)",
             state_cache_budget_bytes.clone(),
+        );
+        let request_body_bytes = Gauge::default();
+        registry.register(
+            "request_body_bytes",
+            "Bytes of request bodies held until their responses are made, against limits.request_body_budget_bytes",
+            request_body_bytes.clone(),
+        );
+        let requests_shed = Counter::default();
+        registry.register(
+            "requests_shed",
+            "Requests answered 503 at once because the node held too many request body bytes",
+            requests_shed.clone(),
         );
         let guest_memory_refused = Counter::default();
         registry.register(
@@ -480,6 +498,8 @@ impl Metrics {
             guest_memory_refused,
             state_cache_bytes,
             state_cache_budget_bytes,
+            request_body_bytes,
+            requests_shed,
             code_cache_removed_files,
             writer,
             mailbox_full,

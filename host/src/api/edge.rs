@@ -21,6 +21,7 @@ use axum::response::{IntoResponse, Response};
 use tower::{Layer, Service};
 
 use super::ApiError;
+use super::bodies::BodyBudget;
 use super::clients::ClientGate;
 use crate::tokens::{TokenError, Tokens};
 
@@ -30,17 +31,26 @@ pub(super) struct EdgeLayer {
     token: Option<Arc<str>>,
     tokens: Arc<Tokens>,
     gate: Arc<ClientGate>,
+    bodies: Arc<BodyBudget>,
 }
 
 impl EdgeLayer {
     /// Require `token` (when set), or a client token that allows the
     /// request (within `gate`'s rate limits), on everything but health
-    /// checks and inbound webhooks; answer CORS as `gate` says.
-    pub(super) fn new(token: Option<Arc<str>>, tokens: Arc<Tokens>, gate: ClientGate) -> Self {
+    /// checks and inbound webhooks; answer CORS as `gate` says; hold what
+    /// an authorized request's body is charged against `bodies` until its
+    /// response is made.
+    pub(super) fn new(
+        token: Option<Arc<str>>,
+        tokens: Arc<Tokens>,
+        gate: ClientGate,
+        bodies: Arc<BodyBudget>,
+    ) -> Self {
         Self {
             token,
             tokens,
             gate: Arc::new(gate),
+            bodies,
         }
     }
 }
@@ -54,6 +64,7 @@ impl<S> Layer<S> for EdgeLayer {
             token: self.token.clone(),
             tokens: self.tokens.clone(),
             gate: self.gate.clone(),
+            bodies: self.bodies.clone(),
         }
     }
 }
@@ -66,6 +77,7 @@ pub(super) struct Edge<S> {
     token: Option<Arc<str>>,
     tokens: Arc<Tokens>,
     gate: Arc<ClientGate>,
+    bodies: Arc<BodyBudget>,
 }
 
 impl<S> Service<Request> for Edge<S>
@@ -87,13 +99,28 @@ where
         // Kept for the CORS headers of the response.
         let origin = req.headers().get(header::ORIGIN).cloned();
         let gate = self.gate.clone();
+        let mut charge = None;
         let early = gate
             .preflight(req.method(), req.headers())
             .map(Ok)
-            .or_else(|| self.authorize(&req).err().map(Err));
+            .or_else(|| self.authorize(&req).err().map(Err))
+            .or_else(|| match self.bodies.charge(&req) {
+                Ok(c) => {
+                    charge = c;
+                    None
+                }
+                Err(e) => Some(Err(e)),
+            });
         if let Some(early) = early {
             let mut resp = early.unwrap_or_else(IntoResponse::into_response);
             resp.headers_mut().insert("x-request-id", id);
+            if has_body(&req) {
+                // The body is never read: the connection cannot carry
+                // another request, and a client that reused it would see
+                // its next request fail.
+                resp.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
             gate.decorate(origin.as_ref(), &mut resp);
             return Box::pin(std::future::ready(Ok(resp)));
         }
@@ -101,6 +128,8 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
+            // The body is held until the response is made.
+            let _charge = charge;
             let mut resp = inner.call(req).await?;
             resp.headers_mut().insert("x-request-id", id);
             gate.decorate(origin.as_ref(), &mut resp);
@@ -152,6 +181,14 @@ impl<S> Edge<S> {
 }
 
 /// `?access_token=` of the request, if any.
+/// Whether `req` declares a body (a non-zero length, or chunks).
+fn has_body(req: &Request) -> bool {
+    let h = req.headers();
+    h.contains_key(header::TRANSFER_ENCODING)
+        || h.get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0")
+}
+
 fn query_token(req: &Request) -> Option<&str> {
     req.uri()
         .query()?

@@ -7,6 +7,7 @@
 
 mod actors;
 mod backup;
+mod bodies;
 mod clients;
 pub(crate) mod cluster;
 mod edge;
@@ -73,12 +74,20 @@ pub fn router(node: Arc<Node>) -> Router {
     let clients_config = node.config().clients.clone();
     let limits = node.config().limits.clone();
     let clustered = node.cluster().is_some();
+    // Manifests carry base64 code: allow for its 4/3 expansion.
+    let code_limit = limits.max_code_bytes / 3 * 4 + 64 * 1024;
+    let metrics = node.metrics();
+    let bodies = bodies::BodyBudget::new(
+        limits.request_body_budget_bytes.unwrap_or(u64::MAX),
+        limits.max_message_bytes as u64,
+        code_limit as u64,
+        metrics.request_body_bytes.clone(),
+        metrics.requests_shed.clone(),
+    );
     let state = AppState {
         node,
         peers: crate::cluster::peer_client(),
     };
-    // Manifests carry base64 code: allow for its 4/3 expansion.
-    let code_limit = limits.max_code_bytes / 3 * 4 + 64 * 1024;
     // Routes are flat (no `nest`) and the edge concerns are one hand-written
     // layer: under load, axum's nesting and two `from_fn` middlewares cost
     // about a sixth of the node's CPU per request (measured with perf).
@@ -175,6 +184,7 @@ pub fn router(node: Arc<Node>) -> Router {
             token,
             tokens,
             clients::ClientGate::new(&clients_config),
+            bodies,
         ))
         .with_state(state)
 }

@@ -98,6 +98,7 @@ impl Node {
         pool.log(config.limits.max_active_actors, &host);
         config.limits.max_active_actors = pool.max_active;
         config.limits.state_cache_budget_bytes = Some(pool.state_cache);
+        config.limits.request_body_budget_bytes = Some(pool.request_bodies);
         let config = Arc::new(config);
         let metrics = Arc::new(Metrics::new());
         let storage = {

@@ -46,6 +46,9 @@ const GUEST_GROWTH_SHARE: u64 = 3;
 /// The share of the host's memory the actors' state caches may hold
 /// together (see `actor/caches.rs`).
 const STATE_CACHE_SHARE: u64 = 8;
+/// The share of the host's memory that request bodies may hold together
+/// (see `api/bodies.rs`).
+const REQUEST_BODY_SHARE: u64 = 16;
 
 /// What the host allows, read at start-up.
 #[derive(Debug, Clone, Copy, Default)]
@@ -144,6 +147,9 @@ pub struct PoolPlan {
     /// Bytes the actors' state caches may hold together (`u64::MAX`: no
     /// bound, the host's memory being unknown).
     pub state_cache: u64,
+    /// Bytes of request bodies the node may hold at once (`u64::MAX`: no
+    /// bound).
+    pub request_bodies: u64,
 }
 
 impl PoolPlan {
@@ -194,6 +200,10 @@ impl PoolPlan {
             .state_cache_budget_bytes
             .or(host.memory_bytes.map(|m| m / STATE_CACHE_SHARE))
             .unwrap_or(u64::MAX);
+        let request_bodies = limits
+            .request_body_budget_bytes
+            .or(host.memory_bytes.map(|m| m / REQUEST_BODY_SHARE))
+            .unwrap_or(u64::MAX);
         Self {
             slots,
             max_active,
@@ -204,6 +214,7 @@ impl PoolPlan {
             guest_memory,
             guest_memory_bound,
             state_cache,
+            request_bodies,
         }
     }
 
@@ -217,6 +228,8 @@ impl PoolPlan {
         let guest_memory_mb = (self.guest_memory != u64::MAX).then_some(self.guest_memory >> 20);
         let guest_memory_by = self.guest_memory_bound.label();
         let state_cache_mb = (self.state_cache != u64::MAX).then_some(self.state_cache >> 20);
+        let request_bodies_mb =
+            (self.request_bodies != u64::MAX).then_some(self.request_bodies >> 20);
         if active < configured_active {
             tracing::warn!(
                 slots,
@@ -231,6 +244,7 @@ impl PoolPlan {
                 guest_memory_mb,
                 guest_memory_bound = guest_memory_by,
                 state_cache_mb,
+                request_bodies_mb,
                 "instance pool smaller than limits.max_active_actors asks: the host allows \
                  fewer; raise vm.max_map_count (sysctl -w vm.max_map_count=N) or memory, \
                  or lower the limit"
@@ -248,6 +262,7 @@ impl PoolPlan {
                 guest_memory_mb,
                 guest_memory_bound = guest_memory_by,
                 state_cache_mb,
+                request_bodies_mb,
                 "instance pool sized"
             );
         }
@@ -365,6 +380,7 @@ mod tests {
         assert_eq!(u64::from(plan.slots), pool_for_active(500));
         assert_eq!(plan.guest_memory, u64::MAX, "no memory known, no bound");
         assert_eq!(plan.state_cache, u64::MAX);
+        assert_eq!(plan.request_bodies, u64::MAX);
     }
 
     #[test]
@@ -372,6 +388,7 @@ mod tests {
         let p = plan(10_000, None, None, &host(65_530, 3 * GIB));
         assert_eq!((p.guest_memory, p.guest_memory_bound), (GIB, Bound::Memory));
         assert_eq!(p.state_cache, 3 * GIB / 8);
+        assert_eq!(p.request_bodies, 3 * GIB / 16);
         let p = plan(10_000, None, Some(5 << 20), &host(65_530, 3 * GIB));
         assert_eq!(
             (p.guest_memory, p.guest_memory_bound),

@@ -194,6 +194,11 @@ pub struct Limits {
     /// only entries not yet durable and read the rest from disk again.
     /// Unset: an eighth of the host's memory, or of its cgroup's limit.
     pub state_cache_budget_bytes: Option<u64>,
+    /// Request bodies the node holds at once, from reading each until its
+    /// response (in mailboxes, queued behind earlier messages). A request
+    /// whose declared body does not fit gets 503 `overloaded` at once.
+    /// Unset: a sixteenth of the host's memory, or of its cgroup's limit.
+    pub request_body_budget_bytes: Option<u64>,
     /// Log lines a turn may write (guest `log` and stdout/stderr).
     pub max_log_lines_per_turn: u32,
     /// Largest log line kept; longer ones are cut.
@@ -240,6 +245,7 @@ impl Default for Limits {
             max_guest_memory_bytes: 64 << 20,
             guest_memory_budget_bytes: None,
             state_cache_budget_bytes: None,
+            request_body_budget_bytes: None,
             max_log_lines_per_turn: 1000,
             max_log_line_bytes: 8 << 10,
             eval_cpu_ms: 2_000,
