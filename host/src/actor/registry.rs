@@ -327,9 +327,9 @@ impl Registry {
 
     /// The instance pool is full, all JavaScript sandboxes are in use, or
     /// the guest memory budget is spent (`room`): ask the least recently
-    /// used *idle* actors holding what is short to hibernate — `batch` of them, or one per waiting activation
-    /// if more wait — so waking actors find room. The caller shows it is
-    /// counted among the waiting.
+    /// used *idle* actors holding what is short to hibernate — `batch` of
+    /// them, or one per waiting activation if more wait — so waking actors
+    /// find room. The caller shows it is counted among the waiting.
     pub(crate) fn make_room(
         &self,
         env: &Arc<ActorEnv>,

@@ -180,7 +180,6 @@ impl<S> Edge<S> {
     }
 }
 
-/// `?access_token=` of the request, if any.
 /// Whether `req` declares a body (a non-zero length, or chunks).
 fn has_body(req: &Request) -> bool {
     let h = req.headers();
@@ -189,6 +188,7 @@ fn has_body(req: &Request) -> bool {
             .is_some_and(|v| v.as_bytes() != b"0")
 }
 
+/// `?access_token=` of the request, if any.
 fn query_token(req: &Request) -> Option<&str> {
     req.uri()
         .query()?

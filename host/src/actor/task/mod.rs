@@ -77,7 +77,7 @@ pub(crate) struct ActorTask {
     /// What turns read (state, alarms, input counts), including changes
     /// not yet durable.
     carry: Carry,
-    /// The cache's part of what all actors' caches hold.
+    /// This actor's part of what all actors' state caches hold.
     cache_share: CacheShare,
     /// When the oldest event on the log was written, if known: spares a disk
     /// read per commit when retention by age is on.

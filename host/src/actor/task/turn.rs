@@ -294,9 +294,12 @@ impl ActorTask {
             false => &self.env.metrics.prefaulted_pages,
         };
         prefaulted.inc_by(inst.take_prefaulted() as u64);
-        self.shared
-            .grown
-            .store(inst.grown_bytes(), Ordering::Relaxed);
+        if !is_fresh {
+            // A fresh instance (an eval's) is dropped after its turn.
+            self.shared
+                .grown
+                .store(inst.grown_bytes(), Ordering::Relaxed);
+        }
         if traced {
             let waited = run_started - trace.since.unwrap_or(started);
             span.record("wait_us", waited.as_micros() as u64);
