@@ -211,7 +211,11 @@ fn operations() -> Vec<Op> {
                 (413, "body too large", None),
                 (429, "mailbox full (Retry-After)", None),
                 (500, "the actor failed", None),
-                (503, "no room now (Retry-After)", None),
+                (
+                    503,
+                    "overloaded: no instance slot, or the node's guest memory or request body budget is spent; nothing changed (Retry-After)",
+                    None,
+                ),
             ],
         },
         Op {
@@ -417,6 +421,11 @@ fn operations() -> Vec<Op> {
                 (401, "bad signature or timestamp", None),
                 (403, "the type has no webhook_secret", None),
                 (404, "unknown type", None),
+                (
+                    503,
+                    "overloaded, or the node's request body budget is spent; not stored (Retry-After)",
+                    None,
+                ),
             ],
         },
         Op {
