@@ -9,6 +9,12 @@
 //! each, against ~60 KB for a Rust actor), so their count is bounded by the
 //! host's memory. [`PoolPlan::new`] takes the smallest of the bounds and
 //! says which one it was; the node logs that in one line.
+//!
+//! The same plan gives the node's other memory bounds their share of the
+//! host's memory, unless configured: what all guests may grow
+//! ([`guest_memory`](super::guest_memory)), what all state caches may hold
+//! and what request bodies may be held at once (docs/design.md, "Memory
+//! bounds").
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
