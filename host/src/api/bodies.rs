@@ -81,7 +81,9 @@ impl BodyBudget {
             None if req.headers().contains_key(header::TRANSFER_ENCODING) => route_limit,
             None => 0,
         }
-        .min(route_limit);
+        .min(route_limit)
+        // One body larger than the whole budget still goes through alone.
+        .min(self.limit);
         if bytes == 0 {
             return Ok(None);
         }
@@ -178,5 +180,14 @@ mod tests {
         assert!(r.unwrap().is_none());
         drop(d);
         assert_eq!(budget.held.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_body_larger_than_the_whole_budget_goes_through_alone() {
+        let budget = BodyBudget::new(30, 50, 80, Gauge::default(), Counter::default());
+        let a = budget.charge(&post(Some("50"), false)).unwrap().unwrap();
+        assert!(budget.charge(&post(Some("1"), false)).is_err());
+        drop(a);
+        assert!(budget.charge(&post(Some("1"), false)).unwrap().is_some());
     }
 }
