@@ -45,21 +45,37 @@ async fn metrics(api: &Api) -> String {
     String::from_utf8(api.get("/metrics").await.body).unwrap()
 }
 
-/// Wait until the node has trimmed at least `trims` sandboxes in all.
-async fn wait_for_trims(api: &Api, trims: f64) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
+/// Wait until metric `name` `holds` (else panic after `within`, saying
+/// `what` did not happen); the metrics text it was read from.
+async fn wait_for_metric(
+    api: &Api,
+    name: &str,
+    holds: impl Fn(f64) -> bool,
+    within: Duration,
+    what: &str,
+) -> String {
+    let deadline = Instant::now() + within;
     loop {
         let m = metrics(api).await;
-        if metric(&m, "marmot_js_sandbox_trims_total") >= trims {
+        let value = metric(&m, name);
+        if holds(value) {
             return m;
         }
-        assert!(
-            Instant::now() < deadline,
-            "idle sandboxes were not trimmed: {}",
-            metric(&m, "marmot_js_sandbox_trims_total")
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(Instant::now() < deadline, "{what}: {name} = {value}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
+}
+
+/// Wait until the node has trimmed at least `trims` sandboxes in all.
+async fn wait_for_trims(api: &Api, trims: f64) -> String {
+    wait_for_metric(
+        api,
+        "marmot_js_sandbox_trims_total",
+        |n| n >= trims,
+        Duration::from_secs(30),
+        "idle sandboxes were not trimmed",
+    )
+    .await
 }
 
 #[tokio::test]
@@ -285,15 +301,14 @@ async fn growth_past_the_nodes_guest_memory_budget_is_refused_and_given_back() {
 
     // The idle actors holding grown memory were asked to hibernate: their
     // growth comes back to the node, and the same request now fits.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let grown = metric(&metrics(&api).await, "marmot_guest_memory_grown_bytes");
-        if grown == 0.0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "growth not given back: {grown}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_metric(
+        &api,
+        "marmot_guest_memory_grown_bytes",
+        |grown| grown == 0.0,
+        Duration::from_secs(20),
+        "growth not given back",
+    )
+    .await;
     let r = api.op("hog", "c", json!({"mb": 12})).await;
     assert_eq!((r.status, &r.json), (200, &json!({"held_mb": 12})));
     assert_eq!(
@@ -334,18 +349,14 @@ async fn the_actors_state_caches_together_stay_within_the_nodes_budget() {
     assert_eq!(metric(&text, "marmot_state_cache_budget_bytes"), 4194304.0);
     // Within a few seconds of falling idle (their writes durable), the
     // actors drop what the node cannot afford.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let cached = metric(&metrics(&api).await, "marmot_state_cache_bytes");
-        if cached <= 4194304.0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "caches still hold {cached} bytes"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_metric(
+        &api,
+        "marmot_state_cache_bytes",
+        |cached| cached <= 4194304.0,
+        Duration::from_secs(15),
+        "caches still hold more than the budget",
+    )
+    .await;
     // Nothing was lost: what was dropped is read from disk again, by the
     // actors' turns and by the API.
     for id in ["a", "b", "c"] {
@@ -388,11 +399,14 @@ async fn request_bodies_past_the_nodes_budget_are_shed_at_once() {
         let (api, big) = (api.clone(), big.clone());
         tokio::spawn(async move { api.op("slow", "a", big).await })
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(&metrics(&api).await, "marmot_request_body_bytes") < 600_000.0 {
-        assert!(Instant::now() < deadline, "the first body was never held");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_metric(
+        &api,
+        "marmot_request_body_bytes",
+        |held| held >= 600_000.0,
+        Duration::from_secs(10),
+        "the first body was never held",
+    )
+    .await;
     let second = api.op("slow", "b", big.clone()).await;
     assert_eq!(second.status, 503, "{}", second.json);
     assert_eq!(second.code(), "overloaded");
