@@ -68,7 +68,12 @@ impl CacheShare {
 
     /// The actor's cache holds `bytes` now.
     pub(crate) fn set(&mut self, bytes: u64) {
-        if bytes >= self.held {
+        // Called after every turn: leave the shared counter alone (no
+        // atomic write to a line every core touches) when nothing changed.
+        if bytes == self.held {
+            return;
+        }
+        if bytes > self.held {
             self.caches
                 .used
                 .fetch_add(bytes - self.held, Ordering::Relaxed);
