@@ -195,21 +195,19 @@ impl PoolPlan {
                 _ => (slots, slots_bound),
             },
         };
-        let (guest_memory, guest_memory_bound) = match limits.guest_memory_budget_bytes {
-            Some(b) => (b, Bound::Config),
-            None => match host.memory_bytes {
-                Some(m) => (m / GUEST_GROWTH_SHARE, Bound::Memory),
-                None => (u64::MAX, Bound::Config),
-            },
+        // A configured budget, else `1 / share` of the memory, else none.
+        let budget = |configured: Option<u64>, share: u64| {
+            configured
+                .or(host.memory_bytes.map(|m| m / share))
+                .unwrap_or(u64::MAX)
         };
-        let state_cache = limits
-            .state_cache_budget_bytes
-            .or(host.memory_bytes.map(|m| m / STATE_CACHE_SHARE))
-            .unwrap_or(u64::MAX);
-        let request_bodies = limits
-            .request_body_budget_bytes
-            .or(host.memory_bytes.map(|m| m / REQUEST_BODY_SHARE))
-            .unwrap_or(u64::MAX);
+        let guest_memory = budget(limits.guest_memory_budget_bytes, GUEST_GROWTH_SHARE);
+        let guest_memory_bound = match (limits.guest_memory_budget_bytes, host.memory_bytes) {
+            (None, Some(_)) => Bound::Memory,
+            _ => Bound::Config,
+        };
+        let state_cache = budget(limits.state_cache_budget_bytes, STATE_CACHE_SHARE);
+        let request_bodies = budget(limits.request_body_budget_bytes, REQUEST_BODY_SHARE);
         Self {
             slots,
             max_active,
