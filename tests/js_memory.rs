@@ -430,3 +430,195 @@ async fn request_bodies_past_the_nodes_budget_are_shed_at_once() {
     assert_eq!(metric(&text, "marmot_request_body_bytes"), 0.0);
     assert_eq!(metric(&text, "marmot_requests_shed_total"), 1.0);
 }
+
+/// Fetches a body from the test's server and says how long it was, or why
+/// the fetch failed.
+const FETCHER: &str = r#"
+export default {
+  async onMessage(body) {
+    try {
+      const r = await fetch(body.url, { timeoutMs: body.timeoutMs });
+      return { status: r.status, len: (await r.text()).length };
+    } catch (e) {
+      return { error: String(e.message) };
+    }
+  },
+};
+"#;
+
+/// A server of slow bodies: `GET /{known|chunked}/{kib}/{pause_ms}` sends
+/// `kib` KiB of `x`, half of it, then the rest after the pause; `known`
+/// declares its length, `chunked` does not.
+async fn slow_bodies() -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head);
+                let path = head.split_whitespace().nth(1).unwrap_or("/");
+                let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+                let [kind, kib, pause] = parts[..] else {
+                    return;
+                };
+                let (len, pause) = (kib.parse::<usize>().unwrap() << 10, pause.parse().unwrap());
+                let half = vec![b'x'; len / 2];
+                let chunked = kind == "chunked";
+                let framing = if chunked {
+                    "transfer-encoding: chunked".to_owned()
+                } else {
+                    format!("content-length: {len}")
+                };
+                let frame = |data: &[u8]| {
+                    if chunked {
+                        [format!("{:x}\r\n", data.len()).as_bytes(), data, b"\r\n"].concat()
+                    } else {
+                        data.to_vec()
+                    }
+                };
+                let head = format!("HTTP/1.1 200 OK\r\nconnection: close\r\n{framing}\r\n\r\n");
+                let _ = conn.write_all(head.as_bytes()).await;
+                let _ = conn.write_all(&frame(&half)).await;
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                let _ = conn.write_all(&frame(&half)).await;
+                if chunked {
+                    let _ = conn.write_all(b"0\r\n\r\n").await;
+                }
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn outbound_response_bodies_wait_for_room_in_the_nodes_budget() {
+    const MIB: u64 = 1 << 20;
+    // 4 MiB of outbound response bodies at once.
+    let config = "[egress]\nallow_private = [\"127.0.0.1/32\"]\n\
+                  [limits]\negress_response_budget_bytes = 4194304\n";
+    let (_dir, _m, api) = node(Some(config)).await;
+    let port = slow_bodies().await;
+    let manifest = json!({
+        "kind": "js", "code": FETCHER,
+        "config": {"allowed_hosts": ["127.0.0.1"], "http_concurrency": 16},
+    });
+    let r = api
+        .req(
+            reqwest::Method::PUT,
+            "/v1/types/fetcher",
+            Some(("application/json", serde_json::to_vec(&manifest).unwrap())),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let url = |path: &str| format!("http://127.0.0.1:{port}/{path}");
+    let fetch = |id: String, body: serde_json::Value| {
+        let api = api.clone();
+        tokio::spawn(async move { api.op("fetcher", &id, body).await })
+    };
+
+    // Three 3 MiB bodies of declared length, each taking 600 ms: one fits
+    // at a time, so they are read one after another (the server is not
+    // held up: the socket buffers what is not read yet), and the node
+    // never holds more than its budget. Without it, all three would hold
+    // their 3 MiB through the pause.
+    let three: Vec<_> = (0..3)
+        .map(|i| fetch(format!("k{i}"), json!({"url": url("known/3072/600")})))
+        .collect();
+    let mut peak = 0.0f64;
+    while !three.iter().all(|t| t.is_finished()) {
+        peak = peak.max(metric(&metrics(&api).await, "marmot_egress_response_bytes"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for t in three {
+        let r = t.await.unwrap();
+        assert_eq!(
+            (r.status, &r.json),
+            (200, &json!({"status": 200, "len": 3 * MIB}))
+        );
+    }
+    assert!(
+        peak >= (3 * MIB) as f64,
+        "no body was ever charged ({peak})"
+    );
+    assert!(peak <= (4 * MIB) as f64, "the node held {peak} bytes");
+
+    // While one holds 3 MiB for 1.5 s, a body of unknown length waits for
+    // room as it grows, and gets it when the first is done; a declared one
+    // whose request times out first says why.
+    let holder = fetch("h".into(), json!({"url": url("known/3072/1500")}));
+    wait_for_metric(
+        &api,
+        "marmot_egress_response_bytes",
+        |held| held >= (3 * MIB) as f64,
+        Duration::from_secs(10),
+        "the first body was never charged",
+    )
+    .await;
+    let chunked = fetch("c".into(), json!({"url": url("chunked/2048/0")}));
+    let waited = api
+        .op(
+            "fetcher",
+            "w",
+            json!({"url": url("known/2048/0"), "timeoutMs": 300}),
+        )
+        .await;
+    let message = waited.json["error"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("limits.egress_response_budget_bytes")
+            && message.contains("waited until the request's timeout"),
+        "{}",
+        waited.json
+    );
+    assert!(!chunked.is_finished(), "the chunked body did not wait");
+    let holder = holder.await.unwrap();
+    assert_eq!(holder.json, json!({"status": 200, "len": 3 * MIB}));
+    let chunked = chunked.await.unwrap();
+    assert_eq!(chunked.json, json!({"status": 200, "len": 2 * MIB}));
+
+    // Two bodies of unknown length that each outgrow half the budget
+    // midway: waiting for each other would never end, so the second to ask
+    // fails at once and the first goes on.
+    let both: Vec<_> = ["d1", "d2"]
+        .into_iter()
+        .map(|id| fetch(id.into(), json!({"url": url("chunked/3072/800")})))
+        .collect();
+    let mut outcomes = Vec::new();
+    for t in both {
+        outcomes.push(t.await.unwrap().json);
+    }
+    let done = outcomes.iter().filter(|o| o["len"] == 3 * MIB).count();
+    let refused: Vec<_> = outcomes
+        .iter()
+        .filter_map(|o| o["error"].as_str())
+        .collect();
+    assert!(
+        done == 1 && refused.len() == 1 && refused[0].contains("would have waited for another's"),
+        "{outcomes:?}"
+    );
+
+    // A body larger than the whole budget is read alone rather than never.
+    for path in ["known/6144/0", "chunked/6144/0"] {
+        let r = api.op("fetcher", "big", json!({"url": url(path)})).await;
+        assert_eq!(r.json, json!({"status": 200, "len": 6 * MIB}), "{path}");
+    }
+    let text = metrics(&api).await;
+    assert_eq!(metric(&text, "marmot_egress_response_bytes"), 0.0);
+    assert_eq!(metric(&text, "marmot_egress_responses_refused_total"), 2.0);
+    assert_eq!(
+        metric(&text, "marmot_egress_response_budget_bytes"),
+        (4 * MIB) as f64
+    );
+}

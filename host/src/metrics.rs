@@ -104,6 +104,13 @@ pub struct Metrics {
     /// Requests refused at once because their bodies did not fit
     /// `limits.request_body_budget_bytes`.
     pub requests_shed: Counter,
+    /// Bytes of outbound response bodies buffered (charged until handed
+    /// on), against `limits.egress_response_budget_bytes`.
+    pub egress_response_bytes: Gauge,
+    /// That budget.
+    pub egress_response_budget_bytes: Gauge,
+    /// Buffered fetches failed because their bodies found no room in it.
+    pub egress_responses_refused: Counter,
     /// Compiled-code cache files removed because no node had used them for
     /// the retention (old versions, old builds, abandoned temporary files).
     pub code_cache_removed_files: Counter,
@@ -276,6 +283,24 @@ impl Metrics {
             "requests_shed",
             "Requests answered 503 at once because the node held too many request body bytes",
             requests_shed.clone(),
+        );
+        let egress_response_bytes = Gauge::default();
+        registry.register(
+            "egress_response_bytes",
+            "Bytes of outbound response bodies buffered until handed on, against limits.egress_response_budget_bytes",
+            egress_response_bytes.clone(),
+        );
+        let egress_response_budget_bytes = Gauge::default();
+        registry.register(
+            "egress_response_budget_bytes",
+            "What buffered outbound response bodies may hold together (limits.egress_response_budget_bytes)",
+            egress_response_budget_bytes.clone(),
+        );
+        let egress_responses_refused = Counter::default();
+        registry.register(
+            "egress_responses_refused",
+            "Buffered outbound fetches failed because their bodies found no room in the node's response budget",
+            egress_responses_refused.clone(),
         );
         let guest_memory_refused = Counter::default();
         registry.register(
@@ -500,6 +525,9 @@ impl Metrics {
             state_cache_budget_bytes,
             request_body_bytes,
             requests_shed,
+            egress_response_bytes,
+            egress_response_budget_bytes,
+            egress_responses_refused,
             code_cache_removed_files,
             writer,
             mailbox_full,

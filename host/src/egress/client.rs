@@ -17,6 +17,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 use url::Url;
 use zeroize::Zeroizing;
 
+use super::budget::{ResponseBudget, ResponseCharge};
 use super::policy::AddressPolicy;
 use super::resolve::{AddressRefused, PolicyResolver};
 use crate::config::EgressConfig;
@@ -59,6 +60,10 @@ pub struct OutboundResponse {
     pub headers: Vec<(String, String)>,
     /// Body.
     pub body: Vec<u8>,
+    /// The body's charge against the node's response budget, given back
+    /// when the response is dropped (so keep the response, not only its
+    /// body, until the body is handed on).
+    _charge: ResponseCharge,
 }
 
 /// Why an outbound request failed. Messages are scrubbed and never hold
@@ -77,6 +82,9 @@ pub enum EgressError {
     /// It took longer than its timeout.
     #[error("the request timed out after {0} ms")]
     Timeout(u64),
+    /// The node holds as many response bodies as it may; retry later.
+    #[error("{0}")]
+    Overloaded(String),
     /// The connection or the exchange failed.
     #[error("{0}")]
     Failed(String),
@@ -253,6 +261,8 @@ pub struct Egress {
     client: reqwest::Client,
     policy: Arc<AddressPolicy>,
     config: EgressConfig,
+    /// What buffered response bodies may hold, shared by the node's clients.
+    responses: Arc<ResponseBudget>,
 }
 
 impl Egress {
@@ -285,7 +295,15 @@ impl Egress {
             client: builder.build()?,
             policy,
             config: config.clone(),
+            responses: ResponseBudget::unbounded(),
         })
+    }
+
+    /// Charge buffered response bodies to `budget` (the node's, shared
+    /// with its other clients) instead of none.
+    pub fn with_response_budget(mut self, budget: Arc<ResponseBudget>) -> Self {
+        self.responses = budget;
+        self
     }
 
     /// The node's egress settings.
@@ -332,11 +350,12 @@ impl Egress {
     ) -> Result<OutboundResponse, EgressError> {
         let timeout = req.timeout;
         let ms = timeout.as_millis() as u64;
+        let deadline = tokio::time::Instant::now() + timeout;
         let whole = async {
             let resp = self.fetch_hops(req, allowed, scrub).await?;
-            self.read(resp, scrub).await
+            self.read(resp, scrub, deadline).await
         };
-        match tokio::time::timeout(timeout, whole).await {
+        match tokio::time::timeout_at(deadline, whole).await {
             Ok(r) => r,
             Err(_) => Err(EgressError::Timeout(ms)),
         }
@@ -481,25 +500,65 @@ impl Egress {
         }
     }
 
+    /// Read `resp`'s body, charged to the response budget: its declared
+    /// length before reading, or, when it has none, its buffer as it grows;
+    /// either may wait for room until `deadline`.
     async fn read(
         &self,
         mut resp: reqwest::Response,
         scrub: &Scrub,
+        deadline: tokio::time::Instant,
     ) -> Result<OutboundResponse, EgressError> {
         let max = self.config.max_response_bytes;
-        if resp.content_length().is_some_and(|n| n > max as u64) {
+        let declared = resp.content_length();
+        if declared.is_some_and(|n| n > max as u64) {
             return Err(EgressError::TooLarge(format!(
                 "the response body is larger than {max} bytes"
             )));
         }
         let status = resp.status().as_u16();
         let headers = scrubbed_headers(&resp, scrub);
-        let mut body = Vec::new();
+        let (mut body, mut charge) = match declared {
+            Some(n) => {
+                let charge = self.responses.reserve(n, deadline).await.map_err(|no| {
+                    self.overloaded(format!(
+                        "a {n}-byte response body waited until the request's timeout for \
+                         room ({} of the budget's {} in use)",
+                        no.held, no.limit
+                    ))
+                })?;
+                (Vec::with_capacity(n as usize), charge)
+            }
+            None => (Vec::new(), self.responses.empty()),
+        };
         while let Some(chunk) = resp.chunk().await.map_err(|e| transport_error(&e, scrub))? {
             if body.len() + chunk.len() > max {
                 return Err(EgressError::TooLarge(format!(
                     "the response body is larger than {max} bytes"
                 )));
+            }
+            body.reserve(chunk.len());
+            // A body of unknown length is charged what its buffer holds. (A
+            // declared one was charged up front; it cannot grow past its
+            // length, which the connection checks.)
+            let more = (body.capacity() as u64).saturating_sub(charge.bytes());
+            if declared.is_none() && more > 0 {
+                let mine = charge.bytes();
+                self.responses
+                    .grow(&mut charge, more, deadline)
+                    .await
+                    .map_err(|no| {
+                        let why = if no.deadlock {
+                            "every body holding part of it would have waited for another's"
+                        } else {
+                            "it waited until the request's timeout"
+                        };
+                        self.overloaded(format!(
+                            "a response body of unknown length needed {more} bytes more \
+                             ({mine} held already; {} of the budget's {} in use) and {why}",
+                            no.held, no.limit
+                        ))
+                    })?;
             }
             body.extend_from_slice(&chunk);
         }
@@ -507,7 +566,17 @@ impl Egress {
             status,
             headers,
             body: scrub.bytes(body),
+            _charge: charge,
         })
+    }
+
+    /// The error of a fetch the response budget had no room for.
+    fn overloaded(&self, why: String) -> EgressError {
+        EgressError::Overloaded(format!(
+            "the node holds as many outbound response bodies as it may \
+             (limits.egress_response_budget_bytes = {}): {why}; retry later",
+            self.responses.limit()
+        ))
     }
 }
 

@@ -27,7 +27,9 @@ use super::providers::{Provider, Providers};
 use super::sse::SseParser;
 use super::wire::{Decoded, Flow};
 use crate::config::{EgressConfig, ModelsConfig};
-use crate::egress::{Egress, EgressError, OutboundHeader, OutboundRequest, Scrub, policy};
+use crate::egress::{
+    Egress, EgressError, OutboundHeader, OutboundRequest, ResponseBudget, Scrub, policy,
+};
 use crate::metrics::{Metrics, ModelLabels};
 use crate::secrets::{SecretError, SecretStore};
 
@@ -80,12 +82,14 @@ const MAX_ERROR_BODY: usize = 64 << 10;
 
 impl Gateway {
     /// A gateway over `providers`, reaching them with the node's egress
-    /// settings plus `models.allow_private`.
+    /// settings plus `models.allow_private`, its buffered answers charged
+    /// to the node's response budget.
     pub fn new(
         providers: Arc<Providers>,
         ledger: Arc<Ledger>,
         secrets: Arc<SecretStore>,
         egress: &EgressConfig,
+        responses: Arc<ResponseBudget>,
         config: &ModelsConfig,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Self> {
@@ -98,7 +102,7 @@ impl Gateway {
             providers,
             ledger,
             secrets,
-            egress: Egress::new(&egress)?,
+            egress: Egress::new(&egress)?.with_response_budget(responses),
             config: config.clone(),
             metrics,
         })
@@ -471,6 +475,8 @@ fn egress_error(e: EgressError) -> ProviderError {
         e @ EgressError::Timeout(_) => {
             ProviderError::new(ErrorKind::Connection, None, e.to_string())
         }
+        // This node's response budget, not the provider: worth retrying.
+        EgressError::Overloaded(m) => ProviderError::new(ErrorKind::Overloaded, None, m),
         EgressError::Failed(m) => ProviderError::new(ErrorKind::Connection, None, m),
     }
 }

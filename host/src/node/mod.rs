@@ -44,7 +44,7 @@ use crate::alarms::scheduler::Scheduler;
 use crate::catalog::Catalog;
 use crate::clock::now_ms;
 use crate::config::NodeConfig;
-use crate::egress::Egress;
+use crate::egress::{Egress, ResponseBudget};
 use crate::metrics::Metrics;
 use crate::models::budget::Ledger;
 use crate::models::{Gateway, Providers};
@@ -99,6 +99,7 @@ impl Node {
         config.limits.max_active_actors = pool.max_active;
         config.limits.state_cache_budget_bytes = Some(pool.state_cache);
         config.limits.request_body_budget_bytes = Some(pool.request_bodies);
+        config.limits.egress_response_budget_bytes = Some(pool.egress_responses);
         let config = Arc::new(config);
         let metrics = Arc::new(Metrics::new());
         let storage = {
@@ -148,12 +149,22 @@ impl Node {
             config.events.max_streams,
             metrics.event_streams.clone(),
         ));
-        let egress = Arc::new(Egress::new(&config.egress)?);
+        // One bound for what guests' fetches and model calls buffer.
+        metrics
+            .egress_response_budget_bytes
+            .set(pool.egress_responses.min(i64::MAX as u64) as i64);
+        let responses = ResponseBudget::new(
+            pool.egress_responses,
+            metrics.egress_response_bytes.clone(),
+            metrics.egress_responses_refused.clone(),
+        );
+        let egress = Arc::new(Egress::new(&config.egress)?.with_response_budget(responses.clone()));
         let models = Arc::new(Gateway::new(
             Arc::new(Providers::open(storage.clone())?),
             Arc::new(Ledger::new(storage.clone())),
             secrets.clone(),
             &config.egress,
+            responses,
             &config.models,
             metrics.clone(),
         )?);

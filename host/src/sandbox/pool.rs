@@ -55,6 +55,9 @@ const STATE_CACHE_SHARE: u64 = 8;
 /// The share of the host's memory that request bodies may hold together
 /// (see `api/bodies.rs`).
 const REQUEST_BODY_SHARE: u64 = 16;
+/// The share of the host's memory that buffered outbound response bodies
+/// may hold together (see `egress/budget.rs`).
+const EGRESS_RESPONSE_SHARE: u64 = 16;
 
 /// What the host allows, read at start-up.
 #[derive(Debug, Clone, Copy, Default)]
@@ -156,6 +159,9 @@ pub struct PoolPlan {
     /// Bytes of request bodies the node may hold at once (`u64::MAX`: no
     /// bound).
     pub request_bodies: u64,
+    /// Bytes of outbound response bodies the node may buffer at once
+    /// (`u64::MAX`: no bound).
+    pub egress_responses: u64,
 }
 
 impl PoolPlan {
@@ -208,6 +214,7 @@ impl PoolPlan {
         };
         let state_cache = budget(limits.state_cache_budget_bytes, STATE_CACHE_SHARE);
         let request_bodies = budget(limits.request_body_budget_bytes, REQUEST_BODY_SHARE);
+        let egress_responses = budget(limits.egress_response_budget_bytes, EGRESS_RESPONSE_SHARE);
         Self {
             slots,
             max_active,
@@ -219,6 +226,7 @@ impl PoolPlan {
             guest_memory_bound,
             state_cache,
             request_bodies,
+            egress_responses,
         }
     }
 
@@ -234,6 +242,8 @@ impl PoolPlan {
         let state_cache_mb = (self.state_cache != u64::MAX).then_some(self.state_cache >> 20);
         let request_bodies_mb =
             (self.request_bodies != u64::MAX).then_some(self.request_bodies >> 20);
+        let egress_responses_mb =
+            (self.egress_responses != u64::MAX).then_some(self.egress_responses >> 20);
         if active < configured_active {
             tracing::warn!(
                 slots,
@@ -249,6 +259,7 @@ impl PoolPlan {
                 guest_memory_bound = guest_memory_by,
                 state_cache_mb,
                 request_bodies_mb,
+                egress_responses_mb,
                 "instance pool smaller than limits.max_active_actors asks: the host allows \
                  fewer; raise vm.max_map_count (sysctl -w vm.max_map_count=N) or memory, \
                  or lower the limit"
@@ -267,6 +278,7 @@ impl PoolPlan {
                 guest_memory_bound = guest_memory_by,
                 state_cache_mb,
                 request_bodies_mb,
+                egress_responses_mb,
                 "instance pool sized"
             );
         }
@@ -385,6 +397,7 @@ mod tests {
         assert_eq!(plan.guest_memory, u64::MAX, "no memory known, no bound");
         assert_eq!(plan.state_cache, u64::MAX);
         assert_eq!(plan.request_bodies, u64::MAX);
+        assert_eq!(plan.egress_responses, u64::MAX);
     }
 
     #[test]
@@ -393,6 +406,7 @@ mod tests {
         assert_eq!((p.guest_memory, p.guest_memory_bound), (GIB, Bound::Memory));
         assert_eq!(p.state_cache, 3 * GIB / 8);
         assert_eq!(p.request_bodies, 3 * GIB / 16);
+        assert_eq!(p.egress_responses, 3 * GIB / 16);
         let p = plan(10_000, None, Some(5 << 20), &host(65_530, 3 * GIB));
         assert_eq!(
             (p.guest_memory, p.guest_memory_bound),
@@ -400,11 +414,10 @@ mod tests {
         );
         let limits = Limits {
             state_cache_budget_bytes: Some(7),
+            egress_response_budget_bytes: Some(9),
             ..Limits::default()
         };
-        assert_eq!(
-            PoolPlan::new(&limits, &host(65_530, 3 * GIB)).state_cache,
-            7
-        );
+        let p = PoolPlan::new(&limits, &host(65_530, 3 * GIB));
+        assert_eq!((p.state_cache, p.egress_responses), (7, 9));
     }
 }

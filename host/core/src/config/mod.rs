@@ -199,6 +199,13 @@ pub struct Limits {
     /// whose declared body does not fit gets 503 `overloaded` at once.
     /// Unset: a sixteenth of the host's memory, or of its cgroup's limit.
     pub request_body_budget_bytes: Option<u64>,
+    /// Outbound response bodies the node buffers at once (guests'
+    /// `http.fetch`, model calls that do not stream), from the first byte
+    /// read until the body is handed on. A body of known length waits for
+    /// room within its request's timeout; one of unknown length that does
+    /// not fit fails at once. Unset: a sixteenth of the host's memory, or
+    /// of its cgroup's limit.
+    pub egress_response_budget_bytes: Option<u64>,
     /// Log lines a turn may write (guest `log` and stdout/stderr).
     pub max_log_lines_per_turn: u32,
     /// Largest log line kept; longer ones are cut.
@@ -246,6 +253,7 @@ impl Default for Limits {
             guest_memory_budget_bytes: None,
             state_cache_budget_bytes: None,
             request_body_budget_bytes: None,
+            egress_response_budget_bytes: None,
             max_log_lines_per_turn: 1000,
             max_log_line_bytes: 8 << 10,
             eval_cpu_ms: 2_000,

@@ -333,6 +333,7 @@ fn outcome(e: &EgressError) -> &'static str {
         EgressError::Invalid(_) => "invalid",
         EgressError::TooLarge(_) => "too_large",
         EgressError::Timeout(_) => "timeout",
+        EgressError::Overloaded(_) => "overloaded",
         EgressError::Failed(_) => "failed",
     }
 }
@@ -351,6 +352,8 @@ fn guest_error(e: EgressError) -> GuestError {
         EgressError::Refused(m) => GuestError::Denied(m),
         EgressError::Invalid(m) => GuestError::Invalid(m),
         EgressError::TooLarge(m) => GuestError::LimitExceeded(m),
+        // The node's own bound (its response budget): a later try may fit.
+        EgressError::Overloaded(m) => GuestError::LimitExceeded(m),
         e @ (EgressError::Timeout(_) | EgressError::Failed(_)) => {
             GuestError::Internal(e.to_string())
         }
