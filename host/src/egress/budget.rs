@@ -10,19 +10,24 @@
 //! against `limits.egress_response_budget_bytes`:
 //!
 //! * a body of declared length is charged that length before it is read,
-//!   waiting for room (in arrival order) within the request's own timeout;
-//!   a body larger than the whole budget is charged the whole budget, so it
-//!   is read alone rather than never;
+//!   waiting for room within the request's own timeout;
 //! * a body of unknown length (chunked) is charged what its buffer holds
-//!   as it grows, waiting for room the same way. Waiting while holding part
-//!   of the budget can deadlock: when a growth would leave *every* holder
-//!   waiting for another's bytes, the waiting body that holds least (the
-//!   one asking, if none holds less) fails, with a message naming the
-//!   limit, and what it held lets the others go on. Failing the one asking
-//!   would fail the body that just made progress, again and again: in a
-//!   burst of 128 chunked 8 MiB bodies on a 64 MiB budget that failed 104
-//!   of them. A charge never passes the whole budget: a body that outgrows
-//!   it is read alone.
+//!   as it grows, waiting for room the same way.
+//!
+//! Room that comes free goes first to the bodies that hold most (they are
+//! furthest along, and what they finish with frees the most), then in
+//! arrival order; nobody passes the one whose turn it is. Waiting while
+//! holding part of the budget can deadlock: when every body holding part
+//! of it waits for more, the one holding least gives up (its fetch fails
+//! with a message naming the limit) and what it held lets the others go
+//! on. A charge never passes the whole budget: a body larger than that is
+//! read alone rather than never.
+//!
+//! Why this order: with room handed out in arrival order, and the body
+//! asking failing when all others wait, a burst of 128 chunked 8 MiB
+//! bodies on a 64 MiB budget failed 104 of them: freed room went to many
+//! small holders, each grew a little and all waited again, and the body
+//! failing was the one that had just made progress.
 //!
 //! The charge is held until the body is handed on (to the guest, or parsed
 //! by the model gateway). Streamed bodies (`fetch-stream`, streamed model
@@ -32,80 +37,109 @@ use std::sync::{Arc, Mutex};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Notify;
 use tokio::time::Instant;
-
-/// Charges are counted in units of this many bytes (rounded up), so that a
-/// budget past 4 GiB still fits the semaphore's `u32` acquisitions.
-const UNIT: u64 = 1 << 10;
 
 /// Bytes of buffered outbound responses, against the budget.
 pub struct ResponseBudget {
     /// The budget in bytes (`u64::MAX`: none).
     limit: u64,
-    /// The budget in units.
-    whole: u32,
-    units: Arc<Semaphore>,
-    parties: Mutex<Parties>,
-    /// Signalled whenever a charge is given back.
-    released: Notify,
+    state: Mutex<State>,
     held: Gauge,
     refused: Counter,
 }
 
-/// Who holds part of the budget, and which of them wait for more.
-#[derive(Default)]
-struct Parties {
+/// What is free, who holds the rest and who waits for it.
+struct State {
+    free: u64,
+    /// Charges holding something.
     holders: usize,
-    waiters: Vec<Waiting>,
+    asks: Vec<Ask>,
     next_id: u64,
 }
 
-/// A holder waiting for more.
-struct Waiting {
+/// A wait for room.
+struct Ask {
     id: u64,
-    /// What it holds.
-    units: u32,
-    /// Chosen to give up (it holds least, and every holder was waiting).
+    bytes: u64,
+    /// What the asker holds already (0: a body not yet charged).
+    holds: u64,
+    granted: bool,
+    /// Chosen to give up: every holder was waiting, and it held least.
     yields: bool,
-}
-
-impl Parties {
-    /// Holders waiting and not chosen to give up.
-    fn waiting(&self) -> usize {
-        self.waiters.iter().filter(|w| !w.yields).count()
-    }
+    wake: Arc<Notify>,
 }
 
 /// A response's charge, given back when dropped.
 pub struct ResponseCharge {
     budget: Arc<ResponseBudget>,
-    permit: Option<OwnedSemaphorePermit>,
+    bytes: u64,
 }
 
-/// The budget had no room for a growth.
+/// The budget had no room for a charge.
 #[derive(Debug)]
 pub struct NoRoom {
     /// Bytes charged (to every response) when it was refused.
     pub held: u64,
     /// The budget.
     pub limit: u64,
-    /// Every holder would have waited for another: the growth could never
-    /// have fit (else its request's deadline passed while it waited).
+    /// Every body holding part of the budget was waiting for more, and this
+    /// one held least (else its request's deadline passed while it waited).
     pub deadlock: bool,
+}
+
+impl State {
+    /// Grant what fits, in order: most held first, then first come; stop
+    /// at the first ask that does not fit. Then, if every holder waits,
+    /// choose the one holding least to give up.
+    fn dispatch(&mut self) {
+        loop {
+            let next = self
+                .asks
+                .iter_mut()
+                .filter(|a| !a.granted && !a.yields)
+                .min_by_key(|a| (std::cmp::Reverse(a.holds), a.id));
+            let Some(ask) = next else { break };
+            if ask.bytes > self.free {
+                break;
+            }
+            self.free -= ask.bytes;
+            ask.granted = true;
+            ask.wake.notify_one();
+        }
+        // A grant not yet taken, or a body already giving up, will change
+        // things: look again then.
+        if self.asks.iter().any(|a| a.granted || a.yields) {
+            return;
+        }
+        let waiting = |a: &&mut Ask| a.holds > 0;
+        let stuck = self.asks.iter_mut().filter(waiting).count();
+        if stuck > 0 && stuck == self.holders {
+            // Of those holding least, the latest to ask.
+            let least = self
+                .asks
+                .iter_mut()
+                .filter(waiting)
+                .min_by_key(|a| (a.holds, std::cmp::Reverse(a.id)))
+                .expect("some holder waits");
+            least.yields = true;
+            least.wake.notify_one();
+        }
+    }
 }
 
 impl ResponseBudget {
     /// A budget of `limit` bytes (`u64::MAX`: none), counted in `held` and
     /// `refused`.
     pub fn new(limit: u64, held: Gauge, refused: Counter) -> Arc<Self> {
-        let whole = (limit / UNIT).clamp(1, u64::from(u32::MAX)) as u32;
         Arc::new(Self {
             limit,
-            whole,
-            units: Arc::new(Semaphore::new(whole as usize)),
-            parties: Mutex::default(),
-            released: Notify::new(),
+            state: Mutex::new(State {
+                free: limit,
+                holders: 0,
+                asks: Vec::new(),
+                next_id: 0,
+            }),
             held,
             refused,
         })
@@ -123,14 +157,14 @@ impl ResponseBudget {
 
     /// Bytes charged now.
     pub fn held(&self) -> u64 {
-        self.held.get().max(0) as u64
+        self.limit - self.state.lock().unwrap().free
     }
 
     /// A charge of nothing, to [`grow`](Self::grow).
     pub fn empty(self: &Arc<Self>) -> ResponseCharge {
         ResponseCharge {
             budget: self.clone(),
-            permit: None,
+            bytes: 0,
         }
     }
 
@@ -142,76 +176,44 @@ impl ResponseBudget {
         deadline: Instant,
     ) -> Result<ResponseCharge, NoRoom> {
         let mut charge = self.empty();
-        let n = bytes.div_ceil(UNIT).min(u64::from(self.whole)) as u32;
-        if n > 0 {
-            let acquire = self.units.clone().acquire_many_owned(n);
-            let permit = tokio::time::timeout_at(deadline, acquire)
-                .await
-                .map_err(|_| self.no_room(false))?
-                .expect("the budget's semaphore is never closed");
-            charge.add(permit);
-        }
+        self.grow(&mut charge, bytes, deadline).await?;
         Ok(charge)
     }
 
     /// Charge `bytes` more to `charge` (a charge stops at the whole
-    /// budget), waiting for room until `deadline`, unless every holder
-    /// would then be waiting and this one holds least.
+    /// budget), waiting for room until `deadline`; refused if the charge
+    /// is chosen to give up instead (see the module's documentation).
     pub async fn grow(
         &self,
         charge: &mut ResponseCharge,
         bytes: u64,
         deadline: Instant,
     ) -> Result<(), NoRoom> {
-        let mine = charge.units();
-        let n = bytes.div_ceil(UNIT).min(u64::from(self.whole - mine)) as u32;
-        if n == 0 {
+        let bytes = bytes.min(self.limit - charge.bytes);
+        if bytes == 0 {
             return Ok(());
         }
+        let mut ask = Asking::enter(self, bytes, charge.bytes);
         loop {
-            // Listen before looking, so that a release in between is seen.
-            let released = self.released.notified();
-            tokio::pin!(released);
-            released.as_mut().enable();
-            let waiter = {
-                let mut parties = self.parties.lock().unwrap();
-                if let Ok(permit) = self.units.clone().try_acquire_many_owned(n) {
-                    drop(parties);
-                    charge.add(permit);
+            match ask.outcome() {
+                Some(true) => {
+                    ask.keep();
+                    charge.add(bytes);
                     return Ok(());
                 }
-                // Holding nothing, a wait blocks no one.
-                if mine > 0 && parties.waiting() + 1 >= parties.holders {
-                    let least = parties
-                        .waiters
-                        .iter_mut()
-                        .filter(|w| !w.yields && w.units < mine)
-                        .min_by_key(|w| w.units);
-                    let Some(least) = least else {
-                        drop(parties);
-                        return Err(self.no_room(true));
-                    };
-                    least.yields = true;
-                    self.released.notify_waiters();
-                }
-                Waiter::enter(self, &mut parties, mine)
-            };
-            let got = tokio::select! {
-                permit = self.units.clone().acquire_many_owned(n) => {
-                    permit.expect("the budget's semaphore is never closed")
-                }
-                () = released => {
-                    if waiter.yields() {
-                        return Err(self.no_room(true));
-                    }
-                    // Something was given back: look again.
+                Some(false) => return Err(self.no_room(true)),
+                None => {}
+            }
+            if tokio::time::timeout_at(deadline, ask.wake.notified())
+                .await
+                .is_err()
+            {
+                // Granted just now? Then it is ours after all.
+                if ask.outcome() == Some(true) {
                     continue;
                 }
-                () = tokio::time::sleep_until(deadline) => return Err(self.no_room(false)),
-            };
-            drop(waiter);
-            charge.add(got);
-            return Ok(());
+                return Err(self.no_room(false));
+            }
         }
     }
 
@@ -223,92 +225,117 @@ impl ResponseBudget {
             deadlock,
         }
     }
+
+    /// Give `bytes` back (a charge dropped, or a grant nobody took).
+    fn give_back(&self, bytes: u64) {
+        let mut state = self.state.lock().unwrap();
+        state.free += bytes;
+        state.holders -= 1;
+        self.settle(&mut state);
+    }
+
+    /// Hand out what fits, and count what is held.
+    fn settle(&self, state: &mut State) {
+        state.dispatch();
+        self.held
+            .set((self.limit - state.free).min(i64::MAX as u64) as i64);
+    }
 }
 
-/// A holder listed as waiting for more, until dropped (however its wait
-/// ends: room, a release, its deadline, or its fetch being dropped).
-struct Waiter<'a> {
+/// An ask in the budget's list, until dropped: however the wait ends (a
+/// grant, giving up, the deadline, or the fetch being dropped), the ask
+/// leaves the list, and a grant not kept goes back.
+struct Asking<'a> {
     budget: &'a ResponseBudget,
-    /// Its id in the list (`None`: it holds nothing, so it is not listed).
-    id: Option<u64>,
+    id: u64,
+    wake: Arc<Notify>,
+    kept: bool,
 }
 
-impl<'a> Waiter<'a> {
-    fn enter(budget: &'a ResponseBudget, parties: &mut Parties, units: u32) -> Self {
-        let id = (units > 0).then(|| {
-            let id = parties.next_id;
-            parties.next_id += 1;
-            parties.waiters.push(Waiting {
-                id,
-                units,
-                yields: false,
-            });
-            id
+impl<'a> Asking<'a> {
+    fn enter(budget: &'a ResponseBudget, bytes: u64, holds: u64) -> Self {
+        let wake = Arc::new(Notify::new());
+        let mut state = budget.state.lock().unwrap();
+        let id = state.next_id;
+        state.next_id += 1;
+        state.asks.push(Ask {
+            id,
+            bytes,
+            holds,
+            granted: false,
+            yields: false,
+            wake: wake.clone(),
         });
-        Self { budget, id }
+        budget.settle(&mut state);
+        Self {
+            budget,
+            id,
+            wake,
+            kept: false,
+        }
     }
 
-    /// Whether it was chosen to give up.
-    fn yields(&self) -> bool {
-        let parties = self.budget.parties.lock().unwrap();
-        self.id
-            .is_some_and(|id| parties.waiters.iter().any(|w| w.id == id && w.yields))
+    /// `Some(true)`: granted; `Some(false)`: chosen to give up; `None`:
+    /// still waiting.
+    fn outcome(&self) -> Option<bool> {
+        let state = self.budget.state.lock().unwrap();
+        let ask = state.asks.iter().find(|a| a.id == self.id)?;
+        if ask.granted {
+            Some(true)
+        } else if ask.yields {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    /// The grant is taken: dropping the ask leaves it charged.
+    fn keep(&mut self) {
+        self.kept = true;
     }
 }
 
-impl Drop for Waiter<'_> {
+impl Drop for Asking<'_> {
     fn drop(&mut self) {
-        if let Some(id) = self.id {
-            let mut parties = self.budget.parties.lock().unwrap();
-            parties.waiters.retain(|w| w.id != id);
+        let mut state = self.budget.state.lock().unwrap();
+        let Some(i) = state.asks.iter().position(|a| a.id == self.id) else {
+            return;
+        };
+        let ask = state.asks.swap_remove(i);
+        if ask.granted && !self.kept {
+            state.free += ask.bytes;
         }
+        // Whoever was next behind it, or waiting on it, may go on now.
+        self.budget.settle(&mut state);
     }
 }
 
 impl ResponseCharge {
-    fn add(&mut self, permit: OwnedSemaphorePermit) {
-        let budget = &self.budget;
-        budget
-            .held
-            .inc_by(permit.num_permits() as i64 * UNIT as i64);
-        match &mut self.permit {
-            Some(p) => p.merge(permit),
-            None => {
-                budget.parties.lock().unwrap().holders += 1;
-                self.permit = Some(permit);
-            }
+    fn add(&mut self, bytes: u64) {
+        if self.bytes == 0 {
+            self.budget.state.lock().unwrap().holders += 1;
         }
+        self.bytes += bytes;
     }
 
-    fn units(&self) -> u32 {
-        self.permit.as_ref().map_or(0, |p| p.num_permits() as u32)
-    }
-
-    /// Bytes charged (rounded up to whole units).
+    /// Bytes charged.
     pub fn bytes(&self) -> u64 {
-        u64::from(self.units()) * UNIT
+        self.bytes
     }
 }
 
 impl Drop for ResponseCharge {
     fn drop(&mut self) {
-        let Some(permit) = self.permit.take() else {
-            return;
-        };
-        let budget = &self.budget;
-        budget
-            .held
-            .dec_by(permit.num_permits() as i64 * UNIT as i64);
-        drop(permit);
-        budget.parties.lock().unwrap().holders -= 1;
-        budget.released.notify_waiters();
+        if self.bytes > 0 {
+            self.budget.give_back(self.bytes);
+        }
     }
 }
 
 impl std::fmt::Debug for ResponseCharge {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ResponseCharge")
-            .field("bytes", &self.bytes())
+            .field("bytes", &self.bytes)
             .finish()
     }
 }
@@ -317,6 +344,8 @@ impl std::fmt::Debug for ResponseCharge {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    const UNIT: u64 = 1 << 10;
 
     fn budget(units: u64) -> Arc<ResponseBudget> {
         ResponseBudget::new(units * UNIT, Gauge::default(), Counter::default())
@@ -349,8 +378,7 @@ mod tests {
         let budget = budget(10);
         let reading = budget.reserve(8 * UNIT, soon()).await.unwrap();
         let mut grown = budget.empty();
-        budget.grow(&mut grown, 1, soon()).await.unwrap();
-        assert_eq!(grown.bytes(), UNIT, "one byte costs a whole unit");
+        budget.grow(&mut grown, UNIT, soon()).await.unwrap();
         // 2 more units do not fit while the reader holds 8: wait for it.
         let wait = tokio::spawn({
             let budget = budget.clone();
@@ -420,39 +448,62 @@ mod tests {
         assert_eq!(large.bytes(), 9 * UNIT);
         let no = small_waits.await.unwrap().unwrap_err();
         assert!(no.deadlock);
-        assert!(budget.parties.lock().unwrap().waiters.is_empty());
+        assert!(budget.state.lock().unwrap().asks.is_empty());
     }
 
     #[tokio::test]
-    async fn a_holder_left_waiting_alone_after_a_release_gives_up() {
+    async fn freed_room_goes_first_to_the_body_that_holds_most() {
         let budget = budget(10);
         let (mut a, mut b) = (budget.empty(), budget.empty());
         budget.grow(&mut a, 6 * UNIT, soon()).await.unwrap();
         budget.grow(&mut b, 4 * UNIT, soon()).await.unwrap();
+        // A reservation asks first, then `a` asks for more.
         let c = tokio::spawn({
             let budget = budget.clone();
-            async move { budget.reserve(5 * UNIT, soon()).await.unwrap() }
+            async move { budget.reserve(4 * UNIT, soon()).await.unwrap() }
         });
         tokio::time::sleep(Duration::from_millis(10)).await;
-        // `a` waits behind the reservation, while `b` may still finish.
         let a_waits = tokio::spawn({
             let budget = budget.clone();
-            async move { budget.grow(&mut a, 4 * UNIT, soon()).await }
+            async move {
+                budget.grow(&mut a, 4 * UNIT, soon()).await.unwrap();
+                a
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(!a_waits.is_finished() && !c.is_finished());
+        // `b` finishes: `a`, which holds most, goes on; the reservation
+        // waits until `a` is done.
+        drop(b);
+        let a = a_waits.await.unwrap();
+        assert_eq!(a.bytes(), 10 * UNIT);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(!c.is_finished());
+        drop(a);
+        assert_eq!(c.await.unwrap().bytes(), 4 * UNIT);
+    }
+
+    #[tokio::test]
+    async fn a_holder_left_waiting_with_no_one_to_free_room_gives_up() {
+        let budget = budget(10);
+        let (mut a, mut b) = (budget.empty(), budget.empty());
+        budget.grow(&mut a, 3 * UNIT, soon()).await.unwrap();
+        budget.grow(&mut b, 7 * UNIT, soon()).await.unwrap();
+        // `a` waits for more while `b` reads on. When `b` asks for more too,
+        // both would wait for ever: `a`, holding less, gives up, and `b`
+        // gets what `a` held.
+        let a_waits = tokio::spawn({
+            let budget = budget.clone();
+            async move { budget.grow(&mut a, 2 * UNIT, soon()).await }
         });
         tokio::time::sleep(Duration::from_millis(30)).await;
         assert!(!a_waits.is_finished());
-        // `b` finishes; what it gives back goes to the reservation queued
-        // first, which needs more still, and `a` is now the only holder, so
-        // nothing it waits for can come: it fails instead, and its bytes
-        // complete the reservation.
-        drop(b);
-        let no = tokio::time::timeout(Duration::from_secs(5), a_waits)
-            .await
-            .expect("a holder waited with nobody left to give anything back")
-            .unwrap()
-            .unwrap_err();
+        let b_grows = budget.grow(&mut b, 8 * UNIT, soon());
+        let grew = tokio::time::timeout(Duration::from_secs(5), b_grows);
+        grew.await.expect("b was left waiting").unwrap();
+        assert_eq!(b.bytes(), 10 * UNIT, "a charge stops at the whole budget");
+        let no = a_waits.await.unwrap().unwrap_err();
         assert!(no.deadlock);
-        assert_eq!(c.await.unwrap().bytes(), 5 * UNIT);
     }
 
     #[tokio::test]
@@ -474,9 +525,9 @@ mod tests {
             budget.grow(&mut a, 5 * UNIT, soon()),
         );
         assert!(dropped.await.is_err());
-        assert!(budget.parties.lock().unwrap().waiters.is_empty());
+        assert!(budget.state.lock().unwrap().asks.is_empty());
         drop((reading, a));
-        assert_eq!(budget.parties.lock().unwrap().holders, 0);
+        assert_eq!(budget.state.lock().unwrap().holders, 0);
         assert_eq!(budget.held(), 0);
     }
 
