@@ -412,7 +412,7 @@ impl Egress {
             mut method,
             mut url,
             mut headers,
-            mut body,
+            body,
             max_redirects,
             identity_only,
             ..
@@ -425,6 +425,8 @@ impl Egress {
                 secret: false,
             });
         }
+        // Shared by every hop's request, not copied per hop.
+        let mut body = body.map(Bytes::from);
         let origin = url.origin();
         let mut hops = 0;
         loop {
@@ -445,7 +447,7 @@ impl Egress {
                 builder = builder.header(name, value);
             }
             if let Some(b) = &body {
-                builder = builder.body(Bytes::from(b.clone()));
+                builder = builder.body(b.clone());
             }
             // The turn's trace, unless the guest carries its own.
             if !headers
