@@ -622,3 +622,80 @@ async fn outbound_response_bodies_wait_for_room_in_the_nodes_budget() {
         (4 * MIB) as f64
     );
 }
+
+/// Send `head` on a new connection to the node at `port` and read until the
+/// node answers or closes; what it said.
+async fn raw_exchange(port: u16, head: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    // The node may answer and close before the whole head is written.
+    let _ = conn.write_all(head).await;
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test]
+async fn connections_are_capped_and_request_heads_are_bounded() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let config = "[limits]\nmax_connections = 4\n";
+    let (_dir, m, api) = node(Some(config)).await;
+    // Only this test's own connections, each counted: the client's pooled
+    // ones close with it.
+    drop(api);
+
+    // A head past the limit is refused with 431 and its connection closed,
+    // however long the client would go on.
+    let mut head = b"GET /healthz HTTP/1.1\r\nhost: x\r\n".to_vec();
+    while head.len() < 40 << 10 {
+        head.extend_from_slice(format!("x-pad-{}: {}\r\n", head.len(), "a".repeat(200)).as_bytes());
+    }
+    head.extend_from_slice(b"\r\n");
+    let said = raw_exchange(m.port, &head).await;
+    assert!(said.starts_with("HTTP/1.1 431"), "{said:?}");
+    // A head within it is served.
+    let said = raw_exchange(
+        m.port,
+        b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(said.starts_with("HTTP/1.1 200"), "{said:?}");
+
+    // Four connections that send nothing hold every slot: a fifth is not
+    // served until one of them closes.
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        idle.push(
+            tokio::net::TcpStream::connect(("127.0.0.1", m.port))
+                .await
+                .unwrap(),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut fifth = tokio::net::TcpStream::connect(("127.0.0.1", m.port))
+        .await
+        .unwrap();
+    fifth
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let waited = tokio::time::timeout(Duration::from_millis(500), fifth.read_to_end(&mut out));
+    assert!(waited.await.is_err(), "served past the cap: {out:?}");
+    drop(idle.pop());
+    tokio::time::timeout(Duration::from_secs(10), fifth.read_to_end(&mut out))
+        .await
+        .expect("the fifth connection was never served")
+        .unwrap();
+    let said = String::from_utf8_lossy(&out);
+    assert!(said.starts_with("HTTP/1.1 200"), "{said:?}");
+    // The three idle ones and the one asking are open.
+    let said = raw_exchange(
+        m.port,
+        b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(said.contains("\nmarmot_http_connections 4\n"), "{said}");
+}

@@ -104,6 +104,8 @@ pub struct Metrics {
     /// Requests refused at once because their bodies did not fit
     /// `limits.request_body_budget_bytes`.
     pub requests_shed: Counter,
+    /// Client connections open (`limits.max_connections` at most).
+    pub http_connections: Gauge,
     /// Bytes of outbound response bodies buffered (charged until handed
     /// on), against `limits.egress_response_budget_bytes`.
     pub egress_response_bytes: Gauge,
@@ -283,6 +285,12 @@ impl Metrics {
             "requests_shed",
             "Requests answered 503 at once because the node held too many request body bytes",
             requests_shed.clone(),
+        );
+        let http_connections = Gauge::default();
+        registry.register(
+            "http_connections",
+            "Client connections open, against limits.max_connections",
+            http_connections.clone(),
         );
         let egress_response_bytes = Gauge::default();
         registry.register(
@@ -525,6 +533,7 @@ impl Metrics {
             state_cache_budget_bytes,
             request_body_bytes,
             requests_shed,
+            http_connections,
             egress_response_bytes,
             egress_response_budget_bytes,
             egress_responses_refused,

@@ -15,6 +15,7 @@ mod error;
 mod extract;
 mod files;
 mod hooks;
+pub mod listen;
 mod openapi;
 mod placement;
 mod providers;
@@ -201,7 +202,8 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-/// Serve the API on `listener` until `shutdown` resolves.
+/// Serve the API on `listener` until `shutdown` resolves, within the
+/// node's connection limits (see [`listen`]).
 pub async fn serve(
     node: Arc<Node>,
     listener: tokio::net::TcpListener,
@@ -214,11 +216,8 @@ pub async fn serve(
         shutdown.await;
         bus.close();
     };
-    // Small writes (SSE frames, short replies) go out at once.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router(node))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let max_connections = node.config().limits.max_connections.unwrap_or(usize::MAX);
+    let open = node.metrics().http_connections.clone();
+    let limits = listen::ListenLimits::new(max_connections);
+    listen::serve_app(router(node), listener, limits, open, shutdown).await
 }

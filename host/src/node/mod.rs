@@ -100,6 +100,7 @@ impl Node {
         config.limits.state_cache_budget_bytes = Some(pool.state_cache);
         config.limits.request_body_budget_bytes = Some(pool.request_bodies);
         config.limits.egress_response_budget_bytes = Some(pool.egress_responses);
+        config.limits.max_connections = Some(pool.connections);
         let config = Arc::new(config);
         let metrics = Arc::new(Metrics::new());
         let storage = {

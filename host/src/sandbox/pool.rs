@@ -58,6 +58,13 @@ const REQUEST_BODY_SHARE: u64 = 16;
 /// The share of the host's memory that buffered outbound response bodies
 /// may hold together (see `egress/budget.rs`).
 const EGRESS_RESPONSE_SHARE: u64 = 16;
+/// The share of the host's memory that client connections may hold
+/// together, at their planned worst case (see `api/listen.rs`).
+const CONNECTION_SHARE: u64 = 16;
+/// Planned worst-case memory of a client connection (`api/listen.rs`).
+const BYTES_PER_CONNECTION: u64 = 64 << 10;
+/// Client connections allowed whatever the memory.
+const MIN_CONNECTIONS: u64 = 256;
 
 /// What the host allows, read at start-up.
 #[derive(Debug, Clone, Copy, Default)]
@@ -162,6 +169,8 @@ pub struct PoolPlan {
     /// Bytes of outbound response bodies the node may buffer at once
     /// (`u64::MAX`: no bound).
     pub egress_responses: u64,
+    /// Client connections open at once at most (`usize::MAX`: no bound).
+    pub connections: usize,
 }
 
 impl PoolPlan {
@@ -215,6 +224,14 @@ impl PoolPlan {
         let state_cache = budget(limits.state_cache_budget_bytes, STATE_CACHE_SHARE);
         let request_bodies = budget(limits.request_body_budget_bytes, REQUEST_BODY_SHARE);
         let egress_responses = budget(limits.egress_response_budget_bytes, EGRESS_RESPONSE_SHARE);
+        let connections = match (limits.max_connections, host.memory_bytes) {
+            (Some(n), _) => n,
+            (None, Some(m)) => {
+                let fit = (m / CONNECTION_SHARE / BYTES_PER_CONNECTION).max(MIN_CONNECTIONS);
+                usize::try_from(fit).unwrap_or(usize::MAX)
+            }
+            (None, None) => usize::MAX,
+        };
         Self {
             slots,
             max_active,
@@ -227,6 +244,7 @@ impl PoolPlan {
             state_cache,
             request_bodies,
             egress_responses,
+            connections,
         }
     }
 
@@ -244,6 +262,7 @@ impl PoolPlan {
             (self.request_bodies != u64::MAX).then_some(self.request_bodies >> 20);
         let egress_responses_mb =
             (self.egress_responses != u64::MAX).then_some(self.egress_responses >> 20);
+        let max_connections = (self.connections != usize::MAX).then_some(self.connections);
         if active < configured_active {
             tracing::warn!(
                 slots,
@@ -260,6 +279,7 @@ impl PoolPlan {
                 state_cache_mb,
                 request_bodies_mb,
                 egress_responses_mb,
+                max_connections,
                 "instance pool smaller than limits.max_active_actors asks: the host allows \
                  fewer; raise vm.max_map_count (sysctl -w vm.max_map_count=N) or memory, \
                  or lower the limit"
@@ -279,6 +299,7 @@ impl PoolPlan {
                 state_cache_mb,
                 request_bodies_mb,
                 egress_responses_mb,
+                max_connections,
                 "instance pool sized"
             );
         }
@@ -398,6 +419,7 @@ mod tests {
         assert_eq!(plan.state_cache, u64::MAX);
         assert_eq!(plan.request_bodies, u64::MAX);
         assert_eq!(plan.egress_responses, u64::MAX);
+        assert_eq!(plan.connections, usize::MAX);
     }
 
     #[test]
@@ -407,6 +429,9 @@ mod tests {
         assert_eq!(p.state_cache, 3 * GIB / 8);
         assert_eq!(p.request_bodies, 3 * GIB / 16);
         assert_eq!(p.egress_responses, 3 * GIB / 16);
+        assert_eq!(p.connections, 3 * 1024);
+        let small = plan(10_000, None, None, &host(65_530, GIB / 8));
+        assert_eq!(small.connections, 256, "a floor whatever the memory");
         let p = plan(10_000, None, Some(5 << 20), &host(65_530, 3 * GIB));
         assert_eq!(
             (p.guest_memory, p.guest_memory_bound),
@@ -415,9 +440,11 @@ mod tests {
         let limits = Limits {
             state_cache_budget_bytes: Some(7),
             egress_response_budget_bytes: Some(9),
+            max_connections: Some(11),
             ..Limits::default()
         };
         let p = PoolPlan::new(&limits, &host(65_530, 3 * GIB));
         assert_eq!((p.state_cache, p.egress_responses), (7, 9));
+        assert_eq!(p.connections, 11);
     }
 }

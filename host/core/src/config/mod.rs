@@ -206,6 +206,11 @@ pub struct Limits {
     /// not fit fails at once. Unset: a sixteenth of the host's memory, or
     /// of its cgroup's limit.
     pub egress_response_budget_bytes: Option<u64>,
+    /// Open client connections at most; at the cap the node stops
+    /// accepting and new ones wait in the kernel's backlog. Unset: what a
+    /// sixteenth of the host's memory (or its cgroup's limit) holds at
+    /// 64 KiB per connection (1,024 per GiB).
+    pub max_connections: Option<usize>,
     /// Log lines a turn may write (guest `log` and stdout/stderr).
     pub max_log_lines_per_turn: u32,
     /// Largest log line kept; longer ones are cut.
@@ -254,6 +259,7 @@ impl Default for Limits {
             state_cache_budget_bytes: None,
             request_body_budget_bytes: None,
             egress_response_budget_bytes: None,
+            max_connections: None,
             max_log_lines_per_turn: 1000,
             max_log_line_bytes: 8 << 10,
             eval_cpu_ms: 2_000,
