@@ -642,8 +642,10 @@ async fn connections_are_capped_and_request_heads_are_bounded() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let config = "[limits]\nmax_connections = 4\n";
     let (_dir, m, api) = node(Some(config)).await;
-    // Only this test's own connections, each counted: the client's pooled
-    // ones close with it.
+    let echo = "export default { onMessage(body) { return body; } };";
+    assert_eq!(api.deploy_js("echo", echo).await.status, 201);
+    // Only this test's own connections from here on, each counted: the
+    // client's pooled ones close with it.
     drop(api);
 
     // A head past the limit is refused with 431 and its connection closed,
@@ -663,15 +665,52 @@ async fn connections_are_capped_and_request_heads_are_bounded() {
     .await;
     assert!(said.starts_with("HTTP/1.1 200"), "{said:?}");
 
-    // Four connections that send nothing hold every slot: a fifth is not
-    // served until one of them closes.
+    // At the cap a new connection closes the one idle longest: four that
+    // never finish a head, and a fifth is served at once.
     let mut idle = Vec::new();
     for _ in 0..4 {
-        idle.push(
-            tokio::net::TcpStream::connect(("127.0.0.1", m.port))
-                .await
-                .unwrap(),
-        );
+        let mut c = tokio::net::TcpStream::connect(("127.0.0.1", m.port))
+            .await
+            .unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nx-slow: ")
+            .await
+            .unwrap();
+        idle.push(c);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let said = tokio::time::timeout(
+        Duration::from_secs(5),
+        raw_exchange(
+            m.port,
+            b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        ),
+    )
+    .await
+    .expect("a new connection waited behind idle ones");
+    assert!(said.starts_with("HTTP/1.1 200"), "{said:?}");
+    // The oldest one was closed; the others are open.
+    let mut buf = [0u8; 64];
+    let first = tokio::time::timeout(Duration::from_secs(5), idle[0].read(&mut buf)).await;
+    assert!(matches!(first, Ok(Ok(0)) | Ok(Err(_))), "{first:?}");
+    let second = tokio::time::timeout(Duration::from_millis(200), idle[1].read(&mut buf)).await;
+    assert!(second.is_err(), "a younger idle connection was closed too");
+
+    // Connections with a request in flight (a body still coming) are never
+    // closed for another: with all four busy, a new one waits.
+    drop(idle);
+    let mut busy = Vec::new();
+    for _ in 0..4 {
+        let mut c = tokio::net::TcpStream::connect(("127.0.0.1", m.port))
+            .await
+            .unwrap();
+        c.write_all(
+            b"POST /v1/actors/echo/a HTTP/1.1\r\nhost: x\r\n\
+              content-type: application/json\r\ncontent-length: 100\r\n\r\n{",
+        )
+        .await
+        .unwrap();
+        busy.push(c);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut fifth = tokio::net::TcpStream::connect(("127.0.0.1", m.port))
@@ -684,7 +723,7 @@ async fn connections_are_capped_and_request_heads_are_bounded() {
     let mut out = Vec::new();
     let waited = tokio::time::timeout(Duration::from_millis(500), fifth.read_to_end(&mut out));
     assert!(waited.await.is_err(), "served past the cap: {out:?}");
-    drop(idle.pop());
+    drop(busy.pop());
     tokio::time::timeout(Duration::from_secs(10), fifth.read_to_end(&mut out))
         .await
         .expect("the fifth connection was never served")
@@ -698,4 +737,8 @@ async fn connections_are_capped_and_request_heads_are_bounded() {
     )
     .await;
     assert!(said.contains("\nmarmot_http_connections 4\n"), "{said}");
+    assert!(
+        said.contains("\nmarmot_http_connections_evicted_total 1\n"),
+        "{said}"
+    );
 }

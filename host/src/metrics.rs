@@ -106,6 +106,8 @@ pub struct Metrics {
     pub requests_shed: Counter,
     /// Client connections open (`limits.max_connections` at most).
     pub http_connections: Gauge,
+    /// Idle client connections closed to make room for new ones at the cap.
+    pub http_connections_evicted: Counter,
     /// Bytes of outbound response bodies buffered (charged until handed
     /// on), against `limits.egress_response_budget_bytes`.
     pub egress_response_bytes: Gauge,
@@ -291,6 +293,12 @@ impl Metrics {
             "http_connections",
             "Client connections open, against limits.max_connections",
             http_connections.clone(),
+        );
+        let http_connections_evicted = Counter::default();
+        registry.register(
+            "http_connections_evicted",
+            "Idle client connections closed to make room for new ones at limits.max_connections",
+            http_connections_evicted.clone(),
         );
         let egress_response_bytes = Gauge::default();
         registry.register(
@@ -534,6 +542,7 @@ impl Metrics {
             request_body_bytes,
             requests_shed,
             http_connections,
+            http_connections_evicted,
             egress_response_bytes,
             egress_response_budget_bytes,
             egress_responses_refused,

@@ -16,21 +16,32 @@
 //! * a **connection cap** (`limits.max_connections`, by default what a
 //!   sixteenth of the host's memory holds at a planned worst case of
 //!   64 KiB each: a full head buffer, the response being written, the task
-//!   and the kernel's socket; the pool plan computes it): at the cap the
-//!   node stops accepting, and new connections wait in the kernel's
-//!   backlog until one closes.
+//!   and the kernel's socket; the pool plan computes it). At the cap, a new
+//!   connection closes the one *idle* longest — no request in flight and no
+//!   response being sent: a keep-alive connection between requests, or one
+//!   still sending its head, as nginx does with its keep-alive connections
+//!   — and when none is idle it waits in the kernel's backlog until one
+//!   closes. Without that, a thousand connections that never finish their
+//!   heads kept every other client out for the whole head timeout.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore, watch};
+use tower::ServiceExt;
 
 /// Longest request head (request line and headers) a connection may send.
 pub const MAX_HEAD_BYTES: usize = 32 << 10;
@@ -61,14 +72,61 @@ impl ListenLimits {
     }
 }
 
+/// What the listener counts.
+#[derive(Clone, Default)]
+pub struct ListenMetrics {
+    /// Connections open.
+    pub open: Gauge,
+    /// Idle connections closed to make room for a new one.
+    pub evicted: Counter,
+}
+
+/// One open connection, as the accept loop sees it.
+struct Tracked {
+    /// Requests in flight: from the head being read to the end of the
+    /// response body.
+    busy: AtomicUsize,
+    /// When it last became idle (ms since the listener started).
+    idle_since_ms: AtomicU64,
+    /// Asks it to close once idle (at once if it is).
+    close: Notify,
+}
+
+/// The open connections.
+struct Connections {
+    started: Instant,
+    open: Mutex<HashMap<u64, Arc<Tracked>>>,
+}
+
+impl Connections {
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Ask the connection idle longest to close; whether there was one.
+    fn evict_idlest(&self) -> bool {
+        let open = self.open.lock().unwrap();
+        let idlest = open
+            .values()
+            .filter(|c| c.busy.load(Ordering::Acquire) == 0)
+            .min_by_key(|c| c.idle_since_ms.load(Ordering::Relaxed));
+        match idlest {
+            Some(c) => {
+                c.close.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// Serve `app` on `listener` within `limits` until `shutdown` resolves,
-/// then let open connections finish their requests. `open` counts the
-/// connections.
+/// then let open connections finish their requests.
 pub async fn serve_app(
     app: Router,
     listener: TcpListener,
     limits: ListenLimits,
-    open: Gauge,
+    metrics: ListenMetrics,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(
@@ -78,14 +136,14 @@ pub async fn serve_app(
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.head_timeout)
         .max_buf_size(limits.max_head_bytes.max(8192));
-    let graceful = GracefulShutdown::new();
+    let connections = Arc::new(Connections {
+        started: Instant::now(),
+        open: Mutex::default(),
+    });
+    let (closing, closed) = watch::channel(false);
+    let mut next_id = 0u64;
     tokio::pin!(shutdown);
     loop {
-        // A slot first: at the cap, connections wait in the backlog.
-        let slot = tokio::select! {
-            slot = slots.clone().acquire_owned() => slot.expect("never closed"),
-            () = &mut shutdown => break,
-        };
         let tcp = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((tcp, _)) => tcp,
@@ -96,22 +154,130 @@ pub async fn serve_app(
             },
             () = &mut shutdown => break,
         };
+        // A slot for it: at the cap, the idlest connection makes room;
+        // when none is idle, this one waits (and the backlog behind it).
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                if connections.evict_idlest() {
+                    metrics.evicted.inc();
+                }
+                tokio::select! {
+                    slot = slots.clone().acquire_owned() => slot.expect("never closed"),
+                    () = &mut shutdown => break,
+                }
+            }
+        };
         // Small writes (SSE frames, short replies) go out at once.
         let _ = tcp.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
-        let conn = graceful.watch(http.serve_connection(TokioIo::new(tcp), service));
-        open.inc();
-        let open = open.clone();
+        let id = next_id;
+        next_id += 1;
+        let tracked = Arc::new(Tracked {
+            busy: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(connections.now_ms()),
+            close: Notify::new(),
+        });
+        connections.open.lock().unwrap().insert(id, tracked.clone());
+        let service = hyper::service::service_fn({
+            let (app, tracked, connections) = (app.clone(), tracked.clone(), connections.clone());
+            move |req: Request<Incoming>| {
+                let guard = Busy::enter(&tracked, &connections);
+                let app = app.clone();
+                async move {
+                    let response = app.oneshot(req.map(Body::new)).await?;
+                    Ok::<_, std::convert::Infallible>(
+                        response.map(|body| Body::new(Tracking { body, _busy: guard })),
+                    )
+                }
+            }
+        });
+        let conn = http.serve_connection(TokioIo::new(tcp), service);
+        metrics.open.inc();
+        let (open, connections, mut closed) =
+            (metrics.open.clone(), connections.clone(), closed.clone());
         tokio::spawn(async move {
-            // Errors are the client's (a reset, a bad or slow head).
-            let _ = conn.await;
+            tokio::pin!(conn);
+            let mut asked = false;
+            loop {
+                tokio::select! {
+                    // Errors are the client's (a reset, a bad or slow head).
+                    _ = conn.as_mut() => break,
+                    () = tracked.close.notified(), if !asked => {}
+                    _ = closed.wait_for(|c| *c), if !asked => {}
+                }
+                // Asked to close. The connection is polled only here, so
+                // nothing can start between this look and the drop: with
+                // nothing in flight (between requests, or amid a head that
+                // hyper would wait for) it closes now; else after its
+                // request.
+                if tracked.busy.load(Ordering::Acquire) == 0 {
+                    break;
+                }
+                asked = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            connections.open.lock().unwrap().remove(&id);
             open.dec();
             drop(slot);
         });
     }
-    drop(listener);
-    graceful.shutdown().await;
+    drop((listener, closed));
+    // Every connection finishes what it is doing, then closes.
+    let _ = closing.send(true);
+    closing.closed().await;
     Ok(())
+}
+
+/// A request in flight on its connection, from its head to the end (or
+/// drop) of its response body.
+struct Busy {
+    tracked: Arc<Tracked>,
+    connections: Arc<Connections>,
+}
+
+impl Busy {
+    fn enter(tracked: &Arc<Tracked>, connections: &Arc<Connections>) -> Self {
+        tracked.busy.fetch_add(1, Ordering::AcqRel);
+        Self {
+            tracked: tracked.clone(),
+            connections: connections.clone(),
+        }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let t = &self.tracked;
+        t.idle_since_ms
+            .store(self.connections.now_ms(), Ordering::Relaxed);
+        t.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that keeps its request counted until it is done.
+struct Tracking {
+    body: Body,
+    _busy: Busy,
+}
+
+impl hyper::body::Body for Tracking {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// After a failed accept: go on at once when only that connection failed;

@@ -217,7 +217,10 @@ pub async fn serve(
         bus.close();
     };
     let max_connections = node.config().limits.max_connections.unwrap_or(usize::MAX);
-    let open = node.metrics().http_connections.clone();
+    let metrics = listen::ListenMetrics {
+        open: node.metrics().http_connections.clone(),
+        evicted: node.metrics().http_connections_evicted.clone(),
+    };
     let limits = listen::ListenLimits::new(max_connections);
-    listen::serve_app(router(node), listener, limits, open, shutdown).await
+    listen::serve_app(router(node), listener, limits, metrics, shutdown).await
 }
