@@ -3,7 +3,7 @@
 //! Handlers are thin: they validate input, call [`Node`], and map results
 //! and errors to HTTP through [`ApiError`]. Cross-cutting concerns are
 //! layers: request ids and bearer auth in [`edge`], body limits and JSON
-//! 404/405 here.
+//! 404/405 here; what a connection may hold in [`listen`].
 
 mod actors;
 mod backup;
