@@ -239,8 +239,10 @@ fn refusal(key: &ActorKey, status: reqwest::StatusCode, body: &[u8]) -> PeerErro
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(2))
-        // Streams (SSE) stay open as long as the client keeps them.
-        .pool_idle_timeout(Duration::from_secs(30))
+        // Streams (SSE) stay open as long as the client keeps them. An idle
+        // pooled connection is dropped before the peer's own keep-alive
+        // timeout (30 s, `api/listen.rs`) would close it under a request.
+        .pool_idle_timeout(Duration::from_secs(20))
         .build()
         .expect("a reqwest client with these settings always builds")
 }
