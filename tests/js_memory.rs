@@ -605,7 +605,7 @@ async fn outbound_response_bodies_wait_for_room_in_the_nodes_budget() {
         .filter_map(|o| o["error"].as_str())
         .collect();
     assert!(
-        done == 1 && refused.len() == 1 && refused[0].contains("would have waited for another's"),
+        done == 1 && refused.len() == 1 && refused[0].contains("this one holding least"),
         "{outcomes:?}"
     );
 

@@ -103,19 +103,15 @@ impl Connections {
         self.started.elapsed().as_millis() as u64
     }
 
-    /// Ask the connection idle longest to close; whether there was one.
-    fn evict_idlest(&self) -> bool {
+    /// Ask the connection idle longest, if any, to close.
+    fn evict_idlest(&self) {
         let open = self.open.lock().unwrap();
         let idlest = open
             .values()
             .filter(|c| c.busy.load(Ordering::Acquire) == 0)
             .min_by_key(|c| c.idle_since_ms.load(Ordering::Relaxed));
-        match idlest {
-            Some(c) => {
-                c.close.notify_one();
-                true
-            }
-            None => false,
+        if let Some(c) = idlest {
+            c.close.notify_one();
         }
     }
 }
@@ -159,9 +155,7 @@ pub async fn serve_app(
         let slot = match slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => {
-                if connections.evict_idlest() {
-                    metrics.evicted.inc();
-                }
+                connections.evict_idlest();
                 tokio::select! {
                     slot = slots.clone().acquire_owned() => slot.expect("never closed"),
                     () = &mut shutdown => break,
@@ -193,31 +187,34 @@ pub async fn serve_app(
         });
         let conn = http.serve_connection(TokioIo::new(tcp), service);
         metrics.open.inc();
-        let (open, connections, mut closed) =
-            (metrics.open.clone(), connections.clone(), closed.clone());
+        let (metrics, connections, mut closed) =
+            (metrics.clone(), connections.clone(), closed.clone());
         tokio::spawn(async move {
             tokio::pin!(conn);
             let mut asked = false;
             loop {
-                tokio::select! {
+                let evicted = tokio::select! {
                     // Errors are the client's (a reset, a bad or slow head).
                     _ = conn.as_mut() => break,
-                    () = tracked.close.notified(), if !asked => {}
-                    _ = closed.wait_for(|c| *c), if !asked => {}
-                }
+                    () = tracked.close.notified(), if !asked => true,
+                    _ = closed.wait_for(|c| *c), if !asked => false,
+                };
                 // Asked to close. The connection is polled only here, so
                 // nothing can start between this look and the drop: with
                 // nothing in flight (between requests, or amid a head that
                 // hyper would wait for) it closes now; else after its
                 // request.
                 if tracked.busy.load(Ordering::Acquire) == 0 {
+                    if evicted {
+                        metrics.evicted.inc();
+                    }
                     break;
                 }
                 asked = true;
                 conn.as_mut().graceful_shutdown();
             }
             connections.open.lock().unwrap().remove(&id);
-            open.dec();
+            metrics.open.dec();
             drop(slot);
         });
     }

@@ -551,7 +551,7 @@ impl Egress {
                     .await
                     .map_err(|no| {
                         let why = if no.deadlock {
-                            "every body holding part of it would have waited for another's"
+                            "every holder waited for more, this one holding least"
                         } else {
                             "it waited until the request's timeout"
                         };
