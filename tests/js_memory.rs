@@ -2,7 +2,8 @@
 //! snapshot pages it copied but left unchanged, and keeps everything else;
 //! pages a turn is known to write are copied before it runs, and the turn
 //! finds them as it would have. And the node's own bounds on memory: what
-//! guests grow, what state caches hold and what request bodies it holds.
+//! guests grow, what state caches hold, the request bodies and outbound
+//! response bodies it holds, and its client connections.
 
 mod common;
 
