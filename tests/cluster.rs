@@ -348,15 +348,7 @@ async fn a_dead_owners_actors_fail_over_to_its_backup_with_their_data() {
     // A type deployed while it is away reaches the live nodes only...
     let js =
         json!({"kind": "js", "code": "export default { onMessage() { return { late: true }; } };"});
-    let r = c
-        .api(other)
-        .req(
-            reqwest::Method::PUT,
-            "/v1/types/late",
-            Some(("application/json", serde_json::to_vec(&js).unwrap())),
-            &[],
-        )
-        .await;
+    let r = c.api(other).deploy_manifest("late", &js).await;
     assert_eq!(r.status, 201, "{}", r.json);
     // ... and so do secrets, providers and subscriptions set or deleted.
     assert_eq!(

@@ -693,21 +693,8 @@ async fn javascript_fetch_uses_the_same_capability() {
 }};"#,
         rig.https, rig.http
     );
-    let r = rig
-        .api
-        .req(
-            Method::PUT,
-            "/v1/types/jsfetch",
-            Some((
-                "application/json",
-                serde_json::to_vec(
-                    &json!({ "kind": "js", "code": source, "config": kit_config() }),
-                )
-                .unwrap(),
-            )),
-            &[],
-        )
-        .await;
+    let manifest = json!({ "kind": "js", "code": source, "config": kit_config() });
+    let r = rig.api.deploy_manifest("jsfetch", &manifest).await;
     assert_eq!(r.status, 201, "{}", r.json);
     let r = rig.api.post_json("/v1/actors/jsfetch/a", &json!({})).await;
     assert_eq!(r.status, 200, "{}", r.json);

@@ -159,14 +159,7 @@ async fn javascript_errors_are_clear_and_commit_nothing() {
 async fn javascript_actors_hibernate_wake_and_upgrade() {
     let (_dir, _m, api) = node(None).await;
     let manifest = json!({"kind": "js", "code": COUNTER_JS, "config": {"idle_timeout_ms": 300}});
-    let r = api
-        .req(
-            Method::PUT,
-            "/v1/types/jscount",
-            Some(("application/json", serde_json::to_vec(&manifest).unwrap())),
-            &[],
-        )
-        .await;
+    let r = api.deploy_manifest("jscount", &manifest).await;
     assert_eq!(r.status, 201, "{}", r.json);
     api.post_json("/v1/actors/jscount/s", &json!({"by": 4}))
         .await;
@@ -181,13 +174,7 @@ async fn javascript_actors_hibernate_wake_and_upgrade() {
 
     let v2 = COUNTER_JS.replace("version: ctx.version", "version: ctx.version, v2: true");
     let manifest = json!({"kind": "js", "code": v2, "config": {"idle_timeout_ms": 300}});
-    api.req(
-        Method::PUT,
-        "/v1/types/jscount",
-        Some(("application/json", serde_json::to_vec(&manifest).unwrap())),
-        &[],
-    )
-    .await;
+    api.deploy_manifest("jscount", &manifest).await;
     let r = api
         .post_json("/v1/actors/jscount/s", &json!({"by": 1}))
         .await;
@@ -653,14 +640,7 @@ export default { onMessage() { return 1; } };
     let manifest = json!({"kind": "js", "code": runaway, "config": {"cpu_slice_ms": 100}});
     let since = std::time::SystemTime::now();
     let started = Instant::now();
-    let r = api
-        .req(
-            Method::PUT,
-            "/v1/types/runaway",
-            Some(("application/json", serde_json::to_vec(&manifest).unwrap())),
-            &[],
-        )
-        .await;
+    let r = api.deploy_manifest("runaway", &manifest).await;
     assert_eq!(r.status, 201, "{}", r.json);
     assert!(
         started.elapsed() < Duration::from_secs(10),

@@ -515,14 +515,7 @@ async fn outbound_response_bodies_wait_for_room_in_the_nodes_budget() {
         "kind": "js", "code": FETCHER,
         "config": {"allowed_hosts": ["127.0.0.1"], "http_concurrency": 16},
     });
-    let r = api
-        .req(
-            reqwest::Method::PUT,
-            "/v1/types/fetcher",
-            Some(("application/json", serde_json::to_vec(&manifest).unwrap())),
-            &[],
-        )
-        .await;
+    let r = api.deploy_manifest("fetcher", &manifest).await;
     assert_eq!(r.status, 201, "{}", r.json);
     let url = |path: &str| format!("http://127.0.0.1:{port}/{path}");
     let fetch = |id: String, body: serde_json::Value| {

@@ -147,14 +147,7 @@ async fn deploy_both(api: &common::Api) {
         ),
     ] {
         let manifest = json!({"kind": "js", "code": code, "config": config});
-        let r = api
-            .req(
-                Method::PUT,
-                &format!("/v1/types/{ty}"),
-                Some(("application/json", serde_json::to_vec(&manifest).unwrap())),
-                &[],
-            )
-            .await;
+        let r = api.deploy_manifest(ty, &manifest).await;
         assert_eq!(r.status, 201, "{}", r.json);
     }
 }

@@ -383,10 +383,15 @@ impl Api {
             "code_base64": base64::engine::general_purpose::STANDARD.encode(code),
             "config": config,
         });
+        self.deploy_manifest(ty, &manifest).await
+    }
+
+    /// Deploy type `ty` from a JSON manifest (`{"kind": …, …}`).
+    pub async fn deploy_manifest(&self, ty: &str, manifest: &Value) -> Resp {
         self.req(
             reqwest::Method::PUT,
             &format!("/v1/types/{ty}"),
-            Some(("application/json", serde_json::to_vec(&manifest).unwrap())),
+            Some(("application/json", serde_json::to_vec(manifest).unwrap())),
             &[],
         )
         .await
