@@ -351,6 +351,26 @@ impl Metrics {
             writer.disk_faulted.clone(),
         );
         registry.register(
+            "storage_journal_checkpoints",
+            "Syncs of the database file that let a journal file be reused",
+            writer.journal.checkpoints.clone(),
+        );
+        registry.register(
+            "storage_journal_checkpoint_duration_seconds",
+            "How long each journal checkpoint's sync of the database file took",
+            writer.journal.checkpoint_seconds.clone(),
+        );
+        registry.register(
+            "storage_journal_waits",
+            "Commits that waited for a journal checkpoint (the disk fell behind)",
+            writer.journal.waits.clone(),
+        );
+        registry.register(
+            "storage_journal_direct_commits",
+            "Commits larger than a journal file, synced to the database file directly",
+            writer.journal.direct.clone(),
+        );
+        registry.register(
             "storage_reopens",
             "Times the database was reopened after a disk failure",
             writer.reopens.clone(),

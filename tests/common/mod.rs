@@ -467,6 +467,17 @@ pub fn now_s() -> i64 {
 }
 
 /// A fresh temporary data directory.
+/// Every byte the node keeps of its database in `data`: the database file
+/// and its journal files, one after the other (for tests that look for what
+/// must never be stored in plain text).
+pub fn database_bytes(data: &std::path::Path) -> Vec<u8> {
+    let mut bytes = std::fs::read(data.join("marmot.redb")).unwrap();
+    for name in ["marmot.redb-journal-0", "marmot.redb-journal-1"] {
+        bytes.extend(std::fs::read(data.join(name)).unwrap());
+    }
+    bytes
+}
+
 /// A directory for one test's data and logs, removed when dropped — kept
 /// when `MARMOT_TEST_KEEP` is set, to read the nodes' logs after a failure
 /// (each node logs to `<data>.log`).

@@ -280,6 +280,16 @@ pub fn restore(from: &Path, data: &Path) -> Result<u64, StorageError> {
     let tmp = data.join("marmot.redb.restoring");
     std::fs::copy(&src_db, &tmp).map_err(io(format!("failed to copy `{}`", src_db.display())))?;
     sync(&tmp)?;
+    // Journal files left from a database that was here belong to no
+    // database now (opening would not replay them onto another file
+    // anyway: their headers name the file they were written for).
+    for log in crate::journal::log_paths(&dst_db) {
+        match std::fs::remove_file(&log) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(format!("failed to remove `{}`", log.display()))(e)),
+        }
+    }
     std::fs::rename(&tmp, &dst_db)
         .map_err(io(format!("failed to place `{}`", dst_db.display())))?;
     sync(data)?;

@@ -18,7 +18,13 @@ pub fn populate_counters(
     n: usize,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<(), StorageError> {
-    let db = redb::Database::create(dir.join("marmot.redb"))?;
+    let config = super::StorageConfig::default();
+    let db = super::open_database(
+        &dir.join("marmot.redb"),
+        config.cache_bytes,
+        config.journal_bytes,
+        &super::journal::JournalMetrics::new(),
+    )?;
     check_format(&db)?;
     let version = {
         let r = db.begin_read()?;

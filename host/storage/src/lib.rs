@@ -16,6 +16,7 @@ pub mod backup;
 pub mod blobs;
 pub mod bulk;
 mod db;
+pub mod journal;
 mod reader;
 pub mod schema;
 pub mod subscriptions;
@@ -117,6 +118,8 @@ pub struct WriterMetrics {
     pub disk_faulted: Gauge,
     /// Times the database was reopened after a disk failure.
     pub reopens: Counter,
+    /// The journal's checkpoints.
+    pub journal: journal::JournalMetrics,
 }
 
 impl WriterMetrics {
@@ -129,6 +132,7 @@ impl WriterMetrics {
             commit_seconds: Histogram::new(exponential_buckets(50e-6, 2.0, 16)),
             disk_faulted: Gauge::default(),
             reopens: Counter::default(),
+            journal: journal::JournalMetrics::new(),
         }
     }
 }
@@ -148,6 +152,37 @@ pub struct Storage {
     subscriptions: Arc<Subscriptions>,
     outbox_ready: Arc<tokio::sync::Notify>,
     relay_ready: Arc<tokio::sync::Notify>,
+}
+
+/// Open (or create) the database file `path`, on the journal when
+/// `journal_bytes` is not 0 (replaying what the journal holds first). Every
+/// open of a data directory's database goes through here: after a power
+/// loss the file alone may lack commits that only the journal holds.
+pub fn open_database(
+    path: &Path,
+    cache_bytes: usize,
+    journal_bytes: u64,
+    metrics: &journal::JournalMetrics,
+) -> Result<redb::Database, redb::DatabaseError> {
+    let builder = {
+        let mut b = redb::Builder::new();
+        b.set_cache_size(cache_bytes);
+        b
+    };
+    if journal_bytes == 0 {
+        // The journal's last records may still be needed: replay them into
+        // the file (with a small journal, emptied at once) before going
+        // without.
+        if journal::log_paths(path).iter().any(|p| p.exists()) {
+            drop(journal::open(path, 0, metrics.clone())?);
+            for p in journal::log_paths(path) {
+                std::fs::remove_file(p)?;
+            }
+        }
+        return builder.create(path);
+    }
+    let backend = journal::open(path, journal_bytes, metrics.clone())?;
+    builder.create_with_backend(backend)
 }
 
 /// What a failed open of `path` means for the operator.
@@ -180,13 +215,10 @@ impl Storage {
             source: e,
         })?;
         let path = dir.join("marmot.redb");
-        let cache_bytes = config.cache_bytes;
-        let file = path.clone();
-        let opener: db::Opener = Box::new(move || {
-            redb::Builder::new()
-                .set_cache_size(cache_bytes)
-                .create(&file)
-        });
+        let (cache_bytes, journal_bytes) = (config.cache_bytes, config.journal_bytes);
+        let (file, journal) = (path.clone(), metrics.journal.clone());
+        let opener: db::Opener =
+            Box::new(move || open_database(&file, cache_bytes, journal_bytes, &journal));
         Self::open_with(dir, config, metrics, opener)
     }
 

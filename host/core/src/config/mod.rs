@@ -309,6 +309,12 @@ pub struct StorageConfig {
     /// Save allocator state with every commit so that opening after a crash
     /// is instant instead of a full repair scan (slower commits).
     pub quick_repair: bool,
+    /// Size of each of the two journal files beside the database
+    /// (`marmot.redb-journal-0` and `-1`, preallocated): a commit is one
+    /// sequential write and one `fdatasync` of a journal file, and the
+    /// database file is synced in the background, a journal at a time.
+    /// 0 turns the journal off: every commit then syncs the database file.
+    pub journal_bytes: u64,
 }
 
 impl Default for StorageConfig {
@@ -317,6 +323,7 @@ impl Default for StorageConfig {
             cache_bytes: 64 << 20,
             max_batch: 4096,
             quick_repair: false,
+            journal_bytes: 16 << 20,
         }
     }
 }

@@ -1,0 +1,248 @@
+//! The journal on its own: what it writes, what opening replays, and what
+//! it refuses to replay. Crash behaviour with the whole node is in
+//! `tests/crash.rs` and `marmot bench torture`.
+
+use super::*;
+use redb::{ReadableDatabase, TableDefinition};
+
+const T: TableDefinition<'static, u64, &[u8]> = TableDefinition::new("t");
+
+fn db(path: &Path, size: u64) -> redb::Database {
+    let backend = open(path, size, JournalMetrics::new()).unwrap();
+    redb::Builder::new().create_with_backend(backend).unwrap()
+}
+
+fn put(db: &redb::Database, k: u64, v: &[u8]) {
+    let w = db.begin_write().unwrap();
+    w.open_table(T).unwrap().insert(k, v).unwrap();
+    w.commit().unwrap();
+}
+
+fn get(db: &redb::Database, k: u64) -> Option<Vec<u8>> {
+    let r = db.begin_read().unwrap();
+    let t = r.open_table(T).unwrap();
+    t.get(k).unwrap().map(|v| v.value().to_vec())
+}
+
+/// The bytes of `path` as the disk would hold them if nothing written since
+/// `snapshot` had reached it: what a power loss leaves of a file nobody
+/// synced.
+fn lose_unsynced(path: &Path, snapshot: &[u8]) {
+    std::fs::write(path, snapshot).unwrap();
+}
+
+#[test]
+fn a_record_round_trips_through_scan_and_ops() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let backend = open(&path, 64 * BLOCK, JournalMetrics::new()).unwrap();
+    backend.set_len(3 * BLOCK).unwrap();
+    backend.write(BLOCK, &[7; 100]).unwrap();
+    backend.write(2 * BLOCK + 5, b"hello").unwrap();
+    backend.sync_data().unwrap();
+    backend.write(0, b"second").unwrap();
+    backend.sync_data().unwrap();
+    backend.close().unwrap();
+
+    let identity = identity_of(&File::open(&path).unwrap()).unwrap();
+    let bytes = std::fs::read(&log_paths(&path)[0]).unwrap();
+    let (_, records) = scan(&bytes, identity).expect("a valid log");
+    assert_eq!(records.len(), 2);
+    assert_eq!(
+        ops(records[0]).unwrap(),
+        vec![
+            Op::SetLen(3 * BLOCK),
+            Op::Write(BLOCK, &[7; 100]),
+            Op::Write(2 * BLOCK + 5, b"hello"),
+        ]
+    );
+    assert_eq!(ops(records[1]).unwrap(), vec![Op::Write(0, b"second")]);
+    // Another file's logs are not this file's.
+    assert!(scan(&bytes, (identity.0, identity.1, identity.2 + 1)).is_none());
+}
+
+#[test]
+fn commits_survive_losing_every_unsynced_write_to_the_database_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    // Logs large enough for every commit below: a checkpoint would sync
+    // the file, which `lose_unsynced` cannot tell.
+    let size = 4096 * BLOCK;
+    {
+        let db = db(&path, size);
+        put(&db, 0, b"before");
+    }
+    // The database file as synced at that point (opening replays and syncs).
+    let synced = std::fs::read(&path).unwrap();
+    let metrics = JournalMetrics::new();
+    {
+        let backend = open(&path, size, metrics.clone()).unwrap();
+        let db = redb::Builder::new().create_with_backend(backend).unwrap();
+        for k in 1..=200u64 {
+            put(&db, k, &vec![k as u8; 3000]);
+        }
+    }
+    assert_eq!(metrics.checkpoints.get(), 0);
+    lose_unsynced(&path, &synced);
+    let db = db(&path, size);
+    assert_eq!(get(&db, 0).as_deref(), Some(&b"before"[..]));
+    for k in 1..=200u64 {
+        assert_eq!(get(&db, k), Some(vec![k as u8; 3000]), "key {k}");
+    }
+}
+
+#[test]
+fn a_torn_last_record_is_not_replayed_and_the_one_before_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let size = 64 * BLOCK;
+    {
+        let db = db(&path, size);
+        put(&db, 1, b"one");
+    }
+    let synced = std::fs::read(&path).unwrap();
+    let log = log_paths(&path)[0].clone();
+    let (before_two, after_two);
+    {
+        let db = db(&path, size);
+        put(&db, 2, b"two");
+        before_two = std::fs::read(&log).unwrap();
+        put(&db, 3, b"three");
+        after_two = std::fs::read(&log).unwrap();
+    }
+    // The third commit's record reached the log only in part.
+    let first_diff = before_two
+        .iter()
+        .zip(&after_two)
+        .position(|(a, b)| a != b)
+        .expect("the last commit wrote a record");
+    let mut torn = after_two.clone();
+    let cut = first_diff + 100;
+    torn[cut..].copy_from_slice(&before_two[cut..]);
+    std::fs::write(&log, &torn).unwrap();
+    lose_unsynced(&path, &synced);
+
+    let db = db(&path, size);
+    assert_eq!(get(&db, 1).as_deref(), Some(&b"one"[..]));
+    assert_eq!(get(&db, 2).as_deref(), Some(&b"two"[..]));
+    assert_eq!(get(&db, 3), None, "a torn commit is not half there");
+}
+
+#[test]
+fn logs_of_a_database_file_that_was_replaced_are_not_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    {
+        let db = db(&path, 64 * BLOCK);
+        put(&db, 1, b"old database");
+    }
+    // The file is deleted and another database put where it was (as a
+    // restore would), possibly on the same inode; the old logs stay behind.
+    std::fs::remove_file(&path).unwrap();
+    {
+        let other = dir.path().join("other.redb");
+        let db = redb::Database::create(&other).unwrap();
+        let w = db.begin_write().unwrap();
+        w.open_table(T)
+            .unwrap()
+            .insert(2, &b"new database"[..])
+            .unwrap();
+        w.commit().unwrap();
+        drop(db);
+        std::fs::copy(&other, &path).unwrap();
+    }
+    let db = db(&path, 64 * BLOCK);
+    assert_eq!(get(&db, 1), None);
+    assert_eq!(get(&db, 2).as_deref(), Some(&b"new database"[..]));
+}
+
+#[test]
+fn a_commit_larger_than_a_log_goes_to_the_database_file_and_empties_the_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let size = 16 * BLOCK; // 64 KiB logs
+    let metrics = JournalMetrics::new();
+    {
+        let backend = open(&path, size, metrics.clone()).unwrap();
+        let db = redb::Builder::new().create_with_backend(backend).unwrap();
+        put(&db, 1, b"small");
+        put(&db, 1, &vec![9; 200_000]);
+    }
+    assert!(
+        metrics.direct.get() >= 1,
+        "the large commit skipped the logs"
+    );
+    // Older records replayed over it would put back older pages.
+    let synced = std::fs::read(&path).unwrap();
+    lose_unsynced(&path, &synced);
+    let db = db(&path, size);
+    assert_eq!(get(&db, 1), Some(vec![9; 200_000]));
+}
+
+#[test]
+fn a_log_is_reused_only_after_the_database_file_was_synced() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let metrics = JournalMetrics::new();
+    let backend = open(&path, 32 * BLOCK, metrics.clone()).unwrap();
+    let db = redb::Builder::new().create_with_backend(backend).unwrap();
+    for k in 0..300u64 {
+        put(&db, k, &[k as u8; 2000]);
+    }
+    // Each switch after the first needs the other log checkpointed.
+    assert!(
+        metrics.checkpoints.get() >= 10,
+        "{}",
+        metrics.checkpoints.get()
+    );
+    for k in 0..300u64 {
+        assert_eq!(get(&db, k), Some(vec![k as u8; 2000]));
+    }
+}
+
+#[test]
+fn a_damaged_record_body_refuses_the_open_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    {
+        let backend = open(&path, 64 * BLOCK, JournalMetrics::new()).unwrap();
+        backend.write(0, b"x").unwrap();
+        backend.sync_data().unwrap();
+        backend.close().unwrap();
+    }
+    // A body whose checksum holds but whose operation is unknown.
+    let log = log_paths(&path)[0].clone();
+    let mut bytes = std::fs::read(&log).unwrap();
+    let at = BLOCK as usize;
+    bytes[at + RECORD_HEADER] = 0xee;
+    let sum = crc(&bytes[at + 8..at + RECORD_HEADER + 18]);
+    bytes[at + 4..at + 8].copy_from_slice(&sum.to_le_bytes());
+    std::fs::write(&log, &bytes).unwrap();
+    let db_before = std::fs::read(&path).unwrap();
+
+    let err = open(&path, 64 * BLOCK, JournalMetrics::new()).unwrap_err();
+    assert!(err.to_string().contains("damaged"), "{err}");
+    assert_eq!(std::fs::read(&log).unwrap(), bytes, "the log was kept");
+    assert_eq!(std::fs::read(&path).unwrap(), db_before);
+}
+
+#[test]
+fn a_second_handle_on_the_same_journal_is_refused_before_it_replays_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let first = db(&path, 64 * BLOCK);
+    put(&first, 1, b"one");
+    let logs = log_paths(&path).map(|p| std::fs::read(p).unwrap());
+    let db_before = std::fs::read(&path).unwrap();
+    assert!(matches!(
+        open(&path, 64 * BLOCK, JournalMetrics::new()),
+        Err(redb::DatabaseError::DatabaseAlreadyOpen)
+    ));
+    assert_eq!(log_paths(&path).map(|p| std::fs::read(p).unwrap()), logs);
+    assert_eq!(std::fs::read(&path).unwrap(), db_before);
+    put(&first, 2, b"two");
+    drop(first);
+    // Closed, the journal opens again.
+    let again = db(&path, 64 * BLOCK);
+    assert_eq!(get(&again, 2).as_deref(), Some(&b"two"[..]));
+}
