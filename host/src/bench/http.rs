@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
 
-use super::server::ServerProc;
+use super::server::{ServerProc, Written};
 use super::{BenchArgs, LoadGen, Percentiles, progress};
 
 /// One HTTP/1.1 keep-alive connection.
@@ -461,12 +461,12 @@ pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
         let commits = commits1 - commits0;
         if r.requests > 0 && commits > 0.0 {
             println!(
-                "    commits per new actor: {:.2}   mean ops per commit: {:.1}   node CPU per new actor: {:.0}µs ({:.0}µs of it the writer's)   written to disk: {:.1} KB per new actor",
+                "    commits per new actor: {:.2}   mean ops per commit: {:.1}   node CPU per new actor: {:.0}µs ({:.0}µs of it the writer's)   written to disk: {} per new actor",
                 commits / r.requests as f64,
                 (ops1 - ops0) / commits,
                 cpu.as_secs_f64() * 1e6 / r.requests as f64,
                 writer.as_secs_f64() * 1e6 / r.requests as f64,
-                written as f64 / 1024.0 / r.requests as f64
+                per_op(written, r.requests as f64)
             );
         }
     }
@@ -484,8 +484,8 @@ pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 /// What the writer did over a run of `elapsed`: `commits` commits of
-/// `ops` operations in all, using `writer` of CPU and sending `written`
-/// bytes to storage. `None` without commits.
+/// `ops` operations in all, using `writer` of CPU and sending `written` to
+/// storage. `None` without commits.
 ///
 /// The writer commits one batch at a time, so its CPU and its waits for
 /// `fdatasync` bound the commits it can make a second: a writer near a
@@ -497,7 +497,7 @@ pub(super) fn commit_line(
     commits: f64,
     ops: f64,
     writer: Duration,
-    written: u64,
+    written: Written,
     elapsed: Duration,
 ) -> Option<String> {
     (commits > 0.0).then(|| {
@@ -510,13 +510,22 @@ pub(super) fn commit_line(
         );
         if ops > 0.0 {
             line.push_str(&format!(
-                "\n  written to disk: {:.1} KB per op ({:.0} MB/s)",
-                written as f64 / 1024.0 / ops,
-                written as f64 / 1e6 / elapsed.as_secs_f64()
+                "\n  written to disk: {} per op ({:.0} MB/s)",
+                per_op(written, ops),
+                written.bytes as f64 / 1e6 / elapsed.as_secs_f64()
             ));
         }
         line
     })
+}
+
+/// "12.0 KB in 2.9 write requests" per one of `n` operations.
+fn per_op(written: Written, n: f64) -> String {
+    let mut s = format!("{:.1} KB", written.bytes as f64 / 1024.0 / n);
+    if let Some(requests) = written.requests {
+        s.push_str(&format!(" in {:.2} write requests", requests as f64 / n));
+    }
+    s
 }
 
 /// (commits, operations committed) from the node's metrics.

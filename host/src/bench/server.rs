@@ -14,6 +14,7 @@ use super::http::Conn;
 pub(super) struct ServerProc {
     child: Child,
     pub addr: SocketAddr,
+    data: std::path::PathBuf,
 }
 
 impl ServerProc {
@@ -67,7 +68,11 @@ impl ServerProc {
             .stderr(stderr)
             .spawn()
             .context("cannot start the benchmark node")?;
-        let mut s = Self { child, addr };
+        let mut s = Self {
+            child,
+            addr,
+            data: data.to_owned(),
+        };
         let ready = (Duration::from_secs(300), "/readyz", 200);
         wait_until_serving(&mut s.child, addr, ready, "benchmark node").await?;
         Ok(s)
@@ -111,8 +116,17 @@ impl ServerProc {
 
     /// Bytes the node has sent to storage so far: what its commits made
     /// the disk write.
-    pub fn written_bytes(&self) -> anyhow::Result<u64> {
-        written_bytes_of(self.child.id())
+    pub fn written_bytes(&self) -> anyhow::Result<Written> {
+        Ok(match disk_writes(&self.data) {
+            Some((bytes, requests)) => Written {
+                bytes,
+                requests: Some(requests),
+            },
+            None => Written {
+                bytes: written_bytes_of(self.child.id())?,
+                requests: None,
+            },
+        })
     }
 
     /// Deploy the counter example with `config` (JSON).
@@ -283,6 +297,49 @@ pub(super) fn thread_cpu_of(pid: u32, name: &str) -> anyhow::Result<Duration> {
         }
     }
     Ok(from_ticks(ticks))
+}
+
+/// What was written to storage: bytes, and write requests when they are
+/// known (from the block device).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Written {
+    pub bytes: u64,
+    pub requests: Option<u64>,
+}
+
+impl Written {
+    pub fn saturating_sub(self, before: Written) -> Written {
+        Written {
+            bytes: self.bytes.saturating_sub(before.bytes),
+            requests: self
+                .requests
+                .zip(before.requests)
+                .map(|(a, b)| a.saturating_sub(b)),
+        }
+    }
+}
+
+/// (bytes, write requests) the block device holding `data` completed so
+/// far, from `/sys/dev/block/MAJ:MIN/stat`: the whole device, so another
+/// writer on it would count too (the benchmark machine is otherwise idle).
+/// `None` where `data` is not on a block device (tmpfs).
+///
+/// Preferred to the node's `write_bytes` in `/proc/PID/io`, which counts a
+/// page-cache folio each time a write makes it dirty: ext4 caches the
+/// journal's sequential writes in large folios, so every commit counted a
+/// whole folio (~1 MB) for a few KiB written.
+pub(super) fn disk_writes(data: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    let dev = std::fs::metadata(data).ok()?.dev();
+    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0x0000_0fff);
+    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0x0000_00ff);
+    let stat = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/stat")).ok()?;
+    let fields: Vec<u64> = stat
+        .split_whitespace()
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // Field 5: writes completed; field 7: sectors written (512 bytes).
+    Some((fields.get(6)? * 512, *fields.get(4)?))
 }
 
 /// Bytes process `pid` has caused to be sent to storage so far
