@@ -343,7 +343,7 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
     } else {
         None
     };
-    let (commits0, ops0) = commit_stats(server.addr).await?;
+    let stats0 = commit_stats(server.addr).await?;
     let trims0 = trims(server.addr).await?;
     let idle_trims = before_idle.map(|before| trims0 - before);
     let cpu0 = server.cpu_time()?;
@@ -355,7 +355,7 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
     let writer = server.writer_cpu_time()?.saturating_sub(writer0);
     let written = server.written_bytes()?.saturating_sub(written0);
     let tlb1 = super::server::tlb_shootdowns();
-    let (commits1, ops1) = commit_stats(server.addr).await?;
+    let stats = commit_stats(server.addr).await? - stats0;
     let trims = trims(server.addr).await? - trims0;
     let pss_loaded = server.pss()?;
     let rps = r.requests as f64 / r.elapsed.as_secs_f64();
@@ -389,7 +389,7 @@ pub(super) async fn throughput(args: &BenchArgs, actors: usize) -> anyhow::Resul
             );
         }
     }
-    if let Some(line) = commit_line(commits1 - commits0, ops1 - ops0, writer, written, r.elapsed) {
+    if let Some(line) = commit_line(stats, writer, written, r.elapsed) {
         println!("{line}");
     }
     if let Some(idle_trims) = idle_trims {
@@ -438,7 +438,7 @@ pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
         ("one connection", 1),
         ("many connections", args.connections),
     ] {
-        let (commits0, ops0) = commit_stats(server.addr).await?;
+        let stats0 = commit_stats(server.addr).await?;
         let cpu0 = server.cpu_time()?;
         let writer0 = server.writer_cpu_time()?;
         let written0 = server.written_bytes()?;
@@ -451,19 +451,19 @@ pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
         let cpu = server.cpu_time()?.saturating_sub(cpu0);
         let writer = server.writer_cpu_time()?.saturating_sub(writer0);
         let written = server.written_bytes()?.saturating_sub(written0);
-        let (commits1, ops1) = commit_stats(server.addr).await?;
+        let stats = commit_stats(server.addr).await? - stats0;
         println!(
             "  {label} ({conns}): {:.0} new actors/s   errors: {}   latency {}",
             r.rate(),
             r.errors,
             r.latency.line()
         );
-        let commits = commits1 - commits0;
+        let commits = stats.commits;
         if r.requests > 0 && commits > 0.0 {
             println!(
                 "    commits per new actor: {:.2}   mean ops per commit: {:.1}   node CPU per new actor: {:.0}µs ({:.0}µs of it the writer's)   written to disk: {} per new actor",
                 commits / r.requests as f64,
-                (ops1 - ops0) / commits,
+                stats.ops / commits,
                 cpu.as_secs_f64() * 1e6 / r.requests as f64,
                 writer.as_secs_f64() * 1e6 / r.requests as f64,
                 per_op(written, r.requests as f64)
@@ -490,16 +490,19 @@ pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
 /// The writer commits one batch at a time, so its CPU and its waits for
 /// `fdatasync` bound the commits it can make a second: a writer near a
 /// core's worth of time is what limits, and larger batches are how it
-/// keeps up. When it is not, the disk is: what a commit writes is every
-/// B-tree page its operations changed, so the bytes per operation say how
-/// many pages each one dirties (4 KiB each).
+/// keeps up. When it is not, the disk is: a commit writes every B-tree
+/// page its operations changed, once in its journal record and once more
+/// into the database file at the next checkpoint (however many commits
+/// changed the page meanwhile), so the bytes per operation say how many
+/// pages each one dirties (4 KiB each), and the write requests how well
+/// they were merged.
 pub(super) fn commit_line(
-    commits: f64,
-    ops: f64,
+    stats: CommitStats,
     writer: Duration,
     written: Written,
     elapsed: Duration,
 ) -> Option<String> {
+    let CommitStats { commits, ops, .. } = stats;
     (commits > 0.0).then(|| {
         let mut line = format!(
             "  commits/s: {:.0}   mean ops per commit: {:.1}   writer CPU per commit: {:.0}µs ({:.0}% of a core)",
@@ -515,6 +518,11 @@ pub(super) fn commit_line(
                 written.bytes as f64 / 1e6 / elapsed.as_secs_f64()
             ));
         }
+        line.push_str(&format!(
+            "\n  journal checkpoints: {:.1}/s   commits that waited for one: {:.0}",
+            stats.checkpoints / elapsed.as_secs_f64(),
+            stats.waits
+        ));
         line
     })
 }
@@ -528,14 +536,39 @@ fn per_op(written: Written, n: f64) -> String {
     s
 }
 
-/// (commits, operations committed) from the node's metrics.
-pub(super) async fn commit_stats(addr: SocketAddr) -> anyhow::Result<(f64, f64)> {
+/// The writer's counters, from the node's metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct CommitStats {
+    pub commits: f64,
+    /// Operations committed.
+    pub ops: f64,
+    /// Journal checkpoints (syncs of the database file).
+    pub checkpoints: f64,
+    /// Commits that waited for one.
+    pub waits: f64,
+}
+
+impl std::ops::Sub for CommitStats {
+    type Output = CommitStats;
+    fn sub(self, before: CommitStats) -> CommitStats {
+        CommitStats {
+            commits: self.commits - before.commits,
+            ops: self.ops - before.ops,
+            checkpoints: self.checkpoints - before.checkpoints,
+            waits: self.waits - before.waits,
+        }
+    }
+}
+
+pub(super) async fn commit_stats(addr: SocketAddr) -> anyhow::Result<CommitStats> {
     let text = metrics(addr).await?;
     let find = |name: &str| sample(&text, name).unwrap_or(0.0);
-    Ok((
-        find("marmot_commits_total"),
-        find("marmot_commit_batch_size_sum"),
-    ))
+    Ok(CommitStats {
+        commits: find("marmot_commits_total"),
+        ops: find("marmot_commit_batch_size_sum"),
+        checkpoints: find("marmot_storage_journal_checkpoints_total"),
+        waits: find("marmot_storage_journal_waits_total"),
+    })
 }
 
 /// Idle JavaScript sandboxes the node at `addr` has trimmed so far.

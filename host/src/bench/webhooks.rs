@@ -192,12 +192,12 @@ pub(super) async fn ingest(args: &BenchArgs) -> anyhow::Result<()> {
 
     eprintln!("  posting webhooks for {}s…", args.duration);
     let cpu0 = server.cpu_time()?;
-    let (commits0, ops0) = commit_stats(server.addr).await?;
+    let stats0 = commit_stats(server.addr).await?;
     let writer0 = server.writer_cpu_time()?;
     let written0 = server.written_bytes()?;
     let deadline = Instant::now() + Duration::from_secs(args.duration);
     let ingest = load(server.addr, key.clone(), actors, conns, Ok(deadline)).await?;
-    let (commits1, ops1) = commit_stats(server.addr).await?;
+    let stats = commit_stats(server.addr).await? - stats0;
     let writer = server.writer_cpu_time()?.saturating_sub(writer0);
     let written = server.written_bytes()?.saturating_sub(written0);
     let backlog = drain(server.addr).await?;
@@ -225,13 +225,7 @@ pub(super) async fn ingest(args: &BenchArgs) -> anyhow::Result<()> {
             (cpu1 - cpu0).as_secs_f64() * 1e6 / accepted as f64
         );
     }
-    if let Some(line) = commit_line(
-        commits1 - commits0,
-        ops1 - ops0,
-        writer,
-        written,
-        ingest.elapsed,
-    ) {
+    if let Some(line) = commit_line(stats, writer, written, ingest.elapsed) {
         println!("{line}");
     }
     println!(
