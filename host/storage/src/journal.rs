@@ -7,7 +7,8 @@
 //! backend. Each write goes to the database file at once (into the page
 //! cache, so readers and a `kill -9` see it) and is also appended to the
 //! commit's record in memory; `sync_data` writes the record to the active
-//! log file in one `pwrite` and syncs that file alone. The database file is
+//! log file in one synchronous write (`O_DIRECT | O_DSYNC`, or `pwrite` and
+//! `fdatasync` where the file system refuses `O_DIRECT`). The database file is
 //! synced later, in the background, a log at a time ("checkpoint"): on this
 //! kind of VM twelve scattered 4 KiB pages and an `fdatasync` take ~320 µs,
 //! the same 48 KiB written in one piece ~100 µs (`docs/design.md`,
@@ -41,7 +42,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -136,10 +137,45 @@ impl Default for JournalMetrics {
 #[derive(Debug)]
 struct Log {
     file: File,
+    /// Opened `O_DIRECT | O_DSYNC`: each write is durable when it returns,
+    /// without the page cache (~15–20 µs less per commit than `pwrite` and
+    /// `fdatasync` on this VM). Otherwise (a file system that refuses
+    /// `O_DIRECT`, such as older tmpfs) writes are followed by `fdatasync`.
+    direct: bool,
     epoch: u64,
     /// Where the next record goes.
     next: u64,
     seq: u64,
+}
+
+impl Log {
+    /// Write `bytes` at `at` and make them durable. With `direct`, `bytes`
+    /// must be whole blocks; they are copied to a block-aligned place in
+    /// `scratch` first, as `O_DIRECT` requires of the memory too.
+    fn write_durably(&self, bytes: &[u8], at: u64, scratch: &mut Vec<u8>) -> io::Result<()> {
+        if !self.direct {
+            self.file.write_all_at(bytes, at)?;
+            return self.file.sync_data();
+        }
+        debug_assert_eq!(bytes.len() as u64 % BLOCK, 0);
+        scratch.resize(bytes.len() + BLOCK as usize, 0);
+        let start = scratch.as_ptr().align_offset(BLOCK as usize);
+        let aligned = &mut scratch[start..start + bytes.len()];
+        aligned.copy_from_slice(bytes);
+        self.file.write_all_at(aligned, at)
+    }
+
+    /// Write the header for `epoch`, durably.
+    fn write_header(
+        &self,
+        epoch: u64,
+        identity: Identity,
+        scratch: &mut Vec<u8>,
+    ) -> io::Result<()> {
+        let mut block = [0u8; BLOCK as usize];
+        block[..HEADER_LEN].copy_from_slice(&header_bytes(epoch, identity));
+        self.write_durably(&block, 0, scratch)
+    }
 }
 
 #[derive(Debug)]
@@ -149,6 +185,8 @@ struct State {
     /// The record being built: RECORD_HEADER bytes, then the operations
     /// since the last `sync_data`.
     record: Vec<u8>,
+    /// Where a record is copied to be block-aligned for `O_DIRECT`.
+    scratch: Vec<u8>,
     /// Set when a write failed or a log write's outcome is unknown: no
     /// further commit may succeed on this handle (redb then latches the
     /// error and the database is opened again, which replays the logs).
@@ -426,6 +464,7 @@ fn open_locked(
             logs: [log0, log1],
             active: 0,
             record: vec![0; RECORD_HEADER],
+            scratch: Vec::new(),
             broken: None,
         }),
         shared,
@@ -457,8 +496,19 @@ fn prepare_log(path: &Path, size: u64, epoch: u64, identity: Identity) -> io::Re
     }
     file.write_all_at(&header_bytes(epoch, identity), 0)?;
     file.sync_data()?;
+    let (file, direct) = match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
+        .open(path)
+    {
+        Ok(direct) => (direct, true),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (file, false),
+        Err(e) => return Err(e),
+    };
     Ok(Log {
         file,
+        direct,
         epoch,
         next: BLOCK,
         seq: 0,
@@ -527,8 +577,7 @@ impl Journaled {
         let sum = crc(&r[8..]);
         r[4..8].copy_from_slice(&sum.to_le_bytes());
         r.resize(len as usize, 0);
-        log.file.write_all_at(r, log.next)?;
-        log.file.sync_data()?;
+        log.write_durably(r, log.next, &mut st.scratch)?;
         log.next += len;
         log.seq += 1;
         Ok(())
@@ -559,9 +608,7 @@ impl Journaled {
         }
         let epoch = st.logs[st.active].epoch + 1;
         let log = &mut st.logs[other];
-        // Synced with the first record, which follows at once.
-        log.file
-            .write_all_at(&header_bytes(epoch, self.identity), 0)?;
+        log.write_header(epoch, self.identity, &mut st.scratch)?;
         log.epoch = epoch;
         log.next = BLOCK;
         log.seq = 0;
@@ -578,8 +625,7 @@ impl Journaled {
         let epoch = st.logs[0].epoch.max(st.logs[1].epoch) + 1;
         for (i, log) in st.logs.iter_mut().enumerate() {
             let e = epoch + u64::from(i == st.active);
-            log.file.write_all_at(&header_bytes(e, self.identity), 0)?;
-            log.file.sync_data()?;
+            log.write_header(e, self.identity, &mut st.scratch)?;
             log.epoch = e;
             log.next = BLOCK;
             log.seq = 0;
@@ -635,6 +681,7 @@ impl StorageBackend for Journaled {
         st.record.truncate(RECORD_HEADER);
         if st.record.capacity() > KEEP_BUFFER {
             st.record.shrink_to(KEEP_BUFFER);
+            st.scratch = Vec::new();
         }
         result
     }
