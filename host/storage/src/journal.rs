@@ -208,6 +208,28 @@ struct Checkpoint {
 struct Shared {
     state: Mutex<Checkpoint>,
     changed: Condvar,
+    /// Called before (`false`) and after (`true`) each sync of the
+    /// database file (tests: what a power loss could leave of it, and
+    /// slow checkpoints).
+    on_synced: Option<OnSynced>,
+}
+
+/// See [`Shared::on_synced`].
+#[derive(Clone)]
+pub(crate) struct OnSynced(pub Arc<dyn Fn(bool) + Send + Sync>);
+
+impl std::fmt::Debug for OnSynced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnSynced")
+    }
+}
+
+impl Shared {
+    fn synced(&self, done: bool) {
+        if let Some(f) = &self.on_synced {
+            (f.0)(done);
+        }
+    }
 }
 
 /// redb's storage backend for the database file, with the journal.
@@ -351,6 +373,16 @@ pub fn open(
     size: u64,
     metrics: JournalMetrics,
 ) -> Result<Journaled, redb::DatabaseError> {
+    open_observed(path, size, metrics, None)
+}
+
+/// [`open`], calling `on_synced` around every sync of the database file.
+pub(crate) fn open_observed(
+    path: &Path,
+    size: u64,
+    metrics: JournalMetrics,
+    on_synced: Option<OnSynced>,
+) -> Result<Journaled, redb::DatabaseError> {
     let paths = log_paths(path);
     let lock = OpenOptions::new()
         .read(true)
@@ -365,7 +397,7 @@ pub fn open(
         }
         Err(std::fs::TryLockError::Error(e)) => return Err(e.into()),
     }
-    let mut journaled = open_locked(path, &paths, size, metrics)?;
+    let mut journaled = open_locked(path, &paths, size, metrics, on_synced)?;
     journaled.lock = Mutex::new(Some(lock));
     Ok(journaled)
 }
@@ -375,6 +407,7 @@ fn open_locked(
     paths: &[PathBuf; 2],
     size: u64,
     metrics: JournalMetrics,
+    on_synced: Option<OnSynced>,
 ) -> io::Result<Journaled> {
     let size = align(size.max(4 * BLOCK));
     let existed = path.exists();
@@ -449,6 +482,7 @@ fn open_locked(
             ..Checkpoint::default()
         }),
         changed: Condvar::new(),
+        on_synced,
     });
     let thread = {
         let (shared, file, metrics) = (shared.clone(), sync_handle.clone(), metrics.clone());
@@ -528,7 +562,11 @@ fn checkpoints(shared: &Shared, file: &File, metrics: &JournalMetrics) {
         let log = st.retired.take().expect("checked above");
         drop(st);
         let started = Instant::now();
+        shared.synced(false);
         let result = file.sync_data();
+        if result.is_ok() {
+            shared.synced(true);
+        }
         metrics
             .checkpoint_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -621,7 +659,9 @@ impl Journaled {
     /// would put older pages back).
     fn commit_direct(&self, st: &mut State) -> io::Result<()> {
         self.metrics.direct.inc();
+        self.shared.synced(false);
         self.sync_handle.sync_data()?;
+        self.shared.synced(true);
         let epoch = st.logs[0].epoch.max(st.logs[1].epoch) + 1;
         for (i, log) in st.logs.iter_mut().enumerate() {
             let e = epoch + u64::from(i == st.active);
