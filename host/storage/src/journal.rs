@@ -680,6 +680,34 @@ impl Journaled {
     }
 }
 
+impl Journaled {
+    /// On close: sync the database file and empty both logs, so that a
+    /// stopped node's `marmot.redb` is whole by itself (a copy of it, or an
+    /// older Marmot, needs no journal). Not after a failed write: the logs
+    /// then keep what the next open replays.
+    fn checkpoint_all(&self) {
+        let mut guard = lock(&self.state);
+        let st = &mut *guard;
+        if st.broken.is_some() {
+            return;
+        }
+        let emptied = self.sync_handle.sync_data().and_then(|()| {
+            let epoch = st.logs[0].epoch.max(st.logs[1].epoch) + 1;
+            for (i, log) in st.logs.iter_mut().enumerate() {
+                let e = epoch + u64::from(i == st.active);
+                log.write_header(e, self.identity, &mut st.scratch)?;
+                log.epoch = e;
+                log.next = BLOCK;
+                log.seq = 0;
+            }
+            Ok(())
+        });
+        if let Err(e) = emptied {
+            tracing::warn!(target: LOG_TARGET, error = %e, "could not empty the storage journal at close; the next open replays it");
+        }
+    }
+}
+
 impl Drop for Journaled {
     fn drop(&mut self) {
         self.stop_checkpoints();
@@ -742,6 +770,7 @@ impl StorageBackend for Journaled {
 
     fn close(&self) -> io::Result<()> {
         self.stop_checkpoints();
+        self.checkpoint_all();
         let result = self.db.close();
         drop(lock(&self.lock).take());
         result
