@@ -44,6 +44,41 @@ async fn state_survives_kill_9_and_restart() {
     );
 }
 
+/// A node stopped with SIGTERM closes its database cleanly: the next start
+/// has no journal to replay. After a `kill -9` it replays the journal, and
+/// nothing acknowledged is lost either way.
+#[tokio::test]
+async fn a_graceful_stop_leaves_no_journal_to_replay_and_a_kill_9_replays_it() {
+    let dir = tempdir();
+    let mut m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    let add = json!({"op": "add", "key": "n", "by": 1});
+    assert_eq!(api.op("kit", "a", add.clone()).await.json["value"], 1);
+    let replays = |m: &Marmot| m.log_text().matches("replayed the storage journal").count();
+
+    let pid = m.pid().unwrap();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(
+        m.wait_exit(Duration::from_secs(10)),
+        "SIGTERM stops the node"
+    );
+    m.restart().await;
+    assert_eq!(replays(&m), 0, "a clean stop left records to replay");
+    let api = m.client();
+    assert_eq!(api.op("kit", "a", add.clone()).await.json["value"], 2);
+
+    m.restart().await; // kill -9
+    assert_eq!(replays(&m), 1, "{}", m.log_text());
+    let api = m.client();
+    let r = api.op("kit", "a", json!({"op": "get", "key": "n"})).await;
+    assert_eq!(r.json["value"], 2);
+}
+
 #[tokio::test]
 async fn durable_messages_acknowledged_before_a_crash_run_after_it() {
     let dir = tempdir();

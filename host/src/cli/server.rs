@@ -182,6 +182,7 @@ async fn run_server(node: Arc<Node>, listener: tokio::net::TcpListener) -> anyho
         // The member key goes now rather than when the lease runs out.
         c.leave().await;
     }
+    node.close_storage().await;
     Ok(())
 }
 

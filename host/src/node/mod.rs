@@ -321,6 +321,12 @@ impl Node {
         self.storage.flush().await;
     }
 
+    /// At shutdown, after the last request: flush and close the database
+    /// cleanly.
+    pub async fn close_storage(&self) {
+        self.storage.close().await;
+    }
+
     fn update_gauges(&self) {
         let active = self.registry().active_count() as i64;
         let total = self.storage.writer().actor_count() as i64;

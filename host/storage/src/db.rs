@@ -23,6 +23,8 @@ pub(crate) struct DbCell {
     opener: Opener,
     path: PathBuf,
     fault: Mutex<Option<String>>,
+    /// Closed for good (the node is stopping): never opened again.
+    shut: std::sync::atomic::AtomicBool,
 }
 
 impl DbCell {
@@ -32,7 +34,16 @@ impl DbCell {
             opener,
             path,
             fault: Mutex::new(None),
+            shut: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Close the database for good: the last handle to go closes the file
+    /// cleanly (redb's clean shutdown; the journal syncs the file and
+    /// empties itself), and nothing opens it again.
+    pub(crate) fn shut_down(&self) {
+        self.shut.store(true, std::sync::atomic::Ordering::Release);
+        self.close();
     }
 
     /// The open database, or why there is none.
@@ -75,6 +86,11 @@ impl DbCell {
         let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
         if let Some(db) = current.as_ref() {
             return Ok(db.clone());
+        }
+        if self.shut.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(StorageError::Unavailable(
+                "the node is shutting down".to_owned(),
+            ));
         }
         let db = Arc::new((self.opener)().map_err(|e| StorageError::Open {
             path: self.path.clone(),

@@ -373,15 +373,17 @@ pub fn open(
     size: u64,
     metrics: JournalMetrics,
 ) -> Result<Journaled, redb::DatabaseError> {
-    open_observed(path, size, metrics, None)
+    open_observed(path, size, metrics, None, true)
 }
 
-/// [`open`], calling `on_synced` around every sync of the database file.
+/// [`open`], calling `on_synced` around every sync of the database file,
+/// and writing the logs without direct I/O unless `try_direct`.
 pub(crate) fn open_observed(
     path: &Path,
     size: u64,
     metrics: JournalMetrics,
     on_synced: Option<OnSynced>,
+    try_direct: bool,
 ) -> Result<Journaled, redb::DatabaseError> {
     let paths = log_paths(path);
     let lock = OpenOptions::new()
@@ -397,7 +399,7 @@ pub(crate) fn open_observed(
         }
         Err(std::fs::TryLockError::Error(e)) => return Err(e.into()),
     }
-    let mut journaled = open_locked(path, &paths, size, metrics, on_synced)?;
+    let mut journaled = open_locked(path, &paths, size, metrics, on_synced, try_direct)?;
     journaled.lock = Mutex::new(Some(lock));
     Ok(journaled)
 }
@@ -408,6 +410,7 @@ fn open_locked(
     size: u64,
     metrics: JournalMetrics,
     on_synced: Option<OnSynced>,
+    try_direct: bool,
 ) -> io::Result<Journaled> {
     let size = align(size.max(4 * BLOCK));
     let existed = path.exists();
@@ -468,13 +471,21 @@ fn open_locked(
     // Both logs start empty: log 1 with the older epoch, log 0 active.
     let mut opened = Vec::with_capacity(2);
     for (i, p) in paths.iter().enumerate() {
-        let log = prepare_log(p, size, max_epoch + 2 - i as u64, identity)?;
+        let log = prepare_log(p, size, max_epoch + 2 - i as u64, identity, try_direct)?;
         opened.push(log);
     }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         File::open(dir)?.sync_all()?;
     }
     let [log0, log1]: [Log; 2] = opened.try_into().expect("two logs");
+    tracing::info!(
+        target: LOG_TARGET,
+        files = 2,
+        mb_each = size >> 20,
+        direct_io = log0.direct && log1.direct,
+        replayed,
+        "storage journal open: a commit is one sequential write to it; the database file is synced in the background"
+    );
     let sync_handle = Arc::new(file.try_clone()?);
     let shared = Arc::new(Shared {
         state: Mutex::new(Checkpoint {
@@ -511,7 +522,13 @@ fn open_locked(
 
 /// Open (or create, zero-filled to `size`) the log at `path`, emptied: a new
 /// header with `epoch`, synced.
-fn prepare_log(path: &Path, size: u64, epoch: u64, identity: Identity) -> io::Result<Log> {
+fn prepare_log(
+    path: &Path,
+    size: u64,
+    epoch: u64,
+    identity: Identity,
+    try_direct: bool,
+) -> io::Result<Log> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -528,25 +545,45 @@ fn prepare_log(path: &Path, size: u64, epoch: u64, identity: Identity) -> io::Re
             at += n as u64;
         }
     }
-    file.write_all_at(&header_bytes(epoch, identity), 0)?;
     file.sync_data()?;
-    let (file, direct) = match OpenOptions::new()
+    let buffered = Log {
+        file,
+        direct: false,
+        epoch,
+        next: BLOCK,
+        seq: 0,
+    };
+    let mut scratch = Vec::new();
+    // Direct I/O if the file system takes it: tried with the header write,
+    // since some accept the open and refuse the write.
+    let refused = |e: &io::Error| e.raw_os_error() == Some(libc::EINVAL);
+    if !try_direct {
+        buffered.write_header(epoch, identity, &mut scratch)?;
+        return Ok(buffered);
+    }
+    match OpenOptions::new()
         .read(true)
         .write(true)
         .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
         .open(path)
     {
-        Ok(direct) => (direct, true),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (file, false),
+        Ok(file) => {
+            let direct = Log {
+                file,
+                direct: true,
+                ..buffered
+            };
+            match direct.write_header(epoch, identity, &mut scratch) {
+                Ok(()) => return Ok(direct),
+                Err(e) if refused(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Err(e) if refused(&e) => {}
         Err(e) => return Err(e),
-    };
-    Ok(Log {
-        file,
-        direct,
-        epoch,
-        next: BLOCK,
-        seq: 0,
-    })
+    }
+    buffered.write_header(epoch, identity, &mut scratch)?;
+    Ok(buffered)
 }
 
 /// The checkpoint thread: sync the database file for each retired log.

@@ -305,6 +305,14 @@ impl Storage {
     pub async fn flush(&self) {
         self.writer.flush().await;
     }
+
+    /// At shutdown: flush, then close the database cleanly (no repair and
+    /// no journal replay at the next start; `marmot.redb` whole by itself).
+    /// Writes after this fail with `Unavailable`.
+    pub async fn close(&self) {
+        self.flush().await;
+        self.db.shut_down();
+    }
 }
 
 /// Type records are stored as JSON: they are rare, small, and carry the
