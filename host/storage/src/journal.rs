@@ -302,42 +302,79 @@ enum Op<'a> {
     SetLen(u64),
 }
 
-/// A log's epoch and its valid records' bodies, in order, if its header is
-/// valid and names the database file `identity`.
-fn scan(bytes: &[u8], identity: Identity) -> Option<(u64, Vec<&[u8]>)> {
-    let h = bytes.get(..HEADER_LEN)?;
-    if &h[..16] != FILE_MAGIC
-        || u32_at(h, 16) != FORMAT
-        || u32_at(h, 20) != crc(&h[24..])
-        || (u64_at(h, 32), u64_at(h, 40), u64_at(h, 48)) != identity
-    {
-        return None;
+/// Where a log is read from: a file, or its bytes (tests).
+trait LogSource {
+    fn size(&self) -> io::Result<u64>;
+    fn read(&self, at: u64, n: usize) -> io::Result<Vec<u8>>;
+}
+
+impl LogSource for File {
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.metadata()?.len())
     }
-    let epoch = u64_at(h, 24);
+    fn read(&self, at: u64, n: usize) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0; n];
+        self.read_exact_at(&mut buf, at)?;
+        Ok(buf)
+    }
+}
+
+impl LogSource for [u8] {
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.len() as u64)
+    }
+    fn read(&self, at: u64, n: usize) -> io::Result<Vec<u8>> {
+        Ok(self[at as usize..at as usize + n].to_vec())
+    }
+}
+
+/// A log's epoch and its valid records' bodies, in order, if its header is
+/// valid and names the database file `identity`. Reads the records one by
+/// one and stops at the first that is not valid, so an empty log costs two
+/// small reads, not a read of the whole file.
+fn scan(
+    src: &(impl LogSource + ?Sized),
+    identity: Identity,
+) -> io::Result<Option<(u64, Vec<Vec<u8>>)>> {
+    let size = src.size()?;
+    if size < BLOCK {
+        return Ok(None);
+    }
+    let h = src.read(0, HEADER_LEN)?;
+    if &h[..16] != FILE_MAGIC
+        || u32_at(&h, 16) != FORMAT
+        || u32_at(&h, 20) != crc(&h[24..])
+        || (u64_at(&h, 32), u64_at(&h, 40), u64_at(&h, 48)) != identity
+    {
+        return Ok(None);
+    }
+    let epoch = u64_at(&h, 24);
     let mut records = Vec::new();
-    let mut at = BLOCK as usize;
+    let mut at = BLOCK;
     let mut seq = 0u64;
-    while let Some(r) = bytes.get(at..at + RECORD_HEADER) {
-        let len = u64_at(r, 24);
-        let Some(end) = usize::try_from(len)
-            .ok()
-            .and_then(|l| l.checked_add(at + RECORD_HEADER))
-            .filter(|&end| end <= bytes.len())
-        else {
-            break;
-        };
-        if u32_at(r, 0) != RECORD_MAGIC
-            || u64_at(r, 8) != epoch
-            || u64_at(r, 16) != seq
-            || u32_at(r, 4) != crc(&bytes[at + 8..end])
+    while at + RECORD_HEADER as u64 <= size {
+        let r = src.read(at, RECORD_HEADER)?;
+        let len = u64_at(&r, 24);
+        let end = at + RECORD_HEADER as u64;
+        if u32_at(&r, 0) != RECORD_MAGIC
+            || u64_at(&r, 8) != epoch
+            || u64_at(&r, 16) != seq
+            || len > size - end
         {
             break;
         }
-        records.push(&bytes[at + RECORD_HEADER..end]);
+        let body = src.read(end, len as usize)?;
+        let mut sum = crc32fast::Hasher::new();
+        sum.update(&r[8..]);
+        sum.update(&body);
+        if sum.finalize() != u32_at(&r, 4) {
+            break;
+        }
+        records.push(body);
         seq += 1;
-        at = align(end as u64) as usize;
+        at = align(end + len);
     }
-    Some((epoch, records))
+    Ok(Some((epoch, records)))
 }
 
 /// The operations of a record's body; `None` if it does not parse (a bug or
@@ -422,18 +459,14 @@ fn open_locked(
         .open(path)?;
     let identity = identity_of(&file)?;
     let mut max_epoch = 0;
-    let mut found = Vec::new();
+    let mut logs = Vec::new();
     for p in paths {
-        match std::fs::read(p) {
-            Ok(bytes) => found.push(bytes),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => found.push(Vec::new()),
+        match File::open(p) {
+            Ok(f) => logs.extend(scan(&f, identity)?),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
     }
-    let mut logs: Vec<(u64, Vec<&[u8]>)> = found
-        .iter()
-        .filter_map(|bytes| scan(bytes, identity))
-        .collect();
     logs.sort_by_key(|(epoch, _)| *epoch);
     let mut replayed = 0;
     if existed {
@@ -467,7 +500,6 @@ fn open_locked(
         file.sync_data()?;
         tracing::info!(target: LOG_TARGET, records = replayed, db = %path.display(), "replayed the storage journal");
     }
-    drop(found);
     // Both logs start empty: log 1 with the older epoch, log 0 active.
     let mut opened = Vec::with_capacity(2);
     for (i, p) in paths.iter().enumerate() {
