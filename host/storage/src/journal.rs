@@ -74,7 +74,9 @@ use crate::LOG_TARGET;
 //
 // Records, from offset BLOCK, each starting on a BLOCK boundary:
 //   0..4   RECORD_MAGIC (u32 LE)
-//   4..8   CRC-32 of bytes 8..RECORD_HEADER + body length
+//   4..8   CRC-32 of the database file's identity (device, inode,
+//          creation time, u64 LE each), then bytes 8..RECORD_HEADER + body
+//          length
 //   8..16  epoch (u64 LE), equal to the header's
 //  16..24  seq (u64 LE): 0, 1, 2, … within the epoch
 //  24..32  body length (u64 LE)
@@ -256,6 +258,20 @@ fn crc(bytes: &[u8]) -> u32 {
     crc32fast::hash(bytes)
 }
 
+/// A record's checksum: over the database file's identity, then `parts`
+/// (bytes 8.. of the record). With the identity in it, a record left in a
+/// log file by another database never validates, whatever its epoch.
+fn record_crc(identity: Identity, parts: &[&[u8]]) -> u32 {
+    let mut sum = crc32fast::Hasher::new();
+    for n in [identity.0, identity.1, identity.2] {
+        sum.update(&n.to_le_bytes());
+    }
+    for p in parts {
+        sum.update(p);
+    }
+    sum.finalize()
+}
+
 fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
@@ -364,10 +380,7 @@ fn scan(
             break;
         }
         let body = src.read(end, len as usize)?;
-        let mut sum = crc32fast::Hasher::new();
-        sum.update(&r[8..]);
-        sum.update(&body);
-        if sum.finalize() != u32_at(&r, 4) {
+        if record_crc(identity, &[&r[8..], &body]) != u32_at(&r, 4) {
             break;
         }
         records.push(body);
@@ -681,7 +694,7 @@ impl Journaled {
         r[8..16].copy_from_slice(&log.epoch.to_le_bytes());
         r[16..24].copy_from_slice(&log.seq.to_le_bytes());
         r[24..32].copy_from_slice(&body.to_le_bytes());
-        let sum = crc(&r[8..]);
+        let sum = record_crc(self.identity, &[&r[8..]]);
         r[4..8].copy_from_slice(&sum.to_le_bytes());
         r.resize(len as usize, 0);
         log.write_durably(r, log.next, &mut st.scratch)?;

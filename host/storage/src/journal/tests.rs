@@ -139,16 +139,40 @@ fn a_torn_last_record_is_not_replayed_and_the_one_before_is() {
     assert_eq!(get(&db, 3), None, "a torn commit is not half there");
 }
 
+/// Run `run` on the database at `path`, then leave the files as a
+/// `kill -9` right after it would: the database file and the logs as they
+/// were when `run` returned (a clean close would sync the file and empty
+/// the logs).
+fn crash_with(path: &Path, size: u64, run: impl FnOnce(&redb::Database)) {
+    let (file, logs) = {
+        let db = db(path, size);
+        run(&db);
+        (
+            std::fs::read(path).unwrap(),
+            log_paths(path).map(|p| std::fs::read(p).unwrap()),
+        )
+    };
+    std::fs::write(path, file).unwrap();
+    for (p, bytes) in log_paths(path).iter().zip(&logs) {
+        std::fs::write(p, bytes).unwrap();
+    }
+}
+
 #[test]
 fn logs_of_a_database_file_that_was_replaced_are_not_replayed() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.redb");
-    {
-        let db = db(&path, 64 * BLOCK);
-        put(&db, 1, b"old database");
-    }
+    let size = 64 * BLOCK;
+    crash_with(&path, size, |db| {
+        for k in 0..30 {
+            put(db, k, &[7; 3000]);
+        }
+    });
     // The file is deleted and another database put where it was (as a
-    // restore would), possibly on the same inode; the old logs stay behind.
+    // restore would, possibly on the same inode); the old logs, full of
+    // records, stay behind. The new database starts its logs at the same
+    // epochs, so only the records' checksums (which cover the file's
+    // identity) tell the old records, beyond its own, from its own.
     std::fs::remove_file(&path).unwrap();
     {
         let other = dir.path().join("other.redb");
@@ -156,15 +180,19 @@ fn logs_of_a_database_file_that_was_replaced_are_not_replayed() {
         let w = db.begin_write().unwrap();
         w.open_table(T)
             .unwrap()
-            .insert(2, &b"new database"[..])
+            .insert(100, &b"new database"[..])
             .unwrap();
         w.commit().unwrap();
         drop(db);
         std::fs::copy(&other, &path).unwrap();
     }
-    let db = db(&path, 64 * BLOCK);
-    assert_eq!(get(&db, 1), None);
-    assert_eq!(get(&db, 2).as_deref(), Some(&b"new database"[..]));
+    crash_with(&path, size, |db| put(db, 101, b"after the restore"));
+    let db = db(&path, size);
+    for k in 0..30 {
+        assert_eq!(get(&db, k), None, "key {k} of the old database");
+    }
+    assert_eq!(get(&db, 100).as_deref(), Some(&b"new database"[..]));
+    assert_eq!(get(&db, 101).as_deref(), Some(&b"after the restore"[..]));
 }
 
 #[test]
@@ -226,7 +254,8 @@ fn a_damaged_record_body_refuses_the_open_and_changes_nothing() {
     let mut bytes = std::fs::read(&log).unwrap();
     let at = BLOCK as usize;
     bytes[at + RECORD_HEADER] = 0xee;
-    let sum = crc(&bytes[at + 8..at + RECORD_HEADER + 18]);
+    let identity = identity_of(&File::open(&path).unwrap()).unwrap();
+    let sum = record_crc(identity, &[&bytes[at + 8..at + RECORD_HEADER + 18]]);
     bytes[at + 4..at + 8].copy_from_slice(&sum.to_le_bytes());
     std::fs::write(&log, &bytes).unwrap();
     let db_before = std::fs::read(&path).unwrap();
@@ -372,4 +401,32 @@ fn a_closed_database_file_is_whole_without_its_journal() {
     let db = redb::Database::open(&path).unwrap();
     assert_eq!(get(&db, 1).as_deref(), Some(&b"one"[..]));
     assert_eq!(get(&db, 2), Some(vec![2; 10_000]));
+}
+
+#[test]
+fn records_left_by_another_database_file_never_validate_even_at_the_same_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    {
+        let backend = open(&path, 64 * BLOCK, JournalMetrics::new()).unwrap();
+        for i in 0..2u8 {
+            backend.write(0, &[i; 100]).unwrap();
+            backend.sync_data().unwrap();
+        }
+        drop(backend); // as a crash would
+    }
+    // Another database file where that one was: opening it starts its logs
+    // at the same epochs, over the old records.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, b"").unwrap();
+    drop(open(&path, 64 * BLOCK, JournalMetrics::new()).unwrap());
+    let identity = identity_of(&File::open(&path).unwrap()).unwrap();
+    let bytes = std::fs::read(&log_paths(&path)[0]).unwrap();
+    let (epoch, records) = scan(&bytes[..], identity).unwrap().expect("the new header");
+    assert_eq!(epoch, 2, "the old records' epoch");
+    assert!(
+        records.is_empty(),
+        "{} old records validated",
+        records.len()
+    );
 }
