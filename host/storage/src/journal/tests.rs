@@ -430,3 +430,17 @@ fn records_left_by_another_database_file_never_validate_even_at_the_same_epoch()
         records.len()
     );
 }
+
+#[test]
+fn turning_the_journal_off_replays_it_first_and_removes_its_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    drop(db(&path, 64 * BLOCK));
+    // Synced by the clean close: what a power cut keeps of the file.
+    let synced = std::fs::read(&path).unwrap();
+    crash_with(&path, 64 * BLOCK, |db| put(db, 1, b"journaled"));
+    lose_unsynced(&path, &synced);
+    let db = crate::open_database(&path, 1 << 20, 0, &JournalMetrics::new()).unwrap();
+    assert_eq!(get(&db, 1).as_deref(), Some(&b"journaled"[..]));
+    assert!(log_paths(&path).iter().all(|p| !p.exists()));
+}
