@@ -57,12 +57,7 @@ async fn a_graceful_stop_leaves_no_journal_to_replay_and_a_kill_9_replays_it() {
     assert_eq!(api.op("kit", "a", add.clone()).await.json["value"], 1);
     let replays = |m: &Marmot| m.log_text().matches("replayed the storage journal").count();
 
-    let pid = m.pid().unwrap();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    m.sigterm();
     assert!(
         m.wait_exit(Duration::from_secs(10)),
         "SIGTERM stops the node"

@@ -174,12 +174,7 @@ async fn deleting_the_actor_or_stopping_the_node_ends_its_streams() {
     emit(&api, "b", 1).await;
     let mut s = api.sse("/v1/actors/kit/b/events", None).await;
     assert_eq!(read_until(&mut s, 1).await, [1]);
-    let pid = m.pid().unwrap();
-    let status = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    m.sigterm();
     assert!(
         m.wait_exit(Duration::from_secs(10)),
         "SIGTERM with an open stream must still stop the node"

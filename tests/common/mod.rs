@@ -208,6 +208,17 @@ impl Marmot {
         }
     }
 
+    /// Ask the process to stop (SIGTERM, as a service manager does); see
+    /// [`Self::wait_exit`].
+    pub fn sigterm(&self) {
+        let pid = self.pid().expect("the node is running");
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -TERM {pid}");
+    }
+
     /// The process id, while running.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())

@@ -9,7 +9,12 @@ use std::sync::{Arc, Mutex};
 const T: TableDefinition<'static, u64, &[u8]> = TableDefinition::new("t");
 
 fn db(path: &Path, size: u64) -> redb::Database {
-    let backend = open(path, size, JournalMetrics::new()).unwrap();
+    db_counted(path, size, &JournalMetrics::new())
+}
+
+/// [`db`], counting into `metrics`.
+fn db_counted(path: &Path, size: u64, metrics: &JournalMetrics) -> redb::Database {
+    let backend = open(path, size, metrics.clone()).unwrap();
     redb::Builder::new().create_with_backend(backend).unwrap()
 }
 
@@ -82,8 +87,7 @@ fn commits_survive_losing_every_unsynced_write_to_the_database_file() {
     let metrics = JournalMetrics::new();
     let crash_logs;
     {
-        let backend = open(&path, size, metrics.clone()).unwrap();
-        let db = redb::Builder::new().create_with_backend(backend).unwrap();
+        let db = db_counted(&path, size, &metrics);
         for k in 1..=200u64 {
             put(&db, k, &vec![k as u8; 3000]);
         }
@@ -202,8 +206,7 @@ fn a_commit_larger_than_a_log_goes_to_the_database_file_and_empties_the_logs() {
     let size = 16 * BLOCK; // 64 KiB logs
     let metrics = JournalMetrics::new();
     {
-        let backend = open(&path, size, metrics.clone()).unwrap();
-        let db = redb::Builder::new().create_with_backend(backend).unwrap();
+        let db = db_counted(&path, size, &metrics);
         put(&db, 1, b"small");
         put(&db, 1, &vec![9; 200_000]);
     }
@@ -223,8 +226,7 @@ fn a_log_is_reused_only_after_the_database_file_was_synced() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.redb");
     let metrics = JournalMetrics::new();
-    let backend = open(&path, 32 * BLOCK, metrics.clone()).unwrap();
-    let db = redb::Builder::new().create_with_backend(backend).unwrap();
+    let db = db_counted(&path, 32 * BLOCK, &metrics);
     for k in 0..300u64 {
         put(&db, k, &[k as u8; 2000]);
     }
