@@ -468,7 +468,10 @@ async fn a_handler_slower_than_its_period_never_overlaps_or_piles_up() {
 #[tokio::test]
 async fn overdue_alarms_after_a_restart_all_fire_with_bounded_concurrency() {
     const ACTORS: usize = 150;
-    let config = "[alarms]\nconcurrency = 4\n";
+    // More overdue alarms than the scheduler reads at once: the backlog is
+    // read piece by piece as it drains, not one piece per periodic reload
+    // (20 s each, which would outlast `wait_fired`'s 30 s).
+    let config = "[alarms]\nconcurrency = 4\nreload_batch = 16\n";
     let dir = tempdir();
     let data = dir.path().join("data");
     let mut m = Marmot::start_opts(&data, &[], Some(config)).await;

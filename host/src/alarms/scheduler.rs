@@ -2,7 +2,10 @@
 //!
 //! It holds in memory only the alarms due within [`HORIZON_MS`] (read from
 //! the due index, re-read every [`RELOAD_MS`]), kept current between reloads
-//! by notices from commits that set, move or remove alarms. When an alarm is
+//! by notices from commits that set, move or remove alarms. It reads at most
+//! `alarms.reload_batch` of them at a time: a larger backlog (a node back
+//! after a long stop) is read a piece at a time, the next piece as soon as
+//! most of the last one has gone out. When an alarm is
 //! due — never before — it is delivered to its actor, waking it if needed,
 //! and holds one of a bounded number of permits until its turn's commit is
 //! durable. The permits are what spreads the wake-ups after a restart with
@@ -27,8 +30,6 @@ use crate::storage::Storage;
 pub const HORIZON_MS: u64 = 60_000;
 /// How often it re-reads the due index.
 pub const RELOAD_MS: u64 = 20_000;
-/// Most due-index rows read per reload.
-const RELOAD_BATCH: usize = 200_000;
 /// Delay before delivering again an alarm whose delivery went wrong.
 const REDELIVER_MS: u64 = 200;
 
@@ -137,13 +138,15 @@ impl Scheduler {
         let _ = self.tx.send(notice);
     }
 
-    /// Run the scheduler loop: it reads the due index from `storage` and
-    /// delivers to `target`, at most `concurrency` alarms at a time.
+    /// Run the scheduler loop: it reads the due index from `storage`,
+    /// `batch` rows at most at a time, and delivers to `target`, at most
+    /// `concurrency` alarms at a time.
     pub fn start(
         &self,
         storage: Arc<Storage>,
         target: Arc<dyn AlarmTarget>,
         concurrency: usize,
+        batch: usize,
         rx: mpsc::UnboundedReceiver<Notice>,
     ) {
         let state = Loop {
@@ -152,6 +155,9 @@ impl Scheduler {
             queue: Queue::default(),
             in_flight: HashMap::new(),
             loaded_until: 0,
+            batch: batch.max(1),
+            truncated: false,
+            reload_asked: false,
             permits: Arc::new(Semaphore::new(concurrency.max(1))),
             storage,
             target,
@@ -213,6 +219,13 @@ struct Loop {
     in_flight: HashMap<AlarmId, Option<Option<u64>>>,
     /// The queue holds every alarm due before this.
     loaded_until: u64,
+    /// Most rows the queue takes from one read of the due index.
+    batch: usize,
+    /// The last read stopped at `batch` rows: more were due before the
+    /// horizon.
+    truncated: bool,
+    /// A notice asked for a reload.
+    reload_asked: bool,
     permits: Arc<Semaphore>,
     storage: Arc<Storage>,
     target: Arc<dyn AlarmTarget>,
@@ -220,10 +233,17 @@ struct Loop {
 
 impl Loop {
     async fn run(mut self) {
-        self.reload();
+        self.reload().await;
         let mut next_reload = tokio::time::Instant::now() + Duration::from_millis(RELOAD_MS);
         loop {
             self.fire_due();
+            if self.backlog_low() {
+                // Most of a truncated read has gone out: read the next
+                // piece now rather than at the next periodic reload.
+                self.reload().await;
+                next_reload = tokio::time::Instant::now() + Duration::from_millis(RELOAD_MS);
+                self.fire_due();
+            }
             // With no permit free, the next wake-up is a settled alarm.
             let wake = match self.queue.first_due() {
                 Some(due) if self.permits.available_permits() > 0 => {
@@ -242,8 +262,8 @@ impl Loop {
                 }
                 () = tokio::time::sleep_until(wake) => {}
             }
-            if tokio::time::Instant::now() >= next_reload {
-                self.reload();
+            if self.reload_asked || tokio::time::Instant::now() >= next_reload {
+                self.reload().await;
                 next_reload = tokio::time::Instant::now() + Duration::from_millis(RELOAD_MS);
             }
         }
@@ -251,7 +271,7 @@ impl Loop {
 
     fn handle(&mut self, notice: Notice) {
         match notice {
-            Notice::Reload => self.reload(),
+            Notice::Reload => self.reload_asked = true,
             Notice::Set { num, name, due_ms } => {
                 let due = due_ms.filter(|d| *d < self.loaded_until);
                 let id = (num, name);
@@ -281,25 +301,46 @@ impl Loop {
         }
     }
 
-    /// Rebuild the queue from the due index: every alarm due before now +
-    /// horizon, overdue ones included, except those out for delivery.
-    fn reload(&mut self) {
+    /// Whether the last read of the due index stopped short and most of
+    /// what it read has gone out.
+    fn backlog_low(&self) -> bool {
+        self.truncated && self.queue.len() <= self.batch / 4
+    }
+
+    /// Rebuild the queue from the due index: the earliest `batch` alarms
+    /// due before now + horizon, overdue ones included, except those out
+    /// for delivery.
+    async fn reload(&mut self) {
+        self.reload_asked = false;
+        // Until a read succeeds, only the periodic reload tries again.
+        self.truncated = false;
         let until = now_ms() + HORIZON_MS;
-        let rows = match self
-            .storage
-            .reader()
-            .and_then(|r| r.alarms_due(0, until, RELOAD_BATCH))
-        {
-            Ok(rows) => rows,
-            Err(e) => {
+        // The rows of alarms out for delivery are still in the index (until
+        // their turns commit) and are skipped: read that many more, so a
+        // truncated read always queues a whole batch.
+        let limit = self.batch + self.in_flight.len();
+        let storage = self.storage.clone();
+        // Off the runtime's workers: a large backlog takes a while to read.
+        let read = tokio::task::spawn_blocking(move || {
+            storage.reader().and_then(|r| r.alarms_due(0, until, limit))
+        })
+        .await;
+        let rows = match read {
+            Ok(Ok(rows)) => rows,
+            Ok(Err(e)) => {
                 tracing::error!(error = %e, "alarm scheduler: cannot read the due index");
+                return;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "alarm scheduler: the read of the due index failed");
                 return;
             }
         };
         // With more rows than one batch only what was read is covered; the
         // rest comes with a later reload.
+        self.truncated = rows.len() == limit;
         self.loaded_until = match rows.last() {
-            Some(last) if rows.len() == RELOAD_BATCH => last.0,
+            Some(last) if self.truncated => last.0,
             _ => until,
         };
         self.queue.clear();
@@ -312,6 +353,7 @@ impl Loop {
         tracing::debug!(
             queued = self.queue.len(),
             in_flight = self.in_flight.len(),
+            truncated = self.truncated,
             "alarm scheduler reloaded"
         );
     }

@@ -230,6 +230,7 @@ impl Node {
             storage.clone(),
             actors,
             config.alarms.concurrency,
+            config.alarms.reload_batch,
             scheduler_rx,
         );
         tokio::spawn(node.clone().housekeeping());

@@ -361,6 +361,10 @@ pub struct AlarmsConfig {
     pub retry_base_ms: u64,
     /// Alarm turns in flight at once (spreads wake-ups after a restart).
     pub concurrency: usize,
+    /// Most rows of the due index the scheduler holds in memory at once. A
+    /// larger backlog (overdue alarms after a long stop) is read a piece
+    /// at a time, the next as soon as most of the last has gone out.
+    pub reload_batch: usize,
 }
 
 impl Default for AlarmsConfig {
@@ -370,6 +374,7 @@ impl Default for AlarmsConfig {
             max_attempts: 5,
             retry_base_ms: 1000,
             concurrency: 256,
+            reload_batch: 200_000,
         }
     }
 }
