@@ -76,6 +76,104 @@ async fn a_new_owner_loads_what_it_accepted_as_backup_even_if_still_committing()
     assert_eq!(r.json["value"], 9, "{}", r.json);
 }
 
+/// An alarm of an actor whose slot this node has just taken over, falling
+/// due while the batch it accepted as the slot's backup is still
+/// committing, fires only once that batch has landed: the alarm settles
+/// the slot first, as a request does. (Before, an in-node caller loaded the
+/// actor at once, from a read without the batch, and its turn wrote over
+/// it.)
+#[tokio::test]
+async fn an_alarm_falling_due_before_the_new_owner_settled_its_slot_waits_for_it() {
+    let flags = common::tempdir();
+    let stall = flags.path().join("stall");
+    let stall_env = stall.to_str().unwrap().to_owned();
+    let env = [("MARMOT_FAULT_REPLICA_STALL_FILE", stall_env.as_str())];
+    // Every node reads its due index often, so the backup holds the alarm
+    // (committed on the owner, shipped to it) long before it falls due.
+    let Some(mut c) = Cluster::start_with(&env, "\n[alarms]\nreload_ms = 200\n").await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let r = c.api(0).add("kit", "alice", 7).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let info = c.api(0).get("/v1/actors/kit/alice").await.json;
+    let index = |node: &Value| {
+        let id = node.as_str().expect("a node id");
+        NODES.iter().position(|(n, _)| *n == id).unwrap()
+    };
+    let (o, b) = (index(&info["node"]), index(&info["backup"]));
+    let before = slots_used(&c, b).await;
+    // Its turn adds 1 to `n`, reading it first.
+    const AFTER_MS: u64 = 4000;
+    let set_at = Instant::now();
+    let r = c
+        .api(o)
+        .op(
+            "kit",
+            "alice",
+            json!({"op": "alarm_set", "name": "t", "after": AFTER_MS, "payload": {"add": "n"}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+
+    // The owner commits `n = 8` and ships it; the backup holds the batch
+    // before its commit; the owner dies.
+    std::fs::write(&stall, b"").unwrap();
+    let owner_api = c.api(o);
+    let add = json!({"op": "add", "key": "n", "by": 1});
+    let pending = tokio::spawn(async move {
+        owner_api
+            .try_post_with("/v1/actors/kit/alice", &add, &[])
+            .await
+    });
+    let held = flags.path().join("stall.held");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !held.exists() {
+        assert!(Instant::now() < deadline, "the backup never held the batch");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.nodes[o].kill9();
+    let _ = pending.await;
+
+    // The backup takes the slot over; the alarm falls due there while the
+    // batch is still held.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while slots_used(&c, b).await <= before {
+        assert!(Instant::now() < deadline, "the backup never took over");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let due = set_at + Duration::from_millis(AFTER_MS);
+    let hold_until = due.max(Instant::now()) + Duration::from_millis(1500);
+    tokio::time::sleep_until(hold_until.into()).await;
+    std::fs::remove_file(&stall).unwrap();
+
+    // The alarm ran once, on `n = 8`; then a request adds 1 more.
+    let api = c.api(b);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = api
+            .op("kit", "alice", json!({"op": "get", "key": "fired"}))
+            .await;
+        let fired = r.json["value"].as_array().map_or(0, Vec::len);
+        if fired > 0 {
+            assert_eq!(fired, 1, "{}", r.json);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the alarm never fired on the new owner"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = api.add("kit", "alice", 1).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(
+        r.json["value"], 10,
+        "7, the batch the backup accepted (8), the alarm's add (9), this add: {}",
+        r.json
+    );
+}
+
 /// The used slots node `i` owns, as it sees them (not an actor's path: no
 /// turn, nothing that waits for its writer).
 async fn slots_used(c: &Cluster, i: usize) -> u64 {

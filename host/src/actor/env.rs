@@ -223,6 +223,14 @@ impl ActorCalls for ActorEnv {
                     ))),
                 };
             }
+            // The recipient's slot just came to this node: what it accepted
+            // as its backup lands before the recipient loads here.
+            if let Some((cluster, _)) = &self.cluster
+                && let Some((slot, epoch)) = cluster.unsettled(&to)
+            {
+                self.storage.writer().barrier().await;
+                cluster.mark_settled(slot, epoch);
+            }
             let sent = self.send(
                 &to,
                 Bytes::from(body),
@@ -253,6 +261,9 @@ impl ActorCalls for ActorEnv {
     }
 }
 
+/// How soon an alarm of a slot being settled is delivered again.
+const SETTLING_RETRY_MS: u64 = 20;
+
 /// Due alarms go to their actors like any other envelope.
 impl AlarmTarget for ActorEnv {
     fn deliver_alarm(
@@ -260,14 +271,30 @@ impl AlarmTarget for ActorEnv {
         key: &ActorKey,
         mut alarm: DueAlarm,
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        // In a cluster this node also keeps the alarms of actors it backs
-        // up (or owned before a failover): only the owner fires them. A
-        // later reload brings them back, should this node take over.
-        if let Some((cluster, _)) = &self.cluster
-            && cluster.target(key) != Target::Here
-        {
-            alarm.ticket.settle();
-            return Ok(());
+        if let Some((cluster, _)) = &self.cluster {
+            // In a cluster this node also keeps the alarms of actors it
+            // backs up (or owned before a failover): only the owner fires
+            // them. A later reload brings them back, should this node take
+            // over.
+            if cluster.target(key) != Target::Here {
+                alarm.ticket.settle();
+                return Ok(());
+            }
+            // Just come to own the slot: what this node accepted as its
+            // backup lands before the actor loads here. Nothing else may
+            // settle it soon (no request need come), so start that here
+            // and deliver again in a moment.
+            if let Some((slot, epoch)) = cluster.unsettled(key) {
+                if cluster.start_settling(slot, epoch) {
+                    let (storage, cluster) = (self.storage.clone(), cluster.clone());
+                    tokio::spawn(async move {
+                        storage.writer().barrier().await;
+                        cluster.mark_settled(slot, epoch);
+                    });
+                }
+                alarm.ticket.retry_later(SETTLING_RETRY_MS);
+                return Ok(());
+            }
         }
         Ok(self.deliver(key, Envelope::Alarm(Box::new(alarm)))?)
     }

@@ -1,7 +1,7 @@
 //! The alarm scheduler: one task per node that delivers due alarms.
 //!
 //! It holds in memory only the alarms due within [`HORIZON_MS`] (read from
-//! the due index, re-read every [`RELOAD_MS`]), kept current between reloads
+//! the due index, re-read every `alarms.reload_ms`, 20 s), kept current between reloads
 //! by notices from commits that set, move or remove alarms. It reads at most
 //! `alarms.reload_batch` of them at a time: a larger backlog (a node back
 //! after a long stop) is read a piece at a time, the next piece as soon as
@@ -23,13 +23,12 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::clock::now_ms;
+use crate::config::AlarmsConfig;
 use crate::ids::ActorKey;
 use crate::storage::Storage;
 
 /// How far ahead the scheduler keeps alarms in memory.
 pub const HORIZON_MS: u64 = 60_000;
-/// How often it re-reads the due index.
-pub const RELOAD_MS: u64 = 20_000;
 /// Delay before delivering again an alarm whose delivery went wrong.
 const REDELIVER_MS: u64 = 200;
 
@@ -138,15 +137,15 @@ impl Scheduler {
         let _ = self.tx.send(notice);
     }
 
-    /// Run the scheduler loop: it reads the due index from `storage`,
-    /// `batch` rows at most at a time, and delivers to `target`, at most
-    /// `concurrency` alarms at a time.
+    /// Run the scheduler loop: it reads the due index from `storage`
+    /// (every `config.reload_ms`, `config.reload_batch` rows at most at a
+    /// time) and delivers to `target`, at most `config.concurrency` alarms
+    /// at a time.
     pub fn start(
         &self,
         storage: Arc<Storage>,
         target: Arc<dyn AlarmTarget>,
-        concurrency: usize,
-        batch: usize,
+        config: &AlarmsConfig,
         rx: mpsc::UnboundedReceiver<Notice>,
     ) {
         let state = Loop {
@@ -155,10 +154,11 @@ impl Scheduler {
             queue: Queue::default(),
             in_flight: HashMap::new(),
             loaded_until: 0,
-            batch: batch.max(1),
+            batch: config.reload_batch.max(1),
+            every: Duration::from_millis(config.reload_ms.max(1)),
             truncated: false,
             reload_asked: false,
-            permits: Arc::new(Semaphore::new(concurrency.max(1))),
+            permits: Arc::new(Semaphore::new(config.concurrency.max(1))),
             storage,
             target,
         };
@@ -221,6 +221,8 @@ struct Loop {
     loaded_until: u64,
     /// Most rows the queue takes from one read of the due index.
     batch: usize,
+    /// How often the due index is read again.
+    every: Duration,
     /// The last read stopped at `batch` rows: more were due before the
     /// horizon.
     truncated: bool,
@@ -234,14 +236,14 @@ struct Loop {
 impl Loop {
     async fn run(mut self) {
         self.reload().await;
-        let mut next_reload = tokio::time::Instant::now() + Duration::from_millis(RELOAD_MS);
+        let mut next_reload = tokio::time::Instant::now() + self.every;
         loop {
             self.fire_due();
             if self.backlog_low() {
                 // Most of a truncated read has gone out: read the next
                 // piece now rather than at the next periodic reload.
                 self.reload().await;
-                next_reload = tokio::time::Instant::now() + Duration::from_millis(RELOAD_MS);
+                next_reload = tokio::time::Instant::now() + self.every;
                 self.fire_due();
             }
             // With no permit free, the next wake-up is a settled alarm.
@@ -264,7 +266,7 @@ impl Loop {
             }
             if self.reload_asked || tokio::time::Instant::now() >= next_reload {
                 self.reload().await;
-                next_reload = tokio::time::Instant::now() + Duration::from_millis(RELOAD_MS);
+                next_reload = tokio::time::Instant::now() + self.every;
             }
         }
     }

@@ -9,26 +9,31 @@
 //! one writer barrier since it saw that epoch: the barrier passes behind
 //! every batch accepted before it (and commits nothing itself). Requests
 //! settle a slot in the route layer; `Node::follow_slots` settles the slots
-//! it sees gained before it starts their actors. Not covered: an alarm of
-//! a backed-up actor falling due in the moment between the view's change
-//! and `follow_slots` noticing it (in-node callers do not wait for the
-//! settling, lest an alarm of a slot no request settles never fire).
+//! it sees gained before it starts their actors; in-node callers that load
+//! an actor themselves settle its slot first (an alarm falling due in the
+//! moment between the view's change and `follow_slots` noticing it, an
+//! actor call from a turn: see [`Cluster::unsettled`]).
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::Cluster;
 use super::records::SLOTS;
+use super::{Cluster, Route};
+use crate::ids::ActorKey;
 
-/// Per slot, the epoch from which this node has settled it (0: none).
+/// Per slot, the epoch from which this node has settled it (0: none), and
+/// the latest epoch an in-node caller started settling it at.
 pub(super) struct Settled {
     epochs: Box<[AtomicU64]>,
+    started: Box<[AtomicU64]>,
 }
 
 impl Default for Settled {
     fn default() -> Self {
+        let zeros = || (0..SLOTS).map(|_| AtomicU64::new(0)).collect();
         Self {
-            epochs: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            epochs: zeros(),
+            started: zeros(),
         }
     }
 }
@@ -42,6 +47,32 @@ impl Cluster {
             .epochs
             .get(slot as usize)
             .is_some_and(|e| e.load(Ordering::Acquire) >= epoch)
+    }
+
+    /// The slot of `key` and its epoch if this node owns it, has served it
+    /// and has not settled it at that epoch. A caller inside the node that
+    /// would load the actor (an alarm, an actor call from a turn) settles
+    /// it first, as the route layer does for requests.
+    pub fn unsettled(&self, key: &ActorKey) -> Option<(u32, u64)> {
+        match self.route(key) {
+            Route::Local {
+                slot,
+                epoch,
+                used: true,
+            } if !self.settled(slot, epoch) => Some((slot, epoch)),
+            _ => None,
+        }
+    }
+
+    /// Whether the caller is the first to start settling `slot` at `epoch`
+    /// (callers that only need it settled eventually start one barrier,
+    /// not one each).
+    pub fn start_settling(&self, slot: u32, epoch: u64) -> bool {
+        self.inner
+            .settled
+            .started
+            .get(slot as usize)
+            .is_some_and(|e| e.fetch_max(epoch, Ordering::AcqRel) < epoch)
     }
 
     /// `slot`, owned here at `epoch`, is settled (a writer barrier passed

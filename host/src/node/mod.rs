@@ -226,13 +226,7 @@ impl Node {
         // blob is garbage now, left by turns that never committed.
         node.collect_blobs(Duration::ZERO).await;
         tokio::spawn(node.clone().recover(recover));
-        scheduler.start(
-            storage.clone(),
-            actors,
-            config.alarms.concurrency,
-            config.alarms.reload_batch,
-            scheduler_rx,
-        );
+        scheduler.start(storage.clone(), actors, &config.alarms, scheduler_rx);
         tokio::spawn(node.clone().housekeeping());
         tokio::spawn(node.clone().relay());
         tokio::spawn(node.clone().follow_slots());

@@ -361,6 +361,11 @@ pub struct AlarmsConfig {
     pub retry_base_ms: u64,
     /// Alarm turns in flight at once (spreads wake-ups after a restart).
     pub concurrency: usize,
+    /// How often the scheduler reads the due index again. Alarms set on
+    /// this node reach it at once; the reads find the rest: alarms of
+    /// actors this node keeps as a backup (fired once it owns them) and
+    /// deliveries that went wrong.
+    pub reload_ms: u64,
     /// Most rows of the due index the scheduler holds in memory at once. A
     /// larger backlog (overdue alarms after a long stop) is read a piece
     /// at a time, the next as soon as most of the last has gone out.
@@ -374,6 +379,7 @@ impl Default for AlarmsConfig {
             max_attempts: 5,
             retry_base_ms: 1000,
             concurrency: 256,
+            reload_ms: 20_000,
             reload_batch: 200_000,
         }
     }

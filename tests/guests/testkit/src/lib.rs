@@ -193,7 +193,8 @@ fn memory_holds(masked: &[u8], mask: &[u8]) -> bool {
 /// What `on_alarm` does, from the alarm's payload: `{"fail": true}` fails
 /// the turn; `{"rearm_after": ms}` sets the same alarm again; `{"log": m}`
 /// logs `m` after the turn's writes (the fault-injection marker);
-/// `{"busy_ms": ms}` makes the handler take that long.
+/// `{"busy_ms": ms}` makes the handler take that long; `{"add": key}` adds
+/// 1 to the counter `key` (reading it first, as a message's `add` does).
 #[derive(Deserialize, Default)]
 #[serde(default)]
 struct AlarmPayload {
@@ -201,6 +202,7 @@ struct AlarmPayload {
     rearm_after: Option<u64>,
     log: Option<String>,
     busy_ms: Option<u64>,
+    add: Option<String>,
 }
 
 struct TestKit;
@@ -615,6 +617,10 @@ impl Actor for TestKit {
         });
         fired.push(record.clone());
         state::set_json("fired", &fired)?;
+        if let Some(key) = &how.add {
+            let v = state::get_json::<i64>(key)?.unwrap_or(0) + 1;
+            state::set_json(key, &v)?;
+        }
         events::emit("alarm_fired", &record)?;
         if let Some(ms) = how.busy_ms {
             let start = std::time::Instant::now();
