@@ -543,6 +543,50 @@ async fn overdue_alarms_after_a_restart_all_fire_with_bounded_concurrency() {
     assert!(metric(&text, "marmot_alarm_lag_seconds_count") >= ACTORS as f64);
 }
 
+/// Guarantee 2 for alarms: a turn that fails sets, moves and cancels
+/// nothing, however its alarm calls went.
+#[tokio::test]
+async fn a_failed_turn_sets_and_cancels_no_alarm() {
+    let (_dir, _m, api) = kit_node(json!({})).await;
+    let r = set(&api, "a", json!({"name": "kept", "after": 60_000})).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    // A turn that sets an alarm due at once, then fails.
+    let r = set(
+        &api,
+        "a",
+        json!({"name": "never", "after": 50, "fail": true}),
+    )
+    .await;
+    assert_eq!(r.status, 500, "{}", r.json);
+    // One that moves the pending alarm to now, then fails.
+    let r = set(
+        &api,
+        "a",
+        json!({"name": "kept", "after": 50, "fail": true}),
+    )
+    .await;
+    assert_eq!(r.status, 500, "{}", r.json);
+    // One that cancels it, then fails.
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({"op": "alarm_cancel", "name": "kept", "fail": true}),
+        )
+        .await;
+    assert_eq!(r.status, 500, "{}", r.json);
+    let listed = alarms(&api, "a").await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["name"], "kept");
+    assert_eq!(listed[0]["schedule"], json!({"after": 60_000}));
+    assert_eq!(api.get("/v1/actors/kit/a").await.json["pending_alarms"], 1);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        fired(&api, "a").await.is_empty(),
+        "an alarm of a failed turn fired"
+    );
+}
+
 #[tokio::test]
 async fn deleting_an_actor_removes_its_alarms() {
     let (_dir, _m, api) = kit_node(json!({})).await;

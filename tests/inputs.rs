@@ -180,6 +180,32 @@ async fn a_failed_on_input_turn_leaves_the_request_pending() {
     assert_eq!(seen(&api, "a").await[0]["response"], "blue");
 }
 
+/// Guarantee 2 for inputs: a turn that requests an input and then fails
+/// leaves no request behind.
+#[tokio::test]
+async fn a_failed_turn_requests_no_input() {
+    let (_dir, _m, api) = kit_node(json!({})).await;
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({"op": "input_request", "kind": "question", "expires_in_ms": 300, "fail": true}),
+        )
+        .await;
+    assert_eq!(r.status, 500, "{}", r.json);
+    assert_eq!(r.code(), "actor_error");
+    assert!(listed(&api, "a", "pending").await.is_empty());
+    // Nor does it expire later: it never existed.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(listed(&api, "a", "expired").await.is_empty());
+    assert!(seen(&api, "a").await.is_empty());
+    let events = api.get("/v1/actors/kit/a/events").await.json;
+    assert!(
+        !kinds(&events).iter().any(|k| k.starts_with("input")),
+        "{events}"
+    );
+}
+
 #[tokio::test]
 async fn an_unanswered_input_expires_once_and_cannot_be_answered_after() {
     let (_dir, _m, api) = kit_node(json!({})).await;

@@ -68,7 +68,8 @@ enum Op {
     /// worked (nothing should).
     Ambient { port: u16 },
     /// Set alarm `name` (one of `at`, `after`, `cron` [+ `tz`]); a refusal
-    /// is replied with status 422 and the host's message.
+    /// is replied with status 422 and the host's message. `fail`: then
+    /// fail the turn.
     AlarmSet {
         name: String,
         at: Option<u64>,
@@ -77,9 +78,15 @@ enum Op {
         tz: Option<String>,
         #[serde(default)]
         payload: Value,
+        #[serde(default)]
+        fail: bool,
     },
-    /// Cancel alarm `name`.
-    AlarmCancel { name: String },
+    /// Cancel alarm `name` (`fail`: then fail the turn).
+    AlarmCancel {
+        name: String,
+        #[serde(default)]
+        fail: bool,
+    },
     /// List pending alarms.
     AlarmList,
     /// Call another actor with `body`; reply with its status and body, or
@@ -156,6 +163,9 @@ enum Op {
         prompt: String,
         schema: Option<Value>,
         expires_in_ms: Option<u64>,
+        /// Fail the turn after the request.
+        #[serde(default)]
+        fail: bool,
     },
 }
 
@@ -341,6 +351,7 @@ impl Actor for TestKit {
                 cron,
                 tz,
                 payload,
+                fail,
             } => {
                 let schedule = match (at, after, cron) {
                     (Some(t), None, None) => Schedule::At(t),
@@ -349,11 +360,18 @@ impl Actor for TestKit {
                     _ => return Err("give exactly one of at, after, cron".into()),
                 };
                 match alarms::set(&name, schedule, &payload) {
+                    Ok(()) if fail => Err("failing after setting the alarm".into()),
                     Ok(()) => Reply::json(&json!({ "ok": true })),
                     Err(e) => Ok(Reply::json(&json!({ "error": e.message() }))?.with_status(422)),
                 }
             }
-            Op::AlarmCancel { name } => Reply::json(&json!({ "existed": alarms::cancel(&name)? })),
+            Op::AlarmCancel { name, fail } => {
+                let existed = alarms::cancel(&name)?;
+                if fail {
+                    return Err("failing after cancelling the alarm".into());
+                }
+                Reply::json(&json!({ "existed": existed }))
+            }
             Op::Call { ty, id, body } => match actors::call(&ty, &id, &body) {
                 Ok(r) => Reply::json(&json!({
                     "status": r.status,
@@ -383,7 +401,9 @@ impl Actor for TestKit {
                 prompt,
                 schema,
                 expires_in_ms,
+                fail,
             } => match inputs::request_with(&kind, &prompt, schema.as_ref(), expires_in_ms) {
+                Ok(_) if fail => Err("failing after the input request".into()),
                 Ok(id) => Reply::json(&json!({ "id": id })),
                 Err(e) => Ok(Reply::json(&json!({ "error": e.message() }))?.with_status(422)),
             },
