@@ -89,6 +89,58 @@ async fn replies_depending_on_a_failed_commit_are_never_released() {
     );
 }
 
+/// Guarantee 3 for events: a turn's events reach the event log and live
+/// streams only once its commit is durable, so a failed commit publishes
+/// none, and the next event takes the sequence number it would have had.
+#[tokio::test]
+async fn events_of_a_failed_commit_reach_no_stream_and_no_log() {
+    let (_dir, node) = node().await;
+    let key = ActorKey::new("counter", "a").unwrap();
+    let mut sub = node.event_bus().subscribe(&key).unwrap();
+    async fn published(sub: &mut crate::streams::Subscription) {
+        tokio::time::timeout(Duration::from_secs(10), sub.changed.changed())
+            .await
+            .expect("the event was published")
+            .unwrap();
+    }
+    let log = |node: &Arc<Node>| {
+        let reader = node.storage.reader().unwrap();
+        let num = reader.actor(&key).unwrap().expect("the actor exists").num;
+        reader
+            .events(num, 0, 100)
+            .unwrap()
+            .into_iter()
+            .map(|(seq, e)| (seq, e.kind, String::from_utf8(e.data).unwrap()))
+            .collect::<Vec<_>>()
+    };
+    // The counter emits `milestone` at every multiple of 100.
+    send(&node, r#"{"by": 100}"#).await.unwrap();
+    published(&mut sub).await;
+    assert_eq!(*sub.changed.borrow_and_update(), 1);
+
+    node.storage.writer().inject_commit_failures(1);
+    let lost = send(&node, r#"{"by": 100}"#).await;
+    assert!(matches!(lost, Err(TurnError::Storage(_))), "{lost:?}");
+    // A read after it: whatever the failed turn would publish, it has.
+    assert_eq!(
+        send(&node, r#"{"by": 0}"#).await.unwrap().body,
+        r#"{"n":100}"#
+    );
+    assert!(
+        !sub.changed.has_changed().unwrap(),
+        "a stream was told of an event whose commit failed"
+    );
+    assert_eq!(log(&node).len(), 1, "{:?}", log(&node));
+
+    send(&node, r#"{"by": 100}"#).await.unwrap();
+    published(&mut sub).await;
+    assert_eq!(*sub.changed.borrow_and_update(), 2);
+    let log = log(&node);
+    assert_eq!(log.len(), 2, "{log:?}");
+    assert_eq!((log[1].0, log[1].1.as_str()), (2, "milestone"));
+    assert_eq!(log[1].2, r#"{"n":200}"#);
+}
+
 /// The compiled-code cache keeps what this node uses, however old its
 /// file's time, and removes what nobody has used for the retention: a
 /// component of an older build, say.
