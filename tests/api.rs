@@ -675,3 +675,73 @@ async fn a_node_alone_moves_no_actor() {
         "invalid_query",
     );
 }
+
+/// Guarantee 10, bounded output: a turn that writes a value, an event or
+/// more state than the node's limits allow fails with an error naming the
+/// limit, commits nothing, and the actor and node keep serving.
+#[tokio::test]
+async fn values_events_and_state_past_the_limits_are_refused_and_change_nothing() {
+    let dir = tempdir();
+    let config =
+        "[limits]\nmax_value_bytes = 1000\nmax_event_bytes = 600\nmax_state_bytes = 4000\n";
+    let m = Marmot::start_opts(&dir.path().join("data"), &[], Some(config)).await;
+    let api = m.client();
+    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let refused = |r: &Resp, what: &str| {
+        assert_error(r, 500, "actor_error");
+        let message = r.json["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("limit exceeded") && message.contains(what),
+            "{message}"
+        );
+    };
+    let r = api
+        .op("kit", "a", json!({"op": "big", "key": "v", "bytes": 1001}))
+        .await;
+    refused(&r, "limit of 1000 bytes");
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({"op": "emit", "kind": "k", "data": "x".repeat(700)}),
+        )
+        .await;
+    refused(&r, "limit of 600 bytes");
+    // Values within the limit each, until the actor's state would pass it.
+    for i in 0..4 {
+        let r = api
+            .op(
+                "kit",
+                "a",
+                json!({"op": "big", "key": format!("s{i}"), "bytes": 900}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.json);
+    }
+    let r = api
+        .op("kit", "a", json!({"op": "big", "key": "s4", "bytes": 900}))
+        .await;
+    refused(&r, "over the limit of 4000 bytes");
+
+    let r = api
+        .op("kit", "a", json!({"op": "list", "prefix": ""}))
+        .await;
+    assert_eq!(
+        r.json["keys"],
+        json!(["s0", "s1", "s2", "s3"]),
+        "{}",
+        r.json
+    );
+    let events = api.get("/v1/actors/kit/a/events").await.json;
+    assert_eq!(events["events"], json!([]), "{events}");
+    // Smaller writes still go through (a replaced value frees its room).
+    let r = api
+        .op("kit", "a", json!({"op": "big", "key": "s3", "bytes": 10}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let r = api
+        .op("kit", "a", json!({"op": "big", "key": "s4", "bytes": 10}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(api.add("kit", "b", 1).await.json["value"], 1);
+}
