@@ -464,6 +464,76 @@ async fn a_dead_owners_actors_fail_over_to_its_backup_with_their_data() {
     assert_eq!(info["node"], second.as_str(), "{info}");
 }
 
+/// Guarantee 7 across a failover: a delivery posted through any node is
+/// verified and runs on the actor's owner, once; after that owner dies, the
+/// same delivery sent again (a sender retrying), through the new owner or
+/// another node, is acknowledged as a duplicate and runs nothing: the
+/// de-duplication record failed over with the actor's state.
+#[tokio::test]
+async fn webhook_deliveries_stay_deduplicated_across_a_failover() {
+    let Some(mut c) = Cluster::start().await else {
+        return;
+    };
+    let secret = marmot::webhooks::new_secret();
+    let r = c
+        .api(0)
+        .deploy("kit", TESTKIT, json!({"webhook_secret": secret}))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    assert_eq!(c.api(0).add("kit", "alice", 1).await.status, 200);
+    let info = c.api(0).get("/v1/actors/kit/alice").await.json;
+    let index = |node: &Value| {
+        let id = node.as_str().expect("a node id");
+        NODES.iter().position(|(n, _)| *n == id).unwrap()
+    };
+    let (o, b) = (index(&info["node"]), index(&info["backup"]));
+    let other = 3 - o - b;
+    async fn post(api: Api, secret: &str, id: &str) -> common::Resp {
+        let body = br#"{"event": "ticket.updated"}"#;
+        let headers = common::signed(secret, id, common::now_s(), body);
+        let h: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        api.req(
+            reqwest::Method::POST,
+            "/v1/hooks/kit/alice/support",
+            Some(("application/json", body.to_vec())),
+            &h,
+        )
+        .await
+    }
+    async fn hooks(api: Api) -> usize {
+        let r = api
+            .op("kit", "alice", json!({"op": "get", "key": "hooks"}))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.json);
+        r.json["value"].as_array().map_or(0, Vec::len)
+    }
+    // Through the node that neither owns nor backs the actor up.
+    let r = post(c.api(other), &secret, "msg_1").await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    assert_eq!(r.json["duplicate"], false, "{}", r.json);
+    assert_eq!(hooks(c.api(other)).await, 1);
+
+    c.nodes[o].kill9();
+    assert_eq!(add_when_served(&c, b, "alice").await.status, 200);
+    for i in [b, other] {
+        let r = post(c.api(i), &secret, "msg_1").await;
+        assert_eq!(r.status, 202, "through node {i}: {}", r.json);
+        assert_eq!(r.json["duplicate"], true, "through node {i}: {}", r.json);
+    }
+    assert_eq!(
+        hooks(c.api(b)).await,
+        1,
+        "a redelivery ran again after the failover"
+    );
+    // A new delivery runs, once.
+    let r = post(c.api(other), &secret, "msg_2").await;
+    assert_eq!(r.json["duplicate"], false, "{}", r.json);
+    assert_eq!(hooks(c.api(other)).await, 2);
+}
+
 /// A node paused longer than its lease (SIGSTOP) wakes up fenced: a request
 /// that reached it while it was paused is refused, not served on stale
 /// ownership; it serves again once etcd has confirmed a new lease.

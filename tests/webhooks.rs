@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Api, COUNTER, Marmot, TESTKIT, kit_node, now_s, tempdir};
+use common::{Api, COUNTER, Marmot, TESTKIT, kit_node, now_s, signed, tempdir};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -19,17 +19,6 @@ type Case<'a> = (
     u16,
     &'a str,
 );
-
-/// Standard Webhooks headers for `body`, signed with `secret`.
-fn signed(secret: &str, id: &str, ts: i64, body: &[u8]) -> Vec<(String, String)> {
-    let sig = marmot::webhooks::sign(&marmot::webhooks::secret_key(secret), id, ts, body);
-    vec![
-        ("webhook-id".into(), id.into()),
-        ("webhook-timestamp".into(), ts.to_string()),
-        ("webhook-signature".into(), sig),
-        ("content-type".into(), "application/json".into()),
-    ]
-}
 
 async fn post_hook(
     api: &Api,

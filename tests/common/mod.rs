@@ -477,6 +477,17 @@ pub fn now_s() -> i64 {
         .as_secs() as i64
 }
 
+/// Standard Webhooks headers for `body`, signed with `secret`.
+pub fn signed(secret: &str, id: &str, ts: i64, body: &[u8]) -> Vec<(String, String)> {
+    let sig = marmot::webhooks::sign(&marmot::webhooks::secret_key(secret), id, ts, body);
+    vec![
+        ("webhook-id".into(), id.into()),
+        ("webhook-timestamp".into(), ts.to_string()),
+        ("webhook-signature".into(), sig),
+        ("content-type".into(), "application/json".into()),
+    ]
+}
+
 /// A fresh temporary data directory.
 /// Every byte the node keeps of its database in `data`: the database file
 /// and its journal files, one after the other (for tests that look for what
