@@ -1,12 +1,12 @@
 //! The alarm scheduler: one task per node that delivers due alarms.
 //!
 //! It holds in memory only the alarms due within [`HORIZON_MS`] (read from
-//! the due index, re-read every `alarms.reload_ms`, 20 s), kept current between reloads
-//! by notices from commits that set, move or remove alarms. It reads at most
-//! `alarms.reload_batch` of them at a time: a larger backlog (a node back
-//! after a long stop) is read a piece at a time, the next piece as soon as
-//! most of the last one has gone out. When an alarm is
-//! due — never before — it is delivered to its actor, waking it if needed,
+//! the due index, re-read every `alarms.reload_ms`, 20 s), kept current
+//! between reloads by notices from commits that set, move or remove alarms.
+//! It reads at most `alarms.reload_batch` of them at a time: a larger
+//! backlog (a node back after a long stop) is read a piece at a time, the
+//! next piece as soon as most of the last one has gone out. When an alarm
+//! is due — never before — it is delivered to its actor, waking it if needed,
 //! and holds one of a bounded number of permits until its turn's commit is
 //! durable. The permits are what spreads the wake-ups after a restart with
 //! many overdue alarms: they go out as fast as turns complete, not at once.
