@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::TESTKIT;
@@ -13,56 +14,17 @@ use serde_json::{Value, json};
 
 #[tokio::test]
 async fn a_new_owner_loads_what_it_accepted_as_backup_even_if_still_committing() {
-    let flags = common::tempdir();
-    let stall = flags.path().join("stall");
-    let stall_env = stall.to_str().unwrap().to_owned();
-    let env = [("MARMOT_FAULT_REPLICA_STALL_FILE", stall_env.as_str())];
-    let Some(mut c) = Cluster::start_with(&env, "").await else {
+    let Some(mut t) = Takeover::start("").await else {
         return;
     };
-    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
-    let r = c.api(0).add("kit", "alice", 7).await;
-    assert_eq!(r.status, 200, "{}", r.json);
-    let info = c.api(0).get("/v1/actors/kit/alice").await.json;
-    let index = |node: &Value| {
-        let id = node.as_str().expect("a node id");
-        NODES.iter().position(|(n, _)| *n == id).unwrap()
-    };
-    let (o, b) = (index(&info["node"]), index(&info["backup"]));
-    let before = slots_used(&c, b).await;
-
-    // The owner commits `n = 8` and ships it; the backup accepts the batch
-    // and holds it before its commit. The owner never hears back: it dies.
-    std::fs::write(&stall, b"").unwrap();
-    let owner_api = c.api(o);
-    let add = json!({"op": "add", "key": "n", "by": 1});
-    let pending = tokio::spawn(async move {
-        owner_api
-            .try_post_with("/v1/actors/kit/alice", &add, &[])
-            .await
-    });
-    let held = flags.path().join("stall.held");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !held.exists() {
-        assert!(Instant::now() < deadline, "the backup never held the batch");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    c.nodes[o].kill9();
-    let _ = pending.await;
-
-    // The backup takes the slot over while its commit is still held.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while slots_used(&c, b).await <= before {
-        assert!(Instant::now() < deadline, "the backup never took over");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let api = c.api(b);
+    t.fail_over_holding_the_batch().await;
+    let api = t.c.api(t.backup);
     let read = tokio::spawn(async move {
         api.op("kit", "alice", json!({"op": "get", "key": "n"}))
             .await
     });
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    std::fs::remove_file(&stall).unwrap();
+    t.release();
 
     // The first read loaded the actor after the held batch landed.
     let read = read.await.unwrap();
@@ -71,7 +33,7 @@ async fn a_new_owner_loads_what_it_accepted_as_backup_even_if_still_committing()
         read.json["value"], 8,
         "the new owner loaded the actor before the batch it had accepted landed"
     );
-    let r = c.api(b).add("kit", "alice", 1).await;
+    let r = t.c.api(t.backup).add("kit", "alice", 1).await;
     assert_eq!(r.status, 200, "{}", r.json);
     assert_eq!(r.json["value"], 9, "{}", r.json);
 }
@@ -84,71 +46,32 @@ async fn a_new_owner_loads_what_it_accepted_as_backup_even_if_still_committing()
 /// it.)
 #[tokio::test]
 async fn an_alarm_falling_due_before_the_new_owner_settled_its_slot_waits_for_it() {
-    let flags = common::tempdir();
-    let stall = flags.path().join("stall");
-    let stall_env = stall.to_str().unwrap().to_owned();
-    let env = [("MARMOT_FAULT_REPLICA_STALL_FILE", stall_env.as_str())];
     // Every node reads its due index often, so the backup holds the alarm
     // (committed on the owner, shipped to it) long before it falls due.
-    let Some(mut c) = Cluster::start_with(&env, "\n[alarms]\nreload_ms = 200\n").await else {
+    let Some(mut t) = Takeover::start("\n[alarms]\nreload_ms = 200\n").await else {
         return;
     };
-    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
-    let r = c.api(0).add("kit", "alice", 7).await;
-    assert_eq!(r.status, 200, "{}", r.json);
-    let info = c.api(0).get("/v1/actors/kit/alice").await.json;
-    let index = |node: &Value| {
-        let id = node.as_str().expect("a node id");
-        NODES.iter().position(|(n, _)| *n == id).unwrap()
-    };
-    let (o, b) = (index(&info["node"]), index(&info["backup"]));
-    let before = slots_used(&c, b).await;
     // Its turn adds 1 to `n`, reading it first.
     const AFTER_MS: u64 = 4000;
     let set_at = Instant::now();
-    let r = c
-        .api(o)
-        .op(
-            "kit",
-            "alice",
-            json!({"op": "alarm_set", "name": "t", "after": AFTER_MS, "payload": {"add": "n"}}),
-        )
-        .await;
+    let r =
+        t.c.api(t.owner)
+            .op(
+                "kit",
+                "alice",
+                json!({"op": "alarm_set", "name": "t", "after": AFTER_MS, "payload": {"add": "n"}}),
+            )
+            .await;
     assert_eq!(r.status, 200, "{}", r.json);
-
-    // The owner commits `n = 8` and ships it; the backup holds the batch
-    // before its commit; the owner dies.
-    std::fs::write(&stall, b"").unwrap();
-    let owner_api = c.api(o);
-    let add = json!({"op": "add", "key": "n", "by": 1});
-    let pending = tokio::spawn(async move {
-        owner_api
-            .try_post_with("/v1/actors/kit/alice", &add, &[])
-            .await
-    });
-    let held = flags.path().join("stall.held");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !held.exists() {
-        assert!(Instant::now() < deadline, "the backup never held the batch");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    c.nodes[o].kill9();
-    let _ = pending.await;
-
-    // The backup takes the slot over; the alarm falls due there while the
-    // batch is still held.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while slots_used(&c, b).await <= before {
-        assert!(Instant::now() < deadline, "the backup never took over");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    t.fail_over_holding_the_batch().await;
+    // The alarm falls due on the new owner while the batch is still held.
     let due = set_at + Duration::from_millis(AFTER_MS);
     let hold_until = due.max(Instant::now()) + Duration::from_millis(1500);
     tokio::time::sleep_until(hold_until.into()).await;
-    std::fs::remove_file(&stall).unwrap();
+    t.release();
 
     // The alarm ran once, on `n = 8`; then a request adds 1 more.
-    let api = c.api(b);
+    let api = t.c.api(t.backup);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let r = api
@@ -172,6 +95,80 @@ async fn an_alarm_falling_due_before_the_new_owner_settled_its_slot_waits_for_it
         "7, the batch the backup accepted (8), the alarm's add (9), this add: {}",
         r.json
     );
+}
+
+/// A cluster whose backups hold a batch they accept while `stall` exists,
+/// and the actor `kit/alice` at `n = 7` on `owner`, backed up on `backup`
+/// (node indexes).
+struct Takeover {
+    c: Cluster,
+    _flags: tempfile::TempDir,
+    stall: PathBuf,
+    owner: usize,
+    backup: usize,
+}
+
+impl Takeover {
+    /// `config`: more node configuration, after the `[cluster]` table.
+    async fn start(config: &str) -> Option<Self> {
+        let flags = common::tempdir();
+        let stall = flags.path().join("stall");
+        let stall_env = stall.to_str().unwrap().to_owned();
+        let env = [("MARMOT_FAULT_REPLICA_STALL_FILE", stall_env.as_str())];
+        let c = Cluster::start_with(&env, config).await?;
+        assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+        let r = c.api(0).add("kit", "alice", 7).await;
+        assert_eq!(r.status, 200, "{}", r.json);
+        let info = c.api(0).get("/v1/actors/kit/alice").await.json;
+        let index = |node: &Value| {
+            let id = node.as_str().expect("a node id");
+            NODES.iter().position(|(n, _)| *n == id).unwrap()
+        };
+        let (owner, backup) = (index(&info["node"]), index(&info["backup"]));
+        Some(Self {
+            c,
+            _flags: flags,
+            stall,
+            owner,
+            backup,
+        })
+    }
+
+    /// The owner commits `n = 8` and ships it; the backup accepts the
+    /// batch and holds it before its commit; the owner dies before it hears
+    /// back. Returns once the backup has taken the slot over, the batch
+    /// still held.
+    async fn fail_over_holding_the_batch(&mut self) {
+        let before = slots_used(&self.c, self.backup).await;
+        std::fs::write(&self.stall, b"").unwrap();
+        let owner_api = self.c.api(self.owner);
+        let add = json!({"op": "add", "key": "n", "by": 1});
+        let pending = tokio::spawn(async move {
+            owner_api
+                .try_post_with("/v1/actors/kit/alice", &add, &[])
+                .await
+        });
+        let mut held = self.stall.clone().into_os_string();
+        held.push(".held");
+        let held = PathBuf::from(held);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !held.exists() {
+            assert!(Instant::now() < deadline, "the backup never held the batch");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.c.nodes[self.owner].kill9();
+        let _ = pending.await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while slots_used(&self.c, self.backup).await <= before {
+            assert!(Instant::now() < deadline, "the backup never took over");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Let the held batch commit.
+    fn release(&self) {
+        std::fs::remove_file(&self.stall).unwrap();
+    }
 }
 
 /// The used slots node `i` owns, as it sees them (not an actor's path: no
