@@ -457,6 +457,18 @@ mod tests {
             assert!(d >= n && d <= n + n / 4);
             assert!(n <= c.retry_max_delay_ms);
         }
+        // Jittered: retries of many deliveries failing together spread
+        // over the quarter above the nominal delay instead of coming back
+        // at once.
+        let n = s.nominal_delay_ms(5);
+        let delays: Vec<u64> = (0..200).map(|_| s.delay_ms(5)).collect();
+        let distinct: std::collections::BTreeSet<u64> = delays.iter().copied().collect();
+        assert!(distinct.len() > 100, "{} distinct delays", distinct.len());
+        let (lo, hi) = (distinct.first().unwrap(), distinct.last().unwrap());
+        assert!(
+            *lo < n + n / 16 && *hi > n + n * 3 / 16,
+            "delays {lo}..{hi} around {n}"
+        );
     }
 
     #[test]
