@@ -8,7 +8,7 @@ mod common;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use common::{Api, Marmot, TESTKIT, tempdir};
+use common::{Api, Marmot, TESTKIT, metric, tempdir};
 use marmot::fake_provider::{Behaviour, FakeProvider, Scripted};
 use serde_json::{Value, json};
 
@@ -440,6 +440,56 @@ async fn retries_honour_retry_after_and_fallbacks_cover_an_overloaded_provider()
             .contains("marmot_model_tokens_total{provider=\"p-openai-chat\",outcome=\"output\"}")
     );
     drop(rig.node);
+}
+
+/// Guarantee 5: an actor whose turn waits on a model call is busy, not
+/// idle. A call slower than the type's idle timeout neither hibernates the
+/// actor nor is cut short; once the turn is over, the actor hibernates on
+/// time.
+#[tokio::test]
+async fn an_actor_waiting_on_a_slow_model_call_does_not_hibernate() {
+    let rig = Rig::new().await;
+    let r = rig
+        .api
+        .deploy("sleepy", TESTKIT, json!({"idle_timeout_ms": 200}))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    rig.fake
+        .set_timing(Duration::from_millis(1200), Duration::ZERO);
+    rig.fake.push([Scripted::Text("slow, but here".into())]);
+    let hibernations = |api: &Api| {
+        let api = api.clone();
+        async move {
+            let text = String::from_utf8(api.get("/metrics").await.body).unwrap();
+            metric(&text, "marmot_hibernations_total")
+        }
+    };
+    let before = hibernations(&rig.api).await;
+    let r = rig
+        .api
+        .op(
+            "sleepy",
+            "a",
+            json!({"op": "chat", "request": {"provider": "p-openai-chat", "model": "m1",
+                   "messages": [{"role": "user", "content": "hi"}]}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(
+        r.json["answer"]["message"]["content"], "slow, but here",
+        "{}",
+        r.json
+    );
+    assert_eq!(
+        hibernations(&rig.api).await,
+        before,
+        "an actor hibernated while its model call was in flight"
+    );
+    rig.api
+        .wait_info("sleepy", "a", "hibernation", |i| {
+            i["status"] == "hibernated"
+        })
+        .await;
 }
 
 #[tokio::test]
