@@ -155,6 +155,108 @@ async fn javascript_errors_are_clear_and_commit_nothing() {
     );
 }
 
+/// Guarantee 2 for JavaScript actors: a turn that writes state, emits an
+/// event, sets and cancels alarms, requests an input, sends to another
+/// actor and writes a file, then throws, commits none of it.
+#[tokio::test]
+async fn a_javascript_turn_that_throws_commits_none_of_its_effects() {
+    let (_dir, _m, api) = node(None).await;
+    let js = r#"
+import { state, events, alarms, inputs, actors, files } from "marmot";
+export default {
+  onMessage(body) {
+    if (body.op === "setup") {
+      state.set("n", 1);
+      alarms.set("kept", { after: 60000 });
+      return "ok";
+    }
+    if (body.op === "count") {
+      state.set("got", (state.get("got") ?? 0) + 1);
+      return state.get("got");
+    }
+    state.set("n", 2);
+    state.set("extra", true);
+    events.emit("happened", { n: 2 });
+    alarms.set("soon", { after: 50 });
+    alarms.cancel("kept");
+    inputs.request({ kind: "question", prompt: "Sure?" });
+    actors.send("atomic", "other", { op: "count" });
+    files.write("notes/draft.md", "never");
+    if (body.op === "throw") throw new Error("changed my mind");
+    return "done";
+  },
+};
+"#;
+    let r = api.deploy_js("atomic", js).await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let r = api.op("atomic", "a", json!({"op": "setup"})).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+
+    let r = api.op("atomic", "a", json!({"op": "throw"})).await;
+    assert_eq!(r.status, 500, "{}", r.json);
+    assert_eq!(r.code(), "actor_error");
+    assert!(
+        r.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("changed my mind"),
+        "{}",
+        r.json
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let get = |path: String| {
+        let api = api.clone();
+        async move { api.get(&path).await }
+    };
+    assert_eq!(get("/v1/actors/atomic/a/state/n".into()).await.json, 1);
+    assert_eq!(
+        get("/v1/actors/atomic/a/state/extra".into()).await.status,
+        404
+    );
+    let events = get("/v1/actors/atomic/a/events".into()).await.json;
+    assert_eq!(events["events"], json!([]), "{events}");
+    let alarms = get("/v1/actors/atomic/a/alarms".into()).await.json;
+    let names: Vec<&str> = alarms["alarms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["kept"], "{alarms}");
+    let pending = get("/v1/actors/atomic/a/inputs?status=pending".into())
+        .await
+        .json;
+    assert_eq!(pending["inputs"], json!([]), "{pending}");
+    let listed = get("/v1/actors/atomic/a/files".into()).await;
+    assert_eq!(listed.status, 200, "{}", listed.json);
+    assert_eq!(listed.json["files"], json!([]), "{}", listed.json);
+    assert_eq!(get("/v1/actors/atomic/other".into()).await.status, 404);
+
+    // The same turn without the throw commits all of it.
+    let r = api.op("atomic", "a", json!({"op": "all"})).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(get("/v1/actors/atomic/a/state/n".into()).await.json, 2);
+    let events = get("/v1/actors/atomic/a/events".into()).await.json;
+    let kinds: Vec<&str> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["happened", "input_requested"], "{events}");
+    let pending = get("/v1/actors/atomic/a/inputs?status=pending".into())
+        .await
+        .json;
+    assert_eq!(pending["inputs"].as_array().unwrap().len(), 1, "{pending}");
+    let listed = get("/v1/actors/atomic/a/files".into()).await.json;
+    assert_eq!(listed["files"].as_array().unwrap().len(), 1, "{listed}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get("/v1/actors/atomic/other/state/got".into()).await.json != 1 {
+        assert!(Instant::now() < deadline, "the send never arrived");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 #[tokio::test]
 async fn javascript_actors_hibernate_wake_and_upgrade() {
     let (_dir, _m, api) = node(None).await;
