@@ -534,6 +534,68 @@ async fn webhook_deliveries_stay_deduplicated_across_a_failover() {
     assert_eq!(hooks(c.api(other)).await, 2);
 }
 
+/// Guarantees 1 and 4 for JavaScript actors in a cluster: a JavaScript
+/// actor lives on one node whichever node is asked; when that node dies,
+/// its backup serves it with every acknowledged write (and the events of
+/// each, once); the old owner, back, forwards to the new one.
+#[tokio::test]
+async fn a_javascript_actor_fails_over_with_its_state_and_events() {
+    let Some(mut c) = Cluster::start().await else {
+        return;
+    };
+    let r = c.api(0).deploy_js("jscount", common::js::COUNTER_JS).await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let path = "/v1/actors/jscount/ann";
+    for i in 0..3 {
+        let r = c.api(i).post_json(path, &json!({"by": 1})).await;
+        assert_eq!(r.status, 200, "{}", r.json);
+        assert_eq!(r.json["n"], i + 1, "{}", r.json);
+    }
+    let info = c.api(0).get(path).await.json;
+    let index = |node: &Value| {
+        let id = node.as_str().expect("a node id");
+        NODES.iter().position(|(n, _)| *n == id).unwrap()
+    };
+    let (o, b) = (index(&info["node"]), index(&info["backup"]));
+    let other = 3 - o - b;
+
+    c.nodes[o].kill9();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let r = loop {
+        let r = c.api(other).post_json(path, &json!({"by": 1})).await;
+        if r.status == 200 || Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(
+        r.json["n"], 4,
+        "the backup took over with the state: {}",
+        r.json
+    );
+    assert_eq!(c.api(other).get(path).await.json["node"], NODES[b].0);
+
+    c.nodes[o].restart().await;
+    let r = c.api(o).post_json(path, &json!({"by": 1})).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["n"], 5, "{}", r.json);
+    assert_eq!(c.api(o).get(path).await.json["node"], NODES[b].0);
+    let events = c.api(o).get(&format!("{path}/events")).await.json;
+    let counted: Vec<(u64, i64)> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "counted")
+        .map(|e| (e["seq"].as_u64().unwrap(), e["data"]["n"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(
+        counted,
+        [(1, 1), (2, 2), (3, 3), (4, 4), (5, 5)],
+        "{events}"
+    );
+}
+
 /// A node paused longer than its lease (SIGSTOP) wakes up fenced: a request
 /// that reached it while it was paused is refused, not served on stale
 /// ownership; it serves again once etcd has confirmed a new lease.
