@@ -12,7 +12,8 @@
 //! it sees gained before it starts their actors; in-node callers that load
 //! an actor themselves settle its slot first (an alarm falling due in the
 //! moment between the view's change and `follow_slots` noticing it, an
-//! actor call from a turn: see [`Cluster::unsettled`]).
+//! actor call from a turn, recovery at start-up: see
+//! [`Cluster::unsettled`]).
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};

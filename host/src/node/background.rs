@@ -29,12 +29,17 @@ impl Node {
                     continue;
                 }
             };
-            // In a cluster: only this node's own actors (it may hold copies
-            // of others', as a backup or a former owner).
-            if let Some(c) = &self.cluster
-                && c.target(&key) != crate::cluster::Target::Here
-            {
-                continue;
+            if let Some(c) = &self.cluster {
+                // In a cluster: only this node's own actors (it may hold
+                // copies of others', as a backup or a former owner)...
+                if c.target(&key) != crate::cluster::Target::Here {
+                    continue;
+                }
+                // ... once every batch it accepted as their slot's backup
+                // has landed (`cluster/takeover.rs`).
+                if let Some(slot) = c.unsettled(&key) {
+                    self.settle(&[slot]).await;
+                }
             }
             let Ok(permit) = permits.clone().acquire_owned().await else {
                 break;
