@@ -226,10 +226,9 @@ impl ActorCalls for ActorEnv {
             // The recipient's slot just came to this node: what it accepted
             // as its backup lands before the recipient loads here.
             if let Some((cluster, _)) = &self.cluster
-                && let Some((slot, epoch)) = cluster.unsettled(&to)
+                && let Some(slot) = cluster.unsettled(&to)
             {
-                self.storage.writer().barrier().await;
-                cluster.mark_settled(slot, epoch);
+                cluster.settle_slots(self.storage.writer(), &[slot]).await;
             }
             let sent = self.send(
                 &to,
@@ -288,8 +287,9 @@ impl AlarmTarget for ActorEnv {
                 if cluster.start_settling(slot, epoch) {
                     let (storage, cluster) = (self.storage.clone(), cluster.clone());
                     tokio::spawn(async move {
-                        storage.writer().barrier().await;
-                        cluster.mark_settled(slot, epoch);
+                        cluster
+                            .settle_slots(storage.writer(), &[(slot, epoch)])
+                            .await;
                     });
                 }
                 alarm.ticket.retry_later(SETTLING_RETRY_MS);

@@ -363,7 +363,9 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                 // Just come to own it: what this node accepted as its
                 // backup lands before any of its actors loads here.
                 if used && !cluster.settled(slot, epoch) {
-                    s.node.settle(&[(slot, epoch)]).await;
+                    cluster
+                        .settle_slots(s.node.storage().writer(), &[(slot, epoch)])
+                        .await;
                 }
                 // A move of the actor under way, or a new actor placed in
                 // another region: route again (a forwarded request is then

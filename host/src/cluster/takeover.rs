@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::records::SLOTS;
 use super::{Cluster, Route};
 use crate::ids::ActorKey;
+use crate::storage::Writer;
 
 /// Per slot, the epoch from which this node has settled it (0: none), and
 /// the latest epoch an in-node caller started settling it at.
@@ -76,9 +77,19 @@ impl Cluster {
             .is_some_and(|e| e.fetch_max(epoch, Ordering::AcqRel) < epoch)
     }
 
+    /// Let every batch this node accepted as the backup of `slots` land
+    /// before their actors load here, each owned at its epoch: one barrier
+    /// through `writer`, then each slot is settled.
+    pub async fn settle_slots(&self, writer: &Writer, slots: &[(u32, u64)]) {
+        writer.barrier().await;
+        for &(slot, epoch) in slots {
+            self.mark_settled(slot, epoch);
+        }
+    }
+
     /// `slot`, owned here at `epoch`, is settled (a writer barrier passed
     /// after this node saw the epoch).
-    pub fn mark_settled(&self, slot: u32, epoch: u64) {
+    fn mark_settled(&self, slot: u32, epoch: u64) {
         if let Some(e) = self.inner.settled.epochs.get(slot as usize) {
             e.fetch_max(epoch, Ordering::AcqRel);
         }

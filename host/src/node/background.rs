@@ -38,7 +38,7 @@ impl Node {
                 // ... once every batch it accepted as their slot's backup
                 // has landed (`cluster/takeover.rs`).
                 if let Some(slot) = c.unsettled(&key) {
-                    self.settle(&[slot]).await;
+                    c.settle_slots(self.storage.writer(), &[slot]).await;
                 }
             }
             let Ok(permit) = permits.clone().acquire_owned().await else {

@@ -45,7 +45,9 @@ impl Node {
             if !gained.is_empty() {
                 // What this node accepted as their backup lands before
                 // their actors start (`cluster/takeover.rs`).
-                self.settle(&cluster.owned_epochs(&gained)).await;
+                cluster
+                    .settle_slots(self.storage.writer(), &cluster.owned_epochs(&gained))
+                    .await;
                 let woken = self.start_actors(|k| gained.contains(&cluster.slot_of(k)));
                 tracing::info!(
                     slots = gained.len(),
@@ -54,18 +56,6 @@ impl Node {
                 );
             }
             owned = now;
-        }
-    }
-
-    /// Let every batch this node accepted as the backup of `slots` land
-    /// before their actors load here, each owned at its epoch
-    /// (`cluster/takeover.rs`).
-    pub(crate) async fn settle(&self, slots: &[(u32, u64)]) {
-        self.storage.writer().barrier().await;
-        if let Some(c) = &self.cluster {
-            for &(slot, epoch) in slots {
-                c.mark_settled(slot, epoch);
-            }
         }
     }
 
