@@ -156,6 +156,7 @@ impl Scheduler {
             loaded_until: 0,
             batch: config.reload_batch.max(1),
             every: Duration::from_millis(config.reload_ms.max(1)),
+            next_reload: tokio::time::Instant::now(),
             truncated: false,
             reload_asked: false,
             permits: Arc::new(Semaphore::new(config.concurrency.max(1))),
@@ -223,6 +224,8 @@ struct Loop {
     batch: usize,
     /// How often the due index is read again.
     every: Duration,
+    /// When it is read again next, unless something asks sooner.
+    next_reload: tokio::time::Instant,
     /// The last read stopped at `batch` rows: more were due before the
     /// horizon.
     truncated: bool,
@@ -236,23 +239,22 @@ struct Loop {
 impl Loop {
     async fn run(mut self) {
         self.reload().await;
-        let mut next_reload = tokio::time::Instant::now() + self.every;
         loop {
             self.fire_due();
             if self.backlog_low() {
                 // Most of a truncated read has gone out: read the next
                 // piece now rather than at the next periodic reload.
                 self.reload().await;
-                next_reload = tokio::time::Instant::now() + self.every;
                 self.fire_due();
             }
             // With no permit free, the next wake-up is a settled alarm.
             let wake = match self.queue.first_due() {
                 Some(due) if self.permits.available_permits() > 0 => {
                     let wait = due.saturating_sub(now_ms());
-                    (tokio::time::Instant::now() + Duration::from_millis(wait)).min(next_reload)
+                    (tokio::time::Instant::now() + Duration::from_millis(wait))
+                        .min(self.next_reload)
                 }
-                _ => next_reload,
+                _ => self.next_reload,
             };
             tokio::select! {
                 notice = self.rx.recv() => {
@@ -264,9 +266,8 @@ impl Loop {
                 }
                 () = tokio::time::sleep_until(wake) => {}
             }
-            if self.reload_asked || tokio::time::Instant::now() >= next_reload {
+            if self.reload_asked || tokio::time::Instant::now() >= self.next_reload {
                 self.reload().await;
-                next_reload = tokio::time::Instant::now() + self.every;
             }
         }
     }
@@ -314,6 +315,7 @@ impl Loop {
     /// for delivery.
     async fn reload(&mut self) {
         self.reload_asked = false;
+        self.next_reload = tokio::time::Instant::now() + self.every;
         // Until a read succeeds, only the periodic reload tries again.
         self.truncated = false;
         let until = now_ms() + HORIZON_MS;
