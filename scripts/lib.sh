@@ -48,6 +48,32 @@ ensure_etcd() {
     ensure_commands etcd:etcd-server
 }
 
+# What the tests that need more than this repository may require of this
+# machine, comma-separated: `etcd` (installed above), `tmpfs` (mounting a
+# size-limited tmpfs: root), `netns` (network namespaces on a bridge: root,
+# CAP_NET_ADMIN and iproute2, installed here when root). Each is probed, not
+# assumed. `scripts/test` exports the list as MARMOT_TEST_REQUIRE, so that a
+# test needing one of them fails rather than skips (tests/common `skip`).
+test_capabilities() {
+    caps=""
+    command -v etcd >/dev/null 2>&1 && caps="etcd"
+    [ "$(id -u)" = 0 ] || { echo "$caps"; return 0; }
+    probe=$(mktemp -d)
+    if mount -t tmpfs -o size=1m marmot-probe "$probe" 2>/dev/null; then
+        umount "$probe" && caps="$caps,tmpfs"
+    fi
+    rmdir "$probe" || true
+    (ensure_commands ip:iproute2) >&2 || true
+    bridge="mprobe$$"
+    if command -v ip >/dev/null 2>&1 && ip link add "$bridge" type bridge 2>/dev/null; then
+        ip link del "$bridge" || true
+        if ip netns add "$bridge" 2>/dev/null; then
+            ip netns del "$bridge" && caps="$caps,netns"
+        fi
+    fi
+    echo "${caps#,}"
+}
+
 # Install Debian packages for the commands named, when a command is missing:
 # ensure_commands "wrk:wrk" "npm:npm".
 ensure_commands() {

@@ -38,8 +38,9 @@ impl Net {
     /// `10.203.S.1`, namespace `i` is `10.203.S.(10 + i)`.
     fn create(n: usize) -> Option<Self> {
         if Command::new("etcd").arg("--version").output().is_err() {
-            eprintln!(
-                "SKIPPED: etcd is not installed (scripts/test installs Debian's etcd-server)"
+            common::skip(
+                "etcd",
+                "etcd is not installed (scripts/test installs Debian's etcd-server)",
             );
             return None;
         }
@@ -48,7 +49,10 @@ impl Net {
             .output()
             .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
         if !root || !sh(&["ip", "-V"]) {
-            eprintln!("SKIPPED: creating network namespaces needs root and iproute2 (`ip`)");
+            common::skip(
+                "netns",
+                "creating network namespaces needs root and iproute2 (`ip`)",
+            );
             return None;
         }
         // Unique per test (tests of one binary run in parallel) and per
@@ -59,7 +63,10 @@ impl Net {
         let subnet = (20 + (std::process::id() + 37 * n_net) % 200) as u8;
         let bridge = format!("mbr{tag}");
         if !sh(&["ip", "link", "add", &bridge, "type", "bridge"]) {
-            eprintln!("SKIPPED: cannot create a network bridge here (root without CAP_NET_ADMIN?)");
+            common::skip(
+                "netns",
+                "cannot create a network bridge here (root without CAP_NET_ADMIN?)",
+            );
             return None;
         }
         let mut net = Self {

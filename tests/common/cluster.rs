@@ -23,8 +23,9 @@ pub struct Etcd {
 impl Etcd {
     pub fn start(dir: &Path) -> Option<Self> {
         if Command::new("etcd").arg("--version").output().is_err() {
-            eprintln!(
-                "SKIPPED: etcd is not installed (scripts/test installs Debian's etcd-server)"
+            super::skip(
+                "etcd",
+                "etcd is not installed (scripts/test installs Debian's etcd-server)",
             );
             return None;
         }

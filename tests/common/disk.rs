@@ -18,9 +18,12 @@ impl SmallDisk {
             .output()
             .ok()?;
         if !out.status.success() {
-            eprintln!(
-                "SKIPPED: mounting a size-limited tmpfs needs root: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
+            super::skip(
+                "tmpfs",
+                &format!(
+                    "mounting a size-limited tmpfs needs root: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
             );
             return None;
         }
