@@ -2,7 +2,8 @@
 //! and guarantee 9 (secrets never enter a sandbox) end to end: a real node,
 //! a local https server with a test CA (`rcgen`) on 127.0.0.2, a plain http
 //! server beside it, and a small DNS server that the node resolves with
-//! (`[egress] nameservers`), which can change its answers (rebinding).
+//! (`[egress] nameservers`), which can change its answers (rebinding), and
+//! an OTLP collector that keeps the traces the node exports.
 //!
 //! Only loopback addresses are ever contacted: the refusals of private,
 //! link-local and metadata addresses happen before a connection.
@@ -157,6 +158,71 @@ async fn serve(seen: Arc<Seen>, tls: Option<tokio_rustls::TlsAcceptor>) -> u16 {
     port
 }
 
+/// An OTLP/HTTP collector on loopback keeping every export as it came (the
+/// protobuf bytes), so a test can search them for a secret byte for byte,
+/// and count the spans named `turn` in them.
+#[derive(Clone, Default)]
+struct Traces(Arc<Mutex<Vec<axum::body::Bytes>>>);
+
+impl Traces {
+    async fn start() -> (String, Self) {
+        let traces = Self::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let kept = traces.0.clone();
+        let app = axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                kept.lock().unwrap().push(body);
+                async { axum::http::StatusCode::OK }
+            }),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (url, traces)
+    }
+
+    fn exports(&self) -> Vec<axum::body::Bytes> {
+        self.0.lock().unwrap().clone()
+    }
+
+    fn turn_spans(&self) -> usize {
+        use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+        use prost::Message as _;
+        self.exports()
+            .into_iter()
+            .map(|body| ExportTraceServiceRequest::decode(body).expect("OTLP protobuf"))
+            .flat_map(|req| req.resource_spans)
+            .flat_map(|rs| rs.scope_spans)
+            .flat_map(|ss| ss.spans)
+            .filter(|s| s.name == "turn")
+            .count()
+    }
+
+    /// Once at least `turns` turn spans have come, wait until no export
+    /// has come for half a second (the node exports every 100 ms).
+    async fn settled(&self, turns: usize) -> Vec<axum::body::Bytes> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut last = (0, std::time::Instant::now());
+        loop {
+            let n = self.exports().len();
+            if n != last.0 {
+                last = (n, std::time::Instant::now());
+            }
+            if self.turn_spans() >= turns
+                && last.1.elapsed() > std::time::Duration::from_millis(500)
+            {
+                return self.exports();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} turn spans exported, expected {turns}",
+                self.turn_spans()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
+
 /// A DNS server answering A queries from a table; a name with several
 /// answers gives the next one at each query (the last one repeats), which
 /// is how a rebinding attacker behaves.
@@ -248,6 +314,7 @@ struct Rig {
     api: Api,
     seen: Arc<Seen>,
     dns: Dns,
+    traces: Traces,
     https: u16,
     http: u16,
 }
@@ -275,9 +342,16 @@ impl Rig {
             ca_file.display().to_string(),
             dns.addr
         );
+        // Logs at trace level, and traces exported (with the log events in
+        // their spans) to a local collector: both are searched for secrets.
+        let (collector, traces) = Traces::start().await;
         let node = Marmot::start_opts(
             &dir.path().join("data"),
-            &[("MARMOT_LOG", "trace")],
+            &[
+                ("MARMOT_LOG", "trace"),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", &collector),
+                ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ],
             Some(&config),
         )
         .await;
@@ -302,6 +376,7 @@ impl Rig {
             api,
             seen,
             dns,
+            traces,
             https,
             http,
         }
@@ -316,6 +391,10 @@ impl Rig {
         assert_eq!(r.status, 200, "{}", r.json);
         r.json
     }
+}
+
+fn holds(hay: &[u8], needle: &str) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
 }
 
 fn denied(r: &Value) -> String {
@@ -459,8 +538,19 @@ async fn a_secret_reaches_only_its_https_host_and_nothing_comes_back_with_it() {
         );
     }
 
-    // Nowhere else either: logs at trace level, metrics, events, the
-    // database file.
+    // Nowhere else either: exported traces, logs at trace level,
+    // metrics, events, the database file. Every turn above is traced (13
+    // of them: a refused fetch is a turn too), with the log events
+    // inside it.
+    let exports = rig.traces.settled(13).await;
+    assert!(
+        !exports.iter().any(|b| holds(b, SECRET)),
+        "an exported trace holds the secret"
+    );
+    assert!(
+        exports.iter().any(|b| holds(b, "api.test")),
+        "the traces carry the log events of the fetches (which name the host)"
+    );
     let metrics = rig.api.get("/metrics").await;
     assert!(!String::from_utf8_lossy(&metrics.body).contains(SECRET));
     let events = rig.api.get("/v1/actors/kit/a/events").await;
@@ -473,7 +563,7 @@ async fn a_secret_reaches_only_its_https_host_and_nothing_comes_back_with_it() {
     );
     let db = common::database_bytes(&rig._dir.path().join("data"));
     assert!(
-        !db.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()),
+        !holds(&db, SECRET),
         "the database or its journal holds the secret"
     );
 }
@@ -718,4 +808,7 @@ async fn javascript_fetch_uses_the_same_capability() {
     let key = rig.seen.header(0, "idempotency-key").unwrap();
     assert_eq!(key.len(), 32, "{key}");
     assert!(key.bytes().all(|b| b.is_ascii_hexdigit()));
+    // Nor in the JavaScript turn's trace.
+    let exports = rig.traces.settled(1).await;
+    assert!(!exports.iter().any(|b| holds(b, SECRET)));
 }
