@@ -15,7 +15,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::{Api, Marmot, TESTKIT, tempdir};
+use common::otlp::Traces;
+use common::{Api, Marmot, TESTKIT, holds, tempdir};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -156,71 +157,6 @@ async fn serve(seen: Arc<Seen>, tls: Option<tokio_rustls::TlsAcceptor>) -> u16 {
         }
     });
     port
-}
-
-/// An OTLP/HTTP collector on loopback keeping every export as it came (the
-/// protobuf bytes), so a test can search them for a secret byte for byte,
-/// and count the spans named `turn` in them.
-#[derive(Clone, Default)]
-struct Traces(Arc<Mutex<Vec<axum::body::Bytes>>>);
-
-impl Traces {
-    async fn start() -> (String, Self) {
-        let traces = Self::default();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let kept = traces.0.clone();
-        let app = axum::Router::new().route(
-            "/v1/traces",
-            axum::routing::post(move |body: axum::body::Bytes| {
-                kept.lock().unwrap().push(body);
-                async { axum::http::StatusCode::OK }
-            }),
-        );
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        (url, traces)
-    }
-
-    fn exports(&self) -> Vec<axum::body::Bytes> {
-        self.0.lock().unwrap().clone()
-    }
-
-    fn turn_spans(&self) -> usize {
-        use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-        use prost::Message as _;
-        self.exports()
-            .into_iter()
-            .map(|body| ExportTraceServiceRequest::decode(body).expect("OTLP protobuf"))
-            .flat_map(|req| req.resource_spans)
-            .flat_map(|rs| rs.scope_spans)
-            .flat_map(|ss| ss.spans)
-            .filter(|s| s.name == "turn")
-            .count()
-    }
-
-    /// Once at least `turns` turn spans have come, wait until no export
-    /// has come for half a second (the node exports every 100 ms).
-    async fn settled(&self, turns: usize) -> Vec<axum::body::Bytes> {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        let mut last = (0, std::time::Instant::now());
-        loop {
-            let n = self.exports().len();
-            if n != last.0 {
-                last = (n, std::time::Instant::now());
-            }
-            if self.turn_spans() >= turns
-                && last.1.elapsed() > std::time::Duration::from_millis(500)
-            {
-                return self.exports();
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{} turn spans exported, expected {turns}",
-                self.turn_spans()
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    }
 }
 
 /// A DNS server answering A queries from a table; a name with several
@@ -391,10 +327,6 @@ impl Rig {
         assert_eq!(r.status, 200, "{}", r.json);
         r.json
     }
-}
-
-fn holds(hay: &[u8], needle: &str) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
 }
 
 fn denied(r: &Value) -> String {

@@ -554,7 +554,18 @@ async fn the_key_is_sent_by_the_host_to_its_hosts_only_and_never_comes_back() {
     let ca_file = dir.path().join("ca.pem");
     std::fs::write(&ca_file, ca).unwrap();
     let config = format!("{CONFIG}[egress]\nextra_ca_file = {:?}\n", ca_file);
-    let node = Marmot::start_opts(&dir.path().join("data"), &[], Some(&config)).await;
+    // Logs at trace level and exported traces are searched for the key.
+    let (collector, traces) = common::otlp::Traces::start().await;
+    let node = Marmot::start_opts(
+        &dir.path().join("data"),
+        &[
+            ("MARMOT_LOG", "trace"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &collector),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+        Some(&config),
+    )
+    .await;
     let api = node.client();
     assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
     let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
@@ -642,6 +653,12 @@ async fn the_key_is_sent_by_the_host_to_its_hosts_only_and_never_comes_back() {
         true
     );
     assert_eq!(api.op("kit", "a", scan(KEY)).await.json["found"], false);
+    // Five turns: two calls, the refused one, two scans.
+    let exports = traces.settled(5).await;
+    assert!(
+        !exports.iter().any(|b| common::holds(b, KEY)),
+        "an exported trace holds the key"
+    );
     let metrics = api.get("/metrics").await;
     assert!(!String::from_utf8_lossy(&metrics.body).contains(KEY));
     let listed = api.get("/v1/providers").await;
@@ -651,7 +668,7 @@ async fn the_key_is_sent_by_the_host_to_its_hosts_only_and_never_comes_back() {
     assert!(!node.log_text().contains(KEY), "the log holds the key");
     let db = common::database_bytes(&dir.path().join("data"));
     assert!(
-        !db.windows(KEY.len()).any(|w| w == KEY.as_bytes()),
+        !common::holds(&db, KEY),
         "the database or its journal holds the key"
     );
     drop(other);

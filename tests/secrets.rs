@@ -25,10 +25,6 @@ async fn put(api: &common::Api, name: &str, body: Value) -> common::Resp {
     .await
 }
 
-fn contains(hay: &[u8], needle: &str) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
-}
-
 #[tokio::test]
 async fn secrets_are_write_only_and_sealed_at_rest() {
     let dir = tempdir();
@@ -66,7 +62,7 @@ async fn secrets_are_write_only_and_sealed_at_rest() {
     assert_eq!(s["name"], "OPENAI_KEY");
     assert_eq!(s["hosts"], json!(["api.openai.com"]));
     assert!(s["created_at_ms"].as_u64().unwrap() <= s["updated_at_ms"].as_u64().unwrap());
-    assert!(!contains(&list.body, VALUE), "the list shows a value");
+    assert!(!common::holds(&list.body, VALUE), "the list shows a value");
 
     // Bad input: a clear 4xx, and nothing changes.
     for (name, body, status, code) in [
@@ -132,7 +128,7 @@ async fn secrets_are_write_only_and_sealed_at_rest() {
         .await;
     assert_eq!(r.code(), "invalid_secret");
     assert!(
-        !contains(&r.body, "sk-sec"),
+        !common::holds(&r.body, "sk-sec"),
         "an error quoted the value: {}",
         r.json
     );
@@ -149,7 +145,7 @@ async fn secrets_are_write_only_and_sealed_at_rest() {
     m.kill9();
     let db = common::database_bytes(&dir.path().join("data"));
     assert!(
-        !contains(&db, VALUE),
+        !common::holds(&db, VALUE),
         "the database or its journal holds the value"
     );
     assert!(!m.log_text().contains(VALUE), "the log holds the value");

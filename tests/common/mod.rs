@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod disk;
 pub mod history;
 pub mod js;
+pub mod otlp;
 
 use std::io::Write as _;
 use std::net::TcpListener;
@@ -517,6 +518,11 @@ pub fn skip(need: &str, why: &str) {
     }
     let test = std::thread::current().name().unwrap_or("a test").to_owned();
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why} (needs `{need}`)");
+}
+
+/// Whether `hay` holds the bytes of `needle`.
+pub fn holds(hay: &[u8], needle: &str) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
 }
 
 /// A directory for one test's data and logs, removed when dropped — kept
