@@ -435,6 +435,15 @@ async fn fresh_instances_start_with_the_pages_first_turns_write() {
             )
             .await;
         assert_eq!(r.status, 200, "{}", r.json);
+        // This instance keeps the marker in its memory while the next
+        // fresh instance starts, and the scan finds it here: so "not found"
+        // there means it is not there.
+        let r = api
+            .op("kit", &id, json!({ "op": "remember", "text": marker }))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.json);
+        let r = api.op("kit", &id, scan(&marker)).await;
+        assert_eq!(r.json["found"], true, "{id} cannot find its own marker");
         assert_eq!(api.add("kit", &id, k + 1).await.json["value"], k + 1);
         assert_eq!(api.add("kit", &id, 1).await.json["value"], k + 2);
     }

@@ -156,6 +156,9 @@ enum Op {
     /// masked (`masked[i] ^ mask[i]`), so that the string itself is never
     /// in memory unless something else put it there.
     ScanMemory { masked: Vec<u8>, mask: Vec<u8> },
+    /// Keep `text` in this instance's memory for as long as the instance
+    /// lives (what a scan of another instance must not find).
+    Remember { text: String },
     /// Ask for input; a refusal is replied with status 422.
     InputRequest {
         kind: String,
@@ -167,6 +170,11 @@ enum Op {
         #[serde(default)]
         fail: bool,
     },
+}
+
+thread_local! {
+    /// What [`Op::Remember`] keeps.
+    static REMEMBERED: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 fn get() -> String {
@@ -543,6 +551,10 @@ impl Actor for TestKit {
             }
             Op::ScanMemory { masked, mask } => {
                 Reply::json(&json!({ "found": memory_holds(&masked, &mask) }))
+            }
+            Op::Remember { text } => {
+                REMEMBERED.with_borrow_mut(|kept| kept.push(text));
+                Reply::json(&json!({}))
             }
             Op::AlarmList => {
                 let list: Vec<Value> = alarms::list()?
