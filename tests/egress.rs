@@ -547,6 +547,25 @@ async fn a_slow_fetch_is_not_cpu_and_keeps_the_actor_awake() {
         0.0,
         "the actor hibernated while it waited"
     );
+    assert_eq!(
+        rig.api.get("/v1/actors/kit/a").await.json["status"],
+        "active"
+    );
+    // Both limits are live for this type: the actor hibernates 300 ms after
+    // the turn, and a turn that spins is stopped after its 200 ms slice.
+    let asleep = rig
+        .api
+        .wait_info("kit", "a", "hibernation", |i| i["status"] == "hibernated")
+        .await;
+    assert_eq!(asleep["turns"], 1, "{asleep}");
+    let started = std::time::Instant::now();
+    let r = rig.api.op("kit", "a", json!({ "op": "spin" })).await;
+    assert_eq!(r.code(), "cpu_limit_exceeded", "{}", r.json);
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(1500),
+        "the spin outlasted the slow fetch: {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
