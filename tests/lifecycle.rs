@@ -48,13 +48,25 @@ async fn idle_actors_hibernate_and_wake_with_state_intact() {
     );
 
     // A busy actor does not hibernate: a turn longer than the idle timeout.
+    // Its idle time starts when the turn ends, so it sleeps a whole idle
+    // timeout later, not at once.
     let r = api
         .op("kit", "busy", json!({"op": "busy", "ms": 700}))
         .await;
     assert_eq!(r.status, 200);
+    let replied = Instant::now();
     assert_eq!(
         api.get("/v1/actors/kit/busy").await.json["status"],
         "active"
+    );
+    api.wait_info("kit", "busy", "hibernation", |i| {
+        i["status"] == "hibernated"
+    })
+    .await;
+    assert!(
+        replied.elapsed() >= Duration::from_millis(200),
+        "hibernated {:?} after a turn longer than its idle timeout",
+        replied.elapsed()
     );
 }
 
