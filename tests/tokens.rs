@@ -228,10 +228,23 @@ async fn a_client_token_opens_its_verbs_on_its_actor_and_nothing_else() {
         assert_eq!(status, 403, "{method} {path}: {body}");
         assert_eq!(body["error"]["code"], "forbidden");
     }
-    let (_, info) = s
-        .call(Method::GET, "/v1/actors/kit/bob", Some(ADMIN), None)
+    // The refused sends created no actor, and alice is still the only one.
+    for path in ["/v1/actors/kit/bob", "/v1/actors/kit/alice2"] {
+        let (status, info) = s.call(Method::GET, path, Some(ADMIN), None).await;
+        assert_eq!(status, 404, "{path} exists after a refused send: {info}");
+        assert_eq!(info["error"]["code"], "actor_not_found", "{info}");
+    }
+    let (status, list) = s
+        .call(Method::GET, "/v1/actors/kit", Some(ADMIN), None)
         .await;
-    assert_ne!(info["status"], "active", "bob was never woken: {info}");
+    assert_eq!(status, 200, "{list}");
+    let ids: Vec<&str> = list["actors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["alice"], "{list}");
     let (_, n) = s
         .call(
             Method::GET,
