@@ -628,6 +628,20 @@ impl SseStream {
         }
     }
 
+    /// Whether the server ends the stream within `timeout` (frames before
+    /// the end are read and dropped): a stream still open then, or one
+    /// that failed, is `false`.
+    pub async fn ends_within(&mut self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, self.resp.chunk()).await {
+                Ok(Ok(Some(_))) => {}
+                Ok(Ok(None)) => return true,
+                Ok(Err(_)) | Err(_) => return false,
+            }
+        }
+    }
+
     /// The next frame that carries an event (skips comments and hints).
     pub async fn next_event(&mut self, timeout: Duration) -> Option<Frame> {
         let deadline = tokio::time::Instant::now() + timeout;
