@@ -590,7 +590,9 @@ async fn a_failed_turn_sets_and_cancels_no_alarm() {
 #[tokio::test]
 async fn deleting_an_actor_removes_its_alarms() {
     let (_dir, _m, api) = kit_node(json!({})).await;
-    set(&api, "a", json!({"name": "t", "after": 300})).await;
+    let r = set(&api, "a", json!({"name": "t", "after": 300})).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(alarms(&api, "a").await.len(), 1, "the alarm is pending");
     assert_eq!(api.delete("/v1/actors/kit/a").await.status, 200);
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(
@@ -598,6 +600,12 @@ async fn deleting_an_actor_removes_its_alarms() {
         404,
         "a deleted actor's alarm must not bring it back"
     );
+    // A new actor of the same id starts without it: nothing pending, and
+    // nothing fires into it.
+    assert!(fired(&api, "a").await.is_empty());
+    assert!(alarms(&api, "a").await.is_empty());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(fired(&api, "a").await.is_empty(), "the old alarm fired");
 }
 
 #[tokio::test]
