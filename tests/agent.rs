@@ -336,15 +336,37 @@ async fn runs_can_be_cancelled_and_budgets_stop_them() {
         "{}",
         r.json
     );
-    // The stale approval does nothing now.
+    // The stale approval is taken (docs/agent.md: a cancelled run's input
+    // requests are ignored when answered) and does nothing: once the turn
+    // it starts has run, no tool was called.
     let input_id = asked["data"]["input_id"].as_str().unwrap();
-    rig.api
+    let turns = |i: &Value| i["turns"].as_u64().unwrap();
+    let before = turns(&rig.api.get("/v1/actors/slow/s1").await.json);
+    let r = rig
+        .api
         .post_json(
             &format!("/v1/actors/slow/s1/inputs/{input_id}"),
             &json!({"approved": true}),
         )
         .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["status"], "answered", "{}", r.json);
+    rig.api
+        .wait_info("slow", "s1", "the answer's turn", |i| {
+            turns(i) > before && i["pending_messages"] == 0
+        })
+        .await;
+    let events = rig.events("slow", "s1").await;
+    let cancelled = events
+        .iter()
+        .position(|e| e["kind"] == "run_failed" && e["data"]["reason"] == "cancelled")
+        .unwrap_or_else(|| panic!("no run_failed (cancelled): {events:#?}"));
+    assert!(
+        !events[cancelled..]
+            .iter()
+            .any(|e| e["kind"] == "tool_call" || e["kind"] == "tool_result"),
+        "a tool ran after the cancel: {events:#?}"
+    );
     assert!(rig.tickets.posts().is_empty());
     let r = rig
         .api
