@@ -78,6 +78,84 @@ impl Etcd {
     }
 }
 
+/// Every write under a key prefix from the moment [`Etcd::watch`]
+/// returns, as etcd's watch reports them (its JSON gateway): nothing
+/// between two polls is missed. Stops when dropped.
+pub struct Watch {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, Value)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Watch {
+    /// The writes so far: key and value (parsed as JSON; `null` for a
+    /// deletion or a value that is not JSON), in revision order.
+    pub fn writes(&self) -> Vec<(String, Value)> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Etcd {
+    /// Watch every key under `prefix`; returns once etcd has created the
+    /// watch.
+    pub async fn watch(&self, prefix: &str) -> Watch {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let mut end = prefix.as_bytes().to_vec();
+        *end.last_mut().unwrap() += 1;
+        let body = serde_json::json!({"create_request": {
+            "key": b64.encode(prefix), "range_end": b64.encode(&end)}});
+        let mut resp = reqwest::Client::new()
+            .post(format!("{}/v3/watch", self.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_success(), "etcd watch: {}", resp.status());
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (created_tx, created) = tokio::sync::oneshot::channel();
+        let kept = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut created_tx = Some(created_tx);
+            let mut buf = Vec::new();
+            while let Ok(Some(chunk)) = resp.chunk().await {
+                buf.extend_from_slice(&chunk);
+                while let Some(end) = buf.iter().position(|&b| b == b'\n') {
+                    let line: Vec<u8> = buf.drain(..=end).collect();
+                    let Ok(msg) = serde_json::from_slice::<Value>(&line) else {
+                        continue;
+                    };
+                    let result = &msg["result"];
+                    if result["created"] == true {
+                        created_tx.take().map(|tx| tx.send(()));
+                    }
+                    for e in result["events"].as_array().into_iter().flatten() {
+                        let decode = |v: &Value| {
+                            v.as_str()
+                                .and_then(|t| b64.decode(t).ok())
+                                .unwrap_or_default()
+                        };
+                        let key = String::from_utf8(decode(&e["kv"]["key"])).unwrap();
+                        let value = serde_json::from_slice(&decode(&e["kv"]["value"]))
+                            .unwrap_or(Value::Null);
+                        kept.lock().unwrap().push((key, value));
+                    }
+                }
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(10), created)
+            .await
+            .expect("etcd created the watch")
+            .unwrap();
+        Watch { seen, task }
+    }
+}
+
 impl Drop for Etcd {
     fn drop(&mut self) {
         self.kill9();
