@@ -658,11 +658,16 @@ impl SseStream {
 /// The value of the unlabelled sample `name` in Prometheus metrics `text`
 /// (0 when absent).
 pub fn metric(text: &str, name: &str) -> f64 {
+    sample(text, name).unwrap_or(0.0)
+}
+
+/// The value of the unlabelled sample `name` in Prometheus metrics `text`,
+/// if it is there (a check for 0 should not pass on a missing metric).
+pub fn sample(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
 }
 
 /// A fresh test CA and a server certificate it signed for `names` (DNS
