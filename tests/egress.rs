@@ -727,12 +727,21 @@ async fn javascript_fetch_uses_the_same_capability() {
       headers: {{ authorization: "Bearer {{{{secret:API_KEY}}}}", "idempotency-key": "{{{{idempotency-key}}}}" }},
     }});
     const text = await r.text();
+    const heads = [...r.headers].map(([k, v]) => k + ": " + v).join("\n");
     let refused = null;
     try {{ await fetch("http://127.0.0.1:{}/"); }} catch (e) {{ refused = String(e.message || e); }}
-    return {{ status: r.status, leaked: text.includes("{SECRET}"), redacted: text.includes("[redacted]"), refused }};
+    // The secret towards a host it may not go to: the refusal names it,
+    // never its value.
+    let misdirected = null;
+    try {{
+      await fetch("https://other.test:{}/echo", {{ headers: {{ authorization: "{{{{secret:API_KEY}}}}" }} }});
+    }} catch (e) {{ misdirected = String(e.message || e); }}
+    const seen = text + heads + refused + misdirected;
+    return {{ status: r.status, leaked: seen.includes("{SECRET}"), redacted: text.includes("[redacted]"),
+             echoed: r.headers.get("x-echo-auth"), refused, misdirected }};
   }}
 }};"#,
-        rig.https, rig.http
+        rig.https, rig.http, rig.https
     );
     let manifest = json!({ "kind": "js", "code": source, "config": kit_config() });
     let r = rig.api.deploy_manifest("jsfetch", &manifest).await;
@@ -740,8 +749,17 @@ async fn javascript_fetch_uses_the_same_capability() {
     let r = rig.api.post_json("/v1/actors/jsfetch/a", &json!({})).await;
     assert_eq!(r.status, 200, "{}", r.json);
     assert_eq!(r.json["status"], 200);
-    assert_eq!(r.json["leaked"], false);
+    assert_eq!(r.json["leaked"], false, "{}", r.json);
     assert_eq!(r.json["redacted"], true);
+    assert_eq!(r.json["echoed"], "Bearer [redacted]", "{}", r.json);
+    assert!(
+        r.json["misdirected"]
+            .as_str()
+            .unwrap_or("")
+            .contains("may only be sent over https to api.test"),
+        "{}",
+        r.json
+    );
     assert!(
         r.json["refused"]
             .as_str()
