@@ -434,6 +434,8 @@ pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
     println!(
         "scenario create (a new {kind} counter actor per request, default config, {secs}s per run)"
     );
+    // Each run its own ids (`one-`, `many-`), so that no run reaches an
+    // actor an earlier one made, even with `--connections 1`.
     for (label, conns) in [
         ("one connection", 1),
         ("many connections", args.connections),
@@ -443,7 +445,7 @@ pub(super) async fn create(args: &BenchArgs) -> anyhow::Result<()> {
         let writer0 = server.writer_cpu_time()?;
         let written0 = server.written_bytes()?;
         let r = builtin_load(
-            &target(&format!("c{conns}")),
+            &target(label.split(' ').next().unwrap_or(label)),
             conns,
             Duration::from_secs(secs),
         )
