@@ -724,15 +724,34 @@ async fn connections_are_capped_and_request_heads_are_bounded() {
         .unwrap();
     let said = String::from_utf8_lossy(&out);
     assert!(said.starts_with("HTTP/1.1 200"), "{said:?}");
-    // The three idle ones and the one asking are open.
+    // The three busy ones and the one asking are open.
     let said = raw_exchange(
         m.port,
         b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
     )
     .await;
     assert!(said.contains("\nmarmot_http_connections 4\n"), "{said}");
-    assert!(
-        said.contains("\nmarmot_http_connections_evicted_total 1\n"),
-        "{said}"
-    );
+    // At least the idle one was evicted. How many more is a race of this
+    // test's own closes: a connection the client has just closed still
+    // counts (as idle) until the node has seen it go, and may be the one
+    // evicted. What matters is that no busy one was: each still finishes
+    // its request and gets its answer.
+    let evicted = common::sample(&said, "marmot_http_connections_evicted_total");
+    assert!(evicted >= Some(1.0), "{said}");
+    for mut c in busy {
+        let mut rest = vec![b' '; 98];
+        rest.push(b'}');
+        c.write_all(&rest).await.unwrap();
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = tokio::time::timeout(Duration::from_secs(10), c.read(&mut buf))
+                .await
+                .expect("a busy connection's answer")
+                .unwrap();
+            assert!(n > 0, "a busy connection was closed: {head:?}");
+            head.extend_from_slice(&buf[..n]);
+        }
+        assert!(head.starts_with(b"HTTP/1.1 200"), "{head:?}");
+    }
 }
