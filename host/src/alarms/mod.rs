@@ -183,17 +183,18 @@ mod tests {
         // next valid time, once, and never twice on the day clocks go back.
         let before_spring = ms("2026-03-29T00:00:00Z");
         let next = cron_next("30 2 * * *", Some("Europe/Berlin"), before_spring).unwrap();
-        assert!(next >= ms("2026-03-29T01:00:00Z"), "not before the gap");
+        // 03:00 CEST, the first instant after the gap: that day's run.
+        assert_eq!(next, ms("2026-03-29T01:00:00Z"), "the run in the gap");
         let after = cron_next("30 2 * * *", Some("Europe/Berlin"), next).unwrap();
-        assert!(after > next + 20 * 60 * MIN);
+        assert_eq!(after, ms("2026-03-30T00:30:00Z"), "02:30 CEST the next day");
         let before_fall = ms("2026-10-24T00:00:00Z");
         let a = cron_next("30 2 * * *", Some("Europe/Berlin"), before_fall).unwrap();
         let b = cron_next("30 2 * * *", Some("Europe/Berlin"), a).unwrap();
         let c = cron_next("30 2 * * *", Some("Europe/Berlin"), b).unwrap();
-        assert!(
-            b - a >= 23 * 60 * MIN && c - b >= 23 * 60 * MIN,
-            "no double run at fall-back"
-        );
+        assert_eq!(a, ms("2026-10-24T00:30:00Z"), "02:30 CEST");
+        // 02:30 comes twice on the 25th (CEST, then CET): one run.
+        assert_eq!(b, ms("2026-10-25T00:30:00Z"), "the first 02:30");
+        assert_eq!(c, ms("2026-10-26T01:30:00Z"), "02:30 CET, no double run");
     }
 
     #[test]
