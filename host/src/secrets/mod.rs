@@ -517,6 +517,8 @@ mod tests {
         .await
         .unwrap();
         let host = || vec!["api.example.com".to_owned()];
+        // A secret that each bad write below tries to replace.
+        store.put("K", b"kept", host()).await.unwrap();
         assert!(matches!(
             store.put("bad name", b"v", host()).await,
             Err(SecretError::Name(_))
@@ -539,7 +541,11 @@ mod tests {
             store.put("K", b"v", vec!["https://x.com".into()]).await,
             Err(SecretError::Invalid(_))
         ));
-        assert!(store.list().unwrap().is_empty());
+        let listed = store.list().unwrap();
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert_eq!((listed[0].name.as_str(), listed[0].hosts.clone()), ("K", host()));
+        let (value, _) = store.reveal("K").unwrap();
+        assert_eq!(value.expose(), b"kept");
     }
 
     #[tokio::test]
