@@ -543,7 +543,10 @@ mod tests {
         ));
         let listed = store.list().unwrap();
         assert_eq!(listed.len(), 1, "{listed:?}");
-        assert_eq!((listed[0].name.as_str(), listed[0].hosts.clone()), ("K", host()));
+        assert_eq!(
+            (listed[0].name.as_str(), listed[0].hosts.clone()),
+            ("K", host())
+        );
         let (value, _) = store.reveal("K").unwrap();
         assert_eq!(value.expose(), b"kept");
     }

@@ -205,18 +205,32 @@ fn a_commit_larger_than_a_log_goes_to_the_database_file_and_empties_the_logs() {
     let path = dir.path().join("m.redb");
     let size = 16 * BLOCK; // 64 KiB logs
     let metrics = JournalMetrics::new();
-    {
+    // The power goes right after the large commit (a clean close would
+    // sync the file and empty the logs whatever the commit did).
+    let (file, logs) = {
         let db = db_counted(&path, size, &metrics);
         put(&db, 1, b"small");
         put(&db, 1, &vec![9; 200_000]);
-    }
+        (
+            std::fs::read(&path).unwrap(),
+            log_paths(&path).map(|p| std::fs::read(p).unwrap()),
+        )
+    };
     assert!(
         metrics.direct.get() >= 1,
         "the large commit skipped the logs"
     );
-    // Older records replayed over it would put back older pages.
-    let synced = std::fs::read(&path).unwrap();
-    lose_unsynced(&path, &synced);
+    // The logs hold no record: the small commit's, replayed over the large
+    // one, would put back older pages.
+    let identity = identity_of(&File::open(&path).unwrap()).unwrap();
+    for bytes in &logs {
+        let records = scan(&bytes[..], identity).unwrap().map(|(_, r)| r);
+        assert_eq!(records.map(|r| r.len()), Some(0), "a log kept records");
+    }
+    std::fs::write(&path, file).unwrap();
+    for (p, bytes) in log_paths(&path).iter().zip(&logs) {
+        std::fs::write(p, bytes).unwrap();
+    }
     let db = db(&path, size);
     assert_eq!(get(&db, 1), Some(vec![9; 200_000]));
 }
@@ -225,19 +239,50 @@ fn a_commit_larger_than_a_log_goes_to_the_database_file_and_empties_the_logs() {
 fn a_log_is_reused_only_after_the_database_file_was_synced() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.redb");
+    let size = 32 * BLOCK;
     let metrics = JournalMetrics::new();
-    let db = db_counted(&path, 32 * BLOCK, &metrics);
-    for k in 0..300u64 {
-        put(&db, k, &[k as u8; 2000]);
-    }
-    // Each switch after the first needs the other log checkpointed.
+    // The database file as of its last sync: all a power loss leaves of it.
+    // Each sync is slow, so the writer fills the other log meanwhile and
+    // comes back to this one before the file has its records.
+    let synced = Arc::new(Mutex::new(Vec::new()));
+    let hook = {
+        let (path, synced) = (path.clone(), synced.clone());
+        OnSynced(Arc::new(move |done| {
+            if done {
+                *synced.lock().unwrap() = std::fs::read(&path).unwrap();
+            } else {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }))
+    };
+    let (image, logs) = {
+        let backend = open_observed(&path, size, metrics.clone(), Some(hook), true).unwrap();
+        let db = redb::Builder::new().create_with_backend(backend).unwrap();
+        for k in 0..300u64 {
+            put(&db, k, &[k as u8; 2000]);
+        }
+        // The power goes now (closing would sync the file).
+        (
+            synced.lock().unwrap().clone(),
+            log_paths(&path).map(|p| std::fs::read(p).unwrap()),
+        )
+    };
+    // Each switch after the first needs the other log checkpointed, and
+    // some had to wait for it.
     assert!(
         metrics.checkpoints.get() >= 10,
         "{}",
         metrics.checkpoints.get()
     );
+    assert!(metrics.waits.get() > 0, "no switch waited");
+    // A log reused before the file had its records would have lost them.
+    std::fs::write(&path, &image).unwrap();
+    for (p, bytes) in log_paths(&path).iter().zip(&logs) {
+        std::fs::write(p, bytes).unwrap();
+    }
+    let db = db(&path, size);
     for k in 0..300u64 {
-        assert_eq!(get(&db, k), Some(vec![k as u8; 2000]));
+        assert_eq!(get(&db, k), Some(vec![k as u8; 2000]), "key {k}");
     }
 }
 
