@@ -430,7 +430,9 @@ mod tests {
         TurnLimits {
             state: StateLimits {
                 max_value_bytes: 64,
-                max_state_bytes: 4096,
+                // Below what the model's 24 keys can hold (~1.6 KB), so
+                // sets past it are refused now and then.
+                max_state_bytes: 512,
                 max_turn_write_bytes: 1 << 20,
                 max_cache_bytes: 1 << 20,
             },
@@ -467,12 +469,15 @@ mod tests {
 
     #[tokio::test]
     async fn state_matches_a_btreemap_model() {
+        let mut over = 0;
         for seed in 0..8u64 {
-            run_model(seed).await;
+            over += run_model(seed).await;
         }
+        assert!(over > 0, "no set went past max_state_bytes");
     }
 
-    async fn run_model(seed: u64) {
+    /// Returns how many sets the state quota refused.
+    async fn run_model(seed: u64) -> usize {
         let dir = tempfile::tempdir().unwrap();
         let storage = Arc::new(
             Storage::open(dir.path(), &StorageConfig::default(), WriterMetrics::new()).unwrap(),
@@ -500,6 +505,7 @@ mod tests {
         let mut pending = Vec::new();
         // Alarms: name → due, as committed.
         let mut committed_alarms: BTreeMap<String, u64> = BTreeMap::new();
+        let mut over_quota = 0;
         const NOW: u64 = 1_000_000;
         for seq in 1..=120 {
             let start = TurnStart {
@@ -553,8 +559,10 @@ mod tests {
                         let r = turn.state.set(k.clone(), Bytes::from(v.clone())).unwrap();
                         let mut next = model.clone();
                         next.insert(k.clone(), v);
-                        if len > 64 || size(&next) > 4096 && size(&next) > size(&model) {
+                        let max = limits.state.max_state_bytes;
+                        if len > 64 || size(&next) > max && size(&next) > size(&model) {
                             assert!(r.is_err(), "seed {seed}: over-limit set accepted");
+                            over_quota += usize::from(len <= 64);
                         } else {
                             assert_eq!(r, Ok(()));
                             model = next;
@@ -694,5 +702,6 @@ mod tests {
         let rec = reader.actor(&key).unwrap().unwrap();
         assert_eq!(rec.state_bytes, size(&committed));
         assert_eq!(rec.state_keys, committed.len() as u64);
+        over_quota
     }
 }
