@@ -70,19 +70,29 @@ async fn a_failed_commit_fails_its_turn_and_the_actor_recovers_from_disk() {
 async fn replies_depending_on_a_failed_commit_are_never_released() {
     let (_dir, node) = node().await;
     send(&node, r#"{"by": 1}"#).await.unwrap();
-    node.storage.writer().inject_commit_failures(1);
     let key = ActorKey::new("counter", "a").unwrap();
     // Pipelined: the write and the read are both queued before the
-    // write's commit fails.
-    let (w, r) = tokio::join!(
-        node.send(&key, Bytes::from_static(br#"{"by": 10}"#), None, None),
-        node.send(&key, Bytes::from_static(br#"{"by": 0}"#), None, None),
-    );
-    assert!(w.is_err(), "the write's commit failed: {w:?}");
-    match r {
-        Ok(reply) => assert_eq!(reply.body, r#"{"n":1}"#, "a read saw a lost write"),
-        Err(e) => assert!(matches!(e, TurnError::Storage(_)), "{e:?}"),
+    // write's commit fails. The read runs after the write's turn, on its
+    // state (`n` 11), and must fail with its commit; or, if the failure
+    // came first and the actor reloaded, it sees `n` 1. The first is the
+    // case that tests the gate, and it must come up.
+    let mut held = 0;
+    for _ in 0..10 {
+        node.storage.writer().inject_commit_failures(1);
+        let (w, r) = tokio::join!(
+            node.send(&key, Bytes::from_static(br#"{"by": 10}"#), None, None),
+            node.send(&key, Bytes::from_static(br#"{"by": 0}"#), None, None),
+        );
+        assert!(w.is_err(), "the write's commit failed: {w:?}");
+        match r {
+            Ok(reply) => assert_eq!(reply.body, r#"{"n":1}"#, "a read saw a lost write"),
+            Err(e) => {
+                assert!(matches!(e, TurnError::Storage(_)), "{e:?}");
+                held += 1;
+            }
+        }
     }
+    assert!(held > 0, "no read ran behind the failing write");
     assert_eq!(
         send(&node, r#"{"by": 0}"#).await.unwrap().body,
         r#"{"n":1}"#
