@@ -10,7 +10,10 @@ use marmot_core::ids::ActorKey;
 use tokio::sync::oneshot;
 
 use super::{CommitFailed, CommitTracker, Fence, TurnCommit, WriteOp};
-use crate::schema::ActorRecord;
+use crate::schema::{
+    ActorRecord, AlarmRecord, AlarmSchedule, CodeKind, EventRecord, InboxKind, InboxRecord,
+    InputRecord, InputStatus, TypeRecord, VersionRecord,
+};
 use crate::{Storage, WriterMetrics};
 
 pub(super) fn open() -> (tempfile::TempDir, Storage) {
@@ -74,6 +77,57 @@ pub(super) fn turn(
     (WriteOp::Turn(Box::new(commit)), rx)
 }
 
+/// `op` (a [`turn`]) with an event, an alarm, an input request and a
+/// message to `to` besides its state write.
+fn with_effects(op: WriteOp, to: &ActorKey) -> WriteOp {
+    let WriteOp::Turn(mut t) = op else {
+        unreachable!()
+    };
+    t.events = vec![(
+        1,
+        EventRecord {
+            kind: "effect".into(),
+            data: b"{}".to_vec(),
+            at_ms: 5,
+        },
+    )];
+    t.alarms = vec![(
+        "effect".into(),
+        Some(AlarmRecord {
+            schedule: AlarmSchedule::At(10),
+            payload: Vec::new(),
+            next_due_ms: 10,
+            attempts: 0,
+            boot_attempts: 0,
+            set_at_ms: 1,
+        }),
+    )];
+    t.inputs = vec![(
+        "in_effect".into(),
+        Some(InputRecord {
+            kind: "approval".into(),
+            prompt: String::new(),
+            schema: None,
+            created_at_ms: 5,
+            expires_at_ms: None,
+            status: InputStatus::Pending,
+        }),
+    )];
+    t.sends = vec![(
+        to.clone(),
+        InboxRecord {
+            message_id: "m_effect".into(),
+            body: b"{}".to_vec(),
+            content_type: None,
+            idempotency_key: None,
+            attempts: 0,
+            enqueued_at_ms: 5,
+            kind: InboxKind::Message,
+        },
+    )];
+    WriteOp::Turn(t)
+}
+
 pub(super) fn value(storage: &Storage, num: u64, k: &str) -> Option<Vec<u8>> {
     storage.reader().unwrap().state(num, k).unwrap()
 }
@@ -94,6 +148,28 @@ async fn a_commit_is_released_once_durable_and_marks_the_tracker() {
 #[tokio::test]
 async fn a_failed_commit_fails_its_whole_batch_and_fences_the_generation() {
     let (_dir, storage) = open();
+    // The type exists, so that a message to b is delivered, not dropped.
+    let record = TypeRecord {
+        name: "t".into(),
+        created_at_ms: 1,
+        versions: vec![VersionRecord {
+            version: 1,
+            kind: CodeKind::Wasm,
+            sha256: String::new(),
+            code_bytes: 0,
+            config: Default::default(),
+            deployed_at_ms: 1,
+        }],
+    };
+    storage
+        .writer()
+        .call(|done| WriteOp::PutType {
+            record,
+            code: None,
+            done,
+        })
+        .await
+        .unwrap();
     let (a, rec_a) = create(&storage, "a").await;
     let (b, rec_b) = create(&storage, "b").await;
     let (ta, tb) = (
@@ -105,7 +181,8 @@ async fn a_failed_commit_fails_its_whole_batch_and_fences_the_generation() {
     storage.writer().submit(WriteOp::Hold { until });
     let (op_a, rx_a) = turn(&a, &rec_a, &ta, 0, 1, "k", "lost");
     let (op_b, rx_b) = turn(&b, &rec_b, &tb, 0, 1, "k", "lost");
-    storage.writer().submit(op_a);
+    // Turn a does everything a turn can besides writing state.
+    storage.writer().submit(with_effects(op_a, &b));
     storage.writer().submit(op_b);
     // Two failures: the held batch's (harmless), then the batch of both
     // turns.
@@ -115,6 +192,16 @@ async fn a_failed_commit_fails_its_whole_batch_and_fences_the_generation() {
     assert!(matches!(rx_b.await.unwrap(), Err(CommitFailed::Storage(_))));
     assert_eq!(value(&storage, rec_a.num, "k"), None, "half a batch landed");
     assert_eq!(value(&storage, rec_b.num, "k"), None, "half a batch landed");
+    let reader = storage.reader().unwrap();
+    assert!(
+        reader.events(rec_a.num, 0, 10).unwrap().is_empty(),
+        "an event"
+    );
+    assert!(reader.alarms(rec_a.num).unwrap().is_empty(), "an alarm");
+    assert!(reader.alarms_due(0, u64::MAX, 10).unwrap().is_empty());
+    assert!(reader.inputs(rec_a.num).unwrap().is_empty(), "an input");
+    assert_eq!(reader.inbox_len(rec_b.num).unwrap(), 0, "a message");
+    drop(reader);
     // A turn that ran on top of the lost one (same generation) is refused:
     // it might depend on what was lost.
     let (op, rx) = turn(&a, &rec_a, &ta, 0, 2, "k", "on top of lost");
@@ -124,12 +211,20 @@ async fn a_failed_commit_fails_its_whole_batch_and_fences_the_generation() {
     // The next generation (the actor reloaded from disk) commits again.
     assert_eq!(ta.min_generation(), 1);
     let (op, rx) = turn(&a, &rec_a, &ta, 1, 3, "k", "fresh");
-    storage.writer().submit(op);
+    storage.writer().submit(with_effects(op, &b));
     rx.await.unwrap().unwrap();
     assert_eq!(
         value(&storage, rec_a.num, "k").as_deref(),
         Some(&b"fresh"[..])
     );
+    // The same effects, committed, are all there (what the checks above
+    // would have seen).
+    let reader = storage.reader().unwrap();
+    assert_eq!(reader.events(rec_a.num, 0, 10).unwrap().len(), 1);
+    assert_eq!(reader.alarms(rec_a.num).unwrap().len(), 1);
+    assert_eq!(reader.alarms_due(0, u64::MAX, 10).unwrap().len(), 1);
+    assert_eq!(reader.inputs(rec_a.num).unwrap().len(), 1);
+    assert_eq!(reader.inbox_len(rec_b.num).unwrap(), 1);
 }
 
 #[tokio::test]
