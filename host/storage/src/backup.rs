@@ -320,6 +320,16 @@ mod tests {
             .collect();
         copied.sort();
         assert_eq!(copied, existing, "a table of the schema is not backed up");
+        // Nor one a writer would create on first use: every table the
+        // schema module declares is in the list.
+        let schema = include_str!("schema/mod.rs");
+        let mut declared: Vec<String> = schema
+            .split("TableDefinition::new(\"")
+            .skip(1)
+            .map(|rest| rest.split('"').next().unwrap().to_owned())
+            .collect();
+        declared.sort();
+        assert_eq!(copied, declared, "a declared table is not backed up");
     }
 
     #[test]
