@@ -117,16 +117,16 @@ impl NodeConfig {
         if l.mailbox_capacity == 0 {
             return Err("limits.mailbox_capacity must be at least 1".into());
         }
-        if self
-            .defaults
-            .max_memory_bytes
-            .max(self.defaults.js_max_memory_bytes)
-            > l.max_guest_memory_bytes
-        {
-            return Err(format!(
-                "defaults.max_memory_bytes ({}) exceeds limits.max_guest_memory_bytes ({})",
-                self.defaults.max_memory_bytes, l.max_guest_memory_bytes
-            ));
+        for (name, bytes) in [
+            ("max_memory_bytes", self.defaults.max_memory_bytes),
+            ("js_max_memory_bytes", self.defaults.js_max_memory_bytes),
+        ] {
+            if bytes > l.max_guest_memory_bytes {
+                return Err(format!(
+                    "defaults.{name} ({bytes}) exceeds limits.max_guest_memory_bytes ({})",
+                    l.max_guest_memory_bytes
+                ));
+            }
         }
         if l.guest_memory_budget_bytes.is_some_and(|b| b < 1 << 20) {
             return Err("limits.guest_memory_budget_bytes must be at least 1 MiB (1048576)".into());
@@ -545,10 +545,15 @@ impl ClientsConfig {
                 ));
             }
         }
-        if (self.token_rate_per_s > 0 && self.token_burst == 0)
-            || (self.actor_rate_per_s > 0 && self.actor_burst == 0)
-        {
-            return Err("clients: a burst must be at least 1 when its rate is set".into());
+        for (burst, name, rate) in [
+            (self.token_burst, "token_burst", self.token_rate_per_s),
+            (self.actor_burst, "actor_burst", self.actor_rate_per_s),
+        ] {
+            if rate > 0 && burst == 0 {
+                return Err(format!(
+                    "clients.{name} must be at least 1 when its rate is set"
+                ));
+            }
         }
         Ok(())
     }
@@ -806,6 +811,60 @@ mod props {
                 let _ = c.validate();
             }
         }
+
+        /// Real keys of real sections with values of any shape: parsing
+        /// and validating them reaches the checks of each field, and a
+        /// refusal names one of the fields set.
+        #[test]
+        fn real_keys_with_any_values_are_accepted_or_refused_by_name(
+            entries in prop::collection::vec(
+                (
+                    prop::sample::select(numeric_keys()),
+                    prop_oneof![
+                        Just("0".to_owned()),
+                        Just("1".to_owned()),
+                        Just("-1".to_owned()),
+                        Just("18446744073709551615".to_owned()),
+                        (0u64..100_000_000).prop_map(|n| n.to_string()),
+                    ],
+                ),
+                1..4,
+            ),
+        ) {
+            let mut text = String::new();
+            let mut names = Vec::new();
+            for ((section, key), value) in &entries {
+                text.push_str(&format!("[{section}]\n{key} = {value}\n"));
+                names.push(format!("{section}.{key}"));
+            }
+            // A section twice, or a value out of a field's type's range,
+            // is a parse error; that is an answer too.
+            let Ok(c) = toml::from_str::<NodeConfig>(&text) else {
+                return Ok(());
+            };
+            if let Err(e) = c.validate() {
+                prop_assert!(
+                    names.iter().any(|n| e.contains(n.as_str())),
+                    "{e:?} names none of {names:?}"
+                );
+            }
+        }
+    }
+
+    /// `(section, key)` of every numeric setting a default config has.
+    fn numeric_keys() -> Vec<(String, String)> {
+        let table = toml::Table::try_from(NodeConfig::default()).unwrap();
+        let mut keys = Vec::new();
+        for (section, v) in &table {
+            let Some(fields) = v.as_table() else { continue };
+            for (key, v) in fields {
+                if v.is_integer() {
+                    keys.push((section.clone(), key.clone()));
+                }
+            }
+        }
+        assert!(keys.len() > 20, "{keys:?}");
+        keys
     }
 }
 
