@@ -344,7 +344,7 @@ impl ActorTask {
         tokio::spawn(async move {
             tracker.wait_committed(seq, generation).await;
             let result = if tracker.min_generation() > generation {
-                Err(TurnError::Storage(CommitFailed::Superseded.to_string()))
+                Err(TurnError::Storage(tracker.failure().to_string()))
             } else {
                 result
             };

@@ -58,7 +58,7 @@ impl WriterState {
                     (Applied::Answered(fence), Ok(()))
                 }
                 Err(e) => {
-                    fence.fail();
+                    fence.fail(&CommitFailed::Storage(e.to_string()));
                     done(d, Err(e))
                 }
             },
@@ -291,12 +291,19 @@ impl WriterState {
         created: &mut i64,
     ) -> (Applied, Result<(), StorageError>) {
         if t.generation < t.tracker.min_generation() {
-            return (Applied::Refused(t.on_durable), Ok(()));
+            return (
+                Applied::Refused(t.on_durable, CommitFailed::Superseded),
+                Ok(()),
+            );
         }
         let current = self.is_current(tables, &t);
         if let Ok(false) = current {
-            t.tracker.mark_failed(t.generation);
-            return (Applied::Refused(t.on_durable), Ok(()));
+            t.tracker
+                .mark_failed(t.generation, &CommitFailed::Superseded);
+            return (
+                Applied::Refused(t.on_durable, CommitFailed::Superseded),
+                Ok(()),
+            );
         }
         let r = current
             .and_then(|_| tables.write_turn(&t, created))

@@ -332,15 +332,16 @@ impl Applied {
     /// The completion of an op refused here (`why`: another node owns its
     /// actor, or its slot has no backup).
     pub(super) fn refuse(op: WriteOp, why: &str) -> Applied {
+        let refused = CommitFailed::Refused(format!("{why}; the write was refused"));
         let why = || StorageError::Unavailable(format!("{why}; the write was refused"));
         match op {
             WriteOp::Turn(t) => {
-                t.tracker.mark_failed(t.generation);
-                Applied::Refused(t.on_durable)
+                t.tracker.mark_failed(t.generation, &refused);
+                Applied::Refused(t.on_durable, refused)
             }
             WriteOp::GetOrCreate { done, early, .. } => {
                 if let Some(f) = early {
-                    f.fail();
+                    f.fail(&refused);
                 }
                 Applied::reply(done, Err(why()))
             }
@@ -365,7 +366,7 @@ impl Applied {
                 // that counted the creation as one of its commits must
                 // reload, as when the creation is refused.
                 if let Some(f) = early {
-                    f.fail();
+                    f.fail(&CommitFailed::ShuttingDown);
                 }
                 Applied::reply(done, Err(StorageError::WriterGone))
             }
@@ -425,10 +426,10 @@ pub struct Fence {
 }
 
 impl Fence {
-    /// The creation did not commit: the activation that counted it must
-    /// reload.
-    pub(super) fn fail(&self) {
-        self.tracker.mark_failed(self.generation);
+    /// The creation did not commit (`why`): the activation that counted it
+    /// must reload.
+    pub(super) fn fail(&self, why: &CommitFailed) {
+        self.tracker.mark_failed(self.generation, why);
     }
 }
 
@@ -440,7 +441,8 @@ pub(super) enum Applied {
         seq: u64,
         on_durable: OnDurable,
     },
-    Refused(OnDurable),
+    /// Refused before it was applied, for the reason given.
+    Refused(OnDurable, CommitFailed),
     /// Answered already (an early `GetOrCreate`); a failed commit fails
     /// this generation.
     Answered(Fence),
@@ -478,14 +480,14 @@ impl Applied {
                     on_durable(Ok(()));
                 }
                 Some(why) => {
-                    tracker.mark_failed(generation);
+                    tracker.mark_failed(generation, why);
                     on_durable(Err(why.clone()));
                 }
             },
-            Applied::Refused(on_durable) => on_durable(Err(CommitFailed::Superseded)),
+            Applied::Refused(on_durable, why) => on_durable(Err(why)),
             Applied::Answered(f) => match failed {
                 None => f.tracker.mark_committed(f.seq),
-                Some(_) => f.fail(),
+                Some(why) => f.fail(why),
             },
             Applied::Reply(f) | Applied::Durable(f) => f(failed),
         }

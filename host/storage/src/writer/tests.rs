@@ -202,6 +202,12 @@ async fn a_failed_commit_fails_its_whole_batch_and_fences_the_generation() {
     assert!(reader.inputs(rec_a.num).unwrap().is_empty(), "an input");
     assert_eq!(reader.inbox_len(rec_b.num).unwrap(), 0, "a message");
     drop(reader);
+    // The replies of the refused generation say what failed.
+    assert!(
+        matches!(ta.failure(), CommitFailed::Storage(ref why) if why.contains("injected")),
+        "{:?}",
+        ta.failure()
+    );
     // A turn that ran on top of the lost one (same generation) is refused:
     // it might depend on what was lost.
     let (op, rx) = turn(&a, &rec_a, &ta, 0, 2, "k", "on top of lost");

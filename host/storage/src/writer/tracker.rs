@@ -19,6 +19,11 @@ pub enum CommitFailed {
     /// The writer is shutting down.
     #[error("node is shutting down")]
     ShuttingDown,
+    /// This node may not write the actor now (another node owns it, or its
+    /// slot has no backup and the cluster refuses writes without one):
+    /// nothing of the turn was written.
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// Per-actor commit bookkeeping shared between an actor and the writer.
@@ -30,6 +35,9 @@ pub struct CommitTracker {
     committed_seq: AtomicU64,
     /// Signalled after every commit that includes this actor.
     committed: Notify,
+    /// What failed the commit that last refused a generation: the replies
+    /// of that generation's turns say it.
+    failure: std::sync::Mutex<Option<CommitFailed>>,
 }
 
 impl CommitTracker {
@@ -56,9 +64,19 @@ impl CommitTracker {
         }
     }
 
+    /// Why the turns of a refused generation failed: what failed the commit
+    /// that refused it ([`CommitFailed::Superseded`] when nothing says more).
+    pub fn failure(&self) -> CommitFailed {
+        self.failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .unwrap_or(CommitFailed::Superseded)
+    }
+
     /// Refuse every later commit of this actor (its type is being deleted).
     pub fn fence(&self) {
-        self.mark_failed(u64::MAX - 1);
+        self.mark_failed(u64::MAX - 1, &CommitFailed::Superseded);
     }
 
     /// Refuse the commits of this actor's current generation, so that its
@@ -74,7 +92,13 @@ impl CommitTracker {
         self.committed.notify_waiters();
     }
 
-    pub(super) fn mark_failed(&self, generation: u64) {
+    /// Refuse `generation` (and older ones) because of `why`.
+    pub(super) fn mark_failed(&self, generation: u64, why: &CommitFailed) {
+        // Before the generation moves: a waiter that sees it moved reads why.
+        *self
+            .failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why.clone());
         self.min_generation
             .fetch_max(generation + 1, Ordering::AcqRel);
         self.committed.notify_waiters();
