@@ -280,17 +280,9 @@ impl Rig {
         );
         // Logs at trace level, and traces exported (with the log events in
         // their spans) to a local collector: both are searched for secrets.
-        let (collector, traces) = Traces::start().await;
-        let node = Marmot::start_opts(
-            &dir.path().join("data"),
-            &[
-                ("MARMOT_LOG", "trace"),
-                ("OTEL_EXPORTER_OTLP_ENDPOINT", &collector),
-                ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-            ],
-            Some(&config),
-        )
-        .await;
+        let traces = Traces::start().await;
+        let node =
+            Marmot::start_opts(&dir.path().join("data"), &traces.node_env(), Some(&config)).await;
         let api = node.client();
         let r = api
             .req(

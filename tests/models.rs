@@ -555,17 +555,9 @@ async fn the_key_is_sent_by_the_host_to_its_hosts_only_and_never_comes_back() {
     std::fs::write(&ca_file, ca).unwrap();
     let config = format!("{CONFIG}[egress]\nextra_ca_file = {:?}\n", ca_file);
     // Logs at trace level and exported traces are searched for the key.
-    let (collector, traces) = common::otlp::Traces::start().await;
-    let node = Marmot::start_opts(
-        &dir.path().join("data"),
-        &[
-            ("MARMOT_LOG", "trace"),
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", &collector),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-        ],
-        Some(&config),
-    )
-    .await;
+    let traces = common::otlp::Traces::start().await;
+    let node =
+        Marmot::start_opts(&dir.path().join("data"), &traces.node_env(), Some(&config)).await;
     let api = node.client();
     assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
     let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();

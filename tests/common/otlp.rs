@@ -6,15 +6,21 @@ use std::sync::{Arc, Mutex};
 /// An OTLP/HTTP collector on loopback keeping every export as it came (the
 /// protobuf bytes), so a test can search them for a secret byte for byte,
 /// and count the spans named `turn` in them.
-#[derive(Clone, Default)]
-pub struct Traces(Arc<Mutex<Vec<axum::body::Bytes>>>);
+#[derive(Clone)]
+pub struct Traces {
+    exports: Arc<Mutex<Vec<axum::body::Bytes>>>,
+    url: String,
+}
 
 impl Traces {
-    pub async fn start() -> (String, Self) {
-        let traces = Self::default();
+    pub async fn start() -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let kept = traces.0.clone();
+        let traces = Self {
+            exports: Arc::default(),
+            url,
+        };
+        let kept = traces.exports.clone();
         let app = axum::Router::new().route(
             "/v1/traces",
             axum::routing::post(move |body: axum::body::Bytes| {
@@ -23,11 +29,21 @@ impl Traces {
             }),
         );
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        (url, traces)
+        traces
+    }
+
+    /// The environment of a node that exports here every 100 ms, with its
+    /// logs at trace level (so the spans carry every log event too).
+    pub fn node_env(&self) -> [(&'static str, &str); 3] {
+        [
+            ("MARMOT_LOG", "trace"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &self.url),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ]
     }
 
     pub fn exports(&self) -> Vec<axum::body::Bytes> {
-        self.0.lock().unwrap().clone()
+        self.exports.lock().unwrap().clone()
     }
 
     pub fn turn_spans(&self) -> usize {

@@ -244,17 +244,7 @@ fn a_log_is_reused_only_after_the_database_file_was_synced() {
     // The database file as of its last sync: all a power loss leaves of it.
     // Each sync is slow, so the writer fills the other log meanwhile and
     // comes back to this one before the file has its records.
-    let synced = Arc::new(Mutex::new(Vec::new()));
-    let hook = {
-        let (path, synced) = (path.clone(), synced.clone());
-        OnSynced(Arc::new(move |done| {
-            if done {
-                *synced.lock().unwrap() = std::fs::read(&path).unwrap();
-            } else {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-        }))
-    };
+    let (synced, hook) = slow_syncs_keeping_the_file(&path);
     let (image, logs) = {
         let backend = open_observed(&path, size, metrics.clone(), Some(hook), true).unwrap();
         let db = redb::Builder::new().create_with_backend(backend).unwrap();
@@ -334,6 +324,23 @@ fn a_second_handle_on_the_same_journal_is_refused_before_it_replays_anything() {
     assert_eq!(get(&again, 2).as_deref(), Some(&b"two"[..]));
 }
 
+/// A hook that makes every checkpoint's sync 10 ms slower and keeps the
+/// database file's bytes as of its last sync (what a power loss leaves).
+fn slow_syncs_keeping_the_file(path: &Path) -> (Arc<Mutex<Vec<u8>>>, OnSynced) {
+    let synced = Arc::new(Mutex::new(Vec::new()));
+    let hook = {
+        let (path, synced) = (path.to_owned(), synced.clone());
+        OnSynced(Arc::new(move |done| {
+            if done {
+                *synced.lock().unwrap() = std::fs::read(&path).unwrap();
+            } else {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }))
+    };
+    (synced, hook)
+}
+
 /// xorshift64*: a fixed sequence per seed, so a failure can be replayed.
 fn next(state: &mut u64) -> u64 {
     *state ^= *state >> 12;
@@ -352,20 +359,10 @@ fn random_commits_survive_a_power_loss_amid_log_switches_and_slow_checkpoints() 
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
         // What the database file holds for sure: its bytes at its last sync
-        // (a power loss may leave anything written since, or nothing).
-        let synced = Arc::new(Mutex::new(Vec::new()));
-        let hook = {
-            let (path, synced) = (path.clone(), synced.clone());
-            OnSynced(Arc::new(move |done| {
-                if done {
-                    *synced.lock().unwrap() = std::fs::read(&path).unwrap();
-                } else {
-                    // A slow disk: the writer fills the other log meanwhile
-                    // and must wait before reusing this one.
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-            }))
-        };
+        // (a power loss may leave anything written since, or nothing). A
+        // slow disk: the writer fills the other log meanwhile and must wait
+        // before reusing this one.
+        let (synced, hook) = slow_syncs_keeping_the_file(&path);
         let metrics = JournalMetrics::new();
         let mut model: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
         let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use marmot_core::ids::ActorKey;
 use tokio::sync::oneshot;
 
-use super::tests::{create, open, turn};
+use super::tests::{create, open, turn, with_effects};
 use super::{CommitTracker, WriteOp};
 use crate::Storage;
 
@@ -203,29 +203,9 @@ async fn a_backup_applies_what_the_owner_shipped_once_and_only_while_it_is_the_b
     };
     let tracker = Arc::new(CommitTracker::default());
     let (op, rx) = turn(&key, &rec, &tracker, 0, 1, "k", "v1");
-    let WriteOp::Turn(mut t) = op else {
-        unreachable!()
-    };
-    t.events = vec![(
-        1,
-        EventRecord {
-            kind: "hi".into(),
-            data: b"{}".to_vec(),
-            at_ms: 5,
-        },
-    )];
-    t.alarms = vec![(
-        "a".into(),
-        Some(AlarmRecord {
-            schedule: AlarmSchedule::At(10),
-            payload: Vec::new(),
-            next_due_ms: 10,
-            attempts: 0,
-            boot_attempts: 0,
-            set_at_ms: 1,
-        }),
-    )];
-    owner.writer().submit(WriteOp::Turn(t));
+    // With an event, an alarm, an input request and a message (to itself,
+    // dropped: no type is deployed here), all shipped in one batch.
+    owner.writer().submit(with_effects(op, &key));
     let (batches, release) = collect.next().await;
     // The output gate: nothing is released before the replication says so.
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;

@@ -79,7 +79,7 @@ pub(super) fn turn(
 
 /// `op` (a [`turn`]) with an event, an alarm, an input request and a
 /// message to `to` besides its state write.
-fn with_effects(op: WriteOp, to: &ActorKey) -> WriteOp {
+pub(super) fn with_effects(op: WriteOp, to: &ActorKey) -> WriteOp {
     let WriteOp::Turn(mut t) = op else {
         unreachable!()
     };
