@@ -545,3 +545,20 @@ async fn relayed_sends_wait_in_the_relay_with_a_key_until_handed_over() {
             .is_empty()
     );
 }
+
+#[test]
+fn a_refused_generations_replies_report_what_refused_it() {
+    let t = CommitTracker::default();
+    assert!(matches!(t.failure(), CommitFailed::Superseded));
+    t.mark_failed(0, &CommitFailed::Refused("no backup".into()));
+    assert!(matches!(t.failure(), CommitFailed::Refused(ref w) if w == "no backup"));
+    // A late failure of the generation already refused is not the reason.
+    t.mark_failed(0, &CommitFailed::Storage("late".into()));
+    assert!(matches!(t.failure(), CommitFailed::Refused(_)));
+    // The next generation's own failure is.
+    t.mark_failed(1, &CommitFailed::Storage("disk".into()));
+    assert!(matches!(t.failure(), CommitFailed::Storage(ref w) if w == "disk"));
+    // A move reloads the actor without any commit failing.
+    t.invalidate();
+    assert!(matches!(t.failure(), CommitFailed::Superseded));
+}

@@ -67,9 +67,7 @@ impl CommitTracker {
     /// Why the turns of a refused generation failed: what failed the commit
     /// that refused it ([`CommitFailed::Superseded`] when nothing says more).
     pub fn failure(&self) -> CommitFailed {
-        self.failure
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.failure_slot()
             .clone()
             .unwrap_or(CommitFailed::Superseded)
     }
@@ -83,6 +81,8 @@ impl CommitTracker {
     /// activation reloads from disk before its next turn: its rows moved
     /// away or were replaced underneath it.
     pub fn invalidate(&self) {
+        // No commit failed: an older failure is not the reason.
+        *self.failure_slot() = None;
         self.min_generation.fetch_add(1, Ordering::AcqRel);
         self.committed.notify_waiters();
     }
@@ -94,13 +94,22 @@ impl CommitTracker {
 
     /// Refuse `generation` (and older ones) because of `why`.
     pub(super) fn mark_failed(&self, generation: u64, why: &CommitFailed) {
-        // Before the generation moves: a waiter that sees it moved reads why.
-        *self
-            .failure
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why.clone());
+        // Set before the generation moves, so a waiter that sees it moved
+        // reads why; and only by a failure that moves it (a late one of an
+        // older generation is not why the current one was refused).
+        let mut failure = self.failure_slot();
+        if generation >= self.min_generation() {
+            *failure = Some(why.clone());
+        }
         self.min_generation
             .fetch_max(generation + 1, Ordering::AcqRel);
+        drop(failure);
         self.committed.notify_waiters();
+    }
+
+    fn failure_slot(&self) -> std::sync::MutexGuard<'_, Option<CommitFailed>> {
+        self.failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
