@@ -204,18 +204,11 @@ export default {
         r.json
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let get = |path: String| {
-        let api = api.clone();
-        async move { api.get(&path).await }
-    };
-    assert_eq!(get("/v1/actors/atomic/a/state/n".into()).await.json, 1);
-    assert_eq!(
-        get("/v1/actors/atomic/a/state/extra".into()).await.status,
-        404
-    );
-    let events = get("/v1/actors/atomic/a/events".into()).await.json;
+    assert_eq!(api.get("/v1/actors/atomic/a/state/n").await.json, 1);
+    assert_eq!(api.get("/v1/actors/atomic/a/state/extra").await.status, 404);
+    let events = api.get("/v1/actors/atomic/a/events").await.json;
     assert_eq!(events["events"], json!([]), "{events}");
-    let alarms = get("/v1/actors/atomic/a/alarms".into()).await.json;
+    let alarms = api.get("/v1/actors/atomic/a/alarms").await.json;
     let names: Vec<&str> = alarms["alarms"]
         .as_array()
         .unwrap()
@@ -223,20 +216,21 @@ export default {
         .map(|a| a["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["kept"], "{alarms}");
-    let pending = get("/v1/actors/atomic/a/inputs?status=pending".into())
+    let pending = api
+        .get("/v1/actors/atomic/a/inputs?status=pending")
         .await
         .json;
     assert_eq!(pending["inputs"], json!([]), "{pending}");
-    let listed = get("/v1/actors/atomic/a/files".into()).await;
+    let listed = api.get("/v1/actors/atomic/a/files").await;
     assert_eq!(listed.status, 200, "{}", listed.json);
     assert_eq!(listed.json["files"], json!([]), "{}", listed.json);
-    assert_eq!(get("/v1/actors/atomic/other".into()).await.status, 404);
+    assert_eq!(api.get("/v1/actors/atomic/other").await.status, 404);
 
     // The same turn without the throw commits all of it.
     let r = api.op("atomic", "a", json!({"op": "all"})).await;
     assert_eq!(r.status, 200, "{}", r.json);
-    assert_eq!(get("/v1/actors/atomic/a/state/n".into()).await.json, 2);
-    let events = get("/v1/actors/atomic/a/events".into()).await.json;
+    assert_eq!(api.get("/v1/actors/atomic/a/state/n").await.json, 2);
+    let events = api.get("/v1/actors/atomic/a/events").await.json;
     let kinds: Vec<&str> = events["events"]
         .as_array()
         .unwrap()
@@ -244,14 +238,15 @@ export default {
         .map(|e| e["kind"].as_str().unwrap())
         .collect();
     assert_eq!(kinds, ["happened", "input_requested"], "{events}");
-    let pending = get("/v1/actors/atomic/a/inputs?status=pending".into())
+    let pending = api
+        .get("/v1/actors/atomic/a/inputs?status=pending")
         .await
         .json;
     assert_eq!(pending["inputs"].as_array().unwrap().len(), 1, "{pending}");
-    let listed = get("/v1/actors/atomic/a/files".into()).await.json;
+    let listed = api.get("/v1/actors/atomic/a/files").await.json;
     assert_eq!(listed["files"].as_array().unwrap().len(), 1, "{listed}");
     let deadline = Instant::now() + Duration::from_secs(20);
-    while get("/v1/actors/atomic/other/state/got".into()).await.json != 1 {
+    while api.get("/v1/actors/atomic/other/state/got").await.json != 1 {
         assert!(Instant::now() < deadline, "the send never arrived");
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
