@@ -225,10 +225,10 @@ impl ActorCalls for ActorEnv {
             }
             // The recipient's slot just came to this node: what it accepted
             // as its backup lands before the recipient loads here.
-            if let Some((cluster, _)) = &self.cluster
-                && let Some(slot) = cluster.unsettled(&to)
-            {
-                cluster.settle_slots(self.storage.writer(), &[slot]).await;
+            if let Some((cluster, _)) = &self.cluster {
+                cluster
+                    .settle_before_loading(self.storage.writer(), &to)
+                    .await;
             }
             let sent = self.send(
                 &to,

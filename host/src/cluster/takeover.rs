@@ -66,6 +66,14 @@ impl Cluster {
         }
     }
 
+    /// Settle the slot of `key` first if it is [`Self::unsettled`]: what an
+    /// in-node caller that is about to load the actor waits for.
+    pub async fn settle_before_loading(&self, writer: &Writer, key: &ActorKey) {
+        if let Some(slot) = self.unsettled(key) {
+            self.settle_slots(writer, &[slot]).await;
+        }
+    }
+
     /// Whether the caller is the first to start settling `slot` at `epoch`
     /// (callers that only need it settled eventually start one barrier,
     /// not one each).

@@ -37,9 +37,7 @@ impl Node {
                 }
                 // ... once every batch it accepted as their slot's backup
                 // has landed (`cluster/takeover.rs`).
-                if let Some(slot) = c.unsettled(&key) {
-                    c.settle_slots(self.storage.writer(), &[slot]).await;
-                }
+                c.settle_before_loading(self.storage.writer(), &key).await;
             }
             let Ok(permit) = permits.clone().acquire_owned().await else {
                 break;
