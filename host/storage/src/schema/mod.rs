@@ -676,7 +676,9 @@ pub fn delivery_id(seq: u64) -> String {
 /// The outbox seq inside a delivery id.
 pub fn delivery_seq(id: &str) -> Option<u64> {
     let hex = id.strip_prefix("msg_")?;
-    if hex.len() != 32 {
+    // All ASCII hex digits first: slicing inside a multi-byte character
+    // would panic, and `from_str_radix` would take a sign.
+    if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     u64::from_str_radix(&hex[..16], 16).ok()

@@ -372,3 +372,28 @@ fn format_5_relay_rows_gain_an_unknown_sender_and_both_tables_their_ids() {
     drop((row, relay_ids, outbox_ids, r));
     check_format(&db).unwrap();
 }
+
+/// A delivery id reads back its seq; anything else, however close, is
+/// `None` and never a panic (the id comes from a URL).
+#[test]
+fn delivery_ids_read_back_and_refuse_the_rest() {
+    let id = delivery_id(0x1234);
+    assert_eq!(delivery_seq(&id), Some(0x1234));
+    assert_eq!(
+        delivery_seq(&id.to_uppercase().replacen("MSG_", "msg_", 1)),
+        Some(0x1234)
+    );
+    let hex = &id["msg_".len()..];
+    for bad in [
+        String::new(),
+        hex.to_owned(),
+        format!("msg_{}", &hex[1..]),
+        format!("msg_{hex}0"),
+        format!("msg_+{}", &hex[1..]),
+        format!("msg_{}g", &hex[1..]),
+        // 32 bytes, with a two-byte character across byte 16.
+        format!("msg_{}é{}", "a".repeat(15), "a".repeat(15)),
+    ] {
+        assert_eq!(delivery_seq(&bad), None, "{bad:?}");
+    }
+}
