@@ -17,7 +17,7 @@ use crate::storage::schema::CodeKind;
 /// The JSON deploy manifest.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Manifest {
+pub(super) struct Manifest {
     kind: String,
     #[serde(default)]
     code: Option<String>,
@@ -25,8 +25,25 @@ struct Manifest {
     code_base64: Option<String>,
     #[serde(default)]
     agent: Option<serde_json::Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "config_object")]
     config: TypeConfig,
+}
+
+/// `config`, which must be an object, as must its `budget`: serde would
+/// otherwise also read a struct from an array of its fields in order
+/// (`"config": [60000]`), which no one means.
+fn config_object<'de, D: serde::Deserializer<'de>>(d: D) -> Result<TypeConfig, D::Error> {
+    use serde::de::Error;
+    let v = serde_json::Value::deserialize(d)?;
+    if !v.is_object() {
+        return Err(D::Error::custom("`config` must be an object"));
+    }
+    if v.get("budget")
+        .is_some_and(|b| !b.is_object() && !b.is_null())
+    {
+        return Err(D::Error::custom("`config.budget` must be an object"));
+    }
+    serde_json::from_value(v).map_err(D::Error::custom)
 }
 
 pub(super) async fn deploy(
