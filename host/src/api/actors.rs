@@ -9,7 +9,7 @@ use base64::Engine as _;
 use serde::Deserialize;
 use tracing::Instrument as _;
 
-use super::extract::{ActorPath, KnownType};
+use super::extract::{ActorPath, KnownType, Page};
 use super::{ApiError, AppState, Path, Query};
 use crate::ids::validate_idempotency_key;
 use crate::storage::EnqueueOutcome;
@@ -303,7 +303,7 @@ pub(super) async fn list(
     Query(q): Query<ListParams>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let limit = Page::LIST.size(q.limit)?;
     let page = s
         .node
         .list_actors(ty.name(), &q.prefix, q.cursor.as_deref(), limit)?;
@@ -354,7 +354,7 @@ pub(super) async fn state(
     ActorPath(key): ActorPath,
     Query(q): Query<StateParams>,
 ) -> Result<Response, ApiError> {
-    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let limit = Page::LIST.size(q.limit)?;
     let Some(entries) = s
         .node
         .read_state(&key, &q.prefix, q.after.as_deref(), limit)?
@@ -423,7 +423,7 @@ pub(super) async fn events(
         let after = super::streams::start_after(&headers, q.after)?;
         return super::streams::open(&s.node, key, after);
     }
-    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let limit = Page::LIST.size(q.limit)?;
     let Some(events) = s.node.events(&key, q.after, limit)? else {
         return Err(ApiError::actor_not_found(&key));
     };

@@ -62,3 +62,37 @@ impl FromRequestParts<AppState> for ActorPath {
         Ok(Self(key))
     }
 }
+
+/// The page sizes of a listing's `?limit=`.
+#[derive(Clone, Copy)]
+pub(super) struct Page {
+    /// Without a `limit`.
+    pub default: usize,
+    /// The most one page holds: a larger ask gets this many.
+    pub max: usize,
+}
+
+impl Page {
+    /// Actors, state, events, deliveries.
+    pub const LIST: Page = Page {
+        default: 100,
+        max: 1000,
+    };
+    /// An actor's files.
+    pub const FILES: Page = Page {
+        default: 1000,
+        max: 10_000,
+    };
+
+    /// The page size for `?limit=asked`; a limit of 0 is refused.
+    pub fn size(self, asked: Option<usize>) -> Result<usize, ApiError> {
+        match asked {
+            None => Ok(self.default),
+            Some(0) => Err(ApiError::bad_request(
+                "invalid_limit",
+                "limit must be at least 1",
+            )),
+            Some(n) => Ok(n.min(self.max)),
+        }
+    }
+}

@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::extract::ActorPath;
+use super::extract::{ActorPath, Page};
 use super::{ApiError, AppState, Query};
 use crate::ids::validate_file_path;
 use crate::storage::schema::{FileBody, FileRecord};
@@ -83,7 +83,7 @@ pub(super) async fn list(
     if !trimmed.is_empty() {
         validate_file_path(trimmed)?;
     }
-    let limit = q.limit.unwrap_or(1000).clamp(1, 10_000);
+    let limit = Page::FILES.size(q.limit)?;
     let Some(files) = s.node.files(&key, &q.prefix, q.after.as_deref(), limit)? else {
         return Err(ApiError::actor_not_found(&key));
     };

@@ -8,6 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
+use super::extract::Page;
 use super::{ApiError, AppState, Path, Query};
 use crate::clock::now_ms;
 use crate::storage::WriteOp;
@@ -131,7 +132,7 @@ pub(super) async fn deliveries(
             ApiError::bad_request("invalid_cursor", "after must be a delivery id")
         })?,
     };
-    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let limit = Page::LIST.size(q.limit)?;
     let (rows, next) = s.node.storage().reader()?.deliveries(after, limit, |d| {
         q.status.as_deref().is_none_or(|st| d.label() == st)
             && q.subscription
