@@ -45,12 +45,7 @@ async fn serve_requires_a_token_and_enforces_it() {
         err.contains("MARMOT_MASTER_KEY") && err.contains("marmot secrets new-key"),
         "{err}"
     );
-    let key = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
-        .args(["secrets", "new-key"])
-        .output()
-        .unwrap();
-    assert!(key.status.success());
-    let key = String::from_utf8(key.stdout).unwrap().trim().to_owned();
+    let key = common::new_master_key();
 
     let port = common::free_port();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))

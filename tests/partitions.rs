@@ -211,16 +211,9 @@ impl Rig {
             etcd.push(Proc(Some(child)));
             endpoints.push(client);
         }
-        let key = String::from_utf8(
-            Command::new(env!("CARGO_BIN_EXE_marmot"))
-                .args(["secrets", "new-key"])
-                .output()
-                .unwrap()
-                .stdout,
-        )
-        .unwrap();
+        let key = common::new_master_key();
         let key_file = dir.path().join("master.key");
-        std::fs::write(&key_file, key.trim()).unwrap();
+        std::fs::write(&key_file, &key).unwrap();
         std::fs::set_permissions(
             &key_file,
             std::os::unix::fs::PermissionsExt::from_mode(0o600),
@@ -284,6 +277,7 @@ impl Rig {
                 .build()
                 .unwrap(),
             url: format!("http://{}:7878", self.net.ip(n)),
+            bearer: None,
         }
     }
 

@@ -180,16 +180,7 @@ async fn dev_makes_a_private_master_key_and_rotation_reseals_every_secret() {
     .await;
     assert_eq!(r.status, 201);
 
-    let new_key = String::from_utf8(
-        Command::new(env!("CARGO_BIN_EXE_marmot"))
-            .args(["secrets", "new-key"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap()
-    .trim()
-    .to_owned();
+    let new_key = common::new_master_key();
     assert_ne!(new_key, old_key);
 
     // Only the new key: the node refuses to start and names what it needs.

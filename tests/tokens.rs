@@ -12,15 +12,6 @@ use serde_json::{Value, json};
 
 const ADMIN: &str = "admin-token-for-client-token-tests-0123";
 
-fn new_key() -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
-        .args(["secrets", "new-key"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
-
 /// `marmot serve` on `data` with the admin token and master `key` (and
 /// `previous` keys it can still use).
 struct Serve {
@@ -138,7 +129,7 @@ async fn node_with_kit_config(data: &Path, key: &str, config: &str) -> Serve {
 #[tokio::test]
 async fn a_client_token_opens_its_verbs_on_its_actor_and_nothing_else() {
     let dir = common::tempdir();
-    let s = node_with_kit(&dir.path().join("data"), &new_key()).await;
+    let s = node_with_kit(&dir.path().join("data"), &common::new_master_key()).await;
 
     // Minting takes the admin token and a well-formed request.
     let spec = json!({"type": "kit", "id": "alice", "scopes": ["send", "events"], "ttl_s": 600});
@@ -305,7 +296,7 @@ async fn a_client_token_opens_its_verbs_on_its_actor_and_nothing_else() {
 async fn tokens_expire_are_revoked_for_good_and_follow_the_master_key() {
     let dir = common::tempdir();
     let data = dir.path().join("data");
-    let key = new_key();
+    let key = common::new_master_key();
     let s = node_with_kit(&data, &key).await;
     let spec = |ttl: u64| json!({"type": "kit", "id": "carol", "scopes": ["send"], "ttl_s": ttl});
 
@@ -345,7 +336,7 @@ async fn tokens_expire_are_revoked_for_good_and_follow_the_master_key() {
 
     // A new master key with the old one kept as previous: old tokens still
     // verify. Without the old key they do not.
-    let next = new_key();
+    let next = common::new_master_key();
     let s = Serve::start(&data, &next, Some(&key)).await;
     assert_eq!(s.send("/v1/actors/kit/carol", &kept).await.0, 200);
     let (fresh, _) = s.token(spec(600)).await;
@@ -368,7 +359,7 @@ token_burst = 3
 actor_rate_per_s = 1
 actor_burst = 4
 "#;
-    let s = node_with_kit_config(&dir.path().join("data"), &new_key(), config).await;
+    let s = node_with_kit_config(&dir.path().join("data"), &common::new_master_key(), config).await;
     let url = |p: &str| format!("{}{p}", s.url);
 
     // Preflight: no credentials, answered before auth.

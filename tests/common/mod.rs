@@ -39,6 +39,18 @@ pub struct Marmot {
     config: Option<PathBuf>,
     /// Start without `--no-examples`.
     examples: bool,
+    /// Run `marmot serve` with this admin token instead of `marmot dev`.
+    admin_token: Option<String>,
+}
+
+/// A new master key for the secret store (`marmot secrets new-key`).
+pub fn new_master_key() -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["secrets", "new-key"])
+        .output()
+        .expect("run marmot secrets new-key");
+    assert!(out.status.success(), "marmot secrets new-key failed");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
 /// The compiled-code cache shared by the test run's nodes.
@@ -122,6 +134,16 @@ impl Marmot {
         m
     }
 
+    /// `marmot serve` (bearer auth on) on `data` with `admin_token`; its
+    /// [`client`](Self::client) presents the token.
+    pub async fn start_serve(data: &Path, admin_token: &str) -> Self {
+        let mut m = Self::new(data, &[], Some(""));
+        m.admin_token = Some(admin_token.to_owned());
+        m.spawn();
+        m.wait_ready().await;
+        m
+    }
+
     /// A node on `data`, not started yet.
     fn new(data: &Path, env: &[(&str, &str)], config: Option<&str>) -> Self {
         let config_path = config.map(|text| {
@@ -141,6 +163,7 @@ impl Marmot {
                 .collect(),
             log: data.with_extension("log"),
             examples: false,
+            admin_token: None,
         }
     }
 
@@ -152,9 +175,15 @@ impl Marmot {
             .open(&self.log)
             .unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_marmot"));
-        cmd.arg("dev");
-        if !self.examples {
-            cmd.arg("--no-examples");
+        if let Some(token) = &self.admin_token {
+            cmd.arg("serve")
+                .env("MARMOT_ADMIN_TOKEN", token)
+                .env("MARMOT_MASTER_KEY", new_master_key());
+        } else {
+            cmd.arg("dev");
+            if !self.examples {
+                cmd.arg("--no-examples");
+            }
         }
         cmd.arg("--listen")
             .arg(format!("127.0.0.1:{}", self.port))
@@ -270,6 +299,7 @@ impl Marmot {
         Api {
             http: reqwest::Client::new(),
             url: self.url.clone(),
+            bearer: self.admin_token.clone(),
         }
     }
 }
@@ -285,6 +315,8 @@ impl Drop for Marmot {
 pub struct Api {
     pub http: reqwest::Client,
     pub url: String,
+    /// Sent as `Authorization: Bearer …` unless a request sets its own.
+    pub bearer: Option<String>,
 }
 
 /// A response: status, headers, body parsed as JSON (or `Value::Null`).
@@ -312,6 +344,13 @@ impl Api {
         headers: &[(&str, &str)],
     ) -> Resp {
         let mut r = self.http.request(method, format!("{}{path}", self.url));
+        if let Some(token) = &self.bearer
+            && !headers
+                .iter()
+                .any(|(k, _)| k.eq_ignore_ascii_case("authorization"))
+        {
+            r = r.bearer_auth(token);
+        }
         if let Some((ct, b)) = body {
             r = r.header("content-type", ct).body(b);
         }
