@@ -214,6 +214,25 @@ async fn bad_deploys_are_rejected_and_change_nothing() {
         400,
         "invalid_config",
     );
+    // A config is an object: serde alone would read `[60000]` as
+    // `idle_timeout_ms` and `[null, null]` as nothing set.
+    for config in [
+        json!([60000]),
+        json!([null, null]),
+        json!(null),
+        json!({"budget": [1]}),
+    ] {
+        let r = api.deploy("kit", TESTKIT, config.clone()).await;
+        assert_error(&r, 400, "invalid_manifest");
+        assert!(
+            r.json["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("must be an object"),
+            "{config}: {}",
+            r.json
+        );
+    }
     assert_error(
         &put("text/plain", b"x".to_vec()).await,
         415,
@@ -744,4 +763,229 @@ async fn values_events_and_state_past_the_limits_are_refused_and_change_nothing(
         .await;
     assert_eq!(r.status, 200, "{}", r.json);
     assert_eq!(api.add("kit", "b", 1).await.json["value"], 1);
+}
+
+/// The API answers as its OpenAPI document says. Every operation of the
+/// document served by `marmot serve` is asked five ways, and each answer
+/// must have a status the document lists for that operation (a 4xx with
+/// the error body):
+/// * without a token: 401, unless the document marks it open;
+/// * with a client token for another actor: 403;
+/// * with each path parameter set to a value its documented schema
+///   refuses (checked here against the schema): 400 or 404;
+/// * with each typed query parameter (integer, boolean, enum) not of its
+///   type: 400;
+/// * well-formed, with the admin token: anything documented.
+#[tokio::test]
+async fn every_operation_answers_as_the_openapi_document_says() {
+    use std::collections::BTreeSet;
+
+    const ADMIN: &str = "admin-token-for-the-openapi-conformance-test";
+    let dir = tempdir();
+    let node = Marmot::start_serve(&dir.path().join("n"), ADMIN).await;
+    let api = node.client();
+    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+    assert_eq!(api.add("kit", "a", 1).await.status, 200);
+    let minted = api
+        .req(
+            Method::POST,
+            "/v1/tokens",
+            Some((
+                "application/json",
+                serde_json::to_vec(&json!({"type": "kit", "id": "someone-else",
+                    "scopes": ["send", "events", "inputs", "files"], "ttl_s": 600}))
+                .unwrap(),
+            )),
+            &[],
+        )
+        .await;
+    assert_eq!(minted.status, 201, "{}", minted.json);
+    let other = format!("Bearer {}", minted.json["token"].as_str().unwrap());
+    let doc = api.get("/v1/openapi.json").await.json;
+
+    // A well-formed value for each path parameter (names the document uses).
+    let valid = |name: &str| match name {
+        "type" => "kit",
+        "id" => "a",
+        "key" => "k",
+        "path" => "notes/a.txt",
+        "delivery" => "msg_00000000000000000000000000000000",
+        _ => "n1",
+    };
+    let fill = |path: &str, broken: Option<(&str, &str)>| {
+        let mut out = path.to_owned();
+        for seg in path.split('/').filter(|s| s.starts_with('{')) {
+            let name = seg.trim_matches(['{', '}']);
+            let value = match broken {
+                Some((n, v)) if n == name => v.to_owned(),
+                _ if name == "id" && path.starts_with("/v1/deliveries/") => {
+                    valid("delivery").to_owned()
+                }
+                _ => valid(name).to_owned(),
+            };
+            out = out.replace(seg, &value);
+        }
+        out
+    };
+    // A value (percent-encoded for the path) that `schema` refuses.
+    let breaking = |schema: &Value| -> Option<String> {
+        let refuses = |raw: &str| {
+            let chars = raw.chars().count() as u64;
+            schema["maxLength"].as_u64().is_some_and(|m| chars > m)
+                || schema["pattern"]
+                    .as_str()
+                    .is_some_and(|p| !regex::Regex::new(p).unwrap().is_match(raw))
+        };
+        [
+            ("Bad Name!", "Bad%20Name%21"),
+            ("a\u{1}b", "a%01b"),
+            ("a\\b", "a%5Cb"),
+            ("zz", "zz"),
+        ]
+        .into_iter()
+        .find(|(raw, _)| refuses(raw))
+        .map(|(_, encoded)| encoded.to_owned())
+        .or_else(|| {
+            let max = schema["maxLength"].as_u64()? as usize;
+            Some("k".repeat(max + 1))
+        })
+    };
+    let body_of = |op: &Value| -> Option<(&'static str, Vec<u8>)> {
+        op.get("requestBody")
+            .map(|_| ("application/json", b"{}".to_vec()))
+    };
+    let mut asked = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let m = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            let documented: BTreeSet<u16> = op["responses"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(|k| k.parse().unwrap())
+                .collect();
+            let check = |how: &str, r: &Resp, allowed: &[u16]| {
+                let what = format!(
+                    "{method} {path} ({how}): {} {}",
+                    r.status,
+                    String::from_utf8_lossy(&r.body)
+                );
+                assert!(
+                    documented.contains(&r.status),
+                    "undocumented status: {what}"
+                );
+                assert!(
+                    allowed.is_empty() || allowed.contains(&r.status),
+                    "expected one of {allowed:?}: {what}"
+                );
+                if r.status >= 400 {
+                    assert!(
+                        !r.code().is_empty()
+                            && r.json["error"]["message"]
+                                .as_str()
+                                .is_some_and(|m| !m.is_empty()),
+                        "not an error body: {what}"
+                    );
+                }
+            };
+            let open = op["security"] == json!([]);
+            let target = fill(path, None);
+
+            let r = api
+                .req(m.clone(), &target, body_of(op), &[("authorization", "")])
+                .await;
+            if open {
+                assert_ne!(r.status, 401, "{method} {path} is documented open");
+            } else {
+                check("no token", &r, &[401]);
+                let r = api
+                    .req(
+                        m.clone(),
+                        &target,
+                        body_of(op),
+                        &[("authorization", &other)],
+                    )
+                    .await;
+                check("another actor's client token", &r, &[403]);
+            }
+
+            let params = op["parameters"].as_array().unwrap();
+            for p in params.iter().filter(|p| p["in"] == "path") {
+                let name = p["name"].as_str().unwrap();
+                let Some(bad) = breaking(&p["schema"]) else {
+                    continue;
+                };
+                let r = api
+                    .req(m.clone(), &fill(path, Some((name, &bad))), body_of(op), &[])
+                    .await;
+                check(&format!("path {name}={bad}"), &r, &[400, 404]);
+                asked += 1;
+            }
+            for p in params.iter().filter(|p| p["in"] == "query") {
+                let s = &p["schema"];
+                if !(s["type"] == "integer" || s["type"] == "boolean" || s.get("enum").is_some()) {
+                    continue;
+                }
+                let name = p["name"].as_str().unwrap();
+                let r = api
+                    .req(m.clone(), &format!("{target}?{name}=x~"), body_of(op), &[])
+                    .await;
+                check(&format!("query {name}=x~"), &r, &[400]);
+                asked += 1;
+            }
+
+            let r = api.req(m.clone(), &target, body_of(op), &[]).await;
+            check("well-formed", &r, &[]);
+            asked += 1;
+        }
+    }
+    assert!(asked > 80, "asked only {asked} questions");
+    // Still serving, and the actor asked about is still there.
+    assert_eq!(api.get("/readyz").await.status, 200);
+}
+
+/// `?limit=0` is refused on every listing (a page of nothing is a
+/// mistake), a larger ask than a page holds gets a full page, and ids in
+/// the path or query that only look like delivery ids are a 404 or 400,
+/// never a dropped connection.
+#[tokio::test]
+async fn page_sizes_and_cursors_are_checked() {
+    let (_dir, _node, api) = common::kit_node(json!({})).await;
+    for i in 0..3 {
+        assert_eq!(api.add("kit", &format!("a{i}"), 1).await.status, 200);
+    }
+    for listing in [
+        "/v1/actors/kit",
+        "/v1/actors/kit/a0/state",
+        "/v1/actors/kit/a0/events",
+        "/v1/actors/kit/a0/files",
+        "/v1/deliveries",
+    ] {
+        assert_error(
+            &api.get(&format!("{listing}?limit=0")).await,
+            400,
+            "invalid_limit",
+        );
+        let r = api.get(&format!("{listing}?limit=1000000")).await;
+        assert_eq!(r.status, 200, "{listing}: {}", r.json);
+    }
+    let page = api.get("/v1/actors/kit?limit=2").await.json;
+    assert_eq!(page["actors"].as_array().unwrap().len(), 2);
+    let all = api.get("/v1/actors/kit?limit=1000000").await.json;
+    assert_eq!(all["actors"].as_array().unwrap().len(), 3);
+
+    // 32 bytes after `msg_`, with a two-byte character across byte 16.
+    let tricky = format!("msg_{}%C3%A9{}", "a".repeat(15), "a".repeat(15));
+    assert_error(
+        &api.post_json(&format!("/v1/deliveries/{tricky}/retry"), &json!({}))
+            .await,
+        404,
+        "delivery_not_found",
+    );
+    assert_error(
+        &api.get(&format!("/v1/deliveries?after={tricky}")).await,
+        400,
+        "invalid_cursor",
+    );
+    assert_eq!(api.get("/readyz").await.status, 200);
 }

@@ -43,6 +43,11 @@ pub enum Scope {
     Files,
 }
 
+impl Scope {
+    /// Every scope.
+    pub const ALL: [Scope; 4] = [Scope::Send, Scope::Events, Scope::Inputs, Scope::Files];
+}
+
 /// The body of `POST /v1/tokens`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

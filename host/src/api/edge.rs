@@ -144,14 +144,7 @@ impl<S> Edge<S> {
             return Ok(());
         };
         let path = req.uri().path();
-        // Inbound webhooks come from third parties and are authenticated
-        // by their signature instead; the API description holds nothing
-        // secret.
-        if path == "/healthz"
-            || path == "/readyz"
-            || path == "/v1/openapi.json"
-            || path.starts_with("/v1/hooks/")
-        {
+        if is_open(path) {
             return Ok(());
         }
         let header = req
@@ -178,6 +171,17 @@ impl<S> Edge<S> {
             "missing or wrong bearer token",
         ))
     }
+}
+
+/// Whether `path` is served without a token: health checks, the API
+/// description (it holds nothing secret) and inbound webhooks (they come
+/// from third parties and are authenticated by their signature instead).
+/// The OpenAPI document marks the same operations open.
+pub(super) fn is_open(path: &str) -> bool {
+    path == "/healthz"
+        || path == "/readyz"
+        || path == "/v1/openapi.json"
+        || path.starts_with("/v1/hooks/")
 }
 
 /// Whether `req` declares a body (a non-zero length, or chunks).

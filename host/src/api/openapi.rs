@@ -4,6 +4,8 @@
 
 use serde_json::{Map, Value, json};
 
+use super::extract::Page;
+
 mod cluster;
 
 /// One operation: method, path (OpenAPI spelling), id, summary, its
@@ -18,25 +20,116 @@ struct Op {
     responses: Vec<(u16, &'static str, Option<Value>)>,
 }
 
-fn path_param(name: &str, description: &str) -> Value {
+fn path_param(name: &str, description: &str, schema: Value) -> Value {
     json!({"name": name, "in": "path", "required": true, "description": description,
-           "schema": {"type": "string"}})
+           "schema": schema})
 }
 
 fn query(name: &str, ty: &str, description: &str) -> Value {
-    json!({"name": name, "in": "query", "required": false, "description": description,
-           "schema": {"type": ty}})
+    query_with(name, description, json!({"type": ty}))
 }
 
-fn header(name: &str, description: &str) -> Value {
+fn query_with(name: &str, description: &str, schema: Value) -> Value {
+    json!({"name": name, "in": "query", "required": false, "description": description,
+           "schema": schema})
+}
+
+/// `schema`, or `null` (an optional field serde reads `null` into as
+/// absent).
+fn nullable(schema: Value) -> Value {
+    json!({"anyOf": [schema, {"type": "null"}]})
+}
+
+/// `param`, required.
+fn required(mut param: Value) -> Value {
+    param["required"] = json!(true);
+    param
+}
+
+/// `?limit=`.
+fn limit(page: Page) -> Value {
+    query_with(
+        "limit",
+        &format!(
+            "page size (default {}; a larger ask gets {})",
+            page.default, page.max
+        ),
+        json!({"type": "integer", "minimum": 1}),
+    )
+}
+
+fn header(name: &str, description: &str, schema: Value) -> Value {
     json!({"name": name, "in": "header", "required": false, "description": description,
-           "schema": {"type": "string"}})
+           "schema": schema})
+}
+
+/// The names and ids users choose, as `crate::ids` validates them (a
+/// JSON Schema `maxLength` counts characters where the limits count
+/// bytes; the descriptions say so).
+mod names {
+    use serde_json::{Value, json};
+
+    use crate::ids::{
+        MAX_ACTOR_ID, MAX_FILE_PATH, MAX_IDEMPOTENCY_KEY, MAX_NAME, MAX_STATE_KEY, MAX_TYPE_NAME,
+    };
+
+    /// No control characters (`char::is_control`: Unicode's Cc).
+    const NO_CONTROLS: &str = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$";
+
+    pub(super) fn type_name() -> Value {
+        json!({"type": "string", "minLength": 1, "maxLength": MAX_TYPE_NAME,
+               "pattern": "^[a-z0-9][a-z0-9_-]*$"})
+    }
+
+    pub(super) fn actor_id() -> Value {
+        json!({"type": "string", "minLength": 1, "maxLength": MAX_ACTOR_ID,
+               "pattern": NO_CONTROLS,
+               "description": format!("1 to {MAX_ACTOR_ID} bytes of UTF-8 without control characters")})
+    }
+
+    /// Secret, provider, subscription and hook names.
+    pub(super) fn short_name() -> Value {
+        json!({"type": "string", "minLength": 1, "maxLength": MAX_NAME,
+               "pattern": "^[A-Za-z0-9._-]+$"})
+    }
+
+    pub(super) fn state_key() -> Value {
+        json!({"type": "string", "minLength": 1, "maxLength": MAX_STATE_KEY,
+               "description": format!("at most {MAX_STATE_KEY} bytes")})
+    }
+
+    pub(super) fn file_path() -> Value {
+        json!({"type": "string", "minLength": 1, "maxLength": MAX_FILE_PATH,
+               "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f\\\\]+$",
+               "description": format!("relative and `/`-separated, at most {MAX_FILE_PATH} bytes; no empty, `.` or `..` segment, no backslash or control character, segments of at most 255 bytes")})
+    }
+
+    pub(super) fn idempotency_key() -> Value {
+        json!({"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY,
+               "pattern": "^[!-~]+$"})
+    }
+
+    /// A client token's `token_id`.
+    pub(super) fn token_id() -> Value {
+        json!({"type": "string", "pattern": "^[0-9A-Fa-f]{1,64}$"})
+    }
+
+    /// A delivery's id.
+    pub(super) fn delivery_id() -> Value {
+        json!({"type": "string", "pattern": "^msg_[0-9A-Fa-f]{32}$"})
+    }
+
+    /// Ids the node hands out (inputs, runs, deliveries): an unknown one is
+    /// a 404.
+    pub(super) fn handed_out() -> Value {
+        json!({"type": "string", "minLength": 1})
+    }
 }
 
 fn actor() -> Vec<Value> {
     vec![
-        path_param("type", "actor type"),
-        path_param("id", "actor id (percent-encode `/`)"),
+        path_param("type", "actor type", names::type_name()),
+        path_param("id", "actor id (percent-encode `/`)", names::actor_id()),
     ]
 }
 
@@ -59,7 +152,7 @@ fn any_json() -> Value {
 
 /// Every operation of the API.
 fn operations() -> Vec<Op> {
-    let name = |what| vec![path_param("name", what)];
+    let name = |what| vec![path_param("name", what, names::short_name())];
     let mut ops = vec![
         Op {
             method: "get",
@@ -111,15 +204,23 @@ fn operations() -> Vec<Op> {
             path: "/v1/types/{type}",
             id: "deployType",
             summary: "Deploy a new version: a Wasm component (application/wasm), a JavaScript module (text/javascript) or a JSON manifest",
-            params: vec![path_param("type", "type name")],
+            params: vec![path_param("type", "type name", names::type_name())],
             body: Some(json!({"required": true, "content": {
                 "application/json": {"schema": schema("Manifest")},
                 "application/wasm": {"schema": {"type": "string", "format": "binary"}},
-                "text/javascript": {"schema": {"type": "string"}}}})),
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+                "text/javascript": {"schema": {"type": "string"}},
+                "application/javascript": {"schema": {"type": "string"}}}})),
             responses: vec![
                 (201, "deployed", Some(schema("Deployed"))),
+                (
+                    200,
+                    "the current version has this code and config: nothing deployed",
+                    Some(schema("Deployed")),
+                ),
                 (400, "bad code or manifest; nothing changed", None),
                 (413, "code too large", None),
+                (415, "no Content-Type, or one that is not deployable", None),
             ],
         },
         Op {
@@ -127,7 +228,7 @@ fn operations() -> Vec<Op> {
             path: "/v1/types/{type}",
             id: "getType",
             summary: "Versions and config of a type",
-            params: vec![path_param("type", "type name")],
+            params: vec![path_param("type", "type name", names::type_name())],
             body: None,
             responses: vec![
                 (200, "the type", Some(any_json())),
@@ -140,7 +241,7 @@ fn operations() -> Vec<Op> {
             id: "deleteType",
             summary: "Delete a type (409 while actors exist, unless force)",
             params: vec![
-                path_param("type", "type name"),
+                path_param("type", "type name", names::type_name()),
                 query("force", "boolean", "delete its actors too"),
             ],
             body: None,
@@ -156,10 +257,10 @@ fn operations() -> Vec<Op> {
             id: "listActors",
             summary: "Actors of a type, a page at a time",
             params: vec![
-                path_param("type", "actor type"),
+                path_param("type", "actor type", names::type_name()),
                 query("prefix", "string", "ids starting with this"),
                 query("cursor", "string", "next_cursor of the previous page"),
-                query("limit", "integer", "page size"),
+                limit(Page::LIST),
             ],
             body: None,
             responses: vec![
@@ -188,6 +289,7 @@ fn operations() -> Vec<Op> {
                     header(
                         "Idempotency-Key",
                         "a repeat returns the first reply without running again",
+                        names::idempotency_key(),
                     ),
                 ],
             ),
@@ -252,7 +354,7 @@ fn operations() -> Vec<Op> {
                 [
                     query("prefix", "string", "keys starting with this"),
                     query("after", "string", "continue after this key"),
-                    query("limit", "integer", "page size"),
+                    limit(Page::LIST),
                 ],
             ),
             body: None,
@@ -266,7 +368,14 @@ fn operations() -> Vec<Op> {
             path: "/v1/actors/{type}/{id}/state/{key}",
             id: "getState",
             summary: "One state value",
-            params: with(actor(), [path_param("key", "state key (may contain `/`)")]),
+            params: with(
+                actor(),
+                [path_param(
+                    "key",
+                    "state key (may contain `/`)",
+                    names::state_key(),
+                )],
+            ),
             body: None,
             responses: vec![(200, "the value", None), (404, "no such key", None)],
         },
@@ -278,10 +387,18 @@ fn operations() -> Vec<Op> {
             params: with(
                 actor(),
                 [
-                    query("after", "integer", "events after this seq"),
-                    query("limit", "integer", "page size"),
+                    query_with(
+                        "after",
+                        "events after this seq",
+                        json!({"type": "integer", "minimum": 0}),
+                    ),
+                    limit(Page::LIST),
                     query("access_token", "string", "a client token, for EventSource"),
-                    header("Last-Event-ID", "resume a stream after this seq"),
+                    header(
+                        "Last-Event-ID",
+                        "resume a stream after this seq",
+                        json!({"type": "string", "pattern": "^[0-9]+$"}),
+                    ),
                 ],
             ),
             body: None,
@@ -310,10 +427,10 @@ fn operations() -> Vec<Op> {
             summary: "Input requests",
             params: with(
                 actor(),
-                [query(
+                [query_with(
                     "status",
-                    "string",
-                    "pending (default), answered, expired or all",
+                    "which (default pending)",
+                    json!({"enum": ["pending", "answered", "expired", "all"]}),
                 )],
             ),
             body: None,
@@ -327,7 +444,10 @@ fn operations() -> Vec<Op> {
             path: "/v1/actors/{type}/{id}/inputs/{input}",
             id: "answerInput",
             summary: "Answer an input request (runs the actor's input turn)",
-            params: with(actor(), [path_param("input", "input request id")]),
+            params: with(
+                actor(),
+                [path_param("input", "input request id", names::handed_out())],
+            ),
             body: Some(json_body(any_json())),
             responses: vec![
                 (200, "answered and durable", Some(any_json())),
@@ -355,11 +475,15 @@ fn operations() -> Vec<Op> {
             path: "/v1/actors/{type}/{id}/runs/{run_id}/cancel",
             id: "cancelRun",
             summary: "Cancel an agent run",
-            params: with(actor(), [path_param("run_id", "run id")]),
+            params: with(
+                actor(),
+                [path_param("run_id", "run id", names::handed_out())],
+            ),
             body: None,
             responses: vec![
                 (200, "cancelled", Some(any_json())),
                 (404, "no such run", None),
+                (409, "the type is not an agent", None),
             ],
         },
         Op {
@@ -376,7 +500,7 @@ fn operations() -> Vec<Op> {
                         "paths starting with this (outputs/: artifacts)",
                     ),
                     query("after", "string", "continue after this path"),
-                    query("limit", "integer", "page size"),
+                    limit(Page::FILES),
                 ],
             ),
             body: None,
@@ -387,7 +511,14 @@ fn operations() -> Vec<Op> {
             path: "/v1/actors/{type}/{id}/files/{path}",
             id: "downloadFile",
             summary: "Download a file (ETag, Range, If-None-Match)",
-            params: with(actor(), [path_param("path", "file path (may contain `/`)")]),
+            params: with(
+                actor(),
+                [path_param(
+                    "path",
+                    "file path (may contain `/`)",
+                    names::file_path(),
+                )],
+            ),
             body: None,
             responses: vec![
                 (200, "the file", None),
@@ -403,12 +534,13 @@ fn operations() -> Vec<Op> {
             id: "inboundWebhook",
             summary: "Inbound webhook (Standard Webhooks or GitHub signature; no bearer token)",
             params: vec![
-                path_param("type", "actor type"),
+                path_param("type", "actor type", names::type_name()),
                 path_param(
                     "id",
                     "actor id, or `_` to route by the type's webhook_routes",
+                    names::actor_id(),
                 ),
-                path_param("name", "hook name"),
+                path_param("name", "hook name", names::short_name()),
             ],
             body: Some(json!({"required": true, "content": {"*/*": {"schema": {}}}})),
             responses: vec![
@@ -418,6 +550,11 @@ fn operations() -> Vec<Op> {
                     Some(any_json()),
                 ),
                 (400, "bad name or route", None),
+                (
+                    422,
+                    "routed by the payload, which lacks the route's field",
+                    None,
+                ),
                 (401, "bad signature or timestamp", None),
                 (403, "the type has no webhook_secret", None),
                 (404, "unknown type", None),
@@ -443,7 +580,7 @@ fn operations() -> Vec<Op> {
             id: "putProvider",
             summary: "Set a model provider",
             params: name("provider name"),
-            body: Some(json_body(any_json())),
+            body: Some(json_body(schema("Provider"))),
             responses: vec![
                 (200, "replaced", Some(any_json())),
                 (201, "created", Some(any_json())),
@@ -489,10 +626,7 @@ fn operations() -> Vec<Op> {
             id: "putSecret",
             summary: "Set a secret (write-only)",
             params: name("secret name"),
-            body: Some(json_body(
-                json!({"type": "object", "required": ["value"], "properties": {
-                "value": {"type": "string"}, "hosts": {"type": "array", "items": {"type": "string"}}}}),
-            )),
+            body: Some(json_body(schema("Secret"))),
             responses: vec![
                 (200, "replaced", Some(any_json())),
                 (201, "created", Some(any_json())),
@@ -527,7 +661,7 @@ fn operations() -> Vec<Op> {
             id: "putSubscription",
             summary: "Set an outbound webhook subscription",
             params: name("subscription name"),
-            body: Some(json_body(any_json())),
+            body: Some(json_body(schema("Subscription"))),
             responses: vec![
                 (200, "replaced", Some(any_json())),
                 (201, "created", Some(any_json())),
@@ -564,10 +698,18 @@ fn operations() -> Vec<Op> {
             id: "listDeliveries",
             summary: "Outbound deliveries not yet delivered",
             params: vec![
-                query("status", "string", "pending, failed or dead"),
+                query_with(
+                    "status",
+                    "only these",
+                    json!({"enum": ["pending", "failed", "dead"]}),
+                ),
                 query("subscription", "string", "one subscription's"),
-                query("after", "string", "continue after this delivery id"),
-                query("limit", "integer", "page size"),
+                query_with(
+                    "after",
+                    "continue after this delivery id",
+                    names::delivery_id(),
+                ),
+                limit(Page::LIST),
             ],
             body: None,
             responses: vec![(200, "deliveries", Some(any_json()))],
@@ -577,7 +719,7 @@ fn operations() -> Vec<Op> {
             path: "/v1/deliveries/{id}/retry",
             id: "retryDelivery",
             summary: "Replay a failed or dead delivery now",
-            params: vec![path_param("id", "delivery id")],
+            params: vec![path_param("id", "delivery id", names::delivery_id())],
             body: None,
             responses: vec![
                 (200, "scheduled", Some(any_json())),
@@ -622,7 +764,7 @@ fn operations() -> Vec<Op> {
             path: "/v1/tokens/{id}",
             id: "revokeToken",
             summary: "Revoke a client token by its token_id",
-            params: vec![path_param("id", "token_id")],
+            params: vec![path_param("id", "token_id", names::token_id())],
             body: None,
             responses: vec![
                 (200, "revoked", Some(any_json())),
@@ -643,19 +785,59 @@ fn components() -> Value {
                 "type": "object", "required": ["code", "message"], "properties": {
                     "code": {"type": "string", "description": "snake_case"},
                     "message": {"type": "string"}}}}},
-            "Manifest": {"type": "object", "required": ["kind"], "properties": {
-                "kind": {"enum": ["wasm", "js", "agent"]},
-                "code_base64": {"type": "string"},
-                "code": {"type": "string"},
-                "agent": {"type": "object"},
-                "config": {"type": "object"}}},
+            "Manifest": {"oneOf": [
+                {"type": "object", "required": ["kind", "code"], "additionalProperties": false,
+                 "properties": {"kind": {"const": "js"},
+                    "code": {"type": "string", "description": "the module's source"},
+                    "config": schema("TypeConfig")}},
+                {"type": "object", "required": ["kind", "code_base64"], "additionalProperties": false,
+                 "properties": {"kind": {"const": "wasm"},
+                    "code_base64": {"type": "string", "contentEncoding": "base64",
+                        "description": "the component"},
+                    "config": schema("TypeConfig")}},
+                {"type": "object", "required": ["kind", "agent"], "additionalProperties": false,
+                 "properties": {"kind": {"const": "agent"},
+                    "agent": {"type": "object", "description": "the agent's settings (docs/agent.md)"},
+                    "config": schema("TypeConfig")}}]},
+            "TypeConfig": type_config(),
+            "Secret": {"type": "object", "required": ["value", "hosts"],
+                "additionalProperties": false, "properties": {
+                "value": {"type": "string", "minLength": 1, "description": format!(
+                    "write-only; at most {} bytes", crate::secrets::MAX_VALUE_BYTES)},
+                "hosts": {"type": "array", "minItems": 1, "maxItems": crate::secrets::MAX_HOSTS,
+                    "items": {"type": "string", "minLength": 1},
+                    "description": "the only hosts it may be sent to (https): `api.example.com`, `*.example.com`"}}},
+            "Provider": {"type": "object", "required": ["format"],
+                "additionalProperties": false, "properties": {
+                "format": {"enum": ["openai-chat", "openai-responses", "anthropic-messages"]},
+                "base_url": nullable(json!({"type": "string", "format": "uri",
+                    "description": "defaults to the vendor's own API"})),
+                "key_secret": nullable(names::short_name()),
+                "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+                "prices": {"type": "object", "additionalProperties": {
+                    "type": "object", "required": ["input_per_mtok", "output_per_mtok"],
+                    "additionalProperties": false, "properties": {
+                    "input_per_mtok": {"type": "number", "minimum": 0},
+                    "output_per_mtok": {"type": "number", "minimum": 0}}}},
+                "max_completion_tokens": nullable(json!({"type": "boolean"}))}},
+            "Subscription": {"type": "object", "required": ["url"],
+                "additionalProperties": false, "properties": {
+                "url": {"type": "string", "format": "uri", "pattern": "^https?://",
+                    "description": "http:// or https://, with a host"},
+                "events": nullable(json!({"type": "array", "minItems": 1,
+                    "items": {"type": "string", "minLength": 1, "maxLength": 128},
+                    "description": "`*`, event kinds, or kind prefixes ending in `*` (default: all)"})),
+                "types": {"type": "array", "items": names::type_name(),
+                    "description": "actor types (default: all)"},
+                "secret": nullable(json!({"type": "string", "pattern": "^whsec_",
+                    "description": "`whsec_` + base64; generated (and shown once) when absent"}))}},
             "Deployed": {"type": "object", "properties": {
                 "type": {"type": "string"}, "version": {"type": "integer"},
                 "kind": {"type": "string"}, "sha256": {"type": "string"}}},
             "TokenRequest": {"type": "object", "required": ["type", "scopes", "ttl_s"],
                 "additionalProperties": false, "properties": {
-                "type": {"type": "string"}, "id": {"type": "string"},
-                "id_prefix": {"type": "string"},
+                "type": {"type": "string"}, "id": nullable(json!({"type": "string"})),
+                "id_prefix": nullable(json!({"type": "string"})),
                 "scopes": {"type": "array", "minItems": 1,
                     "items": {"enum": ["send", "events", "inputs", "files"]}},
                 "ttl_s": {"type": "integer", "minimum": 1, "maximum": crate::tokens::MAX_TTL_S}}},
@@ -666,31 +848,119 @@ fn components() -> Value {
     })
 }
 
+/// A type's config (`crate::config::TypeConfig`); every key optional.
+fn type_config() -> Value {
+    let ms = |what: &str| nullable(json!({"type": "integer", "minimum": 1, "description": what}));
+    let strings =
+        |what: &str| json!({"type": "array", "items": {"type": "string"}, "description": what});
+    let limit = || nullable(json!({"type": "integer", "minimum": 0}));
+    let usd = || nullable(json!({"type": "number", "minimum": 0}));
+    json!({"type": "object", "additionalProperties": false, "properties": {
+        "idle_timeout_ms": ms("hibernate after this long without work"),
+        "turn_timeout_ms": ms("wall-clock limit of one turn"),
+        "cpu_slice_ms": ms("CPU a guest may burn without calling the host"),
+        "max_memory_bytes": nullable(json!({"type": "integer", "minimum": 1 << 20,
+            "description": "guest linear memory (at most the node's `limits.max_guest_memory_bytes`)"})),
+        "allowed_hosts": strings("hosts the `http` capability may reach (default: none)"),
+        "allowed_methods": {"type": "array", "items": {"enum": crate::config::HTTP_METHODS},
+            "description": "HTTP methods it may use (default: all)"},
+        "max_redirects": nullable(json!({"type": "integer", "minimum": 0, "maximum": 20})),
+        "http_concurrency": nullable(json!({"type": "integer", "minimum": 1})),
+        "secrets": {"type": "array", "items": names::short_name(),
+            "description": "secrets the type may name"},
+        "webhook_secret": nullable(json!({"type": "string", "description": "`whsec_` + base64; never shown back"})),
+        "webhook_routes": {"type": "object", "propertyNames": names::short_name(),
+            "additionalProperties": {"type": "string", "pattern": "^/"},
+            "description": "hook name → JSON pointer to the actor id in the payload (needs `webhook_secret`)"},
+        "env": {"type": "object", "additionalProperties": {"type": "string"}},
+        "budget": nullable(json!({"type": "object", "additionalProperties": false, "properties": {
+            "max_tokens": limit(), "max_cost_usd": usd(),
+            "actor_max_tokens": limit(), "actor_max_cost_usd": usd()}}))}})
+}
+
+/// Responses every operation of a kind can give, whatever its handler
+/// does: the edge layer's (auth, client-token rate limits) and the
+/// extractors' (a bad path, query or body is a 400 naming it; an unknown
+/// type a 404). Added where the table does not say more.
+fn common_responses(op: &Op) -> Vec<(u16, &'static str)> {
+    let mut out = Vec::new();
+    if !op.params.is_empty() || op.body.is_some() {
+        out.push((
+            400,
+            "a path, query, header or body that is not valid; nothing changed (`error.code` says which)",
+        ));
+    }
+    if op.path.contains("{type}") {
+        out.push((404, "no such type (or actor, or what the path names)"));
+    }
+    if !super::edge::is_open(op.path) {
+        out.push((401, "missing, wrong, expired or revoked token"));
+        out.push((403, "a client token that does not open this request"));
+        if client_token_reaches(op) {
+            out.push((
+                429,
+                "the client token's or the actor's rate limit (Retry-After)",
+            ));
+        }
+    }
+    out
+}
+
+/// Whether a client token can open `op` at all (given the right actor and
+/// scopes): asked of the token code itself, with every scope.
+fn client_token_reaches(op: &Op) -> bool {
+    let path = op
+        .path
+        .replace("{type}", "t")
+        .replace("{id}", "i")
+        .split('/')
+        .map(|seg| if seg.starts_with('{') { "x" } else { seg })
+        .collect::<Vec<_>>()
+        .join("/");
+    let grant = crate::tokens::Grant {
+        jti: String::new(),
+        ty: "t".into(),
+        id: Some("i".into()),
+        id_prefix: None,
+        scopes: crate::tokens::Scope::ALL.to_vec(),
+        iat: 0,
+        exp: u64::MAX,
+    };
+    let method = op.method.to_ascii_uppercase();
+    axum::http::Method::from_bytes(method.as_bytes()).is_ok_and(|m| grant.allows(&m, &path).is_ok())
+}
+
 /// The document.
 pub(super) fn document() -> Value {
     let mut paths = Map::new();
     for op in operations() {
         let mut responses = Map::new();
+        let error = || json!({"application/json": {"schema": schema("Error")}});
+        for &(status, description) in &common_responses(&op) {
+            responses.insert(
+                status.to_string(),
+                json!({"description": description, "content": error()}),
+            );
+        }
+        // The table's own say wins over the common description.
         for (status, description, body) in op.responses {
             let mut r = json!({"description": description});
             if let Some(s) = body {
                 r["content"] = json!({"application/json": {"schema": s}});
             } else if status >= 400 {
-                r["content"] = json!({"application/json": {"schema": schema("Error")}});
+                r["content"] = error();
             }
             responses.insert(status.to_string(), r);
         }
-        responses.insert(
-            "401".into(),
-            json!({"description": "missing, wrong, expired or revoked token",
-                   "content": {"application/json": {"schema": schema("Error")}}}),
-        );
         let mut o = json!({
             "operationId": op.id,
             "summary": op.summary,
             "parameters": op.params,
             "responses": responses,
         });
+        if super::edge::is_open(op.path) {
+            o["security"] = json!([]);
+        }
         if let Some(b) = op.body {
             o["requestBody"] = b;
         }

@@ -34,7 +34,7 @@ impl From<SecretError> for ApiError {
 /// The body of `PUT /v1/secrets/{name}`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct SecretSpec {
+pub(super) struct SecretSpec {
     value: Zeroizing<String>,
     #[serde(default)]
     hosts: Vec<String>,

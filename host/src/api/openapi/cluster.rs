@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use super::{Op, actor, any_json, query, with};
+use super::{Op, actor, any_json, query, required, with};
 
 pub(super) fn operations() -> Vec<Op> {
     vec![
@@ -14,7 +14,11 @@ pub(super) fn operations() -> Vec<Op> {
             summary: "Move an actor to a region (in a cluster)",
             params: with(
                 actor(),
-                [query("region", "string", "the region to move it to")],
+                [required(query(
+                    "region",
+                    "string",
+                    "the region to move it to",
+                ))],
             ),
             body: None,
             responses: vec![

@@ -1,4 +1,5 @@
-//! The document names every route of the router, and only those.
+//! The document names every route of the router, and only those, and
+//! describes what they accept as the server reads it.
 
 use std::collections::BTreeSet;
 
@@ -92,5 +93,160 @@ fn operations_are_unique_and_complete() {
             .collect();
         assert_eq!(declared, in_path, "{} {}", op.method, op.path);
         assert!(!op.responses.is_empty(), "{}", op.id);
+    }
+}
+
+/// The fields serde reads for `T` (which denies unknown fields), taken
+/// from its error for an unknown one: "unknown field `…`, expected one of
+/// `a`, `b`" (or "expected `a`").
+fn fields_of<T: serde::de::DeserializeOwned>() -> BTreeSet<String> {
+    let err = match serde_json::from_str::<T>(r#"{"\u0000": 0}"#) {
+        Ok(_) => panic!("an unknown field was accepted"),
+        Err(e) => e.to_string(),
+    };
+    let (_, expected) = err
+        .split_once(", expected ")
+        .unwrap_or_else(|| panic!("not an unknown-field error: {err}"));
+    let expected = expected.split(" at line").next().unwrap();
+    expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+fn properties(schema: &Value) -> BTreeSet<String> {
+    schema["properties"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no properties: {schema}"))
+        .keys()
+        .cloned()
+        .collect()
+}
+
+/// Each request body's schema names exactly the fields the server reads,
+/// and refuses others as the server does (`additionalProperties: false`
+/// where serde denies unknown fields).
+#[test]
+fn body_schemas_name_the_fields_the_server_reads() {
+    let doc = document();
+    let schemas = &doc["components"]["schemas"];
+    let pairs = [
+        ("TypeConfig", fields_of::<crate::config::TypeConfig>()),
+        ("Secret", fields_of::<super::super::secrets::SecretSpec>()),
+        (
+            "Provider",
+            fields_of::<crate::models::providers::ProviderSpec>(),
+        ),
+        (
+            "Subscription",
+            fields_of::<crate::webhooks::outbound::SubscriptionSpec>(),
+        ),
+        ("TokenRequest", fields_of::<crate::tokens::TokenRequest>()),
+    ];
+    for (name, fields) in pairs {
+        let schema = &schemas[name];
+        assert_eq!(properties(schema), fields, "{name}");
+        assert_eq!(schema["additionalProperties"], false, "{name}");
+    }
+    let budget = &schemas["TypeConfig"]["properties"]["budget"]["anyOf"][0];
+    assert_eq!(properties(budget), fields_of::<crate::config::Budget>());
+    let price = &schemas["Provider"]["properties"]["prices"]["additionalProperties"];
+    assert_eq!(
+        properties(price),
+        fields_of::<crate::models::providers::Price>()
+    );
+    // The manifest is one of three shapes; together they name its fields.
+    let shapes = schemas["Manifest"]["oneOf"].as_array().unwrap();
+    let kinds: BTreeSet<&str> = shapes
+        .iter()
+        .map(|s| s["properties"]["kind"]["const"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, BTreeSet::from(["agent", "js", "wasm"]));
+    let all: BTreeSet<String> = shapes.iter().flat_map(properties).collect();
+    assert_eq!(all, fields_of::<super::super::types::Manifest>());
+}
+
+/// Whether `T` reads `{"field": null}` (as absent) or refuses it as a
+/// null, against whether the schema of `field` allows `null`.
+fn nulls_match<T: serde::de::DeserializeOwned>(name: &str, schema: &Value) {
+    for (field, s) in schema["properties"].as_object().unwrap() {
+        let read = serde_json::from_value::<T>(json!({ field: null }));
+        let refused = matches!(&read, Err(e) if e.to_string().contains("invalid type: null"));
+        let documented = s["anyOf"]
+            .as_array()
+            .is_some_and(|a| a.contains(&json!({"type": "null"})));
+        assert_eq!(documented, !refused, "{name}.{field}: {:?}", read.err());
+    }
+}
+
+/// A field serde reads `null` into is documented nullable, and no other.
+#[test]
+fn nullable_fields_are_the_optional_ones() {
+    let doc = document();
+    let schemas = &doc["components"]["schemas"];
+    nulls_match::<crate::config::TypeConfig>("TypeConfig", &schemas["TypeConfig"]);
+    nulls_match::<crate::config::Budget>(
+        "budget",
+        &schemas["TypeConfig"]["properties"]["budget"]["anyOf"][0],
+    );
+    nulls_match::<super::super::secrets::SecretSpec>("Secret", &schemas["Secret"]);
+    nulls_match::<crate::models::providers::ProviderSpec>("Provider", &schemas["Provider"]);
+    nulls_match::<crate::webhooks::outbound::SubscriptionSpec>(
+        "Subscription",
+        &schemas["Subscription"],
+    );
+    nulls_match::<crate::tokens::TokenRequest>("TokenRequest", &schemas["TokenRequest"]);
+}
+
+/// Every path parameter says what it accepts; operations behind the
+/// token say they answer 401 and 403, and only open ones need none; the
+/// operations a client token can open (asked of the token code) say they
+/// may answer 429.
+#[test]
+fn parameters_auth_and_rate_limits_are_described() {
+    let doc = document();
+    let mut reachable = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let at = format!("{method} {path}");
+            for p in op["parameters"].as_array().unwrap() {
+                let s = &p["schema"];
+                if p["in"] == "path" {
+                    assert!(
+                        s.get("pattern").is_some() || s.get("minLength").is_some(),
+                        "{at}: path parameter {} accepts anything: {s}",
+                        p["name"]
+                    );
+                }
+            }
+            let responses = op["responses"].as_object().unwrap();
+            let open = super::super::edge::is_open(path);
+            assert_eq!(op.get("security") == Some(&json!([])), open, "{at}");
+            if !open {
+                for status in ["401", "403"] {
+                    assert!(responses.contains_key(status), "{at}: {status}");
+                }
+            }
+            if responses.contains_key("429") && !open {
+                reachable.insert(at);
+            }
+        }
+    }
+    for at in [
+        "post /v1/actors/{type}/{id}",
+        "get /v1/actors/{type}/{id}/events",
+        "post /v1/actors/{type}/{id}/inputs/{input}",
+        "get /v1/actors/{type}/{id}/files/{path}",
+    ] {
+        assert!(reachable.contains(at), "{at} takes client tokens");
+    }
+    for at in [
+        "get /v1/types",
+        "delete /v1/actors/{type}/{id}",
+        "post /v1/tokens",
+    ] {
+        assert!(!reachable.contains(at), "{at} is for the admin token only");
     }
 }
