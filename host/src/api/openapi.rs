@@ -813,7 +813,9 @@ fn components() -> Value {
                 "base_url": nullable(json!({"type": "string", "format": "uri",
                     "description": "defaults to the vendor's own API"})),
                 "key_secret": nullable(names::short_name()),
-                "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+                "headers": {"type": "object",
+                    "propertyNames": {"pattern": "^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"},
+                    "additionalProperties": {"type": "string"}},
                 "prices": {"type": "object", "additionalProperties": {
                     "type": "object", "required": ["input_per_mtok", "output_per_mtok"],
                     "additionalProperties": false, "properties": {
