@@ -989,3 +989,92 @@ async fn page_sizes_and_cursors_are_checked() {
     );
     assert_eq!(api.get("/readyz").await.status, 200);
 }
+
+/// Every JSON request body is an object. Serde alone also reads a struct
+/// from an array of its fields in order, so each of these arrays was
+/// taken (a secret, a provider, a token…); now each is a 400 that says
+/// what the body is, and nothing is stored.
+#[tokio::test]
+async fn json_bodies_must_be_objects() {
+    let (dir, _node, api) = common::kit_node(json!({})).await;
+    let backup_to = dir.path().join("backup-from-an-array");
+    let cases = [
+        (
+            Method::PUT,
+            "/v1/secrets/k",
+            json!(["v", ["api.example.com"]]),
+            "invalid_secret",
+        ),
+        (
+            Method::PUT,
+            "/v1/providers/p",
+            json!(["openai-chat", "http://127.0.0.1:9/v1"]),
+            "invalid_provider",
+        ),
+        (
+            Method::PUT,
+            "/v1/subscriptions/s",
+            json!(["http://127.0.0.1:9/hook"]),
+            "invalid_subscription",
+        ),
+        (
+            Method::POST,
+            "/v1/tokens",
+            json!(["kit", "a", null, ["send"], 60]),
+            "invalid_token_request",
+        ),
+        (
+            Method::PUT,
+            "/v1/types/t2",
+            json!(["js", "export default {}"]),
+            "invalid_manifest",
+        ),
+        (
+            Method::POST,
+            "/v1/actors/kit/a/eval",
+            json!(["1 + 1"]),
+            "invalid_body",
+        ),
+        (
+            Method::POST,
+            "/v1/backup",
+            json!([backup_to]),
+            "invalid_backup",
+        ),
+    ];
+    for (method, path, body, code) in cases {
+        let r = api
+            .req(
+                method,
+                path,
+                Some(("application/json", serde_json::to_vec(&body).unwrap())),
+                &[],
+            )
+            .await;
+        assert_error(&r, 400, code);
+        assert!(
+            r.json["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("must be a JSON object, not an array"),
+            "{path}: {}",
+            r.json
+        );
+    }
+    assert_eq!(api.get("/v1/secrets").await.json["secrets"], json!([]));
+    assert_eq!(
+        api.get("/v1/subscriptions").await.json["subscriptions"],
+        json!([])
+    );
+    let providers = api.get("/v1/providers").await.json;
+    assert!(
+        !providers["providers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "p"),
+        "{providers}"
+    );
+    assert_eq!(api.get("/v1/types/t2").await.status, 404);
+    assert!(!backup_to.exists());
+}

@@ -9,7 +9,7 @@ use base64::Engine as _;
 use serde::Deserialize;
 use tracing::Instrument as _;
 
-use super::extract::{ActorPath, KnownType, Page};
+use super::extract::{ActorPath, KnownType, Page, json_object};
 use super::{ApiError, AppState, Path, Query};
 use crate::ids::validate_idempotency_key;
 use crate::storage::EnqueueOutcome;
@@ -600,7 +600,7 @@ pub(super) async fn eval(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|c| c.to_ascii_lowercase().contains("json"));
     let code = if is_json {
-        serde_json::from_slice::<EvalBody>(&body)
+        json_object::<EvalBody>(&body)
             .map_err(|e| {
                 ApiError::bad_request("invalid_body", format!("expected {{\"code\": \"…\"}}: {e}"))
             })?

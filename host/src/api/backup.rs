@@ -8,6 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
+use super::extract::json_object;
 use super::{ApiError, AppState};
 use crate::storage::StorageError;
 
@@ -23,7 +24,7 @@ pub(super) async fn backup(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body?;
-    let spec: BackupSpec = serde_json::from_slice(&body).map_err(|e| {
+    let spec: BackupSpec = json_object(&body).map_err(|e| {
         ApiError::bad_request(
             "invalid_backup",
             format!("{e}; expected {{\"to\": \"/absolute/new/directory\"}}"),

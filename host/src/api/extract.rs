@@ -96,3 +96,29 @@ impl Page {
         }
     }
 }
+
+/// A JSON request body read into `T`, which must be a JSON object: serde
+/// also reads a struct from an array of its fields in order (so
+/// `["v", ["api.example.com"]]` made a secret), which no client means.
+/// A body that is not JSON keeps serde's syntax error; JSON of another
+/// kind gets a data error saying what it is (never quoting it: it may be a
+/// secret).
+pub(super) fn json_object<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+) -> Result<T, serde_json::Error> {
+    let first = body.iter().copied().find(|b| !b.is_ascii_whitespace());
+    if first != Some(b'{') {
+        serde_json::from_slice::<serde::de::IgnoredAny>(body)?;
+        let kind = match first {
+            Some(b'[') => "an array",
+            Some(b'"') => "a string",
+            Some(b'n') => "null",
+            Some(b't' | b'f') => "a boolean",
+            _ => "a number",
+        };
+        return Err(serde::de::Error::custom(format_args!(
+            "the body must be a JSON object, not {kind}"
+        )));
+    }
+    serde_json::from_slice(body)
+}

@@ -6,6 +6,7 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 
+use super::extract::json_object;
 use super::{ApiError, AppState, Path};
 use crate::models::{ProviderConfigError, ProviderSpec};
 
@@ -29,13 +30,16 @@ pub(super) async fn put(
 ) -> Result<Response, ApiError> {
     crate::ids::validate_provider_name(&name)?;
     let body = body?;
-    let spec: ProviderSpec = serde_json::from_slice(&body).map_err(|e| {
+    let spec: ProviderSpec = json_object(&body).map_err(|e| {
         // Unknown and missing fields are named; a wrongly typed value is
         // only located (it may be a key pasted into the wrong field).
         let text = e.to_string();
         let what = if e.is_syntax() || e.is_eof() {
             "the body is not JSON".to_owned()
-        } else if text.starts_with("unknown field") || text.starts_with("missing field") {
+        } else if text.starts_with("unknown field")
+            || text.starts_with("missing field")
+            || e.line() == 0
+        {
             text
         } else {
             format!(

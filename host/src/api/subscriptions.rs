@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::extract::Page;
+use super::extract::{Page, json_object};
 use super::{ApiError, AppState, Path, Query};
 use crate::clock::now_ms;
 use crate::storage::WriteOp;
@@ -29,7 +29,7 @@ pub(super) async fn put(
 ) -> Result<Response, ApiError> {
     subscription_name(&name)?;
     let body = body?;
-    let spec: SubscriptionSpec = serde_json::from_slice(&body)
+    let spec: SubscriptionSpec = json_object(&body)
         .map_err(|e| ApiError::bad_request("invalid_subscription", e.to_string()))?;
     let (record, generated) = spec
         .into_record(now_ms())

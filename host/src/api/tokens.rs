@@ -7,6 +7,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
+use super::extract::json_object;
 use super::{ApiError, AppState, Path};
 use crate::tokens::{TokenError, TokenRequest};
 
@@ -30,7 +31,7 @@ pub(super) async fn mint(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body?;
-    let req: TokenRequest = serde_json::from_slice(&body).map_err(|e| {
+    let req: TokenRequest = json_object(&body).map_err(|e| {
         ApiError::bad_request(
             "invalid_token_request",
             format!(

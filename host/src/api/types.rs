@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde::Deserialize;
 
-use super::extract::KnownType;
+use super::extract::{KnownType, json_object};
 use super::{ApiError, AppState, Path, Query};
 use crate::config::TypeConfig;
 use crate::ids::validate_type_name;
@@ -70,7 +70,7 @@ pub(super) async fn deploy(
             (CodeKind::Wasm, body.to_vec(), TypeConfig::default())
         }
         "application/json" => {
-            let m: Manifest = serde_json::from_slice(&body).map_err(|e| {
+            let m: Manifest = json_object(&body).map_err(|e| {
                 ApiError::bad_request("invalid_manifest", format!("invalid deploy manifest: {e}"))
             })?;
             match m.kind.as_str() {
