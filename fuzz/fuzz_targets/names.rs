@@ -1,5 +1,6 @@
-//! Every validator of a name or id a client chooses: any string gets a
-//! yes or a clear no, and what is accepted is safe to use as a key.
+//! Every validator of a name or id a client chooses or sends back: any
+//! string gets a yes or a clear no, and what is accepted is safe to use
+//! as a key.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -18,6 +19,14 @@ fuzz_target!(|data: &str| {
     }
     if validate_actor_id(data).is_ok() {
         assert!(!data.is_empty());
+    }
+    // Delivery ids come back in URLs (`/v1/deliveries/{id}/retry`).
+    if let Some(seq) = marmot_storage::schema::delivery_seq(data) {
+        assert!(data.starts_with("msg_") && data.len() == 36, "{data:?}");
+        assert_eq!(
+            marmot_storage::schema::delivery_seq(&marmot_storage::schema::delivery_id(seq)),
+            Some(seq)
+        );
     }
     if let Some((ty, id)) = data.split_once(':')
         && let Ok(key) = ActorKey::new(ty, id)
