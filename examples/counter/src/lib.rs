@@ -36,7 +36,15 @@ fn add(by: i64) -> Result<i64> {
 
 impl Actor for Counter {
     fn on_message(_ctx: &Context, msg: Message) -> Result<Reply> {
-        let by: Add = msg.json_or_default()?;
+        // A body that is not `{"by": n}` is the caller's mistake: a 400
+        // that says so, not a failed turn (a 500).
+        let by: Add = match msg.json_or_default() {
+            Ok(by) => by,
+            Err(e) => {
+                let error = format!("expected {{\"by\": integer}}: {e}");
+                return Ok(Reply::json(&serde_json::json!({ "error": error }))?.with_status(400));
+            }
+        };
         let n = add(by.by.unwrap_or(1))?;
         Reply::json(&serde_json::json!({ "n": n }))
     }

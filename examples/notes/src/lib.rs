@@ -81,7 +81,13 @@ struct Notes;
 
 impl Actor for Notes {
     fn on_message(_ctx: &Context, msg: Message) -> Result<Reply> {
-        match msg.json::<Op>()? {
+        // A body that is not an operation is the caller's mistake: a 400
+        // that says so, not a failed turn (a 500).
+        let op = match msg.json::<Op>() {
+            Ok(op) => op,
+            Err(e) => return error(400, &format!("not a notes operation: {e}")),
+        };
+        match op {
             Op::Add { text, remind_at } => {
                 if text.trim().is_empty() {
                     return error(400, "empty note");
