@@ -1078,3 +1078,60 @@ async fn json_bodies_must_be_objects() {
     assert_eq!(api.get("/v1/types/t2").await.status, 404);
     assert!(!backup_to.exists());
 }
+
+/// The examples a new user copies answer a body they cannot read with a
+/// 400 that says what they expected, not a failed turn (500), and write
+/// nothing.
+#[tokio::test]
+async fn the_examples_refuse_bodies_they_cannot_read() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    assert_eq!(
+        api.deploy("counter", common::COUNTER, json!({}))
+            .await
+            .status,
+        201
+    );
+    assert_eq!(
+        api.deploy("notes", common::NOTES, json!({})).await.status,
+        201
+    );
+    for (path, body, expected) in [
+        (
+            "/v1/actors/counter/a",
+            json!(null),
+            "expected {\"by\": integer}",
+        ),
+        (
+            "/v1/actors/counter/a",
+            json!({"by": "two"}),
+            "expected {\"by\": integer}",
+        ),
+        (
+            "/v1/actors/notes/a",
+            json!({"op": "shout"}),
+            "not a notes operation",
+        ),
+        ("/v1/actors/notes/a", json!([1]), "not a notes operation"),
+    ] {
+        let r = api.post_json(path, &body).await;
+        assert_eq!(r.status, 400, "{path} {body}: {}", r.json);
+        assert!(
+            r.json["error"]
+                .as_str()
+                .is_some_and(|e| e.starts_with(expected)),
+            "{path} {body}: {}",
+            r.json
+        );
+    }
+    for path in ["/v1/actors/counter/a/state", "/v1/actors/notes/a/state"] {
+        assert_eq!(api.get(path).await.json["entries"], json!([]), "{path}");
+    }
+    assert_eq!(
+        api.post_json("/v1/actors/counter/a", &json!({"by": 2}))
+            .await
+            .json,
+        json!({"n": 2})
+    );
+}
