@@ -54,7 +54,7 @@ fn limit(page: Page) -> Value {
             "page size (default {}; a larger ask gets {})",
             page.default, page.max
         ),
-        json!({"type": "integer", "minimum": 1}),
+        json!({"type": "integer", "minimum": 1, "maximum": u64::MAX}),
     )
 }
 
@@ -98,9 +98,17 @@ mod names {
                "description": format!("at most {MAX_STATE_KEY} bytes")})
     }
 
+    /// No control character or backslash.
+    const FILE_CHARS: &str = "^[^\\u0000-\\u001f\\u007f-\\u009f\\\\]*$";
+
+    /// A prefix of file paths (`?prefix=`).
+    pub(super) fn file_prefix() -> Value {
+        json!({"type": "string", "maxLength": MAX_FILE_PATH, "pattern": FILE_CHARS})
+    }
+
     pub(super) fn file_path() -> Value {
         json!({"type": "string", "minLength": 1, "maxLength": MAX_FILE_PATH,
-               "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f\\\\]+$",
+               "pattern": FILE_CHARS,
                "description": format!("relative and `/`-separated, at most {MAX_FILE_PATH} bytes; no empty, `.` or `..` segment, no backslash or control character, segments of at most 255 bytes")})
     }
 
@@ -127,10 +135,13 @@ mod names {
 }
 
 fn actor() -> Vec<Value> {
-    vec![
-        path_param("type", "actor type", names::type_name()),
-        path_param("id", "actor id (percent-encode `/`)", names::actor_id()),
-    ]
+    let mut ty = path_param("type", "actor type", names::type_name());
+    let mut id = path_param("id", "actor id (percent-encode `/`)", names::actor_id());
+    // The example `marmot dev` deploys, so that a client (or a fuzzer)
+    // pointed at a dev node reaches an actor.
+    ty["example"] = json!("counter");
+    id["example"] = json!("alice");
+    vec![ty, id]
 }
 
 fn with(mut v: Vec<Value>, more: impl IntoIterator<Item = Value>) -> Vec<Value> {
@@ -390,7 +401,7 @@ fn operations() -> Vec<Op> {
                     query_with(
                         "after",
                         "events after this seq",
-                        json!({"type": "integer", "minimum": 0}),
+                        json!({"type": "integer", "minimum": 0, "maximum": u64::MAX}),
                     ),
                     limit(Page::LIST),
                     query("access_token", "string", "a client token, for EventSource"),
@@ -451,8 +462,12 @@ fn operations() -> Vec<Op> {
             body: Some(json_body(any_json())),
             responses: vec![
                 (200, "answered and durable", Some(any_json())),
-                (400, "the answer does not fit the request's schema", None),
                 (404, "no such input", None),
+                (
+                    422,
+                    "the answer is not JSON, or does not fit the request's schema",
+                    None,
+                ),
                 (409, "already answered or expired", None),
             ],
         },
@@ -463,8 +478,9 @@ fn operations() -> Vec<Op> {
             summary: "Run model-written JavaScript in a fresh sandbox bound to the actor",
             params: actor(),
             body: Some(json!({"required": true, "content": {
-                "text/javascript": {"schema": {"type": "string"}},
-                "application/json": {"schema": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}}})),
+                "text/javascript": {"schema": {"type": "string", "pattern": "\\S"}},
+                "application/json": {"schema": {"type": "object", "additionalProperties": false,
+                    "properties": {"code": {"type": "string", "pattern": "\\S"}}, "required": ["code"]}}}})),
             responses: vec![
                 (200, "{result, logs, error}", Some(any_json())),
                 (400, "bad script body", None),
@@ -494,10 +510,10 @@ fn operations() -> Vec<Op> {
             params: with(
                 actor(),
                 [
-                    query(
+                    query_with(
                         "prefix",
-                        "string",
                         "paths starting with this (outputs/: artifacts)",
+                        names::file_prefix(),
                     ),
                     query("after", "string", "continue after this path"),
                     limit(Page::FILES),
@@ -894,6 +910,15 @@ fn common_responses(op: &Op) -> Vec<(u16, &'static str)> {
     }
     if op.path.contains("{type}") {
         out.push((404, "no such type (or actor, or what the path names)"));
+    }
+    if op.body.is_some() {
+        out.push((413, "a body larger than this operation takes"));
+    }
+    if op.path.starts_with("/v1/") && op.path != "/v1/openapi.json" {
+        out.push((
+            503,
+            "not now, nothing changed (Retry-After): storage failing, or the node's request body budget spent",
+        ));
     }
     if !super::edge::is_open(op.path) {
         out.push((401, "missing, wrong, expired or revoked token"));
