@@ -8,6 +8,9 @@ use super::extract::Page;
 
 mod cluster;
 
+/// In an operation's responses: any other status (OpenAPI's `default`).
+const ANY_STATUS: u16 = 0;
+
 /// One operation: method, path (OpenAPI spelling), id, summary, its
 /// parameters, request body and responses.
 struct Op {
@@ -305,6 +308,8 @@ fn operations() -> Vec<Op> {
                 ],
             ),
             body: Some(json!({"required": false, "content": {"*/*": {"schema": {}}}})),
+            // An actor replies with any status it chooses (`default`), so
+            // a 400 or 404 may also be the actor's own body.
             responses: vec![
                 (
                     200,
@@ -318,9 +323,22 @@ fn operations() -> Vec<Op> {
                         json!({"type": "object", "properties": {"message_id": {"type": "string"}}}),
                     ),
                 ),
-                (400, "bad id or body", None),
-                (404, "unknown type", None),
+                (
+                    400,
+                    "bad id, key or body, or the actor's own 400",
+                    Some(any_json()),
+                ),
+                (
+                    404,
+                    "unknown type, or the actor's own 404",
+                    Some(any_json()),
+                ),
                 (409, "the same Idempotency-Key is in progress", None),
+                (
+                    ANY_STATUS,
+                    "the actor's reply, with the status it chose",
+                    None,
+                ),
                 (413, "body too large", None),
                 (429, "mailbox full (Retry-After)", None),
                 (500, "the actor failed", None),
@@ -977,7 +995,11 @@ pub(super) fn document() -> Value {
             } else if status >= 400 {
                 r["content"] = error();
             }
-            responses.insert(status.to_string(), r);
+            let key = match status {
+                ANY_STATUS => "default".to_owned(),
+                n => n.to_string(),
+            };
+            responses.insert(key, r);
         }
         let mut o = json!({
             "operationId": op.id,
