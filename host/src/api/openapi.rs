@@ -1,12 +1,18 @@
 //! `GET /v1/openapi.json`: an OpenAPI 3.1 description of the HTTP API,
-//! built here from one table of operations. A test compares the table with
-//! the router's routes (both ways), so the two cannot drift apart.
+//! built here from one table of operations (the schemas of names and
+//! bodies are in `schemas.rs`). Tests compare the table with the router's
+//! routes (both ways) and the body schemas with what serde reads, and
+//! `tests/api.rs` asks every operation of the served document whether it
+//! answers as documented (docs/design.md, "The API description").
 
 use serde_json::{Map, Value, json};
 
 use super::extract::Page;
 
 mod cluster;
+mod schemas;
+
+use schemas::{components, names};
 
 /// In an operation's responses: any other status (OpenAPI's `default`).
 const ANY_STATUS: u16 = 0;
@@ -37,12 +43,6 @@ fn query_with(name: &str, description: &str, schema: Value) -> Value {
            "schema": schema})
 }
 
-/// `schema`, or `null` (an optional field serde reads `null` into as
-/// absent).
-fn nullable(schema: Value) -> Value {
-    json!({"anyOf": [schema, {"type": "null"}]})
-}
-
 /// `param`, required.
 fn required(mut param: Value) -> Value {
     param["required"] = json!(true);
@@ -64,77 +64,6 @@ fn limit(page: Page) -> Value {
 fn header(name: &str, description: &str, schema: Value) -> Value {
     json!({"name": name, "in": "header", "required": false, "description": description,
            "schema": schema})
-}
-
-/// The names and ids users choose, as `crate::ids` validates them (a
-/// JSON Schema `maxLength` counts characters where the limits count
-/// bytes; the descriptions say so).
-mod names {
-    use serde_json::{Value, json};
-
-    use crate::ids::{
-        MAX_ACTOR_ID, MAX_FILE_PATH, MAX_IDEMPOTENCY_KEY, MAX_NAME, MAX_STATE_KEY, MAX_TYPE_NAME,
-    };
-
-    /// No control characters (`char::is_control`: Unicode's Cc).
-    const NO_CONTROLS: &str = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$";
-
-    pub(super) fn type_name() -> Value {
-        json!({"type": "string", "minLength": 1, "maxLength": MAX_TYPE_NAME,
-               "pattern": "^[a-z0-9][a-z0-9_-]*$"})
-    }
-
-    pub(super) fn actor_id() -> Value {
-        json!({"type": "string", "minLength": 1, "maxLength": MAX_ACTOR_ID,
-               "pattern": NO_CONTROLS,
-               "description": format!("1 to {MAX_ACTOR_ID} bytes of UTF-8 without control characters")})
-    }
-
-    /// Secret, provider, subscription and hook names.
-    pub(super) fn short_name() -> Value {
-        json!({"type": "string", "minLength": 1, "maxLength": MAX_NAME,
-               "pattern": "^[A-Za-z0-9._-]+$"})
-    }
-
-    pub(super) fn state_key() -> Value {
-        json!({"type": "string", "minLength": 1, "maxLength": MAX_STATE_KEY,
-               "description": format!("at most {MAX_STATE_KEY} bytes")})
-    }
-
-    /// No control character or backslash.
-    const FILE_CHARS: &str = "^[^\\u0000-\\u001f\\u007f-\\u009f\\\\]*$";
-
-    /// A prefix of file paths (`?prefix=`).
-    pub(super) fn file_prefix() -> Value {
-        json!({"type": "string", "maxLength": MAX_FILE_PATH, "pattern": FILE_CHARS})
-    }
-
-    pub(super) fn file_path() -> Value {
-        json!({"type": "string", "minLength": 1, "maxLength": MAX_FILE_PATH,
-               "pattern": FILE_CHARS,
-               "description": format!("relative and `/`-separated, at most {MAX_FILE_PATH} bytes; no empty, `.` or `..` segment, no backslash or control character, segments of at most 255 bytes")})
-    }
-
-    pub(super) fn idempotency_key() -> Value {
-        json!({"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY,
-               "pattern": "^[!-~]+$"})
-    }
-
-    /// A client token's `token_id`.
-    pub(super) fn token_id() -> Value {
-        json!({"type": "string", "pattern": "^[0-9A-Fa-f]{1,64}$"})
-    }
-
-    /// A delivery's id.
-    pub(super) fn delivery_id() -> Value {
-        json!({"type": "string", "pattern": "^msg_[0-9A-Fa-f]{32}$"})
-    }
-
-    /// Ids the node hands out (inputs, runs, deliveries): an unknown one is
-    /// a 404.
-    pub(super) fn handed_out() -> Value {
-        json!({"type": "string", "minLength": 1})
-    }
 }
 
 fn actor() -> Vec<Value> {
@@ -808,110 +737,6 @@ fn operations() -> Vec<Op> {
     ];
     ops.extend(cluster::operations());
     ops
-}
-
-fn components() -> Value {
-    json!({
-        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-            "description": "the admin token, or a client token from POST /v1/tokens"}},
-        "schemas": {
-            "Error": {"type": "object", "required": ["error"], "properties": {"error": {
-                "type": "object", "required": ["code", "message"], "properties": {
-                    "code": {"type": "string", "description": "snake_case"},
-                    "message": {"type": "string"}}}}},
-            "Manifest": {"oneOf": [
-                {"type": "object", "required": ["kind", "code"], "additionalProperties": false,
-                 "properties": {"kind": {"const": "js"},
-                    "code": {"type": "string", "description": "the module's source"},
-                    "config": schema("TypeConfig")}},
-                {"type": "object", "required": ["kind", "code_base64"], "additionalProperties": false,
-                 "properties": {"kind": {"const": "wasm"},
-                    "code_base64": {"type": "string", "contentEncoding": "base64",
-                        "description": "the component"},
-                    "config": schema("TypeConfig")}},
-                {"type": "object", "required": ["kind", "agent"], "additionalProperties": false,
-                 "properties": {"kind": {"const": "agent"},
-                    "agent": {"type": "object", "description": "the agent's settings (docs/agent.md)"},
-                    "config": schema("TypeConfig")}}]},
-            "TypeConfig": type_config(),
-            "Secret": {"type": "object", "required": ["value", "hosts"],
-                "additionalProperties": false, "properties": {
-                "value": {"type": "string", "minLength": 1, "description": format!(
-                    "write-only; at most {} bytes", crate::secrets::MAX_VALUE_BYTES)},
-                "hosts": {"type": "array", "minItems": 1, "maxItems": crate::secrets::MAX_HOSTS,
-                    "items": {"type": "string", "minLength": 1},
-                    "description": "the only hosts it may be sent to (https): `api.example.com`, `*.example.com`"}}},
-            "Provider": {"type": "object", "required": ["format"],
-                "additionalProperties": false, "properties": {
-                "format": {"enum": ["openai-chat", "openai-responses", "anthropic-messages"]},
-                "base_url": nullable(json!({"type": "string", "format": "uri",
-                    "description": "defaults to the vendor's own API"})),
-                "key_secret": nullable(names::short_name()),
-                "headers": {"type": "object",
-                    "propertyNames": {"pattern": "^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"},
-                    "additionalProperties": {"type": "string"}},
-                "prices": {"type": "object", "additionalProperties": {
-                    "type": "object", "required": ["input_per_mtok", "output_per_mtok"],
-                    "additionalProperties": false, "properties": {
-                    "input_per_mtok": {"type": "number", "minimum": 0},
-                    "output_per_mtok": {"type": "number", "minimum": 0}}}},
-                "max_completion_tokens": nullable(json!({"type": "boolean"}))}},
-            "Subscription": {"type": "object", "required": ["url"],
-                "additionalProperties": false, "properties": {
-                "url": {"type": "string", "format": "uri", "pattern": "^https?://",
-                    "description": "http:// or https://, with a host"},
-                "events": nullable(json!({"type": "array", "minItems": 1,
-                    "items": {"type": "string", "minLength": 1, "maxLength": 128},
-                    "description": "`*`, event kinds, or kind prefixes ending in `*` (default: all)"})),
-                "types": {"type": "array", "items": names::type_name(),
-                    "description": "actor types (default: all)"},
-                "secret": nullable(json!({"type": "string", "pattern": "^whsec_",
-                    "description": "`whsec_` + base64; generated (and shown once) when absent"}))}},
-            "Deployed": {"type": "object", "properties": {
-                "type": {"type": "string"}, "version": {"type": "integer"},
-                "kind": {"type": "string"}, "sha256": {"type": "string"}}},
-            "TokenRequest": {"type": "object", "required": ["type", "scopes", "ttl_s"],
-                "additionalProperties": false, "properties": {
-                "type": {"type": "string"}, "id": nullable(json!({"type": "string"})),
-                "id_prefix": nullable(json!({"type": "string"})),
-                "scopes": {"type": "array", "minItems": 1,
-                    "items": {"enum": ["send", "events", "inputs", "files"]}},
-                "ttl_s": {"type": "integer", "minimum": 1, "maximum": crate::tokens::MAX_TTL_S}}},
-            "Token": {"type": "object", "properties": {
-                "token": {"type": "string"}, "expires_at_ms": {"type": "integer"},
-                "token_id": {"type": "string"}}}
-        }
-    })
-}
-
-/// A type's config (`crate::config::TypeConfig`); every key optional.
-fn type_config() -> Value {
-    let ms = |what: &str| nullable(json!({"type": "integer", "minimum": 1, "description": what}));
-    let strings =
-        |what: &str| json!({"type": "array", "items": {"type": "string"}, "description": what});
-    let limit = || nullable(json!({"type": "integer", "minimum": 0}));
-    let usd = || nullable(json!({"type": "number", "minimum": 0}));
-    json!({"type": "object", "additionalProperties": false, "properties": {
-        "idle_timeout_ms": ms("hibernate after this long without work"),
-        "turn_timeout_ms": ms("wall-clock limit of one turn"),
-        "cpu_slice_ms": ms("CPU a guest may burn without calling the host"),
-        "max_memory_bytes": nullable(json!({"type": "integer", "minimum": 1 << 20,
-            "description": "guest linear memory (at most the node's `limits.max_guest_memory_bytes`)"})),
-        "allowed_hosts": strings("hosts the `http` capability may reach (default: none)"),
-        "allowed_methods": {"type": "array", "items": {"enum": crate::config::HTTP_METHODS},
-            "description": "HTTP methods it may use (default: all)"},
-        "max_redirects": nullable(json!({"type": "integer", "minimum": 0, "maximum": 20})),
-        "http_concurrency": nullable(json!({"type": "integer", "minimum": 1})),
-        "secrets": {"type": "array", "items": names::short_name(),
-            "description": "secrets the type may name"},
-        "webhook_secret": nullable(json!({"type": "string", "description": "`whsec_` + base64; never shown back"})),
-        "webhook_routes": {"type": "object", "propertyNames": names::short_name(),
-            "additionalProperties": {"type": "string", "pattern": "^/"},
-            "description": "hook name → JSON pointer to the actor id in the payload (needs `webhook_secret`)"},
-        "env": {"type": "object", "additionalProperties": {"type": "string"}},
-        "budget": nullable(json!({"type": "object", "additionalProperties": false, "properties": {
-            "max_tokens": limit(), "max_cost_usd": usd(),
-            "actor_max_tokens": limit(), "actor_max_cost_usd": usd()}}))}})
 }
 
 /// Responses every operation of a kind can give, whatever its handler
