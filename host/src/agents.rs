@@ -151,6 +151,10 @@ const LIMIT_KEYS: &[&str] = &[
 pub fn check(manifest: &Value, config: &TypeConfig) -> Result<String, String> {
     let m: Manifest = serde_json::from_value(manifest.clone())
         .map_err(|e| format!("the agent manifest is not valid: {e}"))?;
+    let read = serde_json::to_value(&m).expect("JSON encodes");
+    if let Some(at) = crate::json::array_for_object(manifest, &read) {
+        return Err(format!("agent{} must be an object", at.replace('/', ".")));
+    }
     if m.model.provider.is_empty() || m.model.name.is_empty() {
         return Err("agent.model needs a provider and a name".into());
     }
@@ -397,6 +401,15 @@ mod tests {
         bad(
             &|m| m["model"] = json!({"provider": "openai"}),
             "missing field `name`",
+        );
+        // serde also reads a struct from an array of its fields in order.
+        bad(
+            &|m| m["model"] = json!(["openai", "gpt-5-mini"]),
+            "agent.model must be an object",
+        );
+        bad(
+            &|m| m["model"]["fallbacks"][0] = json!(["anthropic", "claude-sonnet-4-5"]),
+            "agent.model.fallbacks.0 must be an object",
         );
         bad(
             &|m| m["tools"][2]["type"] = json!("Bad Type"),

@@ -1,8 +1,10 @@
 //! The leaves every Marmot host crate builds on: wall-clock time as the
 //! node sees it ([`clock`]), the names users choose and their validation
-//! ([`ids`]), and the settings of the node and of actor types
-//! ([`config`]). Nothing here knows about storage, sandboxes or actors.
+//! ([`ids`]), JSON read as the client meant it ([`json`]), and the
+//! settings of the node and of actor types ([`config`]). Nothing here
+//! knows about storage, sandboxes or actors.
 
 pub mod clock;
 pub mod config;
 pub mod ids;
+pub mod json;

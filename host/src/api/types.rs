@@ -29,21 +29,24 @@ pub(super) struct Manifest {
     config: TypeConfig,
 }
 
-/// `config`, which must be an object, as must its `budget`: serde would
-/// otherwise also read a struct from an array of its fields in order
+/// `config`, which must be an object, as must every struct in it: serde
+/// would otherwise also read a struct from an array of its fields in order
 /// (`"config": [60000]`), which no one means.
 fn config_object<'de, D: serde::Deserializer<'de>>(d: D) -> Result<TypeConfig, D::Error> {
     use serde::de::Error;
-    let v = serde_json::Value::deserialize(d)?;
-    if !v.is_object() {
+    let sent = serde_json::Value::deserialize(d)?;
+    if !sent.is_object() {
         return Err(D::Error::custom("`config` must be an object"));
     }
-    if v.get("budget")
-        .is_some_and(|b| !b.is_object() && !b.is_null())
-    {
-        return Err(D::Error::custom("`config.budget` must be an object"));
+    let config: TypeConfig = serde_json::from_value(sent.clone()).map_err(D::Error::custom)?;
+    let read = serde_json::to_value(&config).map_err(D::Error::custom)?;
+    if let Some(at) = crate::json::array_for_object(&sent, &read) {
+        return Err(D::Error::custom(format_args!(
+            "`config{}` must be an object",
+            at.replace('/', ".")
+        )));
     }
-    serde_json::from_value(v).map_err(D::Error::custom)
+    Ok(config)
 }
 
 pub(super) async fn deploy(
