@@ -100,25 +100,29 @@ impl Page {
 /// A JSON request body read into `T`, which must be a JSON object: serde
 /// also reads a struct from an array of its fields in order (so
 /// `["v", ["api.example.com"]]` made a secret), which no client means.
-/// A body that is not JSON keeps serde's syntax error; JSON of another
-/// kind gets a data error saying what it is (never quoting it: it may be a
-/// secret).
-pub(super) fn json_object<T: serde::de::DeserializeOwned>(
-    body: &[u8],
-) -> Result<T, serde_json::Error> {
+pub(super) fn json_object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, BodyError> {
     let first = body.iter().copied().find(|b| !b.is_ascii_whitespace());
     if first != Some(b'{') {
+        // Not JSON at all keeps serde's syntax error.
         serde_json::from_slice::<serde::de::IgnoredAny>(body)?;
-        let kind = match first {
+        return Err(BodyError::NotObject(match first {
             Some(b'[') => "an array",
             Some(b'"') => "a string",
             Some(b'n') => "null",
             Some(b't' | b'f') => "a boolean",
             _ => "a number",
-        };
-        return Err(serde::de::Error::custom(format_args!(
-            "the body must be a JSON object, not {kind}"
-        )));
+        }));
     }
-    serde_json::from_slice(body)
+    Ok(serde_json::from_slice(body)?)
+}
+
+/// Why [`json_object`] refused a body.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum BodyError {
+    /// JSON, of another kind (named; never quoted: it may be a secret).
+    #[error("the body must be a JSON object, not {0}")]
+    NotObject(&'static str),
+    /// Not JSON, or not the object expected.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
 }

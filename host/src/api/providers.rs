@@ -6,7 +6,7 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 
-use super::extract::json_object;
+use super::extract::{BodyError, json_object};
 use super::{ApiError, AppState, Path};
 use crate::models::{ProviderConfigError, ProviderSpec};
 
@@ -34,12 +34,13 @@ pub(super) async fn put(
         // Unknown and missing fields are named; a wrongly typed value is
         // only located (it may be a key pasted into the wrong field).
         let text = e.to_string();
+        let e = match e {
+            BodyError::NotObject(_) => return ApiError::bad_request("invalid_provider", text),
+            BodyError::Json(e) => e,
+        };
         let what = if e.is_syntax() || e.is_eof() {
             "the body is not JSON".to_owned()
-        } else if text.starts_with("unknown field")
-            || text.starts_with("missing field")
-            || e.line() == 0
-        {
+        } else if text.starts_with("unknown field") || text.starts_with("missing field") {
             text
         } else {
             format!(

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use zeroize::Zeroizing;
 
-use super::extract::json_object;
+use super::extract::{BodyError, json_object};
 use super::{ApiError, AppState, Path};
 use crate::secrets::SecretError;
 
@@ -50,12 +50,13 @@ pub(super) async fn put(
     crate::ids::validate_secret_name(&name)?;
     let body = body?;
     let spec: SecretSpec = json_object(&body).map_err(|e| {
+        let e = match e {
+            BodyError::NotObject(_) => return ApiError::bad_request("invalid_secret", e.to_string()),
+            BodyError::Json(e) => e,
+        };
         // serde's message quotes what it choked on, which may be the value.
         let what = if e.is_syntax() || e.is_eof() {
             "the body is not JSON".to_owned()
-        } else if e.line() == 0 {
-            // `json_object`'s own refusal, which quotes nothing.
-            e.to_string()
         } else {
             format!("expected {{\"value\": \"…\", \"hosts\": [\"api.example.com\"]}} (line {}, column {})", e.line(), e.column())
         };
