@@ -50,12 +50,6 @@ pub(super) async fn receive(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    // A malformed path is a 400 before anything is asked of the type.
-    crate::ids::validate_type_name(&ty)?;
-    if id != crate::webhooks::inbound::ROUTED {
-        crate::ids::validate_actor_id(&id)?;
-    }
-    crate::ids::validate_hook_name(&name)?;
     let body = body?;
     let a = s
         .node

@@ -71,6 +71,12 @@ impl Node {
         body: Bytes,
     ) -> Result<Accepted, WebhookError> {
         crate::ids::validate_hook_name(name).map_err(|e| HookError::BadName(e.to_string()))?;
+        // A malformed path is a 400 before anything is asked of the type
+        // (whether it takes webhooks, the signature).
+        crate::ids::validate_type_name(ty).map_err(HookError::BadId)?;
+        if id != inbound::ROUTED {
+            crate::ids::validate_actor_id(id).map_err(HookError::BadId)?;
+        }
         let unknown = || WebhookError::UnknownType(ty.to_owned());
         let entry = self.catalog.get(ty).ok_or_else(unknown)?;
         let config = entry
