@@ -1,0 +1,312 @@
+//! The operations on actors (`/v1/actors/{type}…`) in the OpenAPI
+//! document: messages, inspection, events, inputs, evals, runs and files.
+//! Moving an actor is with the cluster's (`cluster.rs`).
+
+use serde_json::json;
+
+use super::{
+    ANY_STATUS, Op, Page, actor, any_json, header, json_body, limit, names, path_param, query,
+    query_with, with,
+};
+
+pub(super) fn operations() -> Vec<Op> {
+    vec![
+        Op {
+            method: "get",
+            path: "/v1/actors/{type}",
+            id: "listActors",
+            summary: "Actors of a type, a page at a time",
+            params: vec![
+                path_param("type", "actor type", names::type_name()),
+                query("prefix", "string", "ids starting with this"),
+                query("cursor", "string", "next_cursor of the previous page"),
+                limit(Page::LIST),
+            ],
+            body: None,
+            responses: vec![
+                (200, "a page", Some(any_json())),
+                (404, "unknown type", None),
+            ],
+        },
+        Op {
+            method: "post",
+            path: "/v1/actors/{type}/{id}",
+            id: "send",
+            summary: "Send a message and wait for the turn's reply (released once durable); ?wait=false enqueues durably and answers 202",
+            params: with(
+                actor(),
+                [
+                    query(
+                        "wait",
+                        "boolean",
+                        "false: enqueue and answer 202 {message_id}",
+                    ),
+                    query(
+                        "region",
+                        "string",
+                        "in a cluster: the region a new actor lives in (an existing one stays)",
+                    ),
+                    header(
+                        "Idempotency-Key",
+                        "a repeat returns the first reply without running again",
+                        names::idempotency_key(),
+                    ),
+                ],
+            ),
+            body: Some(json!({"required": false, "content": {"*/*": {"schema": {}}}})),
+            // An actor replies with any status it chooses (`default`), so
+            // a 400 or 404 may also be the actor's own body.
+            responses: vec![
+                (
+                    200,
+                    "the actor's reply (status and content type are the actor's)",
+                    None,
+                ),
+                (
+                    202,
+                    "queued",
+                    Some(
+                        json!({"type": "object", "properties": {"message_id": {"type": "string"}}}),
+                    ),
+                ),
+                (
+                    400,
+                    "bad id, key or body, or the actor's own 400",
+                    Some(any_json()),
+                ),
+                (
+                    404,
+                    "unknown type, or the actor's own 404",
+                    Some(any_json()),
+                ),
+                (409, "the same Idempotency-Key is in progress", None),
+                (
+                    ANY_STATUS,
+                    "the actor's reply, with the status it chose",
+                    None,
+                ),
+                (413, "body too large", None),
+                (429, "mailbox full (Retry-After)", None),
+                (500, "the actor failed", None),
+                (
+                    503,
+                    "overloaded: no instance slot, or the node's guest memory or request body budget is spent; nothing changed (Retry-After)",
+                    None,
+                ),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/actors/{type}/{id}",
+            id: "actorInfo",
+            summary: "Status, version, statistics of an actor",
+            params: actor(),
+            body: None,
+            responses: vec![
+                (200, "info", Some(any_json())),
+                (404, "no such actor", None),
+            ],
+        },
+        Op {
+            method: "delete",
+            path: "/v1/actors/{type}/{id}",
+            id: "deleteActor",
+            summary: "Delete an actor: state, alarms, events, inputs, files",
+            params: actor(),
+            body: None,
+            responses: vec![
+                (200, "deleted", Some(any_json())),
+                (404, "no such actor", None),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/actors/{type}/{id}/state",
+            id: "listState",
+            summary: "State keys and values (inspection)",
+            params: with(
+                actor(),
+                [
+                    query("prefix", "string", "keys starting with this"),
+                    query("after", "string", "continue after this key"),
+                    limit(Page::LIST),
+                ],
+            ),
+            body: None,
+            responses: vec![
+                (200, "a page", Some(any_json())),
+                (404, "no such actor", None),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/actors/{type}/{id}/state/{key}",
+            id: "getState",
+            summary: "One state value",
+            params: with(
+                actor(),
+                [path_param(
+                    "key",
+                    "state key (may contain `/`)",
+                    names::state_key(),
+                )],
+            ),
+            body: None,
+            responses: vec![(200, "the value", None), (404, "no such key", None)],
+        },
+        Op {
+            method: "get",
+            path: "/v1/actors/{type}/{id}/events",
+            id: "events",
+            summary: "Event page; with Accept: text/event-stream a live SSE stream (Last-Event-ID resumes)",
+            params: with(
+                actor(),
+                [
+                    query_with(
+                        "after",
+                        "events after this seq",
+                        json!({"type": "integer", "minimum": 0, "maximum": u64::MAX}),
+                    ),
+                    limit(Page::LIST),
+                    query("access_token", "string", "a client token, for EventSource"),
+                    header(
+                        "Last-Event-ID",
+                        "resume a stream after this seq",
+                        json!({"type": "string", "pattern": "^[0-9]+$"}),
+                    ),
+                ],
+            ),
+            body: None,
+            responses: vec![
+                (200, "events, or an SSE stream", Some(any_json())),
+                (404, "no such actor", None),
+                (503, "too many streams", None),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/actors/{type}/{id}/alarms",
+            id: "alarms",
+            summary: "Pending alarms",
+            params: actor(),
+            body: None,
+            responses: vec![
+                (200, "alarms", Some(any_json())),
+                (404, "no such actor", None),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/actors/{type}/{id}/inputs",
+            id: "inputs",
+            summary: "Input requests",
+            params: with(
+                actor(),
+                [query_with(
+                    "status",
+                    "which (default pending)",
+                    json!({"enum": ["pending", "answered", "expired", "all"]}),
+                )],
+            ),
+            body: None,
+            responses: vec![
+                (200, "inputs", Some(any_json())),
+                (404, "no such actor", None),
+            ],
+        },
+        Op {
+            method: "post",
+            path: "/v1/actors/{type}/{id}/inputs/{input}",
+            id: "answerInput",
+            summary: "Answer an input request (runs the actor's input turn)",
+            params: with(
+                actor(),
+                [path_param("input", "input request id", names::handed_out())],
+            ),
+            body: Some(json_body(any_json())),
+            responses: vec![
+                (200, "answered and durable", Some(any_json())),
+                (404, "no such input", None),
+                (
+                    422,
+                    "the answer is not JSON, or does not fit the request's schema",
+                    None,
+                ),
+                (409, "already answered or expired", None),
+            ],
+        },
+        Op {
+            method: "post",
+            path: "/v1/actors/{type}/{id}/eval",
+            id: "eval",
+            summary: "Run model-written JavaScript in a fresh sandbox bound to the actor",
+            params: actor(),
+            body: Some(json!({"required": true, "content": {
+                "text/javascript": {"schema": {"type": "string", "pattern": "\\S"}},
+                "application/json": {"schema": {"type": "object", "additionalProperties": false,
+                    "properties": {"code": {"type": "string", "pattern": "\\S"}}, "required": ["code"]}}}})),
+            responses: vec![
+                (200, "{result, logs, error}", Some(any_json())),
+                (400, "bad script body", None),
+            ],
+        },
+        Op {
+            method: "post",
+            path: "/v1/actors/{type}/{id}/runs/{run_id}/cancel",
+            id: "cancelRun",
+            summary: "Cancel an agent run",
+            params: with(
+                actor(),
+                [path_param("run_id", "run id", names::handed_out())],
+            ),
+            body: None,
+            responses: vec![
+                (200, "cancelled", Some(any_json())),
+                (404, "no such run", None),
+                (409, "the type is not an agent", None),
+            ],
+        },
+        Op {
+            method: "get",
+            path: "/v1/actors/{type}/{id}/files",
+            id: "listFiles",
+            summary: "The actor's files",
+            params: with(
+                actor(),
+                [
+                    query_with(
+                        "prefix",
+                        "paths starting with this (outputs/: artifacts)",
+                        names::file_prefix(),
+                    ),
+                    query("after", "string", "continue after this path"),
+                    limit(Page::FILES),
+                ],
+            ),
+            body: None,
+            responses: vec![(200, "files", Some(any_json())), (400, "bad prefix", None)],
+        },
+        Op {
+            method: "get",
+            path: "/v1/actors/{type}/{id}/files/{path}",
+            id: "downloadFile",
+            summary: "Download a file (ETag, Range, If-None-Match)",
+            params: with(
+                actor(),
+                [path_param(
+                    "path",
+                    "file path (may contain `/`)",
+                    names::file_path(),
+                )],
+            ),
+            body: None,
+            responses: vec![
+                (200, "the file", None),
+                (206, "a range", None),
+                (304, "not modified", None),
+                (400, "bad path", None),
+                (404, "no such file", None),
+            ],
+        },
+    ]
+}
