@@ -134,18 +134,36 @@ async fn javascript_errors_are_clear_and_commit_nothing() {
         r.json
     );
 
-    // A module without handlers says so.
-    api.deploy_js("empty", "export const x = 1;").await;
-    let r = api.op("empty", "a", json!({})).await;
-    assert_eq!(r.status, 500);
-    assert!(
-        r.json["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("export default"),
-        "{}",
-        r.json
-    );
+    // A module no turn could run is refused at deploy, saying why, and
+    // nothing is deployed: no default export, one that is not an object,
+    // one without a handler, a top level that throws.
+    for (source, says) in [
+        ("export const x = 1;", "export default"),
+        ("export default 5;", "export default"),
+        (
+            "export default { onmessage() {}, handlers: {} };",
+            "none of the handlers onMessage",
+        ),
+        (
+            "throw new TypeError('no config'); export default { onMessage() {} };",
+            "TypeError: no config",
+        ),
+    ] {
+        let r = api.deploy_js("empty", source).await;
+        assert_eq!(r.status, 400, "{source}: {}", r.json);
+        assert_eq!(r.json["error"]["code"], "invalid_code", "{}", r.json);
+        let message = r.json["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{source}: {message}");
+        assert_eq!(api.get("/v1/types/empty").await.status, 404, "{source}");
+    }
+    // Any one handler will do, own or inherited.
+    for source in [
+        "export default { onAlarm() {} };",
+        "class A { onWebhook() {} }\nexport default new A();",
+    ] {
+        let r = api.deploy_js("onlyone", source).await;
+        assert!(r.status == 201 || r.status == 200, "{source}: {}", r.json);
+    }
     // The actor still serves.
     assert_eq!(
         api.post_json("/v1/actors/jscount/a", &json!({"by": 1}))
@@ -684,16 +702,19 @@ export default { async onMessage() { await new Promise((r) => setTimeout(r, 5));
 console.log("loading");
 export default { onMessage() { return { ok: true }; } };
 "#;
-    let throws = r#"
-if (globalThis.marmotNeverDefinesThis === undefined) throw new Error("top level failed");
-export default { onMessage() { return 1; } };
+    // Caught, the refusal still refuses the preload: the top level would
+    // not have drawn the same number in every sandbox.
+    let caught = r#"
+let drawn = "no";
+try { Math.random(); drawn = "yes"; } catch (e) { drawn = "refused"; }
+export default { onMessage() { return { drawn }; } };
 "#;
     for (ty, src) in [
         ("random", random),
         ("apicall", api_call),
         ("timers", timers),
         ("logs", logs),
-        ("throws", throws),
+        ("caught", caught),
     ] {
         assert_eq!(api.deploy_js(ty, src).await.status, 201, "{ty}");
     }
@@ -719,10 +740,23 @@ export default { onMessage() { return 1; } };
         api.op("logs", "a", json!({})).await.json,
         json!({"ok": true})
     );
-    let r = api.op("throws", "a", json!({})).await;
-    assert_eq!(r.status, 500, "{}", r.json);
+    assert_eq!(
+        api.op("caught", "a", json!({})).await.json,
+        json!({"drawn": "yes"})
+    );
+    // A top level that throws on its own would throw in every sandbox: the
+    // deploy says so instead of every turn.
+    let throws = r#"
+if (globalThis.marmotNeverDefinesThis === undefined) throw new Error("top level failed");
+export default { onMessage() { return 1; } };
+"#;
+    let r = api.deploy_js("throws", throws).await;
+    assert_eq!(r.status, 400, "{}", r.json);
     assert!(
-        r.json.to_string().contains("top level failed"),
+        r.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Error: top level failed"),
         "{}",
         r.json
     );

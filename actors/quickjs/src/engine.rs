@@ -58,6 +58,23 @@ thread_local! {
     static PRELOADING: RefCell<Option<Option<&'static str>>> = const { RefCell::new(None) };
 }
 
+/// The handlers a module's default export may have; a turn of each kind
+/// calls its own.
+const HANDLERS: [&str; 5] = ["onMessage", "onAlarm", "onWebhook", "onInput", "onUpgrade"];
+
+/// Why [`Engine::preload`] did not leave the module evaluated.
+#[derive(Debug)]
+#[cfg_attr(
+    not(target_family = "wasm"),
+    allow(dead_code, reason = "read only by the wasm export")
+)]
+pub enum Preload {
+    /// The top level does what only a turn may: loaded in each first turn.
+    Refused(String),
+    /// No turn could run the module.
+    Invalid(String),
+}
+
 /// Whether the module's top level is being preloaded; if so, `what` is
 /// recorded as the reason the preload fails (the caller then throws).
 /// Randomness and timers must not be frozen into a snapshot every actor of
@@ -210,22 +227,41 @@ impl Engine {
     /// Load the module and run its top level now, in `wizer-preload`, so
     /// that the snapshot taken next holds it evaluated: every sandbox of the
     /// type version starts with its module loaded, and a wake neither parses
-    /// nor evaluates it. Fails if the top level throws or does what only a
-    /// turn may (randomness, timers; the `marmot` API traps outside a turn):
-    /// such a module is loaded by each sandbox's first turn, as before.
+    /// nor evaluates it. [`Preload::Refused`] if the top level does what only
+    /// a turn may (randomness, timers; the `marmot` API traps outside a
+    /// turn): such a module is loaded by each sandbox's first turn, as
+    /// before. [`Preload::Invalid`] if no turn could run it: the top level
+    /// threw, or the default export has no handler.
     #[cfg_attr(
         not(target_family = "wasm"),
         allow(dead_code, reason = "reached only through the wasm export")
     )]
-    pub fn preload(&mut self) -> Result<(), String> {
+    pub fn preload(&mut self) -> Result<(), Preload> {
         PRELOADING.with(|p| *p.borrow_mut() = Some(None));
         let context = self.context.clone();
-        let loaded = context.with(|ctx| self.handlers(&ctx).map(drop));
+        let loaded = context.with(|ctx| {
+            let handlers = self.handlers(&ctx)?;
+            let any = HANDLERS.iter().any(|name| {
+                handlers
+                    .get::<_, Value<'_>>(*name)
+                    .is_ok_and(|f| f.is_function())
+            });
+            if any {
+                Ok(())
+            } else {
+                Err(format!(
+                    "the default export has none of the handlers {}",
+                    HANDLERS.join(", ")
+                ))
+            }
+        });
         let refused = PRELOADING.with(|p| p.borrow_mut().take()).flatten();
         if let Some(what) = refused {
-            return Err(format!("the module's top level uses {what}"));
+            return Err(Preload::Refused(format!(
+                "the module's top level uses {what}"
+            )));
         }
-        loaded?;
+        loaded.map_err(Preload::Invalid)?;
         // Collect what the parse left behind so the snapshot is compact.
         self._runtime.run_gc();
         Ok(())

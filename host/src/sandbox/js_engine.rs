@@ -74,10 +74,12 @@ impl Sandbox {
     /// The engine for one JavaScript type version: a snapshot taken after
     /// the module's top level ran, compiled (or loaded from the cache), so
     /// that a wake neither parses nor evaluates the module. A module whose
-    /// top level throws, draws random numbers, sets timers, calls the
-    /// `marmot` API or exceeds the type's limits gets the shared engine
-    /// instead, and is loaded by each sandbox's first turn. Blocking: call
-    /// from a blocking thread inside the tokio runtime.
+    /// top level draws random numbers, sets timers, calls the `marmot` API
+    /// or exceeds the type's CPU slice or turn timeout gets the shared
+    /// engine instead, and is loaded by each sandbox's first turn. A module
+    /// no turn could run (its top level throws, its default export has no
+    /// handler) is [`CodeError::Script`]: a deploy refuses it. Blocking:
+    /// call from a blocking thread inside the tokio runtime.
     pub fn js_type_engine(
         &self,
         module: &JsModule,
@@ -112,6 +114,7 @@ impl Sandbox {
                     .store(&refused, why.as_bytes(), "a refused preload");
                 return Ok(shared);
             }
+            Err(PreloadError::Invalid(why)) => return Err(CodeError::Script(why)),
             Err(PreloadError::TooSlow(why)) => {
                 // Not remembered: the next start tries again.
                 tracing::info!(module = %module.name, reason = %why, "module not preloaded this time: each sandbox evaluates it in its first turn");

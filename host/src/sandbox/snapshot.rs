@@ -17,6 +17,7 @@ use wasmtime::Store;
 use wasmtime::component::{Component, Instance, Lift, Linker, WasmList};
 use wasmtime_wizer::{ComponentContext, ComponentInstanceState, Wizer};
 
+use super::bindings::PreloadFailure;
 use super::{CodeError, Host, LimitTrap};
 
 /// The engine instrumented by Wizer, and compiled: what each snapshot
@@ -30,9 +31,12 @@ pub(super) struct Preinit {
 /// Why a snapshot with a module preloaded was not taken.
 #[derive(Debug)]
 pub(super) enum PreloadError {
-    /// The module's top level threw, used what only a turn may use, or ran
-    /// past its type's memory limit: it would do so again.
+    /// The module's top level used what only a turn may use (randomness,
+    /// timers, the `marmot` API): it would do so again.
     Refused(String),
+    /// No turn could run the module: its top level threw (running out of
+    /// memory included), or its default export has no handler.
+    Invalid(String),
     /// The top level ran past its CPU slice or the turn timeout. On a
     /// machine busy for a moment the same module may fit next time.
     TooSlow(String),
@@ -90,7 +94,7 @@ impl Preinit {
             .await
             .map_err(PreloadError::Failed)?;
         let preload = instance
-            .get_typed_func::<(), (Result<(), String>,)>(&mut store, "wizer-preload")
+            .get_typed_func::<(), (Result<(), PreloadFailure>,)>(&mut store, "wizer-preload")
             .map_err(|e| {
                 PreloadError::Failed(CodeError::Invalid(format!(
                     "the JavaScript engine has no wizer-preload: {e:#}"
@@ -110,7 +114,12 @@ impl Preinit {
                 return Err(PreloadError::TooSlow(format!("{trap:#}")));
             }
             Ok(Err(trap)) => return Err(PreloadError::Refused(format!("{trap:#}"))),
-            Ok(Ok((Err(e),))) => return Err(PreloadError::Refused(e)),
+            Ok(Ok((Err(PreloadFailure::Refused(why)),))) => {
+                return Err(PreloadError::Refused(why));
+            }
+            Ok(Ok((Err(PreloadFailure::Invalid(why)),))) => {
+                return Err(PreloadError::Invalid(why));
+            }
             Ok(Ok((Ok(()),))) => {}
         }
         self.take(&mut store, instance)
