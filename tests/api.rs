@@ -1082,6 +1082,55 @@ async fn json_bodies_must_be_objects() {
     assert!(!backup_to.exists());
 }
 
+/// JSON has one kind of number: a whole number written as a float
+/// (`3600.0`, `6e1`, as Python's `json.dumps` writes a float) is the
+/// integer a field asks for, as JSON Schema's `integer` says; a fraction is
+/// still refused, with serde's error naming where.
+#[tokio::test]
+async fn whole_numbers_written_as_floats_are_integers() {
+    let (_dir, _node, api) = common::kit_node(json!({})).await;
+    let token = |ttl: serde_json::Value| {
+        let api = &api;
+        async move {
+            api.post_json(
+                "/v1/tokens",
+                &json!({"type": "kit", "id": "a", "scopes": ["send"], "ttl_s": ttl}),
+            )
+            .await
+        }
+    };
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    for (ttl, secs) in [(json!(3600.0), 3600), (json!(6e1), 60)] {
+        let r = token(ttl.clone()).await;
+        assert_eq!(r.status, 201, "{ttl}: {}", r.json);
+        let expires = r.json["expires_at_ms"].as_i64().unwrap();
+        assert!(
+            (expires - now_ms - secs * 1000).abs() < 60_000,
+            "{ttl}: {}",
+            r.json
+        );
+    }
+    let r = token(json!(3600.5)).await;
+    assert_error(&r, 400, "invalid_token_request");
+    let message = r.json["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("floating point `3600.5`") && message.contains("column"),
+        "{message}"
+    );
+    // Deep in a type's config too.
+    let r = api
+        .deploy_manifest(
+            "floaty",
+            &json!({"kind": "js", "code": "export default { onMessage() { return 1; } };",
+                    "config": {"idle_timeout_ms": 5000.0}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+}
+
 /// The examples a new user copies answer a body they cannot read with a
 /// 400 that says what they expected, not a failed turn (500), and write
 /// nothing.

@@ -149,10 +149,13 @@ const LIMIT_KEYS: &[&str] = &[
 /// within `allowed_hosts`, secrets named in headers listed in `secrets`.
 /// Returns the canonical JSON the component gets.
 pub fn check(manifest: &Value, config: &TypeConfig) -> Result<String, String> {
-    let m: Manifest = serde_json::from_value(manifest.clone())
+    // `"max_steps": 10.0` is the integer 10 (see `json::integral_floats`).
+    let mut sent = manifest.clone();
+    crate::json::integral_floats(&mut sent);
+    let m: Manifest = serde_json::from_value(sent.clone())
         .map_err(|e| format!("the agent manifest is not valid: {e}"))?;
     let read = serde_json::to_value(&m).expect("JSON encodes");
-    if let Some(at) = crate::json::array_for_object(manifest, &read) {
+    if let Some(at) = crate::json::array_for_object(&sent, &read) {
         return Err(format!("agent{} must be an object", at.replace('/', ".")));
     }
     if m.model.provider.is_empty() || m.model.name.is_empty() {
@@ -293,7 +296,7 @@ pub fn check(manifest: &Value, config: &TypeConfig) -> Result<String, String> {
             }
         }
     }
-    Ok(serde_json::to_string(manifest).expect("JSON encodes"))
+    Ok(serde_json::to_string(&sent).expect("JSON encodes"))
 }
 
 /// An http tool's `method`, `url` and `headers`.
@@ -376,6 +379,11 @@ mod tests {
             "limits": {"max_steps": 50, "max_output_tokens": 200000}
         });
         check(&good, &config()).unwrap();
+        // A whole number written as a float is that integer; a fraction is not.
+        let mut floats = good.clone();
+        floats["limits"]["max_steps"] = json!(50.0);
+        floats["limits"]["max_output_tokens"] = json!(2e5);
+        assert_eq!(check(&floats, &config()), check(&good, &config()));
         let bad = |patch: &dyn Fn(&mut Value), why: &str| {
             let mut m = good.clone();
             patch(&mut m);
@@ -397,6 +405,10 @@ mod tests {
         bad(&|m| m["tools"][0]["kind"] = json!("shell"), "kind must be");
         bad(&|m| m["tools"][3]["url"] = json!("x"), "unknown key `url`");
         bad(&|m| m["limits"]["max_steps"] = json!(0), "positive integer");
+        bad(
+            &|m| m["limits"]["max_steps"] = json!(2.5),
+            "positive integer",
+        );
         bad(&|m| m["limits"]["steps"] = json!(3), "unknown key `steps`");
         bad(
             &|m| m["model"] = json!({"provider": "openai"}),

@@ -5,6 +5,10 @@
 //! no client means and no error message explains. [`array_for_object`]
 //! finds where that happened, by walking what was sent beside what the
 //! struct serializes back to.
+//!
+//! JSON has one kind of number, and JSON Schema's `integer` includes
+//! `3600.0`; serde reads an integer field from `3600` only.
+//! [`integral_floats`] rewrites such numbers as the integers they are.
 
 use serde_json::Value;
 
@@ -26,6 +30,38 @@ pub fn array_for_object(sent: &Value, read: &Value) -> Option<String> {
             .enumerate()
             .find_map(|(i, (s, r))| array_for_object(s, r).map(|path| format!("/{i}{path}"))),
         _ => None,
+    }
+}
+
+/// Rewrite every number in `value` written with a fraction or exponent
+/// but holding a whole number that fits an `i64` or `u64` (`3600.0`,
+/// `1e3`) as that integer, so that serde reads it into an integer field.
+/// JSON does not tell the two apart. Returns whether anything changed.
+pub fn integral_floats(value: &mut Value) -> bool {
+    match value {
+        Value::Number(n) => {
+            let Some(f) = n.as_f64().filter(|_| n.is_f64()) else {
+                return false;
+            };
+            // 2^64 and -2^63 are exact as f64; whole numbers inside them fit.
+            let whole = if f.fract() != 0.0 || !f.is_finite() {
+                None
+            } else if (0.0..18_446_744_073_709_551_616.0).contains(&f) {
+                Some(serde_json::Number::from(f as u64))
+            } else if (-9_223_372_036_854_775_808.0..0.0).contains(&f) {
+                Some(serde_json::Number::from(f as i64))
+            } else {
+                None
+            };
+            whole.map(|w| *n = w).is_some()
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .fold(false, |changed, v| integral_floats(v) | changed),
+        Value::Object(map) => map
+            .values_mut()
+            .fold(false, |changed, v| integral_floats(v) | changed),
+        _ => false,
     }
 }
 
@@ -71,5 +107,26 @@ mod tests {
             check(json!({"name": "x", "inner": {"a": 1}, "list": [{"a": 2}, [3, "z"]]})),
             Some("/list/1".into())
         );
+    }
+
+    #[test]
+    fn whole_floats_become_integers_and_the_rest_stay() {
+        let mut v: Value = serde_json::from_str(
+            r#"{"ttl": 3600.0, "e": 1e3, "neg": -2.0, "zero": -0.0, "half": 2.5,
+                "int": 7, "big": 1e20, "min": -9223372036854775808.0,
+                "list": [1.0, {"deep": 4.0}], "s": "5.0"}"#,
+        )
+        .unwrap();
+        assert!(integral_floats(&mut v));
+        assert_eq!(
+            v,
+            json!({"ttl": 3600, "e": 1000, "neg": -2, "zero": 0, "half": 2.5,
+                   "int": 7, "big": 1e20, "min": i64::MIN,
+                   "list": [1, {"deep": 4}], "s": "5.0"})
+        );
+        assert!(v["ttl"].is_u64() && v["neg"].is_i64() && v["big"].is_f64());
+        let mut ints = json!({"a": 1, "b": [2, -3], "c": 0.5});
+        assert!(!integral_floats(&mut ints), "nothing to rewrite");
+        assert_eq!(ints, json!({"a": 1, "b": [2, -3], "c": 0.5}));
     }
 }
