@@ -157,6 +157,36 @@ async fn streams_get_heartbeats_and_bad_requests_get_errors() {
     assert_eq!(r.status(), 400);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["code"], "invalid_last_event_id");
+    // The page reads it by the same rule: where it starts, or a 400.
+    let first = emit(&api, "a", 1).await;
+    let second = emit(&api, "a", 2).await;
+    let page = |last: String| {
+        let api = &api;
+        async move {
+            api.req(
+                reqwest::Method::GET,
+                "/v1/actors/kit/a/events",
+                None,
+                &[("last-event-id", last.as_str())],
+            )
+            .await
+        }
+    };
+    let r = page("{}".into()).await;
+    assert_eq!(r.status, 400, "{}", r.json);
+    assert_eq!(r.json["error"]["code"], "invalid_last_event_id");
+    let r = page(first.to_string()).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let seqs: Vec<u64> = r.json["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        (seqs, r.json["next_after"].as_u64()),
+        (vec![second], Some(second))
+    );
     let r = api.sse_response("/v1/actors/nope/a/events", None).await;
     assert_eq!(r.status(), 404);
 }

@@ -415,19 +415,21 @@ pub(super) async fn events(
     Query(q): Query<EventParams>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    // One rule for the stream and the page: `Last-Event-ID`, when sent,
+    // is where either starts (a malformed one is a 400, not ignored).
+    let after = super::streams::start_after(&headers, q.after)?;
     if headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("text/event-stream"))
     {
-        let after = super::streams::start_after(&headers, q.after)?;
         return super::streams::open(&s.node, key, after);
     }
     let limit = Page::LIST.size(q.limit)?;
-    let Some(events) = s.node.events(&key, q.after, limit)? else {
+    let Some(events) = s.node.events(&key, after, limit)? else {
         return Err(ApiError::actor_not_found(&key));
     };
-    let next_after = events.last().map_or(q.after, |(seq, _)| *seq);
+    let next_after = events.last().map_or(after, |(seq, _)| *seq);
     let events: Vec<_> = events
         .iter()
         .map(|(seq, e)| super::streams::event_json(*seq, e))

@@ -171,7 +171,7 @@ pub(super) fn operations() -> Vec<Op> {
                     query("access_token", "string", "a client token, for EventSource"),
                     header(
                         "Last-Event-ID",
-                        "resume a stream after this seq",
+                        "start after this seq, stream or page (wins over `after`)",
                         json!({"type": "string", "pattern": "^[0-9]+$"}),
                     ),
                 ],
