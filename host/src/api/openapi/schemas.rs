@@ -122,13 +122,18 @@ pub(super) fn components() -> Value {
                 "key_secret": nullable(names::short_name()),
                 "headers": {"type": "object",
                     "propertyNames": {"pattern": "^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"},
-                    "additionalProperties": {"type": "string"}},
+                    "additionalProperties": {"type": "string", "pattern": HEADER_VALUE,
+                        "not": {"pattern": "\\{\\{"},
+                        "description": "sent as is: no placeholders (keys belong in `key_secret`)"}},
                 "prices": {"type": "object", "additionalProperties": {
                     "type": "object", "required": ["input_per_mtok", "output_per_mtok"],
                     "additionalProperties": false, "properties": {
                     "input_per_mtok": {"type": "number", "minimum": 0},
                     "output_per_mtok": {"type": "number", "minimum": 0}}}},
-                "max_completion_tokens": nullable(json!({"type": "boolean"}))}},
+                "max_completion_tokens": nullable(json!({"type": "boolean",
+                    "description": "openai-chat only"}))},
+                "if": {"properties": {"format": {"const": "openai-chat"}}},
+                "else": {"properties": {"max_completion_tokens": {"type": "null"}}}},
             "Subscription": {"type": "object", "required": ["url"],
                 "additionalProperties": false, "properties": {
                 "url": {"type": "string", "format": "uri", "pattern": "^https?://",
@@ -138,8 +143,8 @@ pub(super) fn components() -> Value {
                     "description": "`*`, event kinds, or kind prefixes ending in `*` (default: all)"})),
                 "types": {"type": "array", "items": names::type_name(),
                     "description": "actor types (default: all)"},
-                "secret": nullable(json!({"type": "string", "pattern": "^whsec_",
-                    "description": "`whsec_` + base64; generated (and shown once) when absent"}))}},
+                "secret": nullable(json!({"type": "string", "pattern": WEBHOOK_SECRET,
+                    "description": "`whsec_` + base64 of at least 16 bytes; generated (and shown once) when absent"}))}},
             "Deployed": {"type": "object", "properties": {
                 "type": {"type": "string"}, "version": {"type": "integer"},
                 "kind": {"type": "string"}, "sha256": {"type": "string"}}},
@@ -156,6 +161,17 @@ pub(super) fn components() -> Value {
         }
     })
 }
+
+/// A webhook secret as `crate::webhooks::check_secret` reads it: `whsec_`
+/// and the padded base64 (canonical: unused bits zero) of at least 16
+/// bytes, that is five full groups and then a group of one to three bytes,
+/// or six groups or more.
+pub(super) const WEBHOOK_SECRET: &str = "^whsec_(?:[A-Za-z0-9+/]{4}){5,}\
+    (?:[A-Za-z0-9+/]{4}|[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)$";
+
+/// A header value `http::HeaderValue::from_str` takes: no control
+/// characters but tab.
+const HEADER_VALUE: &str = "^[^\\u0000-\\u0008\\u000a-\\u001f\\u007f]*$";
 
 /// A type's config (`crate::config::TypeConfig`); every key optional.
 fn type_config() -> Value {
@@ -177,7 +193,8 @@ fn type_config() -> Value {
         "http_concurrency": nullable(json!({"type": "integer", "minimum": 1})),
         "secrets": {"type": "array", "items": names::short_name(),
             "description": "secrets the type may name"},
-        "webhook_secret": nullable(json!({"type": "string", "description": "`whsec_` + base64; never shown back"})),
+        "webhook_secret": nullable(json!({"type": "string", "pattern": WEBHOOK_SECRET,
+            "description": "`whsec_` + base64 of at least 16 bytes; never shown back"})),
         "webhook_routes": {"type": "object", "propertyNames": names::short_name(),
             "additionalProperties": {"type": "string", "pattern": "^/"},
             "description": "hook name → JSON pointer to the actor id in the payload (needs `webhook_secret`)"},

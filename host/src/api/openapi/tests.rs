@@ -250,3 +250,90 @@ fn parameters_auth_and_rate_limits_are_described() {
         assert!(!reachable.contains(at), "{at} is for the admin token only");
     }
 }
+
+/// The document's pattern for a webhook secret takes exactly what
+/// `webhooks::check_secret` takes: every key length around the 16-byte
+/// minimum, canonically encoded, and strings near them (a bit left over in
+/// the last character, padding missing or doubled, other characters).
+#[test]
+fn the_webhook_secret_pattern_is_the_check() {
+    use base64::Engine as _;
+    let pattern = regex::Regex::new(schemas::WEBHOOK_SECRET).unwrap();
+    let agree = |s: &str| {
+        assert_eq!(
+            pattern.is_match(s),
+            crate::webhooks::check_secret(s).is_ok(),
+            "{s:?}"
+        );
+    };
+    let alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=-_ ";
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut accepted = 0;
+    for len in 0..40 {
+        let key: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+        let encoded = base64::engine::general_purpose::STANDARD.encode(&key);
+        let good = format!("whsec_{encoded}");
+        agree(&good);
+        accepted += usize::from(crate::webhooks::check_secret(&good).is_ok());
+        agree(&format!("whsec_{}", encoded.trim_end_matches('=')));
+        agree(&format!("whsec_{encoded}="));
+        agree(&encoded);
+        // Each character in turn replaced by another of the alphabet.
+        for i in 0..encoded.len() {
+            let mut bytes = encoded.clone().into_bytes();
+            bytes[i] = alphabet[next() as usize % alphabet.len()];
+            agree(&format!("whsec_{}", String::from_utf8(bytes).unwrap()));
+        }
+    }
+    assert_eq!(accepted, 40 - 16, "keys of 16 to 39 bytes");
+}
+
+/// What the document says of a provider's `max_completion_tokens` and
+/// header values is what `ProviderSpec::validate` takes: the flag for
+/// `openai-chat` only, header values without control characters (tab
+/// aside) or placeholders.
+#[test]
+fn provider_rules_are_described_as_validated() {
+    use crate::models::providers::ProviderSpec;
+    let doc = document();
+    let provider = &doc["components"]["schemas"]["Provider"];
+    let formats = provider["properties"]["format"]["enum"].as_array().unwrap();
+    for format in formats {
+        let spec: ProviderSpec =
+            serde_json::from_value(json!({"format": format, "max_completion_tokens": true}))
+                .unwrap();
+        let described = provider["if"]["properties"]["format"]["const"] == *format;
+        assert_eq!(spec.validate("p").is_ok(), described, "{format}");
+    }
+    assert_eq!(
+        provider["else"]["properties"]["max_completion_tokens"]["type"],
+        "null"
+    );
+    let value = &provider["properties"]["headers"]["additionalProperties"];
+    let pattern = regex::Regex::new(value["pattern"].as_str().unwrap()).unwrap();
+    let placeholder = regex::Regex::new(value["not"]["pattern"].as_str().unwrap()).unwrap();
+    for v in [
+        "plain",
+        "tab\there",
+        "caf\u{e9}",
+        "",
+        "bell\u{7}",
+        "line\nbreak",
+        "del\u{7f}",
+        "nul\u{0}",
+        "{{secret:K}}",
+        "one { brace",
+    ] {
+        let spec: ProviderSpec =
+            serde_json::from_value(json!({"format": "openai-chat", "headers": {"x-team": v}}))
+                .unwrap();
+        let described = pattern.is_match(v) && !placeholder.is_match(v);
+        assert_eq!(spec.validate("p").is_ok(), described, "{v:?}");
+    }
+}
