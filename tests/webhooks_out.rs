@@ -386,6 +386,10 @@ async fn subscriptions_are_validated_and_never_show_their_secret() {
     for (spec, name) in [
         (json!({"url": "ftp://x/"}), "s"),
         (json!({"url": "http://x/", "events": []}), "s"),
+        // An empty pattern names no kind (events have kinds); `*` is all.
+        (json!({"url": "http://x/", "events": [""]}), "s"),
+        (json!({"url": "http://x/", "events": ["a*b"]}), "s"),
+        (json!({"url": "http://"}), "s"),
         (json!({"url": "http://x/", "secret": "hunter2"}), "s"),
         (json!({"url": "http://x/", "oops": 1}), "s"),
         (json!({"url": "http://x/"}), "bad name"),

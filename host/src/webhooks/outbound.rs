@@ -100,7 +100,11 @@ impl SubscriptionSpec {
         }
         for e in &events {
             let body = e.strip_suffix('*').unwrap_or(e);
-            if e.len() > 128 || body.contains('*') || e.chars().any(char::is_control) {
+            if e.is_empty()
+                || e.len() > 128
+                || body.contains('*')
+                || e.chars().any(char::is_control)
+            {
                 return Err(format!(
                     "event pattern `{e}` must be `*`, a kind, or a kind prefix ending in `*`"
                 ));

@@ -117,7 +117,7 @@ pub(super) fn components() -> Value {
             "Provider": {"type": "object", "required": ["format"],
                 "additionalProperties": false, "properties": {
                 "format": {"enum": ["openai-chat", "openai-responses", "anthropic-messages"]},
-                "base_url": nullable(json!({"type": "string", "format": "uri",
+                "base_url": nullable(json!({"type": "string", "format": "iri",
                     "description": "defaults to the vendor's own API"})),
                 "key_secret": nullable(names::short_name()),
                 "headers": {"type": "object",
@@ -136,10 +136,11 @@ pub(super) fn components() -> Value {
                 "else": {"properties": {"max_completion_tokens": {"type": "null"}}}},
             "Subscription": {"type": "object", "required": ["url"],
                 "additionalProperties": false, "properties": {
-                "url": {"type": "string", "format": "uri", "pattern": "^https?://",
+                "url": {"type": "string", "format": "iri", "pattern": "^https?://[^/?#]",
                     "description": "http:// or https://, with a host"},
                 "events": nullable(json!({"type": "array", "minItems": 1,
-                    "items": {"type": "string", "minLength": 1, "maxLength": 128},
+                    "items": {"type": "string", "minLength": 1, "maxLength": 128,
+                        "pattern": "^[^*\\u0000-\\u001f\\u007f-\\u009f]*\\*?$"},
                     "description": "`*`, event kinds, or kind prefixes ending in `*` (default: all)"})),
                 "types": {"type": "array", "items": names::type_name(),
                     "description": "actor types (default: all)"},
