@@ -337,3 +337,38 @@ fn provider_rules_are_described_as_validated() {
         assert_eq!(spec.validate("p").is_ok(), described, "{v:?}");
     }
 }
+
+/// A subscription's event patterns and URL as the document describes them
+/// are what `SubscriptionSpec::into_record` takes.
+#[test]
+fn subscription_patterns_are_described_as_validated() {
+    use crate::webhooks::outbound::SubscriptionSpec;
+    let doc = document();
+    let sub = &doc["components"]["schemas"]["Subscription"]["properties"];
+    let items = &sub["events"]["anyOf"][0]["items"];
+    let event = regex::Regex::new(items["pattern"].as_str().unwrap()).unwrap();
+    let max = items["maxLength"].as_u64().unwrap() as usize;
+    for e in [
+        "*",
+        "turn.*",
+        "turn.failed",
+        "",
+        "a*b",
+        "**",
+        "*a",
+        "tab\tbed",
+        "é*",
+    ] {
+        let spec: SubscriptionSpec =
+            serde_json::from_value(json!({"url": "http://x/", "events": [e]})).unwrap();
+        let described = !e.is_empty() && e.len() <= max && event.is_match(e);
+        assert_eq!(spec.into_record(0).is_ok(), described, "{e:?}");
+    }
+    // URLs as written; the server's WHATWG parser also takes (and shows
+    // back normalized) spellings such as `https:///x` or `HTTPS:x`.
+    let url = regex::Regex::new(sub["url"]["pattern"].as_str().unwrap()).unwrap();
+    for u in ["http://x/", "https://a.example/h?q", "http://", "ftp://x/"] {
+        let spec: SubscriptionSpec = serde_json::from_value(json!({"url": u})).unwrap();
+        assert_eq!(spec.into_record(0).is_ok(), url.is_match(u), "{u:?}");
+    }
+}
