@@ -154,19 +154,9 @@ impl TypeEntry {
             let (module, resolved) = (js_module.clone(), config.clone());
             let pre = tokio::task::spawn_blocking(move || {
                 if let Some(module) = module {
-                    // Deploys refuse a module no turn could run; one that an
-                    // earlier build accepted still loads, on the shared
-                    // engine, and each of its turns says what is wrong.
-                    sandbox
-                        .js_type_engine(&module, &resolved)
-                        .or_else(|e| match e {
-                            CodeError::Script(why) => {
-                                tracing::warn!(module = %module.name, error = %why,
-                                    "this module cannot serve a turn; redeploy it");
-                                sandbox.js_engine()
-                            }
-                            e => Err(e),
-                        })
+                    // Stored, so deployed: by a build that took modules no
+                    // turn could run, maybe.
+                    sandbox.js_type_engine_as_stored(&module, &resolved)
                 } else if agent {
                     sandbox.agent_engine()
                 } else {

@@ -124,7 +124,7 @@ async fn catch_up(
             let code = base64::engine::general_purpose::STANDARD
                 .decode(t["code_base64"].as_str().unwrap_or_default())?;
             let d = node
-                .deploy(ty, kind, code, config)
+                .deploy_from_peer(ty, kind, code, config)
                 .await
                 .with_context(|| format!("deploying `{ty}` from {}'s catalog", peer.node_id))?;
             changed += usize::from(d.created);

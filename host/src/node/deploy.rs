@@ -84,10 +84,46 @@ pub struct CatalogEntry {
     pub config: TypeConfig,
 }
 
+/// Where a deploy comes from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// A user: everything is checked.
+    User,
+    /// A peer's catalog: deployed there already, maybe by an earlier build
+    /// that took JavaScript modules no turn could run. This node must serve
+    /// the type as the peer does, so such a module is installed as it was.
+    Peer,
+}
+
 impl Node {
     /// Deploy a new version of `ty`.
     pub async fn deploy(
         &self,
+        ty: &str,
+        kind: CodeKind,
+        code: Vec<u8>,
+        config: TypeConfig,
+    ) -> Result<Deployed, DeployError> {
+        self.deploy_from(Origin::User, ty, kind, code, config).await
+    }
+
+    /// Install `ty` as a peer's catalog holds it (catching up with the
+    /// cluster): [`Self::deploy`], but a JavaScript module that no turn
+    /// could run is taken, as the build that deployed it took it, rather
+    /// than stopping the catch-up.
+    pub async fn deploy_from_peer(
+        &self,
+        ty: &str,
+        kind: CodeKind,
+        code: Vec<u8>,
+        config: TypeConfig,
+    ) -> Result<Deployed, DeployError> {
+        self.deploy_from(Origin::Peer, ty, kind, code, config).await
+    }
+
+    async fn deploy_from(
+        &self,
+        origin: Origin,
         ty: &str,
         kind: CodeKind,
         code: Vec<u8>,
@@ -138,9 +174,12 @@ impl Node {
                 .await?;
             let sandbox = self.sandbox.clone();
             let (m, config) = (module.clone(), resolved.clone());
-            let engine = tokio::task::spawn_blocking(move || sandbox.js_type_engine(&m, &config))
-                .await
-                .map_err(|e| CodeError::Invalid(format!("compiler panicked: {e}")))??;
+            let engine = tokio::task::spawn_blocking(move || match origin {
+                Origin::User => sandbox.js_type_engine(&m, &config),
+                Origin::Peer => sandbox.js_type_engine_as_stored(&m, &config),
+            })
+            .await
+            .map_err(|e| CodeError::Invalid(format!("compiler panicked: {e}")))??;
             (engine, Some(module))
         } else {
             let sandbox = self.sandbox.clone();

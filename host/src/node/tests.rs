@@ -191,3 +191,41 @@ async fn the_code_cache_sweep_keeps_the_code_in_use_and_removes_the_rest() {
         r#"{"n":1}"#
     );
 }
+
+/// A JavaScript module no turn could run is refused when a user deploys
+/// it, and taken from a peer's catalog, where an earlier build may have
+/// deployed it: a node catching up must not stop at it, and serves it as
+/// the peer does (each turn says what is wrong).
+#[tokio::test]
+async fn a_peer_catalog_installs_a_module_a_user_deploy_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = NodeConfig::for_dir(dir.path().join("data"));
+    // The integration tests' compiled-code cache, if there is one: the
+    // engine compiled once, not again here.
+    config.cache_dir = Some(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tmp/marmot-code-cache"),
+    );
+    let node = Node::start(config).await.unwrap();
+    let module = b"export const notHandlers = 1;".to_vec();
+    let user = node
+        .deploy(
+            "legacy",
+            CodeKind::Js,
+            module.clone(),
+            TypeConfig::default(),
+        )
+        .await;
+    let refused = format!("{:?}", user.expect_err("a user deploy is refused"));
+    assert!(refused.contains("export default"), "{refused}");
+    assert!(node.catalog.get("legacy").is_none(), "nothing deployed");
+
+    let peer = node
+        .deploy_from_peer("legacy", CodeKind::Js, module, TypeConfig::default())
+        .await
+        .expect("a peer's type is installed");
+    assert!(peer.created);
+    let key = ActorKey::new("legacy", "a").unwrap();
+    let turn = node.send(&key, Bytes::from_static(b"{}"), None, None).await;
+    let failed = format!("{:?}", turn.expect_err("no turn can run it"));
+    assert!(failed.contains("export default"), "{failed}");
+}

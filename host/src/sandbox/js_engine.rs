@@ -138,6 +138,25 @@ impl Sandbox {
         Ok(prepared)
     }
 
+    /// [`Self::js_type_engine`] for a version that was deployed already,
+    /// here or on a peer: a module no turn could run, which a deploy now
+    /// refuses but an earlier build took, gets the shared engine (as it
+    /// did then) and a warning, and each of its turns says what is wrong.
+    pub fn js_type_engine_as_stored(
+        &self,
+        module: &JsModule,
+        config: &ResolvedTypeConfig,
+    ) -> Result<Arc<Prepared>, CodeError> {
+        self.js_type_engine(module, config).or_else(|e| match e {
+            CodeError::Script(why) => {
+                tracing::warn!(module = %module.name, error = %why,
+                    "this module cannot serve a turn; redeploy it");
+                self.js_engine()
+            }
+            e => Err(e),
+        })
+    }
+
     /// The built-in JavaScript engine, compiled on a blocking thread if it
     /// is not yet.
     pub async fn js_engine_async(self: &Arc<Self>) -> Result<Arc<Prepared>, CodeError> {
