@@ -152,7 +152,7 @@ pub fn check(manifest: &Value, config: &TypeConfig) -> Result<String, String> {
     // `"max_steps": 10.0` is the integer 10 (see `json::integral_floats`).
     let mut sent = manifest.clone();
     crate::json::integral_floats(&mut sent);
-    let m: Manifest = serde_json::from_value(sent.clone())
+    let m = Manifest::deserialize(&sent)
         .map_err(|e| format!("the agent manifest is not valid: {e}"))?;
     let read = serde_json::to_value(&m).expect("JSON encodes");
     if let Some(at) = crate::json::array_for_object(&sent, &read) {

@@ -10,6 +10,7 @@ use rquickjs::loader::{BuiltinLoader, BuiltinResolver};
 use rquickjs::promise::PromiseState;
 use rquickjs::{Context, Ctx, Function, Module, Object, Persistent, Runtime, Value};
 
+use crate::bindings::PreloadFailure;
 use crate::bindings::exports::marmot::actor::js_runtime::EvalOutcome;
 use crate::bindings::marmot::actor::js_module;
 use crate::bindings::marmot::actor::types::{
@@ -61,19 +62,6 @@ thread_local! {
 /// The handlers a module's default export may have; a turn of each kind
 /// calls its own.
 const HANDLERS: [&str; 5] = ["onMessage", "onAlarm", "onWebhook", "onInput", "onUpgrade"];
-
-/// Why [`Engine::preload`] did not leave the module evaluated.
-#[derive(Debug)]
-#[cfg_attr(
-    not(target_family = "wasm"),
-    allow(dead_code, reason = "read only by the wasm export")
-)]
-pub enum Preload {
-    /// The top level does what only a turn may: loaded in each first turn.
-    Refused(String),
-    /// No turn could run the module.
-    Invalid(String),
-}
 
 /// Whether the module's top level is being preloaded; if so, `what` is
 /// recorded as the reason the preload fails (the caller then throws).
@@ -227,16 +215,16 @@ impl Engine {
     /// Load the module and run its top level now, in `wizer-preload`, so
     /// that the snapshot taken next holds it evaluated: every sandbox of the
     /// type version starts with its module loaded, and a wake neither parses
-    /// nor evaluates it. [`Preload::Refused`] if the top level does what only
+    /// nor evaluates it. [`PreloadFailure::Refused`] if the top level does what only
     /// a turn may (randomness, timers; the `marmot` API traps outside a
     /// turn): such a module is loaded by each sandbox's first turn, as
-    /// before. [`Preload::Invalid`] if no turn could run it: the top level
+    /// before. [`PreloadFailure::Invalid`] if no turn could run it: the top level
     /// threw, or the default export has no handler.
     #[cfg_attr(
         not(target_family = "wasm"),
         allow(dead_code, reason = "reached only through the wasm export")
     )]
-    pub fn preload(&mut self) -> Result<(), Preload> {
+    pub fn preload(&mut self) -> Result<(), PreloadFailure> {
         PRELOADING.with(|p| *p.borrow_mut() = Some(None));
         let context = self.context.clone();
         let loaded = context.with(|ctx| {
@@ -257,11 +245,11 @@ impl Engine {
         });
         let refused = PRELOADING.with(|p| p.borrow_mut().take()).flatten();
         if let Some(what) = refused {
-            return Err(Preload::Refused(format!(
+            return Err(PreloadFailure::Refused(format!(
                 "the module's top level uses {what}"
             )));
         }
-        loaded.map_err(Preload::Invalid)?;
+        loaded.map_err(PreloadFailure::Invalid)?;
         // Collect what the parse left behind so the snapshot is compact.
         self._runtime.run_gc();
         Ok(())

@@ -70,10 +70,7 @@ impl bindings::Guest for Component {
     fn wizer_preload() -> Result<(), bindings::PreloadFailure> {
         #[cfg(target_family = "wasm")]
         engine::unseal_snapshot();
-        let loaded = engine::with(|e| e.preload()).map_err(|e| match e {
-            engine::Preload::Refused(why) => bindings::PreloadFailure::Refused(why),
-            engine::Preload::Invalid(why) => bindings::PreloadFailure::Invalid(why),
-        });
+        let loaded = engine::with(|e| e.preload());
         #[cfg(target_family = "wasm")]
         engine::seal_snapshot(loaded.is_ok());
         loaded
