@@ -164,6 +164,11 @@ async fn files_commit_with_their_turn_and_download_with_etag_and_range() {
         )
         .await;
     assert_eq!(r.status, 416);
+    assert_eq!(r.code(), "range_not_satisfiable", "{}", r.json);
+    assert_eq!(
+        r.headers["content-range"].to_str().unwrap(),
+        format!("bytes */{big}")
+    );
     let whole = api.get("/v1/actors/kit/a/files/outputs/report.txt").await;
     assert_eq!(whole.body.len(), big);
     assert_eq!(

@@ -149,11 +149,17 @@ pub(super) async fn download(
             RangeSpec::Whole => None,
             RangeSpec::Part(a, b) => Some((a, b)),
             RangeSpec::Unsatisfiable => {
-                return Ok(resp
-                    .status(StatusCode::RANGE_NOT_SATISFIABLE)
-                    .header(header::CONTENT_RANGE, format!("bytes */{size}"))
-                    .body(Body::empty())
-                    .expect("valid response"));
+                let mut refused = ApiError::new(
+                    StatusCode::RANGE_NOT_SATISFIABLE,
+                    "range_not_satisfiable",
+                    format!("`{r}` asks for no byte of `{path}`, which has {size}"),
+                )
+                .into_response();
+                refused.headers_mut().insert(
+                    header::CONTENT_RANGE,
+                    HeaderValue::from_str(&format!("bytes */{size}")).expect("ASCII"),
+                );
+                return Ok(refused);
             }
         },
     };

@@ -306,6 +306,7 @@ pub(super) fn operations() -> Vec<Op> {
                 (304, "not modified", None),
                 (400, "bad path", None),
                 (404, "no such file", None),
+                (416, "the range asks for no byte of the file", None),
             ],
         },
     ]
