@@ -176,6 +176,32 @@ async fn cli_client_commands() {
         assert!(last.starts_with("error: "), "{args:?}: {err}");
         assert!(out.stdout.is_empty(), "{args:?} printed to stdout");
     }
+    // `marmot inspect … | head -c 0`: the reader is gone before the answer
+    // is printed. The command ends as `cat` would, killed by SIGPIPE with
+    // nothing on stderr; it used to panic in `println!`.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["inspect", "kit", "a"])
+        .env("MARMOT_URL", &m.url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    use std::os::unix::process::ExitStatusExt as _;
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
         .args(["call", "kit", "a"])
         .env("MARMOT_URL", "http://127.0.0.1:1")

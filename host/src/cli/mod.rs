@@ -284,6 +284,9 @@ pub fn main() -> ExitCode {
     let huge_pages = hugepages::turn_off_unless_asked();
     let open_files = open_files::raise();
     let cli = Cli::parse();
+    if cli.command.only_prints() {
+        die_quietly_when_the_reader_leaves();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -306,6 +309,44 @@ pub fn main() -> ExitCode {
             eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+impl Command {
+    /// A client command: it asks a node and prints the answer, and holds
+    /// nothing that stopping half-way would leave behind.
+    fn only_prints(&self) -> bool {
+        match self {
+            Command::Deploy { .. }
+            | Command::Call { .. }
+            | Command::Actors { .. }
+            | Command::Inspect { .. }
+            | Command::Events { .. }
+            | Command::Alarms { .. }
+            | Command::Types { .. }
+            | Command::Secrets(_)
+            | Command::Tokens(_)
+            | Command::Cluster(_) => true,
+            Command::Dev(_)
+            | Command::Serve(_)
+            | Command::Backup { .. }
+            | Command::Restore { .. }
+            | Command::Bench(_) => false,
+        }
+    }
+}
+
+/// `marmot actors | head -1`: end as `cat` would when the reader closes
+/// the pipe (killed by `SIGPIPE`, no message), rather than panic in
+/// `println!`. Rust ignores the signal for every program, which suits the
+/// servers: a write to a socket whose client left is then an error of
+/// that one connection.
+fn die_quietly_when_the_reader_leaves() {
+    // SAFETY: called before any thread starts; restoring a signal's default
+    // disposition installs no handler.
+    #[allow(unsafe_code, reason = "one signal() back to the default")]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 
