@@ -404,6 +404,17 @@ async fn bad_messages_are_rejected_and_change_nothing() {
         400,
         "invalid_actor_id",
     );
+    // Percent-encoded bytes that are not UTF-8: an id no actor may have.
+    assert_error(
+        &api.op("kit", "a%FFb", json!({})).await,
+        400,
+        "invalid_actor_id",
+    );
+    assert_error(
+        &api.op("k%FFt", "a", json!({})).await,
+        400,
+        "invalid_type_name",
+    );
     let long = "x".repeat(257);
     assert_error(
         &api.op("kit", &long, json!({})).await,

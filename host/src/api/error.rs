@@ -140,6 +140,19 @@ impl From<crate::ids::IdError> for ApiError {
 
 impl From<PathRejection> for ApiError {
     fn from(e: PathRejection) -> Self {
+        use axum::extract::path::ErrorKind;
+        // Percent-decoding gave bytes that are not UTF-8: the name or id
+        // is invalid, told by the code its own check would give.
+        if let PathRejection::FailedToDeserializePathParams(d) = &e
+            && let ErrorKind::InvalidUtf8InPathParam { key } = d.kind()
+        {
+            let (code, what) = match key.as_str() {
+                "type" => ("invalid_type_name", "the actor type"),
+                "id" => ("invalid_actor_id", "the actor id"),
+                _ => ("invalid_path", "a path segment"),
+            };
+            return Self::bad_request(code, format!("{what} is not UTF-8 once percent-decoded"));
+        }
         Self::bad_request("invalid_path", e.body_text())
     }
 }
