@@ -392,6 +392,58 @@ async fn runs_can_be_cancelled_and_budgets_stop_them() {
     assert_eq!(k, ["run_started", "budget_exceeded"]);
 }
 
+/// What a client sends an agent is `{"input": "…"}` or `{"cancel": "…"}`;
+/// anything else is a 400 in the API's error shape before it is stored,
+/// so no actor comes to be for it and no message vanishes unanswered
+/// behind `?wait=false` (both happened: the harness answered a plain
+/// `{"error": "…"}` from a turn). Cancelling on an actor that does not
+/// exist is a 404.
+#[tokio::test]
+async fn bad_input_to_an_agent_is_refused_and_stores_nothing() {
+    let rig = Rig::new().await;
+    assert_eq!(rig.agent("helper", json!([])).await.status, 201);
+    let bodies: [&[u8]; 7] = [
+        br#"{"nope": 1}"#,
+        b"{bad",
+        br#"{"input": 123}"#,
+        br#"{"cancel": 5}"#,
+        b"[1]",
+        b"",
+        br#"{"_agent_step": "r", "nonce": "n"}"#,
+    ];
+    for body in bodies {
+        for query in ["", "?wait=false"] {
+            let r = rig
+                .api
+                .req(
+                    reqwest::Method::POST,
+                    &format!("/v1/actors/helper/nobody{query}"),
+                    Some(("application/json", body.to_vec())),
+                    &[],
+                )
+                .await;
+            let shown = String::from_utf8_lossy(body);
+            assert_eq!(r.status, 400, "{shown}{query}: {}", r.json);
+            assert_eq!(r.code(), "invalid_input", "{shown}: {}", r.json);
+            assert!(
+                r.json["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains(r#"send {"input": "…"}"#),
+                "{}",
+                r.json
+            );
+        }
+    }
+    assert_eq!(rig.api.get("/v1/actors/helper/nobody").await.status, 404);
+    let r = rig
+        .api
+        .post_json("/v1/actors/helper/nobody/runs/abc/cancel", &json!({}))
+        .await;
+    assert_eq!(r.code(), "actor_not_found", "{}", r.json);
+    assert_eq!(rig.api.get("/v1/actors/helper/nobody").await.status, 404);
+}
+
 /// Twenty agent runs at once against one type budget: the reservations
 /// admit only what the budget covers, the rest end `budget_exceeded`
 /// before their model call, and what was committed stays under the limit.

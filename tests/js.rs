@@ -134,6 +134,35 @@ async fn javascript_errors_are_clear_and_commit_nothing() {
         r.json
     );
 
+    // A body declared JSON that is not JSON is the client's error: 400
+    // before anything is stored, so no actor comes to be for it, with or
+    // without `wait` (it used to be a 500 from the turn, and an actor).
+    for (query, body) in [
+        ("", b"{bad json".to_vec()),
+        ("?wait=false", b"{bad json".to_vec()),
+        ("", vec![0xff, 0xfe]),
+    ] {
+        let r = api
+            .req(
+                Method::POST,
+                &format!("/v1/actors/jscount/never{query}"),
+                Some(("application/json; charset=utf-8", body)),
+                &[],
+            )
+            .await;
+        assert_eq!(r.status, 400, "{query}: {}", r.json);
+        assert_eq!(r.code(), "invalid_json", "{}", r.json);
+        assert!(
+            r.json["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("declared JSON"),
+            "{}",
+            r.json
+        );
+    }
+    assert_eq!(api.get("/v1/actors/jscount/never").await.status, 404);
+
     // A module no turn could run is refused at deploy, saying why, and
     // nothing is deployed: no default export, one that is not an object,
     // one without a handler, a top level that throws.

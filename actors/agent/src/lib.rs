@@ -57,10 +57,13 @@ struct Agent;
 
 impl Actor for Agent {
     fn on_message(ctx: &Context, msg: Message) -> Result<Reply> {
+        // A client's bad message is refused by the API before it is stored;
+        // this answers another actor's, in the API's error shape.
         let Ok(req) = msg.json::<Request>() else {
-            return Ok(Reply::json(&serde_json::json!({
-                "error": "send {\"input\": \"…\"} to start or continue a conversation, or {\"cancel\": \"<run_id>\"}"
-            }))?
+            return Ok(Reply::json(&serde_json::json!({ "error": {
+                "code": "invalid_input",
+                "message": "send {\"input\": \"…\"} to start or continue a conversation, or {\"cancel\": \"<run_id>\"}"
+            }}))?
             .with_status(400));
         };
         let agent = run::Harness::new(ctx)?;

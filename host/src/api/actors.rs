@@ -13,7 +13,7 @@ use super::extract::{ActorPath, KnownType, Page, json_object};
 use super::{ApiError, AppState, Path, Query};
 use crate::ids::validate_idempotency_key;
 use crate::storage::EnqueueOutcome;
-use crate::storage::schema::{AlarmSchedule, InputStatus};
+use crate::storage::schema::{AlarmSchedule, CodeKind, InputStatus};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -55,17 +55,20 @@ pub(super) async fn send(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    if s.node.is_agent(key.ty())
-        && let Ok(serde_json::Value::Object(m)) = serde_json::from_slice(&body)
-        && m.contains_key("input")
-    {
-        if !m["input"].is_string() {
-            return Err(ApiError::bad_request(
-                "invalid_input",
-                "`input` must be a string: {\"input\": \"…\"}",
-            ));
+    let kind = s.node.catalog().get(key.ty()).map(|t| t.latest_kind());
+    let from_actor = headers.contains_key(crate::cluster::FROM_ACTOR);
+    if kind == Some(CodeKind::Agent) {
+        match agent_request(&body) {
+            Ok(AgentRequest::Input) => {
+                return run(&s, &key, body, idempotency_key, q.wait).await;
+            }
+            Ok(AgentRequest::Cancel) => {}
+            // A run's own steps, passed on by another node.
+            Err(_) if from_actor => {}
+            Err(e) => return Err(e),
         }
-        return run(&s, &key, body, idempotency_key, q.wait).await;
+    } else if kind == Some(CodeKind::Js) && !from_actor {
+        declared_json_parses(content_type.as_deref(), &body)?;
     }
     if !q.wait {
         let outcome = s
@@ -137,6 +140,64 @@ pub(super) async fn send(
         h.insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok(resp)
+}
+
+/// What a client may send an agent.
+enum AgentRequest {
+    /// `{"input": "…"}`: start a run, or queue behind the active one.
+    Input,
+    /// `{"cancel": "<run_id>"}`: a turn of the harness answers it.
+    Cancel,
+}
+
+/// Read a client's message to an agent; anything else is refused here,
+/// before it is stored (the harness would only answer it with an error).
+fn agent_request(body: &[u8]) -> Result<AgentRequest, ApiError> {
+    let refused = |why: &str| {
+        ApiError::bad_request(
+            "invalid_input",
+            format!(
+                "{why}: send {{\"input\": \"…\"}} to start or continue a conversation, \
+                 or {{\"cancel\": \"<run_id>\"}}"
+            ),
+        )
+    };
+    let m = match serde_json::from_slice(body) {
+        Ok(serde_json::Value::Object(m)) => m,
+        Ok(_) => return Err(refused("the message is not a JSON object")),
+        Err(e) => return Err(refused(&format!("the message is not JSON ({e})"))),
+    };
+    match (m.get("input"), m.get("cancel")) {
+        (Some(serde_json::Value::String(_)), _) => Ok(AgentRequest::Input),
+        (Some(_), _) => Err(refused("`input` must be a string")),
+        (None, Some(serde_json::Value::String(_))) => Ok(AgentRequest::Cancel),
+        (None, Some(_)) => Err(refused("`cancel` must be a run id, a string")),
+        (None, None) => Err(refused("the message has neither `input` nor `cancel`")),
+    }
+}
+
+/// A JavaScript actor's handler gets a body declared JSON parsed, and a
+/// turn whose body does not parse fails before the handler runs
+/// (`actors/quickjs/src/engine.rs`, `message_body`, which declares JSON by
+/// the same rule). So such a body is the client's error: 400, and nothing
+/// is stored. serde_json reads the grammar `JSON.parse` does (RFC 8259);
+/// like the guest, it passes over what a string holds (bytes that are not
+/// UTF-8 there become U+FFFD in the guest, lone surrogates stay).
+fn declared_json_parses(content_type: Option<&str>, body: &[u8]) -> Result<(), ApiError> {
+    let Some(ct) = content_type.filter(|c| c.to_ascii_lowercase().contains("json")) else {
+        return Ok(());
+    };
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(());
+    }
+    serde_json::from_slice::<serde::de::IgnoredAny>(body)
+        .map(drop)
+        .map_err(|e| {
+            ApiError::bad_request(
+                "invalid_json",
+                format!("the body is declared JSON (`{ct}`) but is not: {e}"),
+            )
+        })
 }
 
 /// An agent's input: queued durably (the message id is the run id); with
@@ -238,6 +299,10 @@ pub(super) async fn cancel_run(
             "invalid_run_id",
             "a run id is the message id that started it",
         ));
+    }
+    // No actor, no run: and the cancel would make the actor.
+    if s.node.actor_info(&key)?.is_none() {
+        return Err(ApiError::actor_not_found(&key));
     }
     let body = serde_json::to_vec(&serde_json::json!({ "cancel": run_id })).expect("JSON encodes");
     s.node

@@ -41,7 +41,9 @@ use crate::config::{ClusterConfig, WithoutBackup};
 use crate::ids::ActorKey;
 use lease::Lease;
 use patience::patiently;
-pub use peer::{CALL_CHAIN, PeerError, Peers, Target, client as peer_client, decode_chain};
+pub use peer::{
+    CALL_CHAIN, FROM_ACTOR, PeerError, Peers, Target, client as peer_client, decode_chain,
+};
 pub use placement::MoveStarted;
 use records::{Keys, LAYOUT_VERSION, MemberRecord, MetaRecord, SLOTS, SlotRecord};
 pub use replication::Replicator;

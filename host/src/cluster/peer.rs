@@ -20,6 +20,13 @@ use crate::ids::ActorKey;
 /// separated), so that a cycle through several nodes is still refused.
 pub const CALL_CHAIN: &str = "x-marmot-call-chain";
 
+/// On every message a node passes on for a turn (`actors.call`, and the
+/// hand-over of a relayed `actors.send`): the body is what a guest sent,
+/// which the API takes as it would from a turn on its own node, without
+/// the checks it makes of a client's body (`api/actors.rs`). A client
+/// that sets it only skips those checks: the guest still reads the body.
+pub const FROM_ACTOR: &str = "x-marmot-from-actor";
+
 /// Where a message for an actor goes from this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
@@ -77,7 +84,8 @@ impl Peers {
         let req = self
             .client
             .post(url)
-            .header(reqwest::header::CONTENT_TYPE, "application/json");
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(FROM_ACTOR, "1");
         match &self.token {
             Some(t) => req.bearer_auth(t),
             None => req,
