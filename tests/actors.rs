@@ -261,6 +261,70 @@ async fn javascript_actors_call_and_send() {
     wait_value(&api, "b", "sent", json!(1)).await;
 }
 
+/// An actor whose turns keep queueing messages for itself (two per turn,
+/// so its inbox only grows) can still be deleted, at once, and stays
+/// deleted. It could not: every queued row poked its mailbox until it was
+/// full, and a delete was refused with 429 `mailbox_full`; behind a
+/// mailbox with room it waited for an inbox that never emptied.
+#[tokio::test]
+async fn a_runaway_actor_is_deleted_ahead_of_what_it_queued() {
+    let (_dir, _m, api) = kit_node(json!({})).await;
+    let js = r#"
+import { actors, state } from "marmot";
+export default {
+  onMessage(body, ctx) {
+    state.set("turns", (state.get("turns") ?? 0) + 1);
+    actors.send(ctx.type, ctx.id, {});
+    actors.send(ctx.type, ctx.id, {});
+    return "again";
+  },
+};
+"#;
+    assert_eq!(api.deploy_js("runaway", js).await.status, 201);
+    let r = api.post_json("/v1/actors/runaway/r", &json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    api.wait_info("runaway", "r", "a few hundred turns", |i| {
+        i["turns"].as_u64().unwrap_or(0) > 300
+    })
+    .await;
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        api.req(Method::DELETE, "/v1/actors/runaway/r", None, &[]),
+    )
+    .await
+    .expect("the delete waited behind the inbox");
+    assert_eq!(r.status, 200, "{}", r.json);
+    // Its queued messages went with it: nothing brings it back.
+    for _ in 0..5 {
+        assert_eq!(api.get("/v1/actors/runaway/r").await.status, 404);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // More queued messages than a mailbox holds, for a slow actor: each
+    // used to poke the mailbox, so the delete (and any waiting message)
+    // found it full.
+    let js = r#"
+export default {
+  async onMessage() { await new Promise((r) => setTimeout(r, 20)); return 1; },
+};
+"#;
+    assert_eq!(api.deploy_js("slow", js).await.status, 201);
+    for _ in 0..1100 {
+        let r = api
+            .post_json("/v1/actors/slow/s?wait=false", &json!({}))
+            .await;
+        assert_eq!(r.status, 202, "{}", r.json);
+    }
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        api.req(Method::DELETE, "/v1/actors/slow/s", None, &[]),
+    )
+    .await
+    .expect("the delete waited behind the inbox");
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(api.get("/v1/actors/slow/s").await.status, 404);
+}
+
 /// The host boundary under a fuzzing guest: the testkit's `host_fuzz` makes
 /// random host calls with random arguments straight through the raw WIT
 /// bindings (every import: state, events, alarms, inputs, actors, http,

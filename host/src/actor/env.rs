@@ -169,6 +169,14 @@ impl ActorEnv {
         rx.await.map_err(|_| TurnError::Stopped)?
     }
 
+    /// Delete `key` and everything it owns, ahead of whatever it has
+    /// queued; whether it existed.
+    pub async fn delete(self: &Arc<Self>, key: &ActorKey) -> Result<bool, TurnError> {
+        let (tx, rx) = oneshot::channel();
+        self.registry.delete(self, key, tx)?;
+        rx.await.map_err(|_| TurnError::Stopped)?
+    }
+
     /// Send a message and wait for its reply (released once durable);
     /// `chain` holds the actors waiting above it (`actors.call`).
     pub async fn send(

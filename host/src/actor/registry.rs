@@ -42,7 +42,16 @@ pub(crate) struct Shared {
     /// Activity statistics of this activation: (turns, last turn at ms),
     /// ahead of what is on disk until the next record write.
     stats: Mutex<(u64, u64)>,
+    /// Deletes asked of this activation, run ahead of the mailbox and the
+    /// inbox (a full mailbox, or a turn that keeps queueing messages for
+    /// itself, must not keep an actor from being deleted).
+    deletes: Mutex<Vec<DeleteReply>>,
+    /// Wakes the task for [`deletes`](Self::deletes).
+    pub urgent: Notify,
 }
+
+/// Where a delete's outcome goes: whether the actor existed.
+pub(crate) type DeleteReply = tokio::sync::oneshot::Sender<Result<bool, TurnError>>;
 
 /// Counts an activation as waiting for an instance slot while it lives.
 pub(crate) struct WaitingForRoom(Arc<AtomicUsize>);
@@ -90,6 +99,16 @@ impl Shared {
     /// Record the actor's activity statistics.
     pub fn note_turn(&self, turns: u64, last_turn_at_ms: u64) {
         *self.stats.lock().expect("stats lock") = (turns, last_turn_at_ms);
+    }
+
+    /// Whether a delete waits.
+    pub fn delete_asked(&self) -> bool {
+        !self.deletes.lock().expect("deletes lock").is_empty()
+    }
+
+    /// The deletes asked so far, to answer.
+    pub fn take_deletes(&self) -> Vec<DeleteReply> {
+        std::mem::take(&mut *self.deletes.lock().expect("deletes lock"))
     }
 }
 
@@ -204,12 +223,43 @@ impl Registry {
         Ok(())
     }
 
+    /// Ask the actor to delete itself. An awake one does so ahead of
+    /// whatever its mailbox and inbox hold, however full; a hibernated
+    /// one is woken with the delete as its first envelope.
+    pub(crate) fn delete(
+        &self,
+        env: &Arc<ActorEnv>,
+        key: &ActorKey,
+        reply: DeleteReply,
+    ) -> Result<(), TurnError> {
+        {
+            let shard = self.shard(key);
+            if let Some(h) = shard.get(key)
+                && !h.tx.is_closed()
+            {
+                // Under the shard's lock: `try_leave` looks under it too, so
+                // the task cannot leave with the delete unanswered.
+                h.shared.deletes.lock().expect("deletes lock").push(reply);
+                h.shared.urgent.notify_one();
+                return Ok(());
+            }
+        }
+        self.deliver(env, key, Envelope::Delete(reply))
+    }
+
     /// Tell the actor its inbox has new rows, waking it if needed.
     pub(crate) fn poke(&self, env: &Arc<ActorEnv>, key: &ActorKey) {
         let mut shard = self.shard(key);
         let mut after_crash = false;
         if let Some(h) = shard.get(key) {
-            h.shared.inbox_dirty.store(true, Ordering::Release);
+            // Already set: the task has not looked since the poke that set
+            // it, which woke it (or found it busy), and it will look before
+            // it waits again. A poke per queued row would fill its mailbox
+            // while a turn runs, and refuse the messages and the delete
+            // behind them with 429.
+            if h.shared.inbox_dirty.swap(true, Ordering::AcqRel) && !h.tx.is_closed() {
+                return;
+            }
             // A full mailbox means the task is busy and will see the flag.
             match h.tx.try_send(Envelope::InboxPoke) {
                 Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => return,
@@ -256,6 +306,8 @@ impl Registry {
             busy: AtomicBool::new(false),
             grown: AtomicU64::new(0),
             stats: Mutex::new((0, 0)),
+            deletes: Mutex::new(Vec::new()),
+            urgent: Notify::new(),
         });
         shard.insert(
             key.clone(),
@@ -283,7 +335,7 @@ impl Registry {
         rx: &mut mpsc::Receiver<Envelope>,
     ) -> bool {
         let mut shard = self.shard(key);
-        if !rx.is_empty() || shared.inbox_dirty.load(Ordering::Acquire) {
+        if !rx.is_empty() || shared.inbox_dirty.load(Ordering::Acquire) || shared.delete_asked() {
             return false;
         }
         if shard

@@ -110,7 +110,7 @@ impl Node {
         if !self.registry().is_active(key) && self.storage.reader()?.actor(key)?.is_none() {
             return Ok(false);
         }
-        let deleted = self.actors.ask(key, Envelope::Delete).await?;
+        let deleted = self.actors.delete(key).await?;
         if deleted && self.cluster.is_some() {
             // etcd keeps only the placements of actors that exist (the
             // sweep removes an entry this misses); `forget_placement` does

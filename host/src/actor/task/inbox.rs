@@ -3,6 +3,7 @@
 //! before they run and a message that keeps crashing the node given up.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -44,6 +45,12 @@ impl ActorTask {
                 return;
             }
             for (seq, row) in rows {
+                if self.shared.delete_asked() {
+                    // The loop runs the delete first, then comes back here
+                    // (if the actor is still there).
+                    self.shared.inbox_dirty.store(true, Ordering::Release);
+                    return;
+                }
                 self.inbox_cursor = seq;
                 if !self.run_inbox_message(seq, row).await {
                     // It could not start (no instance slot, code or storage

@@ -210,6 +210,24 @@ impl ActorTask {
     }
 
     /// Delete the actor's durable data; the task stays up as a fresh actor.
+    /// Answer the deletes asked ahead of the mailbox: one delete for all
+    /// of them (the first hears whether the actor existed; any others,
+    /// asked meanwhile, that it is gone).
+    pub(super) async fn run_deletes(&mut self) {
+        let waiting = self.shared.take_deletes();
+        if waiting.is_empty() {
+            return;
+        }
+        let r = self.delete().await;
+        for (i, reply) in waiting.into_iter().enumerate() {
+            let _ = reply.send(if i == 0 {
+                r.clone()
+            } else {
+                r.clone().map(|_| false)
+            });
+        }
+    }
+
     pub(super) async fn delete(&mut self) -> Result<bool, TurnError> {
         self.shared
             .tracker

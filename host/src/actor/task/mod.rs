@@ -173,6 +173,12 @@ impl ActorTask {
         let sleep = tokio::time::sleep(idle);
         tokio::pin!(sleep);
         loop {
+            if self.shared.delete_asked() {
+                self.set_busy(true);
+                Box::pin(self.run_deletes()).await;
+                self.set_busy(false);
+                self.last_activity = Instant::now();
+            }
             if self.shared.inbox_dirty.swap(false, Ordering::AcqRel) {
                 self.set_busy(true);
                 Box::pin(self.drain_inbox()).await;
@@ -185,6 +191,7 @@ impl ActorTask {
             }
             tokio::select! {
                 biased;
+                () = self.shared.urgent.notified() => {}
                 env = rx.recv() => {
                     let Some(env) = env else { break };
                     let housekeeping = matches!(env, Envelope::TrimEvents);
