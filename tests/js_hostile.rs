@@ -111,6 +111,10 @@ async fn hostile_scripts_are_contained() {
         "/(a+)+$/.test('a'.repeat(40) + '!')",
         "const loop = () => Promise.resolve().then(loop); loop(); await new Promise(() => {})",
         "Array.from({ length: 1e9 }, (_, i) => i).reduce((a, b) => a + b)",
+        // A script's CPU limit is its whole run's: host calls used to
+        // start the meter again, and these ran to the 30 s turn timeout.
+        "for (;;) marmot.state.get('x')",
+        "for (;;) console.log('')",
     ];
     for attack in cpu {
         let err = contained(&api, "victim", &format!("{w}{attack}")).await;

@@ -43,8 +43,10 @@ pub struct Host {
     pub(super) turn: Option<TurnState>,
     /// Epoch ticks the guest has run since its last host call.
     pub(super) cpu_ticks: u64,
-    /// Ticks allowed between host calls.
+    /// Ticks allowed between host calls, or in all (`cpu_slice_is_total`).
     pub(super) cpu_tick_limit: u64,
+    /// Whether a host call starts the CPU meter again.
+    cpu_per_stretch: bool,
     /// Milliseconds per tick (for messages).
     pub(super) tick_ms: u64,
     /// Captured stdout and stderr.
@@ -124,6 +126,7 @@ impl Host {
             turn: None,
             cpu_ticks: 0,
             cpu_tick_limit,
+            cpu_per_stretch: !config.cpu_slice_is_total,
             tick_ms,
             stdout,
             stderr,
@@ -141,15 +144,25 @@ impl Host {
 
     /// The checkpoint every guest-facing host call passes first: it proves a
     /// turn is running, resets the CPU meter (the limit is per host-call-free
-    /// stretch) and hands out the turn.
+    /// stretch, except a script's) and hands out the turn.
     pub(super) fn enter(&mut self, cap: Cap) -> wasmtime::Result<&mut TurnState> {
-        self.cpu_ticks = 0;
+        self.host_call_ends_stretch();
         if !self.granted.has(cap) {
             return Err(wasmtime::Error::new(LimitTrap::NotGranted(cap.name())));
         }
         self.turn
             .as_mut()
             .ok_or_else(|| wasmtime::Error::new(LimitTrap::NoTurn))
+    }
+}
+
+impl Host {
+    /// A host call (or the wait for one) ends a stretch of guest CPU: the
+    /// meter starts again, unless the slice is the whole run's.
+    pub(super) fn host_call_ends_stretch(&mut self) {
+        if self.cpu_per_stretch {
+            self.cpu_ticks = 0;
+        }
     }
 }
 

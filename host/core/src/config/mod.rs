@@ -233,6 +233,7 @@ impl Limits {
             idle_timeout: Duration::from_secs(0),
             turn_timeout: Duration::from_millis(self.eval_timeout_ms),
             cpu_slice: Duration::from_millis(self.eval_cpu_ms),
+            cpu_slice_is_total: true,
             max_memory_bytes: self.eval_memory_bytes.min(self.max_guest_memory_bytes),
             env: Default::default(),
             budget: None,

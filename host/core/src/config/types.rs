@@ -216,6 +216,7 @@ impl TypeConfig {
             idle_timeout: Duration::from_millis(self.idle_timeout_ms.unwrap_or(d.idle_timeout_ms)),
             turn_timeout: Duration::from_millis(self.turn_timeout_ms.unwrap_or(d.turn_timeout_ms)),
             cpu_slice: Duration::from_millis(self.cpu_slice_ms.unwrap_or(d.cpu_slice_ms)),
+            cpu_slice_is_total: false,
             max_memory_bytes: self.max_memory_bytes.unwrap_or(memory_default),
             env: self.env.clone(),
             budget: self.budget.filter(Budget::limits_anything),
@@ -252,6 +253,11 @@ pub struct ResolvedTypeConfig {
     pub turn_timeout: Duration,
     /// CPU a guest may burn without calling the host.
     pub cpu_slice: Duration,
+    /// `cpu_slice` is all the CPU a run may burn, host calls or not
+    /// (scripts: PRODUCT.md's "JS eval: 2 s CPU"). A turn's slice starts
+    /// again at each host call instead: a handler that waits on the host
+    /// between stretches of work is not stopped for the sum of them.
+    pub cpu_slice_is_total: bool,
     /// Guest linear memory.
     pub max_memory_bytes: u64,
     /// WASI environment.

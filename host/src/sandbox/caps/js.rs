@@ -101,7 +101,7 @@ impl js::Host for Host {
         let (turn, result) = child.run_child(turn, req.code).await;
         self.turn = turn;
         // Waiting for the child is not the caller's CPU.
-        self.cpu_ticks = 0;
+        self.host_call_ends_stretch();
         Ok(match result {
             Ok(reply) => Ok(js::EvalResult {
                 result: reply.result,
