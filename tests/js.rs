@@ -858,3 +858,44 @@ export default {
     assert_eq!(r.status, 200, "{}", r.json);
     assert_eq!(r.json, 0, "the first turn's timer fired in the second");
 }
+
+/// JavaScript strings may hold lone surrogates, which UTF-8 cannot: what
+/// leaves the sandbox as text or JSON has U+FFFD in their place. Event
+/// data and eval results holding one used to read back as `null`, and
+/// `console.log` and `TextEncoder` threw.
+#[tokio::test]
+async fn lone_surrogates_leave_the_sandbox_as_replacement_characters() {
+    let (_dir, m, api) = node(None).await;
+    let js = r#"
+import { events } from "marmot";
+export default {
+  onMessage() {
+    events.emit("mixed", { ok: "fine", bad: "a\uDBFFb", pair: "\uD83D\uDE00" });
+    console.log("lonely \uD800 line");
+    return {
+      encoded: Array.from(new TextEncoder().encode("x\uDC00")),
+      bom: new TextDecoder().decode(new Uint8Array([0xef, 0xbb, 0xbf, 0x41])),
+      kept: new TextDecoder("utf-8", { ignoreBOM: true })
+        .decode(new Uint8Array([0xef, 0xbb, 0xbf, 0x41])).length,
+    };
+  },
+};
+"#;
+    assert_eq!(api.deploy_js("lone", js).await.status, 201);
+    let r = api.post_json("/v1/actors/lone/a", &json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(
+        r.json,
+        json!({"encoded": [0x78, 0xef, 0xbf, 0xbd], "bom": "A", "kept": 2})
+    );
+    let ev = api.get("/v1/actors/lone/a/events").await.json;
+    assert_eq!(
+        ev["events"][0]["data"],
+        json!({"ok": "fine", "bad": "a\u{fffd}b", "pair": "😀"}),
+        "{ev}"
+    );
+    let r = eval(&api, "lone", "a", "['ok', 'a\\uD800b']").await;
+    assert_eq!(r.json["result"], json!(["ok", "a\u{fffd}b"]), "{}", r.json);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(m.log_text().contains("lonely \u{fffd} line"));
+}

@@ -346,3 +346,33 @@ async fn host_calls_with_random_arguments_never_break_the_node() {
     assert_eq!(r.json, json!({"stopped": true}));
     assert_eq!(api.get("/v1/actors/fuzz/f3/state").await.status, 200);
 }
+
+/// A timer's delay is held to 2^31 - 1 ms, as browsers and Node hold it:
+/// `setTimeout(r, Infinity)` used to panic the engine (a trap, with Rust's
+/// panic message for the client). Now the script waits, and its time
+/// limit ends it like any other wait.
+#[tokio::test]
+async fn endless_timer_delays_wait_for_the_time_limit() {
+    let (_dir, _m, api) = node(Some("[limits]\neval_timeout_ms = 300\n")).await;
+    api.deploy_js("jscount", COUNTER_JS).await;
+    for delay in ["Infinity", "1e300", "-Infinity", "NaN"] {
+        let r = eval(
+            &api,
+            "jscount",
+            "t",
+            &format!(
+                "await new Promise((r) => setTimeout(r, {delay})); \
+                 await new Promise((r) => setTimeout(r, Infinity)); 1"
+            ),
+        )
+        .await;
+        let shown = r.json.to_string();
+        assert!(!shown.contains("panicked"), "{delay}: {shown}");
+        assert!(
+            r.json["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("time limit of 300 ms")),
+            "{delay}: {shown}"
+        );
+    }
+}

@@ -620,7 +620,9 @@ fn settle<'js>(ctx: &Ctx<'js>, v: Value<'js>) -> Result<Value<'js>, String> {
                     );
                 }
                 if next > 0.0 {
-                    std::thread::sleep(Duration::from_secs_f64(next / 1000.0));
+                    std::thread::sleep(
+                        Duration::try_from_secs_f64(next / 1000.0).unwrap_or(Duration::MAX),
+                    );
                 }
                 fire_timers(ctx)?;
             }

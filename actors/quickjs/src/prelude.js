@@ -18,6 +18,11 @@
   const StringCtor = String;
   const ErrorCtor = Error;
   const TypeErrorCtor = TypeError;
+  const apply = Reflect.apply;
+  const toWellFormed = String.prototype.toWellFormed;
+  // Text for the host, which takes UTF-8: a lone surrogate becomes U+FFFD,
+  // as WHATWG's TextEncoder has it (it used to throw a TypeError).
+  const text = (v) => apply(toWellFormed, StringCtor(v), []);
 
   const toJson = (value, what) => {
     if (value === undefined) {
@@ -71,20 +76,20 @@
 
   const events = freeze({
     emit(kind, data = null) {
-      return host.emit(StringCtor(kind), toJson(data, "events.emit"));
+      return host.emit(text(kind), toJson(data, "events.emit"));
     },
   });
 
   const fields = (f) => {
     if (f === undefined || f === null) return [];
     if (typeof f !== "object") throw new TypeErrorCtor("log: fields must be an object");
-    return Object.entries(f).map(([k, v]) => [k, typeof v === "string" ? v : toJson(v, "log fields")]);
+    return Object.entries(f).map(([k, v]) => [text(k), typeof v === "string" ? text(v) : toJson(v, "log fields")]);
   };
   const log = freeze({
-    debug: (msg, f) => host.log("debug", StringCtor(msg), fields(f)),
-    info: (msg, f) => host.log("info", StringCtor(msg), fields(f)),
-    warn: (msg, f) => host.log("warn", StringCtor(msg), fields(f)),
-    error: (msg, f) => host.log("error", StringCtor(msg), fields(f)),
+    debug: (msg, f) => host.log("debug", text(msg), fields(f)),
+    info: (msg, f) => host.log("info", text(msg), fields(f)),
+    warn: (msg, f) => host.log("warn", text(msg), fields(f)),
+    error: (msg, f) => host.log("error", text(msg), fields(f)),
   });
 
   const alarms = freeze({
@@ -128,7 +133,7 @@
 
   const files = freeze({
     read: (path) => host.filesRead(StringCtor(path)),
-    write: (path, data) => host.filesWrite(StringCtor(path), typeof data === "string" ? data : toJson(data, "files.write")),
+    write: (path, data) => host.filesWrite(text(path), typeof data === "string" ? text(data) : toJson(data, "files.write")),
     list: (prefix = "") => parse(host.filesList(StringCtor(prefix))),
     delete: (path) => host.filesDelete(StringCtor(path)),
   });
@@ -159,7 +164,7 @@
       return StringCtor(v);
     }
   };
-  const line = (args) => args.map(show).join(" ");
+  const line = (args) => text(args.map(show).join(" "));
   const consoleObj = {
     log: (...a) => host.console("info", line(a)),
     info: (...a) => host.console("info", line(a)),
@@ -176,7 +181,9 @@
   globalThis.setTimeout = (fn, ms = 0, ...args) => {
     if (typeof fn !== "function") throw new TypeErrorCtor("setTimeout: callback must be a function");
     const id = nextTimer++;
-    timers.set(id, { due: host.now() + Math.max(0, +ms || 0), fn, args });
+    // At most 2^31 - 1 ms, as browsers and Node hold a delay (Infinity used
+    // to panic the engine): the turn's own time limit comes first anyway.
+    timers.set(id, { due: host.now() + Math.min(Math.max(0, +ms || 0), 2147483647), fn, args });
     return id;
   };
   globalThis.clearTimeout = (id) => {
@@ -237,7 +244,7 @@
       return "utf-8";
     }
     encode(s = "") {
-      return host.utf8Encode(StringCtor(s));
+      return host.utf8Encode(text(s));
     }
   }
   class TextDecoder {
@@ -245,6 +252,7 @@
       const l = StringCtor(label).toLowerCase();
       if (l !== "utf-8" && l !== "utf8") throw new RangeError(`TextDecoder: unsupported encoding ${label}`);
       this.fatal = !!(options && options.fatal);
+      this.ignoreBOM = !!(options && options.ignoreBOM);
     }
     get encoding() {
       return "utf-8";
@@ -254,7 +262,9 @@
       if (bytes instanceof ArrayBuffer) view = new Uint8Array(bytes);
       else if (ArrayBuffer.isView(bytes)) view = new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
       else throw new TypeErrorCtor("TextDecoder.decode: expected a BufferSource");
-      return host.utf8Decode(view, this.fatal);
+      const out = host.utf8Decode(view, this.fatal);
+      // WHATWG: a leading byte order mark is not text, unless asked.
+      return !this.ignoreBOM && out.charCodeAt(0) === 0xfeff ? out.slice(1) : out;
     }
   }
   globalThis.TextEncoder = TextEncoder;

@@ -65,6 +65,57 @@ pub fn integral_floats(value: &mut Value) -> bool {
     }
 }
 
+/// JSON text a guest wrote, with every `\u` escape of a lone surrogate
+/// (one that is not half of a pair) written as `\ufffd`, as WHATWG's
+/// `TextEncoder` and every conversion of a JavaScript string to UTF-8 do.
+/// JavaScript strings may hold lone surrogates and `JSON.stringify` escapes
+/// them, which is valid JSON text that no UTF-8 string (serde_json's
+/// `Value`, a client's parser) can hold. `None` when there is none.
+pub fn without_lone_surrogates(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    // The code unit of the `\uXXXX` escape starting at `i`, if it is one.
+    let unit = |i: usize| -> Option<u16> {
+        let hex = bytes.get(i..i + 6)?;
+        if hex[0] != b'\\' || hex[1] != b'u' {
+            return None;
+        }
+        u16::from_str_radix(std::str::from_utf8(&hex[2..]).ok()?, 16).ok()
+    };
+    let mut out: Option<String> = None;
+    let (mut i, mut copied) = (0, 0);
+    while i < bytes.len() {
+        if bytes[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        let Some(u) = unit(i) else {
+            // Any other escape: skip the escaped character with it.
+            i += 2;
+            continue;
+        };
+        let paired = match u {
+            0xD800..=0xDBFF => unit(i + 6).is_some_and(|l| (0xDC00..=0xDFFF).contains(&l)),
+            0xDC00..=0xDFFF => false,
+            _ => {
+                i += 6;
+                continue;
+            }
+        };
+        if paired {
+            i += 12;
+            continue;
+        }
+        let o = out.get_or_insert_with(|| String::with_capacity(text.len()));
+        o.push_str(&text[copied..i]);
+        o.push_str("\\ufffd");
+        i += 6;
+        copied = i;
+    }
+    let mut o = out?;
+    o.push_str(&text[copied..]);
+    Some(o)
+}
+
 #[cfg(test)]
 mod tests {
     use serde::{Deserialize, Serialize};
@@ -128,5 +179,26 @@ mod tests {
         let mut ints = json!({"a": 1, "b": [2, -3], "c": 0.5});
         assert!(!integral_floats(&mut ints), "nothing to rewrite");
         assert_eq!(ints, json!({"a": 1, "b": [2, -3], "c": 0.5}));
+    }
+
+    #[test]
+    fn lone_surrogates_become_replacement_characters() {
+        let fix = |t: &str| without_lone_surrogates(t);
+        assert_eq!(fix(r#"{"a":"x"}"#), None);
+        assert_eq!(fix(r#""\ud83d\ude00""#), None, "a pair stays");
+        assert_eq!(fix(r#""\u00e9\n\\""#), None);
+        assert_eq!(fix(r#""\udbff""#).as_deref(), Some(r#""\ufffd""#));
+        assert_eq!(fix(r#""a\uDC00b""#).as_deref(), Some(r#""a\ufffdb""#));
+        assert_eq!(
+            fix(r#"["\ud800\ud800\udc00", "\ud800x"]"#).as_deref(),
+            Some(r#"["\ufffd\ud800\udc00", "\ufffdx"]"#)
+        );
+        // An escaped backslash followed by `ud800` is text, not an escape.
+        assert_eq!(fix(r#""\\ud800""#), None);
+        for t in [r#""\udbff""#, r#"{"k":["\udc00\ud83d"]}"#] {
+            let fixed = fix(t).unwrap();
+            assert!(serde_json::from_str::<Value>(t).is_err(), "{t}");
+            assert!(serde_json::from_str::<Value>(&fixed).is_ok(), "{fixed}");
+        }
     }
 }

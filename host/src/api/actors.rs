@@ -680,9 +680,13 @@ pub(super) async fn eval(
         return Err(ApiError::bad_request("invalid_body", "the script is empty"));
     }
     let out = s.node.eval(&key, code).await?;
+    // The script's result is JSON text from `JSON.stringify`, which may
+    // escape lone surrogates: U+FFFD instead, as for events.
     let result = match &out.result {
         Some(text) => {
-            serde_json::from_str::<serde_json::Value>(text).unwrap_or(serde_json::Value::Null)
+            let fixed = crate::json::without_lone_surrogates(text);
+            serde_json::from_str::<serde_json::Value>(fixed.as_deref().unwrap_or(text))
+                .unwrap_or(serde_json::Value::Null)
         }
         None => serde_json::Value::Null,
     };

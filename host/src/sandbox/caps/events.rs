@@ -57,6 +57,12 @@ impl EventsCtx {
         if serde_json::from_slice::<serde::de::IgnoredAny>(&data).is_err() {
             return Err(Refusal::Invalid("event data must be JSON".into()));
         }
+        // Clients, streams and webhooks read it as UTF-8 JSON, which has no
+        // place for a JavaScript string's lone surrogates: U+FFFD instead.
+        let data = std::str::from_utf8(&data)
+            .ok()
+            .and_then(crate::json::without_lone_surrogates)
+            .map_or(data, String::into_bytes);
         let seq = self.next_seq;
         self.next_seq += 1;
         self.events.push((kind, data));
