@@ -376,3 +376,38 @@ async fn endless_timer_delays_wait_for_the_time_limit() {
         );
     }
 }
+
+/// A guest's error message is cut at 16 KiB: it goes to the client, the
+/// log and a `turn_failed` event, and a 5 MB `Error` message was all three
+/// in full, past every limit on events and output.
+#[tokio::test]
+async fn huge_error_messages_are_cut() {
+    let (_dir, m, api) = node(None).await;
+    let js = r#"
+export default {
+  onMessage() { throw new Error("m".repeat(5 << 20)); },
+};
+"#;
+    assert_eq!(api.deploy_js("loud", js).await.status, 201);
+    let r = api.post_json("/v1/actors/loud/a", &json!({})).await;
+    assert_eq!(r.status, 500, "{}", r.json);
+    assert!(r.body.len() < 20 << 10, "a {} byte reply", r.body.len());
+    let msg = r.json["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("more bytes of the message cut"), "{msg:.200}");
+    let r = api
+        .post_json("/v1/actors/loud/q?wait=false", &json!({}))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    let failed = api
+        .wait_info("loud", "q", "the queued turn's failure", |i| {
+            i["last_event_seq"].as_u64().unwrap_or(0) >= 1
+        })
+        .await;
+    assert!(failed["last_event_seq"] == 1, "{failed}");
+    let ev = api.get("/v1/actors/loud/q/events").await;
+    assert!(ev.body.len() < 20 << 10, "a {} byte event", ev.body.len());
+    assert_eq!(ev.json["events"][0]["kind"], "turn_failed", "{:.300}", ev.json);
+    let r = eval(&api, "loud", "a", "throw new Error('e'.repeat(5 << 20))").await;
+    assert!(r.body.len() < 20 << 10, "a {} byte eval reply", r.body.len());
+    assert!(m.log_text().len() < 4 << 20, "the log holds the messages");
+}

@@ -498,8 +498,12 @@ impl Instance {
         }
         let stderr_tail = forward_output(&key, version, store.data());
         let result = match result {
+            Ok(Ok(Ok(TurnOutput::Eval(mut reply)))) => {
+                reply.error = reply.error.map(bounded_error);
+                Ok(TurnOutput::Eval(reply))
+            }
             Ok(Ok(Ok(out))) => Ok(out),
-            Ok(Ok(Err(msg))) => Err(TurnFailure::Guest(msg)),
+            Ok(Ok(Err(msg))) => Err(TurnFailure::Guest(bounded_error(msg))),
             Ok(Err(trap)) => Err(if let Some(e) = trap.downcast_ref::<MemoryExhausted>() {
                 TurnFailure::NodeMemory(e.to_string())
             } else if is_resource_exhaustion(&format!("{trap:#}")) {
@@ -518,6 +522,24 @@ impl Instance {
         };
         (turn, result, cpu)
     }
+}
+
+/// The most of a guest's error message the host keeps. A message goes to
+/// the client, the log and a `turn_failed` or `alarm_failed` event, none of
+/// which it may flood: a 5 MB `Error` message was all three.
+const MAX_ERROR_BYTES: usize = 16 << 10;
+
+/// `message`, cut at [`MAX_ERROR_BYTES`] (on a character boundary) with a
+/// note of how much was cut.
+fn bounded_error(mut message: String) -> String {
+    if message.len() <= MAX_ERROR_BYTES {
+        return message;
+    }
+    let cut = message.floor_char_boundary(MAX_ERROR_BYTES);
+    let dropped = message.len() - cut;
+    message.truncate(cut);
+    message.push_str(&format!("… ({dropped} more bytes of the message cut)"));
+    message
 }
 
 /// Call the handler `input` asks for.
