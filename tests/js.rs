@@ -899,3 +899,29 @@ export default {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(m.log_text().contains("lonely \u{fffd} line"));
 }
+
+/// A thrown value that is not an `Error` reaches the caller as what it
+/// was, not only its type ("Uncaught int", "Uncaught object").
+#[tokio::test]
+async fn thrown_values_that_are_not_errors_are_shown() {
+    let (_dir, _m, api) = node(None).await;
+    api.deploy_js("jscount", COUNTER_JS).await;
+    for (script, shown) in [
+        ("throw 42", "Uncaught 42"),
+        (
+            "throw { message: 'custom', code: 7 }",
+            r#"Uncaught {"message":"custom","code":7}"#,
+        ),
+        ("throw Symbol('why')", "Uncaught Symbol(why)"),
+        ("throw null", "Uncaught null"),
+        ("throw undefined", "Uncaught undefined"),
+        ("throw () => 1", "Uncaught a thrown function"),
+        (
+            "throw { get x() { throw new Error('no') } }",
+            "Uncaught a thrown object that cannot be shown",
+        ),
+    ] {
+        let r = eval(&api, "jscount", "a", script).await;
+        assert_eq!(r.json["error"], shown, "{script}: {}", r.json);
+    }
+}

@@ -406,8 +406,16 @@ export default {
     assert!(failed["last_event_seq"] == 1, "{failed}");
     let ev = api.get("/v1/actors/loud/q/events").await;
     assert!(ev.body.len() < 20 << 10, "a {} byte event", ev.body.len());
-    assert_eq!(ev.json["events"][0]["kind"], "turn_failed", "{:.300}", ev.json);
+    assert_eq!(
+        ev.json["events"][0]["kind"], "turn_failed",
+        "{:.300}",
+        ev.json
+    );
     let r = eval(&api, "loud", "a", "throw new Error('e'.repeat(5 << 20))").await;
-    assert!(r.body.len() < 20 << 10, "a {} byte eval reply", r.body.len());
+    assert!(
+        r.body.len() < 20 << 10,
+        "a {} byte eval reply",
+        r.body.len()
+    );
     assert!(m.log_text().len() < 4 << 20, "the log holds the messages");
 }

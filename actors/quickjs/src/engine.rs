@@ -684,8 +684,33 @@ fn describe_value(v: &Value<'_>) -> String {
             format!("{head}\n{}", stack.trim_end())
         };
     }
+    format!("Uncaught {}", thrown(v))
+}
+
+/// What a thrown value that is not an `Error` was, as the client reads it:
+/// `throw 42` is "42", `throw {code: 7}` is `{"code":7}` (it used to be
+/// only "int" or "object").
+fn thrown(v: &Value<'_>) -> String {
     if let Some(s) = v.as_string() {
-        return format!("Uncaught {}", s.to_string().unwrap_or_default());
+        return s.to_string().unwrap_or_default();
     }
-    format!("Uncaught {}", v.type_name())
+    if v.is_undefined() {
+        return "undefined".into();
+    }
+    if let Some(s) = v.as_symbol() {
+        return match s.description() {
+            Ok(d) if !d.is_undefined() => format!("Symbol({})", thrown(&d)),
+            _ => "Symbol()".into(),
+        };
+    }
+    let ctx = v.ctx();
+    match ctx.json_stringify(v.clone()) {
+        Ok(Some(text)) => text.to_string().unwrap_or_default(),
+        Ok(None) => format!("a thrown {}", v.type_name()),
+        Err(_) => {
+            // A getter or `toJSON` threw while it was shown.
+            let _ = ctx.catch();
+            format!("a thrown {} that cannot be shown", v.type_name())
+        }
+    }
 }
