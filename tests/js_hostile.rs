@@ -419,3 +419,75 @@ export default {
     );
     assert!(m.log_text().len() < 4 << 20, "the log holds the messages");
 }
+
+/// Deep recursion is QuickJS's own stack overflow, a `RangeError` the code
+/// may catch, for every shape tried: calls, the parser, `JSON.parse`,
+/// `JSON.stringify`, `toString`. It was a trap at ~660 calls, which failed
+/// the turn whatever the code did: QuickJS's limit is off on WASI
+/// upstream, and the wasm stack (512 KiB) ran out first.
+#[tokio::test]
+async fn deep_recursion_is_a_catchable_error() {
+    let (_dir, _m, api) = node(None).await;
+    let js = r#"
+function f(n) { return n === 0 ? 0 : 1 + f(n - 1); }
+function g(n, a, b, c, d, e) { return n === 0 ? 0 : 1 + g(n - 1, a, b, c, d, e); }
+const shapes = {
+  f: (n) => f(n),
+  g: (n) => g(n, 1, 2, 3, 4, 5),
+  parse: (n) => JSON.parse("[".repeat(n) + "]".repeat(n)).length,
+  parser: (n) => eval("(".repeat(n) + "1" + ")".repeat(n)),
+  stringify: (n) => {
+    const root = {};
+    let o = root;
+    for (let i = 0; i < n; i++) o = o.a = {};
+    return JSON.stringify(root).length > 0 ? 1 : 0;
+  },
+  tostring: (n) => {
+    const o = { toString: () => (n-- > 0 ? String(o) : "x") };
+    return String(o).length;
+  },
+};
+export default {
+  onMessage({ n }) {
+    const out = {};
+    for (const [name, run] of Object.entries(shapes)) {
+      try {
+        out[name] = run(n) > 0 ? "ran" : "?";
+      } catch (e) {
+        out[name] = `caught ${e.name}`;
+      }
+    }
+    return out;
+  },
+};
+"#;
+    assert_eq!(api.deploy_js("deep", js).await.status, 201);
+    let r = api.post_json("/v1/actors/deep/a", &json!({"n": 200})).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    for (k, v) in r.json.as_object().unwrap() {
+        assert_eq!(v, "ran", "{k}: {}", r.json);
+    }
+    for n in [1_000, 20_000, 100_000] {
+        let r = api.post_json("/v1/actors/deep/a", &json!({"n": n})).await;
+        assert_eq!(r.status, 200, "{n}: {}", r.json);
+        for k in ["f", "g", "parse", "parser", "stringify", "tostring"] {
+            let v = r.json[k].as_str().unwrap_or_default();
+            assert!(
+                v == "ran" || v == "caught RangeError",
+                "{n} {k}: {}",
+                r.json
+            );
+        }
+        if n == 100_000 {
+            assert!(
+                r.json
+                    .as_object()
+                    .unwrap()
+                    .values()
+                    .all(|v| v == "caught RangeError"),
+                "{}",
+                r.json
+            );
+        }
+    }
+}

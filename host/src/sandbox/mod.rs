@@ -260,7 +260,15 @@ impl EngineParts {
             .memory_reservation(config.max_memory_bytes)
             .memory_reservation_for_growth(0)
             .memory_guard_size(64 << 10)
-            .max_wasm_stack(512 << 10)
+            // QuickJS's own stack limit (256 KiB of the guest's shadow
+            // stack, `MAX_JS_STACK` in actors/quickjs) must be reached
+            // before the wasm stack runs out, for every shape of recursion:
+            // then deep recursion is a RangeError the code may catch, not a
+            // trap. The parser takes the most wasm stack for the least
+            // shadow stack, ~1.8 KB against ~160 bytes a nesting level, so
+            // it reaches the limit ~1,600 levels down having used ~3 MB
+            // (docs/design.md, "Deep recursion"). The rest is the host's.
+            .max_wasm_stack(stack::ASYNC_STACK_SIZE - (512 << 10))
             .async_stack_size(stack::ASYNC_STACK_SIZE)
             // A stack goes back to the pool decommitted (zeroed by the
             // kernel): a hibernated actor keeps no stack pages resident,

@@ -27,8 +27,11 @@
 
 use super::trim::page_size;
 
-/// The size of every fiber stack in the engine's pool.
-pub const ASYNC_STACK_SIZE: usize = 1 << 20;
+/// The size of every fiber stack in the engine's pool: address space, of
+/// which only the pages a call touched are ever resident, and the pool
+/// decommits those when it gets the stack back. Deep JavaScript needs
+/// more than 1 MiB (see `max_wasm_stack`).
+pub const ASYNC_STACK_SIZE: usize = 8 << 20;
 
 /// The bytes of the pooled stack of `len` bytes (rounded up to pages) that
 /// `point` lies on, as (start, length); `None` if the memory around

@@ -3165,7 +3165,7 @@ JSRuntime *JS_GetRuntime(JSContext *ctx)
 
 static void update_stack_limit(JSRuntime *rt)
 {
-#if defined(__wasi__)
+#if 0 /* Marmot: the limit holds on WASI too (MARMOT.md, "Stack limit") */
     rt->stack_limit = 0; /* no limit */
 #else
     if (rt->stack_size == 0) {
