@@ -177,6 +177,12 @@ async fn javascript_errors_are_clear_and_commit_nothing() {
             "throw new TypeError('no config'); export default { onMessage() {} };",
             "TypeError: no config",
         ),
+        // It read as a module that used timers, deployed, and every turn
+        // then failed.
+        (
+            "await new Promise(() => {}); export default { onMessage() { return 1; } };",
+            "the module's top level never settles",
+        ),
     ] {
         let r = api.deploy_js("empty", source).await;
         assert_eq!(r.status, 400, "{source}: {}", r.json);

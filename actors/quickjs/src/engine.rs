@@ -264,7 +264,7 @@ impl Engine {
         let (module, promise) = Module::declare(ctx.clone(), name.as_str(), source)
             .and_then(|m| m.eval())
             .map_err(|e| describe_error(ctx, e))?;
-        settle(ctx, promise.into_value())?;
+        settle(ctx, promise.into_value(), "the module's top level")?;
         let ns = module.namespace().map_err(|e| describe_error(ctx, e))?;
         let default: Value<'js> = ns.get("default").map_err(|e| describe_error(ctx, e))?;
         let Some(obj) = default.as_object().cloned() else {
@@ -300,7 +300,7 @@ impl Engine {
         let result = f
             .call::<_, Value<'js>>((This(handlers), arg, jsctx))
             .map_err(|e| describe_error(ctx, e));
-        let settled = result.and_then(|v| settle(ctx, v));
+        let settled = result.and_then(|v| settle(ctx, v, "the handler's promise"));
         if host_api::take_timers_touched() {
             self.clear_timers(ctx);
         }
@@ -432,12 +432,12 @@ impl Engine {
                 .eval_with_options::<Value<'_>, _>(code, opts)
                 .map_err(|e| describe_error(&ctx, e))?;
             // With top-level await the script's value arrives as `{ value }`.
-            let wrapped = settle(&ctx, v)?;
+            let wrapped = settle(&ctx, v, "the script")?;
             let value: Value<'_> = match wrapped.as_object() {
                 Some(o) => o.get("value").map_err(|e| describe_error(&ctx, e))?,
                 None => wrapped,
             };
-            let value = settle(&ctx, value)?;
+            let value = settle(&ctx, value, "the script's result")?;
             self.clear_timers(&ctx);
             if value.is_undefined() {
                 return Ok(None);
@@ -591,7 +591,7 @@ fn json_text<'js>(ctx: &Ctx<'js>, v: Value<'js>, what: &str) -> Result<String, S
 
 /// Drive the job queue (and timers) until `v` — if it is a promise —
 /// settles; its value, or its rejection as an error.
-fn settle<'js>(ctx: &Ctx<'js>, v: Value<'js>) -> Result<Value<'js>, String> {
+fn settle<'js>(ctx: &Ctx<'js>, v: Value<'js>, what: &str) -> Result<Value<'js>, String> {
     let Some(p) = v.as_promise().cloned() else {
         return Ok(v);
     };
@@ -613,11 +613,10 @@ fn settle<'js>(ctx: &Ctx<'js>, v: Value<'js>) -> Result<Value<'js>, String> {
             PromiseState::Pending => {
                 let next = timer_delay(ctx)?;
                 if next < 0.0 {
-                    return Err(
-                        "the handler's promise never settles: it waits for something \
-                                that cannot happen within the turn"
-                            .to_owned(),
-                    );
+                    return Err(format!(
+                        "{what} never settles: it waits for something that cannot \
+                         happen within the turn"
+                    ));
                 }
                 if next > 0.0 {
                     std::thread::sleep(

@@ -194,6 +194,9 @@
       // Milliseconds until the earliest timer is due, or -1 if none.
       next() {
         let best = -1;
+        // No timer, no clock: a module whose top level waits on nothing
+        // must not read as one that used timers.
+        if (timers.size === 0) return best;
         const now = host.now();
         for (const t of timers.values()) {
           const d = Math.max(0, t.due - now);
