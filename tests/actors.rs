@@ -261,6 +261,17 @@ async fn javascript_actors_call_and_send() {
     wait_value(&api, "b", "sent", json!(1)).await;
 }
 
+/// Delete the actor at `path`, which must answer 200 within 10 s.
+async fn delete_at_once(api: &Api, path: &str) {
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        api.req(Method::DELETE, path, None, &[]),
+    )
+    .await
+    .expect("the delete waited behind the inbox");
+    assert_eq!(r.status, 200, "{path}: {}", r.json);
+}
+
 /// An actor whose turns keep queueing messages for itself (two per turn,
 /// so its inbox only grows) can still be deleted, at once, and stays
 /// deleted. It could not: every queued row poked its mailbox until it was
@@ -287,13 +298,7 @@ export default {
         i["turns"].as_u64().unwrap_or(0) > 300
     })
     .await;
-    let r = tokio::time::timeout(
-        Duration::from_secs(10),
-        api.req(Method::DELETE, "/v1/actors/runaway/r", None, &[]),
-    )
-    .await
-    .expect("the delete waited behind the inbox");
-    assert_eq!(r.status, 200, "{}", r.json);
+    delete_at_once(&api, "/v1/actors/runaway/r").await;
     // Its queued messages went with it: nothing brings it back.
     for _ in 0..5 {
         assert_eq!(api.get("/v1/actors/runaway/r").await.status, 404);
@@ -315,13 +320,7 @@ export default {
             .await;
         assert_eq!(r.status, 202, "{}", r.json);
     }
-    let r = tokio::time::timeout(
-        Duration::from_secs(10),
-        api.req(Method::DELETE, "/v1/actors/slow/s", None, &[]),
-    )
-    .await
-    .expect("the delete waited behind the inbox");
-    assert_eq!(r.status, 200, "{}", r.json);
+    delete_at_once(&api, "/v1/actors/slow/s").await;
     assert_eq!(api.get("/v1/actors/slow/s").await.status, 404);
 }
 

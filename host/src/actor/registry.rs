@@ -223,28 +223,40 @@ impl Registry {
         Ok(())
     }
 
-    /// Ask the actor to delete itself. An awake one does so ahead of
-    /// whatever its mailbox and inbox hold, however full; a hibernated
-    /// one is woken with the delete as its first envelope.
+    /// Ask the actor to delete itself, ahead of whatever its mailbox and
+    /// inbox hold, however full. A hibernated one is woken first: it looks
+    /// at its inbox as it wakes, and stops between rows for the delete.
     pub(crate) fn delete(
         &self,
         env: &Arc<ActorEnv>,
         key: &ActorKey,
         reply: DeleteReply,
     ) -> Result<(), TurnError> {
-        {
-            let shard = self.shard(key);
-            if let Some(h) = shard.get(key)
-                && !h.tx.is_closed()
-            {
+        let Err(reply) = self.ask_delete(key, reply) else {
+            return Ok(());
+        };
+        self.deliver(env, key, Envelope::InboxPoke)?;
+        match self.ask_delete(key, reply) {
+            Ok(()) => Ok(()),
+            // Gone again at once (its type was deleted): as a message.
+            Err(reply) => self.deliver(env, key, Envelope::Delete(reply)),
+        }
+    }
+
+    /// Hand `reply` to the live activation of `key`, or back if there is
+    /// none.
+    fn ask_delete(&self, key: &ActorKey, reply: DeleteReply) -> Result<(), DeleteReply> {
+        let shard = self.shard(key);
+        match shard.get(key) {
+            Some(h) if !h.tx.is_closed() => {
                 // Under the shard's lock: `try_leave` looks under it too, so
                 // the task cannot leave with the delete unanswered.
                 h.shared.deletes.lock().expect("deletes lock").push(reply);
                 h.shared.urgent.notify_one();
-                return Ok(());
+                Ok(())
             }
+            _ => Err(reply),
         }
-        self.deliver(env, key, Envelope::Delete(reply))
     }
 
     /// Tell the actor its inbox has new rows, waking it if needed.

@@ -209,7 +209,6 @@ impl ActorTask {
         }
     }
 
-    /// Delete the actor's durable data; the task stays up as a fresh actor.
     /// Answer the deletes asked ahead of the mailbox: one delete for all
     /// of them (the first hears whether the actor existed; any others,
     /// asked meanwhile, that it is gone).
@@ -228,6 +227,7 @@ impl ActorTask {
         }
     }
 
+    /// Delete the actor's durable data; the task stays up as a fresh actor.
     pub(super) async fn delete(&mut self) -> Result<bool, TurnError> {
         self.shared
             .tracker
