@@ -162,6 +162,17 @@ async fn javascript_errors_are_clear_and_commit_nothing() {
         );
     }
     assert_eq!(api.get("/v1/actors/jscount/never").await.status, 404);
+    // What another node passes on for a turn is taken as a turn on this
+    // node would send it: queued, and the turn reads it.
+    let r = api
+        .req(
+            Method::POST,
+            "/v1/actors/jscount/relayed?wait=false",
+            Some(("application/json", b"{bad json".to_vec())),
+            &[("x-marmot-from-actor", "1")],
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.json);
 
     // A module no turn could run is refused at deploy, saying why, and
     // nothing is deployed: no default export, one that is not an object,

@@ -290,6 +290,22 @@ pub fn decode_chain(value: &str) -> Option<Vec<ActorKey>> {
 mod tests {
     use super::*;
 
+    /// Messages a node passes on for a turn say so: the API skips the
+    /// checks it makes of a client's body for them (a relayed send it
+    /// refused would be retried for ever).
+    #[test]
+    fn messages_passed_on_for_a_turn_say_they_come_from_an_actor() {
+        let peers = Peers::new(Some("token".into()));
+        let key = ActorKey::new("kit", "a").unwrap();
+        for query in ["", "?wait=false"] {
+            let req = peers
+                .post("http://127.0.0.1:1", &key, query)
+                .build()
+                .unwrap();
+            assert_eq!(req.headers()[FROM_ACTOR], "1");
+        }
+    }
+
     #[test]
     fn a_call_chain_survives_its_header() {
         let chain = vec![
