@@ -884,16 +884,19 @@ export default {
 async fn lone_surrogates_leave_the_sandbox_as_replacement_characters() {
     let (_dir, m, api) = node(None).await;
     let js = r#"
-import { events } from "marmot";
+import { events, files } from "marmot";
 export default {
   onMessage() {
     events.emit("mixed", { ok: "fine", bad: "a\uDBFFb", pair: "\uD83D\uDE00" });
+    files.write("notes/a\uD800.txt", "x\uDC00");
     console.log("lonely \uD800 line");
     return {
       encoded: Array.from(new TextEncoder().encode("x\uDC00")),
       bom: new TextDecoder().decode(new Uint8Array([0xef, 0xbb, 0xbf, 0x41])),
       kept: new TextDecoder("utf-8", { ignoreBOM: true })
         .decode(new Uint8Array([0xef, 0xbb, 0xbf, 0x41])).length,
+      // The same name finds the same file.
+      file: files.read("notes/a\uD800.txt"),
     };
   },
 };
@@ -903,7 +906,8 @@ export default {
     assert_eq!(r.status, 200, "{}", r.json);
     assert_eq!(
         r.json,
-        json!({"encoded": [0x78, 0xef, 0xbf, 0xbd], "bom": "A", "kept": 2})
+        json!({"encoded": [0x78, 0xef, 0xbf, 0xbd], "bom": "A", "kept": 2,
+               "file": "x\u{fffd}"})
     );
     let ev = api.get("/v1/actors/lone/a/events").await.json;
     assert_eq!(

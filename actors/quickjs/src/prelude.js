@@ -132,10 +132,10 @@
   });
 
   const files = freeze({
-    read: (path) => host.filesRead(StringCtor(path)),
+    read: (path) => host.filesRead(text(path)),
     write: (path, data) => host.filesWrite(text(path), typeof data === "string" ? text(data) : toJson(data, "files.write")),
-    list: (prefix = "") => parse(host.filesList(StringCtor(prefix))),
-    delete: (path) => host.filesDelete(StringCtor(path)),
+    list: (prefix = "") => parse(host.filesList(text(prefix))),
+    delete: (path) => host.filesDelete(text(path)),
   });
 
   // model.chat: the normalized chat shape (docs/models.md), any provider.
