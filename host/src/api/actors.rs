@@ -184,7 +184,7 @@ fn agent_request(body: &[u8]) -> Result<AgentRequest, ApiError> {
 /// like the guest, it passes over what a string holds (bytes that are not
 /// UTF-8 there become U+FFFD in the guest, lone surrogates stay).
 fn declared_json_parses(content_type: Option<&str>, body: &[u8]) -> Result<(), ApiError> {
-    let Some(ct) = content_type.filter(|c| c.to_ascii_lowercase().contains("json")) else {
+    let Some(ct) = content_type.filter(|c| declares_json(c)) else {
         return Ok(());
     };
     if body.iter().all(u8::is_ascii_whitespace) {
@@ -198,6 +198,13 @@ fn declared_json_parses(content_type: Option<&str>, body: &[u8]) -> Result<(), A
                 format!("the body is declared JSON (`{ct}`) but is not: {e}"),
             )
         })
+}
+
+/// Whether a content type says JSON: any that names it (`application/json`,
+/// `application/ld+json`, `text/json; charset=utf-8`), as the JavaScript
+/// runtime reads a message's.
+fn declares_json(content_type: &str) -> bool {
+    content_type.to_ascii_lowercase().contains("json")
 }
 
 /// An agent's input: queued durably (the message id is the run id); with
@@ -665,7 +672,7 @@ pub(super) async fn eval(
     let is_json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|c| c.to_ascii_lowercase().contains("json"));
+        .is_some_and(declares_json);
     let code = if is_json {
         json_object::<EvalBody>(&body)
             .map_err(|e| {

@@ -154,9 +154,7 @@ impl Host {
             .as_mut()
             .ok_or_else(|| wasmtime::Error::new(LimitTrap::NoTurn))
     }
-}
 
-impl Host {
     /// A host call (or the wait for one) ends a stretch of guest CPU: the
     /// meter starts again, unless the slice is the whole run's.
     pub(super) fn host_call_ends_stretch(&mut self) {
