@@ -917,6 +917,33 @@ export default {
     );
     let r = eval(&api, "lone", "a", "['ok', 'a\\uD800b']").await;
     assert_eq!(r.json["result"], json!(["ok", "a\u{fffd}b"]), "{}", r.json);
+
+    // A string reply, and an error's name, message and stack, are text too:
+    // the first failed the turn, the second lost its message.
+    let js = r#"
+export default {
+  onMessage({ op }) {
+    if (op === "text") return "x\uDC00y";
+    const e = new Error("bad \uD800 news");
+    e.name = "Odd\uDFFFError";
+    throw e;
+  },
+};
+"#;
+    assert_eq!(api.deploy_js("lonetext", js).await.status, 201);
+    let r = api.op("lonetext", "a", json!({"op": "text"})).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.body, "x\u{fffd}y".as_bytes());
+    let r = api.op("lonetext", "a", json!({"op": "throw"})).await;
+    assert_eq!(r.code(), "actor_error", "{}", r.json);
+    let message = r.json["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("Odd\u{fffd}Error: bad \u{fffd} news"),
+        "{message}"
+    );
+    let r = eval(&api, "lone", "a", "throw new Error('e\\uDBFF')").await;
+    let error = r.json["error"].as_str().unwrap_or_default();
+    assert!(error.starts_with("Error: e\u{fffd}"), "{}", r.json);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(m.log_text().contains("lonely \u{fffd} line"));
 }

@@ -8,7 +8,7 @@ use rquickjs::context::EvalOptions;
 use rquickjs::function::This;
 use rquickjs::loader::{BuiltinLoader, BuiltinResolver};
 use rquickjs::promise::PromiseState;
-use rquickjs::{Context, Ctx, Function, Module, Object, Persistent, Runtime, Value};
+use rquickjs::{Coerced, Context, Ctx, Function, Module, Object, Persistent, Runtime, Value};
 
 use crate::bindings::PreloadFailure;
 use crate::bindings::exports::marmot::actor::js_runtime::EvalOutcome;
@@ -541,7 +541,7 @@ fn text_value<'js>(ctx: &Ctx<'js>, text: String) -> Result<Value<'js>, String> {
 /// Strings reply as text; everything else as JSON.
 fn reply<'js>(ctx: &Ctx<'js>, v: Value<'js>) -> Result<Reply, String> {
     if let Some(s) = v.as_string() {
-        let s = s.to_string().map_err(|e| describe_error(ctx, e))?;
+        let s = well_formed(s).map_err(|e| describe_error(ctx, e))?;
         if s.len() > MAX_RESULT_BYTES {
             return Err(format!(
                 "the reply exceeds the limit of {MAX_RESULT_BYTES} bytes"
@@ -665,13 +665,17 @@ pub fn describe_error(ctx: &Ctx<'_>, e: rquickjs::Error) -> String {
 
 fn describe_value(v: &Value<'_>) -> String {
     if let Some(ex) = v.as_exception() {
-        let name: String = ex
-            .get::<_, Option<String>>("name")
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| "Error".into());
-        let message = ex.message().unwrap_or_default();
-        let stack = ex.stack().unwrap_or_default();
+        // Each as text that may hold lone surrogates (see `well_formed`);
+        // a property that cannot be read or shown is left out.
+        let text = |key: &str| {
+            ex.get::<_, Option<Coerced<rquickjs::String<'_>>>>(key)
+                .ok()
+                .flatten()
+                .and_then(|s| well_formed(&s.0).ok())
+        };
+        let name = text("name").unwrap_or_else(|| "Error".into());
+        let message = text("message").unwrap_or_default();
+        let stack = text("stack").unwrap_or_default();
         let head = if message.is_empty() {
             name
         } else {
@@ -691,7 +695,7 @@ fn describe_value(v: &Value<'_>) -> String {
 /// only "int" or "object").
 fn thrown(v: &Value<'_>) -> String {
     if let Some(s) = v.as_string() {
-        return s.to_string().unwrap_or_default();
+        return well_formed(s).unwrap_or_default();
     }
     if v.is_undefined() {
         return "undefined".into();
@@ -704,7 +708,7 @@ fn thrown(v: &Value<'_>) -> String {
     }
     let ctx = v.ctx();
     match ctx.json_stringify(v.clone()) {
-        Ok(Some(text)) => text.to_string().unwrap_or_default(),
+        Ok(Some(text)) => well_formed(&text).unwrap_or_default(),
         Ok(None) => format!("a thrown {}", v.type_name()),
         Err(_) => {
             // A getter or `toJSON` threw while it was shown.
@@ -712,4 +716,38 @@ fn thrown(v: &Value<'_>) -> String {
             format!("a thrown {} that cannot be shown", v.type_name())
         }
     }
+}
+
+/// A JavaScript string as Rust text. JavaScript strings may hold lone
+/// surrogates, which UTF-8 cannot; QuickJS hands those out as three-byte
+/// WTF-8 sequences (`ED A0..BF ..`), which `rquickjs::String::to_string`
+/// refuses, so a string reply or an error message holding one used to fail
+/// or vanish. Each lone surrogate becomes U+FFFD, as
+/// `String.prototype.toWellFormed` (and the prelude's `text`) does.
+fn well_formed(s: &rquickjs::String<'_>) -> rquickjs::Result<String> {
+    let c = rquickjs::CString::from_string(s.clone())?;
+    #[allow(
+        unsafe_code,
+        reason = "reading the bytes of a C string QuickJS keeps alive while `c` lives"
+    )]
+    // SAFETY: `as_ptr` points at `len` bytes QuickJS owns until `c` drops.
+    let bytes = unsafe { std::slice::from_raw_parts(c.as_ptr().cast::<u8>(), c.len()) };
+    if let Ok(text) = std::str::from_utf8(bytes) {
+        return Ok(text.to_owned());
+    }
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut rest = bytes;
+    while let Some((&first, tail)) = rest.split_first() {
+        // A surrogate, high or low, encoded on its own: ED A0..BF 80..BF.
+        if let [0xED, 0xA0..=0xBF, 0x80..=0xBF, ..] = rest {
+            out.extend_from_slice("\u{FFFD}".as_bytes());
+            rest = &rest[3..];
+        } else {
+            out.push(first);
+            rest = tail;
+        }
+    }
+    // Anything else QuickJS might hand out that is still not UTF-8.
+    Ok(String::from_utf8(out)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
 }
