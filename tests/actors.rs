@@ -368,3 +368,206 @@ async fn random_host_calls_through_the_raw_wit_bindings_get_answers_never_panics
     assert_eq!(r.status, 200, "{}", r.json);
     assert!(!m.log_text().contains("panicked"), "the node panicked");
 }
+
+/// PRODUCT.md §7's per-type rate limit (`config.rate_limit_per_s`): one
+/// bucket per type on a node, spent by client messages (429
+/// `rate_limited` with `Retry-After`), verified webhooks (429, so the
+/// sender retries) and other actors' `actors.send` (refused in the turn
+/// with `limit-exceeded`, never queued). What is refused changes nothing.
+/// A turn that sends to itself can then no longer grow its inbox without
+/// bound. The counts allow for the bucket refilling (one a second) while
+/// the test runs.
+#[tokio::test]
+async fn a_types_rate_limit_holds_for_clients_webhooks_and_other_actors() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    let counter = r#"
+import { state } from "marmot";
+export default {
+  onMessage() { state.set("n", (state.get("n") ?? 0) + 1); return state.get("n"); },
+  onWebhook() { state.set("n", (state.get("n") ?? 0) + 1); },
+};
+"#;
+    let secret = marmot::webhooks::new_secret();
+    let deploy = |ty: &'static str, config: Value| {
+        let api = &api;
+        async move {
+            let manifest = json!({"kind": "js", "code": counter, "config": config});
+            api.deploy_manifest(ty, &manifest).await
+        }
+    };
+    // Bad limits are refused, and deploy nothing.
+    for (config, says) in [
+        (json!({"rate_limit_per_s": 0}), "rate_limit_per_s"),
+        (
+            json!({"rate_limit_burst": 5}),
+            "needs a config.rate_limit_per_s",
+        ),
+        (
+            json!({"rate_limit_per_s": 5, "rate_limit_burst": 0}),
+            "rate_limit_burst",
+        ),
+    ] {
+        let r = deploy("limited", config).await;
+        assert_eq!(r.status, 400, "{}", r.json);
+        assert_eq!(r.code(), "invalid_config");
+        assert!(r.json["error"]["message"].as_str().unwrap().contains(says));
+    }
+    assert_eq!(api.get("/v1/types/limited").await.status, 404);
+    let limits = json!({"rate_limit_per_s": 1, "rate_limit_burst": 3});
+    let r = deploy("limited", limits.clone()).await;
+    assert_eq!(r.status, 201, "{}", r.json);
+
+    // Clients: a burst of 3, then 429; one bucket for every actor of the type.
+    let started = Instant::now();
+    let (mut taken, mut refused) = (0, 0);
+    for i in 0..10 {
+        let r = api
+            .post_json(&format!("/v1/actors/limited/c{}", i % 2), &json!({}))
+            .await;
+        match r.status {
+            200 => taken += 1,
+            429 => {
+                refused += 1;
+                assert_eq!(r.code(), "rate_limited", "{}", r.json);
+                let wait: u64 = r.headers["retry-after"].to_str().unwrap().parse().unwrap();
+                assert!(wait >= 1);
+                assert!(
+                    r.json["error"]["message"]
+                        .as_str()
+                        .unwrap()
+                        .contains("rate_limit_per_s")
+                );
+            }
+            s => panic!("unexpected {s}: {}", r.json),
+        }
+    }
+    let refill = started.elapsed().as_secs() + 1;
+    assert!(
+        refused > 0 && (3..=3 + refill).contains(&taken),
+        "{taken} taken, {refused} refused"
+    );
+    let n = |id: &'static str| {
+        let api = &api;
+        async move {
+            api.get(&format!("/v1/actors/limited/{id}/state/n"))
+                .await
+                .json
+                .as_u64()
+                .unwrap_or(0)
+        }
+    };
+    assert_eq!(
+        n("c0").await + n("c1").await,
+        taken,
+        "a refused message ran"
+    );
+    let r = api
+        .post_json("/v1/actors/limited/c0?wait=false", &json!({}))
+        .await;
+    assert_eq!(r.status, 429, "queued past the limit: {}", r.json);
+
+    // Other actors: sends past the limit fail in the turn, which may catch
+    // them; those taken arrive.
+    let r = deploy("fresh", limits.clone()).await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let sender = r#"
+import { actors } from "marmot";
+export default {
+  onMessage() {
+    let sent = 0;
+    for (let i = 0; i < 10; i++) {
+      try { actors.send("fresh", "x", {}); sent++; } catch (e) { return { sent, error: String(e) }; }
+    }
+    return { sent, error: null };
+  },
+};
+"#;
+    assert_eq!(api.deploy_js("sender", sender).await.status, 201);
+    let started = Instant::now();
+    let r = api.post_json("/v1/actors/sender/s", &json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let sent = r.json["sent"].as_u64().unwrap();
+    let refill = started.elapsed().as_secs() + 1;
+    assert!((3..=3 + refill).contains(&sent), "{}", r.json);
+    let error = r.json["error"].as_str().unwrap();
+    assert!(error.contains("rate_limit_per_s"), "{error}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = api
+            .get("/v1/actors/fresh/x/state/n")
+            .await
+            .json
+            .as_u64()
+            .unwrap_or(0);
+        if got == sent {
+            break;
+        }
+        assert!(
+            got < sent && Instant::now() < deadline,
+            "{got} of {sent} sends arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Webhooks: counted once verified, so a forged one is still a 401.
+    let mut config = limits;
+    config["webhook_secret"] = json!(secret);
+    let r = deploy("hooked", config).await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let started = Instant::now();
+    let (mut taken, mut refused) = (0, 0);
+    for i in 0..10 {
+        let body = br#"{"n": 1}"#;
+        let headers = common::signed(&secret, &format!("msg_{i}"), common::now_s(), body);
+        let h: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let r = api
+            .req(
+                Method::POST,
+                "/v1/hooks/hooked/h/support",
+                Some(("application/json", body.to_vec())),
+                &h,
+            )
+            .await;
+        match r.status {
+            202 => taken += 1,
+            429 => {
+                refused += 1;
+                assert_eq!(r.code(), "rate_limited", "{}", r.json);
+                assert!(r.headers.contains_key("retry-after"));
+            }
+            s => panic!("unexpected {s}: {}", r.json),
+        }
+    }
+    let refill = started.elapsed().as_secs() + 1;
+    assert!(
+        refused > 0 && (3..=3 + refill).contains(&taken),
+        "{taken} taken, {refused} refused"
+    );
+    let now = common::now_s().to_string();
+    let forged = api
+        .req(
+            Method::POST,
+            "/v1/hooks/hooked/h/support",
+            Some(("application/json", b"{}".to_vec())),
+            &[
+                ("webhook-id", "msg_x"),
+                ("webhook-timestamp", &now),
+                ("webhook-signature", "v1,AAAA"),
+            ],
+        )
+        .await;
+    assert_eq!(forged.status, 401, "{}", forged.json);
+    assert_eq!(forged.code(), "invalid_signature");
+    let got = api
+        .get("/v1/actors/hooked/h/state/n")
+        .await
+        .json
+        .as_u64()
+        .unwrap_or(0);
+    assert_eq!(got, taken, "a refused webhook ran");
+}

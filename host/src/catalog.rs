@@ -1,16 +1,21 @@
-//! Deployed actor types and their versions, in memory.
+//! Deployed actor types and their versions, in memory, with each type's
+//! rate limit.
 //!
 //! The catalog mirrors the `types` table and keeps, per version, the compiled
 //! [`Prepared`] code (compiled or loaded from the on-disk cache on first use,
 //! once, however many actors wake at the same time).
 
 use std::collections::HashMap;
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use tokio::sync::OnceCell;
 
-use crate::config::{ResolvedTypeConfig, TypeDefaults};
+use crate::config::{ResolvedTypeConfig, TypeConfig, TypeDefaults};
 use crate::sandbox::{CodeError, HttpGrant, JsModule, Prepared, Sandbox};
 use crate::storage::schema::{CodeKind, TypeRecord, VersionRecord};
 use crate::storage::{Storage, StorageError};
@@ -38,6 +43,48 @@ pub struct TypeEntry {
     latest: AtomicU32,
     deleted: AtomicBool,
     prepared: Mutex<HashMap<u32, Arc<OnceCell<Arc<PreparedVersion>>>>>,
+    /// The current version's `rate_limit_per_s`, if it sets one.
+    rate: RwLock<Option<Arc<TypeRate>>>,
+}
+
+/// A type's rate limit on this node: GCRA over every message its actors
+/// take (see [`TypeConfig::rate_limit_per_s`]).
+pub struct TypeRate {
+    per_s: u32,
+    burst: u32,
+    limiter: DefaultDirectRateLimiter,
+}
+
+impl TypeRate {
+    /// The limit `config` sets, if any.
+    fn of(config: &TypeConfig) -> Option<Self> {
+        let per_s = NonZeroU32::new(config.rate_limit_per_s?)?;
+        let burst = config
+            .rate_limit_burst
+            .and_then(NonZeroU32::new)
+            .unwrap_or(per_s);
+        Some(Self {
+            per_s: per_s.get(),
+            burst: burst.get(),
+            limiter: RateLimiter::direct(Quota::per_second(per_s).allow_burst(burst)),
+        })
+    }
+}
+
+/// A message refused by its type's rate limit.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "actor type `{ty}` takes at most {per_s} messages per second on this node \
+     (config.rate_limit_per_s); retry in {} ms",
+    retry_after.as_millis()
+)]
+pub struct RateLimited {
+    /// The type.
+    pub ty: String,
+    /// Its rate.
+    pub per_s: u32,
+    /// How long until a message would be taken.
+    pub retry_after: Duration,
 }
 
 /// Why a version could not be loaded.
@@ -67,10 +114,25 @@ impl TypeEntry {
         Self {
             name: record.name.clone(),
             latest: AtomicU32::new(record.latest().version),
+            rate: RwLock::new(TypeRate::of(&record.latest().config).map(Arc::new)),
             record: RwLock::new(record),
             deleted: AtomicBool::new(false),
             prepared: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Count one message to the type's actors against its rate limit:
+    /// refused past it. Free when the type sets none.
+    pub fn admit(&self) -> Result<(), RateLimited> {
+        let rate = self.rate.read().expect("type rate lock");
+        let Some(rate) = rate.as_ref() else {
+            return Ok(());
+        };
+        rate.limiter.check().map_err(|not_until| RateLimited {
+            ty: self.name.clone(),
+            per_s: rate.per_s,
+            retry_after: not_until.wait_time_from(DefaultClock::default().now()),
+        })
     }
 
     /// The type's name.
@@ -187,6 +249,17 @@ impl TypeEntry {
             .lock()
             .expect("prepared lock")
             .insert(version, Arc::new(OnceCell::new_with(Some(prepared))));
+        // A deploy that keeps the limit keeps what its bucket has used.
+        let config = &record.latest().config;
+        let mut rate = self.rate.write().expect("type rate lock");
+        let same = |r: &TypeRate| {
+            Some(r.per_s) == config.rate_limit_per_s
+                && r.burst == config.rate_limit_burst.unwrap_or(r.per_s)
+        };
+        if !rate.as_deref().is_some_and(same) {
+            *rate = TypeRate::of(config).map(Arc::new);
+        }
+        drop(rate);
         *self.record.write().expect("type record lock") = record;
         self.latest.store(version, Ordering::Release);
     }

@@ -263,8 +263,14 @@ impl ActorCalls for ActorEnv {
         })
     }
 
-    fn type_exists(&self, ty: &str) -> bool {
-        self.catalog.get(ty).is_some()
+    fn admit(&self, ty: &str) -> Result<(), GuestError> {
+        let entry = self
+            .catalog
+            .get(ty)
+            .ok_or_else(|| GuestError::NotFound(format!("unknown actor type `{ty}`")))?;
+        entry
+            .admit()
+            .map_err(|e| GuestError::LimitExceeded(e.to_string()))
     }
 }
 

@@ -55,13 +55,13 @@ pub(super) async fn send(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let kind = s.node.catalog().get(key.ty()).map(|t| t.latest_kind());
+    let entry = s.node.catalog().get(key.ty());
+    let kind = entry.as_ref().map(|t| t.latest_kind());
     let from_actor = headers.contains_key(crate::cluster::FROM_ACTOR);
+    let mut agent_input = false;
     if kind == Some(CodeKind::Agent) {
         match agent_request(&body) {
-            Ok(AgentRequest::Input) => {
-                return run(&s, &key, body, idempotency_key, q.wait).await;
-            }
+            Ok(AgentRequest::Input) => agent_input = true,
             Ok(AgentRequest::Cancel) => {}
             // A run's own steps, passed on by another node.
             Err(_) if from_actor => {}
@@ -69,6 +69,15 @@ pub(super) async fn send(
         }
     } else if kind == Some(CodeKind::Js) && !from_actor {
         declared_json_parses(content_type.as_deref(), &body)?;
+    }
+    // A message another node passes on was counted by the sending turn.
+    if let Some(entry) = &entry
+        && !from_actor
+    {
+        entry.admit()?;
+    }
+    if agent_input {
+        return run(&s, &key, body, idempotency_key, q.wait).await;
     }
     if !q.wait {
         let outcome = s

@@ -79,6 +79,16 @@ impl From<TurnError> for ApiError {
     }
 }
 
+impl From<crate::catalog::RateLimited> for ApiError {
+    fn from(e: crate::catalog::RateLimited) -> Self {
+        let wait = e.retry_after;
+        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        let mut err = Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", e.to_string());
+        err.retry_after = Some(u32::try_from(secs.max(1)).unwrap_or(u32::MAX));
+        err
+    }
+}
+
 impl From<StorageError> for ApiError {
     fn from(e: StorageError) -> Self {
         tracing::error!(error = %e, "storage error while serving a request");

@@ -18,6 +18,7 @@ impl From<WebhookError> for ApiError {
         match e {
             WebhookError::UnknownType(_) => Self::not_found("unknown_type", e.to_string()),
             WebhookError::Refused(e) => e.into(),
+            WebhookError::RateLimited(e) => e.into(),
             WebhookError::Turn(e) => e.into(),
         }
     }

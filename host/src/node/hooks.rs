@@ -28,6 +28,9 @@ pub enum WebhookError {
     /// Refused before storing (name, signature, route).
     #[error(transparent)]
     Refused(#[from] HookError),
+    /// Past the type's rate limit (nothing stored; the sender retries).
+    #[error(transparent)]
+    RateLimited(#[from] crate::catalog::RateLimited),
     /// Storing failed.
     #[error(transparent)]
     Turn(#[from] TurnError),
@@ -86,6 +89,8 @@ impl Node {
         let hooks = &self.config.webhooks;
         let (key, delivery_id, message) =
             inbound::prepare(&config, ty, id, name, headers, body, hooks.tolerance_s)?;
+        // Counted once verified: a forged hook costs the type nothing.
+        entry.admit()?;
         let (message_id, duplicate) = match self
             .deliver_webhook(&key, message, hooks.dedupe_ttl_ms)
             .await?

@@ -43,6 +43,16 @@ pub struct TypeConfig {
     /// (default 16).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub http_concurrency: Option<u32>,
+    /// Messages per second the type's actors take on this node, together:
+    /// client messages, inbound webhooks, and other actors' `actors.send`
+    /// and `actors.call`. Past it a client gets 429 `rate_limited` with
+    /// `Retry-After`, a turn's send or call fails with `limit-exceeded`.
+    /// Alarms and input answers are not counted. Unlimited by default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_limit_per_s: Option<u32>,
+    /// Messages taken at once above the rate (default: one second's worth).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_limit_burst: Option<u32>,
     /// Secrets the type may name.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
@@ -191,6 +201,17 @@ impl TypeConfig {
         }
         if self.max_redirects.is_some_and(|n| n > 20) {
             return Err("config.max_redirects may be at most 20".into());
+        }
+        if self.rate_limit_per_s == Some(0) {
+            return Err(
+                "config.rate_limit_per_s must be at least 1 (leave it out for no limit)".into(),
+            );
+        }
+        if self.rate_limit_burst == Some(0) {
+            return Err("config.rate_limit_burst must be at least 1".into());
+        }
+        if self.rate_limit_burst.is_some() && self.rate_limit_per_s.is_none() {
+            return Err("config.rate_limit_burst needs a config.rate_limit_per_s".into());
         }
         if self.http_concurrency == Some(0) {
             return Err("config.http_concurrency must be at least 1".into());

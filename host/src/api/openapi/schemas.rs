@@ -192,6 +192,11 @@ fn type_config() -> Value {
             "description": "HTTP methods it may use (default: all)"},
         "max_redirects": nullable(json!({"type": "integer", "minimum": 0, "maximum": 20})),
         "http_concurrency": nullable(json!({"type": "integer", "minimum": 1})),
+        "rate_limit_per_s": nullable(json!({"type": "integer", "minimum": 1, "maximum": u32::MAX,
+            "description": "messages per second the type's actors take on this node, together \
+                (client messages, webhooks, other actors' sends and calls); default: no limit"})),
+        "rate_limit_burst": nullable(json!({"type": "integer", "minimum": 1, "maximum": u32::MAX,
+            "description": "messages taken at once above the rate (default: one second's worth)"})),
         "secrets": {"type": "array", "items": names::short_name(),
             "description": "secrets the type may name"},
         "webhook_secret": nullable(json!({"type": "string", "pattern": WEBHOOK_SECRET,
@@ -202,5 +207,6 @@ fn type_config() -> Value {
         "env": {"type": "object", "additionalProperties": {"type": "string"}},
         "budget": nullable(json!({"type": "object", "additionalProperties": false, "properties": {
             "max_tokens": limit(), "max_cost_usd": usd(),
-            "actor_max_tokens": limit(), "actor_max_cost_usd": usd()}}))}})
+            "actor_max_tokens": limit(), "actor_max_cost_usd": usd()}}))},
+        "dependentRequired": {"rate_limit_burst": ["rate_limit_per_s"]}})
 }

@@ -54,8 +54,10 @@ pub trait ActorCalls: Send + Sync {
         chain: CallChain,
     ) -> futures::future::BoxFuture<'static, Result<CallReply, GuestError>>;
 
-    /// Whether type `ty` is deployed.
-    fn type_exists(&self, ty: &str) -> bool;
+    /// Count a message to an actor of type `ty` against the type's rate
+    /// limit: `not-found` when no such type is deployed, `limit-exceeded`
+    /// past its limit.
+    fn admit(&self, ty: &str) -> Result<(), GuestError>;
 }
 
 /// The last commit an actor submitted before a turn, and its generation.
@@ -108,19 +110,7 @@ impl ActorsCtx {
     /// Queue a message to `to`, sent durably if and only if this turn
     /// commits.
     pub fn send(&mut self, to: ActorKey, body: Vec<u8>, now_ms: u64) -> Result<(), Refusal> {
-        if self.sends.len() >= self.limits.max_sends_per_turn {
-            return Err(Refusal::Limit(format!(
-                "a turn may send at most {} messages",
-                self.limits.max_sends_per_turn
-            )));
-        }
-        if body.len() > self.limits.max_message_bytes {
-            return Err(Refusal::Limit(format!(
-                "a message of {} bytes exceeds the limit of {} bytes",
-                body.len(),
-                self.limits.max_message_bytes
-            )));
-        }
+        self.check_send(body.len())?;
         let message = InboxRecord {
             message_id: crate::ids::new_message_id(),
             body,
@@ -178,6 +168,23 @@ impl ActorsCtx {
         self.sends.truncate(sp);
     }
 
+    /// Whether one more message of `len` bytes may be sent this turn.
+    pub fn check_send(&self, len: usize) -> Result<(), Refusal> {
+        if self.sends.len() >= self.limits.max_sends_per_turn {
+            return Err(Refusal::Limit(format!(
+                "a turn may send at most {} messages",
+                self.limits.max_sends_per_turn
+            )));
+        }
+        if len > self.limits.max_message_bytes {
+            return Err(Refusal::Limit(format!(
+                "a message of {len} bytes exceeds the limit of {} bytes",
+                self.limits.max_message_bytes
+            )));
+        }
+        Ok(())
+    }
+
     /// The messages to queue in the turn's commit.
     pub(crate) fn finish(self) -> Vec<(ActorKey, InboxRecord)> {
         self.sends
@@ -210,6 +217,9 @@ impl actors::Host for Host {
             Ok(c) => c,
             Err(e) => return Ok(Err(e)),
         };
+        if let Err(e) = calls.admit(&actor_type) {
+            return Ok(Err(e));
+        }
         // The request may carry state of this actor's earlier turns, still
         // in flight to disk: only send it once they are durable.
         if let Some(before) = turn.actors.durable_before.clone() {
@@ -247,10 +257,13 @@ impl actors::Host for Host {
                 "actors.send is not available in this sandbox".into(),
             )));
         };
-        if !calls.type_exists(&actor_type) {
-            return Ok(Err(GuestError::NotFound(format!(
-                "unknown actor type `{actor_type}`"
-            ))));
+        // Checked before the send is queued: a refused send costs no rate,
+        // and one over the rate is never queued.
+        if let Err(e) = turn.actors.check_send(body.len()) {
+            return Ok(Err(e.into()));
+        }
+        if let Err(e) = calls.admit(&actor_type) {
+            return Ok(Err(e));
         }
         Ok(turn.actors.send(to, body, now_ms()).map_err(Into::into))
     }
