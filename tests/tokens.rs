@@ -473,3 +473,44 @@ actor_burst = 4
         .await;
     assert_eq!(n, 14);
 }
+
+/// Nodes mark a message they pass on for another node's turn
+/// (`x-marmot-from-actor`): its sender already passed the checks and the
+/// type's rate limit. A client token cannot claim that: the mark is
+/// dropped from its requests, while the admin token (which nodes use) keeps
+/// it.
+#[tokio::test]
+async fn a_client_token_cannot_pass_for_a_node() {
+    let dir = common::tempdir();
+    let s = node_with_kit(&dir.path().join("data"), &common::new_master_key()).await;
+    use base64::Engine as _;
+    let manifest = json!({
+        "kind": "wasm",
+        "code_base64": base64::engine::general_purpose::STANDARD.encode(common::TESTKIT),
+        "config": {"rate_limit_per_s": 1, "rate_limit_burst": 1},
+    });
+    let (status, body) = s
+        .call(Method::PUT, "/v1/types/kit", Some(ADMIN), Some(manifest))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (token, _) = s
+        .token(json!({"type": "kit", "id": "alice", "scopes": ["send"], "ttl_s": 600}))
+        .await;
+    let op = json!({"op": "add", "key": "n", "by": 1});
+    let post = |bearer: &str| {
+        s.http
+            .post(format!("{}/v1/actors/kit/alice", s.url))
+            .bearer_auth(bearer)
+            .header("x-marmot-from-actor", "1")
+            .json(&op)
+            .send()
+    };
+    // The bucket's one message, then the client is limited despite the
+    // mark; the admin's marked messages pass.
+    assert_eq!(post(&token).await.unwrap().status(), 200);
+    let r = post(&token).await.unwrap();
+    assert_eq!(r.status(), 429);
+    for _ in 0..3 {
+        assert_eq!(post(ADMIN).await.unwrap().status(), 200);
+    }
+}

@@ -100,10 +100,17 @@ where
         let origin = req.headers().get(header::ORIGIN).cloned();
         let gate = self.gate.clone();
         let mut charge = None;
+        let mut client = false;
         let early = gate
             .preflight(req.method(), req.headers())
             .map(Ok)
-            .or_else(|| self.authorize(&req).err().map(Err))
+            .or_else(|| match self.authorize(&req) {
+                Ok(by_client) => {
+                    client = by_client;
+                    None
+                }
+                Err(e) => Some(Err(e)),
+            })
             .or_else(|| match self.bodies.charge(&req) {
                 Ok(c) => {
                     charge = c;
@@ -124,6 +131,13 @@ where
             gate.decorate(origin.as_ref(), &mut resp);
             return Box::pin(std::future::ready(Ok(resp)));
         }
+        if client {
+            // Only nodes mark what they pass on for a turn (and skip the
+            // checks and limits its sender already passed).
+            let h = req.headers_mut();
+            h.remove(crate::cluster::FROM_ACTOR);
+            h.remove(crate::cluster::CALL_CHAIN);
+        }
         // Drive the instance that was polled ready; leave a fresh clone behind.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
@@ -139,13 +153,15 @@ where
 }
 
 impl<S> Edge<S> {
-    fn authorize(&self, req: &Request) -> Result<(), ApiError> {
+    /// Whether the request may go on; `true` when it comes with a client
+    /// token (not the admin's, not open).
+    fn authorize(&self, req: &Request) -> Result<bool, ApiError> {
         let Some(token) = &self.token else {
-            return Ok(());
+            return Ok(false);
         };
         let path = req.uri().path();
         if is_open(path) {
-            return Ok(());
+            return Ok(false);
         }
         let header = req
             .headers()
@@ -158,12 +174,12 @@ impl<S> Edge<S> {
             None => "",
         };
         if header.is_some() && constant_time_eq(presented.as_bytes(), token.as_bytes()) {
-            return Ok(());
+            return Ok(false);
         }
         if Tokens::looks_like_token(presented) {
             let grant = self.tokens.verify(presented).map_err(refusal)?;
             let (ty, id) = grant.allows(req.method(), path).map_err(refusal)?;
-            return self.gate.admit(&grant, &ty, &id);
+            return self.gate.admit(&grant, &ty, &id).map(|()| true);
         }
         Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
