@@ -120,6 +120,24 @@ async fn respond(
             resp = resp.status(302).header("location", to);
             String::new()
         }
+        // A server that reflects what it was sent into its redirect:
+        // `KEY` in `tpl` becomes the bearer token, `ENC` the same
+        // percent-encoded byte by byte.
+        "/reflect" => {
+            let key = headers
+                .iter()
+                .find(|(k, _)| k == "authorization")
+                .map(|(_, v)| v.trim_start_matches("Bearer ").to_owned())
+                .unwrap_or_default();
+            let enc: String = key.bytes().map(|b| format!("%{b:02X}")).collect();
+            let to = query
+                .strip_prefix("tpl=")
+                .unwrap_or("/")
+                .replace("KEY", &key)
+                .replace("ENC", &enc);
+            resp = resp.status(302).header("location", to);
+            String::new()
+        }
         _ => "ok".into(),
     };
     Ok(resp
@@ -432,6 +450,18 @@ async fn a_secret_reaches_only_its_https_host_and_nothing_comes_back_with_it() {
         .fetch(json!({ "url": format!("https://api.test:{}/leak", rig.https) }))
         .await;
     assert_eq!(r["body"], "stored: [redacted]", "{r}");
+    // The length the server declared would tell the value's length.
+    let length = r["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h[0] == "content-length")
+        .map(|h| h[1].clone());
+    assert_eq!(
+        length,
+        Some(json!("stored: [redacted]".len().to_string())),
+        "{r}"
+    );
     let r = rig
         .fetch(
             json!({ "url": format!("https://api.test:{}/gzip", rig.https),
@@ -707,6 +737,48 @@ async fn allow_lists_methods_and_redirects() {
         .fetch(json!({ "url": format!("https://api.test:{}/redirect?to=https://unlisted.test/", rig.https) }))
         .await;
     assert!(denied(&r).contains("allowed_hosts"), "{r}");
+
+    // A server that puts the secret it was sent into its redirect: the
+    // refusal does not show the target (a URL parser lowercases a host, and
+    // the value used to come back in the error), and the value is not
+    // carried to another origin in the URL either, as it is or encoded.
+    let reflect = |tpl: &str| {
+        json!({
+            "url": format!("https://api.test:{}/reflect?tpl={tpl}", rig.https),
+            "headers": [["authorization", "Bearer {{secret:API_KEY}}"]],
+        })
+    };
+    let other = format!("https://other.test:{}/echo", rig.https);
+    for (tpl, says) in [
+        ("https://KEY.invalid/".to_owned(), "redirect 1 was refused"),
+        ("KEY://x/".to_owned(), "redirect 1 was refused"),
+        (format!("{other}?k=KEY"), "carries a secret's value"),
+        (format!("{other}?k=ENC"), "carries a secret's value"),
+        (
+            format!("https://other.test:{}/ENC", rig.https),
+            "carries a secret's value",
+        ),
+    ] {
+        let before = rig.seen.requests().len();
+        let r = rig.fetch(reflect(&tpl)).await;
+        let e = denied(&r);
+        assert!(e.contains(says), "{tpl}: {e}");
+        assert!(
+            !e.to_ascii_lowercase().contains(SECRET),
+            "{tpl}: the secret is in the error: {e}"
+        );
+        assert_eq!(
+            rig.seen.requests().len(),
+            before + 1,
+            "{tpl}: the redirect was followed"
+        );
+    }
+    let mut node = rig.node;
+    node.kill9();
+    assert!(
+        !node.log_text().to_ascii_lowercase().contains(SECRET),
+        "the log holds the secret"
+    );
 }
 
 #[tokio::test]

@@ -66,8 +66,8 @@ pub struct OutboundResponse {
     _charge: ResponseCharge,
 }
 
-/// Why an outbound request failed. Messages are scrubbed and never hold
-/// a URL's credentials.
+/// Why an outbound request failed. Messages are scrubbed, never hold a
+/// URL's credentials, and never show where a redirect pointed.
 #[derive(Debug, thiserror::Error)]
 pub enum EgressError {
     /// A rule refused it before anything was sent.
@@ -90,7 +90,26 @@ pub enum EgressError {
     Failed(String),
 }
 
-/// Replaces secret values in what comes back.
+impl EgressError {
+    /// The same error with every secret value in its message replaced.
+    fn scrubbed(self, scrub: &Scrub) -> Self {
+        if scrub.is_empty() {
+            return self;
+        }
+        match self {
+            Self::Refused(m) => Self::Refused(scrub.text(m)),
+            Self::Invalid(m) => Self::Invalid(scrub.text(m)),
+            Self::TooLarge(m) => Self::TooLarge(scrub.text(m)),
+            Self::Overloaded(m) => Self::Overloaded(scrub.text(m)),
+            Self::Failed(m) => Self::Failed(scrub.text(m)),
+            e @ Self::Timeout(_) => e,
+        }
+    }
+}
+
+/// Replaces secret values in what comes back. Values match regardless of
+/// ASCII case: a URL parser lowercases a host, so a value a server put in
+/// a redirect's host comes back lowercased.
 #[derive(Clone, Default)]
 pub struct Scrub {
     needles: Vec<Zeroizing<Vec<u8>>>,
@@ -102,12 +121,26 @@ pub const REDACTED: &str = "[redacted]";
 impl Scrub {
     /// Also replace `value`.
     pub fn add(&mut self, value: &[u8]) {
-        if !value.is_empty() && !self.needles.iter().any(|n| n.as_slice() == value) {
+        if !value.is_empty() && !self.needles.iter().any(|n| n.eq_ignore_ascii_case(value)) {
             self.needles.push(Zeroizing::new(value.to_vec()));
             // Longest first: a value that contains another is replaced
             // whole, not around the shorter one.
             self.needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
         }
+    }
+
+    /// Whether there is anything to replace.
+    pub fn is_empty(&self) -> bool {
+        self.needles.is_empty()
+    }
+
+    /// Whether `url` carries a secret value, as it is or percent-decoded.
+    pub fn found_in_url(&self, url: &Url) -> bool {
+        let raw = url.as_str().as_bytes();
+        let decoded: Vec<u8> = percent_encoding::percent_decode(raw).collect();
+        self.needles
+            .iter()
+            .any(|n| contains(raw, n) || contains(&decoded, n))
     }
 
     /// `bytes` with every secret value replaced.
@@ -120,7 +153,7 @@ impl Scrub {
             let mut next = Vec::with_capacity(out.len());
             let mut i = 0;
             while i < out.len() {
-                if out[i..].starts_with(needle) {
+                if starts_with(&out[i..], needle) {
                     next.extend_from_slice(REDACTED.as_bytes());
                     i += needle.len();
                 } else {
@@ -179,7 +212,7 @@ impl StreamScrub {
         let mut i = 0;
         'scan: while i < cut {
             for needle in &self.scrub.needles {
-                if buf[i..].starts_with(needle) {
+                if starts_with(&buf[i..], needle) {
                     out.extend_from_slice(REDACTED.as_bytes());
                     i += needle.len();
                     continue 'scan;
@@ -252,8 +285,16 @@ impl StreamingResponse {
     }
 }
 
+/// Whether `hay` holds `needle`, ignoring ASCII case.
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
+    hay.windows(needle.len())
+        .any(|w| w.eq_ignore_ascii_case(needle))
+}
+
+/// Whether `hay` starts with `needle`, ignoring ASCII case.
+fn starts_with(hay: &[u8], needle: &[u8]) -> bool {
+    hay.get(..needle.len())
+        .is_some_and(|h| h.eq_ignore_ascii_case(needle))
 }
 
 /// The node's outbound HTTP client.
@@ -326,18 +367,47 @@ impl Egress {
                 "URLs with credentials are not allowed; send them in a header".into(),
             ));
         }
-        let ip = match url.host() {
-            Some(url::Host::Ipv4(ip)) => std::net::IpAddr::V4(ip),
-            Some(url::Host::Ipv6(ip)) => std::net::IpAddr::V6(ip),
-            Some(url::Host::Domain(_)) => return Ok(()),
-            None => return Err(EgressError::Refused("the URL has no host".into())),
+        if url.host().is_none() {
+            return Err(EgressError::Refused("the URL has no host".into()));
+        }
+        match self.refused_address(url) {
+            Some((ip, class)) => Err(EgressError::Refused(format!(
+                "{ip} is {class} and this node does not allow it"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// An IP literal host the address policy refuses, and its class.
+    fn refused_address(&self, url: &Url) -> Option<(std::net::IpAddr, &'static str)> {
+        let ip = match url.host()? {
+            url::Host::Ipv4(ip) => std::net::IpAddr::V4(ip),
+            url::Host::Ipv6(ip) => std::net::IpAddr::V6(ip),
+            url::Host::Domain(_) => return None,
         };
-        super::resolve::check(&self.policy, &ip.to_string(), &[ip]).map_err(|e| {
-            EgressError::Refused(format!(
-                "{ip} is {} and this node does not allow it",
-                e.class.label()
-            ))
-        })
+        super::resolve::check(&self.policy, &ip.to_string(), &[ip])
+            .err()
+            .map(|e| (ip, e.class.label()))
+    }
+
+    /// Why a redirect's target was refused, in words that do not show it:
+    /// the server chose it, and may have put in it what the request sent
+    /// (a header reflected into `Location`).
+    fn redirect_refused(&self, hop: u32, url: &Url) -> EgressError {
+        let why = if !matches!(url.scheme(), "http" | "https") {
+            "its scheme is not http or https".to_owned()
+        } else if !url.username().is_empty() || url.password().is_some() {
+            "it carries credentials".to_owned()
+        } else if url.host().is_none() {
+            "it has no host".to_owned()
+        } else if let Some((_, class)) = self.refused_address(url) {
+            format!("its address is {class} and this node does not allow it")
+        } else {
+            "its host is not in this actor type's config.allowed_hosts".to_owned()
+        };
+        EgressError::Refused(format!(
+            "redirect {hop} was refused: {why} (the target is not shown: the server chose it)"
+        ))
     }
 
     /// Send `req`, following redirects that `allowed` accepts, and read the
@@ -356,7 +426,7 @@ impl Egress {
             self.read(resp, scrub, deadline).await
         };
         match tokio::time::timeout_at(deadline, whole).await {
-            Ok(r) => r,
+            Ok(r) => r.map_err(|e| e.scrubbed(scrub)),
             Err(_) => Err(EgressError::Timeout(ms)),
         }
     }
@@ -373,7 +443,8 @@ impl Egress {
         let timeout = req.timeout;
         let resp = tokio::time::timeout(timeout, self.fetch_hops(req, allowed, &scrub))
             .await
-            .map_err(|_| EgressError::Timeout(timeout.as_millis() as u64))??;
+            .map_err(|_| EgressError::Timeout(timeout.as_millis() as u64))?
+            .map_err(|e| e.scrubbed(&scrub))?;
         let max = self.config.max_response_bytes;
         if resp.content_length().is_some_and(|n| n > max as u64) {
             return Err(EgressError::TooLarge(format!(
@@ -430,8 +501,13 @@ impl Egress {
         let origin = url.origin();
         let mut hops = 0;
         loop {
-            self.check_url(&url)?;
-            allowed(&url)?;
+            if let Err(e) = self.check_url(&url).and_then(|()| allowed(&url)) {
+                return Err(if hops == 0 {
+                    e
+                } else {
+                    self.redirect_refused(hops, &url)
+                });
+            }
             let mut builder = self.client.request(method.clone(), url.clone());
             for h in &headers {
                 let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| {
@@ -469,10 +545,18 @@ impl Egress {
                 else {
                     return Ok(resp);
                 };
-                let next = url.join(location).map_err(|e| {
-                    EgressError::Invalid(format!("the redirect's Location is not a URL: {e}"))
-                })?;
                 hops += 1;
+                let next = url.join(location).map_err(|e| {
+                    EgressError::Invalid(format!(
+                        "redirect {hops} was refused: its Location is not a URL ({e})"
+                    ))
+                })?;
+                if next.origin() != origin && scrub.found_in_url(&next) {
+                    return Err(EgressError::Refused(format!(
+                        "redirect {hops} was refused: its URL carries a secret's value to \
+                         another origin"
+                    )));
+                }
                 if next.origin() != origin {
                     // Secrets and credentials stay with the origin they
                     // were written for.
@@ -564,10 +648,15 @@ impl Egress {
             }
             body.extend_from_slice(&chunk);
         }
+        let body = scrub.bytes(body);
+        let mut headers = headers;
+        if declared.is_some() && !scrub.is_empty() {
+            headers.push(("content-length".into(), body.len().to_string()));
+        }
         Ok(OutboundResponse {
             status,
             headers,
-            body: scrub.bytes(body),
+            body,
             _charge: charge,
         })
     }
@@ -602,6 +691,9 @@ fn check_identity(resp: &reqwest::Response) -> Result<(), EgressError> {
 fn scrubbed_headers(resp: &reqwest::Response, scrub: &Scrub) -> Vec<(String, String)> {
     resp.headers()
         .iter()
+        // Scrubbing may change the body's length; the declared one would
+        // tell how long the values it replaced were.
+        .filter(|(k, _)| scrub.is_empty() || *k != reqwest::header::CONTENT_LENGTH)
         .filter_map(|(k, v)| {
             let v = v.to_str().ok()?;
             Some((k.as_str().to_owned(), scrub.text(v.to_owned())))
@@ -670,6 +762,28 @@ mod tests {
         );
         assert_eq!(s.text("nothing here".into()), "nothing here");
         assert_eq!(s.bytes(b"sk-12".to_vec()), b"sk-12".to_vec());
+    }
+
+    #[test]
+    fn scrub_ignores_ascii_case_and_finds_values_in_urls_encoded_or_not() {
+        let mut s = Scrub::default();
+        s.add(b"SuperSecret_9");
+        s.add(b"supersecret_9");
+        assert_eq!(s.needles.len(), 1, "one value, whatever its case");
+        assert_eq!(
+            s.text("host supersecret_9.invalid, SUPERSECRET_9".into()),
+            "host [redacted].invalid, [redacted]"
+        );
+        let mut stream = StreamScrub::new(s.clone());
+        let mut out = stream.push(b"a SUPERsec");
+        out.extend(stream.push(b"ret_9 b"));
+        out.extend(stream.finish());
+        assert_eq!(out, b"a [redacted] b".to_vec());
+        let url = |u: &str| Url::parse(u).unwrap();
+        assert!(s.found_in_url(&url("https://x.test/?k=supersecret_9")));
+        assert!(s.found_in_url(&url("https://supersecret_9.test/")));
+        assert!(s.found_in_url(&url("https://x.test/%53uperSecret%5F9")));
+        assert!(!s.found_in_url(&url("https://x.test/?k=supersecret")));
     }
 
     #[test]
