@@ -539,3 +539,77 @@ async fn a_rebalance_gives_a_returning_node_its_slots_back_and_loses_no_write() 
     let summary = history.check(&seen(&c, 1, &actors).await);
     eprintln!("rebalance: {handoffs} handoffs in {took:?} under load; {summary:?}");
 }
+
+/// A slot keeps its region when failovers take it to another one: eu's
+/// slots lose their eu backup while n1 restarts (n3, in us, is the only
+/// other node), fail over to us when n2 dies next, and a rebalance once
+/// both eu nodes are back brings every eu actor home with its data. A
+/// slot's region used to be its owner's, so the rebalance found nothing
+/// to move and eu's actors stayed in us for good (found by probing a
+/// cluster).
+#[tokio::test]
+async fn slots_that_failovers_took_to_another_region_go_home_on_a_rebalance() {
+    let Some(mut c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let actors: Vec<String> = (0..12).map(|a| format!("home-{a}")).collect();
+    for a in &actors {
+        assert_eq!(c.api(0).add("kit", a, 1).await.status, 200);
+        assert_eq!(region_of(&owner_of(&c, 0, a).await), "eu", "{a}");
+    }
+    let settled = |s: &Value| {
+        s["slots_degraded"] == 0
+            && s["members"]
+                .as_array()
+                .is_some_and(|m| m.iter().filter(|m| m["alive"] == true).count() == 3)
+    };
+    // n1 dies and comes back: the eu slots are all n2's, backed up in us.
+    c.nodes[0].kill9();
+    for a in &actors {
+        assert_eq!(add_when_served(&c, 2, a).await.status, 200, "{a}");
+    }
+    c.nodes[0].restart().await;
+    c.wait_status(settled).await;
+    // n2 dies: they fail over to us.
+    c.nodes[1].kill9();
+    for a in &actors {
+        assert_eq!(add_when_served(&c, 0, a).await.status, 200, "{a}");
+    }
+    for a in &actors {
+        assert_eq!(
+            owner_of(&c, 0, a).await,
+            "n3",
+            "{a} did not fail over to us"
+        );
+    }
+    c.nodes[1].restart().await;
+    c.wait_status(settled).await;
+    // The rebalance finds them away from home, and moves them back.
+    let r = c
+        .api(1)
+        .post_json("/v1/cluster/rebalance", &json!({}))
+        .await;
+    assert!(
+        r.json["slots_to_move"].as_u64().unwrap_or(0) > 0,
+        "{}",
+        r.json
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = c.api(0).get("/v1/cluster").await.json;
+        if s["rebalance"].is_null() && settled(&s) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "rebalance never ended: {s:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for a in &actors {
+        assert_eq!(
+            region_of(&owner_of(&c, 2, a).await),
+            "eu",
+            "{a} stayed in us"
+        );
+        wait_value(&c, 2, a, "n", 3).await;
+    }
+}

@@ -114,12 +114,13 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
     if live.is_empty() {
         return Vec::new();
     }
+    let region_of = |n: &str| view.members.get(n).map(|m| m.region.clone());
     let mut writes = Vec::new();
     for slot in 0..SLOTS {
         let mut ranked = live.clone();
         ranked.sort_by_key(|n| std::cmp::Reverse(score(slot, n)));
         let best = ranked[0];
-        let second = backup_for(view, &ranked, best, None);
+        let second = backup_for(view, &ranked, best, None, None);
         let entry = &view.slots[slot as usize];
         let Some(e) = entry else {
             writes.push(Write {
@@ -133,6 +134,7 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
                     joining: None,
                     avoid: None,
                     handoff: None,
+                    region: region_of(best),
                 },
                 failover: false,
             });
@@ -150,6 +152,14 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
                     joining: None,
                     avoid: None,
                     handoff: None,
+                    region: region_of(best),
+                })
+            } else if r.owner == best && r.region != region_of(best) {
+                // A record from before slots kept their region.
+                Some(SlotRecord {
+                    backup: second,
+                    region: region_of(best),
+                    ..r.clone()
                 })
             } else if r.owner == best && r.backup != second {
                 // Unused: nothing to copy, the backup follows the members.
@@ -162,6 +172,8 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
             }
         } else if !is_live(&r.owner) {
             match &r.backup {
+                // To another region, if that is where the backup was: the
+                // slot keeps its own, to go back to.
                 Some(b) if is_live(b) && gone(&r.owner) => Some(SlotRecord {
                     owner: b.clone(),
                     epoch: r.epoch + 1,
@@ -170,14 +182,21 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
                     joining: None,
                     avoid: None,
                     handoff: None,
+                    region: r.region.clone(),
                 }),
                 _ => None,
             }
         } else {
             // The runner-up among the live members other than the owner
-            // (and the node the owner could not reach), in its region if
-            // it can be.
-            let candidate = backup_for(view, &ranked, &r.owner, r.avoid.as_deref());
+            // (and the node the owner could not reach), in the slot's
+            // region if it can be.
+            let candidate = backup_for(
+                view,
+                &ranked,
+                &r.owner,
+                r.avoid.as_deref(),
+                r.region.as_deref(),
+            );
             match (&r.backup, &r.joining) {
                 (Some(b), _) if !is_live(b) && gone(b) => Some(SlotRecord {
                     backup: None,
@@ -199,6 +218,13 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
                 }),
                 _ => None,
             }
+            // A record from before slots kept their region gets its owner's.
+            .or_else(|| {
+                r.region.is_none().then(|| SlotRecord {
+                    region: region_of(&r.owner),
+                    ..r.clone()
+                })
+            })
         };
         if let Some(record) = next {
             writes.push(Write {
@@ -213,11 +239,18 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
 }
 
 /// The backup for a slot owned by `owner`: the first of `ranked` (live
-/// members by rendezvous score) other than `owner` and `avoid`, in
-/// `owner`'s region if one is — so that a failover keeps the slot's actors
-/// near their users — else in any.
-fn backup_for(view: &View, ranked: &[&str], owner: &str, avoid: Option<&str>) -> Option<String> {
-    let region = view.members.get(owner).map(|m| m.region.as_str());
+/// members by rendezvous score) other than `owner` and `avoid`, in the
+/// slot's `region` (else `owner`'s) if one is — so that a failover keeps
+/// the slot's actors near their users, or brings them back there — else
+/// in any.
+fn backup_for(
+    view: &View,
+    ranked: &[&str],
+    owner: &str,
+    avoid: Option<&str>,
+    region: Option<&str>,
+) -> Option<String> {
+    let region = region.or_else(|| view.members.get(owner).map(|m| m.region.as_str()));
     let fits = |n: &&&str| **n != owner && Some(**n) != avoid;
     let same_region = |n: &&&str| view.members.get(**n).map(|m| m.region.as_str()) == region;
     ranked
@@ -241,17 +274,18 @@ fn preferred<'v>(view: &'v View, slot: u32, region: &str) -> Option<&'v str> {
 /// A rebalance's writes this round, for the slots `decide` left alone, and
 /// how many used slots are not where they should be yet (0: done).
 ///
-/// A used slot whose owner is not the preferred node of the owner's region
-/// moves there without ever being on fewer disks than its acknowledged
+/// A used slot whose owner is not the preferred node of the slot's region
+/// (its owner's, if no node of its own is live) moves there without ever being on fewer disks than its acknowledged
 /// writes need: the preferred node first catches up beside the slot's
 /// backup (from a snapshot; every batch waits for both meanwhile) and
 /// replaces it, then the owner is asked to hand the slot over (`handoff`),
 /// which it does itself once the backup has every commit. At most
 /// [`REBALANCE_AT_ONCE`] slots are catching up or being handed over at once.
-/// A slot stays in its region: actors placed near their users stay there;
-/// and a slot on its preferred node whose backup is in another region gets
-/// one in its own when a node there is live (so that a failover keeps it
-/// near its users too).
+/// A slot stays in its region, or goes back to it after a failover took
+/// it elsewhere: actors placed near their users stay there; and a slot on
+/// its preferred node whose backup is in another region gets one in its
+/// own when a node there is live (so that a failover keeps it near its
+/// users too).
 fn rebalance(view: &View, decided: &BTreeSet<u32>) -> (Vec<Write>, usize) {
     let live = |n: &str| view.members.contains_key(n);
     let mut busy = view
@@ -270,7 +304,12 @@ fn rebalance(view: &View, decided: &BTreeSet<u32>) -> (Vec<Write>, usize) {
         if decided.contains(&slot) || !r.used {
             continue;
         }
-        let Some(region) = view.members.get(&r.owner).map(|m| m.region.as_str()) else {
+        let home = r
+            .region
+            .as_deref()
+            .filter(|h| preferred(view, slot, h).is_some());
+        let Some(region) = home.or_else(|| view.members.get(&r.owner).map(|m| m.region.as_str()))
+        else {
             continue;
         };
         let Some(target) = preferred(view, slot, region) else {
@@ -299,7 +338,7 @@ fn rebalance(view: &View, decided: &BTreeSet<u32>) -> (Vec<Write>, usize) {
         let new_backup = if target == r.owner {
             let mut ranked: Vec<&str> = view.members.keys().map(String::as_str).collect();
             ranked.sort_by_key(|n| std::cmp::Reverse(score(slot, n)));
-            match backup_for(view, &ranked, &r.owner, None) {
+            match backup_for(view, &ranked, &r.owner, None, Some(region)) {
                 Some(b) if in_region(&b) && r.backup.as_deref().is_some_and(|o| !in_region(o)) => b,
                 _ => continue,
             }
@@ -478,6 +517,15 @@ mod tests {
             joining: None,
             avoid: None,
             handoff: None,
+            region: Some("r".into()),
+        }
+    }
+
+    /// [`slot`] of `region`.
+    fn slot_of(region: &str, owner: &str, backup: Option<&str>) -> SlotRecord {
+        SlotRecord {
+            region: Some(region.into()),
+            ..slot(owner, backup, true, 3)
         }
     }
 
@@ -633,5 +681,54 @@ mod tests {
         let (writes, to_move) = rebalance(&v, &none);
         assert_eq!((writes.len(), to_move), (REBALANCE_AT_ONCE, 20));
         assert_eq!(slots_to_move(&v), 20);
+    }
+
+    /// A slot keeps its region through a failover to another one (no node
+    /// of its own was live), gets a backup back home once one is, and a
+    /// rebalance brings it home. It used to take its owner's region: a
+    /// second failover left eu's actors in us for good, and a rebalance
+    /// found nothing to move (found by probing a cluster).
+    #[test]
+    fn a_slot_that_failed_over_to_another_region_goes_home() {
+        let members = [("a", "eu"), ("b", "eu"), ("c", "us")];
+        let for_3 = |ws: Vec<Write>| ws.into_iter().find(|w| w.slot == 3);
+        // Owner gone, backed up in us: the failover keeps "eu".
+        let v = view_in(&members, &[(3, slot_of("eu", "gone", Some("c")))]);
+        let w = for_3(decide(&v, &mut |_| true)).expect("a failover");
+        assert_eq!((w.record.owner.as_str(), w.failover), ("c", true));
+        assert_eq!(w.record.region.as_deref(), Some("eu"));
+        // Owned in us without a backup: the backup that joins is in eu.
+        let v = view_in(&members, &[(3, slot_of("eu", "c", None))]);
+        let w = for_3(decide(&v, &mut |_| true)).expect("a joining node");
+        let joining = w.record.joining.expect("joining");
+        assert!(["a", "b"].contains(&joining.as_str()), "{joining}");
+        // A rebalance moves it to eu's preferred node, through its backup.
+        let home = preferred(&v, 3, "eu").unwrap();
+        let v = view_in(&members, &[(3, slot_of("eu", "c", Some(home)))]);
+        let (writes, to_move) = rebalance(&v, &BTreeSet::new());
+        assert_eq!(to_move, 1);
+        assert_eq!(writes[0].record.handoff.as_deref(), Some(home));
+        // With no node of its region live it stays where it is.
+        let v = view_in(
+            &[("c", "us"), ("d", "us")],
+            &[(3, slot_of("eu", "c", Some("d")))],
+        );
+        let target = preferred(&v, 3, "us").unwrap();
+        let (_, to_move) = rebalance(&v, &BTreeSet::new());
+        assert_eq!(to_move, usize::from(target != "c"));
+        // A record from before slots kept their region gets its owner's.
+        let legacy = SlotRecord {
+            region: None,
+            ..slot("a", Some("b"), true, 3)
+        };
+        let v = view_in(&members, &[(3, legacy.clone())]);
+        let w = for_3(decide(&v, &mut |_| true)).expect("region filled in");
+        assert_eq!(
+            w.record,
+            SlotRecord {
+                region: Some("eu".into()),
+                ..legacy
+            }
+        );
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 use super::records::{PlacementRecord, hash_slot, score};
-use super::view::PlacementEntry;
+use super::view::{PlacementEntry, SlotEntry, View};
 use super::{Cluster, ETCD_CALL, within};
 use crate::ids::ActorKey;
 
@@ -88,15 +88,18 @@ impl Cluster {
         v.members.values().map(|m| m.region.clone()).collect()
     }
 
-    /// The region of `slot`: its owner's, while the owner is a live member.
+    /// The region of `slot`: its owner's, while the owner is a live member
+    /// and the slot is at home there. A slot a failover took to another
+    /// region is in neither: it runs in one and a rebalance takes it back
+    /// to the other, so an actor that asks for either is placed in a slot
+    /// at home in its region.
     pub fn region_of_slot(&self, slot: u32) -> Option<String> {
         let v = self.inner.view();
-        let owner = &v.slots[slot as usize].as_ref()?.record.owner;
-        v.members.get(owner).map(|m| m.region.clone())
+        region_at_home(&v, v.slots[slot as usize].as_ref()?).map(str::to_owned)
     }
 
     /// The slot of `region` that `key` goes to when placed there: of the
-    /// slots whose owner is a live member in `region`, the one with the
+    /// slots at home in `region` with a live owner there, the one with the
     /// highest rendezvous score for the actor (so the choice spreads
     /// actors over the region's nodes). `None`: no live node there.
     pub fn slot_in_region(&self, key: &ActorKey, region: &str) -> Option<u32> {
@@ -105,10 +108,7 @@ impl Cluster {
         v.slots
             .iter()
             .enumerate()
-            .filter_map(|(i, e)| {
-                let owner = &e.as_ref()?.record.owner;
-                (v.members.get(owner)?.region == region).then_some(i as u32)
-            })
+            .filter_map(|(i, e)| (region_at_home(&v, e.as_ref()?)? == region).then_some(i as u32))
             .max_by_key(|slot| score(*slot, &name))
     }
 
@@ -293,5 +293,15 @@ impl Cluster {
         }
         inner.changed.notify_waiters();
         Ok(Some(revision))
+    }
+}
+
+/// The region a slot is in and belongs to, when they are the same (see
+/// [`Cluster::region_of_slot`]).
+fn region_at_home<'v>(v: &'v View, e: &SlotEntry) -> Option<&'v str> {
+    let running = v.members.get(&e.record.owner)?.region.as_str();
+    match e.record.region.as_deref() {
+        Some(home) if home != running => None,
+        _ => Some(running),
     }
 }

@@ -134,6 +134,7 @@ impl Cluster {
                     joining: None,
                     avoid: None,
                     handoff: None,
+                    region: r.region.clone(),
                 }
             })
         })

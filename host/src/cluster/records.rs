@@ -172,6 +172,13 @@ pub struct SlotRecord {
     /// switch itself (owner ↔ backup, epoch + 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handoff: Option<String>,
+    /// The region the slot belongs to: its owner's when the controller
+    /// assigned it unused. A failover that finds no live node of it goes
+    /// to another region and keeps this, so that backups and a rebalance
+    /// bring the slot (and the actors placed near their users in it)
+    /// home. Absent in records written before 2026-12-06: the owner's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
 }
 
 /// `{prefix}/rebalance`: a rebalance was asked for.
