@@ -5,7 +5,7 @@
 mod common;
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -312,22 +312,45 @@ async fn tokens_expire_are_revoked_for_good_and_follow_the_master_key() {
     let (token, id) = s.token(spec(600)).await;
     let (kept, _) = s.token(spec(600)).await;
     assert_eq!(s.send("/v1/actors/kit/carol", &token).await.0, 200);
+    // The scheme's name is case-insensitive (RFC 9110).
+    for (scheme, bearer) in [("bearer", kept.as_str()), ("BEARER", ADMIN)] {
+        let r = s
+            .http
+            .post(format!("{}/v1/actors/kit/carol", s.url))
+            .header("authorization", format!("{scheme} {bearer}"))
+            .json(&json!({"op": "add", "key": "n", "by": 1}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{scheme}");
+    }
+    // An id that names no token is refused, not stored as revoked: a part
+    // of it, or more. Its case does not matter.
+    for wrong in [id[..16].to_owned(), format!("{id}00"), "not-hex!".into()] {
+        let (status, body) = s
+            .call(
+                Method::DELETE,
+                &format!("/v1/tokens/{wrong}"),
+                Some(ADMIN),
+                None,
+            )
+            .await;
+        assert_eq!(status, 400, "{wrong}: {body}");
+    }
+    assert_eq!(s.send("/v1/actors/kit/carol", &token).await.0, 200);
     let (status, body) = s
         .call(
             Method::DELETE,
-            &format!("/v1/tokens/{id}"),
+            &format!("/v1/tokens/{}", id.to_ascii_uppercase()),
             Some(ADMIN),
             None,
         )
         .await;
     assert_eq!(status, 200, "{body}");
+    assert_eq!(body["token_id"], id.as_str());
     let (status, body) = s.send("/v1/actors/kit/carol", &token).await;
     assert_eq!(status, 401);
     assert_eq!(body["error"]["code"], "token_revoked");
-    let (status, _) = s
-        .call(Method::DELETE, "/v1/tokens/not-hex!", Some(ADMIN), None)
-        .await;
-    assert_eq!(status, 400);
     drop(s);
     let s = Serve::start(&data, &key, None).await;
     assert_eq!(s.send("/v1/actors/kit/carol", &token).await.0, 401);
@@ -513,4 +536,74 @@ async fn a_client_token_cannot_pass_for_a_node() {
     for _ in 0..3 {
         assert_eq!(post(ADMIN).await.unwrap().status(), 200);
     }
+}
+
+/// A live event stream opened with a client token ends when the token
+/// expires or is revoked: it used to go on delivering for as long as the
+/// connection lasted, while every new request with the token got 401.
+#[tokio::test]
+async fn an_event_stream_ends_when_its_client_token_expires_or_is_revoked() {
+    let dir = common::tempdir();
+    let s = node_with_kit(&dir.path().join("data"), &common::new_master_key()).await;
+    let emit = json!({"op": "emit", "kind": "tick", "data": 1});
+    let (status, _) = s
+        .call(
+            Method::POST,
+            "/v1/actors/kit/dora",
+            Some(ADMIN),
+            Some(emit.clone()),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let spec = |ttl: u64| json!({"type": "kit", "id": "dora", "scopes": ["events"], "ttl_s": ttl});
+    let (short, _) = s.token(spec(2)).await;
+    let (revoked, revoked_id) = s.token(spec(600)).await;
+    let (kept, _) = s.token(spec(600)).await;
+    // Each stream is read until it ends; (what it read, how long it ran).
+    let open = |token: String| {
+        let url = format!("{}/v1/actors/kit/dora/events?access_token={token}", s.url);
+        let http = s.http.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let mut r = http
+                .get(url)
+                .header("accept", "text/event-stream")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let mut text = String::new();
+            let deadline = Duration::from_secs(8);
+            while let Ok(Ok(Some(chunk))) = tokio::time::timeout(deadline, r.chunk()).await {
+                text.push_str(&String::from_utf8_lossy(&chunk));
+            }
+            (text, started.elapsed())
+        })
+    };
+    let (short_stream, revoked_stream, kept_stream) =
+        (open(short), open(revoked), open(kept.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, body) = s
+        .call(
+            Method::DELETE,
+            &format!("/v1/tokens/{revoked_id}"),
+            Some(ADMIN),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    for (name, stream, ends_within) in [
+        ("revoked", revoked_stream, 2.5),
+        ("expired", short_stream, 3.5),
+    ] {
+        let (text, ran) = stream.await.unwrap();
+        assert!(text.contains("\"tick\""), "{name}: {text}");
+        assert!(ran.as_secs_f64() < ends_within, "{name} stream ran {ran:?}");
+    }
+    // The control: a stream whose token holds keeps going.
+    assert!(
+        !kept_stream.is_finished(),
+        "the stream of a valid token ended"
+    );
+    kept_stream.abort();
 }

@@ -29,6 +29,23 @@ pub const KEY_PURPOSE: &str = "marmot client tokens v1";
 /// The longest a token may live.
 pub const MAX_TTL_S: u64 = 30 * 24 * 3600;
 
+/// Random bytes of a token's id (`jti`, `token_id`: their hex).
+const TOKEN_ID_BYTES: usize = 16;
+
+/// `id` as a token id is written when minted (lower-case hex of
+/// [`TOKEN_ID_BYTES`]), or why it cannot be one. A revocation names its
+/// token exactly: `DELETE /v1/tokens/97928A66…` used to answer "revoked"
+/// and store an id no token has, while the token kept working.
+pub fn canonical_token_id(id: &str) -> Result<String, TokenError> {
+    if id.len() != 2 * TOKEN_ID_BYTES || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(TokenError::BadRequest(format!(
+            "a token id is the {}-digit hex `token_id` returned when it was minted",
+            2 * TOKEN_ID_BYTES
+        )));
+    }
+    Ok(id.to_ascii_lowercase())
+}
+
 /// A verb a token may allow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -198,7 +215,7 @@ impl Tokens {
         scopes.dedup();
         let iat = now_ms() / 1000;
         let grant = Grant {
-            jti: hex::encode(rand::random::<[u8; 16]>()),
+            jti: hex::encode(rand::random::<[u8; TOKEN_ID_BYTES]>()),
             ty: req.ty,
             id,
             id_prefix,
@@ -263,6 +280,17 @@ impl Tokens {
         Ok(grant)
     }
 
+    /// Whether `grant` no longer opens anything: it expired, or its token
+    /// was revoked since it was verified (a stream it opened ends then).
+    pub fn lapsed(&self, grant: &Grant) -> bool {
+        grant.exp * 1000 <= now_ms()
+            || self
+                .revoked
+                .read()
+                .expect("revocations lock")
+                .contains_key(&grant.jti)
+    }
+
     /// Take the revocations a peer of the cluster has that this node
     /// missed (`(token id, until)`). Returns how many were new.
     pub async fn adopt_revocations(&self, peer: &[(String, u64)]) -> Result<usize, TokenError> {
@@ -299,17 +327,9 @@ impl Tokens {
     /// Revoke the token `token_id` (whether or not this node minted it):
     /// kept until any token could have expired. Whether it is new.
     pub async fn revoke(&self, token_id: &str) -> Result<bool, TokenError> {
-        if token_id.is_empty()
-            || token_id.len() > 64
-            || !token_id.bytes().all(|b| b.is_ascii_hexdigit())
-        {
-            return Err(TokenError::BadRequest(
-                "a token id is the hex `token_id` returned when it was minted".into(),
-            ));
-        }
+        let jti = canonical_token_id(token_id)?;
         let now = now_ms();
         let until = now + MAX_TTL_S * 1000;
-        let jti = token_id.to_owned();
         let new = self
             .storage
             .writer()

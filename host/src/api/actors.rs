@@ -494,6 +494,7 @@ pub(super) async fn events(
     State(s): State<AppState>,
     ActorPath(key): ActorPath,
     Query(q): Query<EventParams>,
+    grant: Option<axum::Extension<crate::tokens::Grant>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     // One rule for the stream and the page: `Last-Event-ID`, when sent,
@@ -504,7 +505,7 @@ pub(super) async fn events(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("text/event-stream"))
     {
-        return super::streams::open(&s.node, key, after);
+        return super::streams::open(&s.node, key, after, grant.map(|g| g.0));
     }
     let limit = Page::LIST.size(q.limit)?;
     let Some(events) = s.node.events(&key, after, limit)? else {

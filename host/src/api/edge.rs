@@ -23,7 +23,7 @@ use tower::{Layer, Service};
 use super::ApiError;
 use super::bodies::BodyBudget;
 use super::clients::ClientGate;
-use crate::tokens::{TokenError, Tokens};
+use crate::tokens::{Grant, TokenError, Tokens};
 
 /// Adds [`Edge`].
 #[derive(Clone)]
@@ -100,13 +100,13 @@ where
         let origin = req.headers().get(header::ORIGIN).cloned();
         let gate = self.gate.clone();
         let mut charge = None;
-        let mut client = false;
+        let mut client = None;
         let early = gate
             .preflight(req.method(), req.headers())
             .map(Ok)
             .or_else(|| match self.authorize(&req) {
-                Ok(by_client) => {
-                    client = by_client;
+                Ok(grant) => {
+                    client = grant;
                     None
                 }
                 Err(e) => Some(Err(e)),
@@ -131,12 +131,15 @@ where
             gate.decorate(origin.as_ref(), &mut resp);
             return Box::pin(std::future::ready(Ok(resp)));
         }
-        if client {
+        if let Some(grant) = client {
             // Only nodes mark what they pass on for a turn (and skip the
             // checks and limits its sender already passed).
             let h = req.headers_mut();
             h.remove(crate::cluster::FROM_ACTOR);
             h.remove(crate::cluster::CALL_CHAIN);
+            // What the request was allowed by: a stream it opens ends when
+            // the token expires or is revoked.
+            req.extensions_mut().insert(grant);
         }
         // Drive the instance that was polled ready; leave a fresh clone behind.
         let clone = self.inner.clone();
@@ -153,33 +156,34 @@ where
 }
 
 impl<S> Edge<S> {
-    /// Whether the request may go on; `true` when it comes with a client
-    /// token (not the admin's, not open).
-    fn authorize(&self, req: &Request) -> Result<bool, ApiError> {
+    /// Whether the request may go on; with the grant of the client token
+    /// it comes with (not the admin's, not open).
+    fn authorize(&self, req: &Request) -> Result<Option<Grant>, ApiError> {
         let Some(token) = &self.token else {
-            return Ok(false);
+            return Ok(None);
         };
         let path = req.uri().path();
         if is_open(path) {
-            return Ok(false);
+            return Ok(None);
         }
         let header = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(bearer);
         let presented = match header {
             Some(p) => p,
             None if path.ends_with("/events") => query_token(req).unwrap_or(""),
             None => "",
         };
         if header.is_some() && constant_time_eq(presented.as_bytes(), token.as_bytes()) {
-            return Ok(false);
+            return Ok(None);
         }
         if Tokens::looks_like_token(presented) {
             let grant = self.tokens.verify(presented).map_err(refusal)?;
             let (ty, id) = grant.allows(req.method(), path).map_err(refusal)?;
-            return self.gate.admit(&grant, &ty, &id).map(|()| true);
+            self.gate.admit(&grant, &ty, &id)?;
+            return Ok(Some(grant));
         }
         Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -187,6 +191,15 @@ impl<S> Edge<S> {
             "missing or wrong bearer token",
         ))
     }
+}
+
+/// The credentials of an `Authorization` value of the `Bearer` scheme,
+/// whose name is case-insensitive (RFC 9110 §11.1).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, credentials) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| credentials.trim_start_matches(' '))
 }
 
 /// Whether `path` is served without a token: health checks, the API

@@ -20,6 +20,7 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +34,7 @@ use crate::ids::ActorKey;
 use crate::node::Node;
 use crate::storage::schema::EventRecord;
 use crate::streams::Subscription;
+use crate::tokens::Grant;
 
 /// Events read from disk per step.
 const PAGE: usize = 256;
@@ -63,8 +65,18 @@ pub(super) fn start_after(headers: &HeaderMap, after: u64) -> Result<u64, ApiErr
     }
 }
 
-/// Open a stream of `key`'s events after `after`.
-pub(super) fn open(node: &Arc<Node>, key: ActorKey, after: u64) -> Result<Response, ApiError> {
+/// How often a stream opened with a client token looks whether the token
+/// was revoked (its expiry it knows).
+const REVOCATION_CHECK: Duration = Duration::from_secs(1);
+
+/// Open a stream of `key`'s events after `after`; opened with a client
+/// token (`grant`), it ends when the token expires or is revoked.
+pub(super) fn open(
+    node: &Arc<Node>,
+    key: ActorKey,
+    after: u64,
+    grant: Option<Grant>,
+) -> Result<Response, ApiError> {
     // Subscribe before the first read: a commit landing in between then
     // wakes the stream instead of being missed.
     let sub = node.event_bus().subscribe(&key).map_err(|e| {
@@ -83,6 +95,7 @@ pub(super) fn open(node: &Arc<Node>, key: ActorKey, after: u64) -> Result<Respon
         queue: VecDeque::from([Event::default().retry(RETRY)]),
         existed: false,
         read_due: true,
+        lapse: grant.map(|g| Box::pin(lapse(node.clone(), g)) as Lapse),
     };
     let stream = futures::stream::unfold(follow, Follow::next);
     let heartbeat = Duration::from_millis(node.config().events.heartbeat_ms.max(100));
@@ -108,6 +121,22 @@ struct Follow {
     existed: bool,
     /// A commit may have added events since the last read.
     read_due: bool,
+    /// Resolves when the client token the stream was opened with lapses.
+    lapse: Option<Lapse>,
+}
+
+type Lapse = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Wait until `grant` expires or its token is revoked.
+async fn lapse(node: Arc<Node>, grant: Grant) {
+    loop {
+        if node.tokens().lapsed(&grant) {
+            tracing::info!(token_id = %grant.jti, "event stream ends: its client token expired or was revoked");
+            return;
+        }
+        let left = Duration::from_millis((grant.exp * 1000).saturating_sub(crate::clock::now_ms()));
+        tokio::time::sleep(left.min(REVOCATION_CHECK)).await;
+    }
 }
 
 impl Follow {
@@ -143,7 +172,14 @@ impl Follow {
                     }
                 }
             }
+            let lapse = async {
+                match self.lapse.as_mut() {
+                    Some(l) => l.await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
+                () = lapse => return None,
                 r = self.sub.changed.changed() => match r {
                     Ok(()) => self.read_due = true,
                     Err(_) => return None,

@@ -56,6 +56,7 @@ pub(super) async fn revoke(
     State(s): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
+    let id = crate::tokens::canonical_token_id(&id)?;
     let new = s.node.tokens().revoke(&id).await?;
     tracing::info!(token_id = %id, "client token revoked");
     Ok(
