@@ -607,14 +607,32 @@ async fn the_key_is_sent_by_the_host_to_its_hosts_only_and_never_comes_back() {
             "{f}: {}",
             r.json
         );
+        // Split over two streamed deltas: the bytes never held it whole,
+        // and it used to reach the guest, its events and the live stream.
+        let (a, b) = KEY.split_at(9);
+        let brk = marmot::fake_provider::DELTA_BREAK;
+        fake.push([Scripted::Text(format!("your key is {a}{brk}{b} ok"))]);
+        let r = api
+            .op(
+                "kit",
+                "a",
+                json!({"op": "chat", "request": {"provider": f, "model": "m",
+                "messages": [{"role": "user", "content": "again?"}], "stream": true}}),
+            )
+            .await;
+        assert_eq!(
+            r.json["answer"]["message"]["content"], "your key is [redacted] ok",
+            "{f}, split: {}",
+            r.json
+        );
     }
     let seen = fake.requests();
     assert_eq!(
         seen[0].header("authorization"),
         Some(format!("Bearer {KEY}").as_str())
     );
-    assert_eq!(seen[1].header("x-api-key"), Some(KEY));
-    assert_eq!(seen[1].header("anthropic-version"), Some("2023-06-01"));
+    assert_eq!(seen[2].header("x-api-key"), Some(KEY));
+    assert_eq!(seen[2].header("anthropic-version"), Some("2023-06-01"));
 
     let r = api
         .op(
@@ -645,8 +663,8 @@ async fn the_key_is_sent_by_the_host_to_its_hosts_only_and_never_comes_back() {
         true
     );
     assert_eq!(api.op("kit", "a", scan(KEY)).await.json["found"], false);
-    // Five turns: two calls, the refused one, two scans.
-    let exports = traces.settled(5).await;
+    // Seven turns: four calls, the refused one, two scans.
+    let exports = traces.settled(7).await;
     assert!(
         !exports.iter().any(|b| common::holds(b, KEY)),
         "an exported trace holds the key"

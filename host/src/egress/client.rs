@@ -231,6 +231,51 @@ impl StreamScrub {
     }
 }
 
+/// [`StreamScrub`] over text that arrives in pieces (a model's answer,
+/// delta by delta): what it releases always ends on a character boundary.
+pub struct TextStreamScrub {
+    bytes: StreamScrub,
+    /// Released bytes that end in the middle of a character.
+    partial: Vec<u8>,
+}
+
+impl TextStreamScrub {
+    /// Scrub a text stream with `scrub`'s values.
+    pub fn new(scrub: Scrub) -> Self {
+        Self {
+            bytes: StreamScrub::new(scrub),
+            partial: Vec::new(),
+        }
+    }
+
+    /// Add `piece`; returns what can be released now (maybe nothing).
+    pub fn push(&mut self, piece: &str) -> String {
+        let out = self.bytes.push(piece.as_bytes());
+        self.release(out, false)
+    }
+
+    /// The end of the stream: release what was held back.
+    pub fn finish(&mut self) -> String {
+        let out = self.bytes.finish();
+        self.release(out, true)
+    }
+
+    fn release(&mut self, out: Vec<u8>, last: bool) -> String {
+        self.partial.extend_from_slice(&out);
+        let whole = match std::str::from_utf8(&self.partial) {
+            Ok(_) => self.partial.len(),
+            Err(e) if e.error_len().is_none() && !last => e.valid_up_to(),
+            Err(_) => self.partial.len(),
+        };
+        let rest = self.partial.split_off(whole);
+        let text = std::mem::replace(&mut self.partial, rest);
+        match String::from_utf8(text) {
+            Ok(t) => t,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }
+    }
+}
+
 /// A response whose body is read as it arrives, scrubbed and capped.
 pub struct StreamingResponse {
     /// Status.
@@ -762,6 +807,22 @@ mod tests {
         );
         assert_eq!(s.text("nothing here".into()), "nothing here");
         assert_eq!(s.bytes(b"sk-12".to_vec()), b"sk-12".to_vec());
+    }
+
+    #[test]
+    fn text_streams_are_scrubbed_across_pieces_and_released_on_character_boundaries() {
+        let mut s = Scrub::default();
+        s.add("clé-secrète".as_bytes());
+        let mut t = TextStreamScrub::new(s);
+        let mut out = String::new();
+        for piece in ["key: cl", "é-se", "crète! ", "naïve ", "café"] {
+            out.push_str(&t.push(piece));
+        }
+        out.push_str(&t.finish());
+        assert_eq!(out, "key: [redacted]! naïve café");
+        // Without values, pieces pass through at once.
+        let mut t = TextStreamScrub::new(Scrub::default());
+        assert_eq!(t.push("é"), "é");
     }
 
     #[test]

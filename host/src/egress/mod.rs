@@ -18,5 +18,7 @@ pub mod policy;
 mod resolve;
 
 pub use budget::ResponseBudget;
-pub use client::{Egress, EgressError, OutboundHeader, OutboundRequest, Scrub, StreamingResponse};
+pub use client::{
+    Egress, EgressError, OutboundHeader, OutboundRequest, Scrub, StreamingResponse, TextStreamScrub,
+};
 pub use policy::HostPattern;

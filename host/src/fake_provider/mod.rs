@@ -34,6 +34,7 @@ use serde_json::{Value, json};
 mod frames;
 mod reading;
 
+pub use frames::DELTA_BREAK;
 use frames::{answer_with, error, sse, start_frames, stream_response, text_frames};
 use reading::{check, echo};
 

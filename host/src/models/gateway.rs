@@ -24,6 +24,7 @@ use super::budget::{Ledger, Spend};
 use super::chat::{Attempt, ChatRequest, ChatResponse, Delta, Target, sendable};
 use super::errors::{ErrorKind, ProviderError};
 use super::providers::{Provider, Providers};
+use super::scrub;
 use super::sse::SseParser;
 use super::wire::{Decoded, Flow};
 use crate::config::{EgressConfig, ModelsConfig};
@@ -209,7 +210,15 @@ impl Gateway {
                         observer,
                         &mut emitted,
                     )
-                    .await;
+                    .await
+                    .map(|mut d| {
+                        scrub::decoded(&mut d, &scrub);
+                        d
+                    })
+                    .map_err(|mut e| {
+                        e.message = scrub.text(std::mem::take(&mut e.message));
+                        e
+                    });
                 let outcome = match &r {
                     Ok(_) => "ok",
                     Err(e) => e.kind.code(),
@@ -357,13 +366,16 @@ impl Gateway {
                     &resp.body,
                 ));
             }
-            let json = serde_json::from_slice(&resp.body).map_err(|_| {
+            let mut json = serde_json::from_slice(&resp.body).map_err(|_| {
                 ProviderError::new(
                     ErrorKind::Server,
                     Some(resp.status),
                     "the response is not JSON".into(),
                 )
             })?;
+            if !scrub.is_empty() {
+                scrub::value(&mut json, scrub);
+            }
             return provider.format.decode(json);
         }
         let mut resp = self
@@ -388,6 +400,7 @@ impl Gateway {
         let mut parser = SseParser::default();
         let mut decoder = provider.format.stream();
         let mut deltas = Vec::new();
+        let mut scrubbed = scrub::Deltas::new(scrub);
         'read: loop {
             let chunk = resp.next(64 << 10).await.map_err(egress_error)?;
             let events = match &chunk {
@@ -397,7 +410,7 @@ impl Gateway {
             .map_err(|why| ProviderError::new(ErrorKind::Server, None, why))?;
             for ev in events {
                 let flow = decoder.event(&ev, &mut deltas);
-                for d in deltas.drain(..) {
+                for d in deltas.drain(..).filter_map(|d| scrubbed.delta(d)) {
                     *emitted = true;
                     observer.delta(&d);
                 }
@@ -408,6 +421,10 @@ impl Gateway {
             if chunk.is_none() {
                 break;
             }
+        }
+        for d in scrubbed.finish() {
+            *emitted = true;
+            observer.delta(&d);
         }
         provider.format.decode(decoder.finish()?)
     }

@@ -24,6 +24,7 @@ pub mod chat;
 pub mod errors;
 pub mod gateway;
 pub mod providers;
+mod scrub;
 mod sse;
 pub mod wire;
 
