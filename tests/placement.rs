@@ -68,6 +68,20 @@ async fn actors_live_in_the_region_asked_and_move_with_all_their_data() {
     assert_eq!(r.status, 400, "{}", r.json);
     assert_eq!(r.json["error"]["code"], "unknown_region");
     assert_eq!(c.api(1).get("/v1/actors/kit/lost").await.status, 404);
+    // A long name is not repeated whole.
+    let long = "m".repeat(5000);
+    for path in [
+        format!("/v1/actors/kit/lost?region={long}"),
+        format!("/v1/actors/kit/mover/move?region={long}"),
+    ] {
+        let r = c.api(0).post_json(&path, &add).await;
+        let message = r.json["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.len() < 300 && message.contains("mmm…"),
+            "{}",
+            r.json
+        );
+    }
     // An existing actor stays where it is whatever a message asks.
     let r = c
         .api(1)

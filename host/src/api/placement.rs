@@ -77,7 +77,8 @@ pub(super) fn wanted_region(
             return Err(ApiError::bad_request(
                 "unknown_region",
                 format!(
-                    "no live node is in region `{region}` (regions: {})",
+                    "no live node is in region `{}` (regions: {})",
+                    crate::cluster::shown_region(&region),
                     known.join(", ")
                 ),
             ));

@@ -53,6 +53,16 @@ pub use view::View;
 /// (and retries, or reports).
 pub(super) const ETCD_CALL: Duration = Duration::from_secs(5);
 
+/// A region a client named, as an error shows it: cut after 64 characters
+/// (a client may send any length; the answer need not repeat it).
+pub fn shown_region(region: &str) -> String {
+    const SHOWN: usize = 64;
+    match region.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}…", &region[..cut]),
+        None => region.to_owned(),
+    }
+}
+
 /// Where a request for an actor goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
@@ -614,10 +624,15 @@ impl Inner {
             },
             None => Route::Unavailable {
                 slot,
-                why: format!(
-                    "its owner `{}` is down and the slot has no backup yet",
-                    r.owner
-                ),
+                why: match r.backup.as_deref() {
+                    Some(b) if v.members.contains_key(b) => format!(
+                        "its owner `{}` is down; its backup `{b}` takes the slot over once \
+                         the owner's lease has expired (seconds)",
+                        r.owner
+                    ),
+                    Some(b) => format!("its owner `{}` and its backup `{b}` are down", r.owner),
+                    None => format!("its owner `{}` is down and the slot has no backup", r.owner),
+                },
             },
         }
     }

@@ -624,6 +624,6 @@ fn owner_of(cluster: &Cluster, slot: u32, what: &str) -> Result<(u64, Option<Str
 fn slot_in(cluster: &Cluster, key: &ActorKey, region: &str) -> Result<u32, MoveError> {
     cluster.slot_in_region(key, region).ok_or_else(|| {
         let regions: Vec<String> = cluster.regions().into_iter().collect();
-        MoveError::NoRegion(region.to_owned(), regions.join(", "))
+        MoveError::NoRegion(crate::cluster::shown_region(region), regions.join(", "))
     })
 }
