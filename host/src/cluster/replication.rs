@@ -384,7 +384,8 @@ impl Sender {
 
 fn lost(b: &ReplicaBatch) -> Fate {
     Fate::Lost(format!(
-        "slot {} moved to another node before its backup had this commit",
+        "slot {} moved to another node before its backup had this commit \
+         (every turn committed with it fails, whichever slot its actor is in)",
         b.slot
     ))
 }
