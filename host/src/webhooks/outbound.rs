@@ -140,11 +140,24 @@ impl SubscriptionSpec {
 pub fn subscription_json(name: &str, s: &SubscriptionRecord) -> serde_json::Value {
     serde_json::json!({
         "name": name,
-        "url": s.url,
+        "url": shown_url(&s.url),
         "events": s.events,
         "types": s.types,
         "created_at_ms": s.created_at_ms,
     })
+}
+
+/// A subscription's URL as the API shows it: a password in it (basic
+/// auth for the receiver) is replaced with `***`, like the signing secret
+/// it is never shown back.
+fn shown_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_owned(),
+    }
 }
 
 /// A delivery as the API shows it.
@@ -442,6 +455,22 @@ fn transport_error(e: &reqwest::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_password_in_a_subscription_url_is_never_shown_back() {
+        assert_eq!(
+            shown_url("https://hooks:s3cret@example.com/in?x=1"),
+            "https://hooks:***@example.com/in?x=1"
+        );
+        assert_eq!(
+            shown_url("https://example.com/in"),
+            "https://example.com/in"
+        );
+        assert_eq!(
+            shown_url("https://user@example.com/"),
+            "https://user@example.com/"
+        );
+    }
 
     #[test]
     fn the_default_schedule_retries_for_more_than_a_day() {
