@@ -455,6 +455,13 @@ fn check_hosts(hosts: Vec<String>) -> Result<Vec<String>, SecretError> {
     for h in &hosts {
         let p = HostPattern::parse(h).map_err(|e| SecretError::Invalid(format!("hosts: {e}")))?;
         let p = p.to_string();
+        // `*.com` would let the value go to any .com host.
+        if p.strip_prefix("*.").is_some_and(|d| !d.contains('.')) {
+            return Err(SecretError::Invalid(format!(
+                "hosts: `{p}` covers a whole top-level domain; name the hosts or a \
+                 domain under it (*.example.com)"
+            )));
+        }
         if !out.contains(&p) {
             out.push(p);
         }
@@ -541,6 +548,15 @@ mod tests {
             store.put("K", b"v", vec!["https://x.com".into()]).await,
             Err(SecretError::Invalid(_))
         ));
+        assert!(matches!(
+            store.put("K", b"v", vec!["*.com".into()]).await,
+            Err(SecretError::Invalid(m)) if m.contains("top-level domain")
+        ));
+        store
+            .put("W", b"v", vec!["*.example.com".into()])
+            .await
+            .unwrap();
+        store.delete("W").await.unwrap();
         let listed = store.list().unwrap();
         assert_eq!(listed.len(), 1, "{listed:?}");
         assert_eq!(
