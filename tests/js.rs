@@ -188,6 +188,11 @@ async fn javascript_errors_are_clear_and_commit_nothing() {
             "throw new TypeError('no config'); export default { onMessage() {} };",
             "TypeError: no config",
         ),
+        // It read as "none of the handlers".
+        (
+            "export default { get onMessage() { throw new RangeError('lazy'); } };",
+            "reading `onMessage` of the default export threw: RangeError: lazy",
+        ),
         // It read as a module that used timers, deployed, and every turn
         // then failed.
         (

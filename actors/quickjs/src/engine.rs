@@ -229,11 +229,18 @@ impl Engine {
         let context = self.context.clone();
         let loaded = context.with(|ctx| {
             let handlers = self.handlers(&ctx)?;
-            let any = HANDLERS.iter().any(|name| {
-                handlers
-                    .get::<_, Value<'_>>(*name)
-                    .is_ok_and(|f| f.is_function())
-            });
+            let mut any = false;
+            for name in HANDLERS {
+                // A getter that throws is what the author should read about,
+                // not "none of the handlers".
+                let handler = handlers.get::<_, Value<'_>>(name).map_err(|e| {
+                    format!(
+                        "reading `{name}` of the default export threw: {}",
+                        describe_error(&ctx, e)
+                    )
+                })?;
+                any |= handler.is_function();
+            }
             if any {
                 Ok(())
             } else {
