@@ -511,6 +511,79 @@ export default {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
+    // A turn's first message to its own actor is how it continues its work
+    // (the agent harness steps its runs so): not counted, so a chain of them
+    // runs at its own pace. A second one in the same turn is counted: a turn
+    // that doubles itself is held to the rate.
+    let chain = r#"
+import { state, actors } from "marmot";
+export default {
+  onMessage(body, ctx) {
+    const n = (state.get("n") ?? 0) + 1;
+    state.set("n", n);
+    if (n < body.upto) actors.send(ctx.type, ctx.id, body);
+    if (body.twice) {
+      try { actors.send(ctx.type, ctx.id, { upto: 0 }); } catch (e) { state.set("refused", String(e)); }
+    }
+  },
+};
+"#;
+    let manifest = json!({"kind": "js", "code": chain,
+        "config": {"rate_limit_per_s": 1, "rate_limit_burst": 1}});
+    assert_eq!(api.deploy_manifest("chain", &manifest).await.status, 201);
+    let started = Instant::now();
+    let r = api
+        .post_json("/v1/actors/chain/c?wait=false", &json!({"upto": 20}))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    loop {
+        let n = api
+            .get("/v1/actors/chain/c/state/n")
+            .await
+            .json
+            .as_u64()
+            .unwrap_or(0);
+        if n == 20 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the chain stalled at {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // With the bucket spent (the refill is 1/s, so a try may race it): the
+    // turn's first send to itself goes, its second is refused.
+    let mut held = false;
+    for attempt in 0..3 {
+        while api
+            .post_json("/v1/actors/chain/spend", &json!({"upto": 0}))
+            .await
+            .status
+            != 429
+        {}
+        let id = format!("d{attempt}");
+        // Passed on by a node: the message itself is not counted.
+        let r = api
+            .post_with(
+                &format!("/v1/actors/chain/{id}"),
+                &json!({"upto": 2, "twice": true}),
+                &[("x-marmot-from-actor", "1")],
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.json);
+        let refused = api
+            .get(&format!("/v1/actors/chain/{id}/state/refused"))
+            .await;
+        if refused.status == 200 {
+            let why = refused.json.as_str().unwrap_or_default();
+            assert!(why.contains("rate_limit_per_s"), "{why}");
+            held = true;
+            break;
+        }
+    }
+    assert!(held, "a turn's second send to itself was never counted");
+
     // Webhooks: counted once verified, so a forged one is still a 401.
     let mut config = limits;
     config["webhook_secret"] = json!(secret);

@@ -91,6 +91,9 @@ pub struct ActorsCtx {
     durable_before: Option<DurableBefore>,
     /// Messages sent with `actors.send`, queued when the turn commits.
     sends: Vec<(ActorKey, InboxRecord)>,
+    /// The turn sent its own actor a message the type's rate limit did not
+    /// count (see [`ActorsCtx::counts_against_rate`]).
+    continued: bool,
 }
 
 impl ActorsCtx {
@@ -104,7 +107,22 @@ impl ActorsCtx {
             chain,
             durable_before,
             sends: Vec::new(),
+            continued: false,
         }
+    }
+
+    /// Whether a send from actor `from` to `to` counts against the
+    /// recipient type's rate limit. A turn's first message to its own actor
+    /// does not: it is how a turn continues its work in the next one (the
+    /// agent harness steps a run that way), and a chain of one per turn
+    /// never grows the inbox. Every further one does, so a turn that sends
+    /// itself two or more (which grows without bound) is held to the rate.
+    fn counts_against_rate(&mut self, from: &ActorKey, to: &ActorKey) -> bool {
+        if from == to && !self.continued {
+            self.continued = true;
+            return false;
+        }
+        true
     }
 
     /// Queue a message to `to`, sent durably if and only if this turn
@@ -262,7 +280,9 @@ impl actors::Host for Host {
         if let Err(e) = turn.actors.check_send(body.len()) {
             return Ok(Err(e.into()));
         }
-        if let Err(e) = calls.admit(&actor_type) {
+        if turn.actors.counts_against_rate(&turn.key, &to)
+            && let Err(e) = calls.admit(&actor_type)
+        {
             return Ok(Err(e));
         }
         Ok(turn.actors.send(to, body, now_ms()).map_err(Into::into))
