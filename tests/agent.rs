@@ -368,6 +368,27 @@ async fn runs_can_be_cancelled_and_budgets_stop_them() {
         "a tool ran after the cancel: {events:#?}"
     );
     assert!(rig.tickets.posts().is_empty());
+    // The next run is the next input's: it asks the model, and neither
+    // runs nor asks again for the cancelled run's call (it did both, and a
+    // provider refused the conversation from then on: the call had no
+    // result).
+    rig.fake.push([Scripted::Text("a fresh answer".into())]);
+    let r = rig
+        .api
+        .post_json("/v1/actors/slow/s1", &json!({"input": "something else"}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["output"], "a fresh answer", "{}", r.json);
+    let events = rig.events("slow", "s1").await;
+    let asks = events
+        .iter()
+        .filter(|e| e["kind"] == "approval_requested")
+        .count();
+    assert_eq!(
+        asks, 1,
+        "the cancelled call was asked for again: {events:#?}"
+    );
+    assert!(rig.tickets.posts().is_empty(), "the cancelled call ran");
     let r = rig
         .api
         .post_json("/v1/actors/counter/x/runs/abc/cancel", &json!({}))

@@ -696,6 +696,7 @@ impl Harness {
 
     /// The run is over: clear it and start the next queued input.
     fn end(&self, run: Run) -> Result<()> {
+        close_calls()?;
         store::clear_run();
         store::set_pending(None)?;
         store::clear_approvals();
@@ -709,6 +710,26 @@ impl Harness {
         }
         Ok(())
     }
+}
+
+/// Give every call of the last model answer that has no result yet one
+/// saying it was never made: the run ended (cancelled, out of time or
+/// budget) before it ran. Without it, the next run's first step took the
+/// call for its own and ran it, unasked (found by a probe: a cancelled
+/// run's payment went out in the next, unrelated run), and providers refuse
+/// a conversation whose call is not followed by its result.
+fn close_calls() -> Result<()> {
+    // One result per call: the loop ends after as many rounds as there
+    // are calls.
+    while let Some((call_id, _, _)) = next_call(&store::transcript()?) {
+        store::append(&json!({
+            "role": "tool",
+            "tool_call_id": call_id,
+            "content": "Not run: the run ended before this call was made.",
+            "is_error": true,
+        }))?;
+    }
+    Ok(())
 }
 
 /// The run id of a run started by a delivery other than an input (an
