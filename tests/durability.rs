@@ -407,3 +407,64 @@ async fn a_new_actor_is_created_in_its_first_turns_commit() {
         assert_eq!(api.add("kit", &format!("new{i}"), 1).await.json["value"], 2);
     }
 }
+
+/// A recovery attempt counts only a turn that started: a message or alarm
+/// present at boot that waits for a free JavaScript sandbox (or memory)
+/// and gives up for now is not one step closer to `recovery_exhausted`.
+/// It was: one `kill -9` while the pool was busy gave up queued messages
+/// and alarms that never ran (found by a probe; here with one attempt
+/// allowed, so any counted wait gives one up).
+#[tokio::test]
+async fn a_crash_does_not_give_up_what_waits_for_a_sandbox_after_it() {
+    let dir = tempdir();
+    let config = "[limits]\nmax_js_sandboxes = 16\n[recovery]\nmax_attempts = 1\n";
+    let mut m = Marmot::start_opts(&dir.path().join("data"), &[], Some(config)).await;
+    let api = m.client();
+    let slow = r#"
+import { state, alarms } from "marmot";
+const nap = () => new Promise((r) => setTimeout(r, 2500));
+export default {
+  async onMessage(body) {
+    if (body.alarm) { alarms.set("later", { after: 300 }); return "set"; }
+    await nap();
+    state.set("ran", (state.get("ran") ?? 0) + 1);
+  },
+  async onAlarm() {
+    await nap();
+    state.set("ran", (state.get("ran") ?? 0) + 1);
+  },
+};
+"#;
+    assert_eq!(api.deploy_js("slow", slow).await.status, 201);
+    let ids: Vec<String> = (0..24).map(|i| format!("s{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let path = format!("/v1/actors/slow/{id}");
+        if i % 2 == 0 {
+            let r = api
+                .post_json(&format!("{path}?wait=false"), &json!({}))
+                .await;
+            assert_eq!(r.status, 202, "{}", r.json);
+        } else {
+            let r = api.post_json(&path, &json!({"alarm": true})).await;
+            assert_eq!(r.status, 200, "{}", r.json);
+        }
+    }
+    // Down while the alarms fall due; everything is due at boot.
+    m.kill9();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    m.restart().await;
+    let api = m.client();
+    for id in &ids {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let ran = api.get(&format!("/v1/actors/slow/{id}/state/ran")).await;
+            if ran.json == 1 {
+                break;
+            }
+            let events = api.get(&format!("/v1/actors/slow/{id}/events")).await.json;
+            assert_eq!(events["events"], json!([]), "{id} was given up");
+            assert!(std::time::Instant::now() < deadline, "{id} never ran");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}

@@ -71,9 +71,10 @@ impl ActorTask {
                 }
             },
         };
-        if due < self.env.boot.at_ms {
-            // Due before this node started: its turn may be what brought the
-            // node down. Count the attempt durably before running it again.
+        // Due before this node started: its turn may be what brought the
+        // node down. Count the attempt durably before running it again.
+        let counted = due < self.env.boot.at_ms;
+        if counted {
             let max = self.env.config.recovery.max_attempts;
             if rec.boot_attempts >= max {
                 let error = format!(
@@ -115,6 +116,9 @@ impl ActorTask {
             .observe(now.saturating_sub(due) as f64 / 1000.0);
         if let Err(e) = self.ensure_version().await {
             tracing::warn!(actor = %self.key, alarm = %name, error = %e, "alarm waits for the upgrade");
+            if counted {
+                self.uncount_alarm(&name, &rec).await;
+            }
             ticket.retry_later(if super::not_started(&e) {
                 ALARM_RETRY_MS
             } else {
@@ -166,6 +170,9 @@ impl ActorTask {
                 (finished, extras)
             }
             Err(e) if super::not_started(&e) => {
+                if counted {
+                    self.uncount_alarm(&name, &rec).await;
+                }
                 ticket.retry_later(ALARM_RETRY_MS);
                 return;
             }
@@ -202,6 +209,22 @@ impl ActorTask {
             }
         };
         self.submit_alarm(finished, extras, ticket);
+    }
+
+    /// Take back the attempt counted for a boot-due alarm whose turn did
+    /// not start after all (no sandbox free, no guest memory, storage): it
+    /// cannot have crashed anything. Counted, one `kill -9` while the pool
+    /// was busy gave up alarms that never ran (found by a probe).
+    async fn uncount_alarm(&mut self, name: &str, rec: &AlarmRecord) {
+        let mut rec = rec.clone();
+        rec.boot_attempts = rec.boot_attempts.saturating_sub(1);
+        let _ = self
+            .submit_and_wait(CommitExtras {
+                bookkeeping: true,
+                alarm: Some((name.to_owned(), Some(rec))),
+                ..Default::default()
+            })
+            .await;
     }
 
     /// Commit an alarm's outcome; the ticket is settled once it is durable

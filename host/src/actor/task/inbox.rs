@@ -85,7 +85,8 @@ impl ActorTask {
     /// stays queued), true when it ran or was settled.
     async fn run_inbox_message(&mut self, seq: u64, mut row: InboxRecord) -> bool {
         let max_attempts = self.env.config.recovery.max_attempts;
-        if seq <= self.env.boot.inbox_seq {
+        let counted = seq <= self.env.boot.inbox_seq;
+        if counted {
             // Present at boot: it may be what crashed the node. Count the
             // attempt durably before running it again.
             if row.attempts >= max_attempts {
@@ -141,6 +142,7 @@ impl ActorTask {
         }
         if let Err(e) = self.ensure_version().await {
             if super::not_started(&e) {
+                self.uncount(counted, seq, row).await;
                 return false;
             }
             self.fail_inbox_message(seq, row, e.code(), e.to_string());
@@ -192,10 +194,32 @@ impl ActorTask {
                     done_inbox(&self.env),
                 );
             }
-            Err(e) if super::not_started(&e) => return false,
+            Err(e) if super::not_started(&e) => {
+                self.uncount(counted, seq, row).await;
+                return false;
+            }
             Err(e) => self.fail_inbox_message(seq, row, e.code(), e.to_string()),
         }
         true
+    }
+
+    /// Take back the attempt counted for a message present at boot whose
+    /// turn did not start after all (no sandbox free, no guest memory, the
+    /// code not loadable, storage): it cannot have crashed anything.
+    /// Counted, one `kill -9` while the instance pool was busy gave up
+    /// queued messages that never ran (a probe: 23 of 120).
+    async fn uncount(&mut self, counted: bool, seq: u64, mut row: InboxRecord) {
+        if !counted {
+            return;
+        }
+        row.attempts = row.attempts.saturating_sub(1);
+        let _ = self
+            .submit_and_wait(CommitExtras {
+                inbox_update: Some((seq, row)),
+                bookkeeping: true,
+                ..Default::default()
+            })
+            .await;
     }
 
     /// A durable message failed: record a visible `turn_failed` event and
