@@ -382,6 +382,35 @@ async fn more_javascript_actors_than_sandboxes_take_turns_by_making_room() {
     assert!(hibernations >= 24.0, "actors made room: {hibernations}");
 }
 
+/// A deploy while every JavaScript sandbox is in a turn is a 503 to retry
+/// (nothing is deployed), not a 400 saying the code is wrong; once the
+/// turns are over, idle actors make way for it as for a waking actor.
+#[tokio::test]
+async fn a_deploy_while_every_sandbox_is_busy_is_told_to_retry() {
+    let (_dir, _m, api) = node(Some("[limits]\nmax_js_sandboxes = 16\n")).await;
+    let nap =
+        "export default { async onMessage() { await new Promise((r) => setTimeout(r, 2000)); } };";
+    assert_eq!(api.deploy_js("nap", nap).await.status, 201);
+    let busy: Vec<_> = (0..16)
+        .map(|i| {
+            let api = api.clone();
+            tokio::spawn(async move {
+                api.post_json(&format!("/v1/actors/nap/n{i}"), &json!({}))
+                    .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let r = api.deploy_js("later", COUNTER_JS).await;
+    assert_eq!((r.status, r.code()), (503, "overloaded"), "{}", r.json);
+    assert!(r.headers.contains_key("retry-after"));
+    assert_eq!(api.get("/v1/types/later").await.status, 404);
+    for b in busy {
+        assert_eq!(b.await.unwrap().status, 200);
+    }
+    assert_eq!(api.deploy_js("later", COUNTER_JS).await.status, 201);
+}
+
 #[tokio::test]
 async fn globals_async_timers_encoding_and_randomness() {
     let (_dir, _m, api) = node(None).await;

@@ -24,6 +24,7 @@ mod task;
 pub use crate::sandbox::EvalReply;
 pub use env::{ActorEnv, Boot, Parts};
 pub use registry::Registry;
+pub(crate) use task::ROOM_BACKOFF_MS;
 
 use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, oneshot};

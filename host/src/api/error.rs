@@ -107,6 +107,11 @@ impl From<DeployError> for ApiError {
         match e {
             DeployError::Name(e) => Self::bad_request("invalid_type_name", e.to_string()),
             DeployError::Config(m) => Self::bad_request("invalid_config", m),
+            DeployError::Code(c @ crate::sandbox::CodeError::Busy(_)) => {
+                let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", c.to_string());
+                e.retry_after = Some(1);
+                e
+            }
             DeployError::Code(c) => Self::bad_request("invalid_code", c.to_string()),
             DeployError::TooLarge { .. } => Self::new(
                 StatusCode::PAYLOAD_TOO_LARGE,

@@ -169,8 +169,7 @@ impl Node {
             (engine, None)
         } else if js {
             let module = Arc::new(crate::catalog::js_module(ty, code.clone())?);
-            self.sandbox
-                .check_js(&module.name, &module.source, &resolved)
+            self.check_js_with_room(&module.name, &module.source, &resolved)
                 .await?;
             let sandbox = self.sandbox.clone();
             let (m, config) = (module.clone(), resolved.clone());
@@ -296,5 +295,33 @@ impl Node {
         self.models.ledger().forget_type(ty);
         tracing::info!(ty, actors_deleted = deleted, "type deleted");
         Ok(deleted)
+    }
+}
+
+impl Node {
+    /// Check a JavaScript module in a sandbox of the node's pool. When every
+    /// sandbox is held, idle actors are asked to make way, as for a waking
+    /// actor, for about two seconds; then the deploy is refused as busy (a
+    /// 503 to retry), never as bad code. It was a 400 `invalid_code` while
+    /// the pool was full (found by a probe).
+    async fn check_js_with_room(
+        &self,
+        name: &str,
+        source: &str,
+        config: &crate::config::ResolvedTypeConfig,
+    ) -> Result<(), CodeError> {
+        let mut backoff = crate::actor::ROOM_BACKOFF_MS.iter();
+        loop {
+            match self.sandbox.check_js(name, source, config).await {
+                Err(CodeError::Busy(why)) => {
+                    let Some(&ms) = backoff.next() else {
+                        return Err(CodeError::Busy(why));
+                    };
+                    self.actors.make_room_for_js();
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+                checked => return checked,
+            }
+        }
     }
 }

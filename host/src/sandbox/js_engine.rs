@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 
 use super::caps::CapSet;
 use super::snapshot::{Preinit, PreloadError, PreloadLimits};
-use super::{CodeError, Host, InstanceSpec, JsModule, Prepared, Sandbox};
+use super::{CodeError, Host, InstanceSpec, InstantiateError, JsModule, Prepared, Sandbox};
 use crate::config::ResolvedTypeConfig;
 
 /// The engine's snapshot and what builds snapshots, each made on first use.
@@ -195,10 +195,14 @@ impl Sandbox {
             http: None,
             models: None,
         };
-        let mut inst = self
-            .instantiate(&engine, spec)
-            .await
-            .map_err(|e| CodeError::Invalid(format!("cannot start the JavaScript engine: {e}")))?;
+        let mut inst = self.instantiate(&engine, spec).await.map_err(|e| match e {
+            InstantiateError::TooManyJs(_) | InstantiateError::NoRoom(_) => {
+                CodeError::Busy(format!("cannot check the module: {e}"))
+            }
+            InstantiateError::Failed(_) => {
+                CodeError::Invalid(format!("cannot start the JavaScript engine: {e}"))
+            }
+        })?;
         inst.check_js(name, source).await.map_err(CodeError::Script)
     }
 

@@ -194,6 +194,10 @@ pub enum CodeError {
     /// A JavaScript module that does not compile.
     #[error("invalid JavaScript module: {0}")]
     Script(String),
+    /// Nothing wrong with the code: the node had no sandbox free to check
+    /// it in (every one busy with a turn). Retry.
+    #[error("the node is busy: {0}; retry shortly")]
+    Busy(String),
 }
 
 /// Dropped instances whose memory is decommitted together. Until a batch

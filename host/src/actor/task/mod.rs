@@ -50,6 +50,7 @@ use crate::storage::{Fence, StorageError, WriteOp};
 use commit::CommitExtras;
 use trim::TrimClock;
 use turn::Live;
+pub(crate) use turn::ROOM_BACKOFF_MS;
 
 /// Cap on the state cache of one actor before committed entries are
 /// dropped (0 while all actors' caches hold more than the node's budget:

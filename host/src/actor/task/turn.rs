@@ -443,7 +443,7 @@ impl ActorTask {
 
 /// Back-off (ms) between attempts to get a slot in a full instance pool:
 /// about two seconds in all before the turn is refused with 503.
-const ROOM_BACKOFF_MS: [u64; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
+pub(crate) const ROOM_BACKOFF_MS: [u64; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
 
 /// Instantiate `pre`; if the pool is full, or all JavaScript sandboxes
 /// are in use, ask the least recently used idle actors holding what is
