@@ -389,7 +389,7 @@ async fn more_javascript_actors_than_sandboxes_take_turns_by_making_room() {
 async fn a_deploy_while_every_sandbox_is_busy_is_told_to_retry() {
     let (_dir, _m, api) = node(Some("[limits]\nmax_js_sandboxes = 16\n")).await;
     let nap =
-        "export default { async onMessage() { await new Promise((r) => setTimeout(r, 2000)); } };";
+        "export default { async onMessage() { await new Promise((r) => setTimeout(r, 4000)); } };";
     assert_eq!(api.deploy_js("nap", nap).await.status, 201);
     let busy: Vec<_> = (0..16)
         .map(|i| {
