@@ -423,8 +423,19 @@ export default {
     let started = Instant::now();
     let (mut taken, mut refused) = (0, 0);
     for i in 0..10 {
+        // The first carries an Idempotency-Key, repeated below.
+        let key = format!("key-{i}");
+        let headers: &[(&str, &str)] = if i == 0 {
+            &[("idempotency-key", &key)]
+        } else {
+            &[]
+        };
         let r = api
-            .post_json(&format!("/v1/actors/limited/c{}", i % 2), &json!({}))
+            .post_with(
+                &format!("/v1/actors/limited/c{}", i % 2),
+                &json!({}),
+                headers,
+            )
             .await;
         match r.status {
             200 => taken += 1,
@@ -467,6 +478,20 @@ export default {
         .post_json("/v1/actors/limited/c0?wait=false", &json!({}))
         .await;
     assert_eq!(r.status, 429, "queued past the limit: {}", r.json);
+    // A repeat of a taken key runs nothing, so it is not counted: it gets
+    // the first reply, however spent the bucket.
+    for path in ["/v1/actors/limited/c0", "/v1/actors/limited/c0?wait=false"] {
+        let r = api
+            .post_with(path, &json!({}), &[("idempotency-key", "key-0")])
+            .await;
+        assert!(
+            r.status == 200 || r.status == 202,
+            "{path}: {} {}",
+            r.status,
+            r.json
+        );
+        assert_eq!(r.headers["idempotent-replayed"], "true", "{path}");
+    }
 
     // Other actors: sends past the limit fail in the turn, which may catch
     // them; those taken arrive.
@@ -636,6 +661,23 @@ export default {
         .await;
     assert_eq!(forged.status, 401, "{}", forged.json);
     assert_eq!(forged.code(), "invalid_signature");
+    // A redelivery of a taken hook is acknowledged as the duplicate it is.
+    let body = br#"{"n": 1}"#;
+    let headers = common::signed(&secret, "msg_0", common::now_s(), body);
+    let h: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let again = api
+        .req(
+            Method::POST,
+            "/v1/hooks/hooked/h/support",
+            Some(("application/json", body.to_vec())),
+            &h,
+        )
+        .await;
+    assert_eq!(again.status, 202, "{}", again.json);
+    assert_eq!(again.json["duplicate"], true, "{}", again.json);
     let got = api
         .get("/v1/actors/hooked/h/state/n")
         .await

@@ -121,6 +121,11 @@ impl TypeEntry {
         }
     }
 
+    /// Whether the type sets a rate limit.
+    pub fn is_rate_limited(&self) -> bool {
+        self.rate.read().expect("type rate lock").is_some()
+    }
+
     /// Count one message to the type's actors against its rate limit:
     /// refused past it. Free when the type sets none.
     pub fn admit(&self) -> Result<(), RateLimited> {

@@ -70,11 +70,19 @@ pub(super) async fn send(
     } else if kind == Some(CodeKind::Js) && !from_actor {
         declared_json_parses(content_type.as_deref(), &body)?;
     }
-    // A message another node passes on was counted by the sending turn.
+    // A message another node passes on was counted by the sending turn,
+    // and a repeat of a taken Idempotency-Key runs nothing.
     if let Some(entry) = &entry
         && !from_actor
+        && entry.is_rate_limited()
     {
-        entry.admit()?;
+        let repeat = match &idempotency_key {
+            Some(k) => s.node.is_repeat(&key, k)?,
+            None => false,
+        };
+        if !repeat {
+            entry.admit()?;
+        }
     }
     if agent_input {
         return run(&s, &key, body, idempotency_key, q.wait).await;

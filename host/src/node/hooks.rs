@@ -89,8 +89,17 @@ impl Node {
         let hooks = &self.config.webhooks;
         let (key, delivery_id, message) =
             inbound::prepare(&config, ty, id, name, headers, body, hooks.tolerance_s)?;
-        // Counted once verified: a forged hook costs the type nothing.
-        entry.admit()?;
+        // Counted once verified (a forged hook costs the type nothing), and
+        // not for a redelivery, which runs nothing.
+        if entry.is_rate_limited() {
+            let repeat = match &message.idempotency_key {
+                Some(k) => self.is_repeat(&key, k).map_err(TurnError::from)?,
+                None => false,
+            };
+            if !repeat {
+                entry.admit()?;
+            }
+        }
         let (message_id, duplicate) = match self
             .deliver_webhook(&key, message, hooks.dedupe_ttl_ms)
             .await?

@@ -82,6 +82,19 @@ impl Node {
             || self.storage.reader()?.actor(key)?.is_some())
     }
 
+    /// Whether a message to `key` with idempotency key `idem` was already
+    /// taken (its outcome is kept): a repeat runs nothing, so a type's rate
+    /// limit does not count it. Committed records only; a repeat of one
+    /// still in flight is counted.
+    pub fn is_repeat(&self, key: &ActorKey, idem: &str) -> Result<bool, StorageError> {
+        let r = self.storage.reader()?;
+        let Some(rec) = r.actor(key)? else {
+            return Ok(false);
+        };
+        Ok(r.idempotency(rec.num, idem)?
+            .is_some_and(|i| i.expires_at_ms > crate::clock::now_ms()))
+    }
+
     /// What is known about an actor (its committed state).
     pub fn actor_info(&self, key: &ActorKey) -> Result<Option<ActorInfo>, StorageError> {
         let r = self.storage.reader()?;
