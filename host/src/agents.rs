@@ -161,6 +161,9 @@ pub fn check(manifest: &Value, config: &TypeConfig) -> Result<String, String> {
     if m.model.provider.is_empty() || m.model.name.is_empty() {
         return Err("agent.model needs a provider and a name".into());
     }
+    if m.model.max_output_tokens == Some(0) {
+        return Err("agent.model.max_output_tokens must be at least 1".into());
+    }
     let hosts: Vec<HostPattern> = config
         .allowed_hosts
         .iter()
@@ -178,10 +181,27 @@ pub fn check(manifest: &Value, config: &TypeConfig) -> Result<String, String> {
             .find(|(k, _)| *k == kind)
             .map(|(_, keys)| *keys)
             .ok_or_else(|| {
-                format!("{at}.kind must be code, http, actor or client, not `{kind}`")
+                format!("{at}.kind must be code, http, actor, client or files, not `{kind}`")
             })?;
         if let Some(k) = obj.keys().find(|k| !keys.contains(&k.as_str())) {
             return Err(format!("{at}: unknown key `{k}` for a {kind} tool"));
+        }
+        // What the harness reads as text must be text: it reads the manifest
+        // with its own types, and a value it cannot read failed every run
+        // of a type this check had let through (found by a probe).
+        for key in ["name", "description", "method"] {
+            if obj.get(key).is_some_and(|v| !v.is_string()) {
+                return Err(format!("{at}.{key} must be a string"));
+            }
+        }
+        if let Some(t) = obj.get("timeout_ms")
+            && t.as_u64()
+                .is_none_or(|ms| ms == 0 || ms > u64::from(u32::MAX))
+        {
+            return Err(format!(
+                "{at}.timeout_ms must be a whole number of milliseconds, 1 to {}",
+                u32::MAX
+            ));
         }
         let name = obj
             .get("name")
@@ -227,7 +247,18 @@ pub fn check(manifest: &Value, config: &TypeConfig) -> Result<String, String> {
                     {
                         return Err(format!("{at}.reconcile: unknown key `{k}`"));
                     }
+                    if r.get("method").is_some_and(|v| !v.is_string()) {
+                        return Err(format!("{at}.reconcile.method must be a string"));
+                    }
                     check_endpoint(&format!("{at}.reconcile"), r, &hosts, config)?;
+                    // Without the key every call would ask about the same
+                    // thing, and one 2xx would mark calls done that never ran.
+                    let url = r.get("url").and_then(Value::as_str).unwrap_or("");
+                    if !url.contains("{idempotency_key}") {
+                        return Err(format!(
+                            "{at}.reconcile.url must name the call with {{idempotency_key}}"
+                        ));
+                    }
                 }
             }
             "actor" => {
@@ -291,8 +322,16 @@ pub fn check(manifest: &Value, config: &TypeConfig) -> Result<String, String> {
                     LIMIT_KEYS.join(", ")
                 ));
             }
-            if v.as_u64().is_none_or(|n| n == 0) {
-                return Err(format!("agent.limits.{k} must be a positive integer"));
+            // `max_steps` is read as a 32-bit count.
+            let most = if k == "max_steps" {
+                u64::from(u32::MAX)
+            } else {
+                u64::MAX
+            };
+            if v.as_u64().is_none_or(|n| n == 0 || n > most) {
+                return Err(format!(
+                    "agent.limits.{k} must be a positive integer (at most {most})"
+                ));
             }
         }
     }
@@ -327,6 +366,9 @@ fn check_endpoint(
             .as_object()
             .ok_or_else(|| format!("{at}.headers must be an object of strings"))?;
         for (k, v) in h {
+            if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err() {
+                return Err(format!("{at}.headers: `{k}` is not a valid header name"));
+            }
             let v = v
                 .as_str()
                 .ok_or_else(|| format!("{at}.headers.{k} must be a string"))?;
@@ -450,7 +492,59 @@ mod tests {
             },
             "unknown key `url`",
         );
+        // What the harness reads with its own types, checked here as it
+        // reads them: each of these deployed, and every run then failed.
+        bad(
+            &|m| m["limits"]["max_steps"] = json!(99_999_999_999u64),
+            "positive integer (at most 4294967295)",
+        );
+        bad(&|m| m["tools"][0]["timeout_ms"] = json!("x"), "timeout_ms");
+        bad(
+            &|m| m["tools"][0]["timeout_ms"] = json!(10_000_000_000u64),
+            "timeout_ms",
+        );
+        bad(&|m| m["tools"][0]["timeout_ms"] = json!(0), "timeout_ms");
+        bad(
+            &|m| m["tools"][1]["description"] = json!(5),
+            "description must be a string",
+        );
+        bad(
+            &|m| m["tools"][0]["name"] = json!(5),
+            "name must be a string",
+        );
+        bad(
+            &|m| m["tools"][1]["method"] = json!(5),
+            "method must be a string",
+        );
+        bad(
+            &|m| {
+                m["tools"][1]["reconcile"] =
+                    json!({"method": 7, "url": "https://api.example.com/x/{idempotency_key}"})
+            },
+            "reconcile.method must be a string",
+        );
+        bad(
+            &|m| {
+                m["tools"][1]["reconcile"] =
+                    json!({"method": "GET", "url": "https://api.example.com/x"})
+            },
+            "{idempotency_key}",
+        );
+        bad(
+            &|m| m["tools"][1]["headers"]["bad header"] = json!("x"),
+            "not a valid header name",
+        );
+        bad(
+            &|m| m["model"]["max_output_tokens"] = json!(0),
+            "max_output_tokens",
+        );
+        bad(
+            &|m| m["tools"][0]["kind"] = json!("shell"),
+            "code, http, actor, client or files",
+        );
         let mut ok = good.clone();
+        ok["tools"][1]["reconcile"] =
+            json!({"method": "GET", "url": "https://api.example.com/t/{idempotency_key}"});
         ok["tools"]
             .as_array_mut()
             .unwrap()
