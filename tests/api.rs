@@ -124,6 +124,25 @@ async fn deploy_versions_and_type_inspection() {
         !t.body.windows(6).any(|w| w == b"c2VjcmV0"),
         "secret leaked"
     );
+    // The bare component again keeps the config (it dropped it: the type's
+    // webhooks were then refused); only a manifest changes it.
+    let r = api
+        .req(
+            Method::PUT,
+            "/v1/types/kit",
+            Some(("application/wasm", TESTKIT.to_vec())),
+            &[],
+        )
+        .await;
+    assert_eq!(
+        (r.status, &r.json["version"]),
+        (200, &json!(2)),
+        "{}",
+        r.json
+    );
+    let t = api.get("/v1/types/kit").await;
+    assert_eq!(t.json["config"]["idle_timeout_ms"], 5000, "{}", t.json);
+    assert_eq!(t.json["config"]["webhook_secret"], "<redacted>");
 
     let list = api.get("/v1/types").await;
     assert_eq!(list.json["types"][0]["type"], "kit");

@@ -68,9 +68,20 @@ pub(super) async fn deploy(
                 .to_ascii_lowercase()
         })
         .unwrap_or_default();
+    // A bare component or module keeps the type's config: redeploying the
+    // code must not drop its webhook secret, allow-list or rate limit (it
+    // did, silently). A JSON manifest states the config, `{}` clearing it.
+    let current_config = || {
+        s.node
+            .catalog()
+            .get(&ty)
+            .and_then(|e| e.version(e.latest_version()))
+            .map(|v| v.config)
+            .unwrap_or_default()
+    };
     let (kind, code, config) = match content_type.as_str() {
         "application/wasm" | "application/octet-stream" => {
-            (CodeKind::Wasm, body.to_vec(), TypeConfig::default())
+            (CodeKind::Wasm, body.to_vec(), current_config())
         }
         "application/json" => {
             let m: Manifest = json_object(&body).map_err(|e| {
@@ -141,7 +152,7 @@ pub(super) async fn deploy(
             }
         }
         "text/javascript" | "application/javascript" => {
-            (CodeKind::Js, body.to_vec(), TypeConfig::default())
+            (CodeKind::Js, body.to_vec(), current_config())
         }
         "" => {
             return Err(ApiError::new(
