@@ -336,12 +336,15 @@ async fn runs_can_be_cancelled_and_budgets_stop_them() {
         "{}",
         r.json
     );
-    // The stale approval is taken (docs/agent.md: a cancelled run's input
-    // requests are ignored when answered) and does nothing: once the turn
-    // it starts has run, no tool was called.
+    // The ended run's approval is withdrawn with it: cancelled, no longer
+    // pending (it stayed pending for ever), and an answer is refused.
     let input_id = asked["data"]["input_id"].as_str().unwrap();
-    let turns = |i: &Value| i["turns"].as_u64().unwrap();
-    let before = turns(&rig.api.get("/v1/actors/slow/s1").await.json);
+    let listed = rig.api.get("/v1/actors/slow/s1/inputs?status=all").await;
+    let listed = &listed.json["inputs"];
+    assert_eq!(listed[0]["id"], input_id, "{listed}");
+    assert_eq!(listed[0]["status"], "cancelled", "{listed}");
+    let info = rig.api.get("/v1/actors/slow/s1").await.json;
+    assert_eq!(info["pending_inputs"], 0, "{info}");
     let r = rig
         .api
         .post_json(
@@ -349,14 +352,14 @@ async fn runs_can_be_cancelled_and_budgets_stop_them() {
             &json!({"approved": true}),
         )
         .await;
-    assert_eq!(r.status, 200, "{}", r.json);
-    assert_eq!(r.json["status"], "answered", "{}", r.json);
-    rig.api
-        .wait_info("slow", "s1", "the answer's turn", |i| {
-            turns(i) > before && i["pending_messages"] == 0
-        })
-        .await;
+    assert_eq!(r.status, 409, "{}", r.json);
     let events = rig.events("slow", "s1").await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e["kind"] == "input_cancelled" && e["data"]["id"] == input_id),
+        "{events:#?}"
+    );
     let cancelled = events
         .iter()
         .position(|e| e["kind"] == "run_failed" && e["data"]["reason"] == "cancelled")

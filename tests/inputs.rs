@@ -370,3 +370,96 @@ async fn javascript_actors_request_and_receive_inputs() {
     let d = api.get("/v1/actors/approver/x/state/decision").await.json;
     assert_eq!(d, json!({"id": id, "kind": "approval", "ok": true}));
 }
+
+/// `inputs.cancel` withdraws a pending request, made by an earlier turn
+/// or the same one: `cancelled` when the turn commits, with an
+/// `input_cancelled` event, its expiry gone, and an answer refused. Only
+/// the actor's own pending requests can be cancelled, and a turn that
+/// fails cancels nothing.
+#[tokio::test]
+async fn an_actor_withdraws_its_own_pending_requests() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    let js = r#"
+import { inputs } from "marmot";
+export default {
+  onMessage({ op, id }) {
+    if (op === "ask") return { r: inputs.request({ kind: "approval", prompt: "ok?", expiresInMs: 60000 }) };
+    if (op === "cancel") { inputs.cancel(id); return { r: "cancelled" }; }
+    if (op === "cancel-and-fail") { inputs.cancel(id); throw new Error("changed my mind"); }
+    if (op === "ask-and-cancel") { const i = inputs.request({ kind: "q", prompt: "?" }); inputs.cancel(i); return { r: i }; }
+    try { inputs.cancel(id); return { r: "cancelled" }; } catch (e) { return { r: String(e) }; }
+  },
+};
+"#;
+    assert_eq!(api.deploy_js("asker", js).await.status, 201);
+    let op = |op: &str, id: &str| json!({"op": op, "id": id});
+    let first = api.op("asker", "a", op("ask", "")).await.json["r"].clone();
+    let first = first.as_str().unwrap().to_owned();
+    // A failed turn cancels nothing.
+    let r = api.op("asker", "a", op("cancel-and-fail", &first)).await;
+    assert_eq!(r.status, 500, "{}", r.json);
+    assert_eq!(asker_inputs(&api, "a", "pending").await.len(), 1);
+    let r = api.op("asker", "a", op("cancel", &first)).await;
+    assert_eq!(r.json["r"], "cancelled", "{}", r.json);
+    let all = asker_inputs(&api, "a", "all").await;
+    assert_eq!(all[0]["status"], "cancelled", "{all:?}");
+    assert!(all[0]["settled_at_ms"].as_u64().is_some());
+    assert!(asker_inputs(&api, "a", "pending").await.is_empty());
+    assert_eq!(asker_inputs(&api, "a", "cancelled").await.len(), 1);
+    assert_eq!(
+        api.get("/v1/actors/asker/a").await.json["pending_inputs"],
+        0
+    );
+    let alarms = api.get("/v1/actors/asker/a/alarms").await.json;
+    assert_eq!(alarms["alarms"], json!([]), "the expiry stayed: {alarms}");
+    let r = api
+        .post_json(
+            &format!("/v1/actors/asker/a/inputs/{first}"),
+            &json!({"approved": true}),
+        )
+        .await;
+    assert_eq!(r.status, 409, "{}", r.json);
+    // Twice, or an id that is not the actor's: not found.
+    for id in [first.as_str(), "in_nope"] {
+        let r = api.op("asker", "a", op("try", id)).await;
+        assert!(
+            r.json["r"].as_str().unwrap().contains("not found"),
+            "{id}: {}",
+            r.json
+        );
+    }
+    let other = api.op("asker", "b", op("ask", "")).await.json["r"].clone();
+    let r = api
+        .op("asker", "a", op("try", other.as_str().unwrap()))
+        .await;
+    assert!(
+        r.json["r"].as_str().unwrap().contains("not found"),
+        "{}",
+        r.json
+    );
+    // Asked and withdrawn in one turn.
+    let same = api.op("asker", "c", op("ask-and-cancel", "")).await.json["r"].clone();
+    let all = asker_inputs(&api, "c", "all").await;
+    assert_eq!(
+        (&all[0]["id"], &all[0]["status"]),
+        (&same, &json!("cancelled"))
+    );
+    let events = api.get("/v1/actors/asker/a/events").await.json;
+    let kinds: Vec<&str> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["input_requested", "input_cancelled"], "{events}");
+}
+
+async fn asker_inputs(api: &Api, id: &str, status: &str) -> Vec<Value> {
+    let r = api
+        .get(&format!("/v1/actors/asker/{id}/inputs?status={status}"))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    r.json["inputs"].as_array().unwrap().clone()
+}

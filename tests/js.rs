@@ -556,7 +556,7 @@ async fn eval_runs_scripts_bound_to_the_actor_and_commits_only_on_success() {
             "state": ["delete", "get", "list", "set"],
             "events": ["emit"],
             "alarms": ["cancel", "list", "set"],
-            "inputs": ["request"],
+            "inputs": ["cancel", "request"],
             "actors": ["call", "send"],
             "files": ["delete", "list", "read", "write"],
             "model": ["chat"],

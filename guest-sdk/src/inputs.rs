@@ -48,3 +48,11 @@ pub fn request_with(
     };
     Ok(host::request(&req)?)
 }
+
+/// Withdraw pending request `id` of this actor (nobody needs to answer it
+/// any more): `cancelled` once the turn commits, with an `input_cancelled`
+/// event, and an answer to it is refused with 409. `NotFound` for an id
+/// that is not this actor's pending request.
+pub fn cancel(id: &str) -> Result<()> {
+    Ok(host::cancel(id)?)
+}

@@ -122,6 +122,8 @@ declare module "marmot" {
   export interface Inputs {
     /** Returns the input id. */
     request(req: InputRequest): string;
+    /** Withdraw a pending request of this actor: `cancelled` once the turn commits. */
+    cancel(id: string): void;
   }
 
   /** Messages to other actors. */

@@ -697,6 +697,7 @@ impl Harness {
     /// The run is over: clear it and start the next queued input.
     fn end(&self, run: Run) -> Result<()> {
         close_calls()?;
+        withdraw_inputs(&run.run_id)?;
         store::clear_run();
         store::set_pending(None)?;
         store::clear_approvals();
@@ -728,6 +729,25 @@ fn close_calls() -> Result<()> {
             "content": "Not run: the run ended before this call was made.",
             "is_error": true,
         }))?;
+    }
+    Ok(())
+}
+
+/// Withdraw the input requests the ended run waited on (an approval, a
+/// client tool's result, a crash confirmation): nobody needs to answer them
+/// any more, and a UI listing pending inputs should not offer them. They
+/// used to stay `pending` for ever, and an answer did nothing.
+fn withdraw_inputs(run_id: &str) -> Result<()> {
+    for (input_id, wait) in store::waits()? {
+        let (Wait::Approval { run_id: r, .. }
+        | Wait::Client { run_id: r, .. }
+        | Wait::Confirm { run_id: r, .. }) = &wait;
+        if r != run_id {
+            continue;
+        }
+        store::set_wait(&input_id, None)?;
+        // Gone already (answered in this very turn, expired): nothing to do.
+        let _ = inputs::cancel(&input_id);
     }
     Ok(())
 }

@@ -137,6 +137,17 @@ pub fn set_wait(input_id: &str, w: Option<&Wait>) -> Result<()> {
     }
 }
 
+/// The input requests the harness waits on: (input id, what for).
+pub fn waits() -> Result<Vec<(String, Wait)>> {
+    state::list_all("agent/wait/")
+        .into_iter()
+        .map(|(k, v)| {
+            let id = k.trim_start_matches("agent/wait/").to_owned();
+            Ok((id, serde_json::from_slice(&v)?))
+        })
+        .collect()
+}
+
 pub fn approved(call_id: &str) -> Result<Option<String>> {
     state::get_json(&format!("agent/approved/{call_id}"))
 }

@@ -257,6 +257,12 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
         )?,
     )?;
     h.set(
+        "inputsCancel",
+        Function::new(ctx.clone(), |ctx: Ctx<'_>, id: String| {
+            inputs::cancel(&id).or_else(|e| throw(&ctx, "inputs.cancel", e))
+        })?,
+    )?;
+    h.set(
         "actorsCall",
         Function::new(
             ctx.clone(),

@@ -119,6 +119,7 @@
       const expires = req.expiresInMs === undefined ? undefined : +req.expiresInMs;
       return host.inputsRequest(StringCtor(req.kind ?? ""), StringCtor(req.prompt ?? ""), schema, expires);
     },
+    cancel: (id) => host.inputsCancel(text(id)),
   });
 
   const body = (b) => (typeof b === "string" ? b : toJson(b === undefined ? null : b, "message"));

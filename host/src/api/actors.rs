@@ -587,10 +587,10 @@ pub(super) async fn inputs(
     Query(q): Query<InputParams>,
 ) -> Result<Response, ApiError> {
     let want = q.status.as_deref().unwrap_or("pending");
-    if !["pending", "answered", "expired", "all"].contains(&want) {
+    if !["pending", "answered", "expired", "cancelled", "all"].contains(&want) {
         return Err(ApiError::bad_request(
             "invalid_status",
-            "status must be pending, answered, expired or all",
+            "status must be pending, answered, expired, cancelled or all",
         ));
     }
     let Some(inputs) = s.node.inputs(&key)? else {

@@ -209,6 +209,8 @@ pub enum Refusal {
     Invalid(String),
     /// A limit was reached.
     Limit(String),
+    /// What the call names does not exist (or not any more).
+    NotFound(String),
 }
 
 /// Who a turn runs for and where it starts.
@@ -343,7 +345,7 @@ pub struct Savepoint {
     state: super::caps::state::StateSavepoint,
     events: usize,
     alarms: BTreeMap<String, Option<AlarmRecord>>,
-    inputs: usize,
+    inputs: (usize, usize),
     actors: usize,
     files: super::caps::files::FilesSavepoint,
 }

@@ -205,7 +205,7 @@ pub(super) fn operations() -> Vec<Op> {
                 [query_with(
                     "status",
                     "which (default pending)",
-                    json!({"enum": ["pending", "answered", "expired", "all"]}),
+                    json!({"enum": ["pending", "answered", "expired", "cancelled", "all"]}),
                 )],
             ),
             body: None,

@@ -128,6 +128,12 @@ impl AlarmsCtx {
         );
     }
 
+    /// Remove one of the platform's own alarms (an input's expiry).
+    pub(crate) fn cancel_internal(&mut self, name: String) {
+        debug_assert!(crate::alarms::is_internal(&name));
+        self.writes.insert(name, None);
+    }
+
     /// Cancel alarm `name`; whether it was pending.
     pub fn cancel(&mut self, name: &str) -> Result<bool, StorageError> {
         if crate::alarms::is_internal(name) {

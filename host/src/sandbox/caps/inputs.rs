@@ -26,6 +26,8 @@ pub struct InputsCtx {
     pending: Option<u64>,
     /// Requests this turn made.
     created: Vec<(String, InputRecord)>,
+    /// Requests pending before this turn that it cancelled, as written.
+    cancelled: Vec<(String, InputRecord)>,
 }
 
 impl InputsCtx {
@@ -35,6 +37,7 @@ impl InputsCtx {
             limits,
             pending,
             created: Vec::new(),
+            cancelled: Vec::new(),
         }
     }
 
@@ -50,20 +53,33 @@ impl InputsCtx {
         }
     }
 
-    /// How many requests a rollback to this point keeps.
-    pub(crate) fn savepoint(&self) -> usize {
-        self.created.len()
+    /// How many requests and cancellations a rollback to this point keeps.
+    pub(crate) fn savepoint(&self) -> (usize, usize) {
+        (self.created.len(), self.cancelled.len())
     }
 
-    /// Drop the requests made since `sp`.
-    pub(crate) fn rollback(&mut self, sp: usize) {
-        self.created.truncate(sp);
+    /// Drop the requests and cancellations made since `sp`.
+    pub(crate) fn rollback(&mut self, sp: (usize, usize)) {
+        self.created.truncate(sp.0);
+        self.cancelled.truncate(sp.1);
     }
 
-    /// The turn succeeded: the pending count after it, and its requests.
+    /// The turn succeeded: the pending count after it, and the records it
+    /// writes (its requests, and what it cancelled).
     pub(crate) fn finish(self) -> (Option<u64>, Vec<(String, InputRecord)>) {
-        let created = self.created.len() as u64;
-        (self.pending.map(|p| p + created), self.created)
+        let created = self
+            .created
+            .iter()
+            .filter(|(_, r)| r.status == InputStatus::Pending)
+            .count() as u64;
+        let cancelled = self.cancelled.len() as u64;
+        let mut writes = self.created;
+        writes.extend(self.cancelled);
+        (
+            self.pending
+                .map(|p| (p + created).saturating_sub(cancelled)),
+            writes,
+        )
     }
 
     /// The turn failed: its requests are dropped.
@@ -130,7 +146,61 @@ impl TurnState {
     }
 }
 
+impl TurnState {
+    /// Withdraw pending request `id` of this actor (made by an earlier turn
+    /// or this one): `cancelled` once the turn commits, with an
+    /// `input_cancelled` event, and its expiry alarm gone.
+    pub fn input_cancel(
+        &mut self,
+        id: &str,
+        now_ms: u64,
+    ) -> Result<Result<(), Refusal>, StorageError> {
+        let not_pending = || {
+            Ok(Err(Refusal::NotFound(format!(
+                "no pending input request `{id}` of this actor"
+            ))))
+        };
+        let status = InputStatus::Cancelled { at_ms: now_ms };
+        let record = if let Some((_, r)) = self.inputs.created.iter_mut().find(|(i, _)| i == id) {
+            if r.status != InputStatus::Pending {
+                return not_pending();
+            }
+            r.status = status;
+            r.clone()
+        } else if self.inputs.cancelled.iter().any(|(i, _)| i == id) {
+            return not_pending();
+        } else {
+            let num = self.inputs.disk.num;
+            match self.inputs.disk.reader()?.input(num, id)? {
+                Some(mut r) if r.status == InputStatus::Pending => {
+                    r.status = status;
+                    self.inputs.cancelled.push((id.to_owned(), r.clone()));
+                    r
+                }
+                _ => return not_pending(),
+            }
+        };
+        let data = serde_json::json!({ "id": id, "kind": record.kind });
+        if let Err(r) = self
+            .events
+            .emit("input_cancelled".into(), data.to_string().into_bytes())
+        {
+            return Ok(Err(r));
+        }
+        if record.expires_at_ms.is_some() {
+            self.alarms
+                .cancel_internal(crate::alarms::input_expiry_alarm(id));
+        }
+        Ok(Ok(()))
+    }
+}
+
 impl inputs::Host for Host {
+    fn cancel(&mut self, id: String) -> wasmtime::Result<Result<(), GuestError>> {
+        let turn = self.enter(Cap::Inputs)?;
+        Ok(turn.input_cancel(&id, now_ms())?.map_err(Into::into))
+    }
+
     fn request(&mut self, req: InputRequest) -> wasmtime::Result<Result<String, GuestError>> {
         let turn = self.enter(Cap::Inputs)?;
         Ok(turn

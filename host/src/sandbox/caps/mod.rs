@@ -28,6 +28,7 @@ impl From<Refusal> for GuestError {
         match r {
             Refusal::Invalid(m) => GuestError::Invalid(m),
             Refusal::Limit(m) => GuestError::LimitExceeded(m),
+            Refusal::NotFound(m) => GuestError::NotFound(m),
         }
     }
 }

@@ -566,15 +566,22 @@ pub enum InputStatus {
         /// When.
         at_ms: u64,
     },
+    /// Withdrawn by the actor (`inputs.cancel`): nobody needs to answer it.
+    /// (Appended: records of earlier versions decode as before.)
+    Cancelled {
+        /// When.
+        at_ms: u64,
+    },
 }
 
 impl InputStatus {
-    /// `pending`, `answered` or `expired`.
+    /// `pending`, `answered`, `expired` or `cancelled`.
     pub fn label(&self) -> &'static str {
         match self {
             InputStatus::Pending => "pending",
             InputStatus::Answered { .. } => "answered",
             InputStatus::Expired { .. } => "expired",
+            InputStatus::Cancelled { .. } => "cancelled",
         }
     }
 
@@ -582,7 +589,9 @@ impl InputStatus {
     pub fn settled_at_ms(&self) -> Option<u64> {
         match self {
             InputStatus::Pending => None,
-            InputStatus::Answered { at_ms, .. } | InputStatus::Expired { at_ms } => Some(*at_ms),
+            InputStatus::Answered { at_ms, .. }
+            | InputStatus::Expired { at_ms }
+            | InputStatus::Cancelled { at_ms } => Some(*at_ms),
         }
     }
 }
