@@ -55,8 +55,13 @@ async fn wait_seen(api: &Api, id: &str, n: usize) -> Vec<Value> {
 }
 
 async fn listed(api: &Api, id: &str, status: &str) -> Vec<Value> {
+    listed_of(api, "kit", id, status).await
+}
+
+/// Input requests of (`ty`, `id`) with `status`.
+async fn listed_of(api: &Api, ty: &str, id: &str, status: &str) -> Vec<Value> {
     let r = api
-        .get(&format!("/v1/actors/kit/{id}/inputs?status={status}"))
+        .get(&format!("/v1/actors/{ty}/{id}/inputs?status={status}"))
         .await;
     assert_eq!(r.status, 200, "{}", r.json);
     r.json["inputs"].as_array().unwrap().clone()
@@ -400,14 +405,14 @@ export default {
     // A failed turn cancels nothing.
     let r = api.op("asker", "a", op("cancel-and-fail", &first)).await;
     assert_eq!(r.status, 500, "{}", r.json);
-    assert_eq!(asker_inputs(&api, "a", "pending").await.len(), 1);
+    assert_eq!(listed_of(&api, "asker", "a", "pending").await.len(), 1);
     let r = api.op("asker", "a", op("cancel", &first)).await;
     assert_eq!(r.json["r"], "cancelled", "{}", r.json);
-    let all = asker_inputs(&api, "a", "all").await;
+    let all = listed_of(&api, "asker", "a", "all").await;
     assert_eq!(all[0]["status"], "cancelled", "{all:?}");
     assert!(all[0]["settled_at_ms"].as_u64().is_some());
-    assert!(asker_inputs(&api, "a", "pending").await.is_empty());
-    assert_eq!(asker_inputs(&api, "a", "cancelled").await.len(), 1);
+    assert!(listed_of(&api, "asker", "a", "pending").await.is_empty());
+    assert_eq!(listed_of(&api, "asker", "a", "cancelled").await.len(), 1);
     assert_eq!(
         api.get("/v1/actors/asker/a").await.json["pending_inputs"],
         0
@@ -441,7 +446,7 @@ export default {
     );
     // Asked and withdrawn in one turn.
     let same = api.op("asker", "c", op("ask-and-cancel", "")).await.json["r"].clone();
-    let all = asker_inputs(&api, "c", "all").await;
+    let all = listed_of(&api, "asker", "c", "all").await;
     assert_eq!(
         (&all[0]["id"], &all[0]["status"]),
         (&same, &json!("cancelled"))
@@ -454,12 +459,4 @@ export default {
         .map(|e| e["kind"].as_str().unwrap())
         .collect();
     assert_eq!(kinds, ["input_requested", "input_cancelled"], "{events}");
-}
-
-async fn asker_inputs(api: &Api, id: &str, status: &str) -> Vec<Value> {
-    let r = api
-        .get(&format!("/v1/actors/asker/{id}/inputs?status={status}"))
-        .await;
-    assert_eq!(r.status, 200, "{}", r.json);
-    r.json["inputs"].as_array().unwrap().clone()
 }
