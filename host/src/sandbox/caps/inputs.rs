@@ -144,12 +144,11 @@ impl TurnState {
         ));
         Ok(Ok(id))
     }
-}
 
-impl TurnState {
     /// Withdraw pending request `id` of this actor (made by an earlier turn
     /// or this one): `cancelled` once the turn commits, with an
-    /// `input_cancelled` event, and its expiry alarm gone.
+    /// `input_cancelled` event, and its expiry alarm gone. (The writer keeps
+    /// a settlement that reached disk first: see `writer/tables.rs`.)
     pub fn input_cancel(
         &mut self,
         id: &str,
@@ -160,26 +159,20 @@ impl TurnState {
                 "no pending input request `{id}` of this actor"
             ))))
         };
-        let status = InputStatus::Cancelled { at_ms: now_ms };
-        let record = if let Some((_, r)) = self.inputs.created.iter_mut().find(|(i, _)| i == id) {
-            if r.status != InputStatus::Pending {
-                return not_pending();
-            }
-            r.status = status;
-            r.clone()
-        } else if self.inputs.cancelled.iter().any(|(i, _)| i == id) {
-            return not_pending();
-        } else {
-            let num = self.inputs.disk.num;
-            match self.inputs.disk.reader()?.input(num, id)? {
-                Some(mut r) if r.status == InputStatus::Pending => {
-                    r.status = status;
-                    self.inputs.cancelled.push((id.to_owned(), r.clone()));
-                    r
-                }
-                _ => return not_pending(),
-            }
+        // Found first, changed only once the event is taken: a refused
+        // event changes nothing.
+        let made_here = self.inputs.created.iter().position(|(i, _)| i == id);
+        let record = match made_here {
+            Some(i) => self.inputs.created[i].1.clone(),
+            None if self.inputs.cancelled.iter().any(|(i, _)| i == id) => return not_pending(),
+            None => match self.inputs.disk.reader()?.input(self.inputs.disk.num, id)? {
+                Some(r) => r,
+                None => return not_pending(),
+            },
         };
+        if record.status != InputStatus::Pending {
+            return not_pending();
+        }
         let data = serde_json::json!({ "id": id, "kind": record.kind });
         if let Err(r) = self
             .events
@@ -190,6 +183,14 @@ impl TurnState {
         if record.expires_at_ms.is_some() {
             self.alarms
                 .cancel_internal(crate::alarms::input_expiry_alarm(id));
+        }
+        let status = InputStatus::Cancelled { at_ms: now_ms };
+        match made_here {
+            Some(i) => self.inputs.created[i].1.status = status,
+            None => self
+                .inputs
+                .cancelled
+                .push((id.to_owned(), InputRecord { status, ..record })),
         }
         Ok(Ok(()))
     }

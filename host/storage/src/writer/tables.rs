@@ -131,6 +131,14 @@ impl Tables<'_> {
         for (id, rec) in &t.inputs {
             match rec {
                 Some(r) => {
+                    if matches!(r.status, InputStatus::Cancelled { .. })
+                        && !self.pending(num, id)?
+                    {
+                        // The cancelling turn read the request pending, but
+                        // a commit of the actor applied before this one
+                        // settled it (an answer in flight): that stands.
+                        continue;
+                    }
                     self.inputs()?
                         .insert((num, id.as_str()), encode(r).as_slice())?;
                 }
@@ -140,6 +148,15 @@ impl Tables<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Whether input `id` of actor `num` is pending, or not written yet (a
+    /// request made and cancelled by the same turn).
+    fn pending(&mut self, num: u64, id: &str) -> Result<bool, StorageError> {
+        Ok(match self.inputs()?.get((num, id))? {
+            Some(v) => decode::<InputRecord>("input", v.value())?.status == InputStatus::Pending,
+            None => true,
+        })
     }
 
     /// Write (`Some`) or delete (`None`) files of actor `num` (of type

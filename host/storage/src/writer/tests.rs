@@ -145,6 +145,54 @@ async fn a_commit_is_released_once_durable_and_marks_the_tracker() {
     assert_eq!(tracker.committed_seq(), 1);
 }
 
+/// A cancel written after a settlement of the same request (the cancelling
+/// turn read it pending while the answer's commit was in flight) leaves
+/// the settlement; a pending request, or one not written yet, is cancelled.
+#[tokio::test]
+async fn a_cancel_never_overwrites_a_settled_input() {
+    let (_dir, storage) = open();
+    let (key, rec) = create(&storage, "a").await;
+    let tracker = Arc::new(CommitTracker::default());
+    let input = |status| InputRecord {
+        kind: "approval".into(),
+        prompt: String::new(),
+        schema: None,
+        created_at_ms: 5,
+        expires_at_ms: None,
+        status,
+    };
+    let answered = InputStatus::Answered {
+        at_ms: 6,
+        response: b"{}".to_vec(),
+    };
+    let cancelled = InputStatus::Cancelled { at_ms: 7 };
+    let writes = [
+        vec![
+            ("in_a".to_owned(), Some(input(answered.clone()))),
+            ("in_p".to_owned(), Some(input(InputStatus::Pending))),
+        ],
+        vec![
+            ("in_a".to_owned(), Some(input(cancelled.clone()))),
+            ("in_p".to_owned(), Some(input(cancelled.clone()))),
+            ("in_new".to_owned(), Some(input(cancelled.clone()))),
+        ],
+    ];
+    for (seq, inputs) in writes.into_iter().enumerate() {
+        let (op, rx) = turn(&key, &rec, &tracker, 0, seq as u64 + 1, "k", "v");
+        let WriteOp::Turn(mut t) = op else {
+            unreachable!()
+        };
+        t.inputs = inputs;
+        storage.writer().submit(WriteOp::Turn(t));
+        rx.await.unwrap().unwrap();
+    }
+    let r = storage.reader().unwrap();
+    let status = |id: &str| r.input(rec.num, id).unwrap().unwrap().status;
+    assert_eq!(status("in_a"), answered);
+    assert_eq!(status("in_p"), cancelled);
+    assert_eq!(status("in_new"), cancelled);
+}
+
 #[tokio::test]
 async fn a_failed_commit_fails_its_whole_batch_and_fences_the_generation() {
     let (_dir, storage) = open();
