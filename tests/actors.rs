@@ -614,23 +614,19 @@ export default {
     config["webhook_secret"] = json!(secret);
     let r = deploy("hooked", config).await;
     assert_eq!(r.status, 201, "{}", r.json);
+    // A signed delivery `id` of the same payload.
+    let hook = |id: &str| {
+        let (api, body) = (&api, br#"{"n": 1}"#);
+        let headers = common::signed(&secret, id, common::now_s(), body);
+        async move {
+            api.post_hook("/v1/hooks/hooked/h/support", body, &headers)
+                .await
+        }
+    };
     let started = Instant::now();
     let (mut taken, mut refused) = (0, 0);
     for i in 0..10 {
-        let body = br#"{"n": 1}"#;
-        let headers = common::signed(&secret, &format!("msg_{i}"), common::now_s(), body);
-        let h: Vec<(&str, &str)> = headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        let r = api
-            .req(
-                Method::POST,
-                "/v1/hooks/hooked/h/support",
-                Some(("application/json", body.to_vec())),
-                &h,
-            )
-            .await;
+        let r = hook(&format!("msg_{i}")).await;
         match r.status {
             202 => taken += 1,
             429 => {
@@ -662,20 +658,7 @@ export default {
     assert_eq!(forged.status, 401, "{}", forged.json);
     assert_eq!(forged.code(), "invalid_signature");
     // A redelivery of a taken hook is acknowledged as the duplicate it is.
-    let body = br#"{"n": 1}"#;
-    let headers = common::signed(&secret, "msg_0", common::now_s(), body);
-    let h: Vec<(&str, &str)> = headers
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let again = api
-        .req(
-            Method::POST,
-            "/v1/hooks/hooked/h/support",
-            Some(("application/json", body.to_vec())),
-            &h,
-        )
-        .await;
+    let again = hook("msg_0").await;
     assert_eq!(again.status, 202, "{}", again.json);
     assert_eq!(again.json["duplicate"], true, "{}", again.json);
     let got = api

@@ -20,25 +20,6 @@ type Case<'a> = (
     &'a str,
 );
 
-async fn post_hook(
-    api: &Api,
-    path: &str,
-    body: &[u8],
-    headers: &[(String, String)],
-) -> common::Resp {
-    let h: Vec<(&str, &str)> = headers
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    api.req(
-        Method::POST,
-        path,
-        Some(("application/json", body.to_vec())),
-        &h,
-    )
-    .await
-}
-
 async fn hooks(api: &Api, id: &str) -> Vec<Value> {
     let r = api
         .op("kit", id, json!({"op": "get", "key": "hooks"}))
@@ -73,13 +54,13 @@ async fn kit_with_secret(extra: Value) -> (tempfile::TempDir, Marmot, Api, Strin
 async fn signed_hooks_run_once_and_redeliveries_are_dropped() {
     let (_dir, _m, api, secret) = kit_with_secret(json!({})).await;
     let body = br#"{"event": "ticket.created", "n": 1}"#;
-    let r = post_hook(
-        &api,
-        "/v1/hooks/kit/t1/support",
-        body,
-        &signed(&secret, "msg_1", now_s(), body),
-    )
-    .await;
+    let r = api
+        .post_hook(
+            "/v1/hooks/kit/t1/support",
+            body,
+            &signed(&secret, "msg_1", now_s(), body),
+        )
+        .await;
     assert_eq!(r.status, 202, "{}", r.json);
     assert_eq!(r.json["actor"], "t1");
     assert_eq!(r.json["delivery_id"], "msg_1");
@@ -94,13 +75,13 @@ async fn signed_hooks_run_once_and_redeliveries_are_dropped() {
 
     // The sender retries the same message later: new timestamp and
     // signature, same id. Acknowledged, not run again.
-    let r = post_hook(
-        &api,
-        "/v1/hooks/kit/t1/support",
-        body,
-        &signed(&secret, "msg_1", now_s() + 30, body),
-    )
-    .await;
+    let r = api
+        .post_hook(
+            "/v1/hooks/kit/t1/support",
+            body,
+            &signed(&secret, "msg_1", now_s() + 30, body),
+        )
+        .await;
     assert_eq!(r.status, 202);
     assert_eq!(r.json["duplicate"], true);
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -127,13 +108,13 @@ async fn the_counter_example_counts_signed_hooks() {
     assert_eq!(r.status, 201, "{}", r.json);
     for (i, body) in [&br#"{"by": 3}"#[..], b""].into_iter().enumerate() {
         let id = format!("msg_{i}");
-        let r = post_hook(
-            &api,
-            "/v1/hooks/counter/alice/shop",
-            body,
-            &signed(&secret, &id, now_s(), body),
-        )
-        .await;
+        let r = api
+            .post_hook(
+                "/v1/hooks/counter/alice/shop",
+                body,
+                &signed(&secret, &id, now_s(), body),
+            )
+            .await;
         assert_eq!(r.status, 202, "{}", r.json);
     }
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -267,14 +248,14 @@ async fn bad_expired_replayed_or_tampered_hooks_are_rejected_and_store_nothing()
         ),
     ];
     for (what, path, body, headers, status, code) in cases {
-        let r = post_hook(&api, path, &body, &headers).await;
+        let r = api.post_hook(path, &body, &headers).await;
         assert_eq!(r.status, status, "{what}: {}", r.json);
         assert_eq!(r.code(), code, "{what}: {}", r.json);
     }
     // Nothing was stored: the actor does not even exist.
     assert_eq!(api.get("/v1/actors/kit/a").await.status, 404);
     // A rejected delivery id is not burnt: the genuine one still goes in.
-    let r = post_hook(&api, "/v1/hooks/kit/a/h", body, &good).await;
+    let r = api.post_hook("/v1/hooks/kit/a/h", body, &good).await;
     assert_eq!(r.status, 202, "{}", r.json);
     assert_eq!(r.json["duplicate"], false);
     assert_eq!(wait_hooks(&api, "a", 1).await.len(), 1);
@@ -296,10 +277,14 @@ async fn github_signatures_are_accepted_and_deliveries_deduped() {
         ("x-github-event".to_owned(), "pull_request".to_owned()),
         ("authorization".to_owned(), "token do-not-leak".to_owned()),
     ];
-    let r = post_hook(&api, "/v1/hooks/kit/repo/github", body, &headers).await;
+    let r = api
+        .post_hook("/v1/hooks/kit/repo/github", body, &headers)
+        .await;
     assert_eq!(r.status, 202, "{}", r.json);
     assert_eq!(r.json["delivery_id"], "d-1");
-    let r = post_hook(&api, "/v1/hooks/kit/repo/github", body, &headers).await;
+    let r = api
+        .post_hook("/v1/hooks/kit/repo/github", body, &headers)
+        .await;
     assert_eq!(r.json["duplicate"], true);
     let h = wait_hooks(&api, "repo", 1).await;
     assert_eq!(h[0]["github_delivery"], "d-1");
@@ -310,7 +295,7 @@ async fn github_signatures_are_accepted_and_deliveries_deduped() {
     let mut bad = headers.clone();
     bad[0].1 = format!("sha256={}", "0".repeat(64));
     bad[1].1 = "d-2".into();
-    let r = post_hook(&api, "/v1/hooks/kit/repo/github", body, &bad).await;
+    let r = api.post_hook("/v1/hooks/kit/repo/github", body, &bad).await;
     assert_eq!(r.status, 401);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(hooks(&api, "repo").await.len(), 1);
@@ -322,13 +307,13 @@ async fn hooks_are_routed_to_the_actor_named_in_the_payload() {
         kit_with_secret(json!({"webhook_routes": {"zendesk": "/ticket/id"}})).await;
     for (n, ticket) in [(1, json!(4521)), (2, json!("4521")), (3, json!("98"))] {
         let body = serde_json::to_vec(&json!({"ticket": {"id": ticket}, "n": n})).unwrap();
-        let r = post_hook(
-            &api,
-            "/v1/hooks/kit/_/zendesk",
-            &body,
-            &signed(&secret, &format!("msg_{n}"), now_s(), &body),
-        )
-        .await;
+        let r = api
+            .post_hook(
+                "/v1/hooks/kit/_/zendesk",
+                &body,
+                &signed(&secret, &format!("msg_{n}"), now_s(), &body),
+            )
+            .await;
         assert_eq!(r.status, 202, "{}", r.json);
     }
     let h = wait_hooks(&api, "4521", 2).await;
@@ -336,13 +321,13 @@ async fn hooks_are_routed_to_the_actor_named_in_the_payload() {
     assert_eq!(h[1]["body"]["n"], 2);
     assert_eq!(wait_hooks(&api, "98", 1).await.len(), 1);
     let body = br#"{"other": 1}"#;
-    let r = post_hook(
-        &api,
-        "/v1/hooks/kit/_/zendesk",
-        body,
-        &signed(&secret, "msg_9", now_s(), body),
-    )
-    .await;
+    let r = api
+        .post_hook(
+            "/v1/hooks/kit/_/zendesk",
+            body,
+            &signed(&secret, "msg_9", now_s(), body),
+        )
+        .await;
     assert_eq!(r.status, 422);
     assert_eq!(r.code(), "route_field_missing");
     // Bad routing config is refused at deploy.
@@ -378,13 +363,13 @@ async fn a_slow_hook_is_acknowledged_without_waiting_for_it_and_runs_once() {
     let (_dir, _m, api, secret) = kit_with_secret(json!({})).await;
     let body = br#"{"busy_ms": 1600}"#;
     let started = Instant::now();
-    let r = post_hook(
-        &api,
-        "/v1/hooks/kit/slow/h",
-        body,
-        &signed(&secret, "msg_slow", now_s(), body),
-    )
-    .await;
+    let r = api
+        .post_hook(
+            "/v1/hooks/kit/slow/h",
+            body,
+            &signed(&secret, "msg_slow", now_s(), body),
+        )
+        .await;
     assert_eq!(r.status, 202, "{}", r.json);
     let waited = started.elapsed();
     assert!(
@@ -421,13 +406,13 @@ async fn an_acknowledged_hook_survives_kill_9() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let body = br#"{"n": 1}"#;
     let started = Instant::now();
-    let r = post_hook(
-        &api,
-        "/v1/hooks/kit/a/h",
-        body,
-        &signed(&secret, "msg_k", now_s(), body),
-    )
-    .await;
+    let r = api
+        .post_hook(
+            "/v1/hooks/kit/a/h",
+            body,
+            &signed(&secret, "msg_k", now_s(), body),
+        )
+        .await;
     assert_eq!(r.status, 202);
     // A busy actor does not hold up the sender: the hook is queued and
     // acknowledged at once, not run first.
@@ -449,12 +434,12 @@ async fn an_acknowledged_hook_survives_kill_9() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(hooks(&api, "a").await.len(), 1);
     // Still a duplicate after the restart.
-    let r = post_hook(
-        &api,
-        "/v1/hooks/kit/a/h",
-        body,
-        &signed(&secret, "msg_k", now_s(), body),
-    )
-    .await;
+    let r = api
+        .post_hook(
+            "/v1/hooks/kit/a/h",
+            body,
+            &signed(&secret, "msg_k", now_s(), body),
+        )
+        .await;
     assert_eq!(r.json["duplicate"], true);
 }

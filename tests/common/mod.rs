@@ -384,6 +384,22 @@ impl Api {
         .await
     }
 
+    /// `POST path` with a JSON `body` and owned `headers` (a signed
+    /// webhook's, from [`signed`]).
+    pub async fn post_hook(&self, path: &str, body: &[u8], headers: &[(String, String)]) -> Resp {
+        let h: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        self.req(
+            reqwest::Method::POST,
+            path,
+            Some(("application/json", body.to_vec())),
+            &h,
+        )
+        .await
+    }
+
     pub async fn post_with(&self, path: &str, body: &Value, headers: &[(&str, &str)]) -> Resp {
         self.req(
             reqwest::Method::POST,
