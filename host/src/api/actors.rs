@@ -74,15 +74,8 @@ pub(super) async fn send(
     // and a repeat of a taken Idempotency-Key runs nothing.
     if let Some(entry) = &entry
         && !from_actor
-        && entry.is_rate_limited()
     {
-        let repeat = match &idempotency_key {
-            Some(k) => s.node.is_repeat(&key, k)?,
-            None => false,
-        };
-        if !repeat {
-            entry.admit()?;
-        }
+        s.node.admit(entry, &key, idempotency_key.as_deref())?;
     }
     if agent_input {
         return run(&s, &key, body, idempotency_key, q.wait).await;

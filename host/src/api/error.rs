@@ -89,6 +89,15 @@ impl From<crate::catalog::RateLimited> for ApiError {
     }
 }
 
+impl From<crate::node::AdmitError> for ApiError {
+    fn from(e: crate::node::AdmitError) -> Self {
+        match e {
+            crate::node::AdmitError::RateLimited(r) => r.into(),
+            crate::node::AdmitError::Storage(s) => s.into(),
+        }
+    }
+}
+
 impl From<StorageError> for ApiError {
     fn from(e: StorageError) -> Self {
         tracing::error!(error = %e, "storage error while serving a request");

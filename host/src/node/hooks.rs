@@ -91,15 +91,11 @@ impl Node {
             inbound::prepare(&config, ty, id, name, headers, body, hooks.tolerance_s)?;
         // Counted once verified (a forged hook costs the type nothing), and
         // not for a redelivery, which runs nothing.
-        if entry.is_rate_limited() {
-            let repeat = match &message.idempotency_key {
-                Some(k) => self.is_repeat(&key, k).map_err(TurnError::from)?,
-                None => false,
-            };
-            if !repeat {
-                entry.admit()?;
-            }
-        }
+        self.admit(&entry, &key, message.idempotency_key.as_deref())
+            .map_err(|e| match e {
+                super::AdmitError::RateLimited(r) => WebhookError::RateLimited(r),
+                super::AdmitError::Storage(e) => WebhookError::Turn(e.into()),
+            })?;
         let (message_id, duplicate) = match self
             .deliver_webhook(&key, message, hooks.dedupe_ttl_ms)
             .await?

@@ -36,6 +36,7 @@ use std::time::Duration;
 pub use deploy::{DeleteTypeError, DeployError};
 pub use hooks::WebhookError;
 pub use moves::{DropCopy, MoveError, MoveIn, Moved};
+pub use queries::AdmitError;
 pub use runs::RunWaitError;
 pub use shared::SharedState;
 

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use super::Node;
+use crate::catalog::{RateLimited, TypeEntry};
 use crate::clock::now_ms;
 use crate::ids::ActorKey;
 use crate::storage::schema::{
@@ -82,11 +83,30 @@ impl Node {
             || self.storage.reader()?.actor(key)?.is_some())
     }
 
+    /// Count a message to `key` against its type's (`entry`'s) rate limit,
+    /// unless it repeats idempotency key `idem`: a repeat runs nothing. The
+    /// API's messages and inbound webhooks both come through here.
+    pub fn admit(
+        &self,
+        entry: &TypeEntry,
+        key: &ActorKey,
+        idem: Option<&str>,
+    ) -> Result<(), AdmitError> {
+        if !entry.is_rate_limited() {
+            return Ok(());
+        }
+        if let Some(k) = idem
+            && self.is_repeat(key, k)?
+        {
+            return Ok(());
+        }
+        Ok(entry.admit()?)
+    }
+
     /// Whether a message to `key` with idempotency key `idem` was already
-    /// taken (its outcome is kept): a repeat runs nothing, so a type's rate
-    /// limit does not count it. Committed records only; a repeat of one
+    /// taken (its outcome is kept). Committed records only; a repeat of one
     /// still in flight is counted.
-    pub fn is_repeat(&self, key: &ActorKey, idem: &str) -> Result<bool, StorageError> {
+    fn is_repeat(&self, key: &ActorKey, idem: &str) -> Result<bool, StorageError> {
         let r = self.storage.reader()?;
         let Some(rec) = r.actor(key)? else {
             return Ok(false);
@@ -305,4 +325,15 @@ impl Node {
             elapsed_ms = report.elapsed_ms, "backup written");
         Ok(report)
     }
+}
+
+/// Why a message was not admitted (see [`Node::admit`]).
+#[derive(Debug, thiserror::Error)]
+pub enum AdmitError {
+    /// Past the type's rate limit.
+    #[error(transparent)]
+    RateLimited(#[from] RateLimited),
+    /// Whether it repeats a taken key could not be read.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
 }
