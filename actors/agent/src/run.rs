@@ -10,7 +10,9 @@ use sha2::{Digest, Sha256};
 use crate::manifest::{Manifest, Tool};
 use crate::store::{self, Pending, Queued, Run, Wait};
 use crate::tools::{self, Outcome};
-use crate::transcript::{call_name, content_text, next_call, set_call_arguments, unique_call_ids};
+use crate::transcript::{
+    call_name, content_text, next_call, open_calls, set_call_arguments, unique_call_ids,
+};
 
 /// Most bytes of one event; larger message contents are cut in the event
 /// (the transcript keeps them whole).
@@ -720,12 +722,11 @@ impl Harness {
 /// run's payment went out in the next, unrelated run), and providers refuse
 /// a conversation whose call is not followed by its result.
 fn close_calls() -> Result<()> {
-    // One result per call: the loop ends after as many rounds as there
-    // are calls.
-    while let Some((call_id, _, _)) = next_call(&store::transcript()?) {
+    let transcript = store::transcript()?;
+    for call in open_calls(&transcript) {
         store::append(&json!({
             "role": "tool",
-            "tool_call_id": call_id,
+            "tool_call_id": call["id"].as_str().unwrap_or(""),
             "content": "Not run: the run ended before this call was made.",
             "is_error": true,
         }))?;

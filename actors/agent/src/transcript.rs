@@ -39,25 +39,35 @@ pub fn unique_call_ids(message: &mut Value, transcript: &[(String, Value)]) {
 /// The first call of the newest assistant message that has no result yet:
 /// (call id, tool name, arguments).
 pub fn next_call(transcript: &[(String, Value)]) -> Option<(String, String, Value)> {
-    let i = transcript
+    open_calls(transcript).into_iter().next().map(|c| {
+        (
+            c["id"].as_str().unwrap_or("").to_owned(),
+            c["name"].as_str().unwrap_or("").to_owned(),
+            c["arguments"].clone(),
+        )
+    })
+}
+
+/// The calls of the newest assistant message that have no result yet, in
+/// order.
+pub fn open_calls(transcript: &[(String, Value)]) -> Vec<&Value> {
+    let Some(i) = transcript
         .iter()
-        .rposition(|(_, m)| m["role"] == "assistant")?;
+        .rposition(|(_, m)| m["role"] == "assistant")
+    else {
+        return Vec::new();
+    };
     let answered: Vec<&str> = transcript[i + 1..]
         .iter()
         .filter(|(_, m)| m["role"] == "tool")
         .filter_map(|(_, m)| m["tool_call_id"].as_str())
         .collect();
     transcript[i].1["tool_calls"]
-        .as_array()?
-        .iter()
-        .find(|c| !answered.contains(&c["id"].as_str().unwrap_or("")))
-        .map(|c| {
-            (
-                c["id"].as_str().unwrap_or("").to_owned(),
-                c["name"].as_str().unwrap_or("").to_owned(),
-                c["arguments"].clone(),
-            )
-        })
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| !answered.contains(&c["id"].as_str().unwrap_or("")))
+        .collect()
 }
 
 /// The tool a call of the transcript names.
