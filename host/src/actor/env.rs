@@ -98,16 +98,6 @@ pub struct Parts {
 }
 
 impl ActorEnv {
-    /// Ask the least recently used idle JavaScript actors to hibernate, as a
-    /// waking actor short of a sandbox does: for a deploy, whose check of a
-    /// module needs a sandbox of the same pool.
-    pub fn make_room_for_js(self: &Arc<Self>) {
-        let room = super::registry::Room::JsSandbox;
-        let waiting = self.registry.wait_for_room(room);
-        let held = self.sandbox.pool_size(true);
-        self.registry.make_room(self, room, held / 20, &waiting);
-    }
-
     /// An environment with no active actors.
     pub fn new(p: Parts) -> Arc<Self> {
         let l = &p.config.limits;

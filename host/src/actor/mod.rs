@@ -24,7 +24,7 @@ mod task;
 pub use crate::sandbox::EvalReply;
 pub use env::{ActorEnv, Boot, Parts};
 pub use registry::Registry;
-pub(crate) use task::ROOM_BACKOFF_MS;
+pub(crate) use task::instantiate_with_room;
 
 use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, oneshot};

@@ -12,7 +12,7 @@ use crate::catalog::PreparedVersion;
 use crate::clock::now_ms;
 use crate::config::TypeConfig;
 use crate::ids::validate_type_name;
-use crate::sandbox::{CodeError, HttpGrant};
+use crate::sandbox::{CodeError, HttpGrant, InstanceSpec, InstantiateError};
 use crate::storage::schema::{CodeKind, TypeRecord, VersionRecord};
 use crate::storage::{StorageError, WriteOp};
 
@@ -299,29 +299,35 @@ impl Node {
 }
 
 impl Node {
-    /// Check a JavaScript module in a sandbox of the node's pool. When every
-    /// sandbox is held, idle actors are asked to make way, as for a waking
-    /// actor, for about two seconds; then the deploy is refused as busy (a
-    /// 503 to retry), never as bad code. It was a 400 `invalid_code` while
-    /// the pool was full (found by a probe).
+    /// Check a JavaScript module in a sandbox of the node's pool, which a
+    /// deploy gets as a waking actor does: when every sandbox is held, idle
+    /// actors are asked to make way for about two seconds; then the deploy
+    /// is refused as busy (a 503 to retry), never as bad code. It was a 400
+    /// `invalid_code` while the pool was full (found by a probe).
     async fn check_js_with_room(
         &self,
         name: &str,
         source: &str,
         config: &crate::config::ResolvedTypeConfig,
     ) -> Result<(), CodeError> {
-        let mut backoff = crate::actor::ROOM_BACKOFF_MS.iter();
-        loop {
-            match self.sandbox.check_js(name, source, config).await {
-                Err(CodeError::Busy(why)) => {
-                    let Some(&ms) = backoff.next() else {
-                        return Err(CodeError::Busy(why));
-                    };
-                    self.actors.make_room_for_js();
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
+        let engine = self.sandbox.js_engine_async().await?;
+        let spec = || InstanceSpec {
+            config,
+            js_module: None,
+            actors: None,
+            http: None,
+            models: None,
+        };
+        let mut inst = crate::actor::instantiate_with_room(&self.actors, &engine, spec)
+            .await
+            .map_err(|e| match e {
+                InstantiateError::TooManyJs(_) | InstantiateError::NoRoom(_) => {
+                    CodeError::Busy(format!("cannot check the module: {e}"))
                 }
-                checked => return checked,
-            }
-        }
+                InstantiateError::Failed(_) => {
+                    CodeError::Invalid(format!("cannot start the JavaScript engine: {e}"))
+                }
+            })?;
+        inst.check_js(name, source).await.map_err(CodeError::Script)
     }
 }

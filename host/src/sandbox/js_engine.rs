@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 
 use super::caps::CapSet;
 use super::snapshot::{Preinit, PreloadError, PreloadLimits};
-use super::{CodeError, Host, InstanceSpec, InstantiateError, JsModule, Prepared, Sandbox};
+use super::{CodeError, Host, InstanceSpec, JsModule, Prepared, Sandbox};
 use crate::config::ResolvedTypeConfig;
 
 /// The engine's snapshot and what builds snapshots, each made on first use.
@@ -177,33 +177,6 @@ impl Sandbox {
             .try_lock()
             .ok()
             .and_then(|slot| slot.as_ref().cloned())
-    }
-
-    /// Compile `source` as the module `name` in a throw-away engine
-    /// instance, without running it.
-    pub async fn check_js(
-        self: &Arc<Self>,
-        name: &str,
-        source: &str,
-        config: &ResolvedTypeConfig,
-    ) -> Result<(), CodeError> {
-        let engine = self.js_engine_async().await?;
-        let spec = InstanceSpec {
-            config,
-            js_module: None,
-            actors: None,
-            http: None,
-            models: None,
-        };
-        let mut inst = self.instantiate(&engine, spec).await.map_err(|e| match e {
-            InstantiateError::TooManyJs(_) | InstantiateError::NoRoom(_) => {
-                CodeError::Busy(format!("cannot check the module: {e}"))
-            }
-            InstantiateError::Failed(_) => {
-                CodeError::Invalid(format!("cannot start the JavaScript engine: {e}"))
-            }
-        })?;
-        inst.check_js(name, source).await.map_err(CodeError::Script)
     }
 
     /// The instrumented engine, compiled (or loaded from the cache) once.

@@ -259,7 +259,7 @@ impl Instance {
 
     /// Check that `source` compiles as the JavaScript module `name` (the
     /// engine only), within the turn timeout.
-    pub(super) async fn check_js(&mut self, name: &str, source: &str) -> Result<(), String> {
+    pub(crate) async fn check_js(&mut self, name: &str, source: &str) -> Result<(), String> {
         let js = self
             .js
             .as_ref()

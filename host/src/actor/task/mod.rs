@@ -50,7 +50,7 @@ use crate::storage::{Fence, StorageError, WriteOp};
 use commit::CommitExtras;
 use trim::TrimClock;
 use turn::Live;
-pub(crate) use turn::ROOM_BACKOFF_MS;
+pub(crate) use turn::instantiate_with_room;
 
 /// Cap on the state cache of one actor before committed entries are
 /// dropped (0 while all actors' caches hold more than the node's budget:

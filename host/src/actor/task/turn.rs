@@ -443,7 +443,7 @@ impl ActorTask {
 
 /// Back-off (ms) between attempts to get a slot in a full instance pool:
 /// about two seconds in all before the turn is refused with 503.
-pub(crate) const ROOM_BACKOFF_MS: [u64; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
+const ROOM_BACKOFF_MS: [u64; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
 
 /// Instantiate `pre`; if the pool is full, or all JavaScript sandboxes
 /// are in use, ask the least recently used idle actors holding what is
@@ -452,7 +452,7 @@ pub(crate) const ROOM_BACKOFF_MS: [u64; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256,
 /// sandboxes may be fewer than the active cap on a small host
 /// (`limits.max_js_sandboxes`), and this is how JavaScript actors beyond
 /// them take turns: the idle ones make way, as under the active cap.
-async fn instantiate_with_room<'a>(
+pub(crate) async fn instantiate_with_room<'a>(
     env: &Arc<ActorEnv>,
     pre: &Prepared,
     spec: impl Fn() -> InstanceSpec<'a>,
