@@ -75,15 +75,17 @@ async fn deploy_versions_and_type_inspection() {
     let dir = tempdir();
     let m = Marmot::start(&dir.path().join("data")).await;
     let api = m.client();
-
-    let r = api
-        .req(
+    // The test component deployed bare, without a manifest.
+    let put_bare = || {
+        api.req(
             Method::PUT,
             "/v1/types/kit",
             Some(("application/wasm", TESTKIT.to_vec())),
             &[],
         )
-        .await;
+    };
+
+    let r = put_bare().await;
     assert_eq!(r.status, 201, "{}", r.json);
     assert_eq!(r.json["type"], "kit");
     assert_eq!(r.json["version"], 1);
@@ -91,14 +93,7 @@ async fn deploy_versions_and_type_inspection() {
     assert_eq!(r.json["sha256"].as_str().unwrap().len(), 64);
 
     // Identical code and config: no new version.
-    let r = api
-        .req(
-            Method::PUT,
-            "/v1/types/kit",
-            Some(("application/wasm", TESTKIT.to_vec())),
-            &[],
-        )
-        .await;
+    let r = put_bare().await;
     assert_eq!(r.status, 200);
     assert_eq!(r.json["version"], 1);
     assert_eq!(r.json["created"], false);
@@ -126,14 +121,7 @@ async fn deploy_versions_and_type_inspection() {
     );
     // The bare component again keeps the config (it dropped it: the type's
     // webhooks were then refused); only a manifest changes it.
-    let r = api
-        .req(
-            Method::PUT,
-            "/v1/types/kit",
-            Some(("application/wasm", TESTKIT.to_vec())),
-            &[],
-        )
-        .await;
+    let r = put_bare().await;
     assert_eq!(
         (r.status, &r.json["version"]),
         (200, &json!(2)),
