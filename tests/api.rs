@@ -1149,6 +1149,57 @@ async fn whole_numbers_written_as_floats_are_integers() {
     assert_eq!(r.status, 201, "{}", r.json);
 }
 
+/// A value that does not fit its field is named by its path in the body,
+/// so a long manifest's error says where to look; where serde's text could
+/// quote a secret, the field and its place are named instead of the value.
+#[tokio::test]
+async fn a_value_of_the_wrong_type_names_its_field() {
+    let (_dir, _node, api) = common::kit_node(json!({})).await;
+    let r = api
+        .deploy_manifest(
+            "named",
+            &json!({"kind": "js", "code": "export default { onMessage() { return 1; } };",
+                    "config": {"allowed_hosts": ["a.example.com", 7]}}),
+        )
+        .await;
+    assert_error(&r, 400, "invalid_manifest");
+    let message = r.json["error"]["message"].as_str().unwrap();
+    assert!(message.contains("`config.allowed_hosts[1]`"), "{message}");
+    assert_eq!(api.get("/v1/types/named").await.status, 404);
+
+    let r = api
+        .put_json(
+            "/v1/secrets/S",
+            &json!({"value": "hunter2-value", "hosts": "hunter2-host"}),
+        )
+        .await;
+    assert_error(&r, 400, "invalid_secret");
+    let message = r.json["error"]["message"].as_str().unwrap();
+    assert!(message.contains("`hosts` (line 1"), "{message}");
+    assert!(!message.contains("hunter2"), "{message}");
+
+    let r = api
+        .put_json(
+            "/v1/providers/p",
+            &json!({"format": "openai-chat", "base_url": 5}),
+        )
+        .await;
+    assert_error(&r, 400, "invalid_provider");
+    let message = r.json["error"]["message"].as_str().unwrap();
+    assert!(message.contains("`base_url` (line 1"), "{message}");
+
+    // A missing or unknown field at the top is named by serde itself.
+    let r = api
+        .post_json(
+            "/v1/tokens",
+            &json!({"type": "kit", "id": "a", "scopes": ["send"]}),
+        )
+        .await;
+    assert_error(&r, 400, "invalid_token_request");
+    let message = r.json["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("missing field `ttl_s`"), "{message}");
+}
+
 /// The examples a new user copies answer a body they cannot read with a
 /// 400 that says what they expected, not a failed turn (500), and write
 /// nothing.

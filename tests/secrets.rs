@@ -16,13 +16,7 @@ use serde_json::{Value, json};
 const VALUE: &str = "sk-live-4f3c2b1a-planted-value";
 
 async fn put(api: &common::Api, name: &str, body: Value) -> common::Resp {
-    api.req(
-        Method::PUT,
-        &format!("/v1/secrets/{name}"),
-        Some(("application/json", serde_json::to_vec(&body).unwrap())),
-        &[],
-    )
-    .await
+    api.put_json(&format!("/v1/secrets/{name}"), &body).await
 }
 
 #[tokio::test]

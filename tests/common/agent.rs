@@ -161,13 +161,7 @@ impl Rig {
 }
 
 pub async fn put(api: &Api, path: &str, body: Value) -> Resp {
-    api.req(
-        reqwest::Method::PUT,
-        path,
-        Some(("application/json", serde_json::to_vec(&body).unwrap())),
-        &[],
-    )
-    .await
+    api.put_json(path, &body).await
 }
 
 pub fn kinds(events: &[Value]) -> Vec<String> {

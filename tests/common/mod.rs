@@ -384,6 +384,16 @@ impl Api {
         .await
     }
 
+    pub async fn put_json(&self, path: &str, body: &Value) -> Resp {
+        self.req(
+            reqwest::Method::PUT,
+            path,
+            Some(("application/json", serde_json::to_vec(body).unwrap())),
+            &[],
+        )
+        .await
+    }
+
     /// `POST path` with a JSON `body` and owned `headers` (a signed
     /// webhook's, from [`signed`]).
     pub async fn post_hook(&self, path: &str, body: &[u8], headers: &[(String, String)]) -> Resp {

@@ -102,7 +102,9 @@ impl Page {
 /// `["v", ["api.example.com"]]` made a secret), which no client means.
 /// A whole number written as a float (`"ttl_s": 3600.0`, an integer to JSON
 /// and to JSON Schema) is read as that integer; such bodies take a second
-/// read, so bodies without one cost nothing more.
+/// read, so bodies without one cost nothing more. A value that does not fit
+/// names its field (`agent.tools[2].url`), so that a long manifest's error
+/// says where to look.
 pub(super) fn json_object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, BodyError> {
     let first = body.iter().copied().find(|b| !b.is_ascii_whitespace());
     if first != Some(b'{') {
@@ -116,18 +118,35 @@ pub(super) fn json_object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result
             _ => "a number",
         }));
     }
-    match serde_json::from_slice(body) {
-        Err(e) if e.is_data() => {
+    match read_object(body) {
+        Err(BodyError::Json { field, error }) if error.is_data() => {
             let mut value: serde_json::Value = serde_json::from_slice(body)?;
             if !crate::json::integral_floats(&mut value) {
-                return Err(e.into());
+                return Err(BodyError::Json { field, error });
             }
             // If it still does not fit, the first error (with its line and
             // column in what was sent) says why.
-            serde_json::from_value(value).map_err(|_| e.into())
+            serde_json::from_value(value).map_err(|_| BodyError::Json { field, error })
         }
-        read => Ok(read?),
+        read => read,
     }
+}
+
+/// One read of `body` into `T` that keeps the path to what did not fit.
+fn read_object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, BodyError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        // The path of a missing or unknown field is the object holding it
+        // (`.` at the top), which serde's own message already names; a
+        // field's own check may have named where (`config.env`) already.
+        let path = e.path().to_string();
+        let error = e.into_inner();
+        let located = error.to_string().starts_with(&format!("`{path}"));
+        let field = Some(path).filter(|p| p != "." && !located);
+        BodyError::Json { field, error }
+    })?;
+    de.end()?;
+    Ok(value)
 }
 
 /// Why [`json_object`] refused a body.
@@ -136,7 +155,28 @@ pub(super) enum BodyError {
     /// JSON, of another kind (named; never quoted: it may be a secret).
     #[error("the body must be a JSON object, not {0}")]
     NotObject(&'static str),
-    /// Not JSON, or not the object expected.
-    #[error(transparent)]
-    Json(#[from] serde_json::Error),
+    /// Not JSON, or not the object expected: `field` is where in the body
+    /// (`hosts`, `agent.tools[0].url`) when a value did not fit.
+    #[error("{}{error}", field.as_deref().map(|f| format!("`{f}`: ")).unwrap_or_default())]
+    Json {
+        field: Option<String>,
+        error: serde_json::Error,
+    },
+}
+
+impl From<serde_json::Error> for BodyError {
+    fn from(error: serde_json::Error) -> Self {
+        BodyError::Json { field: None, error }
+    }
+}
+
+impl BodyError {
+    /// Where the value that did not fit is, for messages that may not quote
+    /// serde's text (it can quote the value).
+    pub(super) fn located(field: Option<&str>, error: &serde_json::Error) -> String {
+        match field {
+            Some(f) => format!("`{f}` (line {}, column {})", error.line(), error.column()),
+            None => format!("line {}, column {}", error.line(), error.column()),
+        }
+    }
 }

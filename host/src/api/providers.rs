@@ -33,20 +33,21 @@ pub(super) async fn put(
     let spec: ProviderSpec = json_object(&body).map_err(|e| {
         // Unknown and missing fields are named; a wrongly typed value is
         // only located (it may be a key pasted into the wrong field).
-        let text = e.to_string();
-        let e = match e {
-            BodyError::NotObject(_) => return ApiError::bad_request("invalid_provider", text),
-            BodyError::Json(e) => e,
+        let (field, e) = match e {
+            BodyError::NotObject(_) => {
+                return ApiError::bad_request("invalid_provider", e.to_string());
+            }
+            BodyError::Json { field, error } => (field, error),
         };
+        let text = e.to_string();
         let what = if e.is_syntax() || e.is_eof() {
             "the body is not JSON".to_owned()
         } else if text.starts_with("unknown field") || text.starts_with("missing field") {
             text
         } else {
             format!(
-                "a field has the wrong type (line {}, column {})",
-                e.line(),
-                e.column()
+                "a field has the wrong type: {}",
+                BodyError::located(field.as_deref(), &e)
             )
         };
         ApiError::bad_request(

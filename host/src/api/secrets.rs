@@ -50,15 +50,20 @@ pub(super) async fn put(
     crate::ids::validate_secret_name(&name)?;
     let body = body?;
     let spec: SecretSpec = json_object(&body).map_err(|e| {
-        let e = match e {
-            BodyError::NotObject(_) => return ApiError::bad_request("invalid_secret", e.to_string()),
-            BodyError::Json(e) => e,
+        let (field, e) = match e {
+            BodyError::NotObject(_) => {
+                return ApiError::bad_request("invalid_secret", e.to_string());
+            }
+            BodyError::Json { field, error } => (field, error),
         };
         // serde's message quotes what it choked on, which may be the value.
         let what = if e.is_syntax() || e.is_eof() {
             "the body is not JSON".to_owned()
         } else {
-            format!("expected {{\"value\": \"…\", \"hosts\": [\"api.example.com\"]}} (line {}, column {})", e.line(), e.column())
+            format!(
+                "expected {{\"value\": \"…\", \"hosts\": [\"api.example.com\"]}}; see {}",
+                BodyError::located(field.as_deref(), &e)
+            )
         };
         ApiError::bad_request("invalid_secret", what)
     })?;

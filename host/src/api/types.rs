@@ -38,7 +38,15 @@ fn config_object<'de, D: serde::Deserializer<'de>>(d: D) -> Result<TypeConfig, D
     if !sent.is_object() {
         return Err(D::Error::custom("`config` must be an object"));
     }
-    let config: TypeConfig = serde_json::from_value(sent.clone()).map_err(D::Error::custom)?;
+    // Named from the top of the manifest; `json_object` sees that the
+    // message locates itself and does not prefix it again.
+    let config: TypeConfig = serde_path_to_error::deserialize(sent.clone()).map_err(|e| {
+        let at = e.path().to_string();
+        match at.as_str() {
+            "." => D::Error::custom(e.into_inner()),
+            _ => D::Error::custom(format_args!("`config.{at}`: {}", e.into_inner())),
+        }
+    })?;
     let read = serde_json::to_value(&config).map_err(D::Error::custom)?;
     if let Some(at) = crate::json::array_for_object(&sent, &read) {
         return Err(D::Error::custom(format_args!(
