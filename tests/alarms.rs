@@ -681,6 +681,10 @@ export default {
       alarms.set(body.name, body.spec);
       return { alarms: alarms.list().map((a) => a.name) };
     }
+    if (body.op === "date") {
+      alarms.set("dated", { at: new Date(Date.now() + 60000) });
+      return alarms.list().find((a) => a.name === "dated").schedule;
+    }
     return { fired: state.get("fired") ?? [] };
   },
   onAlarm(alarm, ctx) {
@@ -718,6 +722,72 @@ async fn javascript_actors_set_and_receive_alarms() {
         "{}",
         r.json
     );
+    // A schedule that is not one is refused, and sets nothing: a date
+    // string for `at` used to become 0, an alarm that fired at once.
+    for (name, spec, says) in [
+        (
+            json!("iso"),
+            json!({"at": "2027-06-01T09:00:00Z"}),
+            "`at` must be epoch milliseconds",
+        ),
+        (
+            json!("neg"),
+            json!({"after": -5}),
+            "`after` must be milliseconds (0 to 8640000000000000), not -5",
+        ),
+        (
+            json!("far"),
+            json!({"at": 1e20}),
+            "not 100000000000000000000",
+        ),
+        (json!("words"), json!({"after": "1h"}), "not a string"),
+        (
+            json!("two"),
+            json!({"at": 1, "after": 2}),
+            "exactly one of at, after or cron",
+        ),
+        (
+            json!("none"),
+            json!({"payload": 1}),
+            "exactly one of at, after or cron",
+        ),
+        (
+            json!("zoned"),
+            json!({"after": 10, "tz": "UTC"}),
+            "tz goes with cron",
+        ),
+        (json!(null), json!({"after": 10}), "name must be a string"),
+    ] {
+        let r = api
+            .post_json(
+                "/v1/actors/timer/t",
+                &json!({"op": "set", "name": name, "spec": spec}),
+            )
+            .await;
+        assert_eq!(r.status, 500, "{spec}: {}", r.json);
+        let message = r.json["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{spec}: {message}");
+    }
+    let pending = api.get("/v1/actors/timer/t/alarms").await.json;
+    let names: Vec<_> = pending["alarms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].clone())
+        .collect();
+    // (`soon` may have fired by now.)
+    assert!(names.iter().all(|n| n == "soon"), "{pending}");
+    // A Date is an instant.
+    let r = api
+        .post_json("/v1/actors/timer/t", &json!({"op": "date"}))
+        .await;
+    let at = r.json["at"].as_u64().unwrap_or_default();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert!(at > now + 50_000 && at < now + 70_000, "{}", r.json);
+
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let r = api.post_json("/v1/actors/timer/t", &json!({})).await;

@@ -558,7 +558,7 @@ async fn eval_runs_scripts_bound_to_the_actor_and_commits_only_on_success() {
             "alarms": ["cancel", "list", "set"],
             "inputs": ["cancel", "request"],
             "actors": ["call", "send"],
-            "files": ["delete", "list", "read", "write"],
+            "files": ["delete", "list", "read", "readBytes", "write"],
             "model": ["chat"],
             "log": ["debug", "error", "info", "warn"],
         })
@@ -908,6 +908,98 @@ export default {
     let r = api.op("late", "a", json!({"op": "wait"})).await;
     assert_eq!(r.status, 200, "{}", r.json);
     assert_eq!(r.json, 0, "the first turn's timer fired in the second");
+}
+
+/// Files hold bytes: a JavaScript actor writes a typed array, a view into
+/// one or an ArrayBuffer as its bytes (they used to be stored as JSON, so
+/// no PNG or zip artifact could be made) and reads them back with
+/// `readBytes`. A path that is not a string is a TypeError (a missing
+/// variable used to write a file called `undefined`).
+#[tokio::test]
+async fn javascript_files_hold_bytes_and_paths_are_strings() {
+    let (_dir, _m, api) = node(None).await;
+    api.deploy_js("bin", COUNTER_JS).await;
+    let r = eval(
+        &api,
+        "bin",
+        "a",
+        "const all = new Uint8Array([0, 1, 2, 0xfe, 0xff, 0x80]);\n\
+         marmot.files.write('outputs/all.bin', all);\n\
+         marmot.files.write('outputs/view.bin', new DataView(all.buffer, 3, 2));\n\
+         marmot.files.write('outputs/buf.bin', all.buffer.slice(4));\n\
+         marmot.files.write('outputs/words.bin', new Uint16Array([0x0201]));\n\
+         const back = marmot.files.readBytes('outputs/all.bin');\n\
+         [back instanceof Uint8Array, Array.from(back), marmot.files.read('outputs/view.bin')]",
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["error"], Value::Null, "{}", r.json);
+    assert_eq!(
+        r.json["result"],
+        json!([true, [0, 1, 2, 254, 255, 128], "\u{fffd}\u{fffd}"])
+    );
+    for (path, bytes) in [
+        ("all.bin", &[0u8, 1, 2, 0xfe, 0xff, 0x80][..]),
+        ("view.bin", &[0xfe, 0xff]),
+        ("buf.bin", &[0xff, 0x80]),
+        ("words.bin", &[0x01, 0x02]),
+    ] {
+        let r = api
+            .get(&format!("/v1/actors/bin/a/files/outputs/{path}"))
+            .await;
+        assert_eq!(r.status, 200, "{path}");
+        assert_eq!(&r.body[..], bytes, "{path}");
+    }
+
+    for (call, says) in [
+        (
+            "marmot.files.write(undefined, 'x')",
+            "files.write: path must be a string",
+        ),
+        (
+            "marmot.files.read(null)",
+            "files.read: path must be a string",
+        ),
+        (
+            "marmot.files.readBytes({})",
+            "files.readBytes: path must be a string",
+        ),
+        (
+            "marmot.files.delete(7)",
+            "files.delete: path must be a string",
+        ),
+        (
+            "marmot.files.list(null)",
+            "files.list: path must be a string",
+        ),
+    ] {
+        let r = eval(
+            &api,
+            "bin",
+            "a",
+            &format!("marmot.files.write('kept', 'x'); {call}"),
+        )
+        .await;
+        let error = r.json["error"].as_str().unwrap_or_default();
+        assert!(error.contains(says), "{call}: {}", r.json);
+    }
+    let listed = api.get("/v1/actors/bin/a/files").await.json;
+    let paths: Vec<_> = listed["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "outputs/all.bin",
+            "outputs/buf.bin",
+            "outputs/view.bin",
+            "outputs/words.bin"
+        ],
+        "{listed}"
+    );
 }
 
 /// JavaScript strings may hold lone surrogates, which UTF-8 cannot: what

@@ -92,7 +92,7 @@ declare module "marmot" {
 
   /** When an alarm fires: at a time, after a delay, or on a cron schedule. */
   export type AlarmSpec =
-    | { at: number; payload?: Json }
+    | { at: number | Date; payload?: Json }
     | { after: number; payload?: Json }
     | { cron: string; tz?: string; payload?: Json };
 
@@ -142,8 +142,12 @@ declare module "marmot" {
 
   /** Files under the actor's workspace; `outputs/` holds downloadable artifacts. */
   export interface Files {
+    /** The file as text (UTF-8; invalid bytes become U+FFFD). */
     read(path: string): string;
-    write(path: string, data: string | Json): void;
+    /** The file's bytes. */
+    readBytes(path: string): Uint8Array;
+    /** Text as UTF-8, bytes as they are, any other value as its JSON. */
+    write(path: string, data: string | Uint8Array | ArrayBuffer | ArrayBufferView | Json): void;
     list(prefix?: string): FileInfo[];
     delete(path: string): boolean;
   }

@@ -300,6 +300,25 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
             },
         )?,
     )?;
+    h.set("filesReadBytes", Function::new(ctx.clone(), read_bytes)?)?;
+    h.set(
+        "filesWriteBytes",
+        Function::new(
+            ctx.clone(),
+            |ctx: Ctx<'_>, path: String, view: TypedArray<'_, u8>| {
+                // SAFETY: the bytes are copied at once; no JavaScript runs
+                // while the borrowed slice is alive.
+                #[allow(unsafe_code, reason = "copying a Uint8Array's bytes")]
+                let bytes = unsafe { view.as_bytes() }
+                    .map(<[u8]>::to_vec)
+                    .unwrap_or_default();
+                match files::write(&path, &bytes) {
+                    Ok(()) => Ok(()),
+                    Err(e) => throw(&ctx, "files.write", e),
+                }
+            },
+        )?,
+    )?;
     h.set(
         "filesWrite",
         Function::new(
@@ -485,6 +504,14 @@ fn random_bytes<'js>(ctx: Ctx<'js>, n: usize) -> Result<TypedArray<'js, u8>> {
     getrandom::fill(&mut buf)
         .map_err(|e| Exception::throw_message(&ctx, &format!("crypto: {e}")))?;
     TypedArray::new(ctx, buf)
+}
+
+/// `files.readBytes`: the file as a `Uint8Array`.
+fn read_bytes<'js>(ctx: Ctx<'js>, path: String) -> Result<TypedArray<'js, u8>> {
+    match files::read(&path) {
+        Ok(b) => TypedArray::new(ctx, b),
+        Err(e) => throw(&ctx, "files.readBytes", e),
+    }
 }
 
 fn utf8_encode<'js>(ctx: Ctx<'js>, s: String) -> Result<TypedArray<'js, u8>> {

@@ -51,6 +51,22 @@
     if (typeof k !== "string") throw new TypeErrorCtor(`${what}: key must be a string`);
     return k;
   };
+  // A file's path, as the host takes it (a missing variable used to write
+  // a file called `undefined`).
+  const path = (p, what) => {
+    if (typeof p !== "string") throw new TypeErrorCtor(`${what}: path must be a string`);
+    return text(p);
+  };
+  // Binary data as one Uint8Array over its bytes, or undefined for data
+  // of another kind (text or JSON).
+  const Uint8ArrayCtor = Uint8Array;
+  const ArrayBufferCtor = ArrayBuffer;
+  const isView = ArrayBuffer.isView;
+  const bytes = (data) => {
+    if (data instanceof ArrayBufferCtor) return new Uint8ArrayCtor(data);
+    if (isView(data)) return new Uint8ArrayCtor(data.buffer, data.byteOffset, data.byteLength);
+    return undefined;
+  };
 
   const state = freeze({
     get(k) {
@@ -92,20 +108,48 @@
     error: (msg, f) => host.log("error", text(msg), fields(f)),
   });
 
+  // Milliseconds for `at` or `after`: a finite number ≥ 0 (a Date for
+  // `at`). `+spec.at` used to make a date string NaN and NaN 0, so an alarm
+  // meant for next year fired at once.
+  const DateCtor = Date;
+  const getTime = Date.prototype.getTime;
+  const isFinite = Number.isFinite;
+  // The latest instant a Date can hold (year 275760).
+  const MAX_MS = 8.64e15;
+  const millis = (v, what) => {
+    if (what === "at" && v instanceof DateCtor) v = apply(getTime, v, []);
+    if (typeof v !== "number" || !isFinite(v) || v < 0 || v > MAX_MS) {
+      const got = typeof v === "number" ? StringCtor(v) : `a ${typeof v}`;
+      const want = what === "at" ? `epoch milliseconds (0 to ${MAX_MS}) or a Date` : `milliseconds (0 to ${MAX_MS})`;
+      throw new TypeErrorCtor(`alarms.set: \`${what}\` must be ${want}, not ${got}`);
+    }
+    return v;
+  };
+  const alarmName = (name, what) => {
+    if (typeof name !== "string") throw new TypeErrorCtor(`${what}: name must be a string`);
+    return text(name);
+  };
+
   const alarms = freeze({
     // spec: { at: epochMs } | { after: ms } | { cron: "…", tz: "Europe/Berlin" }, plus payload.
     set(name, spec = {}) {
+      const n = alarmName(name, "alarms.set");
       if (spec === null || typeof spec !== "object") throw new TypeErrorCtor("alarms.set: spec must be an object");
+      const given = (spec.at !== undefined) + (spec.after !== undefined) + (spec.cron !== undefined);
+      if (given !== 1) throw new TypeErrorCtor("alarms.set: give exactly one of at, after or cron");
+      // (`tz: null` is how `alarms.list` shows a cron without one.)
+      if (spec.tz != null && spec.cron === undefined) {
+        throw new TypeErrorCtor("alarms.set: tz goes with cron (at is an instant, after a delay)");
+      }
       const payload = toJson(spec.payload === undefined ? null : spec.payload, "alarms.set payload");
       if (spec.cron !== undefined) {
-        return host.alarmsSet(StringCtor(name), "cron", 0, StringCtor(spec.cron), spec.tz === undefined ? undefined : StringCtor(spec.tz), payload);
+        return host.alarmsSet(n, "cron", 0, StringCtor(spec.cron), spec.tz == null ? undefined : StringCtor(spec.tz), payload);
       }
-      if (spec.at !== undefined) return host.alarmsSet(StringCtor(name), "at", +spec.at, undefined, undefined, payload);
-      if (spec.after !== undefined) return host.alarmsSet(StringCtor(name), "after", +spec.after, undefined, undefined, payload);
-      throw new TypeErrorCtor("alarms.set: give one of at, after or cron");
+      if (spec.at !== undefined) return host.alarmsSet(n, "at", millis(spec.at, "at"), undefined, undefined, payload);
+      return host.alarmsSet(n, "after", millis(spec.after, "after"), undefined, undefined, payload);
     },
     cancel(name) {
-      return host.alarmsCancel(StringCtor(name));
+      return host.alarmsCancel(alarmName(name, "alarms.cancel"));
     },
     list() {
       return parse(host.alarmsList()).map((a) => ({ ...a, payload: fromStored(a.payload) }));
@@ -132,11 +176,19 @@
     },
   });
 
+  // Text is stored as UTF-8, bytes (a typed array, DataView or
+  // ArrayBuffer) as they are, anything else as its JSON.
   const files = freeze({
-    read: (path) => host.filesRead(text(path)),
-    write: (path, data) => host.filesWrite(text(path), typeof data === "string" ? text(data) : toJson(data, "files.write")),
-    list: (prefix = "") => parse(host.filesList(text(prefix))),
-    delete: (path) => host.filesDelete(text(path)),
+    read: (p) => host.filesRead(path(p, "files.read")),
+    readBytes: (p) => host.filesReadBytes(path(p, "files.readBytes")),
+    write(p, data) {
+      const at = path(p, "files.write");
+      const b = bytes(data);
+      if (b !== undefined) return host.filesWriteBytes(at, b);
+      return host.filesWrite(at, typeof data === "string" ? text(data) : toJson(data, "files.write"));
+    },
+    list: (prefix = "") => parse(host.filesList(path(prefix, "files.list"))),
+    delete: (p) => host.filesDelete(path(p, "files.delete")),
   });
 
   // model.chat: the normalized chat shape (docs/models.md), any provider.
