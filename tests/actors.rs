@@ -261,6 +261,81 @@ async fn javascript_actors_call_and_send() {
     wait_value(&api, "b", "sent", json!(1)).await;
 }
 
+/// A JavaScript message is a JSON value, strings included: `"hello"` used
+/// to go out raw, so the callee refused it as bad JSON (a `send` was lost
+/// after the sender committed) and `"42"` arrived as the number 42. A text
+/// reply comes back as text, a JSON one parsed.
+#[tokio::test]
+async fn javascript_messages_keep_their_type_both_ways() {
+    let (_dir, _m, api) = kit_node(json!({})).await;
+    let echo = r#"
+import { state } from "marmot";
+export default {
+  onMessage(body) {
+    state.set("got", { body, type: typeof body });
+    return body.text !== undefined ? body.text : body;
+  },
+};
+"#;
+    let sender = r#"
+import { actors } from "marmot";
+export default {
+  async onMessage({ op, to, msg }) {
+    if (op === "send") { actors.send("echo", to, msg); return "sent"; }
+    const reply = await actors.call("echo", to, msg);
+    return { reply, type: typeof reply };
+  },
+};
+"#;
+    assert_eq!(api.deploy_js("echo", echo).await.status, 201);
+    assert_eq!(api.deploy_js("sender", sender).await.status, 201);
+    for (to, msg, reply) in [
+        (
+            "a",
+            json!("hello"),
+            json!({"reply": "hello", "type": "string"}),
+        ),
+        ("b", json!("42"), json!({"reply": "42", "type": "string"})),
+        ("c", json!(42), json!({"reply": 42, "type": "number"})),
+        // A string reply is text/plain: it comes back as that text.
+        (
+            "d",
+            json!({"text": "[1]"}),
+            json!({"reply": "[1]", "type": "string"}),
+        ),
+    ] {
+        let r = api
+            .post_json(
+                "/v1/actors/sender/s",
+                &json!({"op": "call", "to": to, "msg": msg}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{msg}: {}", r.json);
+        assert_eq!(r.json, reply, "{msg}");
+    }
+    let r = api
+        .post_json(
+            "/v1/actors/sender/s",
+            &json!({"op": "send", "to": "e", "msg": "hello"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = api.get("/v1/actors/echo/e/state/got").await;
+        if got.status == 200 {
+            assert_eq!(got.json, json!({"body": "hello", "type": "string"}));
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sent string never arrived: {}",
+            got.json
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 /// Delete the actor at `path`, which must answer 200 within 10 s.
 async fn delete_at_once(api: &Api, path: &str) {
     let r = tokio::time::timeout(

@@ -128,7 +128,9 @@ declare module "marmot" {
 
   /** Messages to other actors. */
   export interface Actors {
-    /** Send and wait for the reply (parsed JSON when it is JSON). */
+    /** Send and wait for the reply: the callee gets `body` as this value
+     * (a string stays a string); a JSON reply comes back parsed, any other
+     * (a text reply) as its text. */
     call(type: string, id: string, body?: Json): Promise<Json>;
     /** Send one way, durably, after this turn commits. */
     send(type: string, id: string, body?: Json): void;

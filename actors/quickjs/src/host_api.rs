@@ -83,6 +83,21 @@ fn throw<T>(ctx: &Ctx<'_>, what: &str, e: HostError) -> Result<T> {
     ))
 }
 
+/// Whether a reply's content type says JSON (absent means JSON, as the
+/// WIT `reply` has it).
+fn declares_json(content_type: Option<&str>) -> bool {
+    let Some(ct) = content_type else {
+        return true;
+    };
+    let media = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    media == "application/json" || media.ends_with("+json")
+}
+
 fn text(bytes: Vec<u8>) -> String {
     String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
@@ -262,20 +277,7 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
             inputs::cancel(&id).or_else(|e| throw(&ctx, "inputs.cancel", e))
         })?,
     )?;
-    h.set(
-        "actorsCall",
-        Function::new(
-            ctx.clone(),
-            |ctx: Ctx<'_>, ty: String, id: String, body: String| match actors::call(
-                &ty,
-                &id,
-                body.as_bytes(),
-            ) {
-                Ok(reply) => Ok(text(reply.body)),
-                Err(e) => throw(&ctx, "actors.call", e),
-            },
-        )?,
-    )?;
+    h.set("actorsCall", Function::new(ctx.clone(), actors_call)?)?;
     h.set(
         "actorsSend",
         Function::new(
@@ -504,6 +506,20 @@ fn random_bytes<'js>(ctx: Ctx<'js>, n: usize) -> Result<TypedArray<'js, u8>> {
     getrandom::fill(&mut buf)
         .map_err(|e| Exception::throw_message(&ctx, &format!("crypto: {e}")))?;
     TypedArray::new(ctx, buf)
+}
+
+/// `actors.call`: `{json, body}`, the reply's text and whether it is JSON
+/// to parse.
+fn actors_call<'js>(ctx: Ctx<'js>, ty: String, id: String, body: String) -> Result<Object<'js>> {
+    match actors::call(&ty, &id, body.as_bytes()) {
+        Ok(reply) => {
+            let out = Object::new(ctx)?;
+            out.set("json", declares_json(reply.content_type.as_deref()))?;
+            out.set("body", text(reply.body))?;
+            Ok(out)
+        }
+        Err(e) => throw(&ctx, "actors.call", e),
+    }
 }
 
 /// `files.readBytes`: the file as a `Uint8Array`.

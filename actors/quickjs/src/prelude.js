@@ -166,10 +166,14 @@
     cancel: (id) => host.inputsCancel(text(id)),
   });
 
-  const body = (b) => (typeof b === "string" ? b : toJson(b === undefined ? null : b, "message"));
+  // A message is JSON, so a string is one too: sent raw, `"hello"` was
+  // refused by the callee as bad JSON (a `send` lost it) and `"42"` arrived
+  // as a number.
+  const body = (b) => toJson(b === undefined ? null : b, "message");
   const actors = freeze({
     async call(type, id, message) {
-      return fromStored(host.actorsCall(StringCtor(type), StringCtor(id), body(message)));
+      const reply = host.actorsCall(StringCtor(type), StringCtor(id), body(message));
+      return reply.json ? fromStored(reply.body) : reply.body;
     },
     send(type, id, message) {
       host.actorsSend(StringCtor(type), StringCtor(id), body(message));
