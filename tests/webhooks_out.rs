@@ -296,6 +296,111 @@ async fn dead_letters_are_kept_and_can_be_replayed() {
     assert_eq!(r.code(), "delivery_not_found");
 }
 
+/// A delivery belongs to the subscription it was queued for. Deleted,
+/// that subscription's pending rows are dropped, and a new subscription
+/// that takes its name (another URL, another secret) never gets them:
+/// they used to go to it, whatever its filter. Its dead letters stay
+/// listed, and replaying one is a 409 that keeps it (it used to be a 202
+/// and the row vanished).
+#[tokio::test]
+async fn a_deleted_subscriptions_deliveries_never_reach_one_that_takes_its_name() {
+    let failing = Receiver::start().await;
+    failing.state.status.store(503, Ordering::SeqCst);
+    let gone = Receiver::start().await;
+    gone.state.status.store(410, Ordering::SeqCst);
+    let fresh = Receiver::start().await;
+    let (_dir, _m, api) = fast_retry_node(None).await;
+    let r = subscribe(
+        &api,
+        "orders",
+        json!({"url": failing.url, "events": ["order.*"]}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let r = subscribe(
+        &api,
+        "notes",
+        json!({"url": gone.url, "events": ["note.*"]}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    emit_kind(&api, "a", "order.private", 1).await;
+    emit_kind(&api, "a", "note.private", 2).await;
+    failing.wait_for(2).await;
+    gone.wait_for(1).await;
+    let dead = api.get("/v1/deliveries?status=dead").await.json;
+    let dead_id = dead["deliveries"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(dead["deliveries"][0]["subscription"], "notes", "{dead}");
+
+    for name in ["orders", "notes"] {
+        let r = api.delete(&format!("/v1/subscriptions/{name}")).await;
+        assert_eq!(r.status, 200, "{}", r.json);
+    }
+    let r = subscribe(&api, "orders", json!({"url": fresh.url, "events": ["*"]})).await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let secret = r.json["secret"].as_str().unwrap().to_owned();
+    emit_kind(&api, "b", "order.new", 3).await;
+    let got = fresh.wait_for(1).await;
+    // Time for many retries of the old row (40 ms apart, doubling).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let got_all = fresh.got();
+    assert_eq!(
+        got_all.len(),
+        1,
+        "the new subscription got the old one's rows"
+    );
+    let body: Value = serde_json::from_slice(&got[0].body).unwrap();
+    assert_eq!(body["type"], "order.new", "{body}");
+    check_signature(&secret, &got[0]);
+    let pending = api.get("/v1/deliveries?status=pending").await.json;
+    assert_eq!(pending["deliveries"], json!([]), "{pending}");
+
+    // The dead letter is kept; a replay has nowhere to go.
+    let r = subscribe(&api, "notes", json!({"url": fresh.url})).await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let r = api
+        .req(
+            Method::POST,
+            &format!("/v1/deliveries/{dead_id}/retry"),
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 409, "{}", r.json);
+    assert_eq!(r.code(), "subscription_gone");
+    let dead = api.get("/v1/deliveries?status=dead").await.json;
+    assert_eq!(dead["deliveries"][0]["id"], dead_id.as_str(), "{dead}");
+    assert_eq!(fresh.got().len(), 1);
+}
+
+/// Replacing a subscription (a new URL, say) keeps it the same one: its
+/// creation time stays, and what was queued for it goes to the new URL.
+#[tokio::test]
+async fn a_replaced_subscription_keeps_its_queued_deliveries() {
+    let failing = Receiver::start().await;
+    failing.state.status.store(503, Ordering::SeqCst);
+    let fixed = Receiver::start().await;
+    let (_dir, _m, api) = fast_retry_node(None).await;
+    let secret = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+    let r = subscribe(
+        &api,
+        "orders",
+        json!({"url": failing.url, "secret": secret}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let created = r.json["created_at_ms"].clone();
+    emit_kind(&api, "a", "order.paid", 1).await;
+    let first = failing.wait_for(1).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let r = subscribe(&api, "orders", json!({"url": fixed.url, "secret": secret})).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["created_at_ms"], created, "{}", r.json);
+    let got = fixed.wait_for(1).await;
+    assert_eq!(got[0].id, first[0].id, "the same delivery, to the new URL");
+    check_signature(secret, &got[0]);
+}
+
 #[tokio::test]
 async fn only_committed_events_go_out_and_pending_ones_survive_kill_9() {
     // The receiver is down at first: its port is reserved but closed.

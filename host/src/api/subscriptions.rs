@@ -35,6 +35,8 @@ pub(super) async fn put(
         .into_record(now_ms())
         .map_err(|e| ApiError::bad_request("invalid_subscription", e))?;
     let mut out = outbound::subscription_json(&name, &record);
+    // (A replaced subscription keeps its creation time; the reply shows it.)
+    let created_at_ms = record.created_at_ms;
     let n = name.clone();
     let created = s
         .node
@@ -46,6 +48,11 @@ pub(super) async fn put(
             done,
         })
         .await?;
+    if let Some(stored) = s.node.storage().subscriptions().snapshot().get(&name) {
+        out["created_at_ms"] = stored.created_at_ms.into();
+    } else {
+        out["created_at_ms"] = created_at_ms.into();
+    }
     if let Some(secret) = generated {
         out["secret"] = secret.into();
     }
@@ -159,6 +166,29 @@ pub(super) async fn retry(
 ) -> Result<Response, ApiError> {
     let not_found = || ApiError::not_found("delivery_not_found", format!("no delivery `{id}`"));
     delivery_seq(&id).ok_or_else(not_found)?;
+    // A delivery goes only to the subscription it was queued for: refused
+    // (and kept) once that was deleted, also when another took its name.
+    let queued = s
+        .node
+        .storage()
+        .reader()?
+        .delivery_by_id(&id)?
+        .ok_or_else(not_found)?;
+    let subs = s.node.storage().subscriptions().snapshot();
+    if !subs
+        .get(&queued.subscription)
+        .is_some_and(|sub| sub.wants(&queued))
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "subscription_gone",
+            format!(
+                "delivery `{id}` was queued for subscription `{}`, which was deleted \
+                 (or replaced by one that does not want it): there is nowhere to retry it to",
+                queued.subscription
+            ),
+        ));
+    }
     let i = id.clone();
     let rec = s
         .node

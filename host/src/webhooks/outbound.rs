@@ -277,9 +277,13 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
             if in_flight.contains(&seq) {
                 continue;
             }
-            let Some(sub) = subs.get(&rec.subscription).cloned() else {
+            let Some(sub) = subs
+                .get(&rec.subscription)
+                .filter(|s| s.wants(&rec))
+                .cloned()
+            else {
                 tracing::info!(subscription = %rec.subscription, webhook_id = %rec.webhook_id,
-                    "subscription deleted; dropping its delivery");
+                    "subscription deleted, or replaced by one that does not want it; dropping its delivery");
                 w.storage.writer().submit(WriteOp::DeliveryAttempted {
                     seq,
                     update: None,

@@ -612,6 +612,15 @@ pub struct SubscriptionRecord {
 }
 
 impl SubscriptionRecord {
+    /// Whether `d`, queued for a subscription of this one's name, is still
+    /// this one's to send: queued since it was created (a row of a deleted
+    /// subscription must not go to a new one that took its name) and
+    /// matching its filter as it is now (a narrowed filter drops what it
+    /// no longer wants). A replaced subscription keeps its creation time.
+    pub fn wants(&self, d: &DeliveryRecord) -> bool {
+        self.created_at_ms <= d.created_at_ms && self.matches(&d.actor_type, &d.kind)
+    }
+
     /// Whether an event of `kind` from an actor of type `ty` goes to it.
     pub fn matches(&self, ty: &str, kind: &str) -> bool {
         (self.types.is_empty() || self.types.iter().any(|t| t == ty))

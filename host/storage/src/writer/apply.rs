@@ -133,9 +133,14 @@ impl WriterState {
             }
             WriteOp::PutSubscription {
                 name,
-                record,
+                mut record,
                 done: d,
             } => {
+                // A replaced subscription keeps its creation time: its
+                // queued deliveries stay its own (`SubscriptionRecord::wants`).
+                if let Some(old) = self.subscriptions.snapshot().get(&name) {
+                    record.created_at_ms = old.created_at_ms;
+                }
                 let r = tables.subscriptions().and_then(|t| {
                     t.insert(name.as_str(), encode(&record).as_slice())
                         .map(|old| old.is_none())
