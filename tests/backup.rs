@@ -129,3 +129,157 @@ async fn a_backup_taken_under_load_restores_everything_acknowledged_before_it() 
     // The restored node takes new turns.
     assert_eq!(api2.add("kit", "a0", 1).await.status, 200);
 }
+
+/// Copy directory `from` to `to` (a test's own copies of a backup).
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+fn restore(from: &std::path::Path, data: &std::path::Path) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .arg("restore")
+        .arg(from)
+        .arg("--data")
+        .arg(data)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// A backup touches only its own directory: `nightly.1` is written under
+/// `nightly.1.partial` (it was `nightly.partial`, removed first whatever it
+/// held), and a `.partial` already there is a 409 that leaves it be. A
+/// restore only reads the backup, checks every blob against its hash and
+/// the database's integrity, refuses a directory that is not empty, and
+/// leaves nothing behind when it refuses. A dev node's backup carries its
+/// key file, so its secrets open after a restore (the node used to refuse
+/// to start on it).
+#[tokio::test]
+async fn backups_touch_only_their_own_directory_and_restores_check_what_they_copy() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    let r = api
+        .op(
+            "kit",
+            "f",
+            json!({"op": "file_write", "path": "outputs/big.bin", "bytes": 200_000}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let r = api
+        .op(
+            "kit",
+            "f",
+            json!({"op": "set", "key": "k", "value": "plain-text-value"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let r = api
+        .put_json(
+            "/v1/secrets/K1",
+            &json!({"value": "s3cret-value", "hosts": ["api.example.com"]}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+
+    let bk = dir.path().join("bk");
+    let theirs = bk.join("nightly.partial");
+    std::fs::create_dir_all(&theirs).unwrap();
+    std::fs::write(theirs.join("keep.txt"), "precious").unwrap();
+    let backup = bk.join("nightly.1");
+    let r = api.post_json("/v1/backup", &json!({"to": backup})).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(
+        std::fs::read_to_string(theirs.join("keep.txt")).unwrap(),
+        "precious"
+    );
+    assert!(!bk.join("nightly.1.partial").exists());
+    let claimed = bk.join("nightly.2.partial");
+    std::fs::create_dir_all(&claimed).unwrap();
+    let r = api
+        .post_json("/v1/backup", &json!({"to": bk.join("nightly.2")}))
+        .await;
+    assert_eq!(r.status, 409, "{}", r.json);
+    assert_eq!(r.code(), "backup_exists");
+    assert!(claimed.is_dir() && !bk.join("nightly.2").exists());
+
+    // Damaged copies are refused, and leave no data directory behind.
+    let blob = {
+        let shards = std::fs::read_dir(backup.join("blobs")).unwrap();
+        let shard = shards.map(|e| e.unwrap().path()).next().unwrap();
+        std::fs::read_dir(shard)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path()
+    };
+    let rel = blob.strip_prefix(&backup).unwrap().to_owned();
+    let tampered = dir.path().join("tampered");
+    copy_dir(&backup, &tampered);
+    std::fs::write(tampered.join(&rel), vec![b'e'; 200_000]).unwrap();
+    let missing = dir.path().join("missing");
+    copy_dir(&backup, &missing);
+    std::fs::remove_file(missing.join(&rel)).unwrap();
+    for (from, says) in [
+        (&tampered, "does not match its SHA-256"),
+        (&missing, "the backup is incomplete"),
+    ] {
+        let target = dir.path().join("never");
+        let (ok, text) = restore(from, &target);
+        assert!(!ok && text.contains(says), "{}: {text}", from.display());
+        assert!(!target.exists(), "{}: {text}", from.display());
+    }
+    // A database with a changed byte.
+    let flipped = dir.path().join("flipped");
+    copy_dir(&backup, &flipped);
+    let db = flipped.join("marmot.redb");
+    let mut bytes = std::fs::read(&db).unwrap();
+    let at = bytes
+        .windows(16)
+        .position(|w| w == b"plain-text-value")
+        .expect("the value is in the file");
+    bytes[at..at + 5].copy_from_slice(b"HACKD");
+    std::fs::write(&db, bytes).unwrap();
+    let (ok, text) = restore(&flipped, &dir.path().join("never"));
+    assert!(!ok && text.contains("damaged"), "{text}");
+
+    // Not into a directory that holds anything.
+    let occupied = dir.path().join("occupied");
+    std::fs::create_dir_all(&occupied).unwrap();
+    std::fs::write(occupied.join("notes.txt"), "mine").unwrap();
+    let (ok, text) = restore(&backup, &occupied);
+    assert!(!ok && text.contains("not empty"), "{text}");
+    assert_eq!(std::fs::read_dir(&occupied).unwrap().count(), 1);
+
+    // The backup is only read.
+    let before = std::fs::read(backup.join("marmot.redb")).unwrap();
+    let restored = dir.path().join("restored");
+    let (ok, text) = restore(&backup, &restored);
+    assert!(ok, "{text}");
+    assert!(text.contains("1 blobs checked"), "{text}");
+    assert_eq!(std::fs::read(backup.join("marmot.redb")).unwrap(), before);
+    drop(m);
+    let r2 = Marmot::start(&restored).await;
+    let api2 = r2.client();
+    let secrets = api2.get("/v1/secrets").await.json;
+    assert_eq!(secrets["secrets"][0]["name"], "K1", "{secrets}");
+    let file = api2.get("/v1/actors/kit/f/files/outputs/big.bin").await;
+    assert_eq!(file.status, 200);
+    assert_eq!(file.body.len(), 200_000);
+}

@@ -48,6 +48,17 @@ pub(super) async fn backup(
     }
     match s.node.backup(spec.to).await {
         Ok(report) => Ok(axum::Json(report).into_response()),
+        // Another backup into the same place (or one cut off).
+        Err(e @ StorageError::Io { .. })
+            if matches!(&e, StorageError::Io { source, .. }
+                if source.kind() == std::io::ErrorKind::AlreadyExists) =>
+        {
+            Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "backup_exists",
+                e.to_string(),
+            ))
+        }
         Err(e @ StorageError::Io { .. }) => Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "backup_failed",

@@ -448,11 +448,21 @@ async fn run(
             client::backup(&client, &to).await
         }
         Command::Restore { from, data } => {
-            let blobs = crate::storage::backup::restore(&from, &data)?;
+            let report = crate::storage::backup::restore(&from, &data)?;
+            let key = if report
+                .files
+                .iter()
+                .any(|f| f == crate::secrets::DEV_KEY_FILE)
+            {
+                "with the dev node's key file"
+            } else {
+                "its secrets open only with the master key the node had (MARMOT_MASTER_KEY)"
+            };
             println!(
-                "restored `{}` into `{}` ({blobs} blobs); start the node on it",
+                "restored `{}` into `{}` ({} blobs checked; {key}); start the node on it",
                 from.display(),
-                data.display()
+                data.display(),
+                report.blobs,
             );
             Ok(())
         }

@@ -315,7 +315,11 @@ impl Node {
         dest: std::path::PathBuf,
     ) -> Result<crate::storage::backup::BackupReport, crate::storage::StorageError> {
         let storage = self.storage.clone();
-        let report = tokio::task::spawn_blocking(move || storage.backup(&dest))
+        let extra: Vec<_> =
+            crate::secrets::key_file_for_backup(&self.config.secrets, &self.config.data_dir)
+                .into_iter()
+                .collect();
+        let report = tokio::task::spawn_blocking(move || storage.backup(&dest, &extra))
             .await
             .map_err(|e| crate::storage::StorageError::Io {
                 what: "backup".into(),

@@ -98,6 +98,17 @@ pub enum SecretError {
     Storage(#[from] StorageError),
 }
 
+/// The key file a backup carries: the one `marmot dev` made in the data
+/// directory, when that is the key in use (a dev backup restores whole).
+/// A configured key (`MARMOT_MASTER_KEY`, a key file) is kept apart from
+/// backups, by design: a backup then holds no way to open its secrets.
+pub fn key_file_for_backup(config: &SecretsConfig, data_dir: &Path) -> Option<PathBuf> {
+    let configured = std::env::var(MASTER_KEY_ENV).is_ok_and(|v| !v.is_empty())
+        || config.master_key_file.is_some();
+    let file = data_dir.join(DEV_KEY_FILE);
+    (config.generate_key && !configured && file.is_file()).then_some(file)
+}
+
 /// The node's master key and the earlier ones it can still open.
 #[derive(Debug)]
 pub struct MasterKeys {

@@ -8,9 +8,10 @@
 //! copy; one removed between the snapshot and its link means the snapshot
 //! is already stale, and the backup starts over from a newer one.
 //!
-//! Restore copies a backup into an empty data directory after checking its
-//! format: a backup written by a newer build is refused, like a newer
-//! database file is at start-up.
+//! Restore copies a backup into an empty data directory after checking it:
+//! the database's integrity, its format (a backup written by a newer build
+//! is refused, like a newer database file is at start-up) and every blob's
+//! hash. It only reads the backup.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -126,7 +127,13 @@ impl Storage {
     /// directory that must not exist yet. Blocking; safe while the node
     /// serves (it holds one read transaction, which keeps the pages it
     /// reads from being reused, and never blocks the writer).
-    pub fn backup(&self, dest: &Path) -> Result<BackupReport, StorageError> {
+    ///
+    /// `extra` files (the dev node's key file) are copied beside the
+    /// database when they exist. The backup is written under `DEST.partial`
+    /// and renamed into place once complete; a `DEST.partial` already there
+    /// (another backup into `DEST` under way, or one cut off) is refused,
+    /// never removed.
+    pub fn backup(&self, dest: &Path, extra: &[PathBuf]) -> Result<BackupReport, StorageError> {
         if dest.exists() {
             return Err(StorageError::Io {
                 what: format!("backup destination `{}`", dest.display()),
@@ -137,11 +144,51 @@ impl Storage {
             });
         }
         let started = Instant::now();
-        let partial = dest.with_extension("partial");
+        let partial = partial_path(dest)?;
+        if let Some(parent) = partial.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .map_err(io(format!("failed to create `{}`", parent.display())))?;
+        }
+        // Creating it claims it: of two backups into one place, one gets
+        // it and the other is refused.
+        std::fs::create_dir(&partial).map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => StorageError::Io {
+                what: format!("backup destination `{}`", dest.display()),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    format!(
+                        "`{}` exists: another backup into it is under way, or one was cut \
+                         off (remove it and try again)",
+                        partial.display()
+                    ),
+                ),
+            },
+            _ => io(format!("failed to create `{}`", partial.display()))(e),
+        })?;
+        let written = self.backup_into(&partial, dest, extra, started);
+        if written.is_err() {
+            let _ = std::fs::remove_dir_all(&partial);
+        }
+        written
+    }
+
+    /// [`Storage::backup`] into `partial`, which this backup created.
+    fn backup_into(
+        &self,
+        partial: &Path,
+        dest: &Path,
+        extra: &[PathBuf],
+        started: Instant,
+    ) -> Result<BackupReport, StorageError> {
         for attempt in 1..=MAX_ATTEMPTS {
-            if partial.exists() {
-                std::fs::remove_dir_all(&partial)
-                    .map_err(io(format!("failed to clear `{}`", partial.display())))?;
+            // What an earlier attempt left (this backup's own).
+            for leftover in [partial.join("blobs"), partial.join("marmot.redb")] {
+                let gone = match std::fs::symlink_metadata(&leftover) {
+                    Ok(m) if m.is_dir() => std::fs::remove_dir_all(&leftover),
+                    Ok(_) => std::fs::remove_file(&leftover),
+                    Err(_) => Ok(()),
+                };
+                gone.map_err(io(format!("failed to clear `{}`", leftover.display())))?;
             }
             let blob_dir = partial.join("blobs");
             std::fs::create_dir_all(&blob_dir)
@@ -182,8 +229,16 @@ impl Storage {
                 rows
             };
             sync(&db_path)?;
-            sync(&partial)?;
-            std::fs::rename(&partial, dest).map_err(io(format!(
+            for file in extra {
+                if let Some(name) = file.file_name().filter(|_| file.is_file()) {
+                    let to = partial.join(name);
+                    std::fs::copy(file, &to)
+                        .map_err(io(format!("failed to copy `{}`", file.display())))?;
+                    sync(&to)?;
+                }
+            }
+            sync(partial)?;
+            std::fs::rename(partial, dest).map_err(io(format!(
                 "failed to move the backup into `{}`",
                 dest.display()
             )))?;
@@ -202,7 +257,6 @@ impl Storage {
                 elapsed_ms: started.elapsed().as_millis() as u64,
             });
         }
-        let _ = std::fs::remove_dir_all(&partial);
         Err(StorageError::Io {
             what: "backup".into(),
             source: std::io::Error::other(format!(
@@ -212,10 +266,47 @@ impl Storage {
     }
 }
 
-/// Copy the backup in `from` into `data`, which must hold no database yet.
-/// A backup of a newer format is refused; an older one is upgraded when
-/// the node opens it, as a data directory would be.
-pub fn restore(from: &Path, data: &Path) -> Result<u64, StorageError> {
+/// `DEST.partial`, beside `DEST` (`nightly.1` → `nightly.1.partial`; an
+/// extension is kept, not replaced).
+fn partial_path(dest: &Path) -> Result<PathBuf, StorageError> {
+    let Some(name) = dest.file_name() else {
+        return Err(StorageError::Io {
+            what: format!("backup destination `{}`", dest.display()),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "it must name a new directory",
+            ),
+        });
+    };
+    let mut partial = name.to_os_string();
+    partial.push(".partial");
+    Ok(dest.with_file_name(partial))
+}
+
+/// What a restore wrote.
+#[derive(Debug, Clone)]
+pub struct RestoreReport {
+    /// Blobs checked and copied.
+    pub blobs: u64,
+    /// Other files of the backup copied beside the database (a dev node's
+    /// key file).
+    pub files: Vec<String>,
+}
+
+fn refused(what: String, why: String) -> StorageError {
+    StorageError::Io {
+        what,
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, why),
+    }
+}
+
+/// Copy the backup in `from` into `data`, an empty or new directory, after
+/// checking it: the database's integrity and format (a backup of a newer
+/// format is refused; an older one is upgraded when the node opens it, as a
+/// data directory would be), and every blob it references against its
+/// SHA-256. The backup is only read. A restore that fails leaves `data` as
+/// it found it.
+pub fn restore(from: &Path, data: &Path) -> Result<RestoreReport, StorageError> {
     let src_db = from.join("marmot.redb");
     if !src_db.is_file() {
         return Err(StorageError::Io {
@@ -223,19 +314,63 @@ pub fn restore(from: &Path, data: &Path) -> Result<u64, StorageError> {
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no marmot.redb in it"),
         });
     }
-    let dst_db = data.join("marmot.redb");
-    if dst_db.exists() {
-        return Err(StorageError::Io {
-            what: format!("restore into `{}`", data.display()),
-            source: std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
-                "it already holds a database; restore into an empty directory",
-            ),
-        });
+    let existed = data.exists();
+    if existed {
+        let mut entries =
+            std::fs::read_dir(data).map_err(io(format!("failed to list `{}`", data.display())))?;
+        if entries.next().is_some() {
+            let why = if data.join("marmot.redb").exists() {
+                "it already holds a database; restore into an empty directory"
+            } else {
+                "it is not empty; restore into an empty or new directory"
+            };
+            return Err(StorageError::Io {
+                what: format!("restore into `{}`", data.display()),
+                source: std::io::Error::new(std::io::ErrorKind::AlreadyExists, why),
+            });
+        }
     }
-    {
-        // Refuse a newer format before copying anything.
-        let db = redb::Database::open(&src_db)?;
+    std::fs::create_dir_all(data).map_err(io(format!("failed to create `{}`", data.display())))?;
+    let restored = restore_into(from, data);
+    if restored.is_err() {
+        // `data` was empty: what is in it now is this restore's.
+        let _ = if existed {
+            std::fs::read_dir(data).map(|entries| {
+                for e in entries.flatten() {
+                    let p = e.path();
+                    let _ = if p.is_dir() {
+                        std::fs::remove_dir_all(&p)
+                    } else {
+                        std::fs::remove_file(&p)
+                    };
+                }
+            })
+        } else {
+            std::fs::remove_dir_all(data)
+        };
+    }
+    restored
+}
+
+fn restore_into(from: &Path, data: &Path) -> Result<RestoreReport, StorageError> {
+    let src_db = from.join("marmot.redb");
+    // The database first, under a temporary name, checked there: the
+    // backup itself is never opened (opening writes to a redb file).
+    let tmp = data.join("marmot.redb.restoring");
+    std::fs::copy(&src_db, &tmp).map_err(io(format!("failed to copy `{}`", src_db.display())))?;
+    let damaged = |why: String| {
+        refused(
+            format!("the backup's database `{}`", src_db.display()),
+            format!("{why}; the backup is damaged"),
+        )
+    };
+    let refs: Vec<[u8; 32]> = {
+        let mut db = redb::Database::open(&tmp).map_err(|e| damaged(e.to_string()))?;
+        match db.check_integrity() {
+            Ok(true) => {}
+            Ok(false) => return Err(damaged("it fails its integrity check".into())),
+            Err(e) => return Err(damaged(e.to_string())),
+        }
         let read = db.begin_read()?;
         let found = read
             .open_table(META)?
@@ -250,50 +385,76 @@ pub fn restore(from: &Path, data: &Path) -> Result<u64, StorageError> {
             }
             .into());
         }
-    }
-    std::fs::create_dir_all(data).map_err(io(format!("failed to create `{}`", data.display())))?;
-    let mut blobs = 0;
-    let src_blobs = from.join("blobs");
-    if src_blobs.is_dir() {
-        for shard in std::fs::read_dir(&src_blobs)
-            .map_err(io(format!("failed to list `{}`", src_blobs.display())))?
-        {
-            let shard = shard.map_err(io("failed to list blobs".into()))?;
-            let dst_shard = data.join("blobs").join(shard.file_name());
-            std::fs::create_dir_all(&dst_shard)
-                .map_err(io(format!("failed to create `{}`", dst_shard.display())))?;
-            for blob in
-                std::fs::read_dir(shard.path()).map_err(io("failed to list blobs".into()))?
-            {
-                let blob = blob.map_err(io("failed to list blobs".into()))?;
-                let to = dst_shard.join(blob.file_name());
-                std::fs::copy(blob.path(), &to)
-                    .map_err(io(format!("failed to copy `{}`", blob.path().display())))?;
-                sync(&to)?;
-                blobs += 1;
-            }
-            sync(&dst_shard)?;
+        match read.open_table(BLOB_REFS) {
+            Ok(t) => t
+                .iter()?
+                .map(|row| row.map(|(sha, _)| *sha.value()))
+                .collect::<Result<_, _>>()?,
+            Err(redb::TableError::TableDoesNotExist(_)) => Vec::new(),
+            Err(e) => return Err(e.into()),
         }
-    }
-    // The database last, under a temporary name: a restore cut off midway
-    // leaves no database, and the directory stays restorable.
-    let tmp = data.join("marmot.redb.restoring");
-    std::fs::copy(&src_db, &tmp).map_err(io(format!("failed to copy `{}`", src_db.display())))?;
+    };
     sync(&tmp)?;
-    // Journal files left from a database that was here belong to no
-    // database now (opening would not replay them onto another file
-    // anyway: their headers name the file they were written for).
-    for log in crate::journal::log_paths(&dst_db) {
-        match std::fs::remove_file(&log) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io(format!("failed to remove `{}`", log.display()))(e)),
+    // Every blob the database references, checked against its name.
+    let mut blobs = 0;
+    for sha in &refs {
+        let hex = hex::encode(sha);
+        let rel = Path::new("blobs").join(&hex[..2]).join(&hex);
+        let bytes = std::fs::read(from.join(&rel)).map_err(|e| {
+            refused(
+                format!("blob `{}` of the backup", rel.display()),
+                format!("{e}; the backup is incomplete"),
+            )
+        })?;
+        if <sha2::Sha256 as sha2::Digest>::digest(&bytes).as_slice() != sha {
+            return Err(refused(
+                format!("blob `{}` of the backup", rel.display()),
+                "its content does not match its SHA-256; the backup is damaged".into(),
+            ));
         }
+        let to = data.join(&rel);
+        if let Some(dir) = to.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(io(format!("failed to create `{}`", dir.display())))?;
+        }
+        std::fs::write(&to, &bytes).map_err(io(format!("failed to write `{}`", to.display())))?;
+        sync(&to)?;
+        blobs += 1;
     }
+    // Other files beside the database (a dev node's key file).
+    let mut files = Vec::new();
+    for entry in
+        std::fs::read_dir(from).map_err(io(format!("failed to list `{}`", from.display())))?
+    {
+        let entry = entry.map_err(io(format!("failed to list `{}`", from.display())))?;
+        let name = entry.file_name();
+        if name == "marmot.redb" || !entry.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        let to = data.join(&name);
+        std::fs::copy(entry.path(), &to)
+            .map_err(io(format!("failed to copy `{}`", entry.path().display())))?;
+        sync(&to)?;
+        files.push(name.to_string_lossy().into_owned());
+    }
+    if data.join("blobs").is_dir() {
+        for shard in std::fs::read_dir(data.join("blobs"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            sync(&shard.path())?;
+        }
+        sync(&data.join("blobs"))?;
+    }
+    // The database last: a restore cut off before this leaves none, so
+    // the directory is never mistaken for a restored one (nor is it empty:
+    // remove it and restore again).
+    let dst_db = data.join("marmot.redb");
     std::fs::rename(&tmp, &dst_db)
         .map_err(io(format!("failed to place `{}`", dst_db.display())))?;
     sync(data)?;
-    Ok(blobs)
+    Ok(RestoreReport { blobs, files })
 }
 
 #[cfg(test)]
