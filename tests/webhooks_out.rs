@@ -485,6 +485,69 @@ async fn deliveries_to_one_host_are_bounded() {
     assert_eq!(max, 2, "deliveries in flight to one host at most");
 }
 
+/// A receiver that hangs holds up only its own deliveries: with more of
+/// its rows due than one read of the outbox took (512), another
+/// subscription's event waited behind all of them (minutes, or for ever
+/// while the hanging one kept receiving); now rows of a destination at its
+/// limit are stepped over.
+#[tokio::test]
+async fn a_hanging_receiver_holds_up_only_its_own_deliveries() {
+    let hanging = Receiver::start().await;
+    hanging.state.delay_ms.store(20_000, Ordering::SeqCst);
+    let healthy = Receiver::start().await;
+    let (_dir, _m, api) = fast_retry_node(None).await;
+    let bulk = r#"
+import { events } from "marmot";
+export default {
+  onMessage({ n, kind }) {
+    for (let i = 0; i < n; i++) events.emit(kind, { i });
+    return n;
+  },
+};
+"#;
+    assert_eq!(api.deploy_js("bulk", bulk).await.status, 201);
+    let r = subscribe(
+        &api,
+        "slow",
+        json!({"url": hanging.url, "events": ["bulk"]}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let r = subscribe(
+        &api,
+        "fine",
+        json!({"url": healthy.url, "events": ["urgent"]}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    for _ in 0..3 {
+        let r = api
+            .post_json("/v1/actors/bulk/b", &json!({"n": 300, "kind": "bulk"}))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.json);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while hanging.state.in_flight.load(Ordering::SeqCst) < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "the hanging receiver got nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = api
+        .post_json("/v1/actors/bulk/u", &json!({"n": 1, "kind": "urgent"}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let started = Instant::now();
+    healthy.wait_for(1).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the healthy receiver waited {:?}",
+        started.elapsed()
+    );
+    assert_eq!(hanging.state.max_in_flight.load(Ordering::SeqCst), 4);
+}
+
 #[tokio::test]
 async fn subscriptions_are_validated_and_never_show_their_secret() {
     let (_dir, _m, api) = kit_node(json!({})).await;

@@ -23,6 +23,7 @@
 //! hands may be repeated by the new owner, with the same `webhook-id`.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument as _;
@@ -39,8 +40,9 @@ use crate::storage::{Storage, StorageError, WriteOp};
 pub const RETRY_BASE_ENV: &str = "MARMOT_WEBHOOK_RETRY_BASE_MS";
 /// Response bytes kept for `last_error`.
 const MAX_ERROR_BODY: usize = 1024;
-/// Due rows read per pass.
-const BATCH: usize = 512;
+/// Due rows read per pass at most (a pass that stops short continues
+/// there the next time).
+const EXAMINE: usize = 4096;
 
 /// The retry schedule.
 #[derive(Debug, Clone, Copy)]
@@ -236,68 +238,71 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u64, String)>();
     let mut in_flight: HashSet<u64> = HashSet::new();
     let mut per_dest: HashMap<String, usize> = HashMap::new();
+    let mut resume = (0, 0);
     loop {
         let now = now_ms();
-        // In a cluster, only the owner of the emitting actor's slot
-        // delivers (its backup keeps a copy of each row and of what became
-        // of it, and delivers once it owns the slot).
         let writer = w.storage.writer();
-        let mine = |d: &DeliveryRecord| {
-            crate::ids::ActorKey::new(&d.actor_type, &d.actor_id)
-                .is_ok_and(|k| writer.sends_for(&k))
-        };
-        let due = w
-            .storage
-            .reader()
-            .and_then(|r| r.deliveries_due(now, BATCH, mine));
-        let due = match due {
-            Ok(d) => d,
-            Err(e) => {
-                tracing::error!(error = %e, "webhook worker cannot read the outbox");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
         let subs = w.storage.subscriptions().snapshot();
         // Rows of a batch whose backups have not acknowledged it yet wait
         // (the output gate); their release wakes this loop.
-        let released = w
-            .storage
-            .writer()
+        let released = writer
             .released()
             .deliveries
             .load(std::sync::atomic::Ordering::Acquire);
-        for (seq, rec) in due {
-            if seq > released {
+        // Rows whose destination is already at its limit are stepped over,
+        // and a walk that ran out of budget continues where it stopped the
+        // next time: a receiver that hangs with thousands of rows due holds
+        // up only its own (it used to hold up every row behind the first
+        // 512 due, which were all its own).
+        let mut starting: Vec<(u64, DeliveryRecord, SubscriptionRecord, String)> = Vec::new();
+        let scan = w.storage.reader().and_then(|r| {
+            r.scan_deliveries_due(now, resume, EXAMINE, |seq, rec| {
+                // In a cluster, only the owner of the emitting actor's slot
+                // delivers (its backup keeps a copy of each row and of what
+                // became of it, and delivers once it owns the slot).
+                let mine = crate::ids::ActorKey::new(&rec.actor_type, &rec.actor_id)
+                    .is_ok_and(|k| writer.sends_for(&k));
+                if !mine || seq > released || in_flight.contains(&seq) {
+                    return ControlFlow::Continue(());
+                }
+                if in_flight.len() >= cfg.concurrency.max(1) {
+                    return ControlFlow::Break(());
+                }
+                let Some(sub) = subs.get(&rec.subscription).filter(|s| s.wants(rec)) else {
+                    tracing::info!(subscription = %rec.subscription, webhook_id = %rec.webhook_id,
+                        "subscription deleted, or replaced by one that does not want it; dropping its delivery");
+                    writer.submit(WriteOp::DeliveryAttempted {
+                        seq,
+                        update: None,
+                        done: tokio::sync::oneshot::channel().0,
+                    });
+                    return ControlFlow::Continue(());
+                };
+                let dest = destination(&sub.url);
+                let n = per_dest.entry(dest.clone()).or_default();
+                if *n >= cfg.per_destination.max(1) {
+                    return ControlFlow::Continue(());
+                }
+                *n += 1;
+                in_flight.insert(seq);
+                starting.push((seq, rec.clone(), sub.clone(), dest));
+                ControlFlow::Continue(())
+            })
+        });
+        match scan {
+            Ok(stopped_at) => resume = stopped_at.unwrap_or((0, 0)),
+            Err(e) => {
+                tracing::error!(error = %e, "webhook worker cannot read the outbox");
+                // What was counted as started is not.
+                for (seq, _, _, dest) in starting.drain(..) {
+                    in_flight.remove(&seq);
+                    release(&mut per_dest, &dest);
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
-            if in_flight.len() >= cfg.concurrency.max(1) {
-                break;
-            }
-            if in_flight.contains(&seq) {
-                continue;
-            }
-            let Some(sub) = subs
-                .get(&rec.subscription)
-                .filter(|s| s.wants(&rec))
-                .cloned()
-            else {
-                tracing::info!(subscription = %rec.subscription, webhook_id = %rec.webhook_id,
-                    "subscription deleted, or replaced by one that does not want it; dropping its delivery");
-                w.storage.writer().submit(WriteOp::DeliveryAttempted {
-                    seq,
-                    update: None,
-                    done: tokio::sync::oneshot::channel().0,
-                });
-                continue;
-            };
-            let dest = destination(&sub.url);
-            let n = per_dest.entry(dest.clone()).or_default();
-            if *n >= cfg.per_destination.max(1) {
-                continue;
-            }
-            *n += 1;
-            in_flight.insert(seq);
+        }
+        for (seq, rec, sub, dest) in starting {
             let (w, client, done_tx) = (w.clone(), client.clone(), done_tx.clone());
             tokio::spawn(async move {
                 let span = tracing::info_span!(
@@ -342,18 +347,23 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
                 }
                 for (seq, dest) in finished {
                     in_flight.remove(&seq);
-                    if let Some(n) = per_dest.get_mut(&dest) {
-                        *n -= 1;
-                        if *n == 0 {
-                            per_dest.remove(&dest);
-                        }
-                    }
+                    release(&mut per_dest, &dest);
                 }
             }
             () = tokio::time::sleep(Duration::from_millis(next)) => {}
         }
         if let Ok(depth) = w.storage.reader().and_then(|r| r.pending_deliveries()) {
             w.metrics.webhook_queue_depth.set(depth as i64);
+        }
+    }
+}
+
+/// One attempt at `dest` finished (or never started).
+fn release(per_dest: &mut HashMap<String, usize>, dest: &str) {
+    if let Some(n) = per_dest.get_mut(dest) {
+        *n -= 1;
+        if *n == 0 {
+            per_dest.remove(dest);
         }
     }
 }

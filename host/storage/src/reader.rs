@@ -1,6 +1,8 @@
 //! Reading: a consistent read-only view of everything committed, with
 //! typed accessors per table.
 
+use std::ops::ControlFlow;
+
 use redb::{ReadableTable, ReadableTableMetadata};
 
 use crate::schema::*;
@@ -329,6 +331,35 @@ impl Reader {
             out.push((due, num, name.to_owned()));
         }
         Ok(out)
+    }
+
+    /// Walk the outbox rows due by `now_ms` in due order, from `from` (a
+    /// key of the due index; `(0, 0)` is the start), showing each to
+    /// `visit`, which may end the walk. At most `examine` rows are read;
+    /// when the budget runs out first, the key to continue from.
+    pub fn scan_deliveries_due(
+        &self,
+        now_ms: u64,
+        from: (u64, u64),
+        examine: usize,
+        mut visit: impl FnMut(u64, &DeliveryRecord) -> ControlFlow<()>,
+    ) -> Result<Option<(u64, u64)>, StorageError> {
+        let due = self.txn.open_table(OUTBOX_DUE)?;
+        let outbox = self.txn.open_table(OUTBOX)?;
+        for (examined, row) in due.range(from..=(now_ms, u64::MAX))?.enumerate() {
+            let (k, _) = row?;
+            if examined == examine {
+                return Ok(Some(k.value()));
+            }
+            let (_, seq) = k.value();
+            if let Some(v) = outbox.get(seq)? {
+                let rec = decode("delivery", v.value())?;
+                if visit(seq, &rec).is_break() {
+                    break;
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// Outbox rows due by `now_ms` that `mine` accepts (in a cluster, the
