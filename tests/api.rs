@@ -711,6 +711,8 @@ async fn a_node_alone_moves_no_actor() {
         400,
         "invalid_query",
     );
+    // The peers' catalog carries signing secrets; alone, no peer asks.
+    assert_error(&api.get("/v1/cluster/catalog").await, 409, "not_in_cluster");
 }
 
 /// Guarantee 10, bounded output: a turn that writes a value, an event or

@@ -57,8 +57,19 @@ pub(super) async fn status(State(s): State<AppState>) -> Response {
 /// `GET /v1/cluster/catalog`: every type's current version with its code
 /// and config, and the shared state (secrets sealed, providers,
 /// subscriptions, revocations), for a node returning to the cluster.
+///
+/// It carries what the API never shows (subscriptions' signing secrets,
+/// types' `webhook_secret`), because a returning peer needs them: a node
+/// that runs alone has no peer to serve, and refuses.
 pub(super) async fn catalog(State(s): State<AppState>) -> Result<Response, ApiError> {
     use base64::Engine as _;
+    if s.node.cluster().is_none() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_in_cluster",
+            "this node runs alone (no [cluster] section in its config): the catalog is for peers",
+        ));
+    }
     let types: Vec<_> = s
         .node
         .catalog_export()?

@@ -45,11 +45,14 @@ pub(super) fn operations() -> Vec<Op> {
             summary: "Every type's current version with its code (base64) and config, and the shared state (secrets sealed, providers, subscriptions, revocations): what a node returning to the cluster takes",
             params: vec![],
             body: None,
-            responses: vec![(
-                200,
-                "{types: [{type, kind, code_base64, config}], shared: {…}}",
-                Some(any_json()),
-            )],
+            responses: vec![
+                (
+                    200,
+                    "{types: [{type, kind, code_base64, config}], shared: {…}}",
+                    Some(any_json()),
+                ),
+                (409, "this node runs alone: no peer needs its catalog", None),
+            ],
         },
         Op {
             method: "post",
