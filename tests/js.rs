@@ -841,8 +841,9 @@ export default { onMessage() { return 1; } };
         r.json
     );
 
-    // A runaway top level costs the deploy its CPU slice, once, and fails
-    // the turns that load it, as it always did.
+    // A runaway top level costs the deploy its CPU slice, once, and is
+    // refused: every sandbox's first turn would run out of it the same way
+    // (it used to be deployed, and every first turn burnt its slice).
     // (Its own source in every run: the code cache is shared between runs.)
     let runaway = format!(
         "// {:?}\nfor (;;) {{}}\nexport default {{}};",
@@ -852,17 +853,35 @@ export default { onMessage() { return 1; } };
     let since = std::time::SystemTime::now();
     let started = Instant::now();
     let r = api.deploy_manifest("runaway", &manifest).await;
-    assert_eq!(r.status, 201, "{}", r.json);
+    assert_eq!(r.status, 400, "{}", r.json);
+    assert!(
+        r.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not finish within the CPU slice"),
+        "{}",
+        r.json
+    );
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "{:?}",
         started.elapsed()
     );
-    let r = api.op("runaway", "a", json!({})).await;
-    assert_eq!(r.status, 500, "{}", r.json);
-    assert!(r.json.to_string().contains("CPU"), "{}", r.json);
-    // Refusals that would repeat are remembered, in a file holding the
-    // reason; running out of CPU is not, since a busy moment can cause it.
+    assert_eq!(api.get("/v1/types/runaway").await.status, 404);
+    // Nor does one whose top level outgrows the type's memory.
+    let hungry = format!(
+        "// {:?}\nconst kept = []; for (;;) kept.push(new Array(4096).fill(kept.length));\n\
+         export default {{ onMessage() {{ return kept.length; }} }};",
+        std::time::SystemTime::now()
+    );
+    let manifest = json!({"kind": "js", "code": hungry, "config": {"max_memory_bytes": 16 << 20}});
+    let r = api.deploy_manifest("hungry", &manifest).await;
+    assert_eq!(r.status, 400, "{}", r.json);
+    assert!(r.json.to_string().contains("memory"), "{}", r.json);
+    assert_eq!(api.get("/v1/types/hungry").await.status, 404);
+    // Preload refusals that would repeat are remembered, in a file holding
+    // the reason; running out of CPU is not (a deploy again may fit, after a
+    // busy moment), nor is anything a deploy refuses.
     let reasons: Vec<String> = std::fs::read_dir(common::shared_cache_dir())
         .unwrap()
         .map(|e| e.unwrap())

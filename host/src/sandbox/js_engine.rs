@@ -75,10 +75,11 @@ impl Sandbox {
     /// the module's top level ran, compiled (or loaded from the cache), so
     /// that a wake neither parses nor evaluates the module. A module whose
     /// top level draws random numbers, sets timers, calls the `marmot` API
-    /// or exceeds the type's CPU slice or turn timeout gets the shared
-    /// engine instead, and is loaded by each sandbox's first turn. A module
-    /// no turn could run (its top level throws, its default export has no
-    /// handler) is [`CodeError::Script`]: a deploy refuses it. Blocking:
+    /// or exceeds the turn timeout gets the shared engine instead, and is
+    /// loaded by each sandbox's first turn. A module no turn could run (its
+    /// top level throws or exceeds the type's memory or CPU slice, its
+    /// default export has no handler) is [`CodeError::Script`]: a deploy
+    /// refuses it. Blocking:
     /// call from a blocking thread inside the tokio runtime.
     pub fn js_type_engine(
         &self,

@@ -34,11 +34,13 @@ pub(super) enum PreloadError {
     /// The module's top level used what only a turn may use (randomness,
     /// timers, the `marmot` API): it would do so again.
     Refused(String),
-    /// No turn could run the module: its top level threw (running out of
-    /// memory included), or its default export has no handler.
+    /// No turn could run the module: its top level threw, ran out of the
+    /// type's memory or past its CPU slice (the slice is wall time while
+    /// the guest runs, so a top level near it on a busy machine may fit
+    /// when deployed again; one that never ends never will), or its default
+    /// export has no handler.
     Invalid(String),
-    /// The top level ran past its CPU slice or the turn timeout. On a
-    /// machine busy for a moment the same module may fit next time.
+    /// The top level ran past the turn timeout (waiting, not computing).
     TooSlow(String),
     /// Taking the snapshot itself failed.
     Failed(CodeError),
@@ -110,8 +112,21 @@ impl Preinit {
                     "the module's top level timed out".into(),
                 ));
             }
+            // The top level ran under the type's own limits, as every
+            // sandbox's first turn would run it: past them here, it is past
+            // them there, and no turn could ever run (it used to be deployed,
+            // and every first turn failed the same way, a CPU-bound one
+            // after burning its whole slice).
             Ok(Err(trap)) if matches!(trap.downcast_ref(), Some(LimitTrap::Cpu(_))) => {
-                return Err(PreloadError::TooSlow(format!("{trap:#}")));
+                return Err(PreloadError::Invalid(format!(
+                    "the module's top level does not finish within the CPU slice: {trap}"
+                )));
+            }
+            Ok(Err(trap)) if format!("{trap:#}").contains("growing memory") => {
+                return Err(PreloadError::Invalid(format!(
+                    "the module's top level does not fit the type's memory limit ({})",
+                    trap.root_cause()
+                )));
             }
             Ok(Err(trap)) => return Err(PreloadError::Refused(format!("{trap:#}"))),
             Ok(Ok((Err(PreloadFailure::Refused(why)),))) => {
