@@ -105,6 +105,22 @@ async fn respond(
                 .body(BodyExt::boxed(http_body_util::StreamBody::new(stream)))
                 .unwrap());
         }
+        // The request's body, then every byte value: binary both ways.
+        "/binary" => {
+            let mut out = req
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes().to_vec())
+                .unwrap_or_default();
+            out.extend(0..=255u8);
+            return Ok(resp
+                .header("content-type", "application/octet-stream")
+                .body(BodyExt::boxed(http_body_util::Full::new(
+                    bytes::Bytes::from(out),
+                )))
+                .unwrap());
+        }
         // A value stored earlier, read back without any placeholder.
         "/leak" => format!("stored: {SECRET}"),
         "/gzip" => {
@@ -801,11 +817,18 @@ async fn javascript_fetch_uses_the_same_capability() {
       await fetch("https://other.test:{}/echo", {{ headers: {{ authorization: "{{{{secret:API_KEY}}}}" }} }});
     }} catch (e) {{ misdirected = String(e.message || e); }}
     const seen = text + heads + refused + misdirected;
+    // Bytes both ways (a body used to go as text, and come back as text:
+    // 0x80 and up turned into U+FFFD), and WHATWG headers.
+    const bin = await fetch("https://api.test:{}/binary", {{ method: "POST", body: new Uint8Array([0xff, 0x00, 0x80]) }});
+    const got = new Uint8Array(await bin.arrayBuffer());
+    const binary = {{ length: got.length, head: Array.from(got.slice(0, 4)), last: got[got.length - 1],
+                     type: bin.headers.get("Content-Type"), missing: bin.headers.get("x-nope"),
+                     isHeaders: bin.headers instanceof Headers }};
     return {{ status: r.status, leaked: seen.includes("{SECRET}"), redacted: text.includes("[redacted]"),
-             echoed: r.headers.get("x-echo-auth"), refused, misdirected }};
+             echoed: r.headers.get("x-echo-auth"), refused, misdirected, binary }};
   }}
 }};"#,
-        rig.https, rig.http, rig.https
+        rig.https, rig.http, rig.https, rig.https
     );
     let manifest = json!({ "kind": "js", "code": source, "config": kit_config() });
     let r = rig.api.deploy_manifest("jsfetch", &manifest).await;
@@ -816,6 +839,13 @@ async fn javascript_fetch_uses_the_same_capability() {
     assert_eq!(r.json["leaked"], false, "{}", r.json);
     assert_eq!(r.json["redacted"], true);
     assert_eq!(r.json["echoed"], "Bearer [redacted]", "{}", r.json);
+    assert_eq!(
+        r.json["binary"],
+        json!({"length": 259, "head": [255, 0, 128, 0], "last": 255,
+               "type": "application/octet-stream", "missing": null, "isHeaders": true}),
+        "{}",
+        r.json
+    );
     assert!(
         r.json["misdirected"]
             .as_str()

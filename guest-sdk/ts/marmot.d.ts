@@ -259,7 +259,10 @@ declare module "marmot" {
 
 /** The same API as the "marmot" module, for eval scripts. Timers
  * (`setTimeout`), `console`, `TextEncoder`/`TextDecoder`, `URL`,
- * `URLSearchParams` and `crypto.getRandomValues` are the standard ones (use
+ * `URLSearchParams`, `crypto.getRandomValues`, `fetch` (to the type's
+ * allowed hosts; bodies are bytes both ways), `Headers` and `Response`
+ * (`text`, `json`, `arrayBuffer`, `bytes`) are the standard ones (use
  * `"lib": ["ES2022", "DOM"]`); timers still pending when a turn ends are
- * dropped. Nothing else of the DOM exists at run time. */
+ * dropped. Nothing else of the DOM exists at run time (no `Request`,
+ * `Blob`, `FormData` or streaming bodies). */
 declare const marmot: import("marmot").Marmot;

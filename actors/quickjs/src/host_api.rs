@@ -542,9 +542,17 @@ fn http_fetch<'js>(
     method: String,
     url: String,
     headers: Vec<Vec<String>>,
-    body: Option<String>,
+    body: Option<TypedArray<'js, u8>>,
     timeout_ms: Option<f64>,
 ) -> Result<Array<'js>> {
+    // SAFETY: the bytes are copied at once; no JavaScript runs while the
+    // borrowed slice is alive.
+    #[allow(unsafe_code, reason = "copying a Uint8Array's bytes")]
+    let body = body.map(|b| {
+        unsafe { b.as_bytes() }
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default()
+    });
     let req = http::Request {
         method,
         url,
@@ -556,7 +564,7 @@ fn http_fetch<'js>(
                 Some((k, v))
             })
             .collect(),
-        body: body.map(String::into_bytes),
+        body,
         timeout_ms: timeout_ms.map(|t| t.clamp(0.0, f64::from(u32::MAX)) as u32),
     };
     let resp = match http::fetch(&req) {
@@ -573,7 +581,7 @@ fn http_fetch<'js>(
         hs.set(i, pair)?;
     }
     out.set(1, hs)?;
-    out.set(2, text(resp.body))?;
+    out.set(2, TypedArray::new(ctx.clone(), resp.body)?)?;
     Ok(out)
 }
 

@@ -477,38 +477,108 @@
   globalThis.URL = URL;
   globalThis.URLSearchParams = URLSearchParams;
 
+  // Headers (WHATWG, the parts scripts use): names are case-insensitive,
+  // `get` of an absent one is null, repeated ones join with ", ".
+  class Headers {
+    #list = [];
+    constructor(init) {
+      if (init === undefined || init === null) return;
+      const pairs = init instanceof Headers ? init.entries()
+        : init instanceof Map ? init.entries()
+        : isArray(init) ? init
+        : typeof init === "object" ? Object.entries(init)
+        : undefined;
+      if (pairs === undefined) throw new TypeErrorCtor("Headers: expected an object, an array of pairs or a Headers");
+      for (const pair of pairs) {
+        if (!isArray(pair) || pair.length !== 2) throw new TypeErrorCtor("Headers: each entry must be a [name, value] pair");
+        this.append(pair[0], pair[1]);
+      }
+    }
+    append(name, value) {
+      this.#list.push([StringCtor(name).toLowerCase(), StringCtor(value)]);
+    }
+    set(name, value) {
+      this.delete(name);
+      this.append(name, value);
+    }
+    delete(name) {
+      const n = StringCtor(name).toLowerCase();
+      this.#list = this.#list.filter(([k]) => k !== n);
+    }
+    get(name) {
+      const n = StringCtor(name).toLowerCase();
+      const values = this.#list.filter(([k]) => k === n).map(([, v]) => v);
+      return values.length === 0 ? null : values.join(", ");
+    }
+    has(name) {
+      return this.get(name) !== null;
+    }
+    *entries() {
+      const names = [...new Set(this.#list.map(([k]) => k))].sort();
+      for (const n of names) yield [n, this.get(n)];
+    }
+    *keys() {
+      for (const [k] of this.entries()) yield k;
+    }
+    *values() {
+      for (const [, v] of this.entries()) yield v;
+    }
+    forEach(f, thisArg) {
+      for (const [k, v] of this.entries()) apply(f, thisArg, [v, k, this]);
+    }
+    [Symbol.iterator]() {
+      return this.entries();
+    }
+    // Each header as sent (repeats kept), for the host.
+    toPairs() {
+      return this.#list.map(([k, v]) => [k, v]);
+    }
+  }
+  globalThis.Headers = Headers;
+
   // fetch, backed by the host's `http` capability: only allow-listed hosts
   // are reachable, and header values may name host secrets
-  // ("{{secret:NAME}}") that never enter the sandbox.
+  // ("{{secret:NAME}}") that never enter the sandbox. Bodies are bytes both
+  // ways: text goes as UTF-8, a typed array or ArrayBuffer as it is.
+  const utf8 = (bytes) => host.utf8Decode(bytes, false);
   class Response {
     #body;
-    constructor(status, headers, body) {
+    constructor(status, headers, body, url) {
       this.status = status;
       this.ok = status >= 200 && status < 300;
-      this.headers = new Map(headers.map(([k, v]) => [StringCtor(k).toLowerCase(), v]));
+      this.statusText = "";
+      this.headers = new Headers(headers);
+      this.url = url;
+      this.redirected = false;
+      this.type = "basic";
       this.#body = body;
     }
     async text() {
-      return this.#body;
+      return utf8(this.#body);
     }
     async json() {
-      return parse(this.#body);
+      return parse(utf8(this.#body));
+    }
+    async bytes() {
+      return new Uint8ArrayCtor(this.#body);
     }
     async arrayBuffer() {
-      return host.utf8Encode(this.#body).buffer;
+      return new Uint8ArrayCtor(this.#body).buffer;
     }
   }
+  globalThis.Response = Response;
+  const requestBody = (b) => {
+    if (b === undefined || b === null) return undefined;
+    const raw = bytes(b);
+    if (raw !== undefined) return new Uint8ArrayCtor(raw);
+    return host.utf8Encode(text(b));
+  };
   globalThis.fetch = async (input, init = {}) => {
     const url = input instanceof URL ? input.href : StringCtor(input);
     const method = StringCtor(init.method ?? "GET").toUpperCase();
-    let headers = [];
-    if (init.headers instanceof Map) headers = [...init.headers.entries()];
-    else if (isArray(init.headers)) headers = init.headers;
-    else if (init.headers && typeof init.headers === "object") headers = Object.entries(init.headers);
-    headers = headers.map(([k, v]) => [StringCtor(k), StringCtor(v)]);
-    const body = init.body === undefined || init.body === null ? undefined : StringCtor(init.body);
-    const [status, h, text] = host.httpFetch(method, url, headers, body, init.timeoutMs);
-    return new Response(status, h, text);
+    const headers = new Headers(init.headers).toPairs();
+    const [status, h, body] = host.httpFetch(method, url, headers, requestBody(init.body), init.timeoutMs);
+    return new Response(status, h, body, url);
   };
 
   // Math.random from WASI random: the engine is snapshotted after start-up,
