@@ -119,6 +119,20 @@ async fn files_commit_with_their_turn_and_download_with_etag_and_range() {
     assert_eq!(files[0]["sha256"].as_str().unwrap().len(), 64);
     let outputs = api.get("/v1/actors/kit/a/files?prefix=outputs/").await;
     assert_eq!(outputs.json["files"].as_array().unwrap().len(), 1);
+    // A prefix is a string, not a path: `notes/to`, `n` or `.` are prefixes
+    // as in the guest's `files.list` (the last was a 400 `invalid_path`).
+    for (prefix, n) in [("notes/to", 1), ("n", 1), (".", 0), ("a//", 0), ("", 2)] {
+        let r = api
+            .get(&format!("/v1/actors/kit/a/files?prefix={prefix}"))
+            .await;
+        assert_eq!(r.status, 200, "{prefix}: {}", r.json);
+        assert_eq!(r.json["files"].as_array().unwrap().len(), n, "{prefix}");
+    }
+    let long = "p".repeat(1025);
+    let r = api
+        .get(&format!("/v1/actors/kit/a/files?prefix={long}"))
+        .await;
+    assert_eq!(r.code(), "invalid_path", "{}", r.json);
 
     let md = api.get("/v1/actors/kit/a/files/notes/today.md").await;
     assert_eq!(md.status, 200);
@@ -138,6 +152,18 @@ async fn files_commit_with_their_turn_and_download_with_etag_and_range() {
             "/v1/actors/kit/a/files/notes/today.md",
             None,
             &[("if-none-match", &etag)],
+        )
+        .await;
+    assert_eq!(r.status, 304);
+    // Compared weakly, as RFC 9110 says for If-None-Match (a proxy may
+    // have weakened it): it was a 200.
+    let weak = format!("\"other\", W/{etag}");
+    let r = api
+        .req(
+            Method::GET,
+            "/v1/actors/kit/a/files/notes/today.md",
+            None,
+            &[("if-none-match", &weak)],
         )
         .await;
     assert_eq!(r.status, 304);

@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 use super::extract::{ActorPath, Page};
 use super::{ApiError, AppState, Query};
-use crate::ids::validate_file_path;
+use crate::ids::{MAX_FILE_PATH, validate_file_path};
 use crate::storage::schema::{FileBody, FileRecord};
 
 fn invalid_path(why: impl Into<String>) -> ApiError {
@@ -79,9 +79,14 @@ pub(super) async fn list(
     ActorPath(key): ActorPath,
     Query(q): Query<ListParams>,
 ) -> Result<Response, ApiError> {
-    let trimmed = q.prefix.trim_end_matches('/');
-    if !trimmed.is_empty() {
-        validate_file_path(trimmed)?;
+    // A prefix is any string, as in the guest's `files.list` (one ending
+    // in `.` or `..` is as good as any): it is not a path, and was refused
+    // like one.
+    if q.prefix.len() > MAX_FILE_PATH {
+        return Err(ApiError::bad_request(
+            "invalid_path",
+            format!("a prefix is at most {MAX_FILE_PATH} bytes, like the paths it matches"),
+        ));
     }
     let limit = Page::FILES.size(q.limit)?;
     let Some(files) = s.node.files(&key, &q.prefix, q.after.as_deref(), limit)? else {
@@ -135,7 +140,12 @@ pub(super) async fn download(
     if headers
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag || t.trim() == "*"))
+        // Weak comparison (RFC 9110 §13.1.2): `W/"x"` matches `"x"`.
+        .is_some_and(|v| {
+            v.split(',')
+                .map(str::trim)
+                .any(|t| t == "*" || t.strip_prefix("W/").unwrap_or(t) == etag)
+        })
     {
         return Ok(resp
             .status(StatusCode::NOT_MODIFIED)
