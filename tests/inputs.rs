@@ -104,15 +104,26 @@ async fn an_input_is_answered_once_and_resumes_the_actor() {
     assert_eq!(ev["events"][0]["data"]["id"], input.as_str());
     assert_eq!(ev["events"][0]["data"]["schema"], schema);
 
-    // Bad answers change nothing.
-    for (body, code) in [
-        (r#"{"approved": "yes"}"#, "invalid_answer"),
-        (r#"{"approved": true, "extra": 1}"#, "invalid_answer"),
-        ("not json", "invalid_answer"),
+    // Bad answers change nothing, and say what is wrong with them (one
+    // that is not JSON was blamed on the schema).
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    for (body, says) in [
+        (
+            r#"{"approved": "yes"}"#,
+            "the answer does not match the input's schema",
+        ),
+        (
+            r#"{"approved": true, "extra": 1}"#,
+            "the answer does not match the input's schema",
+        ),
+        ("not json", "the answer must be JSON"),
+        (deep.as_str(), "the answer nests more than 128 levels deep"),
     ] {
         let r = answer(&api, "a", &input, body).await;
         assert_eq!(r.status, 422, "{body}: {}", r.json);
-        assert_eq!(r.code(), code);
+        assert_eq!(r.code(), "invalid_answer");
+        let message = r.json["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with(says), "{body}: {message}");
     }
     assert!(
         answer(&api, "a", &input, r#"{"approved": 1}"#).await.json["error"]["message"]

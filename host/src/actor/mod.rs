@@ -190,8 +190,9 @@ pub enum TurnError {
         /// `answered` or `expired`.
         status: &'static str,
     },
-    /// The answer does not satisfy the request's schema.
-    #[error("the answer does not match the input's schema: {0}")]
+    /// The answer is not JSON, or does not satisfy the request's schema
+    /// (the sentence says which).
+    #[error("{0}")]
     InvalidAnswer(String),
 }
 

@@ -34,12 +34,20 @@ impl ActorTask {
         let answer: serde_json::Value = match serde_json::from_slice(&response) {
             Ok(v) => v,
             Err(e) => {
-                let _ = reply.send(Err(TurnError::InvalidAnswer(format!("not JSON: {e}"))));
+                // (It used to blame the input's schema, which may not exist.)
+                let why = if e.to_string().starts_with("recursion limit exceeded") {
+                    "the answer nests more than 128 levels deep".to_owned()
+                } else {
+                    format!("the answer must be JSON: {e}")
+                };
+                let _ = reply.send(Err(TurnError::InvalidAnswer(why)));
                 return;
             }
         };
         if let Err(why) = crate::inputs::validate(input.schema.as_deref(), &answer) {
-            let _ = reply.send(Err(TurnError::InvalidAnswer(why)));
+            let _ = reply.send(Err(TurnError::InvalidAnswer(format!(
+                "the answer does not match the input's schema: {why}"
+            ))));
             return;
         }
         if let Err(e) = self.ensure_version().await {
