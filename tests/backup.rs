@@ -265,6 +265,9 @@ async fn backups_touch_only_their_own_directory_and_restores_check_what_they_cop
     std::fs::write(occupied.join("notes.txt"), "mine").unwrap();
     let (ok, text) = restore(&backup, &occupied);
     assert!(!ok && text.contains("not empty"), "{text}");
+    // One line, saying it once (the cause was repeated).
+    assert_eq!(text.trim().lines().count(), 1, "{text}");
+    assert_eq!(text.matches("not empty").count(), 1, "{text}");
     assert_eq!(std::fs::read_dir(&occupied).unwrap().count(), 1);
 
     // The backup is only read.

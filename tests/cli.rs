@@ -168,12 +168,15 @@ async fn cli_client_commands() {
         vec!["call", "nope", "a"],
         vec!["call", "kit", "a", "{not json"],
         vec!["inspect", "kit", "ghost"],
+        vec!["events", "nope", "a", "--follow"],
     ] {
         let out = marmot(&args);
         assert!(!out.status.success(), "{args:?} succeeded");
         let err = String::from_utf8_lossy(&out.stderr);
         let last = err.trim_end().lines().last().unwrap_or("");
         assert!(last.starts_with("error: "), "{args:?}: {err}");
+        // The API's message, never its JSON (`events --follow` printed it).
+        assert!(!last.contains("{\""), "{args:?}: {err}");
         assert!(out.stdout.is_empty(), "{args:?} printed to stdout");
     }
     // `marmot inspect … | head -c 0`: the reader is gone before the answer
@@ -237,4 +240,84 @@ async fn dev_examples_never_replace_a_users_type() {
     assert_eq!(reply.json, json!({ "mine": true }));
     // The other example was not touched either, and is still there.
     assert_eq!(api.get("/v1/types/notes").await.json["version"], 1);
+}
+
+/// `marmot secrets set` at a terminal asks for the value and does not echo
+/// what is typed (it showed it, into the scrollback).
+#[tokio::test]
+async fn secrets_set_at_a_terminal_asks_and_never_echoes() {
+    use std::io::{Read as _, Write as _};
+    use std::os::fd::FromRawFd as _;
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let (mut leader, mut follower) = (0, 0);
+    // SAFETY: openpty writes the two descriptors it opens; each is owned
+    // by one File from here on.
+    #[allow(unsafe_code, reason = "a pseudo-terminal for the CLI")]
+    let (leader, follower) = unsafe {
+        let rc = libc::openpty(
+            &mut leader,
+            &mut follower,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        );
+        assert_eq!(rc, 0, "openpty");
+        (
+            std::fs::File::from_raw_fd(leader),
+            std::fs::File::from_raw_fd(follower),
+        )
+    };
+    let mut child = {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"));
+        cmd.args(["secrets", "set", "TTYSEC", "--host", "api.example.com"])
+            .env("MARMOT_URL", &m.url)
+            .stdin(follower.try_clone().unwrap())
+            .stdout(follower.try_clone().unwrap())
+            .stderr(follower);
+        cmd.spawn().unwrap()
+    };
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let reader = {
+        let seen = seen.clone();
+        let mut leader = leader.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 256];
+            // Ends with EIO once the child has closed the terminal.
+            while let Ok(n @ 1..) = leader.read(&mut buf) {
+                seen.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        })
+    };
+    let text = || String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !text().contains("not shown") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no prompt: {:?}",
+            text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut leader = leader;
+    leader.write_all(b"typed-SECRET-value\n").unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the CLI never ended: {:?}",
+            text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    drop(leader);
+    reader.join().unwrap();
+    let shown = text();
+    assert!(status.success(), "{shown}");
+    assert!(shown.contains("secret TTYSEC created"), "{shown}");
+    assert!(!shown.contains("typed-SECRET-value"), "echoed: {shown}");
+    let secrets = m.client().get("/v1/secrets").await.json;
+    assert_eq!(secrets["secrets"][0]["name"], "TTYSEC", "{secrets}");
 }

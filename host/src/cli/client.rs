@@ -42,24 +42,30 @@ impl Client {
         let status = resp.status();
         let body = resp.bytes().await.context("reading the response")?.to_vec();
         if status.is_client_error() || status.is_server_error() {
-            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body)
-                && let Some(err) = v.get("error")
-            {
-                let code = err.get("code").and_then(|c| c.as_str()).unwrap_or("error");
-                let msg = err.get("message").and_then(|c| c.as_str()).unwrap_or("");
-                anyhow::bail!("{msg} ({code}, HTTP {})", status.as_u16());
-            }
-            anyhow::bail!(
-                "HTTP {}: {}",
-                status.as_u16(),
-                String::from_utf8_lossy(&body)
-                    .chars()
-                    .take(300)
-                    .collect::<String>()
-            );
+            return Err(api_error(status, &body));
         }
         Ok((status, body))
     }
+}
+
+/// A failed answer as one line: the API's message and code, or the start
+/// of whatever else came back.
+fn api_error(status: StatusCode, body: &[u8]) -> anyhow::Error {
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body)
+        && let Some(err) = v.get("error")
+    {
+        let code = err.get("code").and_then(|c| c.as_str()).unwrap_or("error");
+        let msg = err.get("message").and_then(|c| c.as_str()).unwrap_or("");
+        return anyhow::anyhow!("{msg} ({code}, HTTP {})", status.as_u16());
+    }
+    anyhow::anyhow!(
+        "HTTP {}: {}",
+        status.as_u16(),
+        String::from_utf8_lossy(body)
+            .chars()
+            .take(300)
+            .collect::<String>()
+    )
 }
 
 fn seg(s: &str) -> String {
@@ -271,14 +277,9 @@ pub(super) async fn events(
             }
         };
         if !resp.status().is_success() {
-            // Reuse the error formatting of ordinary calls.
             let status = resp.status();
             let body = resp.bytes().await.unwrap_or_default();
-            anyhow::bail!(
-                "{} (HTTP {})",
-                String::from_utf8_lossy(&body).trim(),
-                status.as_u16()
-            );
+            return Err(api_error(status, &body));
         }
         backoff = std::time::Duration::from_millis(250);
         let mut resp = resp;
@@ -348,6 +349,23 @@ pub(super) async fn secret_set(
             *raw = std::fs::read(path)
                 .with_context(|| format!("cannot read the value from `{}`", path.display()))?;
         }
+        None if std::io::IsTerminal::is_terminal(&std::io::stdin()) => {
+            // Typed: asked for, and not echoed (it used to show on the
+            // screen, into scrollback and recordings).
+            let line = {
+                // Quiet before the prompt: what is typed after it is never
+                // echoed.
+                let _quiet = NoEcho::on_stdin();
+                eprint!("value of secret {name} (not shown; Enter ends it): ");
+                let mut line = zeroize::Zeroizing::new(String::new());
+                std::io::stdin()
+                    .read_line(&mut line)
+                    .context("cannot read the value from the terminal")?;
+                line
+            };
+            eprintln!();
+            raw.extend_from_slice(line.as_bytes());
+        }
         None => {
             std::io::stdin()
                 .read_to_end(&mut raw)
@@ -377,6 +395,42 @@ pub(super) async fn secret_set(
     };
     println!("secret {name} {verb}; may be sent to {}", v["hosts"]);
     Ok(())
+}
+
+/// The terminal on stdin with its echo off, until dropped.
+struct NoEcho(Option<libc::termios>);
+
+impl NoEcho {
+    fn on_stdin() -> Self {
+        let mut saved = std::mem::MaybeUninit::<libc::termios>::uninit();
+        // SAFETY: tcgetattr fills `saved` when it returns 0, and only then
+        // is it read; tcsetattr reads a valid termios.
+        #[allow(unsafe_code, reason = "turning the terminal's echo off")]
+        unsafe {
+            if libc::tcgetattr(libc::STDIN_FILENO, saved.as_mut_ptr()) != 0 {
+                return Self(None);
+            }
+            let saved = saved.assume_init();
+            let mut quiet = saved;
+            quiet.c_lflag &= !libc::ECHO;
+            if libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &quiet) != 0 {
+                return Self(None);
+            }
+            Self(Some(saved))
+        }
+    }
+}
+
+impl Drop for NoEcho {
+    fn drop(&mut self) {
+        if let Some(saved) = &self.0 {
+            // SAFETY: restores the termios tcgetattr returned.
+            #[allow(unsafe_code, reason = "turning the terminal's echo back on")]
+            unsafe {
+                libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, saved);
+            }
+        }
+    }
 }
 
 /// `marmot secrets list`.

@@ -48,7 +48,7 @@ enum Command {
     Dev(server::DevArgs),
     /// Run a production node (bearer auth required).
     Serve(server::ServeArgs),
-    /// Deploy FILE (.wasm component, or .json manifest) as a new version of TYPE.
+    /// Deploy FILE (.wasm component, .js/.mjs module, or .json manifest) as a new version of TYPE.
     Deploy {
         /// Actor type.
         #[arg(value_name = "TYPE")]
@@ -366,8 +366,23 @@ fn log_workers() {
     }
 }
 
+/// An error and its causes on one line. A cause whose text the line holds
+/// already is left out: many errors name their source in their own text
+/// (`failed to create `x`: No such file or directory`), and `{e:#}` said
+/// it twice.
 fn one_line(e: &anyhow::Error) -> String {
-    format!("{e:#}").replace('\n', " ")
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line.replace('\n', " ")
 }
 
 async fn run(
