@@ -29,8 +29,15 @@ pub(super) async fn put(
 ) -> Result<Response, ApiError> {
     subscription_name(&name)?;
     let body = body?;
-    let spec: SubscriptionSpec = json_object(&body)
+    let mut spec: SubscriptionSpec = json_object(&body)
         .map_err(|e| ApiError::bad_request("invalid_subscription", e.to_string()))?;
+    // A replace that names no secret keeps the one the receiver has (it
+    // used to get a new one, and every delivery then failed to verify).
+    if spec.secret.is_none()
+        && let Some(old) = s.node.storage().subscriptions().snapshot().get(&name)
+    {
+        spec.secret = Some(old.secret.clone());
+    }
     let (record, generated) = spec
         .into_record(now_ms())
         .map_err(|e| ApiError::bad_request("invalid_subscription", e))?;

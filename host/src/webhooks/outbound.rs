@@ -38,6 +38,8 @@ use crate::storage::{Storage, StorageError, WriteOp};
 
 /// Environment variable that overrides `webhooks.retry_base_ms`.
 pub const RETRY_BASE_ENV: &str = "MARMOT_WEBHOOK_RETRY_BASE_MS";
+/// Entries a subscription's `events` or `types` may list.
+const MAX_FILTER: usize = 256;
 /// Response bytes kept for `last_error`.
 const MAX_ERROR_BODY: usize = 1024;
 /// Due rows read per pass at most (a pass that stops short continues
@@ -99,6 +101,12 @@ impl SubscriptionSpec {
         let events = self.events.unwrap_or_else(|| vec!["*".into()]);
         if events.is_empty() {
             return Err("events must name at least one kind (or `*`)".into());
+        }
+        if events.len() > MAX_FILTER || self.types.len() > MAX_FILTER {
+            return Err(format!(
+                "events and types may each list at most {MAX_FILTER} entries (every event is \
+                 matched against them as it commits)"
+            ));
         }
         for e in &events {
             let body = e.strip_suffix('*').unwrap_or(e);

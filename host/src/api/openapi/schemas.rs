@@ -145,7 +145,7 @@ pub(super) fn components() -> Value {
                 "types": {"type": "array", "items": names::type_name(),
                     "description": "actor types (default: all)"},
                 "secret": nullable(json!({"type": "string", "pattern": WEBHOOK_SECRET,
-                    "description": "`whsec_` + base64 of at least 16 bytes; generated (and shown once) when absent"}))}},
+                    "description": "`whsec_` + base64 of at least 16 bytes; generated (and shown once) when a new subscription names none; a replace that names none keeps the current one"}))}},
             "Deployed": {"type": "object", "properties": {
                 "type": {"type": "string"}, "version": {"type": "integer"},
                 "kind": {"type": "string"}, "sha256": {"type": "string"}}},
