@@ -54,8 +54,8 @@ pub enum HookError {
     /// `_` without a route for this hook.
     #[error("no route for hook `{0}`: set config.webhook_routes.{0} or post to an actor id")]
     NoRoute(String),
-    /// The routing field is missing or not a string or number.
-    #[error("the payload has no string or number at `{0}` to route by")]
+    /// The routing field is missing or not a string or whole number.
+    #[error("the payload has no string or whole number at `{0}` to route by")]
     RouteField(String),
     /// The routed id is not a valid actor id.
     #[error(transparent)]
@@ -73,7 +73,9 @@ fn verify(
     body: &[u8],
     tolerance_s: u64,
 ) -> Result<String, VerifyError> {
-    let id = header(headers, "webhook-id");
+    // An empty id is none: every sender leaving it out would share one
+    // de-duplication key.
+    let id = header(headers, "webhook-id").filter(|v| !v.trim().is_empty());
     let ts = header(headers, "webhook-timestamp");
     let sig = header(headers, "webhook-signature");
     if id.is_some() || ts.is_some() || sig.is_some() {
@@ -95,10 +97,12 @@ fn verify(
     if let Some(sig) = header(headers, "x-hub-signature-256") {
         super::verify_github(secret, sig, body)?;
         // Without a delivery id, identical bodies are the same delivery.
-        let id = header(headers, "x-github-delivery").map_or_else(
-            || hex::encode(<sha2::Sha256 as sha2::Digest>::digest(body)),
-            str::to_owned,
-        );
+        let id = header(headers, "x-github-delivery")
+            .filter(|v| !v.trim().is_empty())
+            .map_or_else(
+                || hex::encode(<sha2::Sha256 as sha2::Digest>::digest(body)),
+                str::to_owned,
+            );
         return Ok(id);
     }
     Err(VerifyError::Unsigned)
@@ -110,7 +114,9 @@ fn route(pointer: &str, body: &[u8]) -> Result<String, HookError> {
         serde_json::from_slice(body).map_err(|_| HookError::RouteField(pointer.to_owned()))?;
     match v.pointer(pointer) {
         Some(serde_json::Value::String(s)) => Ok(s.clone()),
-        Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
+        // Whole numbers only: a float's text is not the sender's (`4521.0`
+        // was another actor than `4521`, and numbers past 2^64 became one).
+        Some(serde_json::Value::Number(n)) if n.is_u64() || n.is_i64() => Ok(n.to_string()),
         _ => Err(HookError::RouteField(pointer.to_owned())),
     }
 }
@@ -187,6 +193,26 @@ mod tests {
         assert!(route("/ticket", body).is_err());
         assert!(route("/nope", body).is_err());
         assert!(route("/ticket/id", b"not json").is_err());
+        // Whole numbers only, as written.
+        assert_eq!(route("/n", br#"{"n": -7}"#).unwrap(), "-7");
+        assert!(route("/n", br#"{"n": 4521.0}"#).is_err());
+        assert!(route("/n", br#"{"n": 12345678901234567890123}"#).is_err());
+    }
+
+    #[test]
+    fn an_empty_delivery_id_is_none() {
+        let secret = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+        let ts = (now_ms() / 1000) as i64;
+        let body = b"{}";
+        let mut headers = HeaderMap::new();
+        headers.insert("webhook-id", "".parse().unwrap());
+        headers.insert("webhook-timestamp", ts.to_string().parse().unwrap());
+        let sig = super::super::sign(&super::super::secret_key(secret), "", ts, body);
+        headers.insert("webhook-signature", sig.parse().unwrap());
+        assert!(matches!(
+            verify(secret, &headers, body, 300),
+            Err(VerifyError::Missing("webhook-id"))
+        ));
     }
 }
 
