@@ -97,6 +97,19 @@ async fn secrets_are_write_only_and_sealed_at_rest() {
             400,
             "invalid_secret",
         ),
+        // Header values cannot hold line breaks or NUL.
+        (
+            "K",
+            json!({ "value": "sk-1\nsk-2", "hosts": ["a.com"] }),
+            400,
+            "invalid_secret",
+        ),
+        (
+            "K",
+            json!({ "value": "sk\u{0}", "hosts": ["a.com"] }),
+            400,
+            "invalid_secret",
+        ),
         (
             "K",
             json!({ "value": "x".repeat(64 * 1024 + 1), "hosts": ["a.com"] }),

@@ -304,6 +304,16 @@ impl SecretStore {
                 limit: MAX_VALUE_BYTES,
             });
         }
+        // A value goes into header values, which cannot hold these: one
+        // with a newline (a key file's line break, say) could only ever
+        // fail its requests.
+        if value.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+            return Err(SecretError::Invalid(
+                "value must not contain control characters (line breaks, NUL): it is sent in \
+                 HTTP header values"
+                    .into(),
+            ));
+        }
         let hosts = check_hosts(hosts)?;
         let _guard = self.write_lock.lock().await;
         let now = now_ms();
