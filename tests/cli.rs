@@ -169,6 +169,7 @@ async fn cli_client_commands() {
         vec!["call", "kit", "a", "{not json"],
         vec!["inspect", "kit", "ghost"],
         vec!["events", "nope", "a", "--follow"],
+        vec!["actors", "nope"],
     ] {
         let out = marmot(&args);
         assert!(!out.status.success(), "{args:?} succeeded");
@@ -179,6 +180,19 @@ async fn cli_client_commands() {
         assert!(!last.contains("{\""), "{args:?}: {err}");
         assert!(out.stdout.is_empty(), "{args:?} printed to stdout");
     }
+    // An empty TYPE or ID, or a URL without its scheme, says so (they were
+    // "no such endpoint" and "builder error: relative URL without a base").
+    let out = marmot(&["call", "kit", "", "{}"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("must not be empty"), "{err}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["types", "--url", m.url.trim_start_matches("http://")])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is not an http(s) URL"), "{err}");
     // `marmot inspect … | head -c 0`: the reader is gone before the answer
     // is printed. The command ends as `cat` would, killed by SIGPIPE with
     // nothing on stderr; it used to panic in `println!`.

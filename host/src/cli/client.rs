@@ -15,6 +15,13 @@ struct Client {
 
 impl Client {
     fn new(args: &ClientArgs) -> anyhow::Result<Self> {
+        match reqwest::Url::parse(&args.url) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => {}
+            _ => anyhow::bail!(
+                "--url `{}` is not an http(s) URL with a host (e.g. http://127.0.0.1:7878)",
+                args.url
+            ),
+        }
         let http = reqwest::Client::builder()
             .build()
             .context("cannot build the HTTP client")?;
@@ -158,10 +165,12 @@ pub(super) async fn actors(
     let c = Client::new(args)?;
     let mut cursor: Option<String> = None;
     let mut shown = 0;
-    println!(
-        "{:<40} {:<11} {:>8} {:>10} {:>12}",
-        "ID", "STATUS", "VERSION", "TURNS", "STATE BYTES"
-    );
+    let header = || {
+        println!(
+            "{:<40} {:<11} {:>8} {:>10} {:>12}",
+            "ID", "STATUS", "VERSION", "TURNS", "STATE BYTES"
+        );
+    };
     while shown < limit {
         let page = (limit - shown).min(1000);
         let mut req = c
@@ -172,6 +181,10 @@ pub(super) async fn actors(
         }
         let (_, body) = c.send(req).await?;
         let v: serde_json::Value = serde_json::from_slice(&body).context("invalid response")?;
+        // After the first answer: an error prints nothing on stdout.
+        if cursor.is_none() {
+            header();
+        }
         let items = v["actors"].as_array().cloned().unwrap_or_default();
         for a in &items {
             println!(

@@ -51,7 +51,7 @@ enum Command {
     /// Deploy FILE (.wasm component, .js/.mjs module, or .json manifest) as a new version of TYPE.
     Deploy {
         /// Actor type.
-        #[arg(value_name = "TYPE")]
+        #[arg(value_name = "TYPE", value_parser = non_empty)]
         ty: String,
         /// The component or manifest.
         file: PathBuf,
@@ -61,9 +61,10 @@ enum Command {
     /// Send a message to actor (TYPE, ID) and print the reply.
     Call {
         /// Actor type.
-        #[arg(value_name = "TYPE")]
+        #[arg(value_name = "TYPE", value_parser = non_empty)]
         ty: String,
         /// Actor id.
+        #[arg(value_parser = non_empty)]
         id: String,
         /// The message (JSON); empty when absent.
         json: Option<String>,
@@ -79,7 +80,7 @@ enum Command {
     /// List actors of TYPE.
     Actors {
         /// Actor type.
-        #[arg(value_name = "TYPE")]
+        #[arg(value_name = "TYPE", value_parser = non_empty)]
         ty: String,
         /// Only ids starting with this.
         #[arg(long, default_value = "")]
@@ -93,9 +94,10 @@ enum Command {
     /// Show an actor's status, state and recent events.
     Inspect {
         /// Actor type.
-        #[arg(value_name = "TYPE")]
+        #[arg(value_name = "TYPE", value_parser = non_empty)]
         ty: String,
         /// Actor id.
+        #[arg(value_parser = non_empty)]
         id: String,
         #[command(flatten)]
         client: ClientArgs,
@@ -103,9 +105,10 @@ enum Command {
     /// Print an actor's events, one JSON object per line.
     Events {
         /// Actor type.
-        #[arg(value_name = "TYPE")]
+        #[arg(value_name = "TYPE", value_parser = non_empty)]
         ty: String,
         /// Actor id.
+        #[arg(value_parser = non_empty)]
         id: String,
         /// Start after this event seq.
         #[arg(long, default_value_t = 0)]
@@ -119,9 +122,10 @@ enum Command {
     /// Show an actor's pending alarms.
     Alarms {
         /// Actor type.
-        #[arg(value_name = "TYPE")]
+        #[arg(value_name = "TYPE", value_parser = non_empty)]
         ty: String,
         /// Actor id.
+        #[arg(value_parser = non_empty)]
         id: String,
         #[command(flatten)]
         client: ClientArgs,
@@ -207,9 +211,10 @@ enum ClusterCommand {
     /// Move actor (TYPE, ID) with all its data to a node of REGION.
     Move {
         /// Actor type.
-        #[arg(value_name = "TYPE")]
+        #[arg(value_name = "TYPE", value_parser = non_empty)]
         ty: String,
         /// Actor id.
+        #[arg(value_parser = non_empty)]
         id: String,
         /// The region to move it to.
         #[arg(long)]
@@ -232,7 +237,7 @@ enum TokensCommand {
     /// --prefix) and print it as JSON: {token, expires_at_ms, token_id}.
     Mint {
         /// Actor type.
-        #[arg(value_name = "TYPE")]
+        #[arg(value_name = "TYPE", value_parser = non_empty)]
         ty: String,
         /// Actor id (omit with --prefix).
         #[arg(required_unless_present = "prefix", conflicts_with = "prefix")]
@@ -364,6 +369,15 @@ fn log_workers() {
             "one worker thread per core (set TOKIO_WORKER_THREADS to choose)"
         ),
     }
+}
+
+/// A TYPE or ID argument: an empty one would address no endpoint ("no
+/// such endpoint" said nothing useful).
+fn non_empty(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Err("must not be empty".into());
+    }
+    Ok(s.to_owned())
 }
 
 /// An error and its causes on one line. A cause whose text the line holds
