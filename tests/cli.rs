@@ -219,13 +219,21 @@ async fn cli_client_commands() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
-        .args(["call", "kit", "a"])
-        .env("MARMOT_URL", "http://127.0.0.1:1")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach marmot"));
+    // Nothing listening: one line, also when following (which retried for
+    // ever).
+    for args in [
+        vec!["call", "kit", "a"],
+        vec!["events", "kit", "a", "--follow"],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+            .args(&args)
+            .env("MARMOT_URL", "http://127.0.0.1:1")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("cannot reach marmot"), "{args:?}: {err}");
+    }
 }
 
 /// Regression: `marmot dev` deployed its bundled examples at every start,

@@ -262,6 +262,12 @@ async fn events_past_retention_are_hidden_at_once_then_deleted() {
     assert_eq!(gap.json(), json!({"after": 1, "next": 4}));
     assert_eq!(gap.id, None, "a gap frame does not move the resume point");
     assert_eq!(read_until(&mut s, 4).await, [4]);
+    // The page says it too (it skipped them without a word).
+    let page = api.get("/v1/actors/kit/a/events?after=1").await.json;
+    assert_eq!(page["gap"], json!({"after": 1, "next": 4}), "{page}");
+    assert_eq!(page["events"][0]["seq"], 4, "{page}");
+    let page = api.get("/v1/actors/kit/a/events?after=3").await.json;
+    assert!(page.get("gap").is_none(), "{page}");
 }
 
 #[tokio::test]

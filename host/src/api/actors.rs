@@ -513,14 +513,21 @@ pub(super) async fn events(
         return Err(ApiError::actor_not_found(&key));
     };
     let next_after = events.last().map_or(after, |(seq, _)| *seq);
+    // Events retention removed since `after`: said, as the stream's `gap`
+    // frame says it (the page skipped them without a word).
+    let gap = events
+        .first()
+        .filter(|(first, _)| after > 0 && *first > after + 1)
+        .map(|(first, _)| serde_json::json!({ "after": after, "next": first }));
     let events: Vec<_> = events
         .iter()
         .map(|(seq, e)| super::streams::event_json(*seq, e))
         .collect();
-    Ok(
-        axum::Json(serde_json::json!({ "events": events, "next_after": next_after }))
-            .into_response(),
-    )
+    let mut page = serde_json::json!({ "events": events, "next_after": next_after });
+    if let Some(gap) = gap {
+        page["gap"] = gap;
+    }
+    Ok(axum::Json(page).into_response())
 }
 
 /// A stored payload as JSON: the value itself when it is JSON, else base64.

@@ -263,6 +263,9 @@ pub(super) async fn events(
             let (_, body) = c.send(req).await?;
             let page: serde_json::Value =
                 serde_json::from_slice(&body).context("invalid response")?;
+            if let Some(gap) = page.get("gap") {
+                eprintln!("marmot: events missing (past retention): {gap}");
+            }
             let events = page["events"].as_array().cloned().unwrap_or_default();
             for e in &events {
                 println!("{e}");
@@ -275,13 +278,25 @@ pub(super) async fn events(
     }
     let mut last = after;
     let mut backoff = std::time::Duration::from_millis(250);
+    // A node that never answered is a wrong `--url` (or a node not
+    // started): said once, not retried for ever. Once following, a lost
+    // connection is retried.
+    let mut answered = false;
     loop {
         let req = c
             .request(Method::GET, &path)
             .header("accept", "text/event-stream")
             .header("last-event-id", last.to_string());
         let resp = match req.send().await {
-            Ok(r) => r,
+            Ok(r) => {
+                answered = true;
+                r
+            }
+            Err(e) if !answered => {
+                return Err(
+                    anyhow::Error::new(e).context(format!("cannot reach marmot at {}", c.base))
+                );
+            }
             Err(e) => {
                 eprintln!("marmot: stream interrupted ({e}); reconnecting");
                 tokio::time::sleep(backoff).await;

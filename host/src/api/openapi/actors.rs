@@ -158,7 +158,7 @@ pub(super) fn operations() -> Vec<Op> {
             method: "get",
             path: "/v1/actors/{type}/{id}/events",
             id: "events",
-            summary: "Event page; with Accept: text/event-stream a live SSE stream (Last-Event-ID resumes)",
+            summary: "Event page ({events, next_after}, and {gap: {after, next}} when retention removed events since `after`); with Accept: text/event-stream a live SSE stream (Last-Event-ID resumes; a `gap` frame says the same)",
             params: with(
                 actor(),
                 [
