@@ -343,3 +343,21 @@ async fn secrets_set_at_a_terminal_asks_and_never_echoes() {
     let secrets = m.client().get("/v1/secrets").await.json;
     assert_eq!(secrets["secrets"][0]["name"], "TTYSEC", "{secrets}");
 }
+
+/// `marmot dev --config` with keys `dev` decides itself (`data_dir`,
+/// `listen`, `admin_token`) says it ignores them: they were dropped without
+/// a word, and the data went elsewhere than the file said.
+#[tokio::test]
+async fn dev_says_which_config_keys_it_ignores() {
+    let dir = tempdir();
+    let config = format!(
+        "data_dir = {:?}\nadmin_token = \"0123456789abcdef0123456789abcdef\"\n",
+        dir.path().join("elsewhere")
+    );
+    let m = Marmot::start_opts(&dir.path().join("data"), &[], Some(&config)).await;
+    let log = m.log_text();
+    assert!(log.contains("ignores `data_dir`"), "{log}");
+    assert!(log.contains("ignores `admin_token`"), "{log}");
+    assert!(!log.contains("ignores `listen`"), "{log}");
+    assert!(!dir.path().join("elsewhere").exists());
+}

@@ -61,6 +61,33 @@ pub(super) async fn dev(args: DevArgs) -> anyhow::Result<()> {
         Some(path) => NodeConfig::from_file(path)?,
         None => NodeConfig::default(),
     };
+    // What `dev` decides itself, said when the file says otherwise (it
+    // was dropped without a word, and the data went to `.marmot`).
+    let defaults = NodeConfig::default();
+    for (key, set, instead) in [
+        (
+            "listen",
+            base.listen != defaults.listen,
+            "--listen / MARMOT_LISTEN",
+        ),
+        (
+            "data_dir",
+            base.data_dir != defaults.data_dir,
+            "--data / MARMOT_DATA_DIR",
+        ),
+        (
+            "admin_token",
+            base.admin_token.is_some(),
+            "`marmot serve` (auth is off in dev)",
+        ),
+    ] {
+        if set {
+            tracing::warn!(
+                key,
+                "`marmot dev` ignores `{key}` in its config file; use {instead}"
+            );
+        }
+    }
     let mut config = NodeConfig {
         listen,
         data_dir: args.data,
