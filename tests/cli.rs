@@ -361,3 +361,24 @@ async fn dev_says_which_config_keys_it_ignores() {
     assert!(!log.contains("ignores `listen`"), "{log}");
     assert!(!dir.path().join("elsewhere").exists());
 }
+
+/// `marmot dev` on a port in use says so before it makes its data
+/// directory and deploys the examples into it (it did both first).
+#[test]
+fn dev_on_a_port_in_use_fails_before_touching_its_data_directory() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .arg("dev")
+        .arg("--listen")
+        .arg(taken.local_addr().unwrap().to_string())
+        .arg("--data")
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot listen on"), "{err}");
+    assert!(!data.exists(), "{err}");
+}

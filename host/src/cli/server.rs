@@ -61,6 +61,9 @@ pub(super) async fn dev(args: DevArgs) -> anyhow::Result<()> {
         Some(path) => NodeConfig::from_file(path)?,
         None => NodeConfig::default(),
     };
+    // Listen first: a port in use is said before a data directory is made
+    // and the examples are deployed into it (it used to be after).
+    let listener = bind(listen).await?;
     // What `dev` decides itself, said when the file says otherwise (it
     // was dropped without a word, and the data went to `.marmot`).
     let defaults = NodeConfig::default();
@@ -137,7 +140,6 @@ pub(super) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     } else {
         super::assistant::deploy(&node).await?
     };
-    let listener = bind(listen).await?;
     let addr = listener.local_addr()?;
     eprintln!(
         "\nmarmot dev listening on http://{addr} (auth off, data in {})\n\
