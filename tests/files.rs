@@ -320,6 +320,50 @@ async fn quotas_refuse_a_write_and_change_nothing() {
     );
 }
 
+/// A type's quota holds when its actors write at once: each turn counts
+/// what the others are writing. It was checked against what was committed
+/// only, and eight concurrent 200 kB writes stored 1.2 MB against 800 kB.
+#[tokio::test]
+async fn a_types_quota_holds_against_concurrent_writers() {
+    let dir = tempdir();
+    let config = "[files]\nmax_type_bytes = 800000\n";
+    let m = Marmot::start_opts(&dir.path().join("data"), &[], Some(config)).await;
+    let api = m.client();
+    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+    for round in 0..3 {
+        let writes = (0..8).map(|i| {
+            let api = api.clone();
+            async move {
+                let path = format!("r{round}");
+                write(
+                    &api,
+                    &format!("a{i}"),
+                    json!({ "path": path, "bytes": 200_000 }),
+                )
+                .await
+            }
+        });
+        for r in futures::future::join_all(writes).await {
+            let ok = r == json!({ "ok": true });
+            let refused = r["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("files of type `kit`"));
+            assert!(ok || refused, "{r}");
+        }
+    }
+    let mut stored = 0;
+    for i in 0..8 {
+        let files = api.get(&format!("/v1/actors/kit/a{i}/files")).await.json;
+        for f in files["files"].as_array().into_iter().flatten() {
+            stored += f["size"].as_u64().unwrap();
+        }
+    }
+    assert_eq!(
+        stored, 800_000,
+        "stored {stored} bytes against a quota of 800000"
+    );
+}
+
 #[tokio::test]
 async fn artifacts_download_while_the_actor_hibernates() {
     let (_dir, _m, api) = kit_node(json!({ "idle_timeout_ms": 200 })).await;

@@ -74,6 +74,12 @@ impl ActorDisk {
         self.storage.blobs().put(bytes)
     }
 
+    /// A reservation of file bytes for a turn of type `ty` (see
+    /// [`crate::storage::reservations`]).
+    pub fn reserve_files(&self, ty: &str) -> crate::storage::reservations::Reservation {
+        self.storage.file_reservations().start(ty)
+    }
+
     /// Let go of `holds`; blobs no committed file refers to are removed.
     pub fn release_blobs(&self, holds: Vec<BlobHold>) {
         release_blobs(self.storage.clone(), holds);
@@ -281,7 +287,7 @@ impl TurnState {
         let (cache, state) = self.state.finish(self.seq);
         let (alarms, alarm_writes) = self.alarms.finish();
         let (pending_inputs, created) = self.inputs.finish();
-        let (files_cache, files, blob_holds) = self.files.finish(self.seq);
+        let (files_cache, files, blob_holds, file_reservation) = self.files.finish(self.seq);
         let carry = Carry {
             state: cache,
             alarms,
@@ -298,6 +304,7 @@ impl TurnState {
             sends: self.actors.finish(),
             files,
             blob_holds,
+            file_reservation: Some(file_reservation),
             // Filled in from the turn's outcome, which has it whatever the
             // result.
             usage: Default::default(),
@@ -371,6 +378,9 @@ pub struct FinishedTurn {
     pub files: Vec<(String, Option<FileRecord>)>,
     /// The blobs those files need, held until the commit is over.
     pub blob_holds: Vec<BlobHold>,
+    /// The bytes those files add to their type, counted against its quota
+    /// until the commit is over.
+    pub file_reservation: Option<crate::storage::reservations::Reservation>,
     /// Model usage of the turn, and the part of it held in the budget
     /// ledger until the commit is durable.
     pub usage: TurnUsage,

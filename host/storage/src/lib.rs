@@ -18,6 +18,7 @@ pub mod bulk;
 mod db;
 pub mod journal;
 mod reader;
+pub mod reservations;
 pub mod schema;
 pub mod subscriptions;
 pub mod writer;
@@ -152,6 +153,7 @@ pub struct Storage {
     subscriptions: Arc<Subscriptions>,
     outbox_ready: Arc<tokio::sync::Notify>,
     relay_ready: Arc<tokio::sync::Notify>,
+    file_reservations: Arc<reservations::FileReservations>,
 }
 
 /// Open (or create) the database file `path`, on the journal when
@@ -254,7 +256,13 @@ impl Storage {
             subscriptions,
             outbox_ready,
             relay_ready,
+            file_reservations: Arc::default(),
         })
+    }
+
+    /// Bytes of files that turns in flight add to their types.
+    pub fn file_reservations(&self) -> &Arc<reservations::FileReservations> {
+        &self.file_reservations
     }
 
     /// The outbound webhook subscriptions.

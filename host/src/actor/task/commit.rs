@@ -138,16 +138,19 @@ impl ActorTask {
             }
             None => on_durable,
         };
-        let on_durable = if finished.blob_holds.is_empty() {
+        let reservation = finished.file_reservation.filter(|r| r.bytes() > 0);
+        let on_durable = if finished.blob_holds.is_empty() && reservation.is_none() {
             on_durable
         } else {
-            // The turn's blobs stay held until its commit is over; then
-            // those no committed file refers to go.
+            // The turn's blobs stay held, and the bytes its files add to
+            // the type reserved, until its commit is over; then those
+            // blobs no committed file refers to go.
             let holds = finished.blob_holds;
             let storage = self.env.storage.clone();
             let runtime = tokio::runtime::Handle::current();
             Box::new(move |r: Result<(), CommitFailed>| {
                 on_durable(r);
+                drop(reservation);
                 let _enter = runtime.enter();
                 crate::sandbox::release_blobs(storage, holds);
             })

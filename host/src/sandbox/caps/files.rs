@@ -24,6 +24,7 @@ use crate::sandbox::bindings::marmot::actor::files;
 use crate::sandbox::host::Host;
 use crate::storage::StorageError;
 use crate::storage::blobs::BlobHold;
+use crate::storage::reservations::Reservation;
 use crate::storage::schema::{FileBody, FileRecord, FileUsage};
 
 /// Most entries one `list` returns.
@@ -85,6 +86,9 @@ pub struct FilesCtx {
     type_delta: i64,
     /// The blobs this turn stored, held until its commit is durable.
     holds: Vec<BlobHold>,
+    /// The bytes it adds to its type, counted by other turns' quota checks
+    /// until its commit is over.
+    reservation: Reservation,
     /// Their bytes.
     blob_bytes: u64,
 }
@@ -92,10 +96,12 @@ pub struct FilesCtx {
 impl FilesCtx {
     pub(crate) fn new(disk: ActorDisk, limits: FileLimits, ty: String, cache: FileCache) -> Self {
         let usage = cache.usage;
+        let reservation = disk.reserve_files(&ty);
         Self {
             disk,
             limits,
             ty,
+            reservation,
             cache,
             writes: BTreeMap::new(),
             usage,
@@ -184,11 +190,18 @@ impl FilesCtx {
         }
         let delta = size as i64 - old_size as i64;
         if delta > 0 {
-            let type_bytes = self.disk.reader()?.type_file_bytes(&self.ty)?;
-            let after = type_bytes.saturating_add_signed(self.type_delta + delta);
-            if after > self.limits.max_type_bytes {
+            // Against what is committed and what other turns of the type,
+            // still running or committing, have reserved.
+            let committed = self.disk.reader()?.type_file_bytes(&self.ty)?;
+            if let Err(after) = self.reservation.grow(
+                delta as u64,
+                committed,
+                self.type_delta,
+                self.limits.max_type_bytes,
+            ) {
                 return Ok(Err(Refusal::Limit(format!(
-                    "files of type `{}` would take {after} bytes, over its quota of {} bytes",
+                    "files of type `{}` would take {after} bytes (with what other turns are \
+                     writing), over its quota of {} bytes",
                     self.ty, self.limits.max_type_bytes
                 ))));
             }
@@ -297,14 +310,17 @@ impl FilesCtx {
 
     /// The turn succeeded: its writes join the cache (as written by turn
     /// `seq`) and are returned to commit.
-    pub(crate) fn finish(mut self, seq: u64) -> (FileCache, FileWrites, Vec<BlobHold>) {
+    pub(crate) fn finish(
+        mut self,
+        seq: u64,
+    ) -> (FileCache, FileWrites, Vec<BlobHold>, Reservation) {
         let writes: Vec<(String, Option<FileRecord>)> =
             std::mem::take(&mut self.writes).into_iter().collect();
         for (p, r) in &writes {
             self.cache.entries.insert(p.clone(), (r.clone(), seq));
         }
         self.cache.usage = self.usage;
-        (self.cache, writes, self.holds)
+        (self.cache, writes, self.holds, self.reservation)
     }
 
     /// The turn failed: its writes are dropped, and the blobs it stored
