@@ -532,24 +532,6 @@ async fn eval_runs_scripts_bound_to_the_actor_and_commits_only_on_success() {
         "{}",
         r.json
     );
-    // An eval makes a new actor only by writing something: a failed or
-    // read-only one left an actor behind, and the type took `force` to
-    // delete.
-    for (id, code) in [
-        ("ghost", "1 +"),
-        ("reader", "marmot.state.get('n') ?? 'none'"),
-    ] {
-        let r = eval(&api, "jscount", id, code).await;
-        assert_eq!(r.status, 200, "{}", r.json);
-        assert_eq!(
-            api.get(&format!("/v1/actors/jscount/{id}")).await.status,
-            404,
-            "{id}"
-        );
-    }
-    let r = eval(&api, "jscount", "writer", "marmot.state.set('n', 1); 'set'").await;
-    assert_eq!(r.json["result"], "set", "{}", r.json);
-    assert_eq!(api.get("/v1/actors/jscount/writer/state/n").await.json, 1);
     // JSON body form; eval works on Rust actors' state too.
     api.deploy("kit", common::TESTKIT, json!({})).await;
     api.add("kit", "r", 3).await;

@@ -165,17 +165,13 @@ impl ActorTask {
         code: String,
         reply: oneshot::Sender<Result<EvalReply, TurnError>>,
     ) {
-        let loaded = self.record.is_some();
         if let Err(e) = self.ready(true).await {
             let _ = reply.send(Err(e));
             return;
         }
-        // Not on disk, nor made by an earlier turn of this activation: the
-        // record was made for this eval.
-        let made_here = !loaded && self.persisted.is_none();
         let version = self.record().version;
         let turn_id = crate::ids::new_message_id();
-        let ran = self
+        match self
             .run_turn(
                 "eval",
                 version,
@@ -183,31 +179,11 @@ impl ActorTask {
                 TurnInput::Eval(code),
                 std::sync::Arc::from([]),
             )
-            .await;
-        let (answer, finished) = match ran {
-            Ok((TurnOutput::Eval(out), finished)) => (Ok(out), Some(finished)),
-            Ok(_) => unreachable!("an eval turn returns an eval result"),
-            // A limit or a trap: the script failed; report it like a throw.
-            Err(e @ (TurnError::Trap { .. } | TurnError::Timeout(_))) => (
-                Ok(EvalReply {
-                    result: None,
-                    logs: Vec::new(),
-                    error: Some(e.to_string()),
-                }),
-                None,
-            ),
-            Err(e) => (Err(e), None),
-        };
-        let wrote = finished.as_ref().is_some_and(|f| !f.is_empty());
-        // Only an eval that wrote something makes a new actor: one that
-        // read, or failed (a syntax error), used to leave an actor behind
-        // (and its type could no longer be deleted without `force`).
-        if made_here && !wrote {
-            let _ = reply.send(self.delete().await.and(answer));
-            return;
-        }
-        match (answer, finished) {
-            (Ok(out), Some(finished)) if wrote || self.persisted.is_none() => {
+            .await
+        {
+            Ok((TurnOutput::Eval(out), finished))
+                if !finished.is_empty() || self.persisted.is_none() =>
+            {
                 self.submit(
                     finished,
                     CommitExtras::default(),
@@ -216,7 +192,20 @@ impl ActorTask {
                     }),
                 );
             }
-            (answer, _) => self.release_when_durable(self.submitted_seq, answer, reply),
+            Ok((TurnOutput::Eval(out), _)) => {
+                self.release_when_durable(self.submitted_seq, Ok(out), reply)
+            }
+            Ok(_) => unreachable!("an eval turn returns an eval result"),
+            // A limit or a trap: the script failed; report it like a throw.
+            Err(e @ (TurnError::Trap { .. } | TurnError::Timeout(_))) => {
+                let out = EvalReply {
+                    result: None,
+                    logs: Vec::new(),
+                    error: Some(e.to_string()),
+                };
+                self.release_when_durable(self.submitted_seq, Ok(out), reply);
+            }
+            Err(e) => self.release_when_durable(self.submitted_seq, Err(e), reply),
         }
     }
 
