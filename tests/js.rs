@@ -929,6 +929,52 @@ export default {
     assert_eq!(r.json, 0, "the first turn's timer fired in the second");
 }
 
+/// A message queued to a new actor while an eval on it runs is kept,
+/// whatever the eval did. (Taking away the actor an eval had made but not
+/// written to deleted such messages with it, acknowledged as they were.)
+#[tokio::test]
+async fn a_message_queued_during_an_eval_on_a_new_actor_is_kept() {
+    let (_dir, _m, api) = node(None).await;
+    let js = r#"
+import { state } from "marmot";
+export default { onMessage(b) { state.set("m", b ?? null); return { ok: true }; } };
+"#;
+    assert_eq!(api.deploy_js("race", js).await.status, 201);
+    let slow = {
+        let api = api.clone();
+        tokio::spawn(async move {
+            eval(
+                &api,
+                "race",
+                "x",
+                "const t0 = Date.now(); while (Date.now() - t0 < 600) {} marmot.state.get('m') ?? 'none'",
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let r = api
+        .post_json("/v1/actors/race/x?wait=false", &json!({"v": 1}))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    let e = slow.await.unwrap();
+    assert_eq!(e.status, 200, "{}", e.json);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = api.get("/v1/actors/race/x/state/m").await;
+        if m.status == 200 {
+            assert_eq!(m.json, json!({"v": 1}));
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the acknowledged message was lost: {}",
+            m.json
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 /// Files hold bytes: a JavaScript actor writes a typed array, a view into
 /// one or an ArrayBuffer as its bytes (they used to be stored as JSON, so
 /// no PNG or zip artifact could be made) and reads them back with
