@@ -48,16 +48,19 @@ pub(super) mod names {
     }
 
     /// No control character or backslash.
-    const FILE_CHARS: &str = "^[^\\u0000-\\u001f\\u007f-\\u009f\\\\]*$";
+    /// Non-empty segments of at most 255 characters, without control
+    /// characters or backslashes.
+    const FILE_SEGMENTS: &str = "^[^/\\u0000-\\u001f\\u007f-\\u009f\\\\]{1,255}(/[^/\\u0000-\\u001f\\u007f-\\u009f\\\\]{1,255})*$";
 
-    /// A prefix of file paths (`?prefix=`).
+    /// A prefix of file paths (`?prefix=`): any string, as in the guest's
+    /// `files.list`.
     pub(in crate::api::openapi) fn file_prefix() -> Value {
-        json!({"type": "string", "maxLength": MAX_FILE_PATH, "pattern": FILE_CHARS})
+        json!({"type": "string", "maxLength": MAX_FILE_PATH})
     }
 
     pub(in crate::api::openapi) fn file_path() -> Value {
         json!({"type": "string", "minLength": 1, "maxLength": MAX_FILE_PATH,
-               "pattern": FILE_CHARS,
+               "pattern": FILE_SEGMENTS,
                "description": format!("relative and `/`-separated, at most {MAX_FILE_PATH} bytes; no empty, `.` or `..` segment, no backslash or control character, segments of at most 255 bytes")})
     }
 
@@ -68,7 +71,7 @@ pub(super) mod names {
 
     /// A client token's `token_id`.
     pub(in crate::api::openapi) fn token_id() -> Value {
-        json!({"type": "string", "pattern": "^[0-9A-Fa-f]{1,64}$"})
+        json!({"type": "string", "pattern": "^[0-9A-Fa-f]{32}$"})
     }
 
     /// A delivery's id.
