@@ -94,7 +94,7 @@ declare module "marmot" {
   export type AlarmSpec =
     | { at: number | Date; payload?: Json }
     | { after: number; payload?: Json }
-    | { cron: string; tz?: string; payload?: Json };
+    | { cron: string; tz?: string | null; payload?: Json };
 
   export interface AlarmInfo {
     name: string;

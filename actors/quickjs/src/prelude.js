@@ -118,9 +118,11 @@
   const MAX_MS = 8.64e15;
   const millis = (v, what) => {
     if (what === "at" && v instanceof DateCtor) v = apply(getTime, v, []);
-    if (typeof v !== "number" || !isFinite(v) || v < 0 || v > MAX_MS) {
+    // (`after` too: now plus it must still be a Date.)
+    const max = what === "at" ? MAX_MS : MAX_MS - DateCtor.now();
+    if (typeof v !== "number" || !isFinite(v) || v < 0 || v > max) {
       const got = typeof v === "number" ? StringCtor(v) : `a ${typeof v}`;
-      const want = what === "at" ? `epoch milliseconds (0 to ${MAX_MS}) or a Date` : `milliseconds (0 to ${MAX_MS})`;
+      const want = what === "at" ? `epoch milliseconds (0 to ${MAX_MS}) or a Date` : `milliseconds (0 to ${max})`;
       throw new TypeErrorCtor(`alarms.set: \`${what}\` must be ${want}, not ${got}`);
     }
     return v;
@@ -483,14 +485,15 @@
     #list = [];
     constructor(init) {
       if (init === undefined || init === null) return;
-      const pairs = init instanceof Headers ? init.entries()
-        : init instanceof Map ? init.entries()
-        : isArray(init) ? init
-        : typeof init === "object" ? Object.entries(init)
-        : undefined;
-      if (pairs === undefined) throw new TypeErrorCtor("Headers: expected an object, an array of pairs or a Headers");
-      for (const pair of pairs) {
-        if (!isArray(pair) || pair.length !== 2) throw new TypeErrorCtor("Headers: each entry must be a [name, value] pair");
+      // Any iterable of pairs (an array, a Map, a Headers, a generator),
+      // else a record of names to values.
+      const pairs = typeof init !== "object" && typeof init !== "function" ? undefined
+        : typeof init[Symbol.iterator] === "function" ? init
+        : Object.entries(init);
+      if (pairs === undefined) throw new TypeErrorCtor("Headers: expected an object, an iterable of pairs or a Headers");
+      for (const entry of pairs) {
+        const pair = isArray(entry) ? entry : [...entry];
+        if (pair.length !== 2) throw new TypeErrorCtor("Headers: each entry must be a [name, value] pair");
         this.append(pair[0], pair[1]);
       }
     }
@@ -541,17 +544,24 @@
   // ("{{secret:NAME}}") that never enter the sandbox. Bodies are bytes both
   // ways: text goes as UTF-8, a typed array or ArrayBuffer as it is.
   const utf8 = (bytes) => host.utf8Decode(bytes, false);
+  // The standard constructor (`new Response("hi", { status: 201 })`, as
+  // mocks use it); `fetch` makes its own with the bytes it got.
   class Response {
     #body;
-    constructor(status, headers, body, url) {
+    constructor(body = null, options = undefined) {
+      const init = options ?? {};
+      const status = init.status === undefined ? 200 : +init.status;
+      if (!(status >= 200 && status <= 599) || status !== Math.trunc(status)) {
+        throw new RangeError(`Response: status must be a whole number from 200 to 599, not ${init.status}`);
+      }
       this.status = status;
       this.ok = status >= 200 && status < 300;
-      this.statusText = "";
-      this.headers = new Headers(headers);
-      this.url = url;
+      this.statusText = init.statusText === undefined ? "" : StringCtor(init.statusText);
+      this.headers = new Headers(init.headers);
+      this.url = "";
       this.redirected = false;
-      this.type = "basic";
-      this.#body = body;
+      this.type = "default";
+      this.#body = requestBody(body) ?? new Uint8ArrayCtor(0);
     }
     async text() {
       return utf8(this.#body);
@@ -573,12 +583,19 @@
     if (raw !== undefined) return new Uint8ArrayCtor(raw);
     return host.utf8Encode(text(b));
   };
-  globalThis.fetch = async (input, init = {}) => {
+  globalThis.fetch = async (input, options = undefined) => {
+    const init = options ?? {};
     const url = input instanceof URL ? input.href : StringCtor(input);
     const method = StringCtor(init.method ?? "GET").toUpperCase();
     const headers = new Headers(init.headers).toPairs();
     const [status, h, body] = host.httpFetch(method, url, headers, requestBody(init.body), init.timeoutMs);
-    return new Response(status, h, body, url);
+    // (Any status a server sends, 1xx–5xx, not only those a script may make.)
+    const resp = new Response(body, { headers: h });
+    defineProperty(resp, "status", { value: status, enumerable: true });
+    defineProperty(resp, "ok", { value: status >= 200 && status < 300, enumerable: true });
+    resp.url = url;
+    resp.type = "basic";
+    return resp;
   };
 
   // Math.random from WASI random: the engine is snapshotted after start-up,

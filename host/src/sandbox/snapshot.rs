@@ -118,8 +118,14 @@ impl Preinit {
             // and every first turn failed the same way, a CPU-bound one
             // after burning its whole slice).
             Ok(Err(trap)) if matches!(trap.downcast_ref(), Some(LimitTrap::Cpu(_))) => {
+                // The limit's own words, without the wasm backtrace.
+                let limit = trap
+                    .downcast_ref::<LimitTrap>()
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
                 return Err(PreloadError::Invalid(format!(
-                    "the module's top level does not finish within the CPU slice: {trap}"
+                    "the module's top level does not finish within the type's CPU slice \
+                     (`cpu_slice_ms`): {limit}"
                 )));
             }
             Ok(Err(trap)) if format!("{trap:#}").contains("growing memory") => {
