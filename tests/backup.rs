@@ -218,6 +218,36 @@ async fn backups_touch_only_their_own_directory_and_restores_check_what_they_cop
     assert_eq!(r.code(), "backup_exists");
     assert!(claimed.is_dir() && !bk.join("nightly.2").exists());
 
+    // A destination under a file is a bad request, not a backup that exists.
+    std::fs::write(bk.join("afile"), "x").unwrap();
+    let r = api
+        .post_json("/v1/backup", &json!({"to": bk.join("afile").join("sub")}))
+        .await;
+    assert_eq!(r.status, 400, "{}", r.json);
+    assert_eq!(r.code(), "invalid_backup");
+
+    // The backup's blobs are its own: writing to one leaves the node's file
+    // as it was (they were hard links to the same inode).
+    let live = api.get("/v1/actors/kit/f/files/outputs/big.bin").await.body;
+    {
+        let shards = std::fs::read_dir(backup.join("blobs")).unwrap();
+        let shard = shards.map(|e| e.unwrap().path()).next().unwrap();
+        let blob = std::fs::read_dir(shard)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let copy = dir.path().join("copy-of-blob");
+        std::fs::copy(&blob, &copy).unwrap();
+        std::fs::write(&blob, vec![b'Z'; 200_000]).unwrap();
+        assert_eq!(
+            api.get("/v1/actors/kit/f/files/outputs/big.bin").await.body,
+            live
+        );
+        std::fs::copy(&copy, &blob).unwrap();
+    }
+
     // Damaged copies are refused, and leave no data directory behind.
     let blob = {
         let shards = std::fs::read_dir(backup.join("blobs")).unwrap();
@@ -258,6 +288,57 @@ async fn backups_touch_only_their_own_directory_and_restores_check_what_they_cop
     std::fs::write(&db, bytes).unwrap();
     let (ok, text) = restore(&flipped, &dir.path().join("never"));
     assert!(!ok && text.contains("damaged"), "{text}");
+
+    // Only the database it checked, and the key file: a stray file named
+    // like the database being placed replaced it after the checks.
+    let stray = dir.path().join("stray");
+    copy_dir(&backup, &stray);
+    std::fs::write(stray.join("marmot.redb.restoring"), vec![7u8; 5000]).unwrap();
+    std::fs::write(stray.join("junk.txt"), "junk").unwrap();
+    let from_stray = dir.path().join("from-stray");
+    let (ok, text) = restore(&stray, &from_stray);
+    assert!(ok, "{text}");
+    let placed = std::fs::read(from_stray.join("marmot.redb")).unwrap();
+    assert!(
+        placed.starts_with(b"redb") && placed.len() != 5000,
+        "the stray file was placed"
+    );
+    assert!(!from_stray.join("junk.txt").exists());
+    assert!(from_stray.join("master.key").exists());
+
+    // A restore cut off before it placed the database: a node refuses the
+    // directory (it started empty and removed the restored blobs), and so
+    // does a second restore, saying why.
+    let cut = dir.path().join("cut");
+    copy_dir(&from_stray, &cut);
+    std::fs::rename(cut.join("marmot.redb"), cut.join("marmot.redb.restoring")).unwrap();
+    let (ok, text) = restore(&backup, &cut);
+    assert!(!ok && text.contains("cut off"), "{text}");
+    let mut node = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["dev", "--no-examples", "--listen", "127.0.0.1:0", "--data"])
+        .arg(&cut)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = node.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            node.kill().unwrap();
+            panic!("a node started on a cut-off restore");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut node.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success() && err.contains("cut off"), "{err}");
+    assert!(
+        cut.join("blobs").read_dir().unwrap().next().is_some(),
+        "blobs removed"
+    );
 
     // Not into a directory that holds anything.
     let occupied = dir.path().join("occupied");

@@ -48,22 +48,19 @@ pub(super) async fn backup(
     }
     match s.node.backup(spec.to).await {
         Ok(report) => Ok(axum::Json(report).into_response()),
-        // Another backup into the same place (or one cut off).
-        Err(e @ StorageError::Io { .. })
-            if matches!(&e, StorageError::Io { source, .. }
-                if source.kind() == std::io::ErrorKind::AlreadyExists) =>
-        {
-            Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "backup_exists",
-                e.to_string(),
-            ))
+        Err(StorageError::Io { what, source }) => {
+            let text = format!("{what}: {source}");
+            Err(match source.kind() {
+                // Another backup into the same place (or one cut off).
+                std::io::ErrorKind::AlreadyExists => {
+                    ApiError::new(StatusCode::CONFLICT, "backup_exists", text)
+                }
+                // Not a place a directory can be made (`x/..`, a file in
+                // the way).
+                std::io::ErrorKind::InvalidInput => ApiError::bad_request("invalid_backup", text),
+                _ => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "backup_failed", text),
+            })
         }
-        Err(e @ StorageError::Io { .. }) => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "backup_failed",
-            e.to_string(),
-        )),
         Err(e) => Err(e.into()),
     }
 }

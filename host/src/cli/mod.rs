@@ -477,7 +477,8 @@ async fn run(
             client::backup(&client, &to).await
         }
         Command::Restore { from, data } => {
-            let report = crate::storage::backup::restore(&from, &data)?;
+            let report =
+                crate::storage::backup::restore(&from, &data, &[crate::secrets::DEV_KEY_FILE])?;
             let key = if report
                 .files
                 .iter()

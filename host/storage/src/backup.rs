@@ -102,23 +102,23 @@ fn sync(path: &Path) -> Result<(), StorageError> {
         .map_err(io(format!("failed to sync `{}`", path.display())))
 }
 
-/// Link `from` to `to`, or copy it where links are not possible (another
-/// file system). `Ok(false)` when `from` is gone.
-fn link_or_copy(from: &Path, to: &Path) -> Result<bool, StorageError> {
-    match std::fs::hard_link(from, to) {
-        Ok(()) => Ok(true),
+/// Copy blob `from` to `to`, durably. `Ok(false)` when `from` is gone.
+///
+/// A copy, not a hard link: a link shares the live file's inode, so damage
+/// to one (a stray write, a bad sector) was in the node and in every backup
+/// at once, and a later backup copied it on. (The kernel may still share
+/// blocks where the file system can clone them: `copy_file_range`.)
+fn copy_blob(from: &Path, to: &Path) -> Result<bool, StorageError> {
+    match std::fs::copy(from, to) {
+        Ok(_) => {
+            sync(to)?;
+            Ok(true)
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(_) => match std::fs::copy(from, to) {
-            Ok(_) => {
-                sync(to)?;
-                Ok(true)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(StorageError::Io {
-                what: format!("failed to copy blob `{}`", from.display()),
-                source: e,
-            }),
-        },
+        Err(e) => Err(StorageError::Io {
+            what: format!("failed to copy blob `{}`", from.display()),
+            source: e,
+        }),
     }
 }
 
@@ -146,8 +146,20 @@ impl Storage {
         let started = Instant::now();
         let partial = partial_path(dest)?;
         if let Some(parent) = partial.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)
-                .map_err(io(format!("failed to create `{}`", parent.display())))?;
+            std::fs::create_dir_all(parent).map_err(|e| StorageError::Io {
+                what: format!("backup destination `{}`", dest.display()),
+                source: std::io::Error::new(
+                    // A file in the way is a bad destination, not a backup
+                    // that exists.
+                    match e.kind() {
+                        std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotADirectory => {
+                            std::io::ErrorKind::InvalidInput
+                        }
+                        k => k,
+                    },
+                    format!("cannot make its parent `{}`: {e}", parent.display()),
+                ),
+            })?;
         }
         // Creating it claims it: of two backups into one place, one gets
         // it and the other is refused.
@@ -207,7 +219,7 @@ impl Storage {
                     std::fs::create_dir_all(parent)
                         .map_err(io(format!("failed to create `{}`", parent.display())))?;
                 }
-                if !link_or_copy(&from, &to)? {
+                if !copy_blob(&from, &to)? {
                     complete = false;
                     break;
                 }
@@ -283,6 +295,9 @@ fn partial_path(dest: &Path) -> Result<PathBuf, StorageError> {
     Ok(dest.with_file_name(partial))
 }
 
+/// The database a restore is placing, until it is checked and renamed.
+pub const RESTORING: &str = "marmot.redb.restoring";
+
 /// What a restore wrote.
 #[derive(Debug, Clone)]
 pub struct RestoreReport {
@@ -305,8 +320,9 @@ fn refused(what: String, why: String) -> StorageError {
 /// format is refused; an older one is upgraded when the node opens it, as a
 /// data directory would be), and every blob it references against its
 /// SHA-256. The backup is only read. A restore that fails leaves `data` as
-/// it found it.
-pub fn restore(from: &Path, data: &Path) -> Result<RestoreReport, StorageError> {
+/// it found it. Of the backup's other files only those named in `extra`
+/// (the dev node's key file) are copied.
+pub fn restore(from: &Path, data: &Path, extra: &[&str]) -> Result<RestoreReport, StorageError> {
     let src_db = from.join("marmot.redb");
     if !src_db.is_file() {
         return Err(StorageError::Io {
@@ -321,6 +337,8 @@ pub fn restore(from: &Path, data: &Path) -> Result<RestoreReport, StorageError> 
         if entries.next().is_some() {
             let why = if data.join("marmot.redb").exists() {
                 "it already holds a database; restore into an empty directory"
+            } else if data.join(RESTORING).exists() {
+                "a restore into it was cut off; remove the directory and restore again"
             } else {
                 "it is not empty; restore into an empty or new directory"
             };
@@ -331,7 +349,7 @@ pub fn restore(from: &Path, data: &Path) -> Result<RestoreReport, StorageError> 
         }
     }
     std::fs::create_dir_all(data).map_err(io(format!("failed to create `{}`", data.display())))?;
-    let restored = restore_into(from, data);
+    let restored = restore_into(from, data, extra);
     if restored.is_err() {
         // `data` was empty: what is in it now is this restore's.
         let _ = if existed {
@@ -352,11 +370,11 @@ pub fn restore(from: &Path, data: &Path) -> Result<RestoreReport, StorageError> 
     restored
 }
 
-fn restore_into(from: &Path, data: &Path) -> Result<RestoreReport, StorageError> {
+fn restore_into(from: &Path, data: &Path, extra: &[&str]) -> Result<RestoreReport, StorageError> {
     let src_db = from.join("marmot.redb");
     // The database first, under a temporary name, checked there: the
     // backup itself is never opened (opening writes to a redb file).
-    let tmp = data.join("marmot.redb.restoring");
+    let tmp = data.join(RESTORING);
     std::fs::copy(&src_db, &tmp).map_err(io(format!("failed to copy `{}`", src_db.display())))?;
     let damaged = |why: String| {
         refused(
@@ -421,21 +439,19 @@ fn restore_into(from: &Path, data: &Path) -> Result<RestoreReport, StorageError>
         sync(&to)?;
         blobs += 1;
     }
-    // Other files beside the database (a dev node's key file).
+    // The files asked for beside the database (a dev node's key file);
+    // nothing else a backup directory holds is copied (a stray
+    // `marmot.redb.restoring` in it replaced the checked database).
     let mut files = Vec::new();
-    for entry in
-        std::fs::read_dir(from).map_err(io(format!("failed to list `{}`", from.display())))?
-    {
-        let entry = entry.map_err(io(format!("failed to list `{}`", from.display())))?;
-        let name = entry.file_name();
-        if name == "marmot.redb" || !entry.file_type().is_ok_and(|t| t.is_file()) {
+    for name in extra {
+        let file = from.join(name);
+        if !std::fs::metadata(&file).is_ok_and(|m| m.is_file()) {
             continue;
         }
-        let to = data.join(&name);
-        std::fs::copy(entry.path(), &to)
-            .map_err(io(format!("failed to copy `{}`", entry.path().display())))?;
+        let to = data.join(name);
+        std::fs::copy(&file, &to).map_err(io(format!("failed to copy `{}`", file.display())))?;
         sync(&to)?;
-        files.push(name.to_string_lossy().into_owned());
+        files.push((*name).to_owned());
     }
     if data.join("blobs").is_dir() {
         for shard in std::fs::read_dir(data.join("blobs"))
@@ -511,13 +527,13 @@ mod tests {
             w.commit().unwrap();
         }
         let data = dir.path().join("data");
-        let err = restore(&backup, &data).unwrap_err();
+        let err = restore(&backup, &data, &[]).unwrap_err();
         assert!(
             matches!(err, StorageError::Format(FormatError::Mismatch { .. })),
             "{err}"
         );
         assert!(!data.join("marmot.redb").exists());
         // Not a backup at all.
-        assert!(restore(dir.path(), &data).is_err());
+        assert!(restore(dir.path(), &data, &[]).is_err());
     }
 }

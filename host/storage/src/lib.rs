@@ -216,6 +216,22 @@ impl Storage {
             what: format!("failed to create data directory `{}`", dir.display()),
             source: e,
         })?;
+        // A restore cut off before it placed the database: starting here
+        // would make an empty node and remove the restored blobs as garbage.
+        let restoring = dir.join(backup::RESTORING);
+        if restoring.exists() {
+            return Err(StorageError::Io {
+                what: format!("data directory `{}`", dir.display()),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "a restore into it was cut off (`{}` is there): remove the directory \
+                         and restore again",
+                        backup::RESTORING
+                    ),
+                ),
+            });
+        }
         let path = dir.join("marmot.redb");
         let (cache_bytes, journal_bytes) = (config.cache_bytes, config.journal_bytes);
         let (file, journal) = (path.clone(), metrics.journal.clone());
