@@ -488,7 +488,7 @@ async fn deliveries_to_one_host_are_bounded() {
 /// its rows due than one read of the outbox took (512), another
 /// subscription's event waited behind all of them (minutes, or for ever
 /// while the hanging one kept receiving); now rows of a destination at its
-/// limit are stepped over.
+/// limit are stepped over, and a walk that reads its most goes on at once.
 #[tokio::test]
 async fn a_hanging_receiver_holds_up_only_its_own_deliveries() {
     let hanging = Receiver::start().await;
@@ -519,9 +519,10 @@ export default {
     )
     .await;
     assert_eq!(r.status, 201, "{}", r.json);
-    for _ in 0..3 {
+    // More rows than one walk reads (4,096): the walk goes on past them.
+    for _ in 0..10 {
         let r = api
-            .post_json("/v1/actors/bulk/b", &json!({"n": 300, "kind": "bulk"}))
+            .post_json("/v1/actors/bulk/b", &json!({"n": 450, "kind": "bulk"}))
             .await;
         assert_eq!(r.status, 200, "{}", r.json);
     }
