@@ -297,11 +297,11 @@ async fn dead_letters_are_kept_and_can_be_replayed() {
 }
 
 /// A delivery belongs to the subscription it was queued for. Deleted,
-/// that subscription's pending rows are dropped, and a new subscription
-/// that takes its name (another URL, another secret) never gets them:
-/// they used to go to it, whatever its filter. Its dead letters stay
-/// listed, and replaying one is a 409 that keeps it (it used to be a 202
-/// and the row vanished).
+/// that subscription's rows (pending and dead) go with it, and a new
+/// subscription that takes its name (another URL, another secret) never
+/// gets them: they used to go to it, whatever its filter. Replaying a dead
+/// one its subscription no longer wants is a 409 that keeps it (it used to
+/// be a 202 and the row vanished).
 #[tokio::test]
 async fn a_deleted_subscriptions_deliveries_never_reach_one_that_takes_its_name() {
     let failing = Receiver::start().await;
@@ -355,9 +355,51 @@ async fn a_deleted_subscriptions_deliveries_never_reach_one_that_takes_its_name(
     let pending = api.get("/v1/deliveries?status=pending").await.json;
     assert_eq!(pending["deliveries"], json!([]), "{pending}");
 
-    // The dead letter is kept; a replay has nowhere to go.
+    // The dead letters went with their subscription: nothing to replay,
+    // also once another takes the name.
     let r = subscribe(&api, "notes", json!({"url": fresh.url})).await;
     assert_eq!(r.status, 201, "{}", r.json);
+    let dead = api.get("/v1/deliveries?status=dead").await.json;
+    assert_eq!(dead["deliveries"], json!([]), "{dead}");
+    let r = api
+        .req(
+            Method::POST,
+            &format!("/v1/deliveries/{dead_id}/retry"),
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(r.code(), "delivery_not_found", "{}", r.json);
+
+    // A replace that narrows the filter: its dead letter stays listed, and
+    // a replay is a 409 that keeps it (it was a 202, and the row vanished).
+    let r = subscribe(
+        &api,
+        "narrow",
+        json!({"url": gone.url, "events": ["note.*"]}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    emit_kind(&api, "a", "note.again", 3).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let dead_id = loop {
+        let d = api
+            .get("/v1/deliveries?status=dead&subscription=narrow")
+            .await
+            .json;
+        if let Some(id) = d["deliveries"][0]["id"].as_str() {
+            break id.to_owned();
+        }
+        assert!(Instant::now() < deadline, "never dead: {d}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    let r = subscribe(
+        &api,
+        "narrow",
+        json!({"url": fresh.url, "events": ["other.*"]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json);
     let r = api
         .req(
             Method::POST,
@@ -368,9 +410,15 @@ async fn a_deleted_subscriptions_deliveries_never_reach_one_that_takes_its_name(
         .await;
     assert_eq!(r.status, 409, "{}", r.json);
     assert_eq!(r.code(), "subscription_gone");
-    let dead = api.get("/v1/deliveries?status=dead").await.json;
+    let dead = api
+        .get("/v1/deliveries?status=dead&subscription=narrow")
+        .await
+        .json;
     assert_eq!(dead["deliveries"][0]["id"], dead_id.as_str(), "{dead}");
-    assert_eq!(fresh.got().len(), 1);
+    assert!(
+        fresh.got().iter().all(|g| g.id != dead_id),
+        "the replay was sent"
+    );
 }
 
 /// Replacing a subscription (a new URL, say) keeps it the same one: its

@@ -32,18 +32,27 @@ pub(super) async fn put(
     let mut spec: SubscriptionSpec = json_object(&body)
         .map_err(|e| ApiError::bad_request("invalid_subscription", e.to_string()))?;
     // A replace that names no secret keeps the one the receiver has (it
-    // used to get a new one, and every delivery then failed to verify).
+    // used to get a new one, and every delivery then failed to verify),
+    // and the subscription keeps its creation time.
+    let existing = s
+        .node
+        .storage()
+        .subscriptions()
+        .snapshot()
+        .get(&name)
+        .cloned();
     if spec.secret.is_none()
-        && let Some(old) = s.node.storage().subscriptions().snapshot().get(&name)
+        && let Some(old) = &existing
     {
         spec.secret = Some(old.secret.clone());
     }
-    let (record, generated) = spec
+    let (mut record, generated) = spec
         .into_record(now_ms())
         .map_err(|e| ApiError::bad_request("invalid_subscription", e))?;
+    if let Some(old) = &existing {
+        record.created_at_ms = old.created_at_ms;
+    }
     let mut out = outbound::subscription_json(&name, &record);
-    // (A replaced subscription keeps its creation time; the reply shows it.)
-    let created_at_ms = record.created_at_ms;
     let n = name.clone();
     let created = s
         .node
@@ -55,11 +64,6 @@ pub(super) async fn put(
             done,
         })
         .await?;
-    if let Some(stored) = s.node.storage().subscriptions().snapshot().get(&name) {
-        out["created_at_ms"] = stored.created_at_ms.into();
-    } else {
-        out["created_at_ms"] = created_at_ms.into();
-    }
     if let Some(secret) = generated {
         out["secret"] = secret.into();
     }
@@ -174,7 +178,8 @@ pub(super) async fn retry(
     let not_found = || ApiError::not_found("delivery_not_found", format!("no delivery `{id}`"));
     delivery_seq(&id).ok_or_else(not_found)?;
     // A delivery goes only to the subscription it was queued for: refused
-    // (and kept) once that was deleted, also when another took its name.
+    // (and kept) if that no longer wants it (a replace narrowed its filter),
+    // or was deleted meanwhile.
     let queued = s
         .node
         .storage()
@@ -190,8 +195,8 @@ pub(super) async fn retry(
             StatusCode::CONFLICT,
             "subscription_gone",
             format!(
-                "delivery `{id}` was queued for subscription `{}`, which was deleted \
-                 (or replaced by one that does not want it): there is nowhere to retry it to",
+                "delivery `{id}` was queued for subscription `{}`, which was deleted or \
+                 no longer wants it (its filter changed): there is nowhere to retry it to",
                 queued.subscription
             ),
         ));

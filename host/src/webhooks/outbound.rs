@@ -282,7 +282,7 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
                 }
                 let Some(sub) = subs.get(&rec.subscription).filter(|s| s.wants(rec)) else {
                     tracing::info!(subscription = %rec.subscription, webhook_id = %rec.webhook_id,
-                        "subscription deleted, or replaced by one that does not want it; dropping its delivery");
+                        "subscription deleted, or its filter no longer matches; dropping its delivery");
                     writer.submit(WriteOp::DeliveryAttempted {
                         seq,
                         update: None,

@@ -613,12 +613,12 @@ pub struct SubscriptionRecord {
 
 impl SubscriptionRecord {
     /// Whether `d`, queued for a subscription of this one's name, is still
-    /// this one's to send: queued since it was created (a row of a deleted
-    /// subscription must not go to a new one that took its name) and
-    /// matching its filter as it is now (a narrowed filter drops what it
-    /// no longer wants). A replaced subscription keeps its creation time.
+    /// this one's to send: it matches the filter as it is now (a replace
+    /// that narrowed the filter drops what it no longer wants). A deleted
+    /// subscription's rows are removed with it, so a new one that takes its
+    /// name never sees them.
     pub fn wants(&self, d: &DeliveryRecord) -> bool {
-        self.created_at_ms <= d.created_at_ms && self.matches(&d.actor_type, &d.kind)
+        self.matches(&d.actor_type, &d.kind)
     }
 
     /// Whether an event of `kind` from an actor of type `ty` goes to it.

@@ -133,14 +133,9 @@ impl WriterState {
             }
             WriteOp::PutSubscription {
                 name,
-                mut record,
+                record,
                 done: d,
             } => {
-                // A replaced subscription keeps its creation time: its
-                // queued deliveries stay its own (`SubscriptionRecord::wants`).
-                if let Some(old) = self.subscriptions.snapshot().get(&name) {
-                    record.created_at_ms = old.created_at_ms;
-                }
                 let r = tables.subscriptions().and_then(|t| {
                     t.insert(name.as_str(), encode(&record).as_slice())
                         .map(|old| old.is_none())
@@ -153,11 +148,20 @@ impl WriterState {
                 done(d, r)
             }
             WriteOp::DeleteSubscription { name, done: d } => {
-                let r = tables.subscriptions().and_then(|t| {
-                    t.remove(name.as_str())
-                        .map(|old| old.is_some())
-                        .map_err(StorageError::from)
-                });
+                let r = tables
+                    .subscriptions()
+                    .and_then(|t| {
+                        t.remove(name.as_str())
+                            .map(|old| old.is_some())
+                            .map_err(StorageError::from)
+                    })
+                    // Its deliveries, pending and dead, go with it: a new
+                    // subscription that takes the name is not their
+                    // destination (they used to be sent to it).
+                    .and_then(|existed| {
+                        self.drop_deliveries_of(tables, &name)?;
+                        Ok(existed)
+                    });
                 if r.is_ok() {
                     self.subscriptions.set(&name, None);
                     self.subscriptions_touched = true;

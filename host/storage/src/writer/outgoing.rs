@@ -234,6 +234,32 @@ impl WriterState {
         Ok(())
     }
 
+    /// Remove every outbox row of subscription `name` (pending or dead),
+    /// for the backups of their actors' slots too.
+    pub(super) fn drop_deliveries_of(
+        &mut self,
+        tables: &mut Tables<'_>,
+        name: &str,
+    ) -> Result<(), StorageError> {
+        let mut rows = Vec::new();
+        for row in tables.outbox()?.iter()? {
+            let (k, v) = row?;
+            let rec: DeliveryRecord = decode("delivery", v.value())?;
+            if rec.subscription == name {
+                rows.push((k.value(), rec));
+            }
+        }
+        if rows.is_empty() {
+            return Ok(());
+        }
+        for (seq, rec) in rows {
+            tables.write_delivery(seq, None)?;
+            self.record_delivery(&rec, None);
+        }
+        self.outbox_touched = true;
+        Ok(())
+    }
+
     /// Make delivery `id` due now (replay); the row, if it exists.
     pub(super) fn retry_delivery(
         &mut self,
