@@ -149,8 +149,10 @@ impl ActorTask {
             let storage = self.env.storage.clone();
             let runtime = tokio::runtime::Handle::current();
             Box::new(move |r: Result<(), CommitFailed>| {
-                on_durable(r);
+                // Given back first: a client that writes again on the reply
+                // must not find its own bytes counted twice.
                 drop(reservation);
+                on_durable(r);
                 let _enter = runtime.enter();
                 crate::sandbox::release_blobs(storage, holds);
             })

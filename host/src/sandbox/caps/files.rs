@@ -192,13 +192,13 @@ impl FilesCtx {
         if delta > 0 {
             // Against what is committed and what other turns of the type,
             // still running or committing, have reserved.
-            let committed = self.disk.reader()?.type_file_bytes(&self.ty)?;
+            let (disk, ty) = (&self.disk, &self.ty);
             if let Err(after) = self.reservation.grow(
                 delta as u64,
-                committed,
+                || disk.reader()?.type_file_bytes(ty),
                 self.type_delta,
                 self.limits.max_type_bytes,
-            ) {
+            )? {
                 return Ok(Err(Refusal::Limit(format!(
                     "files of type `{}` would take {after} bytes (with what other turns are \
                      writing), over its quota of {} bytes",
@@ -233,6 +233,8 @@ impl FilesCtx {
         };
         self.usage = Some(usage);
         self.type_delta += delta;
+        // (A smaller overwrite gives room back.)
+        self.reservation.shrink_to(self.type_delta);
         self.writes.insert(
             path,
             Some(FileRecord {
@@ -258,6 +260,7 @@ impl FilesCtx {
         usage.files = usage.files.saturating_sub(1);
         self.usage = Some(usage);
         self.type_delta -= old.size as i64;
+        self.reservation.shrink_to(self.type_delta);
         self.writes.insert(path.to_owned(), None);
         Ok(Ok(true))
     }
@@ -306,6 +309,7 @@ impl FilesCtx {
         self.writes = sp.writes;
         self.usage = sp.usage;
         self.type_delta = sp.type_delta;
+        self.reservation.shrink_to(self.type_delta);
     }
 
     /// The turn succeeded: its writes join the cache (as written by turn
