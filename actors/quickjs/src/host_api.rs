@@ -311,9 +311,12 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
                 // SAFETY: the bytes are copied at once; no JavaScript runs
                 // while the borrowed slice is alive.
                 #[allow(unsafe_code, reason = "copying a Uint8Array's bytes")]
-                let bytes = unsafe { view.as_bytes() }
-                    .map(<[u8]>::to_vec)
-                    .unwrap_or_default();
+                let Some(bytes) = unsafe { view.as_bytes() }.map(<[u8]>::to_vec) else {
+                    return Err(Exception::throw_type(
+                        &ctx,
+                        "files.write: the buffer is detached or out of bounds",
+                    ));
+                };
                 match files::write(&path, &bytes) {
                     Ok(()) => Ok(()),
                     Err(e) => throw(&ctx, "files.write", e),
@@ -548,11 +551,16 @@ fn http_fetch<'js>(
     // SAFETY: the bytes are copied at once; no JavaScript runs while the
     // borrowed slice is alive.
     #[allow(unsafe_code, reason = "copying a Uint8Array's bytes")]
-    let body = body.map(|b| {
-        unsafe { b.as_bytes() }
-            .map(<[u8]>::to_vec)
-            .unwrap_or_default()
-    });
+    let body = match body.map(|b| unsafe { b.as_bytes() }.map(<[u8]>::to_vec)) {
+        None => None,
+        Some(Some(bytes)) => Some(bytes),
+        Some(None) => {
+            return Err(Exception::throw_type(
+                &ctx,
+                "fetch: the body's buffer is detached or out of bounds",
+            ));
+        }
+    };
     let req = http::Request {
         method,
         url,

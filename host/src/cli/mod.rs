@@ -388,7 +388,9 @@ fn one_line(e: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in e.chain() {
         let text = cause.to_string();
-        if line.contains(&text) {
+        // Only the trailing "what: source" repeat: a short cause ("EOF")
+        // found elsewhere in the line is still news.
+        if line.ends_with(&text) {
             continue;
         }
         if !line.is_empty() {

@@ -336,7 +336,8 @@ impl Reader {
     /// Walk the outbox rows due by `now_ms` in due order, from `from` (a
     /// key of the due index; `(0, 0)` is the start), showing each to
     /// `visit`, which may end the walk. At most `examine` rows are read;
-    /// when the budget runs out first, the key to continue from.
+    /// when the budget runs out first, or `visit` ends the walk, the key to
+    /// continue from.
     pub fn scan_deliveries_due(
         &self,
         now_ms: u64,
@@ -355,7 +356,9 @@ impl Reader {
             if let Some(v) = outbox.get(seq)? {
                 let rec = decode("delivery", v.value())?;
                 if visit(seq, &rec).is_break() {
-                    break;
+                    // The next walk starts at this row, not at the start
+                    // (past every row of a hanging destination again).
+                    return Ok(Some(k.value()));
                 }
             }
         }
