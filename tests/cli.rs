@@ -382,3 +382,79 @@ fn dev_on_a_port_in_use_fails_before_touching_its_data_directory() {
     assert!(err.contains("cannot listen on"), "{err}");
     assert!(!data.exists(), "{err}");
 }
+
+/// A signal at the `secrets set` prompt (Ctrl-C) leaves the terminal as it
+/// found it: the process used to die with echo off, and the user's shell
+/// showed nothing typed after it.
+#[tokio::test]
+async fn a_signal_at_the_secret_prompt_gives_the_terminal_its_echo_back() {
+    use std::io::Read as _;
+    use std::os::fd::{AsRawFd as _, FromRawFd as _};
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let (mut leader, mut follower) = (0, 0);
+    // SAFETY: openpty writes the two descriptors it opens; each is owned
+    // by one File from here on.
+    #[allow(unsafe_code, reason = "a pseudo-terminal for the CLI")]
+    let (leader, follower) = unsafe {
+        let rc = libc::openpty(
+            &mut leader,
+            &mut follower,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        );
+        assert_eq!(rc, 0, "openpty");
+        (
+            std::fs::File::from_raw_fd(leader),
+            std::fs::File::from_raw_fd(follower),
+        )
+    };
+    let echo_on = |f: &std::fs::File| {
+        let mut t = std::mem::MaybeUninit::<libc::termios>::uninit();
+        // SAFETY: tcgetattr fills `t` when it returns 0.
+        #[allow(unsafe_code, reason = "reading the terminal's settings")]
+        unsafe {
+            assert_eq!(libc::tcgetattr(f.as_raw_fd(), t.as_mut_ptr()), 0);
+            t.assume_init().c_lflag & libc::ECHO != 0
+        }
+    };
+    assert!(echo_on(&follower));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["secrets", "set", "SIGSEC", "--host", "api.example.com"])
+        .env("MARMOT_URL", &m.url)
+        .stdin(follower.try_clone().unwrap())
+        .stdout(follower.try_clone().unwrap())
+        .stderr(follower.try_clone().unwrap())
+        .spawn()
+        .unwrap();
+    // The prompt, read on a thread of its own (it is left blocked on the
+    // terminal, which stays open here).
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    {
+        let seen = seen.clone();
+        let mut leader = leader.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 256];
+            while let Ok(n @ 1..) = leader.read(&mut buf) {
+                seen.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !String::from_utf8_lossy(&seen.lock().unwrap()).contains("not shown") {
+        assert!(std::time::Instant::now() < deadline, "no prompt");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(!echo_on(&follower), "echo is off at the prompt");
+    // SAFETY: a signal to the child this test started.
+    #[allow(unsafe_code, reason = "signalling the child")]
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGINT);
+    }
+    let status = child.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt as _;
+    assert_eq!(status.signal(), Some(libc::SIGINT), "{status:?}");
+    assert!(echo_on(&follower), "the terminal was left without echo");
+    drop(leader);
+}

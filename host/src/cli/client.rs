@@ -428,17 +428,44 @@ pub(super) async fn secret_set(
 /// The terminal on stdin with its echo off, until dropped.
 struct NoEcho(Option<libc::termios>);
 
+/// The terminal settings [`NoEcho`] took echo from, for a signal that ends
+/// the process before its `Drop` runs (Ctrl-C at the prompt left the
+/// user's shell without echo).
+static SAVED_TERMIOS: std::sync::OnceLock<libc::termios> = std::sync::OnceLock::new();
+/// The signals that end a prompt.
+const PROMPT_SIGNALS: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+
+/// Put the terminal back and die of `sig` as if unhandled.
+extern "C" fn restore_and_die(sig: libc::c_int) {
+    // SAFETY: tcsetattr, signal and raise are async-signal-safe; the saved
+    // termios was set before this handler was installed and never changes.
+    #[allow(unsafe_code, reason = "a signal handler restoring the terminal")]
+    unsafe {
+        if let Some(saved) = SAVED_TERMIOS.get() {
+            libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, saved);
+        }
+        libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
+    }
+}
+
 impl NoEcho {
     fn on_stdin() -> Self {
         let mut saved = std::mem::MaybeUninit::<libc::termios>::uninit();
         // SAFETY: tcgetattr fills `saved` when it returns 0, and only then
-        // is it read; tcsetattr reads a valid termios.
+        // is it read; tcsetattr reads a valid termios; the handler only
+        // reads what was saved before it was installed.
         #[allow(unsafe_code, reason = "turning the terminal's echo off")]
         unsafe {
             if libc::tcgetattr(libc::STDIN_FILENO, saved.as_mut_ptr()) != 0 {
                 return Self(None);
             }
             let saved = saved.assume_init();
+            let _ = SAVED_TERMIOS.set(saved);
+            let handler = restore_and_die as extern "C" fn(libc::c_int);
+            for sig in PROMPT_SIGNALS {
+                libc::signal(sig, handler as libc::sighandler_t);
+            }
             let mut quiet = saved;
             quiet.c_lflag &= !libc::ECHO;
             if libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &quiet) != 0 {
@@ -451,11 +478,15 @@ impl NoEcho {
 
 impl Drop for NoEcho {
     fn drop(&mut self) {
-        if let Some(saved) = &self.0 {
-            // SAFETY: restores the termios tcgetattr returned.
-            #[allow(unsafe_code, reason = "turning the terminal's echo back on")]
-            unsafe {
+        // SAFETY: restores the termios tcgetattr returned, and the default
+        // action of the signals `on_stdin` caught.
+        #[allow(unsafe_code, reason = "turning the terminal's echo back on")]
+        unsafe {
+            if let Some(saved) = &self.0 {
                 libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, saved);
+            }
+            for sig in PROMPT_SIGNALS {
+                libc::signal(sig, libc::SIG_DFL);
             }
         }
     }
