@@ -371,6 +371,8 @@ pub(super) async fn secret_set(
     from_file: Option<&Path>,
 ) -> anyhow::Result<()> {
     use std::io::Read as _;
+    // A bad `--url` is said before the value is typed.
+    let c = Client::new(args)?;
     let mut raw = zeroize::Zeroizing::new(Vec::new());
     match from_file {
         Some(path) => {
@@ -409,7 +411,6 @@ pub(super) async fn secret_set(
         serde_json::to_vec(&serde_json::json!({ "value": value, "hosts": hosts }))
             .expect("JSON values serialize"),
     );
-    let c = Client::new(args)?;
     let req = c
         .request(Method::PUT, &format!("/v1/secrets/{}", seg(name)))
         .header("content-type", "application/json")
