@@ -326,6 +326,34 @@ async fn a_dead_owners_actors_fail_over_to_its_backup_with_their_data() {
         }
     }
     let (bob, others) = bob.expect("no actor landed on the owner");
+    // A subscription with a delivery pending on the owner (nothing listens
+    // at its URL), deleted and made again under its name while the owner
+    // is away.
+    let r = put(
+        &c.api(0),
+        "/v1/subscriptions/reborn".into(),
+        json!({"url": "http://127.0.0.1:9/old"}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let r = c
+        .api(0)
+        .op(
+            "kit",
+            "alice",
+            json!({"op": "emit", "kind": "old.event", "data": {}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let queued = c
+        .api(o)
+        .get("/v1/deliveries?subscription=reborn")
+        .await
+        .json;
+    let old_row = queued["deliveries"][0]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no pending delivery on the owner: {queued}"))
+        .to_owned();
 
     // The owner dies. Once its lease is gone (2 s) and the grace (2 s) is
     // over, its backup owns the slot at the next epoch, with every write
@@ -370,6 +398,13 @@ async fn a_dead_owners_actors_fail_over_to_its_backup_with_their_data() {
     let sub = json!({"url": "http://127.0.0.1:9/hook"});
     let r = put(&c.api(other), "/v1/subscriptions/audit".into(), sub).await;
     assert_eq!(r.status, 201, "{}", r.json);
+    assert_eq!(
+        c.api(other).delete("/v1/subscriptions/reborn").await.status,
+        200
+    );
+    let sub = json!({"url": "http://127.0.0.1:9/new"});
+    let r = put(&c.api(other), "/v1/subscriptions/reborn".into(), sub).await;
+    assert_eq!(r.status, 201, "{}", r.json);
 
     // It comes back: same data, same owner, and the catalog it missed.
     c.nodes[o].restart().await;
@@ -397,8 +432,9 @@ async fn a_dead_owners_actors_fail_over_to_its_backup_with_their_data() {
             for e in s["secrets"].as_array_mut().unwrap() {
                 *e = e[0].clone();
             }
-            // Each node stamps its own times.
-            for kind in ["providers", "subscriptions"] {
+            // Each node stamps its own times (a subscription's creation
+            // time is the one of the node that took the request).
+            for kind in ["providers"] {
                 for e in s[kind].as_array_mut().unwrap() {
                     let record = e[1].as_object_mut().unwrap();
                     record.retain(|k, _| !k.ends_with("_at_ms"));
@@ -408,7 +444,18 @@ async fn a_dead_owners_actors_fail_over_to_its_backup_with_their_data() {
         }
     };
     let first = shared(0).await;
-    assert_eq!(first["subscriptions"].as_array().unwrap().len(), 1);
+    assert_eq!(first["subscriptions"].as_array().unwrap().len(), 2);
+    // The old `reborn`'s row the owner kept is gone with it: the new one,
+    // at another URL, is not its destination (it used to be sent there).
+    let listed = c
+        .api(o)
+        .get("/v1/deliveries?subscription=reborn")
+        .await
+        .json;
+    assert!(
+        !listed.to_string().contains(&old_row),
+        "the old subscription's row stayed: {listed}"
+    );
     for i in 1..3 {
         assert_eq!(shared(i).await, first, "node {i}'s shared state differs");
     }

@@ -37,6 +37,9 @@ const SERVED_AT: &str = "x-marmot-epoch";
 const SERVED_SLOT: &str = "x-marmot-slot";
 /// On a write applied on every node: the node that received it.
 const FANOUT_FROM: &str = "x-marmot-fanout-from";
+/// On a fanned-out subscription `PUT`: its creation time on the node that
+/// took the request, for the others to keep as theirs.
+pub(super) const SUBSCRIPTION_CREATED_AT: &str = "x-marmot-subscription-created-at";
 
 /// Forwards per request before giving up (each after re-reading the slot
 /// table).
@@ -522,7 +525,14 @@ async fn fan_out(
         return resp;
     }
     let (resp, bytes) = if method == Method::PUT && uri.path().starts_with("/v1/subscriptions/") {
-        with_generated_secret(resp, bytes).await
+        let (resp, bytes, created_at_ms) = with_generated_secret(resp, bytes).await;
+        // The subscription's creation time is this node's on every node
+        // (each stamped its own, so they could not tell, catching up,
+        // whether one was made again while they were away).
+        if let Some(v) = created_at_ms.and_then(|t| HeaderValue::from_str(&t.to_string()).ok()) {
+            headers.insert(SUBSCRIPTION_CREATED_AT, v);
+        }
+        (resp, bytes)
     } else {
         (resp, bytes)
     };
@@ -561,11 +571,12 @@ async fn fan_out(
 /// A subscription whose signing secret this node generated goes to the
 /// other nodes *with* that secret, so that every node signs its webhooks
 /// alike (each would generate its own otherwise). Returns the response
-/// (read and rebuilt) and the request body to send on.
+/// (read and rebuilt), the request body to send on, and the
+/// subscription's creation time here.
 async fn with_generated_secret(
     resp: Response,
     request: axum::body::Bytes,
-) -> (Response, axum::body::Bytes) {
+) -> (Response, axum::body::Bytes, Option<u64>) {
     let (parts, body) = resp.into_parts();
     let Ok(out) = axum::body::to_bytes(body, 1 << 20).await else {
         let e = ApiError::new(
@@ -573,11 +584,11 @@ async fn with_generated_secret(
             "internal",
             "cannot read the subscription just saved",
         );
-        return (e.into_response(), request);
+        return (e.into_response(), request, None);
     };
-    let secret = serde_json::from_slice::<serde_json::Value>(&out)
-        .ok()
-        .and_then(|v| v["secret"].as_str().map(str::to_owned));
+    let saved = serde_json::from_slice::<serde_json::Value>(&out).ok();
+    let created_at_ms = saved.as_ref().and_then(|v| v["created_at_ms"].as_u64());
+    let secret = saved.and_then(|v| v["secret"].as_str().map(str::to_owned));
     let request = match (
         secret,
         serde_json::from_slice::<serde_json::Value>(&request),
@@ -588,7 +599,11 @@ async fn with_generated_secret(
         }
         _ => request,
     };
-    (Response::from_parts(parts, Body::from(out)), request)
+    (
+        Response::from_parts(parts, Body::from(out)),
+        request,
+        created_at_ms,
+    )
 }
 
 /// Headers a forwarded request keeps: everything but hop-by-hop ones.

@@ -25,6 +25,7 @@ fn subscription_name(name: &str) -> Result<(), ApiError> {
 pub(super) async fn put(
     State(s): State<AppState>,
     Path(name): Path<String>,
+    headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     subscription_name(&name)?;
@@ -49,8 +50,19 @@ pub(super) async fn put(
     let (mut record, generated) = spec
         .into_record(now_ms())
         .map_err(|e| ApiError::bad_request("invalid_subscription", e))?;
-    if let Some(old) = &existing {
-        record.created_at_ms = old.created_at_ms;
+    match &existing {
+        Some(old) => record.created_at_ms = old.created_at_ms,
+        // New here: the creation time the node that took the request gave
+        // it, when it fans out to this one.
+        None => {
+            if let Some(t) = headers
+                .get(super::cluster::SUBSCRIPTION_CREATED_AT)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+            {
+                record.created_at_ms = t;
+            }
+        }
     }
     let mut out = outbound::subscription_json(&name, &record);
     let n = name.clone();

@@ -40,6 +40,11 @@ pub struct Adopted {
     pub revocations: usize,
 }
 
+/// How much later a peer's subscription must have been made than this
+/// node's of the same name to be another one (made again while this node
+/// was away), not the same one stamped by another node's clock.
+const REMADE_AFTER_MS: u64 = 1_000;
+
 impl Node {
     /// This node's shared state.
     pub fn shared_state(&self) -> Result<SharedState, StorageError> {
@@ -66,8 +71,21 @@ impl Node {
         let mine = self.storage.subscriptions().snapshot();
         let mut subscriptions = 0;
         for (name, theirs) in &peer.subscriptions {
-            if mine.get(name) == Some(theirs) {
-                continue;
+            match mine.get(name) {
+                Some(m) if m == theirs => continue,
+                // Deleted and made again while this node was away: the rows
+                // it queued here were the old one's, and go with it (they
+                // were sent to the new one). Nodes share a subscription's
+                // creation time, but before they did each stamped its own:
+                // only a clearly later one is another subscription.
+                Some(m) if theirs.created_at_ms > m.created_at_ms + REMADE_AFTER_MS => {
+                    let name = name.clone();
+                    self.storage
+                        .writer()
+                        .call(|done| WriteOp::DeleteSubscription { name, done })
+                        .await?;
+                }
+                _ => {}
             }
             let (name, record) = (name.clone(), theirs.clone());
             self.storage
