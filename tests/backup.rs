@@ -13,21 +13,28 @@ use serde_json::json;
 
 const ACTORS: usize = 20;
 
-#[tokio::test]
-async fn a_backup_taken_under_load_restores_everything_acknowledged_before_it() {
-    let dir = tempdir();
+/// A node with the test kit deployed and a 200 kB file (a blob) written
+/// by actor `id`.
+async fn node_with_a_blob(dir: &tempfile::TempDir, id: &str) -> (Marmot, common::Api) {
     let m = Marmot::start(&dir.path().join("data")).await;
     let api = m.client();
     api.deploy("kit", TESTKIT, json!({})).await;
-    // A large file is a blob beside the database.
     let r = api
         .op(
             "kit",
-            "files",
+            id,
             json!({"op": "file_write", "path": "outputs/big.bin", "bytes": 200_000}),
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.json);
+    (m, api)
+}
+
+#[tokio::test]
+async fn a_backup_taken_under_load_restores_everything_acknowledged_before_it() {
+    let dir = tempdir();
+    // A large file is a blob beside the database.
+    let (m, api) = node_with_a_blob(&dir, "files").await;
 
     // Load: every acknowledged add is recorded (actor → highest value).
     let acked: Arc<Mutex<HashMap<usize, i64>>> = Arc::default();
@@ -77,29 +84,11 @@ async fn a_backup_taken_under_load_restores_everything_acknowledged_before_it() 
 
     // Restore with the CLI into a new data directory, and serve it.
     let restored = dir.path().join("restored");
-    let restore = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
-            .arg("restore")
-            .arg(&backup)
-            .arg("--data")
-            .arg(&restored)
-            .output()
-            .unwrap()
-    };
-    let out = restore();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, text) = restore(&backup, &restored);
+    assert!(ok, "{text}");
     // Not over an existing database.
-    let out = restore();
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("already holds a database"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, text) = restore(&backup, &restored);
+    assert!(!ok && text.contains("already holds a database"), "{text}");
 
     let r2 = Marmot::start(&restored).await;
     let api2 = r2.client();
@@ -170,17 +159,7 @@ fn restore(from: &std::path::Path, data: &std::path::Path) -> (bool, String) {
 #[tokio::test]
 async fn backups_touch_only_their_own_directory_and_restores_check_what_they_copy() {
     let dir = tempdir();
-    let m = Marmot::start(&dir.path().join("data")).await;
-    let api = m.client();
-    api.deploy("kit", TESTKIT, json!({})).await;
-    let r = api
-        .op(
-            "kit",
-            "f",
-            json!({"op": "file_write", "path": "outputs/big.bin", "bytes": 200_000}),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.json);
+    let (m, api) = node_with_a_blob(&dir, "f").await;
     let r = api
         .op(
             "kit",

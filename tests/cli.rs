@@ -264,19 +264,15 @@ async fn dev_examples_never_replace_a_users_type() {
     assert_eq!(api.get("/v1/types/notes").await.json["version"], 1);
 }
 
-/// `marmot secrets set` at a terminal asks for the value and does not echo
-/// what is typed (it showed it, into the scrollback).
-#[tokio::test]
-async fn secrets_set_at_a_terminal_asks_and_never_echoes() {
-    use std::io::{Read as _, Write as _};
+/// A pseudo-terminal: (leader, follower), the follower for the CLI's
+/// standard streams.
+fn pty() -> (std::fs::File, std::fs::File) {
     use std::os::fd::FromRawFd as _;
-    let dir = tempdir();
-    let m = Marmot::start(&dir.path().join("data")).await;
     let (mut leader, mut follower) = (0, 0);
     // SAFETY: openpty writes the two descriptors it opens; each is owned
     // by one File from here on.
     #[allow(unsafe_code, reason = "a pseudo-terminal for the CLI")]
-    let (leader, follower) = unsafe {
+    unsafe {
         let rc = libc::openpty(
             &mut leader,
             &mut follower,
@@ -289,7 +285,17 @@ async fn secrets_set_at_a_terminal_asks_and_never_echoes() {
             std::fs::File::from_raw_fd(leader),
             std::fs::File::from_raw_fd(follower),
         )
-    };
+    }
+}
+
+/// `marmot secrets set` at a terminal asks for the value and does not echo
+/// what is typed (it showed it, into the scrollback).
+#[tokio::test]
+async fn secrets_set_at_a_terminal_asks_and_never_echoes() {
+    use std::io::{Read as _, Write as _};
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let (leader, follower) = pty();
     let mut child = {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"));
         cmd.args(["secrets", "set", "TTYSEC", "--host", "api.example.com"])
@@ -389,27 +395,10 @@ fn dev_on_a_port_in_use_fails_before_touching_its_data_directory() {
 #[tokio::test]
 async fn a_signal_at_the_secret_prompt_gives_the_terminal_its_echo_back() {
     use std::io::Read as _;
-    use std::os::fd::{AsRawFd as _, FromRawFd as _};
+    use std::os::fd::AsRawFd as _;
     let dir = tempdir();
     let m = Marmot::start(&dir.path().join("data")).await;
-    let (mut leader, mut follower) = (0, 0);
-    // SAFETY: openpty writes the two descriptors it opens; each is owned
-    // by one File from here on.
-    #[allow(unsafe_code, reason = "a pseudo-terminal for the CLI")]
-    let (leader, follower) = unsafe {
-        let rc = libc::openpty(
-            &mut leader,
-            &mut follower,
-            std::ptr::null_mut(),
-            std::ptr::null(),
-            std::ptr::null(),
-        );
-        assert_eq!(rc, 0, "openpty");
-        (
-            std::fs::File::from_raw_fd(leader),
-            std::fs::File::from_raw_fd(follower),
-        )
-    };
+    let (leader, follower) = pty();
     let echo_on = |f: &std::fs::File| {
         let mut t = std::mem::MaybeUninit::<libc::termios>::uninit();
         // SAFETY: tcgetattr fills `t` when it returns 0.

@@ -140,6 +140,13 @@ async fn subscribe(api: &Api, name: &str, spec: Value) -> common::Resp {
     .await
 }
 
+/// A new subscription `name`, which must be created (201).
+async fn subscribed(api: &Api, name: &str, spec: Value) -> common::Resp {
+    let r = subscribe(api, name, spec).await;
+    assert_eq!(r.status, 201, "{name}: {}", r.json);
+    r
+}
+
 async fn emit_kind(api: &Api, id: &str, kind: &str, n: i64) {
     let r = api
         .op(
@@ -183,13 +190,12 @@ async fn a_failing_receiver_gets_the_event_again_with_the_same_id_and_valid_sign
     rx.state.fail_first.store(3, Ordering::SeqCst);
     let (_dir, _m, api) = fast_retry_node(None).await;
     let secret = marmot::webhooks::new_secret();
-    let r = subscribe(
+    let r = subscribed(
         &api,
         "orders",
         json!({"url": rx.url, "events": ["order.*"], "secret": secret}),
     )
     .await;
-    assert_eq!(r.status, 201, "{}", r.json);
     assert!(
         r.json.get("secret").is_none(),
         "a given secret is not echoed"
@@ -310,20 +316,18 @@ async fn a_deleted_subscriptions_deliveries_never_reach_one_that_takes_its_name(
     gone.state.status.store(410, Ordering::SeqCst);
     let fresh = Receiver::start().await;
     let (_dir, _m, api) = fast_retry_node(None).await;
-    let r = subscribe(
+    subscribed(
         &api,
         "orders",
         json!({"url": failing.url, "events": ["order.*"]}),
     )
     .await;
-    assert_eq!(r.status, 201, "{}", r.json);
-    let r = subscribe(
+    subscribed(
         &api,
         "notes",
         json!({"url": gone.url, "events": ["note.*"]}),
     )
     .await;
-    assert_eq!(r.status, 201, "{}", r.json);
     emit_kind(&api, "a", "order.private", 1).await;
     emit_kind(&api, "a", "note.private", 2).await;
     failing.wait_for(2).await;
@@ -336,8 +340,7 @@ async fn a_deleted_subscriptions_deliveries_never_reach_one_that_takes_its_name(
         let r = api.delete(&format!("/v1/subscriptions/{name}")).await;
         assert_eq!(r.status, 200, "{}", r.json);
     }
-    let r = subscribe(&api, "orders", json!({"url": fresh.url, "events": ["*"]})).await;
-    assert_eq!(r.status, 201, "{}", r.json);
+    let r = subscribed(&api, "orders", json!({"url": fresh.url, "events": ["*"]})).await;
     let secret = r.json["secret"].as_str().unwrap().to_owned();
     emit_kind(&api, "b", "order.new", 3).await;
     let got = fresh.wait_for(1).await;
@@ -357,8 +360,7 @@ async fn a_deleted_subscriptions_deliveries_never_reach_one_that_takes_its_name(
 
     // The dead letters went with their subscription: nothing to replay,
     // also once another takes the name.
-    let r = subscribe(&api, "notes", json!({"url": fresh.url})).await;
-    assert_eq!(r.status, 201, "{}", r.json);
+    subscribed(&api, "notes", json!({"url": fresh.url})).await;
     let dead = api.get("/v1/deliveries?status=dead").await.json;
     assert_eq!(dead["deliveries"], json!([]), "{dead}");
     let r = api
@@ -373,13 +375,12 @@ async fn a_deleted_subscriptions_deliveries_never_reach_one_that_takes_its_name(
 
     // A replace that narrows the filter: its dead letter stays listed, and
     // a replay is a 409 that keeps it (it was a 202, and the row vanished).
-    let r = subscribe(
+    subscribed(
         &api,
         "narrow",
         json!({"url": gone.url, "events": ["note.*"]}),
     )
     .await;
-    assert_eq!(r.status, 201, "{}", r.json);
     emit_kind(&api, "a", "note.again", 3).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let dead_id = loop {
@@ -430,8 +431,7 @@ async fn a_replaced_subscription_keeps_its_queued_deliveries() {
     failing.state.status.store(503, Ordering::SeqCst);
     let fixed = Receiver::start().await;
     let (_dir, _m, api) = fast_retry_node(None).await;
-    let r = subscribe(&api, "orders", json!({"url": failing.url})).await;
-    assert_eq!(r.status, 201, "{}", r.json);
+    let r = subscribed(&api, "orders", json!({"url": failing.url})).await;
     let secret = r.json["secret"].as_str().unwrap().to_owned();
     let created = r.json["created_at_ms"].clone();
     emit_kind(&api, "a", "order.paid", 1).await;
@@ -553,20 +553,18 @@ export default {
 };
 "#;
     assert_eq!(api.deploy_js("bulk", bulk).await.status, 201);
-    let r = subscribe(
+    subscribed(
         &api,
         "slow",
         json!({"url": hanging.url, "events": ["bulk"]}),
     )
     .await;
-    assert_eq!(r.status, 201, "{}", r.json);
-    let r = subscribe(
+    subscribed(
         &api,
         "fine",
         json!({"url": healthy.url, "events": ["urgent"]}),
     )
     .await;
-    assert_eq!(r.status, 201, "{}", r.json);
     // More rows than one walk reads (4,096): the walk goes on past them.
     for _ in 0..10 {
         let r = api
