@@ -34,7 +34,7 @@ async fn node_with_a_blob(dir: &tempfile::TempDir, id: &str) -> (Marmot, common:
 async fn a_backup_taken_under_load_restores_everything_acknowledged_before_it() {
     let dir = tempdir();
     // A large file is a blob beside the database.
-    let (m, api) = node_with_a_blob(&dir, "files").await;
+    let (_m, api) = node_with_a_blob(&dir, "files").await;
 
     // Load: every acknowledged add is recorded (actor → highest value).
     let acked: Arc<Mutex<HashMap<usize, i64>>> = Arc::default();
