@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Api, Marmot, NOTES, TESTKIT, kit_node, metric, tempdir};
+use common::{Api, Marmot, NOTES, TESTKIT, event_kinds, kit_node, metric, tempdir};
 use serde_json::{Value, json};
 
 /// Wait until the actor's `fired` list has at least `n` entries; return it.
@@ -106,13 +106,7 @@ async fn alarms_fire_never_early_and_exactly_once() {
     assert!(alarms(&api, "a").await.is_empty());
     assert_eq!(api.get("/v1/actors/kit/a").await.json["pending_alarms"], 0);
     let ev = api.get("/v1/actors/kit/a/events").await.json;
-    let kinds: Vec<&str> = ev["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["kind"].as_str().unwrap())
-        .collect();
-    assert_eq!(kinds, ["alarm_fired", "alarm_fired"]);
+    assert_eq!(event_kinds(&ev), ["alarm_fired", "alarm_fired"]);
     let text = String::from_utf8(api.get("/metrics").await.body).unwrap();
     assert!(
         metric(&text, "marmot_alarm_lag_seconds_count") >= 2.0,

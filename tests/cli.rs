@@ -288,11 +288,34 @@ fn pty() -> (std::fs::File, std::fs::File) {
     }
 }
 
+/// Everything the terminal's other side shows, gathered on a thread of its
+/// own until every follower descriptor is closed (EIO).
+fn record(
+    leader: &std::fs::File,
+) -> (
+    std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    std::thread::JoinHandle<()>,
+) {
+    use std::io::Read as _;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let reader = {
+        let seen = seen.clone();
+        let mut leader = leader.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 256];
+            while let Ok(n @ 1..) = leader.read(&mut buf) {
+                seen.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        })
+    };
+    (seen, reader)
+}
+
 /// `marmot secrets set` at a terminal asks for the value and does not echo
 /// what is typed (it showed it, into the scrollback).
 #[tokio::test]
 async fn secrets_set_at_a_terminal_asks_and_never_echoes() {
-    use std::io::{Read as _, Write as _};
+    use std::io::Write as _;
     let dir = tempdir();
     let m = Marmot::start(&dir.path().join("data")).await;
     let (leader, follower) = pty();
@@ -305,18 +328,7 @@ async fn secrets_set_at_a_terminal_asks_and_never_echoes() {
             .stderr(follower);
         cmd.spawn().unwrap()
     };
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let reader = {
-        let seen = seen.clone();
-        let mut leader = leader.try_clone().unwrap();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 256];
-            // Ends with EIO once the child has closed the terminal.
-            while let Ok(n @ 1..) = leader.read(&mut buf) {
-                seen.lock().unwrap().extend_from_slice(&buf[..n]);
-            }
-        })
-    };
+    let (seen, reader) = record(&leader);
     let text = || String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while !text().contains("not shown") {
@@ -394,7 +406,6 @@ fn dev_on_a_port_in_use_fails_before_touching_its_data_directory() {
 /// showed nothing typed after it.
 #[tokio::test]
 async fn a_signal_at_the_secret_prompt_gives_the_terminal_its_echo_back() {
-    use std::io::Read as _;
     use std::os::fd::AsRawFd as _;
     let dir = tempdir();
     let m = Marmot::start(&dir.path().join("data")).await;
@@ -417,19 +428,9 @@ async fn a_signal_at_the_secret_prompt_gives_the_terminal_its_echo_back() {
         .stderr(follower.try_clone().unwrap())
         .spawn()
         .unwrap();
-    // The prompt, read on a thread of its own (it is left blocked on the
-    // terminal, which stays open here).
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    {
-        let seen = seen.clone();
-        let mut leader = leader.try_clone().unwrap();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 256];
-            while let Ok(n @ 1..) = leader.read(&mut buf) {
-                seen.lock().unwrap().extend_from_slice(&buf[..n]);
-            }
-        });
-    }
+    // The prompt (the reader is left blocked on the terminal, which stays
+    // open here).
+    let (seen, _reader) = record(&leader);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while !String::from_utf8_lossy(&seen.lock().unwrap()).contains("not shown") {
         assert!(std::time::Instant::now() < deadline, "no prompt");

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Api, Marmot, TESTKIT, kit_node, tempdir};
+use common::{Api, Marmot, TESTKIT, event_kinds, kit_node, tempdir};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -67,15 +67,6 @@ async fn listed_of(api: &Api, ty: &str, id: &str, status: &str) -> Vec<Value> {
     r.json["inputs"].as_array().unwrap().clone()
 }
 
-fn kinds(events: &Value) -> Vec<String> {
-    events["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["kind"].as_str().unwrap().to_owned())
-        .collect()
-}
-
 #[tokio::test]
 async fn an_input_is_answered_once_and_resumes_the_actor() {
     let (_dir, _m, api) = kit_node(json!({})).await;
@@ -100,7 +91,7 @@ async fn an_input_is_answered_once_and_resumes_the_actor() {
     assert_eq!(pending[0]["status"], "pending");
     assert_eq!(api.get("/v1/actors/kit/a").await.json["pending_inputs"], 1);
     let ev = api.get("/v1/actors/kit/a/events").await.json;
-    assert_eq!(kinds(&ev), ["input_requested"]);
+    assert_eq!(event_kinds(&ev), ["input_requested"]);
     assert_eq!(ev["events"][0]["data"]["id"], input.as_str());
     assert_eq!(ev["events"][0]["data"]["schema"], schema);
 
@@ -153,7 +144,7 @@ async fn an_input_is_answered_once_and_resumes_the_actor() {
     assert_eq!(api.get("/v1/actors/kit/a").await.json["pending_inputs"], 0);
     let ev = api.get("/v1/actors/kit/a/events").await.json;
     assert_eq!(
-        kinds(&ev),
+        event_kinds(&ev),
         ["input_requested", "input_handled", "input_answered"]
     );
 
@@ -217,7 +208,7 @@ async fn a_failed_turn_requests_no_input() {
     assert!(seen(&api, "a").await.is_empty());
     let events = api.get("/v1/actors/kit/a/events").await.json;
     assert!(
-        !kinds(&events).iter().any(|k| k.starts_with("input")),
+        !event_kinds(&events).iter().any(|k| k.starts_with("input")),
         "{events}"
     );
 }
@@ -253,7 +244,7 @@ async fn an_unanswered_input_expires_once_and_cannot_be_answered_after() {
     assert_eq!(seen(&api, "a").await.len(), 1, "expired once");
     let ev = api.get("/v1/actors/kit/a/events").await.json;
     assert_eq!(
-        kinds(&ev),
+        event_kinds(&ev),
         ["input_requested", "input_handled", "input_expired"]
     );
 
@@ -463,11 +454,9 @@ export default {
         (&same, &json!("cancelled"))
     );
     let events = api.get("/v1/actors/asker/a/events").await.json;
-    let kinds: Vec<&str> = events["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["kind"].as_str().unwrap())
-        .collect();
-    assert_eq!(kinds, ["input_requested", "input_cancelled"], "{events}");
+    assert_eq!(
+        event_kinds(&events),
+        ["input_requested", "input_cancelled"],
+        "{events}"
+    );
 }

@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::js::{COUNTER_JS, eval, node};
-use common::metric;
+use common::{event_kinds, metric};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -300,13 +300,11 @@ export default {
     assert_eq!(r.status, 200, "{}", r.json);
     assert_eq!(api.get("/v1/actors/atomic/a/state/n").await.json, 2);
     let events = api.get("/v1/actors/atomic/a/events").await.json;
-    let kinds: Vec<&str> = events["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["kind"].as_str().unwrap())
-        .collect();
-    assert_eq!(kinds, ["happened", "input_requested"], "{events}");
+    assert_eq!(
+        event_kinds(&events),
+        ["happened", "input_requested"],
+        "{events}"
+    );
     let pending = api
         .get("/v1/actors/atomic/a/inputs?status=pending")
         .await

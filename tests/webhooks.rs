@@ -55,11 +55,7 @@ async fn signed_hooks_run_once_and_redeliveries_are_dropped() {
     let (_dir, _m, api, secret) = kit_with_secret(json!({})).await;
     let body = br#"{"event": "ticket.created", "n": 1}"#;
     let r = api
-        .post_hook(
-            "/v1/hooks/kit/t1/support",
-            body,
-            &signed(&secret, "msg_1", now_s(), body),
-        )
+        .post_signed("/v1/hooks/kit/t1/support", &secret, "msg_1", now_s(), body)
         .await;
     assert_eq!(r.status, 202, "{}", r.json);
     assert_eq!(r.json["actor"], "t1");
@@ -76,10 +72,12 @@ async fn signed_hooks_run_once_and_redeliveries_are_dropped() {
     // The sender retries the same message later: new timestamp and
     // signature, same id. Acknowledged, not run again.
     let r = api
-        .post_hook(
+        .post_signed(
             "/v1/hooks/kit/t1/support",
+            &secret,
+            "msg_1",
+            now_s() + 30,
             body,
-            &signed(&secret, "msg_1", now_s() + 30, body),
         )
         .await;
     assert_eq!(r.status, 202);
@@ -109,11 +107,7 @@ async fn the_counter_example_counts_signed_hooks() {
     for (i, body) in [&br#"{"by": 3}"#[..], b""].into_iter().enumerate() {
         let id = format!("msg_{i}");
         let r = api
-            .post_hook(
-                "/v1/hooks/counter/alice/shop",
-                body,
-                &signed(&secret, &id, now_s(), body),
-            )
+            .post_signed("/v1/hooks/counter/alice/shop", &secret, &id, now_s(), body)
             .await;
         assert_eq!(r.status, 202, "{}", r.json);
     }
@@ -308,10 +302,12 @@ async fn hooks_are_routed_to_the_actor_named_in_the_payload() {
     for (n, ticket) in [(1, json!(4521)), (2, json!("4521")), (3, json!("98"))] {
         let body = serde_json::to_vec(&json!({"ticket": {"id": ticket}, "n": n})).unwrap();
         let r = api
-            .post_hook(
+            .post_signed(
                 "/v1/hooks/kit/_/zendesk",
+                &secret,
+                &format!("msg_{n}"),
+                now_s(),
                 &body,
-                &signed(&secret, &format!("msg_{n}"), now_s(), &body),
             )
             .await;
         assert_eq!(r.status, 202, "{}", r.json);
@@ -322,11 +318,7 @@ async fn hooks_are_routed_to_the_actor_named_in_the_payload() {
     assert_eq!(wait_hooks(&api, "98", 1).await.len(), 1);
     let body = br#"{"other": 1}"#;
     let r = api
-        .post_hook(
-            "/v1/hooks/kit/_/zendesk",
-            body,
-            &signed(&secret, "msg_9", now_s(), body),
-        )
+        .post_signed("/v1/hooks/kit/_/zendesk", &secret, "msg_9", now_s(), body)
         .await;
     assert_eq!(r.status, 422);
     assert_eq!(r.code(), "route_field_missing");
@@ -364,11 +356,7 @@ async fn a_slow_hook_is_acknowledged_without_waiting_for_it_and_runs_once() {
     let body = br#"{"busy_ms": 1600}"#;
     let started = Instant::now();
     let r = api
-        .post_hook(
-            "/v1/hooks/kit/slow/h",
-            body,
-            &signed(&secret, "msg_slow", now_s(), body),
-        )
+        .post_signed("/v1/hooks/kit/slow/h", &secret, "msg_slow", now_s(), body)
         .await;
     assert_eq!(r.status, 202, "{}", r.json);
     let waited = started.elapsed();
@@ -407,11 +395,7 @@ async fn an_acknowledged_hook_survives_kill_9() {
     let body = br#"{"n": 1}"#;
     let started = Instant::now();
     let r = api
-        .post_hook(
-            "/v1/hooks/kit/a/h",
-            body,
-            &signed(&secret, "msg_k", now_s(), body),
-        )
+        .post_signed("/v1/hooks/kit/a/h", &secret, "msg_k", now_s(), body)
         .await;
     assert_eq!(r.status, 202);
     // A busy actor does not hold up the sender: the hook is queued and
@@ -435,11 +419,7 @@ async fn an_acknowledged_hook_survives_kill_9() {
     assert_eq!(hooks(&api, "a").await.len(), 1);
     // Still a duplicate after the restart.
     let r = api
-        .post_hook(
-            "/v1/hooks/kit/a/h",
-            body,
-            &signed(&secret, "msg_k", now_s(), body),
-        )
+        .post_signed("/v1/hooks/kit/a/h", &secret, "msg_k", now_s(), body)
         .await;
     assert_eq!(r.json["duplicate"], true);
 }

@@ -410,6 +410,20 @@ impl Api {
         .await
     }
 
+    /// `POST path` with `body`, signed with `secret` as Standard Webhooks
+    /// would: delivery `id`, timestamp `ts`.
+    pub async fn post_signed(
+        &self,
+        path: &str,
+        secret: &str,
+        id: &str,
+        ts: i64,
+        body: &[u8],
+    ) -> Resp {
+        self.post_hook(path, body, &signed(secret, id, ts, body))
+            .await
+    }
+
     pub async fn post_with(&self, path: &str, body: &Value, headers: &[(&str, &str)]) -> Resp {
         self.req(
             reqwest::Method::POST,
@@ -553,6 +567,16 @@ pub fn signed(secret: &str, id: &str, ts: i64, body: &[u8]) -> Vec<(String, Stri
         ("webhook-signature".into(), sig),
         ("content-type".into(), "application/json".into()),
     ]
+}
+
+/// The kinds of an event page's events, in order.
+pub fn event_kinds(page: &Value) -> Vec<String> {
+    page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 /// A fresh temporary data directory.
