@@ -98,6 +98,15 @@ fn declares_json(content_type: Option<&str>) -> bool {
     media == "application/json" || media.ends_with("+json")
 }
 
+/// A copy of a `Uint8Array`'s bytes; `None` when its buffer is detached
+/// or out of bounds.
+fn bytes_of(view: &TypedArray<'_, u8>) -> Option<Vec<u8>> {
+    // SAFETY: the bytes are copied at once; no JavaScript runs while the
+    // borrowed slice is alive.
+    #[allow(unsafe_code, reason = "copying a Uint8Array's bytes")]
+    unsafe { view.as_bytes() }.map(<[u8]>::to_vec)
+}
+
 fn text(bytes: Vec<u8>) -> String {
     String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
@@ -308,10 +317,7 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
         Function::new(
             ctx.clone(),
             |ctx: Ctx<'_>, path: String, view: TypedArray<'_, u8>| {
-                // SAFETY: the bytes are copied at once; no JavaScript runs
-                // while the borrowed slice is alive.
-                #[allow(unsafe_code, reason = "copying a Uint8Array's bytes")]
-                let Some(bytes) = unsafe { view.as_bytes() }.map(<[u8]>::to_vec) else {
+                let Some(bytes) = bytes_of(&view) else {
                     return Err(Exception::throw_type(
                         &ctx,
                         "files.write: the buffer is detached or out of bounds",
@@ -462,12 +468,7 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
         Function::new(
             ctx.clone(),
             |ctx: Ctx<'_>, view: TypedArray<'_, u8>, fatal: bool| -> Result<String> {
-                // SAFETY: the bytes are copied at once; no JavaScript runs
-                // while the borrowed slice is alive.
-                #[allow(unsafe_code, reason = "copying a Uint8Array's bytes")]
-                let bytes = unsafe { view.as_bytes() }
-                    .map(<[u8]>::to_vec)
-                    .unwrap_or_default();
+                let bytes = bytes_of(&view).unwrap_or_default();
                 match String::from_utf8(bytes) {
                     Ok(s) => Ok(s),
                     Err(_) if fatal => Err(Exception::throw_type(
@@ -548,10 +549,7 @@ fn http_fetch<'js>(
     body: Option<TypedArray<'js, u8>>,
     timeout_ms: Option<f64>,
 ) -> Result<Array<'js>> {
-    // SAFETY: the bytes are copied at once; no JavaScript runs while the
-    // borrowed slice is alive.
-    #[allow(unsafe_code, reason = "copying a Uint8Array's bytes")]
-    let body = match body.map(|b| unsafe { b.as_bytes() }.map(<[u8]>::to_vec)) {
+    let body = match body.as_ref().map(bytes_of) {
         None => None,
         Some(Some(bytes)) => Some(bytes),
         Some(None) => {

@@ -367,29 +367,29 @@ impl Reader {
 
     /// Outbox rows due by `now_ms` that `mine` accepts (in a cluster, the
     /// rows of slots this node owns: a backup's copies wait), earliest
-    /// first, at most `limit`.
+    /// first, at most `limit`: one walk of [`Self::scan_deliveries_due`]
+    /// (the delivery worker walks with its own choices).
+    #[cfg(test)]
     pub fn deliveries_due(
         &self,
         now_ms: u64,
         limit: usize,
         mine: impl Fn(&DeliveryRecord) -> bool,
     ) -> Result<Vec<(u64, DeliveryRecord)>, StorageError> {
-        let due = self.txn.open_table(OUTBOX_DUE)?;
-        let outbox = self.txn.open_table(OUTBOX)?;
         let mut out = Vec::new();
-        for row in due.range((0, 0)..=(now_ms, u64::MAX))? {
-            if out.len() == limit {
-                break;
-            }
-            let (k, _) = row?;
-            let (_, seq) = k.value();
-            if let Some(v) = outbox.get(seq)? {
-                let rec = decode("delivery", v.value())?;
-                if mine(&rec) {
-                    out.push((seq, rec));
-                }
-            }
+        if limit == 0 {
+            return Ok(out);
         }
+        self.scan_deliveries_due(now_ms, (0, 0), usize::MAX, |seq, rec| {
+            if mine(rec) {
+                out.push((seq, rec.clone()));
+            }
+            if out.len() == limit {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })?;
         Ok(out)
     }
 
