@@ -526,6 +526,22 @@ async fn idempotency_keys_return_the_first_reply() {
         again.headers["x-marmot-message-id"],
         first.headers["x-marmot-message-id"]
     );
+    // The same key with another body is another request: refused, not
+    // answered with the first reply, and nothing runs.
+    let add_more = json!({"op": "add", "key": "n", "by": 99});
+    let reused = api
+        .post_with("/v1/actors/kit/a", &add_more, &[("idempotency-key", "k1")])
+        .await;
+    assert_error(&reused, 422, "idempotency_key_reused");
+    let first_id = first.headers["x-marmot-message-id"].to_str().unwrap();
+    assert!(
+        reused.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(first_id),
+        "the error names the message that took the key: {}",
+        reused.json
+    );
     let other = api
         .post_with("/v1/actors/kit/a", &add, &[("idempotency-key", "k2")])
         .await;
@@ -549,6 +565,12 @@ async fn idempotency_keys_return_the_first_reply() {
         .await;
     assert_eq!(q2.status, 202);
     assert_eq!(q1.json["message_id"], q2.json["message_id"]);
+    for path in ["/v1/actors/kit/b?wait=false", "/v1/actors/kit/b"] {
+        let reused = api
+            .post_with(path, &add_more, &[("idempotency-key", "d1")])
+            .await;
+        assert_error(&reused, 422, "idempotency_key_reused");
+    }
     api.wait_info("kit", "b", "the queued message to run", |i| {
         i["pending_messages"] == 0 && i["turns"] == 1
     })
@@ -558,6 +580,10 @@ async fn idempotency_keys_return_the_first_reply() {
         .post_with("/v1/actors/kit/b", &add, &[("idempotency-key", "d1")])
         .await;
     assert_eq!(sync.json["value"], 10);
+    let reused = api
+        .post_with("/v1/actors/kit/b", &add_more, &[("idempotency-key", "d1")])
+        .await;
+    assert_error(&reused, 422, "idempotency_key_reused");
     assert_eq!(
         api.op("kit", "b", json!({"op": "get", "key": "n"}))
             .await

@@ -167,6 +167,12 @@ pub enum TurnError {
     /// The same idempotency key is queued as a durable message.
     #[error("a durable message with this Idempotency-Key is queued and has not run yet")]
     IdempotencyInProgress,
+    /// The idempotency key was used for a request with another body.
+    #[error(
+        "this Idempotency-Key was used by message `{0}` with a different body; \
+         a new request needs a new key"
+    )]
+    IdempotencyKeyReused(String),
     /// The durable message with this idempotency key failed.
     #[error("the durable message with this Idempotency-Key failed: {0}")]
     PreviouslyFailed(String),
@@ -214,6 +220,7 @@ impl TurnError {
             TurnError::Timeout(_) => "turn_timeout",
             TurnError::UpgradeFailed { .. } => "upgrade_failed",
             TurnError::IdempotencyInProgress => "idempotency_key_in_use",
+            TurnError::IdempotencyKeyReused(_) => "idempotency_key_reused",
             TurnError::PreviouslyFailed(_) => "turn_failed",
             TurnError::Code(_) => "code_unavailable",
             TurnError::Storage(_) => "storage_error",
@@ -229,7 +236,7 @@ impl TurnError {
         match self {
             TurnError::UnknownType(_) | TurnError::NotFound | TurnError::InputNotFound(_) => 404,
             TurnError::InputSettled { .. } => 409,
-            TurnError::InvalidAnswer(_) => 422,
+            TurnError::InvalidAnswer(_) | TurnError::IdempotencyKeyReused(_) => 422,
             TurnError::MailboxFull(_) => 429,
             TurnError::Overloaded
             | TurnError::NoGuestMemory(_)

@@ -87,7 +87,7 @@ pub(super) async fn send(
             .await?;
         let (id, duplicate) = match outcome {
             EnqueueOutcome::Queued { message_id } => (message_id, false),
-            EnqueueOutcome::Duplicate { message_id } => (message_id, true),
+            EnqueueOutcome::Duplicate { message_id, .. } => (message_id, true),
         };
         let mut resp = (
             StatusCode::ACCEPTED,

@@ -64,6 +64,7 @@ impl Node {
 
     /// Durably queue an inbox row (message or webhook) for `key`, creating
     /// the actor if needed; its idempotency key, if any, lives `ttl_ms`.
+    /// A key taken by a message with another body is refused.
     pub(super) async fn enqueue_record(
         &self,
         key: &ActorKey,
@@ -87,9 +88,16 @@ impl Node {
                 done,
             })
             .await?;
-        if let EnqueueOutcome::Queued { .. } = outcome {
-            self.metrics.inbox_depth.inc();
-            self.actors.poke(key);
+        match &outcome {
+            EnqueueOutcome::Queued { .. } => {
+                self.metrics.inbox_depth.inc();
+                self.actors.poke(key);
+            }
+            EnqueueOutcome::Duplicate {
+                message_id,
+                same_request: false,
+            } => return Err(TurnError::IdempotencyKeyReused(message_id.clone())),
+            EnqueueOutcome::Duplicate { .. } => {}
         }
         Ok(outcome)
     }

@@ -101,7 +101,7 @@ impl Node {
             .await?
         {
             EnqueueOutcome::Queued { message_id } => (message_id, false),
-            EnqueueOutcome::Duplicate { message_id } => (message_id, true),
+            EnqueueOutcome::Duplicate { message_id, .. } => (message_id, true),
         };
         Ok(Accepted {
             actor_id: key.id().to_owned(),

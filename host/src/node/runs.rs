@@ -66,7 +66,7 @@ impl Node {
             .await?;
         Ok(match outcome {
             EnqueueOutcome::Queued { message_id } => (message_id, false),
-            EnqueueOutcome::Duplicate { message_id } => (message_id, true),
+            EnqueueOutcome::Duplicate { message_id, .. } => (message_id, true),
         })
     }
 

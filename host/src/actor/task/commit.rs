@@ -100,8 +100,7 @@ impl ActorTask {
                 let committed = self.shared.tracker.committed_seq();
                 self.idem_pending.retain(|_, (s, _)| *s > committed);
             }
-            self.idem_pending
-                .insert(k.clone(), (seq, rec.outcome.clone()));
+            self.idem_pending.insert(k.clone(), (seq, rec.clone()));
         }
         let write_record = extras.force_record
             || self

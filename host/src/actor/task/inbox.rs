@@ -120,11 +120,9 @@ impl ActorTask {
             // its effect must not repeat. A row and its own outcome are
             // otherwise removed and written in one commit, so an outcome
             // with the row's own id means it ran.
-            let ran = match self.idempotency(k) {
-                Ok(Some((_, IdemOutcome::Done { .. }))) => true,
-                Ok(Some((_, IdemOutcome::Failed { message_id, .. }))) => {
-                    message_id == row.message_id
-                }
+            let ran = match self.idempotency(k).map(|r| r.map(|(_, rec)| rec.outcome)) {
+                Ok(Some(IdemOutcome::Done { .. })) => true,
+                Ok(Some(IdemOutcome::Failed { message_id, .. })) => message_id == row.message_id,
                 _ => false,
             };
             if ran {
@@ -174,14 +172,17 @@ impl ActorTask {
                 let idempotency = row.idempotency_key.clone().map(|k| {
                     (
                         k,
-                        self.idem_record(IdemOutcome::Done {
-                            message_id: row.message_id.clone(),
-                            reply: StoredReply {
-                                status: out.status,
-                                body: out.body.to_vec(),
-                                content_type: out.content_type,
+                        self.idem_record(
+                            IdemOutcome::Done {
+                                message_id: row.message_id.clone(),
+                                reply: StoredReply {
+                                    status: out.status,
+                                    body: out.body.to_vec(),
+                                    content_type: out.content_type,
+                                },
                             },
-                        }),
+                            row.request_fingerprint(),
+                        ),
                     )
                 });
                 self.submit(
@@ -225,7 +226,8 @@ impl ActorTask {
     /// A durable message failed: record a visible `turn_failed` event and
     /// take it out of the inbox, in one commit.
     fn fail_inbox_message(&mut self, seq: u64, row: InboxRecord, code: &str, error: String) {
-        let idem = |o| self.idem_record(o);
+        let request = row.request_fingerprint();
+        let idem = |o| self.idem_record(o, request);
         let extras = CommitExtras {
             inbox_done: Some(seq),
             ..failed_turn(&row, code, error, idem)

@@ -9,7 +9,7 @@ use super::{ActorTask, CommitExtras, TurnTrace};
 use crate::clock::now_ms;
 use crate::sandbox::{Message, TurnInput, TurnOutput};
 use crate::storage::WriteOp;
-use crate::storage::schema::{IdemOutcome, IdemRecord, StoredReply};
+use crate::storage::schema::{IdemOutcome, IdemRecord, StoredReply, request_fingerprint};
 
 impl ActorTask {
     pub(super) async fn on_message(&mut self, d: Delivery) {
@@ -31,11 +31,12 @@ impl ActorTask {
             let _ = reply.send(Err(e));
             return;
         }
+        let request = idempotency_key.as_ref().map(|_| request_fingerprint(&body));
         if let Some(k) = &idempotency_key {
             match self.idempotency(k) {
                 Ok(None) => {}
-                Ok(Some((seq, outcome))) => {
-                    self.replay(seq, outcome, reply);
+                Ok(Some((seq, rec))) => {
+                    self.replay(seq, rec, request, reply);
                     return;
                 }
                 Err(e) => {
@@ -87,14 +88,17 @@ impl ActorTask {
                     idempotency: idempotency_key.map(|k| {
                         (
                             k,
-                            self.idem_record(IdemOutcome::Done {
-                                message_id: out.message_id.clone(),
-                                reply: StoredReply {
-                                    status: out.status,
-                                    body: out.body.to_vec(),
-                                    content_type: out.content_type.clone(),
+                            self.idem_record(
+                                IdemOutcome::Done {
+                                    message_id: out.message_id.clone(),
+                                    reply: StoredReply {
+                                        status: out.status,
+                                        body: out.body.to_vec(),
+                                        content_type: out.content_type.clone(),
+                                    },
                                 },
-                            }),
+                                request,
+                            ),
                         )
                     }),
                     ..Default::default()
@@ -113,30 +117,36 @@ impl ActorTask {
         }
     }
 
-    /// The idempotency record for `key`: pending in memory or on disk.
+    /// The idempotency record for `key`: pending in memory (with the seq
+    /// of its commit) or on disk (seq 0).
     pub(super) fn idempotency(
         &mut self,
         key: &str,
-    ) -> Result<Option<(u64, IdemOutcome)>, TurnError> {
-        if let Some((seq, o)) = self.idem_pending.get(key) {
-            return Ok(Some((*seq, o.clone())));
+    ) -> Result<Option<(u64, IdemRecord)>, TurnError> {
+        if let Some((seq, rec)) = self.idem_pending.get(key) {
+            return Ok(Some((*seq, rec.clone())));
         }
         let num = self.record().num;
         let rec = self.env.storage.reader()?.idempotency(num, key)?;
-        Ok(rec
-            .filter(|r| r.expires_at_ms > now_ms())
-            .map(|r| (0, r.outcome)))
+        Ok(rec.filter(|r| r.expires_at_ms > now_ms()).map(|r| (0, r)))
     }
 
-    /// Answer a repeated idempotency key without running the turn again.
-    /// A reply whose commit is still in flight is released only once durable.
+    /// Answer a repeated idempotency key without running the turn again,
+    /// or refuse it if it took another body (`request`). A reply whose
+    /// commit is still in flight is released only once durable.
     fn replay(
         &self,
         seq: u64,
-        outcome: IdemOutcome,
+        rec: IdemRecord,
+        request: Option<[u8; 32]>,
         reply: oneshot::Sender<Result<TurnReply, TurnError>>,
     ) {
-        let result = match outcome {
+        if rec.refuses(request.as_ref()) {
+            let first = rec.outcome.into_message_id();
+            self.release_when_durable(seq, Err(TurnError::IdempotencyKeyReused(first)), reply);
+            return;
+        }
+        let result = match rec.outcome {
             IdemOutcome::Done { message_id, reply } => Ok(TurnReply {
                 status: reply.status,
                 body: Bytes::from(reply.body),
@@ -150,11 +160,17 @@ impl ActorTask {
         self.release_when_durable(seq, result, reply);
     }
 
-    /// The idempotency record of an outcome, expiring after the node's TTL.
-    pub(super) fn idem_record(&self, outcome: IdemOutcome) -> IdemRecord {
+    /// The idempotency record of an outcome of the request with body
+    /// fingerprint `request`, expiring after the node's TTL.
+    pub(super) fn idem_record(
+        &self,
+        outcome: IdemOutcome,
+        request: Option<[u8; 32]>,
+    ) -> IdemRecord {
         IdemRecord {
             outcome,
             expires_at_ms: now_ms() + self.env.config.limits.idempotency_ttl_ms,
+            request_sha256: request,
         }
     }
 

@@ -45,7 +45,7 @@ use super::{Envelope, TurnError};
 use crate::clock::now_ms;
 use crate::ids::ActorKey;
 use crate::sandbox::{ActorCounts, Carry, FinishedTurn};
-use crate::storage::schema::{ActorRecord, CodeKind, IdemOutcome};
+use crate::storage::schema::{ActorRecord, CodeKind, IdemRecord};
 use crate::storage::{Fence, StorageError, WriteOp};
 use commit::CommitExtras;
 use trim::TrimClock;
@@ -92,7 +92,7 @@ pub(crate) struct ActorTask {
     /// Highest inbox seq run in this activation.
     inbox_cursor: u64,
     /// Idempotency records written by commits that may not be durable yet.
-    idem_pending: HashMap<String, (u64, IdemOutcome)>,
+    idem_pending: HashMap<String, (u64, IdemRecord)>,
     woke_at: Instant,
     wake_recorded: bool,
     /// Current back-off for retrying the inbox.

@@ -42,9 +42,10 @@ impl ActorTask {
         };
         match self.idempotency(&key) {
             Ok(None) => {}
-            Ok(Some((seq, outcome))) => {
+            Ok(Some((seq, rec))) => {
                 let dup = WebhookOutcome::Done(EnqueueOutcome::Duplicate {
-                    message_id: outcome.into_message_id(),
+                    message_id: rec.outcome.into_message_id(),
+                    same_request: true,
                 });
                 self.release_when_durable(seq, Ok(dup), reply);
                 return;
@@ -57,6 +58,8 @@ impl ActorTask {
         let record = |outcome| IdemRecord {
             outcome,
             expires_at_ms: now_ms() + dedupe_ttl_ms,
+            // The delivery id is the webhook's identity.
+            request_sha256: None,
         };
         let ran = match self.ensure_version().await {
             Ok(()) => {

@@ -81,6 +81,11 @@ pub(super) fn operations() -> Vec<Op> {
                 ),
                 (409, "the same Idempotency-Key is in progress", None),
                 (
+                    422,
+                    "the Idempotency-Key was used with a different body, or the actor's own 422",
+                    Some(any_json()),
+                ),
+                (
                     ANY_STATUS,
                     "the actor's reply, with the status it chose",
                     None,

@@ -19,7 +19,8 @@
 //! and `replica_lsn` marks where each slot's replication stands; 6 —
 //! outbox and relay rows are found by their public ids (`outbox_ids`,
 //! `relay_ids`: a slot's backup keeps copies of them under its own seqs)
-//! and relay rows name their sender.
+//! and relay rows name their sender; 7 — idempotency records keep the
+//! SHA-256 of the body that took the key.
 //! Tables added within a version (`providers`, `actor_usage`, `type_usage`)
 //! are created when a file of
 //! that version without them is opened.
@@ -40,7 +41,7 @@ pub use replica::*;
 pub use upgrade::{FormatError, check_format};
 
 /// Version of the on-disk format described in this file.
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
 
 /// Node-wide settings: `format_version` (u32 LE), and [`DISK_PROBE_KEY`].
 pub const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
@@ -340,6 +341,25 @@ pub struct IdemRecord {
     pub outcome: IdemOutcome,
     /// When the record may be forgotten.
     pub expires_at_ms: u64,
+    /// SHA-256 of the message body that took the key (format 7): a request
+    /// with the same key and another body is refused, not answered with this
+    /// outcome. `None` for webhooks (the sender's delivery id is the
+    /// message's identity) and for records written by format 6.
+    pub request_sha256: Option<[u8; 32]>,
+}
+
+impl IdemRecord {
+    /// Whether a request whose body has fingerprint `request` may not use
+    /// this record's key: both are known and they differ.
+    pub fn refuses(&self, request: Option<&[u8; 32]>) -> bool {
+        matches!((&self.request_sha256, request), (Some(a), Some(b)) if a != b)
+    }
+}
+
+/// The fingerprint an idempotency record keeps of a message body.
+pub fn request_fingerprint(body: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(body).into()
 }
 
 /// A durable message waiting in an actor's inbox.
@@ -359,6 +379,17 @@ pub struct InboxRecord {
     pub enqueued_at_ms: u64,
     /// What it is (since format 2).
     pub kind: InboxKind,
+}
+
+impl InboxRecord {
+    /// What its idempotency record keeps of it: a message's body
+    /// fingerprint; nothing for a webhook.
+    pub fn request_fingerprint(&self) -> Option<[u8; 32]> {
+        match self.kind {
+            InboxKind::Message => Some(request_fingerprint(&self.body)),
+            InboxKind::Webhook { .. } => None,
+        }
+    }
 }
 
 /// A message on its way to an actor that may live on another node.

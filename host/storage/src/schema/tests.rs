@@ -250,8 +250,58 @@ fn idem_record_round_trips() {
             },
         },
         expires_at_ms: 5,
+        request_sha256: Some(request_fingerprint(b"{}")),
     };
     assert_eq!(decode::<IdemRecord>("idem", &encode(&rec)).unwrap(), rec);
+    assert!(!rec.refuses(Some(&request_fingerprint(b"{}"))));
+    assert!(rec.refuses(Some(&request_fingerprint(b"{ }"))));
+    assert!(!rec.refuses(None), "a webhook's key is its delivery id");
+    let old = IdemRecord {
+        request_sha256: None,
+        ..rec
+    };
+    assert!(!old.refuses(Some(&request_fingerprint(b"{ }"))));
+}
+
+#[test]
+fn format_6_idempotency_records_gain_an_unknown_fingerprint() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = redb::Database::create(dir.path().join("m.redb")).unwrap();
+    let outcome = IdemOutcome::Queued {
+        message_id: "m1".into(),
+    };
+    let old = upgrade::IdemRecordV6 {
+        outcome: outcome.clone(),
+        expires_at_ms: 77,
+    };
+    let w = db.begin_write().unwrap();
+    {
+        let mut meta = w.open_table(META).unwrap();
+        meta.insert("format_version", 6u32.to_le_bytes().as_slice())
+            .unwrap();
+        w.open_table(IDEMPOTENCY)
+            .unwrap()
+            .insert(
+                (3, "key-1"),
+                postcard::to_allocvec(&old).unwrap().as_slice(),
+            )
+            .unwrap();
+    }
+    w.commit().unwrap();
+    check_format(&db).unwrap();
+    let r = db.begin_read().unwrap();
+    let t = r.open_table(IDEMPOTENCY).unwrap();
+    let new: IdemRecord = decode("idem", t.get((3, "key-1")).unwrap().unwrap().value()).unwrap();
+    assert_eq!(
+        new,
+        IdemRecord {
+            outcome,
+            expires_at_ms: 77,
+            request_sha256: None,
+        }
+    );
+    let v = r.open_table(META).unwrap().get("format_version").unwrap();
+    assert_eq!(v.unwrap().value(), FORMAT_VERSION.to_le_bytes());
 }
 
 /// Every stored record decoder against arbitrary and damaged bytes: an

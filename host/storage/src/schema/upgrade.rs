@@ -51,6 +51,14 @@ pub(super) struct RelayRecordV5 {
     pub(super) message: InboxRecord,
 }
 
+/// [`IdemRecord`] as formats 1 to 6 wrote it (no request fingerprint).
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+pub(super) struct IdemRecordV6 {
+    pub(super) outcome: IdemOutcome,
+    pub(super) expires_at_ms: u64,
+}
+
 /// [`InboxRecord`] as format 1 wrote it.
 #[derive(Deserialize)]
 #[cfg_attr(test, derive(serde::Serialize))]
@@ -92,7 +100,7 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
         (found, complete)
     };
     match found {
-        Some(v @ 1..=5) => return upgrade(db, v),
+        Some(v @ 1..=6) => return upgrade(db, v),
         Some(v) if v != FORMAT_VERSION => {
             return Err(FormatError::Mismatch {
                 found: v,
@@ -144,10 +152,11 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
     Ok(())
 }
 
-/// Upgrade a file of format `from` (1–5) step by step: 1 → 2 inbox rows
+/// Upgrade a file of format `from` (1–6) step by step: 1 → 2 inbox rows
 /// gain their kind; 2 → 3 only adds tables (created on open); 3 → 4 outbox
 /// rows gain their `traceparent`; 4 → 5 only adds `relay` and `replica_lsn`;
-/// 5 → 6 relay rows gain their (unknown) sender, and both tables their ids.
+/// 5 → 6 relay rows gain their (unknown) sender, and both tables their ids;
+/// 6 → 7 idempotency records gain their (unknown) request fingerprint.
 fn upgrade(db: &redb::Database, from: u32) -> Result<(), FormatError> {
     if from == 1 {
         migrate_inbox_from_v1(db)?;
@@ -159,6 +168,7 @@ fn upgrade(db: &redb::Database, from: u32) -> Result<(), FormatError> {
         migrate_relay_from_v5(db)?;
         index_ids(db)?;
     }
+    migrate_idempotency_from_v6(db)?;
     stamp_and_check(db)
 }
 
@@ -175,6 +185,37 @@ fn migrate_relay_from_v5(db: &redb::Database) -> Result<(), FormatError> {
         }))
     })?;
     tracing::info!(target: LOG_TARGET, relay_rows = n, "relay rows upgraded to format 6");
+    Ok(())
+}
+
+/// Format 6 → 7: idempotency records gain `request_sha256` (unknown for
+/// old records: a repeat of their key is answered as format 6 did).
+fn migrate_idempotency_from_v6(db: &redb::Database) -> Result<(), FormatError> {
+    let write = db.begin_write().map_err(redb::Error::from)?;
+    let n = {
+        let mut t = write.open_table(IDEMPOTENCY).map_err(redb::Error::from)?;
+        let mut rows = Vec::new();
+        for row in t.iter().map_err(redb::Error::from)? {
+            let (k, v) = row.map_err(redb::Error::from)?;
+            let (num, key) = k.value();
+            let old: IdemRecordV6 = postcard::from_bytes(v.value()).map_err(|e| {
+                redb::Error::Corrupted(format!("an idempotency row does not decode: {e}"))
+            })?;
+            let new = IdemRecord {
+                outcome: old.outcome,
+                expires_at_ms: old.expires_at_ms,
+                request_sha256: None,
+            };
+            rows.push((num, key.to_owned(), encode(&new)));
+        }
+        for (num, key, v) in &rows {
+            t.insert((*num, key.as_str()), v.as_slice())
+                .map_err(redb::Error::from)?;
+        }
+        rows.len()
+    };
+    write.commit().map_err(redb::Error::from)?;
+    tracing::info!(target: LOG_TARGET, idempotency_rows = n, "idempotency records upgraded to format 7");
     Ok(())
 }
 

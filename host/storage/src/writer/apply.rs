@@ -89,6 +89,7 @@ impl WriterState {
                             message_id: message_id.clone(),
                         },
                         expires_at_ms: message.enqueued_at_ms + idempotency_ttl_ms,
+                        request_sha256: message.request_fingerprint(),
                     });
                     let seq = self.next_inbox_seq - 1;
                     self.record(&key, || ReplicaOp::Enqueue {
@@ -498,8 +499,10 @@ impl WriterState {
                 Some(v) => Some(decode::<IdemRecord>("idempotency", v.value())?),
                 None => None,
             };
+            let request = message.request_fingerprint();
             if let Some(rec) = existing.filter(|r| r.expires_at_ms > message.enqueued_at_ms) {
                 return Ok(EnqueueOutcome::Duplicate {
+                    same_request: !rec.refuses(request.as_ref()),
                     message_id: rec.outcome.into_message_id(),
                 });
             }
@@ -508,6 +511,7 @@ impl WriterState {
                     message_id: message.message_id.clone(),
                 },
                 expires_at_ms: message.enqueued_at_ms + ttl_ms,
+                request_sha256: request,
             };
             tables
                 .idempotency()?

@@ -77,6 +77,10 @@ pub enum EnqueueOutcome {
     Duplicate {
         /// Its message id.
         message_id: String,
+        /// Whether it had the same body (always, for a webhook, and for a
+        /// record that predates fingerprints): a different one means the
+        /// key was reused for another request, which is refused.
+        same_request: bool,
     },
 }
 
