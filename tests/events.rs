@@ -191,6 +191,43 @@ async fn streams_get_heartbeats_and_bad_requests_get_errors() {
     assert_eq!(r.status(), 404);
 }
 
+/// A client that kept `Last-Event-ID` 5 of an actor that was deleted and
+/// made again (its new log starts at 1) is told, and starts over, rather
+/// than waiting until the new log passes 5 and missing everything before.
+#[tokio::test]
+async fn a_resume_past_the_logs_end_starts_over_with_a_reset() {
+    let (_dir, _m, api) = kit_node(json!({})).await;
+    for n in 1..=5 {
+        emit(&api, "r", n).await;
+    }
+    assert_eq!(api.delete("/v1/actors/kit/r").await.status, 200);
+    assert_eq!(emit(&api, "r", 10).await, 1, "the new log starts at 1");
+
+    let page = api.get("/v1/actors/kit/r/events?after=5").await;
+    assert_eq!(page.status, 200, "{}", page.json);
+    assert_eq!(page.json["reset"], json!({"after": 5, "last": 1}));
+    assert_eq!(page.json["events"][0]["data"], json!({"n": 10}));
+    assert_eq!(page.json["next_after"], 1);
+    // Up to the end is no reset: a client that has seen everything waits.
+    let page = api.get("/v1/actors/kit/r/events?after=1").await;
+    assert_eq!(page.json["events"], json!([]));
+    assert!(page.json.get("reset").is_none(), "{}", page.json);
+
+    let mut s = api.sse("/v1/actors/kit/r/events", Some("5")).await;
+    let reset = s.next_event(WAIT).await.unwrap();
+    assert_eq!(reset.event.as_deref(), Some("reset"));
+    assert_eq!(reset.id, None, "a reset is not an event of the log");
+    assert_eq!(reset.json(), json!({"after": 5, "last": 1}));
+    assert_eq!(read_until(&mut s, 1).await, [1]);
+    let seq = emit(&api, "r", 11).await;
+    assert_eq!(read_until(&mut s, seq).await, [2], "and it follows on");
+    // Resuming at the end is not past it.
+    let mut s = api.sse("/v1/actors/kit/r/events", Some("2")).await;
+    emit(&api, "r", 12).await;
+    let next = s.next_event(WAIT).await.unwrap();
+    assert_eq!((next.event, next.id.as_deref()), (None, Some("3")));
+}
+
 #[tokio::test]
 async fn deleting_the_actor_or_stopping_the_node_ends_its_streams() {
     let (_dir, mut m, api) = kit_node(json!({})).await;

@@ -500,7 +500,7 @@ pub(super) async fn events(
 ) -> Result<Response, ApiError> {
     // One rule for the stream and the page: `Last-Event-ID`, when sent,
     // is where either starts (a malformed one is a 400, not ignored).
-    let after = super::streams::start_after(&headers, q.after)?;
+    let mut after = super::streams::start_after(&headers, q.after)?;
     if headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -509,15 +509,23 @@ pub(super) async fn events(
         return super::streams::open(&s.node, key, after, grant.map(|g| g.0));
     }
     let limit = Page::LIST.size(q.limit)?;
-    let Some(events) = s.node.events(&key, after, limit)? else {
+    let Some(mut events) = s.node.events(&key, after, limit)? else {
         return Err(ApiError::actor_not_found(&key));
     };
+    let mut reset = None;
+    if events.is_empty()
+        && let Some(last) = super::streams::past_the_end(&s.node, &key, after)?
+    {
+        reset = Some(super::streams::reset_json(after, last));
+        after = 0;
+        events = s.node.events(&key, 0, limit)?.unwrap_or_default();
+    }
     let next_after = events.last().map_or(after, |(seq, _)| *seq);
     // Events retention removed since `after`: said, as the stream's `gap`
     // frame says it (the page skipped them without a word).
     let gap = events
         .first()
-        .filter(|(first, _)| after > 0 && *first > after + 1)
+        .filter(|(first, _)| (after > 0 || reset.is_some()) && *first > after + 1)
         .map(|(first, _)| serde_json::json!({ "after": after, "next": first }));
     let events: Vec<_> = events
         .iter()
@@ -526,6 +534,9 @@ pub(super) async fn events(
     let mut page = serde_json::json!({ "events": events, "next_after": next_after });
     if let Some(gap) = gap {
         page["gap"] = gap;
+    }
+    if let Some(reset) = reset {
+        page["reset"] = reset;
     }
     Ok(axum::Json(page).into_response())
 }

@@ -7,7 +7,9 @@
 //! only committed events go out, and the stream never wakes or pins the
 //! actor: commits wake the stream through the node's [`EventBus`]. A resume
 //! from a seq that retention already removed starts with a `gap` frame
-//! naming what is missing. Comment lines keep idle streams open; the
+//! naming what is missing; one from past the log's end (the actor was
+//! deleted and made again) starts over after a `reset` frame. Comment
+//! lines keep idle streams open; the
 //! stream ends when the actor is deleted or the node shuts down.
 //!
 //! Live frames (a model's token deltas while a turn runs) arrive between
@@ -63,6 +65,30 @@ pub(super) fn start_after(headers: &HeaderMap, after: u64) -> Result<u64, ApiErr
                 )
             }),
     }
+}
+
+/// The actor's last event seq when `after` lies beyond it: the client
+/// resumes from an event this log never had, as after the actor was
+/// deleted and made again (its log starts at 1 again). Waiting for that
+/// seq would hide every new event from it, so the stream sends a `reset`
+/// frame and starts over, and the page says `reset` and starts over.
+pub(super) fn past_the_end(
+    node: &Node,
+    key: &ActorKey,
+    after: u64,
+) -> Result<Option<u64>, ApiError> {
+    if after == 0 {
+        return Ok(None);
+    }
+    Ok(node
+        .actor_info(key)?
+        .map(|i| i.last_event_seq)
+        .filter(|last| after > *last))
+}
+
+/// The `reset` frame's (and page field's) body.
+pub(super) fn reset_json(after: u64, last: u64) -> serde_json::Value {
+    serde_json::json!({ "after": after, "last": last })
 }
 
 /// How often a stream opened with a client token looks whether the token
@@ -155,7 +181,11 @@ impl Follow {
                 self.read_due = false;
                 match self.node.events(&self.key, self.after, PAGE) {
                     Ok(Some(page)) => {
+                        let first_read = !self.existed;
                         self.existed = true;
+                        if page.is_empty() && first_read && self.restart_past_the_end() {
+                            continue;
+                        }
                         if !page.is_empty() {
                             self.enqueue(page);
                             self.read_due = true;
@@ -195,6 +225,27 @@ impl Follow {
                     // Only when the registration is gone: end like a delete.
                     Err(broadcast::error::RecvError::Closed) => return None,
                 },
+            }
+        }
+    }
+
+    /// On the first read: if the resume point lies past the log's end,
+    /// queue a `reset` frame and start over from the beginning.
+    fn restart_past_the_end(&mut self) -> bool {
+        match past_the_end(&self.node, &self.key, self.after) {
+            Ok(Some(last)) => {
+                tracing::info!(actor = %self.key, after = self.after, last, "event stream resumed past the log's end: starting over");
+                let reset = reset_json(self.after, last);
+                self.queue
+                    .push_back(Event::default().event("reset").data(reset.to_string()));
+                self.after = 0;
+                self.read_due = true;
+                true
+            }
+            Ok(None) => false,
+            Err(e) => {
+                tracing::warn!(actor = %self.key, error = ?e, "event stream cannot read the actor's record");
+                false
             }
         }
     }

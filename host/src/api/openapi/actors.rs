@@ -163,7 +163,7 @@ pub(super) fn operations() -> Vec<Op> {
             method: "get",
             path: "/v1/actors/{type}/{id}/events",
             id: "events",
-            summary: "Event page ({events, next_after}, and {gap: {after, next}} when retention removed events since `after`); with Accept: text/event-stream a live SSE stream (Last-Event-ID resumes; a `gap` frame says the same)",
+            summary: "Event page ({events, next_after}, and {gap: {after, next}} when retention removed events since `after`; {reset: {after, last}} and the page from the start when `after` is past the log's end, as after the actor was deleted and made again); with Accept: text/event-stream a live SSE stream (Last-Event-ID resumes; `gap` and `reset` frames say the same)",
             params: with(
                 actor(),
                 [
