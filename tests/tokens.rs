@@ -26,6 +26,17 @@ impl Serve {
     }
 
     async fn start_with(data: &Path, key: &str, previous: Option<&str>, config: &str) -> Self {
+        Self::start_as(data, key, previous, config, ADMIN).await
+    }
+
+    /// The node with `admin` for its admin token.
+    async fn start_as(
+        data: &Path,
+        key: &str,
+        previous: Option<&str>,
+        config: &str,
+        admin: &str,
+    ) -> Self {
         let port = common::free_port();
         let config_path = data.with_extension("toml");
         std::fs::write(&config_path, config).unwrap();
@@ -34,7 +45,7 @@ impl Serve {
             .arg(data)
             .arg("--config")
             .arg(&config_path)
-            .env("MARMOT_ADMIN_TOKEN", ADMIN)
+            .env("MARMOT_ADMIN_TOKEN", admin)
             .env("MARMOT_MASTER_KEY", key)
             .env_remove("MARMOT_MASTER_KEY_PREVIOUS")
             .stderr(std::process::Stdio::null());
@@ -371,6 +382,201 @@ async fn tokens_expire_are_revoked_for_good_and_follow_the_master_key() {
     assert_eq!(s.send("/v1/actors/kit/carol", &fresh).await.0, 200);
 }
 
+/// What the probes of 2026-12-06 found at the edge: a token in the URL
+/// opened a file named `events`; the `files` scope opened the whole
+/// workspace; HEAD was refused where GET was allowed; two Authorization
+/// headers were taken (the first won); invalid tokens were answered in the
+/// JWT library's words; refusals were neither logged nor counted; a 1 s
+/// token could arrive expired; and rotating a leaked admin token left
+/// every client token minted with it working.
+#[tokio::test]
+async fn the_edge_refuses_plainly_counts_refusals_and_ties_tokens_to_the_admin_token() {
+    let dir = common::tempdir();
+    let data = dir.path().join("data");
+    let key = common::new_master_key();
+    let s = node_with_kit(&data, &key).await;
+    let write = |path: &str| json!({"op": "file_write", "path": path, "text": "x"});
+    for path in ["outputs/events", "outputs/report.md", "private/notes.txt"] {
+        let (status, body) = s
+            .call(
+                Method::POST,
+                "/v1/actors/kit/alice",
+                Some(ADMIN),
+                Some(write(path)),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let (status, minted) = s
+        .mint(json!({"type": "kit", "id": "alice", "scopes": ["files", "events"], "ttl_s": 1}))
+        .await;
+    assert_eq!(status, 201, "{minted}");
+    assert!(
+        minted["expires_at_ms"].as_u64().unwrap() >= before + 1000,
+        "a token lives at least its ttl: {minted}"
+    );
+    let (files, _) = s
+        .token(json!({"type": "kit", "id": "alice", "scopes": ["files", "events"], "ttl_s": 600}))
+        .await;
+
+    // `?access_token=` opens the event log only, not a file named so.
+    let get = |path: String| s.http.get(format!("{}{path}", s.url)).send();
+    let r = get(format!(
+        "/v1/actors/kit/alice/files/outputs/events?access_token={files}"
+    ))
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = get(format!("/v1/actors/kit/alice/events?access_token={files}"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    // The files scope opens the artifacts, for GET and HEAD alike.
+    for method in [Method::GET, Method::HEAD] {
+        let (status, _) = s
+            .call(
+                method.clone(),
+                "/v1/actors/kit/alice/files/outputs/report.md",
+                Some(&files),
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{method}");
+        let (status, body) = s
+            .call(
+                method.clone(),
+                "/v1/actors/kit/alice/files/private/notes.txt",
+                Some(&files),
+                None,
+            )
+            .await;
+        assert_eq!(status, 403, "{method} {body}");
+    }
+    for prefix in ["", "out", "private/"] {
+        let (status, list) = s
+            .call(
+                Method::GET,
+                &format!("/v1/actors/kit/alice/files?prefix={prefix}"),
+                Some(&files),
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{list}");
+        let paths: Vec<&str> = list["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["path"].as_str().unwrap())
+            .collect();
+        let want: &[&str] = match prefix {
+            "private/" => &[],
+            _ => &["outputs/events", "outputs/report.md"],
+        };
+        assert_eq!(paths, want, "prefix {prefix:?}");
+    }
+    let (_, list) = s
+        .call(Method::GET, "/v1/actors/kit/alice/files", Some(ADMIN), None)
+        .await;
+    assert_eq!(list["files"].as_array().unwrap().len(), 3, "{list}");
+
+    // Two Authorization headers: refused, whichever comes first.
+    let r = s
+        .http
+        .get(format!("{}/v1/actors/kit/alice/events", s.url))
+        .header("authorization", format!("Bearer {ADMIN}"))
+        .header("authorization", "Bearer nonsense")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "invalid_authorization");
+
+    // A bad token is told so plainly.
+    let mut flipped = files.clone().into_bytes();
+    let at = flipped.len() - 5;
+    flipped[at] = if flipped[at] == b'A' { b'B' } else { b'A' };
+    let flipped = String::from_utf8(flipped).unwrap();
+    for bad in [
+        flipped.as_str(),
+        "eyJhbGciOiJub25lIn0.eyJ4IjoxfQ.",
+        "eyJ!!.x.y",
+    ] {
+        let (status, body) = s
+            .call(Method::GET, "/v1/actors/kit/alice/events", Some(bad), None)
+            .await;
+        assert_eq!(status, 401, "{body}");
+        let msg = body["error"]["message"].as_str().unwrap();
+        for internal in ["Base64", "JSON", "variant", "offset"] {
+            assert!(!msg.contains(internal), "{msg}");
+        }
+    }
+
+    // Refusals are counted by code.
+    let (_, _) = s
+        .call(Method::GET, "/v1/actors/kit/bob/events", Some(&files), None)
+        .await;
+    let metrics = s
+        .http
+        .get(format!("{}/metrics", s.url))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let count = |code: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("marmot_requests_refused_total{{code=\"{code}\"}}")))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert!(count("invalid_token") >= 3, "{metrics}");
+    assert!(count("forbidden") >= 3, "{metrics}");
+    assert_eq!(count("invalid_authorization"), 1, "{metrics}");
+    drop(s);
+
+    // A new admin token (the old one leaked): every client token minted
+    // with the old one stops working; new ones work.
+    let rotated = "a-new-admin-token-after-a-leak-456789";
+    let s = Serve::start_as(&data, &key, None, "", rotated).await;
+    let (status, body) = s
+        .call(
+            Method::GET,
+            "/v1/actors/kit/alice/events",
+            Some(&files),
+            None,
+        )
+        .await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_token");
+    let (status, minted) = s
+        .call(
+            Method::POST,
+            "/v1/tokens",
+            Some(rotated),
+            Some(json!({"type": "kit", "id": "alice", "scopes": ["events"], "ttl_s": 60})),
+        )
+        .await;
+    assert_eq!(status, 201, "{minted}");
+    let (status, _) = s
+        .call(
+            Method::GET,
+            "/v1/actors/kit/alice/events",
+            minted["token"].as_str(),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
+}
+
 #[tokio::test]
 async fn browsers_get_cors_from_allowed_origins_and_clients_are_rate_limited() {
     let dir = common::tempdir();
@@ -401,6 +607,7 @@ actor_burst = 4
     assert_eq!(r.status(), 204);
     let h = r.headers();
     assert_eq!(h["access-control-allow-origin"], "https://app.example.com");
+    assert_eq!(h.get_all("vary").iter().count(), 1, "{h:?}");
     assert!(
         h["access-control-allow-headers"]
             .to_str()
@@ -437,6 +644,13 @@ actor_burst = 4
         r.headers()["access-control-allow-origin"],
         "https://app.example.com"
     );
+    // A browser may read what downloads and replays say beyond the body.
+    let exposed = r.headers()["access-control-expose-headers"]
+        .to_str()
+        .unwrap();
+    for h in ["etag", "content-range", "idempotent-replayed"] {
+        assert!(exposed.contains(h), "{exposed}");
+    }
     let r = s
         .http
         .post(url("/v1/actors/kit/alice"))

@@ -48,6 +48,15 @@ pub struct ModelLabels {
     pub outcome: &'static str,
 }
 
+/// Label set for requests refused at the edge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    /// The error code answered: `unauthorized`, `invalid_token`,
+    /// `token_expired`, `token_revoked`, `forbidden`, `rate_limited`,
+    /// `invalid_authorization`.
+    pub code: &'static str,
+}
+
 /// Label set for sandbox traps.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TrapLabels {
@@ -104,6 +113,8 @@ pub struct Metrics {
     /// Requests refused at once because their bodies did not fit
     /// `limits.request_body_budget_bytes`.
     pub requests_shed: Counter,
+    /// Requests refused by auth or client rate limits, by error code.
+    pub requests_refused: Family<RefusalLabels, Counter>,
     /// Client connections open (`limits.max_connections` at most).
     pub http_connections: Gauge,
     /// Idle client connections closed to make room for new ones at the cap.
@@ -287,6 +298,12 @@ impl Metrics {
             "requests_shed",
             "Requests answered 503 at once because the node held too many request body bytes",
             requests_shed.clone(),
+        );
+        let requests_refused = Family::<RefusalLabels, Counter>::default();
+        registry.register(
+            "requests_refused",
+            "Requests refused by auth (missing, invalid, expired, revoked or insufficient tokens) or client rate limits, by error code",
+            requests_refused.clone(),
         );
         let http_connections = Gauge::default();
         registry.register(
@@ -561,6 +578,7 @@ impl Metrics {
             state_cache_budget_bytes,
             request_body_bytes,
             requests_shed,
+            requests_refused,
             http_connections,
             http_connections_evicted,
             egress_response_bytes,

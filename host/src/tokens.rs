@@ -10,7 +10,8 @@
 //! [`Grant::allows`] maps a request to exactly one verb on exactly one
 //! actor, and everything else is refused. A token can be revoked by its id
 //! (`DELETE /v1/tokens/{id}`): revocations are stored and kept in memory
-//! until the longest-lived token could have expired.
+//! until the longest-lived token could have expired. The key also covers
+//! the admin token ([`key_purpose`]): rotating it revokes them all.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -28,6 +29,27 @@ use crate::storage::{Storage, StorageError, WriteOp};
 pub const KEY_PURPOSE: &str = "marmot client tokens v1";
 /// The longest a token may live.
 pub const MAX_TTL_S: u64 = 30 * 24 * 3600;
+
+/// What a token that does not verify is told.
+const MALFORMED: &str = "the token is malformed, altered, or not signed by this node's current admin \
+                         token and master key";
+
+/// What a node's token keys are derived for: [`KEY_PURPOSE`] and the
+/// admin token's SHA-256. Tokens are minted with the admin token, so
+/// rotating it (after a leak) ends every client token minted under the
+/// old one, as an operator expects; there is nothing else to revoke them
+/// in bulk by. A node without an admin token (`marmot dev`) uses the
+/// purpose alone.
+pub fn key_purpose(admin_token: Option<&str>) -> String {
+    use sha2::Digest;
+    match admin_token {
+        Some(t) => format!(
+            "{KEY_PURPOSE}; admin {}",
+            hex::encode(sha2::Sha256::digest(t.as_bytes()))
+        ),
+        None => KEY_PURPOSE.to_owned(),
+    }
+}
 
 /// Random bytes of a token's id (`jti`, `token_id`: their hex).
 const TOKEN_ID_BYTES: usize = 16;
@@ -56,7 +78,8 @@ pub enum Scope {
     Events,
     /// `GET …/inputs` and answering them.
     Inputs,
-    /// `GET …/files` and downloads.
+    /// `GET …/files` and downloads of the actor's artifacts (the files
+    /// under `outputs/`; the rest of its workspace stays the operator's).
     Files,
 }
 
@@ -213,15 +236,17 @@ impl Tokens {
         let mut scopes = req.scopes;
         scopes.sort_by_key(|s| *s as u8);
         scopes.dedup();
-        let iat = now_ms() / 1000;
+        // `exp` is in whole seconds: rounded up, so a token lives at least
+        // `ttl_s` (rounded down, a 1 s token could arrive expired).
+        let now = now_ms();
         let grant = Grant {
             jti: hex::encode(rand::random::<[u8; TOKEN_ID_BYTES]>()),
             ty: req.ty,
             id,
             id_prefix,
             scopes,
-            iat,
-            exp: iat + req.ttl_s,
+            iat: now / 1000,
+            exp: (now + req.ttl_s * 1000).div_ceil(1000),
         };
         let key = &self.keys[0];
         let mut header = Header::new(Algorithm::HS256);
@@ -242,27 +267,34 @@ impl Tokens {
     }
 
     /// The grant of a valid, unexpired, unrevoked token.
+    ///
+    /// Why a token is invalid is said in one plain sentence: the parser's
+    /// own words (base64 offsets, serde's expected variants, an
+    /// attacker's `kid` echoed back) help nobody but a prober.
     pub fn verify(&self, token: &str) -> Result<Grant, TokenError> {
-        let header =
-            jsonwebtoken::decode_header(token).map_err(|e| TokenError::Invalid(e.to_string()))?;
+        let malformed = |e: &dyn std::fmt::Display| {
+            tracing::debug!(error = %e, "client token refused");
+            TokenError::Invalid(MALFORMED.into())
+        };
+        let header = jsonwebtoken::decode_header(token).map_err(|e| malformed(&e))?;
         if header.alg != Algorithm::HS256 {
-            return Err(TokenError::Invalid("unexpected algorithm".into()));
+            return Err(malformed(&"unexpected algorithm"));
         }
-        let kid = header
-            .kid
-            .ok_or_else(|| TokenError::Invalid("no key id".into()))?;
-        let key = self
-            .keys
-            .iter()
-            .find(|k| k.id == kid)
-            .ok_or_else(|| TokenError::Invalid(format!("unknown key `{kid}`")))?;
+        let kid = header.kid.ok_or_else(|| malformed(&"no key id"))?;
+        let key = self.keys.iter().find(|k| k.id == kid).ok_or_else(|| {
+            TokenError::Invalid(
+                "the token was signed with a key this node no longer has (the master key was \
+                 rotated); mint a new one"
+                    .into(),
+            )
+        })?;
         let mut validation = Validation::new(Algorithm::HS256);
         validation.leeway = 0;
         validation.set_required_spec_claims(&["exp"]);
         let grant = jsonwebtoken::decode::<Grant>(token, &key.decoding, &validation)
             .map_err(|e| match e.kind() {
                 jsonwebtoken::errors::ErrorKind::ExpiredSignature => TokenError::Expired,
-                _ => TokenError::Invalid(e.to_string()),
+                _ => malformed(&e),
             })?
             .claims;
         // Checked again here: the library allows a token in its last second.
@@ -385,12 +417,20 @@ impl Grant {
             return deny("another actor");
         }
         let rest: Vec<&str> = parts.collect();
-        let scope = match (method, rest.as_slice()) {
-            (&Method::POST, []) => Scope::Send,
-            (&Method::POST, ["runs", _, "cancel"]) => Scope::Send,
-            (&Method::GET, ["events"]) => Scope::Events,
-            (&Method::GET, ["inputs"]) | (&Method::POST, ["inputs", _]) => Scope::Inputs,
-            (&Method::GET, ["files", ..]) => Scope::Files,
+        // HEAD is answered by the GET routes: it opens what GET opens.
+        let read = method == Method::GET || method == Method::HEAD;
+        let scope = match (read, method, rest.as_slice()) {
+            (false, &Method::POST, []) => Scope::Send,
+            (false, &Method::POST, ["runs", _, "cancel"]) => Scope::Send,
+            (true, _, ["events"]) => Scope::Events,
+            (true, _, ["inputs"]) | (false, &Method::POST, ["inputs", _]) => Scope::Inputs,
+            // The listing shows a token only `outputs/` (api/files.rs).
+            (true, _, ["files"]) | (true, _, ["files", "outputs", _, ..]) => Scope::Files,
+            (true, _, ["files", ..]) => {
+                return deny(
+                    "a client token reaches only the actor's artifacts, the files under `outputs/`",
+                );
+            }
             _ => return deny("this endpoint is for the admin token only"),
         };
         if !self.scopes.contains(&scope) {
@@ -464,9 +504,25 @@ mod tests {
         assert!(
             g.allows(
                 &Method::GET,
-                "/v1/actors/assistant/team-7%2Falice/files/a/b.txt"
+                "/v1/actors/assistant/team-7%2Falice/files/outputs/b.txt"
             )
             .is_ok()
+        );
+        // The files scope opens artifacts (`outputs/`), and HEAD as GET.
+        assert!(
+            g.allows(
+                &Method::GET,
+                "/v1/actors/assistant/team-7%2Falice/files/a/b.txt"
+            )
+            .is_err()
+        );
+        assert!(
+            g.allows(&Method::HEAD, "/v1/actors/assistant/team-7%2Fa/files")
+                .is_ok()
+        );
+        assert!(
+            g.allows(&Method::HEAD, "/v1/actors/assistant/team-7%2Fa/inputs/i1")
+                .is_err()
         );
         assert!(
             g.allows(&Method::POST, "/v1/actors/assistant/team-7%2Fbob/inputs/i1")

@@ -15,10 +15,15 @@ use super::ApiError;
 use crate::config::ClientsConfig;
 use crate::tokens::Grant;
 
-/// Headers a browser may send cross-origin.
-const ALLOW_HEADERS: &str = "authorization, content-type, idempotency-key, last-event-id";
-/// Headers a browser may read cross-origin.
-const EXPOSE_HEADERS: &str = "x-request-id, retry-after";
+/// Headers a browser may send cross-origin: besides auth and bodies,
+/// what resumes a stream and what conditional and ranged downloads of
+/// artifacts use.
+const ALLOW_HEADERS: &str = "authorization, content-type, idempotency-key, last-event-id, if-none-match, range, x-request-id";
+/// Headers a browser may read cross-origin: what the API's own
+/// responses say beyond the body (downloads' ETag and ranges, replays,
+/// message ids, retry hints).
+const EXPOSE_HEADERS: &str = "x-request-id, retry-after, etag, accept-ranges, content-range, \
+                              content-length, idempotent-replayed, x-marmot-message-id";
 /// Keyed limiter states kept before idle ones are dropped.
 const PRUNE_AT: usize = 100_000;
 
@@ -120,7 +125,14 @@ impl ClientGate {
                 header::ACCESS_CONTROL_EXPOSE_HEADERS,
                 HeaderValue::from_static(EXPOSE_HEADERS),
             );
-            h.append(header::VARY, HeaderValue::from_static("origin"));
+            // A preflight's answer says it already.
+            let varies = h
+                .get_all(header::VARY)
+                .iter()
+                .any(|v| v.as_bytes().eq_ignore_ascii_case(b"origin"));
+            if !varies {
+                h.append(header::VARY, HeaderValue::from_static("origin"));
+            }
         }
     }
 

@@ -7,7 +7,8 @@
 //! it is invalid, expired or revoked, 403 when it is valid for something
 //! else). `EventSource` cannot send headers, so a client token may also
 //! come as `?access_token=` on an events stream — never the admin token,
-//! which must not end up in URLs and logs.
+//! which must not end up in URLs and logs. Refusals are counted by code
+//! (`requests_refused`) and logged with the token's id, never a credential.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -23,6 +24,7 @@ use tower::{Layer, Service};
 use super::ApiError;
 use super::bodies::BodyBudget;
 use super::clients::ClientGate;
+use crate::metrics::{Metrics, RefusalLabels};
 use crate::tokens::{Grant, TokenError, Tokens};
 
 /// Adds [`Edge`].
@@ -32,6 +34,7 @@ pub(super) struct EdgeLayer {
     tokens: Arc<Tokens>,
     gate: Arc<ClientGate>,
     bodies: Arc<BodyBudget>,
+    metrics: Arc<Metrics>,
 }
 
 impl EdgeLayer {
@@ -45,12 +48,14 @@ impl EdgeLayer {
         tokens: Arc<Tokens>,
         gate: ClientGate,
         bodies: Arc<BodyBudget>,
+        metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             token,
             tokens,
             gate: Arc::new(gate),
             bodies,
+            metrics,
         }
     }
 }
@@ -65,6 +70,7 @@ impl<S> Layer<S> for EdgeLayer {
             tokens: self.tokens.clone(),
             gate: self.gate.clone(),
             bodies: self.bodies.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 }
@@ -78,6 +84,7 @@ pub(super) struct Edge<S> {
     tokens: Arc<Tokens>,
     gate: Arc<ClientGate>,
     bodies: Arc<BodyBudget>,
+    metrics: Arc<Metrics>,
 }
 
 impl<S> Service<Request> for Edge<S>
@@ -157,7 +164,8 @@ where
 
 impl<S> Edge<S> {
     /// Whether the request may go on; with the grant of the client token
-    /// it comes with (not the admin's, not open).
+    /// it comes with (not the admin's, not open). A refusal is counted
+    /// (`requests_refused`) and logged, never with the credential.
     fn authorize(&self, req: &Request) -> Result<Option<Grant>, ApiError> {
         let Some(token) = &self.token else {
             return Ok(None);
@@ -166,24 +174,55 @@ impl<S> Edge<S> {
         if is_open(path) {
             return Ok(None);
         }
-        let header = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(bearer);
+        let mut verified = None;
+        let r = self.check(req, token, &mut verified);
+        if let Err(e) = &r {
+            self.metrics
+                .requests_refused
+                .get_or_create(&RefusalLabels { code: e.code })
+                .inc();
+            let token_id = verified.as_ref().map(|g: &Grant| g.jti.as_str());
+            // Anyone can knock: a missing or bad credential is a debug
+            // line (the counter shows a flood); a valid token used for
+            // something it does not allow is an app bug or a probe.
+            if e.status == StatusCode::FORBIDDEN {
+                tracing::info!(method = %req.method(), path, token_id, code = e.code, why = %e.message, "request refused");
+            } else {
+                tracing::debug!(method = %req.method(), path, token_id, code = e.code, why = %e.message, "request refused");
+            }
+        }
+        r
+    }
+
+    fn check(
+        &self,
+        req: &Request,
+        token: &str,
+        verified: &mut Option<Grant>,
+    ) -> Result<Option<Grant>, ApiError> {
+        let path = req.uri().path();
+        let mut values = req.headers().get_all(header::AUTHORIZATION).iter();
+        let value = values.next();
+        if values.next().is_some() {
+            return Err(ApiError::bad_request(
+                "invalid_authorization",
+                "send one Authorization header, not several",
+            ));
+        }
+        let header = value.and_then(|v| v.to_str().ok()).and_then(bearer);
         let presented = match header {
             Some(p) => p,
-            None if path.ends_with("/events") => query_token(req).unwrap_or(""),
+            None if is_event_stream(path) => query_token(req).unwrap_or(""),
             None => "",
         };
         if header.is_some() && constant_time_eq(presented.as_bytes(), token.as_bytes()) {
             return Ok(None);
         }
         if Tokens::looks_like_token(presented) {
-            let grant = self.tokens.verify(presented).map_err(refusal)?;
+            let grant = verified.insert(self.tokens.verify(presented).map_err(refusal)?);
             let (ty, id) = grant.allows(req.method(), path).map_err(refusal)?;
-            self.gate.admit(&grant, &ty, &id)?;
-            return Ok(Some(grant));
+            self.gate.admit(grant, &ty, &id)?;
+            return Ok(Some(grant.clone()));
         }
         Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -191,6 +230,16 @@ impl<S> Edge<S> {
             "missing or wrong bearer token",
         ))
     }
+}
+
+/// Whether `path` is an actor's event log, `/v1/actors/{type}/{id}/events`
+/// (ids put a `/` in the path percent-encoded): the one route that takes a
+/// client token as `?access_token=`, for `EventSource`. A file of that name
+/// (`…/files/outputs/events`) is not.
+fn is_event_stream(path: &str) -> bool {
+    path.strip_prefix("/v1/actors/")
+        .map(|rest| rest.split('/').collect::<Vec<_>>())
+        .is_some_and(|parts| matches!(parts.as_slice(), [_, _, "events"]))
 }
 
 /// The credentials of an `Authorization` value of the `Bearer` scheme,

@@ -62,6 +62,10 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// Where an actor's artifacts are: all a client token's `files` scope
+/// opens.
+const ARTIFACTS: &str = "outputs/";
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ListParams {
@@ -77,7 +81,8 @@ pub(super) struct ListParams {
 pub(super) async fn list(
     State(s): State<AppState>,
     ActorPath(key): ActorPath,
-    Query(q): Query<ListParams>,
+    Query(mut q): Query<ListParams>,
+    grant: Option<axum::Extension<crate::tokens::Grant>>,
 ) -> Result<Response, ApiError> {
     // A prefix is any string, as in the guest's `files.list` (one ending
     // in `.` or `..` is as good as any): it is not a path, and was refused
@@ -89,9 +94,21 @@ pub(super) async fn list(
         ));
     }
     let limit = Page::FILES.size(q.limit)?;
-    let Some(files) = s.node.files(&key, &q.prefix, q.after.as_deref(), limit)? else {
+    // A client token sees the artifacts only (its scope, tokens.rs).
+    let mut hidden = false;
+    if grant.is_some() && !q.prefix.starts_with(ARTIFACTS) {
+        if ARTIFACTS.starts_with(q.prefix.as_str()) {
+            q.prefix = ARTIFACTS.to_owned();
+        } else {
+            hidden = true;
+        }
+    }
+    let Some(mut files) = s.node.files(&key, &q.prefix, q.after.as_deref(), limit)? else {
         return Err(ApiError::actor_not_found(&key));
     };
+    if hidden {
+        files.clear();
+    }
     let next_after = (files.len() == limit)
         .then(|| files.last().map(|(p, _)| p.clone()))
         .flatten();

@@ -78,6 +78,7 @@ pub fn router(node: Arc<Node>) -> Router {
     // Manifests carry base64 code: allow for its 4/3 expansion.
     let code_limit = limits.max_code_bytes / 3 * 4 + 64 * 1024;
     let metrics = node.metrics();
+    let metrics_handle = metrics.clone();
     let bodies = bodies::BodyBudget::new(
         limits.request_body_budget_bytes.unwrap_or(u64::MAX),
         limits.max_message_bytes as u64,
@@ -186,6 +187,7 @@ pub fn router(node: Arc<Node>) -> Router {
             tokens,
             clients::ClientGate::new(&clients_config),
             bodies,
+            metrics_handle,
         ))
         .with_state(state)
 }

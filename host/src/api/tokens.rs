@@ -46,8 +46,10 @@ pub(super) async fn mint(
             format!("unknown actor type `{}`", req.ty),
         ));
     }
+    let (ty, id, prefix) = (req.ty.clone(), req.id.clone(), req.id_prefix.clone());
+    let scopes = format!("{:?}", req.scopes).to_lowercase();
     let minted = s.node.tokens().mint(req)?;
-    tracing::info!(token_id = %minted.token_id, expires_at_ms = minted.expires_at_ms, "client token minted");
+    tracing::info!(token_id = %minted.token_id, ty, id, id_prefix = prefix, scopes, expires_at_ms = minted.expires_at_ms, "client token minted");
     Ok((StatusCode::CREATED, axum::Json(minted)).into_response())
 }
 

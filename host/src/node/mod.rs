@@ -114,7 +114,7 @@ impl Node {
         let keys = MasterKeys::load(&config.secrets, &config.data_dir)?;
         let tokens = Arc::new(Tokens::open(
             storage.clone(),
-            keys.derived(crate::tokens::KEY_PURPOSE),
+            keys.derived(&crate::tokens::key_purpose(config.admin_token.as_deref())),
         )?);
         let secrets = Arc::new(SecretStore::open(storage.clone(), keys).await?);
         let fault_abort_marker = std::env::var(FAULT_ABORT_ENV)
@@ -252,7 +252,7 @@ impl Node {
     }
 
     /// The node's metrics.
-    pub fn metrics(&self) -> &Metrics {
+    pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
 
