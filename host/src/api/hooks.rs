@@ -16,7 +16,7 @@ use crate::webhooks::inbound::HookError;
 impl From<WebhookError> for ApiError {
     fn from(e: WebhookError) -> Self {
         match e {
-            WebhookError::UnknownType(_) => Self::not_found("unknown_type", e.to_string()),
+            WebhookError::UnknownType(_) => no_endpoint(&e),
             WebhookError::Refused(e) => e.into(),
             WebhookError::RateLimited(e) => e.into(),
             WebhookError::Turn(e) => e.into(),
@@ -24,13 +24,25 @@ impl From<WebhookError> for ApiError {
     }
 }
 
+/// What a hook to a type that does not exist, or takes no webhooks, is
+/// told: the same 404 for both, since anyone may post here and must not
+/// learn which types a node has (2026-12-06; it said `unknown_type` for
+/// one and 403 `webhooks_not_configured` for the other). The node's
+/// debug log says which.
+fn no_endpoint(e: &dyn std::fmt::Display) -> ApiError {
+    tracing::debug!(why = %e, "webhook to no endpoint");
+    ApiError::not_found(
+        "no_webhook_endpoint",
+        "no webhook endpoint here: the type does not exist or takes no webhooks \
+         (its config has no `webhook_secret`)",
+    )
+}
+
 impl From<HookError> for ApiError {
     fn from(e: HookError) -> Self {
         let msg = e.to_string();
         match e {
-            HookError::NotConfigured(_) => {
-                Self::new(StatusCode::FORBIDDEN, "webhooks_not_configured", msg)
-            }
+            HookError::NotConfigured(_) => no_endpoint(&e),
             HookError::BadName(_) => Self::bad_request("invalid_hook_name", msg),
             HookError::Verify(VerifyError::BadTimestamp | VerifyError::OutOfTolerance(..)) => {
                 Self::new(StatusCode::UNAUTHORIZED, "invalid_timestamp", msg)

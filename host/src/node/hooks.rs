@@ -57,9 +57,16 @@ impl Node {
             .webhooks_received
             .get_or_create(&HookLabels { outcome })
             .inc();
+        // Per request, and anyone may post: only a refusal by an endpoint
+        // that exists (a sender with the wrong secret, a bad route) is
+        // worth an info line; the counter above has the rest.
         match &result {
-            Ok(a) => tracing::info!(actor_type = ty, actor_id = %a.actor_id, hook = name,
+            Ok(a) => tracing::debug!(actor_type = ty, actor_id = %a.actor_id, hook = name,
                 delivery_id = %a.delivery_id, duplicate = a.duplicate, "webhook accepted"),
+            Err(
+                e @ (WebhookError::UnknownType(_)
+                | WebhookError::Refused(HookError::NotConfigured(_) | HookError::BadName(_))),
+            ) => tracing::debug!(actor_type = ty, hook = name, error = %e, "webhook rejected"),
             Err(e) => tracing::info!(actor_type = ty, hook = name, error = %e, "webhook rejected"),
         }
         result
