@@ -7,6 +7,7 @@
 mod assistant;
 mod client;
 mod hugepages;
+mod log_fields;
 mod open_files;
 mod server;
 
@@ -22,9 +23,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Log filter (tracing env-filter syntax).
-    #[arg(long, global = true, env = "MARMOT_LOG", default_value = "info")]
-    log: String,
+    /// Log filter (tracing env-filter syntax, e.g. `info,marmot::api=debug`);
+    /// `RUST_LOG` is read when neither this nor MARMOT_LOG is set.
+    #[arg(long, global = true, env = "MARMOT_LOG")]
+    log: Option<String>,
     /// Log format.
     #[arg(
         long,
@@ -302,7 +304,12 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let exporter = init_logging(&cli.log, cli.log_format, runtime.handle());
+    let filter = cli
+        .log
+        .clone()
+        .or_else(|| std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty()))
+        .unwrap_or_else(|| "info".to_owned());
+    let exporter = init_logging(&filter, cli.log_format, runtime.handle());
     let result = runtime.block_on(run(cli.command, huge_pages, open_files));
     if let Some(exporter) = exporter {
         // Flushes on this thread; its requests run on the runtime.
@@ -546,9 +553,15 @@ fn init_logging(
         eprintln!("warning: invalid log filter `{filter}` ({e}); using `info`");
         EnvFilter::new("info")
     });
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Colours only for a person at a terminal (not a file, a pipe or a
+    // journal), and never with NO_COLOR set (no-color.org).
+    use std::io::IsTerminal as _;
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     let fmt = match format {
-        LogFormat::Text => fmt.boxed(),
+        LogFormat::Text => fmt.fmt_fields(log_fields::EscapedFields).boxed(),
         LogFormat::Json => fmt.json().boxed(),
     };
     let (otel, exporter) = if crate::telemetry::requested() {
