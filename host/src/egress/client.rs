@@ -192,36 +192,38 @@ impl StreamScrub {
         }
     }
 
-    /// Add `chunk`; returns what can be released now.
+    /// Add `chunk`; returns what can be released now. Only what could be
+    /// the start of a value is held back: the tail from the first place
+    /// where the rest of the buffer is a proper prefix of one. (It used to
+    /// hold back the last `longest value − 1` bytes whatever they were:
+    /// with a real key of 100–170 characters, a keyed provider's answer
+    /// streamed nothing live until that much more text had come.)
     pub fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
-        let longest = self
-            .scrub
-            .needles
-            .iter()
-            .map(|n| n.len())
-            .max()
-            .unwrap_or(0);
-        if longest == 0 {
+        if self.scrub.needles.is_empty() {
             return chunk.to_vec();
         }
         self.pending.extend_from_slice(chunk);
         let buf = std::mem::take(&mut self.pending);
-        // A value starting before `cut` lies wholly within `buf`.
-        let cut = buf.len().saturating_sub(longest - 1);
         let mut out = Vec::with_capacity(buf.len());
         let mut i = 0;
-        'scan: while i < cut {
+        'scan: while i < buf.len() {
+            let rest = &buf[i..];
+            // Longest first: a value that may still grow into a longer
+            // one waits rather than being replaced around it.
             for needle in &self.scrub.needles {
-                if starts_with(&buf[i..], needle) {
+                if starts_with(rest, needle) {
                     out.extend_from_slice(REDACTED.as_bytes());
                     i += needle.len();
                     continue 'scan;
+                }
+                if rest.len() < needle.len() && starts_with(needle, rest) {
+                    break 'scan;
                 }
             }
             out.push(buf[i]);
             i += 1;
         }
-        self.pending = buf[i.min(buf.len())..].to_vec();
+        self.pending = buf[i..].to_vec();
         out
     }
 
@@ -290,20 +292,40 @@ pub struct StreamingResponse {
     remaining: usize,
     /// Longest wait for the next chunk.
     idle: Duration,
+    /// How the body ended, once what arrived before has been handed out.
+    failed: Option<EgressError>,
 }
 
 impl StreamingResponse {
-    /// The next at most `max` bytes of the body (`None` at its end).
+    /// The next at most `max` bytes of the body (`None` at its end). When
+    /// the connection fails, what arrived before the failure (and the
+    /// scrubber held back) comes out first, then the error: a stream cut
+    /// after its last event is complete to its reader. (Held-back bytes
+    /// were dropped, so a keyed provider's `[DONE]` before a TLS close
+    /// without `close_notify` was never seen, and the answer was retried
+    /// and paid for again.)
     pub async fn next(&mut self, max: usize) -> Result<Option<Vec<u8>>, EgressError> {
         let max = max.max(1);
         while self.ready.is_empty() {
+            if let Some(e) = self.failed.take() {
+                return Err(e);
+            }
             let Some(resp) = self.resp.as_mut() else {
                 return Ok(None);
             };
-            let chunk = tokio::time::timeout(self.idle, resp.chunk())
-                .await
-                .map_err(|_| EgressError::Timeout(self.idle.as_millis() as u64))?
-                .map_err(|e| transport_error(&e, &self.scrub.scrub))?;
+            let chunk = match tokio::time::timeout(self.idle, resp.chunk()).await {
+                Err(_) => Err(EgressError::Timeout(self.idle.as_millis() as u64)),
+                Ok(r) => r.map_err(|e| transport_error(&e, &self.scrub.scrub)),
+            };
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(e) => {
+                    self.resp = None;
+                    self.ready = self.scrub.finish();
+                    self.failed = Some(e);
+                    continue;
+                }
+            };
             match chunk {
                 Some(c) => {
                     if c.len() > self.remaining {
@@ -504,6 +526,7 @@ impl Egress {
             ready: Vec::new(),
             remaining: max,
             idle: timeout,
+            failed: None,
         })
     }
 
@@ -795,6 +818,30 @@ mod tests {
         assert_eq!(out, b"x [redacted] y".to_vec());
     }
 
+    /// Only what could start a value waits: text that cannot is released
+    /// at once however long the values are.
+    #[test]
+    fn a_stream_holds_back_only_what_could_start_a_value() {
+        let mut s = Scrub::default();
+        let key = format!("sk-proj-{}", "Q".repeat(150));
+        s.add(key.as_bytes());
+        let mut stream = StreamScrub::new(s);
+        assert_eq!(stream.push(b"word0 "), b"word0 ".to_vec());
+        assert_eq!(stream.push(b"word1 s"), b"word1 ".to_vec());
+        assert_eq!(stream.push(b"o "), b"so ".to_vec());
+        assert_eq!(stream.push(b"sk-proj-QQ"), Vec::<u8>::new());
+        let mut out = stream.push(&key.as_bytes()[10..]);
+        out.extend(stream.push(b" done"));
+        assert_eq!(out, b"[redacted] done".to_vec());
+        // A value's start found again inside a false start.
+        let mut s = Scrub::default();
+        s.add(b"aab");
+        let mut stream = StreamScrub::new(s);
+        let mut out = stream.push(b"aa");
+        out.extend(stream.push(b"ab!"));
+        assert_eq!(out, b"a[redacted]!".to_vec());
+    }
+
     #[test]
     fn scrub_replaces_every_occurrence_of_every_value() {
         let mut s = Scrub::default();
@@ -865,6 +912,61 @@ mod tests {
         let mut plain = StreamScrub::new(Scrub::default());
         assert_eq!(plain.push(b"abc"), b"abc");
         assert!(plain.finish().is_empty());
+    }
+
+    /// A body cut by a failed connection hands out what came before the
+    /// failure, held back by the scrubber or not, and then the error.
+    #[tokio::test]
+    async fn a_stream_cut_off_releases_what_came_before_then_fails() {
+        use tokio::io::AsyncWriteExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut req = [0u8; 4096];
+            let _ = tokio::io::AsyncReadExt::read(&mut sock, &mut req).await;
+            let body = "data: {\"x\":1}\n\ndata: [DONE]\n\n";
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                        transfer-encoding: chunked\r\n\r\n";
+            let chunk = format!("{:x}\r\n{body}\r\n", body.len());
+            sock.write_all(format!("{head}{chunk}").as_bytes())
+                .await
+                .unwrap();
+            // Gone without the last chunk: a transport error to the reader.
+            drop(sock);
+        });
+        let e = Egress::new(&EgressConfig {
+            allow_private: vec!["127.0.0.2/32".into()],
+            ..EgressConfig::default()
+        })
+        .unwrap();
+        // A value whose start is the stream's end: all of `[DONE]` is held.
+        let mut scrub = Scrub::default();
+        scrub.add(b"[DONE]\n\n-not-really-a-key");
+        let req = OutboundRequest {
+            method: reqwest::Method::POST,
+            url: Url::parse(&format!("http://{addr}/v1/chat/completions")).unwrap(),
+            headers: Vec::new(),
+            body: Some(b"{}".to_vec()),
+            timeout: Duration::from_secs(5),
+            max_redirects: 0,
+            identity_only: true,
+        };
+        let mut resp = e.fetch_stream(req, &|_| Ok(()), scrub).await.unwrap();
+        let mut got = Vec::new();
+        let err = loop {
+            match resp.next(1 << 16).await {
+                Ok(Some(c)) => got.extend(c),
+                Ok(None) => panic!("the cut stream ended cleanly"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(
+            String::from_utf8(got).unwrap(),
+            "data: {\"x\":1}\n\ndata: [DONE]\n\n"
+        );
+        assert!(!matches!(err, EgressError::TooLarge(_)), "{err}");
+        server.await.unwrap();
     }
 
     #[test]
