@@ -112,6 +112,24 @@ impl ProviderError {
     /// Classify an HTTP error response: its status, its headers and its
     /// body (the JSON error objects all three formats use).
     pub fn from_response(status: u16, headers: &[(String, String)], body: &[u8]) -> Self {
+        if (300..400).contains(&status) {
+            // Not followed (a redirect could lead anywhere, past the
+            // address policy), and not worth retrying: the same request
+            // gets the same answer. Usually a base URL missing `/v1`, or
+            // http where the server wants https.
+            let to = headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case("location"))
+                .map(|(_, v)| format!(" to `{}`", &v[..v.len().min(200)]))
+                .unwrap_or_default();
+            return ProviderError::new(
+                ErrorKind::Refused,
+                Some(status),
+                format!(
+                    "the provider redirected{to}; redirects are not followed: check the provider's `base_url`"
+                ),
+            );
+        }
         let json: Option<Value> = serde_json::from_slice(body).ok();
         let error = json.as_ref().and_then(|j| j.get("error")).or(json.as_ref());
         let field = |k: &str| {
@@ -273,6 +291,20 @@ mod tests {
         );
         assert_eq!(c(500, "oops"), ErrorKind::Server);
         assert_eq!(c(502, ""), ErrorKind::Server);
+        // A redirect is a misconfigured base URL: said, not retried.
+        let moved = ProviderError::from_response(
+            307,
+            &[("location".into(), "https://api.example.com/v1/chat".into())],
+            b"",
+        );
+        assert_eq!(moved.kind, ErrorKind::Refused);
+        assert!(!moved.kind.retryable());
+        assert!(
+            moved.message.contains("https://api.example.com/v1/chat")
+                && moved.message.contains("base_url"),
+            "{}",
+            moved.message
+        );
         assert_eq!(
             c(401, r#"{"error":{"message":"bad key"}}"#),
             ErrorKind::Auth
