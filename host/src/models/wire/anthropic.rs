@@ -327,13 +327,10 @@ impl StreamDecoder for Stream {
                 if let Some((block, json)) = self.blocks.get_mut(index)
                     && block.get("type").and_then(Value::as_str) == Some("tool_use")
                 {
-                    let input = if json.trim().is_empty() {
-                        json!({})
-                    } else {
-                        serde_json::from_str(json)
-                            .map_err(|_| malformed("a tool call's streamed input is not JSON"))?
-                    };
-                    block["input"] = input;
+                    // Text that is not JSON (a call cut by `max_tokens`)
+                    // is that text, as in the other formats: failing the
+                    // whole answer hid the stop reason from the guest.
+                    block["input"] = crate::models::chat::arguments_value(json);
                 }
             }
             "message_delta" => {

@@ -336,6 +336,42 @@ fn anthropic_responses_and_streams_agree() {
     ]);
     let (r, _) = fold(Format::AnthropicMessages, &overloaded);
     assert_eq!(r.unwrap_err().kind, ErrorKind::Overloaded);
+
+    // A call cut by `max_tokens` mid-input: its arguments are the text
+    // the model wrote, and the answer says why it stopped.
+    let cut = sse(&[
+        (
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "m", "content": [], "usage": {}}}),
+        ),
+        (
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "tool_use", "id": "toolu_2", "name": "multiply", "input": {}}}),
+        ),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": "{\"a\": 3, \"b"}}),
+        ),
+        (
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        (
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": "max_tokens"},
+                   "usage": {"output_tokens": 20}}),
+        ),
+        ("message_stop", json!({"type": "message_stop"})),
+    ]);
+    let (r, _) = fold(Format::AnthropicMessages, &cut);
+    let d = r.unwrap();
+    assert_eq!(d.stop_reason, StopReason::MaxTokens);
+    let Message::Assistant { tool_calls, .. } = &d.message else {
+        panic!()
+    };
+    assert_eq!(tool_calls[0].arguments, json!("{\"a\": 3, \"b"));
 }
 
 #[test]
