@@ -468,6 +468,62 @@ async fn bad_input_to_an_agent_is_refused_and_stores_nothing() {
     assert_eq!(rig.api.get("/v1/actors/helper/nobody").await.status, 404);
 }
 
+/// A repeated `Idempotency-Key` answers with the first run's outcome while
+/// the log keeps it, and with a 410 once retention has dropped it (it
+/// waited for an end that would never come, found by a probe), never by
+/// running again. A different body under the key is refused.
+#[tokio::test]
+async fn a_repeated_run_answers_its_outcome_or_says_it_is_gone() {
+    let rig = Rig::with_limits("max_events_per_actor = 6\n").await;
+    assert_eq!(rig.agent("helper", json!([])).await.status, 201);
+    let input = |text: &str| json!({"input": text});
+    let run = |text: &'static str, key: &'static str| {
+        let api = &rig.api;
+        async move {
+            tokio::time::timeout(
+                std::time::Duration::from_secs(20),
+                api.post_with(
+                    "/v1/actors/helper/h",
+                    &input(text),
+                    &[("idempotency-key", key)],
+                ),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("the run under {key} never answered"))
+        }
+    };
+    let first = run("first", "k1").await;
+    assert_eq!(first.status, 200, "{}", first.json);
+    let again = run("first", "k1").await;
+    assert_eq!(again.status, 200, "{}", again.json);
+    assert_eq!(again.json["run_id"], first.json["run_id"]);
+    assert_eq!(again.json["output"], first.json["output"]);
+    let other = run("second", "k1").await;
+    assert_eq!(other.status, 422, "{}", other.json);
+    assert_eq!(other.code(), "idempotency_key_reused");
+
+    for (text, key) in [("a", "k2"), ("b", "k3"), ("c", "k4")] {
+        assert_eq!(run(text, key).await.status, 200);
+    }
+    let info = rig.api.get("/v1/actors/helper/h").await.json;
+    assert!(info["first_event_seq"].as_u64().unwrap() > 6, "{info}");
+    let gone = run("first", "k1").await;
+    assert_eq!(gone.status, 410, "{}", gone.json);
+    assert_eq!(gone.code(), "run_outcome_expired");
+    let runs = rig
+        .events("helper", "h")
+        .await
+        .iter()
+        .filter(|e| e["kind"] == "run_started")
+        .count();
+    assert!(runs <= 3, "nothing ran again");
+    assert_eq!(
+        rig.api.get("/v1/actors/helper/h").await.json["turns"],
+        info["turns"],
+        "the repeat ran no turn"
+    );
+}
+
 /// Twenty agent runs at once against one type budget: the reservations
 /// admit only what the budget covers, the rest end `budget_exceeded`
 /// before their model call, and what was committed stays under the limit.

@@ -24,6 +24,13 @@ pub const MANIFEST_ENV: &str = "MARMOT_AGENT_MANIFEST";
 /// Event kinds that end a run (what a waiting `POST` answers on).
 pub const RUN_END_EVENTS: &[&str] = &["run_finished", "run_failed", "budget_exceeded"];
 
+/// State keys of the agent component (`actors/agent/src/store.rs`) the
+/// host reads to tell whether a run is still going: the active run
+/// (`{"run_id", …}`) and the inputs queued behind it (`[{"run_id", …}]`).
+pub const ACTIVE_RUN_KEY: &str = "agent/run";
+/// See [`ACTIVE_RUN_KEY`].
+pub const QUEUED_RUNS_KEY: &str = "agent/queue";
+
 /// An agent manifest (PRODUCT.md §5). Unknown keys are refused.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -89,8 +89,14 @@ const CONFIG: &str = "[egress]\nallow_private = [\"127.0.0.1/32\"]\n[models]\nba
 
 impl Rig {
     pub async fn new() -> Self {
+        Self::with_limits("").await
+    }
+
+    /// A rig whose node has these extra `[limits]` lines.
+    pub async fn with_limits(limits: &str) -> Self {
         let dir = tempdir();
-        let node = Marmot::start_opts(&dir.path().join("data"), &[], Some(CONFIG)).await;
+        let config = format!("{CONFIG}{limits}");
+        let node = Marmot::start_opts(&dir.path().join("data"), &[], Some(&config)).await;
         let api = node.client();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let fake = FakeProvider::start(listener, Behaviour::Echo, None);

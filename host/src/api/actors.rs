@@ -227,7 +227,7 @@ async fn run(
     wait: bool,
 ) -> Result<Response, ApiError> {
     let after = s.node.actor_info(key)?.map_or(0, |i| i.last_event_seq);
-    let (run_id, duplicate) = s.node.start_run(key, body, idempotency_key).await?;
+    let (run_id, duplicate) = s.node.start_run(key, body, idempotency_key.clone()).await?;
     if !wait {
         return Ok((
             StatusCode::ACCEPTED,
@@ -235,28 +235,40 @@ async fn run(
         )
             .into_response());
     }
-    // A repeated Idempotency-Key names a run that may have ended already.
+    // A repeated Idempotency-Key names a run that may have ended already
+    // (even so long ago that its end left the log).
     let after = if duplicate { 0 } else { after };
-    let end = s.node.wait_run(key, &run_id, after).await.map_err(|e| {
-        use crate::node::RunWaitError;
-        match e {
-            RunWaitError::Turn(e) => e.into(),
-            RunWaitError::Storage(e) => e.into(),
-            RunWaitError::Deleted => {
-                ApiError::new(StatusCode::GONE, "actor_deleted", e.to_string())
+    let ended = duplicate
+        && !s
+            .node
+            .run_is_live(key, &run_id, idempotency_key.as_deref())?;
+    let end = s
+        .node
+        .wait_run(key, &run_id, after, ended)
+        .await
+        .map_err(|e| {
+            use crate::node::RunWaitError;
+            match e {
+                RunWaitError::Turn(e) => e.into(),
+                RunWaitError::Storage(e) => e.into(),
+                RunWaitError::Deleted => {
+                    ApiError::new(StatusCode::GONE, "actor_deleted", e.to_string())
+                }
+                RunWaitError::OutcomeExpired(_) => {
+                    ApiError::new(StatusCode::GONE, "run_outcome_expired", e.to_string())
+                }
+                RunWaitError::ShuttingDown => ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "shutting_down",
+                    e.to_string(),
+                ),
+                RunWaitError::TooManyStreams(_) => ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "too_many_streams",
+                    e.to_string(),
+                ),
             }
-            RunWaitError::ShuttingDown => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "shutting_down",
-                e.to_string(),
-            ),
-            RunWaitError::TooManyStreams(_) => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "too_many_streams",
-                e.to_string(),
-            ),
-        }
-    })?;
+        })?;
     let d = &end.data;
     let (status, body) = match end.kind.as_str() {
         "run_finished" => (

@@ -38,6 +38,12 @@ pub enum RunWaitError {
     /// Waiting needs an event-stream slot and none is free.
     #[error(transparent)]
     TooManyStreams(#[from] crate::streams::TooManyStreams),
+    /// The run ended so long ago that its end event left the log.
+    #[error(
+        "run `{0}` ended, and its outcome is no longer in the actor's event log \
+         (retention dropped it); the run is not repeated"
+    )]
+    OutcomeExpired(String),
     /// Reading events failed.
     #[error(transparent)]
     Storage(#[from] crate::storage::StorageError),
@@ -70,13 +76,53 @@ impl Node {
         })
     }
 
+    /// Whether run `run_id` of `key` may still end: its input (queued
+    /// under `idempotency_key`) has not run yet, or the agent holds it as
+    /// its active or a queued run. Read before the log is searched for the
+    /// run's end: a run that was not live then has its end in the log,
+    /// unless retention dropped it.
+    pub fn run_is_live(
+        &self,
+        key: &ActorKey,
+        run_id: &str,
+        idempotency_key: Option<&str>,
+    ) -> Result<bool, crate::storage::StorageError> {
+        use crate::agents::{ACTIVE_RUN_KEY, QUEUED_RUNS_KEY};
+        use crate::storage::schema::IdemOutcome;
+        let r = self.storage.reader()?;
+        let Some(rec) = r.actor(key)? else {
+            return Ok(false);
+        };
+        if let Some(k) = idempotency_key
+            && let Some(i) = r.idempotency(rec.num, k)?
+            && matches!(i.outcome, IdemOutcome::Queued { .. })
+        {
+            return Ok(true);
+        }
+        let json = |k: &str| -> Result<Value, crate::storage::StorageError> {
+            Ok(r.state(rec.num, k)?
+                .and_then(|v| serde_json::from_slice(&v).ok())
+                .unwrap_or(Value::Null))
+        };
+        if json(ACTIVE_RUN_KEY)?["run_id"] == run_id {
+            return Ok(true);
+        }
+        Ok(json(QUEUED_RUNS_KEY)?
+            .as_array()
+            .is_some_and(|q| q.iter().any(|r| r["run_id"] == run_id)))
+    }
+
     /// Wait for the end of run `run_id` of `key`, reading events after
-    /// `after` (0: the whole kept log).
+    /// `after` (0: the whole kept log). With `ended`, the run is known to
+    /// have ended before the call ([`Self::run_is_live`] said no): if the
+    /// kept log has no end for it, retention dropped it, and waiting would
+    /// never end (a repeat of an old `Idempotency-Key` hung forever).
     pub async fn wait_run(
         &self,
         key: &ActorKey,
         run_id: &str,
         after: u64,
+        ended: bool,
     ) -> Result<RunEnd, RunWaitError> {
         // Subscribe before reading, so a commit in between wakes us.
         let mut sub = self.event_bus().subscribe(key)?;
@@ -106,6 +152,9 @@ impl Node {
                     }
                     if full {
                         continue;
+                    }
+                    if ended {
+                        return Err(RunWaitError::OutcomeExpired(run_id.to_owned()));
                     }
                 }
                 None if existed => return Err(RunWaitError::Deleted),
