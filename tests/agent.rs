@@ -397,6 +397,19 @@ async fn runs_can_be_cancelled_and_budgets_stop_them() {
         .post_json("/v1/actors/counter/x/runs/abc/cancel", &json!({}))
         .await;
     assert_eq!(r.status, 404);
+    // A run that cannot end any more is said so: it ended (409), or there
+    // never was one (404); both were a 202 that did nothing.
+    let cancel = |run: String| {
+        let api = &rig.api;
+        async move {
+            api.post_json(&format!("/v1/actors/slow/s1/runs/{run}/cancel"), &json!({}))
+                .await
+        }
+    };
+    let r = cancel(run_id.to_owned()).await;
+    assert_eq!((r.status, r.code()), (409, "run_ended"), "{}", r.json);
+    let r = cancel("m0000000000000000nothing".into()).await;
+    assert_eq!((r.status, r.code()), (404, "run_not_found"), "{}", r.json);
 
     // A budget of a few tokens: the first step is refused.
     let manifest = json!({"kind": "agent", "agent": {"model": {"provider": "fake", "name": "m1"}},

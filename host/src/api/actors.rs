@@ -333,6 +333,25 @@ pub(super) async fn cancel_run(
     if s.node.actor_info(&key)?.is_none() {
         return Err(ApiError::actor_not_found(&key));
     }
+    // A run that cannot end any more (it did, or it never was) is said so;
+    // a cancel that races the run's end is answered 202 and does nothing.
+    if !s.node.run_is_live(&key, &run_id, None)? {
+        let ended = s.node.run_end(&key, &run_id).map_err(|e| match e {
+            crate::node::RunWaitError::Storage(e) => ApiError::from(e),
+            e => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
+        })?;
+        return Err(match ended {
+            Some(kind) => ApiError::new(
+                StatusCode::CONFLICT,
+                "run_ended",
+                format!("run `{run_id}` of {key} has already ended ({kind})"),
+            ),
+            None => ApiError::not_found(
+                "run_not_found",
+                format!("{key} has no run `{run_id}` that could be cancelled"),
+            ),
+        });
+    }
     let body = serde_json::to_vec(&serde_json::json!({ "cancel": run_id })).expect("JSON encodes");
     s.node
         .enqueue(&key, body.into(), Some("application/json".into()), None)

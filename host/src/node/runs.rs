@@ -51,6 +51,8 @@ pub enum RunWaitError {
 
 /// Events read per page while waiting.
 const PAGE: usize = 256;
+/// Inbox rows looked through for a run's input.
+const INBOX_LOOK: usize = 256;
 
 impl Node {
     /// Whether `ty` is an agent type.
@@ -99,6 +101,12 @@ impl Node {
         {
             return Ok(true);
         }
+        // The input still in the inbox (a long inbox is taken as holding
+        // it: this never says "ended" of a run that may still start).
+        let inbox = r.inbox(rec.num, 0, INBOX_LOOK)?;
+        if inbox.len() == INBOX_LOOK || inbox.iter().any(|(_, m)| m.message_id == run_id) {
+            return Ok(true);
+        }
         let json = |k: &str| -> Result<Value, crate::storage::StorageError> {
             Ok(r.state(rec.num, k)?
                 .and_then(|v| serde_json::from_slice(&v).ok())
@@ -110,6 +118,28 @@ impl Node {
         Ok(json(QUEUED_RUNS_KEY)?
             .as_array()
             .is_some_and(|q| q.iter().any(|r| r["run_id"] == run_id)))
+    }
+
+    /// The kind of the event that ended run `run_id` of `key`, if the kept
+    /// log has it.
+    pub fn run_end(&self, key: &ActorKey, run_id: &str) -> Result<Option<String>, RunWaitError> {
+        let mut after = 0;
+        while let Some(page) = self.events(key, after, PAGE)? {
+            let full = page.len() == PAGE;
+            for (seq, e) in page {
+                after = seq;
+                if RUN_END_EVENTS.contains(&e.kind.as_str()) {
+                    let data: Value = serde_json::from_slice(&e.data).unwrap_or(Value::Null);
+                    if data["run_id"] == run_id {
+                        return Ok(Some(e.kind));
+                    }
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(None)
     }
 
     /// Wait for the end of run `run_id` of `key`, reading events after

@@ -266,9 +266,21 @@ pub(super) fn operations() -> Vec<Op> {
             ),
             body: None,
             responses: vec![
-                (200, "cancelled", Some(any_json())),
-                (404, "no such run", None),
-                (409, "the type is not an agent", None),
+                (
+                    202,
+                    "queued: the run stops at its next step",
+                    Some(any_json()),
+                ),
+                (
+                    404,
+                    "no such actor, or no run of this id that could still end",
+                    None,
+                ),
+                (
+                    409,
+                    "the run has ended (run_ended), or the type is not an agent",
+                    None,
+                ),
             ],
         },
         Op {
