@@ -482,13 +482,15 @@ fn common_responses(op: &Op) -> Vec<(u16, &'static str)> {
     out
 }
 
-/// Whether a client token can open `op` at all (given the right actor and
-/// scopes): asked of the token code itself, with every scope.
+/// Whether a client token can open `op` at all (given the right actor,
+/// scopes and file): asked of the token code itself, with every scope (a
+/// file path is one of the artifacts it may download).
 fn client_token_reaches(op: &Op) -> bool {
     let path = op
         .path
         .replace("{type}", "t")
         .replace("{id}", "i")
+        .replace("{path}", "outputs/x")
         .split('/')
         .map(|seg| if seg.starts_with('{') { "x" } else { seg })
         .collect::<Vec<_>>()
