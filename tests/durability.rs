@@ -107,6 +107,14 @@ async fn durable_messages_acknowledged_before_a_crash_run_after_it() {
     m.kill9();
     m.restart().await;
     let api = m.client();
+    // The backlog is counted from disk (it was kept by increments since
+    // start, and went negative as the recovered backlog drained).
+    let depth = |api: Api| async move {
+        let text = String::from_utf8(api.get("/metrics").await.body).unwrap();
+        common::metric(&text, "marmot_inbox_depth")
+    };
+    let at_start = depth(m.client()).await;
+    assert!((0.0..=55.0).contains(&at_start), "{at_start}");
     for (id, n) in expected {
         api.wait_info("kit", &id, "the inbox to drain", |i| {
             i["pending_messages"] == 0
@@ -124,6 +132,7 @@ async fn durable_messages_acknowledged_before_a_crash_run_after_it() {
             "{id}: every acknowledged message ran once, in order"
         );
     }
+    assert_eq!(depth(m.client()).await, 0.0);
 }
 
 /// One operation of the load: record `op` on `actor`, retried with the same

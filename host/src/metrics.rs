@@ -136,7 +136,9 @@ pub struct Metrics {
     pub mailbox_full: Counter,
     /// Sandbox traps by reason.
     pub traps: Family<TrapLabels, Counter>,
-    /// Durable messages waiting in inboxes (approximate, since start).
+    /// Durable messages waiting in inboxes: the inbox table's length, read
+    /// at each scrape (kept by increments from start, it went negative
+    /// after a restart with a backlog).
     pub inbox_depth: Gauge,
     /// Durable messages given up after repeated crashes.
     pub turns_failed_recovery: Counter,

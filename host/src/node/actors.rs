@@ -89,10 +89,7 @@ impl Node {
             })
             .await?;
         match &outcome {
-            EnqueueOutcome::Queued { .. } => {
-                self.metrics.inbox_depth.inc();
-                self.actors.poke(key);
-            }
+            EnqueueOutcome::Queued { .. } => self.actors.poke(key),
             EnqueueOutcome::Duplicate {
                 message_id,
                 same_request: false,

@@ -274,6 +274,12 @@ impl Node {
         m.guest_memory_refused
             .inner()
             .store(guest_memory.refused(), std::sync::atomic::Ordering::Relaxed);
+        match self.storage.reader().and_then(|r| r.inbox_rows()) {
+            Ok(n) => {
+                m.inbox_depth.set(n.min(i64::MAX as u64) as i64);
+            }
+            Err(e) => tracing::debug!(error = %e, "inbox depth unread"),
+        }
         self.metrics.render()
     }
 

@@ -403,6 +403,11 @@ impl Reader {
         })
     }
 
+    /// Durable messages and webhooks waiting in every inbox on this node.
+    pub fn inbox_rows(&self) -> Result<u64, StorageError> {
+        Ok(self.txn.open_table(INBOX)?.len()?)
+    }
+
     /// Pending deliveries (the webhook queue's depth).
     pub fn pending_deliveries(&self) -> Result<u64, StorageError> {
         Ok(self.txn.open_table(OUTBOX_DUE)?.len()?)

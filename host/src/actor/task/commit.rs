@@ -4,13 +4,11 @@
 //! durable (the output gate: replies, stream frames, scheduler notices,
 //! recipients woken).
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::oneshot;
 
 use super::super::TurnError;
-use super::super::env::ActorEnv;
 use super::ActorTask;
 use crate::alarms::scheduler::Notice;
 use crate::clock::now_ms;
@@ -174,7 +172,6 @@ impl ActorTask {
                         for key in &to {
                             // The writer drops sends to a type deleted since.
                             if env.catalog.get(key.ty()).is_some() {
-                                env.metrics.inbox_depth.inc();
                                 env.poke(key);
                             }
                         }
@@ -374,16 +371,6 @@ fn retention_cut(
         }
     }
     (age_cut, false)
-}
-
-/// The completion of a commit that took a durable message out of the inbox.
-pub(super) fn done_inbox(env: &Arc<ActorEnv>) -> OnDurable {
-    let env = env.clone();
-    Box::new(move |r| {
-        if r.is_ok() {
-            env.metrics.inbox_depth.dec();
-        }
-    })
 }
 
 #[cfg(test)]

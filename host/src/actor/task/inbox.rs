@@ -9,7 +9,6 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::super::TurnError;
-use super::commit::done_inbox;
 use super::{ActorTask, CommitExtras, INBOX_BATCH, INBOX_RETRY_MS};
 use crate::sandbox::{GuestReply, Message, TurnInput, TurnOutput, Webhook};
 use crate::storage::schema::{IdemOutcome, IdemRecord, InboxKind, InboxRecord, StoredReply};
@@ -133,7 +132,7 @@ impl ActorTask {
                         bookkeeping: true,
                         ..Default::default()
                     },
-                    done_inbox(&self.env),
+                    Box::new(drop),
                 );
                 return true;
             }
@@ -192,7 +191,7 @@ impl ActorTask {
                         inbox_done: Some(seq),
                         ..Default::default()
                     },
-                    done_inbox(&self.env),
+                    Box::new(drop),
                 );
             }
             Err(e) if super::not_started(&e) => {
@@ -232,7 +231,7 @@ impl ActorTask {
             inbox_done: Some(seq),
             ..failed_turn(&row, code, error, idem)
         };
-        self.submit(self.unchanged(), extras, done_inbox(&self.env));
+        self.submit(self.unchanged(), extras, Box::new(drop));
     }
 }
 
