@@ -51,7 +51,17 @@ async fn health_ready_metrics_and_request_ids() {
     );
     let r = api.get("/metrics").await;
     assert_eq!(r.status, 200);
+    // What prometheus-client writes, labelled as such.
+    assert!(
+        r.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/openmetrics-text; version=1.0.0"),
+        "{:?}",
+        r.headers
+    );
     let text = String::from_utf8(r.body).unwrap();
+    assert!(text.ends_with("# EOF\n"), "{text}");
     for name in [
         "marmot_actors_active",
         "marmot_actors_hibernated",
@@ -59,6 +69,10 @@ async fn health_ready_metrics_and_request_ids() {
         "marmot_turn_duration_seconds",
         "marmot_wake_duration_seconds",
         "marmot_commit_batch_size",
+        // Counters by reason exist before their first increment.
+        "marmot_sandbox_traps_total{reason=\"cpu\"} 0",
+        "marmot_webhooks_received_total{outcome=\"rejected\"} 0",
+        "marmot_turns_total{kind=\"alarm\",outcome=\"trap\"} 0",
     ] {
         assert!(text.contains(name), "metrics lack {name}:\n{text}");
     }

@@ -209,6 +209,15 @@ impl Metrics {
         );
         let turns = Family::<TurnLabels, Counter>::default();
         registry.register("turns", "Turns by kind and outcome", turns.clone());
+        // Series that exist from the start, at 0: a counter that appears
+        // with its first increment is invisible to `rate()` and
+        // `increase()` for that increment (the first trap of a kind after
+        // a restart went unseen).
+        for kind in ["message", "alarm", "webhook", "input"] {
+            for outcome in ["ok", "error", "trap", "timeout"] {
+                drop(turns.get_or_create(&TurnLabels { kind, outcome }));
+            }
+        }
         let turn_seconds = Histogram::new(exponential_buckets(10e-6, 2.0, 22));
         registry.register(
             "turn_duration_seconds",
@@ -402,6 +411,9 @@ impl Metrics {
         );
         let traps = Family::<TrapLabels, Counter>::default();
         registry.register("sandbox_traps", "Sandbox traps by reason", traps.clone());
+        for reason in ["cpu", "memory", "timeout", "trap", "stack_overflow"] {
+            drop(traps.get_or_create(&TrapLabels { reason }));
+        }
         let inbox_depth = Gauge::default();
         registry.register(
             "inbox_depth",
@@ -438,6 +450,9 @@ impl Metrics {
             "Inbound webhooks by outcome",
             webhooks_received.clone(),
         );
+        for outcome in ["accepted", "duplicate", "rejected"] {
+            drop(webhooks_received.get_or_create(&HookLabels { outcome }));
+        }
         let webhooks_run_directly = Counter::default();
         registry.register(
             "webhooks_run_directly",
@@ -450,6 +465,9 @@ impl Metrics {
             "Outbound webhook delivery attempts by outcome (delivered, failed, dead)",
             webhook_deliveries.clone(),
         );
+        for outcome in ["delivered", "failed", "dead"] {
+            drop(webhook_deliveries.get_or_create(&HookLabels { outcome }));
+        }
         let webhook_queue_depth = Gauge::default();
         registry.register(
             "webhook_queue_depth",

@@ -64,11 +64,15 @@ pub(super) async fn readyz(State(s): State<AppState>) -> Response {
     }
 }
 
+/// `GET /metrics`. `prometheus-client` writes OpenMetrics 1.0 (counters'
+/// samples end in `_total`, the body in `# EOF`), so that is what the
+/// response says: labelled `text/plain; version=0.0.4`, a strict parser of
+/// that older format found 26 mismatched TYPE lines. Prometheus reads both.
 pub(super) async fn metrics(State(s): State<AppState>) -> Response {
     (
         [(
             header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
         s.node.render_metrics(),
     )
