@@ -40,6 +40,33 @@ async fn idle_actors_hibernate_and_wake_with_state_intact() {
         "{metrics}"
     );
 
+    // Deleting a hibernated actor wakes it only to delete it: it does not
+    // stay counted active until its idle timeout, nor count a hibernation.
+    api.add("kit", "doomed", 1).await;
+    api.wait_info("kit", "doomed", "hibernation", |i| {
+        i["status"] == "hibernated"
+    })
+    .await;
+    let gauges = || async {
+        let m = String::from_utf8(api.get("/metrics").await.body).unwrap();
+        (
+            common::metric(&m, "marmot_actors_active"),
+            common::metric(&m, "marmot_actors_hibernated"),
+            common::metric(&m, "marmot_hibernations_total"),
+        )
+    };
+    let (_, hibernated, hibernations) = gauges().await;
+    assert_eq!(api.delete("/v1/actors/kit/doomed").await.status, 200);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = gauges().await;
+        if now == (0.0, hibernated - 1.0, hibernations) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "gauges after a delete: {now:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
     // The next message wakes it from disk.
     let r = api
         .op("kit", "sleepy", json!({"op": "add", "key": "n", "by": 1}))

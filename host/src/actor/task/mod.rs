@@ -173,18 +173,28 @@ impl ActorTask {
         let idle = self.idle_timeout();
         let sleep = tokio::time::sleep(idle);
         tokio::pin!(sleep);
+        // The actor was deleted and nothing has happened since: the
+        // activation leaves as soon as it is idle, rather than sit out the
+        // idle timeout as an empty actor (counted active for 30 s, then as
+        // a hibernation, after a delete woke it only to delete it).
+        let mut emptied = false;
         loop {
             if self.shared.delete_asked() {
                 self.set_busy(true);
                 Box::pin(self.run_deletes()).await;
                 self.set_busy(false);
                 self.last_activity = Instant::now();
+                emptied = true;
             }
             if self.shared.inbox_dirty.swap(false, Ordering::AcqRel) {
                 self.set_busy(true);
                 Box::pin(self.drain_inbox()).await;
                 self.set_busy(false);
                 self.last_activity = Instant::now();
+            }
+            if emptied && self.live.is_none() && Box::pin(self.try_hibernate(&mut rx, false)).await
+            {
+                return;
             }
             let wake = self.next_wake(idle);
             if wake < sleep.deadline().into_std() {
@@ -196,6 +206,11 @@ impl ActorTask {
                 env = rx.recv() => {
                     let Some(env) = env else { break };
                     let housekeeping = matches!(env, Envelope::TrimEvents);
+                    emptied = match env {
+                        Envelope::Delete(_) => true,
+                        Envelope::InboxPoke | Envelope::TrimEvents => emptied,
+                        _ => false,
+                    };
                     // Boxed so the task's resting size stays small: an idle
                     // actor is a few hundred bytes here, not the 4 KB of a
                     // turn in progress (10,000 actors: 35 MB).
@@ -204,22 +219,24 @@ impl ActorTask {
                     self.set_busy(false);
                     self.last_activity = Instant::now();
                     // A deleted type's actors leave as soon as they are idle,
-                    // and so does an actor woken only for housekeeping.
-                    if (self.shared.ty.is_deleted() || (housekeeping && self.live.is_none()))
-                        && Box::pin(self.try_hibernate(&mut rx)).await
+                    // and so does an actor woken only for housekeeping, or
+                    // only to be deleted.
+                    if (self.shared.ty.is_deleted()
+                        || ((housekeeping || emptied) && self.live.is_none()))
+                        && Box::pin(self.try_hibernate(&mut rx, !emptied)).await
                     {
                         return;
                     }
                 }
                 () = self.shared.hibernate.notified() => {
-                    if Box::pin(self.try_hibernate(&mut rx)).await {
+                    if Box::pin(self.try_hibernate(&mut rx, true)).await {
                         return;
                     }
                 }
                 () = &mut sleep => {
                     let now = Instant::now();
                     if now >= self.last_activity + idle {
-                        if Box::pin(self.try_hibernate(&mut rx)).await {
+                        if Box::pin(self.try_hibernate(&mut rx, true)).await {
                             return;
                         }
                         sleep.as_mut().reset((Instant::now() + idle).into());
@@ -242,7 +259,13 @@ impl ActorTask {
         }
     }
 
-    async fn try_hibernate(&mut self, rx: &mut mpsc::Receiver<Envelope>) -> bool {
+    /// Leave memory if nothing is queued; `hibernation`: count it as one
+    /// (not when a deleted actor's empty activation leaves).
+    async fn try_hibernate(
+        &mut self,
+        rx: &mut mpsc::Receiver<Envelope>,
+        hibernation: bool,
+    ) -> bool {
         // Activity statistics are written lazily; bring them to disk now.
         if let (Some(r), Some(p)) = (&self.record, &self.persisted)
             && r != p
@@ -268,8 +291,10 @@ impl ActorTask {
             return false;
         }
         self.env.metrics.actors_active.dec();
-        self.env.metrics.hibernations.inc();
-        tracing::debug!(actor = %self.key, "hibernated");
+        if hibernation {
+            self.env.metrics.hibernations.inc();
+            tracing::debug!(actor = %self.key, "hibernated");
+        }
         true
     }
 
