@@ -192,7 +192,7 @@ impl Sender {
                     }
                 }
                 Shipping::NoBackup => {}
-                Shipping::Lost => fates[i] = lost(b),
+                Shipping::Lost => fates[i] = lost(b, false),
             }
         }
         let sends = per_node
@@ -237,6 +237,8 @@ impl Sender {
         let mut out = Vec::new();
         let mut backoff = Duration::from_millis(10);
         let mut blobs_cache: BTreeMap<[u8; 32], Vec<u8>> = BTreeMap::new();
+        // Batches a copy of which went out (the backup may have them).
+        let mut sent = std::collections::HashSet::new();
         loop {
             // Re-resolve: the slot may have lost its backup or its owner.
             // (`url`: the backup's, while it is a live member.)
@@ -247,7 +249,7 @@ impl Sender {
                     Shipping::To(targets) => targets.into_iter().find(|t| t.node_id == node),
                     Shipping::NoBackup => None,
                     Shipping::Lost => {
-                        out.push((i, lost(b)));
+                        out.push((i, lost(b, sent.contains(&i))));
                         return false;
                     }
                 };
@@ -271,6 +273,7 @@ impl Sender {
                 return out;
             }
             if let Some(base) = &url {
+                sent.extend(pending.iter().copied());
                 match self.send(base, &pending, all, &mut blobs_cache).await {
                     Ok(outcomes) => {
                         let mut refused = Vec::new();
@@ -382,12 +385,27 @@ impl Sender {
     }
 }
 
-fn lost(b: &ReplicaBatch) -> Fate {
-    Fate::Lost(format!(
-        "slot {} moved to another node before its backup had this commit \
-         (every turn committed with it fails, whichever slot its actor is in)",
-        b.slot
-    ))
+/// The fate of batch `b` whose slot moved on before its backup confirmed
+/// it; `maybe_sent`: a copy was sent, so the backup (now the owner) may
+/// have it. Then the outcome is unknown, and the error must say so: "commit
+/// failed" told a client that a turn the new owner had applied did not
+/// happen, and its plain retry applied it twice (found by a probe).
+fn lost(b: &ReplicaBatch, maybe_sent: bool) -> Fate {
+    Fate::Lost(if maybe_sent {
+        format!(
+            "outcome unknown: slot {} moved to another node while this commit was being copied \
+             to its backup, which may have applied it; retry with the same Idempotency-Key to \
+             learn the outcome without running it twice",
+            b.slot
+        )
+    } else {
+        format!(
+            "slot {} moved to another node before this commit was copied to its backup: it did \
+             not take effect, and a retry is safe (every turn committed with it fails, \
+             whichever slot its actor is in)",
+            b.slot
+        )
+    })
 }
 
 /// Blobs the files of a batch name.
