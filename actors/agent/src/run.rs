@@ -258,6 +258,14 @@ impl Harness {
         }
         let messages: Vec<&Value> = transcript.iter().map(|(_, m)| m).collect();
         let mut req = self.request(json!(messages));
+        // What is left of the run's allowance caps this step's answer:
+        // checked only between steps, one answer passed
+        // limits.max_output_tokens by any amount (a probe saw 202 of 20).
+        let left = limits.max_output_tokens - run.output_tokens;
+        let cap = req["max_output_tokens"]
+            .as_u64()
+            .map_or(left, |n| n.min(left));
+        req["max_output_tokens"] = json!(cap);
         req["tools"] = json!(self.m.definitions());
         req["stream"] = json!(true);
         match model::chat(&req) {
