@@ -314,13 +314,24 @@ async fn runs_can_be_cancelled_and_budgets_stop_them() {
             json!({"title": "x"}),
         )],
     }]);
-    let api = rig.api.clone();
-    let waiting = tokio::spawn(async move {
-        api.post_json("/v1/actors/slow/s1", &json!({"input": "go"}))
-            .await
-    });
+    // A waiting caller whose run asks a person is told so (it was held
+    // until someone answered): 202, what to answer, and the run goes on.
+    let input = json!({"input": "go"});
+    let go = || {
+        rig.api
+            .post_with("/v1/actors/slow/s1", &input, &[("idempotency-key", "go-1")])
+    };
+    let r = tokio::time::timeout(std::time::Duration::from_secs(20), go())
+        .await
+        .expect("a run waiting for an approval holds its caller");
+    assert_eq!(r.status, 202, "{}", r.json);
+    assert_eq!(r.json["status"], "waiting", "{}", r.json);
+    assert_eq!(r.json["waiting_for"]["kind"], "approval", "{}", r.json);
+    assert_eq!(r.json["waiting_for"]["tool"], "create_ticket", "{}", r.json);
     let asked = rig.wait_event("slow", "s1", "approval_requested", 1).await;
+    assert_eq!(r.json["waiting_for"]["input_id"], asked["data"]["input_id"]);
     let run_id = asked["data"]["run_id"].as_str().unwrap();
+    assert_eq!(r.json["run_id"], run_id);
     let r = rig
         .api
         .post_json(
@@ -329,7 +340,9 @@ async fn runs_can_be_cancelled_and_budgets_stop_them() {
         )
         .await;
     assert_eq!(r.status, 202, "{}", r.json);
-    let r = waiting.await.unwrap();
+    // Asked again (the same key) once it ended, the caller gets how.
+    rig.wait_event("slow", "s1", "run_failed", 1).await;
+    let r = go().await;
     assert_eq!(
         (r.status, r.json["error"]["code"].as_str()),
         (409, Some("run_cancelled")),
@@ -535,6 +548,29 @@ async fn a_repeated_run_answers_its_outcome_or_says_it_is_gone() {
         info["turns"],
         "the repeat ran no turn"
     );
+}
+
+/// A run's `limits.max_output_tokens` caps each model step's answer by
+/// what is left of it (it was checked between steps only, so one answer
+/// could pass it by any amount), and the manifest's own cap still holds
+/// when it is lower.
+#[tokio::test]
+async fn a_steps_answer_is_capped_by_what_is_left_of_the_run() {
+    let rig = Rig::new().await;
+    for (ty, model_cap) in [("capped", 1000), ("tight", 7)] {
+        let manifest = json!({"kind": "agent", "agent": {
+            "model": {"provider": "fake", "name": "m1", "max_output_tokens": model_cap},
+            "limits": {"max_output_tokens": 20}}});
+        let r = put(&rig.api, &format!("/v1/types/{ty}"), manifest).await;
+        assert_eq!(r.status, 201, "{}", r.json);
+        let r = rig
+            .api
+            .post_json(&format!("/v1/actors/{ty}/a"), &json!({"input": "hello"}))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.json);
+        let sent = rig.fake.requests().last().unwrap().body.clone();
+        assert_eq!(sent["max_tokens"], model_cap.min(20), "{sent}");
+    }
 }
 
 /// Twenty agent runs at once against one type budget: the reservations

@@ -270,6 +270,20 @@ async fn run(
             }
         })?;
     let d = &end.data;
+    if end.paused() {
+        // Waiting for a person: say for what, rather than hold the request
+        // open until someone answers (the run goes on; a repeat with the
+        // same Idempotency-Key waits again).
+        let waits_for = match end.kind.as_str() {
+            "approval_requested" => "approval",
+            "tool_uncertain" => "confirmation",
+            _ => "client_tool",
+        };
+        let body = serde_json::json!({ "run_id": run_id, "status": "waiting",
+            "waiting_for": { "kind": waits_for, "input_id": d["input_id"],
+                "tool": d["name"], "call_id": d["call_id"], "arguments": d["arguments"] } });
+        return Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response());
+    }
     let (status, body) = match end.kind.as_str() {
         "run_finished" => (
             StatusCode::OK,

@@ -13,14 +13,24 @@ use crate::ids::ActorKey;
 use crate::storage::EnqueueOutcome;
 use crate::storage::schema::CodeKind;
 
-/// How a run ended: the event's kind and data.
+/// How a run ended, or that it waits for a person: the event's kind and
+/// data.
 #[derive(Debug, Clone)]
 pub struct RunEnd {
     /// `run_finished`, `run_failed` or `budget_exceeded`; `turn_failed`
-    /// when the input's own turn failed.
+    /// when the input's own turn failed; `approval_requested`,
+    /// `tool_call` (of a client tool) or `tool_uncertain` while it waits
+    /// for an answer ([`Self::paused`]).
     pub kind: String,
-    /// The event's data (`run_id`, `output`, `usage`, `error`…).
+    /// The event's data (`run_id`, `output`, `usage`, `error`, `input_id`…).
     pub data: Value,
+}
+
+impl RunEnd {
+    /// Whether the run did not end but waits for a person.
+    pub fn paused(&self) -> bool {
+        asks_a_person(&self.kind, &self.data)
+    }
 }
 
 /// Why waiting for a run stopped without its end.
@@ -51,6 +61,31 @@ pub enum RunWaitError {
 
 /// Events read per page while waiting.
 const PAGE: usize = 256;
+
+/// The agent's events of a run's progress (each carries `run_id`): any of
+/// them after a request to a person means the run went on.
+const RUN_EVENTS: &[&str] = &[
+    "run_started",
+    "model_step",
+    "tool_call",
+    "tool_result",
+    "approval_requested",
+    "tool_uncertain",
+    "tool_arguments_changed",
+    "model_retry",
+    "compacted",
+];
+
+/// Whether the agent's event `kind` (`data`) asks a person for something
+/// the run waits on: an approval, a client tool's result, or whether a
+/// call cut off by a crash took effect.
+fn asks_a_person(kind: &str, data: &Value) -> bool {
+    match kind {
+        "approval_requested" | "tool_uncertain" => true,
+        "tool_call" => data["client"] == true,
+        _ => false,
+    }
+}
 /// Inbox rows looked through for a run's input.
 const INBOX_LOOK: usize = 256;
 
@@ -142,11 +177,19 @@ impl Node {
         Ok(None)
     }
 
-    /// Wait for the end of run `run_id` of `key`, reading events after
-    /// `after` (0: the whole kept log). With `ended`, the run is known to
-    /// have ended before the call ([`Self::run_is_live`] said no): if the
-    /// kept log has no end for it, retention dropped it, and waiting would
-    /// never end (a repeat of an old `Idempotency-Key` hung forever).
+    /// Wait for the end of run `run_id` of `key`, or for it to wait for a
+    /// person, reading events after `after` (0: the whole kept log). With
+    /// `ended`, the run is known to have ended before the call
+    /// ([`Self::run_is_live`] said no): if the kept log has no end for it,
+    /// retention dropped it, and waiting would never end (a repeat of an
+    /// old `Idempotency-Key` hung forever).
+    ///
+    /// A run that asks a person (an approval, a client tool's result, a
+    /// confirmation after a crash) is answered as paused ([`RunEnd::paused`])
+    /// once the log shows nothing of the run after the request: a waiting
+    /// caller learns what to answer instead of holding a request open
+    /// until someone does (a plain client or a proxy gave up first, never
+    /// told why).
     pub async fn wait_run(
         &self,
         key: &ActorKey,
@@ -158,6 +201,9 @@ impl Node {
         let mut sub = self.event_bus().subscribe(key)?;
         let mut after = after;
         let mut existed = false;
+        // The run's last request to a person, while nothing of the run
+        // has followed it.
+        let mut paused: Option<RunEnd> = None;
         loop {
             sub.changed.borrow_and_update();
             match self.events(key, after, PAGE)? {
@@ -166,22 +212,30 @@ impl Node {
                     let full = page.len() == PAGE;
                     for (seq, e) in page {
                         after = seq;
-                        // The run's end, or the failure of the input turn
-                        // itself (then no run began).
-                        let field = if RUN_END_EVENTS.contains(&e.kind.as_str()) {
-                            "run_id"
-                        } else if e.kind == "turn_failed" {
-                            "message_id"
-                        } else {
+                        let end = RUN_END_EVENTS.contains(&e.kind.as_str());
+                        // The failure of the input turn itself (then no
+                        // run began) names the message.
+                        let failed = e.kind == "turn_failed";
+                        let of_runs = end || failed || RUN_EVENTS.contains(&e.kind.as_str());
+                        if !of_runs {
                             continue;
-                        };
+                        }
                         let data: Value = serde_json::from_slice(&e.data).unwrap_or(Value::Null);
-                        if data[field] == run_id {
+                        let field = if failed { "message_id" } else { "run_id" };
+                        if data[field] != run_id {
+                            continue;
+                        }
+                        if end || failed {
                             return Ok(RunEnd { kind: e.kind, data });
                         }
+                        paused =
+                            asks_a_person(&e.kind, &data).then_some(RunEnd { kind: e.kind, data });
                     }
                     if full {
                         continue;
+                    }
+                    if let Some(p) = paused {
+                        return Ok(p);
                     }
                     if ended {
                         return Err(RunWaitError::OutcomeExpired(run_id.to_owned()));

@@ -64,7 +64,7 @@ pub(super) fn operations() -> Vec<Op> {
                 ),
                 (
                     202,
-                    "queued",
+                    "queued (?wait=false); or an agent's run waits for a person: {run_id, status: waiting, waiting_for}",
                     Some(
                         json!({"type": "object", "properties": {"message_id": {"type": "string"}}}),
                     ),
