@@ -164,6 +164,14 @@ async fn a_run_calls_the_model_and_its_tools_committing_every_step() {
             "allowed_hosts",
         ),
         (json!([{"kind": "shell"}]), "kind must be"),
+        (
+            json!([{"kind": "client", "name": "pick", "input_schema": {"type": "banana"}}]),
+            "must describe an object",
+        ),
+        (
+            json!([{"kind": "client", "name": "pick", "input_schema": {"type": "array"}}]),
+            "must describe an object",
+        ),
     ] {
         let r = rig.agent("helper", tools).await;
         assert_eq!(
@@ -571,6 +579,56 @@ async fn a_steps_answer_is_capped_by_what_is_left_of_the_run() {
         let sent = rig.fake.requests().last().unwrap().body.clone();
         assert_eq!(sent["max_tokens"], model_cap.min(20), "{sent}");
     }
+}
+
+/// A call whose arguments do not fit the tool's `input_schema` is answered
+/// with why, and is neither put to a person nor sent (the schema was only
+/// shown to the model: `{"title": 12345}` reached the endpoint, approved).
+#[tokio::test]
+async fn calls_that_do_not_fit_their_schema_are_refused_before_anything() {
+    let rig = Rig::new().await;
+    let tool = rig.ticket_tool(json!({"needs_approval": true}));
+    assert_eq!(rig.agent("strict", json!([tool])).await.status, 201);
+    rig.fake.push([
+        Scripted::ToolCalls {
+            text: String::new(),
+            calls: vec![
+                (
+                    "call_n".into(),
+                    "create_ticket".into(),
+                    json!({"title": 12345}),
+                ),
+                ("call_a".into(), "create_ticket".into(), json!([1, 2])),
+            ],
+        },
+        Scripted::Text("I could not.".into()),
+    ]);
+    let r = rig
+        .api
+        .post_json("/v1/actors/strict/s", &json!({"input": "go"}))
+        .await;
+    assert_eq!(
+        (r.status, r.json["output"].as_str()),
+        (200, Some("I could not.")),
+        "{}",
+        r.json
+    );
+    let events = rig.events("strict", "s").await;
+    let k = kinds(&events);
+    assert!(!k.contains(&"approval_requested".to_owned()), "{k:?}");
+    let results: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "tool_result")
+        .collect();
+    assert_eq!(results.len(), 2, "{events:#?}");
+    for e in results {
+        let text = e["data"].to_string();
+        assert!(text.contains("input_schema"), "{text}");
+    }
+    assert!(
+        rig.tickets.posts().is_empty(),
+        "a call that did not fit was sent"
+    );
 }
 
 /// Twenty agent runs at once against one type budget: the reservations

@@ -236,10 +236,19 @@ pub fn check(manifest: &Value, config: &TypeConfig) -> Result<String, String> {
                 return Err(format!("{at}.{key} must be true or false"));
             }
         }
-        if let Some(s) = obj.get("input_schema")
-            && !s.is_object()
-        {
-            return Err(format!("{at}.input_schema must be a JSON Schema object"));
+        if let Some(s) = obj.get("input_schema") {
+            if !s.is_object() {
+                return Err(format!("{at}.input_schema must be a JSON Schema object"));
+            }
+            // Providers take a tool's arguments as an object: a schema of
+            // anything else (or of no type JSON has) was refused by the
+            // provider at every run, or checked nothing.
+            if s.get("type").is_some_and(|t| t != "object") {
+                return Err(format!(
+                    "{at}.input_schema must describe an object (`\"type\": \"object\"`): \
+                     tool arguments are an object"
+                ));
+            }
         }
         match kind {
             "http" => {
@@ -391,6 +400,13 @@ fn check_endpoint(
                         "{at}.headers.{k} names secret `{name}`, which is not in config.secrets"
                     ));
                 }
+                // The host substitutes secrets towards https only: every
+                // call would fail (found by a probe), so say it now.
+                if parsed.scheme() != "https" {
+                    return Err(format!(
+                        "{at}.headers.{k} names secret `{name}`, and secrets are only sent over https, not to `{url}`"
+                    ));
+                }
                 rest = &after[end + 2..];
             }
         }
@@ -450,6 +466,14 @@ mod tests {
         bad(
             &|m| m["tools"][2]["name"] = json!("create_ticket"),
             "defined twice",
+        );
+        bad(
+            &|m| m["tools"][1]["url"] = json!("http://api.example.com/tickets"),
+            "only sent over https",
+        );
+        bad(
+            &|m| m["tools"][3]["input_schema"] = json!({"type": "array"}),
+            "must describe an object",
         );
         bad(&|m| m["tools"][0]["kind"] = json!("shell"), "kind must be");
         bad(&|m| m["tools"][3]["url"] = json!("x"), "unknown key `url`");

@@ -185,6 +185,15 @@ impl Manifest {
         self.tools.iter().map(|t| t.definition(self)).collect()
     }
 
+    /// Why `args` do not fit the input schema the model was shown for
+    /// `tool`, if they do not: such a call is answered with the reason and
+    /// never run or put to a person (the schema was only shown, and a
+    /// call the endpoint could not take reached it, approved).
+    pub fn check_arguments(&self, tool: &Tool, args: &Value) -> Result<(), String> {
+        let definition = tool.definition(self);
+        marmot_core::schema::check(&definition["input_schema"], args)
+    }
+
     /// The tools a code tool's script may call: http and actor tools that
     /// need no approval, while no tool of their kind needs one (a script
     /// with the capability could reach a gated endpoint directly, so it

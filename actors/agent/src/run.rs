@@ -378,6 +378,12 @@ impl Harness {
             let outcome = Outcome::error(format!("there is no tool named `{name}`"));
             return self.record(run, &call_id, &name, outcome);
         };
+        if let Err(why) = self.m.check_arguments(tool, &args) {
+            let outcome = Outcome::error(format!(
+                "the arguments do not fit the tool's input_schema ({why}); the call was not made"
+            ));
+            return self.record(run, &call_id, &name, outcome);
+        }
         let data =
             json!({ "run_id": run.run_id, "call_id": call_id, "name": name, "arguments": args });
         if let Tool::Client { .. } = tool {

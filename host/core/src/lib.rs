@@ -1,6 +1,7 @@
 //! The leaves every Marmot host crate builds on: wall-clock time as the
 //! node sees it ([`clock`]), the names users choose and their validation
-//! ([`ids`]), JSON read as the client meant it ([`json`]), and the
+//! ([`ids`]), JSON read as the client meant it ([`json`]) and checked
+//! against a schema ([`schema`]), and the
 //! settings of the node and of actor types ([`config`]). Nothing here
 //! knows about storage, sandboxes or actors.
 
@@ -8,3 +9,4 @@ pub mod clock;
 pub mod config;
 pub mod ids;
 pub mod json;
+pub mod schema;
