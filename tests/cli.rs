@@ -193,6 +193,37 @@ async fn cli_client_commands() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("is not an http(s) URL"), "{err}");
+    // Credentials in the URL are refused, never echoed; a query would be
+    // glued in front of every path.
+    let port = m.url.rsplit(':').next().unwrap();
+    for (url, why) in [
+        (
+            format!("http://admin:HUNTER2@127.0.0.1:{port}"),
+            "credentials",
+        ),
+        (format!("{}/?token=x", m.url), "query"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+            .args(["types", "--url", &url])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(why) && !err.contains("HUNTER2"), "{err}");
+    }
+    // A listing cut by --limit says there is more (on stderr).
+    for id in ["l1", "l2", "l3"] {
+        marmot(&["call", "kit", id, r#"{"op": "get", "key": "n"}"#]);
+    }
+    let out = marmot(&["actors", "kit", "--prefix", "l", "--limit", "2"]);
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().count(),
+        3,
+        "a header and two rows"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("more actors"));
+    assert!(!marmot(&["actors", "kit", "--limit", "0"]).status.success());
     // `marmot inspect … | head -c 0`: the reader is gone before the answer
     // is printed. The command ends as `cat` would, killed by SIGPIPE with
     // nothing on stderr; it used to panic in `println!`.

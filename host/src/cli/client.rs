@@ -16,6 +16,16 @@ struct Client {
 impl Client {
     fn new(args: &ClientArgs) -> anyhow::Result<Self> {
         match reqwest::Url::parse(&args.url) {
+            // Credentials in the URL would be echoed in every error (and
+            // end up in CI logs); a query or fragment would be glued in
+            // front of every path.
+            Ok(u) if !u.username().is_empty() || u.password().is_some() => anyhow::bail!(
+                "--url must not carry credentials: give the token with --token or MARMOT_TOKEN"
+            ),
+            Ok(u) if u.query().is_some() || u.fragment().is_some() => anyhow::bail!(
+                "--url `{}` must not have a query or fragment (e.g. http://127.0.0.1:7878)",
+                args.url
+            ),
             Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => {}
             _ => anyhow::bail!(
                 "--url `{}` is not an http(s) URL with a host (e.g. http://127.0.0.1:7878)",
@@ -91,8 +101,30 @@ fn seg(s: &str) -> String {
 fn print_json(body: &[u8]) {
     match serde_json::from_slice::<serde_json::Value>(body) {
         Ok(v) => println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default()),
-        Err(_) => println!("{}", String::from_utf8_lossy(body)),
+        Err(_) => println!("{}", for_terminal(&String::from_utf8_lossy(body))),
     }
+}
+
+/// `text` (an actor's, so anyone's) as it may be shown: at a terminal,
+/// control characters other than newlines and tabs are escaped, so a
+/// reply cannot move the cursor, recolour or retitle the operator's
+/// terminal (ESC and OSC sequences); to a pipe or a file it is as sent.
+fn for_terminal(text: &str) -> std::borrow::Cow<'_, str> {
+    use std::io::IsTerminal as _;
+    let risky = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !std::io::stdout().is_terminal() || !text.contains(risky) {
+        return text.into();
+    }
+    text.chars()
+        .map(|c| {
+            if risky(c) {
+                format!("\\u{{{:x}}}", c as u32)
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
 }
 
 pub(super) async fn deploy(args: &ClientArgs, ty: &str, file: &Path) -> anyhow::Result<()> {
@@ -198,7 +230,13 @@ pub(super) async fn actors(
         }
         shown += items.len();
         match v["next_cursor"].as_str() {
-            Some(next) if !items.is_empty() => cursor = Some(next.to_owned()),
+            Some(next) if !items.is_empty() => {
+                cursor = Some(next.to_owned());
+                if shown >= limit {
+                    // Said on stderr: stdout stays the table.
+                    eprintln!("… more actors: list them with a larger --limit (or a --prefix)");
+                }
+            }
             _ => break,
         }
     }

@@ -88,8 +88,8 @@ enum Command {
         #[arg(long, default_value = "")]
         prefix: String,
         /// Most actors to list.
-        #[arg(long, default_value_t = 100)]
-        limit: usize,
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+        limit: u64,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -440,7 +440,15 @@ async fn run(
             prefix,
             limit,
             client,
-        } => client::actors(&client, &ty, &prefix, limit).await,
+        } => {
+            client::actors(
+                &client,
+                &ty,
+                &prefix,
+                usize::try_from(limit).unwrap_or(usize::MAX),
+            )
+            .await
+        }
         Command::Inspect { ty, id, client } => client::inspect(&client, &ty, &id).await,
         Command::Events {
             ty,
