@@ -100,12 +100,13 @@ impl From<crate::node::AdmitError> for ApiError {
 
 impl From<StorageError> for ApiError {
     fn from(e: StorageError) -> Self {
-        tracing::error!(error = %e, "storage error while serving a request");
-        let mut err = Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "storage_error",
-            e.to_string(),
-        );
+        let code = if let StorageError::ShuttingDown = e {
+            "shutting_down"
+        } else {
+            tracing::error!(error = %e, "storage error while serving a request");
+            "storage_error"
+        };
+        let mut err = Self::new(StatusCode::SERVICE_UNAVAILABLE, code, e.to_string());
         err.retry_after = Some(1);
         err
     }

@@ -303,6 +303,7 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
         });
         match scan {
             Ok(stopped_at) => resume = stopped_at.unwrap_or((0, 0)),
+            Err(crate::storage::StorageError::ShuttingDown) => return,
             Err(e) => {
                 tracing::error!(error = %e, "webhook worker cannot read the outbox");
                 // What was counted as started is not.

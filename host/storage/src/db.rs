@@ -53,6 +53,9 @@ impl DbCell {
     }
 
     fn unavailable(&self) -> StorageError {
+        if self.shut.load(std::sync::atomic::Ordering::Acquire) {
+            return StorageError::ShuttingDown;
+        }
         StorageError::Unavailable(
             self.fault()
                 .unwrap_or_else(|| "the database is being reopened".to_owned()),
@@ -88,9 +91,7 @@ impl DbCell {
             return Ok(db.clone());
         }
         if self.shut.load(std::sync::atomic::Ordering::Acquire) {
-            return Err(StorageError::Unavailable(
-                "the node is shutting down".to_owned(),
-            ));
+            return Err(StorageError::ShuttingDown);
         }
         let db = Arc::new((self.opener)().map_err(|e| StorageError::Open {
             path: self.path.clone(),

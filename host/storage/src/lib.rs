@@ -80,6 +80,11 @@ pub enum StorageError {
     /// is closed until it can be reopened.
     #[error("storage unavailable: {0}")]
     Unavailable(String),
+    /// The node is shutting down and has closed the database for good:
+    /// work still running finds it gone (which is no fault to report;
+    /// it said "the database is being reopened", at ERROR, at every stop).
+    #[error("the node is shutting down")]
+    ShuttingDown,
 }
 
 macro_rules! db_err {

@@ -14,7 +14,7 @@ use crate::schema::{
     ActorRecord, AlarmRecord, AlarmSchedule, CodeKind, EventRecord, InboxKind, InboxRecord,
     InputRecord, InputStatus, TypeRecord, VersionRecord,
 };
-use crate::{Storage, WriterMetrics};
+use crate::{Storage, StorageError, WriterMetrics};
 
 pub(super) fn open() -> (tempfile::TempDir, Storage) {
     let dir = tempfile::tempdir().unwrap();
@@ -130,6 +130,21 @@ pub(super) fn with_effects(op: WriteOp, to: &ActorKey) -> WriteOp {
 
 pub(super) fn value(storage: &Storage, num: u64, k: &str) -> Option<Vec<u8>> {
     storage.reader().unwrap().state(num, k).unwrap()
+}
+
+/// Work still running when the node stops finds the database closed for
+/// good, and is told so: it was "the database is being reopened", which
+/// the webhook worker and turns logged as a storage fault at every stop.
+#[tokio::test]
+async fn after_close_the_storage_says_the_node_is_shutting_down() {
+    let (_dir, storage) = open();
+    assert!(storage.reader().is_ok());
+    storage.close().await;
+    match storage.reader() {
+        Err(StorageError::ShuttingDown) => {}
+        Err(e) => panic!("closed storage says: {e}"),
+        Ok(_) => panic!("closed storage still reads"),
+    }
 }
 
 #[tokio::test]
