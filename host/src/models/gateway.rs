@@ -213,6 +213,7 @@ impl Gateway {
                     .await
                     .map(|mut d| {
                         scrub::decoded(&mut d, &scrub);
+                        estimate_missing_usage(&mut d, body.len());
                         d
                     })
                     .map_err(|mut e| {
@@ -467,6 +468,24 @@ impl Gateway {
     }
 }
 
+/// An answer without usage (many OpenAI-compatible servers send none when
+/// streaming; a cut stream loses it) counted as 0 tokens, which no budget
+/// ever saw: it is estimated instead, at about four bytes a token of the
+/// request sent and of the answer's message (at least one token out), and
+/// marked `"estimated": true` in the usage. A provider's own zeros for both
+/// cannot be told from none, and are estimated too.
+fn estimate_missing_usage(d: &mut Decoded, request_bytes: usize) {
+    if d.usage.input_tokens > 0 || d.usage.output_tokens > 0 {
+        return;
+    }
+    let answer = serde_json::to_vec(&d.message).map_or(0, |b| b.len());
+    d.usage.input_tokens = (request_bytes as u64).div_ceil(4);
+    d.usage.output_tokens = (answer as u64).div_ceil(4).max(1);
+    d.usage
+        .extra
+        .insert("estimated".into(), serde_json::Value::Bool(true));
+}
+
 fn header(name: &str, value: &str) -> OutboundHeader {
     OutboundHeader {
         name: name.into(),
@@ -522,5 +541,33 @@ fn response(
         usage,
         provider_fields: d.provider_fields,
         attempts,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::models::wire::Format;
+
+    #[test]
+    fn an_answer_without_usage_is_estimated_not_free() {
+        let body = json!({"id": "c1", "model": "m", "choices": [{"index": 0,
+            "message": {"role": "assistant", "content": "forty characters of a perfectly fine answer"},
+            "finish_reason": "stop"}]});
+        let mut d = Format::OpenAiChat.decode(body.clone()).unwrap();
+        assert_eq!((d.usage.input_tokens, d.usage.output_tokens), (0, 0));
+        estimate_missing_usage(&mut d, 400);
+        assert_eq!(d.usage.input_tokens, 100);
+        assert!(d.usage.output_tokens >= 10, "{:?}", d.usage);
+        assert_eq!(d.usage.extra["estimated"], true);
+        // Usage the provider sent is taken as it is.
+        let mut with = body;
+        with["usage"] = json!({"prompt_tokens": 3, "completion_tokens": 2});
+        let mut d = Format::OpenAiChat.decode(with).unwrap();
+        estimate_missing_usage(&mut d, 400);
+        assert_eq!((d.usage.input_tokens, d.usage.output_tokens), (3, 2));
+        assert!(!d.usage.extra.contains_key("estimated"));
     }
 }
