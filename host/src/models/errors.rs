@@ -14,8 +14,13 @@ pub enum ErrorKind {
     Overloaded,
     /// 5xx, 408, a malformed answer or an error event mid-stream.
     Server,
-    /// The connection failed or timed out.
+    /// The connection failed.
     Connection,
+    /// No answer (or, streaming, no next chunk) within `models.timeout_ms`:
+    /// the next provider is tried at once. Asking the same one again waited
+    /// out the timeout per attempt (3 × 300 s by default, past the turn's
+    /// own limit, so no fallback was ever reached).
+    Timeout,
     /// The conversation does not fit the model's context.
     ContextLength,
     /// 401/403: the key is wrong or lacks access.
@@ -53,6 +58,7 @@ impl ErrorKind {
                     | ErrorKind::NotFound
                     | ErrorKind::QuotaExhausted
                     | ErrorKind::Refused
+                    | ErrorKind::Timeout
             )
     }
 
@@ -63,6 +69,7 @@ impl ErrorKind {
             ErrorKind::Overloaded => "overloaded",
             ErrorKind::Server => "provider_error",
             ErrorKind::Connection => "connection_failed",
+            ErrorKind::Timeout => "timeout",
             ErrorKind::ContextLength => "context_length_exceeded",
             ErrorKind::Auth => "provider_auth",
             ErrorKind::NotFound => "model_not_found",

@@ -508,9 +508,7 @@ fn egress_error(e: EgressError) -> ProviderError {
         EgressError::Invalid(m) => ProviderError::new(ErrorKind::Refused, None, m),
         // A node limit: asking again gets the same answer.
         EgressError::TooLarge(m) => ProviderError::new(ErrorKind::Refused, None, m),
-        e @ EgressError::Timeout(_) => {
-            ProviderError::new(ErrorKind::Connection, None, e.to_string())
-        }
+        e @ EgressError::Timeout(_) => ProviderError::new(ErrorKind::Timeout, None, e.to_string()),
         // This node's response budget, not the provider: worth retrying.
         EgressError::Overloaded(m) => ProviderError::new(ErrorKind::Overloaded, None, m),
         EgressError::Failed(m) => ProviderError::new(ErrorKind::Connection, None, m),
@@ -550,6 +548,18 @@ mod tests {
 
     use super::*;
     use crate::models::wire::Format;
+
+    /// A hung provider is left for the next one at once: retried, it held
+    /// the turn for `max_attempts` timeouts, past the turn's own limit.
+    #[test]
+    fn a_timeout_falls_back_without_retrying() {
+        let e = egress_error(EgressError::Timeout(300_000));
+        assert_eq!(e.kind, ErrorKind::Timeout);
+        assert!(!e.kind.retryable());
+        assert!(e.kind.falls_back());
+        let e = egress_error(EgressError::Failed("connection reset".into()));
+        assert!(e.kind.retryable());
+    }
 
     #[test]
     fn an_answer_without_usage_is_estimated_not_free() {

@@ -225,9 +225,10 @@ fn guest_error(e: ModelError) -> GuestError {
             ErrorKind::RateLimited | ErrorKind::QuotaExhausted => GuestError::LimitExceeded(text),
             ErrorKind::Auth | ErrorKind::Refused => GuestError::Denied(text),
             ErrorKind::NotFound => GuestError::NotFound(text),
-            ErrorKind::Overloaded | ErrorKind::Server | ErrorKind::Connection => {
-                GuestError::Internal(text)
-            }
+            ErrorKind::Overloaded
+            | ErrorKind::Server
+            | ErrorKind::Connection
+            | ErrorKind::Timeout => GuestError::Internal(text),
         },
     }
 }
