@@ -210,9 +210,9 @@ function request()
 end
 function done(summary, latency, requests)
   local e = summary.errors
-  io.write(string.format("MARMOT %d %d %d %d %d %d %d\n", summary.requests, summary.duration,
+  io.write(string.format("MARMOT %d %d %d %d %d %d %d %d\n", summary.requests, summary.duration,
     latency:percentile(50), latency:percentile(90), latency:percentile(99),
-    e.connect + e.read + e.write + e.status + e.timeout, e.status))
+    e.connect + e.read + e.write + e.status + e.timeout, e.status, latency.max))
 end
 "#;
 
@@ -235,6 +235,8 @@ pub(super) async fn wrk_load(
         .arg(format!("http://{}", target.addr))
         .env("MARMOT_BENCH_ACTORS", target.actors.to_string())
         .env("MARMOT_BENCH_PREFIX", &target.prefix)
+        // Stopped with the benchmark (SIGINT, SIGTERM).
+        .kill_on_drop(true)
         .output()
         .await
         .context("cannot run wrk")?;
@@ -255,7 +257,7 @@ pub(super) async fn wrk_load(
         .map(|x| x.parse().unwrap_or(0))
         .collect();
     let us = Duration::from_micros;
-    anyhow::ensure!(v.len() == 7, "unexpected wrk summary: {line}");
+    anyhow::ensure!(v.len() == 8, "unexpected wrk summary: {line}");
     // wrk counts non-2xx responses as requests; only successes count here.
     Ok(LoadResult {
         requests: v[0].saturating_sub(v[6]),
@@ -266,7 +268,7 @@ pub(super) async fn wrk_load(
             p50: us(v[2]),
             p90: us(v[3]),
             p99: us(v[4]),
-            max: Duration::ZERO,
+            max: us(v[7]),
         },
     })
 }

@@ -33,20 +33,20 @@ pub struct BenchArgs {
     #[arg(value_enum)]
     pub scenario: Scenario,
     /// Actors to spread over (defaults per scenario).
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one)]
     pub actors: Option<usize>,
     /// Seconds of measured load for throughput scenarios.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub duration: u64,
     /// Concurrent connections for throughput scenarios.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = at_least_one)]
     pub connections: usize,
     /// Alarms due per second (alarm-lag, default 10,000) or events per
     /// second (sse-fanout, default 100).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub rate: Option<u64>,
     /// Live event streams (sse-fanout).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = at_least_one)]
     pub streams: usize,
     /// Load generator for HTTP throughput scenarios.
     #[arg(long, value_enum, default_value_t = LoadGen::Auto)]
@@ -64,14 +64,14 @@ pub struct BenchArgs {
     /// http-hot / http-spread: versions of the counter's type, each deployed
     /// with a config of its own before the load (a type redeployed often
     /// must not make its messages slower).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = at_least_one)]
     pub versions: usize,
     /// vs-workerd: the workerd binary (`scripts/bench-vs-workerd` installs
     /// it from npm).
     #[arg(long, env = "MARMOT_WORKERD")]
     pub workerd: Option<std::path::PathBuf>,
     /// vs-workerd: measured rounds per scenario (A B A B …).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = at_least_one)]
     pub rounds: usize,
     /// torture: `kill -9` cycles.
     #[arg(long, default_value_t = 1000)]
@@ -82,6 +82,17 @@ pub struct BenchArgs {
     /// cluster: actors moved to the other region and back, timed.
     #[arg(long, default_value_t = 20)]
     pub moves: usize,
+}
+
+/// A count that must be at least 1: a zero was taken (`--actors 0`
+/// printed `n=0 p50=0.0µs`, `--duration 0` became 1 s, `--connections 0`
+/// started a node and failed on wrk's usage text).
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// The scenarios.
@@ -154,8 +165,21 @@ pub enum LoadGen {
     Builtin,
 }
 
-/// Run a scenario.
+/// Run a scenario. SIGINT or SIGTERM stops it cleanly: the scenario is
+/// dropped, so the nodes, load generators and data directories it made go
+/// with it (a `kill` left `marmot dev`, `wrk` and their files behind).
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        r = scenarios(args) => r,
+        _ = term.recv() => anyhow::bail!("stopped by SIGTERM; what the benchmark started is cleaned up"),
+        _ = int.recv() => anyhow::bail!("interrupted; what the benchmark started is cleaned up"),
+    }
+}
+
+async fn scenarios(args: BenchArgs) -> anyhow::Result<()> {
     println!("{}", machine_line());
     let scenarios: Vec<Scenario> = match args.scenario {
         Scenario::All => vec![
