@@ -169,6 +169,16 @@ async fn any_node_serves_any_actor_and_each_actor_lives_on_one_node() {
             "{text}"
         );
     }
+
+    // A node killed and started again at once (by a supervisor) waits out
+    // its previous life's lease and joins; it exited at once, "another
+    // live node is registered".
+    let mut c = c;
+    c.nodes[2].restart().await;
+    assert!(
+        c.nodes[2].log_text().contains("waiting for it to end"),
+        "the restart did not meet its old lease"
+    );
 }
 
 /// Turns reach actors of other nodes: `actors.call` runs the callee on its

@@ -41,7 +41,36 @@ impl Lease {
     }
 }
 
+/// The node id is registered under a lease that is still live: another
+/// process with this id runs, or this one's previous life died less than
+/// a lease ago.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "another live node is registered as `{node_id}` (node ids must be unique; if that node just died, its lease ends within {ttl_s} s)"
+)]
+pub(super) struct IdTaken {
+    node_id: String,
+    ttl_s: u64,
+}
+
 impl Inner {
+    /// Join at start: while the id is taken, wait out one lease (and a
+    /// little): a supervisor that restarts a node killed a moment ago
+    /// starts it while its old lease runs, and it exited at once. A second
+    /// live node with the id still fails, a lease later.
+    pub(super) async fn join_at_start(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + self.lease.ttl + Duration::from_secs(2);
+        loop {
+            match self.join().await {
+                Err(e) if e.is::<IdTaken>() && Instant::now() < deadline => {
+                    tracing::warn!(node_id = %self.config.node_id, "this node id is still registered (a previous run's lease?); waiting for it to end");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// Put the member key under a fresh lease.
     pub(super) async fn join(&self) -> anyhow::Result<()> {
         let mut client = self.client.clone();
@@ -69,11 +98,11 @@ impl Inner {
             )]);
         if !within(ttl, client.txn(txn)).await?.succeeded() {
             let _ = within(ttl, client.lease_revoke(id)).await;
-            anyhow::bail!(
-                "another live node is registered as `{}` (node ids must be unique; if that node just died, its lease ends within {} s)",
-                self.config.node_id,
-                self.lease.ttl.as_secs()
-            );
+            return Err(IdTaken {
+                node_id: self.config.node_id.clone(),
+                ttl_s: self.lease.ttl.as_secs(),
+            }
+            .into());
         }
         self.lease.id.store(id, Ordering::Release);
         self.lease

@@ -163,7 +163,7 @@ impl Cluster {
                 ttl,
             },
         });
-        patiently("joining", || inner.join()).await?;
+        patiently("joining", || inner.join_at_start()).await?;
         patiently("reading the cluster's view", || inner.relist()).await?;
         tokio::spawn(inner.clone().keep_alive());
         tokio::spawn(inner.clone().watch());
