@@ -279,11 +279,16 @@ async fn actors_on_different_nodes_call_and_send_to_each_other() {
         let r = c.api(ci).op("kit", &caller, send(false)).await;
         assert_eq!(r.status, 200, "{}", r.json);
     }
-    // (It can only rejoin once its old lease is gone.)
+    // (It can only rejoin once its old lease is gone.) A member that is
+    // down is still shown with its region and address as last seen.
     c.wait_status(|s| {
         s["members"].as_array().is_some_and(|m| {
-            m.iter()
-                .any(|m| m["node_id"] == callee_node.as_str() && m["alive"] == false)
+            m.iter().any(|m| {
+                m["node_id"] == callee_node.as_str()
+                    && m["alive"] == false
+                    && m["region"].is_string()
+                    && m["advertise"].is_string()
+            })
         })
     })
     .await;
@@ -732,6 +737,10 @@ async fn when_etcd_dies_every_node_stops_serving_and_resumes_when_it_returns() {
         let ready = c.api(i).get("/readyz").await;
         assert_eq!(ready.status, 503, "node {i}: {}", ready.json);
         assert_eq!(ready.code(), "not_in_cluster", "{}", ready.json);
+        // Its view of the cluster says it is as last seen (it showed every
+        // member alive while none could serve).
+        let s = c.api(i).get("/v1/cluster").await.json;
+        assert!(s["view"].as_str().unwrap().starts_with("stale"), "{s}");
     }
     for a in 0..6 {
         let r = c.api(a).add("kit", &format!("e{a}"), 1).await;
@@ -750,6 +759,7 @@ async fn when_etcd_dies_every_node_stops_serving_and_resumes_when_it_returns() {
         assert_eq!(r.status, 200, "e{a}: {}", r.json);
         assert_eq!(r.json["value"], 2, "e{a}: lost or doubled");
     }
+    assert_eq!(c.api(0).get("/v1/cluster").await.json["view"], "live");
 }
 
 /// kill -9 of a node under load: every write any node acknowledged is

@@ -514,7 +514,9 @@ impl Cluster {
                     "node_id": m.node_id,
                     "region": m.region,
                     "advertise": m.advertise,
-                    "incarnation": m.incarnation,
+                    // A lease id: above 2^53, which JSON readers (jq,
+                    // JavaScript) round; a string keeps it whole.
+                    "incarnation": m.incarnation.to_string(),
                     "alive": true,
                     "slots": counts.get(&m.node_id).copied().unwrap_or(0),
                     "slots_used": used.get(m.node_id.as_str()).copied().unwrap_or(0),
@@ -522,14 +524,35 @@ impl Cluster {
                 })
             })
             .collect();
-        let down: Vec<_> = counts
-            .iter()
-            .filter(|(n, _)| !v.members.contains_key(*n))
-            .map(|(n, c)| serde_json::json!({"node_id": n, "alive": false, "slots": c}))
+        // Down: what still names a node without a lease (its slots until
+        // they fail over), and every member seen leaving since this node
+        // started, with its region and address as last seen.
+        let mut down_ids: std::collections::BTreeSet<&str> = counts
+            .keys()
+            .map(String::as_str)
+            .filter(|n| !v.members.contains_key(*n))
             .collect();
+        down_ids.extend(v.departed.keys().map(String::as_str));
+        let down: Vec<_> = down_ids
+            .into_iter()
+            .map(|n| {
+                let last = v.departed.get(n);
+                serde_json::json!({
+                    "node_id": n,
+                    "region": last.map(|m| &m.region),
+                    "advertise": last.map(|m| &m.advertise),
+                    "alive": false,
+                    "slots": counts.get(n).copied().unwrap_or(0),
+                })
+            })
+            .collect();
+        // Without a confirmed lease (etcd unreachable) the view is as last
+        // seen: it said every member was alive while no node could serve.
+        let live = self.alive();
         let max_epoch = v.slots.iter().flatten().map(|e| e.record.epoch).max();
         serde_json::json!({
             "node_id": self.inner.config.node_id,
+            "view": if live { "live" } else { "stale: this node's lease is not confirmed (etcd unreachable?); members and slots are as last seen" },
             "controller": v.controller,
             "revision": v.revision,
             "slots": SLOTS,

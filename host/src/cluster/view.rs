@@ -29,6 +29,10 @@ pub struct PlacementEntry {
 pub struct View {
     pub revision: i64,
     pub members: BTreeMap<String, MemberRecord>,
+    /// Members seen since this node started whose lease has ended, as last
+    /// seen (so status shows a known node as down, with its region and
+    /// address, rather than dropping it once its slots failed over).
+    pub departed: BTreeMap<String, MemberRecord>,
     pub slots: Vec<Option<SlotEntry>>,
     /// Actors that live in another slot than their hash names.
     pub placements: HashMap<ActorKey, PlacementEntry>,
@@ -42,6 +46,7 @@ impl Default for View {
         Self {
             revision: 0,
             members: BTreeMap::new(),
+            departed: BTreeMap::new(),
             slots: vec![None; SLOTS as usize],
             placements: HashMap::new(),
             controller: None,
@@ -61,12 +66,15 @@ impl View {
         match (k, value) {
             (Key::Member(id), Some(v)) => match serde_json::from_slice::<MemberRecord>(v) {
                 Ok(m) if m.node_id == id => {
+                    self.departed.remove(id);
                     self.members.insert(id.to_owned(), m);
                 }
                 _ => tracing::warn!(key, "ignoring a member record that does not decode"),
             },
             (Key::Member(id), None) => {
-                self.members.remove(id);
+                if let Some(m) = self.members.remove(id) {
+                    self.departed.insert(id.to_owned(), m);
+                }
             }
             (Key::Slot(s), Some(v)) => match serde_json::from_slice::<SlotRecord>(v) {
                 Ok(record) => {
