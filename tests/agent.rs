@@ -499,6 +499,12 @@ async fn bad_input_to_an_agent_is_refused_and_stores_nothing() {
         .post_json("/v1/actors/helper/nobody/runs/abc/cancel", &json!({}))
         .await;
     assert_eq!(r.code(), "actor_not_found", "{}", r.json);
+    // The same cancel sent as a message makes no actor either.
+    let r = rig
+        .api
+        .post_json("/v1/actors/helper/nobody", &json!({"cancel": "abc"}))
+        .await;
+    assert_eq!(r.code(), "actor_not_found", "{}", r.json);
     assert_eq!(rig.api.get("/v1/actors/helper/nobody").await.status, 404);
 }
 
@@ -629,6 +635,36 @@ async fn calls_that_do_not_fit_their_schema_are_refused_before_anything() {
         rig.tickets.posts().is_empty(),
         "a call that did not fit was sent"
     );
+}
+
+/// An error in the model's script names the model's own line (the
+/// prelude that defines `tools` pushed it 17 lines down).
+#[tokio::test]
+async fn a_scripts_error_names_the_models_own_line() {
+    let rig = Rig::new().await;
+    let tools = json!([rig.ticket_tool(json!({})), {"kind": "code"}]);
+    assert_eq!(rig.agent("coder", tools).await.status, 201);
+    let code = "const a = 1;\nconst b = 2;\nthrow new Error('boom on three');";
+    rig.fake.push([
+        Scripted::ToolCalls {
+            text: String::new(),
+            calls: vec![("call_e".into(), "code".into(), json!({"code": code}))],
+        },
+        Scripted::Text("fixed".into()),
+    ]);
+    let r = rig
+        .api
+        .post_json("/v1/actors/coder/c", &json!({"input": "go"}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let events = rig.events("coder", "c").await;
+    let result = events
+        .iter()
+        .find(|e| e["kind"] == "tool_result")
+        .expect("a tool result");
+    let error = result["data"]["content"]["error"].as_str().unwrap_or("");
+    assert!(error.contains("boom on three"), "{result}");
+    assert!(error.contains(":3:"), "the model's line 3: {error}");
 }
 
 /// Twenty agent runs at once against one type budget: the reservations

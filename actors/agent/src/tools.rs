@@ -209,10 +209,13 @@ fn code(
             _ => {}
         }
     }
-    prelude.push_str("return Object.freeze(t); })();\n");
+    prelude.push_str("return Object.freeze(t); })(); ");
     // The model's code is a script whose last expression is the result:
-    // keep it last, after the prelude.
-    let script = format!("{prelude}{source}");
+    // keep it last, after the prelude, and on the prelude's line, so that
+    // an error's line numbers are the model's own (they were off by the
+    // prelude's length, and misled the model fixing its code). The
+    // prelude's strings are JSON, without raw line breaks.
+    let script = format!("{}{source}", prelude.replace('\n', " "));
     match js::eval_with(&script, &script_capabilities(manifest), timeout_ms) {
         Ok(out) => {
             let result = out

@@ -62,6 +62,10 @@ pub(super) async fn send(
     if kind == Some(CodeKind::Agent) {
         match agent_request(&body) {
             Ok(AgentRequest::Input) => agent_input = true,
+            // No actor, no run to cancel: and the message would make one.
+            Ok(AgentRequest::Cancel) if s.node.actor_info(&key)?.is_none() => {
+                return Err(ApiError::actor_not_found(&key));
+            }
             Ok(AgentRequest::Cancel) => {}
             // A run's own steps, passed on by another node.
             Err(_) if from_actor => {}
