@@ -1078,6 +1078,23 @@ async fn javascript_files_hold_bytes_and_paths_are_strings() {
         let error = r.json["error"].as_str().unwrap_or_default();
         assert!(error.contains(says), "{call}: {}", r.json);
     }
+    // A refusal by the host carries a code to branch on.
+    let r = eval(
+        &api,
+        "bin",
+        "a",
+        "const codes = []; \
+         for (const f of [() => marmot.files.read('nothing/here'), () => marmot.files.read('../x')]) { \
+           try { f(); } catch (e) { codes.push([e instanceof Error, e.code]); } } \
+         codes",
+    )
+    .await;
+    assert_eq!(
+        r.json["result"],
+        json!([[true, "not_found"], [true, "invalid"]]),
+        "{}",
+        r.json
+    );
     let listed = api.get("/v1/actors/bin/a/files").await.json;
     let paths: Vec<_> = listed["files"]
         .as_array()

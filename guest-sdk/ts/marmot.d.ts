@@ -13,6 +13,12 @@ declare module "marmot" {
   /** Any value that survives `JSON.stringify` / `JSON.parse`. */
   export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 
+  /** What an API call the host refuses throws: an `Error` whose message
+   * names the call (`"fetch: denied: …"`) and whose `code` says why. */
+  export interface HostError extends Error {
+    code: "invalid" | "limit_exceeded" | "denied" | "not_found" | "internal" | "unsupported";
+  }
+
   /** Passed to every handler. */
   export interface TurnContext {
     /** The actor type. */

@@ -76,11 +76,25 @@ fn describe(e: HostError) -> String {
     }
 }
 
+/// The `code` a thrown host error carries, from the WIT error variant:
+/// what a script can branch on (`e.code === "limit_exceeded"`) without
+/// parsing the message.
+fn code(e: &HostError) -> &'static str {
+    match e {
+        HostError::Unsupported(_) => "unsupported",
+        HostError::Invalid(_) => "invalid",
+        HostError::LimitExceeded(_) => "limit_exceeded",
+        HostError::Denied(_) => "denied",
+        HostError::NotFound(_) => "not_found",
+        HostError::Internal(_) => "internal",
+    }
+}
+
 fn throw<T>(ctx: &Ctx<'_>, what: &str, e: HostError) -> Result<T> {
-    Err(Exception::throw_message(
-        ctx,
-        &format!("{what}: {}", describe(e)),
-    ))
+    let code = code(&e);
+    let exc = Exception::from_message(ctx.clone(), &format!("{what}: {}", describe(e)))?;
+    exc.as_object().set("code", code)?;
+    Err(ctx.throw(exc.into_value()))
 }
 
 /// Whether a reply's content type says JSON (absent means JSON, as the
