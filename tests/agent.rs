@@ -571,10 +571,21 @@ async fn a_repeated_run_answers_its_outcome_or_says_it_is_gone() {
 #[tokio::test]
 async fn a_steps_answer_is_capped_by_what_is_left_of_the_run() {
     let rig = Rig::new().await;
-    for (ty, model_cap) in [("capped", 1000), ("tight", 7)] {
+    // (model cap, run limit) → the cap sent: the smaller; none of the
+    // run's own while more than a default answer is left (the whole
+    // allowance, 200,000 by default, was sent, which models refuse).
+    for (ty, model_cap, limit, sent_cap) in [
+        ("capped", Some(1000), 20, json!(20)),
+        ("tight", Some(7), 20, json!(7)),
+        ("bare", None, 20, json!(20)),
+        ("roomy", None, 200_000, Value::Null),
+    ] {
+        let mut model = json!({"provider": "fake", "name": "m1"});
+        if let Some(c) = model_cap {
+            model["max_output_tokens"] = json!(c);
+        }
         let manifest = json!({"kind": "agent", "agent": {
-            "model": {"provider": "fake", "name": "m1", "max_output_tokens": model_cap},
-            "limits": {"max_output_tokens": 20}}});
+            "model": model, "limits": {"max_output_tokens": limit}}});
         let r = put(&rig.api, &format!("/v1/types/{ty}"), manifest).await;
         assert_eq!(r.status, 201, "{}", r.json);
         let r = rig
@@ -583,7 +594,7 @@ async fn a_steps_answer_is_capped_by_what_is_left_of_the_run() {
             .await;
         assert_eq!(r.status, 200, "{}", r.json);
         let sent = rig.fake.requests().last().unwrap().body.clone();
-        assert_eq!(sent["max_tokens"], model_cap.min(20), "{sent}");
+        assert_eq!(sent["max_tokens"], sent_cap, "{ty}: {sent}");
     }
 }
 

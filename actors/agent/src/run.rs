@@ -14,6 +14,10 @@ use crate::transcript::{
     call_name, content_text, next_call, open_calls, set_call_arguments, unique_call_ids,
 };
 
+/// A step's answer is sent no cap of the run's own while more than this
+/// is left of `limits.max_output_tokens`: the gateway's default for a
+/// request without one (and what a budget reserves for it).
+const UNCAPPED_STEP_TOKENS: u64 = 4096;
 /// Most bytes of one event; larger message contents are cut in the event
 /// (the transcript keeps them whole).
 const MAX_EVENT: usize = 128 << 10;
@@ -261,11 +265,16 @@ impl Harness {
         // What is left of the run's allowance caps this step's answer:
         // checked only between steps, one answer passed
         // limits.max_output_tokens by any amount (a probe saw 202 of 20).
+        // It only lowers a cap: with none in the manifest, the provider's
+        // default stands unless less than that is left (sending the whole
+        // allowance, 200,000 by default, is refused by most models and
+        // reserves that much of a budget per call).
         let left = limits.max_output_tokens - run.output_tokens;
-        let cap = req["max_output_tokens"]
-            .as_u64()
-            .map_or(left, |n| n.min(left));
-        req["max_output_tokens"] = json!(cap);
+        match req["max_output_tokens"].as_u64() {
+            Some(n) => req["max_output_tokens"] = json!(n.min(left)),
+            None if left < UNCAPPED_STEP_TOKENS => req["max_output_tokens"] = json!(left),
+            None => {}
+        }
         req["tools"] = json!(self.m.definitions());
         req["stream"] = json!(true);
         match model::chat(&req) {
