@@ -243,7 +243,7 @@ pub fn check(manifest: &Value, config: &TypeConfig) -> Result<String, String> {
             // Providers take a tool's arguments as an object: a schema of
             // anything else (or of no type JSON has) was refused by the
             // provider at every run, or checked nothing.
-            if s.get("type").is_some_and(|t| t != "object") {
+            if s.get("type") != Some(&Value::from("object")) {
                 return Err(format!(
                     "{at}.input_schema must describe an object (`\"type\": \"object\"`): \
                      tool arguments are an object"

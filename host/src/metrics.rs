@@ -213,8 +213,15 @@ impl Metrics {
         // with its first increment is invisible to `rate()` and
         // `increase()` for that increment (the first trap of a kind after
         // a restart went unseen).
-        for kind in ["message", "alarm", "webhook", "input"] {
-            for outcome in ["ok", "error", "trap", "timeout"] {
+        for kind in ["message", "alarm", "webhook", "input", "upgrade"] {
+            for outcome in [
+                "ok",
+                "error",
+                "trap",
+                "timeout",
+                "not_started",
+                "overloaded",
+            ] {
                 drop(turns.get_or_create(&TurnLabels { kind, outcome }));
             }
         }
@@ -411,13 +418,20 @@ impl Metrics {
         );
         let traps = Family::<TrapLabels, Counter>::default();
         registry.register("sandbox_traps", "Sandbox traps by reason", traps.clone());
-        for reason in ["cpu", "memory", "timeout", "trap", "stack_overflow"] {
+        for reason in [
+            "cpu",
+            "memory",
+            "timeout",
+            "trap",
+            "stack_overflow",
+            "node_memory",
+        ] {
             drop(traps.get_or_create(&TrapLabels { reason }));
         }
         let inbox_depth = Gauge::default();
         registry.register(
             "inbox_depth",
-            "Durable messages accepted and not yet run",
+            "Durable messages and webhooks accepted and not yet run, held on this node (in a cluster, a backup's copies of its slots' inboxes included)",
             inbox_depth.clone(),
         );
         let turns_failed_recovery = Counter::default();

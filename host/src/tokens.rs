@@ -361,7 +361,9 @@ impl Tokens {
     pub async fn revoke(&self, token_id: &str) -> Result<bool, TokenError> {
         let jti = canonical_token_id(token_id)?;
         let now = now_ms();
-        let until = now + MAX_TTL_S * 1000;
+        // A token's `exp` is rounded up to the second: it may live up to
+        // a second past `MAX_TTL_S` from now, and so must its revocation.
+        let until = now + MAX_TTL_S * 1000 + 1000;
         let new = self
             .storage
             .writer()

@@ -22,9 +22,9 @@ impl Client {
             Ok(u) if !u.username().is_empty() || u.password().is_some() => anyhow::bail!(
                 "--url must not carry credentials: give the token with --token or MARMOT_TOKEN"
             ),
+            // (Not echoed: the query may hold a token.)
             Ok(u) if u.query().is_some() || u.fragment().is_some() => anyhow::bail!(
-                "--url `{}` must not have a query or fragment (e.g. http://127.0.0.1:7878)",
-                args.url
+                "--url must not have a query or fragment (e.g. http://127.0.0.1:7878)"
             ),
             Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => {}
             _ => anyhow::bail!(

@@ -564,7 +564,8 @@ fn init_logging(
     // Colours only for a person at a terminal (not a file, a pipe or a
     // journal), and never with NO_COLOR set (no-color.org).
     use std::io::IsTerminal as _;
-    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let ansi = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(ansi);

@@ -678,6 +678,14 @@ impl Inner {
             let mut v = self.view.write().unwrap_or_else(|p| p.into_inner());
             // A watch may have moved ahead meanwhile.
             if v.revision <= revision {
+                // Who left is not in etcd: carry it over, with the members
+                // that left while the watch was down.
+                let mut departed = std::mem::take(&mut v.departed);
+                for (id, m) in std::mem::take(&mut v.members) {
+                    departed.insert(id, m);
+                }
+                departed.retain(|id, _| !view.members.contains_key(id));
+                view.departed = departed;
                 *v = view;
             }
         }

@@ -124,13 +124,18 @@ struct Sender {
     armed: Mutex<HashMap<u32, (String, i64)>>,
 }
 
-/// What became of one batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What became of one batch, from the best to the most cautious: where
+/// fates meet (a batch sent to a backup and a joining node, a commit of
+/// several batches), the most cautious one is told.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Fate {
     /// On the backup (or no backup to wait for): release.
     Done,
-    /// Its slot is no longer this node's: fail.
+    /// Its slot is no longer this node's, and no copy left: it failed.
     Lost(String),
+    /// Its slot is no longer this node's after a copy went out: the
+    /// outcome is unknown (the node it went to may own the slot now).
+    Unknown(String),
 }
 
 impl Sender {
@@ -158,11 +163,11 @@ impl Sender {
             }
             let mut fates = fates.into_iter();
             for (shipped, release) in batches.iter().zip(releases) {
-                let lost = fates.by_ref().take(shipped.len()).find_map(|f| match f {
-                    Fate::Lost(why) => Some(why),
-                    Fate::Done => None,
+                let worst = fates.by_ref().take(shipped.len()).max();
+                release(match worst {
+                    None | Some(Fate::Done) => Ok(()),
+                    Some(Fate::Lost(why) | Fate::Unknown(why)) => Err(why),
                 });
-                release(lost.map_or(Ok(()), Err));
             }
         }
     }
@@ -200,7 +205,7 @@ impl Sender {
             .map(|(node, idx)| self.ship_to(node, idx, &batches));
         // A batch is done once every node it went to has it.
         for (i, fate) in futures::future::join_all(sends).await.into_iter().flatten() {
-            if fate != Fate::Done {
+            if fate > fates[i] {
                 fates[i] = fate;
             }
         }
@@ -391,21 +396,21 @@ impl Sender {
 /// failed" told a client that a turn the new owner had applied did not
 /// happen, and its plain retry applied it twice (found by a probe).
 fn lost(b: &ReplicaBatch, maybe_sent: bool) -> Fate {
-    Fate::Lost(if maybe_sent {
-        format!(
+    if maybe_sent {
+        Fate::Unknown(format!(
             "outcome unknown: slot {} moved to another node while this commit was being copied \
              to its backup, which may have applied it; retry with the same Idempotency-Key to \
              learn the outcome without running it twice",
             b.slot
-        )
+        ))
     } else {
-        format!(
+        Fate::Lost(format!(
             "slot {} moved to another node before this commit was copied to its backup: it did \
              not take effect, and a retry is safe (every turn committed with it fails, \
              whichever slot its actor is in)",
             b.slot
-        )
-    })
+        ))
+    }
 }
 
 /// Blobs the files of a batch name.
@@ -425,4 +430,23 @@ fn blob_shas(b: &ReplicaBatch) -> Vec<[u8; 32]> {
     out.sort_unstable();
     out.dedup();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Fate;
+
+    /// Where fates meet, the most cautious is told: a copy that may have
+    /// landed somewhere outweighs one that went nowhere (it said "a retry
+    /// is safe" of a commit another node may have applied).
+    #[test]
+    fn the_most_cautious_fate_wins() {
+        let fates = [
+            Fate::Done,
+            Fate::Unknown("maybe".into()),
+            Fate::Lost("no".into()),
+        ];
+        assert_eq!(fates.iter().max(), Some(&Fate::Unknown("maybe".into())));
+        assert!(Fate::Lost(String::new()) > Fate::Done);
+    }
 }

@@ -175,9 +175,13 @@ impl Scrub {
     }
 }
 
+/// The shortest start of a secret cut off by a stream's end that is
+/// replaced rather than released.
+const PARTIAL_SECRET: usize = 8;
+
 /// [`Scrub`] over a body that arrives in chunks: a value split across two
-/// chunks is replaced too, because the last `longest - 1` bytes of each
-/// chunk wait for the next one.
+/// chunks is replaced too, because a chunk's tail that could be the start
+/// of a value waits for the next one.
 pub struct StreamScrub {
     scrub: Scrub,
     pending: Vec<u8>,
@@ -227,9 +231,25 @@ impl StreamScrub {
         out
     }
 
-    /// The end of the stream: release what was held back.
+    /// The end of the stream: release what was held back. What was held
+    /// is the start of a value cut off by the end (a provider echoing a key
+    /// when the connection dropped): from [`PARTIAL_SECRET`] bytes on it is
+    /// replaced too, since that much of a key is worth keeping.
     pub fn finish(&mut self) -> Vec<u8> {
-        self.scrub.bytes(std::mem::take(&mut self.pending))
+        let rest = std::mem::take(&mut self.pending);
+        if let Some(at) = (0..rest.len()).find(|&i| {
+            rest.len() - i >= PARTIAL_SECRET
+                && self
+                    .scrub
+                    .needles
+                    .iter()
+                    .any(|n| rest.len() - i < n.len() && starts_with(n, &rest[i..]))
+        }) {
+            let mut out = self.scrub.bytes(rest[..at].to_vec());
+            out.extend_from_slice(REDACTED.as_bytes());
+            return out;
+        }
+        self.scrub.bytes(rest)
     }
 }
 
@@ -833,6 +853,12 @@ mod tests {
         let mut out = stream.push(&key.as_bytes()[10..]);
         out.extend(stream.push(b" done"));
         assert_eq!(out, b"[redacted] done".to_vec());
+        // A key cut off by the end of the stream: its start is not released.
+        assert_eq!(stream.push(b"then sk-proj-QQQQ"), b"then ".to_vec());
+        assert_eq!(stream.finish(), b"[redacted]".to_vec());
+        // A few bytes that merely could start one are.
+        assert_eq!(stream.push(b"ok sk-"), b"ok ".to_vec());
+        assert_eq!(stream.finish(), b"sk-".to_vec());
         // A value's start found again inside a false start.
         let mut s = Scrub::default();
         s.add(b"aab");
@@ -940,9 +966,10 @@ mod tests {
             ..EgressConfig::default()
         })
         .unwrap();
-        // A value whose start is the stream's end: all of `[DONE]` is held.
+        // A value whose start is the stream's end: `]\n\n`, the end of the
+        // `[DONE]` line, is held back until the failure.
         let mut scrub = Scrub::default();
-        scrub.add(b"[DONE]\n\n-not-really-a-key");
+        scrub.add(b"]\n\n-not-really-a-key");
         let req = OutboundRequest {
             method: reqwest::Method::POST,
             url: Url::parse(&format!("http://{addr}/v1/chat/completions")).unwrap(),

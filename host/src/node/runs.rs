@@ -155,19 +155,25 @@ impl Node {
             .is_some_and(|q| q.iter().any(|r| r["run_id"] == run_id)))
     }
 
-    /// The kind of the event that ended run `run_id` of `key`, if the kept
-    /// log has it.
+    /// The kind of the event that ended run `run_id` of `key` (or
+    /// `turn_failed`, when its input's own turn failed), if the kept log
+    /// has it.
     pub fn run_end(&self, key: &ActorKey, run_id: &str) -> Result<Option<String>, RunWaitError> {
         let mut after = 0;
         while let Some(page) = self.events(key, after, PAGE)? {
             let full = page.len() == PAGE;
             for (seq, e) in page {
                 after = seq;
-                if RUN_END_EVENTS.contains(&e.kind.as_str()) {
-                    let data: Value = serde_json::from_slice(&e.data).unwrap_or(Value::Null);
-                    if data["run_id"] == run_id {
-                        return Ok(Some(e.kind));
-                    }
+                let field = if RUN_END_EVENTS.contains(&e.kind.as_str()) {
+                    "run_id"
+                } else if e.kind == "turn_failed" {
+                    "message_id"
+                } else {
+                    continue;
+                };
+                let data: Value = serde_json::from_slice(&e.data).unwrap_or(Value::Null);
+                if data[field] == run_id {
+                    return Ok(Some(e.kind));
                 }
             }
             if !full {
