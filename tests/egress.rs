@@ -389,6 +389,18 @@ async fn a_secret_reaches_only_its_https_host_and_nothing_comes_back_with_it() {
         rig.seen.header(0, "authorization").as_deref(),
         Some(format!("Bearer {SECRET}").as_str())
     );
+    for (i, want) in [
+        (1, None),
+        (2, Some("text/plain;charset=UTF-8")),
+        (3, Some("application/x-www-form-urlencoded;charset=UTF-8")),
+        (4, Some("application/json")),
+    ] {
+        assert_eq!(
+            rig.seen.header(i, "content-type").as_deref(),
+            want,
+            "request {i}"
+        );
+    }
     let body = r["body"].as_str().unwrap();
     assert!(!body.contains(SECRET), "{body}");
     assert!(body.contains("Bearer [redacted]"), "{body}");
@@ -824,11 +836,15 @@ async fn javascript_fetch_uses_the_same_capability() {
     const binary = {{ length: got.length, head: Array.from(got.slice(0, 4)), last: got[got.length - 1],
                      type: bin.headers.get("Content-Type"), missing: bin.headers.get("x-nope"),
                      isHeaders: bin.headers instanceof Headers }};
+    // The content type a body implies, as the standard fetch sets it.
+    await fetch("https://api.test:{}/echo", {{ method: "POST", body: "plain" }});
+    await fetch("https://api.test:{}/echo", {{ method: "POST", body: new URLSearchParams({{ a: "1" }}) }});
+    await fetch("https://api.test:{}/echo", {{ method: "POST", body: "{{}}", headers: {{ "Content-Type": "application/json" }} }});
     return {{ status: r.status, leaked: seen.includes("{SECRET}"), redacted: text.includes("[redacted]"),
              echoed: r.headers.get("x-echo-auth"), refused, misdirected, binary }};
   }}
 }};"#,
-        rig.https, rig.http, rig.https, rig.https
+        rig.https, rig.http, rig.https, rig.https, rig.https, rig.https, rig.https
     );
     let manifest = json!({ "kind": "js", "code": source, "config": kit_config() });
     let r = rig.api.deploy_manifest("jsfetch", &manifest).await;

@@ -587,7 +587,17 @@
     const init = options ?? {};
     const url = input instanceof URL ? input.href : StringCtor(input);
     const method = StringCtor(init.method ?? "GET").toUpperCase();
-    const headers = new Headers(init.headers).toPairs();
+    const given = new Headers(init.headers);
+    // The content type a body implies, as the standard fetch sets it (a
+    // string went without one, and servers read it as bytes or refused it).
+    if (init.body !== undefined && init.body !== null && !given.has("content-type")) {
+      if (init.body instanceof URLSearchParams) {
+        given.set("content-type", "application/x-www-form-urlencoded;charset=UTF-8");
+      } else if (typeof init.body === "string") {
+        given.set("content-type", "text/plain;charset=UTF-8");
+      }
+    }
+    const headers = given.toPairs();
     const [status, h, body] = host.httpFetch(method, url, headers, requestBody(init.body), init.timeoutMs);
     // (Any status a server sends, 1xx–5xx, not only those a script may make.)
     const resp = new Response(body, { headers: h });
