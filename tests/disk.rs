@@ -66,6 +66,23 @@ async fn a_full_disk_refuses_writes_keeps_reads_and_recovers_by_itself() {
     // node says why it is not ready.
     let r = api.add("kit", "a", 1).await;
     assert_eq!(r.status, 503, "{}", r.json);
+    // A file's blob that does not fit fails the turn as the node's storage
+    // failure, not as a trap of the guest (it was 500 actor_trapped,
+    // counted and logged as a trap).
+    let r = api
+        .op(
+            "kit",
+            "b",
+            json!({"op": "file_write", "path": "outputs/big.bin", "bytes": 4 << 20}),
+        )
+        .await;
+    assert_eq!((r.status, r.code()), (503, "storage_error"), "{}", r.json);
+    let metrics = String::from_utf8_lossy(&api.get("/metrics").await.body).into_owned();
+    assert_eq!(
+        common::sample(&metrics, "marmot_sandbox_traps_total{reason=\"trap\"}"),
+        Some(0.0),
+        "{metrics}"
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let info = api.get("/v1/actors/kit/a").await;

@@ -208,7 +208,11 @@ impl Metrics {
             actors_hibernated.clone(),
         );
         let turns = Family::<TurnLabels, Counter>::default();
-        registry.register("turns", "Turns by kind and outcome", turns.clone());
+        registry.register(
+            "turns",
+            "Turns by kind and the outcome of the guest's run (ok, error, trap, timeout, not_started, overloaded, storage_error); a turn whose commit then fails is ok here and counted in the commit failures",
+            turns.clone(),
+        );
         // Series that exist from the start, at 0: a counter that appears
         // with its first increment is invisible to `rate()` and
         // `increase()` for that increment (the first trap of a kind after

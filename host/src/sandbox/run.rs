@@ -25,7 +25,7 @@ use super::prefault::{Sample, WriteSet};
 use super::trim::{MemoryOrigin, Pristine};
 use super::turn::{Carry, FinishedTurn, TurnLimits, TurnStart, TurnState};
 use crate::ids::ActorKey;
-use crate::storage::Storage;
+use crate::storage::{Storage, StorageError};
 
 /// What a turn runs.
 pub enum TurnInput {
@@ -113,6 +113,11 @@ pub enum TurnFailure {
     /// The host lost the turn state (a host bug): the actor's caches went
     /// with it, and the instance must not run again.
     LostState,
+    /// A host call failed on the node's storage (a full disk under a
+    /// file's blob): the guest was stopped where it was, so its instance
+    /// must not run again, but it is the node's failure, not a trap of the
+    /// guest (it was reported, counted and logged as one).
+    Storage(String),
 }
 
 /// How a turn ended.
@@ -138,7 +143,8 @@ impl TurnOutcome {
             Err(TurnFailure::Trap { .. }
                 | TurnFailure::NodeMemory(_)
                 | TurnFailure::Timeout(_)
-                | TurnFailure::LostState)
+                | TurnFailure::LostState
+                | TurnFailure::Storage(_))
         )
     }
 }
@@ -506,6 +512,8 @@ impl Instance {
             Ok(Ok(Err(msg))) => Err(TurnFailure::Guest(bounded_error(msg))),
             Ok(Err(trap)) => Err(if let Some(e) = trap.downcast_ref::<MemoryExhausted>() {
                 TurnFailure::NodeMemory(e.to_string())
+            } else if let Some(e) = trap.downcast_ref::<StorageError>() {
+                TurnFailure::Storage(e.to_string())
             } else if is_resource_exhaustion(&format!("{trap:#}")) {
                 TurnFailure::NoRoom(format!("{trap:#}"))
             } else {

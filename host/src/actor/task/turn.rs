@@ -400,6 +400,11 @@ impl ActorTask {
                 Err(TurnError::Timeout(limit.as_millis() as u64))
             }
             Err(TurnFailure::LostState) => unreachable!("handled above: no carry"),
+            Err(TurnFailure::Storage(msg)) => {
+                metrics.turn(kind, "storage_error");
+                span.in_scope(|| tracing::warn!(error = %msg, "turn stopped: a host call failed on storage; instance discarded"));
+                Err(TurnError::Storage(msg))
+            }
         };
         self.trim_cache();
         result

@@ -117,6 +117,8 @@ impl js::Host for Host {
             Err(TurnFailure::LostState) => {
                 return Err(wasmtime::format_err!("the host lost the turn state"));
             }
+            // The node's storage failed, not the script.
+            Err(TurnFailure::Storage(m)) => Err(GuestError::Internal(m)),
             Err(failure) => Ok(js::EvalResult {
                 result: None,
                 logs: Vec::new(),
@@ -128,7 +130,8 @@ impl js::Host for Host {
                     TurnFailure::Guest(m) => m,
                     TurnFailure::NoRoom(_)
                     | TurnFailure::NodeMemory(_)
-                    | TurnFailure::LostState => unreachable!(),
+                    | TurnFailure::LostState
+                    | TurnFailure::Storage(_) => unreachable!(),
                 }),
             }),
         })
