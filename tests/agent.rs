@@ -656,17 +656,7 @@ async fn a_scripts_error_names_the_models_own_line() {
     let tools = json!([rig.ticket_tool(json!({})), {"kind": "code"}]);
     assert_eq!(rig.agent("coder", tools).await.status, 201);
     let code = "const a = 1;\nconst b = 2;\nthrow new Error('boom on three');";
-    rig.fake.push([
-        Scripted::ToolCalls {
-            text: String::new(),
-            calls: vec![("call_e".into(), "code".into(), json!({"code": code}))],
-        },
-        Scripted::Text("fixed".into()),
-    ]);
-    let r = rig
-        .api
-        .post_json("/v1/actors/coder/c", &json!({"input": "go"}))
-        .await;
+    let r = rig.run_script("coder", "c", code).await;
     assert_eq!(r.status, 200, "{}", r.json);
     let events = rig.events("coder", "c").await;
     let result = events
@@ -1018,17 +1008,7 @@ async fn scripts_cannot_bypass_an_approval() {
     let code = format!(
         "const r = await fetch({url:?}, {{ method: 'POST', body: '{{\"title\": \"sneaky\"}}' }}); r.status"
     );
-    rig.fake.push([
-        Scripted::ToolCalls {
-            text: String::new(),
-            calls: vec![("call_s".into(), "code".into(), json!({"code": code}))],
-        },
-        Scripted::Text("ok".into()),
-    ]);
-    let r = rig
-        .api
-        .post_json("/v1/actors/gated/g1", &json!({"input": "go"}))
-        .await;
+    let r = rig.run_script("gated", "g1", &code).await;
     assert_eq!(r.status, 200, "{}", r.json);
     let result = rig.wait_event("gated", "g1", "tool_result", 1).await;
     assert_eq!(result["data"]["is_error"], true, "{result}");

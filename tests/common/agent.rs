@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use marmot::fake_provider::{Behaviour, FakeProvider};
+use marmot::fake_provider::{Behaviour, FakeProvider, Scripted};
 use serde_json::{Value, json};
 
 use super::{Api, Marmot, Resp, TESTKIT, tempdir};
@@ -132,6 +132,21 @@ impl Rig {
             "config": {"allowed_hosts": ["127.0.0.1"]},
         });
         put(&self.api, &format!("/v1/types/{ty}"), manifest).await
+    }
+
+    /// Have the model call the code tool once with `code`, then answer
+    /// "done"; run an input on `ty`/`id` and return the reply.
+    pub async fn run_script(&self, ty: &str, id: &str, code: &str) -> Resp {
+        self.fake.push([
+            Scripted::ToolCalls {
+                text: String::new(),
+                calls: vec![("call_js".into(), "code".into(), json!({"code": code}))],
+            },
+            Scripted::Text("done".into()),
+        ]);
+        self.api
+            .post_json(&format!("/v1/actors/{ty}/{id}"), &json!({"input": "go"}))
+            .await
     }
 
     pub fn ticket_tool(&self, extra: Value) -> Value {
