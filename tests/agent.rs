@@ -668,6 +668,38 @@ async fn a_scripts_error_names_the_models_own_line() {
     assert!(error.contains(":3:"), "the model's line 3: {error}");
 }
 
+/// A queued run cancelled before it started used nothing, and says so (its
+/// waiting caller was told `usage: null`).
+#[tokio::test]
+async fn a_cancelled_queued_run_used_nothing() {
+    let rig = Rig::new().await;
+    assert_eq!(rig.agent("queue", json!([])).await.status, 201);
+    rig.fake
+        .set_timing(Duration::from_millis(400), Duration::ZERO);
+    let input = |text: &str| json!({"input": text});
+    let path = "/v1/actors/queue/a?wait=false";
+    assert_eq!(rig.api.post_json(path, &input("one")).await.status, 202);
+    let second = rig.api.post_json(path, &input("two")).await;
+    let run_id = second.json["run_id"].as_str().unwrap().to_owned();
+    rig.wait_event("queue", "a", "input_queued", 1).await;
+    let r = rig
+        .api
+        .post_json(
+            &format!("/v1/actors/queue/a/runs/{run_id}/cancel"),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    let failed = rig.wait_event("queue", "a", "run_failed", 1).await;
+    assert_eq!(failed["data"]["run_id"], run_id.as_str(), "{failed}");
+    assert_eq!(
+        failed["data"]["usage"],
+        json!({"input_tokens": 0, "output_tokens": 0}),
+        "{failed}"
+    );
+    rig.fake.set_timing(Duration::ZERO, Duration::ZERO);
+}
+
 /// Twenty agent runs at once against one type budget: the reservations
 /// admit only what the budget covers, the rest end `budget_exceeded`
 /// before their model call, and what was committed stays under the limit.

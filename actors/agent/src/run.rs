@@ -635,7 +635,10 @@ impl Harness {
         store::set_queue(&q)?;
         emit(
             "run_failed",
-            &json!({ "run_id": run_id, "reason": "cancelled", "error": "the run was cancelled" }),
+            // A queued run never started: it used nothing (its waiting
+            // caller was told `usage: null`).
+            &json!({ "run_id": run_id, "reason": "cancelled", "error": "the run was cancelled",
+                     "usage": { "input_tokens": 0, "output_tokens": 0 } }),
         )?;
         Ok(true)
     }
