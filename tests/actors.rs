@@ -282,6 +282,10 @@ import { actors } from "marmot";
 export default {
   async onMessage({ op, to, msg }) {
     if (op === "send") { actors.send("echo", to, msg); return "sent"; }
+    if (op === "full") {
+      const r = await actors.callResponse("kit", to, msg);
+      return { status: r.status, body: r.body };
+    }
     const reply = await actors.call("echo", to, msg);
     return { reply, type: typeof reply };
   },
@@ -313,6 +317,15 @@ export default {
         assert_eq!(r.status, 200, "{msg}: {}", r.json);
         assert_eq!(r.json, reply, "{msg}");
     }
+    // The callee's own status is there to see (a 404 reply is a reply).
+    let r = api
+        .post_json(
+            "/v1/actors/sender/s",
+            &json!({"op": "full", "to": "k", "msg": {"op": "status", "status": 404}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json, json!({"status": 404, "body": {"status": 404}}));
     let r = api
         .post_json(
             "/v1/actors/sender/s",

@@ -138,6 +138,11 @@ declare module "marmot" {
      * (a string stays a string); a JSON reply comes back parsed, any other
      * (a text reply) as its text. */
     call(type: string, id: string, body?: Json): Promise<Json>;
+    /** `call`, with the reply's HTTP status and content type: a callee's
+     * own 4xx (`{"error": …}` from an agent, a Rust actor's 404) is a
+     * reply like any other to `call`. */
+    callResponse(type: string, id: string, body?: Json): Promise<{
+      status: number; contentType: string | null; body: Json }>;
     /** Send one way, durably, after this turn commits. */
     send(type: string, id: string, body?: Json): void;
   }

@@ -526,13 +526,15 @@ fn random_bytes<'js>(ctx: Ctx<'js>, n: usize) -> Result<TypedArray<'js, u8>> {
     TypedArray::new(ctx, buf)
 }
 
-/// `actors.call`: `{json, body}`, the reply's text and whether it is JSON
-/// to parse.
+/// `actors.call`: `{json, status, contentType, body}`, the reply's text,
+/// whether it is JSON to parse, and how the callee answered.
 fn actors_call<'js>(ctx: Ctx<'js>, ty: String, id: String, body: String) -> Result<Object<'js>> {
     match actors::call(&ty, &id, body.as_bytes()) {
         Ok(reply) => {
             let out = Object::new(ctx)?;
             out.set("json", declares_json(reply.content_type.as_deref()))?;
+            out.set("status", reply.status)?;
+            out.set("contentType", reply.content_type)?;
             out.set("body", text(reply.body))?;
             Ok(out)
         }

@@ -177,6 +177,15 @@
       const reply = host.actorsCall(StringCtor(type), StringCtor(id), body(message));
       return reply.json ? fromStored(reply.body) : reply.body;
     },
+    // With the status and content type (a callee's own 4xx is a reply).
+    async callResponse(type, id, message) {
+      const reply = host.actorsCall(StringCtor(type), StringCtor(id), body(message));
+      return {
+        status: reply.status,
+        contentType: reply.contentType,
+        body: reply.json ? fromStored(reply.body) : reply.body,
+      };
+    },
     send(type, id, message) {
       host.actorsSend(StringCtor(type), StringCtor(id), body(message));
     },
