@@ -556,6 +556,26 @@ async fn idempotency_keys_return_the_first_reply() {
         "the error names the message that took the key: {}",
         reused.json
     );
+    // The same bytes as another media type reach the actor as another
+    // value (an object, or a string): another request too.
+    let as_text = api
+        .req(
+            Method::POST,
+            "/v1/actors/kit/a",
+            Some(("text/plain", serde_json::to_vec(&add).unwrap())),
+            &[("idempotency-key", "k1")],
+        )
+        .await;
+    assert_error(&as_text, 422, "idempotency_key_reused");
+    // One key per request.
+    let two = api
+        .post_with(
+            "/v1/actors/kit/a",
+            &add,
+            &[("idempotency-key", "k1"), ("idempotency-key", "k9")],
+        )
+        .await;
+    assert_error(&two, 400, "invalid_idempotency_key");
     let other = api
         .post_with("/v1/actors/kit/a", &add, &[("idempotency-key", "k2")])
         .await;

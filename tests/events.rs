@@ -205,6 +205,8 @@ async fn a_resume_past_the_logs_end_starts_over_with_a_reset() {
 
     let page = api.get("/v1/actors/kit/r/events?after=5").await;
     assert_eq!(page.status, 200, "{}", page.json);
+    // A page or a stream by `Accept`: caches are told.
+    assert_eq!(page.headers["vary"], "accept");
     assert_eq!(page.json["reset"], json!({"after": 5, "last": 1}));
     assert_eq!(page.json["events"][0]["data"], json!({"n": 10}));
     assert_eq!(page.json["next_after"], 1);
@@ -221,11 +223,25 @@ async fn a_resume_past_the_logs_end_starts_over_with_a_reset() {
     assert_eq!(read_until(&mut s, 1).await, [1]);
     let seq = emit(&api, "r", 11).await;
     assert_eq!(read_until(&mut s, seq).await, [2], "and it follows on");
+    // A stream that waits for the actor (deleted, the client reconnecting
+    // at once) and sees it made again reads the new log from its start.
+    assert_eq!(api.delete("/v1/actors/kit/r").await.status, 200);
+    let mut waiting = api.sse("/v1/actors/kit/r/events", Some("5")).await;
+    for n in 1..=7 {
+        emit(&api, "r", n).await;
+    }
+    let reset = waiting.next_event(WAIT).await.unwrap();
+    assert_eq!(reset.event.as_deref(), Some("reset"), "{reset:?}");
+    assert_eq!(reset.json()["after"], 5);
+    assert_eq!(read_until(&mut waiting, 7).await, [1, 2, 3, 4, 5, 6, 7]);
+    for n in 8..=9 {
+        emit(&api, "r", n).await;
+    }
     // Resuming at the end is not past it.
-    let mut s = api.sse("/v1/actors/kit/r/events", Some("2")).await;
+    let mut s = api.sse("/v1/actors/kit/r/events", Some("9")).await;
     emit(&api, "r", 12).await;
     let next = s.next_event(WAIT).await.unwrap();
-    assert_eq!((next.event, next.id.as_deref()), (None, Some("3")));
+    assert_eq!((next.event, next.id.as_deref()), (None, Some("10")));
 }
 
 #[tokio::test]

@@ -644,6 +644,15 @@ actor_burst = 4
         r.headers()["access-control-allow-origin"],
         "https://app.example.com"
     );
+    // Every answer varies by Origin while CORS is on, one without it too.
+    let plain = s
+        .http
+        .get(url("/v1/actors/kit/alice"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.headers()["vary"], "origin");
     // A browser may read what downloads and replays say beyond the body.
     let exposed = r.headers()["access-control-expose-headers"]
         .to_str()

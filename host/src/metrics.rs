@@ -327,6 +327,17 @@ impl Metrics {
             "Requests refused by auth (missing, invalid, expired, revoked or insufficient tokens) or client rate limits, by error code",
             requests_refused.clone(),
         );
+        for code in [
+            "unauthorized",
+            "invalid_token",
+            "token_expired",
+            "token_revoked",
+            "forbidden",
+            "rate_limited",
+            "invalid_authorization",
+        ] {
+            drop(requests_refused.get_or_create(&RefusalLabels { code }));
+        }
         let http_connections = Gauge::default();
         registry.register(
             "http_connections",

@@ -38,6 +38,12 @@ pub(super) async fn send(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body?;
+    if headers.get_all("idempotency-key").iter().nth(1).is_some() {
+        return Err(ApiError::bad_request(
+            "invalid_idempotency_key",
+            "send one Idempotency-Key header, not several",
+        ));
+    }
     let idempotency_key = match headers.get("idempotency-key") {
         None => None,
         Some(v) => {
@@ -555,7 +561,9 @@ pub(super) async fn events(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("text/event-stream"))
     {
-        return super::streams::open(&s.node, key, after, grant.map(|g| g.0));
+        let mut resp = super::streams::open(&s.node, key, after, grant.map(|g| g.0))?;
+        vary_accept(&mut resp);
+        return Ok(resp);
     }
     let limit = Page::LIST.size(q.limit)?;
     let Some(mut events) = s.node.events(&key, after, limit)? else {
@@ -587,7 +595,16 @@ pub(super) async fn events(
     if let Some(reset) = reset {
         page["reset"] = reset;
     }
-    Ok(axum::Json(page).into_response())
+    let mut resp = axum::Json(page).into_response();
+    vary_accept(&mut resp);
+    Ok(resp)
+}
+
+/// The events route answers a page or a stream by `Accept`: say so to
+/// caches.
+fn vary_accept(resp: &mut Response) {
+    resp.headers_mut()
+        .append(header::VARY, HeaderValue::from_static("accept"));
 }
 
 /// A stored payload as JSON: the value itself when it is JSON, else base64.

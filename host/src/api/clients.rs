@@ -118,21 +118,26 @@ impl ClientGate {
     /// Add CORS headers to the response to a request from `origin` (its
     /// `Origin` header; only browsers send one).
     pub(super) fn decorate(&self, origin: Option<&HeaderValue>, resp: &mut Response) {
+        if !self.cors {
+            return;
+        }
+        let h = resp.headers_mut();
         if let Some(origin) = self.allowed_origin(origin) {
-            let h = resp.headers_mut();
             h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
             h.insert(
                 header::ACCESS_CONTROL_EXPOSE_HEADERS,
                 HeaderValue::from_static(EXPOSE_HEADERS),
             );
-            // A preflight's answer says it already.
-            let varies = h
-                .get_all(header::VARY)
-                .iter()
-                .any(|v| v.as_bytes().eq_ignore_ascii_case(b"origin"));
-            if !varies {
-                h.append(header::VARY, HeaderValue::from_static("origin"));
-            }
+        }
+        // With CORS on, every answer depends on the Origin (a shared cache
+        // must not hand one origin's answer, or one without the headers,
+        // to another); a preflight's answer says it already.
+        let varies = h
+            .get_all(header::VARY)
+            .iter()
+            .any(|v| v.as_bytes().eq_ignore_ascii_case(b"origin"));
+        if !varies {
+            h.append(header::VARY, HeaderValue::from_static("origin"));
         }
     }
 

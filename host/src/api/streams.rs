@@ -120,6 +120,7 @@ pub(super) fn open(
         sub,
         queue: VecDeque::from([Event::default().retry(RETRY)]),
         existed: false,
+        absent_at_open: false,
         read_due: true,
         lapse: grant.map(|g| Box::pin(lapse(node.clone(), g)) as Lapse),
     };
@@ -145,6 +146,10 @@ struct Follow {
     queue: VecDeque<Event>,
     /// The actor existed at some point during the stream.
     existed: bool,
+    /// The actor did not exist when the stream opened: a resume point is
+    /// then from a log that is gone (a deleted actor's), and the new
+    /// actor's log is read from its start after a `reset` frame.
+    absent_at_open: bool,
     /// A commit may have added events since the last read.
     read_due: bool,
     /// Resolves when the client token the stream was opened with lapses.
@@ -183,6 +188,16 @@ impl Follow {
                     Ok(Some(page)) => {
                         let first_read = !self.existed;
                         self.existed = true;
+                        if first_read && self.after > 0 && self.absent_at_open {
+                            // Made after the stream opened: whatever the
+                            // client saw was another actor's log.
+                            let last = match self.node.actor_info(&self.key) {
+                                Ok(Some(i)) => i.last_event_seq,
+                                _ => page.last().map_or(0, |(seq, _)| *seq),
+                            };
+                            self.restart_from_the_start(last);
+                            continue;
+                        }
                         if page.is_empty() && first_read && self.restart_past_the_end() {
                             continue;
                         }
@@ -195,7 +210,7 @@ impl Follow {
                     // Deleted while we watched: its log is gone.
                     Ok(None) if self.existed => return None,
                     // Not created yet: wait for its first commit.
-                    Ok(None) => {}
+                    Ok(None) => self.absent_at_open = true,
                     Err(e) => {
                         tracing::warn!(actor = %self.key, error = %e, "event stream ends: storage error");
                         return None;
@@ -235,11 +250,7 @@ impl Follow {
         match past_the_end(&self.node, &self.key, self.after) {
             Ok(Some(last)) => {
                 tracing::info!(actor = %self.key, after = self.after, last, "event stream resumed past the log's end: starting over");
-                let reset = reset_json(self.after, last);
-                self.queue
-                    .push_back(Event::default().event("reset").data(reset.to_string()));
-                self.after = 0;
-                self.read_due = true;
+                self.restart_from_the_start(last);
                 true
             }
             Ok(None) => false,
@@ -248,6 +259,16 @@ impl Follow {
                 false
             }
         }
+    }
+
+    /// Queue a `reset` frame (the log ends at `last`, as far as read) and
+    /// read the log again from its start.
+    fn restart_from_the_start(&mut self, last: u64) {
+        let reset = reset_json(self.after, last);
+        self.queue
+            .push_back(Event::default().event("reset").data(reset.to_string()));
+        self.after = 0;
+        self.read_due = true;
     }
 
     fn enqueue(&mut self, page: Vec<(u64, EventRecord)>) {

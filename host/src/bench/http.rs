@@ -224,6 +224,14 @@ pub(super) async fn wrk_load(
 ) -> anyhow::Result<LoadResult> {
     let script = std::env::temp_dir().join(format!("marmot-bench-{}.lua", std::process::id()));
     std::fs::write(&script, WRK_SCRIPT)?;
+    // Removed however the load ends (an interrupted benchmark drops it).
+    struct Remove<'a>(&'a std::path::Path);
+    impl Drop for Remove<'_> {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(self.0);
+        }
+    }
+    let _remove = Remove(&script);
     let out = tokio::process::Command::new("wrk")
         .args([
             "-t1",
@@ -240,7 +248,6 @@ pub(super) async fn wrk_load(
         .output()
         .await
         .context("cannot run wrk")?;
-    let _ = std::fs::remove_file(&script);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout
         .lines()

@@ -27,9 +27,10 @@ impl Client {
                 "--url must not have a query or fragment (e.g. http://127.0.0.1:7878)"
             ),
             Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => {}
+            // (Not echoed either: what does not parse may still hold a
+            // password.)
             _ => anyhow::bail!(
-                "--url `{}` is not an http(s) URL with a host (e.g. http://127.0.0.1:7878)",
-                args.url
+                "--url is not an http(s) URL with a host (e.g. http://127.0.0.1:7878)"
             ),
         }
         let http = reqwest::Client::builder()

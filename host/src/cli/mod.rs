@@ -405,7 +405,15 @@ fn one_line(e: &anyhow::Error) -> String {
         }
         line.push_str(&text);
     }
-    line.replace('\n', " ")
+    // One line, as typed: a message may carry an actor's words, and an
+    // escape sequence in it must not reach the terminal.
+    line.chars()
+        .map(|c| match c {
+            '\n' => " ".to_owned(),
+            c if c.is_control() => format!("\\u{{{:x}}}", c as u32),
+            c => c.to_string(),
+        })
+        .collect()
 }
 
 async fn run(

@@ -65,7 +65,9 @@ impl Node {
                 delivery_id = %a.delivery_id, duplicate = a.duplicate, "webhook accepted"),
             Err(
                 e @ (WebhookError::UnknownType(_)
-                | WebhookError::Refused(HookError::NotConfigured(_) | HookError::BadName(_))),
+                | WebhookError::Refused(
+                    HookError::NotConfigured(_) | HookError::BadName(_) | HookError::BadId(_),
+                )),
             ) => tracing::debug!(actor_type = ty, hook = name, error = %e, "webhook rejected"),
             Err(e) => tracing::info!(actor_type = ty, hook = name, error = %e, "webhook rejected"),
         }

@@ -31,7 +31,9 @@ impl ActorTask {
             let _ = reply.send(Err(e));
             return;
         }
-        let request = idempotency_key.as_ref().map(|_| request_fingerprint(&body));
+        let request = idempotency_key
+            .as_ref()
+            .map(|_| request_fingerprint(content_type.as_deref(), &body));
         if let Some(k) = &idempotency_key {
             match self.idempotency(k) {
                 Ok(None) => {}

@@ -341,9 +341,10 @@ pub struct IdemRecord {
     pub outcome: IdemOutcome,
     /// When the record may be forgotten.
     pub expires_at_ms: u64,
-    /// SHA-256 of the message body that took the key (format 7): a request
-    /// with the same key and another body is refused, not answered with this
-    /// outcome. `None` for webhooks (the sender's delivery id is the
+    /// SHA-256 of the message (media type and body, see
+    /// [`request_fingerprint`]) that took the key (format 7): a request
+    /// with the same key and another body is refused, not answered with
+    /// this outcome. `None` for webhooks (the sender's delivery id is the
     /// message's identity) and for records written by format 6.
     pub request_sha256: Option<[u8; 32]>,
 }
@@ -356,10 +357,21 @@ impl IdemRecord {
     }
 }
 
-/// The fingerprint an idempotency record keeps of a message body.
-pub fn request_fingerprint(body: &[u8]) -> [u8; 32] {
+/// The fingerprint an idempotency record keeps of a message: its body and
+/// its media type (lower-cased, without parameters), which says how the
+/// body reaches the actor (the same bytes as `application/json` and as
+/// `text/plain` are an object and a string to a JavaScript handler).
+pub fn request_fingerprint(content_type: Option<&str>, body: &[u8]) -> [u8; 32] {
     use sha2::Digest;
-    sha2::Sha256::digest(body).into()
+    let media = content_type
+        .and_then(|c| c.split(';').next())
+        .map(|m| m.trim().to_ascii_lowercase())
+        .unwrap_or_default();
+    let mut h = sha2::Sha256::new();
+    h.update(media.as_bytes());
+    h.update([0]);
+    h.update(body);
+    h.finalize().into()
 }
 
 /// A durable message waiting in an actor's inbox.
@@ -386,7 +398,10 @@ impl InboxRecord {
     /// fingerprint; nothing for a webhook.
     pub fn request_fingerprint(&self) -> Option<[u8; 32]> {
         match self.kind {
-            InboxKind::Message => Some(request_fingerprint(&self.body)),
+            InboxKind::Message => Some(request_fingerprint(
+                self.content_type.as_deref(),
+                &self.body,
+            )),
             InboxKind::Webhook { .. } => None,
         }
     }

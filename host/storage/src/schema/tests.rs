@@ -250,17 +250,25 @@ fn idem_record_round_trips() {
             },
         },
         expires_at_ms: 5,
-        request_sha256: Some(request_fingerprint(b"{}")),
+        request_sha256: Some(request_fingerprint(Some("application/json"), b"{}")),
     };
     assert_eq!(decode::<IdemRecord>("idem", &encode(&rec)).unwrap(), rec);
-    assert!(!rec.refuses(Some(&request_fingerprint(b"{}"))));
-    assert!(rec.refuses(Some(&request_fingerprint(b"{ }"))));
+    assert!(!rec.refuses(Some(&request_fingerprint(Some("application/json"), b"{}"))));
+    assert!(rec.refuses(Some(&request_fingerprint(Some("application/json"), b"{ }"))));
     assert!(!rec.refuses(None), "a webhook's key is its delivery id");
+    // The media type is part of the request (how the body reaches the
+    // actor), its spelling and parameters are not.
+    let json = Some("application/json");
+    assert_eq!(
+        request_fingerprint(json, b"{}"),
+        request_fingerprint(Some("Application/JSON; charset=utf-8"), b"{}")
+    );
+    assert!(rec.refuses(Some(&request_fingerprint(Some("text/plain"), b"{}"))));
     let old = IdemRecord {
         request_sha256: None,
         ..rec
     };
-    assert!(!old.refuses(Some(&request_fingerprint(b"{ }"))));
+    assert!(!old.refuses(Some(&request_fingerprint(Some("application/json"), b"{ }"))));
 }
 
 #[test]
