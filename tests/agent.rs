@@ -564,6 +564,59 @@ async fn a_repeated_run_answers_its_outcome_or_says_it_is_gone() {
     );
 }
 
+/// A repeat of a run that waits for a person is told so even once the
+/// event that asked has left the log (it waited until someone answered).
+#[tokio::test]
+async fn a_repeat_of_a_waiting_run_is_told_so_after_its_ask_left_the_log() {
+    let rig = Rig::with_limits("max_events_per_actor = 6\n").await;
+    let tool = rig.ticket_tool(json!({"needs_approval": true}));
+    assert_eq!(rig.agent("asker", json!([tool])).await.status, 201);
+    rig.fake.push([Scripted::ToolCalls {
+        text: String::new(),
+        calls: vec![(
+            "call_w".into(),
+            "create_ticket".into(),
+            json!({"title": "t"}),
+        )],
+    }]);
+    let input = json!({"input": "go"});
+    let go = || {
+        rig.api
+            .post_with("/v1/actors/asker/w", &input, &[("idempotency-key", "w1")])
+    };
+    let first = go().await;
+    assert_eq!(first.status, 202, "{}", first.json);
+    let input_id = first.json["waiting_for"]["input_id"].clone();
+    assert!(input_id.is_string(), "{}", first.json);
+    for i in 0..8 {
+        let r = rig
+            .api
+            .post_json(
+                "/v1/actors/asker/w?wait=false",
+                &json!({"input": format!("later {i}")}),
+            )
+            .await;
+        assert_eq!(r.status, 202, "{}", r.json);
+    }
+    rig.api
+        .wait_info("asker", "w", "the inputs to be queued", |i| {
+            i["pending_messages"] == 0
+        })
+        .await;
+    let info = rig.api.get("/v1/actors/asker/w").await.json;
+    assert!(
+        info["first_event_seq"].as_u64().unwrap() > 5,
+        "the ask is still kept: {info}"
+    );
+    let again = tokio::time::timeout(std::time::Duration::from_secs(20), go())
+        .await
+        .expect("a repeat of a waiting run whose ask left the log hung");
+    assert_eq!(again.status, 202, "{}", again.json);
+    assert_eq!(again.json["status"], "waiting");
+    assert_eq!(again.json["waiting_for"]["kind"], "approval");
+    assert_eq!(again.json["waiting_for"]["input_id"], input_id);
+}
+
 /// A run's `limits.max_output_tokens` caps each model step's answer by
 /// what is left of it (it was checked between steps only, so one answer
 /// could pass it by any amount), and the manifest's own cap still holds
@@ -673,12 +726,21 @@ async fn a_scripts_error_names_the_models_own_line() {
 #[tokio::test]
 async fn a_cancelled_queued_run_used_nothing() {
     let rig = Rig::new().await;
-    assert_eq!(rig.agent("queue", json!([])).await.status, 201);
-    rig.fake
-        .set_timing(Duration::from_millis(400), Duration::ZERO);
+    // The first run waits for an approval: the second queues behind it.
+    let tool = rig.ticket_tool(json!({"needs_approval": true}));
+    assert_eq!(rig.agent("queue", json!([tool])).await.status, 201);
+    rig.fake.push([Scripted::ToolCalls {
+        text: String::new(),
+        calls: vec![(
+            "call_q".into(),
+            "create_ticket".into(),
+            json!({"title": "t"}),
+        )],
+    }]);
     let input = |text: &str| json!({"input": text});
     let path = "/v1/actors/queue/a?wait=false";
     assert_eq!(rig.api.post_json(path, &input("one")).await.status, 202);
+    rig.wait_event("queue", "a", "approval_requested", 1).await;
     let second = rig.api.post_json(path, &input("two")).await;
     let run_id = second.json["run_id"].as_str().unwrap().to_owned();
     rig.wait_event("queue", "a", "input_queued", 1).await;
@@ -697,7 +759,6 @@ async fn a_cancelled_queued_run_used_nothing() {
         json!({"input_tokens": 0, "output_tokens": 0}),
         "{failed}"
     );
-    rig.fake.set_timing(Duration::ZERO, Duration::ZERO);
 }
 
 /// Twenty agent runs at once against one type budget: the reservations

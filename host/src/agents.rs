@@ -30,6 +30,9 @@ pub const RUN_END_EVENTS: &[&str] = &["run_finished", "run_failed", "budget_exce
 pub const ACTIVE_RUN_KEY: &str = "agent/run";
 /// See [`ACTIVE_RUN_KEY`].
 pub const QUEUED_RUNS_KEY: &str = "agent/queue";
+/// What the agent's input requests wait for: `agent/wait/{input_id}` →
+/// `{"for": "approval" | "client" | "confirm", "run_id", "call_id", …}`.
+pub const WAITS_PREFIX: &str = "agent/wait/";
 
 /// An agent manifest (PRODUCT.md §5). Unknown keys are refused.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -16,6 +16,22 @@ pub fn check(schema: &Value, v: &Value) -> Result<(), String> {
     check_at(schema, v, "$")
 }
 
+/// JSON Schema's equality: numbers by value (`1.0` is `1`; serde_json
+/// tells an integer from a float and refused `{"n": 1.0}` against `enum:
+/// [1, 2]`), the rest structurally.
+fn same(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same(a, b))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, a)| y.get(k).is_some_and(|b| same(a, b)))
+        }
+        _ => a == b,
+    }
+}
+
 fn type_matches(ty: &str, v: &Value) -> bool {
     match ty {
         "null" => v.is_null(),
@@ -50,7 +66,7 @@ fn check_at(schema: &Value, v: &Value, path: &str) -> Result<(), String> {
         }
     }
     if let Some(Value::Array(options)) = s.get("enum")
-        && !options.contains(v)
+        && !options.iter().any(|o| same(o, v))
     {
         return Err(format!(
             "{path}: must be one of {}",
@@ -58,7 +74,7 @@ fn check_at(schema: &Value, v: &Value, path: &str) -> Result<(), String> {
         ));
     }
     if let Some(c) = s.get("const")
-        && c != v
+        && !same(c, v)
     {
         return Err(format!("{path}: must be {c}"));
     }
@@ -127,4 +143,23 @@ fn check_at(schema: &Value, v: &Value, path: &str) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::check;
+
+    #[test]
+    fn numbers_compare_by_value() {
+        let schema = json!({"type": "object", "properties": {
+            "n": {"enum": [1, 2]}, "c": {"const": {"k": [3]}}}});
+        assert_eq!(
+            check(&schema, &json!({"n": 1.0, "c": {"k": [3.0]}})),
+            Ok(())
+        );
+        assert!(check(&schema, &json!({"n": 1.5})).is_err());
+        assert!(check(&schema, &json!({"c": {"k": [3, 4]}})).is_err());
+    }
 }

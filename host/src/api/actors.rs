@@ -248,13 +248,14 @@ async fn run(
     // A repeated Idempotency-Key names a run that may have ended already
     // (even so long ago that its end left the log).
     let after = if duplicate { 0 } else { after };
-    let ended = duplicate
-        && !s
-            .node
-            .run_is_live(key, &run_id, idempotency_key.as_deref())?;
+    let known = if duplicate {
+        s.node.run_state(key, &run_id, idempotency_key.as_deref())?
+    } else {
+        crate::node::RunState::Going
+    };
     let end = s
         .node
-        .wait_run(key, &run_id, after, ended)
+        .wait_run(key, &run_id, after, known)
         .await
         .map_err(|e| {
             use crate::node::RunWaitError;

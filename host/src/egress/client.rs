@@ -144,7 +144,37 @@ impl Scrub {
     }
 
     /// `bytes` with every secret value replaced.
+    ///
+    /// A text that ends with the start of a value, [`PARTIAL_SECRET`]
+    /// bytes or more of it (an answer cut off by `max_tokens` mid-key, a
+    /// stream that ended there), has that start replaced too: that much of
+    /// a key is worth keeping. (Redacted in the live preview only, it was
+    /// kept in the stored answer.)
     pub fn bytes(&self, bytes: Vec<u8>) -> Vec<u8> {
+        let mut out = self.whole_values(bytes);
+        if let Some(at) = self.cut_tail(&out) {
+            out.truncate(at);
+            out.extend_from_slice(REDACTED.as_bytes());
+        }
+        out
+    }
+
+    /// Where the start of a value that `bytes` ends with begins, if
+    /// [`PARTIAL_SECRET`] bytes or more of it are there.
+    fn cut_tail(&self, bytes: &[u8]) -> Option<usize> {
+        let longest = self.needles.first().map_or(0, |n| n.len());
+        let from = bytes.len().saturating_sub(longest);
+        (from..bytes.len()).find(|&i| {
+            bytes.len() - i >= PARTIAL_SECRET
+                && self
+                    .needles
+                    .iter()
+                    .any(|n| bytes.len() - i < n.len() && starts_with(n, &bytes[i..]))
+        })
+    }
+
+    /// `bytes` with every whole value replaced.
+    fn whole_values(&self, bytes: Vec<u8>) -> Vec<u8> {
         let mut out = bytes;
         for needle in &self.needles {
             if out.len() < needle.len() || !contains(&out, needle) {
@@ -232,24 +262,11 @@ impl StreamScrub {
     }
 
     /// The end of the stream: release what was held back. What was held
-    /// is the start of a value cut off by the end (a provider echoing a key
-    /// when the connection dropped): from [`PARTIAL_SECRET`] bytes on it is
-    /// replaced too, since that much of a key is worth keeping.
+    /// may be the start of a value cut off by the end (a provider echoing
+    /// a key when the connection dropped): [`Scrub::bytes`] replaces it
+    /// from [`PARTIAL_SECRET`] bytes on.
     pub fn finish(&mut self) -> Vec<u8> {
-        let rest = std::mem::take(&mut self.pending);
-        if let Some(at) = (0..rest.len()).find(|&i| {
-            rest.len() - i >= PARTIAL_SECRET
-                && self
-                    .scrub
-                    .needles
-                    .iter()
-                    .any(|n| rest.len() - i < n.len() && starts_with(n, &rest[i..]))
-        }) {
-            let mut out = self.scrub.bytes(rest[..at].to_vec());
-            out.extend_from_slice(REDACTED.as_bytes());
-            return out;
-        }
-        self.scrub.bytes(rest)
+        self.scrub.bytes(std::mem::take(&mut self.pending))
     }
 }
 
@@ -866,6 +883,24 @@ mod tests {
         let mut out = stream.push(b"aa");
         out.extend(stream.push(b"ab!"));
         assert_eq!(out, b"a[redacted]!".to_vec());
+    }
+
+    /// A text ending with enough of a key's start (cut by `max_tokens`)
+    /// keeps none of it; a few bytes that could start one stay.
+    #[test]
+    fn a_text_cut_off_inside_a_value_keeps_none_of_it() {
+        let mut s = Scrub::default();
+        s.add(b"sk-PROBE7-abcdefghijklmnop0123456789");
+        assert_eq!(
+            s.text("tail sk-PROBE7-abcdefghijklmnop012345678".into()),
+            "tail [redacted]"
+        );
+        assert_eq!(s.text("ok sk-PROBE7".into()), "ok [redacted]");
+        assert_eq!(s.text("ok sk-".into()), "ok sk-");
+        assert_eq!(
+            s.text("a sk-PROBE7-abcdefghijklmnop0123456789 b".into()),
+            "a [redacted] b"
+        );
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub use deploy::{DeleteTypeError, DeployError};
 pub use hooks::WebhookError;
 pub use moves::{DropCopy, MoveError, MoveIn, Moved};
 pub use queries::AdmitError;
-pub use runs::RunWaitError;
+pub use runs::{RunState, RunWaitError};
 pub use shared::SharedState;
 
 use crate::actor::{ActorEnv, Boot, Parts, Registry};

@@ -33,6 +33,17 @@ impl RunEnd {
     }
 }
 
+/// Where a run stands, by the agent's committed state.
+#[derive(Debug, Clone)]
+pub enum RunState {
+    /// Its input is queued, or it runs.
+    Going,
+    /// It waits for a person: what the event that asked said.
+    Waiting(RunEnd),
+    /// It ended (or never was).
+    Ended,
+}
+
 /// Why waiting for a run stopped without its end.
 #[derive(Debug, thiserror::Error)]
 pub enum RunWaitError {
@@ -124,35 +135,76 @@ impl Node {
         run_id: &str,
         idempotency_key: Option<&str>,
     ) -> Result<bool, crate::storage::StorageError> {
-        use crate::agents::{ACTIVE_RUN_KEY, QUEUED_RUNS_KEY};
+        Ok(!matches!(
+            self.run_state(key, run_id, idempotency_key)?,
+            RunState::Ended
+        ))
+    }
+
+    /// Where run `run_id` of `key` stands by the agent's committed state
+    /// (see [`Self::run_is_live`]); waiting for a person, with what for,
+    /// as the event that asked would say it (which retention may have
+    /// dropped from the log).
+    pub fn run_state(
+        &self,
+        key: &ActorKey,
+        run_id: &str,
+        idempotency_key: Option<&str>,
+    ) -> Result<RunState, crate::storage::StorageError> {
+        use crate::agents::{ACTIVE_RUN_KEY, QUEUED_RUNS_KEY, WAITS_PREFIX};
         use crate::storage::schema::IdemOutcome;
         let r = self.storage.reader()?;
         let Some(rec) = r.actor(key)? else {
-            return Ok(false);
+            return Ok(RunState::Ended);
         };
         if let Some(k) = idempotency_key
             && let Some(i) = r.idempotency(rec.num, k)?
             && matches!(i.outcome, IdemOutcome::Queued { .. })
         {
-            return Ok(true);
+            return Ok(RunState::Going);
         }
         // The input still in the inbox (a long inbox is taken as holding
         // it: this never says "ended" of a run that may still start).
         let inbox = r.inbox(rec.num, 0, INBOX_LOOK)?;
         if inbox.len() == INBOX_LOOK || inbox.iter().any(|(_, m)| m.message_id == run_id) {
-            return Ok(true);
+            return Ok(RunState::Going);
         }
-        let json = |k: &str| -> Result<Value, crate::storage::StorageError> {
-            Ok(r.state(rec.num, k)?
-                .and_then(|v| serde_json::from_slice(&v).ok())
-                .unwrap_or(Value::Null))
+        let json = |v: Option<Vec<u8>>| -> Value {
+            v.and_then(|v| serde_json::from_slice(&v).ok())
+                .unwrap_or(Value::Null)
         };
-        if json(ACTIVE_RUN_KEY)?["run_id"] == run_id {
-            return Ok(true);
+        let active = json(r.state(rec.num, ACTIVE_RUN_KEY)?);
+        if active["run_id"] == run_id {
+            if active["waiting"] == true {
+                for (k, v) in r.state_range(rec.num, WAITS_PREFIX, None, INBOX_LOOK)? {
+                    let w = json(Some(v));
+                    if w["run_id"] != run_id {
+                        continue;
+                    }
+                    let kind = match w["for"].as_str() {
+                        Some("approval") => "approval_requested",
+                        Some("confirm") => "tool_uncertain",
+                        _ => "tool_call",
+                    };
+                    let input_id = k.strip_prefix(WAITS_PREFIX).unwrap_or(&k);
+                    let data = serde_json::json!({ "run_id": run_id, "input_id": input_id,
+                        "call_id": w["call_id"], "client": kind == "tool_call" });
+                    return Ok(RunState::Waiting(RunEnd {
+                        kind: kind.to_owned(),
+                        data,
+                    }));
+                }
+            }
+            return Ok(RunState::Going);
         }
-        Ok(json(QUEUED_RUNS_KEY)?
+        let queued = json(r.state(rec.num, QUEUED_RUNS_KEY)?)
             .as_array()
-            .is_some_and(|q| q.iter().any(|r| r["run_id"] == run_id)))
+            .is_some_and(|q| q.iter().any(|r| r["run_id"] == run_id));
+        Ok(if queued {
+            RunState::Going
+        } else {
+            RunState::Ended
+        })
     }
 
     /// The kind of the event that ended run `run_id` of `key` (or
@@ -184,11 +236,12 @@ impl Node {
     }
 
     /// Wait for the end of run `run_id` of `key`, or for it to wait for a
-    /// person, reading events after `after` (0: the whole kept log). With
-    /// `ended`, the run is known to have ended before the call
-    /// ([`Self::run_is_live`] said no): if the kept log has no end for it,
-    /// retention dropped it, and waiting would never end (a repeat of an
-    /// old `Idempotency-Key` hung forever).
+    /// person, reading events after `after` (0: the whole kept log).
+    /// `known` is where the run stood before the call ([`Self::run_state`];
+    /// `Going` when unknown): if it had ended, or waited for a person, and
+    /// the kept log has nothing of it, retention dropped what said so, and
+    /// waiting would never end (a repeat of an old `Idempotency-Key` hung
+    /// forever): the end is a 410, the wait is answered from the state.
     ///
     /// A run that asks a person (an approval, a client tool's result, a
     /// confirmation after a crash) is answered as paused ([`RunEnd::paused`])
@@ -201,15 +254,16 @@ impl Node {
         key: &ActorKey,
         run_id: &str,
         after: u64,
-        ended: bool,
+        known: RunState,
     ) -> Result<RunEnd, RunWaitError> {
         // Subscribe before reading, so a commit in between wakes us.
         let mut sub = self.event_bus().subscribe(key)?;
         let mut after = after;
         let mut existed = false;
         // The run's last request to a person, while nothing of the run
-        // has followed it.
+        // has followed it; and whether the log shows anything of it.
         let mut paused: Option<RunEnd> = None;
+        let mut seen = false;
         loop {
             sub.changed.borrow_and_update();
             match self.events(key, after, PAGE)? {
@@ -234,6 +288,7 @@ impl Node {
                         if end || failed {
                             return Ok(RunEnd { kind: e.kind, data });
                         }
+                        seen = true;
                         paused =
                             asks_a_person(&e.kind, &data).then_some(RunEnd { kind: e.kind, data });
                     }
@@ -243,8 +298,12 @@ impl Node {
                     if let Some(p) = paused {
                         return Ok(p);
                     }
-                    if ended {
-                        return Err(RunWaitError::OutcomeExpired(run_id.to_owned()));
+                    match &known {
+                        RunState::Ended => {
+                            return Err(RunWaitError::OutcomeExpired(run_id.to_owned()));
+                        }
+                        RunState::Waiting(w) if !seen => return Ok(w.clone()),
+                        _ => {}
                     }
                 }
                 None if existed => return Err(RunWaitError::Deleted),
