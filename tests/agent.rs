@@ -613,8 +613,8 @@ async fn a_repeat_of_a_waiting_run_is_told_so_after_its_ask_left_the_log() {
         .expect("a repeat of a waiting run whose ask left the log hung");
     assert_eq!(again.status, 202, "{}", again.json);
     assert_eq!(again.json["status"], "waiting");
-    assert_eq!(again.json["waiting_for"]["kind"], "approval");
-    assert_eq!(again.json["waiting_for"]["input_id"], input_id);
+    assert_eq!(again.json["waiting_for"], first.json["waiting_for"]);
+    assert_eq!(again.json["waiting_for"]["tool"], "create_ticket");
 }
 
 /// A run's `limits.max_output_tokens` caps each model step's answer by

@@ -555,7 +555,7 @@ async fn eval_runs_scripts_bound_to_the_actor_and_commits_only_on_success() {
             "events": ["emit"],
             "alarms": ["cancel", "list", "set"],
             "inputs": ["cancel", "request"],
-            "actors": ["call", "send"],
+            "actors": ["call", "callResponse", "send"],
             "files": ["delete", "list", "read", "readBytes", "write"],
             "model": ["chat"],
             "log": ["debug", "error", "info", "warn"],

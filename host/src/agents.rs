@@ -33,6 +33,12 @@ pub const QUEUED_RUNS_KEY: &str = "agent/queue";
 /// What the agent's input requests wait for: `agent/wait/{input_id}` →
 /// `{"for": "approval" | "client" | "confirm", "run_id", "call_id", …}`.
 pub const WAITS_PREFIX: &str = "agent/wait/";
+/// The agent's transcript: `t/{n:012}` → one message of the chat shape
+/// (an assistant's carries `tool_calls: [{id, name, arguments}]`), and the
+/// next `n` under [`TRANSCRIPT_NEXT_KEY`].
+pub const TRANSCRIPT_PREFIX: &str = "t/";
+/// See [`TRANSCRIPT_PREFIX`].
+pub const TRANSCRIPT_NEXT_KEY: &str = "agent/next";
 
 /// An agent manifest (PRODUCT.md §5). Unknown keys are refused.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -182,7 +182,7 @@
       const reply = host.actorsCall(StringCtor(type), StringCtor(id), body(message));
       return {
         status: reply.status,
-        contentType: reply.contentType,
+        contentType: reply.contentType ?? null,
         body: reply.json ? fromStored(reply.body) : reply.body,
       };
     },

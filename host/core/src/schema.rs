@@ -21,7 +21,11 @@ pub fn check(schema: &Value, v: &Value) -> Result<(), String> {
 /// [1, 2]`), the rest structurally.
 fn same(a: &Value, b: &Value) -> bool {
     match (a, b) {
-        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        (Value::Number(x), Value::Number(y)) => match (x.as_i128(), y.as_i128()) {
+            // Whole numbers exactly (f64 rounds past 2^53).
+            (Some(a), Some(b)) => a == b,
+            _ => x.as_f64() == y.as_f64(),
+        },
         (Value::Array(x), Value::Array(y)) => {
             x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same(a, b))
         }
@@ -161,5 +165,7 @@ mod tests {
         );
         assert!(check(&schema, &json!({"n": 1.5})).is_err());
         assert!(check(&schema, &json!({"c": {"k": [3, 4]}})).is_err());
+        let big = json!({"enum": [9_007_199_254_740_993u64]});
+        assert!(check(&big, &json!(9_007_199_254_740_992u64)).is_err());
     }
 }

@@ -182,6 +182,12 @@ pub enum TurnError {
     /// Storage failed; nothing was committed.
     #[error("{0}")]
     Storage(String),
+    /// A host call failed on the node's storage while the guest ran: the
+    /// guest was stopped part way (after whatever it had sent or paid
+    /// for), so unlike [`TurnError::Storage`] it counts as an attempt and
+    /// a durable message fails as after a trap, not retried for ever.
+    #[error("{0}")]
+    StorageMidTurn(String),
     /// The actor task went away.
     #[error("the actor stopped before replying")]
     Stopped,
@@ -223,7 +229,7 @@ impl TurnError {
             TurnError::IdempotencyKeyReused(_) => "idempotency_key_reused",
             TurnError::PreviouslyFailed(_) => "turn_failed",
             TurnError::Code(_) => "code_unavailable",
-            TurnError::Storage(_) => "storage_error",
+            TurnError::Storage(_) | TurnError::StorageMidTurn(_) => "storage_error",
             TurnError::Stopped => "actor_stopped",
             TurnError::InputNotFound(_) => "input_not_found",
             TurnError::InputSettled { .. } => "input_settled",
@@ -241,6 +247,7 @@ impl TurnError {
             TurnError::Overloaded
             | TurnError::NoGuestMemory(_)
             | TurnError::Storage(_)
+            | TurnError::StorageMidTurn(_)
             | TurnError::Stopped => 503,
             TurnError::IdempotencyInProgress => 409,
             TurnError::Timeout(_) => 504,

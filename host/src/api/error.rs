@@ -72,6 +72,7 @@ impl From<TurnError> for ApiError {
                 | TurnError::Overloaded
                 | TurnError::NoGuestMemory(_)
                 | TurnError::Storage(_)
+                | TurnError::StorageMidTurn(_)
         ) {
             err.retry_after = Some(1);
         }

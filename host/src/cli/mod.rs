@@ -410,7 +410,13 @@ fn one_line(e: &anyhow::Error) -> String {
     line.chars()
         .map(|c| match c {
             '\n' => " ".to_owned(),
-            c if c.is_control() => format!("\\u{{{:x}}}", c as u32),
+            // Control characters, and the invisible ones that reorder or
+            // hide text (bidi overrides, zero-width marks).
+            c if c.is_control()
+                || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') =>
+            {
+                format!("\\u{{{:x}}}", c as u32)
+            }
             c => c.to_string(),
         })
         .collect()

@@ -145,10 +145,10 @@ impl Scrub {
 
     /// `bytes` with every secret value replaced.
     ///
-    /// A text that ends with the start of a value, [`PARTIAL_SECRET`]
-    /// bytes or more of it (an answer cut off by `max_tokens` mid-key, a
-    /// stream that ended there), has that start replaced too: that much of
-    /// a key is worth keeping. (Redacted in the live preview only, it was
+    /// A text that ends with the start of a value, half of it or more
+    /// (and at least [`PARTIAL_SECRET`] bytes: an answer cut off by
+    /// `max_tokens` mid-key, a stream that ended there), has that start
+    /// replaced too: that much of a key is worth keeping. (Redacted in the live preview only, it was
     /// kept in the stored answer.)
     pub fn bytes(&self, bytes: Vec<u8>) -> Vec<u8> {
         let mut out = self.whole_values(bytes);
@@ -160,16 +160,17 @@ impl Scrub {
     }
 
     /// Where the start of a value that `bytes` ends with begins, if
-    /// [`PARTIAL_SECRET`] bytes or more of it are there.
+    /// enough of it is there.
     fn cut_tail(&self, bytes: &[u8]) -> Option<usize> {
         let longest = self.needles.first().map_or(0, |n| n.len());
         let from = bytes.len().saturating_sub(longest);
         (from..bytes.len()).find(|&i| {
-            bytes.len() - i >= PARTIAL_SECRET
-                && self
-                    .needles
-                    .iter()
-                    .any(|n| bytes.len() - i < n.len() && starts_with(n, &bytes[i..]))
+            let tail = bytes.len() - i;
+            self.needles.iter().any(|n| {
+                tail < n.len()
+                    && tail >= PARTIAL_SECRET.max(n.len() / 2)
+                    && starts_with(n, &bytes[i..])
+            })
         })
     }
 
@@ -205,9 +206,10 @@ impl Scrub {
     }
 }
 
-/// The shortest start of a secret cut off by a stream's end that is
-/// replaced rather than released.
-const PARTIAL_SECRET: usize = 8;
+/// The shortest start of a secret cut off at a text's end that is
+/// replaced rather than kept: half the secret, and at least this (a key's
+/// public prefix, `sk-proj-`, is 8 bytes, and a text may well end with it).
+const PARTIAL_SECRET: usize = 12;
 
 /// [`Scrub`] over a body that arrives in chunks: a value split across two
 /// chunks is replaced too, because a chunk's tail that could be the start
@@ -264,7 +266,7 @@ impl StreamScrub {
     /// The end of the stream: release what was held back. What was held
     /// may be the start of a value cut off by the end (a provider echoing
     /// a key when the connection dropped): [`Scrub::bytes`] replaces it
-    /// from [`PARTIAL_SECRET`] bytes on.
+    /// if enough of it is there.
     pub fn finish(&mut self) -> Vec<u8> {
         self.scrub.bytes(std::mem::take(&mut self.pending))
     }
@@ -871,7 +873,8 @@ mod tests {
         out.extend(stream.push(b" done"));
         assert_eq!(out, b"[redacted] done".to_vec());
         // A key cut off by the end of the stream: its start is not released.
-        assert_eq!(stream.push(b"then sk-proj-QQQQ"), b"then ".to_vec());
+        let cut = format!("then {}", &key[..100]);
+        assert_eq!(stream.push(cut.as_bytes()), b"then ".to_vec());
         assert_eq!(stream.finish(), b"[redacted]".to_vec());
         // A few bytes that merely could start one are.
         assert_eq!(stream.push(b"ok sk-"), b"ok ".to_vec());
@@ -895,7 +898,13 @@ mod tests {
             s.text("tail sk-PROBE7-abcdefghijklmnop012345678".into()),
             "tail [redacted]"
         );
-        assert_eq!(s.text("ok sk-PROBE7".into()), "ok [redacted]");
+        assert_eq!(
+            s.text("ok sk-PROBE7-abcdefgh".into()),
+            "ok [redacted]",
+            "half of it"
+        );
+        // Less (a key's public prefix ends many texts) stays.
+        assert_eq!(s.text("ok sk-PROBE7".into()), "ok sk-PROBE7");
         assert_eq!(s.text("ok sk-".into()), "ok sk-");
         assert_eq!(
             s.text("a sk-PROBE7-abcdefghijklmnop0123456789 b".into()),

@@ -99,6 +99,9 @@ fn asks_a_person(kind: &str, data: &Value) -> bool {
 }
 /// Inbox rows looked through for a run's input.
 const INBOX_LOOK: usize = 256;
+/// Transcript messages looked through, newest first, for the call a run
+/// waits on.
+const CALL_LOOK: u64 = 16;
 
 impl Node {
     /// Whether `ty` is an agent type.
@@ -151,7 +154,9 @@ impl Node {
         run_id: &str,
         idempotency_key: Option<&str>,
     ) -> Result<RunState, crate::storage::StorageError> {
-        use crate::agents::{ACTIVE_RUN_KEY, QUEUED_RUNS_KEY, WAITS_PREFIX};
+        use crate::agents::{
+            ACTIVE_RUN_KEY, QUEUED_RUNS_KEY, TRANSCRIPT_NEXT_KEY, TRANSCRIPT_PREFIX, WAITS_PREFIX,
+        };
         use crate::storage::schema::IdemOutcome;
         let r = self.storage.reader()?;
         let Some(rec) = r.actor(key)? else {
@@ -187,8 +192,25 @@ impl Node {
                         _ => "tool_call",
                     };
                     let input_id = k.strip_prefix(WAITS_PREFIX).unwrap_or(&k);
+                    // The call it is about: in the transcript's last
+                    // messages (the run waits on a call of its last step).
+                    let next = json(r.state(rec.num, TRANSCRIPT_NEXT_KEY)?)
+                        .as_u64()
+                        .unwrap_or(0);
+                    let mut call = Value::Null;
+                    for n in (next.saturating_sub(CALL_LOOK)..next).rev() {
+                        let m = json(r.state(rec.num, &format!("{TRANSCRIPT_PREFIX}{n:012}"))?);
+                        if let Some(c) = m["tool_calls"]
+                            .as_array()
+                            .and_then(|cs| cs.iter().find(|c| c["id"] == w["call_id"]))
+                        {
+                            call = c.clone();
+                            break;
+                        }
+                    }
                     let data = serde_json::json!({ "run_id": run_id, "input_id": input_id,
-                        "call_id": w["call_id"], "client": kind == "tool_call" });
+                        "call_id": w["call_id"], "client": kind == "tool_call",
+                        "name": call["name"], "arguments": call["arguments"] });
                     return Ok(RunState::Waiting(RunEnd {
                         kind: kind.to_owned(),
                         data,

@@ -403,7 +403,7 @@ impl ActorTask {
             Err(TurnFailure::Storage(msg)) => {
                 metrics.turn(kind, "storage_error");
                 span.in_scope(|| tracing::warn!(error = %msg, "turn stopped: a host call failed on storage; instance discarded"));
-                Err(TurnError::Storage(msg))
+                Err(TurnError::StorageMidTurn(msg))
             }
         };
         self.trim_cache();
