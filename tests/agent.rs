@@ -739,9 +739,25 @@ async fn a_cancelled_queued_run_used_nothing() {
     }]);
     let input = |text: &str| json!({"input": text});
     let path = "/v1/actors/queue/a?wait=false";
-    assert_eq!(rig.api.post_json(path, &input("one")).await.status, 202);
+    let first = rig.api.post_json(path, &input("one")).await;
+    assert_eq!(first.status, 202);
     rig.wait_event("queue", "a", "approval_requested", 1).await;
-    let second = rig.api.post_json(path, &input("two")).await;
+    // A waiting caller queued behind a run that waits for a person is told
+    // so (it was held until someone answered the other run's question).
+    let second = tokio::time::timeout(
+        Duration::from_secs(20),
+        rig.api.post_json("/v1/actors/queue/a", &input("two")),
+    )
+    .await
+    .expect("an input queued behind a waiting run held its caller");
+    assert_eq!(second.status, 202, "{}", second.json);
+    assert_eq!(second.json["status"], "queued", "{}", second.json);
+    assert_eq!(second.json["behind"]["run_id"], first.json["run_id"]);
+    assert_eq!(second.json["behind"]["waiting_for"]["kind"], "approval");
+    assert_eq!(
+        second.json["behind"]["waiting_for"]["tool"],
+        "create_ticket"
+    );
     let run_id = second.json["run_id"].as_str().unwrap().to_owned();
     rig.wait_event("queue", "a", "input_queued", 1).await;
     let r = rig

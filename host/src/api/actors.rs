@@ -285,14 +285,17 @@ async fn run(
         // Waiting for a person: say for what, rather than hold the request
         // open until someone answers (the run goes on; a repeat with the
         // same Idempotency-Key waits again).
-        let waits_for = match end.kind.as_str() {
-            "approval_requested" => "approval",
-            "tool_uncertain" => "confirmation",
-            _ => "client_tool",
-        };
         let body = serde_json::json!({ "run_id": run_id, "status": "waiting",
-            "waiting_for": { "kind": waits_for, "input_id": d["input_id"],
-                "tool": d["name"], "call_id": d["call_id"], "arguments": d["arguments"] } });
+            "waiting_for": waiting_for(&end.kind, d) });
+        return Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response());
+    }
+    if end.queued_behind_a_wait() {
+        // Queued behind a run that waits for a person: as long as that.
+        let ahead = &d["behind"];
+        let kind = ahead["kind"].as_str().unwrap_or_default();
+        let body = serde_json::json!({ "run_id": run_id, "status": "queued",
+            "behind": { "run_id": ahead["data"]["run_id"],
+                "waiting_for": waiting_for(kind, &ahead["data"]) } });
         return Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response());
     }
     let (status, body) = match end.kind.as_str() {
@@ -325,6 +328,17 @@ async fn run(
         }
     };
     Ok((status, axum::Json(body)).into_response())
+}
+
+/// What a run waits for, from the event that asked (`kind`, `d`).
+fn waiting_for(kind: &str, d: &serde_json::Value) -> serde_json::Value {
+    let waits_for = match kind {
+        "approval_requested" => "approval",
+        "tool_uncertain" => "confirmation",
+        _ => "client_tool",
+    };
+    serde_json::json!({ "kind": waits_for, "input_id": d["input_id"],
+        "tool": d["name"], "call_id": d["call_id"], "arguments": d["arguments"] })
 }
 
 /// `POST /v1/actors/{type}/{id}/runs/{run_id}/cancel`: stop an agent's run

@@ -10,8 +10,8 @@ use super::Node;
 use crate::actor::TurnError;
 use crate::agents::RUN_END_EVENTS;
 use crate::ids::ActorKey;
-use crate::storage::EnqueueOutcome;
 use crate::storage::schema::CodeKind;
+use crate::storage::{EnqueueOutcome, Reader, StorageError};
 
 /// How a run ended, or that it waits for a person: the event's kind and
 /// data.
@@ -30,6 +30,13 @@ impl RunEnd {
     /// Whether the run did not end but waits for a person.
     pub fn paused(&self) -> bool {
         asks_a_person(&self.kind, &self.data)
+    }
+
+    /// Whether the run has not started, queued behind one that waits for a
+    /// person (`data.behind`: that run's `{kind, data}` as [`Self::paused`]
+    /// would have them).
+    pub fn queued_behind_a_wait(&self) -> bool {
+        self.kind == "input_queued"
     }
 }
 
@@ -73,9 +80,63 @@ pub enum RunWaitError {
 /// Events read per page while waiting.
 const PAGE: usize = 256;
 
+/// A state value of the agent, as JSON (`null` when absent or not JSON).
+fn state_json(r: &Reader, num: u64, key: &str) -> Result<Value, StorageError> {
+    Ok(r.state(num, key)?
+        .and_then(|v| serde_json::from_slice(&v).ok())
+        .unwrap_or(Value::Null))
+}
+
+/// What the agent's `active` run (its `agent/run` record) waits for, if it
+/// waits for a person: as the event that asked would say it.
+fn waiting_on(r: &Reader, num: u64, active: &Value) -> Result<Option<RunEnd>, StorageError> {
+    use crate::agents::{TRANSCRIPT_NEXT_KEY, TRANSCRIPT_PREFIX, WAITS_PREFIX};
+    if active["waiting"] != true {
+        return Ok(None);
+    }
+    let run_id = &active["run_id"];
+    for (k, v) in r.state_range(num, WAITS_PREFIX, None, INBOX_LOOK)? {
+        let w: Value = serde_json::from_slice(&v).unwrap_or(Value::Null);
+        if w["run_id"] != *run_id {
+            continue;
+        }
+        let kind = match w["for"].as_str() {
+            Some("approval") => "approval_requested",
+            Some("confirm") => "tool_uncertain",
+            _ => "tool_call",
+        };
+        let input_id = k.strip_prefix(WAITS_PREFIX).unwrap_or(&k);
+        // The call it is about: in the transcript's last messages (the run
+        // waits on a call of its last step).
+        let next = state_json(r, num, TRANSCRIPT_NEXT_KEY)?
+            .as_u64()
+            .unwrap_or(0);
+        let mut call = Value::Null;
+        for n in (next.saturating_sub(CALL_LOOK)..next).rev() {
+            let m = state_json(r, num, &format!("{TRANSCRIPT_PREFIX}{n:012}"))?;
+            if let Some(c) = m["tool_calls"]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|c| c["id"] == w["call_id"]))
+            {
+                call = c.clone();
+                break;
+            }
+        }
+        let data = serde_json::json!({ "run_id": run_id, "input_id": input_id,
+            "call_id": w["call_id"], "client": kind == "tool_call",
+            "name": call["name"], "arguments": call["arguments"] });
+        return Ok(Some(RunEnd {
+            kind: kind.to_owned(),
+            data,
+        }));
+    }
+    Ok(None)
+}
+
 /// The agent's events of a run's progress (each carries `run_id`): any of
 /// them after a request to a person means the run went on.
 const RUN_EVENTS: &[&str] = &[
+    "input_queued",
     "run_started",
     "model_step",
     "tool_call",
@@ -154,9 +215,7 @@ impl Node {
         run_id: &str,
         idempotency_key: Option<&str>,
     ) -> Result<RunState, crate::storage::StorageError> {
-        use crate::agents::{
-            ACTIVE_RUN_KEY, QUEUED_RUNS_KEY, TRANSCRIPT_NEXT_KEY, TRANSCRIPT_PREFIX, WAITS_PREFIX,
-        };
+        use crate::agents::{ACTIVE_RUN_KEY, QUEUED_RUNS_KEY};
         use crate::storage::schema::IdemOutcome;
         let r = self.storage.reader()?;
         let Some(rec) = r.actor(key)? else {
@@ -174,52 +233,14 @@ impl Node {
         if inbox.len() == INBOX_LOOK || inbox.iter().any(|(_, m)| m.message_id == run_id) {
             return Ok(RunState::Going);
         }
-        let json = |v: Option<Vec<u8>>| -> Value {
-            v.and_then(|v| serde_json::from_slice(&v).ok())
-                .unwrap_or(Value::Null)
-        };
-        let active = json(r.state(rec.num, ACTIVE_RUN_KEY)?);
+        let active = state_json(&r, rec.num, ACTIVE_RUN_KEY)?;
         if active["run_id"] == run_id {
-            if active["waiting"] == true {
-                for (k, v) in r.state_range(rec.num, WAITS_PREFIX, None, INBOX_LOOK)? {
-                    let w = json(Some(v));
-                    if w["run_id"] != run_id {
-                        continue;
-                    }
-                    let kind = match w["for"].as_str() {
-                        Some("approval") => "approval_requested",
-                        Some("confirm") => "tool_uncertain",
-                        _ => "tool_call",
-                    };
-                    let input_id = k.strip_prefix(WAITS_PREFIX).unwrap_or(&k);
-                    // The call it is about: in the transcript's last
-                    // messages (the run waits on a call of its last step).
-                    let next = json(r.state(rec.num, TRANSCRIPT_NEXT_KEY)?)
-                        .as_u64()
-                        .unwrap_or(0);
-                    let mut call = Value::Null;
-                    for n in (next.saturating_sub(CALL_LOOK)..next).rev() {
-                        let m = json(r.state(rec.num, &format!("{TRANSCRIPT_PREFIX}{n:012}"))?);
-                        if let Some(c) = m["tool_calls"]
-                            .as_array()
-                            .and_then(|cs| cs.iter().find(|c| c["id"] == w["call_id"]))
-                        {
-                            call = c.clone();
-                            break;
-                        }
-                    }
-                    let data = serde_json::json!({ "run_id": run_id, "input_id": input_id,
-                        "call_id": w["call_id"], "client": kind == "tool_call",
-                        "name": call["name"], "arguments": call["arguments"] });
-                    return Ok(RunState::Waiting(RunEnd {
-                        kind: kind.to_owned(),
-                        data,
-                    }));
-                }
-            }
-            return Ok(RunState::Going);
+            return Ok(match waiting_on(&r, rec.num, &active)? {
+                Some(w) => RunState::Waiting(w),
+                None => RunState::Going,
+            });
         }
-        let queued = json(r.state(rec.num, QUEUED_RUNS_KEY)?)
+        let queued = state_json(&r, rec.num, QUEUED_RUNS_KEY)?
             .as_array()
             .is_some_and(|q| q.iter().any(|r| r["run_id"] == run_id));
         Ok(if queued {
@@ -227,6 +248,16 @@ impl Node {
         } else {
             RunState::Ended
         })
+    }
+
+    /// What the agent's active run waits for, if it waits for a person.
+    fn active_wait(&self, key: &ActorKey) -> Result<Option<RunEnd>, StorageError> {
+        let r = self.storage.reader()?;
+        let Some(rec) = r.actor(key)? else {
+            return Ok(None);
+        };
+        let active = state_json(&r, rec.num, crate::agents::ACTIVE_RUN_KEY)?;
+        waiting_on(&r, rec.num, &active)
     }
 
     /// The kind of the event that ended run `run_id` of `key` (or
@@ -286,6 +317,8 @@ impl Node {
         // has followed it; and whether the log shows anything of it.
         let mut paused: Option<RunEnd> = None;
         let mut seen = false;
+        // The input is queued behind another run (and has not started).
+        let mut queued = false;
         loop {
             sub.changed.borrow_and_update();
             match self.events(key, after, PAGE)? {
@@ -311,6 +344,11 @@ impl Node {
                             return Ok(RunEnd { kind: e.kind, data });
                         }
                         seen = true;
+                        match e.kind.as_str() {
+                            "input_queued" => queued = true,
+                            "run_started" => queued = false,
+                            _ => {}
+                        }
                         paused =
                             asks_a_person(&e.kind, &data).then_some(RunEnd { kind: e.kind, data });
                     }
@@ -326,6 +364,19 @@ impl Node {
                         }
                         RunState::Waiting(w) if !seen => return Ok(w.clone()),
                         _ => {}
+                    }
+                    // Queued behind a run that waits for a person: it will
+                    // not start until someone answers (looked at again at
+                    // every commit, as the run ahead may ask later).
+                    if queued
+                        && let Some(ahead) = self.active_wait(key)?
+                        && ahead.data["run_id"] != run_id
+                    {
+                        return Ok(RunEnd {
+                            kind: "input_queued".to_owned(),
+                            data: serde_json::json!({ "run_id": run_id,
+                                "behind": { "kind": ahead.kind, "data": ahead.data } }),
+                        });
                     }
                 }
                 None if existed => return Err(RunWaitError::Deleted),
