@@ -158,6 +158,17 @@ async fn emit_kind(api: &Api, id: &str, kind: &str, n: i64) {
     assert_eq!(r.status, 200, "{}", r.json);
 }
 
+/// `POST /v1/deliveries/{id}/retry`.
+async fn retry(api: &Api, id: &str) -> common::Resp {
+    api.req(
+        Method::POST,
+        &format!("/v1/deliveries/{id}/retry"),
+        None,
+        &[],
+    )
+    .await
+}
+
 fn check_signature(secret: &str, r: &Received) {
     let verified = marmot::webhooks::verify_standard(
         &marmot::webhooks::secret_key(secret),
@@ -266,14 +277,7 @@ async fn dead_letters_are_kept_and_can_be_replayed() {
     // The receiver is fixed; replay the dead delivery.
     rx.state.status.store(200, Ordering::SeqCst);
     let id = dead["id"].as_str().unwrap();
-    let r = api
-        .req(
-            Method::POST,
-            &format!("/v1/deliveries/{id}/retry"),
-            None,
-            &[],
-        )
-        .await;
+    let r = retry(&api, id).await;
     assert_eq!(r.status, 202, "{}", r.json);
     let got = rx.wait_for(4).await;
     assert_eq!(got[3].id, id, "the replay carries the same webhook-id");
@@ -287,14 +291,7 @@ async fn dead_letters_are_kept_and_can_be_replayed() {
         assert!(Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    let r = api
-        .req(
-            Method::POST,
-            &format!("/v1/deliveries/{id}/retry"),
-            None,
-            &[],
-        )
-        .await;
+    let r = retry(&api, id).await;
     assert_eq!(r.status, 404, "delivered: nothing left to replay");
     let r = api
         .req(Method::POST, "/v1/deliveries/msg_nope/retry", None, &[])
@@ -363,14 +360,7 @@ async fn a_deleted_subscriptions_deliveries_never_reach_one_that_takes_its_name(
     subscribed(&api, "notes", json!({"url": fresh.url})).await;
     let dead = api.get("/v1/deliveries?status=dead").await.json;
     assert_eq!(dead["deliveries"], json!([]), "{dead}");
-    let r = api
-        .req(
-            Method::POST,
-            &format!("/v1/deliveries/{dead_id}/retry"),
-            None,
-            &[],
-        )
-        .await;
+    let r = retry(&api, &dead_id).await;
     assert_eq!(r.code(), "delivery_not_found", "{}", r.json);
 
     // A replace that narrows the filter: its dead letter stays listed, and
@@ -401,14 +391,7 @@ async fn a_deleted_subscriptions_deliveries_never_reach_one_that_takes_its_name(
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.json);
-    let r = api
-        .req(
-            Method::POST,
-            &format!("/v1/deliveries/{dead_id}/retry"),
-            None,
-            &[],
-        )
-        .await;
+    let r = retry(&api, &dead_id).await;
     assert_eq!(r.status, 409, "{}", r.json);
     assert_eq!(r.code(), "subscription_gone");
     let dead = api

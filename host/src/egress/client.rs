@@ -7,7 +7,7 @@
 //! checked like the first, and headers that carried secrets (and
 //! `authorization`, `cookie`) are dropped when a hop leaves the origin.
 //! What comes back is capped, and every secret value in it is replaced
-//! before the caller sees it.
+//! before the caller sees it (`scrub.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +20,7 @@ use zeroize::Zeroizing;
 use super::budget::{ResponseBudget, ResponseCharge};
 use super::policy::AddressPolicy;
 use super::resolve::{AddressRefused, PolicyResolver};
+use super::scrub::{Scrub, StreamScrub};
 use crate::config::EgressConfig;
 
 /// One header of an outbound request.
@@ -107,216 +108,6 @@ impl EgressError {
     }
 }
 
-/// Replaces secret values in what comes back. Values match regardless of
-/// ASCII case: a URL parser lowercases a host, so a value a server put in
-/// a redirect's host comes back lowercased.
-#[derive(Clone, Default)]
-pub struct Scrub {
-    needles: Vec<Zeroizing<Vec<u8>>>,
-}
-
-/// What a scrubbed secret is replaced with.
-pub const REDACTED: &str = "[redacted]";
-
-impl Scrub {
-    /// Also replace `value`.
-    pub fn add(&mut self, value: &[u8]) {
-        if !value.is_empty() && !self.needles.iter().any(|n| n.eq_ignore_ascii_case(value)) {
-            self.needles.push(Zeroizing::new(value.to_vec()));
-            // Longest first: a value that contains another is replaced
-            // whole, not around the shorter one.
-            self.needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
-        }
-    }
-
-    /// Whether there is anything to replace.
-    pub fn is_empty(&self) -> bool {
-        self.needles.is_empty()
-    }
-
-    /// Whether `url` carries a secret value, as it is or percent-decoded.
-    pub fn found_in_url(&self, url: &Url) -> bool {
-        let raw = url.as_str().as_bytes();
-        let decoded: Vec<u8> = percent_encoding::percent_decode(raw).collect();
-        self.needles
-            .iter()
-            .any(|n| contains(raw, n) || contains(&decoded, n))
-    }
-
-    /// `bytes` with every secret value replaced.
-    ///
-    /// A text that ends with the start of a value, half of it or more
-    /// (and at least [`PARTIAL_SECRET`] bytes: an answer cut off by
-    /// `max_tokens` mid-key, a stream that ended there), has that start
-    /// replaced too: that much of a key is worth keeping. (Redacted in the live preview only, it was
-    /// kept in the stored answer.)
-    pub fn bytes(&self, bytes: Vec<u8>) -> Vec<u8> {
-        let mut out = self.whole_values(bytes);
-        if let Some(at) = self.cut_tail(&out) {
-            out.truncate(at);
-            out.extend_from_slice(REDACTED.as_bytes());
-        }
-        out
-    }
-
-    /// Where the start of a value that `bytes` ends with begins, if
-    /// enough of it is there.
-    fn cut_tail(&self, bytes: &[u8]) -> Option<usize> {
-        let longest = self.needles.first().map_or(0, |n| n.len());
-        let from = bytes.len().saturating_sub(longest);
-        (from..bytes.len()).find(|&i| {
-            let tail = bytes.len() - i;
-            self.needles.iter().any(|n| {
-                tail < n.len()
-                    && tail >= PARTIAL_SECRET.max(n.len() / 2)
-                    && starts_with(n, &bytes[i..])
-            })
-        })
-    }
-
-    /// `bytes` with every whole value replaced.
-    fn whole_values(&self, bytes: Vec<u8>) -> Vec<u8> {
-        let mut out = bytes;
-        for needle in &self.needles {
-            if out.len() < needle.len() || !contains(&out, needle) {
-                continue;
-            }
-            let mut next = Vec::with_capacity(out.len());
-            let mut i = 0;
-            while i < out.len() {
-                if starts_with(&out[i..], needle) {
-                    next.extend_from_slice(REDACTED.as_bytes());
-                    i += needle.len();
-                } else {
-                    next.push(out[i]);
-                    i += 1;
-                }
-            }
-            out = next;
-        }
-        out
-    }
-
-    /// `text` with every secret value replaced.
-    pub fn text(&self, text: String) -> String {
-        match String::from_utf8(self.bytes(text.into_bytes())) {
-            Ok(s) => s,
-            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-        }
-    }
-}
-
-/// The shortest start of a secret cut off at a text's end that is
-/// replaced rather than kept: half the secret, and at least this (a key's
-/// public prefix, `sk-proj-`, is 8 bytes, and a text may well end with it).
-const PARTIAL_SECRET: usize = 12;
-
-/// [`Scrub`] over a body that arrives in chunks: a value split across two
-/// chunks is replaced too, because a chunk's tail that could be the start
-/// of a value waits for the next one.
-pub struct StreamScrub {
-    scrub: Scrub,
-    pending: Vec<u8>,
-}
-
-impl StreamScrub {
-    /// Scrub a stream with `scrub`'s values.
-    pub fn new(scrub: Scrub) -> Self {
-        Self {
-            scrub,
-            pending: Vec::new(),
-        }
-    }
-
-    /// Add `chunk`; returns what can be released now. Only what could be
-    /// the start of a value is held back: the tail from the first place
-    /// where the rest of the buffer is a proper prefix of one. (It used to
-    /// hold back the last `longest value − 1` bytes whatever they were:
-    /// with a real key of 100–170 characters, a keyed provider's answer
-    /// streamed nothing live until that much more text had come.)
-    pub fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
-        if self.scrub.needles.is_empty() {
-            return chunk.to_vec();
-        }
-        self.pending.extend_from_slice(chunk);
-        let buf = std::mem::take(&mut self.pending);
-        let mut out = Vec::with_capacity(buf.len());
-        let mut i = 0;
-        'scan: while i < buf.len() {
-            let rest = &buf[i..];
-            // Longest first: a value that may still grow into a longer
-            // one waits rather than being replaced around it.
-            for needle in &self.scrub.needles {
-                if starts_with(rest, needle) {
-                    out.extend_from_slice(REDACTED.as_bytes());
-                    i += needle.len();
-                    continue 'scan;
-                }
-                if rest.len() < needle.len() && starts_with(needle, rest) {
-                    break 'scan;
-                }
-            }
-            out.push(buf[i]);
-            i += 1;
-        }
-        self.pending = buf[i..].to_vec();
-        out
-    }
-
-    /// The end of the stream: release what was held back. What was held
-    /// may be the start of a value cut off by the end (a provider echoing
-    /// a key when the connection dropped): [`Scrub::bytes`] replaces it
-    /// if enough of it is there.
-    pub fn finish(&mut self) -> Vec<u8> {
-        self.scrub.bytes(std::mem::take(&mut self.pending))
-    }
-}
-
-/// [`StreamScrub`] over text that arrives in pieces (a model's answer,
-/// delta by delta): what it releases always ends on a character boundary.
-pub struct TextStreamScrub {
-    bytes: StreamScrub,
-    /// Released bytes that end in the middle of a character.
-    partial: Vec<u8>,
-}
-
-impl TextStreamScrub {
-    /// Scrub a text stream with `scrub`'s values.
-    pub fn new(scrub: Scrub) -> Self {
-        Self {
-            bytes: StreamScrub::new(scrub),
-            partial: Vec::new(),
-        }
-    }
-
-    /// Add `piece`; returns what can be released now (maybe nothing).
-    pub fn push(&mut self, piece: &str) -> String {
-        let out = self.bytes.push(piece.as_bytes());
-        self.release(out, false)
-    }
-
-    /// The end of the stream: release what was held back.
-    pub fn finish(&mut self) -> String {
-        let out = self.bytes.finish();
-        self.release(out, true)
-    }
-
-    fn release(&mut self, out: Vec<u8>, last: bool) -> String {
-        self.partial.extend_from_slice(&out);
-        let whole = match std::str::from_utf8(&self.partial) {
-            Ok(_) => self.partial.len(),
-            Err(e) if e.error_len().is_none() && !last => e.valid_up_to(),
-            Err(_) => self.partial.len(),
-        };
-        let rest = self.partial.split_off(whole);
-        let text = std::mem::replace(&mut self.partial, rest);
-        match String::from_utf8(text) {
-            Ok(t) => t,
-            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-        }
-    }
-}
-
 /// A response whose body is read as it arrives, scrubbed and capped.
 pub struct StreamingResponse {
     /// Status.
@@ -354,7 +145,7 @@ impl StreamingResponse {
             };
             let chunk = match tokio::time::timeout(self.idle, resp.chunk()).await {
                 Err(_) => Err(EgressError::Timeout(self.idle.as_millis() as u64)),
-                Ok(r) => r.map_err(|e| transport_error(&e, &self.scrub.scrub)),
+                Ok(r) => r.map_err(|e| transport_error(&e, self.scrub.values())),
             };
             let chunk = match chunk {
                 Ok(c) => c,
@@ -389,18 +180,6 @@ impl StreamingResponse {
         let rest = self.ready.split_off(n);
         Ok(Some(std::mem::replace(&mut self.ready, rest)))
     }
-}
-
-/// Whether `hay` holds `needle`, ignoring ASCII case.
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len())
-        .any(|w| w.eq_ignore_ascii_case(needle))
-}
-
-/// Whether `hay` starts with `needle`, ignoring ASCII case.
-fn starts_with(hay: &[u8], needle: &[u8]) -> bool {
-    hay.get(..needle.len())
-        .is_some_and(|h| h.eq_ignore_ascii_case(needle))
 }
 
 /// The node's outbound HTTP client.
@@ -840,149 +619,6 @@ fn transport_error(e: &reqwest::Error, scrub: &Scrub) -> EgressError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_value_containing_another_is_replaced_whole() {
-        let mut s = Scrub::default();
-        s.add(b"sk-1");
-        s.add(b"sk-1234");
-        assert_eq!(
-            s.bytes(b"x sk-1234 y sk-1".to_vec()),
-            b"x [redacted] y [redacted]".to_vec()
-        );
-        let mut stream = StreamScrub::new(s);
-        let mut out = stream.push(b"x sk-12");
-        out.extend(stream.push(b"34 y"));
-        out.extend(stream.finish());
-        assert_eq!(out, b"x [redacted] y".to_vec());
-    }
-
-    /// Only what could start a value waits: text that cannot is released
-    /// at once however long the values are.
-    #[test]
-    fn a_stream_holds_back_only_what_could_start_a_value() {
-        let mut s = Scrub::default();
-        let key = format!("sk-proj-{}", "Q".repeat(150));
-        s.add(key.as_bytes());
-        let mut stream = StreamScrub::new(s);
-        assert_eq!(stream.push(b"word0 "), b"word0 ".to_vec());
-        assert_eq!(stream.push(b"word1 s"), b"word1 ".to_vec());
-        assert_eq!(stream.push(b"o "), b"so ".to_vec());
-        assert_eq!(stream.push(b"sk-proj-QQ"), Vec::<u8>::new());
-        let mut out = stream.push(&key.as_bytes()[10..]);
-        out.extend(stream.push(b" done"));
-        assert_eq!(out, b"[redacted] done".to_vec());
-        // A key cut off by the end of the stream: its start is not released.
-        let cut = format!("then {}", &key[..100]);
-        assert_eq!(stream.push(cut.as_bytes()), b"then ".to_vec());
-        assert_eq!(stream.finish(), b"[redacted]".to_vec());
-        // A few bytes that merely could start one are.
-        assert_eq!(stream.push(b"ok sk-"), b"ok ".to_vec());
-        assert_eq!(stream.finish(), b"sk-".to_vec());
-        // A value's start found again inside a false start.
-        let mut s = Scrub::default();
-        s.add(b"aab");
-        let mut stream = StreamScrub::new(s);
-        let mut out = stream.push(b"aa");
-        out.extend(stream.push(b"ab!"));
-        assert_eq!(out, b"a[redacted]!".to_vec());
-    }
-
-    /// A text ending with enough of a key's start (cut by `max_tokens`)
-    /// keeps none of it; a few bytes that could start one stay.
-    #[test]
-    fn a_text_cut_off_inside_a_value_keeps_none_of_it() {
-        let mut s = Scrub::default();
-        s.add(b"sk-PROBE7-abcdefghijklmnop0123456789");
-        assert_eq!(
-            s.text("tail sk-PROBE7-abcdefghijklmnop012345678".into()),
-            "tail [redacted]"
-        );
-        assert_eq!(
-            s.text("ok sk-PROBE7-abcdefgh".into()),
-            "ok [redacted]",
-            "half of it"
-        );
-        // Less (a key's public prefix ends many texts) stays.
-        assert_eq!(s.text("ok sk-PROBE7".into()), "ok sk-PROBE7");
-        assert_eq!(s.text("ok sk-".into()), "ok sk-");
-        assert_eq!(
-            s.text("a sk-PROBE7-abcdefghijklmnop0123456789 b".into()),
-            "a [redacted] b"
-        );
-    }
-
-    #[test]
-    fn scrub_replaces_every_occurrence_of_every_value() {
-        let mut s = Scrub::default();
-        s.add(b"sk-123");
-        s.add(b"other");
-        s.add(b"");
-        assert_eq!(
-            s.bytes(b"a sk-123 b sk-123other".to_vec()),
-            b"a [redacted] b [redacted][redacted]".to_vec()
-        );
-        assert_eq!(s.text("nothing here".into()), "nothing here");
-        assert_eq!(s.bytes(b"sk-12".to_vec()), b"sk-12".to_vec());
-    }
-
-    #[test]
-    fn text_streams_are_scrubbed_across_pieces_and_released_on_character_boundaries() {
-        let mut s = Scrub::default();
-        s.add("clé-secrète".as_bytes());
-        let mut t = TextStreamScrub::new(s);
-        let mut out = String::new();
-        for piece in ["key: cl", "é-se", "crète! ", "naïve ", "café"] {
-            out.push_str(&t.push(piece));
-        }
-        out.push_str(&t.finish());
-        assert_eq!(out, "key: [redacted]! naïve café");
-        // Without values, pieces pass through at once.
-        let mut t = TextStreamScrub::new(Scrub::default());
-        assert_eq!(t.push("é"), "é");
-    }
-
-    #[test]
-    fn scrub_ignores_ascii_case_and_finds_values_in_urls_encoded_or_not() {
-        let mut s = Scrub::default();
-        s.add(b"SuperSecret_9");
-        s.add(b"supersecret_9");
-        assert_eq!(s.needles.len(), 1, "one value, whatever its case");
-        assert_eq!(
-            s.text("host supersecret_9.invalid, SUPERSECRET_9".into()),
-            "host [redacted].invalid, [redacted]"
-        );
-        let mut stream = StreamScrub::new(s.clone());
-        let mut out = stream.push(b"a SUPERsec");
-        out.extend(stream.push(b"ret_9 b"));
-        out.extend(stream.finish());
-        assert_eq!(out, b"a [redacted] b".to_vec());
-        let url = |u: &str| Url::parse(u).unwrap();
-        assert!(s.found_in_url(&url("https://x.test/?k=supersecret_9")));
-        assert!(s.found_in_url(&url("https://supersecret_9.test/")));
-        assert!(s.found_in_url(&url("https://x.test/%53uperSecret%5F9")));
-        assert!(!s.found_in_url(&url("https://x.test/?k=supersecret")));
-    }
-
-    #[test]
-    fn stream_scrub_catches_values_split_across_chunks() {
-        let mut s = Scrub::default();
-        s.add(b"SECRET");
-        let mut stream = StreamScrub::new(s);
-        let mut out = Vec::new();
-        for chunk in [&b"data: SEC"[..], b"RET and SE", b"CRET", b"SECR", b"ET!"] {
-            out.extend(stream.push(chunk));
-        }
-        out.extend(stream.finish());
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            "data: [redacted] and [redacted][redacted]!"
-        );
-        // Without values, chunks pass straight through.
-        let mut plain = StreamScrub::new(Scrub::default());
-        assert_eq!(plain.push(b"abc"), b"abc");
-        assert!(plain.finish().is_empty());
-    }
 
     /// A body cut by a failed connection hands out what came before the
     /// failure, held back by the scrubber or not, and then the error.

@@ -16,9 +16,9 @@ pub mod budget;
 pub mod client;
 pub mod policy;
 mod resolve;
+pub mod scrub;
 
 pub use budget::ResponseBudget;
-pub use client::{
-    Egress, EgressError, OutboundHeader, OutboundRequest, Scrub, StreamingResponse, TextStreamScrub,
-};
+pub use client::{Egress, EgressError, OutboundHeader, OutboundRequest, StreamingResponse};
 pub use policy::HostPattern;
+pub use scrub::{Scrub, TextStreamScrub};
