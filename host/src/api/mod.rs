@@ -19,6 +19,7 @@ pub mod listen;
 mod openapi;
 mod placement;
 mod providers;
+mod runs;
 mod secrets;
 mod streams;
 mod subscriptions;
@@ -126,7 +127,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/actors/{type}/{id}/eval", post(actors::eval))
         .route(
             "/v1/actors/{type}/{id}/runs/{run_id}/cancel",
-            post(actors::cancel_run),
+            post(runs::cancel_run),
         )
         .route("/v1/actors/{type}/{id}/files", get(files::list))
         .route("/v1/actors/{type}/{id}/files/{*path}", get(files::download))
