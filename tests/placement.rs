@@ -383,6 +383,79 @@ async fn moves_under_load_lose_and_double_nothing() {
     eprintln!("{moves} moves in {took:?} under load; {summary:?}");
 }
 
+/// Requests running or queued when their actor moves: their commits are
+/// refused on the old owner (nothing applied), and the router sends them
+/// again to where the actor went, as a client's retry would be. The
+/// client sees one 200, and each write is applied once.
+#[tokio::test]
+async fn requests_caught_by_a_move_are_served_where_the_actor_went() {
+    let Some(c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let r = c
+        .api(0)
+        .post_json(
+            "/v1/actors/kit/caught?region=eu",
+            &json!({"op": "add", "key": "n", "by": 1}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let from = owner_of(&c, 0, "caught").await;
+    assert_eq!(region_of(&from), "eu");
+    let f = NODES.iter().position(|(n, _)| *n == from).unwrap();
+
+    // One turn running (it commits after 1.5 s) and one queued behind it,
+    // both sent to the owner, when the move starts.
+    let send = |id: &'static str| {
+        let api = c.api(f);
+        tokio::spawn(async move {
+            api.post_json(
+                "/v1/actors/kit/caught",
+                &json!({"op": "record", "id": id, "busy_ms": 1500}),
+            )
+            .await
+        })
+    };
+    let running = send("running");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let queued = send("queued");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let moved = c
+        .api(f)
+        .post_json("/v1/actors/kit/caught/move?region=us", &json!({}))
+        .await;
+    assert_eq!(moved.status, 200, "{}", moved.json);
+    assert_eq!(moved.json["moved"], true, "{}", moved.json);
+
+    for (name, r) in [("running", running), ("queued", queued)] {
+        let r = r.await.unwrap();
+        assert_eq!(r.status, 200, "the {name} request: {}", r.json);
+        assert_eq!(r.json["seen"], 1, "the {name} request: {}", r.json);
+        assert_eq!(
+            r.headers["x-marmot-node"], "n3",
+            "the {name} request was served where the actor went"
+        );
+    }
+    // Each applied once, where the actor lives now.
+    assert_eq!(owner_of(&c, 0, "caught").await, "n3");
+    for (key, want) in [("seen/running", 1), ("seen/queued", 1), ("total", 2)] {
+        let r = c
+            .api(1)
+            .get(&format!("/v1/actors/kit/caught/state/{key}"))
+            .await;
+        assert_eq!(r.json, want, "{key}: {}", r.json);
+    }
+    let metrics = String::from_utf8_lossy(&c.api(f).get("/metrics").await.body).into_owned();
+    assert!(
+        metric(
+            &metrics,
+            "marmot_cluster_forwards_total{outcome=\"rerouted\"}"
+        ) >= 1.0,
+        "{metrics}"
+    );
+}
+
 /// kill -9 of the node moving an actor, between the copy to the new owner
 /// and the switch: the actor stays where it was, with its data — the
 /// slot's next owner finds the mover's fence stale and undoes it — and the

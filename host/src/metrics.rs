@@ -168,7 +168,8 @@ pub struct Metrics {
     /// Tokens by provider and direction.
     pub model_tokens: Family<ModelLabels, Counter>,
     /// Requests forwarded to the owner of an actor's slot, by outcome
-    /// (`ok`, `stale`: the owner's epoch differed, `error`).
+    /// (`ok`, `stale`: the owner's epoch differed, `error`, `rerouted`:
+    /// served here until its actor left, then routed again).
     pub cluster_forwards: Family<HookLabels, Counter>,
     /// Messages sent with `actors.send` handed to their recipients' owners
     /// (a cluster's relay).
@@ -536,9 +537,13 @@ impl Metrics {
         let cluster_forwards = Family::<HookLabels, Counter>::default();
         registry.register(
             "cluster_forwards",
-            "Requests forwarded to the node owning the actor, by outcome (ok, stale, error)",
+            "Requests forwarded to the node owning the actor, by outcome (ok, stale, error; \
+             rerouted: served here, its actor left while it ran, nothing applied, sent again)",
             cluster_forwards.clone(),
         );
+        for outcome in ["ok", "stale", "error", "rerouted"] {
+            drop(cluster_forwards.get_or_create(&HookLabels { outcome }));
+        }
         let replication_seconds = Histogram::new(exponential_buckets(50e-6, 2.0, 18));
         registry.register(
             "cluster_replication_seconds",

@@ -188,6 +188,11 @@ pub enum TurnError {
     /// a durable message fails as after a trap, not retried for ever.
     #[error("{0}")]
     StorageMidTurn(String),
+    /// The actor's rows left this node (a move, its slot changed hands)
+    /// or were replaced while the turn ran: nothing of it was written,
+    /// and routed again a retry reaches the actor where it is now.
+    #[error("{0}")]
+    Moved(String),
     /// The actor task went away.
     #[error("the actor stopped before replying")]
     Stopped,
@@ -230,6 +235,7 @@ impl TurnError {
             TurnError::PreviouslyFailed(_) => "turn_failed",
             TurnError::Code(_) => "code_unavailable",
             TurnError::Storage(_) | TurnError::StorageMidTurn(_) => "storage_error",
+            TurnError::Moved(_) => "actor_moved",
             TurnError::Stopped => "actor_stopped",
             TurnError::InputNotFound(_) => "input_not_found",
             TurnError::InputSettled { .. } => "input_settled",
@@ -248,6 +254,7 @@ impl TurnError {
             | TurnError::NoGuestMemory(_)
             | TurnError::Storage(_)
             | TurnError::StorageMidTurn(_)
+            | TurnError::Moved(_)
             | TurnError::Stopped => 503,
             TurnError::IdempotencyInProgress => 409,
             TurnError::Timeout(_) => 504,
@@ -258,12 +265,18 @@ impl TurnError {
 
 impl From<crate::storage::StorageError> for TurnError {
     fn from(e: crate::storage::StorageError) -> Self {
-        TurnError::Storage(e.to_string())
+        match e {
+            crate::storage::StorageError::CommitFailed(c) => c.into(),
+            e => TurnError::Storage(e.to_string()),
+        }
     }
 }
 
 impl From<crate::storage::CommitFailed> for TurnError {
     fn from(e: crate::storage::CommitFailed) -> Self {
-        TurnError::Storage(e.to_string())
+        match e {
+            crate::storage::CommitFailed::Moved(why) => TurnError::Moved(why),
+            e => TurnError::Storage(e.to_string()),
+        }
     }
 }

@@ -21,6 +21,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header}
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::error::Reroute;
 use super::{ApiError, AppState, placement};
 use crate::cluster::Route;
 use crate::ids::ActorKey;
@@ -44,6 +45,10 @@ pub(super) const SUBSCRIPTION_CREATED_AT: &str = "x-marmot-subscription-created-
 /// Forwards per request before giving up (each after re-reading the slot
 /// table).
 const ATTEMPTS: usize = 3;
+/// Times a request served here is sent again because its actor left this
+/// node while it ran and nothing of it was applied ([`Reroute`]); each
+/// adds [`ATTEMPTS`] routes.
+const REROUTES: usize = 2;
 
 /// `GET /v1/cluster`.
 pub(super) async fn status(State(s): State<AppState>) -> Response {
@@ -355,9 +360,15 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
     };
     let limit = s.node.config().limits.max_message_bytes + 64 * 1024;
     let (parts, body) = req.into_parts();
-    let mut body = Some(body);
-    let mut buffered: Option<axum::body::Bytes> = None;
-    for attempt in 0..ATTEMPTS {
+    // Kept whole, so that the request can be sent again: to the owner
+    // after a stale route, or anew after its actor left while it ran.
+    let body = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(_) => return too_large(),
+    };
+    let (mut attempt, mut budget, mut rerouted) = (0, ATTEMPTS, 0);
+    while attempt < budget {
+        attempt += 1;
         match cluster.route(&key) {
             Route::Local { slot, epoch, used } => {
                 if expected.is_some_and(|e| e != epoch) {
@@ -397,12 +408,22 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                         Err(e) => return unavailable(&key, &format!("cannot claim its slot: {e}")),
                     }
                 }
-                let body = match (body.take(), buffered.take()) {
-                    (Some(b), _) => b,
-                    (None, Some(b)) => Body::from(b),
-                    (None, None) => Body::empty(),
-                };
-                let resp = next.run(Request::from_parts(parts, body)).await;
+                let resp = next
+                    .clone()
+                    .run(Request::from_parts(parts.clone(), Body::from(body.clone())))
+                    .await;
+                // Nothing of it was applied, and its actor is elsewhere
+                // now: route it again, as a client's retry would be.
+                if resp.extensions().get::<Reroute>().is_some() && rerouted < REROUTES {
+                    rerouted += 1;
+                    budget += ATTEMPTS;
+                    s.node.metrics().cluster_forward("rerouted");
+                    tracing::debug!(actor = %key, "its actor left while the request ran; routing it again");
+                    if let Err(e) = cluster.refresh().await {
+                        tracing::warn!(error = %e, "cannot re-read the slot table");
+                    }
+                    continue;
+                }
                 return served(resp, cluster.node_id(), slot, epoch);
             }
             // A forwarded request is never forwarded again: the sender's
@@ -416,25 +437,6 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                 advertise,
                 ..
             } => {
-                let bytes = match buffered.clone() {
-                    Some(b) => b,
-                    None => {
-                        match axum::body::to_bytes(body.take().unwrap_or_default(), limit).await {
-                            Ok(b) => {
-                                buffered = Some(b.clone());
-                                b
-                            }
-                            Err(_) => {
-                                return ApiError::new(
-                                    StatusCode::PAYLOAD_TOO_LARGE,
-                                    "payload_too_large",
-                                    "request body exceeds the size limit",
-                                )
-                                .into_response();
-                            }
-                        }
-                    }
-                };
                 let mut headers = forwardable(&parts.headers);
                 headers.insert(FORWARDED_EPOCH, HeaderValue::from(epoch));
                 if let Some(v) = place_in
@@ -452,7 +454,7 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                     &advertise,
                     parts.uri.path_and_query().map_or("/", |p| p.as_str()),
                     headers,
-                    bytes,
+                    body.clone(),
                 )
                 .await;
                 match sent {
@@ -461,7 +463,7 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                         if let Err(e) = cluster.refresh().await {
                             tracing::warn!(error = %e, "cannot re-read the slot table");
                         }
-                        if attempt + 1 == ATTEMPTS {
+                        if attempt == budget {
                             return streamed(resp);
                         }
                     }
@@ -492,6 +494,15 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
     )
 }
 
+fn too_large() -> Response {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        "request body exceeds the size limit",
+    )
+    .into_response()
+}
+
 /// Apply a cluster-wide write here, then on every other live member.
 async fn fan_out(
     s: &AppState,
@@ -506,12 +517,7 @@ async fn fan_out(
     let limit = s.node.config().limits.max_code_bytes / 3 * 4 + 64 * 1024;
     let (parts, body) = req.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
-        return ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            "request body exceeds the size limit",
-        )
-        .into_response();
+        return too_large();
     };
     let (method, uri) = (parts.method.clone(), parts.uri.clone());
     let mut headers = forwardable(&parts.headers);

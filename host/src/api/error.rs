@@ -19,7 +19,17 @@ pub struct ApiError {
     pub message: String,
     /// Seconds to wait before retrying, when known.
     pub retry_after: Option<u32>,
+    /// Nothing of the request was applied because its actor left this node
+    /// while it ran: in a cluster the router routes it again (see
+    /// [`Reroute`]).
+    pub reroute: bool,
 }
+
+/// A response extension: the request changed nothing and its actor now
+/// lives elsewhere (a move, a slot that changed hands), so the cluster
+/// router may send it again to wherever the actor is now.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reroute;
 
 impl ApiError {
     /// An error with `status`, `code` and `message`.
@@ -29,6 +39,7 @@ impl ApiError {
             code,
             message: message.into(),
             retry_after: None,
+            reroute: false,
         }
     }
 
@@ -58,6 +69,9 @@ impl IntoResponse for ApiError {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
+        if self.reroute {
+            resp.extensions_mut().insert(Reroute);
+        }
         resp
     }
 }
@@ -73,9 +87,11 @@ impl From<TurnError> for ApiError {
                 | TurnError::NoGuestMemory(_)
                 | TurnError::Storage(_)
                 | TurnError::StorageMidTurn(_)
+                | TurnError::Moved(_)
         ) {
             err.retry_after = Some(1);
         }
+        err.reroute = matches!(e, TurnError::Moved(_));
         err
     }
 }
@@ -101,6 +117,9 @@ impl From<crate::node::AdmitError> for ApiError {
 
 impl From<StorageError> for ApiError {
     fn from(e: StorageError) -> Self {
+        if let StorageError::CommitFailed(c @ crate::storage::CommitFailed::Moved(_)) = e {
+            return TurnError::from(c).into();
+        }
         let code = if let StorageError::ShuttingDown = e {
             "shutting_down"
         } else {

@@ -345,7 +345,7 @@ impl ActorTask {
         tokio::spawn(async move {
             tracker.wait_committed(seq, generation).await;
             let result = if tracker.min_generation() > generation {
-                Err(TurnError::Storage(tracker.failure().to_string()))
+                Err(tracker.failure().into())
             } else {
                 result
             };

@@ -464,9 +464,9 @@ fn counts(r: &ActorRecord) -> ActorCounts {
 }
 
 /// Errors that mean no handler ran, or one ran and was stopped for want of
-/// the node's memory (not the message's fault, and nothing of it
-/// committed), so a durable message must stay queued rather than be
-/// settled as failed.
+/// the node's memory, or the actor left the node (not the message's fault,
+/// and nothing of it committed), so a durable message must stay queued
+/// rather than be settled as failed.
 fn not_started(e: &TurnError) -> bool {
     matches!(
         e,
@@ -474,5 +474,6 @@ fn not_started(e: &TurnError) -> bool {
             | TurnError::NoGuestMemory(_)
             | TurnError::Code(_)
             | TurnError::Storage(_)
+            | TurnError::Moved(_)
     )
 }

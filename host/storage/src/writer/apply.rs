@@ -38,12 +38,14 @@ impl WriterState {
                 }
             }
         }
-        if let Some(key) = op.actor()
-            && let Some(why) = refusal(self.placement(key))
-        {
-            // Refused; the rest of the batch goes on.
-            let what = format!("actor {key} {why}");
-            return (Applied::refuse(op, &what), Ok(()));
+        if let Some(key) = op.actor() {
+            let placement = self.placement(key);
+            if let Some(why) = refusal(placement) {
+                // Refused; the rest of the batch goes on.
+                let what = format!("actor {key} {why}");
+                let elsewhere = matches!(placement, Placement::Elsewhere);
+                return (Applied::refuse(op, &what, elsewhere), Ok(()));
+            }
         }
         match op {
             WriteOp::Turn(t) => self.apply_turn(tables, *t, created),

@@ -334,10 +334,21 @@ pub(super) fn fail_op(op: WriteOp, why: CommitFailed) {
 
 impl Applied {
     /// The completion of an op refused here (`why`: another node owns its
-    /// actor, or its slot has no backup).
-    pub(super) fn refuse(op: WriteOp, why: &str) -> Applied {
-        let refused = CommitFailed::Refused(format!("{why}; the write was refused"));
-        let why = || StorageError::Unavailable(format!("{why}; the write was refused"));
+    /// actor, `elsewhere`, or its slot has no backup).
+    pub(super) fn refuse(op: WriteOp, why: &str, elsewhere: bool) -> Applied {
+        let why = format!("{why}; the write was refused");
+        let refused = if elsewhere {
+            CommitFailed::Moved(why.clone())
+        } else {
+            CommitFailed::Refused(why.clone())
+        };
+        let why = || {
+            if elsewhere {
+                StorageError::CommitFailed(refused.clone())
+            } else {
+                StorageError::Unavailable(why.clone())
+            }
+        };
         match op {
             WriteOp::Turn(t) => {
                 t.tracker.mark_failed(t.generation, &refused);

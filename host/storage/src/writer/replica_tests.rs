@@ -9,7 +9,7 @@ use marmot_core::ids::ActorKey;
 use tokio::sync::oneshot;
 
 use super::tests::{create, open, turn, with_effects};
-use super::{CommitTracker, WriteOp};
+use super::{CommitFailed, CommitTracker, WriteOp};
 use crate::Storage;
 
 /// A queued message `m1` under idempotency key `k1`.
@@ -291,7 +291,7 @@ async fn a_backup_applies_what_the_owner_shipped_once_and_only_while_it_is_the_b
     }
     assert!(matches!(
         refused.await.unwrap(),
-        Err(crate::StorageError::Unavailable(_))
+        Err(crate::StorageError::CommitFailed(CommitFailed::Moved(_)))
     ));
     assert!(fine.await.unwrap().is_ok());
     assert!(

@@ -24,6 +24,24 @@ pub enum CommitFailed {
     /// nothing of the turn was written.
     #[error("{0}")]
     Refused(String),
+    /// The actor's rows left this node (it moved, or its slot changed
+    /// hands) or were replaced before the commit: nothing of it was
+    /// written here, and routed again a retry reaches the actor where it
+    /// is now.
+    #[error("{0}")]
+    Moved(String),
+}
+
+impl CommitFailed {
+    /// Why an activation's turns were refused after its rows moved away
+    /// or were replaced underneath it (see [`CommitTracker::invalidate`]).
+    fn rows_moved() -> Self {
+        CommitFailed::Moved(
+            "the actor moved (or its rows were replaced) while the turn ran; nothing of it \
+             was written, and a retry reaches the actor where it is now"
+                .into(),
+        )
+    }
 }
 
 /// Per-actor commit bookkeeping shared between an actor and the writer.
@@ -82,7 +100,7 @@ impl CommitTracker {
     /// away or were replaced underneath it.
     pub fn invalidate(&self) {
         // No commit failed: an older failure is not the reason.
-        *self.failure_slot() = None;
+        *self.failure_slot() = Some(CommitFailed::rows_moved());
         self.min_generation.fetch_add(1, Ordering::AcqRel);
         self.committed.notify_waiters();
     }
