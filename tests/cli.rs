@@ -250,6 +250,59 @@ async fn cli_client_commands() {
         String::from_utf8_lossy(&out.stderr)
     );
 
+    // `.` and `..` cannot be sent in a URL (every URL parser reads them,
+    // encoded or not, as directory steps: `alarms kit ..` asked for the
+    // type `alarms`): refused in one line, nothing sent.
+    for id in [".", ".."] {
+        for args in [
+            vec!["call", "kit", id, r#"{"op":"add","key":"n","by":2}"#],
+            vec!["inspect", "kit", id],
+            vec!["alarms", "kit", id],
+        ] {
+            let out = marmot(&args);
+            assert!(!out.status.success(), "{args:?}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("cannot be sent in a URL"), "{args:?}: {err}");
+        }
+    }
+    // `--after` past the log's end (the actor was made again): the page
+    // starts over, and so does the listing, saying so on stderr — it
+    // printed one page and stopped; following printed the `reset` frame
+    // as an event.
+    for n in 0..3 {
+        let op = format!(r#"{{"op":"emit","kind":"e","data":{n}}}"#);
+        assert!(marmot(&["call", "kit", "ev", &op]).status.success());
+    }
+    let out = marmot(&["events", "kit", "ev", "--after", "50"]);
+    assert!(out.status.success());
+    let seqs: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["seq"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(seqs, [1, 2, 3]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("from its start"));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["events", "kit", "ev", "--after", "50", "--follow"])
+        .env("MARMOT_URL", &m.url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(lines.iter().all(|e| e["seq"].is_u64()), "{lines:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("from its start"));
+
     // Nothing listening: one line, also when following (which retried for
     // ever).
     for args in [

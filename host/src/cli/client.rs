@@ -87,7 +87,8 @@ fn api_error(status: StatusCode, body: &[u8]) -> anyhow::Error {
 }
 
 fn seg(s: &str) -> String {
-    // Percent-encode a path segment.
+    // Percent-encode a path segment (`.` and `..` cannot be: see
+    // `cli::actor_id`).
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
@@ -302,6 +303,12 @@ pub(super) async fn events(
             let (_, body) = c.send(req).await?;
             let page: serde_json::Value =
                 serde_json::from_slice(&body).context("invalid response")?;
+            if let Some(reset) = page.get("reset") {
+                // Past the log's end (the actor was deleted and made
+                // again): the page starts over from the log's start.
+                eprintln!("marmot: {}", reset_note(reset));
+                after = 0;
+            }
             if let Some(gap) = page.get("gap") {
                 eprintln!("marmot: events missing (past retention): {gap}");
             }
@@ -370,7 +377,17 @@ fn find_frame_end(buf: &[u8]) -> Option<usize> {
     buf.windows(2).position(|w| w == b"\n\n").map(|i| i + 2)
 }
 
-/// Print one SSE frame's event; return its id.
+/// What a `reset` (page field or stream frame) means, in one line.
+fn reset_note(reset: &impl std::fmt::Display) -> String {
+    format!(
+        "no event after the seq asked for; the actor's log was made again \
+         (deleted and recreated?): printing it from its start: {reset}"
+    )
+}
+
+/// Print one SSE frame's event on stdout (what the stream says about
+/// itself on stderr; a model's live deltas, which are not events, not at
+/// all); return its id.
 fn print_frame(frame: &str) -> Option<u64> {
     let (mut id, mut event, mut data) = (None, None, Vec::new());
     for line in frame.lines() {
@@ -382,12 +399,12 @@ fn print_frame(frame: &str) -> Option<u64> {
             data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
         }
     }
+    let data = data.join("\n");
     match event.as_deref() {
-        Some("gap") => eprintln!(
-            "marmot: events missing (past retention): {}",
-            data.join("\n")
-        ),
-        _ if !data.is_empty() => println!("{}", data.join("\n")),
+        Some("gap") => eprintln!("marmot: events missing (past retention): {data}"),
+        Some("reset") => eprintln!("marmot: {}", reset_note(&data)),
+        Some("lagged") => eprintln!("marmot: {data} live deltas missed (the terminal was slow)"),
+        None | Some("message") if !data.is_empty() => println!("{data}"),
         _ => {}
     }
     id

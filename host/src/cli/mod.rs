@@ -66,7 +66,7 @@ enum Command {
         #[arg(value_name = "TYPE", value_parser = non_empty)]
         ty: String,
         /// Actor id.
-        #[arg(value_parser = non_empty)]
+        #[arg(value_parser = actor_id)]
         id: String,
         /// The message (JSON); empty when absent.
         json: Option<String>,
@@ -99,7 +99,7 @@ enum Command {
         #[arg(value_name = "TYPE", value_parser = non_empty)]
         ty: String,
         /// Actor id.
-        #[arg(value_parser = non_empty)]
+        #[arg(value_parser = actor_id)]
         id: String,
         #[command(flatten)]
         client: ClientArgs,
@@ -110,7 +110,7 @@ enum Command {
         #[arg(value_name = "TYPE", value_parser = non_empty)]
         ty: String,
         /// Actor id.
-        #[arg(value_parser = non_empty)]
+        #[arg(value_parser = actor_id)]
         id: String,
         /// Start after this event seq.
         #[arg(long, default_value_t = 0)]
@@ -127,7 +127,7 @@ enum Command {
         #[arg(value_name = "TYPE", value_parser = non_empty)]
         ty: String,
         /// Actor id.
-        #[arg(value_parser = non_empty)]
+        #[arg(value_parser = actor_id)]
         id: String,
         #[command(flatten)]
         client: ClientArgs,
@@ -216,7 +216,7 @@ enum ClusterCommand {
         #[arg(value_name = "TYPE", value_parser = non_empty)]
         ty: String,
         /// Actor id.
-        #[arg(value_parser = non_empty)]
+        #[arg(value_parser = actor_id)]
         id: String,
         /// The region to move it to.
         #[arg(long)]
@@ -385,6 +385,20 @@ fn non_empty(s: &str) -> Result<String, String> {
         return Err("must not be empty".into());
     }
     Ok(s.to_owned())
+}
+
+/// An actor id the CLI can put in a URL: any but `.` and `..`, which every
+/// URL parser (this one, browsers, `fetch`) takes for "here" and "the
+/// parent directory", encoded or not, so that a request for them reaches
+/// another resource (`alarms kit ..` asked for the type `alarms`).
+fn actor_id(s: &str) -> Result<String, String> {
+    if s == "." || s == ".." {
+        return Err(format!(
+            "the id `{s}` cannot be sent in a URL (it is read as a directory step); \
+             only a client that sends the path as is (`curl --path-as-is`, `%2E`) reaches it"
+        ));
+    }
+    non_empty(s)
 }
 
 /// An error and its causes on one line. A cause whose text the line holds
