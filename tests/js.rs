@@ -1184,6 +1184,49 @@ export default {
     assert!(error.starts_with("Error: e\u{fffd}"), "{}", r.json);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(m.log_text().contains("lonely \u{fffd} line"));
+
+    // JSON that JavaScript wrote: `JSON.stringify` escapes a lone
+    // surrogate as `\udXXX`, which strict parsers refuse. A state value
+    // holding one was shown as base64 (not JSON) and a JSON reply was not
+    // JSON; a state key or an actor id holding one threw "Conversion from
+    // string failed" naming no call.
+    let js = r#"
+import { state, actors } from "marmot";
+export default {
+  onMessage({ op, text }) {
+    if (op === "echo") return { text };
+    const short = text.slice(0, 5);
+    state.set("summary", { short, escaped: "\\ud83d", pair: "\uD83D\uDE00" });
+    state.set("k" + short, 1);
+    actors.send("cut", "to-" + short, { op: "echo", text: "sent" });
+    return { short, stored: state.get("summary"), keyed: state.get("k" + short) };
+  },
+};
+"#;
+    assert_eq!(api.deploy_js("cut", js).await.status, 201);
+    let r = api
+        .op("cut", "a", json!({"op": "cut", "text": "abcd😀efg"}))
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let want = json!({"short": "abcd\u{fffd}", "escaped": "\\ud83d", "pair": "😀"});
+    assert_eq!(
+        r.json,
+        json!({"short": "abcd\u{fffd}", "stored": want, "keyed": 1}),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let state = api.get("/v1/actors/cut/a/state").await.json;
+    let entries = state["entries"].as_array().unwrap();
+    let summary = entries.iter().find(|e| e["key"] == "summary").unwrap();
+    assert_eq!(summary["value"], want, "{state}");
+    assert!(
+        entries.iter().any(|e| e["key"] == "kabcd\u{fffd}"),
+        "{state}"
+    );
+    api.wait_info("cut", "to-abcd\u{fffd}", "the actor sent to", |i| {
+        i.is_object()
+    })
+    .await;
 }
 
 /// A thrown value that is not an `Error` reaches the caller as what it

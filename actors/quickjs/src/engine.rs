@@ -574,7 +574,9 @@ fn reply<'js>(ctx: &Ctx<'js>, v: Value<'js>) -> Result<Reply, String> {
 
 fn json_text<'js>(ctx: &Ctx<'js>, v: Value<'js>, what: &str) -> Result<String, String> {
     let text = match ctx.json_stringify(v) {
-        Ok(Some(s)) => s.to_string().map_err(|e| describe_error(ctx, e))?,
+        Ok(Some(s)) => {
+            crate::host_api::well_formed_json(s.to_string().map_err(|e| describe_error(ctx, e))?)
+        }
         Ok(None) => {
             return Err(format!(
                 "{what} is not JSON-serializable (a function or symbol?)"

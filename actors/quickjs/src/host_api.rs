@@ -415,6 +415,10 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
     )?;
     h.set("utf8Encode", Function::new(ctx.clone(), utf8_encode)?)?;
     h.set(
+        "wellFormedJson",
+        Function::new(ctx.clone(), well_formed_json)?,
+    )?;
+    h.set(
         "urlParse",
         Function::new(ctx.clone(), |input: String, base: Option<String>| {
             let url = match base {
@@ -639,6 +643,51 @@ fn form_decode<'js>(ctx: Ctx<'js>, s: String) -> Result<Array<'js>> {
         out.set(i, pair)?;
     }
     Ok(out)
+}
+
+/// JSON text from `JSON.stringify` made valid for every JSON parser:
+/// `JSON.stringify` writes a lone surrogate (a string cut in the middle
+/// of an emoji) as a `\udXXX` escape, which strict parsers (the node's
+/// own) refuse, so a state value was shown as base64 and a reply was not
+/// JSON. Each such escape not part of a pair becomes `\ufffd`, as the
+/// rest of the sandbox's text does (`String.prototype.toWellFormed`).
+pub fn well_formed_json(text: String) -> String {
+    fn surrogate_at(b: &[u8], i: usize) -> Option<u16> {
+        let hex = b.get(i..i + 6)?;
+        if hex[0] != b'\\' || hex[1] != b'u' {
+            return None;
+        }
+        let n = u16::from_str_radix(std::str::from_utf8(&hex[2..]).ok()?, 16).ok()?;
+        (0xD800..=0xDFFF).contains(&n).then_some(n)
+    }
+    let b = text.as_bytes();
+    if !b.windows(3).any(|w| w == b"\\ud" || w == b"\\uD") {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len());
+    let (mut i, mut copied) = (0, 0);
+    while i < b.len() {
+        if b[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        match surrogate_at(b, i) {
+            // A high half followed by its low half: a character, kept.
+            Some(0xD800..=0xDBFF) if surrogate_at(b, i + 6).is_some_and(|n| n >= 0xDC00) => {
+                i += 12;
+            }
+            Some(_) => {
+                out.push_str(&text[copied..i]);
+                out.push_str("\\ufffd");
+                i += 6;
+                copied = i;
+            }
+            // Any other escape, `\\` included: skipped whole.
+            None => i += 2,
+        }
+    }
+    out.push_str(&text[copied..]);
+    out
 }
 
 /// `s` as a JSON string literal.

@@ -20,6 +20,7 @@
   const TypeErrorCtor = TypeError;
   const apply = Reflect.apply;
   const toWellFormed = String.prototype.toWellFormed;
+  const indexOf = String.prototype.indexOf;
   // Text for the host, which takes UTF-8: a lone surrogate becomes U+FFFD,
   // as WHATWG's TextEncoder has it (it used to throw a TypeError).
   const text = (v) => apply(toWellFormed, StringCtor(v), []);
@@ -37,7 +38,9 @@
     if (text === undefined) {
       throw new TypeErrorCtor(`${what}: value is not JSON-serializable`);
     }
-    return text;
+    // A lone surrogate is written as a `\udXXX` escape, which strict JSON
+    // parsers refuse: U+FFFD instead (host `wellFormedJson`).
+    return apply(indexOf, text, ["\\ud"]) === -1 ? text : host.wellFormedJson(text);
   };
   const fromStored = (text) => {
     if (text === undefined || text === null) return undefined;
@@ -47,9 +50,12 @@
       return text;
     }
   };
+  // A key as the host takes it: a lone surrogate becomes U+FFFD, as in
+  // every text leaving the sandbox, so the same name finds the same key
+  // (it threw "Conversion from string failed" naming no call).
   const key = (k, what) => {
     if (typeof k !== "string") throw new TypeErrorCtor(`${what}: key must be a string`);
-    return k;
+    return text(k);
   };
   // A file's path, as the host takes it (a missing variable used to write
   // a file called `undefined`).
@@ -163,7 +169,7 @@
       if (req === null || typeof req !== "object") throw new TypeErrorCtor("inputs.request: expected an object");
       const schema = req.schema === undefined ? undefined : toJson(req.schema, "inputs.request schema");
       const expires = req.expiresInMs === undefined ? undefined : +req.expiresInMs;
-      return host.inputsRequest(StringCtor(req.kind ?? ""), StringCtor(req.prompt ?? ""), schema, expires);
+      return host.inputsRequest(text(req.kind ?? ""), text(req.prompt ?? ""), schema, expires);
     },
     cancel: (id) => host.inputsCancel(text(id)),
   });
@@ -174,12 +180,12 @@
   const body = (b) => toJson(b === undefined ? null : b, "message");
   const actors = freeze({
     async call(type, id, message) {
-      const reply = host.actorsCall(StringCtor(type), StringCtor(id), body(message));
+      const reply = host.actorsCall(text(type), text(id), body(message));
       return reply.json ? fromStored(reply.body) : reply.body;
     },
     // With the status and content type (a callee's own 4xx is a reply).
     async callResponse(type, id, message) {
-      const reply = host.actorsCall(StringCtor(type), StringCtor(id), body(message));
+      const reply = host.actorsCall(text(type), text(id), body(message));
       return {
         status: reply.status,
         contentType: reply.contentType ?? null,
@@ -187,7 +193,7 @@
       };
     },
     send(type, id, message) {
-      host.actorsSend(StringCtor(type), StringCtor(id), body(message));
+      host.actorsSend(text(type), text(id), body(message));
     },
   });
 
