@@ -839,6 +839,30 @@ export default { onMessage() { return 1; } };
         r.json
     );
 
+    // So does one that first draws a random number or reads the clock,
+    // which no snapshot may freeze: the deploy runs it once more with
+    // those allowed (it used to be deployed, and every actor's first turn
+    // failed with `upgrade_failed`). Its own source in every run, as the
+    // reason a preload was refused is cached by source.
+    let stamp = format!("{:?}", std::time::SystemTime::now());
+    let random_then_throws = format!(
+        "// {stamp}\nconst session = Math.random();\nnull.x;\nexport default {{ onMessage() {{ return session; }} }};"
+    );
+    let r = api.deploy_js("randomthrows", &random_then_throws).await;
+    assert_eq!(r.status, 400, "{}", r.json);
+    assert!(
+        r.json.to_string().contains("cannot read property"),
+        "{}",
+        r.json
+    );
+    assert_eq!(api.get("/v1/types/randomthrows").await.status, 404);
+    let clock_then_spins =
+        format!("// {stamp}\nconst t = Date.now();\nfor (;;) {{}}\nexport default {{}};");
+    let manifest = json!({"kind": "js", "code": clock_then_spins, "config": {"cpu_slice_ms": 100}});
+    let r = api.deploy_manifest("clockspins", &manifest).await;
+    assert_eq!(r.status, 400, "{}", r.json);
+    assert!(r.json.to_string().contains("CPU slice"), "{}", r.json);
+
     // A runaway top level costs the deploy its CPU slice, once, and is
     // refused: every sandbox's first turn would run out of it the same way
     // (it used to be deployed, and every first turn burnt its slice).

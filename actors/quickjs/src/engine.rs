@@ -57,7 +57,19 @@ thread_local! {
     /// While [`Engine::preload`] runs the module's top level: `Some`, with
     /// the first thing it did that only a turn may do.
     static PRELOADING: RefCell<Option<Option<&'static str>>> = const { RefCell::new(None) };
+    /// Whether this preload is the host's check of a top level that the
+    /// snapshot preload refused for its randomness or timers (see
+    /// [`PRELOAD_CHECK_ENV`]).
+    static CHECKING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
+
+/// Set (to anything) in the environment of a preload that only checks
+/// that the module's top level runs to its end, and is never snapshotted:
+/// randomness and timers, which a snapshot must not freeze, work there as
+/// in a turn, so a top level that draws a random number and then throws
+/// is refused at deploy instead of failing every actor's first turn. The
+/// `marmot` API stays refused (no actor, and it may have effects).
+pub const PRELOAD_CHECK_ENV: &str = "MARMOT_PRELOAD_CHECK";
 
 /// The handlers a module's default export may have; a turn of each kind
 /// calls its own.
@@ -68,6 +80,9 @@ const HANDLERS: [&str; 5] = ["onMessage", "onAlarm", "onWebhook", "onInput", "on
 /// Randomness and timers must not be frozen into a snapshot every actor of
 /// the type starts from: each sandbox would draw the same numbers.
 pub fn refused_in_preload(what: &'static str) -> bool {
+    if CHECKING.with(std::cell::Cell::get) {
+        return false;
+    }
     PRELOADING.with(|p| match &mut *p.borrow_mut() {
         Some(first) => {
             first.get_or_insert(what);
@@ -226,6 +241,7 @@ impl Engine {
     )]
     pub fn preload(&mut self) -> Result<(), PreloadFailure> {
         PRELOADING.with(|p| *p.borrow_mut() = Some(None));
+        CHECKING.with(|c| c.set(std::env::var_os(PRELOAD_CHECK_ENV).is_some()));
         let context = self.context.clone();
         let loaded = context.with(|ctx| {
             let handlers = self.handlers(&ctx)?;

@@ -15,6 +15,11 @@ use super::snapshot::{Preinit, PreloadError, PreloadLimits};
 use super::{CodeError, Host, InstanceSpec, JsModule, Prepared, Sandbox};
 use crate::config::ResolvedTypeConfig;
 
+/// In a preload's environment: only check that the module's top level runs
+/// to its end, with randomness and timers allowed, and take no snapshot
+/// (the engine's `PRELOAD_CHECK_ENV`, `actors/quickjs/src/engine.rs`).
+const PRELOAD_CHECK_ENV: &str = "MARMOT_PRELOAD_CHECK";
+
 /// The engine's snapshot and what builds snapshots, each made on first use.
 #[derive(Default)]
 pub(super) struct JsEngines {
@@ -109,6 +114,11 @@ impl Sandbox {
         let snapshot = match snapshot {
             Ok(bytes) => bytes,
             Err(PreloadError::Refused(why)) => {
+                // Randomness or timers, which no snapshot may freeze, may
+                // still be followed by a throw: run the top level once more
+                // with them allowed (as a turn would run it), or every
+                // actor's first turn would fail with it.
+                self.check_top_level(&preinit, module, config)?;
                 tracing::info!(module = %module.name, reason = %why, "module not preloaded: each sandbox evaluates it in its first turn");
                 // Remembered, so a restart does not run its top level again.
                 self.cache
@@ -195,6 +205,40 @@ impl Sandbox {
 
     /// Store data for a pre-initialization: no capabilities (the `marmot`
     /// API traps), the type's limits.
+    /// Run `module`'s top level to its end with randomness and timers
+    /// allowed (nothing is snapshotted): a throw, or the type's CPU or
+    /// memory limit, means no turn could run it. One that reaches for the
+    /// `marmot` API is still refused there and passes: only a turn can
+    /// tell.
+    fn check_top_level(
+        &self,
+        preinit: &Preinit,
+        module: &JsModule,
+        config: &ResolvedTypeConfig,
+    ) -> Result<(), CodeError> {
+        let mut checking = config.clone();
+        checking.env.insert(PRELOAD_CHECK_ENV.into(), "1".into());
+        let host = self.preload_host(&checking, Some(Arc::new(module.clone())));
+        let limits = PreloadLimits {
+            timeout: config.turn_timeout,
+        };
+        let checked = tokio::runtime::Handle::current().block_on(preinit.check_top_level(
+            &self.parts.linker,
+            host,
+            limits,
+        ));
+        match checked {
+            Err(PreloadError::Invalid(why)) => Err(CodeError::Script(why)),
+            // Finished, used the `marmot` API, or waited past the turn
+            // timeout (not computing): the first turn runs it, as before.
+            Ok(()) | Err(PreloadError::Refused(_) | PreloadError::TooSlow(_)) => Ok(()),
+            Err(PreloadError::Failed(e)) => {
+                tracing::warn!(module = %module.name, error = %e, "checking a module's top level failed");
+                Ok(())
+            }
+        }
+    }
+
     fn preload_host(&self, config: &ResolvedTypeConfig, module: Option<Arc<JsModule>>) -> Host {
         let spec = InstanceSpec {
             config,

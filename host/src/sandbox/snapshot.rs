@@ -91,6 +91,31 @@ impl Preinit {
         host: Host,
         limits: PreloadLimits,
     ) -> Result<Vec<u8>, PreloadError> {
+        let (mut store, instance) = self.preload(linker, host, limits).await?;
+        self.take(&mut store, instance)
+            .await
+            .map_err(PreloadError::Failed)
+    }
+
+    /// Run `wizer-preload` as [`Self::type_version`] does, without taking a
+    /// snapshot: for a check of the module's top level (`host`'s
+    /// environment says so to the engine, see `PRELOAD_CHECK_ENV` in
+    /// `actors/quickjs`).
+    pub(super) async fn check_top_level(
+        &self,
+        linker: &Linker<Host>,
+        host: Host,
+        limits: PreloadLimits,
+    ) -> Result<(), PreloadError> {
+        self.preload(linker, host, limits).await.map(drop)
+    }
+
+    async fn preload(
+        &self,
+        linker: &Linker<Host>,
+        host: Host,
+        limits: PreloadLimits,
+    ) -> Result<(Store<Host>, Instance), PreloadError> {
         let (mut store, instance) = self
             .initialized(linker, host)
             .await
@@ -143,9 +168,7 @@ impl Preinit {
             }
             Ok(Ok((Ok(()),))) => {}
         }
-        self.take(&mut store, instance)
-            .await
-            .map_err(PreloadError::Failed)
+        Ok((store, instance))
     }
 
     /// A fresh instance of the instrumented engine after `wizer-initialize`.
