@@ -172,6 +172,12 @@ async fn a_run_calls_the_model_and_its_tools_committing_every_step() {
             json!([{"kind": "client", "name": "pick", "input_schema": {"type": "array"}}]),
             "must describe an object",
         ),
+        // One the argument check would misread checked nothing.
+        (
+            json!([{"kind": "client", "name": "pick", "input_schema":
+                {"type": "object", "properties": {"n": {"type": "int"}}}}]),
+            "$.properties.n.type",
+        ),
     ] {
         let r = rig.agent("helper", tools).await;
         assert_eq!(

@@ -293,6 +293,16 @@ async fn bad_requests_are_refused_and_pending_inputs_are_capped() {
     for (req, needle) in [
         (json!({"kind": ""}), "input kind"),
         (json!({"kind": "q", "schema": [1]}), "JSON Schema object"),
+        // A schema the answer check would misread checked nothing: any
+        // answer was taken.
+        (
+            json!({"kind": "q", "schema": {"type": "nonsense"}}),
+            "$.type: \"nonsense\" is not a JSON type",
+        ),
+        (
+            json!({"kind": "q", "schema": {"$ref": "https://example.com/s.json"}}),
+            "references are not supported",
+        ),
         (json!({"kind": "q", "expires_in_ms": 0}), "expires-in-ms"),
     ] {
         let mut op = json!({"op": "input_request"});

@@ -258,6 +258,9 @@ pub fn check(manifest: &Value, config: &TypeConfig) -> Result<String, String> {
                      tool arguments are an object"
                 ));
             }
+            // The harness checks every call's arguments against it: one
+            // it would misread checked nothing.
+            marmot_core::schema::validate(s).map_err(|e| format!("{at}.input_schema: {e}"))?;
         }
         match kind {
             "http" => {

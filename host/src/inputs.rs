@@ -51,7 +51,11 @@ pub fn check_request(
             return Err(format!("input schema exceeds {MAX_SCHEMA} bytes"));
         }
         match serde_json::from_str::<Value>(s) {
-            Ok(Value::Object(_) | Value::Bool(_)) => {}
+            Ok(v @ (Value::Object(_) | Value::Bool(_))) => {
+                // One the answer check would read otherwise checked nothing.
+                marmot_core::schema::validate(&v)
+                    .map_err(|e| format!("input schema is not one Marmot can check: {e}"))?;
+            }
             Ok(_) => return Err("input schema must be a JSON Schema object".into()),
             Err(e) => return Err(format!("input schema is not JSON: {e}")),
         }

@@ -16,6 +16,89 @@ pub fn check(schema: &Value, v: &Value) -> Result<(), String> {
     check_at(schema, v, "$")
 }
 
+/// Whether `schema` is one [`check`] reads as written: each keyword it
+/// reads has the shape JSON Schema gives it, throughout. A `type` of no
+/// JSON type (`"nonsense"`), a `required` that is not a list of names, or
+/// a `$ref` (never resolved here, so nothing under it would be checked)
+/// checked nothing without a word: an input request or a tool with such a
+/// schema took any answer. The error names the path (`$.properties.n`).
+pub fn validate(schema: &Value) -> Result<(), String> {
+    validate_at(schema, "$")
+}
+
+const TYPES: [&str; 7] = [
+    "null", "boolean", "string", "number", "integer", "array", "object",
+];
+
+fn validate_at(schema: &Value, path: &str) -> Result<(), String> {
+    let s = match schema {
+        Value::Bool(_) => return Ok(()),
+        Value::Object(s) => s,
+        _ => return Err(format!("{path}: a schema must be an object or a boolean")),
+    };
+    let known = |t: &Value| t.as_str().is_some_and(|t| TYPES.contains(&t));
+    match s.get("type") {
+        None => {}
+        Some(t) if known(t) => {}
+        Some(Value::Array(ts)) if !ts.is_empty() && ts.iter().all(known) => {}
+        Some(t) => {
+            return Err(format!(
+                "{path}.type: {t} is not a JSON type or a list of them ({})",
+                TYPES.join(", ")
+            ));
+        }
+    }
+    for key in ["$ref", "$dynamicRef"] {
+        if s.contains_key(key) {
+            return Err(format!(
+                "{path}.{key}: references are not supported; write the schema inline"
+            ));
+        }
+    }
+    if s.get("enum").is_some_and(|e| !e.is_array()) {
+        return Err(format!("{path}.enum: must be a list of values"));
+    }
+    if let Some(r) = s.get("required")
+        && !r.as_array().is_some_and(|r| r.iter().all(Value::is_string))
+    {
+        return Err(format!("{path}.required: must be a list of property names"));
+    }
+    for key in ["minimum", "maximum"] {
+        if s.get(key).is_some_and(|n| !n.is_number()) {
+            return Err(format!("{path}.{key}: must be a number"));
+        }
+    }
+    for key in ["minLength", "maxLength", "minItems", "maxItems"] {
+        if s.get(key).is_some_and(|n| n.as_u64().is_none()) {
+            return Err(format!("{path}.{key}: must be a whole number, 0 or more"));
+        }
+    }
+    if let Some(props) = s.get("properties") {
+        let Some(props) = props.as_object() else {
+            return Err(format!("{path}.properties: must be an object of schemas"));
+        };
+        for (k, p) in props {
+            validate_at(p, &format!("{path}.properties.{k}"))?;
+        }
+    }
+    for key in ["items", "additionalProperties"] {
+        if let Some(sub) = s.get(key) {
+            validate_at(sub, &format!("{path}.{key}"))?;
+        }
+    }
+    if let Some(any) = s.get("anyOf") {
+        match any.as_array() {
+            Some(alts) if !alts.is_empty() => {
+                for (i, alt) in alts.iter().enumerate() {
+                    validate_at(alt, &format!("{path}.anyOf[{i}]"))?;
+                }
+            }
+            _ => return Err(format!("{path}.anyOf: must be a non-empty list of schemas")),
+        }
+    }
+    Ok(())
+}
+
 /// JSON Schema's equality: numbers by value (`1.0` is `1`; serde_json
 /// tells an integer from a float and refused `{"n": 1.0}` against `enum:
 /// [1, 2]`), the rest structurally.
@@ -153,7 +236,38 @@ fn check_at(schema: &Value, v: &Value, path: &str) -> Result<(), String> {
 mod tests {
     use serde_json::json;
 
-    use super::check;
+    use super::{check, validate};
+
+    #[test]
+    fn schemas_that_would_check_nothing_are_refused_by_path() {
+        let fine = json!({"type": "object", "required": ["n"], "properties": {
+            "n": {"type": ["integer", "null"], "minimum": 0, "maximum": 9.5},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "minItems": 1},
+            "either": {"anyOf": [{"const": 1}, {"enum": ["a"]}]}},
+            "additionalProperties": false, "description": "unknown keywords pass"});
+        assert_eq!(validate(&fine), Ok(()));
+        assert_eq!(validate(&json!(true)), Ok(()));
+        for (schema, says) in [
+            (json!({"type": "nonsense"}), "$.type"),
+            (json!({"type": []}), "$.type"),
+            (
+                json!({"properties": {"n": {"type": "int"}}}),
+                "$.properties.n.type",
+            ),
+            (json!({"$ref": "https://example.com/s.json"}), "$.$ref"),
+            (json!({"items": {"$ref": "#/$defs/x"}}), "$.items.$ref"),
+            (json!({"required": "n"}), "$.required"),
+            (json!({"enum": "a"}), "$.enum"),
+            (json!({"minLength": -1}), "$.minLength"),
+            (json!({"maximum": "9"}), "$.maximum"),
+            (json!({"anyOf": []}), "$.anyOf"),
+            (json!({"additionalProperties": 3}), "$.additionalProperties"),
+            (json!("object"), "$"),
+        ] {
+            let e = validate(&schema).expect_err(&schema.to_string());
+            assert!(e.starts_with(&format!("{says}:")), "{schema}: {e}");
+        }
+    }
 
     #[test]
     fn numbers_compare_by_value() {
