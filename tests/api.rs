@@ -148,6 +148,9 @@ async fn deploy_versions_and_type_inspection() {
 
     let list = api.get("/v1/types").await;
     assert_eq!(list.json["types"][0]["type"], "kit");
+    // It takes no parameters: one is refused, not ignored (`?limit=0`
+    // listed everything).
+    assert_error(&api.get("/v1/types?limit=0").await, 400, "invalid_query");
     assert_error(&api.get("/v1/types/nope").await, 404, "unknown_type");
     assert_error(
         &api.get("/v1/types/Bad%20Name").await,

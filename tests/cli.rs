@@ -71,6 +71,11 @@ async fn serve_requires_a_token_and_enforces_it() {
     assert!(ready, "serve did not become ready");
     let r = http.get(format!("{url}/v1/types")).send().await.unwrap();
     assert_eq!(r.status(), 401);
+    assert_eq!(
+        r.headers()["www-authenticate"],
+        "Bearer realm=\"marmot\"",
+        "a 401 names the scheme it wants"
+    );
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["code"], "unauthorized");
     let r = http

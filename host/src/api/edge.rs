@@ -128,6 +128,13 @@ where
         if let Some(early) = early {
             let mut resp = early.unwrap_or_else(IntoResponse::into_response);
             resp.headers_mut().insert("x-request-id", id);
+            if resp.status() == StatusCode::UNAUTHORIZED {
+                // RFC 9110: a 401 names the scheme it wants.
+                resp.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"marmot\""),
+                );
+            }
             if has_body(&req) {
                 // The body is never read: the connection cannot carry
                 // another request, and a client that reused it would see

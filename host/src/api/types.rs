@@ -213,7 +213,13 @@ fn type_json(s: &AppState, entry: &crate::catalog::TypeEntry) -> serde_json::Val
     })
 }
 
-pub(super) async fn list(State(s): State<AppState>) -> Response {
+/// `GET /v1/types` takes no parameters (all types, in one page): one it
+/// was given is refused rather than ignored (`?limit=0` listed all).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListParams {}
+
+pub(super) async fn list(State(s): State<AppState>, Query(_): Query<ListParams>) -> Response {
     let types: Vec<serde_json::Value> = s
         .node
         .catalog()
