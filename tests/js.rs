@@ -1253,6 +1253,54 @@ export default {
     .await;
 }
 
+/// `state.list(prefix, {after, limit})` reads a page at a time: a state
+/// larger than the sandbox's memory could not be listed at all (the whole
+/// list trapped on memory).
+#[tokio::test]
+async fn state_is_listed_a_page_at_a_time() {
+    let (_dir, _m, api) = node(None).await;
+    assert_eq!(api.deploy_js("paged", COUNTER_JS).await.status, 201);
+    let fill =
+        "for (let i = 0; i < 600; i++) marmot.state.set('k/' + String(i).padStart(3, '0'), i); 1";
+    assert_eq!(eval(&api, "paged", "p", fill).await.json["result"], 1);
+    let read = "const s = marmot.state;
+        const a = s.list('k/', {limit: 300});
+        const b = s.list('k/', {after: a[a.length - 1][0], limit: 1000});
+        [a.length, a[0][0], b.length, b[0][0], b[b.length - 1][1], s.list('k/').length,
+         s.list('k/', {after: 'k/100', limit: 2}), s.list('k/', {after: 'k/599'}).length]";
+    let r = eval(&api, "paged", "p", read).await;
+    assert_eq!(
+        r.json["result"],
+        json!([
+            300,
+            "k/000",
+            300,
+            "k/300",
+            599,
+            600,
+            [["k/101", 101], ["k/102", 102]],
+            0
+        ]),
+        "{}",
+        r.json
+    );
+    for bad in ["{limit: 0}", "{limit: 1.5}", "7"] {
+        let r = eval(
+            &api,
+            "paged",
+            "p",
+            &format!("marmot.state.list('k/', {bad})"),
+        )
+        .await;
+        let error = r.json["error"].as_str().unwrap_or_default();
+        assert!(
+            error.starts_with("TypeError: state.list"),
+            "{bad}: {}",
+            r.json
+        );
+    }
+}
+
 /// A thrown value that is not an `Error` reaches the caller as what it
 /// was, not only its type ("Uncaught int", "Uncaught object").
 #[tokio::test]

@@ -86,8 +86,13 @@ declare module "marmot" {
     set(key: string, value: Json): void;
     /** Remove `key`; whether it existed. */
     delete(key: string): boolean;
-    /** Every entry whose key starts with `prefix`, in key order. */
-    list<T extends Json = Json>(prefix?: string): [string, T][];
+    /** Every entry whose key starts with `prefix`, in key order; with
+     * `page`, at most `limit` of them whose keys come after `after` (a
+     * state larger than the sandbox's memory is read a page at a time). */
+    list<T extends Json = Json>(
+      prefix?: string,
+      page?: { after?: string; limit?: number },
+    ): [string, T][];
   }
 
   /** The actor's append-only event log. */

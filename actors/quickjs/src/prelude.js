@@ -19,6 +19,7 @@
   const ErrorCtor = Error;
   const TypeErrorCtor = TypeError;
   const apply = Reflect.apply;
+  const isInteger = Number.isInteger;
   const toWellFormed = String.prototype.toWellFormed;
   const indexOf = String.prototype.indexOf;
   // Text for the host, which takes UTF-8: a lone surrogate becomes U+FFFD,
@@ -84,14 +85,26 @@
     delete(k) {
       return host.stateDelete(key(k, "state.delete"));
     },
-    list(prefix = "") {
-      const out = [];
+    // All entries under `prefix`, or with `{after, limit}` one page of
+    // them: a state larger than the sandbox's memory cannot be read whole.
+    list(prefix = "", page = undefined) {
       let after = undefined;
+      let limit = Infinity;
+      if (page !== undefined) {
+        if (page === null || typeof page !== "object") throw new TypeErrorCtor("state.list: the page must be an object {after, limit}");
+        if (page.after !== undefined) after = key(page.after, "state.list after");
+        if (page.limit !== undefined) {
+          limit = page.limit;
+          if (!isInteger(limit) || limit < 1) throw new TypeErrorCtor("state.list: limit must be a whole number, 1 or more");
+        }
+      }
+      const out = [];
       for (;;) {
-        const page = host.stateList(key(prefix, "state.list"), after, 256);
-        for (const [k, v] of page) out.push([k, fromStored(v)]);
-        if (page.length < 256) return out;
-        after = page[page.length - 1][0];
+        const want = limit - out.length < 256 ? limit - out.length : 256;
+        const got = host.stateList(key(prefix, "state.list"), after, want);
+        for (const [k, v] of got) out.push([k, fromStored(v)]);
+        if (got.length < want || out.length >= limit) return out;
+        after = got[got.length - 1][0];
       }
     },
   });
