@@ -6,11 +6,11 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{Api, Marmot, TESTKIT, tempdir};
 use rand::Rng;
-use serde_json::json;
+use serde_json::{Value, json};
 
 #[tokio::test]
 async fn state_survives_kill_9_and_restart() {
@@ -72,6 +72,64 @@ async fn a_graceful_stop_leaves_no_journal_to_replay_and_a_kill_9_replays_it() {
     let api = m.client();
     let r = api.op("kit", "a", json!({"op": "get", "key": "n"})).await;
     assert_eq!(r.json["value"], 2);
+}
+
+/// A graceful stop waits for the turns in flight (up to their time limit,
+/// 15 minutes by default); a second SIGTERM stops the node at once (it
+/// was ignored), and the turn cut short commits nothing.
+#[tokio::test]
+async fn a_second_sigterm_stops_at_once_and_the_cut_turn_commits_nothing() {
+    let dir = tempdir();
+    let mut m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    assert_eq!(api.add("kit", "a", 1).await.json["value"], 1);
+    let slow = {
+        let api = m.client();
+        tokio::spawn(async move {
+            api.try_post_with(
+                "/v1/actors/kit/a",
+                &json!({"op": "record", "id": "cut", "busy_ms": 8000}),
+                &[],
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    m.sigterm();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        !m.wait_exit(Duration::from_millis(100)),
+        "the first SIGTERM waits for the turn in flight"
+    );
+    let started = Instant::now();
+    m.sigterm();
+    assert!(
+        m.wait_exit(Duration::from_secs(3)),
+        "a second SIGTERM stops the node at once"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(m.log_text().contains("second signal"), "{}", m.log_text());
+    assert!(
+        slow.await.unwrap().is_none_or(|r| r.status != 200),
+        "the cut turn was never acknowledged"
+    );
+    m.restart().await;
+    let api = m.client();
+    let r = api
+        .op("kit", "a", json!({"op": "get", "key": "seen/cut"}))
+        .await;
+    assert_eq!(
+        r.json["value"],
+        Value::Null,
+        "the cut turn committed nothing"
+    );
+    assert_eq!(
+        api.op("kit", "a", json!({"op": "get", "key": "n"}))
+            .await
+            .json["value"],
+        1
+    );
 }
 
 #[tokio::test]

@@ -215,7 +215,23 @@ async fn run_server(node: Arc<Node>, listener: tokio::net::TcpListener) -> anyho
     Ok(())
 }
 
+/// The first SIGINT or SIGTERM: stop gracefully (new connections are
+/// refused, requests in flight finish). A second one stops at once: a
+/// turn in flight may run for up to its time limit (15 min by default),
+/// and an operator who asks again means it. That is a crash as far as the
+/// data goes, which every commit is ready for: what was acknowledged is
+/// on disk, and turns cut short commit nothing (their callers retry).
 async fn shutdown_signal() {
+    stop_signal().await;
+    tracing::info!("stopping: finishing the requests in flight (signal again to stop at once)");
+    tokio::spawn(async {
+        stop_signal().await;
+        tracing::warn!("second signal: stopping at once; turns in flight commit nothing");
+        std::process::exit(130);
+    });
+}
+
+async fn stop_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

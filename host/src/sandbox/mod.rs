@@ -757,13 +757,37 @@ fn check_header(code: &[u8]) -> Result<(), CodeError> {
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
+    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        // A disk that filled up mid-write kept the part written, and the
+        // node's own leftovers then held the space it needed to recover
+        // (its readiness stayed at `disk_fault` until removed by hand).
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_atomic_write_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // The rename fails: a directory that is not empty holds the name.
+        let target = dir.path().join("entry.cwasm");
+        std::fs::create_dir_all(target.join("inside")).unwrap();
+        assert!(write_atomic(&target, b"code").is_err());
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["entry.cwasm"], "only the directory that was there");
+        // And one that works replaces nothing else.
+        let fine = dir.path().join("fine.cwasm");
+        write_atomic(&fine, b"code").unwrap();
+        assert_eq!(std::fs::read(&fine).unwrap(), b"code");
+    }
 
     /// The pool plan counts one memory per slot (`pool::MAPS_PER_LIVE`
     /// for each): the pool must not hold more memories than slots, or

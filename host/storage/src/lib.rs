@@ -192,16 +192,41 @@ pub fn open_database(
     builder.create_with_backend(backend)
 }
 
+/// Whether `dir` holds a file anywhere below it.
+fn holds_a_file(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|e| match e.file_type() {
+        Ok(t) if t.is_dir() => holds_a_file(&e.path()),
+        Ok(_) => true,
+        Err(_) => false,
+    })
+}
+
 /// What a failed open of `path` means for the operator.
 fn open_error(path: &Path, e: redb::DatabaseError) -> StorageError {
+    use std::io::ErrorKind;
+    let io_kind = match &e {
+        redb::DatabaseError::Storage(redb::StorageError::Io(io)) => Some(io.kind()),
+        _ => None,
+    };
     let why = match e {
         redb::DatabaseError::DatabaseAlreadyOpen => {
             "it is in use by another Marmot process (one node per data directory)".to_owned()
         }
+        // Not damage: moving a healthy file away on that advice lost it.
+        other if io_kind == Some(ErrorKind::PermissionDenied) => format!(
+            "{other}: the user running Marmot must be able to read and write the data \
+             directory and its files (check their owner and mode). Nothing was changed."
+        ),
+        other if io_kind == Some(ErrorKind::IsADirectory) => {
+            format!("{other}: a directory holds the database's name. Nothing was changed.")
+        }
         other => format!(
             "{other}. The file is damaged or not a Marmot database: restore a backup \
              (`marmot restore BACKUP --data NEW_DIR`) and start on that directory, or move the \
-             file away to start empty. Nothing was changed."
+             file (and `blobs/`) away to start empty. Nothing was changed."
         ),
     };
     StorageError::Open {
@@ -238,6 +263,21 @@ impl Storage {
             });
         }
         let path = dir.join("marmot.redb");
+        // Blobs next to a database that is missing or empty: the directory
+        // held a node whose database is gone (deleted, or a copy made
+        // without it). Starting would make an empty node and remove those
+        // blobs as garbage within a second.
+        let empty = std::fs::metadata(&path).map_or(true, |m| m.is_file() && m.len() == 0);
+        if empty && holds_a_file(&dir.join("blobs")) {
+            return Err(StorageError::Open {
+                path,
+                why: "it is missing or empty, but the directory holds the blobs of a database \
+                      (`blobs/`): restore a backup (`marmot restore BACKUP --data NEW_DIR`) and \
+                      start on that directory, or, to start empty, move `blobs/` away too. \
+                      Nothing was changed."
+                    .into(),
+            });
+        }
         let (cache_bytes, journal_bytes) = (config.cache_bytes, config.journal_bytes);
         let (file, journal) = (path.clone(), metrics.journal.clone());
         let opener: db::Opener =

@@ -447,6 +447,59 @@ fn a_damaged_database_file_is_a_clear_error_naming_it_and_nothing_changes() {
     }
 }
 
+/// A database that is missing or empty next to blobs is refused, never
+/// started empty: that removed the blobs as garbage within a second (a
+/// data directory copied without its database, one truncated by hand).
+/// Without blobs it is a new node.
+#[test]
+fn a_missing_database_next_to_blobs_is_refused_and_nothing_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let blob = dir.path().join("blobs").join("ab").join("ab12");
+    std::fs::create_dir_all(blob.parent().unwrap()).unwrap();
+    std::fs::write(&blob, b"a file's bytes").unwrap();
+    let path = dir.path().join("marmot.redb");
+    for empty in [false, true] {
+        if empty {
+            std::fs::write(&path, b"").unwrap();
+        }
+        let err = match Storage::open(dir.path(), &StorageConfig::default(), WriterMetrics::new()) {
+            Ok(_) => panic!("started empty next to blobs"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.contains("missing or empty") && err.contains("blobs/"),
+            "{err}"
+        );
+        assert!(err.contains("marmot restore"), "{err}");
+        assert_eq!(std::fs::read(&blob).unwrap(), b"a file's bytes");
+    }
+    std::fs::remove_dir_all(dir.path().join("blobs")).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let storage = Storage::open(dir.path(), &StorageConfig::default(), WriterMetrics::new());
+    assert!(storage.is_ok(), "a new node starts");
+}
+
+/// A database the node may not open is said to be that, not damage (the
+/// advice for damage, to move the file away and start empty, lost a
+/// healthy database).
+#[test]
+fn a_database_that_cannot_be_opened_for_permissions_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("marmot.redb");
+    // A directory in its place fails the same way for root, which the
+    // permission bits would not stop.
+    std::fs::create_dir(&path).unwrap();
+    let err = match Storage::open(dir.path(), &StorageConfig::default(), WriterMetrics::new()) {
+        Ok(_) => panic!("a directory opened as a database"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("a directory holds the database's name"),
+        "{err}"
+    );
+    assert!(!err.contains("damaged"), "{err}");
+}
+
 /// A database file whose fsync fails while `fail_sync` is set, as a dying
 /// disk's does.
 #[derive(Debug)]
