@@ -981,6 +981,31 @@ async fn headers_and_responses_are_built_the_standard_way() {
                "type": "text/plain", "text": "hi", "bytes": [7], "empty": [200, ""],
                "bad": "RangeError"})
     );
+
+    // A body is read once (a second read gave it again); `clone()` first
+    // to read it twice. `TextEncoder.encodeInto` fills what fits, never
+    // half a character (it was missing).
+    let r = eval(
+        &api,
+        "std",
+        "a",
+        "const r = new Response('once', { status: 202 });\n\
+         const copy = r.clone();\n\
+         const first = await r.text();\n\
+         let again = null; try { await r.json(); } catch (e) { again = e.name; }\n\
+         const buf = new Uint8Array(5);\n\
+         const into = new TextEncoder().encodeInto('aé😀', buf);\n\
+         ({ first, again, used: r.bodyUsed, copy: [copy.status, copy.bodyUsed, await copy.text()],\n\
+            into, buf: Array.from(buf) })",
+    )
+    .await;
+    assert_eq!(r.json["error"], Value::Null, "{}", r.json);
+    assert_eq!(
+        r.json["result"],
+        json!({"first": "once", "again": "TypeError", "used": true,
+               "copy": [202, false, "once"],
+               "into": {"read": 2, "written": 3}, "buf": [0x61, 0xc3, 0xa9, 0, 0]})
+    );
 }
 
 /// A message queued to a new actor while an eval on it runs is kept,

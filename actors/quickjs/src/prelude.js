@@ -336,6 +336,23 @@
     encode(s = "") {
       return host.utf8Encode(text(s));
     }
+    // As much of `s` as fits in `dest`, never half a character: how many
+    // UTF-16 units were read and bytes written.
+    encodeInto(s, dest) {
+      if (!(dest instanceof Uint8ArrayCtor)) throw new TypeErrorCtor("TextEncoder.encodeInto: the destination must be a Uint8Array");
+      const str = text(s);
+      let read = 0;
+      let written = 0;
+      for (const ch of str) {
+        const cp = ch.codePointAt(0);
+        const n = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+        if (written + n > dest.length) break;
+        written += n;
+        read += ch.length;
+      }
+      dest.set(host.utf8Encode(str.slice(0, read)));
+      return { read, written };
+    }
   }
   class TextDecoder {
     constructor(label = "utf-8", options = {}) {
@@ -576,6 +593,7 @@
   // mocks use it); `fetch` makes its own with the bytes it got.
   class Response {
     #body;
+    #used = false;
     constructor(body = null, options = undefined) {
       const init = options ?? {};
       const status = init.status === undefined ? 200 : +init.status;
@@ -591,17 +609,39 @@
       this.type = "default";
       this.#body = requestBody(body) ?? new Uint8ArrayCtor(0);
     }
+    // A body is read once, as the standard has it (a second read gave the
+    // body again, and code that relied on it broke elsewhere); `clone()`
+    // first to read it twice.
+    get bodyUsed() {
+      return this.#used;
+    }
+    #take() {
+      if (this.#used) throw new TypeErrorCtor("Response: body has already been read (clone() it to read it twice)");
+      this.#used = true;
+      return this.#body;
+    }
+    clone() {
+      if (this.#used) throw new TypeErrorCtor("Response.clone: body has already been read");
+      const copy = new Response(new Uint8ArrayCtor(this.#body), {
+        statusText: this.statusText,
+        headers: this.headers,
+      });
+      for (const k of ["status", "ok", "url", "redirected", "type"]) {
+        defineProperty(copy, k, { value: this[k], enumerable: true, writable: true });
+      }
+      return copy;
+    }
     async text() {
-      return utf8(this.#body);
+      return utf8(this.#take());
     }
     async json() {
-      return parse(utf8(this.#body));
+      return parse(utf8(this.#take()));
     }
     async bytes() {
-      return new Uint8ArrayCtor(this.#body);
+      return new Uint8ArrayCtor(this.#take());
     }
     async arrayBuffer() {
-      return new Uint8ArrayCtor(this.#body).buffer;
+      return new Uint8ArrayCtor(this.#take()).buffer;
     }
   }
   globalThis.Response = Response;
