@@ -531,7 +531,7 @@ async fn run(
             {
                 "with the dev node's key file"
             } else {
-                "its secrets open only with the master key the node had (MARMOT_MASTER_KEY)"
+                "its secrets open only with the master key the node had (`MARMOT_MASTER_KEY` or `master_key_file`)"
             };
             println!(
                 "restored `{}` into `{}` ({} blobs checked; {key}); start the node on it",
