@@ -531,6 +531,54 @@ async fn a_dead_owners_actors_fail_over_to_its_backup_with_their_data() {
 /// same delivery sent again (a sender retrying), through the new owner or
 /// another node, is acknowledged as a duplicate and runs nothing: the
 /// de-duplication record failed over with the actor's state.
+/// A node back at once with an empty data directory (a new disk, a wiped
+/// `emptyDir`) under its old id: it waits for its slots to fail over to
+/// their backups and joins as a new node. It used to serve its actors
+/// empty at their old epoch, and their backups then skipped its new
+/// writes as repeats while acknowledging them.
+#[tokio::test]
+async fn a_node_back_with_an_empty_disk_serves_nothing_it_lost() {
+    let Some(mut c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let ids: Vec<String> = (0..24).map(|i| format!("w-{i}")).collect();
+    for id in &ids {
+        assert_eq!(c.api(0).add("kit", id, 5).await.status, 200);
+    }
+    let mut on_n2 = Vec::new();
+    for id in &ids {
+        if owner_of(&c, 0, id).await == "n2" {
+            on_n2.push(id.clone());
+        }
+    }
+    assert!(!on_n2.is_empty(), "no actor landed on n2");
+
+    c.nodes[1].kill9();
+    std::fs::remove_dir_all(&c.nodes[1].data).unwrap();
+    c.nodes[1].restart().await;
+    assert!(
+        c.nodes[1]
+            .log_text()
+            .contains("not the one it last joined the cluster with"),
+        "{}",
+        c.nodes[1].log_text()
+    );
+    // Every actor has its value, through every node, n2 included, and
+    // none lives on n2 any more.
+    for id in &ids {
+        for i in 0..3 {
+            wait_value(&c, i, id, "n", 5).await;
+        }
+        assert_ne!(owner_of(&c, 1, id).await, "n2", "{id}");
+    }
+    // Writes go on, each applied once.
+    for id in &on_n2 {
+        let r = c.api(1).add("kit", id, 1).await;
+        assert_eq!((r.status, &r.json["value"]), (200, &json!(6)), "{id}");
+    }
+}
+
 #[tokio::test]
 async fn webhook_deliveries_stay_deduplicated_across_a_failover() {
     let Some(mut c) = Cluster::start().await else {

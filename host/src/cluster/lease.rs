@@ -59,6 +59,7 @@ impl Inner {
     /// starts it while its old lease runs, and it exited at once. A second
     /// live node with the id still fails, a lease later.
     pub(super) async fn join_at_start(&self) -> anyhow::Result<()> {
+        self.give_up_a_lost_store().await?;
         let deadline = Instant::now() + self.lease.ttl + Duration::from_secs(2);
         loop {
             match self.join().await {
@@ -71,7 +72,69 @@ impl Inner {
         }
     }
 
-    /// Put the member key under a fresh lease.
+    /// A node back with another store than it joined with before (a new
+    /// or wiped disk, a restored backup) holds none of its slots' data,
+    /// or old copies: serving them at their epoch answered `{"n": 0}`, and
+    /// its replication marks, started over, made their backup skip its
+    /// new batches as repeats while acknowledging them. Before joining —
+    /// not a member yet, so the controller sees it gone — it waits until
+    /// the controller has failed its used slots over to their backups and
+    /// dropped it as a backup; then it joins as a new node (a rebalance
+    /// gives it slots back, copied from their owners). A used slot no
+    /// backup can take (it had none) lost its data with the old disk:
+    /// said, and the node joins anyway after a bound.
+    async fn give_up_a_lost_store(&self) -> anyhow::Result<()> {
+        let me = &self.config.node_id;
+        let key = self.keys.store(me);
+        let resp = within(super::ETCD_CALL, self.client.clone().get(key, None)).await?;
+        let Some(recorded) = resp.kvs().first().map(|kv| kv.value().to_vec()) else {
+            // Its first join (or one made before stores were recorded).
+            return Ok(());
+        };
+        if recorded == self.store_id.as_bytes() {
+            return Ok(());
+        }
+        tracing::warn!(
+            node_id = %me,
+            "this node's database is not the one it last joined the cluster with (a new or wiped \
+             disk, or a restored backup): waiting for its slots to fail over to their backups, \
+             then joining as a new node"
+        );
+        let deadline = Instant::now() + 2 * self.lease.ttl + Duration::from_secs(15);
+        loop {
+            self.relist().await?;
+            let held: Vec<u32> = {
+                let v = self.view();
+                (0..super::SLOTS)
+                    .filter(|&s| {
+                        v.slots
+                            .get(s as usize)
+                            .and_then(Option::as_ref)
+                            .is_some_and(|e| {
+                                let r = &e.record;
+                                (r.used && &r.owner == me)
+                                    || r.backup.as_ref() == Some(me)
+                                    || r.joining.as_ref() == Some(me)
+                            })
+                    })
+                    .collect()
+            };
+            if held.is_empty() {
+                tracing::info!(node_id = %me, "its slots failed over; joining as a new node");
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                tracing::error!(node_id = %me, slots = ?held,
+                    "these used slots have no backup to fail over to: their data was on the old \
+                     disk and is lost; joining anyway");
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Put the member key under a fresh lease, with the store this node
+    /// joins with.
     pub(super) async fn join(&self) -> anyhow::Result<()> {
         let mut client = self.client.clone();
         let sent_at = Instant::now();
@@ -91,11 +154,18 @@ impl Inner {
         let key = self.keys.member(&self.config.node_id);
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key,
-                serde_json::to_vec(&member)?,
-                Some(PutOptions::new().with_lease(id)),
-            )]);
+            .and_then([
+                TxnOp::put(
+                    key,
+                    serde_json::to_vec(&member)?,
+                    Some(PutOptions::new().with_lease(id)),
+                ),
+                TxnOp::put(
+                    self.keys.store(&self.config.node_id),
+                    self.store_id.as_bytes(),
+                    None,
+                ),
+            ]);
         if !within(ttl, client.txn(txn)).await?.succeeded() {
             let _ = within(ttl, client.lease_revoke(id)).await;
             return Err(IdTaken {

@@ -125,12 +125,14 @@ struct Inner {
     draining: rebalance::Draining,
     /// Slots this node owns whose batches accepted as backup have landed.
     settled: takeover::Settled,
+    /// The identity of this node's database (`Storage::store_id`).
+    store_id: String,
 }
 
 impl Cluster {
     /// Connect to etcd, join (a member key under a fresh lease), read the
     /// metadata and start renewing, watching and campaigning.
-    pub async fn start(config: &ClusterConfig) -> anyhow::Result<Self> {
+    pub async fn start(config: &ClusterConfig, store_id: &str) -> anyhow::Result<Self> {
         let client = tokio::time::timeout(
             Duration::from_secs(10),
             Client::connect(&config.etcd, Some(connect_options())),
@@ -156,6 +158,7 @@ impl Cluster {
             failovers: AtomicU64::new(0),
             draining: rebalance::Draining::default(),
             settled: takeover::Settled::default(),
+            store_id: store_id.to_owned(),
             lease: Lease {
                 id: AtomicI64::new(0),
                 alive_until_ms: AtomicU64::new(0),

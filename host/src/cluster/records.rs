@@ -6,6 +6,9 @@
 //! {prefix}/meta                 {"layout": 1, "slots": 1024}
 //! {prefix}/members/{node_id}    MemberRecord, under the member's lease
 //! {prefix}/controller           node_id of the controller, under its lease
+//! {prefix}/stores/{node_id}     the store id (`marmot_storage::Storage::
+//!                               store_id`) the node last joined with, no
+//!                               lease: written with its member key
 //! {prefix}/slots/{0000..1023}   SlotRecord, written only by the controller
 //!                               (and by the owner, to mark its slot used or
 //!                               to drop a backup it cannot reach), always by
@@ -62,6 +65,10 @@ impl Keys {
 
     pub fn controller(&self) -> String {
         format!("{}/controller", self.prefix)
+    }
+
+    pub fn store(&self, node_id: &str) -> String {
+        format!("{}/stores/{node_id}", self.prefix)
     }
 
     pub fn slot(&self, slot: u32) -> String {

@@ -389,6 +389,11 @@ fn restore_into(from: &Path, data: &Path, extra: &[&str]) -> Result<RestoreRepor
             Ok(false) => return Err(damaged("it fails its integrity check".into())),
             Err(e) => return Err(damaged(e.to_string())),
         }
+        // A restored copy is a new store (it may be older than what the
+        // node last held): it gets an identity of its own when opened.
+        let write = db.begin_write()?;
+        write.open_table(META)?.remove(STORE_ID_KEY)?;
+        write.commit()?;
         let read = db.begin_read()?;
         let found = read
             .open_table(META)?
@@ -507,6 +512,31 @@ mod tests {
             .collect();
         declared.sort();
         assert_eq!(copied, declared, "a declared table is not backed up");
+    }
+
+    /// A restored copy is a new store: a cluster node started on it does
+    /// not take it for the data it last joined with (it may be older).
+    #[tokio::test]
+    async fn a_restored_copy_gets_a_store_id_of_its_own() {
+        async fn store_id(d: &Path) -> String {
+            let storage =
+                crate::Storage::open(d, &crate::StorageConfig::default(), Default::default())
+                    .unwrap();
+            let id = storage.store_id().to_owned();
+            storage.close().await;
+            id
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let backup = dir.path().join("backup");
+        std::fs::create_dir_all(&backup).unwrap();
+        let original = store_id(&backup).await;
+        assert_eq!(original.len(), 32);
+        assert_eq!(store_id(&backup).await, original, "kept across opens");
+        let data = dir.path().join("data");
+        restore(&backup, &data, &[]).unwrap();
+        let restored = store_id(&data).await;
+        assert_eq!(restored.len(), 32);
+        assert_ne!(restored, original);
     }
 
     #[test]

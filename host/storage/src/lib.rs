@@ -155,6 +155,7 @@ pub struct Storage {
     blobs: blobs::BlobStore,
     writer: Writer,
     path: PathBuf,
+    store_id: String,
     subscriptions: Arc<Subscriptions>,
     outbox_ready: Arc<tokio::sync::Notify>,
     relay_ready: Arc<tokio::sync::Notify>,
@@ -190,6 +191,22 @@ pub fn open_database(
     }
     let backend = journal::open(path, journal_bytes, metrics.clone())?;
     builder.create_with_backend(backend)
+}
+
+/// The database's identity, made now if it has none yet.
+fn store_id(db: &redb::Database) -> Result<String, StorageError> {
+    let read = db.begin_read()?;
+    if let Some(id) = read.open_table(schema::META)?.get(schema::STORE_ID_KEY)? {
+        return Ok(String::from_utf8_lossy(id.value()).into_owned());
+    }
+    drop(read);
+    let id = format!("{:032x}", rand::random::<u128>());
+    let write = db.begin_write()?;
+    write
+        .open_table(schema::META)?
+        .insert(schema::STORE_ID_KEY, id.as_bytes())?;
+    write.commit()?;
+    Ok(id)
 }
 
 /// Whether `dir` holds a file anywhere below it.
@@ -296,6 +313,7 @@ impl Storage {
         let path = dir.join("marmot.redb");
         let db = opener().map_err(|e| open_error(&path, e))?;
         check_format(&db)?;
+        let store_id = store_id(&db)?;
         let subscriptions = Arc::new(Subscriptions::load(&db)?);
         let blobs = blobs::BlobStore::open(dir.join("blobs"))?;
         let outbox_ready = Arc::new(tokio::sync::Notify::new());
@@ -314,6 +332,7 @@ impl Storage {
             blobs,
             writer,
             path,
+            store_id,
             subscriptions,
             outbox_ready,
             relay_ready,
@@ -344,6 +363,11 @@ impl Storage {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// This database's identity ([`schema::STORE_ID_KEY`]).
+    pub fn store_id(&self) -> &str {
+        &self.store_id
     }
 
     /// A consistent read-only view of everything committed so far.
