@@ -130,6 +130,13 @@ async fn catch_up(
         let mut body: serde_json::Value = match req.send().await.and_then(|r| r.error_for_status())
         {
             Ok(r) => r.json().await?,
+            Err(e) if e.status() == Some(reqwest::StatusCode::UNAUTHORIZED) => {
+                tracing::error!(peer = %peer.node_id,
+                    "the peer refused this node's admin token: the nodes' admin tokens differ \
+                     (every node of a cluster needs the same `admin_token`); requests forwarded \
+                     between them fail with 502 peer_refused_credentials");
+                continue;
+            }
             Err(e) => {
                 tracing::warn!(peer = %peer.node_id, error = %e, "cannot read a peer's catalog; trying the next");
                 continue;
@@ -467,6 +474,28 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                             return streamed(resp);
                         }
                     }
+                    // Credentials this node accepted, refused by the owner
+                    // (not by its actor, whose replies carry a message id):
+                    // the nodes' admin tokens differ. The client's were
+                    // right; a 401 told it otherwise and named nobody.
+                    Ok(resp)
+                        if resp.status() == StatusCode::UNAUTHORIZED
+                            && !resp.headers().contains_key("x-marmot-message-id") =>
+                    {
+                        s.node.metrics().cluster_forward("error");
+                        tracing::error!(actor = %key, owner = %node_id,
+                            "the owner refused credentials this node accepted: the nodes' admin tokens differ");
+                        return ApiError::new(
+                            StatusCode::BAD_GATEWAY,
+                            "peer_refused_credentials",
+                            format!(
+                                "actor {key} lives on node `{node_id}`, which refused the credentials \
+                                 this node accepted: the nodes' admin tokens differ (every node of a \
+                                 cluster needs the same `admin_token`)"
+                            ),
+                        )
+                        .into_response();
+                    }
                     Ok(resp) => {
                         s.node.metrics().cluster_forward("ok");
                         return streamed(resp);
@@ -474,14 +503,16 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                     Err(e) => {
                         s.node.metrics().cluster_forward("error");
                         tracing::warn!(actor = %key, owner = %node_id, error = %e, "forwarding failed");
-                        return ApiError::new(
+                        let mut e = ApiError::new(
                             StatusCode::BAD_GATEWAY,
                             "owner_unreachable",
                             format!(
                                 "actor {key} lives on node `{node_id}`, which did not answer: {e}"
                             ),
-                        )
-                        .into_response();
+                        );
+                        // Its slot fails over to its backup if it is gone.
+                        e.retry_after = Some(1);
+                        return e.into_response();
                     }
                 }
             }
