@@ -789,6 +789,17 @@ async fn when_etcd_dies_every_node_stops_serving_and_resumes_when_it_returns() {
         // member alive while none could serve).
         let s = c.api(i).get("/v1/cluster").await.json;
         assert!(s["view"].as_str().unwrap().starts_with("stale"), "{s}");
+        // Nor that every member is alive and every slot served, while
+        // this node serves none.
+        assert_eq!(s["slots_unavailable"], 1024, "{s}");
+        assert!(
+            s["members"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|m| m["alive"].is_null()),
+            "{s}"
+        );
     }
     for a in 0..6 {
         let r = c.api(a).add("kit", &format!("e{a}"), 1).await;

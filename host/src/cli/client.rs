@@ -633,6 +633,9 @@ pub(super) async fn cluster_status(args: &ClientArgs) -> anyhow::Result<()> {
         v["slots_degraded"],
         v["max_epoch"],
     );
+    if let Some(view) = v["view"].as_str().filter(|v| *v != "live") {
+        println!("view: {view}");
+    }
     println!(
         "actors placed outside their hash slot: {} ({} moving now)",
         v["actors_placed"], v["actors_moving"]

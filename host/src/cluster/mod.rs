@@ -491,6 +491,10 @@ impl Cluster {
 
     /// The members and the slot table, as `GET /v1/cluster` shows them.
     pub fn status(&self) -> serde_json::Value {
+        // Without a confirmed lease (etcd unreachable) the view is as last
+        // seen, and this node serves nothing: it said every member was
+        // alive and no slot unavailable while every request was a 503.
+        let live = self.alive();
         let v = self.inner.view();
         let counts = v.slot_counts();
         let mut used = std::collections::BTreeMap::<&str, u32>::new();
@@ -520,7 +524,8 @@ impl Cluster {
                     // A lease id: above 2^53, which JSON readers (jq,
                     // JavaScript) round; a string keeps it whole.
                     "incarnation": m.incarnation.to_string(),
-                    "alive": true,
+                    // Unknown (null) while this node's view is stale.
+                    "alive": live.then_some(true),
                     "slots": counts.get(&m.node_id).copied().unwrap_or(0),
                     "slots_used": used.get(m.node_id.as_str()).copied().unwrap_or(0),
                     "backup_of": backups.get(m.node_id.as_str()).copied().unwrap_or(0),
@@ -549,9 +554,9 @@ impl Cluster {
                 })
             })
             .collect();
-        // Without a confirmed lease (etcd unreachable) the view is as last
-        // seen: it said every member was alive while no node could serve.
-        let live = self.alive();
+        if !live {
+            unavailable = SLOTS;
+        }
         let max_epoch = v.slots.iter().flatten().map(|e| e.record.epoch).max();
         serde_json::json!({
             "node_id": self.inner.config.node_id,
