@@ -95,7 +95,7 @@ pub(super) fn operations() -> Vec<Op> {
                 (500, "the actor failed", None),
                 (
                     503,
-                    "overloaded: no instance slot, or the node's guest memory or request body budget is spent; nothing changed (Retry-After)",
+                    "overloaded: no instance slot, or the node's guest memory or request body budget is spent; or, in a cluster, the actor kept moving while the request ran (actor_moved); nothing changed (Retry-After)",
                     None,
                 ),
             ],
