@@ -579,6 +579,51 @@ async fn a_node_back_with_an_empty_disk_serves_nothing_it_lost() {
     }
 }
 
+/// A graceful stop (SIGTERM) hands the node's slots to their backups while
+/// it still answers: its actors are served on, each request on its first
+/// try, with their data. They were unavailable for the lease and the
+/// controller's grace (502 `owner_unreachable`, then 503), ~5 s a node in
+/// a rolling restart with the default lease. (The first write may wait
+/// for the new owner's slots to get a backup again: ~2 s here.)
+#[tokio::test]
+async fn a_graceful_stop_hands_its_slots_to_their_backups_first() {
+    let Some(mut c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let mut on_n2 = Vec::new();
+    for i in 0..30 {
+        let id = format!("g-{i}");
+        assert_eq!(c.api(0).add("kit", &id, 1).await.status, 200);
+        if owner_of(&c, 0, &id).await == "n2" {
+            on_n2.push(id);
+        }
+    }
+    assert!(!on_n2.is_empty(), "no actor landed on n2");
+    c.nodes[1].sigterm();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    for id in &on_n2 {
+        let r = c.api(0).add("kit", id, 1).await;
+        assert_eq!(
+            (r.status, &r.json["value"]),
+            (200, &json!(2)),
+            "{id}: {}",
+            r.json
+        );
+        assert_ne!(r.headers["x-marmot-node"], "n2", "{id}");
+    }
+    eprintln!("served on in {:?}", started.elapsed());
+    assert!(c.nodes[1].wait_exit(Duration::from_secs(15)), "n2 stopped");
+    assert!(
+        c.nodes[1]
+            .log_text()
+            .contains("slots handed to their backups before stopping"),
+        "{}",
+        c.nodes[1].log_text()
+    );
+}
+
 #[tokio::test]
 async fn webhook_deliveries_stay_deduplicated_across_a_failover() {
     let Some(mut c) = Cluster::start().await else {

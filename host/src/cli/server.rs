@@ -204,7 +204,14 @@ async fn run_server(node: Arc<Node>, listener: tokio::net::TcpListener) -> anyho
         let n = node.clone();
         tokio::spawn(async move { crate::api::cluster::sync_catalog(&n).await });
     }
-    crate::api::serve(node.clone(), listener, shutdown_signal()).await?;
+    let stopping = node.clone();
+    let shutdown = async move {
+        shutdown_signal().await;
+        // In a cluster: its slots go to their backups while it still
+        // answers (requests caught by the switch are routed on).
+        stopping.hand_over_slots_at_stop().await;
+    };
+    crate::api::serve(node.clone(), listener, shutdown).await?;
     tracing::info!("shutting down: flushing storage");
     node.flush().await;
     if let Some(c) = node.cluster() {

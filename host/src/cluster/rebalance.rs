@@ -119,6 +119,43 @@ impl Cluster {
         self.inner.draining.contains(slot)
     }
 
+    /// At a graceful stop: the slots this node owns whose backup is a live
+    /// member, to hand over before it leaves: (slot, epoch, backup).
+    pub fn slots_to_hand_over_at_stop(&self) -> Vec<(u32, u64, String)> {
+        let v = self.inner.view();
+        let me = &self.inner.config.node_id;
+        v.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, e)| {
+                let r = &e.as_ref()?.record;
+                let to = r.backup.as_ref()?;
+                (r.owner == *me && v.members.contains_key(to))
+                    .then(|| (slot as u32, r.epoch, to.clone()))
+            })
+            .collect()
+    }
+
+    /// Switch `slot` (owned here at `epoch`, drained) to its backup `to` as
+    /// this node stops: `to` owns it at epoch + 1, without a backup until
+    /// the controller finds it one (this node is leaving: named the
+    /// backup, it would stall the new owner's commits until dropped).
+    pub async fn hand_off_at_stop(&self, slot: u32, epoch: u64, to: &str) -> anyhow::Result<bool> {
+        self.rewrite_slot(slot, epoch, None, |r| {
+            (r.backup.as_deref() == Some(to)).then(|| SlotRecord {
+                owner: to.to_owned(),
+                epoch: epoch + 1,
+                used: r.used,
+                backup: None,
+                joining: None,
+                avoid: None,
+                handoff: None,
+                region: r.region.clone(),
+            })
+        })
+        .await
+    }
+
     /// Switch `slot` (owned here at `epoch`, drained) to its backup `to`,
     /// this node becoming the backup. `false` if the slot changed meanwhile
     /// (the handoff was withdrawn, the backup dropped).

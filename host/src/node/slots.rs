@@ -59,6 +59,69 @@ impl Node {
         }
     }
 
+    /// At a graceful stop, while the listener still serves: hand every
+    /// slot this node owns to its live backup, as a rebalance's handoff
+    /// does (fence, let every earlier commit reach the backup, switch), so
+    /// that its actors are served on at once rather than after the lease
+    /// and the controller's grace (~5 s per node of a rolling restart).
+    /// Requests caught by a fence are routed again to the new owner.
+    /// Bounded: past it (or with etcd gone) what is left fails over as
+    /// after a crash.
+    pub async fn hand_over_slots_at_stop(&self) {
+        let Some(cluster) = self.cluster.clone() else {
+            return;
+        };
+        let slots = cluster.slots_to_hand_over_at_stop();
+        if slots.is_empty() {
+            return;
+        }
+        let started = std::time::Instant::now();
+        let handed = tokio::time::timeout(Duration::from_secs(10), async {
+            for (slot, _, _) in &slots {
+                cluster.start_drain(*slot);
+            }
+            let (done, drained) = tokio::sync::oneshot::channel();
+            self.storage
+                .writer()
+                .submit(crate::storage::WriteOp::Barrier { done });
+            if drained.await.is_err() {
+                return 0;
+            }
+            // A few at a time (each an etcd compare-and-swap); each fence
+            // lifted as soon as its switch is known, so that requests
+            // waiting on it go to the new owner (or, where the switch
+            // failed, are served here while this node finishes).
+            use futures::StreamExt as _;
+            futures::stream::iter(slots.clone())
+                .map(|(slot, epoch, to)| {
+                    let cluster = cluster.clone();
+                    async move {
+                        let switched = cluster.hand_off_at_stop(slot, epoch, &to).await;
+                        cluster.end_drain(slot);
+                        match switched {
+                            Ok(switched) => usize::from(switched),
+                            Err(e) => {
+                                tracing::warn!(slot, error = %e, "cannot hand the slot over; it fails over");
+                                0
+                            }
+                        }
+                    }
+                })
+                .buffer_unordered(8)
+                .fold(0, |n, handed| async move { n + handed })
+                .await
+        })
+        .await
+        .unwrap_or(0);
+        self.metrics.cluster_handoffs.inc_by(handed as u64);
+        tracing::info!(
+            handed,
+            of = slots.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "slots handed to their backups before stopping"
+        );
+    }
+
     /// Hand `slot` (owned here at `epoch`) to its backup `to`, as a
     /// rebalance asks (`cluster/rebalance.rs`): fence it, let every earlier
     /// commit reach the backup, switch.
