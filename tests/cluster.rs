@@ -526,11 +526,6 @@ async fn a_dead_owners_actors_fail_over_to_its_backup_with_their_data() {
     assert_eq!(info["node"], second.as_str(), "{info}");
 }
 
-/// Guarantee 7 across a failover: a delivery posted through any node is
-/// verified and runs on the actor's owner, once; after that owner dies, the
-/// same delivery sent again (a sender retrying), through the new owner or
-/// another node, is acknowledged as a duplicate and runs nothing: the
-/// de-duplication record failed over with the actor's state.
 /// A node back at once with an empty data directory (a new disk, a wiped
 /// `emptyDir`) under its old id: it waits for its slots to fail over to
 /// their backups and joins as a new node. It used to serve its actors
@@ -624,6 +619,11 @@ async fn a_graceful_stop_hands_its_slots_to_their_backups_first() {
     );
 }
 
+/// Guarantee 7 across a failover: a delivery posted through any node is
+/// verified and runs on the actor's owner, once; after that owner dies, the
+/// same delivery sent again (a sender retrying), through the new owner or
+/// another node, is acknowledged as a duplicate and runs nothing: the
+/// de-duplication record failed over with the actor's state.
 #[tokio::test]
 async fn webhook_deliveries_stay_deduplicated_across_a_failover() {
     let Some(mut c) = Cluster::start().await else {

@@ -384,9 +384,12 @@ async fn moves_under_load_lose_and_double_nothing() {
 }
 
 /// Requests running or queued when their actor moves: their commits are
-/// refused on the old owner (nothing applied), and the router sends them
-/// again to where the actor went, as a client's retry would be. The
-/// client sees one 200, and each write is applied once.
+/// refused on the old owner (nothing applied), and the router sends those
+/// the client made safe to retry (an Idempotency-Key) again to where the
+/// actor went. The client sees one 200, and each write is applied once.
+/// One without a key is not run again behind the client's back (its guest
+/// may have had effects outside its turn): a 503 `actor_moved` says to
+/// retry, and nothing of it was applied.
 #[tokio::test]
 async fn requests_caught_by_a_move_are_served_where_the_actor_went() {
     let Some(c) = Cluster::start().await else {
@@ -405,21 +408,24 @@ async fn requests_caught_by_a_move_are_served_where_the_actor_went() {
     assert_eq!(region_of(&from), "eu");
     let f = NODES.iter().position(|(n, _)| *n == from).unwrap();
 
-    // One turn running (it commits after 1.5 s) and one queued behind it,
-    // both sent to the owner, when the move starts.
-    let send = |id: &'static str| {
+    // One turn running (it commits after 1.5 s) and two queued behind it,
+    // all sent to the owner, when the move starts.
+    let send = |id: &'static str, keyed: bool| {
         let api = c.api(f);
         tokio::spawn(async move {
-            api.post_json(
+            let key = [("idempotency-key", id)];
+            api.post_with(
                 "/v1/actors/kit/caught",
                 &json!({"op": "record", "id": id, "busy_ms": 1500}),
+                if keyed { &key[..] } else { &[] },
             )
             .await
         })
     };
-    let running = send("running");
+    let running = send("running", true);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let queued = send("queued");
+    let queued = send("queued", true);
+    let unkeyed = send("unkeyed", false);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let moved = c
         .api(f)
@@ -437,8 +443,21 @@ async fn requests_caught_by_a_move_are_served_where_the_actor_went() {
             "the {name} request was served where the actor went"
         );
     }
-    // Each applied once, where the actor lives now.
+    let r = unkeyed.await.unwrap();
+    assert_eq!(
+        (r.status, r.code()),
+        (503, "actor_moved"),
+        "the request without a key: {}",
+        r.json
+    );
+    assert!(r.headers.contains_key("retry-after"));
+    // Each applied once, where the actor lives now; the unkeyed one not.
     assert_eq!(owner_of(&c, 0, "caught").await, "n3");
+    let r = c
+        .api(1)
+        .get("/v1/actors/kit/caught/state/seen/unkeyed")
+        .await;
+    assert_eq!(r.status, 404, "{}", r.json);
     for (key, want) in [("seen/running", 1), ("seen/queued", 1), ("total", 2)] {
         let r = c
             .api(1)

@@ -5,8 +5,10 @@
 //! Keywords: `type` (one or a list), `enum`, `const`, `properties`,
 //! `required`, `additionalProperties` (boolean or schema), `items`,
 //! `minItems`, `maxItems`, `minLength`, `maxLength`, `minimum`,
-//! `maximum`, `anyOf`; others are ignored, as JSON Schema ignores unknown
-//! keywords.
+//! `maximum`, `exclusiveMinimum`, `exclusiveMaximum`, `anyOf`, `allOf`,
+//! `oneOf`, `not`; others (`format`, `pattern`, `description`…) are
+//! ignored, as JSON Schema ignores unknown keywords. A schema these would
+//! misread is refused by [`validate`] (a `$ref`, which is never resolved).
 
 use serde_json::Value;
 
@@ -63,13 +65,15 @@ fn validate_at(schema: &Value, path: &str) -> Result<(), String> {
     {
         return Err(format!("{path}.required: must be a list of property names"));
     }
-    for key in ["minimum", "maximum"] {
+    for key in ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"] {
         if s.get(key).is_some_and(|n| !n.is_number()) {
             return Err(format!("{path}.{key}: must be a number"));
         }
     }
     for key in ["minLength", "maxLength", "minItems", "maxItems"] {
-        if s.get(key).is_some_and(|n| n.as_u64().is_none()) {
+        // `2.0` is a whole number to JSON Schema.
+        let whole = |n: &Value| n.as_f64().is_some_and(|f| f >= 0.0 && f.fract() == 0.0);
+        if s.get(key).is_some_and(|n| !whole(n)) {
             return Err(format!("{path}.{key}: must be a whole number, 0 or more"));
         }
     }
@@ -81,19 +85,20 @@ fn validate_at(schema: &Value, path: &str) -> Result<(), String> {
             validate_at(p, &format!("{path}.properties.{k}"))?;
         }
     }
-    for key in ["items", "additionalProperties"] {
+    for key in ["items", "additionalProperties", "not"] {
         if let Some(sub) = s.get(key) {
             validate_at(sub, &format!("{path}.{key}"))?;
         }
     }
-    if let Some(any) = s.get("anyOf") {
-        match any.as_array() {
+    for key in ["anyOf", "allOf", "oneOf"] {
+        let Some(list) = s.get(key) else { continue };
+        match list.as_array() {
             Some(alts) if !alts.is_empty() => {
                 for (i, alt) in alts.iter().enumerate() {
-                    validate_at(alt, &format!("{path}.anyOf[{i}]"))?;
+                    validate_at(alt, &format!("{path}.{key}[{i}]"))?;
                 }
             }
-            _ => return Err(format!("{path}.anyOf: must be a non-empty list of schemas")),
+            _ => return Err(format!("{path}.{key}: must be a non-empty list of schemas")),
         }
     }
     Ok(())
@@ -170,6 +175,27 @@ fn check_at(schema: &Value, v: &Value, path: &str) -> Result<(), String> {
     {
         return Err(format!("{path}: matches none of the allowed shapes"));
     }
+    if let Some(Value::Array(all)) = s.get("allOf") {
+        for alt in all {
+            check_at(alt, v, path)?;
+        }
+    }
+    if let Some(Value::Array(one)) = s.get("oneOf") {
+        let matching = one
+            .iter()
+            .filter(|alt| check_at(alt, v, path).is_ok())
+            .count();
+        if matching != 1 {
+            return Err(format!(
+                "{path}: must match exactly one of the allowed shapes (it matches {matching})"
+            ));
+        }
+    }
+    if let Some(not) = s.get("not")
+        && check_at(not, v, path).is_ok()
+    {
+        return Err(format!("{path}: matches a shape that is not allowed"));
+    }
     let num = |k: &str| s.get(k).and_then(Value::as_f64);
     if let Some(x) = v.as_f64() {
         if let Some(min) = num("minimum")
@@ -181,6 +207,16 @@ fn check_at(schema: &Value, v: &Value, path: &str) -> Result<(), String> {
             && x > max
         {
             return Err(format!("{path}: must be at most {max}"));
+        }
+        if let Some(min) = num("exclusiveMinimum")
+            && x <= min
+        {
+            return Err(format!("{path}: must be more than {min}"));
+        }
+        if let Some(max) = num("exclusiveMaximum")
+            && x >= max
+        {
+            return Err(format!("{path}: must be less than {max}"));
         }
     }
     if let Some(text) = v.as_str() {
@@ -246,6 +282,25 @@ mod tests {
             "either": {"anyOf": [{"const": 1}, {"enum": ["a"]}]}},
             "additionalProperties": false, "description": "unknown keywords pass"});
         assert_eq!(validate(&fine), Ok(()));
+        // Whole numbers written as floats, and the composing keywords.
+        let composed = json!({"type": "object", "properties": {
+            "name": {"type": "string", "minLength": 2.0, "pattern": "^a", "format": "email"},
+            "n": {"allOf": [{"type": "integer"}, {"exclusiveMinimum": 0}], "not": {"const": 7}},
+            "kind": {"oneOf": [{"const": "a"}, {"type": "integer"}]}},
+            "$defs": {"unused": {"type": "string"}}});
+        assert_eq!(validate(&composed), Ok(()));
+        assert_eq!(
+            check(&composed, &json!({"name": "ab", "n": 3, "kind": "a"})),
+            Ok(())
+        );
+        for bad in [
+            json!({"n": 0}),
+            json!({"n": 7}),
+            json!({"n": 2.5}),
+            json!({"kind": "b"}),
+        ] {
+            assert!(check(&composed, &bad).is_err(), "{bad}");
+        }
         assert_eq!(validate(&json!(true)), Ok(()));
         for (schema, says) in [
             (json!({"type": "nonsense"}), "$.type"),
@@ -259,6 +314,10 @@ mod tests {
             (json!({"required": "n"}), "$.required"),
             (json!({"enum": "a"}), "$.enum"),
             (json!({"minLength": -1}), "$.minLength"),
+            (json!({"minLength": 1.5}), "$.minLength"),
+            (json!({"oneOf": [{"$ref": "#/$defs/a"}]}), "$.oneOf[0].$ref"),
+            (json!({"allOf": {}}), "$.allOf"),
+            (json!({"not": {"type": "nope"}}), "$.not.type"),
             (json!({"maximum": "9"}), "$.maximum"),
             (json!({"anyOf": []}), "$.anyOf"),
             (json!({"additionalProperties": 3}), "$.additionalProperties"),

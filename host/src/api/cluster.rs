@@ -420,15 +420,20 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                     .run(Request::from_parts(parts.clone(), Body::from(body.clone())))
                     .await;
                 // Nothing of it was applied, and its actor is elsewhere
-                // now: route it again, as a client's retry would be.
-                if resp.extensions().get::<Reroute>().is_some() && rerouted < REROUTES {
+                // now: route it again, as a client's retry would be — only
+                // a request the client made safe to retry, since the guest
+                // runs again (what it did outside its turn, a `fetch`, a
+                // model call, happens twice). The view already says where
+                // the actor went (the writer refused by it), or the move
+                // is under way (routing waits for it).
+                if resp.extensions().get::<Reroute>().is_some()
+                    && rerouted < REROUTES
+                    && retry_safe(&parts)
+                {
                     rerouted += 1;
                     budget += ATTEMPTS;
                     s.node.metrics().cluster_forward("rerouted");
                     tracing::debug!(actor = %key, "its actor left while the request ran; routing it again");
-                    if let Err(e) = cluster.refresh().await {
-                        tracing::warn!(error = %e, "cannot re-read the slot table");
-                    }
                     continue;
                 }
                 return served(resp, cluster.node_id(), slot, epoch);
@@ -474,14 +479,31 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                             return streamed(resp);
                         }
                     }
-                    // Credentials this node accepted, refused by the owner
-                    // (not by its actor, whose replies carry a message id):
-                    // the nodes' admin tokens differ. The client's were
-                    // right; a 401 told it otherwise and named nobody.
+                    // The owner's edge refused credentials this node's edge
+                    // accepted (not its actor, whose replies carry a message
+                    // id; not a webhook's signature, which only the owner
+                    // checks; not an expiry or a revocation, which the
+                    // owner may just have seen first): the nodes' admin
+                    // tokens differ (client tokens are signed with a key
+                    // made from it). The client's were right; a 401 told it
+                    // otherwise and named nobody.
                     Ok(resp)
                         if resp.status() == StatusCode::UNAUTHORIZED
-                            && !resp.headers().contains_key("x-marmot-message-id") =>
+                            && !resp.headers().contains_key("x-marmot-message-id")
+                            && !path.starts_with("/v1/hooks/") =>
                     {
+                        let (status, headers) = (resp.status(), forwardable(resp.headers()));
+                        let body = resp.bytes().await.unwrap_or_default();
+                        let code = serde_json::from_slice::<serde_json::Value>(&body)
+                            .ok()
+                            .and_then(|v| v["error"]["code"].as_str().map(str::to_owned));
+                        if !matches!(code.as_deref(), Some("unauthorized" | "invalid_token")) {
+                            s.node.metrics().cluster_forward("ok");
+                            let mut out = Response::new(Body::from(body));
+                            *out.status_mut() = status;
+                            *out.headers_mut() = headers;
+                            return out;
+                        }
                         s.node.metrics().cluster_forward("error");
                         tracing::error!(actor = %key, owner = %node_id,
                             "the owner refused credentials this node accepted: the nodes' admin tokens differ");
@@ -523,6 +545,16 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
         &key,
         "its slot kept changing while this node routed the request",
     )
+}
+
+/// Whether the client made `parts` safe to send again: a method HTTP
+/// calls idempotent, or an `Idempotency-Key` (whose first reply a repeat
+/// gets; here nothing of the first attempt was applied).
+fn retry_safe(parts: &axum::http::request::Parts) -> bool {
+    matches!(
+        parts.method,
+        Method::GET | Method::HEAD | Method::PUT | Method::DELETE | Method::OPTIONS
+    ) || parts.headers.contains_key("idempotency-key")
 }
 
 fn too_large() -> Response {

@@ -387,7 +387,7 @@ fn reset_note(reset: &impl std::fmt::Display) -> String {
 
 /// Print one SSE frame's event on stdout (what the stream says about
 /// itself on stderr; a model's live deltas, which are not events, not at
-/// all); return its id.
+/// all); return its id (0 for a reset: the log starts over).
 fn print_frame(frame: &str) -> Option<u64> {
     let (mut id, mut event, mut data) = (None, None, Vec::new());
     for line in frame.lines() {
@@ -402,7 +402,12 @@ fn print_frame(frame: &str) -> Option<u64> {
     let data = data.join("\n");
     match event.as_deref() {
         Some("gap") => eprintln!("marmot: events missing (past retention): {data}"),
-        Some("reset") => eprintln!("marmot: {}", reset_note(&data)),
+        Some("reset") => {
+            eprintln!("marmot: {}", reset_note(&data));
+            // The stream starts over: so does where a reconnect resumes
+            // (it would meet the reset again, and again).
+            return Some(0);
+        }
         Some("lagged") => eprintln!("marmot: {data} live deltas missed (the terminal was slow)"),
         None | Some("message") if !data.is_empty() => println!("{data}"),
         _ => {}

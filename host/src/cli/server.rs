@@ -232,13 +232,17 @@ async fn shutdown_signal() {
     stop_signal().await;
     tracing::info!("stopping: finishing the requests in flight (signal again to stop at once)");
     tokio::spawn(async {
-        stop_signal().await;
+        let signal = stop_signal().await;
         tracing::warn!("second signal: stopping at once; turns in flight commit nothing");
-        std::process::exit(130);
+        // As a shell reports a process killed by it.
+        std::process::exit(128 + signal);
     });
 }
 
-async fn stop_signal() {
+/// Wait for SIGINT or SIGTERM; its number.
+async fn stop_signal() -> i32 {
+    const SIGINT: i32 = 2;
+    const SIGTERM: i32 = 15;
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -254,7 +258,7 @@ async fn stop_signal() {
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
     tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+        () = ctrl_c => SIGINT,
+        () = term => SIGTERM,
     }
 }

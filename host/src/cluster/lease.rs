@@ -103,6 +103,14 @@ impl Inner {
         let deadline = Instant::now() + 2 * self.lease.ttl + Duration::from_secs(15);
         loop {
             self.relist().await?;
+            // Nobody to take them (a cluster of one, or all others down):
+            // it serves what its database holds.
+            if self.view().members.keys().all(|m| m == me) {
+                tracing::warn!(node_id = %me,
+                    "no other member is alive to take this node's slots over: it serves them \
+                     from the database it has now");
+                return Ok(());
+            }
             let held: Vec<u32> = {
                 let v = self.view();
                 (0..super::SLOTS)
@@ -125,8 +133,9 @@ impl Inner {
             }
             if Instant::now() >= deadline {
                 tracing::error!(node_id = %me, slots = ?held,
-                    "these used slots have no backup to fail over to: their data was on the old \
-                     disk and is lost; joining anyway");
+                    "these slots were not taken over (no backup to fail over to): this node \
+                     serves them from the database it has now, without what was written to the \
+                     one it had since");
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(500)).await;

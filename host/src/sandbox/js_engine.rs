@@ -20,6 +20,10 @@ use crate::config::ResolvedTypeConfig;
 /// (the engine's `PRELOAD_CHECK_ENV`, `actors/quickjs/src/engine.rs`).
 const PRELOAD_CHECK_ENV: &str = "MARMOT_PRELOAD_CHECK";
 
+/// How long a deploy waits for a checked top level that is waiting (on a
+/// timer), not computing: past it, it passes, and the first turn runs it.
+const CHECK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The engine's snapshot and what builds snapshots, each made on first use.
 #[derive(Default)]
 pub(super) struct JsEngines {
@@ -203,24 +207,21 @@ impl Sandbox {
         Ok(p)
     }
 
-    /// Store data for a pre-initialization: no capabilities (the `marmot`
-    /// API traps), the type's limits.
     /// Run `module`'s top level to its end with randomness and timers
     /// allowed (nothing is snapshotted): a throw, or the type's CPU or
     /// memory limit, means no turn could run it. One that reaches for the
     /// `marmot` API is still refused there and passes: only a turn can
-    /// tell.
+    /// tell. So does one still waiting after [`CHECK_WAIT`] (a deploy is
+    /// not held for a turn's 15 minutes).
     fn check_top_level(
         &self,
         preinit: &Preinit,
         module: &JsModule,
         config: &ResolvedTypeConfig,
     ) -> Result<(), CodeError> {
-        let mut checking = config.clone();
-        checking.env.insert(PRELOAD_CHECK_ENV.into(), "1".into());
-        let host = self.preload_host(&checking, Some(Arc::new(module.clone())));
+        let host = self.preload_host_for(config, Some(Arc::new(module.clone())), true);
         let limits = PreloadLimits {
-            timeout: config.turn_timeout,
+            timeout: config.turn_timeout.min(CHECK_WAIT),
         };
         let checked = tokio::runtime::Handle::current().block_on(preinit.check_top_level(
             &self.parts.linker,
@@ -239,7 +240,31 @@ impl Sandbox {
         }
     }
 
+    /// Store data for a pre-initialization: no capabilities (the `marmot`
+    /// API traps), the type's limits.
     fn preload_host(&self, config: &ResolvedTypeConfig, module: Option<Arc<JsModule>>) -> Host {
+        self.preload_host_for(config, module, false)
+    }
+
+    /// [`Self::preload_host`], for a check of the top level (`check`) or
+    /// for a snapshot. The type's own environment cannot ask for a check:
+    /// a snapshot taken with randomness and timers allowed would give
+    /// every actor of the type the same "random" values.
+    fn preload_host_for(
+        &self,
+        config: &ResolvedTypeConfig,
+        module: Option<Arc<JsModule>>,
+        check: bool,
+    ) -> Host {
+        let mut config = Cow::Borrowed(config);
+        if check || config.env.contains_key(PRELOAD_CHECK_ENV) {
+            let env = &mut config.to_mut().env;
+            env.remove(PRELOAD_CHECK_ENV);
+            if check {
+                env.insert(PRELOAD_CHECK_ENV.into(), "1".into());
+            }
+        }
+        let config = &*config;
         let spec = InstanceSpec {
             config,
             js_module: module,

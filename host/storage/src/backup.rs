@@ -237,6 +237,9 @@ impl Storage {
                 let out = redb::Database::create(&db_path)?;
                 let write = out.begin_write()?;
                 let rows = copy_tables(&read, &write)?;
+                // A copy is another store, also started on where it lies
+                // (a restore removes the identity too, for older backups).
+                write.open_table(META)?.remove(STORE_ID_KEY)?;
                 write.commit()?;
                 rows
             };

@@ -193,7 +193,10 @@ pub fn open_database(
     builder.create_with_backend(backend)
 }
 
-/// The database's identity, made now if it has none yet.
+/// The database's identity, made now if it has none yet. One that cannot
+/// be written (a full disk at the first start after an upgrade) is this
+/// run's alone: the node still starts, serving reads, as it did before
+/// databases had identities (in a cluster it then counts as a new store).
 fn store_id(db: &redb::Database) -> Result<String, StorageError> {
     let read = db.begin_read()?;
     if let Some(id) = read.open_table(schema::META)?.get(schema::STORE_ID_KEY)? {
@@ -201,11 +204,17 @@ fn store_id(db: &redb::Database) -> Result<String, StorageError> {
     }
     drop(read);
     let id = format!("{:032x}", rand::random::<u128>());
-    let write = db.begin_write()?;
-    write
-        .open_table(schema::META)?
-        .insert(schema::STORE_ID_KEY, id.as_bytes())?;
-    write.commit()?;
+    let written = (|| -> Result<(), StorageError> {
+        let write = db.begin_write()?;
+        write
+            .open_table(schema::META)?
+            .insert(schema::STORE_ID_KEY, id.as_bytes())?;
+        write.commit()?;
+        Ok(())
+    })();
+    if let Err(e) = written {
+        tracing::warn!(target: LOG_TARGET, error = %e, "cannot record the database's identity; using one for this run");
+    }
     Ok(id)
 }
 
