@@ -796,6 +796,23 @@ export default { onMessage() { return { drawn }; } };
     ] {
         assert_eq!(api.deploy_js(ty, src).await.status, 201, "{ty}");
     }
+    // Nor can a type's own environment switch the deploy's check of a top
+    // level on for its snapshot: it would freeze one draw for every actor.
+    let manifest = json!({"kind": "js", "code": format!("// env\n{random}"),
+                          "config": {"env": {"MARMOT_PRELOAD_CHECK": "1"}}});
+    assert_eq!(
+        api.deploy_manifest("randomenv", &manifest).await.status,
+        201
+    );
+    let (a, b) = (
+        api.op("randomenv", "a", json!({})).await,
+        api.op("randomenv", "b", json!({})).await,
+    );
+    assert_eq!(a.status, 200, "{}", a.json);
+    assert_ne!(
+        a.json["salt"], b.json["salt"],
+        "each sandbox draws its own numbers"
+    );
     let (a, b) = (
         api.op("random", "a", json!({})).await,
         api.op("random", "b", json!({})).await,

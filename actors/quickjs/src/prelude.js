@@ -164,7 +164,7 @@
       }
       const payload = toJson(spec.payload === undefined ? null : spec.payload, "alarms.set payload");
       if (spec.cron !== undefined) {
-        return host.alarmsSet(n, "cron", 0, StringCtor(spec.cron), spec.tz == null ? undefined : StringCtor(spec.tz), payload);
+        return host.alarmsSet(n, "cron", 0, text(spec.cron), spec.tz == null ? undefined : text(spec.tz), payload);
       }
       if (spec.at !== undefined) return host.alarmsSet(n, "at", millis(spec.at, "at"), undefined, undefined, payload);
       return host.alarmsSet(n, "after", millis(spec.after, "after"), undefined, undefined, payload);
@@ -246,7 +246,8 @@
     if (typeof v === "symbol") return v.toString();
     try {
       const t = stringify(v);
-      return t === undefined ? StringCtor(v) : t;
+      if (t === undefined) return StringCtor(v);
+      return apply(indexOf, t, ["\\ud"]) === -1 ? t : host.wellFormedJson(t);
     } catch (_) {
       return StringCtor(v);
     }
@@ -390,10 +391,10 @@
         for (const pair of init) {
           const p = [...pair];
           if (p.length !== 2) throw new TypeErrorCtor("URLSearchParams: each pair needs a name and a value");
-          this.#list.push([StringCtor(p[0]), StringCtor(p[1])]);
+          this.#list.push([text(p[0]), text(p[1])]);
         }
       } else if (init && typeof init === "object") {
-        for (const k of Object.keys(init)) this.#list.push([k, StringCtor(init[k])]);
+        for (const k of Object.keys(init)) this.#list.push([k, text(init[k])]);
       }
     }
     static _bind(params, onChange) {
@@ -410,30 +411,30 @@
       return this.#list.length;
     }
     append(k, v) {
-      this.#list.push([StringCtor(k), StringCtor(v)]);
+      this.#list.push([text(k), text(v)]);
       this.#changed();
     }
     delete(k, v) {
-      k = StringCtor(k);
-      this.#list = this.#list.filter(([a, b]) => a !== k || (v !== undefined && b !== StringCtor(v)));
+      k = text(k);
+      this.#list = this.#list.filter(([a, b]) => a !== k || (v !== undefined && b !== text(v)));
       this.#changed();
     }
     get(k) {
-      k = StringCtor(k);
+      k = text(k);
       const e = this.#list.find(([a]) => a === k);
       return e ? e[1] : null;
     }
     getAll(k) {
-      k = StringCtor(k);
+      k = text(k);
       return this.#list.filter(([a]) => a === k).map(([, b]) => b);
     }
     has(k, v) {
-      k = StringCtor(k);
-      return this.#list.some(([a, b]) => a === k && (v === undefined || b === StringCtor(v)));
+      k = text(k);
+      return this.#list.some(([a, b]) => a === k && (v === undefined || b === text(v)));
     }
     set(k, v) {
-      k = StringCtor(k);
-      v = StringCtor(v);
+      k = text(k);
+      v = text(v);
       const i = this.#list.findIndex(([a]) => a === k);
       if (i < 0) this.#list.push([k, v]);
       else {
@@ -474,16 +475,16 @@
     #p;
     #params = null;
     constructor(input, base) {
-      const text = host.urlParse(StringCtor(input), base === undefined ? undefined : StringCtor(base));
-      if (text === undefined || text === null) throw new TypeErrorCtor(`Invalid URL: ${input}`);
-      this.#p = parse(text);
+      const parsed = host.urlParse(text(input), base === undefined ? undefined : text(base));
+      if (parsed === undefined || parsed === null) throw new TypeErrorCtor(`Invalid URL: ${input}`);
+      this.#p = parse(parsed);
     }
     static canParse(input, base) {
-      const text = host.urlParse(StringCtor(input), base === undefined ? undefined : StringCtor(base));
-      return text !== undefined && text !== null;
+      const parsed = host.urlParse(text(input), base === undefined ? undefined : text(base));
+      return parsed !== undefined && parsed !== null;
     }
     #set(field, value) {
-      this.#p = parse(host.urlSet(this.#p.href, field, StringCtor(value)));
+      this.#p = parse(host.urlSet(this.#p.href, field, text(value)));
       if (this.#params && field !== "search") resetParams(this.#params, this.#p.search);
     }
     get href() { return this.#p.href; }
@@ -543,18 +544,18 @@
       }
     }
     append(name, value) {
-      this.#list.push([StringCtor(name).toLowerCase(), StringCtor(value)]);
+      this.#list.push([text(name).toLowerCase(), text(value)]);
     }
     set(name, value) {
       this.delete(name);
       this.append(name, value);
     }
     delete(name) {
-      const n = StringCtor(name).toLowerCase();
+      const n = text(name).toLowerCase();
       this.#list = this.#list.filter(([k]) => k !== n);
     }
     get(name) {
-      const n = StringCtor(name).toLowerCase();
+      const n = text(name).toLowerCase();
       const values = this.#list.filter(([k]) => k === n).map(([, v]) => v);
       return values.length === 0 ? null : values.join(", ");
     }
@@ -594,6 +595,9 @@
   class Response {
     #body;
     #used = false;
+    // A null body (`new Response(null)`, a HEAD or a 204) is never used:
+    // it reads as empty every time, as the standard has it.
+    #none = false;
     constructor(body = null, options = undefined) {
       const init = options ?? {};
       const status = init.status === undefined ? 200 : +init.status;
@@ -607,6 +611,7 @@
       this.url = "";
       this.redirected = false;
       this.type = "default";
+      this.#none = body === null || body === undefined;
       this.#body = requestBody(body) ?? new Uint8ArrayCtor(0);
     }
     // A body is read once, as the standard has it (a second read gave the
@@ -616,13 +621,14 @@
       return this.#used;
     }
     #take() {
+      if (this.#none) return this.#body;
       if (this.#used) throw new TypeErrorCtor("Response: body has already been read (clone() it to read it twice)");
       this.#used = true;
       return this.#body;
     }
     clone() {
       if (this.#used) throw new TypeErrorCtor("Response.clone: body has already been read");
-      const copy = new Response(new Uint8ArrayCtor(this.#body), {
+      const copy = new Response(this.#none ? null : new Uint8ArrayCtor(this.#body), {
         statusText: this.statusText,
         headers: this.headers,
       });
@@ -653,8 +659,8 @@
   };
   globalThis.fetch = async (input, options = undefined) => {
     const init = options ?? {};
-    const url = input instanceof URL ? input.href : StringCtor(input);
-    const method = StringCtor(init.method ?? "GET").toUpperCase();
+    const url = input instanceof URL ? input.href : text(input);
+    const method = text(init.method ?? "GET").toUpperCase();
     const given = new Headers(init.headers);
     // The content type a body implies, as the standard fetch sets it (a
     // string went without one, and servers read it as bytes or refused it).
@@ -668,7 +674,8 @@
     const headers = given.toPairs();
     const [status, h, body] = host.httpFetch(method, url, headers, requestBody(init.body), init.timeoutMs);
     // (Any status a server sends, 1xx–5xx, not only those a script may make.)
-    const resp = new Response(body, { headers: h });
+    const empty = method === "HEAD" || status === 204 || status === 205 || status === 304;
+    const resp = new Response(empty ? null : body, { headers: h });
     defineProperty(resp, "status", { value: status, enumerable: true });
     defineProperty(resp, "ok", { value: status >= 200 && status < 300, enumerable: true });
     resp.url = url;

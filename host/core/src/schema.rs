@@ -6,9 +6,13 @@
 //! `required`, `additionalProperties` (boolean or schema), `items`,
 //! `minItems`, `maxItems`, `minLength`, `maxLength`, `minimum`,
 //! `maximum`, `exclusiveMinimum`, `exclusiveMaximum`, `anyOf`, `allOf`,
-//! `oneOf`, `not`; others (`format`, `pattern`, `description`…) are
-//! ignored, as JSON Schema ignores unknown keywords. A schema these would
-//! misread is refused by [`validate`] (a `$ref`, which is never resolved).
+//! `oneOf`, `not`, `prefixItems`, `minProperties`, `maxProperties`;
+//! others are ignored, as JSON Schema ignores keywords a validator does
+//! not know: `description`, `title`, `default`, and also `pattern` and
+//! `format` (no regular expressions here: this module is compiled into the
+//! agent's sandbox too) and `if`/`then`/`else`. A schema these would
+//! misread is refused by [`validate`] (a `$ref`, which is never resolved;
+//! the tuple form of `items`, which is `prefixItems` now).
 
 use serde_json::Value;
 
@@ -70,7 +74,14 @@ fn validate_at(schema: &Value, path: &str) -> Result<(), String> {
             return Err(format!("{path}.{key}: must be a number"));
         }
     }
-    for key in ["minLength", "maxLength", "minItems", "maxItems"] {
+    for key in [
+        "minLength",
+        "maxLength",
+        "minItems",
+        "maxItems",
+        "minProperties",
+        "maxProperties",
+    ] {
         // `2.0` is a whole number to JSON Schema.
         let whole = |n: &Value| n.as_f64().is_some_and(|f| f >= 0.0 && f.fract() == 0.0);
         if s.get(key).is_some_and(|n| !whole(n)) {
@@ -90,7 +101,12 @@ fn validate_at(schema: &Value, path: &str) -> Result<(), String> {
             validate_at(sub, &format!("{path}.{key}"))?;
         }
     }
-    for key in ["anyOf", "allOf", "oneOf"] {
+    if s.get("items").is_some_and(Value::is_array) {
+        return Err(format!(
+            "{path}.items: a list of schemas (one per position) is written `prefixItems`"
+        ));
+    }
+    for key in ["anyOf", "allOf", "oneOf", "prefixItems"] {
         let Some(list) = s.get(key) else { continue };
         match list.as_array() {
             Some(alts) if !alts.is_empty() => {
@@ -236,13 +252,27 @@ fn check_at(schema: &Value, v: &Value, path: &str) -> Result<(), String> {
         if num("maxItems").is_some_and(|m| len > m) {
             return Err(format!("{path}: too many items"));
         }
-        if let Some(item_schema) = s.get("items") {
-            for (i, item) in items.iter().enumerate() {
-                check_at(item_schema, item, &format!("{path}[{i}]"))?;
+        let positional = s.get("prefixItems").and_then(Value::as_array);
+        for (i, item) in items.iter().enumerate() {
+            let at = format!("{path}[{i}]");
+            match positional.and_then(|p| p.get(i)) {
+                Some(schema) => check_at(schema, item, &at)?,
+                None => {
+                    if let Some(item_schema) = s.get("items") {
+                        check_at(item_schema, item, &at)?;
+                    }
+                }
             }
         }
     }
     if let Some(obj) = v.as_object() {
+        let len = obj.len() as f64;
+        if num("minProperties").is_some_and(|m| len < m) {
+            return Err(format!("{path}: too few properties"));
+        }
+        if num("maxProperties").is_some_and(|m| len > m) {
+            return Err(format!("{path}: too many properties"));
+        }
         if let Some(Value::Array(required)) = s.get("required") {
             for r in required.iter().filter_map(Value::as_str) {
                 if !obj.contains_key(r) {
@@ -301,6 +331,16 @@ mod tests {
         ] {
             assert!(check(&composed, &bad).is_err(), "{bad}");
         }
+        let pair = json!({"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}],
+                          "items": {"type": "boolean"}, "maxItems": 3});
+        assert_eq!(validate(&pair), Ok(()));
+        assert_eq!(check(&pair, &json!(["a", 1, true])), Ok(()));
+        assert!(check(&pair, &json!([1, "a"])).is_err());
+        assert!(check(&pair, &json!(["a", 1, 2])).is_err());
+        let small = json!({"type": "object", "minProperties": 1, "maxProperties": 1});
+        assert!(check(&small, &json!({})).is_err());
+        assert!(check(&small, &json!({"a": 1, "b": 2})).is_err());
+        assert_eq!(check(&small, &json!({"a": 1})), Ok(()));
         assert_eq!(validate(&json!(true)), Ok(()));
         for (schema, says) in [
             (json!({"type": "nonsense"}), "$.type"),
@@ -318,6 +358,12 @@ mod tests {
             (json!({"oneOf": [{"$ref": "#/$defs/a"}]}), "$.oneOf[0].$ref"),
             (json!({"allOf": {}}), "$.allOf"),
             (json!({"not": {"type": "nope"}}), "$.not.type"),
+            (json!({"items": [{"type": "string"}]}), "$.items"),
+            (
+                json!({"prefixItems": [{"type": "x"}]}),
+                "$.prefixItems[0].type",
+            ),
+            (json!({"maxProperties": "2"}), "$.maxProperties"),
             (json!({"maximum": "9"}), "$.maximum"),
             (json!({"anyOf": []}), "$.anyOf"),
             (json!({"additionalProperties": 3}), "$.additionalProperties"),

@@ -470,13 +470,14 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                 )
                 .await;
                 match sent {
+                    // The owner's epoch differed (or its actor moved while
+                    // the request ran there): re-read and route again. A
+                    // 421 is between nodes; past the attempts the client
+                    // gets the 503 below, with a retry hint.
                     Ok(resp) if resp.status() == StatusCode::MISDIRECTED_REQUEST => {
                         s.node.metrics().cluster_forward("stale");
                         if let Err(e) = cluster.refresh().await {
                             tracing::warn!(error = %e, "cannot re-read the slot table");
-                        }
-                        if attempt == budget {
-                            return streamed(resp);
                         }
                     }
                     // The owner's edge refused credentials this node's edge

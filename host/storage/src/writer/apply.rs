@@ -303,19 +303,23 @@ impl WriterState {
         created: &mut i64,
     ) -> (Applied, Result<(), StorageError>) {
         if t.generation < t.tracker.min_generation() {
-            return (
-                Applied::Refused(t.on_durable, CommitFailed::Superseded),
-                Ok(()),
-            );
+            // Why its generation was refused: an earlier commit's failure,
+            // or the actor's rows moving away (`Moved`, which routing
+            // sends on to where the actor went).
+            let why = match t.tracker.failure() {
+                moved @ CommitFailed::Moved(_) => moved,
+                _ => CommitFailed::Superseded,
+            };
+            return (Applied::Refused(t.on_durable, why), Ok(()));
         }
         let current = self.is_current(tables, &t);
         if let Ok(false) = current {
-            t.tracker
-                .mark_failed(t.generation, &CommitFailed::Superseded);
-            return (
-                Applied::Refused(t.on_durable, CommitFailed::Superseded),
-                Ok(()),
-            );
+            // The instance outlived its rows (they moved away and back, or
+            // were replaced by a snapshot): nothing of it is written, and
+            // sent on, the request meets the actor as it is now.
+            let why = CommitFailed::rows_moved();
+            t.tracker.mark_failed(t.generation, &why);
+            return (Applied::Refused(t.on_durable, why), Ok(()));
         }
         let r = current
             .and_then(|_| tables.write_turn(&t, created))

@@ -35,7 +35,7 @@ pub enum CommitFailed {
 impl CommitFailed {
     /// Why an activation's turns were refused after its rows moved away
     /// or were replaced underneath it (see [`CommitTracker::invalidate`]).
-    fn rows_moved() -> Self {
+    pub(crate) fn rows_moved() -> Self {
         CommitFailed::Moved(
             "the actor moved (or its rows were replaced) while the turn ran; nothing of it \
              was written, and a retry reaches the actor where it is now"
