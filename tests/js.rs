@@ -1012,8 +1012,13 @@ async fn headers_and_responses_are_built_the_standard_way() {
          let again = null; try { await r.json(); } catch (e) { again = e.name; }\n\
          const buf = new Uint8Array(5);\n\
          const into = new TextEncoder().encodeInto('aé😀', buf);\n\
+         const none = new Response(null, { status: 204 });\n\
+         const twice = [await none.text(), await none.text(), none.bodyUsed];\n\
+         const cut = '😀'.slice(0, 1);\n\
+         const url = new URL('http://a.example/' + cut).pathname;\n\
+         const form = new URLSearchParams({ a: cut }).toString();\n\
          ({ first, again, used: r.bodyUsed, copy: [copy.status, copy.bodyUsed, await copy.text()],\n\
-            into, buf: Array.from(buf) })",
+            into, buf: Array.from(buf), twice, url, form })",
     )
     .await;
     assert_eq!(r.json["error"], Value::Null, "{}", r.json);
@@ -1021,7 +1026,8 @@ async fn headers_and_responses_are_built_the_standard_way() {
         r.json["result"],
         json!({"first": "once", "again": "TypeError", "used": true,
                "copy": [202, false, "once"],
-               "into": {"read": 2, "written": 3}, "buf": [0x61, 0xc3, 0xa9, 0, 0]})
+               "into": {"read": 2, "written": 3}, "buf": [0x61, 0xc3, 0xa9, 0, 0],
+               "twice": ["", "", false], "url": "/%EF%BF%BD", "form": "a=%EF%BF%BD"})
     );
 }
 

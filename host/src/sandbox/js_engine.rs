@@ -22,7 +22,7 @@ const PRELOAD_CHECK_ENV: &str = "MARMOT_PRELOAD_CHECK";
 
 /// How long a deploy waits for a checked top level that is waiting (on a
 /// timer), not computing: past it, it passes, and the first turn runs it.
-const CHECK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+const CHECK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The engine's snapshot and what builds snapshots, each made on first use.
 #[derive(Default)]
