@@ -171,7 +171,7 @@ impl Node {
             metrics.clone(),
         )?);
         let cluster = match &config.cluster {
-            Some(c) => Some(Cluster::start(c, storage.store_id()).await?),
+            Some(c) => Some(Cluster::start(c, &storage.store_id()?).await?),
             None => None,
         };
         let actors = ActorEnv::new(Parts {

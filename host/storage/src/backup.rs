@@ -525,7 +525,7 @@ mod tests {
             let storage =
                 crate::Storage::open(d, &crate::StorageConfig::default(), Default::default())
                     .unwrap();
-            let id = storage.store_id().to_owned();
+            let id = storage.store_id().unwrap();
             storage.close().await;
             id
         }

@@ -155,7 +155,6 @@ pub struct Storage {
     blobs: blobs::BlobStore,
     writer: Writer,
     path: PathBuf,
-    store_id: String,
     subscriptions: Arc<Subscriptions>,
     outbox_ready: Arc<tokio::sync::Notify>,
     relay_ready: Arc<tokio::sync::Notify>,
@@ -322,7 +321,6 @@ impl Storage {
         let path = dir.join("marmot.redb");
         let db = opener().map_err(|e| open_error(&path, e))?;
         check_format(&db)?;
-        let store_id = store_id(&db)?;
         let subscriptions = Arc::new(Subscriptions::load(&db)?);
         let blobs = blobs::BlobStore::open(dir.join("blobs"))?;
         let outbox_ready = Arc::new(tokio::sync::Notify::new());
@@ -341,7 +339,6 @@ impl Storage {
             blobs,
             writer,
             path,
-            store_id,
             subscriptions,
             outbox_ready,
             relay_ready,
@@ -374,9 +371,12 @@ impl Storage {
         &self.path
     }
 
-    /// This database's identity ([`schema::STORE_ID_KEY`]).
-    pub fn store_id(&self) -> &str {
-        &self.store_id
+    /// This database's identity ([`schema::STORE_ID_KEY`]), made now if it
+    /// has none yet. Asked for by a node joining a cluster, before any
+    /// turn (it commits a row itself; a node alone never asks, so its
+    /// database is as before).
+    pub fn store_id(&self) -> Result<String, StorageError> {
+        store_id(&*self.db.get()?)
     }
 
     /// A consistent read-only view of everything committed so far.

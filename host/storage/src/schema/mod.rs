@@ -51,8 +51,8 @@ pub const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
 pub const DISK_PROBE_KEY: &str = "disk_probe";
 
 /// In [`META`]: this database's identity (32 hex digits, UTF-8), made the
-/// first time a node opens it and never changed; a restore removes it, so
-/// a restored copy is a new store. A cluster node joins with it: one whose
+/// first time a node joins a cluster with it and never changed; a backup
+/// and a restore remove it, so a copy is a new store. A cluster node joins with it: one whose
 /// store is not the one it joined with before holds none (or old copies)
 /// of its slots' data (docs/design.md, "A node back with another disk").
 pub const STORE_ID_KEY: &str = "store_id";
