@@ -79,6 +79,18 @@ impl Cluster {
     /// Slots this node owns that the controller asks it to hand to their
     /// backup, and are not being handed over yet: (slot, epoch, to).
     pub fn handoffs_asked(&self) -> Vec<(u32, u64, String)> {
+        let mut asked = self
+            .owned_slots_to(|_, r| r.handoff.clone().filter(|to| r.backup.as_ref() == Some(to)));
+        asked.retain(|(slot, _, _)| !self.inner.draining.contains(*slot));
+        asked
+    }
+
+    /// (slot, epoch, to) for each slot this node owns for which `to_of`
+    /// names a node.
+    fn owned_slots_to(
+        &self,
+        to_of: impl Fn(&super::View, &SlotRecord) -> Option<String>,
+    ) -> Vec<(u32, u64, String)> {
         let v = self.inner.view();
         let me = &self.inner.config.node_id;
         v.slots
@@ -86,11 +98,9 @@ impl Cluster {
             .enumerate()
             .filter_map(|(slot, e)| {
                 let r = &e.as_ref()?.record;
-                let to = r.handoff.as_ref()?;
-                (r.owner == *me && r.backup.as_ref() == Some(to))
-                    .then(|| (slot as u32, r.epoch, to.clone()))
+                let to = (r.owner == *me).then(|| to_of(&v, r)).flatten()?;
+                Some((slot as u32, r.epoch, to))
             })
-            .filter(|(slot, _, _)| !self.inner.draining.contains(*slot))
             .collect()
     }
 
@@ -122,18 +132,7 @@ impl Cluster {
     /// At a graceful stop: the slots this node owns whose backup is a live
     /// member, to hand over before it leaves: (slot, epoch, backup).
     pub fn slots_to_hand_over_at_stop(&self) -> Vec<(u32, u64, String)> {
-        let v = self.inner.view();
-        let me = &self.inner.config.node_id;
-        v.slots
-            .iter()
-            .enumerate()
-            .filter_map(|(slot, e)| {
-                let r = &e.as_ref()?.record;
-                let to = r.backup.as_ref()?;
-                (r.owner == *me && v.members.contains_key(to))
-                    .then(|| (slot as u32, r.epoch, to.clone()))
-            })
-            .collect()
+        self.owned_slots_to(|v, r| r.backup.clone().filter(|to| v.members.contains_key(to)))
     }
 
     /// Switch `slot` (owned here at `epoch`, drained) to its backup `to` as
