@@ -1,11 +1,7 @@
 //! The API in a cluster: any node serves any request.
 //!
-//! * Requests for one actor (`/v1/actors/{type}/{id}…`, `/v1/hooks/{type}/
-//!   {id}/…`) go to the owner of the actor's slot: served here, or forwarded
-//!   with the epoch this node expects. The owner refuses a forwarded request
-//!   whose epoch is not its own (421 `wrong_owner`); the forwarder then
-//!   re-reads the slot table and tries again with the same request (and so
-//!   the same `Idempotency-Key`). Responses stream back (SSE included).
+//! * Requests for one actor go to the owner of the actor's slot
+//!   (`routing.rs`).
 //! * Writes every node must apply (types, secrets, providers,
 //!   subscriptions, token revocations) run here, then on every other live
 //!   member; a node that was away takes the types it missed from a peer
@@ -17,38 +13,18 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::error::Reroute;
-use super::{ApiError, AppState, placement};
-use crate::cluster::Route;
-use crate::ids::ActorKey;
+use super::routing::{forwardable, send, too_large};
+use super::{ApiError, AppState};
 
-/// On a forwarded request: the epoch the forwarder expects the owner to
-/// hold the slot at.
-const FORWARDED_EPOCH: &str = "x-marmot-forwarded-epoch";
-/// On a forwarded request: the forwarding node.
-const FORWARDED_BY: &str = "x-marmot-forwarded-by";
-/// On a response for an actor: the node that served it, the epoch it held
-/// the actor's slot at, and the slot.
-const SERVED_BY: &str = "x-marmot-node";
-const SERVED_AT: &str = "x-marmot-epoch";
-const SERVED_SLOT: &str = "x-marmot-slot";
 /// On a write applied on every node: the node that received it.
 const FANOUT_FROM: &str = "x-marmot-fanout-from";
 /// On a fanned-out subscription `PUT`: its creation time on the node that
 /// took the request, for the others to keep as theirs.
 pub(super) const SUBSCRIPTION_CREATED_AT: &str = "x-marmot-subscription-created-at";
-
-/// Forwards per request before giving up (each after re-reading the slot
-/// table).
-const ATTEMPTS: usize = 3;
-/// Times a request served here is sent again because its actor left this
-/// node while it ran and nothing of it was applied ([`Reroute`]); each
-/// adds [`ATTEMPTS`] routes.
-const REROUTES: usize = 2;
 
 /// `GET /v1/cluster`.
 pub(super) async fn status(State(s): State<AppState>) -> Response {
@@ -288,34 +264,8 @@ fn merge_pages(
     out
 }
 
-/// The actor a request path is for.
-fn actor_of(path: &str) -> Option<ActorKey> {
-    let rest = path
-        .strip_prefix("/v1/actors/")
-        .or_else(|| path.strip_prefix("/v1/hooks/"))?;
-    let mut parts = rest.splitn(3, '/');
-    let ty = percent_encoding::percent_decode_str(parts.next()?)
-        .decode_utf8()
-        .ok()?;
-    let id = percent_encoding::percent_decode_str(parts.next()?)
-        .decode_utf8()
-        .ok()?;
-    ActorKey::new(&ty, &id).ok()
-}
-
-/// The actor whose delivery `POST /v1/deliveries/{id}/retry` names, if
-/// this node keeps a copy of the row (it owns or backs up the actor's
-/// slot): the retry goes to the slot's owner, which delivers.
-fn delivery_actor(s: &AppState, path: &str) -> Option<ActorKey> {
-    let id = path
-        .strip_prefix("/v1/deliveries/")?
-        .strip_suffix("/retry")?;
-    let rec = s.node.storage().reader().ok()?.delivery_by_id(id).ok()??;
-    ActorKey::new(&rec.actor_type, &rec.actor_id).ok()
-}
-
 /// Whether every node must apply this request.
-fn is_cluster_write(method: &Method, path: &str) -> bool {
+pub(super) fn is_cluster_write(method: &Method, path: &str) -> bool {
     if method == Method::GET || method == Method::HEAD || method == Method::OPTIONS {
         return false;
     }
@@ -330,245 +280,8 @@ fn is_cluster_write(method: &Method, path: &str) -> bool {
         || (method == Method::DELETE && path.starts_with("/v1/tokens/"))
 }
 
-/// Routing middleware (installed only in a cluster).
-pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -> Response {
-    let Some(cluster) = s.node.cluster().cloned() else {
-        return next.run(req).await;
-    };
-    let path = req.uri().path().to_owned();
-    if is_cluster_write(req.method(), &path) {
-        return fan_out(&s, &cluster, req, next).await;
-    }
-    let Some(key) = actor_of(&path).or_else(|| delivery_actor(&s, &path)) else {
-        return next.run(req).await;
-    };
-    let expected: Option<u64> = req
-        .headers()
-        .get(FORWARDED_EPOCH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok());
-    let region_header = s
-        .node
-        .config()
-        .cluster
-        .as_ref()
-        .and_then(|c| c.region_header.as_deref());
-    let place_in = match placement::wanted_region(
-        &cluster,
-        req.method(),
-        &path,
-        req.uri().query(),
-        req.headers(),
-        expected.is_some(),
-        region_header,
-    ) {
-        Ok(r) => r,
-        Err(e) => return e.into_response(),
-    };
-    let limit = s.node.config().limits.max_message_bytes + 64 * 1024;
-    let (parts, body) = req.into_parts();
-    // Kept whole, so that the request can be sent again: to the owner
-    // after a stale route, or anew after its actor left while it ran.
-    let body = match axum::body::to_bytes(body, limit).await {
-        Ok(b) => b,
-        Err(_) => return too_large(),
-    };
-    let (mut attempt, mut budget, mut rerouted) = (0, ATTEMPTS, 0);
-    while attempt < budget {
-        attempt += 1;
-        match cluster.route(&key) {
-            Route::Local { slot, epoch, used } => {
-                if expected.is_some_and(|e| e != epoch) {
-                    return wrong_owner(&key, epoch);
-                }
-                // Being handed to its backup (a rebalance): wait for the
-                // switch (milliseconds), then route again.
-                if cluster.draining(slot) {
-                    for _ in 0..400 {
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                        if !cluster.draining(slot) {
-                            break;
-                        }
-                    }
-                    continue;
-                }
-                // Just come to own it: what this node accepted as its
-                // backup lands before any of its actors loads here.
-                if used && !cluster.settled(slot, epoch) {
-                    cluster
-                        .settle_slots(s.node.storage().writer(), &[(slot, epoch)])
-                        .await;
-                }
-                // A move of the actor under way, or a new actor placed in
-                // another region: route again (a forwarded request is then
-                // refused below, and its sender re-reads and retries).
-                match placement::before_serving(&s, &cluster, &key, slot, place_in.as_deref()).await
-                {
-                    Ok(false) => {}
-                    Ok(true) => continue,
-                    Err(e) => return e.into_response(),
-                }
-                if !used {
-                    match cluster.claim(slot, epoch).await {
-                        Ok(true) => {}
-                        Ok(false) => continue,
-                        Err(e) => return unavailable(&key, &format!("cannot claim its slot: {e}")),
-                    }
-                }
-                let resp = next
-                    .clone()
-                    .run(Request::from_parts(parts.clone(), Body::from(body.clone())))
-                    .await;
-                // Nothing of it was applied, and its actor is elsewhere
-                // now: route it again, as a client's retry would be — only
-                // a request the client made safe to retry, since the guest
-                // runs again (what it did outside its turn, a `fetch`, a
-                // model call, happens twice). The view already says where
-                // the actor went (the writer refused by it), or the move
-                // is under way (routing waits for it).
-                if resp.extensions().get::<Reroute>().is_some()
-                    && rerouted < REROUTES
-                    && retry_safe(&parts)
-                {
-                    rerouted += 1;
-                    budget += ATTEMPTS;
-                    s.node.metrics().cluster_forward("rerouted");
-                    tracing::debug!(actor = %key, "its actor left while the request ran; routing it again");
-                    continue;
-                }
-                return served(resp, cluster.node_id(), slot, epoch);
-            }
-            // A forwarded request is never forwarded again: the sender's
-            // view is stale; it re-reads and retries.
-            Route::Remote { epoch, .. } if expected.is_some() => {
-                return wrong_owner(&key, epoch);
-            }
-            Route::Remote {
-                epoch,
-                node_id,
-                advertise,
-                ..
-            } => {
-                let mut headers = forwardable(&parts.headers);
-                headers.insert(FORWARDED_EPOCH, HeaderValue::from(epoch));
-                if let Some(v) = place_in
-                    .as_deref()
-                    .and_then(|r| HeaderValue::from_str(r).ok())
-                {
-                    headers.insert(placement::PLACE_IN, v);
-                }
-                if let Ok(v) = HeaderValue::from_str(cluster.node_id()) {
-                    headers.insert(FORWARDED_BY, v);
-                }
-                let sent = send(
-                    &s,
-                    parts.method.clone(),
-                    &advertise,
-                    parts.uri.path_and_query().map_or("/", |p| p.as_str()),
-                    headers,
-                    body.clone(),
-                )
-                .await;
-                match sent {
-                    // The owner's epoch differed (or its actor moved while
-                    // the request ran there): re-read and route again. A
-                    // 421 is between nodes; past the attempts the client
-                    // gets the 503 below, with a retry hint.
-                    Ok(resp) if resp.status() == StatusCode::MISDIRECTED_REQUEST => {
-                        s.node.metrics().cluster_forward("stale");
-                        if let Err(e) = cluster.refresh().await {
-                            tracing::warn!(error = %e, "cannot re-read the slot table");
-                        }
-                    }
-                    // The owner's edge refused credentials this node's edge
-                    // accepted (not its actor, whose replies carry a message
-                    // id; not a webhook's signature, which only the owner
-                    // checks; not an expiry or a revocation, which the
-                    // owner may just have seen first): the nodes' admin
-                    // tokens differ (client tokens are signed with a key
-                    // made from it). The client's were right; a 401 told it
-                    // otherwise and named nobody.
-                    Ok(resp)
-                        if resp.status() == StatusCode::UNAUTHORIZED
-                            && !resp.headers().contains_key("x-marmot-message-id")
-                            && !path.starts_with("/v1/hooks/") =>
-                    {
-                        let (status, headers) = (resp.status(), forwardable(resp.headers()));
-                        let body = resp.bytes().await.unwrap_or_default();
-                        let code = serde_json::from_slice::<serde_json::Value>(&body)
-                            .ok()
-                            .and_then(|v| v["error"]["code"].as_str().map(str::to_owned));
-                        if !matches!(code.as_deref(), Some("unauthorized" | "invalid_token")) {
-                            s.node.metrics().cluster_forward("ok");
-                            let mut out = Response::new(Body::from(body));
-                            *out.status_mut() = status;
-                            *out.headers_mut() = headers;
-                            return out;
-                        }
-                        s.node.metrics().cluster_forward("error");
-                        tracing::error!(actor = %key, owner = %node_id,
-                            "the owner refused credentials this node accepted: the nodes' admin tokens differ");
-                        return ApiError::new(
-                            StatusCode::BAD_GATEWAY,
-                            "peer_refused_credentials",
-                            format!(
-                                "actor {key} lives on node `{node_id}`, which refused the credentials \
-                                 this node accepted: the nodes' admin tokens differ (every node of a \
-                                 cluster needs the same `admin_token`)"
-                            ),
-                        )
-                        .into_response();
-                    }
-                    Ok(resp) => {
-                        s.node.metrics().cluster_forward("ok");
-                        return streamed(resp);
-                    }
-                    Err(e) => {
-                        s.node.metrics().cluster_forward("error");
-                        tracing::warn!(actor = %key, owner = %node_id, error = %e, "forwarding failed");
-                        let mut e = ApiError::new(
-                            StatusCode::BAD_GATEWAY,
-                            "owner_unreachable",
-                            format!(
-                                "actor {key} lives on node `{node_id}`, which did not answer: {e}"
-                            ),
-                        );
-                        // Its slot fails over to its backup if it is gone.
-                        e.retry_after = Some(1);
-                        return e.into_response();
-                    }
-                }
-            }
-            Route::Unavailable { why, .. } => return unavailable(&key, &why),
-        }
-    }
-    unavailable(
-        &key,
-        "its slot kept changing while this node routed the request",
-    )
-}
-
-/// Whether the client made `parts` safe to send again: a method HTTP
-/// calls idempotent, or an `Idempotency-Key` (whose first reply a repeat
-/// gets; here nothing of the first attempt was applied).
-fn retry_safe(parts: &axum::http::request::Parts) -> bool {
-    matches!(
-        parts.method,
-        Method::GET | Method::HEAD | Method::PUT | Method::DELETE | Method::OPTIONS
-    ) || parts.headers.contains_key("idempotency-key")
-}
-
-fn too_large() -> Response {
-    ApiError::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "payload_too_large",
-        "request body exceeds the size limit",
-    )
-    .into_response()
-}
-
 /// Apply a cluster-wide write here, then on every other live member.
-async fn fan_out(
+pub(super) async fn fan_out(
     s: &AppState,
     cluster: &crate::cluster::Cluster,
     req: Request,
@@ -676,98 +389,9 @@ async fn with_generated_secret(
     )
 }
 
-/// Headers a forwarded request keeps: everything but hop-by-hop ones.
-fn forwardable(headers: &HeaderMap) -> HeaderMap {
-    const HOP: [HeaderName; 6] = [
-        header::CONNECTION,
-        header::HOST,
-        header::CONTENT_LENGTH,
-        header::TRANSFER_ENCODING,
-        header::TE,
-        header::UPGRADE,
-    ];
-    headers
-        .iter()
-        .filter(|(k, _)| !HOP.contains(k) && k.as_str() != "keep-alive")
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
-}
-
-async fn send(
-    s: &AppState,
-    method: Method,
-    base: &str,
-    path: &str,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> reqwest::Result<reqwest::Response> {
-    s.peers
-        .request(method, format!("{base}{path}"))
-        .headers(headers)
-        .body(body)
-        .send()
-        .await
-}
-
-/// The owner's response, streamed back as it comes.
-fn streamed(resp: reqwest::Response) -> Response {
-    let mut out = Response::builder().status(resp.status());
-    if let Some(h) = out.headers_mut() {
-        *h = forwardable(resp.headers());
-    }
-    out.body(Body::from_stream(resp.bytes_stream()))
-        .unwrap_or_else(|e| {
-            ApiError::new(StatusCode::BAD_GATEWAY, "owner_response", e.to_string()).into_response()
-        })
-}
-
-/// `resp`, naming who served it, at which epoch of which slot (clients and
-/// the fault tests' history checker see the committer).
-fn served(mut resp: Response, node: &str, slot: u32, epoch: u64) -> Response {
-    let h = resp.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(node) {
-        h.insert(SERVED_BY, v);
-    }
-    h.insert(SERVED_AT, HeaderValue::from(epoch));
-    h.insert(SERVED_SLOT, HeaderValue::from(slot));
-    resp
-}
-
-fn wrong_owner(key: &ActorKey, epoch: u64) -> Response {
-    ApiError::new(
-        StatusCode::MISDIRECTED_REQUEST,
-        "wrong_owner",
-        format!("this node does not own actor {key} at the epoch the sender expected (its epoch: {epoch}); re-read the slot table and retry"),
-    )
-    .into_response()
-}
-
-fn unavailable(key: &ActorKey, why: &str) -> Response {
-    let mut e = ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "slot_unavailable",
-        format!("actor {key} cannot be served now: {why}"),
-    );
-    e.retry_after = Some(1);
-    e.into_response()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn actor_paths_name_their_actor() {
-        let k = |p: &str| actor_of(p).map(|k| k.to_string());
-        assert_eq!(k("/v1/actors/kit/alice").as_deref(), Some("kit/alice"));
-        assert_eq!(
-            k("/v1/actors/kit/al%20ice/events").as_deref(),
-            Some("kit/al ice")
-        );
-        assert_eq!(k("/v1/hooks/kit/bob/github").as_deref(), Some("kit/bob"));
-        assert_eq!(k("/v1/actors/kit"), None);
-        assert_eq!(k("/v1/types/kit"), None);
-    }
 
     #[test]
     fn pages_merge_in_id_order_with_a_cursor_when_any_node_has_more() {

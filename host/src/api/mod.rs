@@ -19,6 +19,7 @@ pub mod listen;
 mod openapi;
 mod placement;
 mod providers;
+mod routing;
 mod runs;
 mod secrets;
 mod streams;
@@ -177,7 +178,7 @@ pub fn router(node: Arc<Node>) -> Router {
     let router = if clustered {
         router.layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            cluster::route,
+            routing::route,
         ))
     } else {
         router
