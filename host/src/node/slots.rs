@@ -113,6 +113,11 @@ impl Node {
         })
         .await
         .unwrap_or(0);
+        // Past the bound (or with the writer gone): what was not switched
+        // is served here while the node finishes, then fails over.
+        for (slot, _, _) in &slots {
+            cluster.end_drain(*slot);
+        }
         self.metrics.cluster_handoffs.inc_by(handed as u64);
         tracing::info!(
             handed,
