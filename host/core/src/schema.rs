@@ -235,23 +235,31 @@ fn check_at(schema: &Value, v: &Value, path: &str) -> Result<(), String> {
             return Err(format!("{path}: must be less than {max}"));
         }
     }
+    // A count (characters, items, properties) within the schema's bounds
+    // `[min, max]`; what the error says if it is below or above.
+    let count = |len: usize, [min, max]: [&str; 2], [below, above]: [&str; 2]| {
+        let len = len as f64;
+        if num(min).is_some_and(|m| len < m) {
+            return Err(format!("{path}: {below}"));
+        }
+        if num(max).is_some_and(|m| len > m) {
+            return Err(format!("{path}: {above}"));
+        }
+        Ok(())
+    };
     if let Some(text) = v.as_str() {
-        let len = text.chars().count() as f64;
-        if num("minLength").is_some_and(|m| len < m) {
-            return Err(format!("{path}: too short"));
-        }
-        if num("maxLength").is_some_and(|m| len > m) {
-            return Err(format!("{path}: too long"));
-        }
+        count(
+            text.chars().count(),
+            ["minLength", "maxLength"],
+            ["too short", "too long"],
+        )?;
     }
     if let Some(items) = v.as_array() {
-        let len = items.len() as f64;
-        if num("minItems").is_some_and(|m| len < m) {
-            return Err(format!("{path}: too few items"));
-        }
-        if num("maxItems").is_some_and(|m| len > m) {
-            return Err(format!("{path}: too many items"));
-        }
+        count(
+            items.len(),
+            ["minItems", "maxItems"],
+            ["too few items", "too many items"],
+        )?;
         let positional = s.get("prefixItems").and_then(Value::as_array);
         for (i, item) in items.iter().enumerate() {
             let at = format!("{path}[{i}]");
@@ -266,13 +274,11 @@ fn check_at(schema: &Value, v: &Value, path: &str) -> Result<(), String> {
         }
     }
     if let Some(obj) = v.as_object() {
-        let len = obj.len() as f64;
-        if num("minProperties").is_some_and(|m| len < m) {
-            return Err(format!("{path}: too few properties"));
-        }
-        if num("maxProperties").is_some_and(|m| len > m) {
-            return Err(format!("{path}: too many properties"));
-        }
+        count(
+            obj.len(),
+            ["minProperties", "maxProperties"],
+            ["too few properties", "too many properties"],
+        )?;
         if let Some(Value::Array(required)) = s.get("required") {
             for r in required.iter().filter_map(Value::as_str) {
                 if !obj.contains_key(r) {
