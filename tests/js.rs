@@ -804,25 +804,21 @@ export default { onMessage() { return { drawn }; } };
         api.deploy_manifest("randomenv", &manifest).await.status,
         201
     );
-    let (a, b) = (
-        api.op("randomenv", "a", json!({})).await,
-        api.op("randomenv", "b", json!({})).await,
-    );
-    assert_eq!(a.status, 200, "{}", a.json);
-    assert_ne!(
-        a.json["salt"], b.json["salt"],
-        "each sandbox draws its own numbers"
-    );
-    let (a, b) = (
-        api.op("random", "a", json!({})).await,
-        api.op("random", "b", json!({})).await,
-    );
-    assert_eq!(a.status, 200, "{}", a.json);
-    assert_ne!(
-        a.json["salt"], b.json["salt"],
-        "each sandbox draws its own numbers"
-    );
-    assert_ne!(a.json["bytes"], b.json["bytes"]);
+    // Two actors of `ty`: each sandbox draws its own numbers.
+    let draws = |ty: &'static str| {
+        let api = &api;
+        async move {
+            let (a, b) = (
+                api.op(ty, "a", json!({})).await,
+                api.op(ty, "b", json!({})).await,
+            );
+            assert_eq!(a.status, 200, "{ty}: {}", a.json);
+            assert_ne!(a.json["salt"], b.json["salt"], "{ty}: one draw for both");
+            assert_ne!(a.json["bytes"], b.json["bytes"], "{ty}: one draw for both");
+        }
+    };
+    draws("randomenv").await;
+    draws("random").await;
     assert_eq!(
         api.op("apicall", "a", json!({})).await.json,
         json!({"before": "none"})
