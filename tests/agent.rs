@@ -339,6 +339,8 @@ async fn runs_can_be_cancelled_and_budgets_stop_them() {
         .await
         .expect("a run waiting for an approval holds its caller");
     assert_eq!(r.status, 202, "{}", r.json);
+    let doc = rig.api.get("/v1/openapi.json").await.json;
+    common::documented(&doc, "post", "/v1/actors/{type}/{id}", &r);
     assert_eq!(r.json["status"], "waiting", "{}", r.json);
     assert_eq!(r.json["waiting_for"]["kind"], "approval", "{}", r.json);
     assert_eq!(r.json["waiting_for"]["tool"], "create_ticket", "{}", r.json);
@@ -354,6 +356,12 @@ async fn runs_can_be_cancelled_and_budgets_stop_them() {
         )
         .await;
     assert_eq!(r.status, 202, "{}", r.json);
+    common::documented(
+        &doc,
+        "post",
+        "/v1/actors/{type}/{id}/runs/{run_id}/cancel",
+        &r,
+    );
     // Asked again (the same key) once it ended, the caller gets how.
     rig.wait_event("slow", "s1", "run_failed", 1).await;
     let r = go().await;
@@ -758,6 +766,8 @@ async fn a_cancelled_queued_run_used_nothing() {
     .expect("an input queued behind a waiting run held its caller");
     assert_eq!(second.status, 202, "{}", second.json);
     assert_eq!(second.json["status"], "queued", "{}", second.json);
+    let doc = rig.api.get("/v1/openapi.json").await.json;
+    common::documented(&doc, "post", "/v1/actors/{type}/{id}", &second);
     assert_eq!(second.json["behind"]["run_id"], first.json["run_id"]);
     assert_eq!(second.json["behind"]["waiting_for"]["kind"], "approval");
     assert_eq!(

@@ -124,11 +124,18 @@ async fn actors_live_in_the_region_asked_and_move_with_all_their_data() {
     assert_eq!(r.status, 200, "{}", r.json);
     assert_eq!(r.json["moved"], true, "{}", r.json);
     assert_eq!(r.json["node"], "n3", "{}", r.json);
+    // The answers a cluster adds to (or adds fields to) are as documented.
+    let doc = c.api(0).get("/v1/openapi.json").await.json;
+    common::documented(&doc, "post", "/v1/actors/{type}/{id}/move", &r);
     for i in 0..3 {
         assert_eq!(owner_of(&c, i, "mover").await, "n3");
     }
-    let info = c.api(0).get("/v1/actors/kit/mover").await.json;
+    let info = c.api(0).get("/v1/actors/kit/mover").await;
+    let info = common::documented(&doc, "get", "/v1/actors/{type}/{id}", &info);
     assert_eq!(info["region"], "us", "{info}");
+    let status = c.api(0).get("/v1/cluster").await;
+    let status = common::documented(&doc, "get", "/v1/cluster", &status);
+    assert_eq!(status["members"].as_array().unwrap().len(), 3, "{status}");
     // Everything came along: the repeat of a keyed request is answered
     // from its record (not applied again), the state and the event are
     // there, and the alarm fires on the new owner.
@@ -696,6 +703,8 @@ async fn slots_that_failovers_took_to_another_region_go_home_on_a_rebalance() {
         .api(1)
         .post_json("/v1/cluster/rebalance", &json!({}))
         .await;
+    let doc = c.api(0).get("/v1/openapi.json").await.json;
+    common::documented(&doc, "post", "/v1/cluster/rebalance", &r);
     assert!(
         r.json["slots_to_move"].as_u64().unwrap_or(0) > 0,
         "{}",

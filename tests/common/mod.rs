@@ -782,3 +782,50 @@ pub fn test_tls(names: &[&str]) -> (std::sync::Arc<rustls::ServerConfig>, String
         .unwrap();
     (std::sync::Arc::new(config), ca.pem())
 }
+
+/// `schema` with every `$ref` into `#/components/schemas` replaced by
+/// what it names (the checker reads no `$ref`).
+fn inlined(schema: &Value, doc: &Value) -> Value {
+    match schema {
+        Value::Object(m) => {
+            if let Some(r) = m.get("$ref").and_then(Value::as_str) {
+                let name = r
+                    .strip_prefix("#/components/schemas/")
+                    .unwrap_or_else(|| panic!("a $ref outside the components: {r}"));
+                let target = &doc["components"]["schemas"][name];
+                assert!(!target.is_null(), "$ref to a missing schema: {r}");
+                return inlined(target, doc);
+            }
+            Value::Object(
+                m.iter()
+                    .map(|(k, v)| (k.clone(), inlined(v, doc)))
+                    .collect(),
+            )
+        }
+        Value::Array(a) => Value::Array(a.iter().map(|v| inlined(v, doc)).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Asserts that `r`, the answer to `method path` (the document's spelling
+/// of the path), has a status the document lists with a JSON body, and a
+/// body its schema takes. Returns the body.
+pub fn documented(doc: &Value, method: &str, path: &str, r: &Resp) -> Value {
+    let what = format!(
+        "{method} {path}: {} {}",
+        r.status,
+        String::from_utf8_lossy(&r.body)
+    );
+    let response = &doc["paths"][path][method]["responses"][r.status.to_string()];
+    assert!(!response.is_null(), "undocumented status: {what}");
+    let schema = &response["content"]["application/json"]["schema"];
+    assert!(
+        schema.is_object() && schema != &serde_json::json!({}),
+        "no schema for the body: {what}"
+    );
+    let schema = inlined(schema, doc);
+    if let Err(e) = marmot_core::schema::check(&schema, &r.json) {
+        panic!("{what}\ndoes not match the document: {e}\nschema: {schema}");
+    }
+    r.json.clone()
+}

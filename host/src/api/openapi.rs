@@ -1,10 +1,11 @@
 //! `GET /v1/openapi.json`: an OpenAPI 3.1 description of the HTTP API,
 //! built here from one table of operations (those on actors in
 //! `actors.rs`, the cluster's in `cluster.rs`; the schemas of names and
-//! bodies in `schemas.rs`). Tests compare the table with the router's
-//! routes (both ways) and the body schemas with what serde reads, and
-//! `tests/api.rs` asks every operation of the served document whether it
-//! answers as documented (docs/design.md, "The API description").
+//! request bodies in `schemas.rs`, of answers in `responses.rs`). Tests
+//! compare the table with the router's routes (both ways) and the body
+//! schemas with what serde reads, and `tests/api/openapi.rs` asks every
+//! operation of the served document whether it answers as documented
+//! (docs/design.md, "The API description").
 
 use serde_json::{Map, Value, json};
 
@@ -12,6 +13,7 @@ use super::extract::Page;
 
 mod actors;
 mod cluster;
+mod responses;
 mod schemas;
 
 use schemas::{components, names};
@@ -28,8 +30,18 @@ struct Op {
     summary: &'static str,
     params: Vec<Value>,
     body: Option<Value>,
+    /// Status, description, and the schema of its JSON body (or, from
+    /// [`media_types`], its bodies by media type).
     responses: Vec<(u16, &'static str, Option<Value>)>,
 }
+
+/// A response's bodies by media type, where it has more than JSON.
+fn media_types(content: Value) -> Value {
+    json!({ MEDIA_TYPES: content })
+}
+
+/// The key [`media_types`] wraps its map in (no JSON Schema keyword).
+const MEDIA_TYPES: &str = "x-media-types";
 
 fn path_param(name: &str, description: &str, schema: Value) -> Value {
     json!({"name": name, "in": "path", "required": true, "description": description,
@@ -106,7 +118,7 @@ fn operations() -> Vec<Op> {
             summary: "Liveness",
             params: vec![],
             body: None,
-            responses: vec![(200, "alive", Some(any_json()))],
+            responses: vec![(200, "alive", Some(schema("Status")))],
         },
         Op {
             method: "get",
@@ -115,7 +127,14 @@ fn operations() -> Vec<Op> {
             summary: "Readiness: storage open, recovery done",
             params: vec![],
             body: None,
-            responses: vec![(200, "ready", Some(any_json())), (503, "not yet", None)],
+            responses: vec![
+                (
+                    200,
+                    "ready (`degraded_slots` and a `message` when some slots of this node have no backup)",
+                    Some(schema("Status")),
+                ),
+                (503, "not yet", None),
+            ],
         },
         Op {
             method: "get",
@@ -133,7 +152,11 @@ fn operations() -> Vec<Op> {
             summary: "This document",
             params: vec![],
             body: None,
-            responses: vec![(200, "OpenAPI 3.1", Some(any_json()))],
+            responses: vec![(
+                200,
+                "OpenAPI 3.1",
+                Some(json!({"type": "object", "required": ["openapi", "info", "paths"]})),
+            )],
         },
         Op {
             method: "get",
@@ -142,7 +165,7 @@ fn operations() -> Vec<Op> {
             summary: "Deployed types",
             params: vec![],
             body: None,
-            responses: vec![(200, "types", Some(any_json()))],
+            responses: vec![(200, "types", Some(schema("TypeList")))],
         },
         Op {
             method: "put",
@@ -176,7 +199,7 @@ fn operations() -> Vec<Op> {
             params: vec![path_param("type", "type name", names::type_name())],
             body: None,
             responses: vec![
-                (200, "the type", Some(any_json())),
+                (200, "the type", Some(schema("TypeInfo"))),
                 (404, "unknown type", None),
             ],
         },
@@ -191,7 +214,7 @@ fn operations() -> Vec<Op> {
             ],
             body: None,
             responses: vec![
-                (200, "deleted", Some(any_json())),
+                (200, "deleted", Some(schema("TypeDeleted"))),
                 (404, "unknown type", None),
                 (409, "actors exist", None),
             ],
@@ -215,7 +238,7 @@ fn operations() -> Vec<Op> {
                 (
                     202,
                     "verified and durable (run, or queued)",
-                    Some(any_json()),
+                    Some(schema("WebhookAccepted")),
                 ),
                 (400, "bad name or route", None),
                 (
@@ -240,7 +263,7 @@ fn operations() -> Vec<Op> {
             summary: "Model providers",
             params: vec![],
             body: None,
-            responses: vec![(200, "providers", Some(any_json()))],
+            responses: vec![(200, "providers", Some(schema("ProviderList")))],
         },
         Op {
             method: "put",
@@ -250,8 +273,8 @@ fn operations() -> Vec<Op> {
             params: name("provider name"),
             body: Some(json_body(schema("Provider"))),
             responses: vec![
-                (200, "replaced", Some(any_json())),
-                (201, "created", Some(any_json())),
+                (200, "replaced", Some(schema("ProviderInfo"))),
+                (201, "created", Some(schema("ProviderInfo"))),
                 (400, "bad provider", None),
             ],
         },
@@ -263,7 +286,7 @@ fn operations() -> Vec<Op> {
             params: name("provider name"),
             body: None,
             responses: vec![
-                (200, "the provider", Some(any_json())),
+                (200, "the provider", Some(schema("ProviderInfo"))),
                 (404, "no such provider", None),
             ],
         },
@@ -275,7 +298,7 @@ fn operations() -> Vec<Op> {
             params: name("provider name"),
             body: None,
             responses: vec![
-                (200, "removed", Some(any_json())),
+                (200, "removed", Some(schema("Removed"))),
                 (404, "no such provider", None),
             ],
         },
@@ -286,7 +309,7 @@ fn operations() -> Vec<Op> {
             summary: "Secret names, hosts and versions (never values)",
             params: vec![],
             body: None,
-            responses: vec![(200, "secrets", Some(any_json()))],
+            responses: vec![(200, "secrets", Some(schema("SecretList")))],
         },
         Op {
             method: "put",
@@ -296,8 +319,8 @@ fn operations() -> Vec<Op> {
             params: name("secret name"),
             body: Some(json_body(schema("Secret"))),
             responses: vec![
-                (200, "replaced", Some(any_json())),
-                (201, "created", Some(any_json())),
+                (200, "replaced", Some(schema("SecretInfo"))),
+                (201, "created", Some(schema("SecretInfo"))),
                 (400, "bad secret", None),
                 (413, "value too large", None),
             ],
@@ -310,7 +333,7 @@ fn operations() -> Vec<Op> {
             params: name("secret name"),
             body: None,
             responses: vec![
-                (200, "removed", Some(any_json())),
+                (200, "removed", Some(schema("Removed"))),
                 (404, "no such secret", None),
             ],
         },
@@ -321,7 +344,7 @@ fn operations() -> Vec<Op> {
             summary: "Outbound webhook subscriptions",
             params: vec![],
             body: None,
-            responses: vec![(200, "subscriptions", Some(any_json()))],
+            responses: vec![(200, "subscriptions", Some(schema("SubscriptionList")))],
         },
         Op {
             method: "put",
@@ -331,8 +354,8 @@ fn operations() -> Vec<Op> {
             params: name("subscription name"),
             body: Some(json_body(schema("Subscription"))),
             responses: vec![
-                (200, "replaced", Some(any_json())),
-                (201, "created", Some(any_json())),
+                (200, "replaced", Some(schema("SubscriptionInfo"))),
+                (201, "created", Some(schema("SubscriptionInfo"))),
                 (400, "bad subscription", None),
             ],
         },
@@ -344,7 +367,7 @@ fn operations() -> Vec<Op> {
             params: name("subscription name"),
             body: None,
             responses: vec![
-                (200, "the subscription", Some(any_json())),
+                (200, "the subscription", Some(schema("SubscriptionInfo"))),
                 (404, "no such subscription", None),
             ],
         },
@@ -356,7 +379,7 @@ fn operations() -> Vec<Op> {
             params: name("subscription name"),
             body: None,
             responses: vec![
-                (200, "removed", Some(any_json())),
+                (200, "removed", Some(schema("Removed"))),
                 (404, "no such subscription", None),
             ],
         },
@@ -380,7 +403,7 @@ fn operations() -> Vec<Op> {
                 limit(Page::LIST),
             ],
             body: None,
-            responses: vec![(200, "deliveries", Some(any_json()))],
+            responses: vec![(200, "deliveries", Some(schema("DeliveryPage")))],
         },
         Op {
             method: "post",
@@ -390,7 +413,11 @@ fn operations() -> Vec<Op> {
             params: vec![path_param("id", "delivery id", names::delivery_id())],
             body: None,
             responses: vec![
-                (200, "scheduled", Some(any_json())),
+                (
+                    202,
+                    "queued again, to be attempted now",
+                    Some(schema("Delivery")),
+                ),
                 (404, "no such delivery", None),
             ],
         },
@@ -404,11 +431,7 @@ fn operations() -> Vec<Op> {
                 "additionalProperties": false,
                 "properties": {"to": {"type": "string", "description": "absolute path that does not exist yet"}}}))),
             responses: vec![
-                (
-                    200,
-                    "{path, rows, blobs, db_bytes, attempts, elapsed_ms}",
-                    Some(any_json()),
-                ),
+                (200, "written", Some(schema("BackupDone"))),
                 (400, "bad request", None),
                 (409, "the directory exists", None),
                 (500, "backup failed", None),
@@ -435,7 +458,11 @@ fn operations() -> Vec<Op> {
             params: vec![path_param("id", "token_id", names::token_id())],
             body: None,
             responses: vec![
-                (200, "revoked", Some(any_json())),
+                (
+                    200,
+                    "revoked (also when it was before)",
+                    Some(schema("TokenRevoked")),
+                ),
                 (400, "not a token id", None),
             ],
         },
@@ -523,7 +550,9 @@ pub(super) fn document() -> Value {
         // The table's own say wins over the common description.
         for (status, description, body) in op.responses {
             let mut r = json!({"description": description});
-            if let Some(s) = body {
+            if let Some(content) = body.as_ref().and_then(|s| s.get(MEDIA_TYPES)) {
+                r["content"] = content.clone();
+            } else if let Some(s) = body {
                 r["content"] = json!({"application/json": {"schema": s}});
             } else if status >= 400 {
                 r["content"] = error();

@@ -5,8 +5,8 @@
 use serde_json::json;
 
 use super::{
-    ANY_STATUS, Op, Page, actor, any_json, header, json_body, limit, names, path_param, query,
-    query_with, with,
+    ANY_STATUS, Op, Page, actor, any_json, header, json_body, limit, media_types, names,
+    path_param, query, query_with, schema, with,
 };
 
 pub(super) fn operations() -> Vec<Op> {
@@ -24,7 +24,7 @@ pub(super) fn operations() -> Vec<Op> {
             ],
             body: None,
             responses: vec![
-                (200, "a page", Some(any_json())),
+                (200, "a page", Some(schema("ActorPage"))),
                 (404, "unknown type", None),
             ],
         },
@@ -65,9 +65,7 @@ pub(super) fn operations() -> Vec<Op> {
                 (
                     202,
                     "queued (?wait=false); or an agent's run waits for a person: {run_id, status: waiting, waiting_for}",
-                    Some(
-                        json!({"type": "object", "properties": {"message_id": {"type": "string"}}}),
-                    ),
+                    Some(json!({"anyOf": [schema("Queued"), schema("RunWaiting")]})),
                 ),
                 (
                     400,
@@ -108,7 +106,7 @@ pub(super) fn operations() -> Vec<Op> {
             params: actor(),
             body: None,
             responses: vec![
-                (200, "info", Some(any_json())),
+                (200, "info", Some(schema("ActorInfo"))),
                 (404, "no such actor", None),
             ],
         },
@@ -120,7 +118,7 @@ pub(super) fn operations() -> Vec<Op> {
             params: actor(),
             body: None,
             responses: vec![
-                (200, "deleted", Some(any_json())),
+                (200, "deleted", Some(schema("Removed"))),
                 (404, "no such actor", None),
             ],
         },
@@ -139,7 +137,7 @@ pub(super) fn operations() -> Vec<Op> {
             ),
             body: None,
             responses: vec![
-                (200, "a page", Some(any_json())),
+                (200, "a page", Some(schema("StatePage"))),
                 (404, "no such actor", None),
             ],
         },
@@ -183,7 +181,14 @@ pub(super) fn operations() -> Vec<Op> {
             ),
             body: None,
             responses: vec![
-                (200, "events, or an SSE stream", Some(any_json())),
+                (
+                    200,
+                    "a page, or with Accept: text/event-stream a live stream",
+                    Some(media_types(json!({
+                        "application/json": {"schema": schema("EventPage")},
+                        "text/event-stream": {"schema": {"type": "string",
+                            "description": "frames whose `id:` is the seq and whose `data:` is an event as in a page; `gap`, `reset` and `lagged` frames"}}}))),
+                ),
                 (404, "no such actor", None),
                 (503, "too many streams", None),
             ],
@@ -196,7 +201,7 @@ pub(super) fn operations() -> Vec<Op> {
             params: actor(),
             body: None,
             responses: vec![
-                (200, "alarms", Some(any_json())),
+                (200, "alarms", Some(schema("AlarmList"))),
                 (404, "no such actor", None),
             ],
         },
@@ -215,7 +220,7 @@ pub(super) fn operations() -> Vec<Op> {
             ),
             body: None,
             responses: vec![
-                (200, "inputs", Some(any_json())),
+                (200, "inputs", Some(schema("InputList"))),
                 (404, "no such actor", None),
             ],
         },
@@ -230,7 +235,7 @@ pub(super) fn operations() -> Vec<Op> {
             ),
             body: Some(json_body(any_json())),
             responses: vec![
-                (200, "answered and durable", Some(any_json())),
+                (200, "answered and durable", Some(schema("InputAnswered"))),
                 (404, "no such input", None),
                 (
                     422,
@@ -251,7 +256,11 @@ pub(super) fn operations() -> Vec<Op> {
                 "application/json": {"schema": {"type": "object", "additionalProperties": false,
                     "properties": {"code": {"type": "string", "pattern": "\\S"}}, "required": ["code"]}}}})),
             responses: vec![
-                (200, "{result, logs, error}", Some(any_json())),
+                (
+                    200,
+                    "`result`: the script's last value; `error`: what it threw, or why it was stopped",
+                    Some(schema("EvalResult")),
+                ),
                 (400, "bad script body", None),
             ],
         },
@@ -269,7 +278,7 @@ pub(super) fn operations() -> Vec<Op> {
                 (
                     202,
                     "queued: the run stops at its next step",
-                    Some(any_json()),
+                    Some(schema("RunCancelling")),
                 ),
                 (
                     404,
@@ -301,7 +310,10 @@ pub(super) fn operations() -> Vec<Op> {
                 ],
             ),
             body: None,
-            responses: vec![(200, "files", Some(any_json())), (400, "bad prefix", None)],
+            responses: vec![
+                (200, "files", Some(schema("FilePage"))),
+                (400, "bad prefix", None),
+            ],
         },
         Op {
             method: "get",

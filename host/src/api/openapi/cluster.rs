@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use super::{Op, actor, any_json, query, required, with};
+use super::{Op, actor, query, required, schema, with};
 
 pub(super) fn operations() -> Vec<Op> {
     vec![
@@ -22,7 +22,11 @@ pub(super) fn operations() -> Vec<Op> {
             ),
             body: None,
             responses: vec![
-                (200, "moved, or in that region already", Some(any_json())),
+                (
+                    200,
+                    "moved, or in that region already",
+                    Some(schema("Moved")),
+                ),
                 (400, "no live node in that region, or no `region`", None),
                 (404, "no such actor", None),
                 (409, "a node alone, or another move under way", None),
@@ -36,7 +40,11 @@ pub(super) fn operations() -> Vec<Op> {
             summary: "Members (node id, region, advertise URL, slots) and the slot table's state; `clustered: false` on a node that runs alone",
             params: vec![],
             body: None,
-            responses: vec![(200, "the cluster as this node sees it", Some(any_json()))],
+            responses: vec![(
+                200,
+                "the cluster as this node sees it",
+                Some(schema("ClusterStatus")),
+            )],
         },
         Op {
             method: "get",
@@ -48,8 +56,13 @@ pub(super) fn operations() -> Vec<Op> {
             responses: vec![
                 (
                     200,
-                    "{types: [{type, kind, code_base64, config}], shared: {…}}",
-                    Some(any_json()),
+                    "every type's code and config, and the shared state",
+                    Some(
+                        json!({"type": "object", "required": ["types", "shared"], "properties": {
+                        "types": {"type": "array", "items": {"type": "object",
+                            "required": ["type", "kind", "code_base64", "config"]}},
+                        "shared": {"type": "object"}}}),
+                    ),
                 ),
                 (409, "this node runs alone: no peer needs its catalog", None),
             ],
@@ -65,8 +78,12 @@ pub(super) fn operations() -> Vec<Op> {
             responses: vec![
                 (
                     200,
-                    "{outcomes: [applied | repeat | refused | gap]}, one per batch",
-                    Some(any_json()),
+                    "one outcome per batch",
+                    Some(
+                        json!({"type": "object", "required": ["outcomes"], "properties": {
+                        "outcomes": {"type": "array",
+                            "items": {"enum": ["applied", "repeat", "refused", "gap"]}}}}),
+                    ),
                 ),
                 (400, "not batches, or this node is not in a cluster", None),
             ],
@@ -80,7 +97,12 @@ pub(super) fn operations() -> Vec<Op> {
             body: Some(json!({"required": true, "content": {
                 "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}})),
             responses: vec![
-                (200, "{installed: true}", Some(any_json())),
+                (
+                    200,
+                    "installed",
+                    Some(json!({"type": "object", "required": ["installed"],
+                        "properties": {"installed": {"const": true}}})),
+                ),
                 (400, "not a moved actor", None),
                 (
                     409,
@@ -101,8 +123,12 @@ pub(super) fn operations() -> Vec<Op> {
             responses: vec![
                 (
                     200,
-                    "{created_at_ms}: the copy held (asked), or dropped (null: none)",
-                    Some(any_json()),
+                    "the copy held (asked), or dropped",
+                    Some(
+                        json!({"type": "object", "required": ["created_at_ms"], "properties": {
+                        "created_at_ms": {"type": ["integer", "null"],
+                            "description": "the copy's creation time (null: none)"}}}),
+                    ),
                 ),
                 (400, "not a dropped copy", None),
                 (
@@ -121,7 +147,7 @@ pub(super) fn operations() -> Vec<Op> {
             params: vec![],
             body: None,
             responses: vec![
-                (202, "{requested: true, slots_to_move}", Some(any_json())),
+                (202, "requested", Some(schema("Rebalance"))),
                 (409, "a node alone", None),
                 (503, "etcd did not answer", None),
             ],

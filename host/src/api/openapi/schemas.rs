@@ -1,6 +1,7 @@
 //! The schemas of the document: the names and ids users choose (as
 //! `crate::ids` validates them) and the request bodies (as serde reads
-//! them; `tests.rs` holds the two together).
+//! them; `tests.rs` holds the two together). The answers' are in
+//! `responses.rs`.
 
 use serde_json::{Value, json};
 
@@ -87,7 +88,7 @@ pub(super) mod names {
 }
 
 pub(super) fn components() -> Value {
-    json!({
+    let mut c = json!({
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
             "description": "the admin token, or a client token from POST /v1/tokens"}},
         "schemas": {
@@ -149,21 +150,19 @@ pub(super) fn components() -> Value {
                     "description": "actor types (default: all)"},
                 "secret": nullable(json!({"type": "string", "pattern": WEBHOOK_SECRET,
                     "description": "`whsec_` + base64 of at least 16 bytes; generated (and shown once) when a new subscription names none; a replace that names none keeps the current one"}))}},
-            "Deployed": {"type": "object", "properties": {
-                "type": {"type": "string"}, "version": {"type": "integer"},
-                "kind": {"type": "string"}, "sha256": {"type": "string"}}},
             "TokenRequest": {"type": "object", "required": ["type", "scopes", "ttl_s"],
                 "additionalProperties": false, "properties": {
                 "type": {"type": "string"}, "id": nullable(json!({"type": "string"})),
                 "id_prefix": nullable(json!({"type": "string"})),
                 "scopes": {"type": "array", "minItems": 1,
                     "items": {"enum": ["send", "events", "inputs", "files"]}},
-                "ttl_s": {"type": "integer", "minimum": 1, "maximum": crate::tokens::MAX_TTL_S}}},
-            "Token": {"type": "object", "properties": {
-                "token": {"type": "string"}, "expires_at_ms": {"type": "integer"},
-                "token_id": {"type": "string"}}}
+                "ttl_s": {"type": "integer", "minimum": 1, "maximum": crate::tokens::MAX_TTL_S}}}
         }
-    })
+    });
+    for (name, s) in super::responses::schemas() {
+        c["schemas"][name] = s;
+    }
+    c
 }
 
 /// A webhook secret as `crate::webhooks::check_secret` reads it: `whsec_`

@@ -372,3 +372,48 @@ fn subscription_patterns_are_described_as_validated() {
         assert_eq!(spec.into_record(0).is_ok(), url.is_match(u), "{u:?}");
     }
 }
+
+/// Every success answer with a JSON body has a schema that says what is
+/// in it (not "any JSON"), and every `$ref` names a schema of the
+/// document. `tests/api/openapi.rs` checks real answers against them.
+#[test]
+fn success_bodies_have_schemas_and_refs_resolve() {
+    fn refs(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                if let Some(r) = m.get("$ref").and_then(Value::as_str) {
+                    out.push(r.to_owned());
+                }
+                m.values().for_each(|v| refs(v, out));
+            }
+            Value::Array(a) => a.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+    let doc = document();
+    let mut unnamed = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            for (status, r) in op["responses"].as_object().unwrap() {
+                let json = &r["content"]["application/json"]["schema"];
+                if status.starts_with('2') && (json == &json!({})) {
+                    unnamed.push(format!("{method} {path} {status}"));
+                }
+            }
+        }
+    }
+    assert!(
+        unnamed.is_empty(),
+        "success bodies of any shape: {unnamed:?}"
+    );
+    let mut all = Vec::new();
+    refs(&doc, &mut all);
+    assert!(all.len() > 50, "only {} refs", all.len());
+    for r in all {
+        let name = r.strip_prefix("#/components/schemas/").unwrap_or(&r);
+        assert!(
+            doc["components"]["schemas"].get(name).is_some(),
+            "a $ref to no schema: {r}"
+        );
+    }
+}
