@@ -236,6 +236,44 @@ async fn actors_live_in_the_region_asked_and_move_with_all_their_data() {
     assert_eq!(r.status, 400, "{}", r.json);
 }
 
+/// First messages to new actors, sent at once through nodes of both
+/// regions: the one through the other region places the actor there while
+/// the others arrive. Each is served, and each applied once. Those that
+/// came while the actor was being placed got 409 `move_conflict` (a probe:
+/// 106 of 360). They carry an `Idempotency-Key`: one served on the slot's
+/// owner as the placing fences the actor is routed again only then
+/// (without, it is a 503 `actor_moved`, nothing applied).
+#[tokio::test]
+async fn first_messages_racing_through_both_regions_are_each_served_once() {
+    let Some(c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    for i in 0..16 {
+        let id = format!("race-{i}");
+        let sends = (0..6).map(|j| {
+            let (api, id) = (c.api(j % 3), id.clone());
+            async move {
+                let key = format!("{id}-{j}");
+                api.post_with(
+                    &format!("/v1/actors/kit/{id}"),
+                    &json!({"op": "add", "key": "n", "by": 1}),
+                    &[("idempotency-key", &key)],
+                )
+                .await
+            }
+        });
+        for r in futures::future::join_all(sends).await {
+            assert_eq!(r.status, 200, "{id}: {}", r.json);
+        }
+        let r = c
+            .api(i % 3)
+            .op("kit", &id, json!({"op": "get", "key": "n"}))
+            .await;
+        assert_eq!(r.json["value"], 6, "{id}: {}", r.json);
+    }
+}
+
 /// etcd keeps placement entries only for actors that exist: deleting a
 /// placed actor removes its entry at once (so the id can be placed anew),
 /// and the sweep removes an entry whose actor is gone otherwise.

@@ -139,13 +139,33 @@ async fn place_if_new(
     if cluster.placed(key) || cluster.region_of_slot(slot).as_deref() == Some(region) {
         return Ok(false);
     }
+    // First messages to a new actor racing through nodes of other regions
+    // each come here to place it: the first places it; the others wait for
+    // that and are routed again, to wherever it went. They got 409
+    // `move_conflict` (a probe: 106 of 360 such requests).
+    if s.node.is_moving(key) {
+        wait_for_mover(s, key).await;
+        return Ok(true);
+    }
     if s.node.actor_exists(key)? {
         return Ok(false);
     }
-    s.node
-        .place_new(key, region)
-        .await
-        .map_err(|e| move_error(key, e))
+    match s.node.place_new(key, region).await {
+        Ok(moved) => Ok(moved),
+        Err(MoveError::Busy(_)) => {
+            wait_for_mover(s, key).await;
+            Ok(true)
+        }
+        Err(e) => Err(move_error(key, e)),
+    }
+}
+
+/// Wait (at most [`MOVE_WAIT`]) while this node moves or places `key`.
+async fn wait_for_mover(s: &AppState, key: &ActorKey) {
+    let deadline = Instant::now() + MOVE_WAIT;
+    while s.node.is_moving(key) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[derive(Deserialize)]
