@@ -34,12 +34,18 @@ const SERVED_BY: &str = "x-marmot-node";
 const SERVED_AT: &str = "x-marmot-epoch";
 const SERVED_SLOT: &str = "x-marmot-slot";
 
-/// Forwards per request before giving up (each after re-reading the slot
-/// table).
+/// Routes every request gets (each after re-reading the slot table, or
+/// after waiting for a move or handoff of its actor to end) before it may
+/// give up.
 const ATTEMPTS: usize = 3;
+/// Past [`ATTEMPTS`], a request keeps following its actor for this long
+/// from its arrival (an actor moved twice in a row used up the attempts,
+/// and its request got a 503: a probe at ~200 moves a minute), up to
+/// [`MAX_ROUTES`] routes in all.
+const ROUTING_TIME: Duration = Duration::from_secs(10);
+const MAX_ROUTES: usize = 16;
 /// Times a request served here is sent again because its actor left this
-/// node while it ran and nothing of it was applied ([`Reroute`]); each
-/// adds [`ATTEMPTS`] routes.
+/// node while it ran and nothing of it was applied ([`Reroute`]).
 const REROUTES: usize = 2;
 
 /// The actor a request path is for.
@@ -111,9 +117,12 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
         Ok(b) => b,
         Err(_) => return too_large(),
     };
-    let (mut attempt, mut budget, mut rerouted) = (0, ATTEMPTS, 0);
-    while attempt < budget {
-        attempt += 1;
+    let deadline = tokio::time::Instant::now() + ROUTING_TIME;
+    let mut rerouted = 0;
+    for attempt in 1..=MAX_ROUTES {
+        if attempt > ATTEMPTS && tokio::time::Instant::now() >= deadline {
+            break;
+        }
         match cluster.route(&key) {
             Route::Local { slot, epoch, used } => {
                 if expected.is_some_and(|e| e != epoch) {
@@ -169,7 +178,6 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                     && retry_safe(&parts)
                 {
                     rerouted += 1;
-                    budget += ATTEMPTS;
                     s.node.metrics().cluster_forward("rerouted");
                     tracing::debug!(actor = %key, "its actor left while the request ran; routing it again");
                     continue;
