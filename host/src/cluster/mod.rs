@@ -608,6 +608,7 @@ impl Inner {
                 }
                 departed.retain(|id, _| !view.members.contains_key(id));
                 view.departed = departed;
+                view.keep_newer_writes(&v);
                 *v = view;
             }
         }

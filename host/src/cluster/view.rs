@@ -141,6 +141,33 @@ impl View {
             .map_or_else(|| hash_slot(key), |e| e.record.slot)
     }
 
+    /// Before `self`, read from etcd at its revision, replaces `old`: keep
+    /// the slot and placement writes `old` holds from after that revision.
+    /// This node enters its own writes in its view at once (the watch
+    /// brings them later); a re-list read just before one of them dropped
+    /// it until the watch came, a fence included, which is what keeps the
+    /// mover's own commits out while it copies the actor.
+    pub fn keep_newer_writes(&mut self, old: &View) {
+        for (new, old) in self.slots.iter_mut().zip(&old.slots) {
+            if let Some(o) = old
+                && o.mod_revision > self.revision
+                && new.as_ref().is_none_or(|n| n.mod_revision < o.mod_revision)
+            {
+                *new = Some(o.clone());
+            }
+        }
+        for (key, o) in &old.placements {
+            if o.mod_revision > self.revision
+                && self
+                    .placements
+                    .get(key)
+                    .is_none_or(|n| n.mod_revision < o.mod_revision)
+            {
+                self.placements.insert(key.clone(), o.clone());
+            }
+        }
+    }
+
     /// Slots per owner.
     pub fn slot_counts(&self) -> BTreeMap<String, u32> {
         let mut counts = BTreeMap::new();
@@ -173,5 +200,55 @@ mod tests {
         assert!(v.placements.is_empty());
         v.apply(&keys, &key, Some(&at(5)), 12);
         assert_eq!(v.placements[&actor].record.slot, 5);
+    }
+
+    #[test]
+    fn a_relist_keeps_this_nodes_writes_from_after_its_read() {
+        let keys = Keys::new("/m");
+        let (fenced, older) = (
+            ActorKey::new("kit", "a").unwrap(),
+            ActorKey::new("kit", "b").unwrap(),
+        );
+        let placed = |slot: u32, moving: Option<&str>| {
+            serde_json::to_vec(&serde_json::json!({ "slot": slot, "moving": moving })).unwrap()
+        };
+        let slot = |owner: &str, epoch: u64| {
+            serde_json::to_vec(&serde_json::json!({ "owner": owner, "epoch": epoch, "used": true }))
+                .unwrap()
+        };
+        // The old view: the watch at 20, and this node's own writes at 25
+        // (a fence, a slot), entered before the watch brought them.
+        let mut old = View {
+            revision: 20,
+            ..View::default()
+        };
+        old.apply(
+            &keys,
+            &keys.placement(&fenced),
+            Some(&placed(3, Some("n1"))),
+            25,
+        );
+        old.apply(&keys, &keys.placement(&older), Some(&placed(4, None)), 12);
+        old.apply(&keys, &keys.slot(1), Some(&slot("n1", 2)), 25);
+        old.apply(&keys, &keys.slot(2), Some(&slot("n1", 1)), 5);
+        // A re-list read at 22: before the fence; it saw slot 2 change.
+        let mut fresh = View {
+            revision: 22,
+            ..View::default()
+        };
+        fresh.apply(&keys, &keys.placement(&fenced), Some(&placed(3, None)), 15);
+        fresh.apply(&keys, &keys.placement(&older), Some(&placed(4, None)), 12);
+        fresh.apply(&keys, &keys.slot(1), Some(&slot("n1", 1)), 5);
+        fresh.apply(&keys, &keys.slot(2), Some(&slot("n2", 2)), 21);
+        fresh.keep_newer_writes(&old);
+        assert_eq!(
+            fresh.placements[&fenced].record.moving.as_deref(),
+            Some("n1")
+        );
+        assert_eq!(fresh.placements[&fenced].mod_revision, 25);
+        assert_eq!(fresh.placements[&older].mod_revision, 12);
+        assert_eq!(fresh.slots[1].as_ref().unwrap().record.epoch, 2);
+        assert_eq!(fresh.slots[2].as_ref().unwrap().record.owner, "n2");
+        assert_eq!(fresh.revision, 22);
     }
 }
