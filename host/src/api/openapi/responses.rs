@@ -65,7 +65,7 @@ pub(super) fn schemas() -> Vec<(&'static str, Value)> {
         ("Status", object(&["status"], json!({"status": string()}))),
         ("Usage", usage),
         (
-            "Deployed",
+            "TypeSummary",
             object(
                 &["type", "version", "kind", "sha256"],
                 json!({"type": string(), "version": int(), "kind": kind,
@@ -73,8 +73,17 @@ pub(super) fn schemas() -> Vec<(&'static str, Value)> {
             ),
         ),
         (
+            "Deployed",
+            json!({"allOf": [schema("TypeSummary"), object(&["created"], json!({
+                "created": {"type": "boolean",
+                    "description": "false: the same code and config were current (no new version)"}}))]}),
+        ),
+        (
             "TypeList",
-            object(&["types"], json!({"types": array_of(schema("Deployed"))})),
+            object(
+                &["types"],
+                json!({"types": array_of(schema("TypeSummary"))}),
+            ),
         ),
         (
             "TypeInfo",
