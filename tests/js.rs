@@ -465,6 +465,49 @@ export default {
     assert_ne!(a.json["math"], b.json["math"]);
 }
 
+/// A script stopped by a limit (CPU, memory) still returns what it wrote
+/// with `console` until then: the lines it logged before a runaway loop
+/// are what says where it went wrong. They were lost (`"logs": []`): the
+/// sandbox that kept them was discarded with the trap.
+#[tokio::test]
+async fn an_eval_stopped_by_a_limit_keeps_its_logs() {
+    let config = "[limits]\neval_cpu_ms = 300\neval_memory_bytes = 16777216\n";
+    let (_dir, _m, api) = node(Some(config)).await;
+    api.deploy_js("jscount", COUNTER_JS).await;
+    api.post_json("/v1/actors/jscount/l", &json!({"by": 1}))
+        .await;
+    for (code, limit) in [
+        (
+            "for (let i = 0; i < 3; i++) console.log('step', i, 'of\\nthree');\n\
+             console.error('a \\\\ backslash'); for (;;) {}",
+            "CPU limit",
+        ),
+        (
+            "console.log('filling'); const a = []; for (;;) a.push(new Array(1e5).fill(1.5))",
+            "memory",
+        ),
+    ] {
+        let r = eval(&api, "jscount", "l", code).await;
+        assert_eq!(r.status, 200, "{}", r.json);
+        let e = r.json["error"].as_str().unwrap_or_default();
+        assert!(e.contains(limit), "{code}: {}", r.json);
+        let want = if limit == "memory" {
+            json!(["filling"])
+        } else {
+            json!([
+                "step 0 of\nthree",
+                "step 1 of\nthree",
+                "step 2 of\nthree",
+                "a \\ backslash"
+            ])
+        };
+        assert_eq!(r.json["logs"], want, "{code}");
+    }
+    // A script that ends well has its logs once (not also from the echo).
+    let r = eval(&api, "jscount", "l", "console.log('once'); 1").await;
+    assert_eq!(r.json["logs"], json!(["once"]), "{}", r.json);
+}
+
 #[tokio::test]
 async fn eval_runs_scripts_bound_to_the_actor_and_commits_only_on_success() {
     let (_dir, _m, api) = node(None).await;
@@ -675,13 +718,17 @@ async fn rust_actors_run_scripts_in_child_sandboxes() {
     }
 
     // Its own limits: a runaway script ends with an error naming the limit,
-    // and the caller carries on.
+    // with what it logged until then, and the caller carries on.
     let started = Instant::now();
     let r = api
         .op(
             "kit",
             "a",
-            eval("while (true) {}", json!([]), json!({ "timeout_ms": 300 })),
+            eval(
+                "console.log('looping'); while (true) {}",
+                json!([]),
+                json!({ "timeout_ms": 300 }),
+            ),
         )
         .await;
     let e = r.json["error"].as_str().unwrap();
@@ -689,6 +736,7 @@ async fn rust_actors_run_scripts_in_child_sandboxes() {
         e.contains("CPU limit") || e.contains("time limit of 300 ms"),
         "{e}"
     );
+    assert_eq!(r.json["logs"], json!(["looping"]), "{}", r.json);
     assert!(started.elapsed() < Duration::from_secs(10));
     let r = api
         .op(

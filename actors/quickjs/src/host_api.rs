@@ -30,6 +30,20 @@ pub enum ConsoleSink {
     },
 }
 
+/// Copy a console line an eval keeps to stdout, one line each (`\\` and
+/// `\n` escaped), as it is written: if the script then hits a limit (CPU,
+/// memory, time), the host has nothing else of what it logged — the lines
+/// kept here die with the sandbox — and reads them back from there
+/// (`sandbox::output::eval_lines`).
+fn echo_eval_line(line: &str) {
+    use std::io::Write as _;
+    let escaped = line.replace('\\', "\\\\").replace('\n', "\\n");
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(escaped.as_bytes());
+    let _ = out.write_all(b"\n");
+    let _ = out.flush();
+}
+
 /// Most console bytes an eval keeps (PRODUCT.md §7: 1 MiB of output).
 pub const MAX_EVAL_LOG_BYTES: usize = 1 << 20;
 /// Most console lines an eval keeps.
@@ -201,6 +215,7 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
                         *dropped += 1;
                     } else {
                         *bytes += line.len();
+                        echo_eval_line(&line);
                         lines.push(line);
                     }
                 }

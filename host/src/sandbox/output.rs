@@ -115,9 +115,49 @@ impl tokio::io::AsyncWrite for GuestOutput {
     }
 }
 
+/// The console lines an eval's guest echoed to stdout as it ran (each on
+/// a line of its own, `\` and newline escaped as `\\` and `\n`:
+/// `actors/quickjs`'s `echo_eval_line`), for an eval that hit a limit and
+/// so returned none. A line the per-turn cap cut short is dropped.
+pub fn eval_lines(stdout: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(stdout);
+    let Some(end) = text.rfind('\n') else {
+        return Vec::new();
+    };
+    text[..end].split('\n').map(unescape).collect()
+}
+
+fn unescape(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some(other) => out.push(other),
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn eval_lines_read_back_what_the_guest_echoed() {
+        // `one`, `two \ and` + newline + `three`, an empty line, and a line
+        // cut short by the cap.
+        let echoed = b"one\ntwo \\\\ and\\nthree\n\ncut sho";
+        assert_eq!(eval_lines(echoed), ["one", "two \\ and\nthree", ""]);
+        assert!(eval_lines(b"").is_empty());
+        assert!(eval_lines(b"no newline yet").is_empty());
+        assert_eq!(eval_lines(b"\n"), [""]);
+    }
 
     #[test]
     fn caps_and_counts_dropped_bytes() {

@@ -133,6 +133,9 @@ pub struct TurnOutcome {
     pub cpu: Duration,
     /// Model usage, whatever the result: calls made are paid for.
     pub usage: TurnUsage,
+    /// What an eval that hit a limit wrote with `console` first (its reply,
+    /// which would have carried them, never came).
+    pub eval_logs: Vec<String>,
 }
 
 impl TurnOutcome {
@@ -397,7 +400,7 @@ impl Instance {
                 }
             }
         }
-        let (turn, result, cpu) = self.drive(turn, ctx, input).await;
+        let (turn, result, cpu, eval_logs) = self.drive(turn, ctx, input).await;
         let Some(turn) = turn else {
             // A timeout while a child script held the turn drops it with
             // the child: still a timeout, but the caches are gone too.
@@ -410,6 +413,7 @@ impl Instance {
                 carry: None,
                 cpu,
                 usage: TurnUsage::default(),
+                eval_logs,
             };
         };
         let mut turn = turn;
@@ -430,18 +434,24 @@ impl Instance {
             carry: Some(carry),
             cpu,
             usage,
+            eval_logs,
         }
     }
 
     /// Run `code` as a child script inside its caller's turn `turn`: what
     /// the script writes joins that turn if it succeeds, and is rolled back
     /// if it throws or hits a limit. Returns the turn (`None` only if the
-    /// host lost it) and the outcome.
+    /// host lost it), the outcome, and what the script logged before a
+    /// limit stopped it.
     pub(crate) async fn run_child(
         &mut self,
         turn: TurnState,
         code: String,
-    ) -> (Option<TurnState>, Result<EvalReply, TurnFailure>) {
+    ) -> (
+        Option<TurnState>,
+        Result<EvalReply, TurnFailure>,
+        Vec<String>,
+    ) {
         let ctx = Context {
             actor_type: turn.key.ty().to_owned(),
             id: turn.key.id().to_owned(),
@@ -449,9 +459,9 @@ impl Instance {
             turn_id: turn.turn_id.clone(),
         };
         let savepoint = turn.savepoint();
-        let (back, result, _cpu) = self.drive(turn, ctx, TurnInput::Eval(code)).await;
+        let (back, result, _cpu, logs) = self.drive(turn, ctx, TurnInput::Eval(code)).await;
         let Some(mut turn) = back else {
-            return (None, Err(TurnFailure::LostState));
+            return (None, Err(TurnFailure::LostState), logs);
         };
         let result = match result {
             Ok(TurnOutput::Eval(reply)) => {
@@ -466,18 +476,24 @@ impl Instance {
                 Err(failure)
             }
         };
-        (Some(turn), result)
+        (Some(turn), result, logs)
     }
 
     /// Put `turn` in the store, call the handler under the CPU meter and
     /// the wall-clock limit, take the turn back, forward the guest's output
-    /// and classify the outcome; with the CPU used.
+    /// and classify the outcome; with the CPU used, and for an eval that
+    /// failed, what it logged.
     async fn drive(
         &mut self,
         turn: TurnState,
         ctx: Context,
         input: TurnInput,
-    ) -> (Option<TurnState>, Result<TurnOutput, TurnFailure>, Duration) {
+    ) -> (
+        Option<TurnState>,
+        Result<TurnOutput, TurnFailure>,
+        Duration,
+        Vec<String>,
+    ) {
         let key = turn.key.clone();
         let version = turn.version;
         let Self {
@@ -491,6 +507,7 @@ impl Instance {
         host.turn = Some(turn);
         host.cpu_ticks = 0;
         store.set_epoch_deadline(1);
+        let eval = matches!(input, TurnInput::Eval(_));
         let call = call_handler(store, handlers, js.as_ref(), &ctx, input);
         let (result, cpu) = metered(tokio::time::timeout(*turn_timeout, call)).await;
         let turn = store.data_mut().turn.take();
@@ -502,6 +519,9 @@ impl Instance {
         {
             tracing::debug!(error = %e, "sampling a fresh sandbox's pages failed");
         }
+        // An eval's stdout holds its console lines (the guest echoes them
+        // there), which are the script's, not the node's log.
+        let echoed = eval.then(|| store.data().stdout.drain().0);
         let stderr_tail = forward_output(&key, version, store.data());
         let result = match result {
             Ok(Ok(Ok(TurnOutput::Eval(mut reply)))) => {
@@ -528,7 +548,11 @@ impl Instance {
             }),
             Err(_elapsed) => Err(TurnFailure::Timeout(*turn_timeout)),
         };
-        (turn, result, cpu)
+        let logs = match echoed {
+            Some(out) if result.is_err() => super::output::eval_lines(&out),
+            _ => Vec::new(),
+        };
+        (turn, result, cpu, logs)
     }
 }
 

@@ -214,11 +214,12 @@ impl ActorTask {
                 self.release_when_durable(self.submitted_seq, Ok(out), reply)
             }
             Ok(_) => unreachable!("an eval turn returns an eval result"),
-            // A limit or a trap: the script failed; report it like a throw.
+            // A limit or a trap: the script failed; report it like a throw,
+            // with what it logged until then.
             Err(e @ (TurnError::Trap { .. } | TurnError::Timeout(_))) => {
                 let out = EvalReply {
                     result: None,
-                    logs: Vec::new(),
+                    logs: std::mem::take(&mut self.failed_eval_logs),
                     error: Some(e.to_string()),
                 };
                 self.release_when_durable(self.submitted_seq, Ok(out), reply);

@@ -109,6 +109,9 @@ pub(crate) struct ActorTask {
     /// Where the next turn's span hangs, and since when its delivery
     /// waits; taken by that turn.
     next_trace: TurnTrace,
+    /// What the last turn, an eval that hit a limit, logged first; taken
+    /// by its reply.
+    failed_eval_logs: Vec<String>,
 }
 
 /// The trace context of a turn's delivery.
@@ -130,6 +133,7 @@ impl ActorTask {
             shared,
             next_attempt: 0,
             next_trace: TurnTrace::default(),
+            failed_eval_logs: Vec::new(),
             record: None,
             persisted: None,
             live: None,

@@ -314,6 +314,7 @@ impl ActorTask {
             self.live = None;
         }
         let usage = outcome.usage;
+        self.failed_eval_logs = outcome.eval_logs;
         if outcome.result.is_err() && !usage.is_empty() {
             self.record_usage_alone(usage);
         }

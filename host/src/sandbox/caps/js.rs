@@ -98,7 +98,7 @@ impl js::Host for Host {
             .turn
             .take()
             .ok_or_else(|| wasmtime::Error::new(LimitTrap::NoTurn))?;
-        let (turn, result) = child.run_child(turn, req.code).await;
+        let (turn, result, logs) = child.run_child(turn, req.code).await;
         self.turn = turn;
         // Waiting for the child is not the caller's CPU.
         self.host_call_ends_stretch();
@@ -121,7 +121,7 @@ impl js::Host for Host {
             Err(TurnFailure::Storage(m)) => Err(GuestError::Internal(m)),
             Err(failure) => Ok(js::EvalResult {
                 result: None,
-                logs: Vec::new(),
+                logs,
                 error: Some(match failure {
                     TurnFailure::Trap { message, .. } => message,
                     TurnFailure::Timeout(d) => {
