@@ -216,6 +216,15 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
                     joining: candidate,
                     ..r.clone()
                 }),
+                // The node avoided (the owner could not reach it, or it
+                // handed the slot over as it stopped) has left: whatever
+                // comes back under its id is a new start, and may be
+                // chosen again. Kept, it could never be: in a cluster of
+                // two, the slot stayed without a backup for good.
+                _ if r.avoid.as_deref().is_some_and(|a| !is_live(a)) => Some(SlotRecord {
+                    avoid: None,
+                    ..r.clone()
+                }),
                 _ => None,
             }
             // A record from before slots kept their region gets its owner's.
@@ -591,12 +600,20 @@ mod tests {
         let v = view(&["a", "b", "c"], &[(3, avoided.clone())]);
         let w = for_3(decide(&v, &mut |_| true)).expect("another joining node");
         assert_ne!(w.record.joining, Some(joining.clone()));
-        let v = view(&["a", &joining], &[(3, avoided)]);
+        let v = view(&["a", &joining], &[(3, avoided.clone())]);
         assert_eq!(
             for_3(decide(&v, &mut |_| true)),
             None,
             "only the avoided node left"
         );
+        // Once it has left, it is avoided no more: back, it is chosen.
+        let v = view(&["a"], &[(3, avoided)]);
+        let w = for_3(decide(&v, &mut |_| false)).expect("the avoid cleared");
+        assert_eq!(w.record.avoid, None);
+        assert_eq!(w.record.joining, None);
+        let v = view(&["a", &joining], &[(3, w.record)]);
+        let w = for_3(decide(&v, &mut |_| true)).expect("a joining node");
+        assert_eq!(w.record.joining, Some(joining));
     }
 
     /// A rebalance moves each used slot to the preferred node of its
