@@ -120,8 +120,15 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
     let deadline = tokio::time::Instant::now() + ROUTING_TIME;
     let mut rerouted = 0;
     for attempt in 1..=MAX_ROUTES {
-        if attempt > ATTEMPTS && tokio::time::Instant::now() >= deadline {
-            break;
+        if attempt > ATTEMPTS {
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            // Each route past the first few re-read the whole slot table
+            // from etcd or forwarded again at once: paced, while a move or
+            // failover is what keeps it routing.
+            let pause = 50 * (attempt - ATTEMPTS) as u64;
+            tokio::time::sleep(Duration::from_millis(pause.min(500))).await;
         }
         match cluster.route(&key) {
             Route::Local { slot, epoch, used } => {
