@@ -189,7 +189,7 @@ impl ActorTask {
         }
         let version = self.record().version;
         let turn_id = crate::ids::new_message_id();
-        match self
+        let outcome = self
             .run_turn(
                 "eval",
                 version,
@@ -197,8 +197,9 @@ impl ActorTask {
                 TurnInput::Eval(code),
                 std::sync::Arc::from([]),
             )
-            .await
-        {
+            .await;
+        let logs = std::mem::take(&mut self.failed_eval_logs);
+        match outcome {
             Ok((TurnOutput::Eval(out), finished))
                 if !finished.is_empty() || self.persisted.is_none() =>
             {
@@ -219,7 +220,7 @@ impl ActorTask {
             Err(e @ (TurnError::Trap { .. } | TurnError::Timeout(_))) => {
                 let out = EvalReply {
                     result: None,
-                    logs: std::mem::take(&mut self.failed_eval_logs),
+                    logs,
                     error: Some(e.to_string()),
                 };
                 self.release_when_durable(self.submitted_seq, Ok(out), reply);
