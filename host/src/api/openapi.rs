@@ -419,6 +419,11 @@ fn operations() -> Vec<Op> {
                     Some(schema("Delivery")),
                 ),
                 (404, "no such delivery", None),
+                (
+                    409,
+                    "its subscription was deleted or no longer wants it (subscription_gone); kept",
+                    None,
+                ),
             ],
         },
         Op {

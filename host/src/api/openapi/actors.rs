@@ -65,7 +65,8 @@ pub(super) fn operations() -> Vec<Op> {
                 (
                     202,
                     "queued (?wait=false); or an agent's run waits for a person: {run_id, status: waiting, waiting_for}",
-                    Some(json!({"anyOf": [schema("Queued"), schema("RunWaiting")]})),
+                    Some(json!({"anyOf": [schema("Queued"), schema("RunWaiting"),
+                        {"description": "or the actor's own 202, whatever its body"}]})),
                 ),
                 (
                     400,

@@ -100,7 +100,7 @@ pub(super) fn schemas() -> Vec<(&'static str, Value)> {
                 ],
                 json!({"type": string(), "version": int(), "kind": kind, "created_at_ms": ms(),
                     "config": {"type": "object",
-                        "description": "as deployed, with `webhook_secret` left out"},
+                        "description": "as deployed, `webhook_secret` shown as `<redacted>`"},
                     "active_actors": int(), "usage": schema("Usage"),
                     "versions": array_of(object(
                         &["version", "kind", "sha256", "code_bytes", "deployed_at_ms", "config"],
@@ -178,7 +178,7 @@ pub(super) fn schemas() -> Vec<(&'static str, Value)> {
                 &["run_id", "status"],
                 json!({"run_id": string(), "status": {"enum": ["waiting", "queued"]},
                     "waiting_for": {"type": "object",
-                        "description": "`kind` (`input` or `approval`), `input_id`, and for a tool call `tool`, `call_id`, `arguments`"},
+                        "description": "`kind` (`approval`, `confirmation` or `client_tool`), `input_id`, and the tool call's `tool`, `call_id`, `arguments`"},
                     "behind": {"type": "object",
                         "description": "the run this one is queued behind: `run_id`, `waiting_for`"}}),
             ),
