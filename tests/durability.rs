@@ -535,3 +535,58 @@ export default {
         }
     }
 }
+
+/// A restart is ready within `recovery.ready_within_ms` however long the
+/// interrupted work it found takes to run again: that goes on after. One
+/// durable message whose turn waits (a timer standing in for a model
+/// call) held `/readyz` at 503 for the whole turn (a probe: 45 s for a
+/// 45 s turn; 10,000 such turns would have held it ~21 minutes), while
+/// the node served everything else.
+#[tokio::test]
+async fn a_restart_is_ready_in_bounded_time_while_slow_recovery_goes_on() {
+    const SLOW: &str = "import { state } from 'marmot';
+    export default { async onMessage(b) {
+        if (b.wait) await new Promise((r) => setTimeout(r, b.wait));
+        const n = (state.get('n') ?? 0) + 1;
+        state.set('n', n);
+        return { n };
+    } };";
+    let dir = tempdir();
+    let config = "[recovery]\nready_within_ms = 1000\n";
+    let mut m = Marmot::start_opts(&dir.path().join("data"), &[], Some(config)).await;
+    let api = m.client();
+    assert_eq!(api.deploy_js("slow", SLOW).await.status, 201);
+    let r = api
+        .post_json("/v1/actors/slow/a?wait=false", &json!({"wait": 60_000}))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    m.respawn();
+    let started = Instant::now();
+    let api = m.client();
+    loop {
+        let ready = reqwest::get(format!("{}/readyz", m.url)).await;
+        if ready.is_ok_and(|r| r.status() == 200) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "not ready after {:?}: {}",
+            started.elapsed(),
+            m.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("ready {:?} after the restart", started.elapsed());
+    // Ready, and the interrupted message is still there, running again.
+    let info = api.get("/v1/actors/slow/a").await.json;
+    assert_eq!(info["pending_messages"], 1, "{info}");
+    assert!(
+        m.log_text().contains("ready while recovery goes on"),
+        "{}",
+        m.log_text()
+    );
+    // The node serves meanwhile.
+    let r = api.post_json("/v1/actors/slow/b", &json!({})).await;
+    assert_eq!((r.status, &r.json["n"]), (200, &json!(1)), "{}", r.json);
+}

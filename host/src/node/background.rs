@@ -14,10 +14,28 @@ use crate::storage::WriteOp;
 
 impl Node {
     /// Re-run durable messages found at start-up, a bounded number of actors
-    /// at a time so a restart does not stampede.
+    /// at a time so a restart does not stampede. The node is ready when they
+    /// have run, or after `recovery.ready_within_ms` at the latest, with
+    /// the rest still running.
     pub(super) async fn recover(self: Arc<Self>, actors: Vec<u64>) {
         let started = std::time::Instant::now();
         let concurrency = self.config.recovery.concurrency.max(1);
+        let total = actors.len();
+        let recovered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let bound = Duration::from_millis(self.config.recovery.ready_within_ms);
+        let (node, done) = (self.clone(), recovered.clone());
+        let early = tokio::spawn(async move {
+            tokio::time::sleep(bound).await;
+            if !node.ready.swap(true, Ordering::AcqRel) {
+                tracing::warn!(
+                    actors = total,
+                    woken = done.load(Ordering::Relaxed),
+                    ready_within_ms = bound.as_millis() as u64,
+                    "ready while recovery goes on: some actors found with interrupted work are still \
+                     re-running it (slow turns, or a busy inbox)"
+                );
+            }
+        });
         let permits = Arc::new(Semaphore::new(concurrency));
         let mut n = 0;
         for num in actors {
@@ -46,14 +64,16 @@ impl Node {
                 Ok(()) => n += 1,
                 Err(e) => tracing::warn!(actor = %key, error = %e, "recovery: cannot wake actor"),
             }
+            recovered.store(n, Ordering::Relaxed);
         }
         let _ = permits.acquire_many(concurrency as u32).await;
-        self.ready.store(true, Ordering::Release);
-        tracing::info!(
-            actors = n,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "recovery finished; ready"
-        );
+        early.abort();
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        if self.ready.swap(true, Ordering::AcqRel) {
+            tracing::info!(actors = n, elapsed_ms, "recovery finished");
+        } else {
+            tracing::info!(actors = n, elapsed_ms, "recovery finished; ready");
+        }
     }
 
     /// Remove blobs no file refers to that are older than `grace`: those of
