@@ -65,6 +65,10 @@ const CONNECTION_SHARE: u64 = 16;
 const BYTES_PER_CONNECTION: u64 = 64 << 10;
 /// Client connections allowed whatever the memory.
 const MIN_CONNECTIONS: u64 = 256;
+/// File descriptors kept from client connections for everything else a
+/// node opens (module memory images, outbound requests, peers, files): a
+/// quarter of the open-files limit, at least this many.
+const FDS_BESIDES_CONNECTIONS: u64 = 1024;
 
 /// What the host allows, read at start-up.
 #[derive(Debug, Clone, Copy, Default)]
@@ -74,6 +78,8 @@ pub struct HostLimits {
     /// Memory the process may use: the machine's, or its cgroup's limit
     /// when lower.
     pub memory_bytes: Option<u64>,
+    /// The process's open-files limit (soft, as raised at start-up).
+    pub open_files: Option<u64>,
 }
 
 impl HostLimits {
@@ -94,11 +100,33 @@ impl HostLimits {
             (Some(t), Some(c)) => Some(t.min(c)),
             (t, c) => t.or(c),
         };
+        // "Max open files  <soft>  <hard>  files"
+        let open_files = std::fs::read_to_string("/proc/self/limits")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Max open files"))
+                    .and_then(|v| v.split_whitespace().next())
+                    .and_then(|soft| soft.parse().ok())
+            });
         Self {
             max_map_count,
             memory_bytes,
+            open_files,
         }
     }
+}
+
+/// Client connections the open-files limit leaves room for: what is left
+/// after a quarter of it (at least [`FDS_BESIDES_CONNECTIONS`]), and never
+/// less than half of it. Past it the accept loop fails with "too many open
+/// files" and the idlest connection is never closed to make room (a probe
+/// held 20,000 idle connections on a node whose memory allowed 24,151: new
+/// clients timed out, and a new type's first message failed for want of a
+/// memfd).
+fn connections_for_fds(open_files: u64) -> u64 {
+    let besides = (open_files / 4).max(FDS_BESIDES_CONNECTIONS);
+    open_files.saturating_sub(besides).max(open_files / 2)
 }
 
 /// The instance pool sized for `max_active` active actors: a little
@@ -226,11 +254,15 @@ impl PoolPlan {
         let egress_responses = budget(limits.egress_response_budget_bytes, EGRESS_RESPONSE_SHARE);
         let connections = match (limits.max_connections, host.memory_bytes) {
             (Some(n), _) => n,
-            (None, Some(m)) => {
-                let fit = (m / CONNECTION_SHARE / BYTES_PER_CONNECTION).max(MIN_CONNECTIONS);
-                usize::try_from(fit).unwrap_or(usize::MAX)
+            (None, memory) => {
+                let by_memory = memory
+                    .map(|m| (m / CONNECTION_SHARE / BYTES_PER_CONNECTION).max(MIN_CONNECTIONS));
+                let by_fds = host.open_files.map(connections_for_fds);
+                match by_memory.into_iter().chain(by_fds).min() {
+                    Some(fit) => usize::try_from(fit).unwrap_or(usize::MAX),
+                    None => usize::MAX,
+                }
             }
-            (None, None) => usize::MAX,
         };
         Self {
             slots,
@@ -280,6 +312,7 @@ impl PoolPlan {
                 request_bodies_mb,
                 egress_responses_mb,
                 max_connections,
+                open_files = host.open_files,
                 "instance pool smaller than limits.max_active_actors asks: the host allows \
                  fewer; raise vm.max_map_count (sysctl -w vm.max_map_count=N) or memory, \
                  or lower the limit"
@@ -300,6 +333,7 @@ impl PoolPlan {
                 request_bodies_mb,
                 egress_responses_mb,
                 max_connections,
+                open_files = host.open_files,
                 "instance pool sized"
             );
         }
@@ -353,7 +387,37 @@ mod tests {
         HostLimits {
             max_map_count: Some(maps),
             memory_bytes: Some(memory),
+            open_files: None,
         }
+    }
+
+    #[test]
+    fn connections_fit_the_open_files_limit_too() {
+        let l = Limits::default();
+        let by_memory = PoolPlan::new(&l, &host(65_530, 24 * GIB)).connections;
+        assert_eq!(by_memory, 24_576);
+        let with_fds = |n| {
+            let h = HostLimits {
+                open_files: Some(n),
+                ..host(65_530, 24 * GIB)
+            };
+            PoolPlan::new(&l, &h).connections
+        };
+        // The probe's machine: 20,000 open files.
+        assert_eq!(with_fds(20_000), 15_000);
+        assert_eq!(with_fds(1 << 20), by_memory);
+        assert_eq!(with_fds(4096), 3072);
+        assert_eq!(with_fds(1024), 512);
+        // A configured cap is taken as given.
+        let configured = Limits {
+            max_connections: Some(50_000),
+            ..Limits::default()
+        };
+        let h = HostLimits {
+            open_files: Some(20_000),
+            ..host(65_530, 24 * GIB)
+        };
+        assert_eq!(PoolPlan::new(&configured, &h).connections, 50_000);
     }
 
     #[test]
