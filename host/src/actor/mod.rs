@@ -135,9 +135,10 @@ pub enum TurnError {
     /// The mailbox is full.
     #[error("the actor's mailbox is full ({0} messages queued); retry later")]
     MailboxFull(usize),
-    /// No instance slot is free.
-    #[error("the node has no free instance slot; retry later")]
-    Overloaded,
+    /// No room to run the turn: no instance slot free, or no file
+    /// descriptor.
+    #[error("{0}; retry later")]
+    Overloaded(Shortage),
     /// The turn grew its memory past what the node's guest memory budget
     /// had left; it changed nothing.
     #[error("{0}; the turn changed nothing, retry later")]
@@ -213,6 +214,43 @@ pub enum TurnError {
     InvalidAnswer(String),
 }
 
+/// What a turn found no room for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shortage {
+    /// Every instance slot (or JavaScript sandbox) is taken.
+    Slot,
+    /// The process is at its open-files limit: a module's first instance
+    /// needs one for its memory image. It was reported as "no free
+    /// instance slot", which sent operators after the wrong limit.
+    OpenFiles,
+}
+
+impl Shortage {
+    /// The shortage a sandbox's error message names.
+    pub fn of(message: &str) -> Self {
+        if message.contains("Too many open files")
+            || message.contains("os error 24")
+            || message.contains("memfd")
+        {
+            Self::OpenFiles
+        } else {
+            Self::Slot
+        }
+    }
+}
+
+impl std::fmt::Display for Shortage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Slot => "the node has no free instance slot",
+            Self::OpenFiles => {
+                "the node is out of file descriptors (its open-files limit, raised at start \
+                 to the hard limit: LimitNOFILE= in a systemd unit, ulimit -Hn)"
+            }
+        })
+    }
+}
+
 impl TurnError {
     /// Stable snake_case code for the API.
     pub fn code(&self) -> &'static str {
@@ -220,7 +258,7 @@ impl TurnError {
             TurnError::UnknownType(_) => "unknown_type",
             TurnError::NotFound => "actor_not_found",
             TurnError::MailboxFull(_) => "mailbox_full",
-            TurnError::Overloaded | TurnError::NoGuestMemory(_) => "overloaded",
+            TurnError::Overloaded(_) | TurnError::NoGuestMemory(_) => "overloaded",
             TurnError::ActorError(_) => "actor_error",
             TurnError::Trap { kind, .. } => match *kind {
                 "cpu" => "cpu_limit_exceeded",
@@ -250,7 +288,7 @@ impl TurnError {
             TurnError::InputSettled { .. } => 409,
             TurnError::InvalidAnswer(_) | TurnError::IdempotencyKeyReused(_) => 422,
             TurnError::MailboxFull(_) => 429,
-            TurnError::Overloaded
+            TurnError::Overloaded(_)
             | TurnError::NoGuestMemory(_)
             | TurnError::Storage(_)
             | TurnError::StorageMidTurn(_)
@@ -278,5 +316,30 @@ impl From<crate::storage::CommitFailed> for TurnError {
             crate::storage::CommitFailed::Moved(why) => TurnError::Moved(why),
             e => TurnError::Storage(e.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_turn_without_room_says_what_ran_out() {
+        // What wasmtime and the sandbox say at the open-files limit.
+        for msg in [
+            "cannot create a memfd for the module's memory image: Too many open files (os error 24)",
+            "failed to create memfd: os error 24",
+        ] {
+            let e = TurnError::Overloaded(Shortage::of(msg));
+            assert!(e.to_string().contains("out of file descriptors"), "{e}");
+            assert_eq!((e.status(), e.code()), (503, "overloaded"));
+        }
+        let e = TurnError::Overloaded(Shortage::of(
+            "maximum concurrent core instance limit of 10064 reached",
+        ));
+        assert_eq!(
+            e.to_string(),
+            "the node has no free instance slot; retry later"
+        );
     }
 }

@@ -83,7 +83,7 @@ impl From<TurnError> for ApiError {
         if matches!(
             e,
             TurnError::MailboxFull(_)
-                | TurnError::Overloaded
+                | TurnError::Overloaded(_)
                 | TurnError::NoGuestMemory(_)
                 | TurnError::Storage(_)
                 | TurnError::StorageMidTurn(_)

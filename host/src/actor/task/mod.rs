@@ -474,7 +474,7 @@ fn counts(r: &ActorRecord) -> ActorCounts {
 fn not_started(e: &TurnError) -> bool {
     matches!(
         e,
-        TurnError::Overloaded
+        TurnError::Overloaded(_)
             | TurnError::NoGuestMemory(_)
             | TurnError::Code(_)
             | TurnError::Storage(_)

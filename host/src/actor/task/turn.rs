@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
-use super::super::TurnError;
 use super::super::env::ActorEnv;
 use super::super::registry::{Room, SLOT_JS, SLOT_NONE, SLOT_WASM, Shared};
+use super::super::{Shortage, TurnError};
 use super::{ActorTask, CommitExtras, MAX_COMMITS_IN_FLIGHT, STATE_CACHE_BYTES, counts};
 use crate::sandbox::{
     CallChain, DurableBefore, FinishedTurn, HttpAccess, Instance, InstanceSpec, InstantiateError,
@@ -103,7 +103,7 @@ impl ActorTask {
             Ok(inst) => Ok(inst),
             Err(e @ (InstantiateError::NoRoom(_) | InstantiateError::TooManyJs(_))) => {
                 tracing::warn!(error = %e, "no JavaScript sandbox free for an eval");
-                Err(TurnError::Overloaded)
+                Err(TurnError::Overloaded(Shortage::of(&e.to_string())))
             }
             Err(InstantiateError::Failed(msg)) => Err(TurnError::Code(format!(
                 "cannot start the JavaScript sandbox: {msg}"
@@ -171,10 +171,10 @@ impl ActorTask {
             Ok(i) => i,
             // Only a head start (`try_instance`): the turn's own call
             // waits for room or reports the failure.
-            Err(_) if !wait => return Err(TurnError::Overloaded),
+            Err(e) if !wait => return Err(TurnError::Overloaded(Shortage::of(&e.to_string()))),
             Err(e @ (InstantiateError::NoRoom(_) | InstantiateError::TooManyJs(_))) => {
                 tracing::warn!(actor = %self.key, error = %e, "no instance slot free");
-                return Err(TurnError::Overloaded);
+                return Err(TurnError::Overloaded(Shortage::of(&e.to_string())));
             }
             Err(InstantiateError::Failed(msg)) => {
                 return Err(TurnError::Trap {
@@ -365,7 +365,7 @@ impl ActorTask {
                 // No fiber stack was free: the guest never ran.
                 metrics.turn(kind, "not_started");
                 tracing::warn!(actor = %self.key, error = %msg, "no room to run a turn");
-                return Err(TurnError::Overloaded);
+                return Err(TurnError::Overloaded(Shortage::of(&msg)));
             }
             Err(TurnFailure::NodeMemory(msg)) => {
                 // The turn changed nothing; idle actors holding grown
