@@ -116,6 +116,9 @@ impl Node {
             return Ok(false);
         }
         let deleted = self.actors.delete(key).await?;
+        if deleted {
+            tracing::info!(actor = %key, "actor deleted");
+        }
         if deleted && self.cluster.is_some() {
             // etcd keeps only the placements of actors that exist (the
             // sweep removes an entry this misses); `forget_placement` does

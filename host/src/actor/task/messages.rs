@@ -263,7 +263,9 @@ impl ActorTask {
         self.reset();
         // Streams watching it end (its log is gone).
         self.env.event_bus.publish(&self.key, 0);
-        tracing::info!(actor = %self.key, existed, "actor deleted");
+        // Debug: a type's deletion deletes every actor of it (and logs
+        // once); a delete by request is logged by the node.
+        tracing::debug!(actor = %self.key, existed, "actor deleted");
         Ok(existed)
     }
 }

@@ -67,7 +67,10 @@ impl ActorTask {
             .await
         {
             Ok((_, finished)) => {
-                tracing::info!(actor = %self.key, from, to = latest, "actor upgraded");
+                // One per actor on its first turn after a deploy: 10,000
+                // lines for a type with 10,000 actors (counted as turns of
+                // kind `upgrade`).
+                tracing::debug!(actor = %self.key, from, to = latest, "actor upgraded");
                 self.record.as_mut().expect("record").version = latest;
                 self.submit(finished, CommitExtras::default(), Box::new(|_| {}));
                 Ok(())
