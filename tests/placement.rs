@@ -573,6 +573,80 @@ async fn a_mover_killed_before_the_switch_leaves_the_actor_where_it_was() {
     assert_eq!(owner_of(&c, 2, "stuck").await, backup);
 }
 
+/// A node stopped (SIGTERM) while a rebalance gives it slots back leaves
+/// owning nothing: it says it is leaving, the controller and the other
+/// owners give it no more, and it hands on what still came. It handed
+/// over only the slots it owned when the stop began; those a rebalance
+/// gave it after failed over once its lease ran out (a probe: 502s and
+/// ~2 s without answers), and its unused slots were nobody's for the
+/// controller's grace.
+#[tokio::test]
+async fn a_node_stopped_during_a_rebalance_leaves_owning_nothing() {
+    let Some(mut c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let actors: Vec<String> = (0..24).map(|a| format!("sr-{a}")).collect();
+    for a in &actors {
+        assert_eq!(c.api(0).add("kit", a, 1).await.status, 200);
+    }
+    let mut on_n2 = None;
+    for a in &actors {
+        if owner_of(&c, 0, a).await == "n2" {
+            on_n2 = Some(a.clone());
+        }
+    }
+    let on_n2 = on_n2.expect("an actor on n2");
+    // n2 dies, its used slots fail over, and it comes back with none.
+    c.nodes[1].kill9();
+    assert_eq!(add_when_served(&c, 0, &on_n2).await.status, 200);
+    c.nodes[1].restart().await;
+    c.wait_status(|s| {
+        s["slots_degraded"] == 0
+            && s["members"]
+                .as_array()
+                .is_some_and(|m| m.iter().any(|m| m["node_id"] == "n2" && m["alive"] == true))
+    })
+    .await;
+    // A rebalance starts giving n2 its slots back; n2 is stopped as the
+    // first arrives.
+    let slot_writes = c.etcd.watch("/marmot/slots/").await;
+    let r = c
+        .api(2)
+        .post_json("/v1/cluster/rebalance", &json!({}))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !slot_writes
+        .writes()
+        .iter()
+        .any(|(_, r)| r["owner"] == "n2" && r["used"] == true)
+    {
+        assert!(Instant::now() < deadline, "the rebalance gave n2 nothing");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    c.nodes[1].sigterm();
+    assert!(c.nodes[1].wait_exit(Duration::from_secs(20)), "n2 stopped");
+    // Within a second of its exit (its lease and the controller's grace
+    // take longer), no slot is left with it.
+    let exited = Instant::now();
+    loop {
+        let s = c.api(0).get("/v1/cluster").await.json;
+        if s["slots_unavailable"] == 0 {
+            break;
+        }
+        assert!(
+            exited.elapsed() < Duration::from_secs(1),
+            "slots left with the stopped node: {s:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for a in &actors {
+        let r = c.api(0).add("kit", a, 1).await;
+        assert_eq!(r.status, 200, "{a}: {}", r.json);
+    }
+}
+
 /// A node comes back after its used slots failed over: `rebalance` moves
 /// each used slot whose preferred node (in its region) is the returning
 /// one back to it — it first catches up as the slot's backup, then the

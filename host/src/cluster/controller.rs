@@ -110,7 +110,9 @@ struct Write {
 /// This round's writes for `view`. `gone` says whether a member that is
 /// not live any more has been gone past the grace period.
 fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
-    let live: Vec<&str> = view.members.keys().map(String::as_str).collect();
+    // Who may be given slots: the live members but those leaving (which
+    // still own theirs until they hand them over, or fail over).
+    let live = takers(view);
     if live.is_empty() {
         return Vec::new();
     }
@@ -270,12 +272,21 @@ fn backup_for(
         .map(|n| (*n).to_owned())
 }
 
+/// The live members slots may be given to (not those leaving).
+fn takers(view: &View) -> Vec<&str> {
+    view.members
+        .values()
+        .filter(|m| m.takes_slots())
+        .map(|m| m.node_id.as_str())
+        .collect()
+}
+
 /// The node `slot` should live on among the live members of `region`:
 /// their rendezvous choice (so a new node takes about its share).
 fn preferred<'v>(view: &'v View, slot: u32, region: &str) -> Option<&'v str> {
     view.members
         .values()
-        .filter(|m| m.region == region)
+        .filter(|m| m.region == region && m.takes_slots())
         .max_by_key(|m| score(slot, &m.node_id))
         .map(|m| m.node_id.as_str())
 }
@@ -345,7 +356,7 @@ fn rebalance(view: &View, decided: &BTreeSet<u32>) -> (Vec<Write>, usize) {
         // Where the slot's backup should be: in the region too, if it can.
         let in_region = |n: &str| view.members.get(n).is_some_and(|m| m.region == region);
         let new_backup = if target == r.owner {
-            let mut ranked: Vec<&str> = view.members.keys().map(String::as_str).collect();
+            let mut ranked = takers(view);
             ranked.sort_by_key(|n| std::cmp::Reverse(score(slot, n)));
             match backup_for(view, &ranked, &r.owner, None, Some(region)) {
                 Some(b) if in_region(&b) && r.backup.as_deref().is_some_and(|o| !in_region(o)) => b,
@@ -498,6 +509,7 @@ mod tests {
                 region: (*region).into(),
                 advertise: format!("http://127.0.0.1:{}", 1000 + i),
                 incarnation: 1,
+                leaving: false,
             };
             v.apply(
                 &keys,
@@ -558,6 +570,42 @@ mod tests {
                 "c" => assert_ne!(b, "c"),
                 _ => assert_ne!(b, "c", "slot {} backed up across regions", w.slot),
             }
+        }
+    }
+
+    /// A member that is leaving (a graceful stop) keeps the slots it owns,
+    /// but is given none: not as owner, backup, joining node or a
+    /// rebalance's target.
+    #[test]
+    fn a_leaving_member_is_given_nothing() {
+        let mut v = view_in(&[("a", "eu"), ("b", "eu"), ("c", "eu")], &[]);
+        v.members.get_mut("c").unwrap().leaving = true;
+        for w in decide(&v, &mut |_| true) {
+            assert_ne!(w.record.owner, "c", "slot {}", w.slot);
+            assert_ne!(w.record.backup.as_deref(), Some("c"), "slot {}", w.slot);
+        }
+        // Its used slots stay its own (they are handed over, or fail over
+        // once it is gone); one without a backup gets another joining node.
+        let slots: Vec<_> = (0..SLOTS)
+            .map(|s| (s, slot("c", None, true, 2)))
+            .chain([(7, slot("a", None, true, 2))])
+            .collect();
+        let mut v = view_in(&[("a", "eu"), ("b", "eu"), ("c", "eu")], &slots);
+        v.members.get_mut("c").unwrap().leaving = true;
+        for w in decide(&v, &mut |_| true) {
+            assert_eq!(w.record.owner, if w.slot == 7 { "a" } else { "c" });
+            assert_ne!(w.record.joining.as_deref(), Some("c"), "slot {}", w.slot);
+        }
+        // A rebalance sends no slot to it.
+        let slots: Vec<_> = (0..SLOTS)
+            .map(|s| (s, slot("a", Some("b"), true, 2)))
+            .collect();
+        let mut v = view_in(&[("a", "eu"), ("b", "eu"), ("c", "eu")], &slots);
+        v.members.get_mut("c").unwrap().leaving = true;
+        let (writes, _) = rebalance(&v, &BTreeSet::new());
+        for w in writes {
+            assert_ne!(w.record.handoff.as_deref(), Some("c"), "slot {}", w.slot);
+            assert_ne!(w.record.joining.as_deref(), Some("c"), "slot {}", w.slot);
         }
     }
 

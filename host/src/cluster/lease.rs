@@ -142,6 +142,32 @@ impl Inner {
         }
     }
 
+    /// This node's member record under lease `id`.
+    fn member(&self, id: i64, leaving: bool) -> MemberRecord {
+        MemberRecord {
+            node_id: self.config.node_id.clone(),
+            region: self.config.region.clone(),
+            advertise: self.config.advertise.clone(),
+            incarnation: id,
+            leaving,
+        }
+    }
+
+    /// Say in the member key (same lease) that this node is stopping: the
+    /// controller and the other owners give it nothing more.
+    pub(super) async fn announce_leaving(&self) -> anyhow::Result<()> {
+        let id = self.lease.id.load(Ordering::Acquire);
+        let member = self.member(id, true);
+        let mut client = self.client.clone();
+        let put = client.put(
+            self.keys.member(&self.config.node_id),
+            serde_json::to_vec(&member)?,
+            Some(PutOptions::new().with_lease(id)),
+        );
+        within(self.lease.ttl, put).await?;
+        Ok(())
+    }
+
     /// Put the member key under a fresh lease, with the store this node
     /// joins with.
     pub(super) async fn join(&self) -> anyhow::Result<()> {
@@ -152,12 +178,7 @@ impl Inner {
             .await
             .context("cannot get a lease from etcd")?;
         let id = lease.id();
-        let member = MemberRecord {
-            node_id: self.config.node_id.clone(),
-            region: self.config.region.clone(),
-            advertise: self.config.advertise.clone(),
-            incarnation: id,
-        };
+        let member = self.member(id, false);
         // Only one live process per node id: the key must be free (or ours
         // from a lease that is gone).
         let key = self.keys.member(&self.config.node_id);

@@ -501,6 +501,12 @@ impl Cluster {
             .collect()
     }
 
+    /// Say that this node is stopping: it keeps what it owns until it
+    /// hands it over, and is given nothing more.
+    pub async fn announce_leaving(&self) -> anyhow::Result<()> {
+        self.inner.announce_leaving().await
+    }
+
     /// Leave: revoke the lease so that the member key goes at once.
     pub async fn leave(&self) {
         let id = self.inner.lease.id.load(Ordering::Acquire);

@@ -140,6 +140,18 @@ pub struct MemberRecord {
     /// The lease it joined with: a new process (or a rejoin after the
     /// lease was lost) is a new incarnation.
     pub incarnation: i64,
+    /// It is stopping (a graceful stop, handing its slots over): still
+    /// serving what it owns, but given nothing new — no slot, backup or
+    /// handoff.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub leaving: bool,
+}
+
+impl MemberRecord {
+    /// Whether slots may be given to it: not while it is leaving.
+    pub fn takes_slots(&self) -> bool {
+        !self.leaving
+    }
 }
 
 /// Who serves a slot.

@@ -42,6 +42,8 @@ impl Cluster {
                     // A lease id: above 2^53, which JSON readers (jq,
                     // JavaScript) round; a string keeps it whole.
                     "incarnation": m.incarnation.to_string(),
+                    // Stopping: handing its slots over, given no new ones.
+                    "leaving": m.leaving,
                     // Unknown (null) while this node's view is stale.
                     "alive": live.then_some(true),
                     "slots": counts.get(&m.node_id).copied().unwrap_or(0),

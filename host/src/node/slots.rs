@@ -71,60 +71,93 @@ impl Node {
         let Some(cluster) = self.cluster.clone() else {
             return;
         };
-        let slots = cluster.slots_to_hand_over_at_stop();
-        if slots.is_empty() {
-            return;
+        // First say so: the controller and the other owners then give this
+        // node no more slots. A rebalance kept handing it some while it
+        // stopped; never handed on, they failed over after its lease
+        // (a probe: 502s and ~2 s without answers).
+        if let Err(e) = cluster.announce_leaving().await {
+            tracing::warn!(error = %e, "cannot say this node is leaving");
         }
         let started = std::time::Instant::now();
-        let handed = tokio::time::timeout(Duration::from_secs(10), async {
-            for (slot, _, _) in &slots {
-                cluster.start_drain(*slot);
+        let bound = Duration::from_secs(10);
+        let (mut handed, mut asked) = (0, 0);
+        // Again while slots keep coming (a handoff to this node decided
+        // before the controller saw it leaving), within the bound.
+        while started.elapsed() < bound {
+            let slots = cluster.slots_to_hand_over_at_stop();
+            if slots.is_empty() {
+                break;
             }
-            let (done, drained) = tokio::sync::oneshot::channel();
-            self.storage
-                .writer()
-                .submit(crate::storage::WriteOp::Barrier { done });
-            if drained.await.is_err() {
-                return 0;
-            }
-            // A few at a time (each an etcd compare-and-swap); each fence
-            // lifted as soon as its switch is known, so that requests
-            // waiting on it go to the new owner (or, where the switch
-            // failed, are served here while this node finishes).
-            use futures::StreamExt as _;
-            futures::stream::iter(slots.clone())
-                .map(|(slot, epoch, to)| {
-                    let cluster = cluster.clone();
-                    async move {
-                        let switched = cluster.hand_off_at_stop(slot, epoch, &to).await;
-                        cluster.end_drain(slot);
-                        match switched {
-                            Ok(switched) => usize::from(switched),
-                            Err(e) => {
-                                tracing::warn!(slot, error = %e, "cannot hand the slot over; it fails over");
-                                0
-                            }
-                        }
-                    }
-                })
-                .buffer_unordered(8)
-                .fold(0, |n, handed| async move { n + handed })
+            asked += slots.len();
+            let left = bound.saturating_sub(started.elapsed());
+            handed += tokio::time::timeout(left, self.hand_over_at_stop(&cluster, &slots))
                 .await
-        })
-        .await
-        .unwrap_or(0);
-        // Past the bound (or with the writer gone): what was not switched
-        // is served here while the node finishes, then fails over.
-        for (slot, _, _) in &slots {
-            cluster.end_drain(*slot);
+                .unwrap_or(0);
+            // Past the bound (or with the writer gone): what was not
+            // switched is served here while the node finishes, then fails
+            // over.
+            for (slot, _, _) in &slots {
+                cluster.end_drain(*slot);
+            }
+            if handed < asked {
+                // Some could not be switched now: their slot changed, or
+                // etcd failed; not at once again.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        if asked == 0 {
+            return;
         }
         self.metrics.cluster_handoffs.inc_by(handed as u64);
         tracing::info!(
             handed,
-            of = slots.len(),
+            of = asked,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "slots handed to their backups before stopping"
         );
+    }
+
+    /// Hand `slots` (slot, epoch, backup) over at a stop: fence them, let
+    /// every earlier commit reach the backups, switch each, eight at a time.
+    /// How many were switched.
+    async fn hand_over_at_stop(
+        &self,
+        cluster: &crate::cluster::Cluster,
+        slots: &[(u32, u64, String)],
+    ) -> usize {
+        for (slot, _, _) in slots {
+            cluster.start_drain(*slot);
+        }
+        let (done, drained) = tokio::sync::oneshot::channel();
+        self.storage
+            .writer()
+            .submit(crate::storage::WriteOp::Barrier { done });
+        if drained.await.is_err() {
+            return 0;
+        }
+        // A few at a time (each an etcd compare-and-swap); each fence
+        // lifted as soon as its switch is known, so that requests waiting
+        // on it go to the new owner (or, where the switch failed, are
+        // served here while this node finishes).
+        use futures::StreamExt as _;
+        futures::stream::iter(slots.to_vec())
+            .map(|(slot, epoch, to)| {
+                let cluster = cluster.clone();
+                async move {
+                    let switched = cluster.hand_off_at_stop(slot, epoch, &to).await;
+                    cluster.end_drain(slot);
+                    match switched {
+                        Ok(switched) => usize::from(switched),
+                        Err(e) => {
+                            tracing::warn!(slot, error = %e, "cannot hand the slot over; it fails over");
+                            0
+                        }
+                    }
+                }
+            })
+            .buffer_unordered(8)
+            .fold(0, |n, handed| async move { n + handed })
+            .await
     }
 
     /// Hand `slot` (owned here at `epoch`) to its backup `to`, as a

@@ -427,6 +427,8 @@ fn cluster_status() -> Value {
         json!({"node_id": string(), "region": either(string(), null()),
             "advertise": either(string(), null()),
             "incarnation": {"type": "string", "description": "its lease id (a string: above 2^53)"},
+            "leaving": {"type": "boolean",
+                "description": "stopping: handing its slots over, given no new ones"},
             "alive": {"type": ["boolean", "null"],
                 "description": "null while this node's own view is stale"},
             "slots": int(), "slots_used": int(), "backup_of": int()}),
