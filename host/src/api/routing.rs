@@ -276,6 +276,13 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                         s.node.metrics().cluster_forward("ok");
                         return streamed(resp);
                     }
+                    // Nothing reached the owner, and the slot has changed
+                    // hands since this node routed (a graceful stop hands
+                    // its slots over, then exits): route it again.
+                    Err(e) if e.is_connect() && moved_on(&cluster, &key, &node_id, epoch).await => {
+                        s.node.metrics().cluster_forward("stale");
+                        tracing::debug!(actor = %key, owner = %node_id, "the owner is gone and its slot moved on; routing again");
+                    }
                     Err(e) => {
                         s.node.metrics().cluster_forward("error");
                         tracing::warn!(actor = %key, owner = %node_id, error = %e, "forwarding failed");
@@ -299,6 +306,21 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
         &key,
         "its slot kept changing while this node routed the request",
     )
+}
+
+/// Whether `key`'s slot is no longer `owner`'s at `epoch` once the view
+/// is read again from etcd.
+async fn moved_on(
+    cluster: &crate::cluster::Cluster,
+    key: &ActorKey,
+    owner: &str,
+    epoch: u64,
+) -> bool {
+    if let Err(e) = cluster.refresh().await {
+        tracing::warn!(error = %e, "cannot re-read the slot table");
+        return false;
+    }
+    !matches!(cluster.route(key), Route::Remote { node_id, epoch: e, .. } if node_id == owner && e == epoch)
 }
 
 /// Whether the client made `parts` safe to send again: a method HTTP
