@@ -588,15 +588,19 @@ async fn a_graceful_stop_hands_its_slots_to_their_backups_first() {
         return;
     };
     assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
-    let mut on_n2 = Vec::new();
+    let (mut on_n2, mut backed_by_n2) = (Vec::new(), Vec::new());
     for i in 0..30 {
         let id = format!("g-{i}");
         assert_eq!(c.api(0).add("kit", &id, 1).await.status, 200);
-        if owner_of(&c, 0, &id).await == "n2" {
+        let info = c.api(0).get(&format!("/v1/actors/kit/{id}")).await.json;
+        if info["node"] == "n2" {
             on_n2.push(id);
+        } else if info["backup"] == "n2" {
+            backed_by_n2.push(id);
         }
     }
     assert!(!on_n2.is_empty(), "no actor landed on n2");
+    assert!(!backed_by_n2.is_empty(), "no actor backed up on n2");
     let slot_writes = c.etcd.watch("/marmot/slots/").await;
     c.nodes[1].sigterm();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -619,6 +623,19 @@ async fn a_graceful_stop_hands_its_slots_to_their_backups_first() {
             .contains("slots handed to their backups before stopping"),
         "{}",
         c.nodes[1].log_text()
+    );
+    // The slots it backed up drop it as soon as it is gone (its lease
+    // revoked as it exits): their commits waited 3 s for it first.
+    let started = Instant::now();
+    for id in &backed_by_n2 {
+        let r = c.api(0).add("kit", id, 1).await;
+        assert_eq!((r.status, &r.json["value"]), (200, &json!(2)), "{id}");
+    }
+    eprintln!("its backed-up actors served on in {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "commits waited for the stopped backup: {:?}",
+        started.elapsed()
     );
     // Give the controller time to choose backups for the handed slots.
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -305,7 +305,11 @@ impl Sender {
                     }
                 }
             }
-            if started.elapsed() >= DROP_AFTER {
+            // A backup that is no member any more (its lease ended: a node
+            // that stopped gracefully revokes it as it exits) is not coming
+            // back as it was: dropped at once, not after `DROP_AFTER` of
+            // commits waiting for it.
+            if started.elapsed() >= DROP_AFTER || url.is_none() {
                 self.drop_backup(&node, &pending, all).await;
                 backoff = Duration::from_millis(10);
                 continue;
