@@ -228,9 +228,10 @@ pub enum Shortage {
 impl Shortage {
     /// The shortage a sandbox's error message names.
     pub fn of(message: &str) -> Self {
+        // EMFILE (the process's limit) and ENFILE (the system's).
         if message.contains("Too many open files")
             || message.contains("os error 24")
-            || message.contains("memfd")
+            || message.contains("os error 23")
         {
             Self::OpenFiles
         } else {
@@ -329,11 +330,16 @@ mod tests {
         for msg in [
             "cannot create a memfd for the module's memory image: Too many open files (os error 24)",
             "failed to create memfd: os error 24",
+            "File table overflow (os error 23)",
         ] {
             let e = TurnError::Overloaded(Shortage::of(msg));
             assert!(e.to_string().contains("out of file descriptors"), "{e}");
             assert_eq!((e.status(), e.code()), (503, "overloaded"));
         }
+        assert_eq!(
+            Shortage::of("cannot create a memfd: Cannot allocate memory (os error 12)"),
+            Shortage::Slot
+        );
         let e = TurnError::Overloaded(Shortage::of(
             "maximum concurrent core instance limit of 10064 reached",
         ));

@@ -316,6 +316,12 @@ async fn moved_on(
     owner: &str,
     epoch: u64,
 ) -> bool {
+    // An owner this node still sees as a member that is not leaving has
+    // crashed, if anything: its slots move only after its lease, and
+    // re-reading etcd for every request to them would not tell sooner.
+    if !cluster.leaving_or_gone(owner) {
+        return false;
+    }
     if let Err(e) = cluster.refresh().await {
         tracing::warn!(error = %e, "cannot re-read the slot table");
         return false;

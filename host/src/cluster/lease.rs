@@ -156,6 +156,9 @@ impl Inner {
     /// Say in the member key (same lease) that this node is stopping: the
     /// controller and the other owners give it nothing more.
     pub(super) async fn announce_leaving(&self) -> anyhow::Result<()> {
+        if !self.lease.alive() {
+            anyhow::bail!("this node's lease is not confirmed (etcd unreachable?)");
+        }
         let id = self.lease.id.load(Ordering::Acquire);
         let member = self.member(id, true);
         let mut client = self.client.clone();
@@ -164,7 +167,9 @@ impl Inner {
             serde_json::to_vec(&member)?,
             Some(PutOptions::new().with_lease(id)),
         );
-        within(self.lease.ttl, put).await?;
+        // Short: a stop waits for it, and without etcd nothing is given to
+        // this node anyway.
+        within(Duration::from_secs(2), put).await?;
         Ok(())
     }
 
@@ -178,7 +183,7 @@ impl Inner {
             .await
             .context("cannot get a lease from etcd")?;
         let id = lease.id();
-        let member = self.member(id, false);
+        let member = self.member(id, self.leaving.load(Ordering::Acquire));
         // Only one live process per node id: the key must be free (or ours
         // from a lease that is gone).
         let key = self.keys.member(&self.config.node_id);

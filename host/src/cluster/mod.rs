@@ -128,6 +128,9 @@ struct Inner {
     settled: takeover::Settled,
     /// The identity of this node's database (`Storage::store_id`).
     store_id: String,
+    /// This node is stopping: its member record says `leaving` (also when
+    /// it joins again meanwhile), and it takes no rebalance handoffs.
+    leaving: std::sync::atomic::AtomicBool,
 }
 
 impl Cluster {
@@ -160,6 +163,7 @@ impl Cluster {
             draining: rebalance::Draining::default(),
             settled: takeover::Settled::default(),
             store_id: store_id.to_owned(),
+            leaving: std::sync::atomic::AtomicBool::new(false),
             lease: Lease {
                 id: AtomicI64::new(0),
                 alive_until_ms: AtomicU64::new(0),
@@ -504,7 +508,44 @@ impl Cluster {
     /// Say that this node is stopping: it keeps what it owns until it
     /// hands it over, and is given nothing more.
     pub async fn announce_leaving(&self) -> anyhow::Result<()> {
+        self.inner.leaving.store(true, Ordering::Release);
         self.inner.announce_leaving().await
+    }
+
+    /// Whether this node is stopping.
+    pub fn is_leaving(&self) -> bool {
+        self.inner.leaving.load(Ordering::Acquire)
+    }
+
+    /// Slots another node is handing to this one (a rebalance's handoff
+    /// not yet switched).
+    pub fn handoffs_to_me(&self) -> usize {
+        let me = &self.inner.config.node_id;
+        self.inner
+            .view()
+            .slots
+            .iter()
+            .flatten()
+            .filter(|e| e.record.owner != *me && e.record.handoff.as_ref() == Some(me))
+            .count()
+    }
+
+    /// Whether `node` left the cluster by a graceful stop: no member now,
+    /// and its last record said it was leaving (a lease that lapsed and is
+    /// renewed, or a crash, says nothing of the kind).
+    pub fn left_gracefully(&self, node: &str) -> bool {
+        let v = self.inner.view();
+        !v.members.contains_key(node) && v.departed.get(node).is_some_and(|m| m.leaving)
+    }
+
+    /// Whether `node` is stopping or gone: what it owned may be elsewhere
+    /// soon, or already.
+    pub fn leaving_or_gone(&self, node: &str) -> bool {
+        self.inner
+            .view()
+            .members
+            .get(node)
+            .is_none_or(|m| m.leaving)
     }
 
     /// Leave: revoke the lease so that the member key goes at once.

@@ -79,6 +79,11 @@ impl Cluster {
     /// Slots this node owns that the controller asks it to hand to their
     /// backup, and are not being handed over yet: (slot, epoch, to).
     pub fn handoffs_asked(&self) -> Vec<(u32, u64, String)> {
+        // A stopping node hands its slots over itself, naming no backup
+        // (a rebalance's handoff would name it).
+        if self.is_leaving() {
+            return Vec::new();
+        }
         let mut asked = self
             .owned_slots_to(|_, r| r.handoff.clone().filter(|to| r.backup.as_ref() == Some(to)));
         asked.retain(|(slot, _, _)| !self.inner.draining.contains(*slot));

@@ -305,11 +305,12 @@ impl Sender {
                     }
                 }
             }
-            // A backup that is no member any more (its lease ended: a node
-            // that stopped gracefully revokes it as it exits) is not coming
-            // back as it was: dropped at once, not after `DROP_AFTER` of
-            // commits waiting for it.
-            if started.elapsed() >= DROP_AFTER || url.is_none() {
+            // A backup that stopped gracefully (it said it was leaving,
+            // then revoked its lease as it exited) is not coming back as it
+            // was: dropped at once, not after `DROP_AFTER` of commits
+            // waiting for it. A member key gone for another reason (a
+            // lease that lapsed and is renewed) gets the full wait.
+            if started.elapsed() >= DROP_AFTER || self.cluster.left_gracefully(&node) {
                 self.drop_backup(&node, &pending, all).await;
                 backoff = Duration::from_millis(10);
                 continue;

@@ -82,27 +82,39 @@ impl Node {
         let bound = Duration::from_secs(10);
         let (mut handed, mut asked) = (0, 0);
         // Again while slots keep coming (a handoff to this node decided
-        // before the controller saw it leaving), within the bound.
+        // before the controller saw it leaving, still being switched),
+        // within the bound.
         while started.elapsed() < bound {
-            let slots = cluster.slots_to_hand_over_at_stop();
-            if slots.is_empty() {
+            let due = cluster.slots_to_hand_over_at_stop();
+            if due.is_empty() && cluster.handoffs_to_me() == 0 {
                 break;
             }
-            asked += slots.len();
-            let left = bound.saturating_sub(started.elapsed());
-            handed += tokio::time::timeout(left, self.hand_over_at_stop(&cluster, &slots))
-                .await
-                .unwrap_or(0);
-            // Past the bound (or with the writer gone): what was not
-            // switched is served here while the node finishes, then fails
-            // over.
-            for (slot, _, _) in &slots {
-                cluster.end_drain(*slot);
+            // One fenced already is in a rebalance's handoff, which
+            // switches it itself: left to it.
+            let mine: Vec<_> = due
+                .into_iter()
+                .filter(|(slot, _, _)| cluster.start_drain(*slot))
+                .collect();
+            let mut all_switched = !mine.is_empty();
+            if !mine.is_empty() {
+                asked += mine.len();
+                let left = bound.saturating_sub(started.elapsed());
+                let n = tokio::time::timeout(left, self.hand_over_at_stop(&cluster, &mine))
+                    .await
+                    .unwrap_or(0);
+                all_switched = n == mine.len();
+                handed += n;
+                // Past the bound (or with the writer gone): what was not
+                // switched is served here while the node finishes, then
+                // fails over.
+                for (slot, _, _) in &mine {
+                    cluster.end_drain(*slot);
+                }
             }
-            if handed < asked {
-                // Some could not be switched now: their slot changed, or
-                // etcd failed; not at once again.
-                tokio::time::sleep(Duration::from_millis(100)).await;
+            if !all_switched {
+                // Waiting for slots on their way, or some could not be
+                // switched now (their slot changed, or etcd failed).
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
         if asked == 0 {
@@ -117,17 +129,14 @@ impl Node {
         );
     }
 
-    /// Hand `slots` (slot, epoch, backup) over at a stop: fence them, let
-    /// every earlier commit reach the backups, switch each, eight at a time.
-    /// How many were switched.
+    /// Hand `slots` (slot, epoch, backup; fenced by the caller) over at a
+    /// stop: let every earlier commit reach the backups, switch each,
+    /// eight at a time. How many were switched.
     async fn hand_over_at_stop(
         &self,
         cluster: &crate::cluster::Cluster,
         slots: &[(u32, u64, String)],
     ) -> usize {
-        for (slot, _, _) in slots {
-            cluster.start_drain(*slot);
-        }
         let (done, drained) = tokio::sync::oneshot::channel();
         self.storage
             .writer()
