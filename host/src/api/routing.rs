@@ -117,7 +117,7 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
         Ok(b) => b,
         Err(_) => return too_large(),
     };
-    let deadline = tokio::time::Instant::now() + ROUTING_TIME;
+    let mut deadline = tokio::time::Instant::now() + ROUTING_TIME;
     let mut rerouted = 0;
     for attempt in 1..=MAX_ROUTES {
         if attempt > ATTEMPTS {
@@ -185,6 +185,9 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                     && retry_safe(&parts)
                 {
                     rerouted += 1;
+                    // Its turn may have run long: the time to follow the
+                    // actor starts again.
+                    deadline = tokio::time::Instant::now() + ROUTING_TIME;
                     s.node.metrics().cluster_forward("rerouted");
                     tracing::debug!(actor = %key, "its actor left while the request ran; routing it again");
                     continue;
