@@ -82,13 +82,19 @@ fn new_slots_get_an_owner_and_a_different_backup() {
     }
 }
 
+/// Members a, b and c (region eu), c leaving, and `slots`.
+fn c_leaving(slots: &[(u32, SlotRecord)]) -> View {
+    let mut v = view_in(&[("a", "eu"), ("b", "eu"), ("c", "eu")], slots);
+    v.members.get_mut("c").expect("c").leaving = true;
+    v
+}
+
 /// A member that is leaving (a graceful stop) keeps the slots it owns,
 /// but is given none: not as owner, backup, joining node or a
 /// rebalance's target.
 #[test]
 fn a_leaving_member_is_given_nothing() {
-    let mut v = view_in(&[("a", "eu"), ("b", "eu"), ("c", "eu")], &[]);
-    v.members.get_mut("c").unwrap().leaving = true;
+    let v = c_leaving(&[]);
     for w in decide(&v, &mut |_| true) {
         assert_ne!(w.record.owner, "c", "slot {}", w.slot);
         assert_ne!(w.record.backup.as_deref(), Some("c"), "slot {}", w.slot);
@@ -99,8 +105,7 @@ fn a_leaving_member_is_given_nothing() {
         .map(|s| (s, slot("c", None, true, 2)))
         .chain([(7, slot("a", None, true, 2))])
         .collect();
-    let mut v = view_in(&[("a", "eu"), ("b", "eu"), ("c", "eu")], &slots);
-    v.members.get_mut("c").unwrap().leaving = true;
+    let v = c_leaving(&slots);
     for w in decide(&v, &mut |_| true) {
         assert_eq!(w.record.owner, if w.slot == 7 { "a" } else { "c" });
         assert_ne!(w.record.joining.as_deref(), Some("c"), "slot {}", w.slot);
@@ -108,11 +113,7 @@ fn a_leaving_member_is_given_nothing() {
     // A node catching up that starts to leave is withdrawn.
     let mut catching_up = slot("a", None, true, 2);
     catching_up.joining = Some("c".into());
-    let mut v = view_in(
-        &[("a", "eu"), ("b", "eu"), ("c", "eu")],
-        &[(5, catching_up)],
-    );
-    v.members.get_mut("c").unwrap().leaving = true;
+    let v = c_leaving(&[(5, catching_up)]);
     let w = decide(&v, &mut |_| true)
         .into_iter()
         .find(|w| w.slot == 5)
@@ -122,8 +123,7 @@ fn a_leaving_member_is_given_nothing() {
     let slots: Vec<_> = (0..SLOTS)
         .map(|s| (s, slot("a", Some("b"), true, 2)))
         .collect();
-    let mut v = view_in(&[("a", "eu"), ("b", "eu"), ("c", "eu")], &slots);
-    v.members.get_mut("c").unwrap().leaving = true;
+    let v = c_leaving(&slots);
     let (writes, _) = rebalance(&v, &BTreeSet::new());
     for w in writes {
         assert_ne!(w.record.handoff.as_deref(), Some("c"), "slot {}", w.slot);
@@ -132,8 +132,7 @@ fn a_leaving_member_is_given_nothing() {
     let slots: Vec<_> = (0..SLOTS)
         .map(|s| (s, slot("c", Some("a"), true, 2)))
         .collect();
-    let mut v = view_in(&[("a", "eu"), ("b", "eu"), ("c", "eu")], &slots);
-    v.members.get_mut("c").unwrap().leaving = true;
+    let v = c_leaving(&slots);
     let (writes, _) = rebalance(&v, &BTreeSet::new());
     assert!(writes.is_empty(), "{writes:?}");
 }
