@@ -133,6 +133,7 @@ impl Writer {
             joined: Default::default(),
             joined_in_batch: Vec::new(),
             batch_placements: Default::default(),
+            copy_of: Default::default(),
             released: released.clone(),
         };
         std::thread::Builder::new()
@@ -274,6 +275,11 @@ struct WriterState {
     /// Where the batch's actors and slots are kept, asked once per batch.
     batch_placements: replica::BatchPlacements,
     released: Arc<Released>,
+    /// The slot whose copy this node's rows of an actor are, where a move
+    /// said so (installed by a move into it, or kept for it as the actor
+    /// left another): a backup's late "moved out" for another slot leaves
+    /// them alone (`replica.rs`, `ReplicaOp::Moved`).
+    copy_of: std::collections::HashMap<ActorKey, u32>,
 }
 
 impl WriterState {

@@ -60,6 +60,7 @@ impl WriterState {
         let stale = tables.outgoing_where(|k| *k == key)?;
         tables.drop_outgoing(&stale)?;
         self.install(tables, image, created)?;
+        self.copy_of.insert(key.clone(), slot);
         let at = self.slot_placement(slot);
         self.record_at(at, || ReplicaOp::Delete {
             actor_type: image.actor_type.clone(),
@@ -100,8 +101,10 @@ impl WriterState {
         created: &mut i64,
     ) -> Result<bool, StorageError> {
         if self.replication.get().is_some_and(|r| r.holds(to)) {
+            self.copy_of.insert(key.clone(), to);
             return Ok(false);
         }
+        self.copy_of.remove(key);
         let dropped = tables.delete_actor(key)?;
         if dropped {
             *created -= 1;

@@ -351,7 +351,7 @@ impl WriterState {
             tables.drop_outgoing(&outgoing)?;
         }
         for op in &batch.ops {
-            self.apply_replica_op(tables, op, created)?;
+            self.apply_replica_op(tables, batch.slot, op, created)?;
         }
         tables
             .replica_lsn()?
@@ -359,9 +359,11 @@ impl WriterState {
         Ok(ReplicaApplied::Applied)
     }
 
+    /// Apply `op` of a batch of `slot` (this node backs the slot up).
     fn apply_replica_op(
         &mut self,
         tables: &mut Tables<'_>,
+        slot: u32,
         op: &ReplicaOp,
         created: &mut i64,
     ) -> Result<(), StorageError> {
@@ -420,11 +422,17 @@ impl WriterState {
                 actor_type,
                 actor_id,
             } => {
-                if tables.delete_actor(&key(actor_type, actor_id)?)? {
+                let k = key(actor_type, actor_id)?;
+                self.copy_of.remove(&k);
+                if tables.delete_actor(&k)? {
                     *created -= 1;
                 }
             }
-            ReplicaOp::Install(image) => self.install(tables, image, created)?,
+            ReplicaOp::Install(image) => {
+                self.install(tables, image, created)?;
+                self.copy_of
+                    .insert(key(&image.actor_type, &image.actor_id)?, slot);
+            }
             ReplicaOp::Delivery { .. } | ReplicaOp::Relay { .. } => {
                 self.put_outgoing(tables, op)?;
             }
@@ -433,7 +441,16 @@ impl WriterState {
                 actor_id,
                 to,
             } => {
-                self.moved_out(tables, &key(actor_type, actor_id)?, *to, created)?;
+                // The actor left `slot`. This node's rows of it may be a
+                // newer copy, though: moved on again, it was moved into a
+                // slot this node keeps, before this op (held up behind its
+                // owner's other writes) arrived. Dropped, they were the
+                // actor's only rows there; it then started empty (a probe:
+                // counters back at 1 under moves 20 ms apart).
+                let k = key(actor_type, actor_id)?;
+                if self.copy_of.get(&k).is_none_or(|s| *s == slot) {
+                    self.moved_out(tables, &k, *to, created)?;
+                }
             }
             ReplicaOp::Stale {
                 actor_type,

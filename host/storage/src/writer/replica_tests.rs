@@ -731,3 +731,82 @@ async fn a_stale_copy_goes_only_if_it_is_the_copy_named() {
     assert!(owner.reader().unwrap().actor(&key).unwrap().is_none());
     assert!(backup.reader().unwrap().actor(&key).unwrap().is_none());
 }
+
+/// A backup's late "moved out" leaves a newer copy alone. The actor left
+/// slot 7 (its owner then told slot 7's backup, behind its other writes),
+/// and moved on into slot 8, kept by that same backup node, before the
+/// op arrived: dropping its rows there dropped the actor's only copy, and
+/// it started again empty (a probe: a counter back at 1 under moves 20 ms
+/// apart). A "moved out" of the copy's own slot still drops it.
+#[tokio::test]
+async fn a_late_moved_out_leaves_the_copy_moved_in_since() {
+    use crate::schema::*;
+    let (_a_dir, owner) = open();
+    let (_b_dir, backup) = open();
+    let collect = Arc::new(Collect::default());
+    assert!(owner.writer().replicate(collect.clone()));
+    let (key, created) = submit_create(&owner, "r1");
+    let (batches, release) = collect.next().await;
+    assert_eq!(
+        apply_on(&backup, batches[0].clone(), true).await,
+        super::ReplicaApplied::Applied
+    );
+    release(Ok(()));
+    let rec = created.await.unwrap().unwrap();
+    let tracker = Arc::new(CommitTracker::default());
+    let (op, rx) = turn(&key, &rec, &tracker, 0, 1, "n", "1553");
+    owner.writer().submit(op);
+    let (batches, release) = collect.next().await;
+    assert_eq!(
+        apply_on(&backup, batches[0].clone(), true).await,
+        super::ReplicaApplied::Applied
+    );
+    release(Ok(()));
+    rx.await.unwrap().unwrap();
+    // The image a move would carry (read from the backup's copy, which
+    // has the same rows).
+    let k = key.clone();
+    let image = backup
+        .writer()
+        .call(|done| WriteOp::ReadImage { key: k, done })
+        .await
+        .unwrap()
+        .expect("the actor exists");
+
+    // It moves out of slot 7 to slot 3 (another node's); the op for slot
+    // 7's backup is held up...
+    let (done, out) = oneshot::channel();
+    owner.writer().submit(WriteOp::MoveOut {
+        key: key.clone(),
+        from: 7,
+        to: 3,
+        done,
+    });
+    let (late, release) = collect.next().await;
+    assert!(matches!(late[0].ops[..], [ReplicaOp::Moved { to: 3, .. }]));
+    release(Ok(()));
+    assert!(out.await.unwrap().unwrap());
+    // ... while it moves on into slot 8, which the backup's node keeps.
+    let backup_collect = Arc::new(Collect::default());
+    assert!(backup.writer().replicate(backup_collect.clone()));
+    let (done, moved_in) = oneshot::channel();
+    backup.writer().submit(WriteOp::MoveIn {
+        image,
+        slot: 8,
+        done,
+    });
+    until(&backup_collect, moved_in).await.unwrap();
+    assert_eq!(
+        apply_on(&backup, late[0].clone(), true).await,
+        super::ReplicaApplied::Applied
+    );
+    let reader = backup.reader().unwrap();
+    let here = reader
+        .actor(&key)
+        .unwrap()
+        .expect("the moved-in copy stays");
+    assert_eq!(
+        reader.state(here.num, "n").unwrap().as_deref(),
+        Some(&b"1553"[..])
+    );
+}
