@@ -18,6 +18,8 @@
 //! released.
 
 mod apply;
+#[cfg(test)]
+mod move_tests;
 mod moves;
 mod ops;
 mod outgoing;
