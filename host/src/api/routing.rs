@@ -40,7 +40,7 @@ const SERVED_SLOT: &str = "x-marmot-slot";
 const ATTEMPTS: usize = 3;
 /// Past [`ATTEMPTS`], a request keeps following its actor for this long
 /// from its arrival (an actor moved twice in a row used up the attempts,
-/// and its request got a 503: a probe at ~200 moves a minute), up to
+/// and its request got a 503: a probe at ~400 moves per 30 s), up to
 /// [`MAX_ROUTES`] routes in all.
 const ROUTING_TIME: Duration = Duration::from_secs(10);
 const MAX_ROUTES: usize = 16;
