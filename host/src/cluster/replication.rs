@@ -356,6 +356,10 @@ impl Sender {
         slots.dedup();
         for (slot, epoch) in slots {
             match self.cluster.drop_backup(slot, epoch, node).await {
+                Ok(true) if self.cluster.left_gracefully(node) => {
+                    tracing::info!(slot, backup = %node,
+                    "the backup stopped gracefully; the slot runs without one until another catches up")
+                }
                 Ok(true) => tracing::warn!(slot, backup = %node,
                     "backup unreachable or out of step for {DROP_AFTER:?}; the slot runs without one"),
                 Ok(false) => {}

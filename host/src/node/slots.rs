@@ -80,7 +80,8 @@ impl Node {
         }
         let started = std::time::Instant::now();
         let bound = Duration::from_secs(10);
-        let (mut handed, mut asked) = (0, 0);
+        // Slots handed, and slots tried (each once, however many passes).
+        let (mut handed, mut asked) = (0, BTreeSet::new());
         // Again while slots keep coming (a handoff to this node decided
         // before the controller saw it leaving, still being switched),
         // within the bound.
@@ -97,7 +98,7 @@ impl Node {
                 .collect();
             let mut all_switched = !mine.is_empty();
             if !mine.is_empty() {
-                asked += mine.len();
+                asked.extend(mine.iter().map(|(slot, _, _)| *slot));
                 let left = bound.saturating_sub(started.elapsed());
                 let n = tokio::time::timeout(left, self.hand_over_at_stop(&cluster, &mine))
                     .await
@@ -117,13 +118,13 @@ impl Node {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
-        if asked == 0 {
+        if asked.is_empty() {
             return;
         }
         self.metrics.cluster_handoffs.inc_by(handed as u64);
         tracing::info!(
             handed,
-            of = asked,
+            of = asked.len(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "slots handed to their backups before stopping"
         );
