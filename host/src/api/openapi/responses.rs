@@ -42,6 +42,13 @@ fn yes() -> Value {
     json!({"const": true})
 }
 
+/// `{field: [item, …]}`: a whole listing (not paged).
+fn listing(field: &str, item: &str) -> Value {
+    let mut properties = serde_json::Map::new();
+    properties.insert(field.to_owned(), array_of(schema(item)));
+    object(&[field], Value::Object(properties))
+}
+
 /// A cursor for the next page, `null` on the last.
 fn cursor(of: Value) -> Value {
     either(of, null())
@@ -78,13 +85,7 @@ pub(super) fn schemas() -> Vec<(&'static str, Value)> {
                 "created": {"type": "boolean",
                     "description": "false: the same code and config were current (no new version)"}}))]}),
         ),
-        (
-            "TypeList",
-            object(
-                &["types"],
-                json!({"types": array_of(schema("TypeSummary"))}),
-            ),
-        ),
+        ("TypeList", listing("types", "TypeSummary")),
         (
             "TypeInfo",
             object(
@@ -294,13 +295,7 @@ pub(super) fn schemas() -> Vec<(&'static str, Value)> {
                     "created_at_ms": ms(), "updated_at_ms": ms()}),
             ),
         ),
-        (
-            "ProviderList",
-            object(
-                &["providers"],
-                json!({"providers": array_of(schema("ProviderInfo"))}),
-            ),
-        ),
+        ("ProviderList", listing("providers", "ProviderInfo")),
         (
             "SecretInfo",
             object(
@@ -309,13 +304,7 @@ pub(super) fn schemas() -> Vec<(&'static str, Value)> {
                     "created_at_ms": ms(), "updated_at_ms": ms()}),
             ),
         ),
-        (
-            "SecretList",
-            object(
-                &["secrets"],
-                json!({"secrets": array_of(schema("SecretInfo"))}),
-            ),
-        ),
+        ("SecretList", listing("secrets", "SecretInfo")),
         (
             "SubscriptionInfo",
             object(
@@ -330,10 +319,7 @@ pub(super) fn schemas() -> Vec<(&'static str, Value)> {
         ),
         (
             "SubscriptionList",
-            object(
-                &["subscriptions"],
-                json!({"subscriptions": array_of(schema("SubscriptionInfo"))}),
-            ),
+            listing("subscriptions", "SubscriptionInfo"),
         ),
         (
             "Delivery",

@@ -192,7 +192,7 @@ async fn a_stale_copy_goes_only_if_it_is_the_copy_named() {
 /// and moved on into slot 8, kept by that same backup node, before the
 /// op arrived: dropping its rows there dropped the actor's only copy, and
 /// it started again empty (a probe: a counter back at 1 under moves 20 ms
-/// apart). A "moved out" of the copy's own slot still drops it.
+/// apart).
 #[tokio::test]
 async fn a_late_moved_out_leaves_the_copy_moved_in_since() {
     use crate::schema::*;
