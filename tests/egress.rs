@@ -80,6 +80,11 @@ async fn respond(
                 .find(|(k, _)| k == "authorization")
                 .map(|(_, v)| v.clone())
                 .unwrap_or_default();
+            // And in a header's name, as a server reflecting it there would.
+            let name = format!("x-key-{}", auth.trim_start_matches("Bearer "));
+            if !auth.is_empty() && hyper::header::HeaderName::from_bytes(name.as_bytes()).is_ok() {
+                resp = resp.header(name, "1");
+            }
             resp = resp.header("x-echo-auth", auth);
             serde_json::to_string(&headers).unwrap()
         }
@@ -251,17 +256,22 @@ fn answer(
     let qtype = u16::from_be_bytes([*q.get(i)?, *q.get(i + 1)?]);
     let question_end = i + 4;
     let name = labels.join(".");
-    let answers: Vec<Ipv4Addr> = match table.get(&name) {
-        Some(ips) if qtype == 1 => {
+    // An entry `*.parent` answers for every name under `parent`.
+    let entry = table.get_key_value(&name).or_else(|| {
+        let (_, parent) = name.split_once('.')?;
+        table.get_key_value(&format!("*.{parent}"))
+    });
+    let answers: Vec<Ipv4Addr> = match entry {
+        Some((key, ips)) if qtype == 1 => {
             let mut c = counts.lock().unwrap();
-            let n = c.entry(name.clone()).or_default();
+            let n = c.entry(key.clone()).or_default();
             let ip = ips[(*n).min(ips.len() - 1)];
             *n += 1;
             vec![ip]
         }
         _ => Vec::new(),
     };
-    let rcode = if table.contains_key(&name) { 0 } else { 3 };
+    let rcode = if entry.is_some() { 0 } else { 3 };
     let mut out = Vec::with_capacity(question_end + 16 * answers.len());
     out.extend_from_slice(&q[0..2]);
     out.extend_from_slice(&[0x81, 0x80 | rcode]);
@@ -301,6 +311,7 @@ impl Rig {
             ("api.test", vec![SERVER_IP]),
             ("other.test", vec![SERVER_IP]),
             ("loop.test", vec![Ipv4Addr::LOCALHOST]),
+            ("*.loop.test", vec![Ipv4Addr::LOCALHOST]),
             ("private.test", vec![Ipv4Addr::new(10, 0, 0, 7)]),
             ("rebind.test", vec![SERVER_IP, Ipv4Addr::LOCALHOST]),
         ])
@@ -399,6 +410,14 @@ async fn a_secret_reaches_only_its_https_host_and_nothing_comes_back_with_it() {
         .find(|h| h[0] == "x-echo-auth")
         .unwrap();
     assert_eq!(echoed[1], "Bearer [redacted]");
+    // A header whose name held the value is not handed over at all.
+    let names: Vec<String> = r["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h[0].as_str().unwrap().to_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.starts_with("x-key-")), "{names:?}");
 
     // Not in the guest's memory: the scan finds a string the guest did see,
     // and not the value.
@@ -729,7 +748,11 @@ async fn allow_lists_methods_and_redirects() {
         .deploy(
             "kit",
             TESTKIT,
-            json!({ "allowed_hosts": ["api.test", "other.test"], "secrets": ["API_KEY"], "max_redirects": 2 }),
+            json!({
+                "allowed_hosts": ["api.test", "other.test", "*.loop.test", "*.nx.test"],
+                "secrets": ["API_KEY"],
+                "max_redirects": 2,
+            }),
         )
         .await;
     assert_eq!(r.status, 201);
@@ -787,6 +810,27 @@ async fn allow_lists_methods_and_redirects() {
             rig.seen.requests().len(),
             before + 1,
             "{tpl}: the redirect was followed"
+        );
+    }
+    // A hop refused by its answer's address, or whose name does not
+    // resolve: the errors name neither the host (the resolver's own words
+    // do) nor anything else the server put there.
+    for (tpl, says) in [
+        (
+            "https://marker-q7.loop.test/",
+            "redirect 1 was refused: its host resolves to an address this node does not allow (loopback",
+        ),
+        (
+            "https://marker-q7.nx.test/",
+            "redirect 1: connection failed",
+        ),
+    ] {
+        let r = rig.fetch(reflect(tpl)).await;
+        let e = r["error"].as_str().unwrap_or_default();
+        assert!(e.contains(says), "{tpl}: {r}");
+        assert!(
+            !e.contains("marker-q7"),
+            "{tpl}: the target is in the error: {e}"
         );
     }
     let mut node = rig.node;

@@ -418,10 +418,10 @@ impl Egress {
             {
                 builder = builder.headers(crate::telemetry::outgoing_headers());
             }
-            let resp = builder
-                .send()
-                .await
-                .map_err(|e| transport_error(&e, scrub))?;
+            let resp = builder.send().await.map_err(|e| match hops {
+                0 => transport_error(&e, scrub),
+                _ => hop_transport_error(&e, hops, &url, scrub),
+            })?;
             let status = resp.status();
             if status.is_redirection() && hops < max_redirects {
                 let Some(location) = resp
@@ -573,13 +573,17 @@ fn check_identity(resp: &reqwest::Response) -> Result<(), EgressError> {
     }
 }
 
-/// The headers of `resp` that are text, scrubbed.
+/// The headers of `resp` that are text, scrubbed. A header whose *name*
+/// holds a secret's value (a server that reflects what it was sent into a
+/// name, `x-<token>: 1`) is left out: a name has no room for `[redacted]`
+/// (brackets are not allowed in one), and no legitimate use for a key.
 fn scrubbed_headers(resp: &reqwest::Response, scrub: &Scrub) -> Vec<(String, String)> {
     resp.headers()
         .iter()
         // Scrubbing may change the body's length; the declared one would
         // tell how long the values it replaced were.
         .filter(|(k, _)| scrub.is_empty() || *k != reqwest::header::CONTENT_LENGTH)
+        .filter(|(k, _)| !scrub.found_in(k.as_str().as_bytes()))
         .filter_map(|(k, v)| {
             let v = v.to_str().ok()?;
             Some((k.as_str().to_owned(), scrub.text(v.to_owned())))
@@ -590,16 +594,73 @@ fn scrubbed_headers(resp: &reqwest::Response, scrub: &Scrub) -> Vec<(String, Str
 /// A transport error in words, without the URL (it may carry what the
 /// guest put there) and scrubbed.
 fn transport_error(e: &reqwest::Error, scrub: &Scrub) -> EgressError {
+    if let Some(refused) = address_refused(e) {
+        return EgressError::Refused(scrub.text(refused.to_string()));
+    }
+    let mut msg = transport_kind(e).to_owned();
+    if let Some(last) = innermost_cause(e) {
+        msg.push_str(": ");
+        msg.push_str(&last);
+    }
+    EgressError::Failed(scrub.text(msg))
+}
+
+/// A redirect hop's transport error: as [`transport_error`], but without
+/// the hop's host, which the server chose and which may hold what the
+/// request sent (the policy's refusal and the resolver's errors name it:
+/// a value reflected into a host came back in them, lowercased).
+fn hop_transport_error(e: &reqwest::Error, hop: u32, url: &Url, scrub: &Scrub) -> EgressError {
+    const UNSHOWN: &str = "the target is not shown: the server chose it";
+    if let Some(refused) = address_refused(e) {
+        return EgressError::Refused(format!(
+            "redirect {hop} was refused: its host resolves to an address this node does \
+             not allow ({}; {UNSHOWN})",
+            refused.class.label()
+        ));
+    }
+    let host = url.host_str().unwrap_or_default().as_bytes();
+    let mut msg = format!("redirect {hop}: {}", transport_kind(e));
+    match innermost_cause(e) {
+        Some(last) if host.is_empty() || !contains_ignoring_case(last.as_bytes(), host) => {
+            msg.push_str(&format!(": {last} ({UNSHOWN})"))
+        }
+        _ => msg.push_str(&format!(" ({UNSHOWN}, nor the cause, which names it)")),
+    }
+    EgressError::Failed(scrub.text(msg))
+}
+
+/// The address policy's refusal in `e`'s chain of causes, if that is why
+/// it failed.
+fn address_refused(e: &reqwest::Error) -> Option<&AddressRefused> {
     let mut source = std::error::Error::source(e);
-    let mut detail = Vec::new();
     while let Some(s) = source {
         if let Some(refused) = s.downcast_ref::<AddressRefused>() {
-            return EgressError::Refused(scrub.text(refused.to_string()));
+            return Some(refused);
         }
-        detail.push(s.to_string());
         source = s.source();
     }
-    let kind = if e.is_timeout() {
+    None
+}
+
+/// The innermost cause of `e`, in words.
+fn innermost_cause(e: &reqwest::Error) -> Option<String> {
+    let mut source = std::error::Error::source(e);
+    let mut last = None;
+    while let Some(s) = source {
+        last = Some(s.to_string());
+        source = s.source();
+    }
+    last
+}
+
+fn contains_ignoring_case(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len())
+        .any(|w| w.eq_ignore_ascii_case(needle))
+}
+
+/// What kind of failure `e` is, in words.
+fn transport_kind(e: &reqwest::Error) -> &'static str {
+    if e.is_timeout() {
         "timed out"
     } else if e.is_connect() {
         "connection failed"
@@ -607,13 +668,7 @@ fn transport_error(e: &reqwest::Error, scrub: &Scrub) -> EgressError {
         "reading the response failed"
     } else {
         "request failed"
-    };
-    let mut msg = kind.to_owned();
-    if let Some(last) = detail.last() {
-        msg.push_str(": ");
-        msg.push_str(last);
     }
-    EgressError::Failed(scrub.text(msg))
 }
 
 #[cfg(test)]

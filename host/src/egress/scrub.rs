@@ -36,9 +36,12 @@ impl Scrub {
     pub fn found_in_url(&self, url: &Url) -> bool {
         let raw = url.as_str().as_bytes();
         let decoded: Vec<u8> = percent_encoding::percent_decode(raw).collect();
-        self.needles
-            .iter()
-            .any(|n| contains(raw, n) || contains(&decoded, n))
+        self.found_in(raw) || self.found_in(&decoded)
+    }
+
+    /// Whether `text` holds a whole secret value, in any ASCII case.
+    pub fn found_in(&self, text: &[u8]) -> bool {
+        self.needles.iter().any(|n| contains(text, n))
     }
 
     /// `bytes` with every secret value replaced.
