@@ -440,6 +440,56 @@ async fn files_survive_kill_9_exactly_when_acknowledged_and_go_with_their_actor(
     assert!(blobs(&data).is_empty(), "a deleted actor's blob was kept");
 }
 
+/// A file rewritten or deleted gives its blob back shortly after the
+/// commit, not at the hourly sweep: an actor rewriting a large file in a
+/// loop, within its quota, used to leave every old version on disk for up
+/// to 70 minutes (a probe grew `blobs/` by 115 MB in two seconds).
+#[tokio::test]
+async fn rewritten_and_deleted_files_give_their_blobs_back() {
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    let config = "[files]\nreleased_blob_delay_ms = 300\nmax_actor_bytes = 1000000\n";
+    let m = Marmot::start_opts(&data, &[], Some(config)).await;
+    let api = m.client();
+    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+    // Twelve versions of one 300 kB file (distinct sizes: distinct blobs),
+    // 3.6 MB in all against a quota of 1 MB, and a file written and
+    // deleted.
+    for i in 0..12 {
+        let r = write(
+            &api,
+            "a",
+            json!({ "path": "big.bin", "bytes": 300_000 + i }),
+        )
+        .await;
+        assert_eq!(r, json!({ "ok": true }), "version {i}");
+    }
+    let r = write(&api, "a", json!({ "path": "gone.bin", "bytes": 200_000 })).await;
+    assert_eq!(r, json!({ "ok": true }));
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({ "op": "file_delete", "path": "gone.bin" }),
+        )
+        .await;
+    assert_eq!(r.json, json!({ "existed": true }));
+    let list = api.get("/v1/actors/kit/a/files").await;
+    let live = list.json["files"][0]["sha256"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while blobs(&data) != [live.clone()] {
+        assert!(
+            Instant::now() < deadline,
+            "blobs no file refers to stayed: {} on disk",
+            blobs(&data).len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(read(&api, "a", "big.bin").await["size"], 300_011);
+    let r = api.get("/v1/actors/kit/a/files/big.bin").await;
+    assert_eq!(r.status, 200);
+}
+
 #[tokio::test]
 async fn javascript_actors_have_files_too() {
     let (_dir, _m, api) = kit_node(json!({})).await;

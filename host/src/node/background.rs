@@ -81,10 +81,9 @@ impl Node {
     pub(super) async fn collect_blobs(&self, grace: Duration) {
         let storage = self.storage.clone();
         let collected = tokio::task::spawn_blocking(move || {
-            let reader = storage.reader()?;
             storage
                 .blobs()
-                .collect(grace, |sha| reader.blob_referenced(sha))
+                .collect(grace, |sha| storage.blob_referenced_now(sha))
         })
         .await;
         match collected {
@@ -92,6 +91,20 @@ impl Node {
             Ok(Ok(n)) => tracing::info!(blobs = n, "unreferenced blobs removed"),
             Ok(Err(e)) => tracing::warn!(error = %e, "blob collection failed"),
             Err(e) => tracing::warn!(error = %e, "blob collection panicked"),
+        }
+    }
+
+    /// Remove the blobs whose last file was overwritten or deleted `delay`
+    /// or more ago.
+    async fn reap_blobs(&self, delay: Duration) {
+        let storage = self.storage.clone();
+        match tokio::task::spawn_blocking(move || storage.reap_blobs(delay)).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => tracing::debug!(blobs = n, "blobs no file refers to any more removed"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot remove blobs no file refers to; the periodic sweep will")
+            }
+            Err(e) => tracing::warn!(error = %e, "blob removal panicked"),
         }
     }
 
@@ -131,6 +144,10 @@ impl Node {
             self.update_gauges();
             if max_age > 0 && n.is_multiple_of(sweep_every) {
                 self.sweep_old_events().await;
+            }
+            let released_delay = Duration::from_millis(self.config.files.released_blob_delay_ms);
+            if self.storage.blobs().reap_due(released_delay) {
+                self.reap_blobs(released_delay).await;
             }
             if n.is_multiple_of(600) {
                 let grace = Duration::from_millis(self.config.files.blob_gc_grace_ms);

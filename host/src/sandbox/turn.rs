@@ -96,13 +96,10 @@ pub fn release_blobs(storage: Arc<Storage>, holds: Vec<BlobHold>) {
     let shas: Vec<[u8; 32]> = holds.iter().map(|h| *h.sha256()).collect();
     drop(holds);
     tokio::task::spawn_blocking(move || {
-        let Ok(reader) = storage.reader() else {
-            return;
-        };
         for sha in shas {
             if let Err(e) = storage
                 .blobs()
-                .release_if_unused(&sha, |h| reader.blob_referenced(h))
+                .release_if_unused(&sha, |h| storage.blob_referenced_now(h))
             {
                 tracing::warn!(error = %e, "cannot remove an unused blob; the collector will");
             }

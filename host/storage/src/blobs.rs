@@ -9,14 +9,20 @@
 //! failed). A blob without a reference and without a hold is garbage — a
 //! crash left it, or its last file went — and [`BlobStore::collect`]
 //! removes it: at start-up (nothing can hold one then) and periodically.
+//! A commit that removes a blob's last reference (its file overwritten or
+//! deleted) queues it ([`Unreferenced`]), and [`BlobStore::reap`] removes
+//! it a few seconds later: garbage from files rewritten in a loop used to
+//! wait for the periodic sweep, outside every quota.
 //! One lock orders `put` against the collector's check-and-delete, so a
-//! blob found by `put` is never deleted under a turn that just took it.
+//! blob found by `put` is never deleted under a turn that just took it;
+//! whether a committed file refers to a blob is read *under* that lock,
+//! so a turn that took the blob and committed just before is seen.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use sha2::{Digest, Sha256};
 
@@ -28,6 +34,35 @@ pub struct BlobStore {
     /// Blobs held by turns not yet committed, with how many holds each;
     /// also the lock that orders `put` against collection.
     held: Arc<Mutex<HashMap<[u8; 32], usize>>>,
+    unreferenced: Arc<Unreferenced>,
+}
+
+/// Blobs whose last reference a commit removed, oldest first, with when:
+/// filled by the writer after each commit, emptied by
+/// [`BlobStore::reap`].
+#[derive(Debug, Default)]
+pub struct Unreferenced(Mutex<VecDeque<(Instant, [u8; 32])>>);
+
+impl Unreferenced {
+    /// `shas` lost their last reference in a commit that just succeeded.
+    pub fn add(&self, shas: Vec<[u8; 32]>) {
+        let now = Instant::now();
+        let mut q = self.0.lock().expect("unreferenced blobs lock");
+        q.extend(shas.into_iter().map(|sha| (now, sha)));
+    }
+
+    /// Take the blobs unreferenced for `delay` or longer.
+    fn take_due(&self, delay: Duration) -> Vec<[u8; 32]> {
+        let mut q = self.0.lock().expect("unreferenced blobs lock");
+        let due = q.iter().take_while(|(at, _)| at.elapsed() >= delay).count();
+        q.drain(..due).map(|(_, sha)| sha).collect()
+    }
+
+    /// Whether some blob has been unreferenced for `delay`.
+    fn any_due(&self, delay: Duration) -> bool {
+        let q = self.0.lock().expect("unreferenced blobs lock");
+        q.front().is_some_and(|(at, _)| at.elapsed() >= delay)
+    }
 }
 
 /// A turn's claim on a blob it stored, from `put` until its commit is
@@ -77,7 +112,38 @@ impl BlobStore {
         Ok(Self {
             dir,
             held: Arc::default(),
+            unreferenced: Arc::default(),
         })
+    }
+
+    /// Where commits queue the blobs they left unreferenced.
+    pub fn unreferenced(&self) -> Arc<Unreferenced> {
+        self.unreferenced.clone()
+    }
+
+    /// Whether [`Self::reap`] with `delay` has something to do.
+    pub fn reap_due(&self, delay: Duration) -> bool {
+        self.unreferenced.any_due(delay)
+    }
+
+    /// Remove the blobs whose last reference went `delay` or more ago, if
+    /// nothing holds them and no committed file refers to them again
+    /// (`referenced`, asked under the lock `put` takes: read it from a
+    /// fresh snapshot). `delay` leaves time for whoever read a file's row
+    /// just before its blob went unreferenced to open the blob: a
+    /// download, a backup's copy. Returns how many were removed. Blocking.
+    pub fn reap(
+        &self,
+        delay: Duration,
+        referenced: impl Fn(&[u8; 32]) -> Result<bool, StorageError>,
+    ) -> Result<usize, StorageError> {
+        let mut removed = 0;
+        for sha in self.unreferenced.take_due(delay) {
+            if self.release_if_unused(&sha, &referenced)? {
+                removed += 1;
+            }
+        }
+        Ok(removed)
     }
 
     /// The path of blob `sha256`.
@@ -129,7 +195,11 @@ impl BlobStore {
     }
 
     /// Remove blob `sha256` now if nothing holds it and `referenced` says
-    /// no committed file needs it (a turn that stored it failed). Blocking.
+    /// no committed file needs it (a turn that stored it failed, or its
+    /// last file went). `referenced` is asked under the lock `put` takes:
+    /// read it from a snapshot begun inside the call, not before (a turn
+    /// that took this blob and committed meanwhile would be missed).
+    /// Blocking.
     pub fn release_if_unused(
         &self,
         sha256: &[u8; 32],
@@ -149,9 +219,9 @@ impl BlobStore {
     }
 
     /// Remove every blob that nothing holds, that `referenced` says no
-    /// committed file needs, and that was last modified more than `grace`
-    /// ago; and leftover temporary files. Returns how many were removed.
-    /// Blocking.
+    /// committed file needs (asked as in [`Self::release_if_unused`]),
+    /// and that was last modified more than `grace` ago; and leftover
+    /// temporary files. Returns how many were removed. Blocking.
     pub fn collect(
         &self,
         grace: Duration,
@@ -238,5 +308,33 @@ mod tests {
         drop(c);
         assert!(store.release_if_unused(&c_sha, |_| Ok(false)).unwrap());
         assert!(store.read(&c_sha).is_err());
+    }
+
+    #[test]
+    fn unreferenced_blobs_go_after_the_delay_unless_taken_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = BlobStore::open(dir.path().join("blobs")).unwrap();
+        let shas: Vec<[u8; 32]> = [&b"old"[..], b"taken again", b"held"]
+            .iter()
+            .map(|b| *store.put(b).unwrap().sha256())
+            .collect();
+        let hold = store.put(b"held").unwrap();
+        store.unreferenced().add(shas.clone());
+        // Not before the delay.
+        assert!(!store.reap_due(Duration::from_secs(60)));
+        assert_eq!(
+            store.reap(Duration::from_secs(60), |_| Ok(false)).unwrap(),
+            0
+        );
+        // After it: only the one nothing refers to or holds.
+        assert!(store.reap_due(Duration::ZERO));
+        let removed = store.reap(Duration::ZERO, |h| Ok(*h == shas[1])).unwrap();
+        assert_eq!(removed, 1);
+        assert!(store.read(&shas[0]).is_err());
+        assert!(store.read(&shas[1]).is_ok());
+        assert!(store.read(&shas[2]).is_ok());
+        // Each is looked at once: the queue is empty now.
+        assert!(!store.reap_due(Duration::ZERO));
+        drop(hold);
     }
 }

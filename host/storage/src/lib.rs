@@ -333,6 +333,7 @@ impl Storage {
             subscriptions.clone(),
             outbox_ready.clone(),
             relay_ready.clone(),
+            blobs.unreferenced(),
         )?;
         Ok(Self {
             db,
@@ -396,6 +397,18 @@ impl Storage {
     /// The blobs holding large files.
     pub fn blobs(&self) -> &blobs::BlobStore {
         &self.blobs
+    }
+
+    /// Whether a committed file refers to blob `sha256`, read from a
+    /// snapshot begun now (what [`blobs::BlobStore`]'s removals ask).
+    pub fn blob_referenced_now(&self, sha256: &[u8; 32]) -> Result<bool, StorageError> {
+        self.reader()?.blob_referenced(sha256)
+    }
+
+    /// Remove the blobs whose last file went `delay` or more ago and that
+    /// nothing took again (see [`blobs::BlobStore::reap`]). Blocking.
+    pub fn reap_blobs(&self, delay: std::time::Duration) -> Result<usize, StorageError> {
+        self.blobs.reap(delay, |sha| self.blob_referenced_now(sha))
     }
 
     /// The group-commit writer.

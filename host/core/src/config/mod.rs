@@ -683,6 +683,10 @@ pub struct FilesConfig {
     /// Unreferenced blobs older than this are removed (must be longer than
     /// any turn: a turn writes its blobs before it commits).
     pub blob_gc_grace_ms: u64,
+    /// A blob whose last file was overwritten or deleted is removed this
+    /// long after the commit: time for a download (or a backup) that read
+    /// the file's row just before to open the blob.
+    pub released_blob_delay_ms: u64,
 }
 
 impl Default for FilesConfig {
@@ -694,6 +698,7 @@ impl Default for FilesConfig {
             max_type_bytes: 10 << 30,
             inline_max_bytes: 64 << 10,
             blob_gc_grace_ms: 3_600_000,
+            released_blob_delay_ms: 10_000,
         }
     }
 }

@@ -48,6 +48,7 @@ pub use tracker::{CommitFailed, CommitTracker};
 use ops::{Applied, Reply, fail_op};
 use tables::Tables;
 
+use super::blobs::Unreferenced;
 use super::db::{DbCell, is_io_failure};
 use super::schema::*;
 use super::{StorageError, Subscriptions};
@@ -85,6 +86,7 @@ impl Writer {
         subscriptions: Arc<Subscriptions>,
         outbox_ready: Arc<Notify>,
         relay_ready: Arc<Notify>,
+        unreferenced: Arc<Unreferenced>,
     ) -> Result<Self, StorageError> {
         let (tx, rx) = mpsc::channel();
         let (next_num, actor_count, next_inbox_seq, next_delivery_seq, next_relay_seq) = {
@@ -129,6 +131,7 @@ impl Writer {
             outbox_touched: false,
             relay_ready,
             relay_touched: false,
+            unreferenced,
             subscriptions_touched: false,
             replication: replication.clone(),
             drafts: Default::default(),
@@ -264,6 +267,9 @@ struct WriterState {
     relay_ready: Arc<Notify>,
     /// The batch being applied added relay rows.
     relay_touched: bool,
+    /// Where blobs left without a reference by a commit go, once it
+    /// succeeded (see [`Unreferenced`]).
+    unreferenced: Arc<Unreferenced>,
     /// The batch changed subscriptions.
     subscriptions_touched: bool,
     replication: Arc<OnceLock<Arc<dyn Replication>>>,
@@ -474,6 +480,7 @@ impl WriterState {
         self.subscriptions_touched = false;
         let mut created: i64 = 0;
         let mut error: Option<StorageError> = None;
+        let mut unreferenced = Vec::new();
         let db = match self.open_db() {
             Ok(db) => db,
             Err(e) => {
@@ -512,6 +519,7 @@ impl WriterState {
                             Err(e) => error = Some(e),
                         }
                     }
+                    unreferenced = std::mem::take(&mut tables.unreferenced);
                 }
                 let injected = self
                     .fail_commits
@@ -546,6 +554,9 @@ impl WriterState {
                 if created != 0 {
                     let c = self.actor_count.load(Ordering::Relaxed) as i64 + created;
                     self.actor_count.store(c.max(0) as u64, Ordering::Relaxed);
+                }
+                if !unreferenced.is_empty() {
+                    self.unreferenced.add(unreferenced);
                 }
                 // A backup's acknowledgements go at once; everything else
                 // once the backups have it (if any): replies, streams,

@@ -17,13 +17,15 @@ macro_rules! tables {
     ($($name:ident: $def:ident => $k:ty, $v:ty;)*) => {
         pub(super) struct Tables<'t> {
             txn: &'t WriteTransaction,
+            /// Blobs whose last reference this transaction removed.
+            pub(super) unreferenced: Vec<[u8; 32]>,
             $($name: Option<redb::Table<'t, $k, $v>>,)*
         }
 
         impl<'t> Tables<'t> {
             /// The tables of `txn`, none opened yet.
             pub(super) fn of(txn: &'t WriteTransaction) -> Self {
-                Self { txn, $($name: None,)* }
+                Self { txn, unreferenced: Vec::new(), $($name: None,)* }
             }
 
             $(
@@ -217,12 +219,14 @@ impl Tables<'_> {
         Ok(())
     }
 
-    /// Add `delta` references to blob `sha256` (a row at zero goes).
+    /// Add `delta` references to blob `sha256` (a row at zero goes, and
+    /// the blob is noted as [`Tables::unreferenced`]).
     fn blob_ref(&mut self, sha256: &[u8; 32], delta: i64) -> Result<(), StorageError> {
         let n = self.blob_refs()?.get(sha256)?.map_or(0, |v| v.value());
         let n = n.saturating_add_signed(delta);
         if n == 0 {
             self.blob_refs()?.remove(sha256)?;
+            self.unreferenced.push(*sha256);
         } else {
             self.blob_refs()?.insert(sha256, n)?;
         }
