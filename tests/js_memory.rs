@@ -432,6 +432,53 @@ async fn request_bodies_past_the_nodes_budget_are_shed_at_once() {
     assert_eq!(metric(&text, "marmot_requests_shed_total"), 1.0);
 }
 
+/// Bodies are charged as they arrive and must arrive in time: connections
+/// that declare a large body and send a few bytes of it (no credentials
+/// needed: webhook routes read their body before checking it) used to
+/// hold their declared lengths of the budget for as long as they stayed
+/// open, and every other request with a body got 503.
+#[tokio::test]
+async fn bodies_that_never_arrive_hold_nothing_and_time_out() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    // A budget of 256 KiB; messages up to 64 KiB, so a body's deadline is
+    // 0.5 s plus 1 s.
+    let config = "[limits]\nrequest_body_budget_bytes = 262144\nmax_message_bytes = 65536\n\
+                  body_timeout_ms = 500\n";
+    let (_dir, m, api) = node(Some(config)).await;
+    assert_eq!(api.deploy_js("slow", SLOW).await.status, 201);
+    let mut stalled = Vec::new();
+    for i in 0..8 {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", m.port))
+            .await
+            .unwrap();
+        let head = format!(
+            "POST /v1/hooks/nosuchtype/x{i}/n HTTP/1.1\r\nhost: marmot\r\n\
+             content-length: 65536\r\n\r\n0123456789"
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        stalled.push(s);
+    }
+    // Eight times 64 KiB declared is twice the budget; ten bytes each arrived.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let text = metrics(&api).await;
+    assert_eq!(metric(&text, "marmot_request_body_bytes"), 80.0);
+    let r = api
+        .op("slow", "a", json!({"pad": "x".repeat(60_000)}))
+        .await;
+    assert_eq!((r.status, &r.json), (200, &json!({"len": 60_000})));
+    // Each stalled body is cut at its deadline with a 408, and its
+    // connection closed.
+    for mut s in stalled {
+        let mut answer = String::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut answer));
+        read.await.expect("the stalled body was never cut").unwrap();
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains("body_timeout"), "{answer}");
+    }
+    let text = metrics(&api).await;
+    assert_eq!(metric(&text, "marmot_request_body_bytes"), 0.0);
+}
+
 /// Fetches a body from the test's server and says how long it was, or why
 /// the fetch failed.
 const FETCHER: &str = r#"

@@ -1,27 +1,47 @@
-//! The node's bound on the request bodies it holds at once.
+//! The node's bound on the request bodies it holds at once, and on how
+//! long a body may take to arrive.
 //!
 //! A request's body stays in memory from the moment it is read until the
 //! response: in the actor's mailbox while earlier messages run, then in the
 //! turn. Each is bounded (`limits.max_message_bytes`, 1 MiB), but their
 //! number only by connections, so a thousand clients posting large bodies
 //! to a few slow actors once held more than a small host has, and the
-//! kernel killed the node. The edge now charges every request its declared
-//! body size (`Content-Length`, at most the route's limit; that limit for a
-//! body of unknown length) against `limits.request_body_budget_bytes`,
+//! kernel killed the node. The edge now charges every request the body
+//! bytes it has *received* against `limits.request_body_budget_bytes`,
 //! holds the charge until the response is made, and answers 503
-//! `overloaded` with `Retry-After` at once when it does not fit. Requests
-//! without a body are never refused, nor are the cluster's own
-//! (`/v1/cluster/…`: replication between nodes, sized by its protocol).
+//! `overloaded` with `Retry-After` when a body does not fit: at once when
+//! its declared length (`Content-Length`, at most the route's limit) is
+//! more than the budget has left, else when a chunk arrives that does not
+//! fit. Requests without a body are never refused, nor are the cluster's
+//! own (`/v1/cluster/…`: replication between nodes, sized by its
+//! protocol).
+//!
+//! Bytes are charged as they arrive, not as declared, and a body must
+//! arrive within `limits.body_timeout_ms` plus a second per 64 KiB of the
+//! route's largest body (408 `body_timeout` after that, and the connection
+//! closes). Until 2026-12-06 the declared length was charged when the head
+//! arrived and a body could take forever: 1,600 connections declaring
+//! 1 MiB each and sending nothing held the whole default budget, with no
+//! credentials (webhook routes read their body before checking it), and
+//! every request with a body got 503 for as long as they stayed open.
 
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{Method, StatusCode, header};
+use hyper::body::{Frame, SizeHint};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
 use super::ApiError;
+
+/// What a body is allowed per second on top of the timeout's slack.
+const MIN_RATE_BYTES_PER_S: u64 = 64 << 10;
 
 /// Bytes of request bodies held, against the budget.
 pub(super) struct BodyBudget {
@@ -30,24 +50,50 @@ pub(super) struct BodyBudget {
     message: u64,
     /// The largest deploy body (`PUT /v1/types/{type}`).
     code: u64,
+    /// The least time a body is given to arrive.
+    slack: Duration,
     held: AtomicU64,
     held_gauge: Gauge,
     refused: Counter,
 }
 
-/// A request's charge, given back when dropped.
+/// What a request's body has been charged so far, given back when dropped
+/// (once the response is made).
 pub(super) struct Charge {
     budget: Arc<BodyBudget>,
-    bytes: u64,
+    bytes: Arc<AtomicU64>,
+    /// Set when the body was cut off: the connection cannot carry another
+    /// request.
+    cut: Arc<AtomicBool>,
+    /// The route's largest body: what the deadline is sized by.
+    route_limit: u64,
+}
+
+/// Why a body was cut off while it arrived.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum BodyCut {
+    #[error(
+        "the node holds {held} bytes of request bodies already, and this body's next {bytes} \
+         bytes do not fit its budget of {limit} bytes (limits.request_body_budget_bytes); \
+         retry later"
+    )]
+    OverBudget { held: u64, bytes: u64, limit: u64 },
+    #[error(
+        "the request body did not arrive within {}s (limits.body_timeout_ms, plus a second per \
+         64 KiB of the largest body this route takes)", .0.as_secs()
+    )]
+    TimedOut(Duration),
 }
 
 impl BodyBudget {
     /// A budget of `limit` bytes, for routes taking bodies up to `message`
-    /// bytes, and deploys up to `code`.
+    /// bytes, and deploys up to `code`; a body is given `slack` to arrive,
+    /// and more for larger routes.
     pub(super) fn new(
         limit: u64,
         message: u64,
         code: u64,
+        slack: Duration,
         held_gauge: Gauge,
         refused: Counter,
     ) -> Arc<Self> {
@@ -55,13 +101,15 @@ impl BodyBudget {
             limit,
             message,
             code,
+            slack,
             held: AtomicU64::new(0),
             held_gauge,
             refused,
         })
     }
 
-    /// Charge `req` for its body, or refuse it.
+    /// Admit `req`'s body (nothing charged yet), or refuse it at once when
+    /// its declared length is more than the budget has left.
     pub(super) fn charge(self: &Arc<Self>, req: &Request) -> Result<Option<Charge>, ApiError> {
         let path = req.uri().path();
         if path.starts_with("/v1/cluster/") {
@@ -72,64 +120,186 @@ impl BodyBudget {
         } else {
             self.message
         };
-        let bytes = match req.headers().get(header::CONTENT_LENGTH) {
+        let declared = match req.headers().get(header::CONTENT_LENGTH) {
             Some(v) => v
                 .to_str()
                 .ok()
                 .and_then(|s| s.trim().parse::<u64>().ok())
                 .unwrap_or(route_limit),
-            None if req.headers().contains_key(header::TRANSFER_ENCODING) => route_limit,
+            // Unknown length: judged as it arrives.
+            None if req.headers().contains_key(header::TRANSFER_ENCODING) => 1,
             None => 0,
         }
         .min(route_limit)
         // One body larger than the whole budget still goes through alone.
         .min(self.limit);
-        if bytes == 0 {
+        if declared == 0 {
             return Ok(None);
         }
-        let fits = self
+        let held = self.held.load(Ordering::Acquire);
+        if held.saturating_add(declared) > self.limit {
+            self.refused.inc();
+            let mut e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                format!(
+                    "the node holds {held} bytes of request bodies already and this one \
+                     declares {declared}: past its budget of {} bytes \
+                     (limits.request_body_budget_bytes); retry later",
+                    self.limit
+                ),
+            );
+            e.retry_after = Some(1);
+            return Err(e);
+        }
+        Ok(Some(Charge {
+            budget: self.clone(),
+            bytes: Arc::default(),
+            cut: Arc::default(),
+            route_limit,
+        }))
+    }
+
+    /// Take `bytes` more for a body, if they fit.
+    fn take(&self, bytes: u64) -> Result<(), BodyCut> {
+        let taken = self
             .held
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                held.checked_add(bytes).filter(|&n| n <= self.limit)
+                let n = held.checked_add(bytes)?;
+                // A body alone may use the whole budget and then some (the
+                // one larger than the budget): only a shared one is cut.
+                (n <= self.limit || held == 0).then_some(n)
             });
-        match fits {
+        match taken {
             Ok(_) => {
                 self.held_gauge.inc_by(bytes as i64);
-                Ok(Some(Charge {
-                    budget: self.clone(),
-                    bytes,
-                }))
+                Ok(())
             }
             Err(held) => {
                 self.refused.inc();
-                let mut e = ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "overloaded",
-                    format!(
-                        "the node holds {held} bytes of request bodies already and this one \
-                         declares {bytes}: past its budget of {} bytes \
-                         (limits.request_body_budget_bytes); retry later",
-                        self.limit
-                    ),
-                );
-                e.retry_after = Some(1);
-                Err(e)
+                Err(BodyCut::OverBudget {
+                    held,
+                    bytes,
+                    limit: self.limit,
+                })
             }
         }
+    }
+}
+
+impl Charge {
+    /// `body`, charged to this request as it arrives and cut off when it
+    /// does not fit the budget or is late.
+    pub(super) fn guard(&self, body: Body) -> Body {
+        let allowed = self.budget.slack
+            + Duration::from_secs(self.route_limit.div_ceil(MIN_RATE_BYTES_PER_S));
+        Body::new(Guarded {
+            body,
+            budget: self.budget.clone(),
+            charged: self.bytes.clone(),
+            cut: self.cut.clone(),
+            allowed,
+            deadline: Box::pin(tokio::time::sleep(allowed)),
+        })
+    }
+
+    /// Whether the body was cut off (the rest of it was never read).
+    pub(super) fn was_cut(&self) -> bool {
+        self.cut.load(Ordering::Acquire)
     }
 }
 
 impl Drop for Charge {
     fn drop(&mut self) {
-        self.budget.held.fetch_sub(self.bytes, Ordering::AcqRel);
-        self.budget.held_gauge.dec_by(self.bytes as i64);
+        let bytes = self.bytes.load(Ordering::Acquire);
+        self.budget.held.fetch_sub(bytes, Ordering::AcqRel);
+        self.budget.held_gauge.dec_by(bytes as i64);
     }
+}
+
+/// A request body as [`Charge::guard`] hands it on.
+struct Guarded {
+    body: Body,
+    budget: Arc<BodyBudget>,
+    charged: Arc<AtomicU64>,
+    cut: Arc<AtomicBool>,
+    allowed: Duration,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl hyper::body::Body for Guarded {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        let frame = match Pin::new(&mut this.body).poll_frame(cx) {
+            Poll::Ready(f) => f,
+            Poll::Pending => {
+                return match this.deadline.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        this.cut.store(true, Ordering::Release);
+                        Poll::Ready(Some(Err(axum::Error::new(BodyCut::TimedOut(this.allowed)))))
+                    }
+                    Poll::Pending => Poll::Pending,
+                };
+            }
+        };
+        if let Some(Ok(f)) = &frame
+            && let Some(data) = f.data_ref()
+            && !data.is_empty()
+        {
+            let n = data.len() as u64;
+            if let Err(cut) = this.budget.take(n) {
+                this.cut.store(true, Ordering::Release);
+                return Poll::Ready(Some(Err(axum::Error::new(cut))));
+            }
+            this.charged.fetch_add(n, Ordering::AcqRel);
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The answer for a body cut off by [`Charge::guard`], if `e` (a failed
+/// read of a request body, in any wrapping) is one.
+pub(super) fn cut_answer(e: &(dyn std::error::Error + 'static)) -> Option<ApiError> {
+    let mut source = Some(e);
+    while let Some(s) = source {
+        if let Some(cut) = s.downcast_ref::<BodyCut>() {
+            return Some(match cut {
+                BodyCut::OverBudget { .. } => {
+                    let mut e = ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "overloaded",
+                        cut.to_string(),
+                    );
+                    e.retry_after = Some(1);
+                    e
+                }
+                BodyCut::TimedOut(_) => {
+                    ApiError::new(StatusCode::REQUEST_TIMEOUT, "body_timeout", cut.to_string())
+                }
+            });
+        }
+        source = s.source();
+    }
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::body::Body;
 
     fn post(len: Option<&str>, chunked: bool) -> Request {
         to("POST", "/v1/actors/t/a", len, chunked)
@@ -146,48 +316,101 @@ mod tests {
         b.body(Body::empty()).unwrap()
     }
 
-    #[test]
-    fn bodies_are_charged_until_their_response_and_refused_past_the_budget() {
-        let gauge = Gauge::default();
-        let refused = Counter::default();
-        let budget = BodyBudget::new(100, 50, 80, gauge.clone(), refused.clone());
+    fn budget(limit: u64, slack_ms: u64) -> (Arc<BodyBudget>, Gauge, Counter) {
+        let (gauge, refused) = (Gauge::default(), Counter::default());
+        let slack = Duration::from_millis(slack_ms);
+        let b = BodyBudget::new(limit, 50, 80, slack, gauge.clone(), refused.clone());
+        (b, gauge, refused)
+    }
+
+    /// Read `bytes` through `charge`'s guard: what the handler would get.
+    async fn read(charge: &Charge, bytes: usize) -> Result<usize, ApiError> {
+        let body = charge.guard(Body::from(vec![b'x'; bytes]));
+        match axum::body::to_bytes(body, usize::MAX).await {
+            Ok(b) => Ok(b.len()),
+            Err(e) => Err(cut_answer(&e).expect("a cut body")),
+        }
+    }
+
+    #[tokio::test]
+    async fn bodies_are_charged_as_they_arrive_until_their_response() {
+        let (budget, gauge, refused) = budget(80, 30_000);
         let a = budget.charge(&post(Some("40"), false)).unwrap().unwrap();
-        // Unknown length: charged as the route's largest body.
-        let b = budget.charge(&post(None, true)).unwrap().unwrap();
-        assert_eq!(gauge.get(), 90);
-        let err = budget.charge(&post(Some("20"), false)).err().unwrap();
+        // Admitted, nothing held until bytes arrive.
+        assert_eq!(gauge.get(), 0);
+        assert_eq!(read(&a, 40).await.unwrap(), 40);
+        assert_eq!(gauge.get(), 40);
+        // A declared length past what is left: refused at once.
+        let err = budget.charge(&post(Some("45"), false)).err().unwrap();
         assert_eq!(err.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(err.retry_after, Some(1));
         assert_eq!(refused.get(), 1);
+        // Unknown length: admitted, and cut when a chunk does not fit.
+        let b = budget.charge(&post(None, true)).unwrap().unwrap();
+        let err = read(&b, 45).await.err().unwrap();
+        assert_eq!(
+            (err.status, err.code),
+            (StatusCode::SERVICE_UNAVAILABLE, "overloaded")
+        );
+        assert!(b.was_cut());
+        assert_eq!(gauge.get(), 40, "a cut chunk is not held");
         // No body, never refused.
         assert!(budget.charge(&post(None, false)).unwrap().is_none());
         assert!(budget.charge(&post(Some("0"), false)).unwrap().is_none());
+        // Given back with the response.
         drop(a);
-        // A declared length past the route's limit is charged the limit
-        // (the route then answers 413).
-        let c = budget
-            .charge(&post(Some("99999999"), false))
-            .unwrap()
-            .unwrap();
-        assert_eq!(gauge.get(), 100);
-        drop((b, c));
         assert_eq!(gauge.get(), 0);
         // Deploys take larger bodies; the cluster's own requests are not
         // charged.
-        let d = budget.charge(&to("PUT", "/v1/types/t", None, true));
-        assert_eq!(gauge.get(), 80, "{:?}", d.as_ref().err());
+        let d = budget.charge(&to("PUT", "/v1/types/t", Some("80"), false));
+        assert_eq!(
+            read(d.as_ref().unwrap().as_ref().unwrap(), 80)
+                .await
+                .unwrap(),
+            80
+        );
         let r = budget.charge(&to("POST", "/v1/cluster/replicate", Some("999"), false));
         assert!(r.unwrap().is_none());
-        drop(d);
+        drop((b, d));
         assert_eq!(budget.held.load(Ordering::Relaxed), 0);
+        assert_eq!(gauge.get(), 0);
     }
 
-    #[test]
-    fn a_body_larger_than_the_whole_budget_goes_through_alone() {
-        let budget = BodyBudget::new(30, 50, 80, Gauge::default(), Counter::default());
+    #[tokio::test]
+    async fn a_body_larger_than_the_whole_budget_goes_through_alone() {
+        let (budget, _, _) = budget(30, 30_000);
         let a = budget.charge(&post(Some("50"), false)).unwrap().unwrap();
+        assert_eq!(read(&a, 50).await.unwrap(), 50);
         assert!(budget.charge(&post(Some("1"), false)).is_err());
         drop(a);
         assert!(budget.charge(&post(Some("1"), false)).unwrap().is_some());
+    }
+
+    /// A body that stops arriving is cut at its deadline (it used to hold
+    /// its declared length of the budget for as long as the client liked).
+    #[tokio::test]
+    async fn a_body_that_stops_arriving_is_cut_at_its_deadline() {
+        use futures::StreamExt as _;
+        let (budget, gauge, _) = budget(100, 100);
+        let c = budget.charge(&post(Some("50"), false)).unwrap().unwrap();
+        let first = futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(
+            b"0123456789",
+        ))]);
+        let body = c.guard(Body::from_stream(first.chain(futures::stream::pending())));
+        let started = std::time::Instant::now();
+        let e = axum::body::to_bytes(body, usize::MAX).await.err().unwrap();
+        let answer = cut_answer(&e).unwrap();
+        assert_eq!(
+            (answer.status, answer.code),
+            (StatusCode::REQUEST_TIMEOUT, "body_timeout")
+        );
+        // The slack plus a second per 64 KiB of the route's largest body.
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(1_100), "{took:?}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        assert!(c.was_cut());
+        assert_eq!(gauge.get(), 10, "what arrived is held until the response");
+        drop(c);
+        assert_eq!(gauge.get(), 0);
     }
 }

@@ -155,13 +155,21 @@ where
             // the token expires or is revoked.
             req.extensions_mut().insert(grant);
         }
+        if let Some(c) = &charge {
+            req = req.map(|body| c.guard(body));
+        }
         // Drive the instance that was polled ready; leave a fresh clone behind.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
             // The body is held until the response is made.
-            let _charge = charge;
+            let charge = charge;
             let mut resp = inner.call(req).await?;
+            if charge.as_ref().is_some_and(|c| c.was_cut()) {
+                // The rest of the body was never read.
+                resp.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
             resp.headers_mut().insert("x-request-id", id);
             gate.decorate(origin.as_ref(), &mut resp);
             Ok(resp)

@@ -210,7 +210,9 @@ impl From<QueryRejection> for ApiError {
 
 impl From<BytesRejection> for ApiError {
     fn from(e: BytesRejection) -> Self {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        if let Some(cut) = super::bodies::cut_answer(&e) {
+            cut
+        } else if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             Self::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload_too_large",

@@ -85,6 +85,7 @@ pub fn router(node: Arc<Node>) -> Router {
         limits.request_body_budget_bytes.unwrap_or(u64::MAX),
         limits.max_message_bytes as u64,
         code_limit as u64,
+        std::time::Duration::from_millis(limits.body_timeout_ms),
         metrics.request_body_bytes.clone(),
         metrics.requests_shed.clone(),
     );

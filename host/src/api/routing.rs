@@ -115,7 +115,11 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
     // after a stale route, or anew after its actor left while it ran.
     let body = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
-        Err(_) => return too_large(),
+        Err(e) => {
+            return super::bodies::cut_answer(&e)
+                .map(IntoResponse::into_response)
+                .unwrap_or_else(too_large);
+        }
     };
     let mut deadline = tokio::time::Instant::now() + ROUTING_TIME;
     let mut rerouted = 0;

@@ -195,10 +195,16 @@ pub struct Limits {
     /// Unset: an eighth of the host's memory, or of its cgroup's limit.
     pub state_cache_budget_bytes: Option<u64>,
     /// Request bodies the node holds at once, from reading each until its
-    /// response (in mailboxes, queued behind earlier messages). A request
-    /// whose declared body does not fit gets 503 `overloaded` at once.
-    /// Unset: a sixteenth of the host's memory, or of its cgroup's limit.
+    /// response (in mailboxes, queued behind earlier messages), charged as
+    /// they arrive. A request whose declared body does not fit what is
+    /// left gets 503 `overloaded` at once; one that stops fitting as it
+    /// arrives, then. Unset: a sixteenth of the host's memory, or of its
+    /// cgroup's limit.
     pub request_body_budget_bytes: Option<u64>,
+    /// How long a request body may take to arrive, plus a second per
+    /// 64 KiB of the largest body its route takes (a message: 16 s more);
+    /// 408 `body_timeout` after that.
+    pub body_timeout_ms: u64,
     /// Outbound response bodies the node buffers at once (guests'
     /// `http.fetch`, model calls that do not stream), from the first byte
     /// read until the body is handed on. A body of known length waits for
@@ -259,6 +265,7 @@ impl Default for Limits {
             guest_memory_budget_bytes: None,
             state_cache_budget_bytes: None,
             request_body_budget_bytes: None,
+            body_timeout_ms: 30_000,
             egress_response_budget_bytes: None,
             max_connections: None,
             max_log_lines_per_turn: 1000,
