@@ -253,6 +253,16 @@ async fn deleting_the_actor_or_stopping_the_node_ends_its_streams() {
     assert_eq!(api.delete("/v1/actors/kit/a").await.status, 200);
     assert!(s.ends_within(WAIT).await, "the stream outlived its actor");
 
+    // So does deleting its type with its actors (the stream went on, and
+    // followed a new actor of the same name from the old log's seq).
+    emit(&api, "c", 1).await;
+    let mut s = api.sse("/v1/actors/kit/c/events", None).await;
+    assert_eq!(read_until(&mut s, 1).await, [1]);
+    let r = api.delete("/v1/types/kit?force=true").await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert!(s.ends_within(WAIT).await, "the stream outlived its type");
+    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+
     // A graceful stop is not held up by open streams.
     emit(&api, "b", 1).await;
     let mut s = api.sse("/v1/actors/kit/b/events", None).await;
@@ -262,6 +272,50 @@ async fn deleting_the_actor_or_stopping_the_node_ends_its_streams() {
         m.wait_exit(Duration::from_secs(10)),
         "SIGTERM with an open stream must still stop the node"
     );
+}
+
+/// Large events come a bounded number of bytes at a time: a page (and
+/// what a live stream reads at once) used to be `limit` events whatever
+/// their size, up to 256 MB, held for as long as a slow client took.
+#[tokio::test]
+async fn pages_of_large_events_are_bounded_in_bytes_and_lose_nothing() {
+    let (_dir, _m, api) = kit_node(json!({})).await;
+    let pad = "x".repeat(200_000);
+    for n in 1..=60 {
+        let r = api
+            .op(
+                "kit",
+                "big",
+                json!({"op": "emit", "kind": "big", "data": {"n": n, "pad": pad}}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.json);
+    }
+    // 60 events of ~200 kB: more than one page's 8 MiB.
+    let mut seen = Vec::new();
+    let mut after = 0;
+    let mut pages = 0;
+    loop {
+        let r = api
+            .get(&format!(
+                "/v1/actors/kit/big/events?after={after}&limit=1000"
+            ))
+            .await;
+        assert_eq!(r.status, 200);
+        let events = r.json["events"].as_array().unwrap();
+        if events.is_empty() {
+            break;
+        }
+        pages += 1;
+        assert!(events.len() < 60, "one page held {} events", events.len());
+        seen.extend(events.iter().map(|e| e["data"]["n"].as_u64().unwrap()));
+        after = r.json["next_after"].as_u64().unwrap();
+    }
+    assert_eq!(seen, (1..=60).collect::<Vec<_>>());
+    assert!(pages >= 2, "{pages}");
+    // A live stream from the start gets every one, in order.
+    let mut s = api.sse("/v1/actors/kit/big/events", None).await;
+    assert_eq!(read_until(&mut s, 60).await, (1..=60).collect::<Vec<_>>());
 }
 
 #[tokio::test]

@@ -104,6 +104,17 @@ impl EventBus {
         }
     }
 
+    /// Every actor of type `ty` was deleted (the type with them): their
+    /// streams end as after [`Self::publish`] with 0.
+    pub fn publish_type_deleted(&self, ty: &str) {
+        let w = self.watched.read().expect("event bus lock");
+        for (key, tx) in w.iter() {
+            if key.ty() == ty {
+                tx.seq.send_replace(0);
+            }
+        }
+    }
+
     /// Send a live frame to `key`'s open streams (none: dropped).
     pub fn live(&self, key: &ActorKey, frame: Arc<str>) {
         let w = self.watched.read().expect("event bus lock");

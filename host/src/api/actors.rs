@@ -353,6 +353,12 @@ pub(super) struct EventParams {
     _access_token: Option<String>,
 }
 
+/// The most bytes of events one page holds, as stored (and at least one
+/// event): `limit` events of up to 256 KiB each made pages of up to
+/// 256 MB. A page may therefore hold fewer than `limit` events; the next
+/// starts at its `next_after`.
+const EVENT_PAGE_BYTES: usize = 8 << 20;
+
 pub(super) async fn events(
     State(s): State<AppState>,
     ActorPath(key): ActorPath,
@@ -373,7 +379,7 @@ pub(super) async fn events(
         return Ok(resp);
     }
     let limit = Page::LIST.size(q.limit)?;
-    let Some(mut events) = s.node.events(&key, after, limit)? else {
+    let Some(mut events) = s.node.events(&key, after, limit, EVENT_PAGE_BYTES)? else {
         return Err(ApiError::actor_not_found(&key));
     };
     let mut reset = None;
@@ -382,7 +388,10 @@ pub(super) async fn events(
     {
         reset = Some(super::streams::reset_json(after, last));
         after = 0;
-        events = s.node.events(&key, 0, limit)?.unwrap_or_default();
+        events = s
+            .node
+            .events(&key, 0, limit, EVENT_PAGE_BYTES)?
+            .unwrap_or_default();
     }
     let next_after = events.last().map_or(after, |(seq, _)| *seq);
     // Events retention removed since `after`: said, as the stream's `gap`

@@ -40,6 +40,13 @@ use crate::tokens::Grant;
 
 /// Events read from disk per step.
 const PAGE: usize = 256;
+
+/// The most bytes of events a stream reads at once, as stored (and at
+/// least one event): what a stream whose client stopped reading holds.
+/// A page of 256 events of up to 256 KiB each held ~64 MiB per stalled
+/// stream (a probe's 20 streams held 1.3 GB), for as long as it stayed
+/// open.
+const PAGE_BYTES: usize = 1 << 20;
 /// The reconnect delay suggested to clients.
 const RETRY: Duration = Duration::from_secs(1);
 
@@ -184,7 +191,7 @@ impl Follow {
                 // published during the read wakes the wait below.
                 self.sub.changed.borrow_and_update();
                 self.read_due = false;
-                match self.node.events(&self.key, self.after, PAGE) {
+                match self.node.events(&self.key, self.after, PAGE, PAGE_BYTES) {
                     Ok(Some(page)) => {
                         let first_read = !self.existed;
                         self.existed = true;

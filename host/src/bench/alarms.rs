@@ -118,7 +118,9 @@ pub(super) async fn lag(args: &BenchArgs) -> anyhow::Result<()> {
     for i in 0..actors {
         let expected = total / actors + usize::from(i < total % actors);
         loop {
-            let events = node.events(&key(i), 0, 10_000)?.unwrap_or_default();
+            let events = node
+                .events(&key(i), 0, 10_000, usize::MAX)?
+                .unwrap_or_default();
             let fired: Vec<_> = events
                 .iter()
                 .filter(|(_, e)| e.kind == "reminder")

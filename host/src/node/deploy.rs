@@ -291,6 +291,10 @@ impl Node {
                 done,
             })
             .await?;
+        // Their event streams end, as a single actor's do when it is
+        // deleted (they went on, and followed a new actor of the same name
+        // from where the old log had been, skipping its first events).
+        self.event_bus.publish_type_deleted(ty);
         // Its usage rows went with it: a type of the same name starts anew.
         self.models.ledger().forget_type(ty);
         tracing::info!(ty, actors_deleted = deleted, "type deleted");

@@ -243,12 +243,15 @@ impl Node {
         Ok(Some(alarms))
     }
 
-    /// Committed events after `after`.
+    /// Committed events after `after`: at most `limit`, and no more than
+    /// `max_bytes` of them as stored (at least one: a page of a log with
+    /// events past `after` is never empty).
     pub fn events(
         &self,
         key: &ActorKey,
         after: u64,
         limit: usize,
+        max_bytes: usize,
     ) -> Result<Option<Vec<(u64, EventRecord)>>, StorageError> {
         let r = self.storage.reader()?;
         let Some(rec) = r.actor(key)? else {
@@ -259,13 +262,12 @@ impl Node {
         let cutoff = self.config.events.cutoff_ms(now_ms());
         let mut after = after;
         loop {
-            let mut page = r.events(rec.num, after, limit)?;
-            let full = page.len() == limit;
+            let mut page = r.events(rec.num, after, limit, max_bytes)?;
             let Some(last) = page.last().map(|(seq, _)| *seq) else {
                 return Ok(Some(page));
             };
             page.retain(|(_, e)| e.at_ms >= cutoff);
-            if !page.is_empty() || !full {
+            if !page.is_empty() {
                 return Ok(Some(page));
             }
             after = last;

@@ -79,6 +79,8 @@ pub enum RunWaitError {
 
 /// Events read per page while waiting.
 const PAGE: usize = 256;
+/// And at most this many bytes of them at once (see `Node::events`).
+const PAGE_BYTES: usize = 1 << 20;
 
 /// A state value of the agent, as JSON (`null` when absent or not JSON).
 fn state_json(r: &Reader, num: u64, key: &str) -> Result<Value, StorageError> {
@@ -265,8 +267,10 @@ impl Node {
     /// has it.
     pub fn run_end(&self, key: &ActorKey, run_id: &str) -> Result<Option<String>, RunWaitError> {
         let mut after = 0;
-        while let Some(page) = self.events(key, after, PAGE)? {
-            let full = page.len() == PAGE;
+        while let Some(page) = self.events(key, after, PAGE, PAGE_BYTES)? {
+            if page.is_empty() {
+                break;
+            }
             for (seq, e) in page {
                 after = seq;
                 let field = if RUN_END_EVENTS.contains(&e.kind.as_str()) {
@@ -280,9 +284,6 @@ impl Node {
                 if data[field] == run_id {
                     return Ok(Some(e.kind));
                 }
-            }
-            if !full {
-                break;
             }
         }
         Ok(None)
@@ -321,10 +322,12 @@ impl Node {
         let mut queued = false;
         loop {
             sub.changed.borrow_and_update();
-            match self.events(key, after, PAGE)? {
+            match self.events(key, after, PAGE, PAGE_BYTES)? {
                 Some(page) => {
                     existed = true;
-                    let full = page.len() == PAGE;
+                    // Read on until a page comes back empty: one may be
+                    // short of `PAGE` for its bytes.
+                    let full = !page.is_empty();
                     for (seq, e) in page {
                         after = seq;
                         let end = RUN_END_EVENTS.contains(&e.kind.as_str());

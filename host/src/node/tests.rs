@@ -117,7 +117,7 @@ async fn events_of_a_failed_commit_reach_no_stream_and_no_log() {
         let reader = node.storage.reader().unwrap();
         let num = reader.actor(&key).unwrap().expect("the actor exists").num;
         reader
-            .events(num, 0, 100)
+            .events(num, 0, 100, usize::MAX)
             .unwrap()
             .into_iter()
             .map(|(seq, e)| (seq, e.kind, String::from_utf8(e.data).unwrap()))

@@ -148,21 +148,29 @@ impl Reader {
         Ok(out)
     }
 
-    /// Events with seq > `after`, at most `limit`.
+    /// Events with seq > `after`, at most `limit`, and no more than
+    /// `max_bytes` as stored (always at least one, if there is one).
     pub fn events(
         &self,
         num: u64,
         after: u64,
         limit: usize,
+        max_bytes: usize,
     ) -> Result<Vec<(u64, EventRecord)>, StorageError> {
         let t = self.txn.open_table(EVENTS)?;
         let mut out = Vec::new();
+        let mut bytes = 0usize;
         for row in t.range((num, after.saturating_add(1))..=(num, u64::MAX))? {
             if out.len() == limit {
                 break;
             }
             let (k, v) = row?;
-            out.push((k.value().1, decode("event", v.value())?));
+            let v = v.value();
+            bytes = bytes.saturating_add(v.len());
+            if bytes > max_bytes && !out.is_empty() {
+                break;
+            }
+            out.push((k.value().1, decode("event", v)?));
         }
         Ok(out)
     }

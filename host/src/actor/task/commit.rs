@@ -278,7 +278,7 @@ impl ActorTask {
         let mut keep_from = first;
         let mut after = first - 1;
         loop {
-            let page = match reader.events(num, after, 1024) {
+            let page = match reader.events(num, after, 1024, usize::MAX) {
                 Ok(p) => p,
                 Err(e) => {
                     tracing::warn!(actor = %self.key, error = %e, "cannot read events for retention");

@@ -162,7 +162,7 @@ pub(super) fn operations() -> Vec<Op> {
             method: "get",
             path: "/v1/actors/{type}/{id}/events",
             id: "events",
-            summary: "Event page ({events, next_after}, and {gap: {after, next}} when retention removed events since `after`; {reset: {after, last}} and the page from the start when `after` is past the log's end, as after the actor was deleted and made again); with Accept: text/event-stream a live SSE stream (Last-Event-ID resumes; `gap` and `reset` frames say the same)",
+            summary: "Event page ({events, next_after}: at most `limit` events and 8 MiB of them, so a page of large events may be shorter; the next starts after `next_after`; and {gap: {after, next}} when retention removed events since `after`; {reset: {after, last}} and the page from the start when `after` is past the log's end, as after the actor was deleted and made again); with Accept: text/event-stream a live SSE stream (Last-Event-ID resumes; `gap` and `reset` frames say the same)",
             params: with(
                 actor(),
                 [

@@ -257,7 +257,10 @@ async fn a_failed_commit_fails_its_whole_batch_and_fences_the_generation() {
     assert_eq!(value(&storage, rec_b.num, "k"), None, "half a batch landed");
     let reader = storage.reader().unwrap();
     assert!(
-        reader.events(rec_a.num, 0, 10).unwrap().is_empty(),
+        reader
+            .events(rec_a.num, 0, 10, usize::MAX)
+            .unwrap()
+            .is_empty(),
         "an event"
     );
     assert!(reader.alarms(rec_a.num).unwrap().is_empty(), "an alarm");
@@ -289,7 +292,10 @@ async fn a_failed_commit_fails_its_whole_batch_and_fences_the_generation() {
     // The same effects, committed, are all there (what the checks above
     // would have seen).
     let reader = storage.reader().unwrap();
-    assert_eq!(reader.events(rec_a.num, 0, 10).unwrap().len(), 1);
+    assert_eq!(
+        reader.events(rec_a.num, 0, 10, usize::MAX).unwrap().len(),
+        1
+    );
     assert_eq!(reader.alarms(rec_a.num).unwrap().len(), 1);
     assert_eq!(reader.alarms_due(0, u64::MAX, 10).unwrap().len(), 1);
     assert_eq!(reader.inputs(rec_a.num).unwrap().len(), 1);
