@@ -205,4 +205,21 @@ async fn long_transcripts_are_compacted_and_outages_are_waited_out() {
         k,
         ["run_started", "model_retry", "model_step", "run_finished"]
     );
+
+    // So is one still refusing for its rate limit after the gateway's
+    // retries (that failed the run at once).
+    rig.fake.push((0..3).map(|_| Scripted::Error {
+        status: 429,
+        retry_after: None,
+    }));
+    let r = rig
+        .api
+        .post_json("/v1/actors/brief/z", &json!({"input": "hello"}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let k = kinds(&rig.events("brief", "z").await);
+    assert_eq!(
+        k,
+        ["run_started", "model_retry", "model_step", "run_finished"]
+    );
 }

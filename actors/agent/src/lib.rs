@@ -93,7 +93,7 @@ impl Actor for Agent {
     }
 
     /// A schedule of the manifest, a paused step (the model was
-    /// unavailable) or a run's deadline is due.
+    /// unavailable), a step's watchdog or a run's deadline is due.
     fn on_alarm(ctx: &Context, alarm: Alarm) -> Result<()> {
         if let Some(name) = alarm.name.strip_prefix(run::SCHEDULE_ALARM) {
             run::Harness::new(ctx)?.scheduled(name, &ctx.turn_id)?;
@@ -103,6 +103,10 @@ impl Actor for Agent {
             run::Harness::new(ctx)?.step(run_id, nonce)?;
         } else if let Some(run_id) = alarm.name.strip_prefix(run::DEADLINE_ALARM) {
             run::Harness::new(ctx)?.deadline(run_id)?;
+        } else if let Some(run_id) = alarm.name.strip_prefix(run::WATCHDOG_ALARM) {
+            let payload: serde_json::Value = serde_json::from_slice(&alarm.payload)?;
+            let nonce = payload["nonce"].as_str().unwrap_or_default();
+            run::Harness::new(ctx)?.watchdog(run_id, nonce)?;
         }
         Ok(())
     }

@@ -26,6 +26,14 @@ pub const DEADLINE_ALARM: &str = "agent-deadline/";
 /// Pauses before retrying a step whose model call failed (provider
 /// unavailable after the gateway's own retries).
 const RETRY_DELAYS_MS: [u64; 3] = [2_000, 10_000, 60_000];
+/// Alarms checking that a queued step turn completed (name + run id).
+pub const WATCHDOG_ALARM: &str = "agent-watchdog/";
+/// When the watchdog looks, after the step was queued. The alarm's turn
+/// runs after the step's (an actor's turns never overlap), so a step that
+/// takes longer is not cut short: the watchdog then finds it done.
+const WATCHDOG_MS: u64 = 30_000;
+/// Times a step whose turn failed is sent again before the run fails.
+const STEP_RESENDS: u32 = 1;
 
 /// The harness for one turn of one agent.
 pub struct Harness {
@@ -126,6 +134,7 @@ impl Harness {
             cost_usd: 0.0,
             retries: 0,
             just_compacted: false,
+            step_resends: 0,
         };
         emit("run_started", &json!({ "run_id": run_id, "input": input }))?;
         // The run ends by this deadline whatever happens to its turns: a
@@ -158,11 +167,56 @@ impl Harness {
         run.waiting = false;
         store::set_run(run)?;
         let body = match what {
-            Next::Step => json!({ "_agent_step": run.run_id, "nonce": run.expect }),
+            Next::Step => {
+                self.watch_step(run, WATCHDOG_MS)?;
+                json!({ "_agent_step": run.run_id, "nonce": run.expect })
+            }
             Next::Exec(call_id) => {
+                alarms::cancel(&format!("{WATCHDOG_ALARM}{}", run.run_id))?;
                 json!({ "_agent_exec": run.run_id, "call_id": call_id, "nonce": run.expect })
             }
         };
+        actors::send(&self.ctx.actor_type, &self.ctx.id, &body)
+    }
+
+    /// Look again in `after_ms` whether the step `run` now expects ran.
+    fn watch_step(&self, run: &Run, after_ms: u64) -> Result<()> {
+        alarms::set(
+            &format!("{WATCHDOG_ALARM}{}", run.run_id),
+            Schedule::After(after_ms),
+            &json!({ "nonce": run.expect }),
+        )
+    }
+
+    /// A step's watchdog is due. If the run still expects that step, its
+    /// turn failed (a trap, its turn timeout, crashes past the recovery
+    /// limit: the platform records `turn_failed` and does not run it
+    /// again): send it once more, then fail the run. A run used to stay
+    /// open until `limits.max_run_ms` (an hour), its caller waiting and
+    /// later inputs queued behind it. The step is sent again with the
+    /// same nonce: were the first copy still queued, whichever runs first
+    /// takes the step and the other finds nothing to do.
+    pub fn watchdog(&self, run_id: &str, nonce: &str) -> Result<()> {
+        let Some(mut run) = self.expected(run_id, nonce)? else {
+            return Ok(());
+        };
+        if run.step_resends >= STEP_RESENDS {
+            return self.fail(
+                run,
+                "turn_failed",
+                "the run's step failed again after it was sent once more (the turn_failed \
+                 events say why)",
+            );
+        }
+        run.step_resends += 1;
+        store::set_run(&run)?;
+        emit(
+            "step_retry",
+            &json!({ "run_id": run.run_id,
+                     "why": "the step's turn did not complete (a turn_failed event says why)" }),
+        )?;
+        self.watch_step(&run, WATCHDOG_MS)?;
+        let body = json!({ "_agent_step": run.run_id, "nonce": run.expect });
         actors::send(&self.ctx.actor_type, &self.ctx.id, &body)
     }
 
@@ -225,11 +279,22 @@ impl Harness {
             Ok(answer) => {
                 run.steps += 1;
                 run.retries = 0;
+                run.step_resends = 0;
                 run.just_compacted = false;
                 count(&mut run, &answer);
                 let mut message = answer["message"].clone();
                 unique_call_ids(&mut message, &transcript);
-                store::append(&message)?;
+                if let Err(e) = store::append(&message) {
+                    // An answer too large to keep (a transcript message is
+                    // one state value, at most 1 MiB): the run fails, paid
+                    // for, rather than the turn (whose step would only
+                    // call the model again).
+                    return self.fail(
+                        run,
+                        "model_error",
+                        &format!("the model's answer cannot be kept: {}", e.message()),
+                    );
+                }
                 emit(
                     "model_step",
                     &json!({
@@ -275,7 +340,10 @@ impl Harness {
             }
             return self.compact(run, transcript);
         }
-        let unavailable = error.starts_with("host error:");
+        // Unavailable: unreachable or failing, or still refusing for its
+        // rate limit after the gateway's own retries (that failed the run
+        // at once, where a 500 paused it three times).
+        let unavailable = error.starts_with("host error:") || error.contains("rate_limited");
         if unavailable && (run.retries as usize) < RETRY_DELAYS_MS.len() {
             let delay = RETRY_DELAYS_MS[run.retries as usize];
             run.retries += 1;
@@ -286,6 +354,7 @@ impl Harness {
                 Schedule::After(delay),
                 &json!({ "nonce": run.expect }),
             )?;
+            self.watch_step(&run, delay + WATCHDOG_MS)?;
             return emit(
                 "model_retry",
                 &json!({ "run_id": run.run_id, "error": error, "after_ms": delay }),
@@ -675,6 +744,7 @@ impl Harness {
         store::clear_approvals();
         alarms::cancel(&format!("agent-retry/{}", run.run_id))?;
         alarms::cancel(&format!("{DEADLINE_ALARM}{}", run.run_id))?;
+        alarms::cancel(&format!("{WATCHDOG_ALARM}{}", run.run_id))?;
         let mut q = store::queue()?;
         if !q.is_empty() {
             let next = q.remove(0);

@@ -46,6 +46,10 @@ pub struct Run {
     /// compact again before the model has been tried.
     #[serde(default)]
     pub just_compacted: bool,
+    /// Times the current step was sent again because its turn never
+    /// completed (see `Harness::watchdog`).
+    #[serde(default)]
+    pub step_resends: u32,
 }
 
 /// An input queued behind the active run.

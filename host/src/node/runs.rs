@@ -147,6 +147,7 @@ const RUN_EVENTS: &[&str] = &[
     "tool_uncertain",
     "tool_arguments_changed",
     "model_retry",
+    "step_retry",
     "compacted",
 ];
 
