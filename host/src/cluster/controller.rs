@@ -107,9 +107,23 @@ struct Write {
     failover: bool,
 }
 
-/// This round's writes for `view`. `gone` says whether a member that is
-/// not live any more has been gone past the grace period.
-fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
+/// This round's writes for `view`. `gone_for(node, d)` says whether a
+/// member that is not live any more has been gone for `d` or longer;
+/// members hold leases of `lease_ttl`.
+fn decide(
+    view: &View,
+    lease_ttl: Duration,
+    gone_for: &mut impl FnMut(&str, Duration) -> bool,
+) -> Vec<Write> {
+    // What a backup that left must have been gone for before its slots
+    // drop it: long enough for an owner that died at the same moment to
+    // have lost its lease (and its slots to wait for the backup instead).
+    // A graceful stop ends a member's lease at once, a crash only at its
+    // expiry: dropped after GRACE, the stopping node's copy was thrown
+    // away while the dead owner still looked alive, and the slots stayed
+    // down until that owner came back (found by a probe). A live owner
+    // does not wait for this: it drops a backup it cannot reach itself.
+    let backup_grace = lease_ttl + GRACE;
     // Who may be given slots: the live members but those leaving (which
     // still own theirs until they hand them over, or fail over).
     let live = takers(view);
@@ -147,7 +161,7 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
         // Live, and stopping: nothing more is given to it.
         let leaving = |n: &str| view.members.get(n).is_some_and(|m| m.leaving);
         let next = if !r.used {
-            if r.owner != best && (is_live(&r.owner) || gone(&r.owner)) {
+            if r.owner != best && (is_live(&r.owner) || gone_for(&r.owner, GRACE)) {
                 Some(SlotRecord {
                     owner: best.to_owned(),
                     epoch: r.epoch + 1,
@@ -178,7 +192,7 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
             match &r.backup {
                 // To another region, if that is where the backup was: the
                 // slot keeps its own, to go back to.
-                Some(b) if is_live(b) && gone(&r.owner) => Some(SlotRecord {
+                Some(b) if is_live(b) && gone_for(&r.owner, GRACE) => Some(SlotRecord {
                     owner: b.clone(),
                     epoch: r.epoch + 1,
                     used: true,
@@ -202,21 +216,25 @@ fn decide(view: &View, gone: &mut impl FnMut(&str) -> bool) -> Vec<Write> {
                 r.region.as_deref(),
             );
             match (&r.backup, &r.joining) {
-                (Some(b), _) if !is_live(b) && gone(b) => Some(SlotRecord {
+                (Some(b), _) if !is_live(b) && gone_for(b, backup_grace) => Some(SlotRecord {
                     backup: None,
                     ..r.clone()
                 }),
                 // A rebalance's node catching up beside the backup died,
                 // or is stopping.
-                (Some(_), Some(j)) if (!is_live(j) && gone(j)) || leaving(j) => Some(SlotRecord {
-                    joining: None,
-                    ..r.clone()
-                }),
+                (Some(_), Some(j)) if (!is_live(j) && gone_for(j, GRACE)) || leaving(j) => {
+                    Some(SlotRecord {
+                        joining: None,
+                        ..r.clone()
+                    })
+                }
                 (Some(_), _) => None,
-                (None, Some(j)) if (!is_live(j) && gone(j)) || leaving(j) => Some(SlotRecord {
-                    joining: None,
-                    ..r.clone()
-                }),
+                (None, Some(j)) if (!is_live(j) && gone_for(j, GRACE)) || leaving(j) => {
+                    Some(SlotRecord {
+                        joining: None,
+                        ..r.clone()
+                    })
+                }
                 (None, None) if candidate.is_some() => Some(SlotRecord {
                     joining: candidate,
                     ..r.clone()
@@ -413,9 +431,10 @@ async fn assign(inner: &Inner, gone_since: &mut HashMap<String, Instant>) -> any
         let v = inner.view();
         let now = Instant::now();
         gone_since.retain(|n, _| !v.members.contains_key(n));
-        let mut writes = decide(&v, &mut |node| {
+        let ttl = Duration::from_secs(inner.config.lease_ttl_s);
+        let mut writes = decide(&v, ttl, &mut |node, d| {
             let since = *gone_since.entry(node.to_owned()).or_insert(now);
-            now.duration_since(since) >= GRACE
+            now.duration_since(since) >= d
         });
         let mut rebalanced = None;
         if let Some((_, revision)) = &v.rebalance {

@@ -3,6 +3,9 @@
 use super::*;
 use crate::cluster::records::{Keys, MemberRecord};
 
+/// The members' lease.
+const TTL: Duration = Duration::from_secs(5);
+
 fn view(members: &[&str], slots: &[(u32, SlotRecord)]) -> View {
     let members: Vec<(&str, &str)> = members.iter().map(|m| (*m, "r")).collect();
     view_in(&members, slots)
@@ -61,19 +64,19 @@ fn slot_of(region: &str, owner: &str, backup: Option<&str>) -> SlotRecord {
 
 #[test]
 fn new_slots_get_an_owner_and_a_different_backup() {
-    let writes = decide(&view(&["a", "b", "c"], &[]), &mut |_| true);
+    let writes = decide(&view(&["a", "b", "c"], &[]), TTL, &mut |_, _| true);
     assert_eq!(writes.len(), SLOTS as usize);
     for w in &writes {
         let b = w.record.backup.as_deref().expect("a backup");
         assert_ne!(b, w.record.owner);
     }
     // Alone: no backup to give.
-    let writes = decide(&view(&["a"], &[]), &mut |_| true);
+    let writes = decide(&view(&["a"], &[]), TTL, &mut |_, _| true);
     assert!(writes.iter().all(|w| w.record.backup.is_none()));
     // In the owner's region when a node there is live (a failover then
     // keeps the slot near its users), else anywhere.
     let v = view_in(&[("a", "eu"), ("b", "eu"), ("c", "us")], &[]);
-    for w in decide(&v, &mut |_| true) {
+    for w in decide(&v, TTL, &mut |_, _| true) {
         let b = w.record.backup.expect("a backup");
         match w.record.owner.as_str() {
             "c" => assert_ne!(b, "c"),
@@ -95,7 +98,7 @@ fn c_leaving(slots: &[(u32, SlotRecord)]) -> View {
 #[test]
 fn a_leaving_member_is_given_nothing() {
     let v = c_leaving(&[]);
-    for w in decide(&v, &mut |_| true) {
+    for w in decide(&v, TTL, &mut |_, _| true) {
         assert_ne!(w.record.owner, "c", "slot {}", w.slot);
         assert_ne!(w.record.backup.as_deref(), Some("c"), "slot {}", w.slot);
     }
@@ -106,7 +109,7 @@ fn a_leaving_member_is_given_nothing() {
         .chain([(7, slot("a", None, true, 2))])
         .collect();
     let v = c_leaving(&slots);
-    for w in decide(&v, &mut |_| true) {
+    for w in decide(&v, TTL, &mut |_, _| true) {
         assert_eq!(w.record.owner, if w.slot == 7 { "a" } else { "c" });
         assert_ne!(w.record.joining.as_deref(), Some("c"), "slot {}", w.slot);
     }
@@ -114,7 +117,7 @@ fn a_leaving_member_is_given_nothing() {
     let mut catching_up = slot("a", None, true, 2);
     catching_up.joining = Some("c".into());
     let v = c_leaving(&[(5, catching_up)]);
-    let w = decide(&v, &mut |_| true)
+    let w = decide(&v, TTL, &mut |_, _| true)
         .into_iter()
         .find(|w| w.slot == 5)
         .expect("a write for slot 5");
@@ -142,29 +145,47 @@ fn a_used_slot_fails_over_to_its_backup_only_after_the_grace_period() {
     let slots = [(3, slot("gone", Some("b"), true, 4))];
     let v = view(&["a", "b"], &slots);
     let for_3 = |ws: Vec<Write>| ws.into_iter().find(|w| w.slot == 3);
-    assert_eq!(for_3(decide(&v, &mut |_| false)), None, "within the grace");
-    let w = for_3(decide(&v, &mut |_| true)).expect("a failover");
+    assert_eq!(
+        for_3(decide(&v, TTL, &mut |_, _| false)),
+        None,
+        "within the grace"
+    );
+    let w = for_3(decide(&v, TTL, &mut |_, _| true)).expect("a failover");
     assert_eq!(w.record, slot("b", None, true, 5));
     assert!(w.failover);
     // No live backup: the slot waits for its owner.
     let v = view(&["a"], &slots);
-    assert_eq!(for_3(decide(&v, &mut |_| true)), None);
-    // A dead backup of a live owner is dropped (degraded), epoch kept.
+    assert_eq!(for_3(decide(&v, TTL, &mut |_, _| true)), None);
+    // A dead backup of a live owner is dropped (degraded), epoch kept:
+    // once an owner that died with it would have lost its lease too (a
+    // graceful stop ends the backup's at once; dropped before, its copy
+    // was lost while the dead owner still looked alive).
     let v = view(&["a"], &[(3, slot("a", Some("gone"), true, 4))]);
-    let w = for_3(decide(&v, &mut |_| true)).expect("backup dropped");
+    let past = |d: Duration| move |_: &str, needed: Duration| needed <= d;
+    assert_eq!(
+        for_3(decide(&v, TTL, &mut past(GRACE))),
+        None,
+        "dropped within the lease"
+    );
+    assert_eq!(
+        for_3(decide(&v, TTL, &mut past(TTL))),
+        None,
+        "dropped within the lease"
+    );
+    let w = for_3(decide(&v, TTL, &mut past(TTL + GRACE))).expect("backup dropped");
     assert_eq!(w.record, slot("a", None, true, 4));
     assert!(!w.failover);
     // A used slot never moves to a node without its data: a slot
     // without a backup gets a joining node, which is not promoted.
     let v = view(&["a", "b", "c"], &[(3, slot("a", None, true, 4))]);
-    let w = for_3(decide(&v, &mut |_| true)).expect("a joining node");
+    let w = for_3(decide(&v, TTL, &mut |_, _| true)).expect("a joining node");
     assert_eq!(w.record.owner, "a");
     assert!(w.record.backup.is_none());
     let joining = w.record.joining.clone().expect("joining");
     assert_ne!(joining, "a");
     let v = view(&["b", "c"], &[(3, w.record.clone())]);
     assert_eq!(
-        for_3(decide(&v, &mut |_| true)),
+        for_3(decide(&v, TTL, &mut |_, _| true)),
         None,
         "a joining node took over"
     );
@@ -174,21 +195,21 @@ fn a_used_slot_fails_over_to_its_backup_only_after_the_grace_period() {
         ..slot("a", None, true, 4)
     };
     let v = view(&["a", "b", "c"], &[(3, avoided.clone())]);
-    let w = for_3(decide(&v, &mut |_| true)).expect("another joining node");
+    let w = for_3(decide(&v, TTL, &mut |_, _| true)).expect("another joining node");
     assert_ne!(w.record.joining, Some(joining.clone()));
     let v = view(&["a", &joining], &[(3, avoided.clone())]);
     assert_eq!(
-        for_3(decide(&v, &mut |_| true)),
+        for_3(decide(&v, TTL, &mut |_, _| true)),
         None,
         "only the avoided node left"
     );
     // Once it has left, it is avoided no more: back, it is chosen.
     let v = view(&["a"], &[(3, avoided)]);
-    let w = for_3(decide(&v, &mut |_| false)).expect("the avoid cleared");
+    let w = for_3(decide(&v, TTL, &mut |_, _| false)).expect("the avoid cleared");
     assert_eq!(w.record.avoid, None);
     assert_eq!(w.record.joining, None);
     let v = view(&["a", &joining], &[(3, w.record)]);
-    let w = for_3(decide(&v, &mut |_| true)).expect("a joining node");
+    let w = for_3(decide(&v, TTL, &mut |_, _| true)).expect("a joining node");
     assert_eq!(w.record.joining, Some(joining));
 }
 
@@ -287,12 +308,12 @@ fn a_slot_that_failed_over_to_another_region_goes_home() {
     let for_3 = |ws: Vec<Write>| ws.into_iter().find(|w| w.slot == 3);
     // Owner gone, backed up in us: the failover keeps "eu".
     let v = view_in(&members, &[(3, slot_of("eu", "gone", Some("c")))]);
-    let w = for_3(decide(&v, &mut |_| true)).expect("a failover");
+    let w = for_3(decide(&v, TTL, &mut |_, _| true)).expect("a failover");
     assert_eq!((w.record.owner.as_str(), w.failover), ("c", true));
     assert_eq!(w.record.region.as_deref(), Some("eu"));
     // Owned in us without a backup: the backup that joins is in eu.
     let v = view_in(&members, &[(3, slot_of("eu", "c", None))]);
-    let w = for_3(decide(&v, &mut |_| true)).expect("a joining node");
+    let w = for_3(decide(&v, TTL, &mut |_, _| true)).expect("a joining node");
     let joining = w.record.joining.expect("joining");
     assert!(["a", "b"].contains(&joining.as_str()), "{joining}");
     // A rebalance moves it to eu's preferred node, through its backup.
@@ -315,7 +336,7 @@ fn a_slot_that_failed_over_to_another_region_goes_home() {
         ..slot("a", Some("b"), true, 3)
     };
     let v = view_in(&members, &[(3, legacy.clone())]);
-    let w = for_3(decide(&v, &mut |_| true)).expect("region filled in");
+    let w = for_3(decide(&v, TTL, &mut |_, _| true)).expect("region filled in");
     assert_eq!(
         w.record,
         SlotRecord {
