@@ -265,7 +265,10 @@ async fn a_backup_applies_what_the_owner_shipped_once_and_only_while_it_is_the_b
     );
     assert_ne!(on, bn);
     assert_eq!(b.state(bn, "k").unwrap().as_deref(), Some(&b"v1"[..]));
-    assert_eq!(b.events(bn, 0, 10, usize::MAX).unwrap(), o.events(on, 0, 10, usize::MAX).unwrap());
+    assert_eq!(
+        b.events(bn, 0, 10, usize::MAX).unwrap(),
+        o.events(on, 0, 10, usize::MAX).unwrap()
+    );
     assert_eq!(b.alarms(bn).unwrap(), o.alarms(on).unwrap());
     assert_eq!(b.inbox(bn, 0, 10).unwrap(), o.inbox(on, 0, 10).unwrap());
     assert_eq!(
