@@ -619,6 +619,18 @@ pub(super) async fn token_revoke(args: &ClientArgs, token_id: &str) -> anyhow::R
 }
 
 /// `marmot cluster status`.
+/// A member's `alive` column: `leaving` while it stops gracefully, and `?`
+/// when the node cannot tell (its view of etcd is stale: `GET
+/// /v1/cluster` says `null`, which the table printed as is).
+fn liveness(m: &serde_json::Value) -> &'static str {
+    match (m["alive"].as_bool(), m["leaving"].as_bool()) {
+        (Some(true), Some(true)) => "leaving",
+        (Some(true), _) => "true",
+        (Some(false), _) => "false",
+        (None, _) => "?",
+    }
+}
+
 pub(super) async fn cluster_status(args: &ClientArgs) -> anyhow::Result<()> {
     let c = Client::new(args)?;
     let (_, body) = c.send(c.request(Method::GET, "/v1/cluster")).await?;
@@ -664,7 +676,7 @@ pub(super) async fn cluster_status(args: &ClientArgs) -> anyhow::Result<()> {
             "{:<16} {:<12} {:<6} {:>6} {:>6} {:>7}  {}",
             m["node_id"].as_str().unwrap_or("?"),
             m["region"].as_str().unwrap_or("-"),
-            m["alive"].to_string(),
+            liveness(m),
             m["slots"].to_string(),
             count(m, "slots_used"),
             count(m, "backup_of"),
@@ -723,4 +735,28 @@ pub(super) async fn secret_rm(args: &ClientArgs, name: &str) -> anyhow::Result<(
         .await?;
     println!("secret {name} deleted");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_table_says_leaving_and_unknown() {
+        let m = |v: serde_json::Value| liveness(&v);
+        assert_eq!(m(serde_json::json!({"alive": true})), "true");
+        assert_eq!(
+            m(serde_json::json!({"alive": true, "leaving": false})),
+            "true"
+        );
+        assert_eq!(
+            m(serde_json::json!({"alive": true, "leaving": true})),
+            "leaving"
+        );
+        assert_eq!(
+            m(serde_json::json!({"alive": false, "leaving": true})),
+            "false"
+        );
+        assert_eq!(m(serde_json::json!({"alive": null})), "?");
+    }
 }
