@@ -77,7 +77,7 @@ pub(super) fn wanted_region(
             return Err(ApiError::bad_request(
                 "unknown_region",
                 format!(
-                    "no live node is in region `{}` (regions: {})",
+                    "no node is in region `{}` (regions: {})",
                     crate::cluster::shown_region(&region),
                     known.join(", ")
                 ),
@@ -245,6 +245,12 @@ fn move_error(key: &ActorKey, e: MoveError) -> ApiError {
     match e {
         MoveError::NotFound(_) => ApiError::actor_not_found(key),
         MoveError::NoRegion(..) => ApiError::bad_request("unknown_region", e.to_string()),
+        MoveError::RegionUnavailable(_) => {
+            let mut err =
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "region_unavailable", e.to_string());
+            err.retry_after = Some(1);
+            err
+        }
         MoveError::NoCluster => {
             ApiError::new(StatusCode::CONFLICT, "not_in_cluster", e.to_string())
         }

@@ -120,9 +120,15 @@ pub enum MoveError {
     /// The actor does not exist.
     #[error("actor {0} does not exist")]
     NotFound(ActorKey),
-    /// No live node is in the region.
-    #[error("no live node is in region `{0}` (regions: {1})")]
+    /// No node is in the region.
+    #[error("no node is in region `{0}` (regions: {1})")]
     NoRegion(String, String),
+    /// The region's nodes are all stopping or down now.
+    #[error(
+        "no node of region `{0}` can take actors now (its nodes are stopping or down); \
+         retry later"
+    )]
+    RegionUnavailable(String),
     /// The node is not in a cluster.
     #[error("this node runs alone: there is nowhere to move an actor to")]
     NoCluster,
@@ -624,6 +630,14 @@ fn owner_of(cluster: &Cluster, slot: u32, what: &str) -> Result<(u64, Option<Str
 fn slot_in(cluster: &Cluster, key: &ActorKey, region: &str) -> Result<u32, MoveError> {
     cluster.slot_in_region(key, region).ok_or_else(|| {
         let regions: Vec<String> = cluster.regions().into_iter().collect();
-        MoveError::NoRegion(crate::cluster::shown_region(region), regions.join(", "))
+        let shown = crate::cluster::shown_region(region);
+        // A region whose nodes are all leaving (or whose slots failed
+        // over elsewhere) is known: it was a 400 `unknown_region` that
+        // listed the region it said had no node.
+        if regions.iter().any(|r| r == region) {
+            MoveError::RegionUnavailable(shown)
+        } else {
+            MoveError::NoRegion(shown, regions.join(", "))
+        }
     })
 }
