@@ -331,6 +331,9 @@ impl Loop {
         .await;
         let rows = match read {
             Ok(Ok(rows)) => rows,
+            // A graceful stop closed the database under the read: nothing
+            // is wrong (it was an ERROR line on every such stop).
+            Ok(Err(crate::storage::StorageError::ShuttingDown)) => return,
             Ok(Err(e)) => {
                 tracing::error!(error = %e, "alarm scheduler: cannot read the due index");
                 return;
