@@ -246,8 +246,11 @@ fn move_error(key: &ActorKey, e: MoveError) -> ApiError {
         MoveError::NotFound(_) => ApiError::actor_not_found(key),
         MoveError::NoRegion(..) => ApiError::bad_request("unknown_region", e.to_string()),
         MoveError::RegionUnavailable(_) => {
-            let mut err =
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "region_unavailable", e.to_string());
+            let mut err = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "region_unavailable",
+                e.to_string(),
+            );
             err.retry_after = Some(1);
             err
         }
