@@ -166,6 +166,111 @@ async fn providers_are_configured_checked_and_listed_without_keys() {
     );
 }
 
+/// Answer every request on `listener` with status 200, `content_type`
+/// and `body`, after reading the request whole; how many it answered.
+fn canned(
+    listener: tokio::net::TcpListener,
+    content_type: &'static str,
+    body: String,
+) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 8192];
+                let head_end = loop {
+                    let Ok(n) = s.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                    if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i + 4;
+                    }
+                };
+                let head = String::from_utf8_lossy(&got[..head_end]).to_ascii_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                while got.len() < head_end + len {
+                    let Ok(n) = s.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\
+                     connection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    count
+}
+
+/// A streamed call answered with something other than an event stream:
+/// JSON (a server that ignores `stream: true`) is taken as the whole
+/// answer; anything else (a web page: a wrong base_url) is refused at
+/// once, saying so. Both were "the stream ended before the model
+/// finished", retried.
+#[tokio::test]
+async fn a_streamed_call_answered_without_a_stream() {
+    let rig = Rig::new().await;
+    let json_server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let json_url = format!("http://{}/v1", json_server.local_addr().unwrap());
+    let answer = json!({"id": "c1", "object": "chat.completion", "model": "m1",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "not streamed"},
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}});
+    canned(json_server, "application/json", answer.to_string());
+    let html_server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let html_url = format!("http://{}/v1", html_server.local_addr().unwrap());
+    let pages = canned(
+        html_server,
+        "text/html; charset=utf-8",
+        "<html>hello</html>".into(),
+    );
+    for (name, url) in [("ignores", &json_url), ("page", &html_url)] {
+        let r = put_provider(
+            &rig.api,
+            name,
+            json!({"format": "openai-chat", "base_url": url}),
+        )
+        .await;
+        assert_eq!(r.status, 201, "{}", r.json);
+    }
+    let ask = |provider: &str| {
+        json!({"provider": provider, "model": "m1", "stream": true,
+               "messages": [{"role": "user", "content": "hi"}]})
+    };
+    let r = rig.chat(ask("ignores")).await;
+    assert_eq!(r["answer"]["message"]["content"], "not streamed", "{r}");
+    assert_eq!(r["answer"]["usage"]["output_tokens"], 2, "{r}");
+    let r = rig.chat(ask("page")).await;
+    let e = r["error"].as_str().unwrap_or_default();
+    assert!(e.contains("Content-Type `text/html; charset=utf-8`"), "{r}");
+    assert!(e.contains("base_url"), "{r}");
+    assert_eq!(
+        pages.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "retried"
+    );
+}
+
 #[tokio::test]
 async fn one_shape_over_every_format_streamed_or_not() {
     let rig = Rig::new().await;

@@ -398,6 +398,44 @@ impl Gateway {
                 &body,
             ));
         }
+        let content_type = resp
+            .headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+            .map(|(_, v)| v.to_ascii_lowercase());
+        if let Some(ct) = content_type.filter(|ct| !ct.starts_with("text/event-stream")) {
+            // Not a stream. A server that ignores `stream: true` answers
+            // JSON: taken as the whole answer. Anything else (an HTML page
+            // from a wrong base_url) is a configuration problem, said as
+            // such: it was "the stream ended before the model finished",
+            // retried twelve times over a minute.
+            if !ct.starts_with("application/json") {
+                return Err(ProviderError::new(
+                    ErrorKind::Refused,
+                    Some(resp.status),
+                    format!(
+                        "the provider answered {} with Content-Type `{ct}`, not an event \
+                         stream or JSON: is its base_url right?",
+                        resp.status
+                    ),
+                ));
+            }
+            let mut body = Vec::new();
+            while let Some(c) = resp.next(64 << 10).await.map_err(egress_error)? {
+                body.extend(c);
+            }
+            let mut json = serde_json::from_slice(&body).map_err(|_| {
+                ProviderError::new(
+                    ErrorKind::Server,
+                    Some(resp.status),
+                    "the response is not JSON".into(),
+                )
+            })?;
+            if !scrub.is_empty() {
+                scrub::value(&mut json, scrub);
+            }
+            return provider.format.decode(json);
+        }
         let mut parser = SseParser::default();
         let mut decoder = provider.format.stream();
         let mut deltas = Vec::new();
