@@ -96,6 +96,39 @@ async fn signed_hooks_run_once_and_redeliveries_are_dropped() {
     );
 }
 
+/// Copies of one delivery sent at once (a sender retrying early): one is
+/// new, every other is a duplicate of it, all name its message id, and it
+/// runs once. Each copy used to be answered as new, with an id of its own.
+#[tokio::test]
+async fn copies_of_one_delivery_sent_at_once_are_answered_as_one() {
+    let (_dir, _m, api, secret) = kit_with_secret(json!({})).await;
+    for round in 0..10 {
+        let id = format!("msg_same_{round}");
+        let copies = (0..20).map(|_| {
+            let (api, secret, id) = (api.clone(), secret.clone(), id.clone());
+            tokio::spawn(async move {
+                let body = br#"{"event": "ticket.created"}"#;
+                api.post_signed("/v1/hooks/kit/t2/support", &secret, &id, now_s(), body)
+                    .await
+            })
+        });
+        let mut fresh = 0;
+        let mut ids = std::collections::BTreeSet::new();
+        for c in copies.collect::<Vec<_>>() {
+            let r = c.await.unwrap();
+            assert_eq!(r.status, 202, "{}", r.json);
+            if r.json["duplicate"] == false {
+                fresh += 1;
+            }
+            ids.insert(r.json["message_id"].as_str().unwrap().to_owned());
+        }
+        assert_eq!((fresh, ids.len()), (1, 1), "round {round}: {ids:?}");
+    }
+    let h = wait_hooks(&api, "t2", 10).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(hooks(&api, "t2").await.len(), 10, "{h:?}");
+}
+
 #[tokio::test]
 async fn the_counter_example_counts_signed_hooks() {
     let (_dir, _m, api) = kit_node(json!({})).await;

@@ -4,6 +4,9 @@
 //! the sender's delivery id), or — when the actor cannot run it now —
 //! stores it as a durable inbox row; and counts the outcome.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use axum::http::HeaderMap;
 use bytes::Bytes;
 
@@ -18,6 +21,52 @@ use crate::webhooks::inbound::{self, Accepted, HookError};
 /// How long a sender waits for a webhook's turn run directly before the
 /// node queues the webhook instead and acknowledges it.
 const DIRECT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Copies of one delivery (one actor, one delivery id) handed to the actor
+/// one at a time: a copy that arrives while another is being run waits for
+/// it, and then finds it recorded (a duplicate). Copies sent at once (a
+/// sender retrying early, two senders) each used to be answered as new,
+/// with a message id of its own, though only one ran.
+#[derive(Default)]
+pub(super) struct InFlight(Mutex<HashMap<(ActorKey, String), Arc<tokio::sync::Mutex<()>>>>);
+
+/// A delivery's turn to be handed over; the next copy's when dropped.
+struct InFlightTurn<'a> {
+    map: &'a InFlight,
+    key: (ActorKey, String),
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl InFlight {
+    async fn enter(&self, key: &ActorKey, delivery: &str) -> InFlightTurn<'_> {
+        let key = (key.clone(), delivery.to_owned());
+        let lock = {
+            let mut map = self.0.lock().expect("webhooks in flight lock");
+            map.entry(key.clone()).or_default().clone()
+        };
+        let guard = lock.lock_owned().await;
+        InFlightTurn {
+            map: self,
+            key,
+            guard: Some(guard),
+        }
+    }
+}
+
+impl Drop for InFlightTurn<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut map = self.map.0.lock().expect("webhooks in flight lock");
+        // Only the map holds it: no copy is waiting (clones are made under
+        // this lock, so none can appear between the count and the removal).
+        if map
+            .get(&self.key)
+            .is_some_and(|l| Arc::strong_count(l) == 1)
+        {
+            map.remove(&self.key);
+        }
+    }
+}
 
 /// Why a hook was not accepted. Nothing was stored.
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +154,10 @@ impl Node {
                 super::AdmitError::RateLimited(r) => WebhookError::RateLimited(r),
                 super::AdmitError::Storage(e) => WebhookError::Turn(e.into()),
             })?;
+        let _turn = match message.idempotency_key.clone() {
+            Some(id) => Some(self.webhooks_in_flight.enter(&key, &id).await),
+            None => None,
+        };
         let (message_id, duplicate) = match self
             .deliver_webhook(&key, message, hooks.dedupe_ttl_ms)
             .await?

@@ -83,6 +83,8 @@ pub struct Node {
     cluster: Option<Cluster>,
     /// Actors this node is moving to another region now.
     moves: moves::Moves,
+    /// Webhook deliveries being handed to their actors now.
+    webhooks_in_flight: hooks::InFlight,
     ready: AtomicBool,
 }
 
@@ -213,6 +215,7 @@ impl Node {
             models,
             cluster,
             moves: moves::Moves::default(),
+            webhooks_in_flight: hooks::InFlight::default(),
             ready: AtomicBool::new(false),
         });
         node.update_gauges();
