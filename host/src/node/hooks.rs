@@ -28,7 +28,10 @@ const DIRECT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// sender retrying early, two senders) each used to be answered as new,
 /// with a message id of its own, though only one ran.
 #[derive(Default)]
-pub(super) struct InFlight(Mutex<HashMap<(ActorKey, String), Arc<tokio::sync::Mutex<()>>>>);
+pub(super) struct InFlight(Mutex<HashMap<(ActorKey, String), Arc<Handover>>>);
+
+/// Held by the copy of a delivery being handed to its actor.
+type Handover = tokio::sync::Mutex<()>;
 
 /// A delivery's turn to be handed over; the next copy's when dropped.
 struct InFlightTurn<'a> {
