@@ -363,7 +363,13 @@ impl StreamDecoder for Stream {
     }
 
     fn finish(self: Box<Self>) -> Result<Value, ProviderError> {
-        let (Some(mut m), true) = (self.message, self.done) else {
+        // Complete once `message_delta` gave the stop reason (it comes
+        // after every block's stop): a stream cut just before
+        // `message_stop` lost nothing, as one cut just before OpenAI's
+        // `[DONE]` is taken whole (it failed the call here, and the run).
+        let stopped =
+            |m: &serde_json::Map<String, Value>| m.get("stop_reason").is_some_and(|r| !r.is_null());
+        let Some(mut m) = self.message.filter(|m| self.done || stopped(m)) else {
             return Err(malformed("the stream ended before message_stop"));
         };
         m.insert(

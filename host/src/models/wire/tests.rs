@@ -314,6 +314,16 @@ fn anthropic_responses_and_streams_agree() {
     ]);
     let (streamed, deltas) = fold(Format::AnthropicMessages, &stream);
     assert_eq!(streamed.unwrap(), d);
+    // Cut just before `message_stop`: the stop reason and usage came, the
+    // answer is whole. Cut before them, it is not.
+    let before_stop =
+        stream.trim_end_matches("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+    assert_ne!(before_stop.len(), stream.len());
+    let (r, _) = fold(Format::AnthropicMessages, before_stop);
+    assert_eq!(r.unwrap(), d);
+    let before_delta = &before_stop[..before_stop.find("event: message_delta").unwrap()];
+    let (r, _) = fold(Format::AnthropicMessages, before_delta);
+    assert!(r.is_err());
     assert!(deltas.contains(&Delta::Text {
         text: "Let me look.".into()
     }));
