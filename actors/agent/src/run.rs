@@ -490,12 +490,32 @@ impl Harness {
                     Ok(None) => {} // it did not happen: run it
                     Err(why) => return self.park(run, &p, &why),
                 },
-                _ => {
+                Tool::Http { .. } => {
                     return self.park(
                         run,
                         &p,
                         "the tool declares no reconcile request to check with",
                     );
+                }
+                // Only http tools can declare one.
+                Tool::Code { .. } => {
+                    return self.park(
+                        run,
+                        &p,
+                        "its script may have sent requests before the crash, and a script \
+                         cannot be checked with",
+                    );
+                }
+                Tool::Actor { .. } => {
+                    return self.park(
+                        run,
+                        &p,
+                        "the message may have reached the other actor before the crash, and an \
+                         actor tool cannot be checked with",
+                    );
+                }
+                _ => {
+                    return self.park(run, &p, "this kind of tool cannot be checked with");
                 }
             }
         }
