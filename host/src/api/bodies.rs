@@ -110,7 +110,7 @@ impl BodyBudget {
 
     /// Admit `req`'s body (nothing charged yet), or refuse it at once when
     /// its declared length is more than the budget has left.
-    pub(super) fn charge(self: &Arc<Self>, req: &Request) -> Result<Option<Charge>, ApiError> {
+    pub(super) fn admit(self: &Arc<Self>, req: &Request) -> Result<Option<Charge>, ApiError> {
         let path = req.uri().path();
         if path.starts_with("/v1/cluster/") {
             return Ok(None);
@@ -335,18 +335,18 @@ mod tests {
     #[tokio::test]
     async fn bodies_are_charged_as_they_arrive_until_their_response() {
         let (budget, gauge, refused) = budget(80, 30_000);
-        let a = budget.charge(&post(Some("40"), false)).unwrap().unwrap();
+        let a = budget.admit(&post(Some("40"), false)).unwrap().unwrap();
         // Admitted, nothing held until bytes arrive.
         assert_eq!(gauge.get(), 0);
         assert_eq!(read(&a, 40).await.unwrap(), 40);
         assert_eq!(gauge.get(), 40);
         // A declared length past what is left: refused at once.
-        let err = budget.charge(&post(Some("45"), false)).err().unwrap();
+        let err = budget.admit(&post(Some("45"), false)).err().unwrap();
         assert_eq!(err.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(err.retry_after, Some(1));
         assert_eq!(refused.get(), 1);
         // Unknown length: admitted, and cut when a chunk does not fit.
-        let b = budget.charge(&post(None, true)).unwrap().unwrap();
+        let b = budget.admit(&post(None, true)).unwrap().unwrap();
         let err = read(&b, 45).await.err().unwrap();
         assert_eq!(
             (err.status, err.code),
@@ -355,21 +355,21 @@ mod tests {
         assert!(b.was_cut());
         assert_eq!(gauge.get(), 40, "a cut chunk is not held");
         // No body, never refused.
-        assert!(budget.charge(&post(None, false)).unwrap().is_none());
-        assert!(budget.charge(&post(Some("0"), false)).unwrap().is_none());
+        assert!(budget.admit(&post(None, false)).unwrap().is_none());
+        assert!(budget.admit(&post(Some("0"), false)).unwrap().is_none());
         // Given back with the response.
         drop(a);
         assert_eq!(gauge.get(), 0);
         // Deploys take larger bodies; the cluster's own requests are not
         // charged.
-        let d = budget.charge(&to("PUT", "/v1/types/t", Some("80"), false));
+        let d = budget.admit(&to("PUT", "/v1/types/t", Some("80"), false));
         assert_eq!(
             read(d.as_ref().unwrap().as_ref().unwrap(), 80)
                 .await
                 .unwrap(),
             80
         );
-        let r = budget.charge(&to("POST", "/v1/cluster/replicate", Some("999"), false));
+        let r = budget.admit(&to("POST", "/v1/cluster/replicate", Some("999"), false));
         assert!(r.unwrap().is_none());
         drop((b, d));
         assert_eq!(budget.held.load(Ordering::Relaxed), 0);
@@ -379,11 +379,11 @@ mod tests {
     #[tokio::test]
     async fn a_body_larger_than_the_whole_budget_goes_through_alone() {
         let (budget, _, _) = budget(30, 30_000);
-        let a = budget.charge(&post(Some("50"), false)).unwrap().unwrap();
+        let a = budget.admit(&post(Some("50"), false)).unwrap().unwrap();
         assert_eq!(read(&a, 50).await.unwrap(), 50);
-        assert!(budget.charge(&post(Some("1"), false)).is_err());
+        assert!(budget.admit(&post(Some("1"), false)).is_err());
         drop(a);
-        assert!(budget.charge(&post(Some("1"), false)).unwrap().is_some());
+        assert!(budget.admit(&post(Some("1"), false)).unwrap().is_some());
     }
 
     /// A body that stops arriving is cut at its deadline (it used to hold
@@ -392,7 +392,7 @@ mod tests {
     async fn a_body_that_stops_arriving_is_cut_at_its_deadline() {
         use futures::StreamExt as _;
         let (budget, gauge, _) = budget(100, 100);
-        let c = budget.charge(&post(Some("50"), false)).unwrap().unwrap();
+        let c = budget.admit(&post(Some("50"), false)).unwrap().unwrap();
         let first = futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(
             b"0123456789",
         ))]);

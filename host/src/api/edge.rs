@@ -118,7 +118,7 @@ where
                 }
                 Err(e) => Some(Err(e)),
             })
-            .or_else(|| match self.bodies.charge(&req) {
+            .or_else(|| match self.bodies.admit(&req) {
                 Ok(c) => {
                     charge = c;
                     None
