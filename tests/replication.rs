@@ -33,6 +33,11 @@ async fn a_backup_whose_disk_fails_is_dropped_and_no_acknowledged_write_is_lost(
     };
     assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
     assert_eq!(c.api(0).add("kit", "disk", 5).await.status, 200);
+    // A file large enough to be a blob: the third node gets it in the
+    // snapshot it catches up from (a snapshot's blobs were never sent).
+    let big = json!({"op": "file_write", "path": "big.bin", "bytes": 200_000});
+    let r = c.api(0).op("kit", "disk", big).await;
+    assert_eq!(r.json, json!({"ok": true}));
     let info = c.api(0).get("/v1/actors/kit/disk").await.json;
     let owner = info["node"].as_str().unwrap().to_owned();
     let backup = info["backup"].as_str().expect("a backup").to_owned();
@@ -74,6 +79,11 @@ async fn a_backup_whose_disk_fails_is_dropped_and_no_acknowledged_write_is_lost(
     let r = add_when_served(&c, third, "disk").await;
     assert_eq!(r.status, 200, "{}", r.json);
     assert_eq!(r.json["value"], 12, "{}", r.json);
+    let read = json!({"op": "file_read", "path": "big.bin"});
+    let r = c.api(third).op("kit", "disk", read).await;
+    assert_eq!(r.json["size"], 200_000, "{}", r.json);
+    let r = c.api(third).get("/v1/actors/kit/disk/files/big.bin").await;
+    assert_eq!((r.status, r.body.len()), (200, 200_000));
     drop(c);
 }
 

@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use super::{Cluster, Peers, ShipTarget, Shipping};
 use crate::ids::ActorKey;
 use crate::metrics::Metrics;
-use crate::storage::schema::{FileBody, ReplicaBatch, ReplicaOp};
+use crate::storage::schema::{FileBody, FileRecord, ReplicaBatch, ReplicaOp};
 use crate::storage::{Placement, Release, Replication, Storage};
 
 /// Fault injection for tests: delay every shipping round by this many
@@ -426,15 +426,20 @@ fn lost(b: &ReplicaBatch, maybe_sent: bool) -> Fate {
 fn blob_shas(b: &ReplicaBatch) -> Vec<[u8; 32]> {
     let mut out = Vec::new();
     for op in &b.ops {
-        if let ReplicaOp::Turn(t) = op {
-            for (_, f) in &t.files {
-                if let Some(f) = f
-                    && f.body == FileBody::Blob
-                {
-                    out.push(f.sha256);
-                }
-            }
-        }
+        let files: Vec<&FileRecord> = match op {
+            ReplicaOp::Turn(t) => t.files.iter().filter_map(|(_, f)| f.as_ref()).collect(),
+            // A whole actor: a joining backup's snapshot, an actor moved
+            // in. Its blobs were never sent, so a backup that caught up
+            // from a snapshot took over with files it could not read.
+            ReplicaOp::Install(image) => image.files.iter().map(|(_, f)| f).collect(),
+            _ => Vec::new(),
+        };
+        out.extend(
+            files
+                .into_iter()
+                .filter(|f| f.body == FileBody::Blob)
+                .map(|f| f.sha256),
+        );
     }
     out.sort_unstable();
     out.dedup();
