@@ -160,15 +160,15 @@ impl BodyBudget {
         }))
     }
 
-    /// Take `bytes` more for a body, if they fit.
-    fn take(&self, bytes: u64) -> Result<(), BodyCut> {
+    /// Take `bytes` more for a body that holds `own` already, if they fit.
+    fn take(&self, bytes: u64, own: u64) -> Result<(), BodyCut> {
         let taken = self
             .held
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
                 let n = held.checked_add(bytes)?;
                 // A body alone may use the whole budget and then some (the
                 // one larger than the budget): only a shared one is cut.
-                (n <= self.limit || held == 0).then_some(n)
+                (n <= self.limit || held == own).then_some(n)
             });
         match taken {
             Ok(_) => {
@@ -253,7 +253,8 @@ impl hyper::body::Body for Guarded {
             && !data.is_empty()
         {
             let n = data.len() as u64;
-            if let Err(cut) = this.budget.take(n) {
+            let own = this.charged.load(Ordering::Acquire);
+            if let Err(cut) = this.budget.take(n, own) {
                 this.cut.store(true, Ordering::Release);
                 return Poll::Ready(Some(Err(axum::Error::new(cut))));
             }
@@ -323,9 +324,14 @@ mod tests {
         (b, gauge, refused)
     }
 
-    /// Read `bytes` through `charge`'s guard: what the handler would get.
+    /// Read `bytes` through `charge`'s guard, in chunks of at most 10
+    /// bytes: what the handler would get.
     async fn read(charge: &Charge, bytes: usize) -> Result<usize, ApiError> {
-        let body = charge.guard(Body::from(vec![b'x'; bytes]));
+        let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = vec![b'x'; bytes]
+            .chunks(10)
+            .map(|c| Ok(bytes::Bytes::copy_from_slice(c)))
+            .collect();
+        let body = charge.guard(Body::from_stream(futures::stream::iter(chunks)));
         match axum::body::to_bytes(body, usize::MAX).await {
             Ok(b) => Ok(b.len()),
             Err(e) => Err(cut_answer(&e).expect("a cut body")),
@@ -353,12 +359,14 @@ mod tests {
             (StatusCode::SERVICE_UNAVAILABLE, "overloaded")
         );
         assert!(b.was_cut());
-        assert_eq!(gauge.get(), 40, "a cut chunk is not held");
+        assert_eq!(gauge.get(), 80, "what arrived before the cut is held");
         // No body, never refused.
         assert!(budget.admit(&post(None, false)).unwrap().is_none());
         assert!(budget.admit(&post(Some("0"), false)).unwrap().is_none());
         // Given back with the response.
         drop(a);
+        assert_eq!(gauge.get(), 40);
+        drop(b);
         assert_eq!(gauge.get(), 0);
         // Deploys take larger bodies; the cluster's own requests are not
         // charged.
@@ -371,7 +379,7 @@ mod tests {
         );
         let r = budget.admit(&to("POST", "/v1/cluster/replicate", Some("999"), false));
         assert!(r.unwrap().is_none());
-        drop((b, d));
+        drop(d);
         assert_eq!(budget.held.load(Ordering::Relaxed), 0);
         assert_eq!(gauge.get(), 0);
     }
