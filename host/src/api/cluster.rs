@@ -293,8 +293,14 @@ pub(super) async fn fan_out(
     }
     let limit = s.node.config().limits.max_code_bytes / 3 * 4 + 64 * 1024;
     let (parts, body) = req.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
-        return too_large();
+    let bytes = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        // Cut for the body budget or its deadline: 503 / 408, not 413.
+        Err(e) => {
+            return super::bodies::cut_answer(&e)
+                .map(IntoResponse::into_response)
+                .unwrap_or_else(too_large);
+        }
     };
     let (method, uri) = (parts.method.clone(), parts.uri.clone());
     let mut headers = forwardable(&parts.headers);
