@@ -28,6 +28,11 @@ use sha2::{Digest, Sha256};
 
 use crate::StorageError;
 
+/// Unreferenced blobs one [`BlobStore::reap`] looks at, at most (a type
+/// deleted with a million files queues a million; the rest wait for the
+/// next call, a second later).
+const REAP_AT_ONCE: usize = 10_000;
+
 /// Where blobs live.
 pub struct BlobStore {
     dir: PathBuf,
@@ -51,11 +56,23 @@ impl Unreferenced {
         q.extend(shas.into_iter().map(|sha| (now, sha)));
     }
 
-    /// Take the blobs unreferenced for `delay` or longer.
-    fn take_due(&self, delay: Duration) -> Vec<[u8; 32]> {
+    /// Take at most `max` of the blobs unreferenced for `delay` or longer.
+    fn take_due(&self, delay: Duration, max: usize) -> Vec<(Instant, [u8; 32])> {
         let mut q = self.0.lock().expect("unreferenced blobs lock");
-        let due = q.iter().take_while(|(at, _)| at.elapsed() >= delay).count();
-        q.drain(..due).map(|(_, sha)| sha).collect()
+        let due = q
+            .iter()
+            .take(max)
+            .take_while(|(at, _)| at.elapsed() >= delay)
+            .count();
+        q.drain(..due).collect()
+    }
+
+    /// Put `rest` back at the front, oldest first (a removal failed).
+    fn put_back(&self, rest: impl DoubleEndedIterator<Item = (Instant, [u8; 32])>) {
+        let mut q = self.0.lock().expect("unreferenced blobs lock");
+        for e in rest.rev() {
+            q.push_front(e);
+        }
     }
 
     /// Whether some blob has been unreferenced for `delay`.
@@ -138,9 +155,18 @@ impl BlobStore {
         referenced: impl Fn(&[u8; 32]) -> Result<bool, StorageError>,
     ) -> Result<usize, StorageError> {
         let mut removed = 0;
-        for sha in self.unreferenced.take_due(delay) {
-            if self.release_if_unused(&sha, &referenced)? {
-                removed += 1;
+        let due = self.unreferenced.take_due(delay, REAP_AT_ONCE);
+        let mut due = due.into_iter();
+        while let Some((at, sha)) = due.next() {
+            match self.release_if_unused(&sha, &referenced) {
+                Ok(true) => removed += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    // Looked at again next time, not left to the sweep.
+                    self.unreferenced
+                        .put_back(std::iter::once((at, sha)).chain(due));
+                    return Err(e);
+                }
             }
         }
         Ok(removed)
@@ -336,5 +362,21 @@ mod tests {
         // Each is looked at once: the queue is empty now.
         assert!(!store.reap_due(Duration::ZERO));
         drop(hold);
+
+        // A failed look leaves it, and those after it, queued.
+        let more: Vec<[u8; 32]> = [&b"one"[..], b"two"]
+            .iter()
+            .map(|b| *store.put(b).unwrap().sha256())
+            .collect();
+        store.unreferenced().add(more.clone());
+        let failing = |h: &[u8; 32]| {
+            if *h == more[0] {
+                Err(StorageError::ShuttingDown)
+            } else {
+                Ok(false)
+            }
+        };
+        assert!(store.reap(Duration::ZERO, failing).is_err());
+        assert_eq!(store.reap(Duration::ZERO, |_| Ok(false)).unwrap(), 2);
     }
 }
