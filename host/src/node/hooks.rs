@@ -47,12 +47,15 @@ impl InFlight {
             let mut map = self.0.lock().expect("webhooks in flight lock");
             map.entry(key.clone()).or_default().clone()
         };
-        let guard = lock.lock_owned().await;
-        InFlightTurn {
+        // Made before the wait: a request dropped while it waits (its
+        // client went away) still removes the entry if it was the last.
+        let mut turn = InFlightTurn {
             map: self,
             key,
-            guard: Some(guard),
-        }
+            guard: None,
+        };
+        turn.guard = Some(lock.lock_owned().await);
+        turn
     }
 }
 
