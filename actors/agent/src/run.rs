@@ -165,6 +165,8 @@ impl Harness {
     fn next(&self, run: &mut Run, what: Next) -> Result<()> {
         run.expect = nonce();
         run.waiting = false;
+        // A continuation was committed: the step before it went through.
+        run.step_resends = 0;
         store::set_run(run)?;
         let body = match what {
             Next::Step => {
@@ -279,7 +281,6 @@ impl Harness {
             Ok(answer) => {
                 run.steps += 1;
                 run.retries = 0;
-                run.step_resends = 0;
                 run.just_compacted = false;
                 count(&mut run, &answer);
                 let mut message = answer["message"].clone();
