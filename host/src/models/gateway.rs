@@ -403,19 +403,24 @@ impl Gateway {
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
             .map(|(_, v)| v.to_ascii_lowercase());
-        if let Some(ct) = content_type.filter(|ct| !ct.starts_with("text/event-stream")) {
+        if let Some(ct) = content_type.filter(|ct| {
+            ct.starts_with("application/json")
+                || ct.starts_with("text/html")
+                || ct.contains("xhtml")
+        }) {
             // Not a stream. A server that ignores `stream: true` answers
-            // JSON: taken as the whole answer. Anything else (an HTML page
-            // from a wrong base_url) is a configuration problem, said as
-            // such: it was "the stream ended before the model finished",
-            // retried twelve times over a minute.
+            // JSON: taken as the whole answer. A web page (a wrong
+            // base_url) is a configuration problem, said as such: both
+            // were "the stream ended before the model finished", retried
+            // twelve times over a minute. Other types are read as a
+            // stream: some servers label theirs `text/plain`.
             if !ct.starts_with("application/json") {
                 return Err(ProviderError::new(
                     ErrorKind::Refused,
                     Some(resp.status),
                     format!(
-                        "the provider answered {} with Content-Type `{ct}`, not an event \
-                         stream or JSON: is its base_url right?",
+                        "the provider answered {} with Content-Type `{ct}`, a web page, not \
+                         an event stream or JSON: is its base_url right?",
                         resp.status
                     ),
                 ));
