@@ -77,7 +77,7 @@ pub(super) fn wanted_region(
             return Err(ApiError::bad_request(
                 "unknown_region",
                 format!(
-                    "no node is in region `{}` (regions: {})",
+                    "no live node is in region `{}` (regions: {})",
                     crate::cluster::shown_region(&region),
                     known.join(", ")
                 ),

@@ -37,7 +37,8 @@ use super::records::{SLOTS, SlotRecord, score};
 use super::view::View;
 
 /// How long a member must have been gone (its lease already expired)
-/// before the controller moves its slots or drops it as a backup.
+/// before the controller moves its slots (a used slot's backup waits
+/// longer: see `decide`).
 const GRACE: Duration = Duration::from_secs(2);
 
 /// Slot writes per etcd transaction (etcd allows 128 operations).

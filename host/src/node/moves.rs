@@ -120,8 +120,8 @@ pub enum MoveError {
     /// The actor does not exist.
     #[error("actor {0} does not exist")]
     NotFound(ActorKey),
-    /// No node is in the region.
-    #[error("no node is in region `{0}` (regions: {1})")]
+    /// No live node is in the region.
+    #[error("no live node is in region `{0}` (regions: {1})")]
     NoRegion(String, String),
     /// The region's nodes are all stopping or down now.
     #[error(
