@@ -192,6 +192,8 @@ impl Storage {
         extra: &[PathBuf],
         started: Instant,
     ) -> Result<BackupReport, StorageError> {
+        // Blobs unreferenced since the snapshot stay until it is copied.
+        let _pause = self.blobs().pause_removals();
         for attempt in 1..=MAX_ATTEMPTS {
             // What an earlier attempt left (this backup's own).
             for leftover in [partial.join("blobs"), partial.join("marmot.redb")] {

@@ -21,6 +21,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -40,6 +41,17 @@ pub struct BlobStore {
     /// also the lock that orders `put` against collection.
     held: Arc<Mutex<HashMap<[u8; 32], usize>>>,
     unreferenced: Arc<Unreferenced>,
+    /// Backups under way: while any is, nothing is removed.
+    pauses: Arc<AtomicUsize>,
+}
+
+/// No blob is removed while this lives (see [`BlobStore::pause_removals`]).
+pub struct RemovalPause(Arc<AtomicUsize>);
+
+impl Drop for RemovalPause {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Blobs whose last reference a commit removed, oldest first, with when:
@@ -130,7 +142,21 @@ impl BlobStore {
             dir,
             held: Arc::default(),
             unreferenced: Arc::default(),
+            pauses: Arc::default(),
         })
+    }
+
+    /// Keep every blob until the returned pause is dropped: a backup copies
+    /// the blobs its snapshot names one by one, and one removed meanwhile
+    /// (its file rewritten after the snapshot) made it start over, five
+    /// times at most, then fail.
+    pub fn pause_removals(&self) -> RemovalPause {
+        self.pauses.fetch_add(1, Ordering::AcqRel);
+        RemovalPause(self.pauses.clone())
+    }
+
+    fn paused(&self) -> bool {
+        self.pauses.load(Ordering::Acquire) > 0
     }
 
     /// Where commits queue the blobs they left unreferenced.
@@ -140,7 +166,7 @@ impl BlobStore {
 
     /// Whether [`Self::reap`] with `delay` has something to do.
     pub fn reap_due(&self, delay: Duration) -> bool {
-        self.unreferenced.any_due(delay)
+        !self.paused() && self.unreferenced.any_due(delay)
     }
 
     /// Remove the blobs whose last reference went `delay` or more ago, if
@@ -155,6 +181,9 @@ impl BlobStore {
         referenced: impl Fn(&[u8; 32]) -> Result<bool, StorageError>,
     ) -> Result<usize, StorageError> {
         let mut removed = 0;
+        if self.paused() {
+            return Ok(0);
+        }
         let due = self.unreferenced.take_due(delay, REAP_AT_ONCE);
         let mut due = due.into_iter();
         while let Some((at, sha)) = due.next() {
@@ -253,6 +282,9 @@ impl BlobStore {
         grace: Duration,
         referenced: impl Fn(&[u8; 32]) -> Result<bool, StorageError>,
     ) -> Result<usize, StorageError> {
+        if self.paused() {
+            return Ok(0);
+        }
         let now = SystemTime::now();
         let old = |p: &Path| {
             std::fs::metadata(p)
@@ -377,6 +409,11 @@ mod tests {
             }
         };
         assert!(store.reap(Duration::ZERO, failing).is_err());
+        // Nothing goes while a backup runs.
+        let pause = store.pause_removals();
+        assert!(!store.reap_due(Duration::ZERO));
+        assert_eq!(store.reap(Duration::ZERO, |_| Ok(false)).unwrap(), 0);
+        drop(pause);
         assert_eq!(store.reap(Duration::ZERO, |_| Ok(false)).unwrap(), 2);
     }
 }

@@ -691,8 +691,8 @@ pub struct FilesConfig {
     /// any turn: a turn writes its blobs before it commits).
     pub blob_gc_grace_ms: u64,
     /// A blob whose last file was overwritten or deleted is removed this
-    /// long after the commit: time for a download (or a backup) that read
-    /// the file's row just before to open the blob.
+    /// long after the commit: time for a download that read the file's
+    /// row just before to open the blob (backups pause removals).
     pub released_blob_delay_ms: u64,
 }
 
