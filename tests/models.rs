@@ -173,13 +173,27 @@ fn canned(
     content_type: &'static str,
     body: String,
 ) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    let response = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    raw(listener, response)
+}
+
+/// Write `response` as it is to every request on `listener`, after
+/// reading the request whole, then close; how many it answered.
+fn raw(
+    listener: tokio::net::TcpListener,
+    response: String,
+) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = count.clone();
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
             counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let body = body.clone();
+            let response = response.clone();
             tokio::spawn(async move {
                 let mut got = Vec::new();
                 let mut buf = [0u8; 8192];
@@ -210,16 +224,79 @@ fn canned(
                     }
                     got.extend_from_slice(&buf[..n]);
                 }
-                let resp = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\
-                     connection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = s.write_all(resp.as_bytes()).await;
+                let _ = s.write_all(response.as_bytes()).await;
             });
         }
     });
     count
+}
+
+/// An Anthropic stream whose connection fails after the answer is whole
+/// (after `message_delta`, before `message_stop` and the chunked body's
+/// end): the answer is kept. It was an error, the answer paid for and
+/// asked again.
+#[tokio::test]
+async fn a_stream_cut_after_its_answer_was_whole_keeps_it() {
+    let rig = Rig::new().await;
+    let ev = |name: &str, data: Value| format!("event: {name}\ndata: {data}\n\n");
+    let events = [
+        ev(
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "m", "type": "message",
+            "role": "assistant", "model": "m1", "content": [], "stop_reason": null,
+            "usage": {"input_tokens": 3, "output_tokens": 0}}}),
+        ),
+        ev(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "text", "text": ""}}),
+        ),
+        ev(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": "whole before the cut"}}),
+        ),
+        ev(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        ev(
+            "message_delta",
+            json!({"type": "message_delta",
+            "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 4}}),
+        ),
+    ]
+    .concat();
+    // Chunked, and closed without the last chunk: a failed connection.
+    let cut = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+         transfer-encoding: chunked\r\n\r\n{:x}\r\n{events}\r\n",
+        events.len()
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let answered = raw(listener, cut);
+    let r = put_provider(
+        &rig.api,
+        "cut",
+        json!({"format": "anthropic-messages", "base_url": url}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let r = rig
+        .chat(json!({"provider": "cut", "model": "m1", "stream": true,
+                     "messages": [{"role": "user", "content": "hi"}]}))
+        .await;
+    assert_eq!(
+        r["answer"]["message"]["content"], "whole before the cut",
+        "{r}"
+    );
+    assert_eq!(r["answer"]["usage"]["output_tokens"], 4, "{r}");
+    assert_eq!(
+        answered.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "asked again"
+    );
 }
 
 /// A streamed call answered with something other than an event stream:

@@ -445,8 +445,18 @@ impl Gateway {
         let mut decoder = provider.format.stream();
         let mut deltas = Vec::new();
         let mut scrubbed = scrub::Deltas::new(scrub);
+        // The connection failed after the answer was whole (a reset, TLS
+        // closed without close_notify after the last event but before the
+        // end marker): the answer is kept; else the failure is the error.
+        let mut failed = None;
         'read: loop {
-            let chunk = resp.next(64 << 10).await.map_err(egress_error)?;
+            let chunk = match resp.next(64 << 10).await {
+                Ok(c) => c,
+                Err(e) => {
+                    failed = Some(e);
+                    None
+                }
+            };
             let events = match &chunk {
                 Some(c) => parser.push(c),
                 None => Ok(parser.finish().into_iter().collect()),
@@ -470,7 +480,10 @@ impl Gateway {
             *emitted = true;
             observer.delta(&d);
         }
-        provider.format.decode(decoder.finish()?)
+        match decoder.finish() {
+            Ok(answer) => provider.format.decode(answer),
+            Err(e) => Err(failed.map_or(e, egress_error)),
+        }
     }
 
     fn backoff(&self, tries: u32) -> Duration {
