@@ -93,6 +93,58 @@ async fn a_tool_call_cut_off_by_kill_9_is_never_blindly_repeated() {
 
 /// `kill -9` right after each kind of committed step: the run finishes
 /// after the restart, and the ticket is posted exactly once.
+/// A tool's turn that fails (here its turn timeout, the request already at
+/// the server) is sent again by the run's watchdog, marked as such: the
+/// tool is not run blindly but reconciled, and the run goes on. It stayed
+/// open until `limits.max_run_ms`.
+#[tokio::test]
+async fn a_tool_turn_that_failed_is_sent_again_and_not_run_blindly() {
+    let rig = Rig::new().await;
+    let reconcile = json!({"method": "GET", "url": format!("http://127.0.0.1:{}/tickets/by-key/{{idempotency_key}}", rig.port)});
+    let manifest = json!({"kind": "agent",
+        "agent": {"model": {"provider": "fake", "name": "m1"},
+                  "tools": [rig.ticket_tool(json!({"reconcile": reconcile}))]},
+        "config": {"allowed_hosts": ["127.0.0.1"], "turn_timeout_ms": 1000}});
+    assert_eq!(put(&rig.api, "/v1/types/timid", manifest).await.status, 201);
+    // The desk keeps the ticket, then answers after the tool's turn timed out.
+    *rig.tickets.delay_ms.lock().unwrap() = 3000;
+    rig.fake.push([
+        Scripted::ToolCalls {
+            text: String::new(),
+            calls: vec![(
+                "call_t".into(),
+                "create_ticket".into(),
+                json!({"title": "t"}),
+            )],
+        },
+        Scripted::Text("filed".into()),
+    ]);
+    let r = rig
+        .api
+        .post_json("/v1/actors/timid/t1", &json!({"input": "file it"}))
+        .await;
+    assert_eq!(
+        (r.status, r.json["output"].as_str()),
+        (200, Some("filed")),
+        "{}",
+        r.json
+    );
+    assert_eq!(rig.tickets.posts().len(), 1, "the ticket was filed twice");
+    let evs = rig.events("timid", "t1").await;
+    let k = kinds(&evs);
+    let at = |kind: &str| {
+        k.iter()
+            .position(|x| x == kind)
+            .unwrap_or_else(|| panic!("{k:?}"))
+    };
+    assert!(
+        at("turn_failed") < at("step_retry") && at("step_retry") < at("tool_result"),
+        "{k:?}"
+    );
+    let result = &evs[at("tool_result")]["data"]["content"];
+    assert_eq!(result["reconciled"], true, "{result}");
+}
+
 #[tokio::test]
 async fn kill_9_at_every_step_boundary_repeats_no_effect() {
     let mut rig = Rig::new().await;

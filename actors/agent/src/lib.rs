@@ -46,6 +46,10 @@ enum Request {
         run_id: String,
         call_id: String,
         nonce: String,
+        /// Sent again by the watchdog: an earlier turn may have made the
+        /// call (treated as a re-run after a crash).
+        #[serde(default)]
+        resent: bool,
     },
     /// A user's (or a system's) input.
     Input { input: String },
@@ -85,8 +89,11 @@ impl Actor for Agent {
                 run_id,
                 call_id,
                 nonce,
+                resent,
             } => {
-                agent.exec(&run_id, &call_id, &nonce, marmot_guest::turn::attempt())?;
+                let attempt = marmot_guest::turn::attempt();
+                let attempt = if resent { attempt.max(1) } else { attempt };
+                agent.exec(&run_id, &call_id, &nonce, attempt)?;
                 Reply::json(&serde_json::json!({}))
             }
         }
@@ -106,7 +113,8 @@ impl Actor for Agent {
         } else if let Some(run_id) = alarm.name.strip_prefix(run::WATCHDOG_ALARM) {
             let payload: serde_json::Value = serde_json::from_slice(&alarm.payload)?;
             let nonce = payload["nonce"].as_str().unwrap_or_default();
-            run::Harness::new(ctx)?.watchdog(run_id, nonce)?;
+            let call_id = payload["call_id"].as_str();
+            run::Harness::new(ctx)?.watchdog(run_id, nonce, call_id)?;
         }
         Ok(())
     }

@@ -170,35 +170,39 @@ impl Harness {
         store::set_run(run)?;
         let body = match what {
             Next::Step => {
-                self.watch_step(run, WATCHDOG_MS)?;
+                self.watch(run, WATCHDOG_MS, None)?;
                 json!({ "_agent_step": run.run_id, "nonce": run.expect })
             }
             Next::Exec(call_id) => {
-                alarms::cancel(&format!("{WATCHDOG_ALARM}{}", run.run_id))?;
+                self.watch(run, WATCHDOG_MS, Some(&call_id))?;
                 json!({ "_agent_exec": run.run_id, "call_id": call_id, "nonce": run.expect })
             }
         };
         actors::send(&self.ctx.actor_type, &self.ctx.id, &body)
     }
 
-    /// Look again in `after_ms` whether the step `run` now expects ran.
-    fn watch_step(&self, run: &Run, after_ms: u64) -> Result<()> {
+    /// Look again in `after_ms` whether the continuation `run` now
+    /// expects (a step, or the exec of tool call `call_id`) ran.
+    fn watch(&self, run: &Run, after_ms: u64, call_id: Option<&str>) -> Result<()> {
         alarms::set(
             &format!("{WATCHDOG_ALARM}{}", run.run_id),
             Schedule::After(after_ms),
-            &json!({ "nonce": run.expect }),
+            &json!({ "nonce": run.expect, "call_id": call_id }),
         )
     }
 
-    /// A step's watchdog is due. If the run still expects that step, its
+    /// A continuation's watchdog is due. If the run still expects it, its
     /// turn failed (a trap, its turn timeout, crashes past the recovery
     /// limit: the platform records `turn_failed` and does not run it
     /// again): send it once more, then fail the run. A run used to stay
     /// open until `limits.max_run_ms` (an hour), its caller waiting and
-    /// later inputs queued behind it. The step is sent again with the
-    /// same nonce: were the first copy still queued, whichever runs first
-    /// takes the step and the other finds nothing to do.
-    pub fn watchdog(&self, run_id: &str, nonce: &str) -> Result<()> {
+    /// later inputs queued behind it. It is sent again with the same
+    /// nonce: were the first copy still queued, whichever runs first takes
+    /// it and the other finds nothing to do. A tool's exec goes again
+    /// marked as re-sent, so it is not run blindly: its call may have
+    /// taken effect before the turn failed (an idempotent tool runs again,
+    /// one with a reconcile request asks, any other asks a person).
+    pub fn watchdog(&self, run_id: &str, nonce: &str, call_id: Option<&str>) -> Result<()> {
         let Some(mut run) = self.expected(run_id, nonce)? else {
             return Ok(());
         };
@@ -206,19 +210,23 @@ impl Harness {
             return self.fail(
                 run,
                 "turn_failed",
-                "the run's step failed again after it was sent once more (the turn_failed \
-                 events say why)",
+                "the run's next turn failed again after it was sent once more (the \
+                 turn_failed events say why)",
             );
         }
         run.step_resends += 1;
         store::set_run(&run)?;
         emit(
             "step_retry",
-            &json!({ "run_id": run.run_id,
-                     "why": "the step's turn did not complete (a turn_failed event says why)" }),
+            &json!({ "run_id": run.run_id, "call_id": call_id,
+                     "why": "the turn did not complete (a turn_failed event says why)" }),
         )?;
-        self.watch_step(&run, WATCHDOG_MS)?;
-        let body = json!({ "_agent_step": run.run_id, "nonce": run.expect });
+        self.watch(&run, WATCHDOG_MS, call_id)?;
+        let body = match call_id {
+            None => json!({ "_agent_step": run.run_id, "nonce": run.expect }),
+            Some(c) => json!({ "_agent_exec": run.run_id, "call_id": c, "nonce": run.expect,
+                               "resent": true }),
+        };
         actors::send(&self.ctx.actor_type, &self.ctx.id, &body)
     }
 
@@ -355,7 +363,7 @@ impl Harness {
                 Schedule::After(delay),
                 &json!({ "nonce": run.expect }),
             )?;
-            self.watch_step(&run, delay + WATCHDOG_MS)?;
+            self.watch(&run, delay + WATCHDOG_MS, None)?;
             return emit(
                 "model_retry",
                 &json!({ "run_id": run.run_id, "error": error, "after_ms": delay }),
