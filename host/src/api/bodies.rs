@@ -199,7 +199,8 @@ impl Charge {
             charged: self.bytes.clone(),
             cut: self.cut.clone(),
             allowed,
-            deadline: Box::pin(tokio::time::sleep(allowed)),
+            deadline: tokio::time::Instant::now() + allowed,
+            timer: None,
         })
     }
 
@@ -224,7 +225,10 @@ struct Guarded {
     charged: Arc<AtomicU64>,
     cut: Arc<AtomicBool>,
     allowed: Duration,
-    deadline: Pin<Box<tokio::time::Sleep>>,
+    deadline: tokio::time::Instant,
+    /// Made the first time the body is not ready: most bodies arrive with
+    /// their head and never wait.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl hyper::body::Body for Guarded {
@@ -239,7 +243,11 @@ impl hyper::body::Body for Guarded {
         let frame = match Pin::new(&mut this.body).poll_frame(cx) {
             Poll::Ready(f) => f,
             Poll::Pending => {
-                return match this.deadline.as_mut().poll(cx) {
+                let deadline = this.deadline;
+                let timer = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                return match timer.as_mut().poll(cx) {
                     Poll::Ready(()) => {
                         this.cut.store(true, Ordering::Release);
                         Poll::Ready(Some(Err(axum::Error::new(BodyCut::TimedOut(this.allowed)))))
