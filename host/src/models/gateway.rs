@@ -367,17 +367,7 @@ impl Gateway {
                     &resp.body,
                 ));
             }
-            let mut json = serde_json::from_slice(&resp.body).map_err(|_| {
-                ProviderError::new(
-                    ErrorKind::Server,
-                    Some(resp.status),
-                    "the response is not JSON".into(),
-                )
-            })?;
-            if !scrub.is_empty() {
-                scrub::value(&mut json, scrub);
-            }
-            return provider.format.decode(json);
+            return json_answer(provider, resp.status, &resp.body, scrub);
         }
         let mut resp = self
             .egress
@@ -429,17 +419,7 @@ impl Gateway {
             while let Some(c) = resp.next(64 << 10).await.map_err(egress_error)? {
                 body.extend(c);
             }
-            let mut json = serde_json::from_slice(&body).map_err(|_| {
-                ProviderError::new(
-                    ErrorKind::Server,
-                    Some(resp.status),
-                    "the response is not JSON".into(),
-                )
-            })?;
-            if !scrub.is_empty() {
-                scrub::value(&mut json, scrub);
-            }
-            return provider.format.decode(json);
+            return json_answer(provider, resp.status, &body, scrub);
         }
         let mut parser = SseParser::default();
         let mut decoder = provider.format.stream();
@@ -556,6 +536,27 @@ fn attempt(target: &Target, error: String) -> Attempt {
         model: target.model.clone(),
         error,
     }
+}
+
+/// A whole (not streamed) answer's `body`, scrubbed once more as JSON
+/// (a value escaped in it is not in the bytes) and decoded.
+fn json_answer(
+    provider: &Provider,
+    status: u16,
+    body: &[u8],
+    scrub: &Scrub,
+) -> Result<Decoded, ProviderError> {
+    let mut json = serde_json::from_slice(body).map_err(|_| {
+        ProviderError::new(
+            ErrorKind::Server,
+            Some(status),
+            "the response is not JSON".into(),
+        )
+    })?;
+    if !scrub.is_empty() {
+        scrub::value(&mut json, scrub);
+    }
+    provider.format.decode(json)
 }
 
 fn egress_error(e: EgressError) -> ProviderError {
