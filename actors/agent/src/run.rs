@@ -21,19 +21,9 @@ const UNCAPPED_STEP_TOKENS: u64 = 4096;
 /// Most bytes of one event; larger message contents are cut in the event
 /// (the transcript keeps them whole).
 const MAX_EVENT: usize = 128 << 10;
-/// Alarms ending a run at `limits.max_run_ms` (name + run id).
-pub const DEADLINE_ALARM: &str = "agent-deadline/";
 /// Pauses before retrying a step whose model call failed (provider
 /// unavailable after the gateway's own retries).
 const RETRY_DELAYS_MS: [u64; 3] = [2_000, 10_000, 60_000];
-/// Alarms checking that a queued step turn completed (name + run id).
-pub const WATCHDOG_ALARM: &str = "agent-watchdog/";
-/// When the watchdog looks, after the step was queued. The alarm's turn
-/// runs after the step's (an actor's turns never overlap), so a step that
-/// takes longer is not cut short: the watchdog then finds it done.
-const WATCHDOG_MS: u64 = 30_000;
-/// Times a step whose turn failed is sent again before the run fails.
-const STEP_RESENDS: u32 = 1;
 
 /// The harness for one turn of one agent.
 pub struct Harness {
@@ -42,8 +32,11 @@ pub struct Harness {
 }
 
 mod triggers;
+mod watchdog;
 
 pub use triggers::SCHEDULE_ALARM;
+use watchdog::WATCHDOG_MS;
+pub use watchdog::{DEADLINE_ALARM, WATCHDOG_ALARM};
 
 /// Where a run goes next.
 enum Next {
@@ -148,18 +141,6 @@ impl Harness {
         self.next(&mut run, Next::Step)
     }
 
-    /// The run's deadline is due: if it is still going, it fails.
-    pub fn deadline(&self, run_id: &str) -> Result<()> {
-        match store::run()? {
-            Some(run) if run.run_id == run_id => self.fail(
-                run,
-                "max_run_ms",
-                "the run did not end within limits.max_run_ms",
-            ),
-            _ => Ok(()),
-        }
-    }
-
     /// Commit the run and queue its next turn (a message to this actor,
     /// sent when this turn commits).
     fn next(&self, run: &mut Run, what: Next) -> Result<()> {
@@ -168,64 +149,21 @@ impl Harness {
         // A continuation was committed: the step before it went through.
         run.step_resends = 0;
         store::set_run(run)?;
-        let body = match what {
-            Next::Step => {
-                self.watch(run, WATCHDOG_MS, None)?;
-                json!({ "_agent_step": run.run_id, "nonce": run.expect })
-            }
-            Next::Exec(call_id) => {
-                self.watch(run, WATCHDOG_MS, Some(&call_id))?;
-                json!({ "_agent_exec": run.run_id, "call_id": call_id, "nonce": run.expect })
-            }
+        let call_id = match &what {
+            Next::Step => None,
+            Next::Exec(call_id) => Some(call_id.as_str()),
         };
-        actors::send(&self.ctx.actor_type, &self.ctx.id, &body)
+        self.watch(run, WATCHDOG_MS, call_id)?;
+        self.send_continuation(run, call_id, false)
     }
 
-    /// Look again in `after_ms` whether the continuation `run` now
-    /// expects (a step, or the exec of tool call `call_id`) ran.
-    fn watch(&self, run: &Run, after_ms: u64, call_id: Option<&str>) -> Result<()> {
-        alarms::set(
-            &format!("{WATCHDOG_ALARM}{}", run.run_id),
-            Schedule::After(after_ms),
-            &json!({ "nonce": run.expect, "call_id": call_id }),
-        )
-    }
-
-    /// A continuation's watchdog is due. If the run still expects it, its
-    /// turn failed (a trap, its turn timeout, crashes past the recovery
-    /// limit: the platform records `turn_failed` and does not run it
-    /// again): send it once more, then fail the run. A run used to stay
-    /// open until `limits.max_run_ms` (an hour), its caller waiting and
-    /// later inputs queued behind it. It is sent again with the same
-    /// nonce: were the first copy still queued, whichever runs first takes
-    /// it and the other finds nothing to do. A tool's exec goes again
-    /// marked as re-sent, so it is not run blindly: its call may have
-    /// taken effect before the turn failed (an idempotent tool runs again,
-    /// one with a reconcile request asks, any other asks a person).
-    pub fn watchdog(&self, run_id: &str, nonce: &str, call_id: Option<&str>) -> Result<()> {
-        let Some(mut run) = self.expected(run_id, nonce)? else {
-            return Ok(());
-        };
-        if run.step_resends >= STEP_RESENDS {
-            return self.fail(
-                run,
-                "turn_failed",
-                "the run's next turn failed again after it was sent once more (the \
-                 turn_failed events say why)",
-            );
-        }
-        run.step_resends += 1;
-        store::set_run(&run)?;
-        emit(
-            "step_retry",
-            &json!({ "run_id": run.run_id, "call_id": call_id,
-                     "why": "the turn did not complete (a turn_failed event says why)" }),
-        )?;
-        self.watch(&run, WATCHDOG_MS, call_id)?;
+    /// Queue the turn `run` expects: its next step, or the exec of tool
+    /// call `call_id` (`resent`: sent again by the watchdog).
+    fn send_continuation(&self, run: &Run, call_id: Option<&str>, resent: bool) -> Result<()> {
         let body = match call_id {
             None => json!({ "_agent_step": run.run_id, "nonce": run.expect }),
             Some(c) => json!({ "_agent_exec": run.run_id, "call_id": c, "nonce": run.expect,
-                               "resent": true }),
+                               "resent": resent }),
         };
         actors::send(&self.ctx.actor_type, &self.ctx.id, &body)
     }
