@@ -116,6 +116,14 @@ async fn actors_live_in_the_region_asked_and_move_with_all_their_data() {
         .await;
     assert_eq!(r.status, 200, "{}", r.json);
     assert_eq!(keyed(&c, 0).await.json["value"], 15);
+    // And a file large enough to be a blob: its bytes go ahead of the rows.
+    let big = json!({"op": "file_write", "path": "big.bin", "bytes": 300_000});
+    assert_eq!(
+        c.api(1).op("kit", "mover", big).await.json,
+        json!({"ok": true})
+    );
+    let before = c.api(0).get("/v1/actors/kit/mover/files/big.bin").await;
+    assert_eq!((before.status, before.body.len()), (200, 300_000));
 
     let r = c
         .api(1)
@@ -148,6 +156,9 @@ async fn actors_live_in_the_region_asked_and_move_with_all_their_data() {
     let events = c.api(0).get("/v1/actors/kit/mover/events").await;
     let events = String::from_utf8_lossy(&events.body).into_owned();
     assert!(events.contains("before-move"), "{events}");
+    let file = c.api(1).get("/v1/actors/kit/mover/files/big.bin").await;
+    assert_eq!(file.status, 200);
+    assert!(file.body == before.body, "the moved file's bytes differ");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let r = c
@@ -210,6 +221,11 @@ async fn actors_live_in_the_region_asked_and_move_with_all_their_data() {
         .await;
     assert_eq!(r.json["moved"], true, "{}", r.json);
     assert_eq!(region_of(&owner_of(&c, 2, "mover").await), "eu");
+    let file = c.api(2).get("/v1/actors/kit/mover/files/big.bin").await;
+    assert!(
+        file.body == before.body,
+        "the file's bytes differ after the move back"
+    );
     assert_eq!(
         c.api(1)
             .op("kit", "mover", json!({"op": "get", "key": "n"}))

@@ -145,7 +145,8 @@ async fn catch_up(
     Ok(0)
 }
 
-/// Largest request of batches a backup takes (blobs included).
+/// Largest request of batches (or of blobs sent ahead of them) a backup
+/// takes.
 pub(super) const MAX_REPLICA_BYTES: usize = 512 << 20;
 
 /// `POST /v1/cluster/replicate`: apply an owner's batches as their slots'
@@ -173,6 +174,52 @@ pub(super) async fn replicate(
         })
         .collect();
     Ok(axum::Json(serde_json::json!({ "outcomes": names })).into_response())
+}
+
+/// `POST /v1/cluster/blobs/missing`: which of these blobs (postcard
+/// SHA-256s) this node lacks, as postcard; it holds the others for the
+/// rows about to name them.
+pub(super) async fn blobs_missing(
+    State(s): State<AppState>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body?;
+    let shas: Vec<[u8; 32]> = postcard::from_bytes(&body).map_err(|e| {
+        ApiError::bad_request("invalid_blobs", format!("not a list of blob names: {e}"))
+    })?;
+    let missing =
+        s.node.blobs_missing(shas).await.map_err(|e| {
+            ApiError::new(StatusCode::BAD_REQUEST, "not_replicating", format!("{e:#}"))
+        })?;
+    let body = postcard::to_stdvec(&missing).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("cannot encode the answer: {e}"),
+        )
+    })?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+        body,
+    )
+        .into_response())
+}
+
+/// `POST /v1/cluster/blobs`: blobs (postcard `[(sha, bytes)]`) sent ahead
+/// of the replicated or moved-in rows that name them; answered once they
+/// are durable here.
+pub(super) async fn put_blobs(
+    State(s): State<AppState>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body?;
+    let blobs: Vec<([u8; 32], Vec<u8>)> = postcard::from_bytes(&body)
+        .map_err(|e| ApiError::bad_request("invalid_blobs", format!("not blobs: {e}")))?;
+    let stored =
+        s.node.take_blobs(blobs).await.map_err(|e| {
+            ApiError::new(StatusCode::BAD_REQUEST, "not_replicating", format!("{e:#}"))
+        })?;
+    Ok(axum::Json(serde_json::json!({ "stored": stored })).into_response())
 }
 
 /// One page request of `GET /v1/actors/{type}`.

@@ -18,6 +18,7 @@
 //! its hash slot unless a placement entry names another (`placement.rs`:
 //! placed in a region at creation, or moved).
 
+mod blobs;
 mod controller;
 mod lease;
 mod patience;
@@ -40,6 +41,7 @@ use tokio::sync::Notify;
 
 use crate::config::{ClusterConfig, WithoutBackup};
 use crate::ids::ActorKey;
+pub use blobs::send_blobs;
 use lease::Lease;
 use patience::patiently;
 pub use peer::{

@@ -199,6 +199,37 @@ impl Peers {
             .collect())
     }
 
+    /// Which of the blobs `shas` names the node at `base` lacks; it holds
+    /// the others for the rows about to name them.
+    pub async fn blobs_missing(
+        &self,
+        base: &str,
+        shas: &[[u8; 32]],
+    ) -> Result<Vec<[u8; 32]>, PeerError> {
+        let body = postcard::to_stdvec(shas).map_err(|e| PeerError::Failed(e.to_string()))?;
+        let resp = self
+            .internal(
+                base,
+                "/v1/cluster/blobs/missing",
+                body,
+                Duration::from_secs(10),
+            )
+            .await?;
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| PeerError::Failed(format!("{base}: {e}")))?;
+        postcard::from_bytes(&bytes).map_err(|e| PeerError::Failed(format!("{base}: {e}")))
+    }
+
+    /// Hand blobs (postcard `[(sha, bytes)]`) to the node at `base` ahead
+    /// of the rows that name them; answered once they are durable there.
+    pub async fn put_blobs(&self, base: &str, body: Vec<u8>) -> Result<(), PeerError> {
+        self.internal(base, "/v1/cluster/blobs", body, Duration::from_secs(60))
+            .await
+            .map(drop)
+    }
+
     /// `POST` a binary `body` to a node-to-node endpoint; a successful
     /// response, or why not.
     async fn internal(

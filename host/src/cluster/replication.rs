@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use super::{Cluster, Peers, ShipTarget, Shipping};
 use crate::ids::ActorKey;
 use crate::metrics::Metrics;
-use crate::storage::schema::{FileBody, FileRecord, ReplicaBatch, ReplicaOp};
+use crate::storage::schema::ReplicaBatch;
 use crate::storage::{Placement, Release, Replication, Storage};
 
 /// Fault injection for tests: delay every shipping round by this many
@@ -241,7 +241,6 @@ impl Sender {
         let mut pending = idx;
         let mut out = Vec::new();
         let mut backoff = Duration::from_millis(10);
-        let mut blobs_cache: BTreeMap<[u8; 32], Vec<u8>> = BTreeMap::new();
         // Batches a copy of which went out (the backup may have them).
         let mut sent = std::collections::HashSet::new();
         loop {
@@ -279,7 +278,7 @@ impl Sender {
             }
             if let Some(base) = &url {
                 sent.extend(pending.iter().copied());
-                match self.send(base, &pending, all, &mut blobs_cache).await {
+                match self.send(base, &pending, all).await {
                     Ok(outcomes) => {
                         let mut refused = Vec::new();
                         for (&i, o) in pending.iter().zip(&outcomes) {
@@ -370,33 +369,70 @@ impl Sender {
         }
     }
 
-    /// One request with batches `idx`, their blobs filled in.
+    /// Batches `idx`, after the blobs they name, in requests of at most
+    /// [`REQUEST_BYTES`] sent one after the other; the outcomes answered,
+    /// in order (short if a later request failed: the rest is resent).
     async fn send(
         &self,
         base: &str,
         idx: &[usize],
         all: &[&ReplicaBatch],
-        blobs: &mut BTreeMap<[u8; 32], Vec<u8>>,
     ) -> anyhow::Result<Vec<String>> {
-        let mut out: Vec<ReplicaBatch> = Vec::with_capacity(idx.len());
-        for &i in idx {
-            let mut b = all[i].clone();
-            for sha in blob_shas(&b) {
-                let bytes = match blobs.entry(sha) {
-                    std::collections::btree_map::Entry::Occupied(e) => e.get().clone(),
-                    std::collections::btree_map::Entry::Vacant(e) => {
-                        let storage = self.storage.clone();
-                        let read = move || storage.blobs().read(&sha);
-                        e.insert(tokio::task::spawn_blocking(read).await??).clone()
-                    }
-                };
-                b.blobs.push((sha, bytes));
+        let batches: Vec<&ReplicaBatch> = idx.iter().map(|&i| all[i]).collect();
+        let shas: Vec<[u8; 32]> = batches.iter().flat_map(|b| b.blob_shas()).collect();
+        if !shas.is_empty() {
+            let bytes = super::blobs::send_blobs(&self.peers, &self.storage, base, shas).await?;
+            if bytes > 0 {
+                tracing::debug!(backup = base, bytes, "sent blobs ahead of their batches");
             }
-            out.push(b);
         }
-        let body = postcard::to_allocvec(&out)?;
-        Ok(self.peers.replicate(base, body).await?)
+        let mut outcomes = Vec::with_capacity(batches.len());
+        for request in requests(&batches)? {
+            match self.peers.replicate(base, request).await {
+                Ok(o) => outcomes.extend(o),
+                Err(e) if outcomes.is_empty() => return Err(e.into()),
+                Err(e) => {
+                    tracing::debug!(backup = base, error = %e, "shipping to the backup failed part-way");
+                    break;
+                }
+            }
+        }
+        Ok(outcomes)
     }
+}
+
+/// Batch bytes per replication request, at most (a larger batch goes
+/// alone). A round of 512 shipments of 1 MiB messages was one 512 MiB
+/// request with five seconds to arrive.
+const REQUEST_BYTES: usize = 16 << 20;
+
+/// `batches` encoded as the bodies of consecutive requests (each a
+/// postcard sequence: its length, then the batches), none above
+/// [`REQUEST_BYTES`] unless it holds a single batch.
+fn requests(batches: &[&ReplicaBatch]) -> anyhow::Result<Vec<Vec<u8>>> {
+    let mut out = Vec::new();
+    let mut group: Vec<Vec<u8>> = Vec::new();
+    let mut bytes = 0;
+    let finish = |group: &mut Vec<Vec<u8>>| -> anyhow::Result<Vec<u8>> {
+        let mut body = postcard::to_allocvec(&group.len())?;
+        for b in group.drain(..) {
+            body.extend(b);
+        }
+        Ok(body)
+    };
+    for b in batches {
+        let one = postcard::to_allocvec(b)?;
+        if !group.is_empty() && bytes + one.len() > REQUEST_BYTES {
+            out.push(finish(&mut group)?);
+            bytes = 0;
+        }
+        bytes += one.len();
+        group.push(one);
+    }
+    if !group.is_empty() {
+        out.push(finish(&mut group)?);
+    }
+    Ok(out)
 }
 
 /// The fate of batch `b` whose slot moved on before its backup confirmed
@@ -422,33 +458,45 @@ fn lost(b: &ReplicaBatch, maybe_sent: bool) -> Fate {
     }
 }
 
-/// Blobs the files of a batch name.
-fn blob_shas(b: &ReplicaBatch) -> Vec<[u8; 32]> {
-    let mut out = Vec::new();
-    for op in &b.ops {
-        let files: Vec<&FileRecord> = match op {
-            ReplicaOp::Turn(t) => t.files.iter().filter_map(|(_, f)| f.as_ref()).collect(),
-            // A whole actor: a joining backup's snapshot, an actor moved
-            // in. Its blobs were never sent, so a backup that caught up
-            // from a snapshot took over with files it could not read.
-            ReplicaOp::Install(image) => image.files.iter().map(|(_, f)| f).collect(),
-            _ => Vec::new(),
-        };
-        out.extend(
-            files
-                .into_iter()
-                .filter(|f| f.body == FileBody::Blob)
-                .map(|f| f.sha256),
-        );
-    }
-    out.sort_unstable();
-    out.dedup();
-    out
-}
-
 #[cfg(test)]
 mod tests {
-    use super::Fate;
+    use super::*;
+    use crate::storage::schema::{ReplicaMark, ReplicaOp};
+
+    /// Batches go in requests of bounded size, in order, each request a
+    /// sequence the backup decodes as a whole.
+    #[test]
+    fn batches_go_in_bounded_requests_in_order() {
+        let batch = |lsn: u64, bytes: usize| ReplicaBatch {
+            slot: 7,
+            mark: ReplicaMark { epoch: 1, lsn },
+            ops: vec![ReplicaOp::Delete {
+                actor_type: "t".into(),
+                actor_id: "x".repeat(bytes),
+            }],
+            snapshot: None,
+        };
+        let batches: Vec<ReplicaBatch> = (1..=40).map(|lsn| batch(lsn, 1 << 20)).collect();
+        let refs: Vec<&ReplicaBatch> = batches.iter().collect();
+        let bodies = requests(&refs).unwrap();
+        assert!(bodies.len() >= 3, "{} requests", bodies.len());
+        let mut decoded = Vec::new();
+        for body in &bodies {
+            assert!(body.len() <= REQUEST_BYTES + 64, "{} bytes", body.len());
+            decoded.extend(postcard::from_bytes::<Vec<ReplicaBatch>>(body).unwrap());
+        }
+        assert_eq!(decoded, batches);
+        // A batch larger than a request goes alone; small ones together.
+        let big = batch(41, REQUEST_BYTES + 1);
+        let small = batch(42, 10);
+        let bodies = requests(&[&small, &big, &small, &small]).unwrap();
+        assert_eq!(bodies.len(), 3);
+        let sizes: Vec<usize> = bodies
+            .iter()
+            .map(|b| postcard::from_bytes::<Vec<ReplicaBatch>>(b).unwrap().len())
+            .collect();
+        assert_eq!(sizes, [1, 1, 2]);
+    }
 
     /// Where fates meet, the most cautious is told: a copy that may have
     /// landed somewhere outweighs one that went nowhere (it said "a retry

@@ -159,6 +159,7 @@ impl Node {
                 self.sweep_code_cache().await;
             }
             if n.is_multiple_of(60) {
+                self.staged_blobs.expire();
                 let now = now_ms();
                 match self
                     .storage

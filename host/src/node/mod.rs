@@ -85,6 +85,8 @@ pub struct Node {
     moves: moves::Moves,
     /// Webhook deliveries being handed to their actors now.
     webhooks_in_flight: hooks::InFlight,
+    /// Blobs another node sent ahead of the rows that name them.
+    staged_blobs: replicas::StagedBlobs,
     ready: AtomicBool,
 }
 
@@ -216,6 +218,7 @@ impl Node {
             cluster,
             moves: moves::Moves::default(),
             webhooks_in_flight: hooks::InFlight::default(),
+            staged_blobs: replicas::StagedBlobs::default(),
             ready: AtomicBool::new(false),
         });
         node.update_gauges();

@@ -39,7 +39,7 @@ use super::Node;
 use crate::cluster::{Cluster, MoveStarted, Peers, Route};
 use crate::ids::ActorKey;
 use crate::storage::WriteOp;
-use crate::storage::schema::{ActorImage, FileBody};
+use crate::storage::schema::ActorImage;
 
 /// Actors this node is moving now: their requests wait here.
 #[derive(Default)]
@@ -80,10 +80,9 @@ pub struct MoveIn {
     pub slot: u32,
     /// Its epoch, as the sender saw it.
     pub epoch: u64,
-    /// The rows.
+    /// The rows. The blobs its files name were sent ahead
+    /// (`POST /v1/cluster/blobs`).
     pub image: ActorImage,
-    /// The blobs its files name: (SHA-256, bytes).
-    pub blobs: Vec<([u8; 32], Vec<u8>)>,
 }
 
 /// A copy of an actor that the owner of `slot` (at `epoch`) may keep from
@@ -497,30 +496,24 @@ impl Node {
         image: ActorImage,
     ) -> Result<(), MoveError> {
         let (epoch, base) = owner_of(cluster, to, "the new slot cannot take the actor")?;
-        let mut blobs = Vec::new();
-        for (_, f) in &image.files {
-            if f.body == FileBody::Blob {
-                let storage = self.storage.clone();
-                let sha = f.sha256;
-                let bytes = tokio::task::spawn_blocking(move || storage.blobs().read(&sha))
-                    .await
-                    .map_err(|e| MoveError::Failed(e.to_string()))?
-                    .map_err(|e| MoveError::Failed(format!("cannot read a file's blob: {e}")))?;
-                blobs.push((sha, bytes));
-            }
-        }
         let request = MoveIn {
             slot: to,
             epoch,
             image,
-            blobs,
         };
         match base {
             None => self.accept_move(request).await,
             Some(base) => {
+                let peers = Peers::new(self.config.admin_token.clone());
+                let shas = request.image.blob_shas().collect();
+                crate::cluster::send_blobs(&peers, &self.storage, &base, shas)
+                    .await
+                    .map_err(|e| {
+                        MoveError::Failed(format!("cannot send the files' blobs: {e:#}"))
+                    })?;
                 let body = postcard::to_stdvec(&request)
                     .map_err(|e| MoveError::Failed(format!("cannot encode the move: {e}")))?;
-                Peers::new(self.config.admin_token.clone())
+                peers
                     .move_in(&base, body)
                     .await
                     .map_err(|e| MoveError::Failed(format!("the new owner refused: {e}")))
@@ -534,12 +527,7 @@ impl Node {
     /// this node sees the switch.
     pub async fn accept_move(self: &Arc<Self>, request: MoveIn) -> Result<(), MoveError> {
         let cluster = self.cluster.clone().ok_or(MoveError::NoCluster)?;
-        let MoveIn {
-            slot,
-            epoch,
-            image,
-            blobs,
-        } = request;
+        let MoveIn { slot, epoch, image } = request;
         match cluster.route_slot(slot) {
             Route::Local { epoch: e, used, .. } if e == epoch => {
                 // The slot holds data from now on.
@@ -553,16 +541,16 @@ impl Node {
                 )));
             }
         }
+        // Its files' blobs came ahead (or were here): held until the rows
+        // naming them commit.
+        let shas: Vec<[u8; 32]> = image.blob_shas().collect();
         let storage = self.storage.clone();
-        let _holds = tokio::task::spawn_blocking(move || {
-            blobs
-                .iter()
-                .map(|(_, b)| storage.blobs().put(b))
-                .collect::<Result<Vec<_>, _>>()
-        })
-        .await
-        .map_err(|e| MoveError::Failed(e.to_string()))?
-        .map_err(|e| MoveError::Failed(format!("cannot store a file's blob: {e}")))?;
+        let names = shas.clone();
+        let _holds =
+            tokio::task::spawn_blocking(move || super::replicas::hold_blobs(&storage, &names))
+                .await
+                .map_err(|e| MoveError::Failed(e.to_string()))?
+                .map_err(|e| MoveError::Failed(format!("{e:#}")))?;
         let key = ActorKey::new(&image.actor_type, &image.actor_id)
             .map_err(|e| MoveError::Failed(format!("the moved actor has no valid name: {e}")))?;
         // An instance left here from an earlier stay would serve what it
@@ -577,6 +565,7 @@ impl Node {
             })
             .await
             .map_err(|e| MoveError::Failed(format!("cannot install actor {key}: {e}")))?;
+        self.staged_blobs.release(&shas);
         self.actors.registry().invalidate_where(|k| k == &key);
         // Start it once the switch is seen (bounded: an undone move never
         // switches).

@@ -1,10 +1,74 @@
 //! The backup's side of replication: batches an owner shipped are applied
 //! here in order, each once, and only while this node is the slot's backup
 //! at the batch's epoch (see `cluster/replication.rs` for the owner's).
+//!
+//! The blobs their files name come ahead of them (`cluster/blobs.rs`):
+//! the owner asks which this node lacks ([`Node::blobs_missing`]), sends
+//! those in bounded requests ([`Node::take_blobs`]), then the batches,
+//! which apply only with every blob they name on disk. (Blobs rode inside
+//! the batches' request, which had to fit 512 MiB and five seconds: a slot
+//! with more file bytes than that never got a backup.) An actor moved in
+//! gets its blobs the same way.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use super::Node;
+use crate::storage::blobs::BlobHold;
 use crate::storage::schema::ReplicaBatch;
-use crate::storage::{ReplicaApplied, WriteOp};
+use crate::storage::{ReplicaApplied, Storage, WriteOp};
+
+/// How long a blob sent ahead stays held for the rows that will name it.
+const STAGED_FOR: Duration = Duration::from_secs(600);
+
+/// Blobs sent ahead of the rows that name them (or found here when the
+/// sender asked): held, so that no removal takes them before those rows
+/// commit, until the rows came or [`STAGED_FOR`] passed.
+#[derive(Default)]
+pub(super) struct StagedBlobs(Mutex<HashMap<[u8; 32], (BlobHold, Instant)>>);
+
+impl StagedBlobs {
+    fn keep(&self, holds: Vec<BlobHold>) {
+        let now = Instant::now();
+        let mut staged = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        for h in holds {
+            staged.insert(*h.sha256(), (h, now));
+        }
+    }
+
+    /// Let go of blobs held for longer than [`STAGED_FOR`] (rows that never
+    /// came: a move or a round that failed). Called every minute.
+    pub(super) fn expire(&self) {
+        let now = Instant::now();
+        let mut staged = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        staged.retain(|_, (_, at)| now.duration_since(*at) < STAGED_FOR);
+    }
+
+    /// Let go of blobs whose rows came (committed, or refused).
+    pub(super) fn release(&self, shas: &[[u8; 32]]) {
+        let mut staged = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        for sha in shas {
+            staged.remove(sha);
+        }
+    }
+}
+
+/// Hold every blob of `shas` on disk, or name the first that is not.
+/// Blocking.
+pub(super) fn hold_blobs(storage: &Storage, shas: &[[u8; 32]]) -> anyhow::Result<Vec<BlobHold>> {
+    shas.iter()
+        .map(|sha| {
+            storage.blobs().hold(sha).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "blob {} is not on this node: the sender sends a file's blob before the \
+                     rows that name it",
+                    hex::encode(sha)
+                )
+            })
+        })
+        .collect()
+}
 
 impl Node {
     /// Apply `batches` (in order) as the backup of their slots; an outcome
@@ -16,29 +80,21 @@ impl Node {
         let Some(cluster) = self.cluster.clone() else {
             anyhow::bail!("this node is not in a cluster");
         };
-        // Blobs first: a file row is committed only with its blob on disk.
-        // The holds keep them from the collector until the rows commit.
-        let blobs: Vec<Vec<u8>> = batches
-            .iter()
-            .flat_map(|b| b.blobs.iter().map(|(_, bytes)| bytes.clone()))
-            .collect();
-        let storage = self.storage.clone();
-        let _holds = if blobs.is_empty() {
+        // A file row is committed only with its blob on disk (sent ahead):
+        // the holds keep the blobs from every removal until the rows commit.
+        let mut shas: Vec<[u8; 32]> = batches.iter().flat_map(ReplicaBatch::blob_shas).collect();
+        shas.sort_unstable();
+        shas.dedup();
+        let _holds = if shas.is_empty() {
             Vec::new()
         } else {
-            tokio::task::spawn_blocking(move || {
-                blobs
-                    .iter()
-                    .map(|b| storage.blobs().put(b))
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .await??
+            let (storage, names) = (self.storage.clone(), shas.clone());
+            tokio::task::spawn_blocking(move || hold_blobs(&storage, &names)).await??
         };
         // Submitted together, so the writer applies them in order (and
         // mostly in one transaction), then awaited.
         let mut waiting = Vec::with_capacity(batches.len());
-        for mut batch in batches {
-            batch.blobs = Vec::new();
+        for batch in batches {
             let (slot, epoch) = (batch.slot, batch.mark.epoch);
             let c = cluster.clone();
             let (done, rx) = tokio::sync::oneshot::channel();
@@ -63,7 +119,58 @@ impl Node {
             }
             out.push(outcome);
         }
+        self.staged_blobs.release(&shas);
         Ok(out)
+    }
+
+    /// Which of `shas` (blobs about to be named by replicated or moved-in
+    /// rows) this node lacks. Those it has are held for those rows.
+    pub async fn blobs_missing(&self, shas: Vec<[u8; 32]>) -> anyhow::Result<Vec<[u8; 32]>> {
+        if self.cluster.is_none() {
+            anyhow::bail!("this node is not in a cluster");
+        }
+        let storage = self.storage.clone();
+        let (holds, missing) = tokio::task::spawn_blocking(move || {
+            let mut holds = Vec::new();
+            let mut missing = Vec::new();
+            for sha in shas {
+                match storage.blobs().hold(&sha) {
+                    Some(h) => holds.push(h),
+                    None => missing.push(sha),
+                }
+            }
+            (holds, missing)
+        })
+        .await?;
+        self.staged_blobs.keep(holds);
+        Ok(missing)
+    }
+
+    /// Store `blobs` sent ahead of the rows that name them, each checked
+    /// against its name, and hold them for those rows. How many.
+    pub async fn take_blobs(&self, blobs: Vec<([u8; 32], Vec<u8>)>) -> anyhow::Result<usize> {
+        if self.cluster.is_none() {
+            anyhow::bail!("this node is not in a cluster");
+        }
+        let storage = self.storage.clone();
+        let holds = tokio::task::spawn_blocking(move || {
+            blobs
+                .iter()
+                .map(|(sha, bytes)| {
+                    let hold = storage.blobs().put(bytes)?;
+                    anyhow::ensure!(
+                        hold.sha256() == sha,
+                        "the bytes sent as blob {} have another SHA-256",
+                        hex::encode(sha)
+                    );
+                    Ok(hold)
+                })
+                .collect::<anyhow::Result<Vec<_>>>()
+        })
+        .await??;
+        let n = holds.len();
+        self.staged_blobs.keep(holds);
+        Ok(n)
     }
 }
 

@@ -249,6 +249,21 @@ impl BlobStore {
         Ok(hold)
     }
 
+    /// Hold blob `sha256` if it is on disk (as [`Self::put`] would, without
+    /// its bytes): what a node that was sent only the blob's name takes
+    /// before committing a row that names it. `None`: not here.
+    pub fn hold(&self, sha256: &[u8; 32]) -> Option<BlobHold> {
+        let mut held = self.held.lock().expect("blob holds lock");
+        if !self.path(sha256).exists() {
+            return None;
+        }
+        *held.entry(*sha256).or_default() += 1;
+        Some(BlobHold {
+            sha256: *sha256,
+            held: self.held.clone(),
+        })
+    }
+
     /// Remove blob `sha256` now if nothing holds it and `referenced` says
     /// no committed file needs it (a turn that stored it failed, or its
     /// last file went). `referenced` is asked under the lock `put` takes:
@@ -366,6 +381,21 @@ mod tests {
         drop(c);
         assert!(store.release_if_unused(&c_sha, |_| Ok(false)).unwrap());
         assert!(store.read(&c_sha).is_err());
+    }
+
+    #[test]
+    fn a_blob_on_disk_can_be_held_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = BlobStore::open(dir.path().join("blobs")).unwrap();
+        let sha = *store.put(b"shipped ahead").unwrap().sha256();
+        let held = store.hold(&sha).expect("the blob is on disk");
+        assert_eq!(held.sha256(), &sha);
+        assert_eq!(store.collect(Duration::ZERO, |_| Ok(false)).unwrap(), 0);
+        assert!(!store.release_if_unused(&sha, |_| Ok(false)).unwrap());
+        drop(held);
+        assert!(store.release_if_unused(&sha, |_| Ok(false)).unwrap());
+        // Gone, it cannot be held.
+        assert!(store.hold(&sha).is_none());
     }
 
     #[test]

@@ -90,6 +90,49 @@ pub(super) fn operations() -> Vec<Op> {
         },
         Op {
             method: "post",
+            path: "/v1/cluster/blobs/missing",
+            id: "clusterBlobsMissing",
+            summary: "Between nodes: which of these files' blobs (postcard SHA-256s) this node lacks, as postcard; it holds the others for the replicated or moved-in rows about to name them",
+            params: vec![],
+            body: Some(json!({"required": true, "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}})),
+            responses: vec![
+                (
+                    200,
+                    "the names of the blobs this node lacks (postcard)",
+                    None,
+                ),
+                (
+                    400,
+                    "not blob names, or this node is not in a cluster",
+                    None,
+                ),
+            ],
+        },
+        Op {
+            method: "post",
+            path: "/v1/cluster/blobs",
+            id: "clusterPutBlobs",
+            summary: "Between nodes: files' blobs (postcard name and bytes), stored ahead of the replicated or moved-in rows that name them; answered once durable",
+            params: vec![],
+            body: Some(json!({"required": true, "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}})),
+            responses: vec![
+                (
+                    200,
+                    "stored",
+                    Some(json!({"type": "object", "required": ["stored"],
+                        "properties": {"stored": {"type": "integer", "minimum": 0}}})),
+                ),
+                (
+                    400,
+                    "not blobs, bytes that do not match their name, or a node alone",
+                    None,
+                ),
+            ],
+        },
+        Op {
+            method: "post",
             path: "/v1/cluster/move-in",
             id: "clusterMoveIn",
             summary: "Between nodes: an actor's rows (postcard) from the node moving it, installed in its new slot; answered once durable here and on the slot's backup",

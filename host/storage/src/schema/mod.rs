@@ -567,6 +567,13 @@ pub struct FileRecord {
     pub body: FileBody,
 }
 
+impl FileRecord {
+    /// The blob holding its bytes, if they are not in the row.
+    pub fn blob(&self) -> Option<[u8; 32]> {
+        (self.body == FileBody::Blob).then_some(self.sha256)
+    }
+}
+
 /// Where a file's bytes are.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FileBody {

@@ -27,10 +27,10 @@ pub struct ReplicaBatch {
     pub slot: u32,
     /// Its epoch and this batch's number.
     pub mark: ReplicaMark,
-    /// The writes, in commit order.
+    /// The writes, in commit order. The blobs their files name travel
+    /// ahead of them (`POST /v1/cluster/blobs`): a backup applies a batch
+    /// only with every such blob on its disk.
     pub ops: Vec<ReplicaOp>,
-    /// Blobs the batch's files name: (SHA-256, bytes).
-    pub blobs: Vec<([u8; 32], Vec<u8>)>,
     /// `Some(session)`: the batch starts with a snapshot of the whole slot
     /// ([`ReplicaOp::Install`] of every actor), taken for the catching-up
     /// `session` (the slot record's etcd revision then): the receiver first
@@ -38,6 +38,32 @@ pub struct ReplicaBatch {
     /// its last mark. A joining node is named backup only while the slot's
     /// record is still the one of that session.
     pub snapshot: Option<i64>,
+}
+
+impl ReplicaBatch {
+    /// The blobs the files this batch writes name, sorted, each once.
+    pub fn blob_shas(&self) -> Vec<[u8; 32]> {
+        let mut out = Vec::new();
+        for op in &self.ops {
+            match op {
+                ReplicaOp::Turn(t) => out.extend(
+                    t.files
+                        .iter()
+                        .filter_map(|(_, f)| f.as_ref())
+                        .filter_map(FileRecord::blob),
+                ),
+                // A whole actor: a joining backup's snapshot, an actor
+                // moved in. (Its blobs were once left out, so a backup
+                // that caught up from a snapshot took over with files it
+                // could not read.)
+                ReplicaOp::Install(image) => out.extend(image.blob_shas()),
+                _ => {}
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
 }
 
 /// One write to an actor's rows. Actors are named by type and id: each
@@ -166,6 +192,14 @@ pub struct ActorImage {
     pub deliveries: Vec<DeliveryRecord>,
     /// Messages it sent that wait for the relay (likewise).
     pub relays: Vec<RelayRecord>,
+}
+
+impl ActorImage {
+    /// The blobs its files name (in file order; a blob two files share
+    /// is named twice).
+    pub fn blob_shas(&self) -> impl Iterator<Item = [u8; 32]> + '_ {
+        self.files.iter().filter_map(|(_, f)| f.blob())
+    }
 }
 
 /// A turn's writes (see the writer's `TurnCommit`). The outbound webhook

@@ -244,7 +244,6 @@ impl WriterState {
                 slot,
                 mark,
                 ops: d.ops,
-                blobs: Vec::new(),
                 snapshot: d.snapshot,
             });
         }
