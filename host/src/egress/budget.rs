@@ -31,7 +31,9 @@
 //!
 //! The charge is held until the body is handed on (to the guest, or parsed
 //! by the model gateway). Streamed bodies (`fetch-stream`, streamed model
-//! calls) hold one chunk at a time and are not charged.
+//! calls) hold one chunk at a time and are not charged; a streamed model
+//! call answered with one JSON document instead is read whole, and charged
+//! as it grows like a body of unknown length.
 
 use std::sync::{Arc, Mutex};
 

@@ -124,6 +124,8 @@ pub struct StreamingResponse {
     idle: Duration,
     /// How the body ended, once what arrived before has been handed out.
     failed: Option<EgressError>,
+    /// The node's response budget, which [`Self::collect`] charges.
+    budget: Arc<ResponseBudget>,
 }
 
 impl StreamingResponse {
@@ -179,6 +181,28 @@ impl StreamingResponse {
         let n = max.min(self.ready.len());
         let rest = self.ready.split_off(n);
         Ok(Some(std::mem::replace(&mut self.ready, rest)))
+    }
+
+    /// The rest of the body, whole (a server that answered a request for a
+    /// stream with one document): charged to the node's response budget as
+    /// its buffer grows, like a buffered fetch's, waiting for room at most
+    /// as long as for a chunk. (It was read into memory uncharged.)
+    pub async fn collect(mut self) -> Result<OutboundResponse, EgressError> {
+        let budget = self.budget.clone();
+        let mut charge = budget.empty();
+        let mut body = Vec::new();
+        while let Some(chunk) = self.next(64 << 10).await? {
+            body.reserve(chunk.len());
+            let deadline = tokio::time::Instant::now() + self.idle;
+            charge_growing(&budget, &mut charge, body.capacity(), deadline).await?;
+            body.extend_from_slice(&chunk);
+        }
+        Ok(OutboundResponse {
+            status: self.status,
+            headers: std::mem::take(&mut self.headers),
+            body,
+            _charge: charge,
+        })
     }
 }
 
@@ -345,6 +369,7 @@ impl Egress {
             remaining: max,
             idle: timeout,
             failed: None,
+            budget: self.responses.clone(),
         })
     }
 
@@ -513,24 +538,8 @@ impl Egress {
             // A body of unknown length is charged what its buffer holds. (A
             // declared one was charged up front; it cannot grow past its
             // length, which the connection checks.)
-            let more = (body.capacity() as u64).saturating_sub(charge.bytes());
-            if declared.is_none() && more > 0 {
-                let mine = charge.bytes();
-                self.responses
-                    .grow(&mut charge, more, deadline)
-                    .await
-                    .map_err(|no| {
-                        let why = if no.deadlock {
-                            "every holder waited for more, this one holding least"
-                        } else {
-                            "it waited until the request's timeout"
-                        };
-                        self.overloaded(format!(
-                            "a response body of unknown length needed {more} bytes more \
-                             ({mine} held already; {} of the budget's {} in use) and {why}",
-                            no.held, no.limit
-                        ))
-                    })?;
+            if declared.is_none() {
+                charge_growing(&self.responses, &mut charge, body.capacity(), deadline).await?;
             }
             body.extend_from_slice(&chunk);
         }
@@ -549,12 +558,47 @@ impl Egress {
 
     /// The error of a fetch the response budget had no room for.
     fn overloaded(&self, why: String) -> EgressError {
-        EgressError::Overloaded(format!(
-            "the node holds as many outbound response bodies as it may \
-             (limits.egress_response_budget_bytes = {}): {why}; retry later",
-            self.responses.limit()
-        ))
+        overloaded(&self.responses, why)
     }
+}
+
+/// The error of a fetch `budget` had no room for.
+fn overloaded(budget: &ResponseBudget, why: String) -> EgressError {
+    EgressError::Overloaded(format!(
+        "the node holds as many outbound response bodies as it may \
+         (limits.egress_response_budget_bytes = {}): {why}; retry later",
+        budget.limit()
+    ))
+}
+
+/// Charge `charge` (a body of unknown length) up to `buffer` bytes, what
+/// its buffer holds now, waiting for room until `deadline`.
+async fn charge_growing(
+    budget: &ResponseBudget,
+    charge: &mut ResponseCharge,
+    buffer: usize,
+    deadline: tokio::time::Instant,
+) -> Result<(), EgressError> {
+    let more = (buffer as u64).saturating_sub(charge.bytes());
+    if more == 0 {
+        return Ok(());
+    }
+    let mine = charge.bytes();
+    budget.grow(charge, more, deadline).await.map_err(|no| {
+        let why = if no.deadlock {
+            "every holder waited for more, this one holding least"
+        } else {
+            "it waited until the request's timeout"
+        };
+        overloaded(
+            budget,
+            format!(
+                "a response body of unknown length needed {more} bytes more \
+                 ({mine} held already; {} of the budget's {} in use) and {why}",
+                no.held, no.limit
+            ),
+        )
+    })
 }
 
 /// A compressed (or otherwise encoded) body cannot be checked for secrets.
@@ -729,6 +773,67 @@ mod tests {
         );
         assert!(!matches!(err, EgressError::TooLarge(_)), "{err}");
         server.await.unwrap();
+    }
+
+    /// A body asked for as a stream but read whole (a JSON answer to a
+    /// streamed model call) is charged to the response budget: with the
+    /// budget held by another body it waits, then fails naming the limit.
+    #[tokio::test]
+    async fn a_stream_read_whole_is_charged_to_the_response_budget() {
+        use tokio::io::AsyncWriteExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            for _ in 0..2 {
+                let (mut sock, _) = listener.accept().await.unwrap();
+                let mut req = [0u8; 4096];
+                let _ = tokio::io::AsyncReadExt::read(&mut sock, &mut req).await;
+                let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(100_000));
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                            transfer-encoding: chunked\r\n\r\n";
+                let chunk = format!("{:x}\r\n{body}\r\n0\r\n\r\n", body.len());
+                sock.write_all(format!("{head}{chunk}").as_bytes())
+                    .await
+                    .unwrap();
+            }
+        });
+        let budget = ResponseBudget::new(1 << 20, Default::default(), Default::default());
+        let e = Egress::new(&EgressConfig {
+            allow_private: vec!["127.0.0.2/32".into()],
+            ..EgressConfig::default()
+        })
+        .unwrap()
+        .with_response_budget(budget.clone());
+        let req = || OutboundRequest {
+            method: reqwest::Method::POST,
+            url: Url::parse(&format!("http://{addr}/v1/chat/completions")).unwrap(),
+            headers: Vec::new(),
+            body: Some(b"{}".to_vec()),
+            timeout: Duration::from_millis(300),
+            max_redirects: 0,
+            identity_only: true,
+        };
+        let any = |_: &Url| Ok(());
+        let whole = e
+            .fetch_stream(req(), &any, Scrub::default())
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        assert_eq!(whole.body.len(), 100_010);
+        assert!(budget.held() >= 100_010, "held {}", budget.held());
+        drop(whole);
+        assert_eq!(budget.held(), 0);
+
+        let far = tokio::time::Instant::now() + Duration::from_secs(5);
+        let _all = budget.reserve(1 << 20, far).await.unwrap();
+        let resp = e.fetch_stream(req(), &any, Scrub::default()).await.unwrap();
+        let err = resp.collect().await.unwrap_err();
+        assert!(
+            matches!(&err, EgressError::Overloaded(m) if m.contains("egress_response_budget_bytes")),
+            "{err}"
+        );
     }
 
     #[test]

@@ -415,11 +415,8 @@ impl Gateway {
                     ),
                 ));
             }
-            let mut body = Vec::new();
-            while let Some(c) = resp.next(64 << 10).await.map_err(egress_error)? {
-                body.extend(c);
-            }
-            return json_answer(provider, resp.status, &body, scrub);
+            let whole = resp.collect().await.map_err(egress_error)?;
+            return json_answer(provider, whole.status, &whole.body, scrub);
         }
         let mut parser = SseParser::default();
         let mut decoder = provider.format.stream();
