@@ -350,6 +350,54 @@ async fn javascript_actors_hibernate_wake_and_upgrade() {
     );
 }
 
+/// An alarm whose own delivery brings in a new version fires as that
+/// version's `onUpgrade` left it: cancelled there, it neither fires nor
+/// comes back. (It fired as read before the upgrade, and its commit wrote
+/// the cancelled alarm back: a periodic one fired for good, and an agent's
+/// removed schedule kept running.)
+#[tokio::test]
+async fn an_alarm_cancelled_by_the_upgrade_it_brings_stays_cancelled() {
+    let (_dir, _m, api) = node(None).await;
+    let v1 = r#"
+import { events, alarms } from "marmot";
+export default {
+  onMessage() {
+    alarms.set("tick", { cron: "* * * * * *" });
+    alarms.set("once", { after: 1500 });
+    return "set";
+  },
+  onAlarm(a) { events.emit("fired", { name: a.name }); },
+};
+"#;
+    let v2 = v1.replace(
+        "export default {",
+        "export default {\n  onUpgrade(from) { alarms.cancel(\"tick\"); alarms.cancel(\"once\"); \
+         events.emit(\"upgraded\", { from }); },",
+    );
+    assert_eq!(api.deploy_js("upal", v1).await.status, 201);
+    assert_eq!(
+        api.post_json("/v1/actors/upal/a", &json!({})).await.status,
+        200
+    );
+    // No message from here on: an alarm wakes the actor into version 2.
+    assert_eq!(api.deploy_js("upal", &v2).await.status, 201);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let kinds = event_kinds(&api.get("/v1/actors/upal/a/events").await.json);
+        if kinds.iter().any(|k| k == "upgraded") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no upgrade: {kinds:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let kinds = event_kinds(&api.get("/v1/actors/upal/a/events").await.json);
+    let after: Vec<&String> = kinds.iter().skip_while(|k| *k != "upgraded").collect();
+    assert_eq!(after, ["upgraded"], "{kinds:?}");
+    let alarms = api.get("/v1/actors/upal/a/alarms").await.json;
+    assert_eq!(alarms["alarms"], json!([]), "{alarms}");
+}
+
 #[tokio::test]
 async fn more_javascript_actors_than_sandboxes_take_turns_by_making_room() {
     // Sixteen sandboxes (the smallest pool) for forty busy actors: the

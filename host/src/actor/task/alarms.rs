@@ -50,7 +50,7 @@ impl ActorTask {
             ticket.settle();
             return;
         };
-        let due = rec.next_due_ms;
+        let mut due = rec.next_due_ms;
         if due != due_ms {
             tracing::debug!(actor = %self.key, alarm = %name, "alarm moved earlier; firing at its current time");
         }
@@ -114,6 +114,7 @@ impl ActorTask {
             .metrics
             .alarm_lag_seconds
             .observe(now.saturating_sub(due) as f64 / 1000.0);
+        let before_upgrade = self.record().version;
         if let Err(e) = self.ensure_version().await {
             tracing::warn!(actor = %self.key, alarm = %name, error = %e, "alarm waits for the upgrade");
             if counted {
@@ -125,6 +126,27 @@ impl ActorTask {
                 5_000
             });
             return;
+        }
+        // The upgrade's own turn (`on-upgrade`, an agent's new schedules)
+        // may have cancelled, moved or replaced this alarm: it fires as that
+        // turn left it. (It fired as read before, and its commit wrote the
+        // old record back: a cancelled periodic alarm came back for good.)
+        if self.record().version != before_upgrade {
+            match self.current_alarm(&name) {
+                Ok(Some(r)) if r.next_due_ms <= now_ms() => {
+                    due = r.next_due_ms;
+                    rec = r;
+                }
+                Ok(_) => {
+                    ticket.settle();
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(actor = %self.key, alarm = %name, error = %e, "cannot read the alarm; will retry");
+                    ticket.retry_later(ALARM_RETRY_MS);
+                    return;
+                }
+            }
         }
         let (kind, turn_id, input) = match &expiring {
             Some((id, input)) => (
