@@ -474,7 +474,7 @@ async fn runs_can_be_cancelled_and_budgets_stop_them() {
 async fn bad_input_to_an_agent_is_refused_and_stores_nothing() {
     let rig = Rig::new().await;
     assert_eq!(rig.agent("helper", json!([])).await.status, 201);
-    let bodies: [&[u8]; 7] = [
+    let bodies: [&[u8]; 9] = [
         br#"{"nope": 1}"#,
         b"{bad",
         br#"{"input": 123}"#,
@@ -482,6 +482,10 @@ async fn bad_input_to_an_agent_is_refused_and_stores_nothing() {
         b"[1]",
         b"",
         br#"{"_agent_step": "r", "nonce": "n"}"#,
+        // An input with the harness's own fields was taken for one of its
+        // continuations and dropped, its caller waiting for good.
+        br#"{"input": "hello", "_agent_step": "x", "nonce": "y"}"#,
+        br#"{"input": "hello", "_agent_exec": "x", "call_id": "c", "nonce": "y"}"#,
     ];
     for body in bodies {
         for query in ["", "?wait=false"] {
@@ -520,6 +524,42 @@ async fn bad_input_to_an_agent_is_refused_and_stores_nothing() {
         .await;
     assert_eq!(r.code(), "actor_not_found", "{}", r.json);
     assert_eq!(rig.api.get("/v1/actors/helper/nobody").await.status, 404);
+}
+
+/// An input queued when the node cannot wait for the run's end (every
+/// stream slot taken) is answered 202 with its run id, and the run goes
+/// on. (It was a 503 after the input was stored: a plain retry ran twice.)
+#[tokio::test]
+async fn an_input_the_node_cannot_wait_for_is_accepted_with_its_run_id() {
+    let rig = Rig::with_limits("[events]\nmax_streams = 1\n").await;
+    assert_eq!(rig.agent("helper", json!([])).await.status, 201);
+    let _held = rig.api.sse("/v1/actors/billing/x/events", None).await;
+    let r = rig
+        .api
+        .post_json("/v1/actors/helper/u", &json!({"input": "hi"}))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    assert_eq!(r.json["status"], "accepted", "{}", r.json);
+    let run_id = r.json["run_id"].as_str().expect("a run id").to_owned();
+    let doc = rig.api.get("/v1/openapi.json").await.json;
+    common::documented(&doc, "post", "/v1/actors/{type}/{id}", &r);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let events = rig.api.get("/v1/actors/helper/u/events").await.json;
+        let ended: Vec<&Value> = events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["kind"] == "run_finished")
+            .collect();
+        if let Some(e) = ended.first() {
+            assert_eq!(e["data"]["run_id"], run_id.as_str(), "{events}");
+            assert_eq!(ended.len(), 1, "{events}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the run never ended: {events}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// A repeated `Idempotency-Key` answers with the first run's outcome while

@@ -30,10 +30,16 @@ mod transcript;
 use marmot_guest::{Actor, Alarm, Context, InputAnswer, Message, Reply, Result, Webhook};
 use serde::Deserialize;
 
-/// What the harness is sent.
+/// What the harness is sent. Tried in this order: a message that also
+/// carries the internal fields is a client's input (it was taken for a
+/// continuation with a wrong nonce and dropped, its caller waiting).
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum Request {
+    /// A user's (or a system's) input.
+    Input { input: String },
+    /// Stop a run.
+    Cancel { cancel: String },
     /// Internal: the next step of a run.
     Step {
         #[serde(rename = "_agent_step")]
@@ -51,10 +57,6 @@ enum Request {
         #[serde(default)]
         resent: bool,
     },
-    /// A user's (or a system's) input.
-    Input { input: String },
-    /// Stop a run.
-    Cancel { cancel: String },
 }
 
 struct Agent;

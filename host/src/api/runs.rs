@@ -9,6 +9,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use super::{ApiError, AppState, Path};
+use crate::node::RunWaitError;
 
 /// What a client may send an agent.
 pub(super) enum AgentRequest {
@@ -35,6 +36,14 @@ pub(super) fn agent_request(body: &[u8]) -> Result<AgentRequest, ApiError> {
         Ok(_) => return Err(refused("the message is not a JSON object")),
         Err(e) => return Err(refused(&format!("the message is not JSON ({e})"))),
     };
+    // The harness's own continuations carry these; a client's message
+    // with them was taken for a continuation and dropped.
+    if let Some(k) = ["_agent_step", "_agent_exec"]
+        .into_iter()
+        .find(|k| m.contains_key(*k))
+    {
+        return Err(refused(&format!("`{k}` is the harness's own field")));
+    }
     match (m.get("input"), m.get("cancel")) {
         (Some(serde_json::Value::String(_)), _) => Ok(AgentRequest::Input),
         (Some(_), _) => Err(refused("`input` must be a string")),
@@ -70,33 +79,37 @@ pub(super) async fn run(
     } else {
         crate::node::RunState::Going
     };
-    let end = s
-        .node
-        .wait_run(key, &run_id, after, known)
-        .await
-        .map_err(|e| {
-            use crate::node::RunWaitError;
-            match e {
-                RunWaitError::Turn(e) => e.into(),
-                RunWaitError::Storage(e) => e.into(),
-                RunWaitError::Deleted => {
-                    ApiError::new(StatusCode::GONE, "actor_deleted", e.to_string())
-                }
-                RunWaitError::OutcomeExpired(_) => {
-                    ApiError::new(StatusCode::GONE, "run_outcome_expired", e.to_string())
-                }
-                RunWaitError::ShuttingDown => ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "shutting_down",
-                    e.to_string(),
-                ),
-                RunWaitError::TooManyStreams(_) => ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "too_many_streams",
-                    e.to_string(),
-                ),
-            }
-        })?;
+    let end = match s.node.wait_run(key, &run_id, after, known).await {
+        Ok(end) => end,
+        // The run is queued durably and goes on; only the wait for its end
+        // cannot be had here. Said so, with its id: a 503 told the client
+        // the input failed, and its plain retry started a second run (a
+        // probe, with every stream slot taken).
+        Err(e @ (RunWaitError::ShuttingDown | RunWaitError::TooManyStreams(_))) => {
+            let body = serde_json::json!({ "run_id": run_id, "message_id": run_id,
+                "status": "accepted",
+                "detail": format!("the run is queued and goes on, but this node cannot wait \
+                    for its end now ({e}): follow it in the actor's events, or repeat the \
+                    request with the same Idempotency-Key to wait again") });
+            return Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response());
+        }
+        Err(RunWaitError::Turn(e)) => return Err(e.into()),
+        Err(RunWaitError::Storage(e)) => return Err(e.into()),
+        Err(e @ RunWaitError::Deleted) => {
+            return Err(ApiError::new(
+                StatusCode::GONE,
+                "actor_deleted",
+                e.to_string(),
+            ));
+        }
+        Err(e @ RunWaitError::OutcomeExpired(_)) => {
+            return Err(ApiError::new(
+                StatusCode::GONE,
+                "run_outcome_expired",
+                e.to_string(),
+            ));
+        }
+    };
     let d = &end.data;
     if end.paused() {
         // Waiting for a person: say for what, rather than hold the request

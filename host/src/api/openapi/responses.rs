@@ -177,7 +177,9 @@ pub(super) fn schemas() -> Vec<(&'static str, Value)> {
             "RunWaiting",
             object(
                 &["run_id", "status"],
-                json!({"run_id": string(), "status": {"enum": ["waiting", "queued"]},
+                json!({"run_id": string(), "status": {"enum": ["waiting", "queued", "accepted"],
+                        "description": "`waiting` for a person; `queued` behind a run that waits for one; `accepted`: queued and going on, but this node cannot wait for its end now (`detail` says why)"},
+                    "detail": string(),
                     "waiting_for": {"type": "object",
                         "description": "`kind` (`approval`, `confirmation` or `client_tool`), `input_id`, and the tool call's `tool`, `call_id`, `arguments`"},
                     "behind": {"type": "object",
