@@ -356,6 +356,7 @@ fn turn_limits(config: &NodeConfig) -> TurnLimits {
         events: EventLimits {
             max_event_bytes: l.max_event_bytes,
             max_events_per_turn: 1000,
+            max_turn_event_bytes: 16 << 20,
         },
         log: LogLimits {
             max_lines: l.max_log_lines_per_turn,

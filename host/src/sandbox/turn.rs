@@ -448,6 +448,7 @@ mod tests {
             events: EventLimits {
                 max_event_bytes: 1024,
                 max_events_per_turn: 10,
+                max_turn_event_bytes: 4096,
             },
             log: LogLimits {
                 max_lines: 10,

@@ -13,6 +13,10 @@ pub struct EventLimits {
     pub max_event_bytes: usize,
     /// Events one turn may emit.
     pub max_events_per_turn: usize,
+    /// Bytes of event data one turn may emit (a thousand events of 256 KiB
+    /// were one 250 MB commit, with the node's memory at 1.5 GB and an
+    /// unrelated actor's turn waiting four seconds behind it).
+    pub max_turn_event_bytes: usize,
 }
 
 /// The events part of a turn: what it emitted, in order.
@@ -20,6 +24,8 @@ pub struct EventsCtx {
     limits: EventLimits,
     /// Emitted events: (kind, JSON data).
     events: Vec<(String, Vec<u8>)>,
+    /// Their data's bytes.
+    bytes: usize,
     /// Seq the next emitted event gets.
     next_seq: u64,
 }
@@ -30,6 +36,7 @@ impl EventsCtx {
         Self {
             limits,
             events: Vec::new(),
+            bytes: 0,
             next_seq: last_seq + 1,
         }
     }
@@ -54,6 +61,14 @@ impl EventsCtx {
                 self.limits.max_events_per_turn
             )));
         }
+        if self.bytes + data.len() > self.limits.max_turn_event_bytes {
+            return Err(Refusal::Limit(format!(
+                "a turn may emit at most {} bytes of event data ({} emitted, {} more asked)",
+                self.limits.max_turn_event_bytes,
+                self.bytes,
+                data.len()
+            )));
+        }
         if serde_json::from_slice::<serde::de::IgnoredAny>(&data).is_err() {
             return Err(Refusal::Invalid("event data must be JSON".into()));
         }
@@ -65,6 +80,7 @@ impl EventsCtx {
             .map_or(data, String::into_bytes);
         let seq = self.next_seq;
         self.next_seq += 1;
+        self.bytes += data.len();
         self.events.push((kind, data));
         Ok(seq)
     }
@@ -77,6 +93,10 @@ impl EventsCtx {
     /// Drop the events emitted since `sp`.
     pub(crate) fn rollback(&mut self, sp: usize) {
         let dropped = self.events.len().saturating_sub(sp) as u64;
+        self.bytes -= self.events[sp.min(self.events.len())..]
+            .iter()
+            .map(|(_, d)| d.len())
+            .sum::<usize>();
         self.events.truncate(sp);
         self.next_seq -= dropped;
     }
@@ -91,5 +111,34 @@ impl events::Host for Host {
     fn emit(&mut self, kind: String, data: Vec<u8>) -> wasmtime::Result<Result<u64, GuestError>> {
         let turn = self.enter(Cap::Events)?;
         Ok(turn.events.emit(kind, data).map_err(Into::into))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A turn's events are bounded in bytes as well as in number; what a
+    /// rollback drops no longer counts.
+    #[test]
+    fn a_turn_emits_at_most_its_bytes_of_events() {
+        let limits = EventLimits {
+            max_event_bytes: 100,
+            max_events_per_turn: 10,
+            max_turn_event_bytes: 250,
+        };
+        let mut ctx = EventsCtx::new(limits, 0);
+        let data = |n: usize| format!("\"{}\"", "x".repeat(n - 2)).into_bytes();
+        assert_eq!(ctx.emit("a".into(), data(100)).unwrap(), 1);
+        let sp = ctx.savepoint();
+        assert_eq!(ctx.emit("b".into(), data(100)).unwrap(), 2);
+        let err = ctx.emit("c".into(), data(100)).unwrap_err();
+        assert!(
+            matches!(&err, Refusal::Limit(m) if m.contains("at most 250 bytes")),
+            "{err:?}"
+        );
+        ctx.rollback(sp);
+        assert_eq!(ctx.emit("c".into(), data(100)).unwrap(), 2);
+        assert_eq!(ctx.emit("d".into(), data(50)).unwrap(), 3);
     }
 }
