@@ -1441,6 +1441,41 @@ async fn state_is_listed_a_page_at_a_time() {
     }
 }
 
+/// `GET …/state` pages are bounded in bytes too (at least one entry
+/// each), and `next_after` leads through every key: a page of a thousand
+/// 1 MiB values was one answer of a gigabyte.
+#[tokio::test]
+async fn state_pages_are_bounded_in_bytes() {
+    let (_dir, _m, api) = node(None).await;
+    assert_eq!(api.deploy_js("big", COUNTER_JS).await.status, 201);
+    let fill = "for (let i = 0; i < 20; i++) \
+                marmot.state.set('b' + String(i).padStart(2, '0'), 'v'.repeat(1000000)); 1";
+    assert_eq!(eval(&api, "big", "p", fill).await.json["result"], 1);
+    let mut keys = Vec::new();
+    let mut pages = 0;
+    let mut path = "/v1/actors/big/p/state?limit=1000".to_owned();
+    loop {
+        let r = api.get(&path).await;
+        assert_eq!(r.status, 200, "{}", r.json);
+        assert!(r.body.len() < 10 << 20, "a page of {} bytes", r.body.len());
+        let entries = r.json["entries"].as_array().unwrap();
+        assert!(!entries.is_empty());
+        keys.extend(
+            entries
+                .iter()
+                .map(|e| e["key"].as_str().unwrap().to_owned()),
+        );
+        pages += 1;
+        match r.json["next_after"].as_str() {
+            Some(next) => path = format!("/v1/actors/big/p/state?limit=1000&after={next}"),
+            None => break,
+        }
+    }
+    let want: Vec<String> = (0..20).map(|i| format!("b{i:02}")).collect();
+    assert_eq!(keys, want);
+    assert!(pages >= 3, "{pages} pages");
+}
+
 /// A thrown value that is not an `Error` reaches the caller as what it
 /// was, not only its type ("Uncaught int", "Uncaught object").
 #[tokio::test]

@@ -293,19 +293,24 @@ pub(super) struct StateParams {
     limit: Option<usize>,
 }
 
+/// Bytes of values a page of state holds, at most (at least one value):
+/// a page of 1,000 values of 1 MiB was one 1 GB answer, and took the
+/// node's memory from 0.3 to 2 GB.
+const STATE_PAGE_BYTES: usize = 8 << 20;
+
 pub(super) async fn state(
     State(s): State<AppState>,
     ActorPath(key): ActorPath,
     Query(q): Query<StateParams>,
 ) -> Result<Response, ApiError> {
     let limit = Page::LIST.size(q.limit)?;
-    let Some(entries) = s
-        .node
-        .read_state(&key, &q.prefix, q.after.as_deref(), limit)?
+    let Some((entries, more)) =
+        s.node
+            .read_state(&key, &q.prefix, q.after.as_deref(), limit, STATE_PAGE_BYTES)?
     else {
         return Err(ApiError::actor_not_found(&key));
     };
-    let next = (entries.len() == limit)
+    let next = more
         .then(|| entries.last().map(|(k, _)| k.clone()))
         .flatten();
     let entries: Vec<_> = entries.iter().map(|(k, v)| value_json(k, v)).collect();

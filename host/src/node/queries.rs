@@ -10,10 +10,7 @@ use crate::ids::ActorKey;
 use crate::storage::schema::{
     ActorRecord, AlarmRecord, EventRecord, FileRecord, InputRecord, UsageRecord,
 };
-use crate::storage::{Page, Reader, StorageError};
-
-/// State entries: (key, value) in key order.
-pub type StateEntries = Vec<(String, Vec<u8>)>;
+use crate::storage::{Page, Reader, StateEntries, StorageError};
 
 /// What `GET /v1/actors/{type}/{id}` shows.
 #[derive(Debug, Clone, Serialize)]
@@ -189,19 +186,23 @@ impl Node {
         })
     }
 
-    /// Committed state: one key, or a page of keys with `prefix`.
+    /// Committed state: a page of keys with `prefix` (at most `limit` and
+    /// `max_bytes` of values, at least one), and whether more follow.
     pub fn read_state(
         &self,
         key: &ActorKey,
         prefix: &str,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<Option<StateEntries>, StorageError> {
+        max_bytes: usize,
+    ) -> Result<Option<(StateEntries, bool)>, StorageError> {
         let r = self.storage.reader()?;
         let Some(rec) = r.actor(key)? else {
             return Ok(None);
         };
-        Ok(Some(r.state_range(rec.num, prefix, after, limit)?))
+        Ok(Some(
+            r.state_page(rec.num, prefix, after, limit, max_bytes)?,
+        ))
     }
 
     /// One committed state value.

@@ -12,6 +12,9 @@ use marmot_core::ids::ActorKey;
 /// Outbox rows by seq, and the seq to continue after (`None`: the end).
 pub type DeliveryPage = (Vec<(u64, DeliveryRecord)>, Option<u64>);
 
+/// State entries: (key, value), in key order.
+pub type StateEntries = Vec<(String, Vec<u8>)>;
+
 /// A read transaction with typed accessors.
 pub struct Reader {
     pub(crate) txn: redb::ReadTransaction,
@@ -146,6 +149,43 @@ impl Reader {
             out.push((key.to_owned(), v.value().to_vec()));
         }
         Ok(out)
+    }
+
+    /// A page of state entries with `prefix`, after `start_after`: at most
+    /// `limit` of them and `max_bytes` of values (always at least one, if
+    /// there is one), and whether more follow.
+    pub fn state_page(
+        &self,
+        num: u64,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<(StateEntries, bool), StorageError> {
+        let t = self.txn.open_table(STATE)?;
+        let start = match start_after {
+            Some(a) if a >= prefix => a,
+            _ => prefix,
+        };
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        for row in t.range((num, start)..)? {
+            let (k, v) = row?;
+            let (n, key) = k.value();
+            if n != num || !key.starts_with(prefix) {
+                break;
+            }
+            if Some(key) == start_after {
+                continue;
+            }
+            let size = v.value().len();
+            if out.len() == limit || (!out.is_empty() && bytes + size > max_bytes) {
+                return Ok((out, true));
+            }
+            bytes += size;
+            out.push((key.to_owned(), v.value().to_vec()));
+        }
+        Ok((out, false))
     }
 
     /// Events with seq > `after`, at most `limit`, and no more than
