@@ -247,13 +247,31 @@ impl TypeEntry {
         .cloned()
     }
 
+    /// The versions whose compiled code is cached, sorted.
+    #[cfg(test)]
+    pub(crate) fn cached_versions(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .prepared
+            .lock()
+            .expect("prepared lock")
+            .keys()
+            .copied()
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
     /// Install a version that was just compiled for its deploy.
     fn install(&self, record: TypeRecord, prepared: Arc<PreparedVersion>) {
         let version = prepared.version;
-        self.prepared
-            .lock()
-            .expect("prepared lock")
-            .insert(version, Arc::new(OnceCell::new_with(Some(prepared))));
+        let mut cache = self.prepared.lock().expect("prepared lock");
+        // Older versions leave the cache: an actor still running one holds
+        // it itself, and an actor woken at one later loads it again (from
+        // the code cache on disk). Every JavaScript version deployed kept
+        // ~6 MB until the node restarted.
+        cache.retain(|v, _| *v > version);
+        cache.insert(version, Arc::new(OnceCell::new_with(Some(prepared))));
+        drop(cache);
         // A deploy that keeps the limit keeps what its bucket has used.
         let config = &record.latest().config;
         let mut rate = self.rate.write().expect("type rate lock");

@@ -36,6 +36,41 @@ async fn send(node: &Arc<Node>, body: &'static str) -> Result<TurnReply, TurnErr
         .expect("the actor answered (it must not hang after a failed commit)")
 }
 
+/// A new version's deploy drops the older ones' compiled code from the
+/// catalog (each JavaScript version kept ~6 MB until a restart), and an
+/// actor still at an older version wakes into the new one.
+#[tokio::test]
+async fn deploys_keep_only_the_latest_compiled_version() {
+    let (_dir, node) = node().await;
+    assert_eq!(
+        send(&node, r#"{"by": 5}"#).await.unwrap().body,
+        r#"{"n":5}"#
+    );
+    for i in 0..3 {
+        let config = TypeConfig {
+            idle_timeout_ms: Some(60_000 + i),
+            ..TypeConfig::default()
+        };
+        let d = node
+            .deploy(
+                "counter",
+                CodeKind::Wasm,
+                crate::guests::COUNTER.to_vec(),
+                config,
+            )
+            .await
+            .unwrap();
+        assert!(d.created);
+    }
+    let entry = node.catalog().get("counter").unwrap();
+    assert_eq!(entry.cached_versions(), [4]);
+    assert_eq!(
+        send(&node, r#"{"by": 1}"#).await.unwrap().body,
+        r#"{"n":6}"#
+    );
+    assert_eq!(entry.cached_versions(), [4]);
+}
+
 /// Regression: after a failed commit, an actor whose next turn wrote
 /// nothing waited forever for the lost commit.
 #[tokio::test]
