@@ -170,6 +170,49 @@ async fn any_node_serves_any_actor_and_each_actor_lives_on_one_node() {
         );
     }
 
+    // A request sent through another node is served as sent: the client
+    // library forwarding it resolved `..` segments, so a file read (or a
+    // delete) naming one actor reached another (found by a probe), and
+    // the ids `.` and `..` could not be reached through other nodes.
+    assert_eq!(c.api(0).add("kit", "dots-a", 1).await.status, 200);
+    let write = json!({"op": "file_write", "path": "x", "bytes": 10});
+    assert_eq!(
+        c.api(0).op("kit", "dots-b", write).await.json,
+        json!({"ok": true})
+    );
+    let owner = owner_of(&c, 0, "dots-a").await;
+    let via = NODES.iter().position(|(n, _)| *n != owner).unwrap();
+    let port = c.nodes[via].port;
+    let (status, body) = raw(
+        port,
+        "GET",
+        "/v1/actors/kit/dots-a/files/../../dots-b/files/x",
+        "",
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("invalid_path"), "{body}");
+    let (status, body) = raw(port, "DELETE", "/v1/actors/kit/dots-a/x/../../dots-b", "").await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(c.api(0).get("/v1/actors/kit/dots-b").await.status, 200);
+    let add = r#"{"op":"add","key":"n","by":1}"#;
+    for id in ["%2E%2E", "."] {
+        for n in 0..3 {
+            let (status, body) = raw(
+                c.nodes[n].port,
+                "POST",
+                &format!("/v1/actors/kit/{id}"),
+                add,
+            )
+            .await;
+            assert_eq!(status, 200, "{id} via node {n}: {body}");
+            assert!(
+                body.contains(&format!("\"value\":{}", n + 1)),
+                "{id} via node {n}: {body}"
+            );
+        }
+    }
+
     // A node killed and started again at once (by a supervisor) waits out
     // its previous life's lease and joins; it exited at once, "another
     // live node is registered".
@@ -179,6 +222,25 @@ async fn any_node_serves_any_actor_and_each_actor_lives_on_one_node() {
         c.nodes[2].log_text().contains("waiting for it to end"),
         "the restart did not meet its old lease"
     );
+}
+
+/// Send a request with `path` as written (a client library would resolve
+/// `..` segments before sending); the status and the body.
+async fn raw(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: marmot\r\nconnection: close\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).await.unwrap();
+    let status = resp.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, resp)
 }
 
 /// Turns reach actors of other nodes: `actors.call` runs the callee on its

@@ -117,14 +117,17 @@ impl Connections {
 }
 
 /// Serve `app` on `listener` within `limits` until `shutdown` resolves,
-/// then let open connections finish their requests.
+/// then let open connections finish their requests. `before` sees each
+/// request before it is routed (and may answer it instead).
 pub async fn serve_app(
     app: Router,
     listener: TcpListener,
     limits: ListenLimits,
     metrics: ListenMetrics,
     shutdown: impl std::future::Future<Output = ()>,
+    before: impl Fn(&mut Request<Body>) -> Option<axum::response::Response> + Send + Sync + 'static,
 ) -> std::io::Result<()> {
+    let before = Arc::new(before);
     let slots = Arc::new(Semaphore::new(
         limits.max_connections.clamp(1, Semaphore::MAX_PERMITS),
     ));
@@ -174,11 +177,17 @@ pub async fn serve_app(
         connections.open.lock().unwrap().insert(id, tracked.clone());
         let service = hyper::service::service_fn({
             let (app, tracked, connections) = (app.clone(), tracked.clone(), connections.clone());
+            let before = before.clone();
             move |req: Request<Incoming>| {
                 let guard = Busy::enter(&tracked, &connections);
                 let app = app.clone();
+                let mut req = req.map(Body::new);
+                let early = before(&mut req);
                 async move {
-                    let response = app.oneshot(req.map(Body::new)).await?;
+                    let response = match early {
+                        Some(r) => r,
+                        None => app.oneshot(req).await?,
+                    };
                     Ok::<_, std::convert::Infallible>(
                         response.map(|body| Body::new(Tracking { body, _busy: guard })),
                     )

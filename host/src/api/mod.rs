@@ -25,6 +25,7 @@ mod secrets;
 mod streams;
 mod subscriptions;
 mod system;
+mod target;
 mod tokens;
 mod types;
 
@@ -67,6 +68,8 @@ pub struct AppState {
     node: Arc<Node>,
     /// Reaches the other nodes of a cluster.
     peers: reqwest::Client,
+    /// Signs the targets of requests forwarded to them.
+    targets: Arc<target::TargetKey>,
 }
 
 /// The router, with `admin_token` required on everything but health checks
@@ -90,6 +93,7 @@ pub fn router(node: Arc<Node>) -> Router {
         metrics.requests_shed.clone(),
     );
     let state = AppState {
+        targets: Arc::new(target::TargetKey::new(node.config().admin_token.as_deref())),
         node,
         peers: crate::cluster::peer_client(),
     };
@@ -232,5 +236,10 @@ pub async fn serve(
         evicted: node.metrics().http_connections_evicted.clone(),
     };
     let limits = listen::ListenLimits::new(max_connections);
-    listen::serve_app(router(node), listener, limits, metrics, shutdown).await
+    let targets = Arc::new(target::TargetKey::new(node.config().admin_token.as_deref()));
+    let app = router(node);
+    listen::serve_app(app, listener, limits, metrics, shutdown, move |req| {
+        targets.restore(req)
+    })
+    .await
 }

@@ -372,16 +372,19 @@ pub(super) fn forwardable(headers: &HeaderMap) -> HeaderMap {
         .collect()
 }
 
+/// Send a request for `path` (its exact target, see `target.rs`) to the
+/// node at `base`.
 pub(super) async fn send(
     s: &AppState,
     method: Method,
     base: &str,
     path: &str,
-    headers: HeaderMap,
+    mut headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> reqwest::Result<reqwest::Response> {
+    let url = s.targets.url(&method, base, path, &mut headers);
     s.peers
-        .request(method, format!("{base}{path}"))
+        .request(method, url)
         .headers(headers)
         .body(body)
         .send()
