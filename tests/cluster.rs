@@ -195,6 +195,17 @@ async fn any_node_serves_any_actor_and_each_actor_lives_on_one_node() {
     let (status, body) = raw(port, "DELETE", "/v1/actors/kit/dots-a/x/../../dots-b", "").await;
     assert_eq!(status, 404, "{body}");
     assert_eq!(c.api(0).get("/v1/actors/kit/dots-b").await.status, 200);
+    // A file forwarded keeps its length.
+    let b_owner = owner_of(&c, 0, "dots-b").await;
+    let other = NODES.iter().position(|(n, _)| *n != b_owner).unwrap();
+    for method in [reqwest::Method::GET, reqwest::Method::HEAD] {
+        let r = c
+            .api(other)
+            .req(method.clone(), "/v1/actors/kit/dots-b/files/x", None, &[])
+            .await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.headers["content-length"], "10", "{method}");
+    }
     let add = r#"{"op":"add","key":"n","by":1}"#;
     for id in ["%2E%2E", "."] {
         for n in 0..3 {

@@ -396,6 +396,11 @@ fn streamed(resp: reqwest::Response) -> Response {
     let mut out = Response::builder().status(resp.status());
     if let Some(h) = out.headers_mut() {
         *h = forwardable(resp.headers());
+        // The body passes through whole: its length too (a file forwarded
+        // came chunked, and a HEAD told no size).
+        if let Some(n) = resp.headers().get(header::CONTENT_LENGTH) {
+            h.insert(header::CONTENT_LENGTH, n.clone());
+        }
     }
     out.body(Body::from_stream(resp.bytes_stream()))
         .unwrap_or_else(|e| {
