@@ -140,13 +140,24 @@ impl NodeConfig {
         if self.models.max_attempts == 0 {
             return Err("models.max_attempts must be at least 1".into());
         }
+        self.alarms.validate()?;
         if self.recovery.max_attempts == 0 {
             return Err("recovery.max_attempts must be at least 1".into());
         }
-        if let Some(t) = &self.admin_token
-            && t.len() < 16
-        {
-            return Err("admin token must be at least 16 characters".into());
+        if let Some(t) = &self.admin_token {
+            if t.len() < 16 {
+                return Err("admin token must be at least 16 characters".into());
+            }
+            // It travels in an `Authorization` header: a character that is
+            // not visible ASCII (or a leading or trailing space, which a
+            // header loses) made a token no request could present.
+            if !t.bytes().all(|b| b.is_ascii_graphic() || b == b' ') || t.trim() != t {
+                return Err(
+                    "admin token must be visible ASCII characters (no accents, no \
+                            leading or trailing spaces): it is sent in an HTTP header"
+                        .into(),
+                );
+            }
         }
         Ok(())
     }
@@ -386,6 +397,37 @@ pub struct AlarmsConfig {
     /// larger backlog (overdue alarms after a long stop) is read a piece
     /// at a time, the next as soon as most of the last has gone out.
     pub reload_batch: usize,
+}
+
+impl AlarmsConfig {
+    /// The longest [`Self::reload_ms`]: the scheduler holds alarms due
+    /// within a minute of a read, and one due past that waits for the
+    /// next read (with a longer interval, alarms fired late by up to the
+    /// difference, silently).
+    pub const MAX_RELOAD_MS: u64 = 30_000;
+
+    fn validate(&self) -> Result<(), String> {
+        if self.reload_ms == 0 || self.reload_ms > Self::MAX_RELOAD_MS {
+            return Err(format!(
+                "alarms.reload_ms must be between 1 and {} (alarms due past a minute from a \
+                 read wait for the next one)",
+                Self::MAX_RELOAD_MS
+            ));
+        }
+        for (name, v) in [
+            ("concurrency", self.concurrency),
+            ("reload_batch", self.reload_batch),
+            ("max_per_actor", self.max_per_actor),
+        ] {
+            if v == 0 {
+                return Err(format!("alarms.{name} must be at least 1"));
+            }
+        }
+        if self.max_attempts == 0 {
+            return Err("alarms.max_attempts must be at least 1".into());
+        }
+        Ok(())
+    }
 }
 
 impl Default for AlarmsConfig {
@@ -797,5 +839,33 @@ mod tests {
             Ok(())
         );
         assert_eq!(parse(""), Ok(()), "unset: derived from the host's memory");
+    }
+
+    /// Settings no node can work with are refused at start, naming them:
+    /// they were taken silently (an alarm fired 52 s late with
+    /// `reload_ms = 120000`; a token with an accent matched no request).
+    #[test]
+    fn unworkable_alarm_settings_and_admin_tokens_are_refused() {
+        let parse = |text: &str| toml::from_str::<NodeConfig>(text).unwrap().validate();
+        for (text, named) in [
+            ("[alarms]\nreload_ms = 120000\n", "alarms.reload_ms"),
+            ("[alarms]\nreload_ms = 0\n", "alarms.reload_ms"),
+            ("[alarms]\nconcurrency = 0\n", "alarms.concurrency"),
+            ("[alarms]\nreload_batch = 0\n", "alarms.reload_batch"),
+            ("[alarms]\nmax_attempts = 0\n", "alarms.max_attempts"),
+            (
+                "admin_token = \"pässwörd-long-enough-1\"\n",
+                "visible ASCII",
+            ),
+            (
+                "admin_token = \" leading-space-long-enough\"\n",
+                "visible ASCII",
+            ),
+        ] {
+            let err = parse(text).unwrap_err();
+            assert!(err.contains(named), "{text}: {err}");
+        }
+        assert_eq!(parse("[alarms]\nreload_ms = 30000\n"), Ok(()));
+        assert_eq!(parse("admin_token = \"a token with spaces 123\"\n"), Ok(()));
     }
 }
