@@ -159,6 +159,8 @@ pub struct Storage {
     outbox_ready: Arc<tokio::sync::Notify>,
     relay_ready: Arc<tokio::sync::Notify>,
     file_reservations: Arc<reservations::FileReservations>,
+    /// Held by the backup being written: backups go one at a time.
+    backups: std::sync::Mutex<()>,
 }
 
 /// Open (or create) the database file `path`, on the journal when
@@ -344,6 +346,7 @@ impl Storage {
             outbox_ready,
             relay_ready,
             file_reservations: Arc::default(),
+            backups: std::sync::Mutex::default(),
         })
     }
 
