@@ -398,6 +398,55 @@ export default {
     assert_eq!(alarms["alarms"], json!([]), "{alarms}");
 }
 
+/// A queued message whose actor's upgrade fails waits for a version whose
+/// upgrade works, then runs (it was failed and dropped, though its
+/// handler never ran).
+#[tokio::test]
+async fn a_queued_message_waits_out_a_failing_upgrade() {
+    let (_dir, _m, api) = node(None).await;
+    let v1 = r#"
+import { state } from "marmot";
+export default {
+  onMessage(body) {
+    const log = state.get("log") ?? [];
+    log.push(body);
+    state.set("log", log);
+    return log;
+  },
+};
+"#;
+    let broken = v1.replace(
+        "export default {",
+        "export default {\n  onUpgrade() { throw new Error(\"bad deploy\"); },",
+    );
+    let fixed = v1.replace("export default {", "export default {\n  onUpgrade() {},");
+    assert_eq!(api.deploy_js("upq", v1).await.status, 201);
+    assert_eq!(
+        api.post_json("/v1/actors/upq/a", &json!("m1")).await.status,
+        200
+    );
+    assert_eq!(api.deploy_js("upq", &broken).await.status, 201);
+    let r = api
+        .post_json("/v1/actors/upq/a?wait=false", &json!("m2"))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        api.get("/v1/actors/upq/a/state/log").await.json,
+        json!(["m1"])
+    );
+    assert_eq!(api.deploy_js("upq", &fixed).await.status, 201);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = api.get("/v1/actors/upq/a/state/log").await.json;
+        if log == json!(["m1", "m2"]) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "m2 never ran: {log}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test]
 async fn more_javascript_actors_than_sandboxes_take_turns_by_making_room() {
     // Sixteen sandboxes (the smallest pool) for forty busy actors: the

@@ -138,7 +138,16 @@ impl ActorTask {
             }
         }
         if let Err(e) = self.ensure_version().await {
-            if super::not_started(&e) {
+            // A failed `on-upgrade` is a broken deploy, not this message's
+            // doing: it waits (with the rest of the inbox, retried with
+            // back-off) for a version whose upgrade works. It was failed
+            // and dropped, though its handler never ran, and a fixed
+            // deploy did not bring it back (found by a probe).
+            if super::not_started(&e) || matches!(e, TurnError::UpgradeFailed { .. }) {
+                if matches!(e, TurnError::UpgradeFailed { .. }) {
+                    tracing::warn!(actor = %self.key, error = %e,
+                        "queued messages wait for a version whose upgrade works");
+                }
                 self.uncount(counted, seq, row).await;
                 return false;
             }
