@@ -764,6 +764,44 @@ async fn a_client_token_cannot_pass_for_a_node() {
 /// A live event stream opened with a client token ends when the token
 /// expires or is revoked: it used to go on delivering for as long as the
 /// connection lasted, while every new request with the token got 401.
+/// One client token holds at most `events.max_streams_per_token` open
+/// streams (429 past it); other tokens are unaffected, and a closed
+/// stream makes room. One token could take every stream of the node.
+#[tokio::test]
+async fn a_client_token_holds_at_most_its_share_of_event_streams() {
+    let dir = common::tempdir();
+    let config = "[events]\nmax_streams_per_token = 3\n";
+    let s = node_with_kit_config(&dir.path().join("data"), &common::new_master_key(), config).await;
+    let spec = json!({"type": "kit", "id": "eve", "scopes": ["events"], "ttl_s": 600});
+    let (mine, _) = s.token(spec.clone()).await;
+    let (other, _) = s.token(spec).await;
+    let open = |token: &str| {
+        let url = format!("{}/v1/actors/kit/eve/events?access_token={token}", s.url);
+        s.http.get(url).header("accept", "text/event-stream").send()
+    };
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let r = open(&mine).await.unwrap();
+        assert_eq!(r.status(), 200);
+        held.push(r);
+    }
+    let r = open(&mine).await.unwrap();
+    assert_eq!(r.status(), 429);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "too_many_streams", "{body}");
+    assert_eq!(open(&other).await.unwrap().status(), 200);
+    drop(held.pop());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = open(&mine).await.unwrap();
+        if r.status() == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no room after a stream closed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test]
 async fn an_event_stream_ends_when_its_client_token_expires_or_is_revoked() {
     let dir = common::tempdir();

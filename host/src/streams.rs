@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{broadcast, watch};
@@ -27,6 +27,9 @@ pub struct EventBus {
     closing: watch::Sender<bool>,
     open: AtomicUsize,
     max_streams: usize,
+    /// Streams open per client token (by token id).
+    per_token: Mutex<HashMap<String, usize>>,
+    max_per_token: usize,
     /// `marmot_event_streams`.
     gauge: Gauge,
 }
@@ -45,6 +48,8 @@ const LIVE_BUFFER: usize = 1024;
 pub struct Subscription {
     bus: Arc<EventBus>,
     key: ActorKey,
+    /// The client token it counts against.
+    token: Option<String>,
     /// Changes whenever a commit of the actor's events becomes durable (or
     /// the actor is deleted).
     pub changed: watch::Receiver<u64>,
@@ -54,28 +59,63 @@ pub struct Subscription {
     pub live: broadcast::Receiver<Arc<str>>,
 }
 
-/// More streams are open than the node allows.
+/// More streams are open than the node (or a client token) may hold.
 #[derive(Debug, thiserror::Error)]
-#[error("this node serves at most {0} event streams at once")]
-pub struct TooManyStreams(pub usize);
+pub enum TooManyStreams {
+    /// The node's `events.max_streams`.
+    #[error("this node serves at most {0} event streams at once")]
+    Node(usize),
+    /// `events.max_streams_per_token`.
+    #[error(
+        "a client token may hold at most {0} event streams open at once \
+         (events.max_streams_per_token); close one first"
+    )]
+    Token(usize),
+}
 
 impl EventBus {
-    /// A bus allowing `max_streams` open streams, counted in `gauge`.
-    pub fn new(max_streams: usize, gauge: Gauge) -> Self {
+    /// A bus allowing `max_streams` open streams, `max_per_token` of them
+    /// for one client token, counted in `gauge`.
+    pub fn new(max_streams: usize, max_per_token: usize, gauge: Gauge) -> Self {
         Self {
             watched: RwLock::new(HashMap::new()),
             closing: watch::Sender::new(false),
             open: AtomicUsize::new(0),
             max_streams,
+            per_token: Mutex::default(),
+            max_per_token,
             gauge,
         }
     }
 
     /// Watch `key`'s event log.
     pub fn subscribe(self: &Arc<Self>, key: &ActorKey) -> Result<Subscription, TooManyStreams> {
+        self.subscribe_as(key, None)
+    }
+
+    /// Watch `key`'s event log for the holder of client token `token` (its
+    /// id), which may hold only so many streams: one token kept open
+    /// streams until no one else on the node could open one (found by a
+    /// probe).
+    pub fn subscribe_as(
+        self: &Arc<Self>,
+        key: &ActorKey,
+        token: Option<&str>,
+    ) -> Result<Subscription, TooManyStreams> {
+        if let Some(t) = token {
+            let mut held = self.per_token.lock().unwrap_or_else(|p| p.into_inner());
+            let n = held.entry(t.to_owned()).or_default();
+            if *n >= self.max_per_token {
+                return Err(TooManyStreams::Token(self.max_per_token));
+            }
+            *n += 1;
+        }
         if self.open.fetch_add(1, Ordering::AcqRel) >= self.max_streams {
             self.open.fetch_sub(1, Ordering::AcqRel);
-            return Err(TooManyStreams(self.max_streams));
+            if let Some(t) = token {
+                self.release_token(t);
+            }
+            return Err(TooManyStreams::Node(self.max_streams));
         }
         self.gauge.inc();
         let (changed, live) = {
@@ -89,10 +129,21 @@ impl EventBus {
         Ok(Subscription {
             bus: self.clone(),
             key: key.clone(),
+            token: token.map(str::to_owned),
             changed,
             closing: self.closing.subscribe(),
             live,
         })
+    }
+
+    fn release_token(&self, token: &str) {
+        let mut held = self.per_token.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = held.get_mut(token) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(token);
+            }
+        }
     }
 
     /// A commit holding `key`'s events up to `last_seq` is durable (0: the
@@ -139,6 +190,9 @@ impl Drop for Subscription {
     fn drop(&mut self) {
         self.bus.open.fetch_sub(1, Ordering::AcqRel);
         self.bus.gauge.dec();
+        if let Some(t) = &self.token {
+            self.bus.release_token(t);
+        }
         let mut w = self.bus.watched.write().expect("event bus lock");
         // Our own receiver is still alive here: the last one out removes
         // the entry. Subscribing takes the same lock, so nobody can join
@@ -155,9 +209,28 @@ impl Drop for Subscription {
 mod tests {
     use super::*;
 
+    /// One client token holds at most its share of the node's streams;
+    /// closing one makes room for it, and others are unaffected.
+    #[test]
+    fn a_client_token_holds_at_most_its_streams() {
+        let bus = Arc::new(EventBus::new(10, 2, Gauge::default()));
+        let a = ActorKey::new("t", "a").unwrap();
+        let s1 = bus.subscribe_as(&a, Some("tok")).unwrap();
+        let _s2 = bus.subscribe_as(&a, Some("tok")).unwrap();
+        let Err(err) = bus.subscribe_as(&a, Some("tok")) else {
+            panic!("a third stream for the token");
+        };
+        assert!(matches!(err, TooManyStreams::Token(2)), "{err}");
+        let _other = bus.subscribe_as(&a, Some("another")).unwrap();
+        let _admin = bus.subscribe(&a).unwrap();
+        drop(s1);
+        let _s3 = bus.subscribe_as(&a, Some("tok")).unwrap();
+        assert_eq!(bus.open_streams(), 4);
+    }
+
     #[tokio::test]
     async fn publishes_reach_subscribers_and_entries_go_with_the_last_one() {
-        let bus = Arc::new(EventBus::new(2, Gauge::default()));
+        let bus = Arc::new(EventBus::new(2, 2, Gauge::default()));
         let a = ActorKey::new("t", "a").unwrap();
         let mut s1 = bus.subscribe(&a).unwrap();
         let s2 = bus.subscribe(&a).unwrap();

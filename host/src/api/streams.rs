@@ -35,7 +35,7 @@ use super::ApiError;
 use crate::ids::ActorKey;
 use crate::node::Node;
 use crate::storage::schema::EventRecord;
-use crate::streams::Subscription;
+use crate::streams::{Subscription, TooManyStreams};
 use crate::tokens::Grant;
 
 /// Events read from disk per step.
@@ -112,13 +112,22 @@ pub(super) fn open(
 ) -> Result<Response, ApiError> {
     // Subscribe before the first read: a commit landing in between then
     // wakes the stream instead of being missed.
-    let sub = node.event_bus().subscribe(&key).map_err(|e| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too_many_streams",
-            e.to_string(),
-        )
-    })?;
+    let token = grant.as_ref().map(|g| g.jti.as_str());
+    let sub = node
+        .event_bus()
+        .subscribe_as(&key, token)
+        .map_err(|e| match e {
+            TooManyStreams::Node(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too_many_streams",
+                e.to_string(),
+            ),
+            TooManyStreams::Token(_) => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_streams",
+                e.to_string(),
+            ),
+        })?;
     let follow = Follow {
         node: node.clone(),
         key,

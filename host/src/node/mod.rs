@@ -153,6 +153,7 @@ impl Node {
         let (scheduler, scheduler_rx) = Scheduler::new();
         let event_bus = Arc::new(EventBus::new(
             config.events.max_streams,
+            config.events.max_streams_per_token,
             metrics.event_streams.clone(),
         ));
         // One bound for what guests' fetches and model calls buffer.

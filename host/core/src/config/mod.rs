@@ -518,6 +518,9 @@ pub struct EventsConfig {
     pub max_age_ms: u64,
     /// Open event streams per node; more get 503.
     pub max_streams: usize,
+    /// Open event streams one client token may hold (on one node); more
+    /// get 429.
+    pub max_streams_per_token: usize,
     /// Interval of the comment lines that keep idle streams open.
     pub heartbeat_ms: u64,
 }
@@ -538,6 +541,7 @@ impl Default for EventsConfig {
         Self {
             max_age_ms: 0,
             max_streams: 10_000,
+            max_streams_per_token: 16,
             heartbeat_ms: 15_000,
         }
     }

@@ -191,7 +191,12 @@ pub(super) fn operations() -> Vec<Op> {
                             "description": "frames whose `id:` is the seq and whose `data:` is an event as in a page; `gap`, `reset` and `lagged` frames"}}}))),
                 ),
                 (404, "no such actor", None),
-                (503, "too many streams", None),
+                (
+                    429,
+                    "the client token holds as many streams as it may (events.max_streams_per_token)",
+                    None,
+                ),
+                (503, "too many streams on the node", None),
             ],
         },
         Op {
