@@ -179,7 +179,10 @@ pub fn router(node: Arc<Node>) -> Router {
             "/v1/cluster/blobs",
             post(cluster::put_blobs).layer(DefaultBodyLimit::max(cluster::MAX_REPLICA_BYTES)),
         )
-        .route("/v1/cluster/blobs/missing", post(cluster::blobs_missing))
+        .route(
+            "/v1/cluster/blobs/missing",
+            post(cluster::blobs_missing).layer(DefaultBodyLimit::max(cluster::MAX_REPLICA_BYTES)),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limits.max_message_bytes));

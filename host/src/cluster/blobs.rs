@@ -43,12 +43,12 @@ pub async fn send_blobs(
             );
             let storage = storage.clone();
             let blob = tokio::task::spawn_blocking(move || storage.blobs().read(&sha)).await??;
-            bytes += blob.len();
-            request.push((sha, blob));
-            if bytes >= REQUEST_BYTES {
+            if !request.is_empty() && bytes + blob.len() > REQUEST_BYTES {
                 sent += put(peers, base, &mut request).await?;
                 bytes = 0;
             }
+            bytes += blob.len();
+            request.push((sha, blob));
         }
         if !request.is_empty() {
             sent += put(peers, base, &mut request).await?;
@@ -153,7 +153,7 @@ mod tests {
         assert_eq!(got, want, "exactly the missing ones, each once");
         assert!(seen.requests.len() >= 3, "{:?}", seen.requests);
         for &r in &seen.requests {
-            assert!(r < REQUEST_BYTES + blob, "a request of {r} bytes");
+            assert!(r <= REQUEST_BYTES, "a request of {r} bytes");
         }
     }
 }

@@ -28,6 +28,7 @@ use tokio::sync::mpsc;
 use super::{Cluster, Peers, ShipTarget, Shipping};
 use crate::ids::ActorKey;
 use crate::metrics::Metrics;
+use crate::storage::blobs::BlobHold;
 use crate::storage::schema::ReplicaBatch;
 use crate::storage::{Placement, Release, Replication, Storage};
 
@@ -45,11 +46,16 @@ const MAX_ROUND: usize = 512;
 struct Shipment {
     batches: Vec<ReplicaBatch>,
     release: Release,
+    /// The blobs a snapshot's files name, held until it is shipped: a
+    /// file overwritten meanwhile released its blob, which went 10 s later,
+    /// while a large snapshot could still be on its way.
+    holds: Vec<BlobHold>,
 }
 
 /// The [`Replication`] of a cluster node.
 pub struct Replicator {
     cluster: Cluster,
+    storage: Arc<Storage>,
     tx: mpsc::UnboundedSender<Shipment>,
 }
 
@@ -72,13 +78,17 @@ impl Replicator {
         let sender = Sender {
             cluster: cluster.clone(),
             peers,
-            storage,
+            storage: storage.clone(),
             metrics,
             delay,
             armed: Mutex::default(),
         };
         tokio::spawn(sender.run(rx));
-        Arc::new(Self { cluster, tx })
+        Arc::new(Self {
+            cluster,
+            storage,
+            tx,
+        })
     }
 }
 
@@ -106,7 +116,20 @@ impl Replication for Replicator {
     }
 
     fn ship(&self, batches: Vec<ReplicaBatch>, release: Release) {
-        if let Err(mpsc::error::SendError(s)) = self.tx.send(Shipment { batches, release }) {
+        // A turn's blobs are held by the turn until its batch is released;
+        // a snapshot's (files written long before) by nobody.
+        let holds = batches
+            .iter()
+            .filter(|b| b.snapshot.is_some())
+            .flat_map(ReplicaBatch::blob_shas)
+            .filter_map(|sha| self.storage.blobs().hold(&sha))
+            .collect();
+        let shipment = Shipment {
+            batches,
+            release,
+            holds,
+        };
+        if let Err(mpsc::error::SendError(s)) = self.tx.send(shipment) {
             (s.release)(Err("the node is shutting down".into()));
         }
     }
@@ -149,8 +172,14 @@ impl Sender {
                 }
             }
             self.metrics.replication_queue.set(rx.len() as i64);
-            let (batches, releases): (Vec<Vec<ReplicaBatch>>, Vec<Release>) =
-                round.into_iter().map(|s| (s.batches, s.release)).unzip();
+            let mut holds = Vec::new();
+            let (batches, releases): (Vec<Vec<ReplicaBatch>>, Vec<Release>) = round
+                .into_iter()
+                .map(|s| {
+                    holds.push(s.holds);
+                    (s.batches, s.release)
+                })
+                .unzip();
             let started = Instant::now();
             if let Some(d) = self.delay {
                 tokio::time::sleep(d).await;
@@ -169,6 +198,7 @@ impl Sender {
                     Some(Fate::Lost(why) | Fate::Unknown(why)) => Err(why),
                 });
             }
+            drop(holds);
         }
     }
 
@@ -237,7 +267,10 @@ impl Sender {
         idx: Vec<usize>,
         all: &[&ReplicaBatch],
     ) -> Vec<(usize, Fate)> {
-        let started = Instant::now();
+        // Since when the backup has failed to take anything: a long
+        // transfer of blobs that then fails once is not three seconds of
+        // failing.
+        let mut failing_since: Option<Instant> = None;
         let mut pending = idx;
         let mut out = Vec::new();
         let mut backoff = Duration::from_millis(10);
@@ -276,13 +309,14 @@ impl Sender {
             if pending.is_empty() {
                 return out;
             }
+            let mut progressed = false;
             if let Some(base) = &url {
-                sent.extend(pending.iter().copied());
-                match self.send(base, &pending, all).await {
+                match self.send(base, &pending, all, &mut sent).await {
                     Ok(outcomes) => {
                         let mut refused = Vec::new();
                         for (&i, o) in pending.iter().zip(&outcomes) {
                             if o == "applied" || o == "repeat" {
+                                progressed = true;
                                 out.push((i, Fate::Done));
                                 if let Some(session) = all[i].snapshot {
                                     self.joined(all[i], &node, session).await;
@@ -309,7 +343,13 @@ impl Sender {
             // was: dropped at once, not after `DROP_AFTER` of commits
             // waiting for it. A member key gone for another reason (a
             // lease that lapsed and is renewed) gets the full wait.
-            if started.elapsed() >= DROP_AFTER || self.cluster.left_gracefully(&node) {
+            let since = if progressed {
+                failing_since = None;
+                Instant::now()
+            } else {
+                *failing_since.get_or_insert_with(Instant::now)
+            };
+            if since.elapsed() >= DROP_AFTER || self.cluster.left_gracefully(&node) {
                 self.drop_backup(&node, &pending, all).await;
                 backoff = Duration::from_millis(10);
                 continue;
@@ -372,11 +412,13 @@ impl Sender {
     /// Batches `idx`, after the blobs they name, in requests of at most
     /// [`REQUEST_BYTES`] sent one after the other; the outcomes answered,
     /// in order (short if a later request failed: the rest is resent).
+    /// Batches a copy of which went out join `sent`.
     async fn send(
         &self,
         base: &str,
         idx: &[usize],
         all: &[&ReplicaBatch],
+        sent: &mut std::collections::HashSet<usize>,
     ) -> anyhow::Result<Vec<String>> {
         let batches: Vec<&ReplicaBatch> = idx.iter().map(|&i| all[i]).collect();
         let shas: Vec<[u8; 32]> = batches.iter().flat_map(|b| b.blob_shas()).collect();
@@ -386,6 +428,7 @@ impl Sender {
                 tracing::debug!(backup = base, bytes, "sent blobs ahead of their batches");
             }
         }
+        sent.extend(idx.iter().copied());
         let mut outcomes = Vec::with_capacity(batches.len());
         for request in requests(&batches)? {
             match self.peers.replicate(base, request).await {

@@ -24,16 +24,20 @@ const STAGED_FOR: Duration = Duration::from_secs(600);
 
 /// Blobs sent ahead of the rows that name them (or found here when the
 /// sender asked): held, so that no removal takes them before those rows
-/// commit, until the rows came or [`STAGED_FOR`] passed.
+/// commit, until the rows came or [`STAGED_FOR`] passed. One hold per ask:
+/// the rows of one sender let go of theirs, not of another's.
 #[derive(Default)]
-pub(super) struct StagedBlobs(Mutex<HashMap<[u8; 32], (BlobHold, Instant)>>);
+pub(super) struct StagedBlobs(Mutex<HashMap<[u8; 32], Vec<Staged>>>);
+
+/// One hold of a staged blob, and when it was taken.
+type Staged = (BlobHold, Instant);
 
 impl StagedBlobs {
     fn keep(&self, holds: Vec<BlobHold>) {
         let now = Instant::now();
         let mut staged = self.0.lock().unwrap_or_else(|p| p.into_inner());
         for h in holds {
-            staged.insert(*h.sha256(), (h, now));
+            staged.entry(*h.sha256()).or_default().push((h, now));
         }
     }
 
@@ -42,14 +46,23 @@ impl StagedBlobs {
     pub(super) fn expire(&self) {
         let now = Instant::now();
         let mut staged = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        staged.retain(|_, (_, at)| now.duration_since(*at) < STAGED_FOR);
+        staged.retain(|_, holds| {
+            holds.retain(|(_, at)| now.duration_since(*at) < STAGED_FOR);
+            !holds.is_empty()
+        });
     }
 
-    /// Let go of blobs whose rows came (committed, or refused).
+    /// Let go of one hold of each blob whose rows came (committed, or
+    /// refused): the oldest.
     pub(super) fn release(&self, shas: &[[u8; 32]]) {
         let mut staged = self.0.lock().unwrap_or_else(|p| p.into_inner());
         for sha in shas {
-            staged.remove(sha);
+            if let Some(holds) = staged.get_mut(sha) {
+                holds.remove(0);
+                if holds.is_empty() {
+                    staged.remove(sha);
+                }
+            }
         }
     }
 }
