@@ -207,7 +207,7 @@ async fn any_node_serves_any_actor_and_each_actor_lives_on_one_node() {
         assert_eq!(r.headers["content-length"], "10", "{method}");
     }
     let add = r#"{"op":"add","key":"n","by":1}"#;
-    for id in ["%2E%2E", "."] {
+    for id in ["%2E%2E", ".", "café"] {
         for n in 0..3 {
             let (status, body) = raw(
                 c.nodes[n].port,

@@ -27,6 +27,10 @@ pub const TARGET: HeaderName = HeaderName::from_static("x-marmot-target");
 /// The HMAC-SHA256 of the method and [`TARGET`] (hex).
 pub const TARGET_MAC: HeaderName = HeaderName::from_static("x-marmot-target-mac");
 
+/// Bytes a target in a header is percent-encoded in: all but visible
+/// ASCII (a request line may hold raw UTF-8).
+const NOT_VISIBLE: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b' ');
+
 /// What the key is derived for (with the admin token).
 const PURPOSE: &[u8] = b"marmot forwarded request targets v1\0";
 
@@ -62,9 +66,15 @@ impl TargetKey {
     ) -> String {
         let url = format!("{base}{target}");
         let kept = url::Url::parse(&url).is_ok_and(|u| &u[url::Position::BeforePath..] == target);
-        if !kept && let Ok(value) = HeaderValue::from_str(target) {
-            let mac = hex::encode(self.mac(method, target).finalize().into_bytes());
-            headers.insert(TARGET, value);
+        if !kept {
+            // A header carries visible ASCII: other bytes (an id's UTF-8)
+            // go percent-encoded, which routes to the same actor.
+            let target = percent_encoding::utf8_percent_encode(target, NOT_VISIBLE).to_string();
+            let mac = hex::encode(self.mac(method, &target).finalize().into_bytes());
+            headers.insert(
+                TARGET,
+                HeaderValue::from_str(&target).expect("visible ASCII is a header value"),
+            );
             headers.insert(
                 TARGET_MAC,
                 HeaderValue::from_str(&mac).expect("hex is a header value"),
@@ -145,6 +155,11 @@ mod tests {
         }
         let (_, req) = forwarded(&key, "/v1/actors/t/a?wait=false");
         assert!(req.headers().is_empty());
+        // Raw UTF-8 in the request line (which the URL would encode)
+        // arrives percent-encoded: the same actor.
+        let (_, mut req) = forwarded(&key, "/v1/actors/t/café");
+        assert!(key.restore(&mut req).is_none());
+        assert_eq!(req.uri().path(), "/v1/actors/t/caf%C3%A9");
     }
 
     /// A target signed under another key, for another method, or not at
