@@ -127,7 +127,7 @@ pub(super) fn operations() -> Vec<Op> {
             method: "get",
             path: "/v1/actors/{type}/{id}/state",
             id: "listState",
-            summary: "State keys and values (inspection)",
+            summary: "State keys and values (inspection): a page holds at most `limit` entries and 8 MiB of values (at least one); `next_after` is given when more follow",
             params: with(
                 actor(),
                 [
