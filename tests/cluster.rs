@@ -466,6 +466,15 @@ async fn a_dead_owners_actors_fail_over_to_its_backup_with_their_data() {
         json!({"kind": "js", "code": "export default { onMessage() { return { late: true }; } };"});
     let r = c.api(other).deploy_manifest("late", &js).await;
     assert_eq!(r.status, 201, "{}", r.json);
+    // (Two new versions of a type it has: it comes back with the latest
+    // under the cluster's number, 3, not its own next, 2.)
+    for idle in [60_001, 60_002] {
+        let r = c
+            .api(other)
+            .deploy("kit", TESTKIT, json!({"idle_timeout_ms": idle}))
+            .await;
+        assert_eq!(r.status, 201, "{}", r.json);
+    }
     // ... and so do secrets, providers and subscriptions set or deleted.
     assert_eq!(
         put(&c.api(other), "/v1/secrets/NEW".into(), secret("v1"))
@@ -501,6 +510,30 @@ async fn a_dead_owners_actors_fail_over_to_its_backup_with_their_data() {
         200,
         "catalog not synced"
     );
+    let latest = |v: Value| {
+        let last = v["versions"].as_array().unwrap().last().unwrap().clone();
+        (last["version"].clone(), last["sha256"].clone())
+    };
+    assert_eq!(
+        latest(c.api(o).get("/v1/types/kit").await.json),
+        latest(c.api(other).get("/v1/types/kit").await.json),
+        "the version numbers of a type differ between nodes"
+    );
+    // A deploy fanned out now is numbered alike everywhere.
+    let r = c
+        .api(other)
+        .deploy("kit", TESTKIT, json!({"idle_timeout_ms": 60_003}))
+        .await;
+    assert_eq!(
+        (r.status, r.json["version"].clone()),
+        (201, json!(4)),
+        "{}",
+        r.json
+    );
+    for i in 0..3 {
+        let got = latest(c.api(i).get("/v1/types/kit").await.json);
+        assert_eq!(got.0, 4, "node {i}");
+    }
     let names: Vec<Value> = c.api(o).get("/v1/secrets").await.json["secrets"]
         .as_array()
         .unwrap()

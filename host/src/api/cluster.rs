@@ -21,7 +21,9 @@ use super::routing::{forwardable, send, too_large};
 use super::{ApiError, AppState};
 
 /// On a write applied on every node: the node that received it.
-const FANOUT_FROM: &str = "x-marmot-fanout-from";
+pub(super) const FANOUT_FROM: &str = "x-marmot-fanout-from";
+/// On a deploy another node fans out: the version number it gave it.
+pub(super) const TYPE_VERSION: &str = "x-marmot-type-version";
 /// On a fanned-out subscription `PUT`: its creation time on the node that
 /// took the request, for the others to keep as theirs.
 pub(super) const SUBSCRIPTION_CREATED_AT: &str = "x-marmot-subscription-created-at";
@@ -61,6 +63,7 @@ pub(super) async fn catalog(State(s): State<AppState>) -> Result<Response, ApiEr
         .map(|e| {
             serde_json::json!({
                 "type": e.ty,
+                "version": e.version,
                 "kind": e.kind,
                 "code_base64": base64::engine::general_purpose::STANDARD.encode(&e.code),
                 "config": e.config,
@@ -125,11 +128,24 @@ async fn catch_up(
             let config = serde_json::from_value(t["config"].clone())?;
             let code = base64::engine::general_purpose::STANDARD
                 .decode(t["code_base64"].as_str().unwrap_or_default())?;
-            let d = node
-                .deploy_from_peer(ty, kind, code, config)
-                .await
-                .with_context(|| format!("deploying `{ty}` from {}'s catalog", peer.node_id))?;
-            changed += usize::from(d.created);
+            let version = t["version"]
+                .as_u64()
+                .and_then(|v| u32::try_from(v).ok())
+                .filter(|v| *v > 0)
+                .context("catalog entry without a version")?;
+            match node.deploy_from_peer(ty, kind, code, config, version).await {
+                Ok(d) => changed += usize::from(d.created),
+                // Diverged (deployed here while the cluster was out of
+                // reach): said, and the other types still taken.
+                Err(e @ crate::node::DeployError::VersionConflict(_)) => {
+                    tracing::error!(peer = %peer.node_id, ty, error = %e,
+                        "this node's versions of a type differ from the cluster's");
+                }
+                Err(e) => {
+                    return Err(anyhow::Error::new(e)
+                        .context(format!("deploying `{ty}` from {}'s catalog", peer.node_id)));
+                }
+            }
         }
         let shared: crate::node::SharedState = serde_json::from_value(body["shared"].take())
             .with_context(|| format!("{}'s shared state", peer.node_id))?;
@@ -360,6 +376,17 @@ pub(super) async fn fan_out(
     if !resp.status().is_success() {
         return resp;
     }
+    // A deploy's version number is the one this node gave it, on every
+    // node.
+    let resp = if uri.path().starts_with("/v1/types/") && method == Method::PUT {
+        let (resp, version) = deployed_version(resp).await;
+        if let Some(v) = version {
+            headers.insert(TYPE_VERSION, HeaderValue::from(v));
+        }
+        resp
+    } else {
+        resp
+    };
     let (resp, bytes) = if method == Method::PUT && uri.path().starts_with("/v1/subscriptions/") {
         let (resp, bytes, created_at_ms) = with_generated_secret(resp, bytes).await;
         // The subscription's creation time is this node's on every node
@@ -402,6 +429,19 @@ pub(super) async fn fan_out(
         ),
     )
     .into_response()
+}
+
+/// The version a deploy's answer names, and the answer rebuilt.
+async fn deployed_version(resp: Response) -> (Response, Option<u32>) {
+    let (parts, body) = resp.into_parts();
+    let Ok(out) = axum::body::to_bytes(body, 1 << 20).await else {
+        return (Response::from_parts(parts, Body::empty()), None);
+    };
+    let version = serde_json::from_slice::<serde_json::Value>(&out)
+        .ok()
+        .and_then(|v| v["version"].as_u64())
+        .and_then(|v| u32::try_from(v).ok());
+    (Response::from_parts(parts, Body::from(out)), version)
 }
 
 /// A subscription whose signing secret this node generated goes to the

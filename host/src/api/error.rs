@@ -149,6 +149,9 @@ impl From<DeployError> for ApiError {
                 e.to_string(),
             ),
             DeployError::Storage(s) => s.into(),
+            DeployError::VersionConflict(m) => {
+                Self::new(StatusCode::CONFLICT, "version_conflict", m)
+            }
         }
     }
 }

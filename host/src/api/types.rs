@@ -180,7 +180,17 @@ pub(super) async fn deploy(
             ));
         }
     };
-    let deployed = s.node.deploy(&ty, kind, code, config).await?;
+    // Fanned out by the node that took it: under that node's number.
+    let numbered = headers
+        .contains_key(super::cluster::FANOUT_FROM)
+        .then(|| headers.get(super::cluster::TYPE_VERSION))
+        .flatten()
+        .and_then(|v| v.to_str().ok()?.parse::<u32>().ok())
+        .filter(|v| *v > 0);
+    let deployed = match numbered {
+        Some(v) => s.node.deploy_numbered(&ty, kind, code, config, v).await?,
+        None => s.node.deploy(&ty, kind, code, config).await?,
+    };
     Ok(super::put_reply(deployed.created, deployed))
 }
 

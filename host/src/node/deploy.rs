@@ -39,6 +39,10 @@ pub enum DeployError {
     /// Storage failed.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// The version number the cluster gave this deploy is taken here by
+    /// other code, or is behind this node's latest.
+    #[error("{0}")]
+    VersionConflict(String),
 }
 
 /// Result of a deploy.
@@ -79,6 +83,9 @@ pub enum DeleteTypeError {
 /// One type as [`Node::catalog_export`] gives it.
 pub struct CatalogEntry {
     pub ty: String,
+    /// Its number on the exporting node (every node numbers a type's
+    /// versions alike: see [`Node::deploy_numbered`]).
+    pub version: u32,
     pub kind: CodeKind,
     pub code: Vec<u8>,
     pub config: TypeConfig,
@@ -104,21 +111,46 @@ impl Node {
         code: Vec<u8>,
         config: TypeConfig,
     ) -> Result<Deployed, DeployError> {
-        self.deploy_from(Origin::User, ty, kind, code, config).await
+        self.deploy_from(Origin::User, ty, kind, code, config, None)
+            .await
+    }
+
+    /// [`Self::deploy`] as version `version`, the number the node that
+    /// took the deploy first gave it (a cluster-wide deploy reaching this
+    /// node): every node numbers a type's versions alike, so an actor
+    /// moved or failed over to another node finds its version there. (Each
+    /// node numbered its own, and a node that joined later, or missed
+    /// deploys, held the latest code under another number: actors that
+    /// came to it failed with "code of version N is missing", found by a
+    /// probe.) The same code under that number is a no-op; other code
+    /// under it, or a number behind this node's latest, is refused.
+    pub async fn deploy_numbered(
+        &self,
+        ty: &str,
+        kind: CodeKind,
+        code: Vec<u8>,
+        config: TypeConfig,
+        version: u32,
+    ) -> Result<Deployed, DeployError> {
+        self.deploy_from(Origin::User, ty, kind, code, config, Some(version))
+            .await
     }
 
     /// Install `ty` as a peer's catalog holds it (catching up with the
     /// cluster): [`Self::deploy`], but a JavaScript module that no turn
     /// could run is taken, as the build that deployed it took it, rather
     /// than stopping the catch-up.
+    /// Its version keeps the peer's number, as [`Self::deploy_numbered`].
     pub async fn deploy_from_peer(
         &self,
         ty: &str,
         kind: CodeKind,
         code: Vec<u8>,
         config: TypeConfig,
+        version: u32,
     ) -> Result<Deployed, DeployError> {
-        self.deploy_from(Origin::Peer, ty, kind, code, config).await
+        self.deploy_from(Origin::Peer, ty, kind, code, config, Some(version))
+            .await
     }
 
     async fn deploy_from(
@@ -128,6 +160,7 @@ impl Node {
         kind: CodeKind,
         code: Vec<u8>,
         config: TypeConfig,
+        numbered: Option<u32>,
     ) -> Result<Deployed, DeployError> {
         validate_type_name(ty)?;
         if code.len() > self.config.limits.max_code_bytes {
@@ -143,7 +176,31 @@ impl Node {
         let sha256 = hex::encode(Sha256::digest(&code));
         let _guard = self.catalog.deploy_lock.lock().await;
         let existing = self.catalog.get(ty);
-        if let Some(e) = &existing {
+        if let (Some(n), Some(e)) = (numbered, &existing) {
+            if let Some(v) = e.version(n) {
+                if v.sha256 == sha256 && v.config == config && v.kind == kind {
+                    return Ok(Deployed {
+                        ty: ty.to_owned(),
+                        version: n,
+                        kind: v.kind.as_str(),
+                        sha256,
+                        created: false,
+                    });
+                }
+                return Err(DeployError::VersionConflict(format!(
+                    "version {n} of `{ty}` is other code on this node: its catalog differs \
+                     from the cluster's (deploy the type again to make them one)"
+                )));
+            }
+            if n < e.latest_version() {
+                return Err(DeployError::VersionConflict(format!(
+                    "version {n} of `{ty}` is behind this node's latest ({}): its catalog \
+                     differs from the cluster's (deploy the type again to make them one)",
+                    e.latest_version()
+                )));
+            }
+        }
+        if let (None, Some(e)) = (numbered, &existing) {
             let latest = e
                 .version(e.latest_version())
                 .expect("latest version record");
@@ -194,7 +251,8 @@ impl Node {
             created_at_ms: now,
             versions: Vec::new(),
         });
-        let version = record.versions.last().map_or(1, |v| v.version + 1);
+        let version =
+            numbered.unwrap_or_else(|| record.versions.last().map_or(1, |v| v.version + 1));
         record.versions.push(VersionRecord {
             version,
             kind,
@@ -245,6 +303,7 @@ impl Node {
             if let Some(code) = reader.code(entry.name(), v.version)? {
                 out.push(CatalogEntry {
                     ty: entry.name().to_owned(),
+                    version: v.version,
                     kind: v.kind,
                     code,
                     config: v.config,

@@ -71,6 +71,47 @@ async fn deploys_keep_only_the_latest_compiled_version() {
     assert_eq!(entry.cached_versions(), [4]);
 }
 
+/// A deploy numbered by the cluster keeps its number (a gap for versions
+/// this node missed); the same code under it again is a no-op; other code
+/// under it, or a number behind the latest, is refused; the next deploy
+/// goes on from it.
+#[tokio::test]
+async fn numbered_deploys_keep_the_clusters_numbers() {
+    use super::DeployError;
+    let (_dir, node) = node().await;
+    let config = |idle: u64| TypeConfig {
+        idle_timeout_ms: Some(idle),
+        ..TypeConfig::default()
+    };
+    let code = || crate::guests::COUNTER.to_vec();
+    let d = node
+        .deploy_numbered("counter", CodeKind::Wasm, code(), config(61_000), 3)
+        .await
+        .unwrap();
+    assert!(d.created && d.version == 3);
+    let again = node
+        .deploy_numbered("counter", CodeKind::Wasm, code(), config(61_000), 3)
+        .await
+        .unwrap();
+    assert!(!again.created);
+    for (idle, version) in [(62_000, 3), (62_000, 2)] {
+        let e = node
+            .deploy_numbered("counter", CodeKind::Wasm, code(), config(idle), version)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, DeployError::VersionConflict(_)), "{e}");
+    }
+    let next = node
+        .deploy("counter", CodeKind::Wasm, code(), config(63_000))
+        .await
+        .unwrap();
+    assert_eq!(next.version, 4);
+    assert_eq!(
+        send(&node, r#"{"by": 2}"#).await.unwrap().body,
+        r#"{"n":2}"#
+    );
+}
+
 /// Regression: after a failed commit, an actor whose next turn wrote
 /// nothing waited forever for the lost commit.
 #[tokio::test]
@@ -255,7 +296,7 @@ async fn a_peer_catalog_installs_a_module_a_user_deploy_refuses() {
     assert!(node.catalog.get("legacy").is_none(), "nothing deployed");
 
     let peer = node
-        .deploy_from_peer("legacy", CodeKind::Js, module, TypeConfig::default())
+        .deploy_from_peer("legacy", CodeKind::Js, module, TypeConfig::default(), 1)
         .await
         .expect("a peer's type is installed");
     assert!(peer.created);
