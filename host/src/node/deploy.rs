@@ -139,8 +139,8 @@ impl Node {
     /// Install `ty` as a peer's catalog holds it (catching up with the
     /// cluster): [`Self::deploy`], but a JavaScript module that no turn
     /// could run is taken, as the build that deployed it took it, rather
-    /// than stopping the catch-up.
-    /// Its version keeps the peer's number, as [`Self::deploy_numbered`].
+    /// than stopping the catch-up. Its version keeps the peer's number, as
+    /// [`Self::deploy_numbered`].
     pub async fn deploy_from_peer(
         &self,
         ty: &str,

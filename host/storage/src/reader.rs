@@ -130,25 +130,10 @@ impl Reader {
         prefix: &str,
         start_after: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
-        let t = self.txn.open_table(STATE)?;
-        let start = match start_after {
-            Some(a) if a >= prefix => a,
-            _ => prefix,
-        };
-        let mut out = Vec::new();
-        for row in t.range((num, start)..)? {
-            let (k, v) = row?;
-            let (n, key) = k.value();
-            if n != num || !key.starts_with(prefix) || out.len() == limit {
-                break;
-            }
-            if Some(key) == start_after {
-                continue;
-            }
-            out.push((key.to_owned(), v.value().to_vec()));
-        }
-        Ok(out)
+    ) -> Result<StateEntries, StorageError> {
+        Ok(self
+            .state_page(num, prefix, start_after, limit, usize::MAX)?
+            .0)
     }
 
     /// A page of state entries with `prefix`, after `start_after`: at most
