@@ -21,6 +21,16 @@ const REQUEST_BYTES: usize = 32 << 20;
 /// Blob names asked about per request.
 const ASK_AT_ONCE: usize = 4096;
 
+/// Whether to ask the receiver which blobs it lacks before sending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ask {
+    /// Ask first: blobs it may well have (a snapshot's, a moved actor's).
+    First,
+    /// Send them all: blobs just written by turns, which it lacks (asking
+    /// cost a round trip more before every commit with a blob file).
+    Never,
+}
+
 /// Make sure the node at `base` has every blob of `shas`; how many bytes
 /// were sent.
 pub async fn send_blobs(
@@ -28,17 +38,21 @@ pub async fn send_blobs(
     storage: &Arc<Storage>,
     base: &str,
     mut shas: Vec<[u8; 32]>,
+    ask: Ask,
 ) -> anyhow::Result<u64> {
     shas.sort_unstable();
     shas.dedup();
     let mut sent = 0u64;
-    for ask in shas.chunks(ASK_AT_ONCE) {
-        let missing = peers.blobs_missing(base, ask).await?;
+    for ask_about in shas.chunks(ASK_AT_ONCE) {
+        let missing = match ask {
+            Ask::First => peers.blobs_missing(base, ask_about).await?,
+            Ask::Never => ask_about.to_vec(),
+        };
         let mut request: Vec<([u8; 32], Vec<u8>)> = Vec::new();
         let mut bytes = 0;
         for sha in missing {
             anyhow::ensure!(
-                ask.binary_search(&sha).is_ok(),
+                ask_about.binary_search(&sha).is_ok(),
                 "{base} named a blob it was not asked about"
             );
             let storage = storage.clone();
@@ -141,19 +155,32 @@ mod tests {
         let peers = Peers::new(None);
         let mut asked = shas.clone();
         asked.extend(shas.iter().take(3)); // named twice: sent once
-        let sent = send_blobs(&peers, &storage, &base, asked).await.unwrap();
+        let sent = send_blobs(&peers, &storage, &base, asked.clone(), Ask::First)
+            .await
+            .unwrap();
 
-        let seen = seen.lock().unwrap();
-        assert_eq!(seen.asked, 20);
-        assert_eq!(sent, 15 * blob as u64);
-        let mut got = seen.got.clone();
-        got.sort_unstable();
-        let mut want: Vec<[u8; 32]> = shas.into_iter().filter(|s| !have.contains(s)).collect();
-        want.sort_unstable();
-        assert_eq!(got, want, "exactly the missing ones, each once");
-        assert!(seen.requests.len() >= 3, "{:?}", seen.requests);
-        for &r in &seen.requests {
-            assert!(r <= REQUEST_BYTES, "a request of {r} bytes");
+        {
+            let seen = seen.lock().unwrap();
+            assert_eq!(seen.asked, 20);
+            assert_eq!(sent, 15 * blob as u64);
+            let mut got = seen.got.clone();
+            got.sort_unstable();
+            let mut want: Vec<[u8; 32]> = shas.into_iter().filter(|s| !have.contains(s)).collect();
+            want.sort_unstable();
+            assert_eq!(got, want, "exactly the missing ones, each once");
+            assert!(seen.requests.len() >= 3, "{:?}", seen.requests);
+            for &r in &seen.requests {
+                assert!(r <= REQUEST_BYTES, "a request of {r} bytes");
+            }
         }
+
+        // Blobs just written go without asking: all of them, once each.
+        let (base, seen) = receiver(have).await;
+        let sent = send_blobs(&peers, &storage, &base, asked, Ask::Never)
+            .await
+            .unwrap();
+        let seen = seen.lock().unwrap();
+        assert_eq!((seen.asked, sent), (0, 20 * blob as u64));
+        assert_eq!(seen.got.len(), 20);
     }
 }

@@ -41,7 +41,7 @@ use tokio::sync::Notify;
 
 use crate::config::{ClusterConfig, WithoutBackup};
 use crate::ids::ActorKey;
-pub use blobs::send_blobs;
+pub use blobs::{Ask, send_blobs};
 use lease::Lease;
 use patience::patiently;
 pub use peer::{

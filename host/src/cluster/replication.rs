@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use super::blobs::Ask;
 use super::{Cluster, Peers, ShipTarget, Shipping};
 use crate::ids::ActorKey;
 use crate::metrics::Metrics;
@@ -423,7 +424,15 @@ impl Sender {
         let batches: Vec<&ReplicaBatch> = idx.iter().map(|&i| all[i]).collect();
         let shas: Vec<[u8; 32]> = batches.iter().flat_map(|b| b.blob_shas()).collect();
         if !shas.is_empty() {
-            let bytes = super::blobs::send_blobs(&self.peers, &self.storage, base, shas).await?;
+            // A snapshot's blobs may be there already (a node that held
+            // the slot before); a turn's were just written.
+            let ask = if batches.iter().any(|b| b.snapshot.is_some()) {
+                Ask::First
+            } else {
+                Ask::Never
+            };
+            let bytes =
+                super::blobs::send_blobs(&self.peers, &self.storage, base, shas, ask).await?;
             if bytes > 0 {
                 tracing::debug!(backup = base, bytes, "sent blobs ahead of their batches");
             }

@@ -36,7 +36,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::Node;
-use crate::cluster::{Cluster, MoveStarted, Peers, Route};
+use crate::cluster::{Ask, Cluster, MoveStarted, Peers, Route};
 use crate::ids::ActorKey;
 use crate::storage::WriteOp;
 use crate::storage::schema::ActorImage;
@@ -506,7 +506,7 @@ impl Node {
             Some(base) => {
                 let peers = Peers::new(self.config.admin_token.clone());
                 let shas = request.image.blob_shas().collect();
-                crate::cluster::send_blobs(&peers, &self.storage, &base, shas)
+                crate::cluster::send_blobs(&peers, &self.storage, &base, shas, Ask::First)
                     .await
                     .map_err(|e| {
                         MoveError::Failed(format!("cannot send the files' blobs: {e:#}"))
