@@ -470,3 +470,47 @@ export default {
         "{events}"
     );
 }
+
+/// Settled requests are kept for `settled_ttl_ms` and at most
+/// `max_settled_per_actor` per actor, the oldest pruned first by the next
+/// commit that settles one (an answer, an expiry or a cancellation); a
+/// pruned one is a 404, a kept one a 409. (Every settlement used to decode
+/// every request the actor kept, up to a week of them.)
+#[tokio::test]
+async fn settled_inputs_are_kept_by_age_and_by_count() {
+    let ids = |v: &[Value]| -> Vec<String> {
+        v.iter()
+            .map(|i| i["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let dir = tempdir();
+    let config = "[inputs]\nmax_settled_per_actor = 2\nsettled_ttl_ms = 600000\n";
+    let m = Marmot::start_opts(&dir.path().join("count"), &[], Some(config)).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    let mut asked = Vec::new();
+    for n in 0..4 {
+        let input = request(&api, "a", json!({"kind": "q"})).await;
+        assert_eq!(answer(&api, "a", &input, &n.to_string()).await.status, 200);
+        asked.push(input);
+    }
+    let pending = request(&api, "a", json!({"kind": "q"})).await;
+    let all = listed(&api, "a", "all").await;
+    assert_eq!(ids(&all), [&*asked[2], &*asked[3], &*pending], "{all:?}");
+    assert_eq!(ids(&listed(&api, "a", "pending").await), [pending.as_str()]);
+    assert_eq!(answer(&api, "a", &asked[0], "9").await.status, 404);
+    assert_eq!(answer(&api, "a", &asked[3], "9").await.status, 409);
+    drop(m);
+
+    let config = "[inputs]\nsettled_ttl_ms = 1500\n";
+    let m = Marmot::start_opts(&dir.path().join("age"), &[], Some(config)).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    let old = request(&api, "a", json!({"kind": "q"})).await;
+    assert_eq!(answer(&api, "a", &old, "1").await.status, 200);
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let new = request(&api, "a", json!({"kind": "q"})).await;
+    assert_eq!(answer(&api, "a", &new, "2").await.status, 200);
+    assert_eq!(ids(&listed(&api, "a", "all").await), [new.as_str()]);
+    assert_eq!(answer(&api, "a", &old, "3").await.status, 404);
+}

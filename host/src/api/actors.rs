@@ -491,7 +491,7 @@ pub(super) async fn inputs(
             "status must be pending, answered, expired, cancelled or all",
         ));
     }
-    let Some(inputs) = s.node.inputs(&key)? else {
+    let Some(inputs) = s.node.inputs(&key, want == "pending")? else {
         return Err(ApiError::actor_not_found(&key));
     };
     let inputs: Vec<_> = inputs

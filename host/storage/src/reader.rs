@@ -328,13 +328,58 @@ impl Reader {
         }
     }
 
+    /// Ids of one actor's input requests in `[from_ms, to_ms)` of
+    /// [`INPUTS_BY_SETTLED`] (0 is pending), ordered by when they settled.
+    fn input_ids(
+        &self,
+        num: u64,
+        from_ms: u64,
+        to_ms: u64,
+    ) -> Result<Vec<(u64, String)>, StorageError> {
+        let t = self.txn.open_table(INPUTS_BY_SETTLED)?;
+        let mut out = Vec::new();
+        for row in t.range((num, from_ms, "")..(num, to_ms, ""))? {
+            let (k, _) = row?;
+            let (_, at, id) = k.value();
+            out.push((at, id.to_owned()));
+        }
+        Ok(out)
+    }
+
+    /// One actor's pending input requests, by id.
+    pub fn pending_inputs(&self, num: u64) -> Result<Vec<(String, InputRecord)>, StorageError> {
+        let mut out = Vec::new();
+        for (_, id) in self.input_ids(num, 0, 1)? {
+            if let Some(r) = self.input(num, &id)? {
+                out.push((id, r));
+            }
+        }
+        Ok(out)
+    }
+
     /// Number of pending input requests of one actor.
     pub fn pending_input_count(&self, num: u64) -> Result<u64, StorageError> {
-        Ok(self
-            .inputs(num)?
-            .iter()
-            .filter(|(_, r)| r.status == InputStatus::Pending)
-            .count() as u64)
+        Ok(self.input_ids(num, 0, 1)?.len() as u64)
+    }
+
+    /// One actor's settled input requests to prune: those settled before
+    /// `before_ms`, and the oldest beyond the newest `keep`.
+    pub fn inputs_to_prune(
+        &self,
+        num: u64,
+        before_ms: u64,
+        keep: u64,
+    ) -> Result<Vec<String>, StorageError> {
+        let settled = self.input_ids(num, 1, u64::MAX)?;
+        let old = settled.iter().take_while(|(at, _)| *at < before_ms).count();
+        let over = settled
+            .len()
+            .saturating_sub(usize::try_from(keep).unwrap_or(usize::MAX));
+        Ok(settled
+            .into_iter()
+            .take(old.max(over))
+            .map(|(_, id)| id)
+            .collect())
     }
 
     /// One alarm.

@@ -141,6 +141,13 @@ impl NodeConfig {
             return Err("models.max_attempts must be at least 1".into());
         }
         self.alarms.validate()?;
+        if self.inputs.max_settled_per_actor == 0 {
+            return Err(
+                "inputs.max_settled_per_actor must be at least 1 (a second answer to a \
+                        request just settled must find it)"
+                    .into(),
+            );
+        }
         if self.recovery.max_attempts == 0 {
             return Err("recovery.max_attempts must be at least 1".into());
         }
@@ -549,9 +556,12 @@ impl Default for EventsConfig {
 pub struct InputsConfig {
     /// Pending input requests per actor.
     pub max_pending_per_actor: u64,
-    /// Answered and expired requests are kept this long (answering one
-    /// again is a 409 meanwhile, a 404 after).
+    /// Answered, expired and cancelled requests are kept this long
+    /// (answering one again is a 409 meanwhile, a 404 after).
     pub settled_ttl_ms: u64,
+    /// And at most this many per actor (at least 1), the oldest settled
+    /// pruned first: an actor that asks all day keeps a bounded history.
+    pub max_settled_per_actor: u64,
 }
 
 impl Default for InputsConfig {
@@ -559,6 +569,7 @@ impl Default for InputsConfig {
         Self {
             max_pending_per_actor: 100,
             settled_ttl_ms: 7 * 24 * 3600 * 1000,
+            max_settled_per_actor: 1000,
         }
     }
 }
@@ -852,6 +863,10 @@ mod tests {
             ("[alarms]\nreload_ms = 0\n", "alarms.reload_ms"),
             ("[alarms]\nconcurrency = 0\n", "alarms.concurrency"),
             ("[alarms]\nreload_batch = 0\n", "alarms.reload_batch"),
+            (
+                "[inputs]\nmax_settled_per_actor = 0\n",
+                "inputs.max_settled_per_actor",
+            ),
             (
                 "admin_token = \"pässwörd-long-enough-1\"\n",
                 "visible ASCII",

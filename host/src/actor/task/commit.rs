@@ -119,6 +119,7 @@ impl ActorTask {
         }
         let mut inputs = finished.input_writes;
         inputs.append(&mut extras.inputs);
+        self.prune_settled_inputs(&mut inputs);
         let traceparent = finished
             .span
             .as_ref()

@@ -127,22 +127,41 @@ impl ActorTask {
         }
         input.status = status;
         extras.inputs.push((id.to_owned(), Some(input)));
-        let ttl = self.env.config.inputs.settled_ttl_ms;
-        let now = now_ms();
+        self.carry.note_input_settled();
+    }
+
+    /// Add to `inputs`, the input requests a commit writes, the removal of
+    /// those settled longer than `inputs.settled_ttl_ms` ago and of the
+    /// oldest beyond `inputs.max_settled_per_actor`, if the commit settles
+    /// any (an answer, an expiry, a cancellation). Reads keys of the status
+    /// index only, so settling stays cheap however many are kept.
+    pub(super) fn prune_settled_inputs(&self, inputs: &mut Vec<(String, Option<InputRecord>)>) {
+        let settling = inputs
+            .iter()
+            .filter(|(_, r)| r.as_ref().is_some_and(|r| r.status != InputStatus::Pending))
+            .count() as u64;
+        if settling == 0 {
+            return;
+        }
+        let cfg = &self.env.config.inputs;
+        let before = now_ms().saturating_sub(cfg.settled_ttl_ms);
+        let keep = cfg.max_settled_per_actor.saturating_sub(settling);
         let num = self.record().num;
-        match self.env.storage.reader().and_then(|r| r.inputs(num)) {
-            Ok(all) => extras.inputs.extend(
-                all.into_iter()
-                    .filter(|(other, r)| {
-                        other != id
-                            && r.status
-                                .settled_at_ms()
-                                .is_some_and(|t| t.saturating_add(ttl) < now)
-                    })
-                    .map(|(other, _)| (other, None)),
-            ),
+        match self
+            .env
+            .storage
+            .reader()
+            .and_then(|r| r.inputs_to_prune(num, before, keep))
+        {
+            Ok(ids) => {
+                let prune: Vec<_> = ids
+                    .into_iter()
+                    .filter(|id| !inputs.iter().any(|(w, _)| w == id))
+                    .map(|id| (id, None))
+                    .collect();
+                inputs.extend(prune);
+            }
             Err(e) => tracing::warn!(actor = %self.key, error = %e, "cannot prune settled inputs"),
         }
-        self.carry.note_input_settled();
     }
 }

@@ -20,7 +20,8 @@
 //! outbox and relay rows are found by their public ids (`outbox_ids`,
 //! `relay_ids`: a slot's backup keeps copies of them under its own seqs)
 //! and relay rows name their sender; 7 — idempotency records keep the
-//! SHA-256 of the body that took the key.
+//! SHA-256 of the body that took the key; 8 — input requests are indexed
+//! by status (`inputs_by_settled`).
 //! Tables added within a version (`providers`, `actor_usage`, `type_usage`)
 //! are created when a file of
 //! that version without them is opened.
@@ -41,7 +42,7 @@ pub use replica::*;
 pub use upgrade::{FormatError, check_format};
 
 /// Version of the on-disk format described in this file.
-pub const FORMAT_VERSION: u32 = 7;
+pub const FORMAT_VERSION: u32 = 8;
 
 /// Node-wide settings: `format_version` (u32 LE), and [`DISK_PROBE_KEY`].
 pub const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
@@ -95,6 +96,13 @@ pub const ALARM_DUE: TableDefinition<'_, (u64, u64, &str), ()> = TableDefinition
 /// Input requests: (actor, input id) → [`InputRecord`]. Settled ones stay a
 /// while so that answering twice is a clear 409.
 pub const INPUTS: TableDefinition<'_, (u64, &str), &[u8]> = TableDefinition::new("inputs");
+
+/// [`INPUTS`] by status: (actor, when the request settled — 0 while it is
+/// pending, input id) → (). An actor's pending requests are the range at
+/// 0, its settled ones follow oldest first: counting the pending and
+/// pruning the settled read keys, not every record. (Format 8.)
+pub const INPUTS_BY_SETTLED: TableDefinition<'_, (u64, u64, &str), ()> =
+    TableDefinition::new("inputs_by_settled");
 
 /// Outbound webhook subscriptions: name → [`SubscriptionRecord`].
 pub const SUBSCRIPTIONS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("subscriptions");
@@ -653,6 +661,12 @@ impl InputStatus {
             | InputStatus::Expired { at_ms }
             | InputStatus::Cancelled { at_ms } => Some(*at_ms),
         }
+    }
+
+    /// Its place in [`INPUTS_BY_SETTLED`]: 0 while pending, else when it
+    /// settled (at least 1).
+    pub fn index_ms(&self) -> u64 {
+        self.settled_at_ms().map_or(0, |t| t.max(1))
     }
 }
 

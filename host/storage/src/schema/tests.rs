@@ -312,6 +312,59 @@ fn format_6_idempotency_records_gain_an_unknown_fingerprint() {
     assert_eq!(v.unwrap().value(), FORMAT_VERSION.to_le_bytes());
 }
 
+#[test]
+fn format_7_input_requests_are_indexed_by_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = redb::Database::create(dir.path().join("m.redb")).unwrap();
+    let input = |status| InputRecord {
+        kind: "approval".into(),
+        prompt: String::new(),
+        schema: None,
+        created_at_ms: 1,
+        expires_at_ms: None,
+        status,
+    };
+    let w = db.begin_write().unwrap();
+    {
+        let mut meta = w.open_table(META).unwrap();
+        meta.insert("format_version", 7u32.to_le_bytes().as_slice())
+            .unwrap();
+        let mut t = w.open_table(INPUTS).unwrap();
+        for (num, id, status) in [
+            (3, "in_a", InputStatus::Pending),
+            (3, "in_b", InputStatus::Expired { at_ms: 50 }),
+            (4, "in_c", InputStatus::Cancelled { at_ms: 40 }),
+        ] {
+            t.insert((num, id), encode(&input(status)).as_slice())
+                .unwrap();
+        }
+    }
+    w.commit().unwrap();
+    check_format(&db).unwrap();
+    let r = db.begin_read().unwrap();
+    let index: Vec<(u64, u64, String)> = r
+        .open_table(INPUTS_BY_SETTLED)
+        .unwrap()
+        .iter()
+        .unwrap()
+        .map(|row| {
+            let (k, _) = row.unwrap();
+            let (num, at, id) = k.value();
+            (num, at, id.to_owned())
+        })
+        .collect();
+    assert_eq!(
+        index,
+        [
+            (3, 0, "in_a".to_owned()),
+            (3, 50, "in_b".to_owned()),
+            (4, 40, "in_c".to_owned()),
+        ]
+    );
+    let v = r.open_table(META).unwrap().get("format_version").unwrap();
+    assert_eq!(v.unwrap().value(), FORMAT_VERSION.to_le_bytes());
+}
+
 /// Every stored record decoder against arbitrary and damaged bytes: an
 /// error, never a panic.
 mod props {

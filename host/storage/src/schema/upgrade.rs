@@ -96,11 +96,12 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
             && read.open_table(RELAY).is_ok()
             && read.open_table(REPLICA_LSN).is_ok()
             && read.open_table(OUTBOX_IDS).is_ok()
-            && read.open_table(RELAY_IDS).is_ok();
+            && read.open_table(RELAY_IDS).is_ok()
+            && read.open_table(INPUTS_BY_SETTLED).is_ok();
         (found, complete)
     };
     match found {
-        Some(v @ 1..=6) => return upgrade(db, v),
+        Some(v @ 1..=7) => return upgrade(db, v),
         Some(v) if v != FORMAT_VERSION => {
             return Err(FormatError::Mismatch {
                 found: v,
@@ -147,6 +148,9 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
         write.open_table(REPLICA_LSN).map_err(redb::Error::from)?;
         write.open_table(OUTBOX_IDS).map_err(redb::Error::from)?;
         write.open_table(RELAY_IDS).map_err(redb::Error::from)?;
+        write
+            .open_table(INPUTS_BY_SETTLED)
+            .map_err(redb::Error::from)?;
     }
     write.commit().map_err(redb::Error::from)?;
     Ok(())
@@ -156,7 +160,8 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
 /// gain their kind; 2 → 3 only adds tables (created on open); 3 → 4 outbox
 /// rows gain their `traceparent`; 4 → 5 only adds `relay` and `replica_lsn`;
 /// 5 → 6 relay rows gain their (unknown) sender, and both tables their ids;
-/// 6 → 7 idempotency records gain their (unknown) request fingerprint.
+/// 6 → 7 idempotency records gain their (unknown) request fingerprint;
+/// 7 → 8 input requests are indexed by status.
 fn upgrade(db: &redb::Database, from: u32) -> Result<(), FormatError> {
     if from == 1 {
         migrate_inbox_from_v1(db)?;
@@ -168,8 +173,37 @@ fn upgrade(db: &redb::Database, from: u32) -> Result<(), FormatError> {
         migrate_relay_from_v5(db)?;
         index_ids(db)?;
     }
-    migrate_idempotency_from_v6(db)?;
+    if from <= 6 {
+        migrate_idempotency_from_v6(db)?;
+    }
+    index_inputs(db)?;
     stamp_and_check(db)
+}
+
+/// Format 7 → 8: index every input request by status.
+fn index_inputs(db: &redb::Database) -> Result<(), FormatError> {
+    let write = db.begin_write().map_err(redb::Error::from)?;
+    let n = {
+        let inputs = write.open_table(INPUTS).map_err(redb::Error::from)?;
+        let mut index = write
+            .open_table(INPUTS_BY_SETTLED)
+            .map_err(redb::Error::from)?;
+        let mut n = 0u64;
+        for row in inputs.iter().map_err(redb::Error::from)? {
+            let (k, v) = row.map_err(redb::Error::from)?;
+            let (num, id) = k.value();
+            let rec: InputRecord = decode("input", v.value())
+                .map_err(|e| redb::Error::Corrupted(format!("an input row: {e}")))?;
+            index
+                .insert((num, rec.status.index_ms(), id), ())
+                .map_err(redb::Error::from)?;
+            n += 1;
+        }
+        n
+    };
+    write.commit().map_err(redb::Error::from)?;
+    tracing::info!(target: LOG_TARGET, input_rows = n, "input requests indexed for format 8");
+    Ok(())
 }
 
 /// Format 5 → 6: relay rows gain `from` (unknown for old rows: the node

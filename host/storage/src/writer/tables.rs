@@ -54,6 +54,7 @@ tables! {
     alarms: ALARMS => (u64, &'static str), &'static [u8];
     alarm_due: ALARM_DUE => (u64, u64, &'static str), ();
     inputs: INPUTS => (u64, &'static str), &'static [u8];
+    inputs_by_settled: INPUTS_BY_SETTLED => (u64, u64, &'static str), ();
     subscriptions: SUBSCRIPTIONS => &'static str, &'static [u8];
     outbox: OUTBOX => u64, &'static [u8];
     outbox_due: OUTBOX_DUE => (u64, u64), ();
@@ -131,34 +132,49 @@ impl Tables<'_> {
             self.add_usage(num, t.key.ty(), u)?;
         }
         for (id, rec) in &t.inputs {
-            match rec {
-                Some(r) => {
-                    if matches!(r.status, InputStatus::Cancelled { .. })
-                        && !self.pending(num, id)?
-                    {
-                        // The cancelling turn read the request pending, but
-                        // a commit of the actor applied before this one
-                        // settled it (an answer in flight): that stands.
-                        continue;
-                    }
-                    self.inputs()?
-                        .insert((num, id.as_str()), encode(r).as_slice())?;
-                }
-                None => {
-                    self.inputs()?.remove((num, id.as_str()))?;
-                }
-            }
+            self.write_input(num, id, rec.as_ref())?;
         }
         Ok(())
     }
 
-    /// Whether input `id` of actor `num` is pending, or not written yet (a
-    /// request made and cancelled by the same turn).
-    fn pending(&mut self, num: u64, id: &str) -> Result<bool, StorageError> {
-        Ok(match self.inputs()?.get((num, id))? {
-            Some(v) => decode::<InputRecord>("input", v.value())?.status == InputStatus::Pending,
-            None => true,
-        })
+    /// Write (`Some`) or delete (`None`) input request `id` of actor `num`,
+    /// keeping [`INPUTS_BY_SETTLED`] in step.
+    fn write_input(
+        &mut self,
+        num: u64,
+        id: &str,
+        rec: Option<&InputRecord>,
+    ) -> Result<(), StorageError> {
+        let old = self
+            .inputs()?
+            .get((num, id))?
+            .map(|v| decode::<InputRecord>("input", v.value()))
+            .transpose()?;
+        if let (Some(r), Some(old)) = (rec, &old)
+            && matches!(r.status, InputStatus::Cancelled { .. })
+            && old.status != InputStatus::Pending
+        {
+            // The cancelling turn read the request pending, but a commit of
+            // the actor applied before this one settled it (an answer in
+            // flight): that stands. (One made and cancelled by the same
+            // turn is not written yet.)
+            return Ok(());
+        }
+        if let Some(old) = old {
+            self.inputs_by_settled()?
+                .remove((num, old.status.index_ms(), id))?;
+        }
+        match rec {
+            Some(r) => {
+                self.inputs()?.insert((num, id), encode(r).as_slice())?;
+                self.inputs_by_settled()?
+                    .insert((num, r.status.index_ms(), id), ())?;
+            }
+            None => {
+                self.inputs()?.remove((num, id))?;
+            }
+        }
+        Ok(())
     }
 
     /// Write (`Some`) or delete (`None`) files of actor `num` (of type
@@ -515,7 +531,7 @@ impl Tables<'_> {
             self.write_alarm(num, &name, None)?;
         }
         for id in string_keys(&*self.inputs()?, num)? {
-            self.inputs()?.remove((num, id.as_str()))?;
+            self.write_input(num, &id, None)?;
         }
         let paths: Vec<(String, Option<FileRecord>)> = string_keys(&*self.files()?, num)?
             .into_iter()
