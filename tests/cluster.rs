@@ -321,6 +321,24 @@ async fn actors_on_different_nodes_call_and_send_to_each_other() {
         "{}",
         r.json
     );
+    // Ids a URL would resolve (`.` and `..`) reach their actor from either
+    // node: at least one of the two calls crosses to another (a URL turned
+    // `/v1/actors/kit/%2E%2E` into the type's listing).
+    for id in [".", ".."] {
+        for (i, from) in [&caller, &callee].into_iter().enumerate() {
+            let r = c
+                .api(0)
+                .op(
+                    "kit",
+                    from,
+                    json!({"op": "call", "ty": "kit", "id": id, "body": {"op": "add", "key": "n", "by": 1}}),
+                )
+                .await;
+            assert_eq!(r.status, 200, "{}", r.json);
+            assert_eq!(r.json["status"], 200, "{id} from {from}: {}", r.json);
+            assert_eq!(r.json["body"]["value"], i as i64 + 1, "{id}: {}", r.json);
+        }
+    }
     // A call to a type nobody deployed is `not-found`, as on one node.
     let r = c
         .api(ci)

@@ -242,7 +242,7 @@ pub async fn serve(
     let targets = Arc::new(target::TargetKey::new(node.config().admin_token.as_deref()));
     let app = router(node);
     listen::serve_app(app, listener, limits, metrics, shutdown, move |req| {
-        targets.restore(req)
+        target::restore(&targets, req)
     })
     .await
 }

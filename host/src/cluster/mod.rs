@@ -29,6 +29,7 @@ pub mod records;
 mod replication;
 mod status;
 mod takeover;
+mod target;
 mod view;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -50,6 +51,7 @@ pub use peer::{
 pub use placement::MoveStarted;
 use records::{Keys, LAYOUT_VERSION, MemberRecord, MetaRecord, SLOTS, SlotRecord};
 pub use replication::Replicator;
+pub use target::{TARGET, TARGET_MAC, TargetKey};
 pub use view::View;
 
 /// The longest a single etcd request may take before the caller gives up

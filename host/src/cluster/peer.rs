@@ -9,10 +9,12 @@
 //! for a slot this node owns but has not claimed goes to this node's own
 //! API, which claims it first.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use percent_encoding::{NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 
+use super::TargetKey;
 use crate::ids::ActorKey;
 
 /// On a message from a turn's `actors.call`: the actors waiting above the
@@ -64,6 +66,8 @@ pub struct Peers {
     client: reqwest::Client,
     /// Sent as the bearer token (the admin token: every node has it).
     token: Option<String>,
+    /// Signs a target the URL would not keep (an id `.` or `..`).
+    targets: Arc<TargetKey>,
 }
 
 impl Peers {
@@ -71,19 +75,27 @@ impl Peers {
     pub fn new(token: Option<String>) -> Self {
         Self {
             client: client(),
+            targets: Arc::new(TargetKey::new(token.as_deref())),
             token,
         }
     }
 
     fn post(&self, base: &str, key: &ActorKey, query: &str) -> reqwest::RequestBuilder {
-        let url = format!(
-            "{base}/v1/actors/{}/{}{query}",
+        let target = format!(
+            "/v1/actors/{}/{}{query}",
             utf8_percent_encode(key.ty(), NON_ALPHANUMERIC),
             utf8_percent_encode(key.id(), NON_ALPHANUMERIC),
         );
+        // A URL resolves `%2E%2E` as `..`: the message to actor `..` went
+        // to the type's listing instead.
+        let mut headers = reqwest::header::HeaderMap::new();
+        let url = self
+            .targets
+            .url(&reqwest::Method::POST, base, &target, &mut headers);
         let req = self
             .client
             .post(url)
+            .headers(headers)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .header(FROM_ACTOR, "1");
         match &self.token {
