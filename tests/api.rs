@@ -1141,3 +1141,38 @@ async fn the_examples_refuse_bodies_they_cannot_read() {
         json!({"n": 2})
     );
 }
+
+/// A reply status HTTP cannot carry as an answer (1xx, or past 599) fails
+/// the turn, so nothing it did is committed: a 101 broke the connection
+/// after the turn had committed, and a client that retried repeated it.
+#[tokio::test]
+async fn a_reply_status_outside_200_to_599_fails_the_turn() {
+    let (_dir, _node, api) = common::kit_node(json!({})).await;
+    for status in [99, 100, 101, 103, 600, 999, 1000] {
+        let r = api
+            .op(
+                "kit",
+                "a",
+                json!({"op": "status", "status": status, "key": "effect"}),
+            )
+            .await;
+        assert_eq!(r.status, 500, "{status}: {}", r.json);
+        let message = r.json["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(&format!("status {status} is not one")),
+            "{status}: {}",
+            r.json
+        );
+        let v = api
+            .op("kit", "a", json!({"op": "get", "key": "effect"}))
+            .await;
+        assert_eq!(v.json["value"], Value::Null, "{status} committed its turn");
+    }
+    for status in [200, 299, 404, 599] {
+        let r = api
+            .op("kit", "b", json!({"op": "status", "status": status}))
+            .await;
+        assert_eq!(r.status, status, "{}", r.json);
+        assert_eq!(r.json["status"], status);
+    }
+}

@@ -574,6 +574,29 @@ fn bounded_error(mut message: String) -> String {
     message
 }
 
+/// Whether a reply can go out as the actor wrote it; why not fails the
+/// turn, so nothing it did is committed. A 1xx status broke the client's
+/// connection after the turn had committed (a client that retried repeated
+/// its effects), one past 599 was sent as written, one outside 100–999
+/// became a 200, and a content type that is not a header value became
+/// `application/json`.
+fn check_reply(status: u16, content_type: Option<&str>) -> Result<(), String> {
+    if !(200..=599).contains(&status) {
+        return Err(format!(
+            "the reply's status {status} is not one an actor may answer with (200 to 599)"
+        ));
+    }
+    if let Some(ct) = content_type
+        && reqwest::header::HeaderValue::from_str(ct).is_err()
+    {
+        return Err(format!(
+            "the reply's content type {:?} is not a valid header value",
+            ct.chars().take(64).collect::<String>()
+        ));
+    }
+    Ok(())
+}
+
 /// Call the handler `input` asks for.
 async fn call_handler(
     store: &mut Store<Host>,
@@ -584,18 +607,17 @@ async fn call_handler(
 ) -> wasmtime::Result<Result<TurnOutput, String>> {
     let done = |r: Result<(), String>| r.map(|()| TurnOutput::Done);
     match input {
-        TurnInput::Message(m) => {
-            Ok(handlers
-                .call_on_message(&mut *store, ctx, &m)
-                .await?
-                .map(|reply| {
-                    TurnOutput::Reply(GuestReply {
-                        status: reply.status,
-                        body: Bytes::from(reply.body),
-                        content_type: reply.content_type,
-                    })
+        TurnInput::Message(m) => Ok(handlers
+            .call_on_message(&mut *store, ctx, &m)
+            .await?
+            .and_then(|reply| {
+                check_reply(reply.status, reply.content_type.as_deref())?;
+                Ok(TurnOutput::Reply(GuestReply {
+                    status: reply.status,
+                    body: Bytes::from(reply.body),
+                    content_type: reply.content_type,
                 }))
-        }
+            })),
         TurnInput::Upgrade(from) => handlers
             .call_on_upgrade(&mut *store, ctx, from)
             .await

@@ -63,7 +63,12 @@ enum Op {
     /// Reply with the context and the upgrade marker.
     Whoami,
     /// Reply with a chosen status.
-    Status { status: u16 },
+    Status {
+        status: u16,
+        /// Set this state key to `true` first.
+        #[serde(default)]
+        key: Option<String>,
+    },
     /// Try to reach files, the environment and the network; report what
     /// worked (nothing should).
     Ambient { port: u16 },
@@ -349,7 +354,10 @@ impl Actor for TestKit {
                     "net_error": net.err(),
                 }))
             }
-            Op::Status { status } => {
+            Op::Status { status, key } => {
+                if let Some(key) = key {
+                    state::set_json(&key, &true)?;
+                }
                 Ok(Reply::json(&json!({ "status": status }))?.with_status(status))
             }
             Op::AlarmSet {
