@@ -266,7 +266,7 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
         // next time: a receiver that hangs with thousands of rows due holds
         // up only its own (it used to hold up every row behind the first
         // 512 due, which were all its own).
-        let mut starting: Vec<(u64, DeliveryRecord, SubscriptionRecord, String)> = Vec::new();
+        let mut starting: HashMap<u64, (SubscriptionRecord, String)> = HashMap::new();
         let scan = w.storage.reader().and_then(|r| {
             r.scan_deliveries_due(now, resume, EXAMINE, |seq, rec| {
                 // In a cluster, only the owner of the emitting actor's slot
@@ -275,12 +275,12 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
                 let mine = crate::ids::ActorKey::new(&rec.actor_type, &rec.actor_id)
                     .is_ok_and(|k| writer.sends_for(&k));
                 if !mine || seq > released || in_flight.contains(&seq) {
-                    return ControlFlow::Continue(());
+                    return ControlFlow::Continue(false);
                 }
                 if in_flight.len() >= cfg.concurrency.max(1) {
                     return ControlFlow::Break(());
                 }
-                let Some(sub) = subs.get(&rec.subscription).filter(|s| s.wants(rec)) else {
+                let Some(sub) = subs.get(&rec.subscription).filter(|s| s.matches(&rec.actor_type, &rec.kind)) else {
                     tracing::info!(subscription = %rec.subscription, webhook_id = %rec.webhook_id,
                         "subscription deleted, or its filter no longer matches; dropping its delivery");
                     writer.submit(WriteOp::DeliveryAttempted {
@@ -288,34 +288,40 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
                         update: None,
                         done: tokio::sync::oneshot::channel().0,
                     });
-                    return ControlFlow::Continue(());
+                    return ControlFlow::Continue(false);
                 };
                 let dest = destination(&sub.url);
                 let n = per_dest.entry(dest.clone()).or_default();
                 if *n >= cfg.per_destination.max(1) {
-                    return ControlFlow::Continue(());
+                    return ControlFlow::Continue(false);
                 }
                 *n += 1;
                 in_flight.insert(seq);
-                starting.push((seq, rec.clone(), sub.clone(), dest));
-                ControlFlow::Continue(())
+                starting.insert(seq, (sub.clone(), dest));
+                ControlFlow::Continue(true)
             })
         });
-        match scan {
-            Ok(stopped_at) => resume = stopped_at.unwrap_or((0, 0)),
+        let taken = match scan {
+            Ok(scan) => {
+                resume = scan.resume.unwrap_or((0, 0));
+                scan.taken
+            }
             Err(crate::storage::StorageError::ShuttingDown) => return,
             Err(e) => {
                 tracing::error!(error = %e, "webhook worker cannot read the outbox");
                 // What was counted as started is not.
-                for (seq, _, _, dest) in starting.drain(..) {
+                for (seq, (_, dest)) in starting.drain() {
                     in_flight.remove(&seq);
                     release(&mut per_dest, &dest);
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
-        }
-        for (seq, rec, sub, dest) in starting {
+        };
+        for (seq, rec) in taken {
+            let Some((sub, dest)) = starting.remove(&seq) else {
+                continue;
+            };
             let (w, client, done_tx) = (w.clone(), client.clone(), done_tx.clone());
             tokio::spawn(async move {
                 let span = tracing::info_span!(

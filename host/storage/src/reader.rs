@@ -29,6 +29,15 @@ pub struct Page<T> {
     pub next_cursor: Option<String>,
 }
 
+/// What [`Reader::scan_deliveries_due`] found.
+#[derive(Debug, Default)]
+pub struct DueScan {
+    /// The rows taken, whole, in due order.
+    pub taken: Vec<(u64, DeliveryRecord)>,
+    /// Where the next walk continues, if this one did not reach the end.
+    pub resume: Option<(u64, u64)>,
+}
+
 impl Reader {
     /// Every type record.
     pub fn types(&self) -> Result<Vec<TypeRecord>, StorageError> {
@@ -412,35 +421,49 @@ impl Reader {
     }
 
     /// Walk the outbox rows due by `now_ms` in due order, from `from` (a
-    /// key of the due index; `(0, 0)` is the start), showing each to
-    /// `visit`, which may end the walk. At most `examine` rows are read;
-    /// when the budget runs out first, or `visit` ends the walk, the key to
-    /// continue from.
+    /// key of the due index; `(0, 0)` is the start), showing each row's
+    /// [`DeliveryHead`] to `visit`, which takes the row (`Continue(true)`),
+    /// steps over it, or ends the walk. At most `examine` rows are read.
+    /// Returns the rows taken, whole, and the key to continue from when
+    /// the budget ran out first or `visit` ended the walk. Only taken rows
+    /// are decoded whole: a walk over thousands of rows due to a receiver
+    /// at its limit used to decode (and copy) every payload, on every
+    /// wake-up of the worker.
     pub fn scan_deliveries_due(
         &self,
         now_ms: u64,
         from: (u64, u64),
         examine: usize,
-        mut visit: impl FnMut(u64, &DeliveryRecord) -> ControlFlow<()>,
-    ) -> Result<Option<(u64, u64)>, StorageError> {
+        mut visit: impl FnMut(u64, &DeliveryHead) -> ControlFlow<(), bool>,
+    ) -> Result<DueScan, StorageError> {
         let due = self.txn.open_table(OUTBOX_DUE)?;
         let outbox = self.txn.open_table(OUTBOX)?;
+        let mut scan = DueScan::default();
         for (examined, row) in due.range(from..=(now_ms, u64::MAX))?.enumerate() {
             let (k, _) = row?;
             if examined == examine {
-                return Ok(Some(k.value()));
+                scan.resume = Some(k.value());
+                break;
             }
             let (_, seq) = k.value();
             if let Some(v) = outbox.get(seq)? {
-                let rec = decode("delivery", v.value())?;
-                if visit(seq, &rec).is_break() {
-                    // The next walk starts at this row, not at the start
-                    // (past every row of a hanging destination again).
-                    return Ok(Some(k.value()));
+                let head: DeliveryHead = decode("delivery", v.value())?;
+                match visit(seq, &head) {
+                    ControlFlow::Continue(false) => {}
+                    ControlFlow::Continue(true) => {
+                        scan.taken.push((seq, decode("delivery", v.value())?));
+                    }
+                    ControlFlow::Break(()) => {
+                        // The next walk starts at this row, not at the
+                        // start (past every row of a hanging destination
+                        // again).
+                        scan.resume = Some(k.value());
+                        break;
+                    }
                 }
             }
         }
-        Ok(None)
+        Ok(scan)
     }
 
     /// Outbox rows due by `now_ms` that `mine` accepts (in a cluster, the
@@ -452,23 +475,21 @@ impl Reader {
         &self,
         now_ms: u64,
         limit: usize,
-        mine: impl Fn(&DeliveryRecord) -> bool,
+        mine: impl Fn(&DeliveryHead) -> bool,
     ) -> Result<Vec<(u64, DeliveryRecord)>, StorageError> {
-        let mut out = Vec::new();
         if limit == 0 {
-            return Ok(out);
+            return Ok(Vec::new());
         }
-        self.scan_deliveries_due(now_ms, (0, 0), usize::MAX, |seq, rec| {
-            if mine(rec) {
-                out.push((seq, rec.clone()));
+        let mut n = 0;
+        let scan = self.scan_deliveries_due(now_ms, (0, 0), usize::MAX, |_, head| {
+            if n == limit {
+                return ControlFlow::Break(());
             }
-            if out.len() == limit {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
+            let take = mine(head);
+            n += usize::from(take);
+            ControlFlow::Continue(take)
         })?;
-        Ok(out)
+        Ok(scan.taken)
     }
 
     /// When the first pending delivery due after `after_ms` is due.

@@ -739,6 +739,26 @@ pub struct DeliveryRecord {
     pub traceparent: Option<String>,
 }
 
+/// The leading fields of a [`DeliveryRecord`], read without the rest (its
+/// payload above all): what the delivery worker needs to choose the rows
+/// it starts. Postcard reads fields in order and leaves what follows, so
+/// these must stay the record's first fields, in its order.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct DeliveryHead {
+    /// The subscription's name.
+    pub subscription: String,
+    /// `webhook-id`.
+    pub webhook_id: String,
+    /// The actor's type.
+    pub actor_type: String,
+    /// The actor's id.
+    pub actor_id: String,
+    /// The event's seq.
+    pub event_seq: u64,
+    /// The event's kind.
+    pub kind: String,
+}
+
 /// Where a delivery stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DeliveryStatus {

@@ -312,6 +312,39 @@ fn format_6_idempotency_records_gain_an_unknown_fingerprint() {
     assert_eq!(v.unwrap().value(), FORMAT_VERSION.to_le_bytes());
 }
 
+/// The delivery worker reads a row's leading fields alone: they must stay
+/// the record's first fields, in its order.
+#[test]
+fn a_delivery_head_is_the_start_of_its_record() {
+    let rec = DeliveryRecord {
+        subscription: "sub".into(),
+        webhook_id: "msg_1".into(),
+        actor_type: "t".into(),
+        actor_id: "a".into(),
+        event_seq: 7,
+        kind: "k.x".into(),
+        payload: vec![1; 1000],
+        created_at_ms: 1,
+        attempts: 2,
+        next_attempt_ms: 3,
+        last_error: Some("no".into()),
+        status: DeliveryStatus::Pending,
+        traceparent: None,
+    };
+    let head: DeliveryHead = decode("delivery", &encode(&rec)).unwrap();
+    assert_eq!(
+        head,
+        DeliveryHead {
+            subscription: "sub".into(),
+            webhook_id: "msg_1".into(),
+            actor_type: "t".into(),
+            actor_id: "a".into(),
+            event_seq: 7,
+            kind: "k.x".into(),
+        }
+    );
+}
+
 #[test]
 fn format_7_input_requests_are_indexed_by_status() {
     let dir = tempfile::tempdir().unwrap();

@@ -473,7 +473,7 @@ async fn a_backup_keeps_the_slots_outgoing_rows_and_what_became_of_them() {
     release(Ok(()));
     rx.await.unwrap().unwrap();
 
-    let all = |_: &DeliveryRecord| true;
+    let all = |_: &DeliveryHead| true;
     let any = |_: &RelayRecord| true;
     let o = owner.reader().unwrap();
     let [(oseq, row)] = &o.deliveries_due(u64::MAX, 10, all).unwrap()[..] else {
