@@ -577,6 +577,47 @@ export default {
     assert_eq!(hanging.state.max_in_flight.load(Ordering::SeqCst), 4);
 }
 
+/// The per-destination limit is per subscription: two subscriptions of
+/// one host each get their own slots. (Per host alone, one subscription's
+/// hanging rows took every slot, and the other's waited out all of their
+/// timeouts: an hour with a thousand rows.)
+#[tokio::test]
+async fn subscriptions_sharing_a_host_have_slots_of_their_own() {
+    let hanging = Receiver::start().await;
+    hanging.state.delay_ms.store(20_000, Ordering::SeqCst);
+    let (_dir, _m, api) = fast_retry_node(None).await;
+    for (name, kind) in [("slow", "bulk"), ("other", "urgent")] {
+        subscribed(
+            &api,
+            name,
+            json!({"url": hanging.url, "types": ["kit"], "events": [kind]}),
+        )
+        .await;
+    }
+    for i in 0..12 {
+        emit_kind(&api, "a", "bulk", i).await;
+    }
+    let wait_in_flight = |n: usize| {
+        let hanging = &hanging;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while hanging.state.in_flight.load(Ordering::SeqCst) < n {
+                assert!(
+                    Instant::now() < deadline,
+                    "{} in flight, want {n}",
+                    hanging.state.in_flight.load(Ordering::SeqCst)
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    wait_in_flight(4).await;
+    emit_kind(&api, "b", "urgent", 1).await;
+    wait_in_flight(5).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(hanging.state.max_in_flight.load(Ordering::SeqCst), 5);
+}
+
 #[tokio::test]
 async fn subscriptions_are_validated_and_never_show_their_secret() {
     let (_dir, _m, api) = kit_node(json!({})).await;

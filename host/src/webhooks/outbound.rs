@@ -201,7 +201,8 @@ struct Worker {
     metrics: Arc<Metrics>,
 }
 
-/// `host[:port]` of a URL: the unit of the per-destination limit.
+/// `host[:port]` of a URL: with the subscription, the unit of the
+/// per-destination limit.
 fn destination(url: &str) -> String {
     reqwest::Url::parse(url)
         .ok()
@@ -290,7 +291,10 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
                     });
                     return ControlFlow::Continue(false);
                 };
-                let dest = destination(&sub.url);
+                // Per subscription too: another subscription's hanging
+                // path on the same host held every slot, so this one's rows
+                // waited for all of that one's timeouts.
+                let dest = format!("{}\n{}", rec.subscription, destination(&sub.url));
                 let n = per_dest.entry(dest.clone()).or_default();
                 if *n >= cfg.per_destination.max(1) {
                     return ControlFlow::Continue(false);

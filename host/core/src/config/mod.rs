@@ -594,7 +594,8 @@ pub struct WebhooksConfig {
     pub max_attempts: u32,
     /// Outbound: deliveries in flight at once.
     pub concurrency: usize,
-    /// Outbound: deliveries in flight to one host at once.
+    /// Outbound: deliveries of one subscription in flight to one host at
+    /// once.
     pub per_destination: usize,
     /// Outbound: whole-request timeout.
     pub timeout_ms: u64,
