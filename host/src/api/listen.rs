@@ -50,6 +50,12 @@ pub const MAX_HEAD_BYTES: usize = 32 << 10;
 /// an idle keep-alive connection.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Longest a shutdown waits for open connections to finish their
+/// requests; then they are closed. A client that stopped reading an event
+/// stream kept its response unfinished, and the node from stopping, for as
+/// long as it liked (a supervisor's SIGKILL ended it, flush or not).
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+
 /// What the listener allows.
 #[derive(Debug, Clone, Copy)]
 pub struct ListenLimits {
@@ -59,6 +65,8 @@ pub struct ListenLimits {
     pub max_head_bytes: usize,
     /// See [`HEAD_TIMEOUT`].
     pub head_timeout: Duration,
+    /// See [`SHUTDOWN_GRACE`].
+    pub shutdown_grace: Duration,
 }
 
 impl ListenLimits {
@@ -68,6 +76,7 @@ impl ListenLimits {
             max_connections,
             max_head_bytes: MAX_HEAD_BYTES,
             head_timeout: HEAD_TIMEOUT,
+            shutdown_grace: SHUTDOWN_GRACE,
         }
     }
 }
@@ -139,7 +148,7 @@ pub async fn serve_app(
         started: Instant::now(),
         open: Mutex::default(),
     });
-    let (closing, closed) = watch::channel(false);
+    let (closing, closed) = watch::channel(Stage::Serving);
     let mut next_id = 0u64;
     tokio::pin!(shutdown);
     loop {
@@ -196,8 +205,12 @@ pub async fn serve_app(
         });
         let conn = http.serve_connection(TokioIo::new(tcp), service);
         metrics.open.inc();
-        let (metrics, connections, mut closed) =
-            (metrics.clone(), connections.clone(), closed.clone());
+        let (metrics, connections, mut closed, mut forced) = (
+            metrics.clone(),
+            connections.clone(),
+            closed.clone(),
+            closed.clone(),
+        );
         tokio::spawn(async move {
             tokio::pin!(conn);
             let mut asked = false;
@@ -206,7 +219,8 @@ pub async fn serve_app(
                     // Errors are the client's (a reset, a bad or slow head).
                     _ = conn.as_mut() => break,
                     () = tracked.close.notified(), if !asked => true,
-                    _ = closed.wait_for(|c| *c), if !asked => false,
+                    _ = closed.wait_for(|c| *c != Stage::Serving), if !asked => false,
+                    _ = forced.wait_for(|c| *c == Stage::Closing) => break,
                 };
                 // Asked to close. The connection is polled only here, so
                 // nothing can start between this look and the drop: with
@@ -228,10 +242,34 @@ pub async fn serve_app(
         });
     }
     drop((listener, closed));
-    // Every connection finishes what it is doing, then closes.
-    let _ = closing.send(true);
-    closing.closed().await;
+    // Every connection finishes what it is doing, then closes; those still
+    // open after the grace are closed.
+    let _ = closing.send(Stage::Draining);
+    if tokio::time::timeout(limits.shutdown_grace, closing.closed())
+        .await
+        .is_err()
+    {
+        let open = connections.open.lock().unwrap().len();
+        tracing::warn!(
+            connections = open,
+            grace_ms = limits.shutdown_grace.as_millis() as u64,
+            "stopping: closing connections whose requests did not finish within the grace"
+        );
+        let _ = closing.send(Stage::Closing);
+        closing.closed().await;
+    }
     Ok(())
+}
+
+/// Where a shutdown of the listener stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Not begun.
+    Serving,
+    /// Connections finish their requests.
+    Draining,
+    /// Connections close now.
+    Closing,
 }
 
 /// A request in flight on its connection, from its head to the end (or
@@ -299,4 +337,60 @@ async fn accept_failed(e: std::io::Error) {
     }
     tracing::error!(error = %e, "accepting a connection failed; retrying in a second");
     tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::*;
+
+    /// A response that never ends (a client that stopped reading an event
+    /// stream) holds a shutdown for the grace, no longer.
+    #[tokio::test]
+    async fn a_response_that_never_ends_is_closed_after_the_grace() {
+        let app = Router::new().route(
+            "/",
+            axum::routing::get(|| async {
+                Body::from_stream(futures::stream::pending::<
+                    Result<bytes::Bytes, std::io::Error>,
+                >())
+            }),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut limits = ListenLimits::new(16);
+        limits.shutdown_grace = Duration::from_millis(300);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(serve_app(
+            app,
+            listener,
+            limits,
+            ListenMetrics::default(),
+            async {
+                let _ = stopped.await;
+            },
+            |_| None,
+        ));
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        // The response's head: the request is in flight.
+        let mut buf = [0u8; 1024];
+        let n = tcp.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+        let asked = Instant::now();
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), served)
+            .await
+            .expect("the shutdown waited past its grace")
+            .unwrap()
+            .unwrap();
+        assert!(asked.elapsed() >= Duration::from_millis(300));
+        assert!(
+            matches!(tcp.read(&mut buf).await, Ok(0) | Err(_)),
+            "the connection stayed open"
+        );
+    }
 }
