@@ -95,8 +95,17 @@ impl Receiver {
                             0 => 200,
                             s => s,
                         };
+                        // A back-off asked for, and where a redirect points.
+                        let mut headers = axum::http::HeaderMap::new();
+                        if status == 429 {
+                            headers.insert("retry-after", "2".parse().unwrap());
+                        }
+                        if (300..400).contains(&status) {
+                            headers.insert("location", "http://127.0.0.1:1/moved".parse().unwrap());
+                        }
                         (
                             axum::http::StatusCode::from_u16(status).unwrap(),
+                            headers,
                             "nope".to_owned(),
                         )
                     }
@@ -616,6 +625,51 @@ async fn subscriptions_sharing_a_host_have_slots_of_their_own() {
     wait_in_flight(5).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(hanging.state.max_in_flight.load(Ordering::SeqCst), 5);
+}
+
+/// A receiver's `Retry-After` is a floor for the next attempt (it was
+/// retried on the schedule alone: a second later, when it asked for two
+/// minutes), and a redirect's error says it is not followed, and where it
+/// pointed (it said "HTTP 301: ").
+#[tokio::test]
+async fn a_receivers_retry_after_and_redirects_are_heeded() {
+    let rx = Receiver::start().await;
+    rx.state.status.store(429, Ordering::SeqCst);
+    let (_dir, _m, api) = fast_retry_node(None).await;
+    subscribed(&api, "limited", json!({"url": rx.url})).await;
+    emit_kind(&api, "a", "k", 1).await;
+    rx.wait_for(1).await;
+    let first = Instant::now();
+    // The schedule alone (40 ms doubling) would have tried 4 times by now.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(rx.got().len(), 1, "retried before the 2 s it asked for");
+    rx.state.status.store(0, Ordering::SeqCst);
+    rx.wait_for(2).await;
+    assert!(
+        first.elapsed() >= Duration::from_millis(1900),
+        "{:?}",
+        first.elapsed()
+    );
+
+    let moved = Receiver::start().await;
+    moved.state.status.store(301, Ordering::SeqCst);
+    subscribed(&api, "moved", json!({"url": moved.url, "events": ["m"]})).await;
+    emit_kind(&api, "b", "m", 1).await;
+    moved.wait_for(1).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let d = api
+            .get("/v1/deliveries?status=failed&subscription=moved")
+            .await
+            .json;
+        if let Some(e) = d["deliveries"][0]["last_error"].as_str() {
+            assert!(e.contains("redirects are not followed"), "{e}");
+            assert!(e.contains("Location: http://127.0.0.1:1/moved"), "{e}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{d}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 }
 
 #[tokio::test]

@@ -428,10 +428,22 @@ impl Worker {
             .body(rec.payload.clone())
             .send()
             .await;
+        // A receiver's `Retry-After` (429, 503, …): the next attempt waits
+        // at least that long (at most the schedule's longest delay).
+        let mut asked_wait = None;
         let failure = match sent {
             Ok(resp) if resp.status().is_success() => None,
             Ok(mut resp) => {
                 let status = resp.status();
+                let headers: Vec<(String, String)> = resp
+                    .headers()
+                    .iter()
+                    .filter(|(k, _)| {
+                        k.as_str().starts_with("retry-after") || *k == reqwest::header::LOCATION
+                    })
+                    .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+                    .collect();
+                asked_wait = marmot_core::http::retry_after(&headers, std::time::SystemTime::now());
                 let mut body = Vec::new();
                 while body.len() < MAX_ERROR_BODY {
                     match resp.chunk().await {
@@ -441,7 +453,20 @@ impl Worker {
                 }
                 body.truncate(MAX_ERROR_BODY);
                 let text = String::from_utf8_lossy(&body);
-                let error = format!("HTTP {}: {}", status.as_u16(), text.trim());
+                let mut error = format!("HTTP {}: {}", status.as_u16(), text.trim());
+                if status.is_redirection() {
+                    // (It said only "HTTP 301: ".)
+                    let location = headers
+                        .iter()
+                        .find(|(k, _)| k == "location")
+                        .map_or("none", |(_, v)| v.as_str());
+                    error = format!(
+                        "HTTP {}: redirects are not followed (Location: {}); \
+                         subscribe the URL it names",
+                        status.as_u16(),
+                        location.chars().take(256).collect::<String>()
+                    );
+                }
                 Some((error, status == reqwest::StatusCode::GONE))
             }
             Err(e) => Some((transport_error(&e), false)),
@@ -457,7 +482,10 @@ impl Worker {
                     attempts = rec.attempts, error = %error, "webhook delivery is dead (dead-letter list)");
                     (Some(rec), "dead")
                 } else {
-                    let delay = schedule.delay_ms(rec.attempts);
+                    let asked = asked_wait.map_or(0, |d| d.as_millis() as u64);
+                    let delay = schedule
+                        .delay_ms(rec.attempts)
+                        .max(asked.min(schedule.max_delay_ms));
                     rec.next_attempt_ms = now_ms() + delay;
                     tracing::info!(subscription = %rec.subscription, webhook_id = %rec.webhook_id,
                     attempt = rec.attempts, retry_in_ms = delay, error = %error, "webhook delivery failed; will retry");
