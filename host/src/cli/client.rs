@@ -33,7 +33,11 @@ impl Client {
                 "--url is not an http(s) URL with a host (e.g. http://127.0.0.1:7878)"
             ),
         }
+        // A connect that hangs (a firewall dropping packets) fails after
+        // 10 s. Reads have no limit: a call waits for its turn, which may
+        // run for minutes, and `events --follow` for the next event.
         let http = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(10))
             .build()
             .context("cannot build the HTTP client")?;
         Ok(Self {
@@ -72,9 +76,17 @@ fn api_error(status: StatusCode, body: &[u8]) -> anyhow::Error {
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body)
         && let Some(err) = v.get("error")
     {
-        let code = err.get("code").and_then(|c| c.as_str()).unwrap_or("error");
-        let msg = err.get("message").and_then(|c| c.as_str()).unwrap_or("");
-        return anyhow::anyhow!("{msg} ({code}, HTTP {})", status.as_u16());
+        // An actor's own `{"error": "…"}` (the examples answer so) was
+        // shown as an empty message.
+        if let Some(msg) = err.as_str() {
+            return anyhow::anyhow!("{msg} (HTTP {})", status.as_u16());
+        }
+        if let (Some(code), Some(msg)) = (
+            err.get("code").and_then(|c| c.as_str()),
+            err.get("message").and_then(|c| c.as_str()),
+        ) {
+            return anyhow::anyhow!("{msg} ({code}, HTTP {})", status.as_u16());
+        }
     }
     anyhow::anyhow!(
         "HTTP {}: {}",
@@ -758,5 +770,30 @@ mod tests {
             "false"
         );
         assert_eq!(m(serde_json::json!({"alive": null})), "?");
+    }
+
+    /// The API's errors, an actor's own `{"error": "…"}`, and anything
+    /// else (shown as it came) all say what went wrong.
+    #[test]
+    fn failed_answers_show_their_message() {
+        let e = |status: u16, body: &str| {
+            api_error(StatusCode::from_u16(status).unwrap(), body.as_bytes()).to_string()
+        };
+        assert_eq!(
+            e(
+                404,
+                r#"{"error": {"code": "unknown_type", "message": "no type `x`"}}"#
+            ),
+            "no type `x` (unknown_type, HTTP 404)"
+        );
+        assert_eq!(
+            e(400, r#"{"error": "expected {\"by\": integer}"}"#),
+            r#"expected {"by": integer} (HTTP 400)"#
+        );
+        assert_eq!(
+            e(422, r#"{"error": {"reason": 3}}"#),
+            r#"HTTP 422: {"error": {"reason": 3}}"#
+        );
+        assert_eq!(e(502, "bad gateway"), "HTTP 502: bad gateway");
     }
 }
