@@ -231,13 +231,27 @@ fn holds_a_file(dir: &Path) -> bool {
     })
 }
 
+/// The I/O error under a failed open, if that is what failed.
+fn io_kind(e: &redb::DatabaseError) -> Option<std::io::ErrorKind> {
+    match e {
+        redb::DatabaseError::Storage(redb::StorageError::Io(io)) => Some(io.kind()),
+        _ => None,
+    }
+}
+
+/// Whether an open failed for want of disk space.
+fn disk_full(e: &redb::DatabaseError) -> bool {
+    use std::io::ErrorKind;
+    matches!(
+        io_kind(e),
+        Some(ErrorKind::StorageFull | ErrorKind::QuotaExceeded)
+    )
+}
+
 /// What a failed open of `path` means for the operator.
 fn open_error(path: &Path, e: redb::DatabaseError) -> StorageError {
     use std::io::ErrorKind;
-    let io_kind = match &e {
-        redb::DatabaseError::Storage(redb::StorageError::Io(io)) => Some(io.kind()),
-        _ => None,
-    };
+    let io_kind = io_kind(&e);
     let why = match e {
         redb::DatabaseError::DatabaseAlreadyOpen => {
             "it is in use by another Marmot process (one node per data directory)".to_owned()
@@ -250,6 +264,18 @@ fn open_error(path: &Path, e: redb::DatabaseError) -> StorageError {
         other if io_kind == Some(ErrorKind::IsADirectory) => {
             format!("{other}: a directory holds the database's name. Nothing was changed.")
         }
+        // Not damage either: the same advice lost healthy files too.
+        other if disk_full(&other) => {
+            format!(
+                "{other}: the data directory's disk is full. Free space (the journal needs \
+                 `storage.journal_bytes`, 32 MiB by default), then start again. Nothing was \
+                 changed."
+            )
+        }
+        other if io_kind == Some(ErrorKind::ReadOnlyFilesystem) => format!(
+            "{other}: the data directory is on a read-only file system; Marmot writes there \
+             (remount it read-write). Nothing was changed."
+        ),
         other => format!(
             "{other}. The file is damaged or not a Marmot database: restore a backup \
              (`marmot restore BACKUP --data NEW_DIR`) and start on that directory, or move the \
@@ -321,7 +347,23 @@ impl Storage {
         opener: db::Opener,
     ) -> Result<Self, StorageError> {
         let path = dir.join("marmot.redb");
-        let db = opener().map_err(|e| open_error(&path, e))?;
+        let made: Vec<PathBuf> = journal::log_paths(&path)
+            .into_iter()
+            .chain([path.clone()])
+            .filter(|p| !p.exists())
+            .collect();
+        let db = opener().map_err(|e| {
+            if disk_full(&e) {
+                // What this start made on a disk it then filled (journal
+                // files preallocated, an empty database) goes: it left the
+                // disk full for every later try. (A start that got this
+                // far holds the journal's lock: no other node uses them.)
+                for p in &made {
+                    let _ = std::fs::remove_file(p);
+                }
+            }
+            open_error(&path, e)
+        })?;
         check_format(&db)?;
         let subscriptions = Arc::new(Subscriptions::load(&db)?);
         let blobs = blobs::BlobStore::open(dir.join("blobs"))?;

@@ -588,6 +588,49 @@ fn a_database_that_cannot_be_opened_for_permissions_says_so() {
     assert!(!err.contains("damaged"), "{err}");
 }
 
+/// A full disk or a read-only file system at open is not called damage
+/// (whose advice, moving the file away, lost healthy databases), and what
+/// a first start made on a disk it filled (journal files preallocated) is
+/// removed: it left the disk full for every later try.
+#[test]
+fn a_full_or_read_only_disk_at_open_says_so() {
+    use std::io::ErrorKind;
+    for (kind, says, removed) in [
+        (ErrorKind::StorageFull, "disk is full", true),
+        (
+            ErrorKind::ReadOnlyFilesystem,
+            "read-only file system",
+            false,
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("marmot.redb");
+        let made = path.clone();
+        let opener: crate::db::Opener = Box::new(move || {
+            for p in crate::journal::log_paths(&made).iter().chain([&made]) {
+                std::fs::write(p, b"x")?;
+            }
+            Err(redb::StorageError::Io(std::io::Error::from(kind)).into())
+        });
+        let err = match Storage::open_with(
+            dir.path(),
+            &StorageConfig::default(),
+            WriterMetrics::new(),
+            opener,
+        ) {
+            Ok(_) => panic!("opened"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(says), "{err}");
+        assert!(!err.contains("damaged"), "{err}");
+        assert_eq!(!path.exists(), removed, "{kind:?}: {err}");
+        assert_eq!(
+            crate::journal::log_paths(&path).iter().all(|p| !p.exists()),
+            removed
+        );
+    }
+}
+
 /// A database file whose fsync fails while `fail_sync` is set, as a dying
 /// disk's does.
 #[derive(Debug)]
