@@ -802,3 +802,25 @@ async fn connections_are_capped_and_request_heads_are_bounded() {
         assert!(head.starts_with(b"HTTP/1.1 200"), "{head:?}");
     }
 }
+
+/// A memory limit below what the JavaScript engine needs to start says
+/// so, and what to raise (it said "forcing trap when growing memory",
+/// as if the module were at fault); 2 MiB is enough.
+#[tokio::test]
+async fn a_memory_limit_too_small_for_the_engine_says_so() {
+    let (_dir, _m, api) = node(None).await;
+    let code = "export default { onMessage() { return 1; } };";
+    let manifest =
+        |bytes: u64| json!({"kind": "js", "code": code, "config": {"max_memory_bytes": bytes}});
+    let r = api.deploy_manifest("tiny", &manifest(1 << 20)).await;
+    assert_eq!(r.status, 400, "{}", r.json);
+    let message = r.json["error"]["message"].as_str().unwrap();
+    assert!(message.contains("bytes of memory to start"), "{message}");
+    assert!(message.contains("config.max_memory_bytes"), "{message}");
+    let r = api.deploy_manifest("small", &manifest(2 << 20)).await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    assert_eq!(
+        api.post_json("/v1/actors/small/a", &json!({})).await.status,
+        200
+    );
+}

@@ -136,7 +136,17 @@ impl ResourceLimiter for GuestLimits {
         desired: usize,
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if !self.own.memory_growing(current, desired, maximum)? {
+        let allowed = self.own.memory_growing(current, desired, maximum);
+        if !self.running && allowed.is_err() {
+            // A memory declared larger than the limit ("forcing trap when
+            // growing memory" read as bad code, at deploy and at every wake).
+            return Err(wasmtime::Error::msg(format!(
+                "the module needs {desired} bytes of memory to start, more than its memory \
+                 limit (the type's config.max_memory_bytes, else the node's \
+                 defaults.max_memory_bytes or defaults.js_max_memory_bytes)"
+            )));
+        }
+        if !allowed? {
             return Ok(false);
         }
         let creating = current == 0 && !self.running;

@@ -130,6 +130,48 @@ impl NodeConfig {
                 ));
             }
         }
+        // As a type's own config is checked (`TypeConfig::validate`): a 0
+        // here was taken, and every turn then failed.
+        for (name, v) in [
+            ("idle_timeout_ms", self.defaults.idle_timeout_ms),
+            ("turn_timeout_ms", self.defaults.turn_timeout_ms),
+            ("cpu_slice_ms", self.defaults.cpu_slice_ms),
+        ] {
+            if v == 0 {
+                return Err(format!("defaults.{name} must be greater than 0"));
+            }
+        }
+        for (name, bytes, least) in [
+            (
+                "max_memory_bytes",
+                self.defaults.max_memory_bytes,
+                1u64 << 20,
+            ),
+            // The JavaScript engine needs about 1.7 MB to start.
+            (
+                "js_max_memory_bytes",
+                self.defaults.js_max_memory_bytes,
+                4 << 20,
+            ),
+        ] {
+            if bytes < least {
+                return Err(format!("defaults.{name} must be at least {least} bytes"));
+            }
+        }
+        for (name, v) in [
+            ("egress.timeout_ms", self.egress.timeout_ms),
+            ("webhooks.timeout_ms", self.webhooks.timeout_ms),
+            (
+                "webhooks.connect_timeout_ms",
+                self.webhooks.connect_timeout_ms,
+            ),
+            ("files.max_file_bytes", self.files.max_file_bytes as u64),
+            ("storage.max_batch", self.storage.max_batch as u64),
+        ] {
+            if v == 0 {
+                return Err(format!("{name} must be greater than 0"));
+            }
+        }
         if l.guest_memory_budget_bytes.is_some_and(|b| b < 1 << 20) {
             return Err("limits.guest_memory_budget_bytes must be at least 1 MiB (1048576)".into());
         }
@@ -868,6 +910,23 @@ mod tests {
                 "[inputs]\nmax_settled_per_actor = 0\n",
                 "inputs.max_settled_per_actor",
             ),
+            (
+                "[defaults]\nturn_timeout_ms = 0\n",
+                "defaults.turn_timeout_ms",
+            ),
+            ("[defaults]\ncpu_slice_ms = 0\n", "defaults.cpu_slice_ms"),
+            (
+                "[defaults]\nmax_memory_bytes = 0\n",
+                "defaults.max_memory_bytes",
+            ),
+            (
+                "[defaults]\njs_max_memory_bytes = 1000\n",
+                "defaults.js_max_memory_bytes",
+            ),
+            ("[egress]\ntimeout_ms = 0\n", "egress.timeout_ms"),
+            ("[webhooks]\ntimeout_ms = 0\n", "webhooks.timeout_ms"),
+            ("[files]\nmax_file_bytes = 0\n", "files.max_file_bytes"),
+            ("[storage]\nmax_batch = 0\n", "storage.max_batch"),
             (
                 "admin_token = \"pässwörd-long-enough-1\"\n",
                 "visible ASCII",
