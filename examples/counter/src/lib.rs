@@ -20,18 +20,25 @@ struct Add {
 
 struct Counter;
 
-/// Add `by` to the count and return the new count.
-fn add(by: i64) -> Result<i64> {
-    let n = state::get_json::<i64>("n")?.unwrap_or(0) + by;
+/// What an addition that would pass a 64-bit count says (a release build
+/// wrapped it around to the most negative count).
+const OVERFLOW: &str = "the count would pass the range of a 64-bit integer; nothing was added";
+
+/// Add `by` to the count and return the new count (`None`, and nothing
+/// written, if it would overflow).
+fn add(by: i64) -> Result<Option<i64>> {
+    let Some(n) = state::get_json::<i64>("n")?.unwrap_or(0).checked_add(by) else {
+        return Ok(None);
+    };
     if by == 0 {
         // A read: the turn writes nothing and needs no commit.
-        return Ok(n);
+        return Ok(Some(n));
     }
     state::set_json("n", &n)?;
     if n % 100 == 0 {
         events::emit("milestone", &serde_json::json!({ "n": n }))?;
     }
-    Ok(n)
+    Ok(Some(n))
 }
 
 impl Actor for Counter {
@@ -45,8 +52,10 @@ impl Actor for Counter {
                 return Ok(Reply::json(&serde_json::json!({ "error": error }))?.with_status(400));
             }
         };
-        let n = add(by.by.unwrap_or(1))?;
-        Reply::json(&serde_json::json!({ "n": n }))
+        match add(by.by.unwrap_or(1))? {
+            Some(n) => Reply::json(&serde_json::json!({ "n": n })),
+            None => Ok(Reply::json(&serde_json::json!({ "error": OVERFLOW }))?.with_status(400)),
+        }
     }
 
     fn on_webhook(_ctx: &Context, hook: Webhook) -> Result<()> {
@@ -55,7 +64,7 @@ impl Actor for Counter {
         } else {
             serde_json::from_slice(&hook.body)?
         };
-        add(by.by.unwrap_or(1))?;
+        add(by.by.unwrap_or(1))?.ok_or(OVERFLOW)?;
         Ok(())
     }
 }
