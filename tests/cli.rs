@@ -490,6 +490,43 @@ fn dev_on_a_port_in_use_fails_before_touching_its_data_directory() {
     assert!(!data.exists(), "{err}");
 }
 
+/// With `--log-format json` every line `marmot dev` writes is a JSON
+/// object, its greeting too (it was six lines of plain text among them).
+#[test]
+fn dev_with_json_logs_writes_only_json() {
+    use std::io::BufRead as _;
+    let dir = tempdir();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args([
+            "dev",
+            "--no-examples",
+            "--log-format",
+            "json",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--data")
+        .arg(dir.path().join("data"))
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut greeted = false;
+    for line in stderr.lines().take(200) {
+        let line = line.unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        if v["fields"]["message"] == "marmot dev listening" {
+            greeted = true;
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(greeted, "no greeting record");
+}
+
 /// A signal at the `secrets set` prompt (Ctrl-C) leaves the terminal as it
 /// found it: the process used to die with echo off, and the user's shell
 /// showed nothing typed after it.

@@ -577,11 +577,24 @@ fn quiet_compiler(filter: &str) -> String {
 
 /// Logs to stderr, and OpenTelemetry traces when the environment asks for
 /// them (`OTEL_EXPORTER_OTLP_ENDPOINT`; see `telemetry`).
+/// Set once logging starts: whether the log is JSON, one object per line
+/// (where `marmot dev` must not print its greeting as plain text).
+static JSON_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the log is JSON.
+fn logs_are_json() -> bool {
+    JSON_LOGS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 fn init_logging(
     filter: &str,
     format: LogFormat,
     runtime: &tokio::runtime::Handle,
 ) -> Option<crate::telemetry::Exporter> {
+    JSON_LOGS.store(
+        matches!(format, LogFormat::Json),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     use tracing_subscriber::{EnvFilter, Layer as _};

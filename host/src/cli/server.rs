@@ -141,19 +141,21 @@ pub(super) async fn dev(args: DevArgs) -> anyhow::Result<()> {
         super::assistant::deploy(&node).await?
     };
     let addr = listener.local_addr()?;
-    eprintln!(
-        "\nmarmot dev listening on http://{addr} (auth off, data in {})\n\
-         try:\n  curl -s -X POST http://{addr}/v1/actors/counter/alice -d '{{\"by\": 2}}'\n  \
-         curl -s http://{addr}/v1/actors/counter/alice\n{}",
-        node.config().data_dir.display(),
-        if args.no_examples {
-            String::new()
-        } else {
-            format!(
-                "  curl -s -X POST http://{addr}/v1/actors/assistant/alice -d '{{\"input\": \"Write a report to outputs/report.md\"}}'\n"
-            )
-        }
-    );
+    let data_dir = node.config().data_dir.display().to_string();
+    if super::logs_are_json() {
+        // One JSON object per line: the greeting is a record too.
+        tracing::info!(%addr, data_dir, auth = false, "marmot dev listening");
+    } else if args.no_examples {
+        // (It suggested the counter example, which is not deployed then.)
+        eprintln!("\nmarmot dev listening on http://{addr} (auth off, data in {data_dir})\n");
+    } else {
+        eprintln!(
+            "\nmarmot dev listening on http://{addr} (auth off, data in {data_dir})\n\
+             try:\n  curl -s -X POST http://{addr}/v1/actors/counter/alice -d '{{\"by\": 2}}'\n  \
+             curl -s http://{addr}/v1/actors/counter/alice\n  \
+             curl -s -X POST http://{addr}/v1/actors/assistant/alice -d '{{\"input\": \"Write a report to outputs/report.md\"}}'\n"
+        );
+    }
     run_server(node, listener).await
 }
 
