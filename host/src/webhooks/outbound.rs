@@ -214,16 +214,18 @@ fn destination(url: &str) -> String {
 }
 
 async fn run(w: Worker, cfg: WebhooksConfig) {
-    let base_ms = match std::env::var(RETRY_BASE_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-    {
-        Some(ms) => {
+    let base_ms = match std::env::var(RETRY_BASE_ENV).ok().map(|v| v.trim().parse()) {
+        Some(Ok(ms)) => {
             tracing::warn!(
                 retry_base_ms = ms,
                 "{RETRY_BASE_ENV} overrides the webhook retry base"
             );
             ms
+        }
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, retry_base_ms = cfg.retry_base_ms,
+                "{RETRY_BASE_ENV} is not a number of milliseconds; ignored");
+            cfg.retry_base_ms
         }
         None => cfg.retry_base_ms,
     };
