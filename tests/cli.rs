@@ -353,6 +353,53 @@ async fn dev_examples_never_replace_a_users_type() {
     assert_eq!(api.get("/v1/types/notes").await.json["version"], 1);
 }
 
+/// Model credentials in the environment apply at every start of `marmot
+/// dev` (once the data directory had a provider `default`, a key set or
+/// rotated later was ignored), and the assistant example follows the
+/// model they name, unless the user changed the example.
+#[tokio::test]
+async fn dev_applies_model_credentials_at_every_start() {
+    let dir = tempdir();
+    let mut m = Marmot::start_with_examples(&dir.path().join("data")).await;
+    let api = m.client();
+    let version = |api: &common::Api| {
+        let api = api.clone();
+        async move { api.get("/v1/types/assistant").await.json["version"].clone() }
+    };
+    let base_url = |api: &common::Api| {
+        let api = api.clone();
+        async move {
+            let r = api.get("/v1/providers/default").await;
+            assert_eq!(r.status, 200, "{}", r.json);
+            r.json["base_url"].clone()
+        }
+    };
+    let first = version(&api).await.as_u64().unwrap();
+    // A new version for each new model name, none for the same.
+    for (url, model, want) in [
+        ("http://127.0.0.1:9/v1", "first-model", first + 1),
+        ("http://127.0.0.1:10/v1", "second-model", first + 2),
+        ("http://127.0.0.1:10/v1", "second-model", first + 2),
+    ] {
+        m.set_env("MARMOT_MODEL_URL", Some(url));
+        m.set_env("MARMOT_MODEL", Some(model));
+        m.restart().await;
+        assert_eq!(base_url(&api).await, url);
+        assert_eq!(version(&api).await, want, "{model}");
+    }
+    // An example the user changed is theirs: it stays as they left it.
+    let mut manifest: Value =
+        serde_json::from_str(include_str!("../examples/assistant/assistant.json")).unwrap();
+    manifest["agent"]["instructions"] = json!("Mine.");
+    manifest["agent"]["model"]["name"] = json!("second-model");
+    let r = api.deploy_manifest("assistant", &manifest).await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let mine = version(&api).await;
+    m.set_env("MARMOT_MODEL", Some("third-model"));
+    m.restart().await;
+    assert_eq!(version(&api).await, mine);
+}
+
 /// A pseudo-terminal: (leader, follower), the follower for the CLI's
 /// standard streams.
 fn pty() -> (std::fs::File, std::fs::File) {
