@@ -137,13 +137,16 @@ impl ResourceLimiter for GuestLimits {
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         let allowed = self.own.memory_growing(current, desired, maximum);
-        if !self.running && allowed.is_err() {
-            // A memory declared larger than the limit ("forcing trap when
-            // growing memory" read as bad code, at deploy and at every wake).
+        if current == 0 && !self.running && allowed.is_err() {
+            // A memory declared larger than the limit, being created ("forcing
+            // trap when growing memory" read as bad code, at deploy and at
+            // every wake). Growth past it later stays wasmtime's trap, which
+            // the preload check reads as running out of memory.
             return Err(wasmtime::Error::msg(format!(
                 "the module needs {desired} bytes of memory to start, more than its memory \
                  limit (the type's config.max_memory_bytes, else the node's \
-                 defaults.max_memory_bytes or defaults.js_max_memory_bytes)"
+                 defaults.max_memory_bytes or defaults.js_max_memory_bytes): growing memory \
+                 to that was refused"
             )));
         }
         if !allowed? {

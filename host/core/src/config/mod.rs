@@ -147,11 +147,12 @@ impl NodeConfig {
                 self.defaults.max_memory_bytes,
                 1u64 << 20,
             ),
-            // The JavaScript engine needs about 1.7 MB to start.
+            // The JavaScript engine needs about 1.7 MB to start (a node
+            // whose guests may not have that runs no JavaScript).
             (
                 "js_max_memory_bytes",
                 self.defaults.js_max_memory_bytes,
-                4 << 20,
+                (2 << 20).min(l.max_guest_memory_bytes),
             ),
         ] {
             if bytes < least {
@@ -920,7 +921,7 @@ mod tests {
                 "defaults.max_memory_bytes",
             ),
             (
-                "[defaults]\njs_max_memory_bytes = 1000\n",
+                "[defaults]\njs_max_memory_bytes = 1048576\n",
                 "defaults.js_max_memory_bytes",
             ),
             ("[egress]\ntimeout_ms = 0\n", "egress.timeout_ms"),
