@@ -537,6 +537,40 @@ fn dev_on_a_port_in_use_fails_before_touching_its_data_directory() {
     assert!(!data.exists(), "{err}");
 }
 
+/// A bad address range is blamed on the setting that holds it
+/// (`models.allow_private`'s were reported as `egress.allow_private`).
+#[test]
+fn a_bad_private_range_names_its_own_setting() {
+    for (section, entry) in [("models", "not-a-range"), ("egress", "nor-this")] {
+        let dir = tempdir();
+        let config = dir.path().join("marmot.toml");
+        std::fs::write(
+            &config,
+            format!("[{section}]\nallow_private = [\"{entry}\"]\n"),
+        )
+        .unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+            .args([
+                "dev",
+                "--no-examples",
+                "--listen",
+                "127.0.0.1:0",
+                "--config",
+            ])
+            .arg(&config)
+            .arg("--data")
+            .arg(dir.path().join("data"))
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("{section}.allow_private: `{entry}`")),
+            "{err}"
+        );
+    }
+}
+
 /// With `--log-format json` every line `marmot dev` writes is a JSON
 /// object, its greeting too (it was six lines of plain text among them).
 #[test]

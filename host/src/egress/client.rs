@@ -218,8 +218,10 @@ pub struct Egress {
 impl Egress {
     /// A client for `config`.
     pub fn new(config: &EgressConfig) -> anyhow::Result<Self> {
-        let policy =
-            Arc::new(AddressPolicy::new(&config.allow_private).map_err(anyhow::Error::msg)?);
+        let policy = Arc::new(
+            AddressPolicy::new(&config.allow_private)
+                .map_err(|e| anyhow::anyhow!("egress.allow_private: {e}"))?,
+        );
         let mut builder = reqwest::Client::builder()
             .use_rustls_tls()
             .tls_built_in_root_certs(true)

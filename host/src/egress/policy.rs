@@ -242,16 +242,15 @@ pub struct AddressPolicy {
 }
 
 impl AddressPolicy {
-    /// A policy opening the `allow` ranges (CIDR, or a bare address).
+    /// A policy opening the `allow` ranges (CIDR, or a bare address); the
+    /// error names the entry (the caller names the setting).
     pub fn new(allow: &[String]) -> Result<Self, String> {
         let allow = allow
             .iter()
             .map(|a| {
                 a.parse::<IpNet>()
                     .or_else(|_| a.parse::<IpAddr>().map(IpNet::from))
-                    .map_err(|_| {
-                        format!("egress.allow_private: `{a}` is not an address or CIDR range")
-                    })
+                    .map_err(|_| format!("`{a}` is not an address or CIDR range"))
             })
             .collect::<Result<_, _>>()?;
         Ok(Self { allow })
