@@ -50,11 +50,13 @@ pub const MAX_HEAD_BYTES: usize = 32 << 10;
 /// an idle keep-alive connection.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Longest a shutdown waits for open connections to finish their
-/// requests; then they are closed. A client that stopped reading an event
-/// stream kept its response unfinished, and the node from stopping, for as
-/// long as it liked (a supervisor's SIGKILL ended it, flush or not).
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+/// At shutdown, a connection whose client has not taken the response's
+/// last bytes for this long is closed. A client that stopped reading an
+/// event stream kept its response unfinished, and the node from stopping,
+/// for as long as it liked (a supervisor's SIGKILL ended it, flush or
+/// not). Requests still being answered (a turn may run to its time limit)
+/// are waited for, as before.
+pub const STALLED_CLIENT: Duration = Duration::from_secs(10);
 
 /// What the listener allows.
 #[derive(Debug, Clone, Copy)]
@@ -65,8 +67,8 @@ pub struct ListenLimits {
     pub max_head_bytes: usize,
     /// See [`HEAD_TIMEOUT`].
     pub head_timeout: Duration,
-    /// See [`SHUTDOWN_GRACE`].
-    pub shutdown_grace: Duration,
+    /// See [`STALLED_CLIENT`].
+    pub stalled_client: Duration,
 }
 
 impl ListenLimits {
@@ -76,7 +78,7 @@ impl ListenLimits {
             max_connections,
             max_head_bytes: MAX_HEAD_BYTES,
             head_timeout: HEAD_TIMEOUT,
-            shutdown_grace: SHUTDOWN_GRACE,
+            stalled_client: STALLED_CLIENT,
         }
     }
 }
@@ -97,6 +99,12 @@ struct Tracked {
     busy: AtomicUsize,
     /// When it last became idle (ms since the listener started).
     idle_since_ms: AtomicU64,
+    /// Since when a frame of its response waits for the client to take it
+    /// (ms since the listener started, 0 when none does): the response
+    /// body gave hyper a frame, and hyper has not asked for the next.
+    frame_waiting_since_ms: AtomicU64,
+    /// Closes it at once (its client stopped reading, at shutdown).
+    drop_now: Notify,
     /// Asks it to close once idle (at once if it is).
     close: Notify,
 }
@@ -110,6 +118,24 @@ struct Connections {
 impl Connections {
     fn now_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
+    }
+
+    /// Close the connections whose client has left a frame of their
+    /// response untaken for longer than `stalled`.
+    fn drop_stalled(&self, stalled: Duration) {
+        let now = self.now_ms();
+        let stalled = stalled.as_millis() as u64;
+        for c in self.open.lock().unwrap().values() {
+            let since = c.frame_waiting_since_ms.load(Ordering::Acquire);
+            let busy = c.busy.load(Ordering::Acquire) > 0;
+            if busy && since != 0 && now.saturating_sub(since) > stalled {
+                tracing::warn!(
+                    waited_ms = now - since,
+                    "stopping: closing a connection whose client stopped reading its response"
+                );
+                c.drop_now.notify_one();
+            }
+        }
     }
 
     /// Ask the connection idle longest, if any, to close.
@@ -148,7 +174,7 @@ pub async fn serve_app(
         started: Instant::now(),
         open: Mutex::default(),
     });
-    let (closing, closed) = watch::channel(Stage::Serving);
+    let (closing, closed) = watch::channel(false);
     let mut next_id = 0u64;
     tokio::pin!(shutdown);
     loop {
@@ -181,6 +207,8 @@ pub async fn serve_app(
         let tracked = Arc::new(Tracked {
             busy: AtomicUsize::new(0),
             idle_since_ms: AtomicU64::new(connections.now_ms()),
+            frame_waiting_since_ms: AtomicU64::new(0),
+            drop_now: Notify::new(),
             close: Notify::new(),
         });
         connections.open.lock().unwrap().insert(id, tracked.clone());
@@ -205,12 +233,8 @@ pub async fn serve_app(
         });
         let conn = http.serve_connection(TokioIo::new(tcp), service);
         metrics.open.inc();
-        let (metrics, connections, mut closed, mut forced) = (
-            metrics.clone(),
-            connections.clone(),
-            closed.clone(),
-            closed.clone(),
-        );
+        let (metrics, connections, mut closed) =
+            (metrics.clone(), connections.clone(), closed.clone());
         tokio::spawn(async move {
             tokio::pin!(conn);
             let mut asked = false;
@@ -219,8 +243,8 @@ pub async fn serve_app(
                     // Errors are the client's (a reset, a bad or slow head).
                     _ = conn.as_mut() => break,
                     () = tracked.close.notified(), if !asked => true,
-                    _ = closed.wait_for(|c| *c != Stage::Serving), if !asked => false,
-                    _ = forced.wait_for(|c| *c == Stage::Closing) => break,
+                    _ = closed.wait_for(|c| *c), if !asked => false,
+                    () = tracked.drop_now.notified() => break,
                 };
                 // Asked to close. The connection is polled only here, so
                 // nothing can start between this look and the drop: with
@@ -242,34 +266,17 @@ pub async fn serve_app(
         });
     }
     drop((listener, closed));
-    // Every connection finishes what it is doing, then closes; those still
-    // open after the grace are closed.
-    let _ = closing.send(Stage::Draining);
-    if tokio::time::timeout(limits.shutdown_grace, closing.closed())
-        .await
-        .is_err()
-    {
-        let open = connections.open.lock().unwrap().len();
-        tracing::warn!(
-            connections = open,
-            grace_ms = limits.shutdown_grace.as_millis() as u64,
-            "stopping: closing connections whose requests did not finish within the grace"
-        );
-        let _ = closing.send(Stage::Closing);
-        closing.closed().await;
+    // Every connection finishes what it is doing, then closes; one whose
+    // client stopped taking its response is closed.
+    let _ = closing.send(true);
+    let mut look = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            () = closing.closed() => break,
+            _ = look.tick() => connections.drop_stalled(limits.stalled_client),
+        }
     }
     Ok(())
-}
-
-/// Where a shutdown of the listener stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    /// Not begun.
-    Serving,
-    /// Connections finish their requests.
-    Draining,
-    /// Connections close now.
-    Closing,
 }
 
 /// A request in flight on its connection, from its head to the end (or
@@ -282,6 +289,7 @@ struct Busy {
 impl Busy {
     fn enter(tracked: &Arc<Tracked>, connections: &Arc<Connections>) -> Self {
         tracked.busy.fetch_add(1, Ordering::AcqRel);
+        tracked.frame_waiting_since_ms.store(0, Ordering::Release);
         Self {
             tracked: tracked.clone(),
             connections: connections.clone(),
@@ -292,6 +300,7 @@ impl Busy {
 impl Drop for Busy {
     fn drop(&mut self) {
         let t = &self.tracked;
+        t.frame_waiting_since_ms.store(0, Ordering::Release);
         t.idle_since_ms
             .store(self.connections.now_ms(), Ordering::Relaxed);
         t.busy.fetch_sub(1, Ordering::AcqRel);
@@ -312,7 +321,15 @@ impl hyper::body::Body for Tracking {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        let tracked = &self._busy.tracked;
+        tracked.frame_waiting_since_ms.store(0, Ordering::Release);
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(_))) = &polled {
+            let now = self._busy.connections.now_ms().max(1);
+            let tracked = &self._busy.tracked;
+            tracked.frame_waiting_since_ms.store(now, Ordering::Release);
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -345,22 +362,19 @@ mod tests {
 
     use super::*;
 
-    /// A response that never ends (a client that stopped reading an event
-    /// stream) holds a shutdown for the grace, no longer.
-    #[tokio::test]
-    async fn a_response_that_never_ends_is_closed_after_the_grace() {
-        let app = Router::new().route(
-            "/",
-            axum::routing::get(|| async {
-                Body::from_stream(futures::stream::pending::<
-                    Result<bytes::Bytes, std::io::Error>,
-                >())
-            }),
-        );
+    /// Serve `app` with stalled clients closed after 300 ms at shutdown;
+    /// the server's task, and what stops it.
+    async fn serve(
+        app: Router,
+    ) -> (
+        std::net::SocketAddr,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+        tokio::sync::oneshot::Sender<()>,
+    ) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let mut limits = ListenLimits::new(16);
-        limits.shutdown_grace = Duration::from_millis(300);
+        limits.stalled_client = Duration::from_millis(300);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let served = tokio::spawn(serve_app(
             app,
@@ -372,25 +386,71 @@ mod tests {
             },
             |_| None,
         ));
+        (addr, served, stop)
+    }
+
+    /// A client that stopped reading a response that goes on (an event
+    /// stream) is closed at shutdown once it has left a frame untaken for
+    /// the limit: it held the node's shutdown for as long as it liked.
+    #[tokio::test]
+    async fn a_client_that_stopped_reading_is_closed_at_shutdown() {
+        let app = Router::new().route(
+            "/",
+            axum::routing::get(|| async {
+                let chunk = bytes::Bytes::from(vec![b'x'; 64 << 10]);
+                Body::from_stream(futures::stream::repeat_with(move || {
+                    Ok::<_, std::io::Error>(chunk.clone())
+                }))
+            }),
+        );
+        let (addr, served, stop) = serve(app).await;
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut tcp = socket.connect(addr).await.unwrap();
+        tcp.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        // The response's head: then the client reads nothing more.
+        let mut buf = [0u8; 1024];
+        let n = tcp.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), served)
+            .await
+            .expect("the shutdown waited for a client that stopped reading")
+            .unwrap()
+            .unwrap();
+    }
+
+    /// A request still being answered at shutdown (a long turn) is waited
+    /// for, however long: only a client that stopped reading is cut off.
+    #[tokio::test]
+    async fn a_request_being_answered_at_shutdown_is_finished() {
+        let app = Router::new().route(
+            "/",
+            axum::routing::get(|| async {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                "done"
+            }),
+        );
+        let (addr, served, stop) = serve(app).await;
         let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         tcp.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
             .await
             .unwrap();
-        // The response's head: the request is in flight.
-        let mut buf = [0u8; 1024];
-        let n = tcp.read(&mut buf).await.unwrap();
-        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
-        let asked = Instant::now();
+        tokio::time::sleep(Duration::from_millis(100)).await;
         stop.send(()).unwrap();
-        tokio::time::timeout(Duration::from_secs(10), served)
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut got))
             .await
-            .expect("the shutdown waited past its grace")
             .unwrap()
             .unwrap();
-        assert!(asked.elapsed() >= Duration::from_millis(300));
+        let got = String::from_utf8_lossy(&got);
         assert!(
-            matches!(tcp.read(&mut buf).await, Ok(0) | Err(_)),
-            "the connection stayed open"
+            got.starts_with("HTTP/1.1 200") && got.ends_with("done"),
+            "{got}"
         );
+        served.await.unwrap().unwrap();
     }
 }
