@@ -575,8 +575,6 @@ fn quiet_compiler(filter: &str) -> String {
     out
 }
 
-/// Logs to stderr, and OpenTelemetry traces when the environment asks for
-/// them (`OTEL_EXPORTER_OTLP_ENDPOINT`; see `telemetry`).
 /// Set once logging starts: whether the log is JSON, one object per line
 /// (where `marmot dev` must not print its greeting as plain text).
 static JSON_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -586,6 +584,8 @@ fn logs_are_json() -> bool {
     JSON_LOGS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Logs to stderr, and OpenTelemetry traces when the environment asks for
+/// them (`OTEL_EXPORTER_OTLP_ENDPOINT`; see `telemetry`).
 fn init_logging(
     filter: &str,
     format: LogFormat,

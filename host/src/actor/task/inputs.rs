@@ -143,6 +143,10 @@ impl ActorTask {
         if settling == 0 {
             return;
         }
+        // Disk shows committed settlements only: with more of the actor's
+        // commits in flight the count may pass the cap by as many, until
+        // the next settlement. (Those in flight are still pending on disk,
+        // so they are never pruned.)
         let cfg = &self.env.config.inputs;
         let before = now_ms().saturating_sub(cfg.settled_ttl_ms);
         let keep = cfg.max_settled_per_actor.saturating_sub(settling);

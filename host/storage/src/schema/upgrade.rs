@@ -156,7 +156,7 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
     Ok(())
 }
 
-/// Upgrade a file of format `from` (1–6) step by step: 1 → 2 inbox rows
+/// Upgrade a file of format `from` (1–7) step by step: 1 → 2 inbox rows
 /// gain their kind; 2 → 3 only adds tables (created on open); 3 → 4 outbox
 /// rows gain their `traceparent`; 4 → 5 only adds `relay` and `replica_lsn`;
 /// 5 → 6 relay rows gain their (unknown) sender, and both tables their ids;

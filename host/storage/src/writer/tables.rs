@@ -530,8 +530,22 @@ impl Tables<'_> {
         for name in string_keys(&*self.alarms()?, num)? {
             self.write_alarm(num, &name, None)?;
         }
+        // Rows and index go without reading a record (one that did not
+        // decode would keep the actor from being deleted).
         for id in string_keys(&*self.inputs()?, num)? {
-            self.write_input(num, &id, None)?;
+            self.inputs()?.remove((num, id.as_str()))?;
+        }
+        let mut indexed = Vec::new();
+        for row in self.inputs_by_settled()?.range((num, 0, "")..)? {
+            let (k, _) = row?;
+            let (n, at, id) = k.value();
+            if n != num {
+                break;
+            }
+            indexed.push((at, id.to_owned()));
+        }
+        for (at, id) in indexed {
+            self.inputs_by_settled()?.remove((num, at, id.as_str()))?;
         }
         let paths: Vec<(String, Option<FileRecord>)> = string_keys(&*self.files()?, num)?
             .into_iter()

@@ -629,6 +629,27 @@ fn a_full_or_read_only_disk_at_open_says_so() {
             removed
         );
     }
+    // Files there before the open are never removed, whatever failed.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("marmot.redb");
+    for p in crate::journal::log_paths(&path).iter().chain([&path]) {
+        std::fs::write(p, b"kept").unwrap();
+    }
+    let opener: crate::db::Opener = Box::new(|| {
+        Err(redb::StorageError::Io(std::io::Error::from(std::io::ErrorKind::StorageFull)).into())
+    });
+    assert!(
+        Storage::open_with(
+            dir.path(),
+            &StorageConfig::default(),
+            WriterMetrics::new(),
+            opener,
+        )
+        .is_err()
+    );
+    for p in crate::journal::log_paths(&path).iter().chain([&path]) {
+        assert_eq!(std::fs::read(p).unwrap(), b"kept", "{}", p.display());
+    }
 }
 
 /// A database file whose fsync fails while `fail_sync` is set, as a dying
