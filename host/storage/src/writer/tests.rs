@@ -102,17 +102,7 @@ pub(super) fn with_effects(op: WriteOp, to: &ActorKey) -> WriteOp {
             set_at_ms: 1,
         }),
     )];
-    t.inputs = vec![(
-        "in_effect".into(),
-        Some(InputRecord {
-            kind: "approval".into(),
-            prompt: String::new(),
-            schema: None,
-            created_at_ms: 5,
-            expires_at_ms: None,
-            status: InputStatus::Pending,
-        }),
-    )];
+    t.inputs = vec![("in_effect".into(), Some(input(InputStatus::Pending)))];
     t.sends = vec![(
         to.clone(),
         InboxRecord {
@@ -160,6 +150,18 @@ async fn a_commit_is_released_once_durable_and_marks_the_tracker() {
     assert_eq!(tracker.committed_seq(), 1);
 }
 
+/// An approval request (made at 5 ms) that stands at `status`.
+fn input(status: InputStatus) -> InputRecord {
+    InputRecord {
+        kind: "approval".into(),
+        prompt: String::new(),
+        schema: None,
+        created_at_ms: 5,
+        expires_at_ms: None,
+        status,
+    }
+}
+
 /// A cancel written after a settlement of the same request (the cancelling
 /// turn read it pending while the answer's commit was in flight) leaves
 /// the settlement; a pending request, or one not written yet, is cancelled.
@@ -168,14 +170,6 @@ async fn a_cancel_never_overwrites_a_settled_input() {
     let (_dir, storage) = open();
     let (key, rec) = create(&storage, "a").await;
     let tracker = Arc::new(CommitTracker::default());
-    let input = |status| InputRecord {
-        kind: "approval".into(),
-        prompt: String::new(),
-        schema: None,
-        created_at_ms: 5,
-        expires_at_ms: None,
-        status,
-    };
     let answered = InputStatus::Answered {
         at_ms: 6,
         response: b"{}".to_vec(),
@@ -216,14 +210,6 @@ async fn input_requests_are_indexed_by_status() {
     let (_dir, storage) = open();
     let (key, rec) = create(&storage, "a").await;
     let tracker = Arc::new(CommitTracker::default());
-    let input = |status| InputRecord {
-        kind: "approval".into(),
-        prompt: String::new(),
-        schema: None,
-        created_at_ms: 5,
-        expires_at_ms: None,
-        status,
-    };
     let answered = |at_ms| InputStatus::Answered {
         at_ms,
         response: b"{}".to_vec(),
