@@ -408,6 +408,7 @@ export default {
     if (op === "ask-and-cancel") { const i = inputs.request({ kind: "q", prompt: "?" }); inputs.cancel(i); return { r: i }; }
     try { inputs.cancel(id); return { r: "cancelled" }; } catch (e) { return { r: String(e) }; }
   },
+  onInput() {},
 };
 "#;
     assert_eq!(api.deploy_js("asker", js).await.status, 201);
@@ -513,4 +514,36 @@ async fn settled_inputs_are_kept_by_age_and_by_count() {
     assert_eq!(answer(&api, "a", &new, "2").await.status, 200);
     assert_eq!(ids(&listed(&api, "a", "all").await), [new.as_str()]);
     assert_eq!(answer(&api, "a", &old, "3").await.status, 404);
+}
+
+/// A JavaScript module without `onInput` cannot ask for input: nothing
+/// could take the answer (it was a 500 and the request stayed pending, and
+/// its expiry failed for ever), so `inputs.request` throws, naming why.
+#[tokio::test]
+async fn a_javascript_module_without_on_input_cannot_ask() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    let js = r#"
+import { inputs } from "marmot";
+export default {
+  onMessage() {
+    try { inputs.request({ kind: "approval", prompt: "ok?" }); return "asked"; }
+    catch (e) { return { error: String(e), code: e.code }; }
+  },
+};
+"#;
+    assert_eq!(api.deploy_js("mute", js).await.status, 201);
+    let r = api.post_json("/v1/actors/mute/a", &json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert!(
+        r.json["error"]
+            .as_str()
+            .unwrap()
+            .contains("no `onInput` handler"),
+        "{}",
+        r.json
+    );
+    assert_eq!(r.json["code"], "invalid");
+    assert!(listed_of(&api, "mute", "a", "all").await.is_empty());
 }

@@ -254,6 +254,7 @@ export default {
     if (body.op === "throw") throw new Error("changed my mind");
     return "done";
   },
+  onInput() {},
 };
 "#;
     let r = api.deploy_js("atomic", js).await;

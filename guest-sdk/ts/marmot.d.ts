@@ -131,7 +131,8 @@ declare module "marmot" {
 
   /** Durable waits for a person or a system; answers arrive as `onInput`. */
   export interface Inputs {
-    /** Returns the input id. */
+    /** Returns the input id. Throws (code `invalid`) when the module's
+     * default export has no `onInput`: nothing could take the answer. */
     request(req: InputRequest): string;
     /** Withdraw a pending request of this actor: `cancelled` once the turn commits. */
     cancel(id: string): void;

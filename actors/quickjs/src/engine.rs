@@ -54,6 +54,9 @@ const MAX_RESULT_BYTES: usize = 1 << 20;
 
 thread_local! {
     static ENGINE: RefCell<Option<Engine>> = const { RefCell::new(None) };
+    /// Whether the module's default export has an `onInput` handler (set
+    /// when the module is loaded).
+    static ON_INPUT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// While [`Engine::preload`] runs the module's top level: `Some`, with
     /// the first thing it did that only a turn may do.
     static PRELOADING: RefCell<Option<Option<&'static str>>> = const { RefCell::new(None) };
@@ -90,6 +93,13 @@ pub fn refused_in_preload(what: &'static str) -> bool {
         }
         None => false,
     })
+}
+
+/// Whether the module can take an input request's answer: an input it
+/// asks for without `onInput` could never settle (an answer was a 500 and
+/// the request stayed pending; its expiry failed for ever).
+pub fn takes_inputs() -> bool {
+    ON_INPUT.with(std::cell::Cell::get)
 }
 
 /// Set up the runtime (idempotent). Runs inside `wizer-initialize` so the
@@ -295,6 +305,10 @@ impl Engine {
                 "module `{name}` must `export default` an object with handlers such as onMessage"
             ));
         };
+        let on_input = obj
+            .get::<_, Value<'js>>("onInput")
+            .is_ok_and(|f| f.is_function());
+        ON_INPUT.with(|c| c.set(on_input));
         self.handlers = Some(Persistent::save(ctx, obj.clone()));
         Ok(obj)
     }

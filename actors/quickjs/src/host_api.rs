@@ -296,6 +296,17 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
              prompt: String,
              schema: Option<String>,
              expires: Option<f64>| {
+                if !crate::engine::takes_inputs() {
+                    return throw(
+                        &ctx,
+                        "inputs.request",
+                        HostError::Invalid(
+                            "the module's default export has no `onInput` handler, so no \
+                             answer (nor the request's expiry) could reach it"
+                                .into(),
+                        ),
+                    );
+                }
                 let req = inputs::InputRequest {
                     kind,
                     prompt,
