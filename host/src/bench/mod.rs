@@ -14,6 +14,7 @@ mod egress;
 mod files;
 mod http;
 mod inproc;
+mod inputs;
 mod peer;
 mod rss;
 mod server;
@@ -134,6 +135,10 @@ pub enum Scenario {
     /// File writes (committed with their turns) and downloads, small and
     /// large (`--actors` = small files written).
     Files,
+    /// Input requests answered one after another while the actor's settled
+    /// ones pile up (`--actors` = requests, default 2,000): an answer's
+    /// cost per block, which should not grow.
+    Inputs,
     /// The built-in agent harness against the fake provider: overhead per
     /// step, `--actors` (default 1,000) concurrent runs with answers
     /// streamed over ~200 ms (node CPU and RSS), then hibernated.
@@ -198,6 +203,7 @@ async fn scenarios(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::WebhookIngest,
             Scenario::Fetch,
             Scenario::Files,
+            Scenario::Inputs,
             Scenario::Agent,
         ],
         s => vec![s],
@@ -219,6 +225,7 @@ async fn scenarios(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::WebhookIngest => webhooks::ingest(&args).await?,
             Scenario::Fetch => egress::fetch(&args).await?,
             Scenario::Files => files::files(&args).await?,
+            Scenario::Inputs => inputs::inputs(&args).await?,
             Scenario::Agent => agent::agent(&args).await?,
             Scenario::VsWorkerd => compare::vs_workerd(&args).await?,
             Scenario::Torture => torture::torture(&args).await?,
