@@ -8,6 +8,7 @@
 
 mod agent;
 mod alarms;
+mod backlog;
 mod cluster;
 mod compare;
 mod egress;
@@ -135,6 +136,10 @@ pub enum Scenario {
     /// File writes (committed with their turns) and downloads, small and
     /// large (`--actors` = small files written).
     Files,
+    /// A healthy webhook subscription's deliveries alone, then behind
+    /// another's backlog for a receiver that never answers (`--actors` =
+    /// rows of 100 KB, default 1,000), with the node's CPU.
+    WebhookBacklog,
     /// Input requests answered one after another while the actor's settled
     /// ones pile up (`--actors` = requests, default 2,000): an answer's
     /// cost per block, which should not grow.
@@ -203,6 +208,7 @@ async fn scenarios(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::WebhookIngest,
             Scenario::Fetch,
             Scenario::Files,
+            Scenario::WebhookBacklog,
             Scenario::Inputs,
             Scenario::Agent,
         ],
@@ -225,6 +231,7 @@ async fn scenarios(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::WebhookIngest => webhooks::ingest(&args).await?,
             Scenario::Fetch => egress::fetch(&args).await?,
             Scenario::Files => files::files(&args).await?,
+            Scenario::WebhookBacklog => backlog::backlog(&args).await?,
             Scenario::Inputs => inputs::inputs(&args).await?,
             Scenario::Agent => agent::agent(&args).await?,
             Scenario::VsWorkerd => compare::vs_workerd(&args).await?,
