@@ -19,6 +19,8 @@
 
 mod apply;
 #[cfg(test)]
+mod input_tests;
+#[cfg(test)]
 mod move_tests;
 mod moves;
 mod ops;
