@@ -163,6 +163,13 @@ impl NodeConfig {
         }
         for (name, v) in [
             ("egress.timeout_ms", self.egress.timeout_ms),
+            ("egress.max_timeout_ms", self.egress.max_timeout_ms),
+            ("egress.connect_timeout_ms", self.egress.connect_timeout_ms),
+            ("models.timeout_ms", self.models.timeout_ms),
+            ("limits.body_timeout_ms", l.body_timeout_ms),
+            ("limits.eval_cpu_ms", l.eval_cpu_ms),
+            ("limits.eval_timeout_ms", l.eval_timeout_ms),
+            ("limits.actor_call_timeout_ms", l.actor_call_timeout_ms),
             ("webhooks.timeout_ms", self.webhooks.timeout_ms),
             (
                 "webhooks.connect_timeout_ms",
@@ -173,6 +180,16 @@ impl NodeConfig {
         ] {
             if v == 0 {
                 return Err(format!("{name} must be greater than 0"));
+            }
+        }
+        // Checked here too (the egress layer parses them again), so that a
+        // bad entry is refused before the data directory is made.
+        for (name, list) in [
+            ("egress.allow_private", &self.egress.allow_private),
+            ("models.allow_private", &self.models.allow_private),
+        ] {
+            if let Some(bad) = list.iter().find(|a| !is_address_or_range(a)) {
+                return Err(format!("{name}: `{bad}` is not an address or CIDR range"));
             }
         }
         if l.guest_memory_budget_bytes.is_some_and(|b| b < 1 << 20) {
@@ -664,6 +681,20 @@ impl Default for WebhooksConfig {
     }
 }
 
+/// Whether `s` is an IP address, or one with a prefix length that fits it
+/// (`10.0.0.0/8`, `fd00::/8`).
+fn is_address_or_range(s: &str) -> bool {
+    let (addr, len) = match s.split_once('/') {
+        Some((a, l)) => (a, Some(l)),
+        None => (s, None),
+    };
+    let Ok(addr) = addr.parse::<std::net::IpAddr>() else {
+        return false;
+    };
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    len.is_none_or(|l| l.parse::<u8>().is_ok_and(|l| l <= max))
+}
+
 /// Configuration files: any text is a config or an error, never a panic.
 #[cfg(test)]
 mod props {
@@ -790,6 +821,17 @@ mod tests {
                 "defaults.js_max_memory_bytes",
             ),
             ("[egress]\ntimeout_ms = 0\n", "egress.timeout_ms"),
+            ("[egress]\nmax_timeout_ms = 0\n", "egress.max_timeout_ms"),
+            ("[models]\ntimeout_ms = 0\n", "models.timeout_ms"),
+            ("[limits]\neval_cpu_ms = 0\n", "limits.eval_cpu_ms"),
+            (
+                "[egress]\nallow_private = [\"10.0.0.0/33\"]\n",
+                "egress.allow_private",
+            ),
+            (
+                "[models]\nallow_private = [\"not a range\"]\n",
+                "models.allow_private",
+            ),
             ("[webhooks]\ntimeout_ms = 0\n", "webhooks.timeout_ms"),
             ("[files]\nmax_file_bytes = 0\n", "files.max_file_bytes"),
             ("[storage]\nmax_batch = 0\n", "storage.max_batch"),
