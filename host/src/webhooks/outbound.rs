@@ -466,7 +466,8 @@ impl Worker {
                         "HTTP {}: redirects are not followed (Location: {}); \
                          subscribe the URL it names",
                         status.as_u16(),
-                        location.chars().take(256).collect::<String>()
+                        // (A password in it is masked, as in the URL.)
+                        shown_url(location).chars().take(256).collect::<String>()
                     );
                 }
                 Some((error, status == reqwest::StatusCode::GONE))
