@@ -26,7 +26,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -105,6 +105,8 @@ struct Tracked {
     frame_waiting_since_ms: AtomicU64,
     /// Closes it at once (its client stopped reading, at shutdown).
     drop_now: Notify,
+    /// A request body is still coming in.
+    receiving: AtomicBool,
     /// Asks it to close once idle (at once if it is).
     close: Notify,
 }
@@ -121,10 +123,14 @@ impl Connections {
     }
 
     /// Close the connections whose client has left a frame of their
-    /// response untaken for longer than `stalled`.
-    fn drop_stalled(&self, stalled: Duration) {
+    /// response untaken for longer than `stalled`, and, once the shutdown
+    /// (begun at `draining_since_ms`) is that old, those still sending a
+    /// request body: no turn has its input yet, and a slow sender held the
+    /// shutdown for its body's time limit (17 minutes for a deploy).
+    fn drop_stalled(&self, stalled: Duration, draining_since_ms: u64) {
         let now = self.now_ms();
         let stalled = stalled.as_millis() as u64;
+        let uploads_too = now.saturating_sub(draining_since_ms) > stalled;
         for c in self.open.lock().unwrap().values() {
             let since = c.frame_waiting_since_ms.load(Ordering::Acquire);
             let busy = c.busy.load(Ordering::Acquire) > 0;
@@ -133,6 +139,9 @@ impl Connections {
                     waited_ms = now - since,
                     "stopping: closing a connection whose client stopped reading its response"
                 );
+                c.drop_now.notify_one();
+            } else if busy && uploads_too && c.receiving.load(Ordering::Acquire) {
+                tracing::warn!("stopping: closing a connection whose request body is still coming");
                 c.drop_now.notify_one();
             }
         }
@@ -209,6 +218,7 @@ pub async fn serve_app(
             idle_since_ms: AtomicU64::new(connections.now_ms()),
             frame_waiting_since_ms: AtomicU64::new(0),
             drop_now: Notify::new(),
+            receiving: AtomicBool::new(false),
             close: Notify::new(),
         });
         connections.open.lock().unwrap().insert(id, tracked.clone());
@@ -218,7 +228,7 @@ pub async fn serve_app(
             move |req: Request<Incoming>| {
                 let guard = Busy::enter(&tracked, &connections);
                 let app = app.clone();
-                let mut req = req.map(Body::new);
+                let mut req = req.map(|body| Body::new(Receiving::new(body, &tracked)));
                 let early = before(&mut req);
                 async move {
                     let response = match early {
@@ -269,11 +279,12 @@ pub async fn serve_app(
     // Every connection finishes what it is doing, then closes; one whose
     // client stopped taking its response is closed.
     let _ = closing.send(true);
+    let draining_since = connections.now_ms();
     let mut look = tokio::time::interval(Duration::from_millis(250));
     loop {
         tokio::select! {
             () = closing.closed() => break,
-            _ = look.tick() => connections.drop_stalled(limits.stalled_client),
+            _ = look.tick() => connections.drop_stalled(limits.stalled_client, draining_since),
         }
     }
     Ok(())
@@ -338,6 +349,56 @@ impl hyper::body::Body for Tracking {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+/// A request's body, marking its connection as receiving until it ends
+/// (or is dropped).
+struct Receiving {
+    body: Incoming,
+    tracked: Arc<Tracked>,
+}
+
+impl Receiving {
+    fn new(body: Incoming, tracked: &Arc<Tracked>) -> Self {
+        use hyper::body::Body as _;
+        tracked
+            .receiving
+            .store(!body.is_end_stream(), Ordering::Release);
+        Self {
+            body,
+            tracked: tracked.clone(),
+        }
+    }
+}
+
+impl hyper::body::Body for Receiving {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
+            self.tracked.receiving.store(false, Ordering::Release);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        self.tracked.receiving.store(false, Ordering::Release);
     }
 }
 
@@ -421,6 +482,41 @@ mod tests {
             .expect("the shutdown waited for a client that stopped reading")
             .unwrap()
             .unwrap();
+    }
+
+    /// A client still sending its request body when the shutdown began is
+    /// closed once the shutdown is the limit old: no turn has its input
+    /// yet, and a slow sender held the node for its body's time limit.
+    #[tokio::test]
+    async fn a_client_still_sending_its_body_is_closed_at_shutdown() {
+        let app = Router::new().route(
+            "/",
+            axum::routing::post(|body: axum::body::Bytes| async move { body.len().to_string() }),
+        );
+        let (addr, served, stop) = serve(app).await;
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 1000000\r\n\r\n")
+            .await
+            .unwrap();
+        let drip = tokio::spawn(async move {
+            for _ in 0..100 {
+                if tcp.write_all(b" ").await.is_err() {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            false
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let asked = Instant::now();
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), served)
+            .await
+            .expect("the shutdown waited for a slow upload")
+            .unwrap()
+            .unwrap();
+        assert!(asked.elapsed() >= Duration::from_millis(300));
+        assert!(drip.await.unwrap(), "the uploader was not cut off");
     }
 
     /// A request still being answered at shutdown (a long turn) is waited
