@@ -5,9 +5,30 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
+use marmot_core::ids::ActorKey;
+
 use super::tests::{create, input, open, turn};
 use super::{CommitTracker, WriteOp};
-use crate::schema::InputStatus;
+use crate::Storage;
+use crate::schema::{ActorRecord, InputRecord, InputStatus};
+
+/// Commit turn `seq` of the actor writing `inputs` (and a state key).
+async fn commit(
+    storage: &Storage,
+    key: &ActorKey,
+    rec: &ActorRecord,
+    tracker: &Arc<CommitTracker>,
+    seq: u64,
+    inputs: Vec<(String, Option<InputRecord>)>,
+) {
+    let (op, rx) = turn(key, rec, tracker, 0, seq, "k", "v");
+    let WriteOp::Turn(mut t) = op else {
+        unreachable!()
+    };
+    t.inputs = inputs;
+    storage.writer().submit(WriteOp::Turn(t));
+    rx.await.unwrap().unwrap();
+}
 
 /// A cancel written after a settlement of the same request (the cancelling
 /// turn read it pending while the answer's commit was in flight) leaves
@@ -34,13 +55,7 @@ async fn a_cancel_never_overwrites_a_settled_input() {
         ],
     ];
     for (seq, inputs) in writes.into_iter().enumerate() {
-        let (op, rx) = turn(&key, &rec, &tracker, 0, seq as u64 + 1, "k", "v");
-        let WriteOp::Turn(mut t) = op else {
-            unreachable!()
-        };
-        t.inputs = inputs;
-        storage.writer().submit(WriteOp::Turn(t));
-        rx.await.unwrap().unwrap();
+        commit(&storage, &key, &rec, &tracker, seq as u64 + 1, inputs).await;
     }
     let r = storage.reader().unwrap();
     let status = |id: &str| r.input(rec.num, id).unwrap().unwrap().status;
@@ -81,13 +96,7 @@ async fn input_requests_are_indexed_by_status() {
         ],
     ];
     for (seq, inputs) in writes.into_iter().enumerate() {
-        let (op, rx) = turn(&key, &rec, &tracker, 0, seq as u64 + 1, "k", "v");
-        let WriteOp::Turn(mut t) = op else {
-            unreachable!()
-        };
-        t.inputs = inputs;
-        storage.writer().submit(WriteOp::Turn(t));
-        rx.await.unwrap().unwrap();
+        commit(&storage, &key, &rec, &tracker, seq as u64 + 1, inputs).await;
     }
     let r = storage.reader().unwrap();
     assert_eq!(r.pending_input_count(rec.num).unwrap(), 1);
@@ -101,13 +110,15 @@ async fn input_requests_are_indexed_by_status() {
     assert!(r.inputs_to_prune(rec.num, 5, 3).unwrap().is_empty());
     drop(r);
 
-    let (op, rx) = turn(&key, &rec, &tracker, 0, 3, "k", "v");
-    let WriteOp::Turn(mut t) = op else {
-        unreachable!()
-    };
-    t.inputs = vec![("in_2".to_owned(), None)];
-    storage.writer().submit(WriteOp::Turn(t));
-    rx.await.unwrap().unwrap();
+    commit(
+        &storage,
+        &key,
+        &rec,
+        &tracker,
+        3,
+        vec![("in_2".to_owned(), None)],
+    )
+    .await;
     let r = storage.reader().unwrap();
     assert_eq!(
         r.inputs_to_prune(rec.num, 100, 10).unwrap(),
