@@ -332,14 +332,16 @@ impl hyper::body::Body for Tracking {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let tracked = &self._busy.tracked;
-        tracked.frame_waiting_since_ms.store(0, Ordering::Release);
         let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(_))) = &polled {
-            let now = self._busy.connections.now_ms().max(1);
-            let tracked = &self._busy.tracked;
-            tracked.frame_waiting_since_ms.store(now, Ordering::Release);
-        }
+        // Set while a frame it gave waits for hyper to ask for the next.
+        let busy = &self._busy;
+        let waiting_since = match &polled {
+            Poll::Ready(Some(Ok(_))) => busy.connections.now_ms().max(1),
+            _ => 0,
+        };
+        busy.tracked
+            .frame_waiting_since_ms
+            .store(waiting_since, Ordering::Release);
         polled
     }
 

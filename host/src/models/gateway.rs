@@ -94,10 +94,6 @@ impl Gateway {
         config: &ModelsConfig,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Self> {
-        // Checked alone first, so that a bad entry is blamed on its own
-        // setting (it was reported as egress.allow_private).
-        crate::egress::AddressPolicy::new(&config.allow_private)
-            .map_err(|e| anyhow::anyhow!("models.allow_private: {e}"))?;
         let mut egress = egress.clone();
         egress
             .allow_private
