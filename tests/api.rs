@@ -240,6 +240,14 @@ async fn bad_deploys_are_rejected_and_change_nothing() {
         400,
         "invalid_config",
     );
+    // Code whose memory does not fit the type's limit cannot start: it is
+    // refused here, not deployed to trap on every message.
+    let small = api
+        .deploy("kit", TESTKIT, json!({"max_memory_bytes": 1u64 << 20}))
+        .await;
+    assert_error(&small, 400, "invalid_code");
+    let message = small.json["error"]["message"].as_str().unwrap();
+    assert!(message.contains("bytes of memory to start"), "{message}");
     // A config is an object: serde alone would read `[60000]` as
     // `idle_timeout_ms` and `[null, null]` as nothing set.
     for config in [

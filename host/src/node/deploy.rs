@@ -245,6 +245,13 @@ impl Node {
                 .map_err(|e| CodeError::Invalid(format!("compiler panicked: {e}")))??;
             (Arc::new(pre), None)
         };
+        if js_module.is_none() {
+            let what = match kind {
+                CodeKind::Agent => "the agent harness",
+                _ => "the component",
+            };
+            self.check_starts(&pre, &resolved, what).await?;
+        }
         let now = now_ms();
         let mut record = existing.as_ref().map(|e| e.record()).unwrap_or(TypeRecord {
             name: ty.to_owned(),
@@ -374,6 +381,35 @@ impl Node {
         config: &crate::config::ResolvedTypeConfig,
     ) -> Result<(), CodeError> {
         let engine = self.sandbox.js_engine_async().await?;
+        let mut inst = self
+            .instantiate_to_check(&engine, config, "the JavaScript engine")
+            .await?;
+        inst.check_js(name, source).await.map_err(CodeError::Script)
+    }
+
+    /// Start an instance of a Wasm or agent type's code under its limits
+    /// and drop it: code that cannot start (a memory it declares larger
+    /// than the type's `max_memory_bytes`, a start function that traps) is
+    /// refused here rather than deployed to fail every call (found by a
+    /// probe: 201, then 500 `actor_trapped` on each message).
+    async fn check_starts(
+        &self,
+        pre: &crate::sandbox::Prepared,
+        config: &crate::config::ResolvedTypeConfig,
+        what: &str,
+    ) -> Result<(), CodeError> {
+        self.instantiate_to_check(pre, config, what).await?;
+        Ok(())
+    }
+
+    /// An instance of `pre` with no capabilities, for a deploy's checks,
+    /// made as a waking actor's is (idle actors make way for it).
+    async fn instantiate_to_check(
+        &self,
+        pre: &crate::sandbox::Prepared,
+        config: &crate::config::ResolvedTypeConfig,
+        what: &str,
+    ) -> Result<crate::sandbox::Instance, CodeError> {
         let spec = || InstanceSpec {
             config,
             js_module: None,
@@ -381,16 +417,15 @@ impl Node {
             http: None,
             models: None,
         };
-        let mut inst = crate::actor::instantiate_with_room(&self.actors, &engine, spec)
+        crate::actor::instantiate_with_room(&self.actors, pre, spec)
             .await
             .map_err(|e| match e {
                 InstantiateError::TooManyJs(_) | InstantiateError::NoRoom(_) => {
                     CodeError::Busy(format!("cannot check the module: {e}"))
                 }
                 InstantiateError::Failed(_) => {
-                    CodeError::Invalid(format!("cannot start the JavaScript engine: {e}"))
+                    CodeError::Invalid(format!("cannot start {what}: {e}"))
                 }
-            })?;
-        inst.check_js(name, source).await.map_err(CodeError::Script)
+            })
     }
 }
