@@ -426,9 +426,9 @@ impl Reader {
     /// steps over it, or ends the walk. At most `examine` rows are read.
     /// Returns the rows taken, whole, and the key to continue from when
     /// the budget ran out first or `visit` ended the walk. Only taken rows
-    /// are decoded whole: a walk over thousands of rows due to a receiver
-    /// at its limit used to decode (and copy) every payload, on every
-    /// wake-up of the worker.
+    /// are read whole, the others' heads from [`OUTBOX_HEADS`]: a walk over
+    /// thousands of rows due to a receiver at its limit used to read every
+    /// payload, on every wake-up of the worker.
     pub fn scan_deliveries_due(
         &self,
         now_ms: u64,
@@ -437,6 +437,7 @@ impl Reader {
         mut visit: impl FnMut(u64, &DeliveryHead) -> ControlFlow<(), bool>,
     ) -> Result<DueScan, StorageError> {
         let due = self.txn.open_table(OUTBOX_DUE)?;
+        let heads = self.txn.open_table(OUTBOX_HEADS)?;
         let outbox = self.txn.open_table(OUTBOX)?;
         let mut scan = DueScan::default();
         for (examined, row) in due.range(from..=(now_ms, u64::MAX))?.enumerate() {
@@ -446,12 +447,16 @@ impl Reader {
                 break;
             }
             let (_, seq) = k.value();
-            if let Some(v) = outbox.get(seq)? {
-                let head: DeliveryHead = decode("delivery", v.value())?;
+            // Only the rows taken are read whole: the others cost their
+            // head (a hundred bytes), not their payload.
+            if let Some(v) = heads.get(seq)? {
+                let head: DeliveryHead = decode("delivery head", v.value())?;
                 match visit(seq, &head) {
                     ControlFlow::Continue(false) => {}
                     ControlFlow::Continue(true) => {
-                        scan.taken.push((seq, decode("delivery", v.value())?));
+                        if let Some(v) = outbox.get(seq)? {
+                            scan.taken.push((seq, decode("delivery", v.value())?));
+                        }
                     }
                     ControlFlow::Break(()) => {
                         // The next walk starts at this row, not at the
@@ -490,6 +495,28 @@ impl Reader {
             ControlFlow::Continue(take)
         })?;
         Ok(scan.taken)
+    }
+
+    /// Panics unless [`OUTBOX_HEADS`] holds exactly the head of every
+    /// [`OUTBOX`] row, under the same seq (the writer keeps them in step).
+    #[cfg(test)]
+    pub fn assert_outbox_heads_in_step(&self) {
+        let outbox = self.txn.open_table(OUTBOX).unwrap();
+        let rows: Vec<(u64, DeliveryHead)> = (outbox.iter().unwrap())
+            .map(|row| {
+                let (k, v) = row.unwrap();
+                let rec: DeliveryRecord = decode("delivery", v.value()).unwrap();
+                (k.value(), rec.head())
+            })
+            .collect();
+        let heads = self.txn.open_table(OUTBOX_HEADS).unwrap();
+        let kept: Vec<(u64, DeliveryHead)> = (heads.iter().unwrap())
+            .map(|row| {
+                let (k, v) = row.unwrap();
+                (k.value(), decode("delivery head", v.value()).unwrap())
+            })
+            .collect();
+        assert_eq!(kept, rows, "outbox heads out of step with the outbox");
     }
 
     /// When the first pending delivery due after `after_ms` is due.

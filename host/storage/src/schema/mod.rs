@@ -22,7 +22,8 @@
 //! `relay_ids`: a slot's backup keeps copies of them under its own seqs)
 //! and relay rows name their sender; 7 — idempotency records keep the
 //! SHA-256 of the body that took the key; 8 — input requests are indexed
-//! by status (`inputs_by_settled`).
+//! by status (`inputs_by_settled`); 9 — outbox rows' heads are kept apart
+//! from their payloads (`outbox_heads`).
 //! Tables added within a version (`providers`, `actor_usage`, `type_usage`)
 //! are created when a file of
 //! that version without them is opened.
@@ -45,7 +46,7 @@ pub use webhooks::*;
 pub use upgrade::{FormatError, check_format};
 
 /// Version of the on-disk format described in this file.
-pub const FORMAT_VERSION: u32 = 8;
+pub const FORMAT_VERSION: u32 = 9;
 
 /// Node-wide settings: `format_version` (u32 LE), and [`DISK_PROBE_KEY`].
 pub const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
@@ -117,6 +118,15 @@ pub const OUTBOX: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("outbox
 
 /// Due index for pending [`OUTBOX`] rows: (next attempt ms, seq) → ().
 pub const OUTBOX_DUE: TableDefinition<'_, (u64, u64), ()> = TableDefinition::new("outbox_due");
+
+/// The [`DeliveryHead`] of every [`OUTBOX`] row: seq → head (postcard).
+/// What the delivery worker reads to choose the due rows it starts, and
+/// what moves and subscription deletes read to find an actor's or a
+/// subscription's rows, without reading each row's payload (up to
+/// `limits.max_event_bytes`): walking 1,000 rows of 100 KB that a hanging
+/// receiver kept due read 100 MB per wake-up. A row's head never changes
+/// while it has its seq. (Format 9.)
+pub const OUTBOX_HEADS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("outbox_heads");
 
 /// [`OUTBOX`] rows by their `webhook-id` → seq. Seqs are each node's own;
 /// the id is the same on every node that keeps a copy of the row (the

@@ -398,6 +398,53 @@ fn format_7_input_requests_are_indexed_by_status() {
     assert_eq!(v.unwrap().value(), FORMAT_VERSION.to_le_bytes());
 }
 
+#[test]
+fn format_8_outbox_rows_gain_their_heads() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = redb::Database::create(dir.path().join("m.redb")).unwrap();
+    let row = |seq: u64, status| DeliveryRecord {
+        subscription: "s".into(),
+        webhook_id: format!("msg_{seq}"),
+        actor_type: "kit".into(),
+        actor_id: "a".into(),
+        event_seq: seq,
+        kind: "done".into(),
+        payload: vec![7; 100_000],
+        created_at_ms: 5,
+        attempts: 3,
+        next_attempt_ms: 9,
+        last_error: None,
+        status,
+        traceparent: None,
+    };
+    let rows = [
+        row(1, DeliveryStatus::Pending),
+        row(4, DeliveryStatus::Dead),
+    ];
+    let w = db.begin_write().unwrap();
+    {
+        let mut meta = w.open_table(META).unwrap();
+        meta.insert("format_version", 8u32.to_le_bytes().as_slice())
+            .unwrap();
+        let mut outbox = w.open_table(OUTBOX).unwrap();
+        for r in &rows {
+            outbox.insert(r.event_seq, encode(r).as_slice()).unwrap();
+        }
+    }
+    w.commit().unwrap();
+    check_format(&db).unwrap();
+    let r = db.begin_read().unwrap();
+    let heads: Vec<(u64, DeliveryHead)> = (r.open_table(OUTBOX_HEADS).unwrap().iter().unwrap())
+        .map(|row| {
+            let (k, v) = row.unwrap();
+            (k.value(), decode("head", v.value()).unwrap())
+        })
+        .collect();
+    assert_eq!(heads, [(1, rows[0].head()), (4, rows[1].head())]);
+    let v = r.open_table(META).unwrap().get("format_version").unwrap();
+    assert_eq!(v.unwrap().value(), FORMAT_VERSION.to_le_bytes());
+}
+
 /// Every stored record decoder against arbitrary and damaged bytes: an
 /// error, never a panic.
 mod props {

@@ -97,11 +97,12 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
             && read.open_table(REPLICA_LSN).is_ok()
             && read.open_table(OUTBOX_IDS).is_ok()
             && read.open_table(RELAY_IDS).is_ok()
-            && read.open_table(INPUTS_BY_SETTLED).is_ok();
+            && read.open_table(INPUTS_BY_SETTLED).is_ok()
+            && read.open_table(OUTBOX_HEADS).is_ok();
         (found, complete)
     };
     match found {
-        Some(v @ 1..=7) => return upgrade(db, v),
+        Some(v @ 1..=8) => return upgrade(db, v),
         Some(v) if v != FORMAT_VERSION => {
             return Err(FormatError::Mismatch {
                 found: v,
@@ -151,6 +152,7 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
         write
             .open_table(INPUTS_BY_SETTLED)
             .map_err(redb::Error::from)?;
+        write.open_table(OUTBOX_HEADS).map_err(redb::Error::from)?;
     }
     write.commit().map_err(redb::Error::from)?;
     Ok(())
@@ -161,7 +163,8 @@ pub fn check_format(db: &redb::Database) -> Result<(), FormatError> {
 /// rows gain their `traceparent`; 4 → 5 only adds `relay` and `replica_lsn`;
 /// 5 → 6 relay rows gain their (unknown) sender, and both tables their ids;
 /// 6 → 7 idempotency records gain their (unknown) request fingerprint;
-/// 7 → 8 input requests are indexed by status.
+/// 7 → 8 input requests are indexed by status; 8 → 9 outbox rows' heads
+/// are kept apart.
 fn upgrade(db: &redb::Database, from: u32) -> Result<(), FormatError> {
     if from == 1 {
         migrate_inbox_from_v1(db)?;
@@ -176,8 +179,34 @@ fn upgrade(db: &redb::Database, from: u32) -> Result<(), FormatError> {
     if from <= 6 {
         migrate_idempotency_from_v6(db)?;
     }
-    index_inputs(db)?;
+    if from <= 7 {
+        index_inputs(db)?;
+    }
+    index_delivery_heads(db)?;
     stamp_and_check(db)
+}
+
+/// Format 8 → 9: keep every outbox row's head apart from its payload.
+fn index_delivery_heads(db: &redb::Database) -> Result<(), FormatError> {
+    let write = db.begin_write().map_err(redb::Error::from)?;
+    let n = {
+        let outbox = write.open_table(OUTBOX).map_err(redb::Error::from)?;
+        let mut heads = write.open_table(OUTBOX_HEADS).map_err(redb::Error::from)?;
+        let mut n = 0u64;
+        for row in outbox.iter().map_err(redb::Error::from)? {
+            let (k, v) = row.map_err(redb::Error::from)?;
+            let head: DeliveryHead = decode("delivery", v.value())
+                .map_err(|e| redb::Error::Corrupted(format!("an outbox row: {e}")))?;
+            heads
+                .insert(k.value(), encode(&head).as_slice())
+                .map_err(redb::Error::from)?;
+            n += 1;
+        }
+        n
+    };
+    write.commit().map_err(redb::Error::from)?;
+    tracing::info!(target: LOG_TARGET, outbox_rows = n, "outbox heads kept apart for format 9");
+    Ok(())
 }
 
 /// Format 7 → 8: index every input request by status.

@@ -73,11 +73,13 @@ pub struct DeliveryRecord {
     pub traceparent: Option<String>,
 }
 
-/// The leading fields of a [`DeliveryRecord`], read without the rest (its
-/// payload above all): what the delivery worker needs to choose the rows
-/// it starts. Postcard reads fields in order and leaves what follows, so
-/// these must stay the record's first fields, in its order.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// The leading fields of a [`DeliveryRecord`], which never change while
+/// it is queued: what the delivery worker needs to choose the rows it
+/// starts, kept apart from the payload in [`super::OUTBOX_HEADS`]. They
+/// are also the record's first fields, in its order, so a head also
+/// decodes from a whole record (postcard reads fields in order and leaves
+/// what follows).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeliveryHead {
     /// The subscription's name.
     pub subscription: String,
@@ -103,6 +105,18 @@ pub enum DeliveryStatus {
 }
 
 impl DeliveryRecord {
+    /// Its [`DeliveryHead`].
+    pub fn head(&self) -> DeliveryHead {
+        DeliveryHead {
+            subscription: self.subscription.clone(),
+            webhook_id: self.webhook_id.clone(),
+            actor_type: self.actor_type.clone(),
+            actor_id: self.actor_id.clone(),
+            event_seq: self.event_seq,
+            kind: self.kind.clone(),
+        }
+    }
+
     /// `pending` (never failed), `failed` (retrying) or `dead`.
     pub fn label(&self) -> &'static str {
         match (self.status, self.attempts) {

@@ -130,6 +130,8 @@ async fn a_moved_actor_takes_all_its_rows_and_leaves_none_behind() {
     assert!(!kept.await.unwrap().unwrap(), "nothing went");
     assert!(target.reader().unwrap().actor(&key).unwrap().is_some());
     assert_eq!(outgoing(&target), (true, 1));
+    source.reader().unwrap().assert_outbox_heads_in_step();
+    target.reader().unwrap().assert_outbox_heads_in_step();
 }
 
 #[tokio::test]

@@ -35,17 +35,19 @@ impl Tables<'_> {
         }
     }
 
-    /// Write or remove outbox row `seq`, keeping the due index and the ids
-    /// in step.
+    /// Write or remove outbox row `seq`, keeping its head, the due index
+    /// and the ids in step.
     pub(super) fn write_delivery(
         &mut self,
         seq: u64,
         rec: Option<&DeliveryRecord>,
     ) -> Result<(), StorageError> {
+        let mut same_head = false;
         if let Some(old) = self.delivery(seq)? {
             if old.status == DeliveryStatus::Pending {
                 self.outbox_due()?.remove((old.next_attempt_ms, seq))?;
             }
+            same_head = rec.is_some_and(|r| r.head() == old.head());
             if rec.is_none_or(|r| r.webhook_id != old.webhook_id) {
                 self.outbox_ids()?.remove(old.webhook_id.as_str())?;
             }
@@ -53,6 +55,10 @@ impl Tables<'_> {
         match rec {
             Some(r) => {
                 self.outbox()?.insert(seq, encode(r).as_slice())?;
+                if !same_head {
+                    self.outbox_heads()?
+                        .insert(seq, encode(&r.head()).as_slice())?;
+                }
                 if r.status == DeliveryStatus::Pending {
                     self.outbox_due()?.insert((r.next_attempt_ms, seq), ())?;
                 }
@@ -60,9 +66,27 @@ impl Tables<'_> {
             }
             None => {
                 self.outbox()?.remove(seq)?;
+                self.outbox_heads()?.remove(seq)?;
             }
         }
         Ok(())
+    }
+
+    /// The seqs and heads of the outbox rows `pick` selects, read from
+    /// [`OUTBOX_HEADS`] (not the rows and their payloads).
+    fn delivery_heads_where(
+        &mut self,
+        pick: impl Fn(&DeliveryHead) -> bool,
+    ) -> Result<Vec<(u64, DeliveryHead)>, StorageError> {
+        let mut out = Vec::new();
+        for row in self.outbox_heads()?.iter()? {
+            let (k, v) = row?;
+            let head: DeliveryHead = decode("delivery head", v.value())?;
+            if pick(&head) {
+                out.push((k.value(), head));
+            }
+        }
+        Ok(out)
     }
 
     /// Write or remove the outbox row whose `webhook-id` is `id`, under
@@ -155,11 +179,9 @@ impl Tables<'_> {
     ) -> Result<Outgoing, StorageError> {
         let picked = |ty: &str, id: &str| ActorKey::new(ty, id).is_ok_and(|k| pick(&k));
         let mut out = Outgoing::default();
-        for row in self.outbox()?.iter()? {
-            let (k, v) = row?;
-            let rec: DeliveryRecord = decode("delivery", v.value())?;
-            if picked(&rec.actor_type, &rec.actor_id) {
-                out.deliveries.push((k.value(), rec));
+        for (seq, _) in self.delivery_heads_where(|h| picked(&h.actor_type, &h.actor_id))? {
+            if let Some(rec) = self.delivery(seq)? {
+                out.deliveries.push((seq, rec));
             }
         }
         for row in self.relay()?.iter()? {
@@ -187,7 +209,7 @@ impl Tables<'_> {
 impl WriterState {
     /// Record what became of delivery `id` for the backup of its actor's
     /// slot.
-    fn record_delivery(&mut self, of: &DeliveryRecord, record: Option<DeliveryRecord>) {
+    fn record_delivery(&mut self, of: &DeliveryHead, record: Option<DeliveryRecord>) {
         if let Ok(key) = ActorKey::new(&of.actor_type, &of.actor_id) {
             self.record(&key, || ReplicaOp::Delivery {
                 webhook_id: of.webhook_id.clone(),
@@ -205,8 +227,7 @@ impl WriterState {
     ) -> Result<(), StorageError> {
         tables.write_delivery(seq, Some(&rec))?;
         self.outbox_touched = true;
-        let copy = rec.clone();
-        self.record_delivery(&rec, Some(copy));
+        self.record_delivery(&rec.head(), Some(rec));
         Ok(())
     }
 
@@ -230,7 +251,7 @@ impl WriterState {
         }
         self.outbox_touched = true;
         tables.write_delivery(seq, update.as_ref())?;
-        self.record_delivery(&old, update);
+        self.record_delivery(&old.head(), update);
         Ok(())
     }
 
@@ -241,20 +262,13 @@ impl WriterState {
         tables: &mut Tables<'_>,
         name: &str,
     ) -> Result<(), StorageError> {
-        let mut rows = Vec::new();
-        for row in tables.outbox()?.iter()? {
-            let (k, v) = row?;
-            let rec: DeliveryRecord = decode("delivery", v.value())?;
-            if rec.subscription == name {
-                rows.push((k.value(), rec));
-            }
-        }
+        let rows = tables.delivery_heads_where(|h| h.subscription == name)?;
         if rows.is_empty() {
             return Ok(());
         }
-        for (seq, rec) in rows {
+        for (seq, head) in rows {
             tables.write_delivery(seq, None)?;
-            self.record_delivery(&rec, None);
+            self.record_delivery(&head, None);
         }
         self.outbox_touched = true;
         Ok(())
@@ -270,7 +284,7 @@ impl WriterState {
             return Ok(None);
         };
         self.outbox_touched = true;
-        self.record_delivery(&rec, Some(rec.clone()));
+        self.record_delivery(&rec.head(), Some(rec.clone()));
         Ok(Some(rec))
     }
 

@@ -495,6 +495,7 @@ async fn a_backup_keeps_the_slots_outgoing_rows_and_what_became_of_them() {
         "under its own seq"
     );
     assert_eq!(b.relay_page(10, any).unwrap()[0].1, *relayed);
+    b.assert_outbox_heads_in_step();
     drop(b);
     // Only the owner of an actor's slot sends what it committed.
     assert!(owner.writer().sends_for(&key));
@@ -560,4 +561,82 @@ async fn a_backup_keeps_the_slots_outgoing_rows_and_what_became_of_them() {
     });
     until(&collect, rx).await.unwrap();
     assert_eq!(copy(&owner), None, "a delivered row came back");
+    owner.reader().unwrap().assert_outbox_heads_in_step();
+    backup.reader().unwrap().assert_outbox_heads_in_step();
+}
+
+/// Deleting a subscription removes its rows, pending or dead, heads and
+/// all, and leaves another subscription's (it finds them by their heads).
+#[tokio::test]
+async fn deleting_a_subscription_removes_its_rows_and_no_others() {
+    use crate::schema::*;
+    let (_dir, storage) = open();
+    subscribe(&storage, None).await;
+    let (key, rec) = create(&storage, "a").await;
+    let (op, rx) = turn(&key, &rec, &Default::default(), 0, 1, "k", "v");
+    storage.writer().submit(emitting(op, "first", false));
+    rx.await.unwrap().unwrap();
+    let all = |_: &DeliveryHead| true;
+    let due = storage.reader().unwrap().deliveries_due(u64::MAX, 10, all);
+    let [(seq, row)] = &due.unwrap()[..] else {
+        panic!("one delivery")
+    };
+    let (seq, mut dead) = (*seq, row.clone());
+    dead.status = DeliveryStatus::Dead;
+    storage
+        .writer()
+        .call(|done| WriteOp::DeliveryAttempted {
+            seq,
+            update: Some(dead.clone()),
+            done,
+        })
+        .await
+        .unwrap();
+    // A second subscription, and a pending row for each.
+    let (done, rx) = oneshot::channel();
+    storage.writer().submit(WriteOp::PutSubscription {
+        name: "other".into(),
+        record: SubscriptionRecord {
+            url: "http://127.0.0.1:9/".into(),
+            events: vec!["*".into()],
+            types: Vec::new(),
+            secret: "whsec_y".into(),
+            created_at_ms: 1,
+        },
+        done,
+    });
+    rx.await.unwrap().unwrap();
+    let (op, rx) = turn(&key, &rec, &Default::default(), 0, 2, "k", "w");
+    storage.writer().submit(emitting(op, "second", false));
+    rx.await.unwrap().unwrap();
+    let subs = |s: &Storage| {
+        let page = s.reader().unwrap().deliveries(0, 10, |_| true).unwrap().0;
+        (page.into_iter())
+            .map(|(_, d)| (d.label(), d.subscription, d.kind))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        subs(&storage),
+        [
+            ("dead", "all".into(), "first".into()),
+            ("pending", "all".into(), "second".into()),
+            ("pending", "other".into(), "second".into()),
+        ]
+    );
+    storage
+        .writer()
+        .call(|done| WriteOp::DeleteSubscription {
+            name: "all".into(),
+            done,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        subs(&storage),
+        [("pending", "other".into(), "second".into())]
+    );
+    let r = storage.reader().unwrap();
+    assert_eq!(r.delivery_by_id(&dead.webhook_id).unwrap(), None);
+    assert_eq!(r.deliveries_due(u64::MAX, 10, all).unwrap().len(), 1);
+    r.assert_outbox_heads_in_step();
 }

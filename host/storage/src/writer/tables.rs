@@ -57,6 +57,7 @@ tables! {
     inputs_by_settled: INPUTS_BY_SETTLED => (u64, u64, &'static str), ();
     subscriptions: SUBSCRIPTIONS => &'static str, &'static [u8];
     outbox: OUTBOX => u64, &'static [u8];
+    outbox_heads: OUTBOX_HEADS => u64, &'static [u8];
     outbox_due: OUTBOX_DUE => (u64, u64), ();
     outbox_ids: OUTBOX_IDS => &'static str, u64;
     secrets: SECRETS => &'static str, &'static [u8];
