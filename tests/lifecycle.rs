@@ -502,27 +502,25 @@ async fn fresh_instances_start_with_the_pages_first_turns_write() {
 
 /// Deployed code may export `report-memory-origin`, which the host calls
 /// before a fresh instance's first turn. One that never returns is
-/// stopped by the CPU meter, as a spinning turn is: the message fails as
-/// one whose instance trapped, the instance is not used again, other
-/// actors run meanwhile, and the next message to it fails the same way
-/// rather than hanging.
+/// stopped by the CPU meter, as a spinning turn is, and since a deploy
+/// starts an instance of the code, it is refused there (it used to be
+/// deployed, and every message to it failed): in about the CPU slice,
+/// naming the export, with other actors served meanwhile.
 #[tokio::test]
 async fn a_report_of_memory_origin_that_never_returns_is_stopped() {
     let dir = tempdir();
     let m = Marmot::start(&dir.path().join("data")).await;
     let api = m.client();
-    let r = api
-        .deploy("spinner", SPINNING_ORIGIN, json!({"cpu_slice_ms": 300}))
-        .await;
-    assert_eq!(r.status, 201, "{}", r.json);
     api.deploy("kit", TESTKIT, json!({})).await;
     assert_eq!(api.add("kit", "neighbour", 1).await.json["value"], 1);
 
-    let spin = {
+    let deploy = {
         let api = api.clone();
         tokio::spawn(async move {
             let started = Instant::now();
-            let r = api.post_json("/v1/actors/spinner/a", &json!({})).await;
+            let r = api
+                .deploy("spinner", SPINNING_ORIGIN, json!({"cpu_slice_ms": 300}))
+                .await;
             (r, started.elapsed())
         })
     };
@@ -534,22 +532,17 @@ async fn a_report_of_memory_origin_that_never_returns_is_stopped() {
         "neighbour waited {:?}",
         started.elapsed()
     );
-    let (r, took) = spin.await.unwrap();
-    assert_eq!(r.status, 500, "{}", r.json);
-    assert_eq!(r.code(), "actor_trapped", "{}", r.json);
+    let (r, took) = deploy.await.unwrap();
+    assert_eq!(r.status, 400, "{}", r.json);
+    assert_eq!(r.code(), "invalid_code", "{}", r.json);
     assert!(
         r.json["error"]["message"]
             .as_str()
-            .is_some_and(|m| m.contains("instantiation failed")),
+            .is_some_and(|m| m.contains("report-memory-origin")),
         "{}",
         r.json
     );
     assert!(took < Duration::from_secs(3), "it ran {took:?}");
-
-    let started = Instant::now();
-    let again = api.post_json("/v1/actors/spinner/a", &json!({})).await;
-    assert_eq!(again.status, 500, "{}", again.json);
-    assert_eq!(again.code(), "actor_trapped", "{}", again.json);
-    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(api.get("/v1/types/spinner").await.status, 404);
     assert_eq!(api.add("kit", "neighbour", 1).await.json["value"], 3);
 }

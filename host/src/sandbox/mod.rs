@@ -658,9 +658,12 @@ impl Sandbox {
         };
         let mut inst = self.instantiate_in(pre, spec, js, granted, js_slot).await?;
         if pre.origin.is_some() {
-            inst.prefault(&pre.writes)
-                .await
-                .map_err(|e| InstantiateError::Failed(e.to_string()))?;
+            inst.prefault(&pre.writes).await.map_err(|e| {
+                InstantiateError::Failed(format!(
+                    "its `{}` export trapped or did not return in time ({e})",
+                    trim::ORIGIN_EXPORT
+                ))
+            })?;
         }
         Ok(inst)
     }
