@@ -17,8 +17,19 @@ pub struct Scrub {
 pub const REDACTED: &str = "[redacted]";
 
 impl Scrub {
-    /// Also replace `value`.
+    /// Also replace `value`, as it is and as JSON encoders write it inside
+    /// a string (see [`json_spellings`]): a server that echoes a key in a
+    /// JSON error body escapes it, and the guest or the agent harness that
+    /// parses the body would get the value whole (found by a probe: PHP's
+    /// `\/` for `/`, Python's `\u00e9` for `é`).
     pub fn add(&mut self, value: &[u8]) {
+        for spelling in json_spellings(value) {
+            self.add_spelling(&spelling);
+        }
+        self.add_spelling(value);
+    }
+
+    fn add_spelling(&mut self, value: &[u8]) {
         if !value.is_empty() && !self.needles.iter().any(|n| n.eq_ignore_ascii_case(value)) {
             self.needles.push(Zeroizing::new(value.to_vec()));
             // Longest first: a value that contains another is replaced
@@ -104,6 +115,50 @@ impl Scrub {
             Ok(s) => s,
             Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
         }
+    }
+}
+
+/// How `value` (UTF-8) may be written inside a JSON string, besides as
+/// it is: with `"`, `\` and control characters escaped (every encoder),
+/// and in addition `/` as `\/` (PHP), everything outside ASCII as
+/// `\uXXXX` (Python's and PHP's default), or `<`, `>`, `&`, U+2028 and
+/// U+2029 as `\uXXXX` (Go's default), alone or together. Hex digits
+/// match in either case, as every value does. A value with none of those
+/// characters has no other spelling.
+fn json_spellings(value: &[u8]) -> Vec<Vec<u8>> {
+    let Ok(text) = std::str::from_utf8(value) else {
+        return Vec::new();
+    };
+    let mut out: Vec<Vec<u8>> = Vec::new();
+    for flags in 0u8..8 {
+        let (slash, non_ascii, html) = (flags & 1 != 0, flags & 2 != 0, flags & 4 != 0);
+        let mut s = String::with_capacity(text.len());
+        for c in text.chars() {
+            match c {
+                '"' => s.push_str("\\\""),
+                '\\' => s.push_str("\\\\"),
+                '/' if slash => s.push_str("\\/"),
+                '\n' => s.push_str("\\n"),
+                '\r' => s.push_str("\\r"),
+                '\t' => s.push_str("\\t"),
+                '<' | '>' | '&' | '\u{2028}' | '\u{2029}' if html => escape_u(&mut s, c),
+                c if c < ' ' => escape_u(&mut s, c),
+                c if !c.is_ascii() && non_ascii => escape_u(&mut s, c),
+                c => s.push(c),
+            }
+        }
+        if s.as_bytes() != value && !out.iter().any(|o| o == s.as_bytes()) {
+            out.push(s.into_bytes());
+        }
+    }
+    out
+}
+
+/// `c` as JSON's `\uXXXX`, a surrogate pair outside the BMP.
+fn escape_u(s: &mut String, c: char) {
+    let mut units = [0u16; 2];
+    for unit in c.encode_utf16(&mut units) {
+        s.push_str(&format!("\\u{unit:04x}"));
     }
 }
 
@@ -360,6 +415,40 @@ mod tests {
         assert!(s.found_in_url(&url("https://supersecret_9.test/")));
         assert!(s.found_in_url(&url("https://x.test/%53uperSecret%5F9")));
         assert!(!s.found_in_url(&url("https://x.test/?k=supersecret")));
+    }
+
+    /// A value echoed inside a JSON string, escaped as some encoder
+    /// writes it, is found and replaced too.
+    #[test]
+    fn values_escaped_as_json_encoders_write_them_are_replaced() {
+        let mut s = Scrub::default();
+        let key = "tk-SECRET/VALUE+TOOL/dddd4444";
+        s.add(key.as_bytes());
+        for body in [
+            r#"{"error":"bad key tk-SECRET\/VALUE+TOOL\/dddd4444"}"#,
+            r#"{"error":"bad key tk-SECRET/VALUE+TOOL/dddd4444"}"#,
+        ] {
+            assert_eq!(s.text(body.into()), r#"{"error":"bad key [redacted]"}"#);
+        }
+        let mut s = Scrub::default();
+        s.add("clé<\"x\">&\\y😀".as_bytes());
+        for spelled in [
+            // serde_json, JavaScript
+            r#"clé<\"x\">&\\y😀"#,
+            // Python's json.dumps
+            r#"cl\u00e9<\"x\">&\\y\ud83d\ude00"#,
+            // PHP's json_encode, upper-case hex too
+            r#"cl\u00E9<\"x\">&\\y\uD83D\uDE00"#,
+            // Go's encoding/json
+            r#"clé\u003c\"x\"\u003e\u0026\\y😀"#,
+        ] {
+            let body = format!(r#"{{"echo":"{spelled}"}}"#);
+            assert_eq!(s.text(body), r#"{"echo":"[redacted]"}"#, "{spelled}");
+        }
+        // A value with nothing to escape has one spelling.
+        let mut s = Scrub::default();
+        s.add(b"sk-plain_123");
+        assert_eq!(s.needles.len(), 1);
     }
 
     #[test]
