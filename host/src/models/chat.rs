@@ -118,16 +118,33 @@ pub enum Message {
 
 /// A message's content: text, or a list of parts (`{"type": "text",
 /// "text": …}` and anything else, passed through).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Content {
     /// Plain text.
     Text(String),
-    /// Parts.
+    /// Parts: a non-empty list of objects, each with a string `type`.
     Parts(Vec<Value>),
-    /// Any other JSON (a tool result given as an object): sent as its JSON
-    /// text.
+    /// Any other JSON (a tool result given as an object, or as a list of
+    /// anything but parts): sent as its JSON text.
     Json(Value),
+}
+
+/// A list is parts only if each item is an object with a string `type`:
+/// a tool's result that is a list of records (a file listing, a client
+/// tool's answer) was read as parts with no text, and reached the model as
+/// `""`, or as blocks Anthropic refuses (found by a probe).
+impl<'de> Deserialize<'de> for Content {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let is_part = |v: &Value| v.get("type").is_some_and(Value::is_string);
+        Ok(match Value::deserialize(d)? {
+            Value::String(t) => Content::Text(t),
+            Value::Array(items) if !items.is_empty() && items.iter().all(is_part) => {
+                Content::Parts(items)
+            }
+            v => Content::Json(v),
+        })
+    }
 }
 
 impl Default for Content {
@@ -147,6 +164,20 @@ impl Content {
                 .collect::<Vec<_>>()
                 .join(""),
             Content::Json(v) => v.to_string(),
+        }
+    }
+
+    /// The content as one text for a tool result, where a format takes
+    /// only text: text parts joined, anything else as its JSON text (no
+    /// part dropped).
+    pub fn tool_text(&self) -> String {
+        let is_text =
+            |p: &Value| p.get("type") == Some(&Value::from("text")) && p["text"].is_string();
+        match self {
+            Content::Parts(parts) if !parts.iter().all(is_text) => {
+                Value::from(parts.clone()).to_string()
+            }
+            c => c.text(),
         }
     }
 

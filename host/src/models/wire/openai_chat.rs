@@ -126,7 +126,7 @@ fn message(m: &Message) -> Value {
         } => {
             o.insert("role".into(), "tool".into());
             o.insert("tool_call_id".into(), tool_call_id.clone().into());
-            let text = content.text();
+            let text = content.tool_text();
             let text = if *is_error {
                 format!("Error: {text}")
             } else {

@@ -59,7 +59,7 @@ pub(super) fn encode(
                 is_error,
                 extra,
             } => {
-                let text = content.text();
+                let text = content.tool_text();
                 let mut o = Map::new();
                 o.insert("type".into(), "function_call_output".into());
                 o.insert("call_id".into(), tool_call_id.clone().into());

@@ -194,6 +194,59 @@ fn openai_chat_responses_and_streams_agree() {
     assert!(fold(Format::OpenAiChat, &cut).0.is_err());
 }
 
+/// A tool result that is a list of records (not parts) reaches every
+/// format as its JSON text; parts other than text are not dropped where a
+/// format takes only text.
+#[test]
+fn tool_results_that_are_lists_are_sent_whole() {
+    let listing = json!([{"path": "outputs/r.txt", "size": 2}]);
+    for (content, text) in [
+        (listing.clone(), listing.to_string()),
+        (json!([]), "[]".to_owned()),
+        (
+            json!(["2026-12-08", "2026-12-09"]),
+            r#"["2026-12-08","2026-12-09"]"#.to_owned(),
+        ),
+        (
+            json!([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]),
+            "ab".to_owned(),
+        ),
+    ] {
+        let r = ChatRequest::parse(
+            &json!({
+                "provider": "p", "model": "m",
+                "messages": [
+                    {"role": "user", "content": "list"},
+                    {"role": "assistant", "content": "", "tool_calls": [
+                        {"id": "c1", "name": "files", "arguments": {}}]},
+                    {"role": "tool", "tool_call_id": "c1", "content": content},
+                ],
+            })
+            .to_string(),
+        )
+        .unwrap();
+        let sent = |f: Format| {
+            f.encode(&r, "m", &sendable(&r.messages), &EncodeOptions::default())
+                .unwrap()
+        };
+        let chat = sent(Format::OpenAiChat);
+        assert_eq!(chat["messages"][2]["content"], text.as_str(), "{content}");
+        let responses = sent(Format::OpenAiResponses);
+        assert_eq!(responses["input"][2]["output"], text.as_str(), "{content}");
+        let anthropic = sent(Format::AnthropicMessages);
+        let result = &anthropic["messages"][2]["content"][0]["content"];
+        match result.as_str() {
+            Some(t) => assert_eq!(t, text, "{content}"),
+            None => assert!(result[0]["type"] == "text", "{content}: {result}"),
+        }
+    }
+    // Parts that are not all text keep their JSON where only text goes.
+    let image =
+        json!([{"type": "text", "text": "see"}, {"type": "image", "source": {"data": "x"}}]);
+    let c: Content = serde_json::from_value(image.clone()).unwrap();
+    assert_eq!(c.tool_text(), image.to_string());
+}
+
 #[test]
 fn anthropic_requests() {
     let b = encode(Format::AnthropicMessages, false);
