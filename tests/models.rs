@@ -610,6 +610,31 @@ async fn retries_honour_retry_after_and_fallbacks_cover_an_overloaded_provider()
     );
     assert_eq!(rig.fake.pending(), 0);
 
+    // A primary this node cannot call (its provider deleted, its key's
+    // secret gone): the fallback answers, and the answer says why.
+    rig.fake.push([Scripted::Text("covered".into())]);
+    let r = rig
+        .chat(ask(
+            "p-gone",
+            false,
+            json!([{"provider": "p-openai-chat", "model": "m2"}]),
+        ))
+        .await;
+    assert_eq!(r["answer"]["message"]["content"], "covered", "{r}");
+    let why = r["answer"]["attempts"][0]["error"].as_str().unwrap();
+    assert!(why.contains("no provider `p-gone`"), "{r}");
+    // None of them can be called: each one's reason.
+    let r = rig
+        .chat(ask(
+            "p-gone",
+            false,
+            json!([{"provider": "p-gone-too", "model": "m2"}]),
+        ))
+        .await;
+    let e = r["error"].as_str().unwrap_or_default();
+    assert!(e.contains("`p-gone`") && e.contains("`p-gone-too`"), "{r}");
+    assert_eq!(rig.fake.pending(), 0);
+
     let metrics = String::from_utf8(rig.api.get("/metrics").await.body).unwrap();
     assert!(
         metrics.contains(

@@ -168,13 +168,22 @@ impl Gateway {
         let mut attempts: Vec<Attempt> = Vec::new();
         let mut emitted = false;
         let mut last = ErrorKind::Server;
-        for (i, target) in targets.iter().enumerate() {
+        // A target this node cannot call (no such provider, a request its
+        // format cannot carry, a key it may not send) is stepped over for
+        // the next one, as a refused call is: with the primary's provider
+        // deleted or its key's secret gone, the fallbacks were never tried
+        // (found by a probe). Only when no target could be called is the
+        // first one's reason the error.
+        let mut unusable: Option<ModelError> = None;
+        let mut called = false;
+        for target in &targets {
+            let mut skip = |why: String, as_error: fn(String) -> ModelError| {
+                attempts.push(attempt(target, why.clone()));
+                unusable.get_or_insert(as_error(why));
+            };
             let Some(provider) = self.providers.get(&target.provider) else {
                 let why = format!("no provider `{}` on this node", target.provider);
-                if i == 0 {
-                    return Err(ModelError::NotFound(why));
-                }
-                attempts.push(attempt(target, why));
+                skip(why, ModelError::NotFound);
                 continue;
             };
             let body = match provider
@@ -182,20 +191,19 @@ impl Gateway {
                 .encode(req, &target.model, &messages, &provider.encode)
             {
                 Ok(b) => serde_json::to_vec(&b).expect("JSON encodes"),
-                Err(why) if i == 0 => return Err(ModelError::Invalid(why)),
                 Err(why) => {
-                    attempts.push(attempt(target, why));
+                    skip(why, ModelError::Invalid);
                     continue;
                 }
             };
             let (key, scrub) = match self.key(&provider) {
                 Ok(k) => k,
-                Err(why) if i == 0 => return Err(ModelError::Denied(why)),
                 Err(why) => {
-                    attempts.push(attempt(target, why));
+                    skip(why, ModelError::Denied);
                     continue;
                 }
             };
+            called = true;
             let mut tries = 0;
             let error = loop {
                 tries += 1;
@@ -272,9 +280,17 @@ impl Gateway {
             .map(|a| format!("{} ({}): {}", a.provider, a.model, a.error))
             .collect::<Vec<_>>()
             .join("; ");
-        Err(ModelError::Failed {
-            kind: last,
-            message,
+        Err(match unusable {
+            Some(e) if !called && targets.len() == 1 => e,
+            Some(e) if !called => match e {
+                ModelError::NotFound(_) => ModelError::NotFound(message),
+                ModelError::Invalid(_) => ModelError::Invalid(message),
+                _ => ModelError::Denied(message),
+            },
+            _ => ModelError::Failed {
+                kind: last,
+                message,
+            },
         })
     }
 
