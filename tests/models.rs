@@ -299,6 +299,49 @@ async fn a_stream_cut_after_its_answer_was_whole_keeps_it() {
     );
 }
 
+/// A streamed answer larger than the node takes
+/// (`egress.max_response_bytes`, 16 MiB) fails saying so, as a refusal
+/// (not retried). It was "a streamed event's data is not a JSON object"
+/// (the event the cap cut), which the agent harness retried at full cost.
+#[tokio::test]
+async fn a_stream_larger_than_the_node_takes_fails_as_too_large() {
+    let rig = Rig::new().await;
+    let text = "x".repeat(10_000);
+    let piece = format!(
+        "data: {}\n\n",
+        json!({"id": "c", "object": "chat.completion.chunk", "model": "m1",
+               "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]})
+    );
+    let events = piece.repeat((17 << 20) / piece.len());
+    let big = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+         transfer-encoding: chunked\r\n\r\n{:x}\r\n{events}\r\n0\r\n\r\n",
+        events.len()
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let answered = raw(listener, big);
+    let r = put_provider(
+        &rig.api,
+        "big",
+        json!({"format": "openai-chat", "base_url": url}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let r = rig
+        .chat(json!({"provider": "big", "model": "m1", "stream": true,
+                     "messages": [{"role": "user", "content": "hi"}]}))
+        .await;
+    let e = r["error"].as_str().unwrap_or_default();
+    assert!(e.contains("larger than"), "{r}");
+    assert!(e.contains("provider_refused") && !e.contains("JSON"), "{r}");
+    assert_eq!(
+        answered.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "asked again"
+    );
+}
+
 /// A streamed call answered with something other than an event stream:
 /// JSON (a server that ignores `stream: true`) is taken as the whole
 /// answer; anything else (a web page: a wrong base_url) is refused at

@@ -461,8 +461,14 @@ impl Gateway {
                     *emitted = true;
                     observer.delta(&d);
                 }
-                if flow? == Flow::Done {
-                    break 'read;
+                // After a failed read, the last event may be cut short:
+                // the failure is the error, not the cut event (an answer
+                // over `egress.max_response_bytes` was "a streamed event's
+                // data is not a JSON object", and retried at full cost).
+                match flow {
+                    Ok(Flow::Done) => break 'read,
+                    Ok(Flow::More) => {}
+                    Err(e) => return Err(failed.take().map_or(e, egress_error)),
                 }
             }
             if chunk.is_none() {
