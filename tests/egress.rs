@@ -456,6 +456,12 @@ async fn a_secret_reaches_only_its_https_host_and_nothing_comes_back_with_it() {
         .fetch(json!({ "url": url, "headers": [["x", "{{secret:NOPE}}"]] }))
         .await;
     assert!(denied(&r).contains("not listed in this actor type's config.secrets"));
+    // A placeholder anywhere in the URL (it went out as written).
+    for at in ["?key={{secret:API_KEY}}", "/{{secret:API_KEY}}"] {
+        let r = rig.fetch(json!({ "url": format!("{url}{at}") })).await;
+        let e = r["error"].as_str().unwrap_or_default();
+        assert!(e.contains("in header values only"), "{r}");
+    }
     assert_eq!(
         rig.seen.requests().len(),
         before,

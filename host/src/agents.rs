@@ -382,6 +382,12 @@ fn check_endpoint(
     if !matches!(parsed.scheme(), "http" | "https") {
         return Err(format!("{at}.url must be http(s)"));
     }
+    if crate::sandbox::has_secret_placeholder(parsed.as_str()) {
+        return Err(format!(
+            "{at}.url: a {{{{secret:NAME}}}} placeholder is substituted in header values only, \
+             not in the URL"
+        ));
+    }
     let host = parsed.host();
     if !host.as_ref().is_some_and(|h| any_matches(hosts, h)) {
         return Err(format!(
@@ -471,6 +477,15 @@ mod tests {
             &|m| m["tools"][1]["url"] = json!("https://evil.example.net/x"),
             "allowed_hosts",
         );
+        for url in [
+            "https://api.example.com/t?key={{secret:TICKETS}}",
+            "https://api.example.com/{{secret:TICKETS}}/t",
+        ] {
+            bad(
+                &|m| m["tools"][1]["url"] = json!(url),
+                "substituted in header values only",
+            );
+        }
         bad(
             &|m| m["tools"][1]["headers"]["x"] = json!("{{secret:OTHER}}"),
             "config.secrets",
