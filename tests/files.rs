@@ -181,6 +181,27 @@ async fn files_commit_with_their_turn_and_download_with_etag_and_range() {
         r.headers["content-range"].to_str().unwrap(),
         format!("bytes 26-29/{big}")
     );
+    // A resumed download's If-Range: its own version's range, or the
+    // whole file when the file changed (another tag, a weak one, a date).
+    let report_etag = r.headers["etag"].to_str().unwrap().to_owned();
+    for (if_range, status) in [
+        (report_etag.clone(), 206),
+        ("\"old-version\"".to_owned(), 200),
+        (format!("W/{report_etag}"), 200),
+        ("Sat, 05 Dec 2026 10:00:00 GMT".to_owned(), 200),
+    ] {
+        let r = api
+            .req(
+                Method::GET,
+                "/v1/actors/kit/a/files/outputs/report.txt",
+                None,
+                &[("range", "bytes=26-29"), ("if-range", &if_range)],
+            )
+            .await;
+        assert_eq!(r.status, status, "{if_range}");
+        let len = if status == 206 { 4 } else { big };
+        assert_eq!(r.body.len(), len, "{if_range}");
+    }
     let r = api
         .req(
             Method::GET,

@@ -126,7 +126,7 @@ pub(super) async fn list(
     Ok(axum::Json(serde_json::json!({ "files": files, "next_after": next_after })).into_response())
 }
 
-/// `GET …/files/{path}`: the bytes, with `ETag`, `Range` and
+/// `GET …/files/{path}`: the bytes, with `ETag`, `Range`, `If-Range` and
 /// `If-None-Match`.
 pub(super) async fn download(
     State(s): State<AppState>,
@@ -170,7 +170,15 @@ pub(super) async fn download(
             .expect("valid response"));
     }
     let size = file.size;
-    let range = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+    // A resumed download names the version it has: a range of another
+    // version would stitch two files into one (found by a probe). Only
+    // our ETag, compared strongly, keeps the range (RFC 9110 §13.1.5); a
+    // date (no Last-Modified is sent) or another tag gets the whole file.
+    let range_applies = headers
+        .get(header::IF_RANGE)
+        .is_none_or(|v| v.to_str().is_ok_and(|t| t.trim() == etag));
+    let asked = headers.get(header::RANGE).filter(|_| range_applies);
+    let range = match asked.and_then(|v| v.to_str().ok()) {
         None => None,
         Some(r) => match parse_range(r, size) {
             RangeSpec::Whole => None,
