@@ -62,7 +62,19 @@ pub enum ScheduleError {
     /// The pattern never matches again.
     #[error("cron pattern `{0}` has no future occurrence")]
     NoOccurrence(String),
+    /// Due after the latest instant an alarm may be set for.
+    #[error(
+        "an alarm may be due at most at {MAX_DUE_MS} ms since the epoch (the latest instant a \
+         JavaScript Date holds), not at {0}"
+    )]
+    TooLate(u64),
 }
+
+/// The latest instant an alarm may be due: the latest a JavaScript `Date`
+/// holds, which the JavaScript API already enforced. Past it, a Rust guest
+/// set alarms the listing showed as numbers JSON clients read wrong
+/// (found by a probe: `18446744073709551615`).
+pub const MAX_DUE_MS: u64 = 8_640_000_000_000_000;
 
 /// Check an alarm name.
 pub fn check_name(name: &str) -> Result<(), ScheduleError> {
@@ -110,10 +122,14 @@ pub fn cron_next(expr: &str, tz: Option<&str>, after_ms: u64) -> Result<u64, Sch
 
 /// When a newly set alarm is first due.
 pub fn first_due(schedule: &AlarmSchedule, now_ms: u64) -> Result<u64, ScheduleError> {
-    match schedule {
-        AlarmSchedule::At(t) => Ok(*t),
-        AlarmSchedule::After(d) => Ok(now_ms.saturating_add(*d)),
-        AlarmSchedule::Cron { expr, tz } => cron_next(expr, tz.as_deref(), now_ms),
+    let due = match schedule {
+        AlarmSchedule::At(t) => *t,
+        AlarmSchedule::After(d) => now_ms.saturating_add(*d),
+        AlarmSchedule::Cron { expr, tz } => cron_next(expr, tz.as_deref(), now_ms)?,
+    };
+    match due {
+        due if due > MAX_DUE_MS => Err(ScheduleError::TooLate(due)),
+        due => Ok(due),
     }
 }
 
@@ -175,6 +191,27 @@ mod tests {
             cron_next("@hourly", None, t).unwrap(),
             ms("2026-03-01T11:00:00Z")
         );
+    }
+
+    /// An alarm is due at most at the latest instant a JavaScript Date
+    /// holds, for every guest (the JavaScript API checked it alone).
+    #[test]
+    fn alarms_are_due_at_most_at_the_latest_date() {
+        let now = ms("2026-03-01T10:07:30Z");
+        assert_eq!(
+            first_due(&AlarmSchedule::At(MAX_DUE_MS), now),
+            Ok(MAX_DUE_MS)
+        );
+        for late in [
+            AlarmSchedule::At(MAX_DUE_MS + 1),
+            AlarmSchedule::At(u64::MAX),
+            AlarmSchedule::After(u64::MAX),
+            AlarmSchedule::After(MAX_DUE_MS),
+        ] {
+            let e = first_due(&late, now).unwrap_err();
+            assert!(matches!(e, ScheduleError::TooLate(_)), "{late:?}: {e}");
+        }
+        assert_eq!(first_due(&AlarmSchedule::After(MIN), now), Ok(now + MIN));
     }
 
     #[test]
