@@ -240,6 +240,21 @@ async fn bad_deploys_are_rejected_and_change_nothing() {
         400,
         "invalid_config",
     );
+    for too_long in [
+        json!({"turn_timeout_ms": u64::MAX}),
+        json!({"cpu_slice_ms": 86_400_001}),
+        json!({"idle_timeout_ms": u64::MAX}),
+    ] {
+        let r = api.deploy("kit", TESTKIT, too_long.clone()).await;
+        assert_error(&r, 400, "invalid_config");
+        assert!(
+            r.json["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("at most"),
+            "{too_long}"
+        );
+    }
     // Code whose memory does not fit the type's limit cannot start: it is
     // refused here, not deployed to trap on every message.
     let small = api

@@ -149,6 +149,9 @@ impl<'de> Deserialize<'de> for Usd {
     }
 }
 
+/// A day in milliseconds: the bound of a type's timeouts.
+const DAY_MS: u64 = 86_400_000;
+
 /// Methods the `http` capability knows (upper case).
 pub const HTTP_METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
 
@@ -168,13 +171,20 @@ impl TypeConfig {
                 ));
             }
         }
-        for (name, v) in [
-            ("idle_timeout_ms", self.idle_timeout_ms),
-            ("turn_timeout_ms", self.turn_timeout_ms),
-            ("cpu_slice_ms", self.cpu_slice_ms),
+        // A day at most for a turn or its CPU slice (an agent's turn waits
+        // on model calls for minutes, never days): a type could set both
+        // to 2^64 − 1 ms and have no limit at all (found by a probe).
+        for (name, v, max) in [
+            ("idle_timeout_ms", self.idle_timeout_ms, 7 * DAY_MS),
+            ("turn_timeout_ms", self.turn_timeout_ms, DAY_MS),
+            ("cpu_slice_ms", self.cpu_slice_ms, DAY_MS),
         ] {
-            if v == Some(0) {
-                return Err(format!("config.{name} must be greater than 0"));
+            match v {
+                Some(0) => return Err(format!("config.{name} must be greater than 0")),
+                Some(v) if v > max => {
+                    return Err(format!("config.{name} may be at most {max} ({v} given)"));
+                }
+                _ => {}
             }
         }
         for k in self.env.keys() {

@@ -178,15 +178,18 @@ const HEADER_VALUE: &str = "^[^\\u0000-\\u0008\\u000a-\\u001f\\u007f]*$";
 
 /// A type's config (`crate::config::TypeConfig`); every key optional.
 fn type_config() -> Value {
-    let ms = |what: &str| nullable(json!({"type": "integer", "minimum": 1, "description": what}));
+    let ms = |what: &str, days: u64| {
+        let maximum = days * 86_400_000;
+        nullable(json!({"type": "integer", "minimum": 1, "maximum": maximum, "description": what}))
+    };
     let strings =
         |what: &str| json!({"type": "array", "items": {"type": "string"}, "description": what});
     let limit = || nullable(json!({"type": "integer", "minimum": 0}));
     let usd = || nullable(json!({"type": "number", "minimum": 0}));
     json!({"type": "object", "additionalProperties": false, "properties": {
-        "idle_timeout_ms": ms("hibernate after this long without work"),
-        "turn_timeout_ms": ms("wall-clock limit of one turn"),
-        "cpu_slice_ms": ms("CPU a guest may burn without calling the host"),
+        "idle_timeout_ms": ms("hibernate after this long without work", 7),
+        "turn_timeout_ms": ms("wall-clock limit of one turn", 1),
+        "cpu_slice_ms": ms("CPU a guest may burn without calling the host", 1),
         "max_memory_bytes": nullable(json!({"type": "integer", "minimum": 1 << 20,
             "description": "guest linear memory (at most the node's `limits.max_guest_memory_bytes`)"})),
         "allowed_hosts": strings("hosts the `http` capability may reach (default: none)"),
