@@ -1224,3 +1224,54 @@ async fn a_node_started_before_etcd_joins_once_etcd_answers() {
     let status = node.client().get("/v1/cluster").await;
     assert_eq!(status.status, 200, "{}", status.json);
 }
+
+/// A node whose admin token differs from the cluster's nodes' is refused
+/// before it joins, saying so: it joined, took slots that no other node
+/// could reach (they refused its requests and it theirs) and stalled the
+/// cluster's writes while it ran (found by a probe).
+#[tokio::test]
+async fn a_node_with_another_admin_token_is_refused_before_it_joins() {
+    let dir = common::tempdir();
+    let Some(etcd) = Etcd::start(dir.path()) else {
+        return;
+    };
+    let config = |id: &str, port: u16| {
+        format!(
+            "[cluster]\nnode_id = \"{id}\"\nadvertise = \"http://127.0.0.1:{port}\"\n\
+             etcd = [\"{}\"]\nlease_ttl_s = 2\n",
+            etcd.url
+        )
+    };
+    let port = common::free_port();
+    let mut first = common::Marmot::spawn_on(
+        port,
+        &dir.path().join("n1"),
+        &[MASTER_KEY],
+        Some(&config("n1", port)),
+    );
+    first.wait_ready().await;
+    let port = common::free_port();
+    let mut other = common::Marmot::spawn_serve_on(
+        port,
+        &dir.path().join("n2"),
+        &[MASTER_KEY],
+        Some(&config("n2", port)),
+        "another-token-0123456789",
+    );
+    assert!(
+        other.wait_exit(Duration::from_secs(30)),
+        "it ran: {}",
+        other.log_text()
+    );
+    assert!(
+        other
+            .log_text()
+            .contains("admin_token is not the one the cluster's nodes use"),
+        "{}",
+        other.log_text()
+    );
+    let status = first.client().get("/v1/cluster").await.json;
+    let members = status["members"].as_array().unwrap();
+    assert_eq!(members.len(), 1, "{status}");
+    assert_eq!(status["slots_assigned"], 1024, "{status}");
+}

@@ -124,6 +124,21 @@ impl Marmot {
         m
     }
 
+    /// [`Self::spawn_on`] as `marmot serve` with `admin_token`.
+    pub fn spawn_serve_on(
+        port: u16,
+        data: &Path,
+        env: &[(&str, &str)],
+        config: Option<&str>,
+        admin_token: &str,
+    ) -> Self {
+        let mut m = Self::new(data, env, config);
+        m.port = port;
+        m.admin_token = Some(admin_token.to_owned());
+        m.spawn();
+        m
+    }
+
     /// Start a node on `data` as `marmot dev` does by default: with the
     /// bundled examples.
     pub async fn start_with_examples(data: &Path) -> Self {

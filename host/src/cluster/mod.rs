@@ -140,7 +140,11 @@ struct Inner {
 impl Cluster {
     /// Connect to etcd, join (a member key under a fresh lease), read the
     /// metadata and start renewing, watching and campaigning.
-    pub async fn start(config: &ClusterConfig, store_id: &str) -> anyhow::Result<Self> {
+    pub async fn start(
+        config: &ClusterConfig,
+        store_id: &str,
+        admin_token: Option<&str>,
+    ) -> anyhow::Result<Self> {
         let client = tokio::time::timeout(
             Duration::from_secs(10),
             Client::connect(&config.etcd, Some(connect_options())),
@@ -153,6 +157,13 @@ impl Cluster {
         patiently("checking the cluster's layout", || {
             let mut client = client.clone();
             async move { check_meta(&mut client, keys_ref).await }
+        })
+        .await?;
+        let credential = records::credential(admin_token);
+        patiently("checking the cluster's admin token", || {
+            let mut client = client.clone();
+            let credential = credential.as_str();
+            async move { check_credential(&mut client, keys_ref, credential).await }
         })
         .await?;
         let ttl = Duration::from_secs(config.lease_ttl_s);
@@ -734,6 +745,41 @@ pub(super) async fn within<T, E: Into<anyhow::Error>>(
         Ok(r) => r.map_err(Into::into),
         Err(_) => Err(patience::NoAnswer(limit).into()),
     }
+}
+
+/// Record the nodes' admin token (as [`records::credential`]) on first
+/// use, or check that this node's is the same. A node whose token differs
+/// could not reach its peers nor they it: it is refused before it joins.
+async fn check_credential(
+    client: &mut Client,
+    keys: &Keys,
+    credential: &str,
+) -> anyhow::Result<()> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(
+            keys.credential(),
+            CompareOp::Equal,
+            0,
+        )])
+        .and_then([TxnOp::put(keys.credential(), credential, None)])
+        .or_else([TxnOp::get(keys.credential(), None)]);
+    let resp = client.txn(txn).await?;
+    if resp.succeeded() {
+        return Ok(());
+    }
+    let found = resp.op_responses().into_iter().find_map(|r| match r {
+        etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
+        _ => None,
+    });
+    if found.as_deref() == Some(credential.as_bytes()) {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "this node's admin_token is not the one the cluster's nodes use (etcd key {} holds a \
+         hash of theirs): every node needs the same admin_token. Not joining. To change the \
+         token, stop every node, delete that key, and start them with the new one",
+        keys.credential()
+    )
 }
 
 /// Create `meta` on first use, or check that this build speaks its layout.

@@ -4,6 +4,10 @@
 //!
 //! ```text
 //! {prefix}/meta                 {"layout": 1, "slots": 1024}
+//! {prefix}/credential           hex of [`credential`]: the admin token every
+//!                               node must have, as a keyed hash (written
+//!                               by the first node to start, checked by
+//!                               every other before it joins)
 //! {prefix}/members/{node_id}    MemberRecord, under the member's lease
 //! {prefix}/controller           node_id of the controller, under its lease
 //! {prefix}/stores/{node_id}     the store id (`marmot_storage::Storage::
@@ -59,6 +63,10 @@ impl Keys {
         format!("{}/meta", self.prefix)
     }
 
+    pub fn credential(&self) -> String {
+        format!("{}/credential", self.prefix)
+    }
+
     pub fn member(&self, node_id: &str) -> String {
         format!("{}/members/{node_id}", self.prefix)
     }
@@ -105,7 +113,7 @@ impl Keys {
         }
         match rest {
             "controller" => Some(Key::Controller),
-            "meta" => Some(Key::Meta),
+            "meta" | "credential" => Some(Key::Meta),
             "rebalance" => Some(Key::Rebalance),
             _ => None,
         }
@@ -121,6 +129,25 @@ pub enum Key<'k> {
     Slot(u32),
     Placement(ActorKey),
     Rebalance,
+}
+
+/// What `{prefix}/credential` holds for nodes whose admin token is
+/// `admin_token` (none: auth off): a hash of it under a purpose of its
+/// own, never the token. Nodes with different tokens refuse each other's
+/// requests; one that joined anyway took slots that nobody could reach
+/// (found by a probe), so a node whose token differs does not join.
+pub fn credential(admin_token: Option<&str>) -> String {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    h.update(b"marmot cluster credential v1\0");
+    match admin_token {
+        Some(t) => {
+            h.update([1]);
+            h.update(t.as_bytes());
+        }
+        None => h.update([0]),
+    }
+    hex::encode(h.finalize())
 }
 
 /// `{prefix}/meta`.

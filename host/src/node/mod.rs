@@ -176,7 +176,10 @@ impl Node {
             metrics.clone(),
         )?);
         let cluster = match &config.cluster {
-            Some(c) => Some(Cluster::start(c, &storage.store_id()?).await?),
+            Some(c) => {
+                let token = config.admin_token.as_deref();
+                Some(Cluster::start(c, &storage.store_id()?, token).await?)
+            }
             None => None,
         };
         let actors = ActorEnv::new(Parts {
