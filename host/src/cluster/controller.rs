@@ -216,6 +216,7 @@ fn decide(
                 r.avoid.as_deref(),
                 r.region.as_deref(),
             );
+            let slot_region = r.region.clone().or_else(|| region_of(&r.owner));
             match (&r.backup, &r.joining) {
                 (Some(b), _) if !is_live(b) && gone_for(b, backup_grace) => Some(SlotRecord {
                     backup: None,
@@ -226,6 +227,23 @@ fn decide(
                 (Some(_), Some(j)) if (!is_live(j) && gone_for(j, GRACE)) || leaving(j) => {
                     Some(SlotRecord {
                         joining: None,
+                        ..r.clone()
+                    })
+                }
+                // A backup outside the slot's region (chosen while no node
+                // there was live) while one there is: that one catches up
+                // beside it and takes its place, as in a rebalance, so a
+                // failover keeps the actors near their users. It stayed
+                // until an operator's rebalance, and a failover took them
+                // to the other region (found by a cluster probe).
+                (Some(b), None)
+                    if r.handoff.is_none()
+                        && candidate.as_deref().is_some_and(|c| {
+                            c != b && region_of(c) == slot_region && region_of(b) != slot_region
+                        }) =>
+                {
+                    Some(SlotRecord {
+                        joining: candidate,
                         ..r.clone()
                     })
                 }

@@ -316,6 +316,27 @@ fn a_slot_that_failed_over_to_another_region_goes_home() {
     let w = for_3(decide(&v, TTL, &mut |_, _| true)).expect("a joining node");
     let joining = w.record.joining.expect("joining");
     assert!(["a", "b"].contains(&joining.as_str()), "{joining}");
+    // Owned in eu, backed up in us (no eu node was live then): an eu
+    // node catches up beside the backup, to take its place.
+    let v = view_in(&members, &[(3, slot_of("eu", "a", Some("c")))]);
+    let w = for_3(decide(&v, TTL, &mut |_, _| true)).expect("a joining node");
+    assert_eq!(w.record.joining.as_deref(), Some("b"));
+    assert_eq!(w.record.backup.as_deref(), Some("c"), "kept until then");
+    // Not while a rebalance hands it over, nor without an eu node to take
+    // it, nor when the backup is in the region already.
+    let handing = SlotRecord {
+        handoff: Some("c".into()),
+        ..slot_of("eu", "a", Some("c"))
+    };
+    let v = view_in(&members, &[(3, handing)]);
+    assert_eq!(for_3(decide(&v, TTL, &mut |_, _| true)), None);
+    let v = view_in(
+        &[("a", "eu"), ("c", "us")],
+        &[(3, slot_of("eu", "a", Some("c")))],
+    );
+    assert_eq!(for_3(decide(&v, TTL, &mut |_, _| true)), None);
+    let v = view_in(&members, &[(3, slot_of("eu", "a", Some("b")))]);
+    assert_eq!(for_3(decide(&v, TTL, &mut |_, _| true)), None);
     // A rebalance moves it to eu's preferred node, through its backup.
     let home = preferred(&v, 3, "eu").unwrap();
     let v = view_in(&members, &[(3, slot_of("eu", "c", Some(home)))]);
