@@ -196,8 +196,9 @@ impl Peers {
     /// outcome per batch, in order (`applied`, `repeat`, `refused`,
     /// `gap`).
     pub async fn replicate(&self, base: &str, body: Vec<u8>) -> Result<Vec<String>, PeerError> {
+        let timeout = replicate_timeout(body.len());
         let resp = self
-            .internal(base, "/v1/cluster/replicate", body, Duration::from_secs(5))
+            .internal(base, "/v1/cluster/replicate", body, timeout)
             .await?;
         let v: serde_json::Value = resp
             .json()
@@ -329,6 +330,17 @@ pub fn decode_chain(value: &str) -> Option<Vec<ActorKey>> {
         .collect()
 }
 
+/// How long a replication request of `bytes` may take: a second, and a
+/// second per 4 MiB (16 MiB, the largest, 5 s as before). A backup that
+/// hangs (paused, cut off) holds every commit of its owner behind it until
+/// it is dropped ([`super::replication::DROP_AFTER`] after the first
+/// attempt that got no answer): with 5 s for every request, a small batch
+/// waited out 5 s before the 3 s even began, and the owner's writes
+/// stalled 8 s (found by a cluster probe).
+pub(super) fn replicate_timeout(bytes: usize) -> Duration {
+    Duration::from_secs(1) + Duration::from_millis(bytes as u64 / 4096)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,6 +359,16 @@ mod tests {
                 .unwrap();
             assert_eq!(req.headers()[FROM_ACTOR], "1");
         }
+    }
+
+    /// A small replication request gets little more than a second before
+    /// it counts as unanswered; the largest (16 MiB), 5 s as before.
+    #[test]
+    fn replication_requests_wait_by_their_size() {
+        assert_eq!(replicate_timeout(300), Duration::from_millis(1000));
+        assert!(replicate_timeout(1 << 20) < Duration::from_millis(1300));
+        assert_eq!(replicate_timeout(16 << 20), Duration::from_millis(5096));
+        assert!(replicate_timeout(1 << 20) < super::super::replication::DROP_AFTER);
     }
 
     #[test]

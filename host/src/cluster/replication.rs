@@ -9,7 +9,9 @@
 //! gets them in one request (group replication, like the group commit).
 //! A backup that refuses (it does not see itself as the backup at that
 //! epoch yet) or cannot be reached is retried; once it has failed for
-//! [`DROP_AFTER`], the owner drops it from the slot (compare-and-swap) and
+//! [`DROP_AFTER`] (from the first attempt that got no answer, whose own
+//! timeout grows with its size: `peer::replicate_timeout`), the owner
+//! drops it from the slot (compare-and-swap) and
 //! the slot runs without a backup (degraded, counted in metrics and
 //! `GET /v1/cluster`). A batch whose slot moved to another node meanwhile
 //! fails instead of being released.
@@ -311,6 +313,8 @@ impl Sender {
                 return out;
             }
             let mut progressed = false;
+            let attempt_started = Instant::now();
+            let carries_blobs = pending.iter().any(|&i| !all[i].blob_shas().is_empty());
             if let Some(base) = &url {
                 match self.send(base, &pending, all, &mut sent).await {
                     Ok(outcomes) => {
@@ -344,11 +348,18 @@ impl Sender {
             // was: dropped at once, not after `DROP_AFTER` of commits
             // waiting for it. A member key gone for another reason (a
             // lease that lapsed and is renewed) gets the full wait.
+            // Failing since the attempt that got no answer was sent (a
+            // backup that hangs used up the request's timeout first), or
+            // since it failed if it carried blobs (a long transfer that
+            // then fails once is not seconds of failing).
             let since = if progressed {
                 failing_since = None;
                 Instant::now()
             } else {
-                *failing_since.get_or_insert_with(Instant::now)
+                *failing_since.get_or_insert_with(|| match carries_blobs {
+                    true => Instant::now(),
+                    false => attempt_started,
+                })
             };
             if since.elapsed() >= DROP_AFTER || self.cluster.left_gracefully(&node) {
                 self.drop_backup(&node, &pending, all).await;
