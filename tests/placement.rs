@@ -781,13 +781,16 @@ async fn a_rebalance_gives_a_returning_node_its_slots_back_and_loses_no_write() 
     eprintln!("rebalance: {handoffs} handoffs in {took:?} under load; {summary:?}");
 }
 
-/// A slot keeps its region when failovers take it to another one: eu's
-/// slots lose their eu backup while n1 restarts (n3, in us, is the only
-/// other node), fail over to us when n2 dies next, and a rebalance once
-/// both eu nodes are back brings every eu actor home with its data. A
-/// slot's region used to be its owner's, so the rebalance found nothing
-/// to move and eu's actors stayed in us for good (found by probing a
-/// cluster).
+/// A slot keeps its region when failovers take it to another one, and
+/// its backup goes back to its region as soon as a node there is live:
+/// eu's slots lose their eu backup while n1 restarts (n3, in us, is the
+/// only other node), and get it back once n1 is up, so n2's death fails
+/// them over to n1, in eu. That backup stayed in us until an operator's
+/// rebalance, and the failover took them to us (found by a cluster probe).
+/// When both eu nodes die they do fail over to us; a rebalance once both
+/// are back brings every eu actor home with its data. A slot's region used
+/// to be its owner's, so the rebalance found nothing to move and eu's
+/// actors stayed in us for good (found by probing a cluster).
 #[tokio::test]
 async fn slots_that_failovers_took_to_another_region_go_home_on_a_rebalance() {
     let Some(mut c) = Cluster::start().await else {
@@ -805,25 +808,44 @@ async fn slots_that_failovers_took_to_another_region_go_home_on_a_rebalance() {
                 .as_array()
                 .is_some_and(|m| m.iter().filter(|m| m["alive"] == true).count() == 3)
     };
-    // n1 dies and comes back: the eu slots are all n2's, backed up in us.
+    // n1 dies and comes back: the eu slots are all n2's, backed up in us
+    // meanwhile, then in eu again.
     c.nodes[0].kill9();
     for a in &actors {
         assert_eq!(add_when_served(&c, 2, a).await.status, 200, "{a}");
     }
     c.nodes[0].restart().await;
     c.wait_status(settled).await;
-    // n2 dies: they fail over to us.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for a in &actors {
+        loop {
+            let info = c.api(2).get(&format!("/v1/actors/kit/{a}")).await.json;
+            if info["backup"] == "n1" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{a} kept a backup in us: {info}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // n2 dies: they fail over to n1, in their region.
     c.nodes[1].kill9();
     for a in &actors {
-        assert_eq!(add_when_served(&c, 0, a).await.status, 200, "{a}");
+        assert_eq!(add_when_served(&c, 2, a).await.status, 200, "{a}");
+        assert_eq!(owner_of(&c, 2, a).await, "n1", "{a} left its region");
+    }
+    // n1 dies too: now they fail over to us.
+    c.nodes[0].kill9();
+    for a in &actors {
+        assert_eq!(add_when_served(&c, 2, a).await.status, 200, "{a}");
     }
     for a in &actors {
         assert_eq!(
-            owner_of(&c, 0, a).await,
+            owner_of(&c, 2, a).await,
             "n3",
             "{a} did not fail over to us"
         );
     }
+    c.nodes[0].restart().await;
     c.nodes[1].restart().await;
     c.wait_status(settled).await;
     // The rebalance finds them away from home, and moves them back.
@@ -853,6 +875,6 @@ async fn slots_that_failovers_took_to_another_region_go_home_on_a_rebalance() {
             "eu",
             "{a} stayed in us"
         );
-        wait_value(&c, 2, a, "n", 3).await;
+        wait_value(&c, 2, a, "n", 4).await;
     }
 }
