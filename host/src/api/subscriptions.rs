@@ -163,11 +163,24 @@ pub(super) async fn deliveries(
         })?,
     };
     let limit = Page::LIST.size(q.limit)?;
+    // In a cluster, a node lists the rows of the slots it owns or backs up
+    // (the backup's copies say what became of each row). A copy it kept of
+    // a slot it has neither since a failover is not listed: the slot's
+    // nodes have sent those rows, which showed here as failed for good,
+    // and could not be retried anywhere (found by a cluster probe).
+    let cluster = s.node.cluster();
+    let held = |d: &crate::storage::schema::DeliveryRecord| {
+        cluster.is_none_or(|c| {
+            crate::ids::ActorKey::new(&d.actor_type, &d.actor_id)
+                .is_ok_and(|k| c.holds(c.slot_of(&k)))
+        })
+    };
     let (rows, next) = s.node.storage().reader()?.deliveries(after, limit, |d| {
         q.status.as_deref().is_none_or(|st| d.label() == st)
             && q.subscription
                 .as_deref()
                 .is_none_or(|n| d.subscription == n)
+            && held(d)
     })?;
     // An opaque cursor: only its seq part matters.
     let next_after = next.map(|seq| format!("msg_{seq:016x}{:016x}", 0));
