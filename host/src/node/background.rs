@@ -158,6 +158,11 @@ impl Node {
             if n == 60 || n.is_multiple_of(3600) {
                 self.sweep_code_cache().await;
             }
+            // Five minutes after start (a node restarted often must prune
+            // too), then hourly.
+            if n == 300 || n.is_multiple_of(3600) {
+                self.prune_dead_deliveries().await;
+            }
             if n.is_multiple_of(60) {
                 self.staged_blobs.expire();
                 let now = now_ms();
@@ -172,6 +177,42 @@ impl Node {
                     Err(e) => tracing::warn!(error = %e, "idempotency sweep failed"),
                 }
             }
+        }
+    }
+
+    /// Remove dead deliveries past `webhooks.dead_retention_ms`, a batch
+    /// at a time.
+    async fn prune_dead_deliveries(&self) {
+        let retention = self.config.webhooks.dead_retention_ms;
+        if retention == 0 {
+            return;
+        }
+        let created_before_ms = now_ms().saturating_sub(retention);
+        let mut total = 0;
+        loop {
+            let pruned = self
+                .storage
+                .writer()
+                .call(|done| WriteOp::PruneDeadDeliveries {
+                    created_before_ms,
+                    done,
+                })
+                .await;
+            match pruned {
+                Ok(0) => break,
+                Ok(n) => total += n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "dead delivery pruning failed");
+                    break;
+                }
+            }
+        }
+        if total > 0 {
+            tracing::info!(
+                removed = total,
+                retention_ms = retention,
+                "dead deliveries past their retention removed"
+            );
         }
     }
 

@@ -663,6 +663,11 @@ pub struct WebhooksConfig {
     pub timeout_ms: u64,
     /// Outbound: connect timeout.
     pub connect_timeout_ms: u64,
+    /// Outbound: how long after its event a dead delivery stays in the
+    /// dead-letter list (replayable) before it is removed; 0 keeps them
+    /// for ever. A subscription whose receiver is gone for good would
+    /// otherwise keep every event's body on disk.
+    pub dead_retention_ms: u64,
 }
 
 impl Default for WebhooksConfig {
@@ -677,6 +682,7 @@ impl Default for WebhooksConfig {
             per_destination: 4,
             timeout_ms: 15_000,
             connect_timeout_ms: 5_000,
+            dead_retention_ms: 30 * 24 * 3600 * 1000,
         }
     }
 }

@@ -134,6 +134,13 @@ impl WriterState {
             WriteOp::SweepIdempotency { now_ms, done: d } => {
                 done(d, tables.sweep_idempotency(now_ms))
             }
+            WriteOp::PruneDeadDeliveries {
+                created_before_ms,
+                done: d,
+            } => {
+                let r = self.prune_dead_deliveries(tables, created_before_ms);
+                done(d, r)
+            }
             WriteOp::PutSubscription {
                 name,
                 record,

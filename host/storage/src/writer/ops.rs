@@ -144,6 +144,14 @@ pub enum WriteOp {
         /// Completion: actors deleted.
         done: Reply<u64>,
     },
+    /// Remove dead deliveries of events made before `created_before_ms`
+    /// (the dead-letter list's retention), a bounded number per call.
+    PruneDeadDeliveries {
+        /// The cut-off.
+        created_before_ms: u64,
+        /// Completion: rows removed.
+        done: Reply<u64>,
+    },
     /// Forget idempotency records that expired before `now_ms`.
     SweepIdempotency {
         /// The cut-off.
@@ -391,7 +399,7 @@ impl Applied {
             }
             WriteOp::PutType { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
             WriteOp::DeleteType { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),
-            WriteOp::SweepIdempotency { done, .. } => {
+            WriteOp::SweepIdempotency { done, .. } | WriteOp::PruneDeadDeliveries { done, .. } => {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }
             WriteOp::PutSubscription { done, .. } | WriteOp::DeleteSubscription { done, .. } => {

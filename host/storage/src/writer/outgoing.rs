@@ -19,6 +19,9 @@ use super::tables::Tables;
 use crate::StorageError;
 use crate::schema::*;
 
+/// Dead rows removed by one [`WriterState::prune_dead_deliveries`].
+const PRUNE_AT_ONCE: usize = 10_000;
+
 /// Outgoing rows, with their seqs on this node.
 #[derive(Default)]
 pub(super) struct Outgoing {
@@ -272,6 +275,37 @@ impl WriterState {
         }
         self.outbox_touched = true;
         Ok(())
+    }
+
+    /// Remove the dead rows of events made before `before_ms`, for the
+    /// backups of their actors' slots too: at most [`PRUNE_AT_ONCE`] per
+    /// call. Rows are walked in seq order, about the order they were made
+    /// in, and the walk ends at the first row made since `before_ms` (a
+    /// copy that came later with an older event waits for a later walk).
+    pub(super) fn prune_dead_deliveries(
+        &mut self,
+        tables: &mut Tables<'_>,
+        before_ms: u64,
+    ) -> Result<u64, StorageError> {
+        let mut dead = Vec::new();
+        for row in tables.outbox()?.iter()? {
+            let (k, v) = row?;
+            let rec: DeliveryRecord = decode("delivery", v.value())?;
+            if rec.created_at_ms >= before_ms || dead.len() == PRUNE_AT_ONCE {
+                break;
+            }
+            if rec.status == DeliveryStatus::Dead {
+                dead.push((k.value(), rec.head()));
+            }
+        }
+        for (seq, head) in &dead {
+            tables.write_delivery(*seq, None)?;
+            self.record_delivery(head, None);
+        }
+        if !dead.is_empty() {
+            self.outbox_touched = true;
+        }
+        Ok(dead.len() as u64)
     }
 
     /// Make delivery `id` due now (replay); the row, if it exists.

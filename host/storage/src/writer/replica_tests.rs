@@ -640,3 +640,54 @@ async fn deleting_a_subscription_removes_its_rows_and_no_others() {
     assert_eq!(r.deliveries_due(u64::MAX, 10, all).unwrap().len(), 1);
     r.assert_outbox_heads_in_step();
 }
+
+/// The dead-letter list's retention: dead rows of events made before the
+/// cut-off go (heads and all), newer dead rows and pending ones stay.
+#[tokio::test]
+async fn dead_deliveries_past_their_retention_are_removed() {
+    use crate::schema::*;
+    let (_dir, storage) = open();
+    subscribe(&storage, None).await;
+    let (key, rec) = create(&storage, "a").await;
+    for (i, kind) in ["old", "new", "pending"].iter().enumerate() {
+        let (op, rx) = turn(&key, &rec, &Default::default(), 0, i as u64 + 1, "k", "v");
+        storage.writer().submit(emitting(op, kind, false));
+        rx.await.unwrap().unwrap();
+    }
+    let all = |_: &DeliveryHead| true;
+    let rows = storage.reader().unwrap().deliveries_due(u64::MAX, 10, all);
+    for (seq, row) in rows.unwrap() {
+        let mut row = row.clone();
+        match row.kind.as_str() {
+            "old" => (row.status, row.created_at_ms) = (DeliveryStatus::Dead, 1_000),
+            "new" => (row.status, row.created_at_ms) = (DeliveryStatus::Dead, 5_000),
+            _ => row.created_at_ms = 1_000,
+        }
+        storage
+            .writer()
+            .call(|done| WriteOp::DeliveryAttempted {
+                seq,
+                update: Some(row),
+                done,
+            })
+            .await
+            .unwrap();
+    }
+    let prune = || {
+        storage.writer().call(|done| WriteOp::PruneDeadDeliveries {
+            created_before_ms: 5_000,
+            done,
+        })
+    };
+    assert_eq!(prune().await.unwrap(), 1);
+    assert_eq!(prune().await.unwrap(), 0, "nothing more to remove");
+    let r = storage.reader().unwrap();
+    let kinds: Vec<(String, &str)> = (r.deliveries(0, 10, |_| true).unwrap().0.into_iter())
+        .map(|(_, d)| (d.kind.clone(), d.label()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [("new".into(), "dead"), ("pending".into(), "pending")]
+    );
+    r.assert_outbox_heads_in_step();
+}
