@@ -141,9 +141,12 @@ async fn catch_up(
                     tracing::error!(peer = %peer.node_id, ty, error = %e,
                         "this node's versions of a type differ from the cluster's");
                 }
+                // One type this node cannot install (the node is busy, its
+                // limits differ) leaves the others, and the shared state
+                // (token revocations above all), still to be taken.
                 Err(e) => {
-                    return Err(anyhow::Error::new(e)
-                        .context(format!("deploying `{ty}` from {}'s catalog", peer.node_id)));
+                    tracing::error!(peer = %peer.node_id, ty, error = %e,
+                        "cannot install a type of the cluster's catalog; it is not served here until it is deployed again");
                 }
             }
         }

@@ -91,6 +91,10 @@ pub struct CatalogEntry {
     pub config: TypeConfig,
 }
 
+/// The most CPU and wall time a deploy's check of new code may take (as a
+/// JavaScript module's top level may).
+const CHECK_LIMIT: Duration = Duration::from_secs(10);
+
 /// Where a deploy comes from.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Origin {
@@ -169,8 +173,16 @@ impl Node {
                 limit: self.config.limits.max_code_bytes,
             });
         }
+        // A peer's version was checked by the node it was deployed on, by
+        // the build it ran: checks added since (bounds, starting the code)
+        // would stop a node from catching up with the cluster's types.
+        let new = origin == Origin::User;
         config
             .validate(&self.config.limits)
+            .and_then(|()| match new {
+                true => config.validate_bounds(),
+                false => Ok(()),
+            })
             .and_then(|()| crate::webhooks::check_type_config(&config))
             .map_err(DeployError::Config)?;
         let sha256 = hex::encode(Sha256::digest(&code));
@@ -245,7 +257,7 @@ impl Node {
                 .map_err(|e| CodeError::Invalid(format!("compiler panicked: {e}")))??;
             (Arc::new(pre), None)
         };
-        if js_module.is_none() {
+        if new && js_module.is_none() {
             let what = match kind {
                 CodeKind::Agent => "the agent harness",
                 _ => "the component",
@@ -392,13 +404,19 @@ impl Node {
     /// than the type's `max_memory_bytes`, a start function that traps) is
     /// refused here rather than deployed to fail every call (found by a
     /// probe: 201, then 500 `actor_trapped` on each message).
+    ///
+    /// It holds the deploy lock, so it runs under at most [`CHECK_LIMIT`]
+    /// of CPU and wall time, whatever the type allows its turns.
     async fn check_starts(
         &self,
         pre: &crate::sandbox::Prepared,
         config: &crate::config::ResolvedTypeConfig,
         what: &str,
     ) -> Result<(), CodeError> {
-        self.instantiate_to_check(pre, config, what).await?;
+        let mut capped = config.clone();
+        capped.cpu_slice = capped.cpu_slice.min(CHECK_LIMIT);
+        capped.turn_timeout = capped.turn_timeout.min(CHECK_LIMIT);
+        self.instantiate_to_check(pre, &capped, what).await?;
         Ok(())
     }
 

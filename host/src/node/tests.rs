@@ -305,3 +305,40 @@ async fn a_peer_catalog_installs_a_module_a_user_deploy_refuses() {
     let failed = format!("{:?}", turn.expect_err("no turn can run it"));
     assert!(failed.contains("export default"), "{failed}");
 }
+
+/// Checks a user's deploy gained later (timeout bounds, starting the code
+/// under its memory limit) do not stop a node from installing a version
+/// from a peer's catalog, which an earlier build took: a node catching up
+/// stopped at the first such type, and took none after it, nor the
+/// cluster's token revocations (found by a review).
+#[tokio::test]
+async fn a_peer_catalog_installs_versions_that_later_checks_refuse() {
+    let (_dir, node) = node().await;
+    let code = || crate::guests::COUNTER.to_vec();
+    for (ty, config) in [
+        (
+            "month",
+            TypeConfig {
+                idle_timeout_ms: Some(30 * 24 * 3600 * 1000),
+                ..Default::default()
+            },
+        ),
+        (
+            "tight",
+            TypeConfig {
+                max_memory_bytes: Some(1 << 20),
+                ..Default::default()
+            },
+        ),
+    ] {
+        let user = node
+            .deploy(ty, CodeKind::Wasm, code(), config.clone())
+            .await;
+        assert!(user.is_err(), "{ty}: a user deploy is refused");
+        let peer = node
+            .deploy_from_peer(ty, CodeKind::Wasm, code(), config, 1)
+            .await
+            .unwrap_or_else(|e| panic!("{ty}: a peer's version is installed: {e}"));
+        assert!(peer.created, "{ty}");
+    }
+}

@@ -171,20 +171,13 @@ impl TypeConfig {
                 ));
             }
         }
-        // A day at most for a turn or its CPU slice (an agent's turn waits
-        // on model calls for minutes, never days): a type could set both
-        // to 2^64 − 1 ms and have no limit at all (found by a probe).
-        for (name, v, max) in [
-            ("idle_timeout_ms", self.idle_timeout_ms, 7 * DAY_MS),
-            ("turn_timeout_ms", self.turn_timeout_ms, DAY_MS),
-            ("cpu_slice_ms", self.cpu_slice_ms, DAY_MS),
+        for (name, v) in [
+            ("idle_timeout_ms", self.idle_timeout_ms),
+            ("turn_timeout_ms", self.turn_timeout_ms),
+            ("cpu_slice_ms", self.cpu_slice_ms),
         ] {
-            match v {
-                Some(0) => return Err(format!("config.{name} must be greater than 0")),
-                Some(v) if v > max => {
-                    return Err(format!("config.{name} may be at most {max} ({v} given)"));
-                }
-                _ => {}
+            if v == Some(0) {
+                return Err(format!("config.{name} must be greater than 0"));
             }
         }
         for k in self.env.keys() {
@@ -231,6 +224,25 @@ impl TypeConfig {
         }
         if !self.webhook_routes.is_empty() && self.webhook_secret.is_none() {
             return Err("config.webhook_routes needs a config.webhook_secret".into());
+        }
+        Ok(())
+    }
+
+    /// The upper bounds of a new deploy's timeouts: a day at most for a
+    /// turn or its CPU slice (an agent's turn waits on model calls for
+    /// minutes, never days), a week to hibernate. A type could set both
+    /// to 2^64 − 1 ms and have no limit at all (found by a probe). Not
+    /// [`Self::validate`]: a version deployed before the bounds, installed
+    /// from a peer's catalog, is taken as it was.
+    pub fn validate_bounds(&self) -> Result<(), String> {
+        for (name, v, max) in [
+            ("idle_timeout_ms", self.idle_timeout_ms, 7 * DAY_MS),
+            ("turn_timeout_ms", self.turn_timeout_ms, DAY_MS),
+            ("cpu_slice_ms", self.cpu_slice_ms, DAY_MS),
+        ] {
+            if let Some(v) = v.filter(|v| *v > max) {
+                return Err(format!("config.{name} may be at most {max} ({v} given)"));
+            }
         }
         Ok(())
     }
