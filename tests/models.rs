@@ -1041,6 +1041,26 @@ async fn budgets_hold_under_concurrent_runs_and_usage_is_recorded() {
             .contains("has no price for model `m`"),
         "{e}"
     );
+    // A deleted primary is stepped over, priced or not: the priced
+    // fallback answers.
+    let r = put_provider(
+        &rig.api,
+        "priced",
+        json!({"format": "openai-chat", "base_url": rig.fake.base_url("127.0.0.1"),
+               "prices": {"m": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let request = json!({"provider": "p-gone", "model": "m", "max_output_tokens": 10,
+        "fallbacks": [{"provider": "priced", "model": "m"}],
+        "messages": [{"role": "user", "content": "hi"}]});
+    let r = rig
+        .api
+        .op("dollars", "x", json!({"op": "chat", "request": request}))
+        .await
+        .json;
+    assert_eq!(r["answer"]["provider"], "priced", "{r}");
+    assert!(r["answer"]["usage"]["cost_usd"].as_f64() > Some(0.0), "{r}");
 
     // The usage of a turn that fails after its call still counts.
     let js = r#"

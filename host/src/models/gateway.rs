@@ -123,8 +123,10 @@ impl Gateway {
     /// answers: every byte of the request counted as a prompt token (no
     /// tokenizer makes fewer bytes than tokens, and the framing each
     /// provider adds per message is covered by a margin), plus
-    /// `max_output_tokens`. With `cost`, every provider of the chain must
-    /// have a price for its model.
+    /// `max_output_tokens`. With `cost`, every provider of the chain that
+    /// exists here must have a price for its model (one that does not is
+    /// stepped over by [`Self::chat`], and costs nothing); with none, the
+    /// call fails there, saying so.
     pub fn estimate(&self, req: &ChatRequest, cost: bool) -> Result<Spend, ModelError> {
         let bytes = serde_json::to_vec(req).map_or(0, |b| b.len()) as u64;
         let input = bytes + 64 * (req.messages.len() as u64 + req.tools.len() as u64) + 256;
@@ -132,10 +134,13 @@ impl Gateway {
         let mut nano_usd: u64 = 0;
         if cost {
             for t in std::iter::once(req.target()).chain(req.fallbacks.iter().cloned()) {
-                let price = self
-                    .providers
-                    .get(&t.provider)
-                    .and_then(|p| p.price(&t.model))
+                // A deleted primary no longer stops a budgeted call before
+                // its fallbacks (found by a review).
+                let Some(provider) = self.providers.get(&t.provider) else {
+                    continue;
+                };
+                let price = provider
+                    .price(&t.model)
                     .ok_or_else(|| {
                         ModelError::Denied(format!(
                             "this type has a budget in dollars, but provider `{}` has no price for model `{}` (set prices with PUT /v1/providers/{})",

@@ -9,6 +9,9 @@ use crate::models::chat::{
 use crate::models::errors::ProviderError;
 use crate::models::sse::SseEvent;
 
+/// The content blocks a `tool_result` may hold.
+const TOOL_RESULT_BLOCKS: &[&str] = &["text", "image", "document", "search_result"];
+
 /// `max_tokens` is required by the format; this is sent when the request
 /// gives none.
 const DEFAULT_MAX_TOKENS: u64 = 4096;
@@ -56,11 +59,23 @@ pub(super) fn encode(req: &ChatRequest, model: &str, messages: &[Message]) -> Va
                 let mut block = Map::new();
                 block.insert("type".into(), "tool_result".into());
                 block.insert("tool_use_id".into(), tool_call_id.clone().into());
+                // Blocks Anthropic takes in a tool result pass through; a
+                // list of anything else (records that happen to have a
+                // `type`) goes as its JSON text: passed through, every
+                // later call of the conversation was a 400 (found by a
+                // review).
+                let blocks = |p: &[Value]| {
+                    p.iter().all(|b| {
+                        b["type"]
+                            .as_str()
+                            .is_some_and(|t| TOOL_RESULT_BLOCKS.contains(&t))
+                    })
+                };
                 block.insert(
                     "content".into(),
                     match content {
-                        Content::Parts(p) => p.clone().into(),
-                        c => c.text().into(),
+                        Content::Parts(p) if blocks(p) => p.clone().into(),
+                        c => c.tool_text().into(),
                     },
                 );
                 if *is_error {

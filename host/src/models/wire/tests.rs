@@ -240,6 +240,24 @@ fn tool_results_that_are_lists_are_sent_whole() {
             None => assert!(result[0]["type"] == "text", "{content}: {result}"),
         }
     }
+    // Records that happen to have a `type` are not Anthropic blocks.
+    let events = json!([{"type": "event", "date": "2026-12-08"}]);
+    let r = ChatRequest::parse(
+        &json!({"provider": "p", "model": "m", "messages": [
+            {"role": "user", "content": "when?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "name": "pick", "arguments": {}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": events},
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let b = Format::AnthropicMessages
+        .encode(&r, "m", &sendable(&r.messages), &EncodeOptions::default())
+        .unwrap();
+    assert_eq!(
+        b["messages"][2]["content"][0]["content"],
+        events.to_string()
+    );
     // Parts that are not all text keep their JSON where only text goes.
     let image =
         json!([{"type": "text", "text": "see"}, {"type": "image", "source": {"data": "x"}}]);
