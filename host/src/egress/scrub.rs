@@ -121,8 +121,9 @@ impl Scrub {
 /// How `value` (UTF-8) may be written inside a JSON string, besides as
 /// it is: with `"`, `\` and control characters escaped (every encoder),
 /// and in addition `/` as `\/` (PHP), everything outside ASCII as
-/// `\uXXXX` (Python's and PHP's default), or `<`, `>`, `&`, U+2028 and
-/// U+2029 as `\uXXXX` (Go's default), alone or together. Hex digits
+/// `\uXXXX` (Python's and PHP's default), or `<`, `>`, `&`, `=`, `'`,
+/// U+2028 and U+2029 as `\uXXXX` (Go's default, and Gson's, which adds
+/// `=` and `'`), alone or together. Hex digits
 /// match in either case, as every value does. A value with none of those
 /// characters has no other spelling.
 fn json_spellings(value: &[u8]) -> Vec<Vec<u8>> {
@@ -141,7 +142,9 @@ fn json_spellings(value: &[u8]) -> Vec<Vec<u8>> {
                 '\n' => s.push_str("\\n"),
                 '\r' => s.push_str("\\r"),
                 '\t' => s.push_str("\\t"),
-                '<' | '>' | '&' | '\u{2028}' | '\u{2029}' if html => escape_u(&mut s, c),
+                '<' | '>' | '&' | '=' | '\'' | '\u{2028}' | '\u{2029}' if html => {
+                    escape_u(&mut s, c)
+                }
                 c if c < ' ' => escape_u(&mut s, c),
                 c if !c.is_ascii() && non_ascii => escape_u(&mut s, c),
                 c => s.push(c),
@@ -445,6 +448,13 @@ mod tests {
             let body = format!(r#"{{"echo":"{spelled}"}}"#);
             assert_eq!(s.text(body), r#"{"echo":"[redacted]"}"#, "{spelled}");
         }
+        // Gson's: `=` (a base64 key's padding) as `\u003d`.
+        let mut s = Scrub::default();
+        s.add(b"c2stYWJjZGVm==");
+        assert_eq!(
+            s.text(r#"{"e":"c2stYWJjZGVm\u003d\u003d"}"#.into()),
+            r#"{"e":"[redacted]"}"#
+        );
         // A value with nothing to escape has one spelling.
         let mut s = Scrub::default();
         s.add(b"sk-plain_123");
