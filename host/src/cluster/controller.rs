@@ -132,6 +132,15 @@ fn decide(
         return Vec::new();
     }
     let region_of = |n: &str| view.members.get(n).map(|m| m.region.clone());
+    // Catch-ups beside a live backup (a backup coming home, a rebalance)
+    // go at most `REBALANCE_AT_ONCE` at a time: a node back after an
+    // outage would otherwise start hundreds of snapshots at once.
+    let mut beside = view
+        .slots
+        .iter()
+        .flatten()
+        .filter(|e| e.record.backup.is_some() && e.record.joining.is_some())
+        .count();
     let mut writes = Vec::new();
     for slot in 0..SLOTS {
         let mut ranked = live.clone();
@@ -238,10 +247,12 @@ fn decide(
                 // to the other region (found by a cluster probe).
                 (Some(b), None)
                     if r.handoff.is_none()
+                        && beside < REBALANCE_AT_ONCE
                         && candidate.as_deref().is_some_and(|c| {
                             c != b && region_of(c) == slot_region && region_of(b) != slot_region
                         }) =>
                 {
+                    beside += 1;
                     Some(SlotRecord {
                         joining: candidate,
                         ..r.clone()

@@ -159,11 +159,11 @@ impl Cluster {
             async move { check_meta(&mut client, keys_ref).await }
         })
         .await?;
-        let credential = records::credential(admin_token);
+        let credential = records::credential(admin_token, &rand::random());
         patiently("checking the cluster's admin token", || {
             let mut client = client.clone();
             let credential = credential.as_str();
-            async move { check_credential(&mut client, keys_ref, credential).await }
+            async move { check_credential(&mut client, keys_ref, credential, admin_token).await }
         })
         .await?;
         let ttl = Duration::from_secs(config.lease_ttl_s);
@@ -754,6 +754,7 @@ async fn check_credential(
     client: &mut Client,
     keys: &Keys,
     credential: &str,
+    admin_token: Option<&str>,
 ) -> anyhow::Result<()> {
     let txn = Txn::new()
         .when([Compare::create_revision(
@@ -771,7 +772,7 @@ async fn check_credential(
         etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
         _ => None,
     });
-    if found.as_deref() == Some(credential.as_bytes()) {
+    if found.is_some_and(|f| records::credential_matches(&f, admin_token)) {
         return Ok(());
     }
     anyhow::bail!(

@@ -330,15 +330,30 @@ pub fn decode_chain(value: &str) -> Option<Vec<ActorKey>> {
         .collect()
 }
 
-/// How long a replication request of `bytes` may take: a second, and a
-/// second per 4 MiB (16 MiB, the largest, 5 s as before). A backup that
-/// hangs (paused, cut off) holds every commit of its owner behind it until
-/// it is dropped ([`super::replication::DROP_AFTER`] after the first
-/// attempt that got no answer): with 5 s for every request, a small batch
-/// waited out 5 s before the 3 s even began, and the owner's writes
-/// stalled 8 s (found by a cluster probe).
+/// Replication requests smaller than this are quick: they get
+/// [`QUICK_TIMEOUT`].
+const QUICK_BYTES: usize = 1 << 20;
+/// How long a quick replication request may take (the owner's
+/// [`super::replication::DROP_AFTER`]): the owner counts a backup that
+/// leaves one unanswered as failing since it was sent. With 5 s for every
+/// request, a backup that hung (paused, cut off) held every commit of its
+/// owner for 5 s of timeout before the 3 s even began: 8 s (found by a
+/// cluster probe).
+const QUICK_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Whether a replication request of `bytes` is quick.
+pub(super) fn quick_request(bytes: usize) -> bool {
+    bytes < QUICK_BYTES
+}
+
+/// How long a replication request of `bytes` may take: 3 s if it is
+/// quick, else 5 s as before (up to 16 MiB: slow links are not made to
+/// fail by a tighter rate).
 pub(super) fn replicate_timeout(bytes: usize) -> Duration {
-    Duration::from_secs(1) + Duration::from_millis(bytes as u64 / 4096)
+    match quick_request(bytes) {
+        true => QUICK_TIMEOUT,
+        false => Duration::from_secs(5),
+    }
 }
 
 #[cfg(test)]
@@ -361,14 +376,16 @@ mod tests {
         }
     }
 
-    /// A small replication request gets little more than a second before
-    /// it counts as unanswered; the largest (16 MiB), 5 s as before.
+    /// A quick replication request waits as long as the owner waits for a
+    /// failing backup; a large one, 5 s as before.
     #[test]
     fn replication_requests_wait_by_their_size() {
-        assert_eq!(replicate_timeout(300), Duration::from_millis(1000));
-        assert!(replicate_timeout(1 << 20) < Duration::from_millis(1300));
-        assert_eq!(replicate_timeout(16 << 20), Duration::from_millis(5096));
-        assert!(replicate_timeout(1 << 20) < super::super::replication::DROP_AFTER);
+        assert_eq!(
+            replicate_timeout(300),
+            super::super::replication::DROP_AFTER
+        );
+        assert!(quick_request((1 << 20) - 1) && !quick_request(1 << 20));
+        assert_eq!(replicate_timeout(16 << 20), Duration::from_secs(5));
     }
 
     #[test]

@@ -4,10 +4,11 @@
 //!
 //! ```text
 //! {prefix}/meta                 {"layout": 1, "slots": 1024}
-//! {prefix}/credential           hex of [`credential`]: the admin token every
-//!                               node must have, as a keyed hash (written
-//!                               by the first node to start, checked by
-//!                               every other before it joins)
+//! {prefix}/credential           [`credential`]: the admin token every node
+//!                               must have, as an HMAC under a salt of the
+//!                               cluster's (written by the first node to
+//!                               start, checked by every other before it
+//!                               joins)
 //! {prefix}/members/{node_id}    MemberRecord, under the member's lease
 //! {prefix}/controller           node_id of the controller, under its lease
 //! {prefix}/stores/{node_id}     the store id (`marmot_storage::Storage::
@@ -132,22 +133,36 @@ pub enum Key<'k> {
 }
 
 /// What `{prefix}/credential` holds for nodes whose admin token is
-/// `admin_token` (none: auth off): a hash of it under a purpose of its
-/// own, never the token. Nodes with different tokens refuse each other's
-/// requests; one that joined anyway took slots that nobody could reach
-/// (found by a probe), so a node whose token differs does not join.
-pub fn credential(admin_token: Option<&str>) -> String {
-    use sha2::Digest as _;
-    let mut h = sha2::Sha256::new();
-    h.update(b"marmot cluster credential v1\0");
+/// `admin_token` (none: auth off): `v1:{salt}:{mac}`, an HMAC-SHA256 of
+/// the token under a random salt of the cluster's (hex), never the token:
+/// no table computed once reads the tokens of every cluster. Nodes with
+/// different tokens refuse each other's requests; one that joined anyway
+/// took slots that nobody could reach (found by a probe), so a node whose
+/// token differs does not join.
+pub fn credential(admin_token: Option<&str>, salt: &[u8; 16]) -> String {
+    use hmac::Mac as _;
+    let mut mac = <hmac::Hmac<sha2::Sha256>>::new_from_slice(salt).expect("any key length");
+    mac.update(b"marmot cluster credential v1\0");
     match admin_token {
         Some(t) => {
-            h.update([1]);
-            h.update(t.as_bytes());
+            mac.update(&[1]);
+            mac.update(t.as_bytes());
         }
-        None => h.update([0]),
+        None => mac.update(&[0]),
     }
-    hex::encode(h.finalize())
+    let tag = hex::encode(mac.finalize().into_bytes());
+    format!("v1:{}:{tag}", hex::encode(salt))
+}
+
+/// Whether `recorded` (a `{prefix}/credential` value) is the credential of
+/// `admin_token`.
+pub fn credential_matches(recorded: &[u8], admin_token: Option<&str>) -> bool {
+    let salt = std::str::from_utf8(recorded)
+        .ok()
+        .and_then(|r| r.strip_prefix("v1:")?.split(':').next())
+        .and_then(|s| hex::decode(s).ok())
+        .and_then(|s| <[u8; 16]>::try_from(s).ok());
+    salt.is_some_and(|salt| credential(admin_token, &salt).as_bytes() == recorded)
 }
 
 /// `{prefix}/meta`.
@@ -334,5 +349,25 @@ mod tests {
         assert_eq!(k.parse(&k.placement(&odd)), Some(Key::Placement(odd)));
         assert_eq!(k.parse("/marmot/slots/9999"), None);
         assert_eq!(k.parse("/other/meta"), None);
+    }
+
+    /// A node's credential matches the recorded one only with the same
+    /// admin token (or both without), whatever salt recorded it.
+    #[test]
+    fn credentials_match_only_the_same_token() {
+        let recorded = credential(Some("token-of-the-cluster"), &[7; 16]);
+        assert!(recorded.starts_with("v1:07070707"), "{recorded}");
+        assert!(!recorded.contains("token-of-the-cluster"));
+        let ok = |t| credential_matches(recorded.as_bytes(), t);
+        assert!(ok(Some("token-of-the-cluster")));
+        assert!(!ok(Some("token-of-another-one")));
+        assert!(!ok(None));
+        let open = credential(None, &[9; 16]);
+        assert!(credential_matches(open.as_bytes(), None));
+        assert!(!credential_matches(open.as_bytes(), Some("")));
+        assert_ne!(credential(None, &[1; 16]), open, "salted");
+        for junk in ["", "v1:", "v1:zz:00", "v2:07:00", "v1:0707:00"] {
+            assert!(!credential_matches(junk.as_bytes(), None), "{junk}");
+        }
     }
 }

@@ -9,8 +9,8 @@
 //! gets them in one request (group replication, like the group commit).
 //! A backup that refuses (it does not see itself as the backup at that
 //! epoch yet) or cannot be reached is retried; once it has failed for
-//! [`DROP_AFTER`] (from the first attempt that got no answer, whose own
-//! timeout grows with its size: `peer::replicate_timeout`), the owner
+//! [`DROP_AFTER`] (from the first quick attempt that got no answer, which
+//! waits as long: `peer::replicate_timeout`), the owner
 //! drops it from the slot (compare-and-swap) and
 //! the slot runs without a backup (degraded, counted in metrics and
 //! `GET /v1/cluster`). A batch whose slot moved to another node meanwhile
@@ -314,9 +314,12 @@ impl Sender {
             }
             let mut progressed = false;
             let attempt_started = Instant::now();
-            let carries_blobs = pending.iter().any(|&i| !all[i].blob_shas().is_empty());
+            // Whether this attempt was quick to make: small requests, no
+            // blobs. Only then does an unanswered one count as failing
+            // from when it went (see below).
+            let mut quick = false;
             if let Some(base) = &url {
-                match self.send(base, &pending, all, &mut sent).await {
+                match self.send(base, &pending, all, &mut sent, &mut quick).await {
                     Ok(outcomes) => {
                         let mut refused = Vec::new();
                         for (&i, o) in pending.iter().zip(&outcomes) {
@@ -348,17 +351,18 @@ impl Sender {
             // was: dropped at once, not after `DROP_AFTER` of commits
             // waiting for it. A member key gone for another reason (a
             // lease that lapsed and is renewed) gets the full wait.
-            // Failing since the attempt that got no answer was sent (a
-            // backup that hangs used up the request's timeout first), or
-            // since it failed if it carried blobs (a long transfer that
-            // then fails once is not seconds of failing).
+            // Failing since a quick attempt that got no answer was sent (a
+            // backup that hangs used up its timeout, 3 s, first: the
+            // owner's writes waited 5 s of timeout and then 3 s more), or
+            // since a long one failed (a large transfer that then fails
+            // once is not seconds of failing).
             let since = if progressed {
                 failing_since = None;
                 Instant::now()
             } else {
-                *failing_since.get_or_insert_with(|| match carries_blobs {
-                    true => Instant::now(),
-                    false => attempt_started,
+                *failing_since.get_or_insert_with(|| match quick {
+                    true => attempt_started,
+                    false => Instant::now(),
                 })
             };
             if since.elapsed() >= DROP_AFTER || self.cluster.left_gracefully(&node) {
@@ -431,9 +435,12 @@ impl Sender {
         idx: &[usize],
         all: &[&ReplicaBatch],
         sent: &mut std::collections::HashSet<usize>,
+        quick: &mut bool,
     ) -> anyhow::Result<Vec<String>> {
         let batches: Vec<&ReplicaBatch> = idx.iter().map(|&i| all[i]).collect();
         let shas: Vec<[u8; 32]> = batches.iter().flat_map(|b| b.blob_shas()).collect();
+        let bodies = requests(&batches)?;
+        *quick = shas.is_empty() && bodies.iter().all(|b| super::peer::quick_request(b.len()));
         if !shas.is_empty() {
             // A snapshot's blobs may be there already (a node that held
             // the slot before); a turn's were just written.
@@ -450,7 +457,7 @@ impl Sender {
         }
         sent.extend(idx.iter().copied());
         let mut outcomes = Vec::with_capacity(batches.len());
-        for request in requests(&batches)? {
+        for request in bodies {
             match self.peers.replicate(base, request).await {
                 Ok(o) => outcomes.extend(o),
                 Err(e) if outcomes.is_empty() => return Err(e.into()),

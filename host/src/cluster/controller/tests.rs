@@ -337,6 +337,16 @@ fn a_slot_that_failed_over_to_another_region_goes_home() {
     assert_eq!(for_3(decide(&v, TTL, &mut |_, _| true)), None);
     let v = view_in(&members, &[(3, slot_of("eu", "a", Some("b")))]);
     assert_eq!(for_3(decide(&v, TTL, &mut |_, _| true)), None);
+    // Many such slots: a few catch up at a time.
+    let many: Vec<(u32, SlotRecord)> = (0..40)
+        .map(|s| (s, slot_of("eu", "a", Some("c"))))
+        .collect();
+    let v = view_in(&members, &many);
+    let joining = decide(&v, TTL, &mut |_, _| true)
+        .into_iter()
+        .filter(|w| w.record.joining.is_some())
+        .count();
+    assert_eq!(joining, REBALANCE_AT_ONCE);
     // A rebalance moves it to eu's preferred node, through its backup.
     let home = preferred(&v, 3, "eu").unwrap();
     let v = view_in(&members, &[(3, slot_of("eu", "c", Some(home)))]);
