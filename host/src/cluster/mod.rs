@@ -756,23 +756,10 @@ async fn check_credential(
     credential: &str,
     admin_token: Option<&str>,
 ) -> anyhow::Result<()> {
-    let txn = Txn::new()
-        .when([Compare::create_revision(
-            keys.credential(),
-            CompareOp::Equal,
-            0,
-        )])
-        .and_then([TxnOp::put(keys.credential(), credential, None)])
-        .or_else([TxnOp::get(keys.credential(), None)]);
-    let resp = client.txn(txn).await?;
-    if resp.succeeded() {
+    let Some(found) = create_or_get(client, keys.credential(), credential.as_bytes()).await? else {
         return Ok(());
-    }
-    let found = resp.op_responses().into_iter().find_map(|r| match r {
-        etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
-        _ => None,
-    });
-    if found.is_some_and(|f| records::credential_matches(&f, admin_token)) {
+    };
+    if records::credential_matches(&found, admin_token) {
         return Ok(());
     }
     anyhow::bail!(
@@ -783,27 +770,39 @@ async fn check_credential(
     )
 }
 
+/// Put `value` at `key` if nothing is there (`None`), else what is there.
+async fn create_or_get(
+    client: &mut Client,
+    key: String,
+    value: &[u8],
+) -> anyhow::Result<Option<Vec<u8>>> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(key.clone(), value, None)])
+        .or_else([TxnOp::get(key, None)]);
+    let resp = client.txn(txn).await?;
+    if resp.succeeded() {
+        return Ok(None);
+    }
+    let found = resp.op_responses().into_iter().find_map(|r| match r {
+        etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
+        _ => None,
+    });
+    // The compare said the key is there, in the same revision.
+    Ok(Some(found.unwrap_or_default()))
+}
+
 /// Create `meta` on first use, or check that this build speaks its layout.
 async fn check_meta(client: &mut Client, keys: &Keys) -> anyhow::Result<()> {
     let meta = MetaRecord {
         layout: LAYOUT_VERSION,
         slots: SLOTS,
     };
-    let txn = Txn::new()
-        .when([Compare::create_revision(keys.meta(), CompareOp::Equal, 0)])
-        .and_then([TxnOp::put(keys.meta(), serde_json::to_vec(&meta)?, None)])
-        .or_else([TxnOp::get(keys.meta(), None)]);
-    let resp = client.txn(txn).await?;
-    if resp.succeeded() {
+    let Some(found) = create_or_get(client, keys.meta(), &serde_json::to_vec(&meta)?).await? else {
         return Ok(());
-    }
-    let found = resp.op_responses().into_iter().find_map(|r| match r {
-        etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
-        _ => None,
-    });
-    let found: MetaRecord = found
-        .as_deref()
-        .and_then(|b| serde_json::from_slice(b).ok())
+    };
+    let found: MetaRecord = serde_json::from_slice(&found)
+        .ok()
         .context("the cluster's meta record in etcd does not decode")?;
     anyhow::ensure!(
         found == meta,
