@@ -342,3 +342,36 @@ async fn a_peer_catalog_installs_versions_that_later_checks_refuse() {
         assert!(peer.created, "{ty}");
     }
 }
+
+/// Code whose `report-memory-origin` never returns, installed from a
+/// peer's catalog (no deploy check there): each message to it fails in
+/// about its CPU slice, naming the export, and never hangs; other actors
+/// are served meanwhile.
+#[tokio::test]
+async fn an_origin_report_that_never_returns_fails_each_message_quickly() {
+    const SPINNING: &[u8] = include_bytes!(env!("MARMOT_GUEST_MARMOT_SPINNING_ORIGIN"));
+    let (_dir, node) = node().await;
+    let config = TypeConfig {
+        cpu_slice_ms: Some(300),
+        ..Default::default()
+    };
+    node.deploy_from_peer("spinner", CodeKind::Wasm, SPINNING.to_vec(), config, 1)
+        .await
+        .expect("a peer's version is installed");
+    let key = ActorKey::new("spinner", "a").unwrap();
+    for _ in 0..2 {
+        let started = std::time::Instant::now();
+        let fut = node.send(&key, Bytes::from_static(b"{}"), None, None);
+        let r = tokio::time::timeout(Duration::from_secs(10), fut)
+            .await
+            .expect("it answered");
+        let e = format!("{:?}", r.expect_err("no message can run it"));
+        assert!(e.contains("report-memory-origin"), "{e}");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(send(&node, r#"{"op":"add","by":1}"#).await.is_ok());
+    }
+}
