@@ -455,7 +455,9 @@ pub struct AlarmsConfig {
     pub max_attempts: u32,
     /// First retry delay; doubles per attempt, with jitter.
     pub retry_base_ms: u64,
-    /// Alarm turns in flight at once (spreads wake-ups after a restart).
+    /// Alarm turns running at once (spreads wake-ups after a restart, and
+    /// keeps a burst of due alarms from crowding out requests); their
+    /// commits are awaited apart.
     pub concurrency: usize,
     /// How often the scheduler reads the due index again. Alarms set on
     /// this node reach it at once; the reads find the rest: alarms of
@@ -501,7 +503,7 @@ impl Default for AlarmsConfig {
             max_per_actor: 1000,
             max_attempts: 5,
             retry_base_ms: 1000,
-            concurrency: 256,
+            concurrency: 16,
             reload_ms: 20_000,
             reload_batch: 200_000,
         }

@@ -173,6 +173,7 @@ impl ActorTask {
         let result = self
             .run_turn(kind, version, turn_id, input, Arc::from([]))
             .await;
+        ticket.ran();
         let max_attempts = self.env.config.alarms.max_attempts.max(1);
         let (finished, extras) = match result {
             Ok((_, finished)) => {
