@@ -123,7 +123,7 @@ pub enum Message {
 pub enum Content {
     /// Plain text.
     Text(String),
-    /// Parts: a non-empty list of objects, each with a string `type`.
+    /// Parts: a list of objects, each with a string `type`.
     Parts(Vec<Value>),
     /// Any other JSON (a tool result given as an object, or as a list of
     /// anything but parts): sent as its JSON text.
@@ -139,9 +139,9 @@ impl<'de> Deserialize<'de> for Content {
         let is_part = |v: &Value| v.get("type").is_some_and(Value::is_string);
         Ok(match Value::deserialize(d)? {
             Value::String(t) => Content::Text(t),
-            Value::Array(items) if !items.is_empty() && items.iter().all(is_part) => {
-                Content::Parts(items)
-            }
+            // An empty list is no parts, as it was (as text it became a
+            // "[]" the model read from the user and itself).
+            Value::Array(items) if items.iter().all(is_part) => Content::Parts(items),
             v => Content::Json(v),
         })
     }
@@ -174,7 +174,8 @@ impl Content {
         let is_text =
             |p: &Value| p.get("type") == Some(&Value::from("text")) && p["text"].is_string();
         match self {
-            Content::Parts(parts) if !parts.iter().all(is_text) => {
+            // A tool that found nothing answered `[]`: that, not "".
+            Content::Parts(parts) if parts.is_empty() || !parts.iter().all(is_text) => {
                 Value::from(parts.clone()).to_string()
             }
             c => c.text(),

@@ -74,7 +74,7 @@ pub(super) fn encode(req: &ChatRequest, model: &str, messages: &[Message]) -> Va
                 block.insert(
                     "content".into(),
                     match content {
-                        Content::Parts(p) if blocks(p) => p.clone().into(),
+                        Content::Parts(p) if !p.is_empty() && blocks(p) => p.clone().into(),
                         c => c.tool_text().into(),
                     },
                 );

@@ -240,6 +240,27 @@ fn tool_results_that_are_lists_are_sent_whole() {
             None => assert!(result[0]["type"] == "text", "{content}: {result}"),
         }
     }
+    // An empty list as a message's content is no content, not the text
+    // "[]" (which the model read as said by the user and by itself).
+    let r = ChatRequest::parse(
+        &json!({"provider": "p", "model": "m", "messages": [
+            {"role": "user", "content": []},
+            {"role": "assistant", "content": [], "tool_calls": [{"id": "c1", "name": "f", "arguments": {}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    for f in [
+        Format::OpenAiChat,
+        Format::OpenAiResponses,
+        Format::AnthropicMessages,
+    ] {
+        let b = f
+            .encode(&r, "m", &sendable(&r.messages), &EncodeOptions::default())
+            .unwrap();
+        assert!(!b.to_string().contains(r#""[]""#), "{f:?}: {b}");
+    }
     // Records that happen to have a `type` are not Anthropic blocks.
     let events = json!([{"type": "event", "date": "2026-12-08"}]);
     let r = ChatRequest::parse(
