@@ -255,10 +255,17 @@ impl TypeConfig {
         } else {
             d.max_memory_bytes
         };
+        // Held to the bounds of a new deploy (`validate_bounds`) here too: a
+        // version deployed before them, or a node default past them, would
+        // have no limit (found by a probe).
+        let ms = |v: u64, max: u64| Duration::from_millis(v.min(max));
         ResolvedTypeConfig {
-            idle_timeout: Duration::from_millis(self.idle_timeout_ms.unwrap_or(d.idle_timeout_ms)),
-            turn_timeout: Duration::from_millis(self.turn_timeout_ms.unwrap_or(d.turn_timeout_ms)),
-            cpu_slice: Duration::from_millis(self.cpu_slice_ms.unwrap_or(d.cpu_slice_ms)),
+            idle_timeout: ms(
+                self.idle_timeout_ms.unwrap_or(d.idle_timeout_ms),
+                7 * DAY_MS,
+            ),
+            turn_timeout: ms(self.turn_timeout_ms.unwrap_or(d.turn_timeout_ms), DAY_MS),
+            cpu_slice: ms(self.cpu_slice_ms.unwrap_or(d.cpu_slice_ms), DAY_MS),
             cpu_slice_is_total: false,
             max_memory_bytes: self.max_memory_bytes.unwrap_or(memory_default),
             env: self.env.clone(),
@@ -325,4 +332,32 @@ pub struct ResolvedHttp {
     pub max_redirects: u32,
     /// Requests in flight at once across the type's actors.
     pub concurrency: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A version deployed before the bounds, or a node default past them,
+    /// runs under them all the same.
+    #[test]
+    fn timeouts_resolve_within_their_bounds() {
+        let huge = TypeConfig {
+            idle_timeout_ms: Some(u64::MAX),
+            turn_timeout_ms: Some(u64::MAX),
+            cpu_slice_ms: Some(u64::MAX),
+            ..Default::default()
+        };
+        assert!(huge.validate_bounds().is_err());
+        let r = huge.resolve(&TypeDefaults::default(), true);
+        assert_eq!(r.idle_timeout, Duration::from_millis(7 * DAY_MS));
+        assert_eq!(r.turn_timeout, Duration::from_millis(DAY_MS));
+        assert_eq!(r.cpu_slice, Duration::from_millis(DAY_MS));
+        let small = TypeConfig {
+            turn_timeout_ms: Some(2_000),
+            ..Default::default()
+        };
+        let r = small.resolve(&TypeDefaults::default(), false);
+        assert_eq!(r.turn_timeout, Duration::from_secs(2));
+    }
 }
