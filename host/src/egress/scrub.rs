@@ -122,8 +122,8 @@ impl Scrub {
 /// it is: with `"`, `\` and control characters escaped (every encoder),
 /// and in addition `/` as `\/` (PHP), everything outside ASCII as
 /// `\uXXXX` (Python's and PHP's default), or `<`, `>`, `&`, `=`, `'`,
-/// U+2028 and U+2029 as `\uXXXX` (Go's default, and Gson's, which adds
-/// `=` and `'`), alone or together. Hex digits
+/// `+`, `` ` ``, U+2028 and U+2029 as `\uXXXX` (Go's default; Gson's adds
+/// `=` and `'`, .NET's `+`, `'` and `` ` ``), alone or together. Hex digits
 /// match in either case, as every value does. A value with none of those
 /// characters has no other spelling.
 fn json_spellings(value: &[u8]) -> Vec<Vec<u8>> {
@@ -142,7 +142,7 @@ fn json_spellings(value: &[u8]) -> Vec<Vec<u8>> {
                 '\n' => s.push_str("\\n"),
                 '\r' => s.push_str("\\r"),
                 '\t' => s.push_str("\\t"),
-                '<' | '>' | '&' | '=' | '\'' | '\u{2028}' | '\u{2029}' if html => {
+                '<' | '>' | '&' | '=' | '\'' | '+' | '`' | '\u{2028}' | '\u{2029}' if html => {
                     escape_u(&mut s, c)
                 }
                 c if c < ' ' => escape_u(&mut s, c),
@@ -448,6 +448,13 @@ mod tests {
             let body = format!(r#"{{"echo":"{spelled}"}}"#);
             assert_eq!(s.text(body), r#"{"echo":"[redacted]"}"#, "{spelled}");
         }
+        // .NET's: `+` (in base64 keys) as `\u002B`.
+        let mut s = Scrub::default();
+        s.add(b"qK7vR2+pXw9ZbY3mN8tL1s");
+        assert_eq!(
+            s.text(r#"{"dotnet":"qK7vR2\u002BpXw9ZbY3mN8tL1s"}"#.into()),
+            r#"{"dotnet":"[redacted]"}"#
+        );
         // Gson's: `=` (a base64 key's padding) as `\u003d`.
         let mut s = Scrub::default();
         s.add(b"c2stYWJjZGVm==");
