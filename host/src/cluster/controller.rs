@@ -48,18 +48,29 @@ const WRITES_PER_TXN: usize = 64;
 /// snapshot of its slot, and the slot runs without a backup meanwhile).
 const REBALANCE_AT_ONCE: usize = 8;
 
+/// How long a live node that its owner could not reach stays passed over
+/// as the slot's backup (`avoid`): then it may be chosen again. It was for
+/// as long as it stayed up, so a pause of a few seconds (a GC, a VM
+/// migration) left a slot with no other candidate on one disk for good
+/// (found by a probe). One still unreachable is dropped again in 3 s.
+const AVOID_FOR: Duration = Duration::from_secs(30);
+
 pub(super) async fn run(inner: Arc<Inner>) {
     let mut gone_since: HashMap<String, Instant> = HashMap::new();
+    let mut avoided_since: HashMap<u32, (String, Instant)> = HashMap::new();
     loop {
         let changed = inner.changed.notified();
         if inner.lease.alive() {
             match campaign(&inner).await {
                 Ok(true) => {
-                    if let Err(e) = assign(&inner, &mut gone_since).await {
+                    if let Err(e) = assign(&inner, &mut gone_since, &mut avoided_since).await {
                         tracing::warn!(error = %e, "slot assignment round failed");
                     }
                 }
-                Ok(false) => gone_since.clear(),
+                Ok(false) => {
+                    gone_since.clear();
+                    avoided_since.clear();
+                }
                 Err(e) => tracing::debug!(error = %e, "controller campaign failed"),
             }
         }
@@ -300,6 +311,47 @@ fn decide(
     writes
 }
 
+/// Clear the `avoid` of slots that have passed over a live node for
+/// [`AVOID_FOR`] (since this controller first saw it; `since` keeps that),
+/// unless this round changes the slot already.
+fn forgive_avoided(
+    view: &View,
+    writes: &mut Vec<Write>,
+    since: &mut HashMap<u32, (String, Instant)>,
+    now: Instant,
+) {
+    let decided: BTreeSet<u32> = writes.iter().map(|w| w.slot).collect();
+    let mut seen = HashMap::new();
+    for slot in 0..SLOTS {
+        let Some(e) = view.slots[slot as usize].as_ref() else {
+            continue;
+        };
+        let Some(avoided) = e.record.avoid.as_deref() else {
+            continue;
+        };
+        if !view.members.contains_key(avoided) {
+            continue;
+        }
+        let first = match since.get(&slot) {
+            Some((n, t)) if n == avoided => *t,
+            _ => now,
+        };
+        seen.insert(slot, (avoided.to_owned(), first));
+        if now.duration_since(first) >= AVOID_FOR && !decided.contains(&slot) {
+            writes.push(Write {
+                slot,
+                revision: Some(e.mod_revision),
+                record: SlotRecord {
+                    avoid: None,
+                    ..e.record.clone()
+                },
+                failover: false,
+            });
+        }
+    }
+    *since = seen;
+}
+
 /// The backup for a slot owned by `owner`: the first of `ranked` (live
 /// members by rendezvous score) other than `owner` and `avoid`, in the
 /// slot's `region` (else `owner`'s) if one is — so that a failover keeps
@@ -456,7 +508,11 @@ pub(super) fn slots_to_move(view: &View) -> usize {
 }
 
 /// One round: compute the writes, apply them in compare-and-swap batches.
-async fn assign(inner: &Inner, gone_since: &mut HashMap<String, Instant>) -> anyhow::Result<()> {
+async fn assign(
+    inner: &Inner,
+    gone_since: &mut HashMap<String, Instant>,
+    avoided_since: &mut HashMap<u32, (String, Instant)>,
+) -> anyhow::Result<()> {
     let (writes, rebalanced) = {
         let v = inner.view();
         let now = Instant::now();
@@ -466,6 +522,7 @@ async fn assign(inner: &Inner, gone_since: &mut HashMap<String, Instant>) -> any
             let since = *gone_since.entry(node.to_owned()).or_insert(now);
             now.duration_since(since) >= d
         });
+        forgive_avoided(&v, &mut writes, avoided_since, now);
         let mut rebalanced = None;
         if let Some((_, revision)) = &v.rebalance {
             let decided: BTreeSet<u32> = writes.iter().map(|w| w.slot).collect();

@@ -376,3 +376,49 @@ fn a_slot_that_failed_over_to_another_region_goes_home() {
         }
     );
 }
+
+/// A live node the owner could not reach is passed over as the backup for
+/// a while, then may be chosen again: in a cluster of two, a pause of a
+/// few seconds left the slot on one disk for good.
+#[test]
+fn an_avoided_live_node_is_forgiven_after_a_while() {
+    let avoided = SlotRecord {
+        avoid: Some("b".into()),
+        ..slot("a", None, true, 3)
+    };
+    let v = view(&["a", "b"], &[(3, avoided.clone())]);
+    // Not chosen now: it is avoided, and nobody else is live.
+    assert!(
+        decide(&v, TTL, &mut |_, _| true)
+            .iter()
+            .all(|w| w.slot != 3)
+    );
+    let mut since = HashMap::new();
+    let t0 = Instant::now();
+    let mut writes = Vec::new();
+    forgive_avoided(&v, &mut writes, &mut since, t0);
+    assert!(writes.is_empty(), "forgiven at once");
+    forgive_avoided(&v, &mut writes, &mut since, t0 + AVOID_FOR / 2);
+    assert!(writes.is_empty(), "forgiven too soon");
+    forgive_avoided(&v, &mut writes, &mut since, t0 + AVOID_FOR);
+    let [w] = &writes[..] else {
+        panic!("{writes:?}")
+    };
+    assert_eq!(
+        w.record,
+        SlotRecord {
+            avoid: None,
+            ..avoided.clone()
+        }
+    );
+    // Once forgiven, the next round has it catch up as the backup.
+    let v = view(&["a", "b"], &[(3, w.record.clone())]);
+    let next = decide(&v, TTL, &mut |_, _| true);
+    let w = next.iter().find(|w| w.slot == 3).expect("a joining node");
+    assert_eq!(w.record.joining.as_deref(), Some("b"));
+    // A node that is not live is not tracked (it is cleared when it left).
+    let v = view(&["a"], &[(3, avoided)]);
+    let mut writes = Vec::new();
+    forgive_avoided(&v, &mut writes, &mut since, t0);
+    assert!(since.is_empty());
+}
