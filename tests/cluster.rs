@@ -1266,7 +1266,7 @@ async fn a_node_with_another_admin_token_is_refused_before_it_joins() {
     assert!(
         other
             .log_text()
-            .contains("admin_token is not the one the cluster's nodes use"),
+            .contains("admin_token is not the one recorded for the cluster"),
         "{}",
         other.log_text()
     );
@@ -1274,4 +1274,57 @@ async fn a_node_with_another_admin_token_is_refused_before_it_joins() {
     let members = status["members"].as_array().unwrap();
     assert_eq!(members.len(), 1, "{status}");
     assert_eq!(status["slots_assigned"], 1024, "{status}");
+}
+
+/// A cluster formed by a build that recorded no credential: the first
+/// node to record one checks its token with a live member first. A node
+/// with another token, upgraded first, recorded its own and locked every
+/// right node out (found by a probe); now it is refused, and a right one
+/// records the credential.
+#[tokio::test]
+async fn a_wrong_token_cannot_record_the_credential_of_a_running_cluster() {
+    use base64::Engine as _;
+    let dir = common::tempdir();
+    let Some(etcd) = Etcd::start(dir.path()) else {
+        return;
+    };
+    let config = |id: &str, port: u16| {
+        format!(
+            "[cluster]\nnode_id = \"{id}\"\nadvertise = \"http://127.0.0.1:{port}\"\n\
+             etcd = [\"{}\"]\nlease_ttl_s = 2\n",
+            etcd.url
+        )
+    };
+    let token = "the-clusters-token-0123456789";
+    let node = |id: &str, token: &str| {
+        let port = common::free_port();
+        let (data, config) = (dir.path().join(id), config(id, port));
+        common::Marmot::spawn_serve_on(port, &data, &[MASTER_KEY], Some(&config), token)
+    };
+    let mut first = node("n1", token);
+    first.wait_ready().await;
+    // As if the cluster had been formed before credentials were recorded.
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let deleted = reqwest::Client::new()
+        .post(format!("{}/v3/kv/deleterange", etcd.url))
+        .json(&json!({"key": b64.encode("/marmot/credential")}))
+        .send()
+        .await
+        .unwrap();
+    assert!(deleted.status().is_success());
+    let mut wrong = node("n2", "another-token-0123456789");
+    assert!(
+        wrong.wait_exit(Duration::from_secs(30)),
+        "it ran: {}",
+        wrong.log_text()
+    );
+    let log = wrong.log_text();
+    assert!(
+        log.contains("`n1` refuses this node's admin_token"),
+        "{log}"
+    );
+    let mut right = node("n3", token);
+    right.wait_ready().await;
+    let status = first.client().get("/v1/cluster").await.json;
+    assert_eq!(status["members"].as_array().unwrap().len(), 2, "{status}");
 }

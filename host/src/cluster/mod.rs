@@ -756,18 +756,63 @@ async fn check_credential(
     credential: &str,
     admin_token: Option<&str>,
 ) -> anyhow::Result<()> {
+    let recorded = client.get(keys.credential(), None).await?;
+    if recorded.kvs().is_empty() {
+        check_token_with_members(client, keys, admin_token).await?;
+    }
     let Some(found) = create_or_get(client, keys.credential(), credential.as_bytes()).await? else {
         return Ok(());
     };
     if records::credential_matches(&found, admin_token) {
         return Ok(());
     }
+    let mine = match admin_token {
+        Some(_) => "this node's admin_token",
+        None => "this node has no admin_token (auth off), which",
+    };
     anyhow::bail!(
-        "this node's admin_token is not the one the cluster's nodes use (etcd key {} holds a \
-         hash of theirs): every node needs the same admin_token. Not joining. To change the \
-         token, stop every node, delete that key, and start them with the new one",
+        "{mine} is not the one recorded for the cluster (etcd key {} holds a hash of it, written \
+         by the first node to start): every node needs the same admin_token. Not joining. If the \
+         recorded one is the mistake, stop every node, delete that key, and start them with the \
+         right one",
         keys.credential()
     )
+}
+
+/// Before it records the cluster's credential, which a cluster formed by
+/// an earlier build has none of, a node checks its token with the live
+/// members: one with another token, upgraded first, recorded its own and
+/// locked every right node out (found by a probe). A member that refuses
+/// it stops it; one that takes it, or none answering, lets it go on.
+async fn check_token_with_members(
+    client: &mut Client,
+    keys: &Keys,
+    admin_token: Option<&str>,
+) -> anyhow::Result<()> {
+    let all = Some(GetOptions::new().with_prefix());
+    let resp = client.get(keys.members(), all).await?;
+    let http = peer_client();
+    for kv in resp.kvs() {
+        let Ok(member) = serde_json::from_slice::<MemberRecord>(kv.value()) else {
+            continue;
+        };
+        let mut req = http
+            .get(format!("{}/v1/cluster", member.advertise))
+            .timeout(Duration::from_secs(5));
+        if let Some(t) = admin_token {
+            req = req.bearer_auth(t);
+        }
+        match req.send().await.map(|r| r.status()) {
+            Ok(s) if s.is_success() => return Ok(()),
+            Ok(s) if s == reqwest::StatusCode::UNAUTHORIZED => anyhow::bail!(
+                "the cluster's node `{}` refuses this node's admin_token ({s}): every node needs \
+                 the same admin_token. Not joining",
+                member.node_id
+            ),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Put `value` at `key` if nothing is there (`None`), else what is there.

@@ -68,6 +68,11 @@ impl Keys {
         format!("{}/credential", self.prefix)
     }
 
+    /// Every member's key starts with this.
+    pub fn members(&self) -> String {
+        format!("{}/members/", self.prefix)
+    }
+
     pub fn member(&self, node_id: &str) -> String {
         format!("{}/members/{node_id}", self.prefix)
     }
