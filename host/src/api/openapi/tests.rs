@@ -230,7 +230,13 @@ fn parameters_auth_and_rate_limits_are_described() {
                 }
             }
             if responses.contains_key("429") && !open {
-                reachable.insert(at);
+                reachable.insert(at.clone());
+            }
+            // The edge's 400 (two `Authorization` headers) anywhere, and a
+            // body that stops arriving wherever one is taken.
+            assert!(responses.contains_key("400"), "{at}: 400");
+            if op.get("requestBody").is_some() {
+                assert!(responses.contains_key("408"), "{at}: 408");
             }
         }
     }
@@ -242,6 +248,11 @@ fn parameters_auth_and_rate_limits_are_described() {
     ] {
         assert!(reachable.contains(at), "{at} takes client tokens");
     }
+    let hooks = &doc["paths"]["/v1/hooks/{type}/{id}/{name}"]["post"]["responses"];
+    assert!(
+        hooks.get("429").is_some(),
+        "a type's rate limit holds hooks too"
+    );
     for at in [
         "get /v1/types",
         "delete /v1/actors/{type}/{id}",
