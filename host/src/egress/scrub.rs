@@ -11,6 +11,11 @@ use zeroize::Zeroizing;
 #[derive(Clone, Default)]
 pub struct Scrub {
     needles: Vec<Zeroizing<Vec<u8>>>,
+    /// The bytes a value starts with, in either ASCII case (a bit each):
+    /// the scans look for values only where one may start. Each value has
+    /// up to eight spellings, and looking for every one at every byte made
+    /// a large body's scrub four times slower (found by a probe).
+    firsts: [u64; 4],
 }
 
 /// What a scrubbed secret is replaced with.
@@ -31,6 +36,9 @@ impl Scrub {
 
     fn add_spelling(&mut self, value: &[u8]) {
         if !value.is_empty() && !self.needles.iter().any(|n| n.eq_ignore_ascii_case(value)) {
+            for b in [value[0].to_ascii_lowercase(), value[0].to_ascii_uppercase()] {
+                self.firsts[usize::from(b / 64)] |= 1 << (b % 64);
+            }
             self.needles.push(Zeroizing::new(value.to_vec()));
             // Longest first: a value that contains another is replaced
             // whole, not around the shorter one.
@@ -52,7 +60,25 @@ impl Scrub {
 
     /// Whether `text` holds a whole secret value, in any ASCII case.
     pub fn found_in(&self, text: &[u8]) -> bool {
-        self.needles.iter().any(|n| contains(text, n))
+        (0..text.len()).any(|i| self.value_at(&text[i..]).is_some())
+    }
+
+    /// Whether a value may start with `b`.
+    fn may_start(&self, b: u8) -> bool {
+        self.firsts[usize::from(b / 64)] & (1 << (b % 64)) != 0
+    }
+
+    /// The longest value `text` starts with.
+    fn value_at(&self, text: &[u8]) -> Option<&[u8]> {
+        let first = *text.first()?;
+        if !self.may_start(first) {
+            return None;
+        }
+        // Longest first.
+        self.needles
+            .iter()
+            .find(|n| starts_with(text, n))
+            .map(|n| n.as_slice())
     }
 
     /// `bytes` with every secret value replaced.
@@ -87,24 +113,24 @@ impl Scrub {
     }
 
     /// `bytes` with every whole value replaced.
+    /// One pass, left to right, the longest value at each place.
     fn whole_values(&self, bytes: Vec<u8>) -> Vec<u8> {
-        let mut out = bytes;
-        for needle in &self.needles {
-            if out.len() < needle.len() || !contains(&out, needle) {
-                continue;
-            }
-            let mut next = Vec::with_capacity(out.len());
-            let mut i = 0;
-            while i < out.len() {
-                if starts_with(&out[i..], needle) {
-                    next.extend_from_slice(REDACTED.as_bytes());
-                    i += needle.len();
-                } else {
-                    next.push(out[i]);
+        if !self.found_in(&bytes) {
+            return bytes;
+        }
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            match self.value_at(&bytes[i..]) {
+                Some(value) => {
+                    out.extend_from_slice(REDACTED.as_bytes());
+                    i += value.len();
+                }
+                None => {
+                    out.push(bytes[i]);
                     i += 1;
                 }
             }
-            out = next;
         }
         out
     }
@@ -203,6 +229,12 @@ impl StreamScrub {
         let mut i = 0;
         'scan: while i < buf.len() {
             let rest = &buf[i..];
+            // Neither a value nor the start of one begins here.
+            if !self.scrub.may_start(rest[0]) {
+                out.push(rest[0]);
+                i += 1;
+                continue;
+            }
             // Longest first: a value that may still grow into a longer
             // one waits rather than being replaced around it.
             for needle in &self.scrub.needles {
@@ -279,12 +311,6 @@ impl TextStreamScrub {
             Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
         }
     }
-}
-
-/// Whether `hay` holds `needle`, ignoring ASCII case.
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len())
-        .any(|w| w.eq_ignore_ascii_case(needle))
 }
 
 /// Whether `hay` starts with `needle`, ignoring ASCII case.
