@@ -18,6 +18,7 @@
 //! its hash slot unless a placement entry names another (`placement.rs`:
 //! placed in a region at creation, or moved).
 
+mod admission;
 mod blobs;
 mod controller;
 mod lease;
@@ -42,6 +43,7 @@ use tokio::sync::Notify;
 
 use crate::config::{ClusterConfig, WithoutBackup};
 use crate::ids::ActorKey;
+use admission::{check_credential, check_meta};
 pub use blobs::{Ask, send_blobs};
 use lease::Lease;
 use patience::patiently;
@@ -49,7 +51,7 @@ pub use peer::{
     CALL_CHAIN, FROM_ACTOR, PeerError, Peers, Target, client as peer_client, decode_chain,
 };
 pub use placement::MoveStarted;
-use records::{Keys, LAYOUT_VERSION, MemberRecord, MetaRecord, SLOTS, SlotRecord};
+use records::{Keys, MemberRecord, SLOTS, SlotRecord};
 pub use replication::Replicator;
 pub use target::{TARGET, TARGET_MAC, TargetKey};
 pub use view::View;
@@ -745,117 +747,4 @@ pub(super) async fn within<T, E: Into<anyhow::Error>>(
         Ok(r) => r.map_err(Into::into),
         Err(_) => Err(patience::NoAnswer(limit).into()),
     }
-}
-
-/// Record the nodes' admin token (as [`records::credential`]) on first
-/// use, or check that this node's is the same. A node whose token differs
-/// could not reach its peers nor they it: it is refused before it joins.
-async fn check_credential(
-    client: &mut Client,
-    keys: &Keys,
-    credential: &str,
-    admin_token: Option<&str>,
-) -> anyhow::Result<()> {
-    let recorded = client.get(keys.credential(), None).await?;
-    if recorded.kvs().is_empty() {
-        check_token_with_members(client, keys, admin_token).await?;
-    }
-    let Some(found) = create_or_get(client, keys.credential(), credential.as_bytes()).await? else {
-        return Ok(());
-    };
-    if records::credential_matches(&found, admin_token) {
-        return Ok(());
-    }
-    let mine = match admin_token {
-        Some(_) => "this node's admin_token",
-        None => "this node has no admin_token (auth off), which",
-    };
-    anyhow::bail!(
-        "{mine} is not the one recorded for the cluster (etcd key {} holds a hash of it, written \
-         by the first node to start): every node needs the same admin_token. Not joining. If the \
-         recorded one is the mistake, stop every node, delete that key, and start them with the \
-         right one",
-        keys.credential()
-    )
-}
-
-/// Before it records the cluster's credential, which a cluster formed by
-/// an earlier build has none of, a node checks its token with the live
-/// members: one with another token, upgraded first, recorded its own and
-/// locked every right node out (found by a probe). A member that refuses
-/// it stops it; one that takes it, or none answering, lets it go on.
-async fn check_token_with_members(
-    client: &mut Client,
-    keys: &Keys,
-    admin_token: Option<&str>,
-) -> anyhow::Result<()> {
-    let all = Some(GetOptions::new().with_prefix());
-    let resp = client.get(keys.members(), all).await?;
-    let http = peer_client();
-    for kv in resp.kvs() {
-        let Ok(member) = serde_json::from_slice::<MemberRecord>(kv.value()) else {
-            continue;
-        };
-        let mut req = http
-            .get(format!("{}/v1/cluster", member.advertise))
-            .timeout(Duration::from_secs(5));
-        if let Some(t) = admin_token {
-            req = req.bearer_auth(t);
-        }
-        match req.send().await.map(|r| r.status()) {
-            Ok(s) if s.is_success() => return Ok(()),
-            Ok(s) if s == reqwest::StatusCode::UNAUTHORIZED => anyhow::bail!(
-                "the cluster's node `{}` refuses this node's admin_token ({s}): every node needs \
-                 the same admin_token. Not joining",
-                member.node_id
-            ),
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-/// Put `value` at `key` if nothing is there (`None`), else what is there.
-async fn create_or_get(
-    client: &mut Client,
-    key: String,
-    value: &[u8],
-) -> anyhow::Result<Option<Vec<u8>>> {
-    let txn = Txn::new()
-        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-        .and_then([TxnOp::put(key.clone(), value, None)])
-        .or_else([TxnOp::get(key, None)]);
-    let resp = client.txn(txn).await?;
-    if resp.succeeded() {
-        return Ok(None);
-    }
-    let found = resp.op_responses().into_iter().find_map(|r| match r {
-        etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
-        _ => None,
-    });
-    // The compare said the key is there, in the same revision.
-    Ok(Some(found.unwrap_or_default()))
-}
-
-/// Create `meta` on first use, or check that this build speaks its layout.
-async fn check_meta(client: &mut Client, keys: &Keys) -> anyhow::Result<()> {
-    let meta = MetaRecord {
-        layout: LAYOUT_VERSION,
-        slots: SLOTS,
-    };
-    let Some(found) = create_or_get(client, keys.meta(), &serde_json::to_vec(&meta)?).await? else {
-        return Ok(());
-    };
-    let found: MetaRecord = serde_json::from_slice(&found)
-        .ok()
-        .context("the cluster's meta record in etcd does not decode")?;
-    anyhow::ensure!(
-        found == meta,
-        "the cluster in etcd uses layout {} with {} slots; this build speaks layout {} with {} slots",
-        found.layout,
-        found.slots,
-        meta.layout,
-        meta.slots
-    );
-    Ok(())
 }
