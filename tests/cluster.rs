@@ -1225,6 +1225,15 @@ async fn a_node_started_before_etcd_joins_once_etcd_answers() {
     assert_eq!(status.status, 200, "{}", status.json);
 }
 
+/// The config of node `id` on `port` of a cluster on `etcd`.
+fn one_node_config(etcd: &Etcd, id: &str, port: u16) -> String {
+    format!(
+        "[cluster]\nnode_id = \"{id}\"\nadvertise = \"http://127.0.0.1:{port}\"\n\
+         etcd = [\"{}\"]\nlease_ttl_s = 2\n",
+        etcd.url
+    )
+}
+
 /// A node whose admin token differs from the cluster's nodes' is refused
 /// before it joins, saying so: it joined, took slots that no other node
 /// could reach (they refused its requests and it theirs) and stalled the
@@ -1235,13 +1244,7 @@ async fn a_node_with_another_admin_token_is_refused_before_it_joins() {
     let Some(etcd) = Etcd::start(dir.path()) else {
         return;
     };
-    let config = |id: &str, port: u16| {
-        format!(
-            "[cluster]\nnode_id = \"{id}\"\nadvertise = \"http://127.0.0.1:{port}\"\n\
-             etcd = [\"{}\"]\nlease_ttl_s = 2\n",
-            etcd.url
-        )
-    };
+    let config = |id: &str, port: u16| one_node_config(&etcd, id, port);
     let port = common::free_port();
     let mut first = common::Marmot::spawn_on(
         port,
@@ -1288,13 +1291,7 @@ async fn a_wrong_token_cannot_record_the_credential_of_a_running_cluster() {
     let Some(etcd) = Etcd::start(dir.path()) else {
         return;
     };
-    let config = |id: &str, port: u16| {
-        format!(
-            "[cluster]\nnode_id = \"{id}\"\nadvertise = \"http://127.0.0.1:{port}\"\n\
-             etcd = [\"{}\"]\nlease_ttl_s = 2\n",
-            etcd.url
-        )
-    };
+    let config = |id: &str, port: u16| one_node_config(&etcd, id, port);
     let token = "the-clusters-token-0123456789";
     let node = |id: &str, token: &str| {
         let port = common::free_port();
