@@ -382,7 +382,7 @@ fn check_endpoint(
     if !matches!(parsed.scheme(), "http" | "https") {
         return Err(format!("{at}.url must be http(s)"));
     }
-    if crate::sandbox::has_secret_placeholder(parsed.as_str()) {
+    if crate::egress::has_secret_placeholder(parsed.as_str()) {
         return Err(format!(
             "{at}.url: a {{{{secret:NAME}}}} placeholder is substituted in header values only, \
              not in the URL"

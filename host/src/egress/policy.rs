@@ -266,6 +266,13 @@ impl AddressPolicy {
     }
 }
 
+/// Whether `url` holds `{{secret:`, as written or percent-encoded (a URL
+/// parser encodes braces in a path).
+pub fn has_secret_placeholder(url: &str) -> bool {
+    let decoded = percent_encoding::percent_decode_str(url).decode_utf8_lossy();
+    decoded.contains("{{secret:")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

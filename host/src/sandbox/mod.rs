@@ -51,7 +51,7 @@ pub use caps::actors::{ActorCalls, ActorLimits, CallChain, CallReply, DurableBef
 pub use caps::alarms::AlarmLimits;
 pub use caps::events::EventLimits;
 pub use caps::files::FileLimits;
-pub use caps::http::{HttpAccess, HttpGrant, has_secret_placeholder};
+pub use caps::http::{HttpAccess, HttpGrant};
 pub use caps::inputs::InputLimits;
 pub use caps::log::LogLimits;
 pub use caps::model::{ModelAccess, TurnUsage};

@@ -149,13 +149,6 @@ fn idempotency_key(key: &ActorKey, turn_id: &str, index: u32) -> String {
     hex::encode(&h.finalize()[..16])
 }
 
-/// Whether `url` holds `{{secret:`, as written or percent-encoded (a URL
-/// parser encodes braces in a path).
-pub fn has_secret_placeholder(url: &str) -> bool {
-    let decoded = percent_encoding::percent_decode_str(url).decode_utf8_lossy();
-    decoded.contains("{{secret:")
-}
-
 /// Substitute the placeholders of one header value. Returns the value and
 /// whether it now holds a secret.
 fn substitute(
@@ -258,7 +251,7 @@ fn prepare(
     // It went out as written, naming the secret to the server (found by a
     // probe): a key in a query string is what many APIs ask for, and
     // sending the name instead fails far from the cause.
-    if has_secret_placeholder(url.as_str()) {
+    if crate::egress::has_secret_placeholder(url.as_str()) {
         return Err(GuestError::Invalid(
             "a `{{secret:NAME}}` placeholder is substituted in header values only, not in \
              the URL: send the key in a header (most APIs take one)"
