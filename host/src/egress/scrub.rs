@@ -11,11 +11,12 @@ use zeroize::Zeroizing;
 #[derive(Clone, Default)]
 pub struct Scrub {
     needles: Vec<Zeroizing<Vec<u8>>>,
-    /// The bytes a value starts with, in either ASCII case (a bit each):
-    /// the scans look for values only where one may start. Each value has
-    /// up to eight spellings, and looking for every one at every byte made
-    /// a large body's scrub four times slower (found by a probe).
-    firsts: [u64; 4],
+    /// The first two bytes of each value, lower-cased (a bit each of
+    /// 65,536; empty until a value is added): the scans look for values
+    /// only where one may start. Each value has several spellings, and
+    /// looking for every one at every byte made a large body's scrub
+    /// several times slower (found by probes).
+    starts: Vec<u64>,
 }
 
 /// What a scrubbed secret is replaced with.
@@ -36,8 +37,17 @@ impl Scrub {
 
     fn add_spelling(&mut self, value: &[u8]) {
         if !value.is_empty() && !self.needles.iter().any(|n| n.eq_ignore_ascii_case(value)) {
-            for b in [value[0].to_ascii_lowercase(), value[0].to_ascii_uppercase()] {
-                self.firsts[usize::from(b / 64)] |= 1 << (b % 64);
+            if self.starts.is_empty() {
+                self.starts = vec![0; 1024];
+            }
+            // A one-byte value sets every pair it starts.
+            let seconds: Vec<u8> = match value.get(1) {
+                Some(b) => vec![*b],
+                None => (0..=255).collect(),
+            };
+            for second in seconds {
+                let at = pair(value[0], second);
+                self.starts[at / 64] |= 1 << (at % 64);
             }
             self.needles.push(Zeroizing::new(value.to_vec()));
             // Longest first: a value that contains another is replaced
@@ -63,15 +73,25 @@ impl Scrub {
         (0..text.len()).any(|i| self.value_at(&text[i..]).is_some())
     }
 
-    /// Whether a value may start with `b`.
-    fn may_start(&self, b: u8) -> bool {
-        self.firsts[usize::from(b / 64)] & (1 << (b % 64)) != 0
+    /// Whether a value, or the start of one, may begin `text` (judged by
+    /// its first two bytes, or its only one).
+    fn may_start(&self, text: &[u8]) -> bool {
+        let (Some(&first), false) = (text.first(), self.starts.is_empty()) else {
+            return false;
+        };
+        let seconds = match text.get(1) {
+            Some(&b) => b..=b,
+            None => 0..=255,
+        };
+        seconds.into_iter().any(|second| {
+            let at = pair(first, second);
+            self.starts[at / 64] & (1 << (at % 64)) != 0
+        })
     }
 
     /// The longest value `text` starts with.
     fn value_at(&self, text: &[u8]) -> Option<&[u8]> {
-        let first = *text.first()?;
-        if !self.may_start(first) {
+        if !self.may_start(text) {
             return None;
         }
         // Longest first.
@@ -112,27 +132,31 @@ impl Scrub {
         })
     }
 
-    /// `bytes` with every whole value replaced.
-    /// One pass, left to right, the longest value at each place.
+    /// `bytes` with every whole value replaced: one pass, left to right,
+    /// the longest value at each place (a copy only once one is found).
     fn whole_values(&self, bytes: Vec<u8>) -> Vec<u8> {
-        if !self.found_in(&bytes) {
-            return bytes;
-        }
-        let mut out = Vec::with_capacity(bytes.len());
+        let mut out: Option<Vec<u8>> = None;
+        let mut copied = 0;
         let mut i = 0;
         while i < bytes.len() {
             match self.value_at(&bytes[i..]) {
                 Some(value) => {
-                    out.extend_from_slice(REDACTED.as_bytes());
+                    let o = out.get_or_insert_with(|| Vec::with_capacity(bytes.len()));
+                    o.extend_from_slice(&bytes[copied..i]);
+                    o.extend_from_slice(REDACTED.as_bytes());
                     i += value.len();
+                    copied = i;
                 }
-                None => {
-                    out.push(bytes[i]);
-                    i += 1;
-                }
+                None => i += 1,
             }
         }
-        out
+        match out {
+            Some(mut o) => {
+                o.extend_from_slice(&bytes[copied..]);
+                o
+            }
+            None => bytes,
+        }
     }
 
     /// `text` with every secret value replaced.
@@ -144,33 +168,49 @@ impl Scrub {
     }
 }
 
-/// How `value` (UTF-8) may be written inside a JSON string, besides as
-/// it is: with `"`, `\` and control characters escaped (every encoder),
-/// and in addition `/` as `\/` (PHP), everything outside ASCII as
-/// `\uXXXX` (Python's and PHP's default), or `<`, `>`, `&`, `=`, `'`,
-/// `+`, `` ` ``, U+2028 and U+2029 as `\uXXXX` (Go's default; Gson's adds
-/// `=` and `'`, .NET's `+`, `'` and `` ` ``), alone or together. Hex digits
-/// match in either case, as every value does. A value with none of those
-/// characters has no other spelling.
+/// JSON encoders' defaults, one spelling each: the characters (besides
+/// `"`, `\` and control characters, which every encoder escapes) each
+/// writes as `\uXXXX`, whether it writes everything outside ASCII so, and
+/// whether it writes `/` as `\/`. One set for all of them matched no real
+/// encoder: a value with `+` and `=` was written by Gson with `=` escaped
+/// and `+` not (found by a probe).
+const ENCODERS: &[(&[char], bool, bool)] = &[
+    // serde_json, JavaScript, Ruby: as it is (but `"`, `\`, controls).
+    (&[], false, false),
+    // Python's `ensure_ascii`.
+    (&[], true, false),
+    // PHP.
+    (&[], true, true),
+    // PHP with `JSON_UNESCAPED_UNICODE`.
+    (&[], false, true),
+    // Go.
+    (&['<', '>', '&', '\u{2028}', '\u{2029}'], false, false),
+    // Gson.
+    (&['<', '>', '&', '=', '\''], false, false),
+    // .NET's System.Text.Json.
+    (&['<', '>', '&', '\'', '+', '`', '"'], true, false),
+];
+
+/// How `value` (UTF-8) may be written inside a JSON string besides as it
+/// is: as each of [`ENCODERS`] writes it. Hex digits match in either case,
+/// as every value does. A value with none of those characters has no
+/// other spelling.
 fn json_spellings(value: &[u8]) -> Vec<Vec<u8>> {
     let Ok(text) = std::str::from_utf8(value) else {
         return Vec::new();
     };
     let mut out: Vec<Vec<u8>> = Vec::new();
-    for flags in 0u8..8 {
-        let (slash, non_ascii, html) = (flags & 1 != 0, flags & 2 != 0, flags & 4 != 0);
+    for &(escaped, non_ascii, slash) in ENCODERS {
         let mut s = String::with_capacity(text.len());
         for c in text.chars() {
             match c {
+                c if escaped.contains(&c) => escape_u(&mut s, c),
                 '"' => s.push_str("\\\""),
                 '\\' => s.push_str("\\\\"),
                 '/' if slash => s.push_str("\\/"),
                 '\n' => s.push_str("\\n"),
                 '\r' => s.push_str("\\r"),
                 '\t' => s.push_str("\\t"),
-                '<' | '>' | '&' | '=' | '\'' | '+' | '`' | '\u{2028}' | '\u{2029}' if html => {
-                    escape_u(&mut s, c)
-                }
                 c if c < ' ' => escape_u(&mut s, c),
                 c if !c.is_ascii() && non_ascii => escape_u(&mut s, c),
                 c => s.push(c),
@@ -181,6 +221,11 @@ fn json_spellings(value: &[u8]) -> Vec<Vec<u8>> {
         }
     }
     out
+}
+
+/// Where the pair of bytes `a`, `b` is in [`Scrub`]'s bit set.
+fn pair(a: u8, b: u8) -> usize {
+    usize::from(a.to_ascii_lowercase()) << 8 | usize::from(b.to_ascii_lowercase())
 }
 
 /// `c` as JSON's `\uXXXX`, a surrogate pair outside the BMP.
@@ -230,7 +275,7 @@ impl StreamScrub {
         'scan: while i < buf.len() {
             let rest = &buf[i..];
             // Neither a value nor the start of one begins here.
-            if !self.scrub.may_start(rest[0]) {
+            if !self.scrub.may_start(rest) {
                 out.push(rest[0]);
                 i += 1;
                 continue;
@@ -488,6 +533,21 @@ mod tests {
             s.text(r#"{"e":"c2stYWJjZGVm\u003d\u003d"}"#.into()),
             r#"{"e":"[redacted]"}"#
         );
+        // One encoder's spelling each, never a mix: Go escapes `>` and `&`
+        // but not `+` or `=`; .NET `+` but not `/` or `=`; Gson `=` but
+        // not `+` (one set for all matched none of them).
+        for (value, spelled) in [
+            ("ab+c/é>&=Z", r#"ab+c/é\u003e\u0026=Z"#),
+            ("Ab3+xY/9zQkLmN0pQ==", r#"Ab3\u002BxY/9zQkLmN0pQ=="#),
+            ("Ab3+xY/9zQkLmN0pQ==", r#"Ab3+xY/9zQkLmN0pQ\u003d\u003d"#),
+            ("Ab3+xY/9zQkLmN0pQ==", r#"Ab3+xY\/9zQkLmN0pQ=="#),
+            ("tok'en=abc<d", r#"tok'en=abc\u003cd"#),
+        ] {
+            let mut s = Scrub::default();
+            s.add(value.as_bytes());
+            let body = format!(r#"{{"e":"{spelled}"}}"#);
+            assert_eq!(s.text(body), r#"{"e":"[redacted]"}"#, "{spelled}");
+        }
         // A value with nothing to escape has one spelling.
         let mut s = Scrub::default();
         s.add(b"sk-plain_123");
