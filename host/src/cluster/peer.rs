@@ -333,13 +333,13 @@ pub fn decode_chain(value: &str) -> Option<Vec<ActorKey>> {
 /// Replication requests smaller than this are quick: they get
 /// [`QUICK_TIMEOUT`].
 const QUICK_BYTES: usize = 1 << 20;
-/// How long a quick replication request may take (the owner's
-/// [`super::replication::DROP_AFTER`]): the owner counts a backup that
-/// leaves one unanswered as failing since it was sent. With 5 s for every
-/// request, a backup that hung (paused, cut off) held every commit of its
-/// owner for 5 s of timeout before the 3 s even began: 8 s (found by a
-/// cluster probe).
-const QUICK_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a quick replication request may take: as long as the owner
+/// waits for a failing backup, which counts a backup that leaves one
+/// unanswered as failing since it was sent. With 5 s for every request, a
+/// backup that hung (paused, cut off) held every commit of its owner for
+/// 5 s of timeout before the 3 s even began: 8 s (found by a cluster
+/// probe).
+const QUICK_TIMEOUT: Duration = super::replication::DROP_AFTER;
 
 /// Whether a replication request of `bytes` is quick.
 pub(super) fn quick_request(bytes: usize) -> bool {

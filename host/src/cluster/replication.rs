@@ -10,9 +10,8 @@
 //! A backup that refuses (it does not see itself as the backup at that
 //! epoch yet) or cannot be reached is retried; once it has failed for
 //! [`DROP_AFTER`] (from the first quick attempt that got no answer, which
-//! waits as long: `peer::replicate_timeout`), the owner
-//! drops it from the slot (compare-and-swap) and
-//! the slot runs without a backup (degraded, counted in metrics and
+//! waits as long: `peer::replicate_timeout`), the owner drops it from the
+//! slot (compare-and-swap) and the slot runs without a backup (degraded, counted in metrics and
 //! `GET /v1/cluster`). A batch whose slot moved to another node meanwhile
 //! fails instead of being released.
 //!
@@ -346,11 +345,6 @@ impl Sender {
                     }
                 }
             }
-            // A backup that stopped gracefully (it said it was leaving,
-            // then revoked its lease as it exited) is not coming back as it
-            // was: dropped at once, not after `DROP_AFTER` of commits
-            // waiting for it. A member key gone for another reason (a
-            // lease that lapsed and is renewed) gets the full wait.
             // Failing since a quick attempt that got no answer was sent (a
             // backup that hangs used up its timeout, 3 s, first: the
             // owner's writes waited 5 s of timeout and then 3 s more), or
@@ -365,6 +359,11 @@ impl Sender {
                     false => Instant::now(),
                 })
             };
+            // A backup that stopped gracefully (it said it was leaving,
+            // then revoked its lease as it exited) is not coming back as it
+            // was: dropped at once, not after `DROP_AFTER` of commits
+            // waiting for it. A member key gone for another reason (a
+            // lease that lapsed and is renewed) gets the full wait.
             if since.elapsed() >= DROP_AFTER || self.cluster.left_gracefully(&node) {
                 self.drop_backup(&node, &pending, all).await;
                 backoff = Duration::from_millis(10);

@@ -266,14 +266,23 @@ impl WriterState {
         name: &str,
     ) -> Result<(), StorageError> {
         let rows = tables.delivery_heads_where(|h| h.subscription == name)?;
-        if rows.is_empty() {
-            return Ok(());
-        }
+        self.drop_deliveries(tables, &rows)
+    }
+
+    /// Remove outbox `rows` (seq and head), for the backups of their
+    /// actors' slots too.
+    fn drop_deliveries(
+        &mut self,
+        tables: &mut Tables<'_>,
+        rows: &[(u64, DeliveryHead)],
+    ) -> Result<(), StorageError> {
         for (seq, head) in rows {
-            tables.write_delivery(seq, None)?;
-            self.record_delivery(&head, None);
+            tables.write_delivery(*seq, None)?;
+            self.record_delivery(head, None);
         }
-        self.outbox_touched = true;
+        if !rows.is_empty() {
+            self.outbox_touched = true;
+        }
         Ok(())
     }
 
@@ -298,13 +307,7 @@ impl WriterState {
                 dead.push((k.value(), rec.head()));
             }
         }
-        for (seq, head) in &dead {
-            tables.write_delivery(*seq, None)?;
-            self.record_delivery(head, None);
-        }
-        if !dead.is_empty() {
-            self.outbox_touched = true;
-        }
+        self.drop_deliveries(tables, &dead)?;
         Ok(dead.len() as u64)
     }
 
