@@ -1325,3 +1325,53 @@ async fn a_wrong_token_cannot_record_the_credential_of_a_running_cluster() {
     let status = first.client().get("/v1/cluster").await.json;
     assert_eq!(status["members"].as_array().unwrap().len(), 2, "{status}");
 }
+
+/// A second node started with a live node's id is refused as soon as it
+/// sees the live node renew its lease, naming where that node runs; it
+/// waited out the whole lease before, saying only that a previous run's
+/// lease might be left (found by a probe). The live node goes on serving.
+#[tokio::test]
+async fn a_second_node_with_a_live_nodes_id_is_refused_once_its_lease_is_renewed() {
+    let dir = common::tempdir();
+    let Some(etcd) = Etcd::start(dir.path()) else {
+        return;
+    };
+    // A long lease: waited out, it would take 17 s; it is renewed every 5.
+    let config = |port: u16| {
+        format!(
+            "[cluster]\nnode_id = \"n1\"\nadvertise = \"http://127.0.0.1:{port}\"\n\
+             etcd = [\"{}\"]\nlease_ttl_s = 15\n",
+            etcd.url
+        )
+    };
+    let port = common::free_port();
+    let mut first = common::Marmot::spawn_on(
+        port,
+        &dir.path().join("a"),
+        &[MASTER_KEY],
+        Some(&config(port)),
+    );
+    first.wait_ready().await;
+    let port = common::free_port();
+    let mut twin = common::Marmot::spawn_on(
+        port,
+        &dir.path().join("b"),
+        &[MASTER_KEY],
+        Some(&config(port)),
+    );
+    assert!(
+        twin.wait_exit(Duration::from_secs(12)),
+        "it still waits: {}",
+        twin.log_text()
+    );
+    let log = twin.log_text();
+    assert!(
+        log.contains("another live node is registered as `n1`")
+            && log.contains(&first.url)
+            && log.contains("renewed"),
+        "{log}"
+    );
+    let status = first.client().get("/v1/cluster").await;
+    assert_eq!(status.status, 200, "{}", status.json);
+    assert_eq!(status.json["members"].as_array().unwrap().len(), 1);
+}

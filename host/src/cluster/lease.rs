@@ -41,6 +41,29 @@ impl Lease {
     }
 }
 
+/// What a starting node saw of the lease that holds its id.
+#[derive(Default)]
+struct Holder {
+    seen: u32,
+    /// The holder's incarnation and the seconds its lease had left.
+    last: Option<(i64, i64)>,
+}
+
+impl Holder {
+    /// Record a sighting; whether the same lease has more time left than
+    /// when last seen — renewed, so its process is alive. (A dead
+    /// process's lease only runs down; a new incarnation is not compared.)
+    fn renewed(&mut self, member: &MemberRecord, left: i64) -> bool {
+        self.seen += 1;
+        let before = self.last.replace((member.incarnation, left));
+        before.is_some_and(|(incarnation, was)| incarnation == member.incarnation && left > was)
+    }
+
+    fn first_sight(&self) -> bool {
+        self.seen == 1
+    }
+}
+
 /// The node id is registered under a lease that is still live: another
 /// process with this id runs, or this one's previous life died less than
 /// a lease ago.
@@ -57,19 +80,54 @@ impl Inner {
     /// Join at start: while the id is taken, wait out one lease (and a
     /// little): a supervisor that restarts a node killed a moment ago
     /// starts it while its old lease runs, and it exited at once. A second
-    /// live node with the id still fails, a lease later.
+    /// live node with the id fails as soon as its lease is seen renewed
+    /// (every third of the TTL), else a lease later.
     pub(super) async fn join_at_start(&self) -> anyhow::Result<()> {
         self.give_up_a_lost_store().await?;
         let deadline = Instant::now() + self.lease.ttl + Duration::from_secs(2);
+        let mut holder = Holder::default();
         loop {
             match self.join().await {
                 Err(e) if e.is::<IdTaken>() && Instant::now() < deadline => {
-                    tracing::warn!(node_id = %self.config.node_id, "this node id is still registered (a previous run's lease?); waiting for it to end");
+                    // Unknown if etcd does not say: waiting is still right.
+                    if let Ok(Some((member, left))) = self.holder().await {
+                        if holder.renewed(&member, left) {
+                            anyhow::bail!(
+                                "another live node is registered as `{}` (advertised at {}): its \
+                                 lease was renewed while this one waited. Node ids must be unique",
+                                member.node_id,
+                                member.advertise
+                            );
+                        }
+                        if holder.first_sight() {
+                            tracing::warn!(node_id = %self.config.node_id, holder = %member.advertise,
+                                lease_left_s = left,
+                                "this node id is registered under a live lease (a previous run of \
+                                 this node, killed a moment ago, or another node with the same id): \
+                                 waiting for the lease to end, or to see it renewed");
+                        }
+                    }
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
                 r => return r,
             }
         }
+    }
+
+    /// Who holds this node's id, and the seconds left on their lease.
+    async fn holder(&self) -> anyhow::Result<Option<(MemberRecord, i64)>> {
+        let key = self.keys.member(&self.config.node_id);
+        let resp = within(super::ETCD_CALL, self.client.clone().get(key, None)).await?;
+        let Some(kv) = resp.kvs().first() else {
+            return Ok(None);
+        };
+        let member: MemberRecord = serde_json::from_slice(kv.value())?;
+        let ttl = within(
+            super::ETCD_CALL,
+            self.client.clone().lease_time_to_live(kv.lease(), None),
+        )
+        .await?;
+        Ok(Some((member, ttl.ttl())))
     }
 
     /// A node back with another store than it joined with before (a new
@@ -279,5 +337,32 @@ impl Inner {
                 .confirmed(sent_at, Duration::from_secs(reply.ttl() as u64));
             tokio::time::sleep(every).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(incarnation: i64) -> MemberRecord {
+        MemberRecord {
+            node_id: "n1".into(),
+            region: "eu".into(),
+            advertise: "http://127.0.0.1:1".into(),
+            incarnation,
+            leaving: false,
+        }
+    }
+
+    #[test]
+    fn only_more_time_left_on_the_same_lease_is_a_renewal() {
+        let mut h = Holder::default();
+        assert!(!h.renewed(&member(7), 4));
+        assert!(h.first_sight());
+        assert!(!h.renewed(&member(7), 4), "the same time left");
+        assert!(!h.renewed(&member(7), 2), "running down");
+        assert!(!h.first_sight());
+        assert!(!h.renewed(&member(8), 5), "another incarnation");
+        assert!(h.renewed(&member(8), 6));
     }
 }
