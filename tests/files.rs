@@ -216,8 +216,45 @@ async fn files_commit_with_their_turn_and_download_with_etag_and_range() {
         r.headers["content-range"].to_str().unwrap(),
         format!("bytes */{big}")
     );
+    // If-Match: that version or nothing (412, nothing sent).
+    for (if_match, status) in [
+        (report_etag.clone(), 200),
+        ("*".to_owned(), 200),
+        (format!("\"old-version\", {report_etag}"), 200),
+        ("\"old-version\"".to_owned(), 412),
+        (format!("W/{report_etag}"), 412),
+    ] {
+        let r = api
+            .req(
+                Method::GET,
+                "/v1/actors/kit/a/files/outputs/report.txt",
+                None,
+                &[("if-match", &if_match)],
+            )
+            .await;
+        assert_eq!(r.status, status, "{if_match}");
+        if status == 412 {
+            assert_eq!(r.code(), "precondition_failed", "{}", r.json);
+        } else {
+            assert_eq!(r.body.len(), big, "{if_match}");
+        }
+    }
+    // A blob is sent as it is read, in pieces: a range across a piece's
+    // edge and the whole file come back byte for byte, with their length.
+    let pattern: Vec<u8> = (0..big).map(|i| b'a' + (i % 26) as u8).collect();
+    let r = api
+        .req(
+            Method::GET,
+            "/v1/actors/kit/a/files/outputs/report.txt",
+            None,
+            &[("range", "bytes=65530-131080")],
+        )
+        .await;
+    assert_eq!(r.status, 206);
+    assert_eq!(r.body, pattern[65530..=131080]);
     let whole = api.get("/v1/actors/kit/a/files/outputs/report.txt").await;
-    assert_eq!(whole.body.len(), big);
+    assert_eq!(whole.body, pattern);
+    assert_eq!(whole.headers["content-length"], big.to_string().as_str());
     assert_eq!(
         api.get("/v1/actors/kit/a/files/nope.txt").await.code(),
         "file_not_found"

@@ -18,7 +18,7 @@ use crate::tokens::Grant;
 /// Headers a browser may send cross-origin: besides auth and bodies,
 /// what resumes a stream and what conditional and ranged downloads of
 /// artifacts use.
-const ALLOW_HEADERS: &str = "authorization, content-type, idempotency-key, last-event-id, if-none-match, range, x-request-id";
+const ALLOW_HEADERS: &str = "authorization, content-type, idempotency-key, last-event-id, if-match, if-none-match, if-range, range, x-request-id";
 /// Headers a browser may read cross-origin: what the API's own
 /// responses say beyond the body (downloads' ETag and ranges, replays,
 /// message ids, retry hints).

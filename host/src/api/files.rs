@@ -126,8 +126,8 @@ pub(super) async fn list(
     Ok(axum::Json(serde_json::json!({ "files": files, "next_after": next_after })).into_response())
 }
 
-/// `GET …/files/{path}`: the bytes, with `ETag`, `Range`, `If-Range` and
-/// `If-None-Match`.
+/// `GET …/files/{path}`: the bytes, with `ETag`, `Range`, `If-Range`,
+/// `If-Match` and `If-None-Match`.
 pub(super) async fn download(
     State(s): State<AppState>,
     ActorPath(key): ActorPath,
@@ -154,6 +154,20 @@ pub(super) async fn download(
         // What an actor wrote is data, never active content of this origin.
         .header("x-content-type-options", "nosniff")
         .header(header::CONTENT_SECURITY_POLICY, "sandbox");
+    // A client that names the version it wants gets that one or nothing
+    // (RFC 9110 §13.1.1: strong comparison, evaluated first).
+    if let Some(wanted) = headers.get(header::IF_MATCH) {
+        let matches = wanted
+            .to_str()
+            .is_ok_and(|v| v.split(',').map(str::trim).any(|t| t == "*" || t == etag));
+        if !matches {
+            return Err(ApiError::new(
+                StatusCode::PRECONDITION_FAILED,
+                "precondition_failed",
+                format!("`{path}` is now version {etag}, not the one If-Match names"),
+            ));
+        }
+    }
     if headers
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
@@ -198,44 +212,82 @@ pub(super) async fn download(
             }
         },
     };
-    let bytes = read(&s, &file, range).await?;
+    let (body, len) = read(&s, &file, range).await?;
     if let Some((a, b)) = range {
         resp = resp
             .status(StatusCode::PARTIAL_CONTENT)
             .header(header::CONTENT_RANGE, format!("bytes {a}-{b}/{size}"));
     }
-    Ok(resp.body(Body::from(bytes)).expect("valid response"))
+    // Said up front: a blob that fails mid-way ends the response short of
+    // it, which a client can tell from a whole one.
+    Ok(resp
+        .header(header::CONTENT_LENGTH, len)
+        .body(body)
+        .expect("valid response"))
 }
 
-/// The bytes of `file`, or of `range` (inclusive) of it.
+/// How much of a blob is read at a time: a download is sent as it is
+/// read, not held whole (a file may have 16 MiB, and many downloads run
+/// at once).
+const CHUNK: u64 = 64 << 10;
+
+/// The bytes of `file`, or of `range` (inclusive) of it, and how many.
 async fn read(
     s: &AppState,
     file: &FileRecord,
     range: Option<(u64, u64)>,
-) -> Result<Vec<u8>, ApiError> {
+) -> Result<(Body, u64), ApiError> {
     let (start, len) = range.map_or((0, file.size), |(a, b)| (a, b - a + 1));
     match &file.body {
-        FileBody::Inline(bytes) => Ok(bytes[start as usize..(start + len) as usize].to_vec()),
+        FileBody::Inline(bytes) => Ok((
+            Body::from(bytes[start as usize..(start + len) as usize].to_vec()),
+            len,
+        )),
         FileBody::Blob => {
             use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _};
             let path = s.node.blob_path(&file.sha256);
-            let unreadable = |e: std::io::Error| {
-                tracing::error!(path = %path.display(), error = %e, "a blob named by a committed file cannot be read");
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "file_unreadable",
-                    "the file's content cannot be read",
-                )
-            };
-            let mut f = tokio::fs::File::open(&path).await.map_err(unreadable)?;
+            let mut f = tokio::fs::File::open(&path)
+                .await
+                .map_err(|e| unreadable(&path, e))?;
             f.seek(std::io::SeekFrom::Start(start))
                 .await
-                .map_err(unreadable)?;
-            let mut buf = vec![0; len as usize];
-            f.read_exact(&mut buf).await.map_err(unreadable)?;
-            Ok(buf)
+                .map_err(|e| unreadable(&path, e))?;
+            let chunks = futures::stream::unfold((f, len), move |(mut f, left)| {
+                let path = path.clone();
+                async move {
+                    let n = left.min(CHUNK);
+                    if n == 0 {
+                        return None;
+                    }
+                    let mut buf = vec![0; n as usize];
+                    Some(match f.read_exact(&mut buf).await {
+                        Ok(_) => (Ok(bytes::Bytes::from(buf)), (f, left - n)),
+                        // Logged; the response ends short of its length.
+                        Err(e) => {
+                            log_unreadable(&path, &e);
+                            (Err(e), (f, 0))
+                        }
+                    })
+                }
+            });
+            Ok((Body::from_stream(chunks), len))
         }
     }
+}
+
+/// A committed file's blob cannot be read: logged (the database names a
+/// blob the disk does not give) and answered as a server error.
+fn unreadable(path: &std::path::Path, e: std::io::Error) -> ApiError {
+    log_unreadable(path, &e);
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "file_unreadable",
+        "the file's content cannot be read",
+    )
+}
+
+fn log_unreadable(path: &std::path::Path, e: &std::io::Error) {
+    tracing::error!(path = %path.display(), error = %e, "a blob named by a committed file cannot be read");
 }
 
 /// A `Range` header, as far as this server honours it.

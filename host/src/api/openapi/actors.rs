@@ -325,7 +325,7 @@ pub(super) fn operations() -> Vec<Op> {
             method: "get",
             path: "/v1/actors/{type}/{id}/files/{path}",
             id: "downloadFile",
-            summary: "Download a file (ETag, Range, If-None-Match)",
+            summary: "Download a file (ETag, Range, If-Range, If-Match, If-None-Match)",
             params: with(
                 actor(),
                 [path_param(
@@ -341,6 +341,7 @@ pub(super) fn operations() -> Vec<Op> {
                 (304, "not modified", None),
                 (400, "bad path", None),
                 (404, "no such file", None),
+                (412, "the file is not the version If-Match names", None),
                 (416, "the range asks for no byte of the file", None),
             ],
         },
