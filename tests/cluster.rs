@@ -414,7 +414,12 @@ async fn a_dead_owners_actors_fail_over_to_its_backup_with_their_data() {
     let other = (o + 1) % 3;
     let secret = |v: &str| json!({"value": v, "hosts": ["api.example.com"]});
     for name in ["OLD", "KEPT"] {
-        let r = put(&c.api(0), format!("/v1/secrets/{name}"), secret("v1")).await;
+        let r = put(
+            &c.api(0),
+            format!("/v1/secrets/{name}"),
+            secret("sk-value-1"),
+        )
+        .await;
         assert_eq!(r.status, 201, "{}", r.json);
     }
 
@@ -495,15 +500,23 @@ async fn a_dead_owners_actors_fail_over_to_its_backup_with_their_data() {
     }
     // ... and so do secrets, providers and subscriptions set or deleted.
     assert_eq!(
-        put(&c.api(other), "/v1/secrets/NEW".into(), secret("v1"))
-            .await
-            .status,
+        put(
+            &c.api(other),
+            "/v1/secrets/NEW".into(),
+            secret("sk-value-1")
+        )
+        .await
+        .status,
         201
     );
     assert_eq!(
-        put(&c.api(other), "/v1/secrets/KEPT".into(), secret("v2"))
-            .await
-            .status,
+        put(
+            &c.api(other),
+            "/v1/secrets/KEPT".into(),
+            secret("sk-value-2")
+        )
+        .await
+        .status,
         200
     );
     assert_eq!(c.api(other).delete("/v1/secrets/OLD").await.status, 200);

@@ -37,7 +37,7 @@ async fn secrets_are_write_only_and_sealed_at_rest() {
     let r = put(
         &api,
         "OPENAI_KEY",
-        json!({ "value": "v2", "hosts": ["api.openai.com"] }),
+        json!({ "value": "sk-value-2", "hosts": ["api.openai.com"] }),
     )
     .await;
     assert_eq!(r.status, 200, "replaced: {}", r.json);
@@ -62,7 +62,7 @@ async fn secrets_are_write_only_and_sealed_at_rest() {
     for (name, body, status, code) in [
         (
             "bad name",
-            json!({ "value": "x", "hosts": ["a.com"] }),
+            json!({ "value": "sk-0123456789", "hosts": ["a.com"] }),
             400,
             "invalid_secret_name",
         ),
@@ -72,22 +72,34 @@ async fn secrets_are_write_only_and_sealed_at_rest() {
             400,
             "invalid_secret",
         ),
-        ("K", json!({ "value": "x" }), 400, "invalid_secret"),
+        // A short value would be cut out of every answer's ordinary text.
         (
             "K",
-            json!({ "value": "x", "hosts": [] }),
+            json!({ "value": "sk-1234", "hosts": ["a.com"] }),
             400,
             "invalid_secret",
         ),
         (
             "K",
-            json!({ "value": "x", "hosts": ["https://a.com/"] }),
+            json!({ "value": "sk-0123456789" }),
             400,
             "invalid_secret",
         ),
         (
             "K",
-            json!({ "value": "x", "hosts": ["a.com"], "extra": 1 }),
+            json!({ "value": "sk-0123456789", "hosts": [] }),
+            400,
+            "invalid_secret",
+        ),
+        (
+            "K",
+            json!({ "value": "sk-0123456789", "hosts": ["https://a.com/"] }),
+            400,
+            "invalid_secret",
+        ),
+        (
+            "K",
+            json!({ "value": "sk-0123456789", "hosts": ["a.com"], "extra": 1 }),
             400,
             "invalid_secret",
         ),

@@ -38,6 +38,12 @@ pub const PREVIOUS_KEYS_ENV: &str = "MARMOT_MASTER_KEY_PREVIOUS";
 pub const DEV_KEY_FILE: &str = "master.key";
 /// Largest secret value.
 pub const MAX_VALUE_BYTES: usize = 64 << 10;
+
+/// The shortest value taken. Whatever comes back from the network to a
+/// type that may use a secret has its value replaced wherever it occurs:
+/// a value of a few bytes (`x`, `test`) is found in ordinary text and
+/// would be cut out of every answer.
+pub const MIN_VALUE_BYTES: usize = 8;
 /// Most hosts one secret may name.
 pub const MAX_HOSTS: usize = 64;
 
@@ -295,8 +301,13 @@ impl SecretStore {
         hosts: Vec<String>,
     ) -> Result<(SecretInfo, bool), SecretError> {
         validate_secret_name(name)?;
-        if value.is_empty() {
-            return Err(SecretError::Invalid("value must not be empty".into()));
+        if value.len() < MIN_VALUE_BYTES {
+            return Err(SecretError::Invalid(format!(
+                "value must have at least {MIN_VALUE_BYTES} bytes (it has {}): every answer \
+                 to a type that may use it has the value cut out wherever it occurs, and a \
+                 short one occurs in ordinary text",
+                value.len()
+            )));
         }
         if value.len() > MAX_VALUE_BYTES {
             return Err(SecretError::TooLarge {
@@ -523,11 +534,11 @@ mod tests {
         let rec = s.reader().unwrap().secret("API_KEY").unwrap().unwrap();
         assert!(!rec.sealed.windows(14).any(|w| w == b"sk-very-secret"));
         let (_, created) = store
-            .put("API_KEY", b"v2", vec!["api.example.com".into()])
+            .put("API_KEY", b"sk-value-2", vec!["api.example.com".into()])
             .await
             .unwrap();
         assert!(!created);
-        assert_eq!(store.reveal("API_KEY").unwrap().0.expose(), b"v2");
+        assert_eq!(store.reveal("API_KEY").unwrap().0.expose(), b"sk-value-2");
         assert!(store.delete("API_KEY").await.unwrap());
         assert!(matches!(
             store.reveal("API_KEY"),
@@ -546,15 +557,17 @@ mod tests {
         .unwrap();
         let host = || vec!["api.example.com".to_owned()];
         // A secret that each bad write below tries to replace.
-        store.put("K", b"kept", host()).await.unwrap();
+        store.put("K", b"sk-kept-value", host()).await.unwrap();
         assert!(matches!(
-            store.put("bad name", b"v", host()).await,
+            store.put("bad name", b"sk-value", host()).await,
             Err(SecretError::Name(_))
         ));
-        assert!(matches!(
-            store.put("K", b"", host()).await,
-            Err(SecretError::Invalid(_))
-        ));
+        for short in [&b""[..], b"x", b"sk-1234"] {
+            assert!(matches!(
+                store.put("K", short, host()).await,
+                Err(SecretError::Invalid(m)) if m.contains("at least 8 bytes")
+            ));
+        }
         assert!(matches!(
             store
                 .put("K", &vec![b'x'; MAX_VALUE_BYTES + 1], host())
@@ -562,19 +575,21 @@ mod tests {
             Err(SecretError::TooLarge { .. })
         ));
         assert!(matches!(
-            store.put("K", b"v", vec![]).await,
+            store.put("K", b"sk-value", vec![]).await,
             Err(SecretError::Invalid(_))
         ));
         assert!(matches!(
-            store.put("K", b"v", vec!["https://x.com".into()]).await,
+            store
+                .put("K", b"sk-value", vec!["https://x.com".into()])
+                .await,
             Err(SecretError::Invalid(_))
         ));
         assert!(matches!(
-            store.put("K", b"v", vec!["*.com".into()]).await,
+            store.put("K", b"sk-value", vec!["*.com".into()]).await,
             Err(SecretError::Invalid(m)) if m.contains("top-level domain")
         ));
         store
-            .put("W", b"v", vec!["*.example.com".into()])
+            .put("W", b"sk-value", vec!["*.example.com".into()])
             .await
             .unwrap();
         store.delete("W").await.unwrap();
@@ -585,7 +600,7 @@ mod tests {
             ("K", host())
         );
         let (value, _) = store.reveal("K").unwrap();
-        assert_eq!(value.expose(), b"kept");
+        assert_eq!(value.expose(), b"sk-kept-value");
     }
 
     #[tokio::test]
@@ -598,7 +613,7 @@ mod tests {
             .await
             .unwrap();
         store
-            .put("K", b"value", vec!["*.example.com".into()])
+            .put("K", b"sk-value-1", vec!["*.example.com".into()])
             .await
             .unwrap();
         drop(store);
@@ -620,6 +635,6 @@ mod tests {
         let store = SecretStore::open(s, MasterKeys::new(key(&b_text), vec![]))
             .await
             .unwrap();
-        assert_eq!(store.reveal("K").unwrap().0.expose(), b"value");
+        assert_eq!(store.reveal("K").unwrap().0.expose(), b"sk-value-1");
     }
 }
