@@ -491,3 +491,56 @@ export default {
         }
     }
 }
+
+/// A type that logs as much as each turn may (1,000 lines of 8 KiB, by
+/// `log` and by `console.log`), turn after turn, writes only its budget
+/// of bytes per second to the node's log; the rest is dropped, counted in
+/// `/metrics` and reported in one line, not one per turn. Without the
+/// budget the three turns below wrote ~48 MB of log.
+#[tokio::test]
+async fn a_type_that_floods_the_log_is_held_to_its_bytes_per_second() {
+    let (_dir, m, api) = node(Some("[limits]\nguest_log_bytes_per_s = 65536\n")).await;
+    let source = r#"
+import { log } from "marmot";
+export default {
+  async onMessage(body) {
+    const line = "x".repeat(8000);
+    for (let i = 0; i < 1000; i++) {
+      if (body.console) console.log(line); else log.info(line, { i: String(i) });
+    }
+    return "ok";
+  },
+};
+"#;
+    assert_eq!(api.deploy_js("loud", source).await.status, 201);
+    let before = m.log_text().len();
+    for (i, console) in [false, true, false].into_iter().enumerate() {
+        let r = api
+            .post_json(
+                &format!("/v1/actors/loud/a{i}"),
+                &json!({"console": console}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.json);
+    }
+    let written = m.log_text().len() - before;
+    // A burst of 16 s at 64 KiB/s (1 MiB), and what refills meanwhile.
+    assert!(written < 4 << 20, "{written} bytes of log");
+    let metrics = String::from_utf8(api.get("/metrics").await.body).unwrap();
+    let dropped: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("marmot_guest_log_lines_dropped_total{reason=\"rate\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .expect("the counter");
+    assert!(dropped > 2000.0, "{dropped} lines dropped");
+    let reports = m
+        .log_text()
+        .matches("guest log lines of this type dropped")
+        .count();
+    assert!((1..=2).contains(&reports), "{reports} reports");
+    // Another type still logs.
+    assert_eq!(api.deploy_js("quiet", COUNTER_JS).await.status, 201);
+    let r = api.post_json("/v1/actors/quiet/q", &json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert!(m.log_text().contains("counter quiet q 1"));
+}

@@ -57,6 +57,14 @@ pub struct RefusalLabels {
     pub code: &'static str,
 }
 
+/// Label set for dropped guest log lines.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// `turn_limit` (the turn's lines) or `rate` (the type's bytes per
+    /// second).
+    pub reason: &'static str,
+}
+
 /// Label set for sandbox traps.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TrapLabels {
@@ -136,6 +144,8 @@ pub struct Metrics {
     pub mailbox_full: Counter,
     /// Sandbox traps by reason.
     pub traps: Family<TrapLabels, Counter>,
+    /// Guest log lines dropped, by reason.
+    pub guest_log_lines_dropped: Family<ReasonLabels, Counter>,
     /// Durable messages waiting in inboxes: the inbox table's length, read
     /// at each scrape (kept by increments from start, it went negative
     /// after a restart with a backlog).
@@ -434,6 +444,15 @@ impl Metrics {
         );
         let traps = Family::<TrapLabels, Counter>::default();
         registry.register("sandbox_traps", "Sandbox traps by reason", traps.clone());
+        let guest_log_lines_dropped = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "guest_log_lines_dropped",
+            "Guest log lines dropped: past the turn's lines (turn_limit) or the type's bytes per second (rate)",
+            guest_log_lines_dropped.clone(),
+        );
+        for reason in ["turn_limit", "rate"] {
+            drop(guest_log_lines_dropped.get_or_create(&ReasonLabels { reason }));
+        }
         for reason in [
             "cpu",
             "memory",
@@ -642,6 +661,7 @@ impl Metrics {
             writer,
             mailbox_full,
             traps,
+            guest_log_lines_dropped,
             inbox_depth,
             turns_failed_recovery,
             alarm_lag_seconds,

@@ -50,8 +50,8 @@ use crate::metrics::Metrics;
 use crate::models::budget::Ledger;
 use crate::models::{Gateway, Providers};
 use crate::sandbox::{
-    ActorLimits, AlarmLimits, EventLimits, FileLimits, HostLimits, InputLimits, LogLimits,
-    PoolPlan, Sandbox, SandboxConfig, StateLimits, TurnLimits,
+    ActorLimits, AlarmLimits, EventLimits, FileLimits, HostLimits, InputLimits, LogBudget,
+    LogLimits, PoolPlan, Sandbox, SandboxConfig, StateLimits, TurnLimits,
 };
 use crate::secrets::{MasterKeys, SecretStore};
 use crate::storage::Storage;
@@ -142,7 +142,7 @@ impl Node {
                     .unwrap_or_else(|| config.data_dir.join("cache")),
                 output_capacity: 64 << 10,
                 fault_abort_marker,
-                turn_limits: turn_limits(&config),
+                turn_limits: turn_limits(&config, &metrics),
                 eval: config.limits.eval_config(),
                 guest_memory_budget: pool.guest_memory,
             },
@@ -348,7 +348,7 @@ impl Node {
 }
 
 /// The limits of every capability inside a turn, from the node's config.
-fn turn_limits(config: &NodeConfig) -> TurnLimits {
+fn turn_limits(config: &NodeConfig, metrics: &Metrics) -> TurnLimits {
     let l = &config.limits;
     TurnLimits {
         state: StateLimits {
@@ -365,6 +365,10 @@ fn turn_limits(config: &NodeConfig) -> TurnLimits {
         log: LogLimits {
             max_lines: l.max_log_lines_per_turn,
             max_line_bytes: l.max_log_line_bytes,
+            budget: Arc::new(LogBudget::new(
+                l.guest_log_bytes_per_s,
+                metrics.guest_log_lines_dropped.clone(),
+            )),
         },
         alarms: AlarmLimits {
             max_alarms: config.alarms.max_per_actor,

@@ -53,7 +53,7 @@ pub use caps::events::EventLimits;
 pub use caps::files::FileLimits;
 pub use caps::http::{HttpAccess, HttpGrant};
 pub use caps::inputs::InputLimits;
-pub use caps::log::LogLimits;
+pub use caps::log::{LogBudget, LogLimits};
 pub use caps::model::{ModelAccess, TurnUsage};
 pub use caps::state::StateLimits;
 pub use code_cache::{Swept, UNUSED_FOR as CODE_CACHE_UNUSED_FOR};

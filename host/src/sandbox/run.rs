@@ -18,6 +18,7 @@ use wasmtime::{Func, Store};
 
 use super::bindings::marmot::actor::types::{Alarm, InputAnswer, Webhook};
 use super::bindings::{Context, Handlers, JsRuntime, Message};
+use super::caps::log::LogBudget;
 use super::caps::model::TurnUsage;
 use super::guest_memory::MemoryExhausted;
 use super::host::{Host, LimitTrap};
@@ -522,7 +523,8 @@ impl Instance {
         // An eval's stdout holds its console lines (the guest echoes them
         // there), which are the script's, not the node's log.
         let echoed = eval.then(|| store.data().stdout.drain().0);
-        let stderr_tail = forward_output(&key, version, store.data());
+        let budget = turn.as_ref().map(|t| t.log.budget().clone());
+        let stderr_tail = forward_output(&key, version, store.data(), budget.as_deref());
         let result = match result {
             Ok(Ok(Ok(TurnOutput::Eval(mut reply)))) => {
                 reply.error = reply.error.map(bounded_error);
@@ -676,9 +678,15 @@ pub(super) fn is_resource_exhaustion(msg: &str) -> bool {
         || msg.contains("os error 24")
 }
 
-/// Send what the guest printed to the node's logs; return what stderr says
-/// about a panic (or its last line), for error reports.
-fn forward_output(key: &ActorKey, version: u32, host: &Host) -> Option<String> {
+/// Send what the guest printed to the node's logs, as far as its type's
+/// log budget allows; return what stderr says about a panic (or its last
+/// line), for error reports.
+fn forward_output(
+    key: &ActorKey,
+    version: u32,
+    host: &Host,
+    budget: Option<&LogBudget>,
+) -> Option<String> {
     let mut stderr_lines: Vec<String> = Vec::new();
     for (stream, out) in [("stdout", &host.stdout), ("stderr", &host.stderr)] {
         if out.is_empty() {
@@ -687,7 +695,9 @@ fn forward_output(key: &ActorKey, version: u32, host: &Host) -> Option<String> {
         let (bytes, dropped) = out.drain();
         let text = String::from_utf8_lossy(&bytes);
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            tracing::info!(target: "marmot::guest", actor = %key, version, stream, "{line}");
+            if budget.is_none_or(|b| b.take(key.ty(), line.len())) {
+                tracing::info!(target: "marmot::guest", actor = %key, version, stream, "{line}");
+            }
             if stream == "stderr" {
                 stderr_lines.push(line.to_owned());
             }

@@ -272,7 +272,7 @@ impl TurnState {
             inputs: InputsCtx::new(disk.clone(), limits.inputs, carry.pending_inputs),
             files: FilesCtx::new(disk, limits.files, ty, carry.files),
             actors: ActorsCtx::new(limits.actors, start.chain, start.durable_before),
-            log: LogCtx::new(limits.log),
+            log: LogCtx::new(limits.log.clone()),
             http: HttpCtx::default(),
             model: ModelCtx::new(start.num),
         }
@@ -453,6 +453,10 @@ mod tests {
             log: LogLimits {
                 max_lines: 10,
                 max_line_bytes: 100,
+                budget: std::sync::Arc::new(crate::sandbox::LogBudget::new(
+                    1 << 20,
+                    Default::default(),
+                )),
             },
             alarms: AlarmLimits {
                 max_alarms: 10,

@@ -170,6 +170,7 @@ impl NodeConfig {
             ("limits.eval_cpu_ms", l.eval_cpu_ms),
             ("limits.eval_timeout_ms", l.eval_timeout_ms),
             ("limits.actor_call_timeout_ms", l.actor_call_timeout_ms),
+            ("limits.guest_log_bytes_per_s", l.guest_log_bytes_per_s),
             ("webhooks.timeout_ms", self.webhooks.timeout_ms),
             (
                 "webhooks.connect_timeout_ms",
@@ -303,6 +304,10 @@ pub struct Limits {
     pub max_log_lines_per_turn: u32,
     /// Largest log line kept; longer ones are cut.
     pub max_log_line_bytes: usize,
+    /// Guest log bytes each type may write per second, over all its
+    /// actors and turns (bursts up to 16 s worth); past it lines are
+    /// dropped and counted.
+    pub guest_log_bytes_per_s: u64,
     /// CPU an eval script may use (`POST …/eval`).
     pub eval_cpu_ms: u64,
     /// Memory of an eval sandbox.
@@ -352,6 +357,7 @@ impl Default for Limits {
             max_connections: None,
             max_log_lines_per_turn: 1000,
             max_log_line_bytes: 8 << 10,
+            guest_log_bytes_per_s: 256 << 10,
             eval_cpu_ms: 2_000,
             eval_memory_bytes: 32 << 20,
             eval_timeout_ms: 30_000,

@@ -1,16 +1,139 @@
 //! `marmot:actor/log`: structured guest logs, tagged with the actor.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+
 use super::Cap;
+use crate::metrics::ReasonLabels;
 use crate::sandbox::bindings::marmot::actor::log::{self, Level};
 use crate::sandbox::host::Host;
 
 /// Limits of the log capability.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct LogLimits {
     /// Log lines one turn may write.
     pub max_lines: u32,
     /// Longest log line kept.
     pub max_line_bytes: usize,
+    /// What each type may write across its turns.
+    pub budget: Arc<LogBudget>,
+}
+
+/// Guest log bytes each type may write per second, across all its actors
+/// and turns (a token bucket per type). The per-turn cap alone let a
+/// type write its 1,000 lines of 8 KiB in every turn, thousands of turns
+/// a second: model-written code could fill the node's disk with logs.
+/// Lines past the budget are dropped, counted
+/// (`guest_log_lines_dropped{reason="rate"}`) and reported in one line per
+/// type at most every [`LogBudget::REPORT_EVERY`].
+#[derive(Debug)]
+pub struct LogBudget {
+    bytes_per_s: f64,
+    burst: f64,
+    types: Mutex<HashMap<String, Bucket>>,
+    dropped: Family<ReasonLabels, Counter>,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+    /// Lines dropped since the last report (over the rate, over their
+    /// turn's lines), and when that was.
+    dropped: (u64, u64),
+    reported: Option<Instant>,
+}
+
+impl LogBudget {
+    /// How long a burst may be: this many seconds' worth of the rate.
+    const BURST_S: f64 = 16.0;
+    /// A line costs at least this (a record's fields and framing).
+    const MIN_LINE: usize = 128;
+    /// Reports of dropped lines, per type, at most this often.
+    pub const REPORT_EVERY: Duration = Duration::from_secs(10);
+    /// Types remembered at most (a bucket that is full again is forgotten).
+    const MAX_TYPES: usize = 4096;
+
+    /// `bytes_per_s` per type; drops are counted in `dropped`.
+    pub fn new(bytes_per_s: u64, dropped: Family<ReasonLabels, Counter>) -> Self {
+        Self {
+            bytes_per_s: bytes_per_s as f64,
+            burst: bytes_per_s as f64 * Self::BURST_S,
+            types: Mutex::default(),
+            dropped,
+        }
+    }
+
+    /// Whether a line of `bytes` from a turn of `ty` may be written.
+    pub(crate) fn take(&self, ty: &str, bytes: usize) -> bool {
+        self.charge(ty, Some(bytes))
+    }
+
+    /// A line of `ty` dropped because its turn wrote all it may: counted,
+    /// and reported with the others (a warning per turn was itself a
+    /// flood).
+    pub(crate) fn over_turn_limit(&self, ty: &str) {
+        self.charge(ty, None);
+    }
+
+    fn charge(&self, ty: &str, line: Option<usize>) -> bool {
+        let now = Instant::now();
+        let mut types = self.types.lock().unwrap_or_else(|p| p.into_inner());
+        if types.len() >= Self::MAX_TYPES && !types.contains_key(ty) {
+            let (rate, burst) = (self.bytes_per_s, self.burst);
+            types.retain(|_, b| b.tokens + b.at.elapsed().as_secs_f64() * rate < burst);
+        }
+        let b = types.entry(ty.to_owned()).or_insert_with(|| Bucket {
+            tokens: self.burst,
+            at: now,
+            dropped: (0, 0),
+            reported: None,
+        });
+        b.tokens = (b.tokens + (now - b.at).as_secs_f64() * self.bytes_per_s).min(self.burst);
+        b.at = now;
+        let taken = match line {
+            Some(bytes) => {
+                let cost = bytes.max(Self::MIN_LINE) as f64;
+                let taken = b.tokens >= cost;
+                if taken {
+                    b.tokens -= cost;
+                } else {
+                    b.dropped.0 += 1;
+                    self.dropped
+                        .get_or_create(&ReasonLabels { reason: "rate" })
+                        .inc();
+                }
+                taken
+            }
+            None => {
+                b.dropped.1 += 1;
+                self.dropped
+                    .get_or_create(&ReasonLabels {
+                        reason: "turn_limit",
+                    })
+                    .inc();
+                false
+            }
+        };
+        if b.dropped != (0, 0) && b.reported.is_none_or(|at| now - at >= Self::REPORT_EVERY) {
+            tracing::warn!(
+                actor_type = ty,
+                over_rate = b.dropped.0,
+                over_turn_limit = b.dropped.1,
+                budget_bytes_per_s = self.bytes_per_s as u64,
+                "guest log lines of this type dropped: over the type's bytes per second \
+                 (limits.guest_log_bytes_per_s) or over their turn's lines \
+                 (limits.max_log_lines_per_turn)"
+            );
+            b.dropped = (0, 0);
+            b.reported = Some(now);
+        }
+        taken
+    }
 }
 
 /// The log part of a turn: how much it has written.
@@ -22,6 +145,12 @@ pub struct LogCtx {
 impl LogCtx {
     pub(crate) fn new(limits: LogLimits) -> Self {
         Self { limits, lines: 0 }
+    }
+
+    /// The budget the turn's lines are charged to (its printed output's
+    /// too).
+    pub(crate) fn budget(&self) -> &Arc<LogBudget> {
+        &self.limits.budget
     }
 }
 
@@ -43,9 +172,15 @@ impl log::Host for Host {
         let log = &mut turn.log;
         log.lines += 1;
         if log.lines > log.limits.max_lines {
-            if log.lines == log.limits.max_lines + 1 {
-                tracing::warn!(actor = %turn.key, "guest log limit reached; dropping further lines this turn");
-            }
+            log.limits.budget.over_turn_limit(turn.key.ty());
+            return Ok(());
+        }
+        let size = message.len() + fields.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+        if !log
+            .limits
+            .budget
+            .take(turn.key.ty(), size.min(2 * log.limits.max_line_bytes))
+        {
             return Ok(());
         }
         let max = log.limits.max_line_bytes;
@@ -90,4 +225,23 @@ pub(crate) fn truncate(mut s: String, max: usize) -> String {
         s.push('…');
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_type_has_its_own_burst_and_drops_are_counted() {
+        let dropped = Family::<ReasonLabels, Counter>::default();
+        // 16 s of 1,000 bytes: 125 lines at the least cost of 128 bytes.
+        let budget = LogBudget::new(1000, dropped.clone());
+        let passed = (0..200).filter(|_| budget.take("a", 10)).count();
+        assert!((125..=126).contains(&passed), "{passed}");
+        assert!(budget.take("b", 8000), "another type's budget is its own");
+        budget.over_turn_limit("a");
+        let count = |reason| dropped.get_or_create(&ReasonLabels { reason }).get();
+        assert!((74..=75).contains(&count("rate")), "{}", count("rate"));
+        assert_eq!(count("turn_limit"), 1);
+    }
 }
