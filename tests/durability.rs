@@ -379,6 +379,79 @@ async fn a_message_that_keeps_crashing_the_node_is_given_up_visibly() {
     assert_eq!(api.add("kit", "poison", 1).await.json["value"], 1);
 }
 
+/// Only the message that crashes the node is given up: one that was
+/// merely running beside it (a slow turn) runs again and finishes. Turns
+/// that were running at an earlier crash run one at a time after it, so
+/// a crash counts against the one that ran; counted together, the slow
+/// message was given up with the poison one after three crashes (found by
+/// a probe). Alarms go the same way (`ActorTask::alone`).
+#[tokio::test]
+async fn a_message_running_beside_one_that_crashes_the_node_is_not_given_up_with_it() {
+    const MARKER: &str = "js-crash-now";
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    let env = [("MARMOT_FAULT_ABORT_ON_LOG", MARKER)];
+    let mut m = Marmot::start_with_env(&data, &env).await;
+    let api = m.client();
+    let code = r#"
+import { state, log } from "marmot";
+const nap = (ms) => new Promise((r) => setTimeout(r, ms));
+export default {
+  async onMessage(body) {
+    if (body.poison) { await nap(500); log.info("js-crash-now"); }
+    await nap(2000);
+    state.set("ran", (state.get("ran") ?? 0) + 1);
+    return "done";
+  },
+};
+"#;
+    assert_eq!(api.deploy_js("slow", code).await.status, 201);
+    for (id, poison) in [("innocent", false), ("poison", true)] {
+        let r = api
+            .post_json(
+                &format!("/v1/actors/slow/{id}?wait=false"),
+                &json!({ "poison": poison }),
+            )
+            .await;
+        assert_eq!(r.status, 202, "{}", r.json);
+    }
+    // The poison message's first run and its three recovery runs.
+    for attempt in 0..4 {
+        assert!(
+            m.wait_exit(Duration::from_secs(30)),
+            "attempt {attempt}: the poison message did not crash the node"
+        );
+        m.respawn();
+    }
+    m.wait_ready().await;
+    let api = m.client();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while api.get("/v1/actors/slow/innocent/state/ran").await.json != 1 {
+        let events = api.get("/v1/actors/slow/innocent/events").await.json;
+        assert_eq!(
+            events["events"],
+            json!([]),
+            "the innocent message was given up"
+        );
+        assert!(Instant::now() < deadline, "the innocent message never ran");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let events = api.get("/v1/actors/slow/poison/events").await.json;
+        if let Some(e) = events["events"].as_array().and_then(|e| e.first()) {
+            assert_eq!(e["data"]["error"]["code"], "recovery_exhausted", "{e}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the poison message was not given up"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!m.wait_exit(Duration::from_millis(500)), "it crashed again");
+}
+
 #[tokio::test]
 async fn a_failing_durable_message_records_turn_failed() {
     let (_dir, _node, api) = common::kit_node(json!({})).await;

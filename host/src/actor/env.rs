@@ -63,6 +63,9 @@ pub struct ActorEnv {
     pub(crate) secrets: Arc<SecretStore>,
     pub(crate) models: Arc<Gateway>,
     pub(crate) boot: Boot,
+    /// One permit: recovered turns that were running at an earlier crash
+    /// run one at a time (`ActorTask::alone`).
+    pub(crate) suspects: Arc<tokio::sync::Semaphore>,
     /// Routing to the owners of actors, in a cluster: turns reach actors
     /// of other nodes through it.
     pub(crate) cluster: Option<(Cluster, Peers)>,
@@ -117,6 +120,7 @@ impl ActorEnv {
             secrets: p.secrets,
             models: p.models,
             boot: p.boot,
+            suspects: Arc::new(tokio::sync::Semaphore::new(1)),
             cluster: p.cluster,
         })
     }

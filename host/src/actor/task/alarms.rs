@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::super::TurnError;
-use super::{ALARM_RETRY_MS, ActorTask, CommitExtras};
+use super::{ALARM_RETRY_MS, ActorTask, CommitExtras, SUSPECT_WAIT_MS};
 use crate::alarms::scheduler::{AlarmTicket, DueAlarm};
 use crate::clock::now_ms;
 use crate::sandbox::{Alarm, FinishedTurn, InputAnswer, TurnInput};
@@ -74,6 +74,16 @@ impl ActorTask {
         // Due before this node started: its turn may be what brought the
         // node down. Count the attempt durably before running it again.
         let counted = due < self.env.boot.at_ms;
+        let _alone = match counted && rec.boot_attempts > 0 {
+            false => None,
+            true => match self.alone() {
+                Some(permit) => Some(permit),
+                None => {
+                    ticket.retry_later(SUSPECT_WAIT_MS);
+                    return;
+                }
+            },
+        };
         if counted {
             let max = self.env.config.recovery.max_attempts;
             if rec.boot_attempts >= max {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::super::TurnError;
-use super::{ActorTask, CommitExtras, INBOX_BATCH, INBOX_RETRY_MS};
+use super::{ActorTask, CommitExtras, INBOX_BATCH, INBOX_RETRY_MS, SUSPECT_WAIT_MS};
 use crate::sandbox::{GuestReply, Message, TurnInput, TurnOutput, Webhook};
 use crate::storage::schema::{IdemOutcome, IdemRecord, InboxKind, InboxRecord, StoredReply};
 
@@ -85,6 +85,18 @@ impl ActorTask {
     async fn run_inbox_message(&mut self, seq: u64, mut row: InboxRecord) -> bool {
         let max_attempts = self.env.config.recovery.max_attempts;
         let counted = seq <= self.env.boot.inbox_seq;
+        // Held until its turn is submitted: commits are applied in order,
+        // so the next suspect's counted attempt is durable only after it.
+        let _alone = match counted && row.attempts > 0 {
+            false => None,
+            true => match self.alone() {
+                Some(permit) => Some(permit),
+                None => {
+                    self.inbox_retry_ms = SUSPECT_WAIT_MS;
+                    return false;
+                }
+            },
+        };
         if counted {
             // Present at boot: it may be what crashed the node. Count the
             // attempt durably before running it again.

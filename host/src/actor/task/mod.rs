@@ -65,6 +65,9 @@ const INBOX_RETRY_MS: u64 = 200;
 const ALARM_RETRY_MS: u64 = 500;
 /// Inbox rows read per batch.
 const INBOX_BATCH: usize = 64;
+/// How soon a recovered turn that must run alone (see
+/// [`ActorTask::alone`]) looks again for its turn.
+const SUSPECT_WAIT_MS: u64 = 100;
 
 pub(crate) struct ActorTask {
     env: Arc<ActorEnv>,
@@ -464,6 +467,20 @@ fn counts(r: &ActorRecord) -> ActorCounts {
         state_bytes: r.state_bytes,
         state_keys: r.state_keys,
         last_event_seq: r.last_event_seq,
+    }
+}
+
+impl ActorTask {
+    /// Leave to run a turn found at boot that an earlier boot had started
+    /// too (`attempts` > 0): it was running when the node went down, so it
+    /// or a turn beside it crashed the node. Such suspects run one at a
+    /// time across the node, so that a crash counts against the one turn
+    /// that ran. Counted together, every message that was merely running
+    /// beside a poison one — a slow turn, a model call — was given up with
+    /// it after three crashes (found by a probe). `None`: another suspect
+    /// runs; try again in [`SUSPECT_WAIT_MS`].
+    fn alone(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.env.suspects.clone().try_acquire_owned().ok()
     }
 }
 
