@@ -379,6 +379,7 @@ fn turn_limits(config: &NodeConfig, metrics: &Metrics) -> TurnLimits {
         },
         actors: ActorLimits {
             max_sends_per_turn: 100,
+            max_turn_send_bytes: 16 << 20,
             max_message_bytes: l.max_message_bytes,
         },
         files: FileLimits {

@@ -465,6 +465,7 @@ mod tests {
             inputs: InputLimits { max_pending: 10 },
             actors: ActorLimits {
                 max_sends_per_turn: 10,
+                max_turn_send_bytes: 4 << 20,
                 max_message_bytes: 1 << 20,
             },
             files: FileLimits {
