@@ -351,6 +351,25 @@ async fn javascript_actors_hibernate_wake_and_upgrade() {
     );
 }
 
+/// An eval on an actor that slept through a deploy runs the upgrade
+/// first, then the script on the new version with the type's new config:
+/// it ran on the old version, reaching hosts a deploy had revoked and
+/// writing old-shaped state under a later `onUpgrade` (found by a probe).
+#[tokio::test]
+async fn an_eval_upgrades_the_actor_first() {
+    let (_dir, _m, api) = node(None).await;
+    assert_eq!(api.deploy_js("jscount", COUNTER_JS).await.status, 201);
+    let r = api.post_json("/v1/actors/jscount/e", &json!({})).await;
+    assert_eq!(r.json["version"], 1, "{}", r.json);
+    let manifest = json!({"kind": "js", "code": COUNTER_JS, "config": {"env": {"V": "2"}}});
+    assert_eq!(api.deploy_manifest("jscount", &manifest).await.status, 201);
+    let r = eval(&api, "jscount", "e", "marmot.state.get('upgrades')").await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["result"], json!([1]), "{}", r.json);
+    let info = api.get("/v1/actors/jscount/e").await.json;
+    assert_eq!(info["version"], 2, "{info}");
+}
+
 /// An alarm whose own delivery brings in a new version fires as that
 /// version's `onUpgrade` left it: cancelled there, it neither fires nor
 /// comes back. (It fired as read before the upgrade, and its commit wrote

@@ -187,6 +187,16 @@ impl ActorTask {
             let _ = reply.send(Err(e));
             return;
         }
+        // An eval runs with the type's latest config (its hosts, secrets,
+        // limits) on upgraded state, like any turn: on the version the
+        // actor last ran, an actor asleep through a deploy that revoked a
+        // host still reached it from evals, and wrote old-shaped state
+        // that its `onUpgrade` then migrated as if it were its own (found
+        // by a probe).
+        if let Err(e) = self.ensure_version().await {
+            self.release_when_durable(self.submitted_seq, Err(e), reply);
+            return;
+        }
         let version = self.record().version;
         let turn_id = crate::ids::new_message_id();
         let outcome = self
