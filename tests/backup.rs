@@ -81,6 +81,20 @@ async fn a_backup_taken_under_load_restores_everything_acknowledged_before_it() 
         .post_json("/v1/backup", &json!({"to": "relative/dir"}))
         .await;
     assert_eq!(relative.status, 400);
+    // Nor inside the node's own data directory (found by a probe: it
+    // shared the node's disk and went into the next backup's blobs).
+    let data = dir.path().join("data");
+    for inside in [data.join("blobs/bk"), data.join("new/deeper")] {
+        let r = api.post_json("/v1/backup", &json!({"to": inside})).await;
+        assert_eq!(r.status, 400, "{}", r.json);
+        assert!(
+            r.json["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("data directory")
+        );
+        assert!(!inside.exists());
+    }
 
     // Restore with the CLI into a new data directory, and serve it.
     let restored = dir.path().join("restored");

@@ -571,3 +571,71 @@ export default {
         .await;
     assert_eq!(r.body, b"hi ann");
 }
+
+/// A blob damaged on disk (a stray write, a truncation) is never handed
+/// out as the file: the guest's read fails, a whole download ends short
+/// of its length, a range of a cut-short blob is a 500, a backup fails
+/// naming it, and writing the same bytes again repairs it. Before, the
+/// damage was served with the file's ETag, a new file with the same
+/// bytes was acknowledged onto it, and every backup copied it on while
+/// no restore would take one (found by a probe).
+#[tokio::test]
+async fn a_blob_damaged_on_disk_is_never_served_as_the_file() {
+    let (dir, m, api) = kit_node(json!({})).await;
+    let size = 300_000;
+    let r = write(&api, "a", json!({ "path": "outputs/r.txt", "bytes": size })).await;
+    assert_eq!(r, json!({ "ok": true }));
+    let data = dir.path().join("data");
+    let name = blobs(&data).pop().expect("a blob");
+    let blob = data.join("blobs").join(&name[..2]).join(&name);
+    let good = std::fs::read(&blob).unwrap();
+    let mut bad = good.clone();
+    bad[200_000..200_004].copy_from_slice(b"ZZZZ");
+    std::fs::write(&blob, &bad).unwrap();
+
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({ "op": "file_read", "path": "outputs/r.txt" }),
+        )
+        .await;
+    assert!(r.status >= 500, "the guest read {}: {}", r.status, r.json);
+    let url = format!("{}/v1/actors/kit/a/files/outputs/r.txt", m.url);
+    let resp = reqwest::get(&url).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(
+        resp.bytes().await.is_err(),
+        "the damaged file arrived whole"
+    );
+    let backup = dir.path().join("backup");
+    let r = api.post_json("/v1/backup", &json!({ "to": backup })).await;
+    assert!(r.status >= 400, "{}", r.json);
+    let message = r.json["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&name) && message.contains("damaged"),
+        "{}",
+        r.json
+    );
+    assert!(!backup.exists());
+
+    // The same bytes written again (by another actor) mend the blob.
+    let r = write(&api, "b", json!({ "path": "copy.txt", "bytes": size })).await;
+    assert_eq!(r, json!({ "ok": true }));
+    assert_eq!(std::fs::read(&blob).unwrap(), good);
+    let whole = reqwest::get(&url).await.unwrap().bytes().await.unwrap();
+    assert_eq!(whole.as_ref(), good.as_slice());
+
+    // Cut short: even a range of it is refused.
+    std::fs::write(&blob, &good[..1000]).unwrap();
+    let r = api
+        .req(
+            Method::GET,
+            "/v1/actors/kit/a/files/outputs/r.txt",
+            None,
+            &[("range", "bytes=0-99")],
+        )
+        .await;
+    assert_eq!(r.status, 500, "{}", r.json);
+    assert_eq!(r.code(), "file_unreadable");
+}

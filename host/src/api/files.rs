@@ -249,27 +249,58 @@ async fn read(
             let mut f = tokio::fs::File::open(&path)
                 .await
                 .map_err(|e| unreadable(&path, e))?;
+            // A blob of another size was damaged (cut short) on disk.
+            let on_disk = f.metadata().await.map_err(|e| unreadable(&path, e))?.len();
+            if on_disk != file.size {
+                return Err(unreadable(
+                    &path,
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("{on_disk} bytes on disk, {} committed", file.size),
+                    ),
+                ));
+            }
             f.seek(std::io::SeekFrom::Start(start))
                 .await
                 .map_err(|e| unreadable(&path, e))?;
-            let chunks = futures::stream::unfold((f, len), move |(mut f, left)| {
-                let path = path.clone();
-                async move {
-                    let n = left.min(CHUNK);
-                    if n == 0 {
-                        return None;
-                    }
-                    let mut buf = vec![0; n as usize];
-                    Some(match f.read_exact(&mut buf).await {
-                        Ok(_) => (Ok(bytes::Bytes::from(buf)), (f, left - n)),
-                        // Logged; the response ends short of its length.
-                        Err(e) => {
-                            log_unreadable(&path, &e);
-                            (Err(e), (f, 0))
+            // A whole file is hashed as it goes: one whose bytes are not
+            // its SHA-256 (damaged on disk) ends short of its length
+            // rather than passing for the file with its ETag (found by a
+            // probe).
+            use sha2::Digest as _;
+            let hasher = range.is_none().then(sha2::Sha256::new);
+            let sha256 = file.sha256;
+            let chunks =
+                futures::stream::unfold((f, len, hasher), move |(mut f, left, mut hasher)| {
+                    let path = path.clone();
+                    async move {
+                        let n = left.min(CHUNK);
+                        if n == 0 {
+                            return None;
                         }
-                    })
-                }
-            });
+                        let mut buf = vec![0; n as usize];
+                        if let Err(e) = f.read_exact(&mut buf).await {
+                            // Logged; the response ends short of its length.
+                            log_unreadable(&path, &e);
+                            return Some((Err(e), (f, 0, None)));
+                        }
+                        if let Some(h) = hasher.as_mut() {
+                            h.update(&buf);
+                        }
+                        if left == n
+                            && let Some(h) = hasher.take()
+                            && h.finalize().as_slice() != sha256
+                        {
+                            let e = std::io::Error::new(
+                                std::io::ErrorKind::InvalidData,
+                                "its bytes do not match its SHA-256: damaged on disk",
+                            );
+                            log_unreadable(&path, &e);
+                            return Some((Err(e), (f, 0, None)));
+                        }
+                        Some((Ok(bytes::Bytes::from(buf)), (f, left - n, hasher)))
+                    }
+                });
             Ok((Body::from_stream(chunks), len))
         }
     }

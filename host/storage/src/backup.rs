@@ -96,6 +96,30 @@ fn copy_tables(read: &ReadTransaction, write: &WriteTransaction) -> Result<u64, 
     Ok(for_each_table!(copy_all!(read, write)))
 }
 
+/// Whether `path` (which may not exist yet) lies inside directory `dir`,
+/// symbolic links resolved as far as the path exists.
+fn within(path: &Path, dir: &Path) -> bool {
+    let Ok(dir) = dir.canonicalize() else {
+        return false;
+    };
+    let mut existing = path;
+    let mut rest = Vec::new();
+    while !existing.exists() {
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name);
+                existing = parent;
+            }
+            _ => return false,
+        }
+    }
+    let Ok(mut resolved) = existing.canonicalize() else {
+        return false;
+    };
+    resolved.extend(rest.iter().rev());
+    resolved.starts_with(dir)
+}
+
 /// Make `path` durable: the file's contents, or a directory's entries.
 fn sync(path: &Path) -> Result<(), StorageError> {
     std::fs::File::open(path)
@@ -103,16 +127,33 @@ fn sync(path: &Path) -> Result<(), StorageError> {
         .map_err(io(format!("failed to sync `{}`", path.display())))
 }
 
-/// Copy blob `from` to `to`, durably. `Ok(false)` when `from` is gone.
+/// Copy blob `sha256` from `from` to `to`, durably, and check the copy.
+/// `Ok(false)` when `from` is gone.
 ///
 /// A copy, not a hard link: a link shares the live file's inode, so damage
 /// to one (a stray write, a bad sector) was in the node and in every backup
 /// at once, and a later backup copied it on. (The kernel may still share
-/// blocks where the file system can clone them: `copy_file_range`.)
-fn copy_blob(from: &Path, to: &Path) -> Result<bool, StorageError> {
+/// blocks where the file system can clone them: `copy_file_range`.) A
+/// blob damaged in the node fails the backup, naming it: copied as it
+/// was, every later backup claimed success and no restore took one (found
+/// by a probe).
+fn copy_blob(sha256: &[u8; 32], from: &Path, to: &Path) -> Result<bool, StorageError> {
     match std::fs::copy(from, to) {
         Ok(_) => {
             sync(to)?;
+            let whole = crate::blobs::file_matches(to, sha256)
+                .map_err(io(format!("failed to read back blob `{}`", to.display())))?;
+            if !whole {
+                return Err(StorageError::Io {
+                    what: format!("blob `{}`", from.display()),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "its bytes do not match its SHA-256 (damaged on disk), so no backup \
+                         can hold it: the files naming it (their `sha256` in GET \
+                         /v1/actors/{type}/{id}/files) must be written again or deleted",
+                    ),
+                });
+            }
             Ok(true)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
@@ -150,6 +191,22 @@ impl Storage {
                 source: std::io::Error::new(
                     std::io::ErrorKind::AlreadyExists,
                     "already exists; choose a new directory",
+                ),
+            });
+        }
+        if let Some(data) = self.path.parent()
+            && within(dest, data)
+        {
+            return Err(StorageError::Io {
+                what: format!("backup destination `{}`", dest.display()),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!(
+                        "is inside the node's data directory `{}`: a backup there shares the \
+                         node's disk and would be copied into the next backup; choose a \
+                         directory elsewhere",
+                        data.display()
+                    ),
                 ),
             });
         }
@@ -231,7 +288,7 @@ impl Storage {
                     std::fs::create_dir_all(parent)
                         .map_err(io(format!("failed to create `{}`", parent.display())))?;
                 }
-                if !copy_blob(&from, &to)? {
+                if !copy_blob(&sha, &from, &to)? {
                     complete = false;
                     break;
                 }

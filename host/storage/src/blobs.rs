@@ -221,7 +221,11 @@ impl BlobStore {
             sha256,
             held: self.held.clone(),
         };
-        if path.exists() {
+        // The same bytes are there already, unless the file was damaged
+        // on disk: then it is written again (a new file with the same
+        // bytes acknowledged a write that could not be read back, found by
+        // a probe). Reading it back is the price of not writing it twice.
+        if std::fs::read(&path).is_ok_and(|there| there == bytes) {
             drop(held);
             return Ok(hold);
         }
@@ -282,10 +286,13 @@ impl BlobStore {
         Ok(std::fs::remove_file(self.path(sha256)).is_ok())
     }
 
-    /// Read blob `sha256` whole. Blocking.
+    /// Read blob `sha256` whole, checked against its name. Blocking.
     pub fn read(&self, sha256: &[u8; 32]) -> Result<Vec<u8>, StorageError> {
         let path = self.path(sha256);
-        std::fs::read(&path).map_err(io(format!("failed to read blob `{}`", path.display())))
+        let bytes = std::fs::read(&path)
+            .map_err(io(format!("failed to read blob `{}`", path.display())))?;
+        check(&path, sha256, &bytes)?;
+        Ok(bytes)
     }
 
     /// Remove every blob that nothing holds, that `referenced` says no
@@ -342,6 +349,42 @@ impl BlobStore {
             }
         }
         Ok(removed)
+    }
+}
+
+/// `bytes`, read from blob file `path`, are blob `sha256`; else the file
+/// was damaged on disk (a stray write, a bad sector, a truncation), and
+/// the error says so rather than handing out other bytes as the file.
+pub fn check(path: &Path, sha256: &[u8; 32], bytes: &[u8]) -> Result<(), StorageError> {
+    if Sha256::digest(bytes).as_slice() == sha256 {
+        return Ok(());
+    }
+    tracing::error!(path = %path.display(), "a blob's bytes do not match its SHA-256: damaged on disk");
+    Err(damaged(path))
+}
+
+/// The error for blob file `path` whose bytes are not what its name says.
+pub fn damaged(path: &Path) -> StorageError {
+    StorageError::Io {
+        what: format!("blob `{}`", path.display()),
+        source: std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "its bytes do not match its SHA-256: the file was damaged on disk",
+        ),
+    }
+}
+
+/// Whether the file at `path` holds blob `sha256`, read in pieces.
+pub fn file_matches(path: &Path, sha256: &[u8; 32]) -> std::io::Result<bool> {
+    use std::io::Read as _;
+    let mut f = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0; 256 << 10];
+    loop {
+        match f.read(&mut buf)? {
+            0 => return Ok(hasher.finalize().as_slice() == sha256),
+            n => hasher.update(&buf[..n]),
+        }
     }
 }
 

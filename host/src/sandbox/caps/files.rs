@@ -143,12 +143,15 @@ impl FilesCtx {
             FileBody::Inline(bytes) => bytes,
             FileBody::Blob => {
                 let blob = self.disk.blob_path(&rec.sha256);
-                tokio::fs::read(&blob)
+                let bytes = tokio::fs::read(&blob)
                     .await
                     .map_err(|source| StorageError::Io {
                         what: format!("failed to read blob `{}`", blob.display()),
                         source,
-                    })?
+                    })?;
+                // Damaged on disk: an error, never other bytes as the file.
+                crate::storage::blobs::check(&blob, &rec.sha256, &bytes)?;
+                bytes
             }
         }))
     }
