@@ -456,3 +456,54 @@ async fn an_acknowledged_hook_survives_kill_9() {
         .await;
     assert_eq!(r.json["duplicate"], true);
 }
+
+/// What a hook's head shows is refused before its body is read: a sender
+/// that declares a body and sends none gets its answer at once, where it
+/// used to wait out the body deadline (600 such senders, unsigned,
+/// trickling bytes, kept every other client out ~46 s: a probe). A signed
+/// head still waits for its body, as it must.
+#[tokio::test]
+async fn a_hook_refused_by_its_head_is_answered_before_its_body() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let (_dir, m, _api, _secret) = kit_with_secret(json!({})).await;
+    let head = |path: &str, extra: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nhost: marmot\r\ncontent-type: application/json\r\n\
+             content-length: 100000\r\n{extra}\r\n"
+        )
+    };
+    let stale = format!(
+        "webhook-id: m1\r\nwebhook-timestamp: {}\r\nwebhook-signature: v1,AAAA\r\n",
+        now_s() - 3600
+    );
+    let fresh = format!(
+        "webhook-id: m1\r\nwebhook-timestamp: {}\r\nwebhook-signature: v1,AAAA\r\n",
+        now_s()
+    );
+    for (path, extra, status) in [
+        ("/v1/hooks/kit/a/push", String::new(), Some(401)),
+        ("/v1/hooks/kit/a/push", stale, Some(401)),
+        ("/v1/hooks/nosuch/a/push", fresh.clone(), Some(404)),
+        ("/v1/hooks/kit/a/bad%20name", fresh.clone(), Some(400)),
+        // Signed and fresh: it waits for the body it declared.
+        ("/v1/hooks/kit/a/push", fresh, None),
+    ] {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", m.port))
+            .await
+            .unwrap();
+        s.write_all(head(path, &extra).as_bytes()).await.unwrap();
+        let mut buf = vec![0; 4096];
+        let read = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await;
+        match (status, read) {
+            (Some(want), Ok(Ok(n))) => {
+                let text = String::from_utf8_lossy(&buf[..n]);
+                assert!(
+                    text.starts_with(&format!("HTTP/1.1 {want}")),
+                    "{path} {extra:?}: {text}"
+                );
+            }
+            (None, Err(_)) => {}
+            (want, got) => panic!("{path} {extra:?}: wanted {want:?}, got {got:?}"),
+        }
+    }
+}

@@ -3,9 +3,9 @@
 //! signature is the authentication.
 
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{FromRequest as _, Request, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use super::{ApiError, AppState, Path};
@@ -60,9 +60,13 @@ impl From<HookError> for ApiError {
 pub(super) async fn receive(
     State(s): State<AppState>,
     Path((ty, id, name)): Path<(String, String, String)>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    request: Request,
 ) -> Result<Response, ApiError> {
+    // What the head shows is refused before a byte of the body is read.
+    s.node
+        .check_webhook_head(&ty, &id, &name, request.headers())?;
+    let headers = request.headers().clone();
+    let body: Result<Bytes, BytesRejection> = Bytes::from_request(request, &()).await;
     let body = body?;
     let a = s
         .node

@@ -246,9 +246,16 @@ fn operations() -> Vec<Op> {
                     "routed by the payload, which lacks the route's field",
                     None,
                 ),
-                (401, "bad signature or timestamp", None),
-                (403, "the type has no webhook_secret", None),
-                (404, "unknown type", None),
+                (
+                    401,
+                    "bad, missing or stale signature (refused from the headers, before the body is read)",
+                    None,
+                ),
+                (
+                    404,
+                    "no webhook endpoint: an unknown type, or one without a webhook_secret",
+                    None,
+                ),
                 (
                     503,
                     "overloaded, or the node's request body budget is spent; not stored (Retry-After)",

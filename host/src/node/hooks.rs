@@ -103,40 +103,69 @@ impl Node {
         body: Bytes,
     ) -> Result<Accepted, WebhookError> {
         let result = self.accept_webhook_inner(ty, id, name, headers, body).await;
-        let outcome = match &result {
-            Ok(a) if a.duplicate => "duplicate",
-            Ok(_) => "accepted",
-            Err(_) => "rejected",
-        };
-        self.metrics
-            .webhooks_received
-            .get_or_create(&HookLabels { outcome })
-            .inc();
-        // Per request, and anyone may post: only a refusal by an endpoint
-        // that exists (a sender with the wrong secret, a bad route) is
-        // worth an info line; the counter above has the rest.
         match &result {
-            Ok(a) => tracing::debug!(actor_type = ty, actor_id = %a.actor_id, hook = name,
-                delivery_id = %a.delivery_id, duplicate = a.duplicate, "webhook accepted"),
-            Err(
-                e @ (WebhookError::UnknownType(_)
-                | WebhookError::Refused(
-                    HookError::NotConfigured(_) | HookError::BadName(_) | HookError::BadId(_),
-                )),
-            ) => tracing::debug!(actor_type = ty, hook = name, error = %e, "webhook rejected"),
-            Err(e) => tracing::info!(actor_type = ty, hook = name, error = %e, "webhook rejected"),
+            Ok(a) => {
+                let outcome = if a.duplicate { "duplicate" } else { "accepted" };
+                self.metrics
+                    .webhooks_received
+                    .get_or_create(&HookLabels { outcome })
+                    .inc();
+                tracing::debug!(actor_type = ty, actor_id = %a.actor_id, hook = name,
+                    delivery_id = %a.delivery_id, duplicate = a.duplicate, "webhook accepted");
+            }
+            Err(e) => self.webhook_rejected(ty, name, e),
         }
         result
     }
 
-    async fn accept_webhook_inner(
+    /// Refuse what a hook's head alone shows to be refused (a bad path, a
+    /// type that takes no webhooks, no signature, a stale timestamp),
+    /// before its body is read; counted and logged like any refusal.
+    pub fn check_webhook_head(
         &self,
         ty: &str,
         id: &str,
         name: &str,
         headers: &HeaderMap,
-        body: Bytes,
-    ) -> Result<Accepted, WebhookError> {
+    ) -> Result<(), WebhookError> {
+        let checked = self.webhook_endpoint(ty, id, name).and_then(|(_, config)| {
+            inbound::check_head(&config, ty, headers, self.config.webhooks.tolerance_s)
+                .map_err(Into::into)
+        });
+        if let Err(e) = &checked {
+            self.webhook_rejected(ty, name, e);
+        }
+        checked
+    }
+
+    /// Count and log a refused hook. Per request, and anyone may post:
+    /// only a refusal by an endpoint that exists (a sender with the wrong
+    /// secret, a bad route) is worth an info line; the counter has the
+    /// rest.
+    fn webhook_rejected(&self, ty: &str, name: &str, e: &WebhookError) {
+        self.metrics
+            .webhooks_received
+            .get_or_create(&HookLabels {
+                outcome: "rejected",
+            })
+            .inc();
+        match e {
+            WebhookError::UnknownType(_)
+            | WebhookError::Refused(
+                HookError::NotConfigured(_) | HookError::BadName(_) | HookError::BadId(_),
+            ) => tracing::debug!(actor_type = ty, hook = name, error = %e, "webhook rejected"),
+            _ => tracing::info!(actor_type = ty, hook = name, error = %e, "webhook rejected"),
+        }
+    }
+
+    /// The type a hook to `/v1/hooks/{ty}/{id}/{name}` goes to, and its
+    /// latest config, once the path is checked.
+    fn webhook_endpoint(
+        &self,
+        ty: &str,
+        id: &str,
+        name: &str,
+    ) -> Result<(Arc<crate::catalog::TypeEntry>, crate::config::TypeConfig), WebhookError> {
         crate::ids::validate_hook_name(name).map_err(|e| HookError::BadName(e.to_string()))?;
         // A malformed path is a 400 before anything is asked of the type
         // (whether it takes webhooks, the signature).
@@ -150,6 +179,18 @@ impl Node {
             .version(entry.latest_version())
             .map(|v| v.config)
             .ok_or_else(unknown)?;
+        Ok((entry, config))
+    }
+
+    async fn accept_webhook_inner(
+        &self,
+        ty: &str,
+        id: &str,
+        name: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<Accepted, WebhookError> {
+        let (entry, config) = self.webhook_endpoint(ty, id, name)?;
         let hooks = &self.config.webhooks;
         let (key, delivery_id, message) =
             inbound::prepare(&config, ty, id, name, headers, body, hooks.tolerance_s)?;
