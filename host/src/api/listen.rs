@@ -58,6 +58,14 @@ pub const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 /// are waited for, as before.
 pub const STALLED_CLIENT: Duration = Duration::from_secs(10);
 
+/// While serving, a connection whose client has not taken a frame of its
+/// response for this long is closed. A client that stopped reading an
+/// event stream (an event stream sends a comment every 15 s, so it always
+/// has a frame waiting) held its stream's buffers and its connection slot
+/// for ever: a probe's 1,000 such clients held ~1 GB, and 512 took every
+/// slot of a node. An event stream's client resumes with `Last-Event-ID`.
+pub const WRITE_STALL: Duration = Duration::from_secs(60);
+
 /// What the listener allows.
 #[derive(Debug, Clone, Copy)]
 pub struct ListenLimits {
@@ -69,6 +77,8 @@ pub struct ListenLimits {
     pub head_timeout: Duration,
     /// See [`STALLED_CLIENT`].
     pub stalled_client: Duration,
+    /// See [`WRITE_STALL`].
+    pub write_stall: Duration,
 }
 
 impl ListenLimits {
@@ -79,6 +89,7 @@ impl ListenLimits {
             max_head_bytes: MAX_HEAD_BYTES,
             head_timeout: HEAD_TIMEOUT,
             stalled_client: STALLED_CLIENT,
+            write_stall: WRITE_STALL,
         }
     }
 }
@@ -127,17 +138,23 @@ impl Connections {
     /// (begun at `draining_since_ms`) is that old, those still sending a
     /// request body: no turn has its input yet, and a slow sender held the
     /// shutdown for its body's time limit (17 minutes for a deploy).
-    fn drop_stalled(&self, stalled: Duration, draining_since_ms: u64) {
+    /// (`None` while serving: only the first kind, see [`WRITE_STALL`].)
+    fn drop_stalled(&self, stalled: Duration, draining_since_ms: Option<u64>) {
         let now = self.now_ms();
         let stalled = stalled.as_millis() as u64;
-        let uploads_too = now.saturating_sub(draining_since_ms) > stalled;
+        let uploads_too = draining_since_ms.is_some_and(|d| now.saturating_sub(d) > stalled);
         for c in self.open.lock().unwrap().values() {
             let since = c.frame_waiting_since_ms.load(Ordering::Acquire);
             let busy = c.busy.load(Ordering::Acquire) > 0;
             if busy && since != 0 && now.saturating_sub(since) > stalled {
+                let when = if draining_since_ms.is_some() {
+                    "stopping"
+                } else {
+                    "serving"
+                };
                 tracing::warn!(
                     waited_ms = now - since,
-                    "stopping: closing a connection whose client stopped reading its response"
+                    "{when}: closing a connection whose client stopped reading its response"
                 );
                 c.drop_now.notify_one();
             } else if busy && uploads_too && c.receiving.load(Ordering::Acquire) {
@@ -186,7 +203,9 @@ pub async fn serve_app(
     let (closing, closed) = watch::channel(false);
     let mut next_id = 0u64;
     tokio::pin!(shutdown);
-    loop {
+    let mut sweep = tokio::time::interval((limits.write_stall / 4).max(Duration::from_millis(10)));
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    'accept: loop {
         let tcp = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((tcp, _)) => tcp,
@@ -195,6 +214,10 @@ pub async fn serve_app(
                     continue;
                 }
             },
+            _ = sweep.tick() => {
+                connections.drop_stalled(limits.write_stall, None);
+                continue;
+            }
             () = &mut shutdown => break,
         };
         // A slot for it: at the cap, the idlest connection makes room;
@@ -203,9 +226,13 @@ pub async fn serve_app(
             Ok(slot) => slot,
             Err(_) => {
                 connections.evict_idlest();
-                tokio::select! {
-                    slot = slots.clone().acquire_owned() => slot.expect("never closed"),
-                    () = &mut shutdown => break,
+                loop {
+                    tokio::select! {
+                        slot = slots.clone().acquire_owned() => break slot.expect("never closed"),
+                        // Stalled clients holding every slot are closed.
+                        _ = sweep.tick() => connections.drop_stalled(limits.write_stall, None),
+                        () = &mut shutdown => break 'accept,
+                    }
                 }
             }
         };
@@ -284,7 +311,7 @@ pub async fn serve_app(
     loop {
         tokio::select! {
             () = closing.closed() => break,
-            _ = look.tick() => connections.drop_stalled(limits.stalled_client, draining_since),
+            _ = look.tick() => connections.drop_stalled(limits.stalled_client, Some(draining_since)),
         }
     }
     Ok(())
@@ -484,6 +511,61 @@ mod tests {
             .expect("the shutdown waited for a client that stopped reading")
             .unwrap()
             .unwrap();
+    }
+
+    /// While serving, a client that has not taken a frame of its response
+    /// for the write-stall limit is closed, and its slot goes to a new
+    /// connection: stalled event streams held their buffers and slots for
+    /// ever (a probe: 512 of them took every slot of a node).
+    #[tokio::test]
+    async fn a_client_that_stopped_reading_is_closed_while_serving() {
+        let app = Router::new()
+            .route(
+                "/",
+                axum::routing::get(|| async {
+                    let chunk = bytes::Bytes::from(vec![b'x'; 64 << 10]);
+                    Body::from_stream(futures::stream::repeat_with(move || {
+                        Ok::<_, std::io::Error>(chunk.clone())
+                    }))
+                }),
+            )
+            .route("/ok", axum::routing::get(|| async { "ok" }));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut limits = ListenLimits::new(1);
+        limits.write_stall = Duration::from_millis(400);
+        tokio::spawn(serve_app(
+            app,
+            listener,
+            limits,
+            ListenMetrics::default(),
+            std::future::pending(),
+            |_| None,
+        ));
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut stalled = socket.connect(addr).await.unwrap();
+        stalled
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 1024];
+        let n = stalled.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        // The only slot is the stalled client's: a new one gets it once
+        // the stalled one is closed.
+        let started = Instant::now();
+        let mut next = tokio::net::TcpStream::connect(addr).await.unwrap();
+        next.write_all(b"GET /ok HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(10), next.read_to_string(&mut answer))
+            .await
+            .expect("the stalled client kept the slot")
+            .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(started.elapsed() >= Duration::from_millis(300));
     }
 
     /// A client still sending its request body when the shutdown began is

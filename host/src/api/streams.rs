@@ -45,8 +45,9 @@ const PAGE: usize = 256;
 /// least one event): what a stream whose client stopped reading holds.
 /// A page of 256 events of up to 256 KiB each held ~64 MiB per stalled
 /// stream (a probe's 20 streams held 1.3 GB), for as long as it stayed
-/// open.
-const PAGE_BYTES: usize = 1 << 20;
+/// open; 1 MiB still let 1,000 stalled streams hold ~1 GB until they were
+/// closed for not reading (`listen::WRITE_STALL`).
+const PAGE_BYTES: usize = 256 << 10;
 /// The reconnect delay suggested to clients.
 const RETRY: Duration = Duration::from_secs(1);
 

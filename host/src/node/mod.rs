@@ -105,7 +105,34 @@ impl Node {
         config.limits.state_cache_budget_bytes = Some(pool.state_cache);
         config.limits.request_body_budget_bytes = Some(pool.request_bodies);
         config.limits.egress_response_budget_bytes = Some(pool.egress_responses);
+        if let Some(asked) = config
+            .limits
+            .max_connections
+            .filter(|&n| n > pool.connections)
+        {
+            tracing::warn!(
+                configured = asked,
+                max_connections = pool.connections,
+                open_files = host.open_files,
+                "limits.max_connections is more than the open-files limit leaves room for: \
+                 lowered (past it, accepts and sandboxes fail for want of descriptors)"
+            );
+        }
         config.limits.max_connections = Some(pool.connections);
+        // Event streams hold their connections for as long as they run:
+        // at most half of them may be streams, so that requests (health
+        // checks, the API) always find a slot. 512 streams took every
+        // slot of a node allowed 512 connections (found by a probe).
+        let stream_room = (pool.connections / 2).max(1);
+        if config.events.max_streams > stream_room {
+            tracing::info!(
+                configured = config.events.max_streams,
+                max_streams = stream_room,
+                max_connections = pool.connections,
+                "events.max_streams lowered to half of the connections the node allows"
+            );
+            config.events.max_streams = stream_room;
+        }
         let config = Arc::new(config);
         let metrics = Arc::new(Metrics::new());
         let storage = {

@@ -200,6 +200,21 @@ pub enum CodeError {
     Busy(String),
 }
 
+impl CodeError {
+    /// What compiling or starting code failed with: the node's want of
+    /// room (memory, mappings, file descriptors: `cannot create a memfd`
+    /// at the open-files limit) is [`CodeError::Busy`], not bad code — a
+    /// deploy was refused as `invalid_code` for the node's shortage
+    /// (found by a probe).
+    pub(crate) fn from_failure(msg: String) -> Self {
+        if run::is_host_shortage(&msg) {
+            Self::Busy(msg)
+        } else {
+            Self::Invalid(msg)
+        }
+    }
+}
+
 /// Dropped instances whose memory is decommitted together. Until a batch
 /// is full its instances' pages stay resident and their slots taken: at
 /// most `DECOMMIT_BATCH - 1` instances per core (per shard of wasmtime's
@@ -506,7 +521,7 @@ impl Sandbox {
     /// Compile `code` and cache the result at `path`.
     fn compile_into(&self, code: &[u8], path: &Path) -> Result<Component, CodeError> {
         let component = Component::new(&self.parts.engine, code)
-            .map_err(|e| CodeError::Invalid(format!("{e:#}")))?;
+            .map_err(|e| CodeError::from_failure(format!("{e:#}")))?;
         self.parts.compile_cache.release();
         match component.serialize() {
             Ok(bytes) => self.cache.store(path, &bytes, "compiled code"),
@@ -816,6 +831,29 @@ mod tests {
         );
         drop(live);
         instantiate().expect("room again once the instances are gone");
+    }
+
+    #[test]
+    fn the_hosts_shortage_is_no_fault_of_the_code() {
+        for msg in [
+            "instantiating: cannot create a memfd: Too many open files (os error 24)",
+            "mmap failed: Cannot allocate memory (os error 12)",
+        ] {
+            assert!(
+                matches!(CodeError::from_failure(msg.into()), CodeError::Busy(_)),
+                "{msg}"
+            );
+        }
+        // A pool's limits are what code asking too much meets too.
+        for msg in [
+            "memory minimum exceeds the pooling allocator's limit",
+            "bad magic",
+        ] {
+            assert!(
+                matches!(CodeError::from_failure(msg.into()), CodeError::Invalid(_)),
+                "{msg}"
+            );
+        }
     }
 
     /// The engine of [`the_pool_holds_no_more_memories_than_slots`] with

@@ -253,7 +253,12 @@ impl PoolPlan {
         let request_bodies = budget(limits.request_body_budget_bytes, REQUEST_BODY_SHARE);
         let egress_responses = budget(limits.egress_response_budget_bytes, EGRESS_RESPONSE_SHARE);
         let connections = match (limits.max_connections, host.memory_bytes) {
-            (Some(n), _) => n,
+            // As configured, within what the open-files limit allows.
+            (Some(n), _) => host
+                .open_files
+                .map(connections_for_fds)
+                .and_then(|fit| usize::try_from(fit).ok())
+                .map_or(n, |fit| n.min(fit)),
             (None, memory) => {
                 let by_memory = memory
                     .map(|m| (m / CONNECTION_SHARE / BYTES_PER_CONNECTION).max(MIN_CONNECTIONS));
@@ -408,16 +413,24 @@ mod tests {
         assert_eq!(with_fds(1 << 20), by_memory);
         assert_eq!(with_fds(4096), 3072);
         assert_eq!(with_fds(1024), 512);
-        // A configured cap is taken as given.
-        let configured = Limits {
-            max_connections: Some(50_000),
+        // A configured cap is taken as given, within the open-files
+        // limit: past it, accepts and sandboxes failed for want of
+        // descriptors (found by a probe).
+        let configured = |n| Limits {
+            max_connections: Some(n),
             ..Limits::default()
         };
         let h = HostLimits {
             open_files: Some(20_000),
             ..host(65_530, 24 * GIB)
         };
-        assert_eq!(PoolPlan::new(&configured, &h).connections, 50_000);
+        assert_eq!(PoolPlan::new(&configured(50_000), &h).connections, 15_000);
+        assert_eq!(PoolPlan::new(&configured(100), &h).connections, 100);
+        let unknown = host(65_530, 24 * GIB);
+        assert_eq!(
+            PoolPlan::new(&configured(50_000), &unknown).connections,
+            50_000
+        );
     }
 
     #[test]

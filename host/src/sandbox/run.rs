@@ -669,9 +669,14 @@ async fn metered<F: Future>(fut: F) -> (F::Output, Duration) {
 /// mappings or a file descriptor (a module's first instance makes its
 /// memory image in a memfd: at the open-files limit that fails).
 pub(super) fn is_resource_exhaustion(msg: &str) -> bool {
-    msg.contains("concurrent")
-        || msg.contains("pooling")
-        || msg.contains("Cannot allocate memory")
+    msg.contains("concurrent") || msg.contains("pooling") || is_host_shortage(msg)
+}
+
+/// The kernel refused memory, mappings or a file descriptor: the host's
+/// shortage, whatever the code (unlike a pool's limits, which code that
+/// asks for too much also meets).
+pub(super) fn is_host_shortage(msg: &str) -> bool {
+    msg.contains("Cannot allocate memory")
         || msg.contains("os error 12")
         || msg.contains("cannot create a memfd")
         || msg.contains("Too many open files")

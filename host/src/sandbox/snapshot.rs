@@ -177,7 +177,8 @@ impl Preinit {
         linker: &Linker<Host>,
         host: Host,
     ) -> Result<(Store<Host>, Instance), CodeError> {
-        let fail = |what: &str, e: wasmtime::Error| CodeError::Invalid(format!("{what}: {e:#}"));
+        let fail =
+            |what: &str, e: wasmtime::Error| CodeError::from_failure(format!("{what}: {e:#}"));
         let mut store = Store::new(self.component.engine(), host);
         // Initialization is trusted code with no deadline of its own.
         store.set_epoch_deadline(u64::MAX / 2);
