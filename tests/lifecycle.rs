@@ -546,3 +546,47 @@ async fn a_report_of_memory_origin_that_never_returns_is_stopped() {
     assert_eq!(api.get("/v1/types/spinner").await.status, 404);
     assert_eq!(api.add("kit", "neighbour", 1).await.json["value"], 3);
 }
+
+/// A deploy that shortens the idle timeout applies to actors awake
+/// through it from their next turn: they kept the old one (up to 7 days)
+/// for as long as they stayed awake (found by a probe).
+#[tokio::test]
+async fn a_shorter_idle_timeout_applies_to_actors_awake_through_the_deploy() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({"idle_timeout_ms": 3_600_000}))
+        .await;
+    api.add("kit", "a", 1).await;
+    api.deploy("kit", TESTKIT, json!({"idle_timeout_ms": 300}))
+        .await;
+    assert_eq!(api.add("kit", "a", 1).await.json["value"], 2);
+    let started = Instant::now();
+    api.wait_info("kit", "a", "hibernation", |i| i["status"] == "hibernated")
+        .await;
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+/// The headers a node uses to install a peer's deploy under the peer's
+/// version number mean nothing on a node alone: a client picked version
+/// 4294967295 with them, and the next deploy wrapped to 0 (found by a
+/// probe).
+#[tokio::test]
+async fn a_client_cannot_choose_a_types_version_number() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    let r = api
+        .req(
+            reqwest::Method::PUT,
+            "/v1/types/kit",
+            Some(("application/wasm", TESTKIT.to_vec())),
+            &[
+                ("x-marmot-fanout-from", "n9"),
+                ("x-marmot-type-version", "4294967295"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    assert_eq!(r.json["version"], 1, "{}", r.json);
+}

@@ -180,13 +180,15 @@ pub(super) async fn deploy(
             ));
         }
     };
-    // Fanned out by the node that took it: under that node's number.
-    let numbered = headers
-        .contains_key(super::cluster::FANOUT_FROM)
-        .then(|| headers.get(super::cluster::TYPE_VERSION))
-        .flatten()
-        .and_then(|v| v.to_str().ok()?.parse::<u32>().ok())
-        .filter(|v| *v > 0);
+    // Fanned out by the node that took it: under that node's number. Only
+    // in a cluster: on a node alone a client chose its version number
+    // this way (u32::MAX, and the next deploy wrapped to 0: a probe).
+    let numbered = (headers.contains_key(super::cluster::FANOUT_FROM)
+        && s.node.cluster().is_some())
+    .then(|| headers.get(super::cluster::TYPE_VERSION))
+    .flatten()
+    .and_then(|v| v.to_str().ok()?.parse::<u32>().ok())
+    .filter(|v| *v > 0);
     let deployed = match numbered {
         Some(v) => s.node.deploy_numbered(&ty, kind, code, config, v).await?,
         None => s.node.deploy(&ty, kind, code, config).await?,

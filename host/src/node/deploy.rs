@@ -270,8 +270,18 @@ impl Node {
             created_at_ms: now,
             versions: Vec::new(),
         });
-        let version =
-            numbered.unwrap_or_else(|| record.versions.last().map_or(1, |v| v.version + 1));
+        let version = match numbered {
+            Some(v) => v,
+            None => match record.versions.last() {
+                None => 1,
+                Some(v) => v.version.checked_add(1).ok_or_else(|| {
+                    DeployError::VersionConflict(format!(
+                        "type `{ty}` has reached the highest version number ({})",
+                        v.version
+                    ))
+                })?,
+            },
+        };
         record.versions.push(VersionRecord {
             version,
             kind,

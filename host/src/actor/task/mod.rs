@@ -177,8 +177,12 @@ impl ActorTask {
     }
 
     pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Envelope>) {
-        let idle = self.idle_timeout();
-        let sleep = tokio::time::sleep(idle);
+        // The idle timeout of the type's latest version, looked up again
+        // when a deploy brings a new one: an actor awake through a deploy
+        // that shortened it kept the old one (up to 7 days) for as long as
+        // it stayed awake (found by a probe).
+        let mut idle_of = (self.shared.ty.latest_version(), self.idle_timeout());
+        let sleep = tokio::time::sleep(idle_of.1);
         tokio::pin!(sleep);
         // The actor was deleted and nothing has happened since: the
         // activation leaves as soon as it is idle, rather than sit out the
@@ -186,6 +190,11 @@ impl ActorTask {
         // a hibernation, after a delete woke it only to delete it).
         let mut emptied = false;
         loop {
+            let latest = self.shared.ty.latest_version();
+            if latest != idle_of.0 {
+                idle_of = (latest, self.idle_timeout());
+            }
+            let idle = idle_of.1;
             if self.shared.delete_asked() {
                 self.set_busy(true);
                 Box::pin(self.run_deletes()).await;
