@@ -790,3 +790,64 @@ export default {
     assert!(error.contains("bytes of messages"), "{error}");
     wait_value(&api, "sink", "n", json!(sent)).await;
 }
+
+/// A caller whose turn runs again after a crash does not apply its calls
+/// twice: each call carries a key made of the caller's turn and the call's
+/// number, and the callee answers the repeat with its first reply. The
+/// callee's effect was applied once per run (found by a probe).
+#[tokio::test]
+async fn a_recovered_callers_calls_take_effect_once() {
+    const MARKER: &str = "caller-crash-now";
+    let dir = tempdir();
+    let mut m = Marmot::start_with_env(
+        &dir.path().join("data"),
+        &[("MARMOT_FAULT_ABORT_ON_LOG", MARKER)],
+    )
+    .await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    let caller = r#"
+import { actors, state, log } from "marmot";
+export default {
+  async onMessage() {
+    const first = await actors.call("kit", "b", { op: "add", key: "k", by: 1 });
+    const second = await actors.call("kit", "b", { op: "add", key: "k", by: 10 });
+    state.set("got", [first, second]);
+    log.info("caller-crash-now");
+    return "done";
+  },
+};
+"#;
+    assert_eq!(api.deploy_js("caller", caller).await.status, 201);
+    let r = api
+        .post_json("/v1/actors/caller/a?wait=false", &json!({}))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    assert!(
+        m.wait_exit(Duration::from_secs(30)),
+        "the caller did not crash the node"
+    );
+    m.set_env("MARMOT_FAULT_ABORT_ON_LOG", None);
+    m.respawn();
+    m.wait_ready().await;
+    let api = m.client();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while value_of(&api, "caller", "a", "got").await == Value::Null {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the caller never ran again"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        value_of(&api, "caller", "a", "got").await,
+        json!([{"value": 1}, {"value": 11}])
+    );
+    assert_eq!(value(&api, "b", "k").await, json!(11));
+}
+
+/// `key` of actor `ty`/`id` as stored, or null while it is not.
+async fn value_of(api: &Api, ty: &str, id: &str, key: &str) -> Value {
+    let r = api.get(&format!("/v1/actors/{ty}/{id}/state/{key}")).await;
+    if r.status == 200 { r.json } else { Value::Null }
+}

@@ -214,13 +214,14 @@ impl ActorCalls for ActorEnv {
         to: ActorKey,
         body: Vec<u8>,
         chain: CallChain,
+        idempotency_key: String,
     ) -> futures::future::BoxFuture<'static, Result<CallReply, GuestError>> {
         let timeout = Duration::from_millis(self.config.limits.actor_call_timeout_ms);
         Box::pin(async move {
             if let Some((cluster, peers)) = &self.cluster
                 && let Target::Via(base) = cluster.target(&to)
             {
-                let sent = peers.call(&base, &to, body, &chain);
+                let sent = peers.call(&base, &to, body, &chain, &idempotency_key);
                 return match tokio::time::timeout(timeout, sent).await {
                     Ok(Ok(r)) => Ok(CallReply {
                         status: r.status,
@@ -246,7 +247,7 @@ impl ActorCalls for ActorEnv {
                 &to,
                 Bytes::from(body),
                 Some("application/json".into()),
-                None,
+                Some(idempotency_key),
                 chain,
             );
             match tokio::time::timeout(timeout, sent).await {

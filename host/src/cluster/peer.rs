@@ -112,10 +112,12 @@ impl Peers {
         key: &ActorKey,
         body: Vec<u8>,
         chain: &[ActorKey],
+        idempotency_key: &str,
     ) -> Result<PeerReply, PeerError> {
         let resp = self
             .post(base, key, "")
             .header(CALL_CHAIN, encode_chain(chain))
+            .header("idempotency-key", idempotency_key)
             .body(body)
             .send()
             .await
