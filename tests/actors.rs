@@ -792,9 +792,12 @@ export default {
 }
 
 /// A caller whose turn runs again after a crash does not apply its calls
-/// twice: each call carries a key made of the caller's turn and the call's
-/// number, and the callee answers the repeat with its first reply. The
-/// callee's effect was applied once per run (found by a probe).
+/// twice: each call carries a key made of the caller's turn, the call's
+/// number, target and body, and the callee answers the repeat with its
+/// first reply. The callee's effect was applied once per run (found by a
+/// probe). A call whose body differs on the second run (a timestamp) is a
+/// new call, and the turn goes through: keyed without its body, it failed
+/// for good as a reused key (found by a review and a probe).
 #[tokio::test]
 async fn a_recovered_callers_calls_take_effect_once() {
     const MARKER: &str = "caller-crash-now";
@@ -811,7 +814,7 @@ import { actors, state, log } from "marmot";
 export default {
   async onMessage() {
     const first = await actors.call("kit", "b", { op: "add", key: "k", by: 1 });
-    const second = await actors.call("kit", "b", { op: "add", key: "k", by: 10 });
+    const second = await actors.call("kit", "b", { op: "add", key: "k", by: 10, at: Date.now() });
     state.set("got", [first, second]);
     log.info("caller-crash-now");
     return "done";
@@ -841,9 +844,11 @@ export default {
     }
     assert_eq!(
         value_of(&api, "caller", "a", "got").await,
-        json!([{"value": 1}, {"value": 11}])
+        json!([{"value": 1}, {"value": 21}])
     );
-    assert_eq!(value(&api, "b", "k").await, json!(11));
+    assert_eq!(value(&api, "b", "k").await, json!(21));
+    let events = api.get("/v1/actors/caller/a/events").await.json;
+    assert_eq!(events["events"], json!([]), "the re-run failed: {events}");
 }
 
 /// `key` of actor `ty`/`id` as stored, or null while it is not.

@@ -230,7 +230,9 @@ async fn any_node_serves_any_actor_and_each_actor_lives_on_one_node() {
     let mut c = c;
     c.nodes[2].restart().await;
     assert!(
-        c.nodes[2].log_text().contains("waiting for it to end"),
+        c.nodes[2]
+            .log_text()
+            .contains("this node id is registered under a live lease"),
         "the restart did not meet its old lease"
     );
 }

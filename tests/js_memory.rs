@@ -433,10 +433,11 @@ async fn request_bodies_past_the_nodes_budget_are_shed_at_once() {
 }
 
 /// Bodies are charged as they arrive and must arrive in time: connections
-/// that declare a large body and send a few bytes of it (no credentials
-/// needed: webhook routes read their body before checking it) used to
-/// hold their declared lengths of the budget for as long as they stayed
-/// open, and every other request with a body got 503.
+/// that declare a large body and send a few bytes of it (messages to
+/// actors here; webhook routes, open to anyone, read their body before
+/// checking it until 2026-12-07) used to hold their declared lengths of
+/// the budget for as long as they stayed open, and every other request
+/// with a body got 503.
 #[tokio::test]
 async fn bodies_that_never_arrive_hold_nothing_and_time_out() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -452,7 +453,7 @@ async fn bodies_that_never_arrive_hold_nothing_and_time_out() {
             .await
             .unwrap();
         let head = format!(
-            "POST /v1/hooks/nosuchtype/x{i}/n HTTP/1.1\r\nhost: marmot\r\n\
+            "POST /v1/actors/slow/x{i} HTTP/1.1\r\nhost: marmot\r\n\
              content-length: 65536\r\n\r\n0123456789"
         );
         s.write_all(head.as_bytes()).await.unwrap();

@@ -27,7 +27,7 @@ use crate::metrics::Metrics;
 use crate::models::Gateway;
 use crate::sandbox::ModelAccess;
 use crate::sandbox::{
-    ActorCalls, CallChain, CallReply, GuestError, HttpAccess, HttpGrant, Sandbox,
+    ActorCalls, CALL_KEY_PREFIX, CallChain, CallReply, GuestError, HttpAccess, HttpGrant, Sandbox,
 };
 use crate::secrets::SecretStore;
 use crate::storage::Storage;
@@ -214,14 +214,14 @@ impl ActorCalls for ActorEnv {
         to: ActorKey,
         body: Vec<u8>,
         chain: CallChain,
-        idempotency_key: String,
+        key: Option<String>,
     ) -> futures::future::BoxFuture<'static, Result<CallReply, GuestError>> {
         let timeout = Duration::from_millis(self.config.limits.actor_call_timeout_ms);
         Box::pin(async move {
             if let Some((cluster, peers)) = &self.cluster
                 && let Target::Via(base) = cluster.target(&to)
             {
-                let sent = peers.call(&base, &to, body, &chain, &idempotency_key);
+                let sent = peers.call(&base, &to, body, &chain, key.as_deref());
                 return match tokio::time::timeout(timeout, sent).await {
                     Ok(Ok(r)) => Ok(CallReply {
                         status: r.status,
@@ -247,7 +247,7 @@ impl ActorCalls for ActorEnv {
                 &to,
                 Bytes::from(body),
                 Some("application/json".into()),
-                Some(idempotency_key),
+                key.map(|k| format!("{CALL_KEY_PREFIX}{k}")),
                 chain,
             );
             match tokio::time::timeout(timeout, sent).await {

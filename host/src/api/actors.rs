@@ -127,10 +127,14 @@ pub(super) async fn send(
     };
     let sent = async {
         match chain {
-            // A turn's `actors.call` from another node.
+            // A turn's `actors.call` from another node, with its key.
             Some(chain) => {
+                let call_key = headers
+                    .get(crate::cluster::CALL_KEY)
+                    .and_then(|v| v.to_str().ok())
+                    .map(|k| format!("{}{k}", crate::sandbox::CALL_KEY_PREFIX));
                 s.node
-                    .send_in_chain(&key, body, content_type, chain.into())
+                    .send_in_chain(&key, body, content_type, chain.into(), call_key)
                     .await
             }
             None => s.node.send(&key, body, content_type, idempotency_key).await,

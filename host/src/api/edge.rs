@@ -151,6 +151,7 @@ where
             let h = req.headers_mut();
             h.remove(crate::cluster::FROM_ACTOR);
             h.remove(crate::cluster::CALL_CHAIN);
+            h.remove(crate::cluster::CALL_KEY);
             // What the request was allowed by: a stream it opens ends when
             // the token expires or is revoked.
             req.extensions_mut().insert(grant);

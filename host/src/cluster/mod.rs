@@ -48,7 +48,7 @@ pub use blobs::{Ask, send_blobs};
 use lease::Lease;
 use patience::patiently;
 pub use peer::{
-    CALL_CHAIN, FROM_ACTOR, PeerError, Peers, Target, client as peer_client, decode_chain,
+    CALL_CHAIN, CALL_KEY, FROM_ACTOR, PeerError, Peers, Target, client as peer_client, decode_chain,
 };
 pub use placement::MoveStarted;
 use records::{Keys, MemberRecord, SLOTS, SlotRecord};

@@ -22,6 +22,11 @@ use crate::ids::ActorKey;
 /// separated), so that a cycle through several nodes is still refused.
 pub const CALL_CHAIN: &str = "x-marmot-call-chain";
 
+/// On a message from a turn's `actors.call`: the call's key (see
+/// `sandbox::caps::actors`), stored by the callee after
+/// `CALL_KEY_PREFIX`. Like the chain, taken only from nodes.
+pub const CALL_KEY: &str = "x-marmot-call-key";
+
 /// On every message a node passes on for a turn (`actors.call`, and the
 /// hand-over of a relayed `actors.send`): the body is what a guest sent,
 /// which the API takes as it would from a turn on its own node, without
@@ -112,12 +117,15 @@ impl Peers {
         key: &ActorKey,
         body: Vec<u8>,
         chain: &[ActorKey],
-        idempotency_key: &str,
+        call_key: Option<&str>,
     ) -> Result<PeerReply, PeerError> {
-        let resp = self
+        let mut req = self
             .post(base, key, "")
-            .header(CALL_CHAIN, encode_chain(chain))
-            .header("idempotency-key", idempotency_key)
+            .header(CALL_CHAIN, encode_chain(chain));
+        if let Some(k) = call_key {
+            req = req.header(CALL_KEY, k);
+        }
+        let resp = req
             .body(body)
             .send()
             .await

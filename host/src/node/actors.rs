@@ -37,8 +37,11 @@ impl Node {
         body: Bytes,
         content_type: Option<String>,
         chain: CallChain,
+        call_key: Option<String>,
     ) -> Result<TurnReply, TurnError> {
-        self.actors.send(key, body, content_type, None, chain).await
+        self.actors
+            .send(key, body, content_type, call_key, chain)
+            .await
     }
 
     /// Durably enqueue a message; returns its id once it is on disk.

@@ -47,7 +47,9 @@ use wasmtime::{
 };
 
 pub use bindings::{Alarm, GuestError, InputAnswer, Message, Webhook};
-pub use caps::actors::{ActorCalls, ActorLimits, CallChain, CallReply, DurableBefore};
+pub use caps::actors::{
+    ActorCalls, ActorLimits, CALL_KEY_PREFIX, CallChain, CallReply, DurableBefore,
+};
 pub use caps::alarms::AlarmLimits;
 pub use caps::events::EventLimits;
 pub use caps::files::FileLimits;

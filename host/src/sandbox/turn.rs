@@ -238,6 +238,9 @@ pub struct TurnStart {
     /// Earlier starts of this delivery that a crash may have cut off
     /// (`turn.attempt`).
     pub attempt: u32,
+    /// The turn may run again under the same `turn_id` (recovered after a
+    /// crash, retried after a failure): its `actors.call`s carry keys.
+    pub replayable: bool,
 }
 
 impl TurnState {
@@ -254,6 +257,9 @@ impl TurnState {
         };
         let c = start.counts;
         let ty = start.key.ty().to_owned();
+        let calls_of = start
+            .replayable
+            .then(|| (start.key.clone(), start.turn_id.clone()));
         Self {
             key: start.key,
             version: start.version,
@@ -271,7 +277,7 @@ impl TurnState {
             alarms: AlarmsCtx::new(disk.clone(), limits.alarms, carry.alarms),
             inputs: InputsCtx::new(disk.clone(), limits.inputs, carry.pending_inputs),
             files: FilesCtx::new(disk, limits.files, ty, carry.files),
-            actors: ActorsCtx::new(limits.actors, start.chain, start.durable_before),
+            actors: ActorsCtx::new(limits.actors, start.chain, start.durable_before, calls_of),
             log: LogCtx::new(limits.log.clone()),
             http: HttpCtx::default(),
             model: ModelCtx::new(start.num),
@@ -537,6 +543,7 @@ mod tests {
                 chain: Arc::from([]),
                 durable_before: None,
                 attempt: 0,
+                replayable: false,
             };
             let mut turn = TurnState::new(start, std::mem::take(&mut carry), &limits, &storage);
             let mut model = committed.clone();

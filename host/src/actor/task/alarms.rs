@@ -171,7 +171,9 @@ impl ActorTask {
             ),
             None => (
                 "alarm",
-                format!("alarm:{name}:{due}"),
+                // The setting too: the same alarm set again for the same
+                // time is another occurrence (its calls are new calls).
+                format!("alarm:{name}:{due}:{}", rec.set_at_ms),
                 TurnInput::Alarm(Alarm {
                     name: name.clone(),
                     payload: rec.payload.clone(),

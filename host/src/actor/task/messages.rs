@@ -59,6 +59,7 @@ impl ActorTask {
         };
         let version = self.record().version;
         let turn_id = message_id.clone();
+        self.next_direct = true;
         let result = self
             .run_turn("message", version, turn_id, TurnInput::Message(msg), chain)
             .await
@@ -75,10 +76,15 @@ impl ActorTask {
                 ),
                 TurnOutput::Done | TurnOutput::Eval(_) => unreachable!("on-message always replies"),
             });
+        // A call's key needs keeping only if the turn changed something: a
+        // read-only turn run again has no effect to repeat (and a read-only
+        // service called by every recovered turn would commit, and keep its
+        // replies a day, for nothing).
+        let keep_key = idempotency_key
+            .as_deref()
+            .is_some_and(|k| !k.starts_with(crate::sandbox::CALL_KEY_PREFIX));
         match result {
-            Ok((out, finished))
-                if finished.is_empty() && idempotency_key.is_none() && self.persisted.is_some() =>
-            {
+            Ok((out, finished)) if finished.is_empty() && !keep_key && self.persisted.is_some() => {
                 // A read-only turn needs no commit of its own, but what it
                 // read may come from turns still being committed: release
                 // the reply once those are durable. (The first turn of a

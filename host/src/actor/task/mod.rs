@@ -109,6 +109,9 @@ pub(crate) struct ActorTask {
     /// Earlier starts of the delivery the next turn runs (an inbox row's
     /// counted recovery attempts); taken by that turn.
     next_attempt: u32,
+    /// The next turn is a client's (or another actor's) direct message,
+    /// which never runs again under the same turn id; taken by that turn.
+    next_direct: bool,
     /// Where the next turn's span hangs, and since when its delivery
     /// waits; taken by that turn.
     next_trace: TurnTrace,
@@ -135,6 +138,7 @@ impl ActorTask {
             key,
             shared,
             next_attempt: 0,
+            next_direct: false,
             next_trace: TurnTrace::default(),
             failed_eval_logs: Vec::new(),
             record: None,

@@ -214,6 +214,10 @@ impl ActorTask {
     ) -> Result<(TurnOutput, FinishedTurn), TurnError> {
         let started = Instant::now();
         let attempt = std::mem::take(&mut self.next_attempt);
+        // Run again under the same id after a crash or a failure: an inbox
+        // row's, an alarm's, an input's, an upgrade's, a webhook's turn.
+        let replayable =
+            !std::mem::take(&mut self.next_direct) && !matches!(input, TurnInput::Eval(_));
         let trace = std::mem::take(&mut self.next_trace);
         let span = tracing::info_span!(
             "turn",
@@ -276,6 +280,7 @@ impl ActorTask {
                     generation: self.generation,
                 }),
                 attempt,
+                replayable,
             },
             input,
             carry: std::mem::take(&mut self.carry),

@@ -46,14 +46,15 @@ pub struct CallReply {
 /// narrow trait keeps the sandbox free of the actor runtime.
 pub trait ActorCalls: Send + Sync {
     /// Send `body` to `to` as a message and wait for its (durable) reply.
-    /// `chain` holds the callers above the call, the caller last; the
-    /// message carries `idempotency_key` (see [`call_key`]).
+    /// `chain` holds the callers above the call, the caller last; `key`,
+    /// if any, names the call (see `ActorsCtx::call_key`): the callee
+    /// stores it after [`CALL_KEY_PREFIX`].
     fn call(
         self: Arc<Self>,
         to: ActorKey,
         body: Vec<u8>,
         chain: CallChain,
-        idempotency_key: String,
+        key: Option<String>,
     ) -> futures::future::BoxFuture<'static, Result<CallReply, GuestError>>;
 
     /// Count a message to an actor of type `ty` against the type's rate
@@ -100,7 +101,10 @@ pub struct ActorsCtx {
     /// The turn sent its own actor a message the type's rate limit did not
     /// count (see [`ActorsCtx::counts_against_rate`]).
     continued: bool,
-    /// Calls made so far: the next one's number in [`call_key`].
+    /// The caller and turn id its calls' keys are made of, when the turn
+    /// may run again under that id (see `ActorsCtx::call_key`).
+    calls_of: Option<(ActorKey, String)>,
+    /// Calls made so far: the next one's number.
     calls: u32,
 }
 
@@ -109,6 +113,7 @@ impl ActorsCtx {
         limits: ActorLimits,
         chain: CallChain,
         durable_before: Option<DurableBefore>,
+        calls_of: Option<(ActorKey, String)>,
     ) -> Self {
         Self {
             limits,
@@ -116,6 +121,7 @@ impl ActorsCtx {
             durable_before,
             sends: Vec::new(),
             continued: false,
+            calls_of,
             calls: 0,
         }
     }
@@ -225,17 +231,46 @@ impl ActorsCtx {
     }
 }
 
-/// The idempotency key of call number `n` of `caller`'s turn `turn_id`.
-/// A turn that runs again — recovered after a crash, an alarm retried —
-/// has the same turn id (its message's, alarm's or input's), so its calls
-/// have the same keys and each callee answers with its first reply instead
-/// of running again: a recovered caller applied its calls' effects twice
-/// (found by a probe). Visible ASCII within the API's 256 characters, as
-/// it travels in a header to another node's actor.
-pub fn call_key(caller: &ActorKey, turn_id: &str, n: u32) -> String {
-    use sha2::Digest as _;
-    let digest = sha2::Sha256::digest(format!("{caller}\n{turn_id}"));
-    format!("call-{}-{n}", hex::encode(&digest[..16]))
+/// Prefix of the idempotency keys of calls, as the callee stores them.
+/// NUL cannot appear in an `Idempotency-Key` header: no client can send
+/// (or claim) one.
+pub const CALL_KEY_PREFIX: &str = "\0call:";
+
+impl ActorsCtx {
+    /// The number of the turn's next call: taken as the call starts, before
+    /// any check that may refuse it, so that a turn run again numbers its
+    /// calls alike.
+    fn next_call(&mut self) -> u32 {
+        self.calls += 1;
+        self.calls - 1
+    }
+
+    /// The idempotency key of call `n` to `to` with `body`, if the turn
+    /// may run again under its turn id (a durable message recovered after
+    /// a crash, an alarm retried, an upgrade, an input): that run's same
+    /// call has the same key, and the callee answers it with its first
+    /// reply instead of running again (a recovered caller applied its
+    /// calls' effects twice: found by a probe). The target and body are
+    /// part of it: a call that differs on the second run (a timestamp in
+    /// its body, new code) is a new call, not a conflict. Direct messages
+    /// and evals never run again under their id: their calls carry none
+    /// (each would cost the callee a stored reply for a day).
+    fn call_key(&self, n: u32, to: &ActorKey, body: &[u8]) -> Option<String> {
+        use sha2::Digest as _;
+        let (caller, turn_id) = self.calls_of.as_ref()?;
+        let mut h = sha2::Sha256::new();
+        for part in [
+            caller.to_string().as_bytes(),
+            turn_id.as_bytes(),
+            to.to_string().as_bytes(),
+        ] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
+        h.update(n.to_le_bytes());
+        h.update(body);
+        Some(hex::encode(&h.finalize()[..16]))
+    }
 }
 
 fn target(ty: &str, id: &str) -> Result<ActorKey, GuestError> {
@@ -251,6 +286,7 @@ impl actors::Host for Host {
     ) -> wasmtime::Result<Result<Reply, GuestError>> {
         let calls = self.actors.clone();
         let turn = self.enter(Cap::Actors)?;
+        let n = turn.actors.next_call();
         let to = match target(&actor_type, &id) {
             Ok(k) => k,
             Err(e) => return Ok(Err(e)),
@@ -280,8 +316,7 @@ impl actors::Host for Host {
                 )));
             }
         }
-        let key = call_key(&turn.key, &turn.turn_id, turn.actors.calls);
-        turn.actors.calls += 1;
+        let key = turn.actors.call_key(n, &to, &body);
         Ok(calls.call(to, body, chain, key).await.map(|r| Reply {
             status: r.status,
             body: r.body,
