@@ -839,6 +839,30 @@ async fn webhook_deliveries_stay_deduplicated_across_a_failover() {
         assert_eq!(r.status, 200, "{}", r.json);
         r.json["value"].as_array().map_or(0, Vec::len)
     }
+    // An unsigned hook is refused from its head, before its body, on any
+    // node: the routing layer read bodies before the check.
+    {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", c.nodes[other].port))
+            .await
+            .unwrap();
+        s.write_all(
+            b"POST /v1/hooks/kit/alice/support HTTP/1.1\r\nhost: x\r\n\
+              content-length: 100000\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut buf = vec![0; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .expect("the unsigned head waited for its body")
+            .unwrap();
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 401"),
+            "{}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+    }
     // Through the node that neither owns nor backs the actor up.
     let r = post(c.api(other), &secret, "msg_1").await;
     assert_eq!(r.status, 202, "{}", r.json);

@@ -63,6 +63,19 @@ fn actor_of(path: &str) -> Option<ActorKey> {
     ActorKey::new(&ty, &id).ok()
 }
 
+/// The type, id and name of a hook's path (`/v1/hooks/{type}/{id}/{name}`),
+/// decoded.
+fn hook_of(path: &str) -> Option<(String, String, String)> {
+    let mut parts = path.strip_prefix("/v1/hooks/")?.splitn(3, '/');
+    let mut next = || {
+        percent_encoding::percent_decode_str(parts.next()?)
+            .decode_utf8()
+            .ok()
+            .map(|p| p.into_owned())
+    };
+    Some((next()?, next()?, next()?))
+}
+
 /// The actor whose delivery `POST /v1/deliveries/{id}/retry` names, if
 /// this node keeps a copy of the row (it owns or backs up the actor's
 /// slot): the retry goes to the slot's owner, which delivers.
@@ -82,6 +95,15 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
     let path = req.uri().path().to_owned();
     if super::cluster::is_cluster_write(req.method(), &path) {
         return super::cluster::fan_out(&s, &cluster, req, next).await;
+    }
+    // A hook's head is checked before its body is read here, as on a
+    // node alone (`hooks::receive`): in a cluster, unsigned senders
+    // trickling bodies held connections here for the body's deadline.
+    if req.method() == axum::http::Method::POST
+        && let Some((ty, id, name)) = hook_of(&path)
+        && let Err(e) = s.node.check_webhook_head(&ty, &id, &name, req.headers())
+    {
+        return ApiError::from(e).into_response();
     }
     let Some(key) = actor_of(&path).or_else(|| delivery_actor(&s, &path)) else {
         return next.run(req).await;
