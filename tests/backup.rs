@@ -84,7 +84,11 @@ async fn a_backup_taken_under_load_restores_everything_acknowledged_before_it() 
     // Nor inside the node's own data directory (found by a probe: it
     // shared the node's disk and went into the next backup's blobs).
     let data = dir.path().join("data");
-    for inside in [data.join("blobs/bk"), data.join("new/deeper")] {
+    for inside in [
+        data.join("blobs/bk"),
+        data.join("new/deeper"),
+        dir.path().join("elsewhere/../data/bk"),
+    ] {
         let r = api.post_json("/v1/backup", &json!({"to": inside})).await;
         assert_eq!(r.status, 400, "{}", r.json);
         assert!(
@@ -93,7 +97,7 @@ async fn a_backup_taken_under_load_restores_everything_acknowledged_before_it() 
                 .unwrap()
                 .contains("data directory")
         );
-        assert!(!inside.exists());
+        assert!(!inside.exists() && !data.join("bk").exists());
     }
 
     // Restore with the CLI into a new data directory, and serve it.

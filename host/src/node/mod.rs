@@ -406,7 +406,8 @@ fn turn_limits(config: &NodeConfig, metrics: &Metrics) -> TurnLimits {
         },
         actors: ActorLimits {
             max_sends_per_turn: 100,
-            max_turn_send_bytes: 16 << 20,
+            // A turn may always send one message of the largest size.
+            max_turn_send_bytes: (16 << 20).max(l.max_message_bytes),
             max_message_bytes: l.max_message_bytes,
         },
         files: FileLimits {

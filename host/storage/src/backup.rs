@@ -102,6 +102,18 @@ fn within(path: &Path, dir: &Path) -> bool {
     let Ok(dir) = dir.canonicalize() else {
         return false;
     };
+    // `..` after a part that does not exist yet is taken lexically.
+    let mut lexical = PathBuf::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::ParentDir => {
+                lexical.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => lexical.push(other),
+        }
+    }
+    let path = lexical.as_path();
     let mut existing = path;
     let mut rest = Vec::new();
     while !existing.exists() {

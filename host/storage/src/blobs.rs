@@ -221,15 +221,17 @@ impl BlobStore {
             sha256,
             held: self.held.clone(),
         };
+        // Held now: the collector leaves the file alone from here on.
+        drop(held);
         // The same bytes are there already, unless the file was damaged
         // on disk: then it is written again (a new file with the same
         // bytes acknowledged a write that could not be read back, found by
-        // a probe). Reading it back is the price of not writing it twice.
-        if std::fs::read(&path).is_ok_and(|there| there == bytes) {
-            drop(held);
+        // a probe). Hashing it back, in pieces and outside the lock, is the
+        // price of not writing it twice.
+        let same_size = std::fs::metadata(&path).is_ok_and(|m| m.len() == bytes.len() as u64);
+        if same_size && file_matches(&path, &sha256).unwrap_or(false) {
             return Ok(hold);
         }
-        drop(held);
         let parent = path.parent().expect("blob paths have a parent");
         std::fs::create_dir_all(parent)
             .map_err(io(format!("failed to create `{}`", parent.display())))?;

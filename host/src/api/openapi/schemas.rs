@@ -113,8 +113,10 @@ pub(super) fn components() -> Value {
             "TypeConfig": type_config(),
             "Secret": {"type": "object", "required": ["value", "hosts"],
                 "additionalProperties": false, "properties": {
-                "value": {"type": "string", "minLength": crate::secrets::MIN_VALUE_BYTES, "description": format!(
-                    "write-only; {} to {} bytes", crate::secrets::MIN_VALUE_BYTES, crate::secrets::MAX_VALUE_BYTES)},
+                "value": {"type": "string", "minLength": crate::secrets::MIN_VALUE_BYTES / 4, "description": format!(
+                    "write-only; {} to {} bytes of UTF-8 (so at least {} characters)",
+                    crate::secrets::MIN_VALUE_BYTES, crate::secrets::MAX_VALUE_BYTES,
+                    crate::secrets::MIN_VALUE_BYTES / 4)},
                 "hosts": {"type": "array", "minItems": 1, "maxItems": crate::secrets::MAX_HOSTS,
                     "items": {"type": "string", "minLength": 1},
                     "description": "the only hosts it may be sent to (https): `api.example.com`, `*.example.com`"}}},

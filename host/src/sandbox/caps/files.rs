@@ -150,8 +150,16 @@ impl FilesCtx {
                         source,
                     })?;
                 // Damaged on disk: an error, never other bytes as the file.
-                crate::storage::blobs::check(&blob, &rec.sha256, &bytes)?;
-                bytes
+                // (Hashing up to 16 MiB takes tens of ms: not on a worker.)
+                let sha256 = rec.sha256;
+                tokio::task::spawn_blocking(move || {
+                    crate::storage::blobs::check(&blob, &sha256, &bytes).map(|()| bytes)
+                })
+                .await
+                .map_err(|e| StorageError::Io {
+                    what: "checking a blob".into(),
+                    source: std::io::Error::other(e),
+                })??
             }
         }))
     }
