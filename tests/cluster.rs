@@ -1375,11 +1375,12 @@ async fn a_second_node_with_a_live_nodes_id_is_refused_once_its_lease_is_renewed
     let Some(etcd) = Etcd::start(dir.path()) else {
         return;
     };
-    // A long lease: waited out, it would take 17 s; it is renewed every 5.
+    // A long lease: waited out, it would take 32 s; it is renewed every 10
+    // (and seen renewed twice before the twin is refused).
     let config = |port: u16| {
         format!(
             "[cluster]\nnode_id = \"n1\"\nadvertise = \"http://127.0.0.1:{port}\"\n\
-             etcd = [\"{}\"]\nlease_ttl_s = 15\n",
+             etcd = [\"{}\"]\nlease_ttl_s = 30\n",
             etcd.url
         )
     };
@@ -1399,7 +1400,7 @@ async fn a_second_node_with_a_live_nodes_id_is_refused_once_its_lease_is_renewed
         Some(&config(port)),
     );
     assert!(
-        twin.wait_exit(Duration::from_secs(12)),
+        twin.wait_exit(Duration::from_secs(28)),
         "it still waits: {}",
         twin.log_text()
     );

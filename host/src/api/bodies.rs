@@ -17,9 +17,10 @@
 //! protocol).
 //!
 //! Bytes are charged as they arrive, not as declared, and a body must
-//! arrive within `limits.body_timeout_ms` plus a second per 64 KiB of the
-//! route's largest body (408 `body_timeout` after that, and the connection
-//! closes). Until 2026-12-06 the declared length was charged when the head
+//! arrive within `limits.body_timeout_ms` (at most 5 s for a webhook, which
+//! anyone may send) plus a second per 64 KiB of its declared length, or of
+//! the route's largest body when it declares none (408 `body_timeout`
+//! after that, and the connection closes). Until 2026-12-06 the declared length was charged when the head
 //! arrived and a body could take forever: 1,600 connections declaring
 //! 1 MiB each and sending nothing held the whole default budget, with no
 //! credentials (webhook routes read their body before checking it), and
@@ -43,6 +44,9 @@ use super::ApiError;
 /// What a body is allowed per second on top of the timeout's slack.
 const MIN_RATE_BYTES_PER_S: u64 = 64 << 10;
 
+/// The most slack a body to an open route (a webhook) is given.
+const OPEN_ROUTE_SLACK: Duration = Duration::from_secs(5);
+
 /// Bytes of request bodies held, against the budget.
 pub(super) struct BodyBudget {
     limit: u64,
@@ -65,8 +69,11 @@ pub(super) struct Charge {
     /// Set when the body was cut off: the connection cannot carry another
     /// request.
     cut: Arc<AtomicBool>,
-    /// The route's largest body: what the deadline is sized by.
-    route_limit: u64,
+    /// What the deadline is sized by: the declared length, or the
+    /// route's largest body when none is declared.
+    sized_by: u64,
+    /// The least time the body is given to arrive.
+    slack: Duration,
 }
 
 /// Why a body was cut off while it arrived.
@@ -79,8 +86,8 @@ pub(super) enum BodyCut {
     )]
     OverBudget { held: u64, bytes: u64, limit: u64 },
     #[error(
-        "the request body did not arrive within {}s (limits.body_timeout_ms, plus a second per \
-         64 KiB of the largest body this route takes)", .0.as_secs()
+        "the request body did not arrive within {}s (limits.body_timeout_ms, at most 5 s for a \
+         webhook, plus a second per 64 KiB it declares)", .0.as_secs()
     )]
     TimedOut(Duration),
 }
@@ -120,12 +127,25 @@ impl BodyBudget {
         } else {
             self.message
         };
-        let declared = match req.headers().get(header::CONTENT_LENGTH) {
-            Some(v) => v
-                .to_str()
+        let length = req.headers().get(header::CONTENT_LENGTH).map(|v| {
+            v.to_str()
                 .ok()
                 .and_then(|s| s.trim().parse::<u64>().ok())
-                .unwrap_or(route_limit),
+                .unwrap_or(route_limit)
+        });
+        // The deadline is sized by what the body declares: one of a few
+        // bytes was given as long as the route's largest.
+        let sized_by = length.unwrap_or(route_limit).min(route_limit);
+        // Anyone may post a webhook, signed with anything while its body
+        // is not there to check: such a body is given only a few seconds
+        // of slack (a made-up signature held a connection 46 s: a probe).
+        let slack = if path.starts_with("/v1/hooks/") {
+            self.slack.min(OPEN_ROUTE_SLACK)
+        } else {
+            self.slack
+        };
+        let declared = match length {
+            Some(n) => n,
             // Unknown length: judged as it arrives.
             None if req.headers().contains_key(header::TRANSFER_ENCODING) => 1,
             None => 0,
@@ -156,7 +176,8 @@ impl BodyBudget {
             budget: self.clone(),
             bytes: Arc::default(),
             cut: Arc::default(),
-            route_limit,
+            sized_by,
+            slack,
         }))
     }
 
@@ -191,8 +212,8 @@ impl Charge {
     /// `body`, charged to this request as it arrives and cut off when it
     /// does not fit the budget or is late.
     pub(super) fn guard(&self, body: Body) -> Body {
-        let allowed = self.budget.slack
-            + Duration::from_secs(self.route_limit.div_ceil(MIN_RATE_BYTES_PER_S));
+        let allowed =
+            self.slack + Duration::from_secs(self.sized_by.div_ceil(MIN_RATE_BYTES_PER_S));
         Body::new(Guarded {
             body,
             budget: self.budget.clone(),
@@ -428,5 +449,31 @@ mod tests {
         assert_eq!(gauge.get(), 10, "what arrived is held until the response");
         drop(c);
         assert_eq!(gauge.get(), 0);
+    }
+
+    /// A webhook's body, which anyone may send under a made-up signature,
+    /// gets at most 5 s of slack (here against 30 s configured), plus a
+    /// second per 64 KiB declared (not the route's largest body).
+    #[tokio::test]
+    async fn a_webhook_body_gets_little_slack() {
+        use futures::StreamExt as _;
+        let (budget, _, _) = budget(100, 30_000);
+        let c = budget
+            .admit(&to("POST", "/v1/hooks/t/a/n", Some("50"), false))
+            .unwrap()
+            .unwrap();
+        let stuck = futures::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(
+            b"0123456789",
+        ))])
+        .chain(futures::stream::pending());
+        let started = std::time::Instant::now();
+        let e = axum::body::to_bytes(c.guard(Body::from_stream(stuck)), usize::MAX)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(cut_answer(&e).unwrap().code, "body_timeout");
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(5_900), "{took:?}");
+        assert!(took < Duration::from_secs(20), "{took:?}");
     }
 }

@@ -231,6 +231,16 @@ pub(super) async fn download(
 /// at once).
 const CHUNK: u64 = 64 << 10;
 
+/// Blob downloads that may stream at once on a node allowing
+/// `max_connections`: each holds a file descriptor besides its
+/// connection's, which the connection cap (sized by the open-files limit)
+/// does not count. 505 downloads took a node's last descriptors (a probe):
+/// accepts failed, turns could not open files. A quarter of the
+/// connections, at least 16; past it a download gets 503 and retries.
+pub(super) fn streams_for(max_connections: usize) -> usize {
+    (max_connections / 4).clamp(16, tokio::sync::Semaphore::MAX_PERMITS)
+}
+
 /// The bytes of `file`, or of `range` (inclusive) of it, and how many.
 async fn read(
     s: &AppState,
@@ -245,6 +255,15 @@ async fn read(
         )),
         FileBody::Blob => {
             use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _};
+            let Ok(permit) = s.downloads.clone().try_acquire_owned() else {
+                let mut e = ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "overloaded",
+                    "the node streams as many downloads as it may at once; retry shortly",
+                );
+                e.retry_after = Some(1);
+                return Err(e);
+            };
             let path = s.node.blob_path(&file.sha256);
             let mut f = tokio::fs::File::open(&path)
                 .await
@@ -273,6 +292,8 @@ async fn read(
             let chunks =
                 futures::stream::unfold((f, len, hasher), move |(mut f, left, mut hasher)| {
                     let path = path.clone();
+                    // The permit goes with the stream, and the file with it.
+                    let _streaming = &permit;
                     async move {
                         let n = left.min(CHUNK);
                         if n == 0 {
@@ -307,8 +328,19 @@ async fn read(
 }
 
 /// A committed file's blob cannot be read: logged (the database names a
-/// blob the disk does not give) and answered as a server error.
+/// blob the disk does not give) and answered as a server error; a node out
+/// of file descriptors or memory is overloaded, not damaged (503).
 fn unreadable(path: &std::path::Path, e: std::io::Error) -> ApiError {
+    if matches!(e.raw_os_error(), Some(23 | 24 | 12)) {
+        tracing::warn!(path = %path.display(), error = %e, "a download cannot open its blob now");
+        let mut refused = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            "the node cannot open more files now; retry shortly",
+        );
+        refused.retry_after = Some(1);
+        return refused;
+    }
     log_unreadable(path, &e);
     ApiError::new(
         StatusCode::INTERNAL_SERVER_ERROR,

@@ -70,6 +70,9 @@ pub struct AppState {
     peers: reqwest::Client,
     /// Signs the targets of requests forwarded to them.
     targets: Arc<target::TargetKey>,
+    /// Blob downloads streaming at once (each holds a file descriptor
+    /// besides its connection's): see `files::download`.
+    downloads: Arc<tokio::sync::Semaphore>,
 }
 
 /// The router, with `admin_token` required on everything but health checks
@@ -92,8 +95,12 @@ pub fn router(node: Arc<Node>) -> Router {
         metrics.request_body_bytes.clone(),
         metrics.requests_shed.clone(),
     );
+    let max_connections = limits.max_connections.unwrap_or(usize::MAX);
     let state = AppState {
         targets: Arc::new(target::TargetKey::new(node.config().admin_token.as_deref())),
+        downloads: Arc::new(tokio::sync::Semaphore::new(files::streams_for(
+            max_connections,
+        ))),
         node,
         peers: crate::cluster::peer_client(),
     };

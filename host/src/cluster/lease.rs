@@ -47,16 +47,31 @@ struct Holder {
     seen: u32,
     /// The holder's incarnation and the seconds its lease had left.
     last: Option<(i64, i64)>,
+    /// Times that lease was seen with more time left than before.
+    renewals: u32,
 }
 
 impl Holder {
-    /// Record a sighting; whether the same lease has more time left than
-    /// when last seen — renewed, so its process is alive. (A dead
-    /// process's lease only runs down; a new incarnation is not compared.)
+    /// Renewals seen before a holder counts as alive: etcd extends every
+    /// lease once when it elects a new leader, which a dead process's
+    /// lease would show once (found in a review).
+    const ALIVE_AFTER: u32 = 2;
+
+    /// Record a sighting; whether the same lease has been seen with more
+    /// time left than before often enough to say its process is alive. (A
+    /// dead process's lease only runs down; a new incarnation starts the
+    /// count again.)
     fn renewed(&mut self, member: &MemberRecord, left: i64) -> bool {
         self.seen += 1;
-        let before = self.last.replace((member.incarnation, left));
-        before.is_some_and(|(incarnation, was)| incarnation == member.incarnation && left > was)
+        match self.last.replace((member.incarnation, left)) {
+            Some((incarnation, was)) if incarnation == member.incarnation => {
+                if left > was {
+                    self.renewals += 1;
+                }
+            }
+            _ => self.renewals = 0,
+        }
+        self.renewals >= Self::ALIVE_AFTER
     }
 
     fn first_sight(&self) -> bool {
@@ -77,41 +92,56 @@ pub(super) struct IdTaken {
 }
 
 impl Inner {
-    /// Join at start: while the id is taken, wait out one lease (and a
-    /// little): a supervisor that restarts a node killed a moment ago
-    /// starts it while its old lease runs, and it exited at once. A second
-    /// live node with the id fails as soon as its lease is seen renewed
-    /// (every third of the TTL), else a lease later.
+    /// Join at start. While the id is held by a live lease, wait it out
+    /// (and a little): a supervisor that restarts a node killed a moment
+    /// ago starts it while its old lease runs, and it exited at once. A
+    /// second live node with the id is refused as soon as its lease is
+    /// seen renewed (every third of the TTL), before anything else: on a
+    /// disk of its own it went on to wait for "its" slots to fail over,
+    /// which never happened, and logged that it would serve them from the
+    /// wrong database (found by a probe).
     pub(super) async fn join_at_start(&self) -> anyhow::Result<()> {
+        self.wait_out_a_holder().await?;
         self.give_up_a_lost_store().await?;
         let deadline = Instant::now() + self.lease.ttl + Duration::from_secs(2);
-        let mut holder = Holder::default();
         loop {
             match self.join().await {
                 Err(e) if e.is::<IdTaken>() && Instant::now() < deadline => {
-                    // Unknown if etcd does not say: waiting is still right.
-                    if let Ok(Some((member, left))) = self.holder().await {
-                        if holder.renewed(&member, left) {
-                            anyhow::bail!(
-                                "another live node is registered as `{}` (advertised at {}): its \
-                                 lease was renewed while this one waited. Node ids must be unique",
-                                member.node_id,
-                                member.advertise
-                            );
-                        }
-                        if holder.first_sight() {
-                            tracing::warn!(node_id = %self.config.node_id, holder = %member.advertise,
-                                lease_left_s = left,
-                                "this node id is registered under a live lease (a previous run of \
-                                 this node, killed a moment ago, or another node with the same id): \
-                                 waiting for the lease to end, or to see it renewed");
-                        }
-                    }
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
                 r => return r,
             }
         }
+    }
+
+    /// Wait while a lease holds this node's id, for one lease (and a
+    /// little) at most; refuse if it is renewed meanwhile.
+    async fn wait_out_a_holder(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + self.lease.ttl + Duration::from_secs(2);
+        let mut holder = Holder::default();
+        while Instant::now() < deadline {
+            // Unknown if etcd does not say: the join finds out.
+            let Ok(Some((member, left))) = self.holder().await else {
+                return Ok(());
+            };
+            if holder.renewed(&member, left) {
+                anyhow::bail!(
+                    "another live node is registered as `{}` (advertised at {}): its lease was \
+                     renewed while this one waited. Node ids must be unique",
+                    member.node_id,
+                    member.advertise
+                );
+            }
+            if holder.first_sight() {
+                tracing::warn!(node_id = %self.config.node_id, holder = %member.advertise,
+                    lease_left_s = left,
+                    "this node id is registered under a live lease (a previous run of this node, \
+                     killed a moment ago, or another node with the same id): waiting for the \
+                     lease to end, or to see it renewed");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        Ok(())
     }
 
     /// Who holds this node's id, and the seconds left on their lease.
@@ -355,14 +385,20 @@ mod tests {
     }
 
     #[test]
-    fn only_more_time_left_on_the_same_lease_is_a_renewal() {
+    fn a_holder_is_alive_once_its_lease_was_renewed_twice() {
         let mut h = Holder::default();
         assert!(!h.renewed(&member(7), 4));
         assert!(h.first_sight());
         assert!(!h.renewed(&member(7), 4), "the same time left");
         assert!(!h.renewed(&member(7), 2), "running down");
         assert!(!h.first_sight());
-        assert!(!h.renewed(&member(8), 5), "another incarnation");
-        assert!(h.renewed(&member(8), 6));
+        assert!(
+            !h.renewed(&member(7), 5),
+            "once: an etcd election extends it too"
+        );
+        assert!(!h.renewed(&member(8), 5), "another incarnation starts over");
+        assert!(!h.renewed(&member(8), 6));
+        assert!(!h.renewed(&member(8), 4));
+        assert!(h.renewed(&member(8), 5), "twice");
     }
 }
