@@ -399,7 +399,8 @@ const nap = (ms) => new Promise((r) => setTimeout(r, ms));
 export default {
   async onMessage(body) {
     if (body.poison) { await nap(500); log.info("js-crash-now"); }
-    await nap(2000);
+    // Long enough to be running at each crash, even on a slow start.
+    await nap(4000);
     state.set("ran", (state.get("ran") ?? 0) + 1);
     return "done";
   },

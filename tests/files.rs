@@ -608,6 +608,17 @@ async fn a_blob_damaged_on_disk_is_never_served_as_the_file() {
         resp.bytes().await.is_err(),
         "the damaged file arrived whole"
     );
+    let resp = reqwest::Client::new()
+        .get(&url)
+        .header("range", "bytes=0-")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 206);
+    assert!(
+        resp.bytes().await.is_err(),
+        "every byte of it arrived as a range"
+    );
     let backup = dir.path().join("backup");
     let r = api.post_json("/v1/backup", &json!({ "to": backup })).await;
     assert!(r.status >= 400, "{}", r.json);

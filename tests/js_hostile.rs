@@ -493,10 +493,10 @@ export default {
 }
 
 /// A type that logs as much as each turn may (1,000 lines of 8 KiB, by
-/// `log` and by `console.log`), turn after turn, writes only its budget
-/// of bytes per second to the node's log; the rest is dropped, counted in
-/// `/metrics` and reported in one line, not one per turn. Without the
-/// budget the three turns below wrote ~48 MB of log.
+/// `log` and by `console.log`), turn after turn, or throws long errors,
+/// writes only its budget of bytes per second to the node's log; the rest
+/// is dropped, counted in `/metrics` and reported in one line, not one
+/// per turn. Without the budget the turns below wrote ~53 MB of log.
 #[tokio::test]
 async fn a_type_that_floods_the_log_is_held_to_its_bytes_per_second() {
     let (_dir, m, api) = node(Some("[limits]\nguest_log_bytes_per_s = 65536\n")).await;
@@ -504,6 +504,7 @@ async fn a_type_that_floods_the_log_is_held_to_its_bytes_per_second() {
 import { log } from "marmot";
 export default {
   async onMessage(body) {
+    if (body.throw) throw new Error("F".repeat(100000));
     const line = "x".repeat(8000);
     for (let i = 0; i < 1000; i++) {
       if (body.console) console.log(line); else log.info(line, { i: String(i) });
@@ -523,6 +524,17 @@ export default {
             .await;
         assert_eq!(r.status, 200, "{}", r.json);
     }
+    // Errors the guest chooses are charged too: 300 failed turns logged
+    // ~16 KiB of message each (4.8 MB).
+    for i in 0..300 {
+        let r = api
+            .post_json(
+                &format!("/v1/actors/loud/e{}", i % 8),
+                &json!({"throw": true}),
+            )
+            .await;
+        assert_eq!(r.status, 500, "{}", r.json);
+    }
     let written = m.log_text().len() - before;
     // A burst of 16 s at 64 KiB/s (1 MiB), and what refills meanwhile.
     assert!(written < 4 << 20, "{written} bytes of log");
@@ -535,7 +547,7 @@ export default {
     assert!(dropped > 2000.0, "{dropped} lines dropped");
     let reports = m
         .log_text()
-        .matches("guest log lines of this type dropped")
+        .matches("guest log output of this type dropped")
         .count();
     assert!((1..=2).contains(&reports), "{reports} reports");
     // Another type still logs.

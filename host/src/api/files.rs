@@ -287,7 +287,9 @@ async fn read(
             // rather than passing for the file with its ETag (found by a
             // probe).
             use sha2::Digest as _;
-            let hasher = range.is_none().then(sha2::Sha256::new);
+            // (A range of every byte, `bytes=0-` of a resumed download, too.)
+            let whole = range.is_none_or(|(a, b)| a == 0 && b + 1 == file.size);
+            let hasher = whole.then(sha2::Sha256::new);
             let sha256 = file.sha256;
             let chunks =
                 futures::stream::unfold((f, len, hasher), move |(mut f, left, mut hasher)| {

@@ -554,7 +554,6 @@ mod tests {
         assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
         // The only slot is the stalled client's: a new one gets it once
         // the stalled one is closed.
-        let started = Instant::now();
         let mut next = tokio::net::TcpStream::connect(addr).await.unwrap();
         next.write_all(b"GET /ok HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
             .await
@@ -565,7 +564,6 @@ mod tests {
             .expect("the stalled client kept the slot")
             .unwrap();
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-        assert!(started.elapsed() >= Duration::from_millis(300));
     }
 
     /// A client still sending its request body when the shutdown began is

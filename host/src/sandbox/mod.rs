@@ -366,6 +366,12 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
+    /// What guests' log output is charged to, per type (also what the
+    /// node logs of a guest's doing: the messages of failed turns).
+    pub fn log_budget(&self) -> &LogBudget {
+        &self.turn_limits.log.budget
+    }
+
     /// Instances the pool holds at once (`js == false`), or JavaScript
     /// sandboxes that may be live at once.
     pub fn pool_size(&self, js: bool) -> usize {

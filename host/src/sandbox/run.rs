@@ -524,6 +524,9 @@ impl Instance {
         // there), which are the script's, not the node's log.
         let echoed = eval.then(|| store.data().stdout.drain().0);
         let budget = turn.as_ref().map(|t| t.log.budget().clone());
+        if let Some(t) = turn.as_ref().filter(|t| t.log.over_cap() > 0) {
+            t.log.budget().over_turn_limit(key.ty(), t.log.over_cap());
+        }
         let stderr_tail = forward_output(&key, version, store.data(), budget.as_deref());
         let result = match result {
             Ok(Ok(Ok(TurnOutput::Eval(mut reply)))) => {
@@ -708,7 +711,13 @@ fn forward_output(
             }
         }
         if dropped > 0 {
-            tracing::warn!(target: "marmot::guest", actor = %key, stream, dropped, "guest output over the per-turn cap was dropped");
+            // Reported with the type's other drops, not once per turn.
+            match budget {
+                Some(b) => b.over_turn_limit(key.ty(), 1),
+                None => {
+                    tracing::warn!(target: "marmot::guest", actor = %key, stream, dropped, "guest output over the per-turn cap was dropped")
+                }
+            }
         }
     }
     // Rust panics print `thread '…' panicked at file:line:col:` and then

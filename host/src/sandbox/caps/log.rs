@@ -29,21 +29,23 @@ pub struct LogLimits {
 /// a second: model-written code could fill the node's disk with logs.
 /// Lines past the budget are dropped, counted
 /// (`guest_log_lines_dropped{reason="rate"}`) and reported in one line per
-/// type at most every [`LogBudget::REPORT_EVERY`].
+/// type at most every [`LogBudget::REPORT_EVERY`]; so are turns that hit
+/// their own line or output cap (`reason="turn_limit"`, counted per line).
 #[derive(Debug)]
 pub struct LogBudget {
     bytes_per_s: f64,
     burst: f64,
     types: Mutex<HashMap<String, Bucket>>,
-    dropped: Family<ReasonLabels, Counter>,
+    over_rate: Counter,
+    over_turn_limit: Counter,
 }
 
 #[derive(Debug)]
 struct Bucket {
     tokens: f64,
     at: Instant,
-    /// Lines dropped since the last report (over the rate, over their
-    /// turn's lines), and when that was.
+    /// Since the last report: lines dropped over the rate, turns that hit
+    /// their own cap; and when that was.
     dropped: (u64, u64),
     reported: Option<Instant>,
 }
@@ -60,11 +62,22 @@ impl LogBudget {
 
     /// `bytes_per_s` per type; drops are counted in `dropped`.
     pub fn new(bytes_per_s: u64, dropped: Family<ReasonLabels, Counter>) -> Self {
+        // One at a time: the guard the first lookup returns would block
+        // the second (a new label takes the family's write lock).
+        let over_rate = dropped
+            .get_or_create(&ReasonLabels { reason: "rate" })
+            .clone();
+        let over_turn_limit = dropped
+            .get_or_create(&ReasonLabels {
+                reason: "turn_limit",
+            })
+            .clone();
         Self {
             bytes_per_s: bytes_per_s as f64,
             burst: bytes_per_s as f64 * Self::BURST_S,
             types: Mutex::default(),
-            dropped,
+            over_rate,
+            over_turn_limit,
         }
     }
 
@@ -73,26 +86,33 @@ impl LogBudget {
         self.charge(ty, Some(bytes))
     }
 
-    /// A line of `ty` dropped because its turn wrote all it may: counted,
-    /// and reported with the others (a warning per turn was itself a
-    /// flood).
-    pub(crate) fn over_turn_limit(&self, ty: &str) {
+    /// A turn of `ty` hit its own cap (lines, printed output) and dropped
+    /// `lines`: counted, and reported with the rest — once per turn, not
+    /// once per line or as a warning of its own (a flood of its own).
+    pub(crate) fn over_turn_limit(&self, ty: &str, lines: u64) {
+        self.over_turn_limit.inc_by(lines);
         self.charge(ty, None);
     }
 
     fn charge(&self, ty: &str, line: Option<usize>) -> bool {
         let now = Instant::now();
         let mut types = self.types.lock().unwrap_or_else(|p| p.into_inner());
-        if types.len() >= Self::MAX_TYPES && !types.contains_key(ty) {
-            let (rate, burst) = (self.bytes_per_s, self.burst);
-            types.retain(|_, b| b.tokens + b.at.elapsed().as_secs_f64() * rate < burst);
+        if !types.contains_key(ty) {
+            if types.len() >= Self::MAX_TYPES {
+                let (rate, burst) = (self.bytes_per_s, self.burst);
+                types.retain(|_, b| b.tokens + b.at.elapsed().as_secs_f64() * rate < burst);
+            }
+            types.insert(
+                ty.to_owned(),
+                Bucket {
+                    tokens: self.burst,
+                    at: now,
+                    dropped: (0, 0),
+                    reported: None,
+                },
+            );
         }
-        let b = types.entry(ty.to_owned()).or_insert_with(|| Bucket {
-            tokens: self.burst,
-            at: now,
-            dropped: (0, 0),
-            reported: None,
-        });
+        let b = types.get_mut(ty).expect("just inserted");
         b.tokens = (b.tokens + (now - b.at).as_secs_f64() * self.bytes_per_s).min(self.burst);
         b.at = now;
         let taken = match line {
@@ -103,31 +123,24 @@ impl LogBudget {
                     b.tokens -= cost;
                 } else {
                     b.dropped.0 += 1;
-                    self.dropped
-                        .get_or_create(&ReasonLabels { reason: "rate" })
-                        .inc();
+                    self.over_rate.inc();
                 }
                 taken
             }
             None => {
                 b.dropped.1 += 1;
-                self.dropped
-                    .get_or_create(&ReasonLabels {
-                        reason: "turn_limit",
-                    })
-                    .inc();
                 false
             }
         };
         if b.dropped != (0, 0) && b.reported.is_none_or(|at| now - at >= Self::REPORT_EVERY) {
             tracing::warn!(
                 actor_type = ty,
-                over_rate = b.dropped.0,
-                over_turn_limit = b.dropped.1,
+                lines_over_rate = b.dropped.0,
+                turns_over_their_cap = b.dropped.1,
                 budget_bytes_per_s = self.bytes_per_s as u64,
-                "guest log lines of this type dropped: over the type's bytes per second \
-                 (limits.guest_log_bytes_per_s) or over their turn's lines \
-                 (limits.max_log_lines_per_turn)"
+                "guest log output of this type dropped: over the type's bytes per second \
+                 (limits.guest_log_bytes_per_s), or over a turn's lines or printed output \
+                 (limits.max_log_lines_per_turn, 64 KiB)"
             );
             b.dropped = (0, 0);
             b.reported = Some(now);
@@ -145,6 +158,11 @@ pub struct LogCtx {
 impl LogCtx {
     pub(crate) fn new(limits: LogLimits) -> Self {
         Self { limits, lines: 0 }
+    }
+
+    /// Lines the turn dropped past its own cap.
+    pub(crate) fn over_cap(&self) -> u64 {
+        u64::from(self.lines.saturating_sub(self.limits.max_lines))
     }
 
     /// The budget the turn's lines are charged to (its printed output's
@@ -172,7 +190,7 @@ impl log::Host for Host {
         let log = &mut turn.log;
         log.lines += 1;
         if log.lines > log.limits.max_lines {
-            log.limits.budget.over_turn_limit(turn.key.ty());
+            // Counted here, charged to the budget once the turn ends.
             return Ok(());
         }
         let size = message.len() + fields.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
@@ -239,9 +257,9 @@ mod tests {
         let passed = (0..200).filter(|_| budget.take("a", 10)).count();
         assert!((125..=126).contains(&passed), "{passed}");
         assert!(budget.take("b", 8000), "another type's budget is its own");
-        budget.over_turn_limit("a");
+        budget.over_turn_limit("a", 7);
         let count = |reason| dropped.get_or_create(&ReasonLabels { reason }).get();
         assert!((74..=75).contains(&count("rate")), "{}", count("rate"));
-        assert_eq!(count("turn_limit"), 1);
+        assert_eq!(count("turn_limit"), 7);
     }
 }
