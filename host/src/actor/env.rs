@@ -27,7 +27,7 @@ use crate::metrics::Metrics;
 use crate::models::Gateway;
 use crate::sandbox::ModelAccess;
 use crate::sandbox::{
-    ActorCalls, CALL_KEY_PREFIX, CallChain, CallReply, GuestError, HttpAccess, HttpGrant, Sandbox,
+    ActorCalls, CallChain, CallReply, GuestError, HttpAccess, HttpGrant, Sandbox, stored_call_key,
 };
 use crate::secrets::SecretStore;
 use crate::storage::Storage;
@@ -247,7 +247,7 @@ impl ActorCalls for ActorEnv {
                 &to,
                 Bytes::from(body),
                 Some("application/json".into()),
-                key.map(|k| format!("{CALL_KEY_PREFIX}{k}")),
+                key.as_deref().map(stored_call_key),
                 chain,
             );
             match tokio::time::timeout(timeout, sent).await {

@@ -132,7 +132,7 @@ pub(super) async fn send(
                 let call_key = headers
                     .get(crate::cluster::CALL_KEY)
                     .and_then(|v| v.to_str().ok())
-                    .map(|k| format!("{}{k}", crate::sandbox::CALL_KEY_PREFIX));
+                    .map(crate::sandbox::stored_call_key);
                 s.node
                     .send_in_chain(&key, body, content_type, chain.into(), call_key)
                     .await

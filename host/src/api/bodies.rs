@@ -159,18 +159,12 @@ impl BodyBudget {
         let held = self.held.load(Ordering::Acquire);
         if held.saturating_add(declared) > self.limit {
             self.refused.inc();
-            let mut e = ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "overloaded",
-                format!(
-                    "the node holds {held} bytes of request bodies already and this one \
-                     declares {declared}: past its budget of {} bytes \
-                     (limits.request_body_budget_bytes); retry later",
-                    self.limit
-                ),
-            );
-            e.retry_after = Some(1);
-            return Err(e);
+            return Err(ApiError::overloaded(format!(
+                "the node holds {held} bytes of request bodies already and this one \
+                 declares {declared}: past its budget of {} bytes \
+                 (limits.request_body_budget_bytes); retry later",
+                self.limit
+            )));
         }
         Ok(Some(Charge {
             budget: self.clone(),
@@ -308,15 +302,7 @@ pub(super) fn cut_answer(e: &(dyn std::error::Error + 'static)) -> Option<ApiErr
     while let Some(s) = source {
         if let Some(cut) = s.downcast_ref::<BodyCut>() {
             return Some(match cut {
-                BodyCut::OverBudget { .. } => {
-                    let mut e = ApiError::new(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "overloaded",
-                        cut.to_string(),
-                    );
-                    e.retry_after = Some(1);
-                    e
-                }
+                BodyCut::OverBudget { .. } => ApiError::overloaded(cut.to_string()),
                 BodyCut::TimedOut(_) => {
                     ApiError::new(StatusCode::REQUEST_TIMEOUT, "body_timeout", cut.to_string())
                 }

@@ -57,6 +57,14 @@ impl ApiError {
     pub fn actor_not_found(key: &crate::ids::ActorKey) -> Self {
         Self::not_found("actor_not_found", format!("actor {key} does not exist"))
     }
+
+    /// 503 `overloaded`, with `Retry-After: 1`: no room now, nothing
+    /// changed.
+    pub fn overloaded(message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", message);
+        e.retry_after = Some(1);
+        e
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -138,9 +146,7 @@ impl From<DeployError> for ApiError {
             DeployError::Name(e) => Self::bad_request("invalid_type_name", e.to_string()),
             DeployError::Config(m) => Self::bad_request("invalid_config", m),
             DeployError::Code(c @ crate::sandbox::CodeError::Busy(_)) => {
-                let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", c.to_string());
-                e.retry_after = Some(1);
-                e
+                Self::overloaded(c.to_string())
             }
             DeployError::Code(c) => Self::bad_request("invalid_code", c.to_string()),
             DeployError::TooLarge { .. } => Self::new(

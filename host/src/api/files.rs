@@ -256,13 +256,9 @@ async fn read(
         FileBody::Blob => {
             use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _};
             let Ok(permit) = s.downloads.clone().try_acquire_owned() else {
-                let mut e = ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "overloaded",
+                return Err(ApiError::overloaded(
                     "the node streams as many downloads as it may at once; retry shortly",
-                );
-                e.retry_after = Some(1);
-                return Err(e);
+                ));
             };
             let path = s.node.blob_path(&file.sha256);
             let mut f = tokio::fs::File::open(&path)
@@ -335,13 +331,7 @@ async fn read(
 fn unreadable(path: &std::path::Path, e: std::io::Error) -> ApiError {
     if matches!(e.raw_os_error(), Some(23 | 24 | 12)) {
         tracing::warn!(path = %path.display(), error = %e, "a download cannot open its blob now");
-        let mut refused = ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "overloaded",
-            "the node cannot open more files now; retry shortly",
-        );
-        refused.retry_after = Some(1);
-        return refused;
+        return ApiError::overloaded("the node cannot open more files now; retry shortly");
     }
     log_unreadable(path, &e);
     ApiError::new(

@@ -54,25 +54,23 @@ fn actor_of(path: &str) -> Option<ActorKey> {
         .strip_prefix("/v1/actors/")
         .or_else(|| path.strip_prefix("/v1/hooks/"))?;
     let mut parts = rest.splitn(3, '/');
-    let ty = percent_encoding::percent_decode_str(parts.next()?)
-        .decode_utf8()
-        .ok()?;
-    let id = percent_encoding::percent_decode_str(parts.next()?)
-        .decode_utf8()
-        .ok()?;
+    let ty = decoded(parts.next()?)?;
+    let id = decoded(parts.next()?)?;
     ActorKey::new(&ty, &id).ok()
+}
+
+/// A path segment, percent-decoded, if that is UTF-8.
+fn decoded(segment: &str) -> Option<std::borrow::Cow<'_, str>> {
+    percent_encoding::percent_decode_str(segment)
+        .decode_utf8()
+        .ok()
 }
 
 /// The type, id and name of a hook's path (`/v1/hooks/{type}/{id}/{name}`),
 /// decoded.
 fn hook_of(path: &str) -> Option<(String, String, String)> {
     let mut parts = path.strip_prefix("/v1/hooks/")?.splitn(3, '/');
-    let mut next = || {
-        percent_encoding::percent_decode_str(parts.next()?)
-            .decode_utf8()
-            .ok()
-            .map(|p| p.into_owned())
-    };
+    let mut next = || decoded(parts.next()?).map(|p| p.into_owned());
     Some((next()?, next()?, next()?))
 }
 

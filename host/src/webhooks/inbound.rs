@@ -66,6 +66,40 @@ fn header<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// The signature headers a hook came with, by scheme.
+enum Signed<'h> {
+    /// Standard Webhooks: `webhook-id`, `webhook-timestamp`,
+    /// `webhook-signature`.
+    Standard {
+        id: &'h str,
+        ts: &'h str,
+        sig: &'h str,
+    },
+    /// GitHub's `X-Hub-Signature-256`.
+    GitHub { sig: &'h str },
+}
+
+/// Which scheme `headers` sign by, with all of its headers; refused when
+/// one is partly there or none is.
+fn signed_by(headers: &HeaderMap) -> Result<Signed<'_>, VerifyError> {
+    // An empty id is none: every sender leaving it out would share one
+    // de-duplication key.
+    let id = header(headers, "webhook-id").filter(|v| !v.trim().is_empty());
+    let ts = header(headers, "webhook-timestamp");
+    let sig = header(headers, "webhook-signature");
+    if id.is_some() || ts.is_some() || sig.is_some() {
+        return Ok(Signed::Standard {
+            id: id.ok_or(VerifyError::Missing("webhook-id"))?,
+            ts: ts.ok_or(VerifyError::Missing("webhook-timestamp"))?,
+            sig: sig.ok_or(VerifyError::Missing("webhook-signature"))?,
+        });
+    }
+    match header(headers, "x-hub-signature-256") {
+        Some(sig) => Ok(Signed::GitHub { sig }),
+        None => Err(VerifyError::Unsigned),
+    }
+}
+
 /// What can be refused from a hook's head, before its body is read: a
 /// type that takes no webhooks, no signature headers of a known scheme, a
 /// Standard Webhooks timestamp out of tolerance. Reading a body first let
@@ -80,24 +114,10 @@ pub fn check_head(
     if config.webhook_secret.is_none() {
         return Err(HookError::NotConfigured(ty.to_owned()));
     }
-    let id = header(headers, "webhook-id").filter(|v| !v.trim().is_empty());
-    let ts = header(headers, "webhook-timestamp");
-    let sig = header(headers, "webhook-signature");
-    if id.is_some() || ts.is_some() || sig.is_some() {
-        id.ok_or(VerifyError::Missing("webhook-id"))?;
-        sig.ok_or(VerifyError::Missing("webhook-signature"))?;
-        let ts = ts.ok_or(VerifyError::Missing("webhook-timestamp"))?;
-        let ts: i64 = ts.trim().parse().map_err(|_| VerifyError::BadTimestamp)?;
-        let skew = ((now_ms() / 1000) as i64).saturating_sub(ts);
-        if skew.unsigned_abs() > tolerance_s {
-            return Err(VerifyError::OutOfTolerance(skew, tolerance_s).into());
-        }
-        return Ok(());
+    if let Signed::Standard { ts, .. } = signed_by(headers)? {
+        super::check_timestamp(ts, (now_ms() / 1000) as i64, tolerance_s)?;
     }
-    if header(headers, "x-hub-signature-256").is_some() {
-        return Ok(());
-    }
-    Err(VerifyError::Unsigned.into())
+    Ok(())
 }
 
 /// Verify and return the sender's delivery id.
@@ -107,39 +127,24 @@ fn verify(
     body: &[u8],
     tolerance_s: u64,
 ) -> Result<String, VerifyError> {
-    // An empty id is none: every sender leaving it out would share one
-    // de-duplication key.
-    let id = header(headers, "webhook-id").filter(|v| !v.trim().is_empty());
-    let ts = header(headers, "webhook-timestamp");
-    let sig = header(headers, "webhook-signature");
-    if id.is_some() || ts.is_some() || sig.is_some() {
-        let id = id.ok_or(VerifyError::Missing("webhook-id"))?;
-        let ts = ts.ok_or(VerifyError::Missing("webhook-timestamp"))?;
-        let sig = sig.ok_or(VerifyError::Missing("webhook-signature"))?;
-        let now_s = (now_ms() / 1000) as i64;
-        super::verify_standard(
-            &super::secret_key(secret),
-            id,
-            ts,
-            sig,
-            body,
-            now_s,
-            tolerance_s,
-        )?;
-        return Ok(id.to_owned());
+    match signed_by(headers)? {
+        Signed::Standard { id, ts, sig } => {
+            let now_s = (now_ms() / 1000) as i64;
+            let key = super::secret_key(secret);
+            super::verify_standard(&key, id, ts, sig, body, now_s, tolerance_s)?;
+            Ok(id.to_owned())
+        }
+        Signed::GitHub { sig } => {
+            super::verify_github(secret, sig, body)?;
+            // Without a delivery id, identical bodies are the same delivery.
+            Ok(header(headers, "x-github-delivery")
+                .filter(|v| !v.trim().is_empty())
+                .map_or_else(
+                    || hex::encode(<sha2::Sha256 as sha2::Digest>::digest(body)),
+                    str::to_owned,
+                ))
+        }
     }
-    if let Some(sig) = header(headers, "x-hub-signature-256") {
-        super::verify_github(secret, sig, body)?;
-        // Without a delivery id, identical bodies are the same delivery.
-        let id = header(headers, "x-github-delivery")
-            .filter(|v| !v.trim().is_empty())
-            .map_or_else(
-                || hex::encode(<sha2::Sha256 as sha2::Digest>::digest(body)),
-                str::to_owned,
-            );
-        return Ok(id);
-    }
-    Err(VerifyError::Unsigned)
 }
 
 /// The actor id at `pointer` in a JSON body.

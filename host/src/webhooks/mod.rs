@@ -104,15 +104,7 @@ pub fn verify_standard(
     now_s: i64,
     tolerance_s: u64,
 ) -> Result<(), VerifyError> {
-    let ts: i64 = timestamp
-        .trim()
-        .parse()
-        .map_err(|_| VerifyError::BadTimestamp)?;
-    // Saturating: a sender picks `ts`, and i64::MIN must not overflow.
-    let skew = now_s.saturating_sub(ts);
-    if skew.unsigned_abs() > tolerance_s {
-        return Err(VerifyError::OutOfTolerance(skew, tolerance_s));
-    }
+    check_timestamp(timestamp, now_s, tolerance_s)?;
     let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
     mac.update(id.as_bytes());
     mac.update(b".");
@@ -129,6 +121,21 @@ pub fn verify_standard(
     } else {
         Err(VerifyError::Mismatch)
     }
+}
+
+/// A Standard Webhooks `webhook-timestamp` (seconds) within `tolerance_s`
+/// of `now_s`: what can be checked of a signature before the body is there.
+pub fn check_timestamp(timestamp: &str, now_s: i64, tolerance_s: u64) -> Result<(), VerifyError> {
+    let ts: i64 = timestamp
+        .trim()
+        .parse()
+        .map_err(|_| VerifyError::BadTimestamp)?;
+    // Saturating: a sender picks `ts`, and i64::MIN must not overflow.
+    let skew = now_s.saturating_sub(ts);
+    if skew.unsigned_abs() > tolerance_s {
+        return Err(VerifyError::OutOfTolerance(skew, tolerance_s));
+    }
+    Ok(())
 }
 
 /// Check GitHub's `X-Hub-Signature-256: sha256=<hex>` against `body`.

@@ -74,15 +74,9 @@ impl ActorTask {
         // Due before this node started: its turn may be what brought the
         // node down. Count the attempt durably before running it again.
         let counted = due < self.env.boot.at_ms;
-        let _alone = match counted && rec.boot_attempts > 0 {
-            false => None,
-            true => match self.alone() {
-                Some(permit) => Some(permit),
-                None => {
-                    ticket.retry_later(SUSPECT_WAIT_MS);
-                    return;
-                }
-            },
+        let Ok(_alone) = self.alone(counted && rec.boot_attempts > 0) else {
+            ticket.retry_later(SUSPECT_WAIT_MS);
+            return;
         };
         if counted {
             let max = self.env.config.recovery.max_attempts;

@@ -87,15 +87,9 @@ impl ActorTask {
         let counted = seq <= self.env.boot.inbox_seq;
         // Held until its turn is submitted: commits are applied in order,
         // so the next suspect's counted attempt is durable only after it.
-        let _alone = match counted && row.attempts > 0 {
-            false => None,
-            true => match self.alone() {
-                Some(permit) => Some(permit),
-                None => {
-                    self.inbox_retry_ms = SUSPECT_WAIT_MS;
-                    return false;
-                }
-            },
+        let Ok(_alone) = self.alone(counted && row.attempts > 0) else {
+            self.inbox_retry_ms = SUSPECT_WAIT_MS;
+            return false;
         };
         if counted {
             // Present at boot: it may be what crashed the node. Count the

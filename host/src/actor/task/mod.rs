@@ -490,10 +490,19 @@ impl ActorTask {
     /// time across the node, so that a crash counts against the one turn
     /// that ran. Counted together, every message that was merely running
     /// beside a poison one — a slow turn, a model call — was given up with
-    /// it after three crashes (found by a probe). `None`: another suspect
-    /// runs; try again in [`SUSPECT_WAIT_MS`].
-    fn alone(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        self.env.suspects.clone().try_acquire_owned().ok()
+    /// it after three crashes (found by a probe). `Ok(None)`: not a
+    /// `suspect`, it runs as any turn; `Err(())`: another suspect runs, try
+    /// again in [`SUSPECT_WAIT_MS`].
+    fn alone(&self, suspect: bool) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, ()> {
+        if !suspect {
+            return Ok(None);
+        }
+        self.env
+            .suspects
+            .clone()
+            .try_acquire_owned()
+            .map(Some)
+            .map_err(drop)
     }
 }
 

@@ -236,6 +236,11 @@ impl ActorsCtx {
 /// (or claim) one.
 pub const CALL_KEY_PREFIX: &str = "\0call:";
 
+/// The idempotency key the callee stores call key `key` under.
+pub fn stored_call_key(key: &str) -> String {
+    format!("{CALL_KEY_PREFIX}{key}")
+}
+
 impl ActorsCtx {
     /// The number of the turn's next call: taken as the call starts, before
     /// any check that may refuse it, so that a turn run again numbers its
