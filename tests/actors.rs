@@ -261,6 +261,74 @@ async fn javascript_actors_call_and_send() {
     wait_value(&api, "b", "sent", json!(1)).await;
 }
 
+/// What a call's caller catches says why the callee did not answer: a
+/// callee with a full mailbox is `limit_exceeded` (retry later), an
+/// unknown one `not_found`, one whose turn failed `internal`. Every
+/// refusal but a missing type used to arrive as `internal`, so a guest
+/// could not tell "busy" from "broken".
+#[tokio::test]
+async fn a_callers_error_says_whether_the_callee_is_busy_missing_or_broken() {
+    let dir = tempdir();
+    let config = "[limits]\nmailbox_capacity = 2\n";
+    let m = Marmot::start_opts(&dir.path().join("data"), &[], Some(config)).await;
+    let api = m.client();
+    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let catcher = r#"
+import { actors } from "marmot";
+export default {
+  async onMessage(m) {
+    try { return { reply: await actors.call(m.type, m.id, m.body) }; }
+    catch (e) { return { code: e.code, message: e.message }; }
+  },
+};
+"#;
+    assert_eq!(api.deploy_js("catcher", catcher).await.status, 201);
+    let call = |ty: &'static str, body: Value| {
+        let api = &api;
+        async move {
+            let r = api
+                .post_json(
+                    "/v1/actors/catcher/c",
+                    &json!({"type": ty, "id": "jam", "body": body}),
+                )
+                .await;
+            assert_eq!(r.status, 200, "{}", r.json);
+            r.json
+        }
+    };
+    let r = call("nobody", json!({})).await;
+    assert_eq!(r["code"], "not_found", "{r}");
+    let r = call(
+        "kit",
+        json!({"op": "set_then_trap", "key": "k", "value": 1}),
+    )
+    .await;
+    assert_eq!(r["code"], "internal", "{r}");
+
+    // Jam the callee's mailbox (2 places) with slow turns, then call it.
+    let mut refused = None;
+    for _ in 0..5 {
+        let jam = futures::future::join_all(
+            (0..6).map(|_| api.op("kit", "jam", json!({"op": "busy", "ms": 300}))),
+        );
+        let probe = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            call("kit", json!({"op": "add", "key": "n", "by": 1})).await
+        };
+        let (_, r) = tokio::join!(jam, probe);
+        if r.get("code").is_some() {
+            refused = Some(r);
+            break;
+        }
+    }
+    let r = refused.expect("a call into a full mailbox of 2 was never refused in 5 tries");
+    assert_eq!(r["code"], "limit_exceeded", "{r}");
+    assert!(
+        r["message"].as_str().unwrap().contains("mailbox is full"),
+        "{r}"
+    );
+}
+
 /// A JavaScript message is a JSON value, strings included: `"hello"` used
 /// to go out raw, so the callee refused it as bad JSON (a `send` was lost
 /// after the sender committed) and `"42"` arrived as the number 42. A text

@@ -142,7 +142,10 @@ declare module "marmot" {
   export interface Actors {
     /** Send and wait for the reply: the callee gets `body` as this value
      * (a string stays a string); a JSON reply comes back parsed, any other
-     * (a text reply) as its text. */
+     * (a text reply) as its text. Throws with `code` `"limit_exceeded"`
+     * when the callee cannot take it now (its mailbox full, its type's
+     * rate limit: retry later), `"not_found"` when its type is not
+     * deployed, `"internal"` when its turn failed or did not reply in time. */
     call(type: string, id: string, body?: Json): Promise<Json>;
     /** `call`, with the reply's HTTP status and content type: a callee's
      * own 4xx (`{"error": …}` from an agent, a Rust actor's 404) is a

@@ -27,7 +27,8 @@ use crate::metrics::Metrics;
 use crate::models::Gateway;
 use crate::sandbox::ModelAccess;
 use crate::sandbox::{
-    ActorCalls, CallChain, CallReply, GuestError, HttpAccess, HttpGrant, Sandbox, stored_call_key,
+    ActorCalls, CallChain, CallReply, GuestError, HttpAccess, HttpGrant, Sandbox, call_refused,
+    stored_call_key,
 };
 use crate::secrets::SecretStore;
 use crate::storage::Storage;
@@ -229,6 +230,9 @@ impl ActorCalls for ActorEnv {
                         content_type: r.content_type,
                     }),
                     Ok(Err(PeerError::NotFound(e))) => Err(GuestError::NotFound(e)),
+                    Ok(Err(PeerError::Refused { code, message })) => {
+                        Err(call_refused(&code, message))
+                    }
                     Ok(Err(PeerError::Failed(e))) => Err(GuestError::Internal(e)),
                     Err(_) => Err(GuestError::Internal(format!(
                         "{to} did not reply within {} ms",
@@ -256,10 +260,7 @@ impl ActorCalls for ActorEnv {
                     body: r.body.to_vec(),
                     content_type: r.content_type,
                 }),
-                Ok(Err(e @ (TurnError::UnknownType(_) | TurnError::NotFound))) => {
-                    Err(GuestError::NotFound(e.to_string()))
-                }
-                Ok(Err(e)) => Err(GuestError::Internal(format!("{to}: {e}"))),
+                Ok(Err(e)) => Err(call_refused(e.code(), format!("{to}: {e}"))),
                 Err(_) => Err(GuestError::Internal(format!(
                     "{to} did not reply within {} ms",
                     timeout.as_millis()

@@ -60,7 +60,17 @@ pub enum PeerError {
     /// The actor's type is not deployed (or the actor does not exist).
     #[error("{0}")]
     NotFound(String),
-    /// Anything else: the node did not answer, or refused for now.
+    /// The node answered with an API error other than 404: its code
+    /// (`mailbox_full`, `overloaded`, `actor_error`, …) and message.
+    #[error("{message}")]
+    Refused {
+        /// The API error's code.
+        code: String,
+        /// What it said, the actor named.
+        message: String,
+    },
+    /// Anything else: the node did not answer, or its answer was not an
+    /// API error.
     #[error("{0}")]
     Failed(String),
 }
@@ -286,14 +296,23 @@ impl Peers {
 
 /// The API's refusal of a request for `key`, from its error body.
 fn refusal(key: &ActorKey, status: reqwest::StatusCode, body: &[u8]) -> PeerError {
-    let message = serde_json::from_slice::<serde_json::Value>(body)
+    let error = serde_json::from_slice::<serde_json::Value>(body)
         .ok()
-        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
-    if status == reqwest::StatusCode::NOT_FOUND {
-        PeerError::NotFound(message)
-    } else {
-        PeerError::Failed(format!("{key}: {status}: {message}"))
+        .map(|mut v| v["error"].take());
+    let field = |name: &str| {
+        error
+            .as_ref()
+            .and_then(|e| e[name].as_str())
+            .map(str::to_owned)
+    };
+    let message = field("message").unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    match field("code") {
+        _ if status == reqwest::StatusCode::NOT_FOUND => PeerError::NotFound(message),
+        Some(code) => PeerError::Refused {
+            code,
+            message: format!("{key}: {status}: {message}"),
+        },
+        None => PeerError::Failed(format!("{key}: {status}: {message}")),
     }
 }
 
@@ -369,6 +388,36 @@ pub(super) fn replicate_timeout(bytes: usize) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer's API error keeps its code, so that a caller on another node
+    /// learns what one on the callee's node would (a full mailbox is not
+    /// a broken callee); only a 404 is `NotFound`, and an answer that is
+    /// no API error (a proxy's page) is a plain failure.
+    #[test]
+    fn a_peers_refusal_keeps_its_code() {
+        use reqwest::StatusCode;
+        let key = ActorKey::new("kit", "a").unwrap();
+        let body = |code: &str| {
+            serde_json::json!({"error": {"code": code, "message": "said so"}})
+                .to_string()
+                .into_bytes()
+        };
+        match refusal(&key, StatusCode::TOO_MANY_REQUESTS, &body("mailbox_full")) {
+            PeerError::Refused { code, message } => {
+                assert_eq!(code, "mailbox_full");
+                assert_eq!(message, "kit/a: 429 Too Many Requests: said so");
+            }
+            e => panic!("{e:?}"),
+        }
+        assert!(matches!(
+            refusal(&key, StatusCode::NOT_FOUND, &body("unknown_type")),
+            PeerError::NotFound(m) if m == "said so"
+        ));
+        assert!(matches!(
+            refusal(&key, StatusCode::BAD_GATEWAY, b"<html>bad gateway</html>"),
+            PeerError::Failed(m) if m.contains("<html>bad gateway</html>")
+        ));
+    }
 
     /// Messages a node passes on for a turn say so: the API skips the
     /// checks it makes of a client's body for them (a relayed send it

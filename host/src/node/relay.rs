@@ -132,7 +132,8 @@ impl Node {
                     tracing::warn!(to = %key, %why, "relay: message to an actor of an unknown type dropped");
                     done.push(seq);
                 }
-                Err(PeerError::Failed(why)) => {
+                Err(e @ (PeerError::Refused { .. } | PeerError::Failed(_))) => {
+                    let why = e.to_string();
                     tracing::warn!(to = %key, %why, "relay: cannot hand a message over yet; retrying");
                     waiting.insert(key);
                 }

@@ -42,6 +42,21 @@ pub struct CallReply {
     pub content_type: Option<String>,
 }
 
+/// The error a call's caller sees when the callee's node refused or
+/// failed it with API error `code` (the same codes on this node and over
+/// HTTP from another): a callee that does not exist is `not-found`, one
+/// with no room for now (its mailbox full, its type's rate, the node out
+/// of instance slots) is `limit-exceeded`, so that a guest can tell
+/// "retry later" from "the callee broke" (`internal`, also for its
+/// traps: the limits it ran into are its own, not the caller's).
+pub fn call_refused(code: &str, message: String) -> GuestError {
+    match code {
+        "unknown_type" | "actor_not_found" => GuestError::NotFound(message),
+        "mailbox_full" | "rate_limited" | "overloaded" => GuestError::LimitExceeded(message),
+        _ => GuestError::Internal(message),
+    }
+}
+
 /// What turns may ask of other actors; the actor layer implements it. A
 /// narrow trait keeps the sandbox free of the actor runtime.
 pub trait ActorCalls: Send + Sync {
