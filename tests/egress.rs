@@ -457,11 +457,32 @@ async fn a_secret_reaches_only_its_https_host_and_nothing_comes_back_with_it() {
         .await;
     assert!(denied(&r).contains("not listed in this actor type's config.secrets"));
     // A placeholder anywhere in the URL (it went out as written).
-    for at in ["?key={{secret:API_KEY}}", "/{{secret:API_KEY}}"] {
+    for at in [
+        "?key={{secret:API_KEY}}",
+        "/{{secret:API_KEY}}",
+        "?key={{SECRET:API_KEY}}",
+    ] {
         let r = rig.fetch(json!({ "url": format!("{url}{at}") })).await;
         let e = r["error"].as_str().unwrap_or_default();
         assert!(e.contains("in header values only"), "{r}");
     }
+    // In a body, or in another case in a header, it went out as written
+    // too (found by a probe).
+    for body in [
+        r#"{"api_key": "{{secret:API_KEY}}"}"#,
+        "k={{Secret:API_KEY}}",
+    ] {
+        let r = rig
+            .fetch(json!({ "method": "POST", "url": url, "body": body }))
+            .await;
+        let e = r["error"].as_str().unwrap_or_default();
+        assert!(e.contains("not in the body"), "{r}");
+    }
+    let r = rig
+        .fetch(json!({ "url": url, "headers": [["authorization", "Bearer {{SECRET:API_KEY}}"]] }))
+        .await;
+    let e = r["error"].as_str().unwrap_or_default();
+    assert!(e.contains("in lower case") && !e.contains(SECRET), "{r}");
     assert_eq!(
         rig.seen.requests().len(),
         before,
@@ -628,6 +649,44 @@ async fn a_slow_fetch_is_not_cpu_and_keeps_the_actor_awake() {
         started.elapsed() < std::time::Duration::from_millis(1500),
         "the spin outlasted the slow fetch: {:?}",
         started.elapsed()
+    );
+}
+
+/// A fetch's timeout bounds its wait for one of the type's
+/// `http_concurrency` places too: with every place held by slow fetches it
+/// fails in its own time, saying why, instead of waiting for them (16
+/// slow fetches held a 1 s one for 18 s: found by a probe).
+#[tokio::test]
+async fn a_fetch_waits_for_a_place_no_longer_than_its_timeout() {
+    let mut config = kit_config();
+    config["http_concurrency"] = json!(1);
+    let rig = Rig::new(config).await;
+    let url = format!("https://api.test:{}/slow", rig.https);
+    let slow = rig.api.op("kit", "a", json!({ "op": "fetch", "url": url }));
+    let quick = async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let started = std::time::Instant::now();
+        let r = rig
+            .api
+            .op(
+                "kit",
+                "b",
+                json!({ "op": "fetch", "url": url, "timeout_ms": 200 }),
+            )
+            .await;
+        (r, started.elapsed())
+    };
+    let (slow, (quick, took)) = tokio::join!(slow, quick);
+    assert_eq!(slow.json["status"], 200, "{}", slow.json);
+    let e = quick.json["error"].as_str().unwrap_or_default();
+    assert!(
+        e.starts_with("limit exceeded: ") && e.contains("http_concurrency"),
+        "{}",
+        quick.json
+    );
+    assert!(
+        took < std::time::Duration::from_millis(1000),
+        "the fetch waited {took:?} for its place"
     );
 }
 

@@ -269,8 +269,16 @@ impl AddressPolicy {
 /// Whether `url` holds `{{secret:`, as written or percent-encoded (a URL
 /// parser encodes braces in a path).
 pub fn has_secret_placeholder(url: &str) -> bool {
-    let decoded = percent_encoding::percent_decode_str(url).decode_utf8_lossy();
-    decoded.contains("{{secret:")
+    let decoded: Vec<u8> = percent_encoding::percent_decode_str(url).collect();
+    holds_secret_placeholder(&decoded)
+}
+
+/// Whether `text` holds `{{secret:`, in any ASCII case (`{{SECRET:K}}`
+/// is the same mistake: it went out as written).
+pub fn holds_secret_placeholder(text: &[u8]) -> bool {
+    const OPEN: &[u8] = b"{{secret:";
+    text.windows(OPEN.len())
+        .any(|w| w.eq_ignore_ascii_case(OPEN))
 }
 
 #[cfg(test)]

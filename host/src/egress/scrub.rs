@@ -6,8 +6,9 @@ use url::Url;
 use zeroize::Zeroizing;
 
 /// Replaces secret values in what comes back. Values match regardless of
-/// ASCII case: a URL parser lowercases a host, so a value a server put in
-/// a redirect's host comes back lowercased.
+/// ASCII case (a URL parser lowercases a host, so a value a server put in
+/// a redirect's host comes back lowercased), and each byte of a value
+/// also as URL and HTML encoders write one (see [`spells`]).
 #[derive(Clone, Default)]
 pub struct Scrub {
     needles: Vec<Zeroizing<Vec<u8>>>,
@@ -74,14 +75,18 @@ impl Scrub {
     }
 
     /// Whether a value, or the start of one, may begin `text` (judged by
-    /// its first two bytes, or its only one).
+    /// its first two bytes, or its only one; a byte that may start an
+    /// encoded one could stand for any).
     fn may_start(&self, text: &[u8]) -> bool {
         let (Some(&first), false) = (text.first(), self.starts.is_empty()) else {
             return false;
         };
+        if ENCODED_STARTS.contains(&first) {
+            return true;
+        }
         let seconds = match text.get(1) {
-            Some(&b) => b..=b,
-            None => 0..=255,
+            Some(&b) if !ENCODED_STARTS.contains(&b) => b..=b,
+            _ => 0..=255,
         };
         seconds.into_iter().any(|second| {
             let at = pair(first, second);
@@ -89,16 +94,17 @@ impl Scrub {
         })
     }
 
-    /// The longest value `text` starts with.
-    fn value_at(&self, text: &[u8]) -> Option<&[u8]> {
+    /// How many bytes of `text`, from its start, spell the longest value
+    /// it starts with.
+    fn value_at(&self, text: &[u8]) -> Option<usize> {
         if !self.may_start(text) {
             return None;
         }
         // Longest first.
-        self.needles
-            .iter()
-            .find(|n| starts_with(text, n))
-            .map(|n| n.as_slice())
+        self.needles.iter().find_map(|n| match spells(text, n) {
+            Spelled::Whole(len) => Some(len),
+            _ => None,
+        })
     }
 
     /// `bytes` with every secret value replaced.
@@ -120,14 +126,13 @@ impl Scrub {
     /// Where the start of a value that `bytes` ends with begins, if
     /// enough of it is there.
     fn cut_tail(&self, bytes: &[u8]) -> Option<usize> {
+        // A byte of a value takes at most `MAX_ENCODED` of the text.
         let longest = self.needles.first().map_or(0, |n| n.len());
-        let from = bytes.len().saturating_sub(longest);
+        let from = bytes.len().saturating_sub(longest * MAX_ENCODED);
         (from..bytes.len()).find(|&i| {
-            let tail = bytes.len() - i;
             self.needles.iter().any(|n| {
-                tail < n.len()
-                    && tail >= PARTIAL_SECRET.max(n.len() / 2)
-                    && starts_with(n, &bytes[i..])
+                matches!(spells(&bytes[i..], n),
+                    Spelled::Start(part) if part >= PARTIAL_SECRET.max(n.len() / 2))
             })
         })
     }
@@ -140,11 +145,11 @@ impl Scrub {
         let mut i = 0;
         while i < bytes.len() {
             match self.value_at(&bytes[i..]) {
-                Some(value) => {
+                Some(len) => {
                     let o = out.get_or_insert_with(|| Vec::with_capacity(bytes.len()));
                     o.extend_from_slice(&bytes[copied..i]);
                     o.extend_from_slice(REDACTED.as_bytes());
-                    i += value.len();
+                    i += len;
                     copied = i;
                 }
                 None => i += 1,
@@ -283,13 +288,14 @@ impl StreamScrub {
             // Longest first: a value that may still grow into a longer
             // one waits rather than being replaced around it.
             for needle in &self.scrub.needles {
-                if starts_with(rest, needle) {
-                    out.extend_from_slice(REDACTED.as_bytes());
-                    i += needle.len();
-                    continue 'scan;
-                }
-                if rest.len() < needle.len() && starts_with(needle, rest) {
-                    break 'scan;
+                match spells(rest, needle) {
+                    Spelled::Whole(len) => {
+                        out.extend_from_slice(REDACTED.as_bytes());
+                        i += len;
+                        continue 'scan;
+                    }
+                    Spelled::Start(_) => break 'scan,
+                    Spelled::No => {}
                 }
             }
             out.push(buf[i]);
@@ -358,10 +364,128 @@ impl TextStreamScrub {
     }
 }
 
-/// Whether `hay` starts with `needle`, ignoring ASCII case.
-fn starts_with(hay: &[u8], needle: &[u8]) -> bool {
-    hay.get(..needle.len())
-        .is_some_and(|h| h.eq_ignore_ascii_case(needle))
+/// How the start of a text spells a value.
+#[derive(Debug, PartialEq, Eq)]
+enum Spelled {
+    /// Whole, in this many bytes of the text.
+    Whole(usize),
+    /// The text ends after this many bytes of the value (or inside an
+    /// escape that may stand for the next one).
+    Start(usize),
+    /// Not at all.
+    No,
+}
+
+/// Bytes that may begin one byte of a value written encoded.
+const ENCODED_STARTS: &[u8] = b"%&+";
+
+/// Most bytes one byte of a value takes encoded (`&#x0007F;`).
+const MAX_ENCODED: usize = 10;
+
+/// How `hay` spells `needle` from its start, ignoring ASCII case: the
+/// value as it is, or with any of its bytes written as URL and HTML
+/// encoders write them, mixed as they like: `%2F` (either case of hex),
+/// `+` for a space, `&#47;`, `&#x2F;`, `&amp;`. A server that reflects a
+/// key in a redirect's query (percent-encoded), a form or an HTML error
+/// page handed it to the guest whole, since only its plain and JSON
+/// spellings were looked for (found by a probe).
+fn spells(hay: &[u8], needle: &[u8]) -> Spelled {
+    // The value as it is: a value with `%` or `&` of its own is not read
+    // as escapes of some other one.
+    if hay.len() >= needle.len() && hay[..needle.len()].eq_ignore_ascii_case(needle) {
+        return Spelled::Whole(needle.len());
+    }
+    if hay.len() < needle.len() && needle[..hay.len()].eq_ignore_ascii_case(hay) {
+        return Spelled::Start(hay.len());
+    }
+    let (mut i, mut j) = (0, 0);
+    while j < needle.len() {
+        let Some(rest) = hay.get(i..).filter(|r| !r.is_empty()) else {
+            return Spelled::Start(j);
+        };
+        if rest[0] == b'+' && matches!(needle[j], b'+' | b' ') {
+            (i, j) = (i + 1, j + 1);
+            continue;
+        }
+        match decode_one(rest) {
+            Decoded::Cut => return Spelled::Start(j),
+            Decoded::Bytes(bytes, n, used) => {
+                let bytes = &bytes[..n];
+                let Some(want) = needle.get(j..j + n) else {
+                    return Spelled::No;
+                };
+                if !want.eq_ignore_ascii_case(bytes) {
+                    return Spelled::No;
+                }
+                (i, j) = (i + used, j + n);
+            }
+        }
+    }
+    Spelled::Whole(i)
+}
+
+/// The first byte (or character) `text` writes.
+enum Decoded {
+    /// The first this many of these bytes (a character's UTF-8), written
+    /// in this many bytes of `text`.
+    Bytes([u8; 4], usize, usize),
+    /// `text` ends inside what may be an escape.
+    Cut,
+}
+
+/// What `text` (not empty) starts with, its escapes read: `%XX`, and
+/// HTML's numeric character references and the five XML entities. What
+/// is no escape is the byte itself.
+fn decode_one(text: &[u8]) -> Decoded {
+    let byte = |b: u8, used| Decoded::Bytes([b, 0, 0, 0], 1, used);
+    let hex = |b: u8| char::from(b).to_digit(16);
+    match text[0] {
+        b'%' => match (text.get(1).map(|&b| hex(b)), text.get(2).map(|&b| hex(b))) {
+            (Some(Some(hi)), Some(Some(lo))) => byte((hi * 16 + lo) as u8, 3),
+            (None, _) | (Some(Some(_)), None) => Decoded::Cut,
+            _ => byte(b'%', 1),
+        },
+        b'&' => {
+            let window = &text[..text.len().min(MAX_ENCODED)];
+            let Some(end) = window.iter().position(|&b| b == b';') else {
+                // Only letters, digits and `#` may still end in a `;`.
+                let open = window.len() < MAX_ENCODED
+                    && window[1..]
+                        .iter()
+                        .all(|b| b.is_ascii_alphanumeric() || *b == b'#');
+                return if open { Decoded::Cut } else { byte(b'&', 1) };
+            };
+            match entity(&text[1..end]) {
+                Some(c) => {
+                    let mut utf8 = [0; 4];
+                    let n = c.encode_utf8(&mut utf8).len();
+                    Decoded::Bytes(utf8, n, end + 1)
+                }
+                None => byte(b'&', 1),
+            }
+        }
+        b => byte(b, 1),
+    }
+}
+
+/// The character an HTML reference (between `&` and `;`) stands for.
+fn entity(name: &[u8]) -> Option<char> {
+    let name = std::str::from_utf8(name).ok()?;
+    let code = match name.strip_prefix('#') {
+        Some(n) => match n.strip_prefix(['x', 'X']) {
+            Some(h) => u32::from_str_radix(h, 16).ok()?,
+            None => n.parse().ok()?,
+        },
+        None => match name {
+            "amp" => '&'.into(),
+            "lt" => '<'.into(),
+            "gt" => '>'.into(),
+            "quot" => '"'.into(),
+            "apos" => '\''.into(),
+            _ => return None,
+        },
+    };
+    char::from_u32(code)
 }
 
 #[cfg(test)]
@@ -489,6 +613,63 @@ mod tests {
         assert!(s.found_in_url(&url("https://supersecret_9.test/")));
         assert!(s.found_in_url(&url("https://x.test/%53uperSecret%5F9")));
         assert!(!s.found_in_url(&url("https://x.test/?k=supersecret")));
+    }
+
+    /// A value echoed URL- or HTML-encoded, each byte either way, is
+    /// found and replaced, whole, in a stream split inside an escape, and
+    /// cut off at a text's end; text that merely has `%`, `&` and `+` is
+    /// left alone.
+    #[test]
+    fn values_written_as_url_and_html_encoders_write_them_are_replaced() {
+        let key = "sk-SECRET-S-abc123/+=XYZ é";
+        let mut s = Scrub::default();
+        s.add(key.as_bytes());
+        for spelled in [
+            "sk-SECRET-S-abc123%2F%2B%3DXYZ%20%C3%A9",
+            "sk-SECRET-S-abc123%2f%2b%3dXYZ+%c3%a9",
+            "sk-SECRET-S-abc123/+%3DXYZ é",
+            "%73%6B-SECRET-S-abc123/+=XYZ é",
+            "sk-SECRET-S-abc123&#x2F;&#43;&#61;XYZ&#32;&eacute;",
+            "sk-SECRET-S-abc123&#47;&#x2b;&#X3D;XYZ &#233;",
+        ] {
+            if spelled.contains("&eacute;") {
+                // Named references beyond XML's five are not read: the
+                // value is not found, and nothing breaks.
+                let body = format!("?token={spelled}&x=1");
+                assert_eq!(s.text(body.clone()), body);
+                continue;
+            }
+            let body = format!("Location: /cb?token={spelled}&x=1");
+            assert_eq!(
+                s.text(body),
+                "Location: /cb?token=[redacted]&x=1",
+                "{spelled}"
+            );
+            // Streamed a byte at a time: every escape is split.
+            let mut stream = StreamScrub::new(s.clone());
+            let mut out = Vec::new();
+            for b in format!("<p>{spelled}</p>").bytes() {
+                out.extend(stream.push(&[b]));
+            }
+            out.extend(stream.finish());
+            assert_eq!(out, b"<p>[redacted]</p>".to_vec(), "{spelled}");
+            // Cut off by the end, well past half of it.
+            let cut = &spelled[..spelled.len() - 4];
+            assert_eq!(s.text(format!("a {cut}")), "a [redacted]", "{cut}");
+        }
+        for plain in [
+            "100% & more+less &amp; %zz &#xZZ; sk-SECRET",
+            "&",
+            "%",
+            "a+b",
+        ] {
+            assert_eq!(s.text(plain.into()), plain);
+        }
+        // A value with escapes of its own is found as it is.
+        let mut s = Scrub::default();
+        s.add(b"pw%41&amp;x-123456");
+        assert_eq!(s.text("[pw%41&amp;x-123456]".into()), "[[redacted]]");
+        assert_eq!(s.text("[pw%2541%26amp%3Bx-123456]".into()), "[[redacted]]");
     }
 
     /// A value echoed inside a JSON string, escaped as some encoder

@@ -50,6 +50,8 @@ pub struct HttpGrant {
     /// Bounds the type's requests in flight (a streamed response holds its
     /// permit until its body is dropped).
     permits: Arc<Semaphore>,
+    /// Their number.
+    concurrency: u32,
 }
 
 impl HttpGrant {
@@ -62,7 +64,37 @@ impl HttpGrant {
             secrets: http.secrets.clone(),
             max_redirects: http.max_redirects,
             permits: Arc::new(Semaphore::new(http.concurrency.max(1) as usize)),
+            concurrency: http.concurrency.max(1),
         })
+    }
+
+    /// The type's permit for one request, waited for within the request's
+    /// own timeout, which is left with what remains of it: `timeoutMs`
+    /// bounds the whole call. (The wait had no bound: 16 slow fetches of a
+    /// type held a 1 s fetch of another of its actors for 18 s, found by
+    /// a probe.)
+    async fn permit(
+        &self,
+        request: &mut OutboundRequest,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, EgressError> {
+        let started = std::time::Instant::now();
+        let acquire = self.permits.clone().acquire_owned();
+        match tokio::time::timeout(request.timeout, acquire).await {
+            Ok(Ok(permit)) => {
+                request.timeout = request
+                    .timeout
+                    .saturating_sub(started.elapsed())
+                    .max(Duration::from_millis(1));
+                Ok(permit)
+            }
+            Ok(Err(_)) => Err(EgressError::Failed("the type's requests were shut".into())),
+            Err(_) => Err(EgressError::Overloaded(format!(
+                "the type's {} requests in flight (its config.http_concurrency) took the whole \
+                 timeout of {} ms: none was sent",
+                self.concurrency,
+                request.timeout.as_millis()
+            ))),
+        }
     }
 
     /// Whether the type may reach `url`'s host.
@@ -171,8 +203,16 @@ fn substitute(
             continue;
         }
         let Some(inner) = after.strip_prefix("{{secret:") else {
-            out.push_str("{{");
-            rest = &after[2..];
+            if crate::egress::holds_secret_placeholder(&after.as_bytes()[..after.len().min(9)]) {
+                return Err(GuestError::Invalid(format!(
+                    "header `{header}`: a placeholder is written `{{{{secret:NAME}}}}`, in lower \
+                     case; `{}` would go out as written",
+                    &after[..9]
+                )));
+            }
+            // One brace on: `{{{secret:K}}}` is a brace around a placeholder.
+            out.push('{');
+            rest = &after[1..];
             continue;
         };
         let Some(end) = inner.find("}}") else {
@@ -255,6 +295,19 @@ fn prepare(
         return Err(GuestError::Invalid(
             "a `{{secret:NAME}}` placeholder is substituted in header values only, not in \
              the URL: send the key in a header (most APIs take one)"
+                .into(),
+        ));
+    }
+    // Nor in a body, in any case (`{"api_key": "{{secret:K}}"}` sent the
+    // name to the server: found by a probe).
+    if req
+        .body
+        .as_deref()
+        .is_some_and(crate::egress::holds_secret_placeholder)
+    {
+        return Err(GuestError::Invalid(
+            "a `{{secret:NAME}}` placeholder is substituted in header values only, not in \
+             the body: send the key in a header (most APIs take one)"
                 .into(),
         ));
     }
@@ -406,15 +459,15 @@ impl http::Host for Host {
                 return Ok(Err(e));
             }
         };
-        let _permit = access
-            .grant
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| wasmtime::format_err!("the http permits were closed"))?;
-        let grant = access.grant.clone();
-        let allowed = move |url: &Url| grant.allows(url);
-        let sent = access.egress.fetch(request, &allowed, &scrub).await;
+        let mut request = request;
+        let sent = match access.grant.permit(&mut request).await {
+            Ok(_permit) => {
+                let grant = access.grant.clone();
+                let allowed = move |url: &Url| grant.allows(url);
+                access.egress.fetch(request, &allowed, &scrub).await
+            }
+            Err(e) => Err(e),
+        };
         let sent = sent.map_err(|e| {
             let label = outcome(&e);
             let e = guest_error(e);
@@ -452,16 +505,17 @@ impl http::Host for Host {
                 return Ok(Err(e));
             }
         };
-        let permit = access
-            .grant
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| wasmtime::format_err!("the http permits were closed"))?;
-        let grant = access.grant.clone();
-        let allowed = move |url: &Url| grant.allows(url);
-        let resp = match access.egress.fetch_stream(request, &allowed, scrub).await {
+        let mut request = request;
+        let opened = match access.grant.permit(&mut request).await {
+            Ok(permit) => {
+                let grant = access.grant.clone();
+                let allowed = move |url: &Url| grant.allows(url);
+                let opened = access.egress.fetch_stream(request, &allowed, scrub).await;
+                opened.map(|r| (r, permit))
+            }
+            Err(e) => Err(e),
+        };
+        let (resp, permit) = match opened {
             Ok(r) => {
                 record(&access, &key, started, "ok", None);
                 r
