@@ -345,7 +345,14 @@ impl StreamDecoder for Stream {
                     // Text that is not JSON (a call cut by `max_tokens`)
                     // is that text, as in the other formats: failing the
                     // whole answer hid the stop reason from the guest.
-                    block["input"] = crate::models::chat::arguments_value(json);
+                    // A block that came with its whole input and no
+                    // deltas (some gateways send it so) keeps it: it was
+                    // reset to `{}`, and the tool ran with no arguments
+                    // (found by a probe).
+                    let whole = block["input"].as_object().is_some_and(|i| !i.is_empty());
+                    if !(whole && json.trim().is_empty()) {
+                        block["input"] = crate::models::chat::arguments_value(json);
+                    }
                 }
             }
             "message_delta" => {

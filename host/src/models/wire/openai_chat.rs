@@ -169,11 +169,15 @@ pub(super) fn decode(mut body: Map<String, Value>) -> Result<Decoded, ProviderEr
             let id = c.get("id").and_then(Value::as_str).unwrap_or_default();
             let f = c.get("function").cloned().unwrap_or(Value::Null);
             let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
-            let args = f.get("arguments").and_then(Value::as_str).unwrap_or("");
+            let arguments = match f.get("arguments") {
+                // Servers that send the object itself (LiteLLM's Ollama).
+                Some(v @ Value::Object(_)) => v.clone(),
+                args => arguments_value(args.and_then(Value::as_str).unwrap_or("")),
+            };
             calls.push(ToolCall {
                 id: id.to_owned(),
                 name: name.to_owned(),
-                arguments: arguments_value(args),
+                arguments,
             });
         }
     }
@@ -233,6 +237,36 @@ pub(super) struct Stream {
     rest: Map<String, Value>,
 }
 
+impl Stream {
+    /// The slot of a tool call fragment with `index` and `id`. OpenAI
+    /// numbers a call's fragments by `index` and sends its id in the
+    /// first; Ollama sends each call whole with its own id and no index,
+    /// or 0 for every one: a fragment whose id is not its slot's starts a
+    /// new call (two calls were merged into one named `filesfiles`, and
+    /// neither ran: found by a probe).
+    fn call_slot(&mut self, index: Option<u64>, id: Option<&str>) -> Result<usize, ProviderError> {
+        let at = match index {
+            Some(i) => usize::try_from(i).unwrap_or(usize::MAX),
+            None => self.calls.len().saturating_sub(1),
+        };
+        let another = |slot: &(String, String, String)| {
+            !slot.0.is_empty() && id.is_some_and(|id| id != slot.0)
+        };
+        let at = if self.calls.get(at).is_some_and(another) {
+            self.calls.len()
+        } else {
+            at
+        };
+        if at > 1024 {
+            return Err(malformed("a tool call index above 1024"));
+        }
+        while self.calls.len() <= at {
+            self.calls.push(Default::default());
+        }
+        Ok(at)
+    }
+}
+
 impl StreamDecoder for Stream {
     fn event(&mut self, ev: &SseEvent, deltas: &mut Vec<Delta>) -> Result<Flow, ProviderError> {
         if ev.data.trim() == "[DONE]" {
@@ -276,25 +310,34 @@ impl StreamDecoder for Stream {
                     .into_iter()
                     .flatten()
                 {
-                    let index = tc.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
-                    if index > 1024 {
-                        return Err(malformed("a tool call index above 1024"));
-                    }
-                    while self.calls.len() <= index {
-                        self.calls.push(Default::default());
-                    }
+                    let id = tc
+                        .get("id")
+                        .and_then(Value::as_str)
+                        .filter(|i| !i.is_empty());
+                    let index = self.call_slot(tc.get("index").and_then(Value::as_u64), id)?;
                     let slot = &mut self.calls[index];
-                    let id = tc.get("id").and_then(Value::as_str);
                     let f = tc.get("function");
                     let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
-                    let args = f
-                        .and_then(|f| f.get("arguments"))
-                        .and_then(Value::as_str)
-                        .unwrap_or("");
+                    let object;
+                    let args = match f.and_then(|f| f.get("arguments")) {
+                        Some(Value::String(a)) => a.as_str(),
+                        // The whole object at once (LiteLLM's Ollama): it
+                        // was dropped, and the tool ran with `{}`.
+                        Some(v @ Value::Object(_)) => {
+                            object = v.to_string();
+                            object.as_str()
+                        }
+                        _ => "",
+                    };
                     if let Some(id) = id {
                         slot.0 = id.to_owned();
                     }
-                    if let Some(n) = name {
+                    // A name comes whole in a call's first fragment; some
+                    // servers repeat it in every one (it grew to
+                    // `filesfiles…`).
+                    if let Some(n) = name
+                        && slot.1 != n
+                    {
                         slot.1.push_str(n);
                     }
                     slot.2.push_str(args);

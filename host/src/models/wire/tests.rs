@@ -194,6 +194,82 @@ fn openai_chat_responses_and_streams_agree() {
     assert!(fold(Format::OpenAiChat, &cut).0.is_err());
 }
 
+/// Servers that are `openai-chat` but not OpenAI: Ollama sends each tool
+/// call whole, with no `index` or with 0 for every one, some servers
+/// repeat a call's name in every fragment, and LiteLLM's Ollama sends the
+/// arguments as an object. Each call stays a call with its own name and
+/// arguments (two were merged into one named `filesfiles`, and object
+/// arguments became `{}`: found by a probe).
+#[test]
+fn openai_chat_streams_from_other_servers_keep_their_calls_apart() {
+    let chunk = |delta: Value, finish: Value| {
+        (
+            "",
+            json!({"id": "c", "object": "chat.completion.chunk", "model": "llama",
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
+        )
+    };
+    let call = |id: &str, index: Option<u64>, name: &str, args: Value| {
+        let mut c = json!({"id": id, "type": "function",
+                           "function": {"name": name, "arguments": args}});
+        if let Some(i) = index {
+            c["index"] = i.into();
+        }
+        chunk(json!({"tool_calls": [c]}), Value::Null)
+    };
+    let calls = |stream: String| {
+        let (d, _) = fold(Format::OpenAiChat, &stream);
+        let Message::Assistant { tool_calls, .. } = d.unwrap().message else {
+            panic!()
+        };
+        tool_calls
+            .into_iter()
+            .map(|c| (c.id, c.name, c.arguments))
+            .collect::<Vec<_>>()
+    };
+    let want = vec![
+        (
+            "call_a".to_owned(),
+            "files".to_owned(),
+            json!({"path": "n1"}),
+        ),
+        (
+            "call_b".to_owned(),
+            "files".to_owned(),
+            json!({"path": "n2"}),
+        ),
+    ];
+    for index in [None, Some(0)] {
+        let stream = sse(&[
+            call("call_a", index, "files", json!("{\"path\":\"n1\"}")),
+            call("call_b", index, "files", json!({"path": "n2"})),
+            chunk(json!({}), json!("tool_calls")),
+        ]);
+        assert_eq!(calls(stream), want, "index {index:?}");
+    }
+    // The name repeated with every fragment of one call.
+    let stream = sse(&[
+        call("call_a", Some(0), "files", json!("{\"path\":")),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"name": "files", "arguments": "\"n1\"}"}}]}),
+            Value::Null,
+        ),
+        call("call_b", Some(1), "files", json!("{\"path\":\"n2\"}")),
+        chunk(json!({}), json!("tool_calls")),
+    ]);
+    assert_eq!(calls(stream), want);
+    // Whole answers with object arguments.
+    let whole = json!({"id": "c", "model": "llama", "choices": [{"index": 0,
+        "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
+        "tool_calls": [{"id": "call_a", "type": "function",
+                        "function": {"name": "files", "arguments": {"path": "n1"}}}]}}]});
+    let Message::Assistant { tool_calls, .. } = Format::OpenAiChat.decode(whole).unwrap().message
+    else {
+        panic!()
+    };
+    assert_eq!(tool_calls[0].arguments, json!({"path": "n1"}));
+}
+
 /// A tool result that is a list of records (not parts) reaches every
 /// format as its JSON text; parts other than text are not dropped where a
 /// format takes only text.
@@ -425,6 +501,34 @@ fn anthropic_responses_and_streams_agree() {
         name: Some("weather".into()),
         arguments: String::new()
     }));
+    // A tool block that starts with its whole input and has no deltas
+    // (some gateways send it so) keeps it: it became `{}`.
+    let start_whole = sse(&[
+        (
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "m", "content": [], "usage": {}}}),
+        ),
+        (
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "tool_use", "id": "toolu_1", "name": "weather",
+                              "input": {"city": "Paris"}}}),
+        ),
+        (
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        (
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}}),
+        ),
+        ("message_stop", json!({"type": "message_stop"})),
+    ]);
+    let (r, _) = fold(Format::AnthropicMessages, &start_whole);
+    let Message::Assistant { tool_calls, .. } = r.unwrap().message else {
+        panic!()
+    };
+    assert_eq!(tool_calls[0].arguments, json!({"city": "Paris"}));
 
     let overloaded = sse(&[
         (
