@@ -705,6 +705,41 @@ async fn a_steps_answer_is_capped_by_what_is_left_of_the_run() {
     }
 }
 
+/// An answer that went past the run's allowance anyway (the provider did
+/// not honour the cap) ends the run before its tool calls are made: they
+/// ran first (found by a probe).
+#[tokio::test]
+async fn an_answer_past_the_runs_allowance_has_its_calls_left_unmade() {
+    let rig = Rig::new().await;
+    let tool = rig.ticket_tool(json!({}));
+    let manifest = json!({"kind": "agent", "agent": {
+        "model": {"provider": "fake", "name": "m1"}, "tools": [tool],
+        "limits": {"max_output_tokens": 20}},
+        "config": {"allowed_hosts": ["127.0.0.1"]}});
+    let r = put(&rig.api, "/v1/types/spender", manifest).await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    // 30 words and a call: 40 tokens, whatever cap was sent.
+    rig.fake.push([Scripted::ToolCalls {
+        text: vec!["word"; 30].join(" "),
+        calls: vec![(
+            "call_1".into(),
+            "create_ticket".into(),
+            json!({"title": "t"}),
+        )],
+    }]);
+    let r = rig
+        .api
+        .post_json("/v1/actors/spender/a", &json!({"input": "go"}))
+        .await;
+    assert_ne!(r.status, 200, "{}", r.json);
+    let failed = rig.wait_event("spender", "a", "run_failed", 1).await;
+    assert_eq!(failed["data"]["reason"], "max_output_tokens", "{failed}");
+    assert_eq!(failed["data"]["usage"]["output_tokens"], 40, "{failed}");
+    let k = kinds(&rig.events("spender", "a").await);
+    assert!(!k.contains(&"tool_call".to_owned()), "{k:?}");
+    assert!(rig.tickets.posts().is_empty(), "the call was made");
+}
+
 /// A call whose arguments do not fit the tool's `input_schema` is answered
 /// with why, and is neither put to a person nor sent (the schema was only
 /// shown to the model: `{"title": 12345}` reached the endpoint, approved).
