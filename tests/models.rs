@@ -187,13 +187,22 @@ fn raw(
     listener: tokio::net::TcpListener,
     response: String,
 ) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    paced(listener, vec![response], Duration::ZERO)
+}
+
+/// [`raw`], with the response in `pieces` written `every` apart.
+fn paced(
+    listener: tokio::net::TcpListener,
+    pieces: Vec<String>,
+    every: Duration,
+) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = count.clone();
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
             counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let response = response.clone();
+            let pieces = pieces.clone();
             tokio::spawn(async move {
                 let mut got = Vec::new();
                 let mut buf = [0u8; 8192];
@@ -224,11 +233,64 @@ fn raw(
                     }
                     got.extend_from_slice(&buf[..n]);
                 }
-                let _ = s.write_all(response.as_bytes()).await;
+                for (i, piece) in pieces.iter().enumerate() {
+                    if i > 0 {
+                        tokio::time::sleep(every).await;
+                    }
+                    if s.write_all(piece.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
             });
         }
     });
     count
+}
+
+/// A stream that only ever sends keep-alive comments (a gateway waiting
+/// on a busy upstream) times out after `models.timeout_ms` with no event,
+/// as a timeout: it was never timed out, since bytes kept coming, and held
+/// a run, its fallback and its cancel for the turn's whole limit (found
+/// by a probe).
+#[tokio::test]
+async fn a_stream_of_keep_alives_alone_times_out() {
+    let dir = tempdir();
+    let config = format!("{CONFIG}timeout_ms = 800\n");
+    let node = Marmot::start_opts(&dir.path().join("data"), &[], Some(&config)).await;
+    let api = node.client();
+    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                transfer-encoding: chunked\r\n\r\n";
+    let comment = ": PROVIDER PROCESSING\n\n";
+    let mut pieces = vec![head.to_owned()];
+    pieces.extend((0..80).map(|_| format!("{:x}\r\n{comment}\r\n", comment.len())));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    paced(listener, pieces, Duration::from_millis(100));
+    let r = put_provider(
+        &api,
+        "busy",
+        json!({"format": "openai-chat", "base_url": url}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let started = Instant::now();
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({"op": "chat", "request": {"provider": "busy", "model": "m1", "stream": true,
+                    "messages": [{"role": "user", "content": "hi"}]}}),
+        )
+        .await
+        .json;
+    let e = r["error"].as_str().unwrap_or_default();
+    assert!(e.contains("moved on no further"), "{r}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the keep-alives held the call for {:?}",
+        started.elapsed()
+    );
 }
 
 /// An Anthropic stream whose connection fails after the answer is whole

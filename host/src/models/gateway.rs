@@ -447,6 +447,13 @@ impl Gateway {
         // closed without close_notify after the last event but before the
         // end marker): the answer is kept; else the failure is the error.
         let mut failed = None;
+        // The egress times out a stream with no next chunk; a provider
+        // that sends keep-alive comments or pings, or an event a byte at a
+        // time, never has none: it times out with no event that moves the
+        // answer on for as long (it held a run, its fallback and its
+        // cancel for the turn's whole limit: found by a probe).
+        let idle = Duration::from_millis(self.config.timeout_ms);
+        let mut moved = tokio::time::Instant::now();
         'read: loop {
             let chunk = match resp.next(64 << 10).await {
                 Ok(c) => c,
@@ -460,6 +467,19 @@ impl Gateway {
                 None => Ok(parser.finish().into_iter().collect()),
             }
             .map_err(|why| ProviderError::new(ErrorKind::Server, None, why))?;
+            if events.iter().any(|ev| ev.event != "ping") {
+                moved = tokio::time::Instant::now();
+            } else if chunk.is_some() && moved.elapsed() > idle {
+                return Err(ProviderError::new(
+                    ErrorKind::Timeout,
+                    None,
+                    format!(
+                        "the provider's stream moved on no further for {} ms (models.timeout_ms): \
+                         it sent only keep-alives, or an event too slowly",
+                        idle.as_millis()
+                    ),
+                ));
+            }
             for ev in events {
                 let flow = decoder.event(&ev, &mut deltas);
                 for d in deltas.drain(..).filter_map(|d| scrubbed.delta(d)) {
