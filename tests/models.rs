@@ -453,6 +453,43 @@ async fn a_streamed_call_answered_without_a_stream() {
     );
 }
 
+/// A 200 whose body is an error object (an OpenAI-compatible server's
+/// unknown model) fails with the provider's own message, classed by its
+/// type and not asked again; it was "malformed response: no choices",
+/// retried. (Streamed, the server answers the same JSON.)
+#[tokio::test]
+async fn a_200_that_is_an_error_object_is_the_providers_error() {
+    let rig = Rig::new().await;
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", server.local_addr().unwrap());
+    let body = json!({"error": {"message": "model `m9` not found", "type": "invalid_request_error",
+                                "code": "model_not_found"}});
+    let answered = canned(server, "application/json", body.to_string());
+    let r = put_provider(
+        &rig.api,
+        "odd",
+        json!({"format": "openai-chat", "base_url": url}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    for stream in [false, true] {
+        let r = rig
+            .chat(json!({"provider": "odd", "model": "m9", "stream": stream,
+                         "messages": [{"role": "user", "content": "hi"}]}))
+            .await;
+        let e = r["error"].as_str().unwrap_or_default();
+        assert!(
+            e.contains("model `m9` not found") && e.contains("model_not_found"),
+            "{r}"
+        );
+    }
+    assert_eq!(
+        answered.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "retried"
+    );
+}
+
 #[tokio::test]
 async fn one_shape_over_every_format_streamed_or_not() {
     let rig = Rig::new().await;

@@ -466,7 +466,8 @@ impl Gateway {
                 Some(c) => parser.push(c),
                 None => Ok(parser.finish().into_iter().collect()),
             }
-            .map_err(|why| ProviderError::new(ErrorKind::Server, None, why))?;
+            // A line past the parser's bound: asking again gets the same.
+            .map_err(|why| ProviderError::new(ErrorKind::Refused, None, why))?;
             if events.iter().any(|ev| ev.event != "ping") {
                 moved = tokio::time::Instant::now();
             } else if chunk.is_some() && moved.elapsed() > idle {
@@ -599,6 +600,17 @@ fn json_answer(
     })?;
     if !scrub.is_empty() {
         scrub::value(&mut json, scrub);
+    }
+    // A 200 that is an error object (some OpenAI-compatible servers: an
+    // unknown model): the provider's own error, classed by its type. It
+    // was "malformed response: no choices", with the provider's message
+    // lost, and retried (found by a probe). (A Responses object has an
+    // `error` of null.)
+    if json.get("error").is_some_and(serde_json::Value::is_object) && json.get("choices").is_none()
+    {
+        let mut e = ProviderError::from_stream_event(&json);
+        e.status = Some(status);
+        return Err(e);
     }
     provider.format.decode(json)
 }
