@@ -11,9 +11,10 @@
 //!
 //! Messages are handed over in the order they were sent; when one
 //! recipient cannot be reached, later messages to it wait (its order is
-//! kept) while messages to others go on.
+//! kept) while messages to others go on: a pass reads a few of each
+//! recipient's first messages and hands recipients theirs side by side.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +27,11 @@ use crate::storage::schema::RelayRecord;
 
 /// Relayed messages read per pass.
 const PAGE: usize = 256;
+/// Of them, most to one recipient: one that cannot be reached holds back
+/// only its own.
+const PER_RECIPIENT: usize = 32;
+/// Recipients handed messages at once.
+const HAND_OVER_AT_ONCE: usize = 16;
 /// Longest wait between passes while a recipient is unreachable.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -57,7 +63,11 @@ impl Node {
                     .and_then(|(ty, id)| ActorKey::new(ty, id).ok())
                     .is_none_or(|from| writer.sends_for(&from))
             };
-            let page = match self.storage.reader().and_then(|r| r.relay_page(PAGE, mine)) {
+            let page = match self
+                .storage
+                .reader()
+                .and_then(|r| r.relay_page(PAGE, PER_RECIPIENT, mine))
+            {
                 Ok(p) => p
                     .into_iter()
                     .take_while(|(seq, _)| *seq <= released)
@@ -74,6 +84,7 @@ impl Node {
                 continue;
             }
             let (done, stuck) = self.hand_over_page(&cluster, &peers, page).await;
+            let moved = !done.is_empty();
             if !done.is_empty() {
                 let n = done.len();
                 let forgotten = self
@@ -93,7 +104,9 @@ impl Node {
                     }
                 }
             }
-            if stuck {
+            // Stuck, and nothing else moved: wait. (While others move,
+            // waiting for the stuck one delayed them too.)
+            if stuck && !moved {
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             } else {
@@ -103,43 +116,64 @@ impl Node {
     }
 
     /// Hand over one page; returns the seqs to forget (handed over, or
-    /// dropped) and whether any recipient could not be reached.
+    /// dropped) and whether any recipient could not be reached. Each
+    /// recipient's messages go in order, one at a time; recipients go
+    /// side by side, so one whose node hangs holds back only its own.
     async fn hand_over_page(
         &self,
         cluster: &Cluster,
         peers: &Peers,
         page: Vec<(u64, RelayRecord)>,
     ) -> (Vec<u64>, bool) {
+        use futures::StreamExt as _;
         let mut done = Vec::new();
-        let mut waiting = HashSet::new();
+        let mut order: Vec<ActorKey> = Vec::new();
+        let mut rows: HashMap<ActorKey, Vec<(u64, RelayRecord)>> = HashMap::new();
         for (seq, rec) in page {
-            let key = match ActorKey::new(&rec.actor_type, &rec.actor_id) {
-                Ok(k) => k,
+            match ActorKey::new(&rec.actor_type, &rec.actor_id) {
+                Ok(key) => {
+                    let list = rows.entry(key.clone()).or_insert_with(|| {
+                        order.push(key);
+                        Vec::new()
+                    });
+                    list.push((seq, rec));
+                }
                 Err(e) => {
                     tracing::error!(seq, error = %e, "relay: a relayed message names no valid actor; dropped");
                     done.push(seq);
-                    continue;
-                }
-            };
-            if waiting.contains(&key) {
-                continue;
-            }
-            match self.hand_over(cluster, peers, &key, rec).await {
-                Ok(()) => done.push(seq),
-                Err(PeerError::NotFound(why)) => {
-                    // As on one node: a message to a type deleted since it
-                    // was sent is dropped.
-                    tracing::warn!(to = %key, %why, "relay: message to an actor of an unknown type dropped");
-                    done.push(seq);
-                }
-                Err(e @ (PeerError::Refused { .. } | PeerError::Failed(_))) => {
-                    let why = e.to_string();
-                    tracing::warn!(to = %key, %why, "relay: cannot hand a message over yet; retrying");
-                    waiting.insert(key);
                 }
             }
         }
-        (done, !waiting.is_empty())
+        let recipients = order.into_iter().map(|key| {
+            let list = rows.remove(&key).unwrap_or_default();
+            async move {
+                let mut done = Vec::new();
+                for (seq, rec) in list {
+                    match self.hand_over(cluster, peers, &key, rec).await {
+                        Ok(()) => done.push(seq),
+                        Err(PeerError::NotFound(why)) => {
+                            // As on one node: a message to a type deleted
+                            // since it was sent is dropped.
+                            tracing::warn!(to = %key, %why, "relay: message to an actor of an unknown type dropped");
+                            done.push(seq);
+                        }
+                        Err(e @ (PeerError::Refused { .. } | PeerError::Failed(_))) => {
+                            let why = e.to_string();
+                            tracing::warn!(to = %key, %why, "relay: cannot hand a message over yet; retrying");
+                            return (done, true);
+                        }
+                    }
+                }
+                (done, false)
+            }
+        });
+        let mut stuck = false;
+        let mut handed = futures::stream::iter(recipients).buffer_unordered(HAND_OVER_AT_ONCE);
+        while let Some((seqs, waits)) = handed.next().await {
+            done.extend(seqs);
+            stuck |= waits;
+        }
+        (done, stuck)
     }
 
     /// Queue one relayed message with the recipient's owner.

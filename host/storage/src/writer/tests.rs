@@ -656,7 +656,11 @@ async fn relayed_sends_wait_in_the_relay_with_a_key_until_handed_over() {
     storage.writer().submit(WriteOp::Turn(t));
     rx.await.unwrap().unwrap();
     notified.await;
-    let page = storage.reader().unwrap().relay_page(10, |_| true).unwrap();
+    let page = storage
+        .reader()
+        .unwrap()
+        .relay_page(10, usize::MAX, |_| true)
+        .unwrap();
     let keys: Vec<_> = page
         .iter()
         .map(|(_, r)| (r.actor_id.as_str(), r.message.idempotency_key.as_deref()))
@@ -680,10 +684,54 @@ async fn relayed_sends_wait_in_the_relay_with_a_key_until_handed_over() {
         storage
             .reader()
             .unwrap()
-            .relay_page(10, |_| true)
+            .relay_page(10, usize::MAX, |_| true)
             .unwrap()
             .is_empty()
     );
+}
+
+/// A page of the relay holds at most `per_recipient` rows of one
+/// recipient, its first ones: the rows of a recipient that cannot be
+/// reached, a page's worth, held back every other (found by a probe).
+#[tokio::test]
+async fn a_relay_page_holds_a_few_rows_of_each_recipient() {
+    let (_dir, storage) = open();
+    let (key, rec) = create(&storage, "a").await;
+    let tracker = Arc::new(CommitTracker::default());
+    let (op, rx) = turn(&key, &rec, &tracker, 0, 1, "k", "v");
+    let WriteOp::Turn(mut t) = op else {
+        unreachable!()
+    };
+    let message = |id: String| crate::schema::InboxRecord {
+        message_id: id,
+        body: b"{}".to_vec(),
+        content_type: None,
+        idempotency_key: None,
+        attempts: 0,
+        enqueued_at_ms: 1,
+        kind: crate::schema::InboxKind::Message,
+    };
+    let (stuck, other) = (
+        ActorKey::new("t", "stuck").unwrap(),
+        ActorKey::new("t", "ok").unwrap(),
+    );
+    t.sends = (0..10)
+        .map(|i| (stuck.clone(), message(format!("s{i}"))))
+        .chain((0..2).map(|i| (other.clone(), message(format!("o{i}")))))
+        .collect();
+    t.relay_sends = true;
+    storage.writer().submit(WriteOp::Turn(t));
+    rx.await.unwrap().unwrap();
+    let page = storage
+        .reader()
+        .unwrap()
+        .relay_page(4, 3, |_| true)
+        .unwrap();
+    let ids: Vec<_> = page
+        .iter()
+        .map(|(_, r)| r.message.message_id.as_str())
+        .collect();
+    assert_eq!(ids, ["s0", "s1", "s2", "o0"]);
 }
 
 #[test]
