@@ -919,6 +919,63 @@ export default {
     assert_eq!(events["events"], json!([]), "the re-run failed: {events}");
 }
 
+/// A client's direct message asked again under its `Idempotency-Key`
+/// after its turn was cut off (the node crashed mid-turn) runs again, and
+/// its calls take effect once: their keys are made from the client's key.
+/// A direct message's calls carried none, so the client's retry applied
+/// the callee's effect twice (found by a probe).
+#[tokio::test]
+async fn a_retried_direct_messages_calls_take_effect_once() {
+    const MARKER: &str = "direct-crash-now";
+    let dir = tempdir();
+    let mut m = Marmot::start_with_env(
+        &dir.path().join("data"),
+        &[("MARMOT_FAULT_ABORT_ON_LOG", MARKER)],
+    )
+    .await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    let caller = r#"
+import { actors, state, log } from "marmot";
+export default {
+  async onMessage() {
+    const got = await actors.call("kit", "b", { op: "add", key: "k", by: 1 });
+    state.set("got", got);
+    log.info("direct-crash-now");
+    return got;
+  },
+};
+"#;
+    assert_eq!(api.deploy_js("caller", caller).await.status, 201);
+    let key = [("idempotency-key", "order-7")];
+    // The node dies mid-turn: the client gets no answer (the helper
+    // panics on the dropped connection, in its own task).
+    let first = tokio::spawn({
+        let api = api.clone();
+        async move { api.post_with("/v1/actors/caller/a", &json!({}), &key).await }
+    });
+    let first = tokio::time::timeout(Duration::from_secs(30), first).await;
+    assert!(
+        first.expect("neither an answer nor a crash").is_err(),
+        "the cut-off request was answered"
+    );
+    assert!(
+        m.wait_exit(Duration::from_secs(30)),
+        "the caller did not crash the node"
+    );
+    m.set_env("MARMOT_FAULT_ABORT_ON_LOG", None);
+    m.respawn();
+    m.wait_ready().await;
+    let api = m.client();
+    let r = api.post_with("/v1/actors/caller/a", &json!({}), &key).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json, json!({"value": 1}), "the retry's reply");
+    assert_eq!(value(&api, "b", "k").await, json!(1), "applied twice");
+    // Without a key, asking again is a new message, with a new call.
+    let r = api.post_json("/v1/actors/caller/a", &json!({})).await;
+    assert_eq!(r.json, json!({"value": 2}), "{}", r.json);
+}
+
 /// `key` of actor `ty`/`id` as stored, or null while it is not.
 async fn value_of(api: &Api, ty: &str, id: &str, key: &str) -> Value {
     let r = api.get(&format!("/v1/actors/{ty}/{id}/state/{key}")).await;

@@ -238,9 +238,10 @@ pub struct TurnStart {
     /// Earlier starts of this delivery that a crash may have cut off
     /// (`turn.attempt`).
     pub attempt: u32,
-    /// The turn may run again under the same `turn_id` (recovered after a
-    /// crash, retried after a failure): its `actors.call`s carry keys.
-    pub replayable: bool,
+    /// What names the turn if it may run again (recovered after a crash,
+    /// retried after a failure, asked again under the same
+    /// `Idempotency-Key`): its `actors.call`s carry keys made from it.
+    pub calls_id: Option<String>,
 }
 
 impl TurnState {
@@ -257,9 +258,7 @@ impl TurnState {
         };
         let c = start.counts;
         let ty = start.key.ty().to_owned();
-        let calls_of = start
-            .replayable
-            .then(|| (start.key.clone(), start.turn_id.clone()));
+        let calls_of = start.calls_id.map(|id| (start.key.clone(), id));
         Self {
             key: start.key,
             version: start.version,
@@ -543,7 +542,7 @@ mod tests {
                 chain: Arc::from([]),
                 durable_before: None,
                 attempt: 0,
-                replayable: false,
+                calls_id: None,
             };
             let mut turn = TurnState::new(start, std::mem::take(&mut carry), &limits, &storage);
             let mut model = committed.clone();

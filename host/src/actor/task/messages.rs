@@ -59,7 +59,12 @@ impl ActorTask {
         };
         let version = self.record().version;
         let turn_id = message_id.clone();
-        self.next_direct = true;
+        // Asked again under the same key after this turn failed (its node
+        // crashed, say), it runs again: its calls carry keys made from the
+        // key, so each callee answers the repeat with its first reply (a
+        // client's retry applied a callee's effect twice: found by a
+        // probe). A call's own key is such a key too.
+        self.next_direct = Some(idempotency_key.as_ref().map(|k| format!("key:{k}")));
         let result = self
             .run_turn("message", version, turn_id, TurnInput::Message(msg), chain)
             .await

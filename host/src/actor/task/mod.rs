@@ -110,8 +110,10 @@ pub(crate) struct ActorTask {
     /// counted recovery attempts); taken by that turn.
     next_attempt: u32,
     /// The next turn is a client's (or another actor's) direct message,
-    /// which never runs again under the same turn id; taken by that turn.
-    next_direct: bool,
+    /// which never runs again under the same turn id, but may under the
+    /// same idempotency key: `Some(what names it then)`, or `Some(None)`
+    /// with none; taken by that turn.
+    next_direct: Option<Option<String>>,
     /// Where the next turn's span hangs, and since when its delivery
     /// waits; taken by that turn.
     next_trace: TurnTrace,
@@ -138,7 +140,7 @@ impl ActorTask {
             key,
             shared,
             next_attempt: 0,
-            next_direct: false,
+            next_direct: None,
             next_trace: TurnTrace::default(),
             failed_eval_logs: Vec::new(),
             record: None,

@@ -216,8 +216,11 @@ impl ActorTask {
         let attempt = std::mem::take(&mut self.next_attempt);
         // Run again under the same id after a crash or a failure: an inbox
         // row's, an alarm's, an input's, an upgrade's, a webhook's turn.
-        let replayable =
-            !std::mem::take(&mut self.next_direct) && !matches!(input, TurnInput::Eval(_));
+        let calls_id = match (self.next_direct.take(), &input) {
+            (_, TurnInput::Eval(_)) => None,
+            (Some(direct), _) => direct,
+            (None, _) => Some(turn_id.clone()),
+        };
         let trace = std::mem::take(&mut self.next_trace);
         let span = tracing::info_span!(
             "turn",
@@ -280,7 +283,7 @@ impl ActorTask {
                     generation: self.generation,
                 }),
                 attempt,
-                replayable,
+                calls_id,
             },
             input,
             carry: std::mem::take(&mut self.carry),

@@ -272,9 +272,11 @@ impl ActorsCtx {
     /// reply instead of running again (a recovered caller applied its
     /// calls' effects twice: found by a probe). The target and body are
     /// part of it: a call that differs on the second run (a timestamp in
-    /// its body, new code) is a new call, not a conflict. Direct messages
-    /// and evals never run again under their id: their calls carry none
-    /// (each would cost the callee a stored reply for a day).
+    /// its body, new code) is a new call, not a conflict. A direct message
+    /// runs again only when asked again under its `Idempotency-Key` (or
+    /// call key): its calls' keys are made from that; without one, and in
+    /// evals, calls carry none (each would cost the callee a stored reply
+    /// for a day).
     fn call_key(&self, n: u32, to: &ActorKey, body: &[u8]) -> Option<String> {
         use sha2::Digest as _;
         let (caller, turn_id) = self.calls_of.as_ref()?;
