@@ -536,6 +536,84 @@ async fn requests_caught_by_a_move_are_served_where_the_actor_went() {
     );
 }
 
+/// `actors.call`s caught by their callee's move are sent again where it
+/// went when they are keyed (the caller's request has an
+/// `Idempotency-Key`), and each takes effect once; an unkeyed one fails,
+/// as a client's unkeyed request does. They failed with "belongs to another
+/// node now", and a durable caller's message was dropped (found by a
+/// probe).
+#[tokio::test]
+async fn calls_caught_by_a_move_follow_the_callee_when_keyed() {
+    let Some(c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let caller = r#"
+import { actors } from "marmot";
+export default {
+  async onMessage(m) {
+    try {
+      return await actors.call("kit", "callee", { op: "record", id: m.id, busy_ms: 1500 });
+    } catch (e) {
+      return { code: e.code, message: e.message };
+    }
+  },
+};
+"#;
+    assert_eq!(c.api(0).deploy_js("caller", caller).await.status, 201);
+    let r = c
+        .api(0)
+        .post_json(
+            "/v1/actors/kit/callee?region=eu",
+            &json!({"op": "add", "key": "n", "by": 1}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let from = owner_of(&c, 0, "callee").await;
+    let f = NODES.iter().position(|(n, _)| *n == from).unwrap();
+
+    // One call running (its turn commits after 1.5 s) and two queued
+    // behind it when the move starts; callers on every node.
+    let call = |i: usize, id: &'static str, keyed: bool| {
+        let api = c.api(i);
+        tokio::spawn(async move {
+            let key = [("idempotency-key", id)];
+            api.post_with(
+                &format!("/v1/actors/caller/{id}"),
+                &json!({"id": id}),
+                if keyed { &key[..] } else { &[] },
+            )
+            .await
+        })
+    };
+    let running = call(0, "running", true);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let queued = call(1, "queued", true);
+    let unkeyed = call(2, "unkeyed", false);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let moved = c
+        .api(f)
+        .post_json("/v1/actors/kit/callee/move?region=us", &json!({}))
+        .await;
+    assert_eq!(moved.status, 200, "{}", moved.json);
+
+    for (name, r) in [("running", running), ("queued", queued)] {
+        let r = r.await.unwrap();
+        assert_eq!(r.status, 200, "the {name} call: {}", r.json);
+        assert_eq!(r.json["seen"], 1, "the {name} call: {}", r.json);
+    }
+    let r = unkeyed.await.unwrap();
+    assert_eq!(r.json["code"], "internal", "the unkeyed call: {}", r.json);
+    assert_eq!(owner_of(&c, 0, "callee").await, "n3");
+    for (key, want) in [("seen/running", 1), ("seen/queued", 1), ("total", 2)] {
+        let r = c
+            .api(1)
+            .get(&format!("/v1/actors/kit/callee/state/{key}"))
+            .await;
+        assert_eq!(r.json, want, "{key}: {}", r.json);
+    }
+}
+
 /// kill -9 of the node moving an actor, between the copy to the new owner
 /// and the switch: the actor stays where it was, with its data — the
 /// slot's next owner finds the mover's fence stale and undoes it — and the

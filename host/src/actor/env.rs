@@ -219,52 +219,38 @@ impl ActorCalls for ActorEnv {
     ) -> futures::future::BoxFuture<'static, Result<CallReply, GuestError>> {
         let timeout = Duration::from_millis(self.config.limits.actor_call_timeout_ms);
         Box::pin(async move {
-            if let Some((cluster, peers)) = &self.cluster
-                && let Target::Via(base) = cluster.target(&to)
-            {
-                let sent = peers.call(&base, &to, body, &chain, key.as_deref());
-                return match tokio::time::timeout(timeout, sent).await {
-                    Ok(Ok(r)) => Ok(CallReply {
-                        status: r.status,
-                        body: r.body,
-                        content_type: r.content_type,
-                    }),
-                    Ok(Err(PeerError::NotFound(e))) => Err(GuestError::NotFound(e)),
-                    Ok(Err(PeerError::Refused { code, message })) => {
-                        Err(call_refused(&code, message))
+            let deadline = tokio::time::Instant::now() + timeout;
+            let body = Bytes::from(body);
+            let mut tries = 0;
+            loop {
+                let once = self.call_once(&to, body.clone(), &chain, key.as_deref());
+                let failure = match tokio::time::timeout_at(deadline, once).await {
+                    Ok(Ok(reply)) => return Ok(reply),
+                    Ok(Err(f)) => f,
+                    Err(_) => {
+                        return Err(GuestError::Internal(format!(
+                            "{to} did not reply within {} ms",
+                            timeout.as_millis()
+                        )));
                     }
-                    Ok(Err(PeerError::Failed(e))) => Err(GuestError::Internal(e)),
-                    Err(_) => Err(GuestError::Internal(format!(
-                        "{to} did not reply within {} ms",
-                        timeout.as_millis()
-                    ))),
                 };
-            }
-            // The recipient's slot just came to this node: what it accepted
-            // as its backup lands before the recipient loads here.
-            if let Some((cluster, _)) = &self.cluster {
-                cluster
-                    .settle_before_loading(self.storage.writer(), &to)
-                    .await;
-            }
-            let sent = self.send(
-                &to,
-                Bytes::from(body),
-                Some("application/json".into()),
-                key.as_deref().map(stored_call_key),
-                chain,
-            );
-            match tokio::time::timeout(timeout, sent).await {
-                Ok(Ok(r)) => Ok(CallReply {
-                    status: r.status,
-                    body: r.body.to_vec(),
-                    content_type: r.content_type,
-                }),
-                Ok(Err(e)) => Err(call_refused(e.code(), format!("{to}: {e}"))),
-                Err(_) => Err(GuestError::Internal(format!(
-                    "{to} did not reply within {} ms",
-                    timeout.as_millis()
-                ))),
+                // The callee is between nodes (its slot failing over or
+                // moving): ask again where it is now, while the call has
+                // time. Those calls failed at once, or after their callee
+                // had run and been refused, and a durable caller's
+                // message was dropped with them (found by a probe).
+                let again = match failure.retry {
+                    Retry::Never => false,
+                    Retry::Always => true,
+                    Retry::Keyed => key.is_some(),
+                };
+                if !again || tries >= CALL_REROUTES {
+                    return Err(failure.error);
+                }
+                tries += 1;
+                tracing::debug!(to = %to, why = %failure.error, tries, "actors.call: asking again where the callee is now");
+                let pause = Duration::from_millis(100 << tries.min(4));
+                tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + pause)).await;
             }
         })
     }
@@ -277,6 +263,99 @@ impl ActorCalls for ActorEnv {
         entry
             .admit()
             .map_err(|e| GuestError::LimitExceeded(e.to_string()))
+    }
+}
+
+/// Most times one `actors.call` is sent again while its callee is
+/// between nodes (within the call's timeout; pauses of 0.2 s to 1.6 s).
+const CALL_REROUTES: u32 = 12;
+
+/// Whether a failed call may be sent again.
+enum Retry {
+    /// The callee's turn failed, or it is not there: no.
+    Never,
+    /// It was refused before any turn ran (the node asked is not the
+    /// callee's owner, or its slot has none for a moment): yes.
+    Always,
+    /// The callee may have run, but nothing of it was kept (its rows left
+    /// while it ran), or the answer was lost on the way: only a keyed call,
+    /// which the callee answers once.
+    Keyed,
+}
+
+/// Why one sending of a call failed.
+struct CallFailure {
+    error: GuestError,
+    retry: Retry,
+}
+
+impl CallFailure {
+    fn refused(code: &str, message: String) -> Self {
+        let retry = match code {
+            "wrong_owner" | "slot_unavailable" => Retry::Always,
+            "actor_moved" | "owner_unreachable" | "actor_stopped" => Retry::Keyed,
+            _ => Retry::Never,
+        };
+        Self {
+            error: call_refused(code, message),
+            retry,
+        }
+    }
+}
+
+impl ActorEnv {
+    /// Send a call once, to the callee's owner as this node sees it.
+    async fn call_once(
+        self: &Arc<Self>,
+        to: &ActorKey,
+        body: Bytes,
+        chain: &CallChain,
+        key: Option<&str>,
+    ) -> Result<CallReply, CallFailure> {
+        if let Some((cluster, peers)) = &self.cluster
+            && let Target::Via(base) = cluster.target(to)
+        {
+            return match peers.call(&base, to, body.to_vec(), chain, key).await {
+                Ok(r) => Ok(CallReply {
+                    status: r.status,
+                    body: r.body,
+                    content_type: r.content_type,
+                }),
+                Err(PeerError::NotFound(e)) => Err(CallFailure {
+                    error: GuestError::NotFound(e),
+                    retry: Retry::Never,
+                }),
+                Err(PeerError::Refused { code, message }) => {
+                    Err(CallFailure::refused(&code, message))
+                }
+                Err(PeerError::Failed(e)) => Err(CallFailure {
+                    error: GuestError::Internal(e),
+                    retry: Retry::Keyed,
+                }),
+            };
+        }
+        // The recipient's slot just came to this node: what it accepted
+        // as its backup lands before the recipient loads here.
+        if let Some((cluster, _)) = &self.cluster {
+            cluster
+                .settle_before_loading(self.storage.writer(), to)
+                .await;
+        }
+        let sent = self.send(
+            to,
+            body,
+            Some("application/json".into()),
+            key.map(stored_call_key),
+            chain.clone(),
+        );
+        match sent.await {
+            Ok(r) => Ok(CallReply {
+                status: r.status,
+                body: r.body.to_vec(),
+                content_type: r.content_type,
+            }),
+            Err(e) => Err(CallFailure::refused(e.code(), format!("{to}: {e}"))),
+        }
     }
 }
 
