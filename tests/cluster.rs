@@ -1008,6 +1008,72 @@ async fn an_owner_paused_past_its_lease_serves_nothing_until_it_rejoins() {
     assert_eq!(r.json["value"], 2, "a refused request was applied");
 }
 
+/// A cluster-wide write reaches every live node though one is slow and the
+/// client gives up: the others get it at once, the slow one when it
+/// answers. Peers were asked one by one inside the client's request, so a
+/// paused node held the rest, and a client that gave up left them never
+/// asked: the type existed on one node only (found by a probe).
+#[tokio::test]
+async fn a_cluster_wide_write_reaches_every_node_though_one_is_slow() {
+    let Some(c) = Cluster::start().await else {
+        return;
+    };
+    // The same code deployed once: the second deploy's compile is cached,
+    // so this node applies it well within the client's patience.
+    assert_eq!(
+        c.api(0).deploy("warm", TESTKIT, json!({})).await.status,
+        201
+    );
+    let pid = c.nodes[1].pid().unwrap().to_string();
+    let signal = |sig: &str| {
+        assert!(
+            Command::new("kill")
+                .args([sig, &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    // Paused for less than its lease: still a member, answering nothing.
+    signal("-STOP");
+    let impatient = Api {
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_millis(700))
+            .build()
+            .unwrap(),
+        ..c.api(0)
+    };
+    let gave_up = tokio::spawn(async move {
+        use base64::Engine as _;
+        impatient
+            .http
+            .put(format!("{}/v1/types/late", impatient.url))
+            .bearer_auth(impatient.bearer.clone().unwrap_or_default())
+            .json(&json!({"kind": "wasm", "config": {},
+                "code_base64": base64::engine::general_purpose::STANDARD.encode(TESTKIT)}))
+            .send()
+            .await
+            .is_err()
+    });
+    assert!(gave_up.await.unwrap(), "the client was answered");
+    let has = |i: usize| {
+        let api = c.api(i);
+        async move { api.get("/v1/types/late").await.status == 200 }
+    };
+    assert!(has(0).await);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !has(2).await {
+        assert!(Instant::now() < deadline, "n3 never got the type");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    signal("-CONT");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !has(1).await {
+        assert!(Instant::now() < deadline, "n2 never got the type");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Without etcd no node can prove its lease, so every node stops serving
 /// (and says why on `/readyz`) rather than risk two owners; when etcd comes
 /// back they rejoin and serve again, data intact.

@@ -346,6 +346,10 @@ pub(super) fn is_cluster_write(method: &Method, path: &str) -> bool {
         || (method == Method::DELETE && path.starts_with("/v1/tokens/"))
 }
 
+/// How long a peer has to apply a cluster-wide write (a deploy compiles
+/// the code there).
+const FANOUT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Apply a cluster-wide write here, then on every other live member.
 pub(super) async fn fan_out(
     s: &AppState,
@@ -402,23 +406,37 @@ pub(super) async fn fan_out(
     } else {
         (resp, bytes)
     };
-    let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut failed = Vec::new();
-    for peer in cluster.peers() {
-        let sent = send(
-            s,
-            method.clone(),
-            &peer.advertise,
-            path,
-            headers.clone(),
-            bytes.clone(),
-        );
-        match sent.await {
-            Ok(r) if r.status().is_success() => {}
-            Ok(r) => failed.push(format!("{} answered {}", peer.node_id, r.status())),
-            Err(e) => failed.push(format!("{}: {e}", peer.node_id)),
+    let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+    // Every peer at once, each within FANOUT_TIMEOUT, in a task of its own:
+    // one by one inside the client's request, a stopped peer held the rest
+    // for ever, and a client that gave up left them never asked, their
+    // types differing from this node's (found by a probe).
+    let sends = cluster.peers().into_iter().map(|peer| {
+        let (s, method, path) = (s.clone(), method.clone(), path.clone());
+        let (headers, bytes) = (headers.clone(), bytes.clone());
+        async move {
+            let sent = send(&s, method.clone(), &peer.advertise, &path, headers, bytes);
+            match tokio::time::timeout(FANOUT_TIMEOUT, sent).await {
+                Ok(Ok(r)) if r.status().is_success() => None,
+                // Already gone there (a repeat after a partial delete).
+                Ok(Ok(r)) if method == Method::DELETE && r.status() == StatusCode::NOT_FOUND => {
+                    None
+                }
+                Ok(Ok(r)) => Some(format!("{} answered {}", peer.node_id, r.status())),
+                Ok(Err(e)) => Some(format!("{}: {e}", peer.node_id)),
+                Err(_) => Some(format!(
+                    "{} did not answer within {} s",
+                    peer.node_id,
+                    FANOUT_TIMEOUT.as_secs()
+                )),
+            }
         }
-    }
+    });
+    let all = tokio::spawn(futures::future::join_all(sends));
+    let failed: Vec<String> = match all.await {
+        Ok(outcomes) => outcomes.into_iter().flatten().collect(),
+        Err(e) => vec![format!("the fan-out failed: {e}")],
+    };
     if failed.is_empty() {
         return resp;
     }
@@ -427,7 +445,8 @@ pub(super) async fn fan_out(
         StatusCode::BAD_GATEWAY,
         "fanout_incomplete",
         format!(
-            "applied on this node but not on: {}; repeat the request once they are back",
+            "applied on this node but not on: {}; repeat the request once they are back \
+             (through one of them, for a delete: this node has nothing left to delete)",
             failed.join("; ")
         ),
     )
