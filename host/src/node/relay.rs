@@ -11,8 +11,10 @@
 //!
 //! Messages are handed over in the order they were sent; when one
 //! recipient cannot be reached, later messages to it wait (its order is
-//! kept) while messages to others go on: a pass reads a few of each
-//! recipient's first messages and hands recipients theirs side by side.
+//! kept) while messages to others go on: its rows stay where they are
+//! until it is tried again (after a back-off), and a pass hands
+//! recipients their messages side by side (one whose node hangs delays
+//! that pass, up to the hand-over's 10 s timeout).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,13 +29,51 @@ use crate::storage::schema::RelayRecord;
 
 /// Relayed messages read per pass.
 const PAGE: usize = 256;
-/// Of them, most to one recipient: one that cannot be reached holds back
-/// only its own.
-const PER_RECIPIENT: usize = 32;
+/// First wait before a recipient that could not be reached is tried again;
+/// it doubles with each failure, to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// Recipients handed messages at once.
 const HAND_OVER_AT_ONCE: usize = 16;
 /// Longest wait between passes while a recipient is unreachable.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Recipients that could not be reached: when each is tried next, and
+/// the wait before that. A pass leaves their rows where they are until
+/// then: with a page's worth of rows to one such recipient at the head of
+/// the relay, no other message was handed over (found by a probe).
+#[derive(Default)]
+struct Waiting(HashMap<(String, String), (tokio::time::Instant, Duration)>);
+
+impl Waiting {
+    /// Whether `rec`'s recipient is not to be tried yet at `now`.
+    fn holds(&self, rec: &RelayRecord, now: tokio::time::Instant) -> bool {
+        if self.0.is_empty() {
+            return false;
+        }
+        let key = (rec.actor_type.clone(), rec.actor_id.clone());
+        self.0.get(&key).is_some_and(|(at, _)| *at > now)
+    }
+
+    /// `key` was tried: reached, or not (and waits longer).
+    fn tried(&mut self, key: ActorKey, reached: bool) {
+        let key = (key.ty().to_owned(), key.id().to_owned());
+        if reached {
+            self.0.remove(&key);
+            return;
+        }
+        let wait = self
+            .0
+            .get(&key)
+            .map_or(FIRST_BACKOFF, |(_, w)| (*w * 2).min(MAX_BACKOFF));
+        self.0
+            .insert(key, (tokio::time::Instant::now() + wait, wait));
+    }
+
+    /// The soonest a waiting recipient is tried again.
+    fn next_try(&self) -> Option<tokio::time::Instant> {
+        self.0.values().map(|(at, _)| *at).min()
+    }
+}
 
 impl Node {
     /// Hand relayed messages over as they are committed (cluster only).
@@ -42,7 +82,7 @@ impl Node {
             return;
         };
         let ready = self.storage.relay_ready().clone();
-        let mut backoff = Duration::from_millis(100);
+        let mut waiting = Waiting::default();
         loop {
             // Registered before reading, so a commit in between wakes us.
             let notified = ready.notified();
@@ -55,19 +95,18 @@ impl Node {
                 .load(std::sync::atomic::Ordering::Acquire);
             // Only the owner of the sender's slot hands a message over (its
             // backup keeps a copy); rows from before senders were recorded
-            // go from the node that has them.
+            // go from the node that has them. Rows to a recipient that
+            // could not be reached wait for its next try, in order.
             let writer = self.storage.writer();
+            let now = tokio::time::Instant::now();
             let mine = |rec: &RelayRecord| {
                 rec.from
                     .as_ref()
                     .and_then(|(ty, id)| ActorKey::new(ty, id).ok())
                     .is_none_or(|from| writer.sends_for(&from))
+                    && !waiting.holds(rec, now)
             };
-            let page = match self
-                .storage
-                .reader()
-                .and_then(|r| r.relay_page(PAGE, PER_RECIPIENT, mine))
-            {
+            let page = match self.storage.reader().and_then(|r| r.relay_page(PAGE, mine)) {
                 Ok(p) => p
                     .into_iter()
                     .take_while(|(seq, _)| *seq <= released)
@@ -79,12 +118,19 @@ impl Node {
                 }
             };
             if page.is_empty() {
-                // Also a periodic look, in case a wake-up was missed.
-                let _ = tokio::time::timeout(MAX_BACKOFF, notified).await;
+                // Until a commit, a waiting recipient's next try, or a
+                // periodic look, in case a wake-up was missed.
+                let wait = waiting
+                    .next_try()
+                    .map_or(MAX_BACKOFF, |t| t.saturating_duration_since(now))
+                    .min(MAX_BACKOFF);
+                let _ = tokio::time::timeout(wait, notified).await;
                 continue;
             }
-            let (done, stuck) = self.hand_over_page(&cluster, &peers, page).await;
-            let moved = !done.is_empty();
+            let (done, reached) = self.hand_over_page(&cluster, &peers, page).await;
+            for (key, ok) in reached {
+                waiting.tried(key, ok);
+            }
             if !done.is_empty() {
                 let n = done.len();
                 let forgotten = self
@@ -104,19 +150,11 @@ impl Node {
                     }
                 }
             }
-            // Stuck, and nothing else moved: wait. (While others move,
-            // waiting for the stuck one delayed them too.)
-            if stuck && !moved {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-            } else {
-                backoff = Duration::from_millis(100);
-            }
         }
     }
 
     /// Hand over one page; returns the seqs to forget (handed over, or
-    /// dropped) and whether any recipient could not be reached. Each
+    /// dropped) and whether each recipient could be reached. Each
     /// recipient's messages go in order, one at a time; recipients go
     /// side by side, so one whose node hangs holds back only its own.
     async fn hand_over_page(
@@ -124,7 +162,7 @@ impl Node {
         cluster: &Cluster,
         peers: &Peers,
         page: Vec<(u64, RelayRecord)>,
-    ) -> (Vec<u64>, bool) {
+    ) -> (Vec<u64>, Vec<(ActorKey, bool)>) {
         use futures::StreamExt as _;
         let mut done = Vec::new();
         let mut order: Vec<ActorKey> = Vec::new();
@@ -160,20 +198,20 @@ impl Node {
                         Err(e @ (PeerError::Refused { .. } | PeerError::Failed(_))) => {
                             let why = e.to_string();
                             tracing::warn!(to = %key, %why, "relay: cannot hand a message over yet; retrying");
-                            return (done, true);
+                            return (done, key, false);
                         }
                     }
                 }
-                (done, false)
+                (done, key, true)
             }
         });
-        let mut stuck = false;
+        let mut reached = Vec::new();
         let mut handed = futures::stream::iter(recipients).buffer_unordered(HAND_OVER_AT_ONCE);
-        while let Some((seqs, waits)) = handed.next().await {
+        while let Some((seqs, key, ok)) = handed.next().await {
             done.extend(seqs);
-            stuck |= waits;
+            reached.push((key, ok));
         }
-        (done, stuck)
+        (done, reached)
     }
 
     /// Queue one relayed message with the recipient's owner.
@@ -206,5 +244,49 @@ impl Node {
                     .await
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A recipient not reached waits longer with each failure, to
+    /// MAX_BACKOFF, and not at all once reached; only its rows wait.
+    #[test]
+    fn a_recipient_not_reached_waits_longer_each_time() {
+        let stuck = ActorKey::new("t", "stuck").unwrap();
+        let row = |id: &str| RelayRecord {
+            actor_type: "t".into(),
+            actor_id: id.into(),
+            message: crate::storage::schema::InboxRecord {
+                message_id: "m".into(),
+                body: Vec::new(),
+                content_type: None,
+                idempotency_key: None,
+                attempts: 0,
+                enqueued_at_ms: 0,
+                kind: crate::storage::schema::InboxKind::Message,
+            },
+            from: None,
+        };
+        let mut w = Waiting::default();
+        let now = tokio::time::Instant::now();
+        assert!(!w.holds(&row("stuck"), now));
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            w.tried(stuck.clone(), false);
+            let (at, wait) = w.0[&("t".to_owned(), "stuck".to_owned())];
+            waits.push(wait);
+            assert_eq!(w.next_try(), Some(at));
+            assert!(w.holds(&row("stuck"), at - Duration::from_millis(1)));
+            assert!(!w.holds(&row("stuck"), at));
+            assert!(!w.holds(&row("other"), now));
+        }
+        assert_eq!(waits[0], FIRST_BACKOFF);
+        assert_eq!(waits[1], FIRST_BACKOFF * 2);
+        assert_eq!(*waits.last().unwrap(), MAX_BACKOFF);
+        w.tried(stuck, true);
+        assert!(w.next_try().is_none());
     }
 }

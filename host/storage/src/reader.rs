@@ -1,7 +1,6 @@
 //! Reading: a consistent read-only view of everything committed, with
 //! typed accessors per table.
 
-use std::collections::HashMap;
 use std::ops::ControlFlow;
 
 use redb::{ReadableTable, ReadableTableMetadata};
@@ -745,41 +744,26 @@ impl Reader {
     }
 }
 
-/// Most relay rows one [`Reader::relay_page`] looks at.
-pub const RELAY_SCAN: usize = 1 << 16;
-
 /// Messages sent by this node's actors in a cluster, waiting to be handed
 /// to their recipients' owners.
 impl Reader {
     /// Up to `limit` relayed messages that `mine` accepts (in a cluster,
-    /// those sent by actors of slots this node owns), oldest first, at
-    /// most `per_recipient` of them to any one actor: a recipient that
-    /// cannot be reached, with a page's worth queued, held back every
-    /// message to every other (found by a probe). Its later rows wait for
-    /// a later page, in order. The scan stops after [`RELAY_SCAN`] rows.
+    /// those sent by actors of slots this node owns, to recipients it may
+    /// try now), oldest first.
     pub fn relay_page(
         &self,
         limit: usize,
-        per_recipient: usize,
         mine: impl Fn(&RelayRecord) -> bool,
     ) -> Result<Vec<(u64, RelayRecord)>, StorageError> {
         let relay = self.txn.open_table(RELAY)?;
         let mut out = Vec::new();
-        let mut taken: HashMap<(String, String), usize> = HashMap::new();
-        for row in relay.iter()?.take(RELAY_SCAN) {
+        for row in relay.iter()? {
             if out.len() == limit {
                 break;
             }
             let (k, v) = row?;
-            let rec: RelayRecord = decode("relay", v.value())?;
-            if !mine(&rec) {
-                continue;
-            }
-            let n = taken
-                .entry((rec.actor_type.clone(), rec.actor_id.clone()))
-                .or_default();
-            if *n < per_recipient {
-                *n += 1;
+            let rec = decode("relay", v.value())?;
+            if mine(&rec) {
                 out.push((k.value(), rec));
             }
         }
