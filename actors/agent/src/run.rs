@@ -190,14 +190,16 @@ impl Harness {
         // does not honour the cap sent, or none sent) has its calls closed
         // unmade: they ran first, paid for by nobody's limit (found by a
         // probe: 150,000 tokens of a 10,000 allowance, and its call ran).
-        if run.output_tokens > limits.max_output_tokens {
-            return self.fail(
-                run,
-                "max_output_tokens",
-                "the last answer went past limits.max_output_tokens; its tool calls were not made",
-            );
-        }
         let transcript = store::transcript()?;
+        if run.output_tokens > limits.max_output_tokens {
+            let error = match next_call(&transcript) {
+                Some(_) => {
+                    "the last answer went past limits.max_output_tokens; its tool calls were not made"
+                }
+                None => "the run went past limits.max_output_tokens",
+            };
+            return self.fail(run, "max_output_tokens", error);
+        }
         if let Some((call_id, name, args)) = next_call(&transcript) {
             return self.begin_tool(run, call_id, name, args);
         }

@@ -130,10 +130,11 @@ impl Scrub {
         let longest = self.needles.first().map_or(0, |n| n.len());
         let from = bytes.len().saturating_sub(longest * MAX_ENCODED);
         (from..bytes.len()).find(|&i| {
-            self.needles.iter().any(|n| {
-                matches!(spells(&bytes[i..], n),
+            self.may_start(&bytes[i..])
+                && self.needles.iter().any(|n| {
+                    matches!(spells(&bytes[i..], n),
                     Spelled::Start(part) if part >= PARTIAL_SECRET.max(n.len() / 2))
-            })
+                })
         })
     }
 
@@ -379,8 +380,8 @@ enum Spelled {
 /// Bytes that may begin one byte of a value written encoded.
 const ENCODED_STARTS: &[u8] = b"%&+";
 
-/// Most bytes one byte of a value takes encoded (`&#x0007F;`).
-const MAX_ENCODED: usize = 10;
+/// Most bytes one byte of a value takes encoded (`&#x000002F;`).
+const MAX_ENCODED: usize = 12;
 
 /// How `hay` spells `needle` from its start, ignoring ASCII case: the
 /// value as it is, or with any of its bytes written as URL and HTML
@@ -407,18 +408,21 @@ fn spells(hay: &[u8], needle: &[u8]) -> Spelled {
             (i, j) = (i + 1, j + 1);
             continue;
         }
+        // The byte as it is, when what follows it is no escape of the
+        // value's next byte: a value's own `%41` echoed with its `&` as
+        // `&amp;` is read `%`, `4`, `1`.
+        let raw = rest[0].eq_ignore_ascii_case(&needle[j]);
         match decode_one(rest) {
-            Decoded::Cut => return Spelled::Start(j),
-            Decoded::Bytes(bytes, n, used) => {
-                let bytes = &bytes[..n];
-                let Some(want) = needle.get(j..j + n) else {
-                    return Spelled::No;
-                };
-                if !want.eq_ignore_ascii_case(bytes) {
-                    return Spelled::No;
-                }
+            Decoded::Bytes(bytes, n, used)
+                if needle
+                    .get(j..j + n)
+                    .is_some_and(|want| want.eq_ignore_ascii_case(&bytes[..n])) =>
+            {
                 (i, j) = (i + used, j + n);
             }
+            _ if raw => (i, j) = (i + 1, j + 1),
+            Decoded::Cut => return Spelled::Start(j),
+            Decoded::Bytes(..) => return Spelled::No,
         }
     }
     Spelled::Whole(i)
@@ -447,19 +451,37 @@ fn decode_one(text: &[u8]) -> Decoded {
         },
         b'&' => {
             let window = &text[..text.len().min(MAX_ENCODED)];
-            let Some(end) = window.iter().position(|&b| b == b';') else {
-                // Only letters, digits and `#` may still end in a `;`.
-                let open = window.len() < MAX_ENCODED
-                    && window[1..]
-                        .iter()
-                        .all(|b| b.is_ascii_alphanumeric() || *b == b'#');
-                return if open { Decoded::Cut } else { byte(b'&', 1) };
+            // A numeric reference ends at its last digit (HTML reads `&#47`
+            // as `/`), a named one at its `;`.
+            let numeric = window.get(1) == Some(&b'#');
+            let hex_ref = numeric && matches!(window.get(2), Some(b'x' | b'X'));
+            let from = if numeric { 2 + usize::from(hex_ref) } else { 1 };
+            let body = window[from.min(window.len())..]
+                .iter()
+                .take_while(|b| match (numeric, hex_ref) {
+                    (true, true) => b.is_ascii_hexdigit(),
+                    (true, false) => b.is_ascii_digit(),
+                    _ => b.is_ascii_alphanumeric(),
+                })
+                .count();
+            let end = from + body;
+            let Some(&next) = window.get(end) else {
+                // The text (or the window) ends inside it.
+                return if window.len() < MAX_ENCODED {
+                    Decoded::Cut
+                } else {
+                    byte(b'&', 1)
+                };
             };
+            let closed = next == b';';
+            if body == 0 || (!numeric && !closed) {
+                return byte(b'&', 1);
+            }
             match entity(&text[1..end]) {
                 Some(c) => {
                     let mut utf8 = [0; 4];
                     let n = c.encode_utf8(&mut utf8).len();
-                    Decoded::Bytes(utf8, n, end + 1)
+                    Decoded::Bytes(utf8, n, end + usize::from(closed))
                 }
                 None => byte(b'&', 1),
             }
@@ -467,6 +489,45 @@ fn decode_one(text: &[u8]) -> Decoded {
         b => byte(b, 1),
     }
 }
+
+/// HTML's named references of the ASCII characters a key may hold (and
+/// XML's five).
+const NAMED: &[(&str, char)] = &[
+    ("amp", '&'),
+    ("lt", '<'),
+    ("gt", '>'),
+    ("quot", '"'),
+    ("apos", '\''),
+    ("sol", '/'),
+    ("bsol", '\\'),
+    ("plus", '+'),
+    ("equals", '='),
+    ("colon", ':'),
+    ("semi", ';'),
+    ("comma", ','),
+    ("period", '.'),
+    ("lowbar", '_'),
+    ("hyphen", '-'),
+    ("dash", '-'),
+    ("num", '#'),
+    ("dollar", '$'),
+    ("percnt", '%'),
+    ("excl", '!'),
+    ("quest", '?'),
+    ("commat", '@'),
+    ("ast", '*'),
+    ("Hat", '^'),
+    ("grave", '`'),
+    ("tilde", '~'),
+    ("verbar", '|'),
+    ("vert", '|'),
+    ("lpar", '('),
+    ("rpar", ')'),
+    ("lsqb", '['),
+    ("rsqb", ']'),
+    ("lcub", '{'),
+    ("rcub", '}'),
+];
 
 /// The character an HTML reference (between `&` and `;`) stands for.
 fn entity(name: &[u8]) -> Option<char> {
@@ -476,14 +537,10 @@ fn entity(name: &[u8]) -> Option<char> {
             Some(h) => u32::from_str_radix(h, 16).ok()?,
             None => n.parse().ok()?,
         },
-        None => match name {
-            "amp" => '&'.into(),
-            "lt" => '<'.into(),
-            "gt" => '>'.into(),
-            "quot" => '"'.into(),
-            "apos" => '\''.into(),
-            _ => return None,
-        },
+        None => NAMED
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, c)| u32::from(*c))?,
     };
     char::from_u32(code)
 }
@@ -631,6 +688,8 @@ mod tests {
             "%73%6B-SECRET-S-abc123/+=XYZ é",
             "sk-SECRET-S-abc123&#x2F;&#43;&#61;XYZ&#32;&eacute;",
             "sk-SECRET-S-abc123&#47;&#x2b;&#X3D;XYZ &#233;",
+            "sk-SECRET-S-abc123&#47&#43&#61XYZ&#32;&#233;",
+            "sk-SECRET-S-abc123&sol;&plus;&equals;XYZ&#x000020;%C3%A9",
         ] {
             if spelled.contains("&eacute;") {
                 // Named references beyond XML's five are not read: the
@@ -670,6 +729,8 @@ mod tests {
         s.add(b"pw%41&amp;x-123456");
         assert_eq!(s.text("[pw%41&amp;x-123456]".into()), "[[redacted]]");
         assert_eq!(s.text("[pw%2541%26amp%3Bx-123456]".into()), "[[redacted]]");
+        // Its `&` escaped again (HTML), its `%41` left as it is.
+        assert_eq!(s.text("[pw%41&amp;amp;x-123456]".into()), "[[redacted]]");
     }
 
     /// A value echoed inside a JSON string, escaped as some encoder

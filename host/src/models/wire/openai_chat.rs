@@ -241,21 +241,31 @@ impl Stream {
     /// The slot of a tool call fragment with `index` and `id`. OpenAI
     /// numbers a call's fragments by `index` and sends its id in the
     /// first; Ollama sends each call whole with its own id and no index,
-    /// or 0 for every one: a fragment whose id is not its slot's starts a
-    /// new call (two calls were merged into one named `filesfiles`, and
-    /// neither ran: found by a probe).
+    /// or 0 for every one. A fragment goes to the call with its id, if
+    /// any; else to its index's, unless that call has another id and is
+    /// whole already (its arguments parse): then it starts a new call (two
+    /// calls were merged into one named `filesfiles`, and neither ran:
+    /// found by a probe). A proxy that sends a new id with each fragment
+    /// of one call still gets one call.
     fn call_slot(&mut self, index: Option<u64>, id: Option<&str>) -> Result<usize, ProviderError> {
-        let at = match index {
-            Some(i) => usize::try_from(i).unwrap_or(usize::MAX),
-            None => self.calls.len().saturating_sub(1),
+        let by_id = |calls: &[(String, String, String)]| {
+            id.and_then(|id| calls.iter().position(|c| c.0 == id))
         };
-        let another = |slot: &(String, String, String)| {
-            !slot.0.is_empty() && id.is_some_and(|id| id != slot.0)
-        };
-        let at = if self.calls.get(at).is_some_and(another) {
-            self.calls.len()
-        } else {
-            at
+        let at = match index.map(|i| usize::try_from(i).unwrap_or(usize::MAX)) {
+            Some(at) => match self.calls.get(at) {
+                Some(slot)
+                    if !slot.0.is_empty()
+                        && id.is_some_and(|id| id != slot.0)
+                        && serde_json::from_str::<Value>(&slot.2).is_ok() =>
+                {
+                    by_id(&self.calls).unwrap_or(self.calls.len())
+                }
+                _ => at,
+            },
+            None => match id {
+                Some(_) => by_id(&self.calls).unwrap_or(self.calls.len()),
+                None => self.calls.len().saturating_sub(1),
+            },
         };
         if at > 1024 {
             return Err(malformed("a tool call index above 1024"));
@@ -329,7 +339,9 @@ impl StreamDecoder for Stream {
                         }
                         _ => "",
                     };
-                    if let Some(id) = id {
+                    if let Some(id) = id
+                        && slot.0.is_empty()
+                    {
                         slot.0 = id.to_owned();
                     }
                     // A name comes whole in a call's first fragment; some

@@ -258,6 +258,22 @@ fn openai_chat_streams_from_other_servers_keep_their_calls_apart() {
         chunk(json!({}), json!("tool_calls")),
     ]);
     assert_eq!(calls(stream), want);
+    // Index 0 for every call, the id repeated in every fragment.
+    let stream = sse(&[
+        call("call_a", Some(0), "files", json!("{\"path\":\"n1\"}")),
+        call("call_b", Some(0), "files", json!("{\"path\":")),
+        call("call_b", Some(0), "", json!("\"n2\"}")),
+        chunk(json!({}), json!("tool_calls")),
+    ]);
+    assert_eq!(calls(stream), want);
+    // A proxy that gives each fragment of one call a new id: one call.
+    let stream = sse(&[
+        call("call_a", Some(0), "files", json!("{\"path\":")),
+        call("call_x", Some(0), "", json!("\"n1\"}")),
+        call("call_b", Some(1), "files", json!("{\"path\":\"n2\"}")),
+        chunk(json!({}), json!("tool_calls")),
+    ]);
+    assert_eq!(calls(stream), want);
     // Whole answers with object arguments.
     let whole = json!({"id": "c", "model": "llama", "choices": [{"index": 0,
         "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,

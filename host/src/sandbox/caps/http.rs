@@ -68,31 +68,24 @@ impl HttpGrant {
         })
     }
 
-    /// The type's permit for one request, waited for within the request's
-    /// own timeout, which is left with what remains of it: `timeoutMs`
-    /// bounds the whole call. (The wait had no bound: 16 slow fetches of a
-    /// type held a 1 s fetch of another of its actors for 18 s, found by
-    /// a probe.)
+    /// The type's permit for one request, waited for no longer than the
+    /// request's own timeout; how long it waited. (The wait had no bound:
+    /// 16 slow fetches of a type held a 1 s fetch of another of its
+    /// actors for 18 s, found by a probe.)
     async fn permit(
         &self,
-        request: &mut OutboundRequest,
-    ) -> Result<tokio::sync::OwnedSemaphorePermit, EgressError> {
+        timeout: Duration,
+    ) -> Result<(tokio::sync::OwnedSemaphorePermit, Duration), EgressError> {
         let started = std::time::Instant::now();
         let acquire = self.permits.clone().acquire_owned();
-        match tokio::time::timeout(request.timeout, acquire).await {
-            Ok(Ok(permit)) => {
-                request.timeout = request
-                    .timeout
-                    .saturating_sub(started.elapsed())
-                    .max(Duration::from_millis(1));
-                Ok(permit)
-            }
+        match tokio::time::timeout(timeout, acquire).await {
+            Ok(Ok(permit)) => Ok((permit, started.elapsed())),
             Ok(Err(_)) => Err(EgressError::Failed("the type's requests were shut".into())),
             Err(_) => Err(EgressError::Overloaded(format!(
                 "the type's {} requests in flight (its config.http_concurrency) took the whole \
                  timeout of {} ms: none was sent",
                 self.concurrency,
-                request.timeout.as_millis()
+                timeout.as_millis()
             ))),
         }
     }
@@ -299,11 +292,13 @@ fn prepare(
         ));
     }
     // Nor in a body, in any case (`{"api_key": "{{secret:K}}"}` sent the
-    // name to the server: found by a probe).
-    if req
-        .body
-        .as_deref()
-        .is_some_and(crate::egress::holds_secret_placeholder)
+    // name to the server: found by a probe), from a type that has secrets
+    // to mean (a type with none may well send a text about placeholders).
+    if !access.grant.secrets.is_empty()
+        && req
+            .body
+            .as_deref()
+            .is_some_and(crate::egress::holds_secret_placeholder)
     {
         return Err(GuestError::Invalid(
             "a `{{secret:NAME}}` placeholder is substituted in header values only, not in \
@@ -460,8 +455,13 @@ impl http::Host for Host {
             }
         };
         let mut request = request;
-        let sent = match access.grant.permit(&mut request).await {
-            Ok(_permit) => {
+        let sent = match access.grant.permit(request.timeout).await {
+            // The whole fetch within its timeout, the wait included.
+            Ok((_permit, waited)) => {
+                request.timeout = request
+                    .timeout
+                    .saturating_sub(waited)
+                    .max(Duration::from_millis(1));
                 let grant = access.grant.clone();
                 let allowed = move |url: &Url| grant.allows(url);
                 access.egress.fetch(request, &allowed, &scrub).await
@@ -505,9 +505,11 @@ impl http::Host for Host {
                 return Ok(Err(e));
             }
         };
-        let mut request = request;
-        let opened = match access.grant.permit(&mut request).await {
-            Ok(permit) => {
+        // A stream's timeout bounds the wait for a place, then its head
+        // and each of its chunks (not shortened by the wait: it is the
+        // longest gap between chunks too).
+        let opened = match access.grant.permit(request.timeout).await {
+            Ok((permit, _)) => {
                 let grant = access.grant.clone();
                 let allowed = move |url: &Url| grant.allows(url);
                 let opened = access.egress.fetch_stream(request, &allowed, scrub).await;
