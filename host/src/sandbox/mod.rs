@@ -527,13 +527,23 @@ impl Sandbox {
         }
     }
 
-    /// Compile `code` and cache the result at `path`.
+    /// Compile `code` and cache the result at `path`; the code returned is
+    /// the cached file's, mapped: pages the kernel may drop and read again,
+    /// as after a restart. The compiled code in memory was anonymous, ~4 MB
+    /// of engine code per JavaScript type held for as long as the type is
+    /// deployed (found by a probe: 5 MB per type, actors asleep or not).
     fn compile_into(&self, code: &[u8], path: &Path) -> Result<Component, CodeError> {
         let component = Component::new(&self.parts.engine, code)
             .map_err(|e| CodeError::from_failure(format!("{e:#}")))?;
         self.parts.compile_cache.release();
         match component.serialize() {
-            Ok(bytes) => self.cache.store(path, &bytes, "compiled code"),
+            Ok(bytes) => {
+                self.cache.store(path, &bytes, "compiled code");
+                drop(bytes);
+                if let Some(mapped) = self.load_cached(path) {
+                    return Ok(mapped);
+                }
+            }
             Err(e) => tracing::warn!(error = %e, "failed to serialize compiled code"),
         }
         Ok(component)
