@@ -524,6 +524,28 @@ async fn a_secret_reaches_only_its_https_host_and_nothing_comes_back_with_it() {
         Some(json!("stored: [redacted]".len().to_string())),
         "{r}"
     );
+    // Rotated, the old value is still cut out of what comes back: the
+    // server may keep it, and it may still be valid (it came back whole).
+    let r = rig
+        .api
+        .req(
+            Method::PUT,
+            "/v1/secrets/API_KEY",
+            Some((
+                "application/json",
+                serde_json::to_vec(
+                    &json!({ "value": "sk-rotated-0000-new", "hosts": ["api.test"] }),
+                )
+                .unwrap(),
+            )),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let r = rig
+        .fetch(json!({ "url": format!("https://api.test:{}/leak", rig.https) }))
+        .await;
+    assert_eq!(r["body"], "stored: [redacted]", "{r}");
     let r = rig
         .fetch(
             json!({ "url": format!("https://api.test:{}/gzip", rig.https),

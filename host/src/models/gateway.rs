@@ -333,6 +333,9 @@ impl Gateway {
         let key = std::str::from_utf8(value.expose())
             .map_err(|_| format!("secret `{name}` is not text, so it cannot be an API key"))?;
         scrub.add(value.expose());
+        for old in self.secrets.retired(name) {
+            scrub.add(&old);
+        }
         Ok((Some(Zeroizing::new(key.to_owned())), scrub))
     }
 

@@ -230,6 +230,24 @@ pub struct SecretStore {
     keys: MasterKeys,
     /// Serializes writes: a write reads the current version to bump it.
     write_lock: tokio::sync::Mutex<()>,
+    /// Values secrets had until they were replaced or deleted here, for
+    /// [`RETIRED_FOR_MS`] (kept in memory only).
+    retired: std::sync::Mutex<Vec<Retired>>,
+}
+
+/// How long a replaced or deleted value is still cut out of what comes
+/// back: a rotated key often stays valid for a while, and a server that
+/// stored it (a request log, an echo) may still hand it back. Only the
+/// current values were scrubbed (found by a probe).
+const RETIRED_FOR_MS: u64 = 24 * 3600 * 1000;
+/// Most retired values kept per secret (the latest).
+const RETIRED_PER_NAME: usize = 4;
+
+/// A value a secret had.
+struct Retired {
+    name: String,
+    value: zeroize::Zeroizing<Vec<u8>>,
+    until_ms: u64,
 }
 
 impl SecretStore {
@@ -241,6 +259,7 @@ impl SecretStore {
             storage,
             keys,
             write_lock: tokio::sync::Mutex::new(()),
+            retired: std::sync::Mutex::new(Vec::new()),
         };
         store.reseal().await?;
         Ok(store)
@@ -329,6 +348,7 @@ impl SecretStore {
         let _guard = self.write_lock.lock().await;
         let now = now_ms();
         let old = self.storage.reader()?.secret(name)?;
+        self.retire(name, old.as_ref());
         let version = old.as_ref().map_or(1, |r| r.version + 1);
         let key = &self.keys.current;
         let (nonce, sealed) = key.seal(name, version, value);
@@ -370,6 +390,7 @@ impl SecretStore {
     pub async fn delete(&self, name: &str) -> Result<bool, SecretError> {
         validate_secret_name(name)?;
         let _guard = self.write_lock.lock().await;
+        self.retire(name, self.storage.reader()?.secret(name)?.as_ref());
         let existed = self
             .storage
             .writer()
@@ -408,6 +429,7 @@ impl SecretStore {
             if same {
                 continue;
             }
+            self.retire(name, mine);
             let version = theirs.version.max(mine.map_or(0, |m| m.version) + 1);
             let key = &self.keys.current;
             let (nonce, sealed) = key.seal(name, version, value.expose());
@@ -422,8 +444,9 @@ impl SecretStore {
             };
             writes.push((name.clone(), Some(record)));
         }
-        for name in local.keys() {
+        for (name, mine) in &local {
             if !peer.iter().any(|(n, _)| n == name) {
+                self.retire(name, Some(mine));
                 writes.push((name.clone(), None));
             }
         }
@@ -435,6 +458,43 @@ impl SecretStore {
                 .await?;
         }
         Ok(changed)
+    }
+
+    /// Keep the value in `old`, secret `name`'s record being replaced or
+    /// deleted, among the retired ones.
+    fn retire(&self, name: &str, old: Option<&SecretRecord>) {
+        let Some(value) = old.and_then(|rec| self.open_sealed(name, rec).ok()) else {
+            return;
+        };
+        let now = now_ms();
+        let mut retired = self.retired.lock().expect("retired secrets lock");
+        retired.retain(|r| r.until_ms > now);
+        retired.push(Retired {
+            name: name.to_owned(),
+            value: zeroize::Zeroizing::new(value.expose().to_vec()),
+            until_ms: now + RETIRED_FOR_MS,
+        });
+        while retired.iter().filter(|r| r.name == name).count() > RETIRED_PER_NAME {
+            let oldest = retired
+                .iter()
+                .position(|r| r.name == name)
+                .expect("counted");
+            retired.remove(oldest);
+        }
+    }
+
+    /// The values secret `name` had until lately (replaced or deleted here
+    /// within [`RETIRED_FOR_MS`]): what comes back is checked for them
+    /// too.
+    pub fn retired(&self, name: &str) -> Vec<zeroize::Zeroizing<Vec<u8>>> {
+        let now = now_ms();
+        self.retired
+            .lock()
+            .expect("retired secrets lock")
+            .iter()
+            .filter(|r| r.name == name && r.until_ms > now)
+            .map(|r| r.value.clone())
+            .collect()
     }
 
     /// The value sealed in `rec`, the record of secret `name`.
@@ -513,6 +573,53 @@ mod tests {
 
     fn key(text: &str) -> MasterKey {
         MasterKey::from_base64(text).unwrap()
+    }
+
+    /// A replaced or deleted value stays known, for a day, as retired:
+    /// what comes back to a type is checked for it too (only the current
+    /// values were: found by a probe).
+    #[tokio::test]
+    async fn replaced_and_deleted_values_are_kept_as_retired() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SecretStore::open(
+            storage(dir.path()),
+            MasterKeys::new(MasterKey::generate(), vec![]),
+        )
+        .await
+        .unwrap();
+        let hosts = || vec!["api.example.com".to_owned()];
+        store.put("K", b"value-one-1111", hosts()).await.unwrap();
+        assert!(store.retired("K").is_empty());
+        for v in [
+            "value-two-2222",
+            "value-3-333333",
+            "value-4-444444",
+            "value-5-555555",
+        ] {
+            store.put("K", v.as_bytes(), hosts()).await.unwrap();
+        }
+        let retired = |name| {
+            store
+                .retired(name)
+                .iter()
+                .map(|v| String::from_utf8(v.to_vec()).unwrap())
+                .collect::<Vec<_>>()
+        };
+        // The latest four, oldest first.
+        assert_eq!(
+            retired("K"),
+            [
+                "value-one-1111",
+                "value-two-2222",
+                "value-3-333333",
+                "value-4-444444"
+            ]
+        );
+        store.put("K", b"value-6-666666", hosts()).await.unwrap();
+        assert_eq!(retired("K")[0], "value-two-2222");
+        assert!(store.delete("K").await.unwrap());
+        assert_eq!(retired("K").last().unwrap(), "value-6-666666");
+        assert!(retired("OTHER").is_empty());
     }
 
     #[tokio::test]

@@ -320,6 +320,9 @@ fn prepare(
         if let Ok((value, _)) = access.secrets.reveal(name) {
             scrub.add(value.expose());
         }
+        for value in access.secrets.retired(name) {
+            scrub.add(&value);
+        }
     }
     let mut headers = Vec::with_capacity(req.headers.len());
     for (name, value) in req.headers {
