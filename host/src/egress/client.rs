@@ -329,12 +329,24 @@ impl Egress {
         allowed: &(dyn Fn(&Url) -> Result<(), EgressError> + Sync),
         scrub: &Scrub,
     ) -> Result<OutboundResponse, EgressError> {
+        self.fetch_within(req, allowed, scrub, None).await
+    }
+
+    /// [`fetch`](Self::fetch), the body held to `cap` too, when given:
+    /// (bytes, why) — a body past it fails saying why.
+    pub async fn fetch_within(
+        &self,
+        req: OutboundRequest,
+        allowed: &(dyn Fn(&Url) -> Result<(), EgressError> + Sync),
+        scrub: &Scrub,
+        cap: Option<(usize, &str)>,
+    ) -> Result<OutboundResponse, EgressError> {
         let timeout = req.timeout;
         let ms = timeout.as_millis() as u64;
         let deadline = tokio::time::Instant::now() + timeout;
         let whole = async {
             let resp = self.fetch_hops(req, allowed, scrub).await?;
-            self.read(resp, scrub, deadline).await
+            self.read(resp, scrub, deadline, cap).await
         };
         match tokio::time::timeout_at(deadline, whole).await {
             Ok(r) => r.map_err(|e| e.scrubbed(scrub)),
@@ -507,13 +519,23 @@ impl Egress {
         mut resp: reqwest::Response,
         scrub: &Scrub,
         deadline: tokio::time::Instant,
+        cap: Option<(usize, &str)>,
     ) -> Result<OutboundResponse, EgressError> {
-        let max = self.config.max_response_bytes;
+        let (max, why) = match cap {
+            Some((bytes, why)) if bytes < self.config.max_response_bytes => (bytes, why),
+            _ => (
+                self.config.max_response_bytes,
+                "this node's egress.max_response_bytes",
+            ),
+        };
+        let too_large = || {
+            EgressError::TooLarge(format!(
+                "the response body is larger than {max} bytes ({why})"
+            ))
+        };
         let declared = resp.content_length();
         if declared.is_some_and(|n| n > max as u64) {
-            return Err(EgressError::TooLarge(format!(
-                "the response body is larger than {max} bytes"
-            )));
+            return Err(too_large());
         }
         let status = resp.status().as_u16();
         let headers = scrubbed_headers(&resp, scrub);
@@ -532,9 +554,7 @@ impl Egress {
         };
         while let Some(chunk) = resp.chunk().await.map_err(|e| transport_error(&e, scrub))? {
             if body.len() + chunk.len() > max {
-                return Err(EgressError::TooLarge(format!(
-                    "the response body is larger than {max} bytes"
-                )));
+                return Err(too_large());
             }
             body.reserve(chunk.len());
             // A body of unknown length is charged what its buffer holds. (A

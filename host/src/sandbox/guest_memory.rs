@@ -98,6 +98,8 @@ impl GuestMemory {
 /// node's budget for what it grows at run time.
 pub(super) struct GuestLimits {
     own: StoreLimits,
+    /// The store's memory limit.
+    max_memory: usize,
     node: Option<Arc<GuestMemory>>,
     /// Instantiation is over: from now on a memory's size only grows.
     running: bool,
@@ -107,9 +109,10 @@ pub(super) struct GuestLimits {
 
 impl GuestLimits {
     /// `own` limits, charging growth to `node` if given.
-    pub(super) fn new(own: StoreLimits, node: Option<Arc<GuestMemory>>) -> Self {
+    pub(super) fn new(own: StoreLimits, max_memory: usize, node: Option<Arc<GuestMemory>>) -> Self {
         Self {
             own,
+            max_memory,
             node,
             running: false,
             held: 0,
@@ -126,6 +129,11 @@ impl GuestLimits {
     /// Bytes of the node's budget this store holds.
     pub(super) fn held(&self) -> u64 {
         self.held
+    }
+
+    /// The store's memory limit.
+    pub(super) fn max_memory(&self) -> usize {
+        self.max_memory
     }
 }
 
@@ -213,7 +221,7 @@ mod tests {
             .memory_size(own_max)
             .trap_on_grow_failure(true)
             .build();
-        GuestLimits::new(own, Some(node.clone()))
+        GuestLimits::new(own, own_max, Some(node.clone()))
     }
 
     #[test]

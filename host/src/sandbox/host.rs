@@ -115,7 +115,7 @@ impl Host {
             .tables(64)
             .memories(8)
             .build();
-        let limits = GuestLimits::new(limits, guest_memory);
+        let limits = GuestLimits::new(limits, config.max_memory_bytes as usize, guest_memory);
         let cpu_tick_limit = (config.cpu_slice.as_millis() as u64)
             .div_ceil(tick_ms.max(1))
             .max(1);
