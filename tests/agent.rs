@@ -740,6 +740,29 @@ async fn an_answer_past_the_runs_allowance_has_its_calls_left_unmade() {
     assert!(rig.tickets.posts().is_empty(), "the call was made");
 }
 
+/// What ends a run is the code of a model call's error, not words in the
+/// provider's message: one that mentioned `budget_exceeded` ended a run as
+/// if a budget had, with no budget set (found by a probe).
+#[tokio::test]
+async fn a_providers_words_do_not_decide_how_a_run_ends() {
+    let rig = Rig::new().await;
+    assert_eq!(rig.agent("wordy", json!([])).await.status, 201);
+    rig.fake.push([Scripted::ErrorSaying {
+        status: 400,
+        kind: "invalid_request_error".into(),
+        message: "your request (budget_exceeded) was odd".into(),
+    }]);
+    let r = rig
+        .api
+        .post_json("/v1/actors/wordy/a", &json!({"input": "go"}))
+        .await;
+    assert_ne!(r.status, 200, "{}", r.json);
+    let failed = rig.wait_event("wordy", "a", "run_failed", 1).await;
+    assert_eq!(failed["data"]["reason"], "model_error", "{failed}");
+    let k = kinds(&rig.events("wordy", "a").await);
+    assert!(!k.contains(&"budget_exceeded".to_owned()), "{k:?}");
+}
+
 /// A call whose arguments do not fit the tool's `input_schema` is answered
 /// with why, and is neither put to a person nor sent (the schema was only
 /// shown to the model: `{"title": 12345}` reached the endpoint, approved).

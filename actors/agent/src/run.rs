@@ -283,14 +283,15 @@ impl Harness {
         transcript: &[(String, Value)],
         error: &str,
     ) -> Result<()> {
-        if error.contains("budget_exceeded") {
+        let code = model_error_code(error);
+        if code == "budget_exceeded" {
             emit(
                 "budget_exceeded",
                 &json!({ "run_id": run.run_id, "error": error }),
             )?;
             return self.end(run);
         }
-        if error.contains("context_length_exceeded") {
+        if code == "context_length_exceeded" {
             if run.just_compacted {
                 return self.fail(
                     run,
@@ -648,7 +649,8 @@ impl Harness {
             return self.fail(
                 run,
                 "context_length",
-                "the conversation does not fit the model even after compaction",
+                "the conversation does not fit the model, and nothing before the last input \
+                 is left to summarize",
             );
         }
         let mut text: String = transcript[..cut]
@@ -688,7 +690,7 @@ impl Harness {
                 )?;
                 self.next(&mut run, Next::Step)
             }
-            Err(e) if e.message().contains("budget_exceeded") => {
+            Err(e) if model_error_code(e.message()) == "budget_exceeded" => {
                 emit(
                     "budget_exceeded",
                     &json!({ "run_id": run.run_id, "error": e.message() }),
@@ -733,6 +735,14 @@ impl Harness {
         }
         Ok(())
     }
+}
+
+/// The code a failed model call's message starts with, after the SDK's
+/// kind (`invalid: context_length_exceeded: …`): what the harness acts on.
+/// It searched the whole message, so a provider's own text that mentioned
+/// `budget_exceeded` ended a run as if a budget had (found by a probe).
+fn model_error_code(message: &str) -> &str {
+    message.split(": ").nth(1).unwrap_or("")
 }
 
 /// Give every call of the last model answer that has no result yet one

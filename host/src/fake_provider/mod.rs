@@ -61,6 +61,15 @@ pub enum Scripted {
         /// `Retry-After` value.
         retry_after: Option<String>,
     },
+    /// An error status whose error object has this type and message.
+    ErrorSaying {
+        /// Status.
+        status: u16,
+        /// The error's `type`.
+        kind: String,
+        /// Its `message`.
+        message: String,
+    },
     /// Status 200, part of the text, then an error event (streamed calls;
     /// a call that is not streamed gets a 500).
     MidStreamError {
@@ -380,6 +389,11 @@ async fn handle(
             };
             error(vendor, status, ty, "scripted error", retry_after)
         }
+        Scripted::ErrorSaying {
+            status,
+            kind,
+            message,
+        } => error(vendor, status, &kind, &message, None),
         Scripted::MidStreamError { text } if stream => {
             let mut frames = start_frames(vendor, &model, input_tokens);
             frames.extend(text_frames(vendor, &text));
