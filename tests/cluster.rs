@@ -1074,6 +1074,68 @@ async fn a_cluster_wide_write_reaches_every_node_though_one_is_slow() {
     }
 }
 
+/// A keyed call whose callee's node stops answering (paused) stops
+/// waiting for it once that node is no member, and is answered where its
+/// callee went after the failover, its effect applied once. It waited for
+/// the call's whole timeout (30 s), though the slot failed over in seconds
+/// (found by a probe).
+#[tokio::test]
+async fn a_keyed_call_to_a_paused_node_follows_its_callee_after_the_failover() {
+    let Some(c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let caller = r#"
+import { actors } from "marmot";
+export default {
+  async onMessage(m) {
+    return await actors.call("kit", m.to, { op: "record", id: m.id, busy_ms: 300 });
+  },
+};
+"#;
+    assert_eq!(c.api(0).deploy_js("caller", caller).await.status, 201);
+    // The callee on n3 (us), the caller in eu.
+    let r = c
+        .api(0)
+        .post_json(
+            "/v1/actors/kit/far?region=us",
+            &json!({"op": "add", "key": "n", "by": 1}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(owner_of(&c, 0, "far").await, "n3");
+    let p = 2;
+    let asked = 0;
+    let caller_id = "near";
+    let pid = c.nodes[p].pid().unwrap().to_string();
+    let signal = |sig: &str| {
+        assert!(
+            Command::new("kill")
+                .args([sig, &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    signal("-STOP");
+    let started = Instant::now();
+    let r = c
+        .api(asked)
+        .post_with(
+            &format!("/v1/actors/caller/{caller_id}?region=eu"),
+            &json!({"to": "far", "id": "once"}),
+            &[("idempotency-key", "call-once")],
+        )
+        .await;
+    let took = started.elapsed();
+    signal("-CONT");
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["seen"], 1, "{}", r.json);
+    assert!(took < Duration::from_secs(20), "the call waited {took:?}");
+    let r = c.api(asked).get("/v1/actors/kit/far/state/seen/once").await;
+    assert_eq!(r.json, 1, "{}", r.json);
+}
+
 /// Without etcd no node can prove its lease, so every node stops serving
 /// (and says why on `/readyz`) rather than risk two owners; when etcd comes
 /// back they rejoin and serve again, data intact.

@@ -270,6 +270,10 @@ impl ActorCalls for ActorEnv {
 /// between nodes (within the call's timeout; pauses of 0.2 s to 1.6 s).
 const CALL_REROUTES: u32 = 12;
 
+/// How often a call waiting on another node checks that the node is still
+/// a member.
+const MEMBERSHIP_CHECK: Duration = Duration::from_millis(500);
+
 /// Whether a failed call may be sent again.
 enum Retry {
     /// The callee's turn failed, or it is not there: no.
@@ -315,7 +319,32 @@ impl ActorEnv {
         if let Some((cluster, peers)) = &self.cluster
             && let Target::Via(base) = cluster.target(to)
         {
-            return match peers.call(&base, to, body.to_vec(), chain, key).await {
+            let sent = peers.call(&base, to, body.to_vec(), chain, key);
+            // A callee's node that stops answering (paused, cut off) held
+            // the call for its whole timeout though its slots failed over
+            // in seconds (found by a probe): once it is no member any more,
+            // the call stops waiting for it, and a keyed one goes where
+            // the callee is now.
+            let gone = async {
+                loop {
+                    tokio::time::sleep(MEMBERSHIP_CHECK).await;
+                    if !cluster.peers().iter().any(|m| m.advertise == base) {
+                        return;
+                    }
+                }
+            };
+            let sent = tokio::select! {
+                r = sent => r,
+                () = gone => {
+                    return Err(CallFailure {
+                        error: GuestError::Internal(format!(
+                            "{to}: its node {base} left the cluster while the call waited"
+                        )),
+                        retry: Retry::Keyed,
+                    });
+                }
+            };
+            return match sent {
                 Ok(r) => Ok(CallReply {
                     status: r.status,
                     body: r.body,
