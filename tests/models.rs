@@ -261,36 +261,46 @@ async fn a_stream_of_keep_alives_alone_times_out() {
     assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
     let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
                 transfer-encoding: chunked\r\n\r\n";
-    let comment = ": PROVIDER PROCESSING\n\n";
-    let mut pieces = vec![head.to_owned()];
-    pieces.extend((0..80).map(|_| format!("{:x}\r\n{comment}\r\n", comment.len())));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/v1", listener.local_addr().unwrap());
-    paced(listener, pieces, Duration::from_millis(100));
-    let r = put_provider(
-        &api,
-        "busy",
-        json!({"format": "openai-chat", "base_url": url}),
-    )
-    .await;
-    assert_eq!(r.status, 201, "{}", r.json);
-    let started = Instant::now();
-    let r = api
-        .op(
-            "kit",
-            "a",
-            json!({"op": "chat", "request": {"provider": "busy", "model": "m1", "stream": true,
-                    "messages": [{"role": "user", "content": "hi"}]}}),
-        )
-        .await
-        .json;
-    let e = r["error"].as_str().unwrap_or_default();
-    assert!(e.contains("moved on no further"), "{r}");
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "the keep-alives held the call for {:?}",
-        started.elapsed()
+    // Comments, or the same empty event again and again (found by a
+    // re-probe).
+    let empty = format!(
+        "data: {}\n\n",
+        json!({"id": "c", "object": "chat.completion.chunk", "model": "m1", "choices": []})
     );
+    for (name, keep_alive) in [
+        ("busy", ": PROVIDER PROCESSING\n\n"),
+        ("empty", empty.as_str()),
+    ] {
+        let mut pieces = vec![head.to_owned()];
+        pieces.extend((0..80).map(|_| format!("{:x}\r\n{keep_alive}\r\n", keep_alive.len())));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/v1", listener.local_addr().unwrap());
+        paced(listener, pieces, Duration::from_millis(100));
+        let r = put_provider(
+            &api,
+            name,
+            json!({"format": "openai-chat", "base_url": url}),
+        )
+        .await;
+        assert_eq!(r.status, 201, "{}", r.json);
+        let started = Instant::now();
+        let r = api
+            .op(
+                "kit",
+                "a",
+                json!({"op": "chat", "request": {"provider": name, "model": "m1", "stream": true,
+                        "messages": [{"role": "user", "content": "hi"}]}}),
+            )
+            .await
+            .json;
+        let e = r["error"].as_str().unwrap_or_default();
+        assert!(e.contains("moved on no further"), "{name}: {r}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{name}: the keep-alives held the call for {:?}",
+            started.elapsed()
+        );
+    }
 }
 
 /// An Anthropic stream whose connection fails after the answer is whole

@@ -186,7 +186,7 @@ impl ProviderError {
         let kind = match (ty.as_str(), code.as_str()) {
             ("overloaded_error", _) => ErrorKind::Overloaded,
             ("rate_limit_error", _) | (_, "rate_limit_exceeded") => ErrorKind::RateLimited,
-            ("not_found_error", _) | (_, "model_not_found") => ErrorKind::NotFound,
+            ("not_found_error" | "not_found", _) | (_, "model_not_found") => ErrorKind::NotFound,
             ("invalid_request_error", _) => ErrorKind::Invalid,
             (_, "context_length_exceeded") => ErrorKind::ContextLength,
             _ => ErrorKind::Server,

@@ -457,6 +457,10 @@ impl Gateway {
         // cancel for the turn's whole limit: found by a probe).
         let idle = Duration::from_millis(self.config.timeout_ms);
         let mut moved = tokio::time::Instant::now();
+        // What the last event said: one that only repeats it (`{"choices":
+        // []}` or an empty delta every second, a re-probe found) does not
+        // move the answer on either.
+        let mut last_data = String::new();
         'read: loop {
             let chunk = match resp.next(64 << 10).await {
                 Ok(c) => c,
@@ -471,7 +475,12 @@ impl Gateway {
             }
             // A line past the parser's bound: asking again gets the same.
             .map_err(|why| ProviderError::new(ErrorKind::Refused, None, why))?;
-            if events.iter().any(|ev| ev.event != "ping") {
+            let mut news = false;
+            for ev in events.iter().filter(|ev| ev.event != "ping") {
+                news |= ev.data != last_data;
+                last_data.clone_from(&ev.data);
+            }
+            if news {
                 moved = tokio::time::Instant::now();
             } else if chunk.is_some() && moved.elapsed() > idle {
                 return Err(ProviderError::new(

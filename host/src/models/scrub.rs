@@ -229,9 +229,10 @@ mod tests {
         // `\u0053` is `S`: the bytes never held the value.
         let raw = r#"{"content": "key=\u0053UPERSECRETVALUE_abc123",
                       "SUPERSECRETVALUE_abc123": ["supersecretvalue_ABC123"]}"#;
-        // What the bytes' scrub misses.
+        // The bytes' scrub reads JSON escapes too (since 2026-12-07); the
+        // decoded strings are checked all the same.
         let bytes = String::from_utf8(scrub().bytes(raw.as_bytes().to_vec())).unwrap();
-        assert!(bytes.contains("\\u0053UPERSECRETVALUE_abc123"), "{bytes}");
+        assert!(!bytes.contains("UPERSECRETVALUE_abc123"), "{bytes}");
         let mut v: Value = serde_json::from_str(raw).unwrap();
         value(&mut v, &scrub());
         assert_eq!(

@@ -238,34 +238,37 @@ pub(super) struct Stream {
 }
 
 impl Stream {
-    /// The slot of a tool call fragment with `index` and `id`. OpenAI
-    /// numbers a call's fragments by `index` and sends its id in the
-    /// first; Ollama sends each call whole with its own id and no index,
-    /// or 0 for every one. A fragment goes to the call with its id, if
-    /// any; else to its index's, unless that call has another id and is
-    /// whole already (its arguments parse): then it starts a new call (two
+    /// The slot of a tool call fragment with `index` and `id` (`whole`:
+    /// its arguments are an object, which comes whole). OpenAI numbers a
+    /// call's fragments by `index` and sends its id in the first; Ollama
+    /// sends each call whole, with its own id or none, and no index or 0
+    /// for every one. A fragment goes to the call with its id, if any;
+    /// else to its index's (or the last), unless that call has another id,
+    /// or is whole and this one is too: then it starts a new call (two
     /// calls were merged into one named `filesfiles`, and neither ran:
-    /// found by a probe). A proxy that sends a new id with each fragment
-    /// of one call still gets one call.
-    fn call_slot(&mut self, index: Option<u64>, id: Option<&str>) -> Result<usize, ProviderError> {
-        let by_id = |calls: &[(String, String, String)]| {
-            id.and_then(|id| calls.iter().position(|c| c.0 == id))
-        };
-        let at = match index.map(|i| usize::try_from(i).unwrap_or(usize::MAX)) {
-            Some(at) => match self.calls.get(at) {
-                Some(slot)
-                    if !slot.0.is_empty()
-                        && id.is_some_and(|id| id != slot.0)
-                        && serde_json::from_str::<Value>(&slot.2).is_ok() =>
-                {
-                    by_id(&self.calls).unwrap_or(self.calls.len())
-                }
-                _ => at,
-            },
-            None => match id {
-                Some(_) => by_id(&self.calls).unwrap_or(self.calls.len()),
+    /// found by a probe).
+    fn call_slot(
+        &mut self,
+        index: Option<u64>,
+        id: Option<&str>,
+        whole: bool,
+    ) -> Result<usize, ProviderError> {
+        let by_id = id.and_then(|id| self.calls.iter().position(|c| c.0 == id));
+        let at = match index {
+            Some(i) => usize::try_from(i).unwrap_or(usize::MAX),
+            // OpenAI numbers even calls with the same id apart: by index
+            // first, then by id.
+            None => match by_id {
+                Some(at) => return Ok(at),
                 None => self.calls.len().saturating_sub(1),
             },
+        };
+        let taken = |slot: &(String, String, String)| {
+            id.is_some_and(|id| !slot.0.is_empty() && slot.0 != id) || (whole && !slot.2.is_empty())
+        };
+        let at = match self.calls.get(at) {
+            Some(slot) if taken(slot) => by_id.unwrap_or(self.calls.len()),
+            _ => at,
         };
         if at > 1024 {
             return Err(malformed("a tool call index above 1024"));
@@ -324,9 +327,13 @@ impl StreamDecoder for Stream {
                         .get("id")
                         .and_then(Value::as_str)
                         .filter(|i| !i.is_empty());
-                    let index = self.call_slot(tc.get("index").and_then(Value::as_u64), id)?;
-                    let slot = &mut self.calls[index];
                     let f = tc.get("function");
+                    let whole = f
+                        .and_then(|f| f.get("arguments"))
+                        .is_some_and(Value::is_object);
+                    let index =
+                        self.call_slot(tc.get("index").and_then(Value::as_u64), id, whole)?;
+                    let slot = &mut self.calls[index];
                     let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
                     let object;
                     let args = match f.and_then(|f| f.get("arguments")) {

@@ -266,14 +266,32 @@ fn openai_chat_streams_from_other_servers_keep_their_calls_apart() {
         chunk(json!({}), json!("tool_calls")),
     ]);
     assert_eq!(calls(stream), want);
-    // A proxy that gives each fragment of one call a new id: one call.
+    // Index 0 for both, their fragments interleaved, each with its id
+    // (found by a re-probe).
     let stream = sse(&[
         call("call_a", Some(0), "files", json!("{\"path\":")),
-        call("call_x", Some(0), "", json!("\"n1\"}")),
-        call("call_b", Some(1), "files", json!("{\"path\":\"n2\"}")),
+        call("call_b", Some(0), "files", json!("{\"path\":")),
+        call("call_a", Some(0), "", json!("\"n1\"}")),
+        call("call_b", Some(0), "", json!("\"n2\"}")),
         chunk(json!({}), json!("tool_calls")),
     ]);
     assert_eq!(calls(stream), want);
+    // Two whole calls in one chunk, index 0 and no ids, object arguments.
+    let both = chunk(
+        json!({"tool_calls": [
+            {"index": 0, "function": {"name": "files", "arguments": {"path": "n1"}}},
+            {"index": 0, "function": {"name": "files", "arguments": {"path": "n2"}}}]}),
+        Value::Null,
+    );
+    let (d, _) = fold(
+        Format::OpenAiChat,
+        &sse(&[both, chunk(json!({}), json!("tool_calls"))]),
+    );
+    let Message::Assistant { tool_calls, .. } = d.unwrap().message else {
+        panic!()
+    };
+    let args: Vec<_> = tool_calls.iter().map(|c| c.arguments.clone()).collect();
+    assert_eq!(args, [json!({"path": "n1"}), json!({"path": "n2"})]);
     // Whole answers with object arguments.
     let whole = json!({"id": "c", "model": "llama", "choices": [{"index": 0,
         "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
