@@ -1072,6 +1072,52 @@ async fn a_cluster_wide_write_reaches_every_node_though_one_is_slow() {
         assert!(Instant::now() < deadline, "n2 never got the type");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
+    // A write and the delete after it reach a paused member in that order:
+    // sent side by side, they raced, and it kept the deleted secret
+    // (found by a re-probe; the race itself depends on timing this test
+    // does not control, so it checks the outcome).
+    signal("-STOP");
+    let secret = json!({"value": "value-of-x-123456", "hosts": ["api.example.com"]});
+    let put = {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_millis(700))
+            .build()
+            .unwrap();
+        let api = c.api(0);
+        let secret = secret.clone();
+        tokio::spawn(async move {
+            http.put(format!("{}/v1/secrets/x", api.url))
+                .bearer_auth(api.bearer.clone().unwrap_or_default())
+                .json(&secret)
+                .send()
+                .await
+                .is_err()
+        })
+    };
+    assert!(put.await.unwrap(), "the client was answered");
+    let delete = {
+        let api = c.api(0);
+        tokio::spawn(async move {
+            api.req(reqwest::Method::DELETE, "/v1/secrets/x", None, &[])
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    signal("-CONT");
+    let r = delete.await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.json);
+    for i in 0..3 {
+        let list = c.api(i).get("/v1/secrets").await.json;
+        assert!(
+            !list["secrets"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s["name"] == "x"),
+            "node {i} kept the deleted secret: {list}"
+        );
+    }
 }
 
 /// A keyed call whose callee's node stops answering (paused) stops
@@ -1440,7 +1486,16 @@ async fn a_node_with_another_admin_token_is_refused_before_it_joins() {
         "{}",
         other.log_text()
     );
-    let status = first.client().get("/v1/cluster").await.json;
+    // The first node's controller may still be assigning its slots (a
+    // loaded machine saw 0 right after it was ready).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        let status = first.client().get("/v1/cluster").await.json;
+        if status["slots_assigned"] == 1024 || Instant::now() > deadline {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let members = status["members"].as_array().unwrap();
     assert_eq!(members.len(), 1, "{status}");
     assert_eq!(status["slots_assigned"], 1024, "{status}");

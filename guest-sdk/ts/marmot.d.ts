@@ -145,7 +145,9 @@ declare module "marmot" {
      * (a text reply) as its text. Throws with `code` `"limit_exceeded"`
      * when the callee cannot take it now (its mailbox full, its type's
      * rate limit: retry later), `"not_found"` when its type is not
-     * deployed, `"internal"` when its turn failed or did not reply in time. */
+     * deployed, `"internal"` when its turn failed, could not run where it
+     * was (it was moving, its code missing there) or did not reply in
+     * time: retrying may succeed. */
     call(type: string, id: string, body?: Json): Promise<Json>;
     /** `call`, with the reply's HTTP status and content type: a callee's
      * own 4xx (`{"error": …}` from an agent, a Rust actor's 404) is a

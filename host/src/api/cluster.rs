@@ -9,6 +9,8 @@
 //! * Listing a type's actors merges every node's page.
 //! * `GET /v1/cluster`: members and slots.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -346,6 +348,25 @@ pub(super) fn is_cluster_write(method: &Method, path: &str) -> bool {
         || (method == Method::DELETE && path.starts_with("/v1/tokens/"))
 }
 
+/// One queue per peer for cluster-wide writes: each peer gets them one at
+/// a time, in the order this node applied them. Sent side by side, a write
+/// and the delete after it reached a paused peer in either order, and it
+/// kept what the cluster had deleted (found by a re-probe).
+#[derive(Default)]
+pub(super) struct FanoutQueues(std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl FanoutQueues {
+    /// Peer `node_id`'s queue.
+    fn of(&self, node_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.0
+            .lock()
+            .expect("fan-out queues lock")
+            .entry(node_id.to_owned())
+            .or_default()
+            .clone()
+    }
+}
+
 /// How long a peer has to apply a cluster-wide write (a deploy compiles
 /// the code there).
 const FANOUT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
@@ -411,10 +432,15 @@ pub(super) async fn fan_out(
     // one by one inside the client's request, a stopped peer held the rest
     // for ever, and a client that gave up left them never asked, their
     // types differing from this node's (found by a probe).
+    // Each peer's place in its queue is taken as the task below starts,
+    // right after this node applied the write (the lock is fair: first
+    // asked, first served), so before any later write's.
     let sends = cluster.peers().into_iter().map(|peer| {
         let (s, method, path) = (s.clone(), method.clone(), path.clone());
         let (headers, bytes) = (headers.clone(), bytes.clone());
+        let queue = s.fanout.of(&peer.node_id).lock_owned();
         async move {
+            let _turn = queue.await;
             let sent = send(&s, method.clone(), &peer.advertise, &path, headers, bytes);
             match tokio::time::timeout(FANOUT_TIMEOUT, sent).await {
                 Ok(Ok(r)) if r.status().is_success() => None,

@@ -73,6 +73,9 @@ pub struct AppState {
     /// Blob downloads streaming at once (each holds a file descriptor
     /// besides its connection's): see `files::download`.
     downloads: Arc<tokio::sync::Semaphore>,
+    /// Cluster-wide writes go to each peer one at a time, in the order
+    /// they were applied here: see `cluster::fan_out`.
+    fanout: Arc<cluster::FanoutQueues>,
 }
 
 /// The router, with `admin_token` required on everything but health checks
@@ -103,6 +106,7 @@ pub fn router(node: Arc<Node>) -> Router {
         ))),
         node,
         peers: crate::cluster::peer_client(),
+        fanout: Arc::default(),
     };
     // Routes are flat (no `nest`) and the edge concerns are one hand-written
     // layer: under load, axum's nesting and two `from_fn` middlewares cost

@@ -14,7 +14,9 @@
 //! kept) while messages to others go on: its rows stay where they are
 //! until it is tried again (after a back-off), and a pass hands
 //! recipients their messages side by side (one whose node hangs delays
-//! that pass, up to the hand-over's 10 s timeout).
+//! that pass, up to the hand-over's 10 s timeout). A message is dropped
+//! as one to a deleted type only when this node does not know the type
+//! either: a peer that missed a deploy says 404 for a type that exists.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -189,11 +191,18 @@ impl Node {
                 for (seq, rec) in list {
                     match self.hand_over(cluster, peers, &key, rec).await {
                         Ok(()) => done.push(seq),
-                        Err(PeerError::NotFound(why)) => {
-                            // As on one node: a message to a type deleted
-                            // since it was sent is dropped.
+                        // As on one node: a message to a type deleted
+                        // since it was sent is dropped. Not for a peer's
+                        // word alone: one that missed the type's deploy (it
+                        // was paused) dropped committed messages to a type
+                        // this node has (found by a re-probe).
+                        Err(PeerError::NotFound(why)) if self.catalog.get(key.ty()).is_none() => {
                             tracing::warn!(to = %key, %why, "relay: message to an actor of an unknown type dropped");
                             done.push(seq);
+                        }
+                        Err(PeerError::NotFound(why)) => {
+                            tracing::warn!(to = %key, %why, "relay: the recipient's node does not know its type, which this node has; retrying");
+                            return (done, key, false);
                         }
                         Err(e @ (PeerError::Refused { .. } | PeerError::Failed(_))) => {
                             let why = e.to_string();
