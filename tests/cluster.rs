@@ -1182,6 +1182,74 @@ export default {
     assert_eq!(r.json, 1, "{}", r.json);
 }
 
+/// A node paused past its lease takes the cluster-wide writes it missed
+/// when it joins again: it kept a deleted secret, missed a new one and ran
+/// an old version until it restarted (found by a re-probe).
+#[tokio::test]
+async fn a_node_back_from_a_pause_takes_the_writes_it_missed() {
+    let Some(c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let secret = |value: &str| json!({"value": value, "hosts": ["api.example.com"]});
+    let r = put(
+        &c.api(0),
+        "/v1/secrets/old".into(),
+        secret("old-value-1234"),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let pid = c.nodes[2].pid().unwrap().to_string();
+    let signal = |sig: &str| {
+        assert!(
+            Command::new("kill")
+                .args([sig, &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    signal("-STOP");
+    // Past its lease (2 s): the others see it gone.
+    tokio::time::sleep(Duration::from_millis(4_000)).await;
+    let r = put(
+        &c.api(0),
+        "/v1/secrets/new".into(),
+        secret("new-value-5678"),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let r = c
+        .api(1)
+        .req(reqwest::Method::DELETE, "/v1/secrets/old", None, &[])
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let r = c
+        .api(0)
+        .deploy("kit", TESTKIT, json!({"idle_timeout_ms": 1234}))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let version = r.json["version"].clone();
+    signal("-CONT");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let secrets = c.api(2).get("/v1/secrets").await.json;
+        let names: Vec<&str> = secrets["secrets"]
+            .as_array()
+            .map(|l| l.iter().filter_map(|s| s["name"].as_str()).collect())
+            .unwrap_or_default();
+        let kit = c.api(2).get("/v1/types/kit").await.json;
+        if names == ["new"] && kit["version"] == version {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "n3 did not catch up: secrets {names:?}, kit {kit}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Without etcd no node can prove its lease, so every node stops serving
 /// (and says why on `/readyz`) rather than risk two owners; when etcd comes
 /// back they rejoin and serve again, data intact.

@@ -220,7 +220,19 @@ async fn run_server(node: Arc<Node>, listener: tokio::net::TcpListener) -> anyho
         // While serving (peers starting at the same time ask this node
         // too): `/readyz` says not ready until it is done.
         let n = node.clone();
-        tokio::spawn(async move { crate::api::cluster::sync_catalog(&n).await });
+        tokio::spawn(async move {
+            crate::api::cluster::sync_catalog(&n).await;
+            // Again each time it joins after losing its lease: the
+            // cluster-wide writes made meanwhile did not reach it (a node
+            // paused past its lease kept a deleted secret and an old
+            // version until it restarted: found by a re-probe).
+            let Some(mut rejoins) = n.cluster().map(|c| c.rejoins()) else {
+                return;
+            };
+            while rejoins.changed().await.is_ok() {
+                crate::api::cluster::sync_catalog(&n).await;
+            }
+        });
     }
     let stopping = node.clone();
     let shutdown = async move {

@@ -318,6 +318,7 @@ impl Inner {
                         match self.join().await {
                             Ok(()) => {
                                 tracing::info!("joined the cluster again with a new lease");
+                                self.rejoins.send_modify(|n| *n += 1);
                                 break;
                             }
                             Err(e) => {

@@ -126,6 +126,8 @@ struct Inner {
     lease: Lease,
     /// The node has taken the types it missed from a peer.
     caught_up: std::sync::atomic::AtomicBool,
+    /// Counts the times this node joined again after losing its lease.
+    rejoins: tokio::sync::watch::Sender<u64>,
     /// Failovers this node made as the controller.
     failovers: AtomicU64,
     /// Slots this node is handing to their backup (`rebalance.rs`): fenced.
@@ -176,6 +178,7 @@ impl Cluster {
             view: RwLock::new(View::default()),
             changed: Notify::new(),
             caught_up: std::sync::atomic::AtomicBool::new(false),
+            rejoins: tokio::sync::watch::Sender::new(0),
             failovers: AtomicU64::new(0),
             draining: rebalance::Draining::default(),
             settled: takeover::Settled::default(),
@@ -216,6 +219,13 @@ impl Cluster {
     /// trying, and said so).
     pub fn set_caught_up(&self) {
         self.inner.caught_up.store(true, Ordering::Release);
+    }
+
+    /// Changes each time this node joins again after its lease was lost
+    /// (paused, cut off from etcd): what was written meanwhile went to the
+    /// members of the time, not to it.
+    pub fn rejoins(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.rejoins.subscribe()
     }
 
     /// Whether this node's lease is provably alive.
