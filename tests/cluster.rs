@@ -1250,6 +1250,87 @@ async fn a_node_back_from_a_pause_takes_the_writes_it_missed() {
     }
 }
 
+/// Sends to a recipient whose node hangs (accepts, never answers) hold
+/// back sends to others for at most a relay pass's 2 s, not for the
+/// hand-over's 10 s at every try (found by a re-probe); the hung one's
+/// messages arrive once its slot has failed over, once each.
+#[tokio::test]
+async fn a_hung_recipients_node_holds_back_other_sends_briefly() {
+    let Some(c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let sender = r#"
+import { actors } from "marmot";
+export default {
+  onMessage(m) {
+    for (const to of m.to) actors.send("kit", to, { op: "add", key: "n", by: 1 });
+    return "sent";
+  },
+};
+"#;
+    assert_eq!(c.api(0).deploy_js("sender", sender).await.status, 201);
+    // The hung recipient on n3 (us); the other, and the sender, in eu.
+    for (id, region) in [("hung", "us"), ("fine", "eu")] {
+        let r = c
+            .api(0)
+            .post_json(
+                &format!("/v1/actors/kit/{id}?region={region}"),
+                &json!({"op": "add", "key": "n", "by": 0}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.json);
+    }
+    assert_eq!(owner_of(&c, 0, "hung").await, "n3");
+    let r = c
+        .api(0)
+        .post_json("/v1/actors/sender/s?region=eu", &json!({"to": []}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let pid = c.nodes[2].pid().unwrap().to_string();
+    let signal = |sig: &str| {
+        assert!(
+            Command::new("kill")
+                .args([sig, &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    signal("-STOP");
+    let send = |to: Value| {
+        let api = c.api(0);
+        async move {
+            let r = api
+                .post_json("/v1/actors/sender/s", &json!({"to": to}))
+                .await;
+            assert_eq!(r.status, 200, "{}", r.json);
+        }
+    };
+    send(json!(["hung"])).await;
+    send(json!(["fine"])).await;
+    let sent = Instant::now();
+    let deadline = sent + Duration::from_secs(20);
+    while c.api(0).get("/v1/actors/kit/fine/state/n").await.json != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the send to `fine` never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took = sent.elapsed();
+    signal("-CONT");
+    assert!(took < Duration::from_secs(6), "`fine` waited {took:?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.api(0).get("/v1/actors/kit/hung/state/n").await.json != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the send to `hung` never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Without etcd no node can prove its lease, so every node stops serving
 /// (and says why on `/readyz`) rather than risk two owners; when etcd comes
 /// back they rejoin and serve again, data intact.

@@ -13,8 +13,8 @@
 //! recipient cannot be reached, later messages to it wait (its order is
 //! kept) while messages to others go on: its rows stay where they are
 //! until it is tried again (after a back-off), and a pass hands
-//! recipients their messages side by side (one whose node hangs delays
-//! that pass, up to the hand-over's 10 s timeout). A message is dropped
+//! recipients their messages side by side; a pass waits at most 2 s for
+//! them (one whose node hangs counts as not reached). A message is dropped
 //! as one to a deleted type only when this node does not know the type
 //! either: a peer that missed a deploy says 404 for a type that exists.
 
@@ -36,6 +36,8 @@ const PAGE: usize = 256;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// Recipients handed messages at once.
 const HAND_OVER_AT_ONCE: usize = 16;
+/// Longest a pass waits for its recipients' hand-overs.
+const PASS_TIME: Duration = Duration::from_secs(2);
 /// Longest wait between passes while a recipient is unreachable.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -184,13 +186,17 @@ impl Node {
                 }
             }
         }
+        // Seqs to forget, as each is handed over: a pass cut short keeps
+        // what its recipients got before it ended.
+        let finished = std::sync::Mutex::new(done);
+        let forget = |seq: u64| finished.lock().expect("relay pass lock").push(seq);
+        let mut pending: std::collections::HashSet<ActorKey> = order.iter().cloned().collect();
         let recipients = order.into_iter().map(|key| {
             let list = rows.remove(&key).unwrap_or_default();
             async move {
-                let mut done = Vec::new();
                 for (seq, rec) in list {
                     match self.hand_over(cluster, peers, &key, rec).await {
-                        Ok(()) => done.push(seq),
+                        Ok(()) => forget(seq),
                         // As on one node: a message to a type deleted
                         // since it was sent is dropped. Not for a peer's
                         // word alone: one that missed the type's deploy (it
@@ -198,28 +204,37 @@ impl Node {
                         // this node has (found by a re-probe).
                         Err(PeerError::NotFound(why)) if self.catalog.get(key.ty()).is_none() => {
                             tracing::warn!(to = %key, %why, "relay: message to an actor of an unknown type dropped");
-                            done.push(seq);
+                            forget(seq);
                         }
                         Err(PeerError::NotFound(why)) => {
                             tracing::warn!(to = %key, %why, "relay: the recipient's node does not know its type, which this node has; retrying");
-                            return (done, key, false);
+                            return (key, false);
                         }
                         Err(e @ (PeerError::Refused { .. } | PeerError::Failed(_))) => {
                             let why = e.to_string();
                             tracing::warn!(to = %key, %why, "relay: cannot hand a message over yet; retrying");
-                            return (done, key, false);
+                            return (key, false);
                         }
                     }
                 }
-                (done, key, true)
+                (key, true)
             }
         });
         let mut reached = Vec::new();
         let mut handed = futures::stream::iter(recipients).buffer_unordered(HAND_OVER_AT_ONCE);
-        while let Some((seqs, key, ok)) = handed.next().await {
-            done.extend(seqs);
+        // A pass ends by PASS_TIME: a recipient whose node accepts a
+        // connection but never answers held every other's next messages
+        // for the hand-over's 10 s, at each try (found by a re-probe). One
+        // not done by then counts as not reached, and its messages not
+        // handed yet wait for its next try.
+        let deadline = tokio::time::Instant::now() + PASS_TIME;
+        while let Ok(Some((key, ok))) = tokio::time::timeout_at(deadline, handed.next()).await {
+            pending.remove(&key);
             reached.push((key, ok));
         }
+        drop(handed);
+        reached.extend(pending.into_iter().map(|key| (key, false)));
+        let done = finished.into_inner().expect("relay pass lock");
         (done, reached)
     }
 
