@@ -965,14 +965,7 @@ async fn an_owner_paused_past_its_lease_serves_nothing_until_it_rejoins() {
         .unwrap()
         .to_owned();
     let o = NODES.iter().position(|(id, _)| *id == owner).unwrap();
-    let pid = c.nodes[o].pid().unwrap().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-STOP", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    c.signal(o, "-STOP");
     // A request straight to the paused owner waits in its accept queue.
     let direct = c.api(o);
     let queued = tokio::spawn(async move { direct.add("kit", "bob", 100).await });
@@ -980,13 +973,7 @@ async fn an_owner_paused_past_its_lease_serves_nothing_until_it_rejoins() {
     tokio::time::sleep(Duration::from_millis(3_500)).await;
     let r = c.api(o + 1).add("kit", "bob", 1000).await;
     assert_eq!(r.status, 503, "{}", r.json);
-    assert!(
-        Command::new("kill")
-            .args(["-CONT", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    c.signal(o, "-CONT");
     let r = queued.await.unwrap();
     assert_eq!(
         r.status, 503,
@@ -1024,16 +1011,7 @@ async fn a_cluster_wide_write_reaches_every_node_though_one_is_slow() {
         c.api(0).deploy("warm", TESTKIT, json!({})).await.status,
         201
     );
-    let pid = c.nodes[1].pid().unwrap().to_string();
-    let signal = |sig: &str| {
-        assert!(
-            Command::new("kill")
-                .args([sig, &pid])
-                .status()
-                .unwrap()
-                .success()
-        );
-    };
+    let signal = |sig: &str| c.signal(1, sig);
     // Paused for less than its lease: still a member, answering nothing.
     signal("-STOP");
     let impatient = Api {
@@ -1153,16 +1131,7 @@ export default {
     let p = 2;
     let asked = 0;
     let caller_id = "near";
-    let pid = c.nodes[p].pid().unwrap().to_string();
-    let signal = |sig: &str| {
-        assert!(
-            Command::new("kill")
-                .args([sig, &pid])
-                .status()
-                .unwrap()
-                .success()
-        );
-    };
+    let signal = |sig: &str| c.signal(p, sig);
     signal("-STOP");
     let started = Instant::now();
     let r = c
@@ -1199,16 +1168,7 @@ async fn a_node_back_from_a_pause_takes_the_writes_it_missed() {
     )
     .await;
     assert_eq!(r.status, 201, "{}", r.json);
-    let pid = c.nodes[2].pid().unwrap().to_string();
-    let signal = |sig: &str| {
-        assert!(
-            Command::new("kill")
-                .args([sig, &pid])
-                .status()
-                .unwrap()
-                .success()
-        );
-    };
+    let signal = |sig: &str| c.signal(2, sig);
     signal("-STOP");
     // Past its lease (2 s): the others see it gone.
     tokio::time::sleep(Duration::from_millis(4_000)).await;
@@ -1287,16 +1247,7 @@ export default {
         .post_json("/v1/actors/sender/s?region=eu", &json!({"to": []}))
         .await;
     assert_eq!(r.status, 200, "{}", r.json);
-    let pid = c.nodes[2].pid().unwrap().to_string();
-    let signal = |sig: &str| {
-        assert!(
-            Command::new("kill")
-                .args([sig, &pid])
-                .status()
-                .unwrap()
-                .success()
-        );
-    };
+    let signal = |sig: &str| c.signal(2, sig);
     signal("-STOP");
     let send = |to: Value| {
         let api = c.api(0);

@@ -230,6 +230,16 @@ impl Cluster {
         Some(c)
     }
 
+    /// Send node `i` signal `sig` (`-STOP`, `-CONT`, …) with `kill`.
+    pub fn signal(&self, i: usize, sig: &str) {
+        let pid = self.nodes[i].pid().unwrap().to_string();
+        let sent = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill {sig} {pid}");
+    }
+
     pub fn api(&self, i: usize) -> Api {
         self.nodes[i % self.nodes.len()].client()
     }
