@@ -614,6 +614,53 @@ export default {
     }
 }
 
+/// A call (unkeyed) to an actor being moved, from a caller on the mover's
+/// node, waits for the move there and is answered where the actor went:
+/// a first version of "stop waiting for a node that left" stopped waiting
+/// for this node's own API after half a second.
+#[tokio::test]
+async fn a_call_to_an_actor_being_moved_waits_for_the_move() {
+    let Some(c) = Cluster::start_with(&[("MARMOT_FAULT_MOVE_DELAY_MS", "2500")], "").await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let caller = r#"
+import { actors } from "marmot";
+export default {
+  async onMessage(m) {
+    try { return await actors.call("kit", "moving", { op: "add", key: "n", by: 1 }); }
+    catch (e) { return { code: e.code, message: e.message }; }
+  },
+};
+"#;
+    assert_eq!(c.api(0).deploy_js("caller", caller).await.status, 201);
+    assert_eq!(c.api(0).add("kit", "moving", 5).await.status, 200);
+    let mover = owner_of(&c, 0, "moving").await;
+    assert_eq!(region_of(&mover), "eu");
+    let m = NODES.iter().position(|(n, _)| *n == mover).unwrap();
+    // The caller on the same node (it lives where its first message went).
+    let r = c
+        .api(m)
+        .post_json("/v1/actors/caller/beside?region=eu", &json!({}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let api = c.api(m);
+    let moving = tokio::spawn(async move {
+        api.post_json("/v1/actors/kit/moving/move?region=us", &json!({}))
+            .await
+    });
+    // The copy is on n3 and the switch held back for 2.5 s.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = c
+        .api(m)
+        .post_json("/v1/actors/caller/beside", &json!({}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json, json!({"value": 7}), "{}", r.json);
+    let moved = moving.await.unwrap();
+    assert_eq!(moved.status, 200, "{}", moved.json);
+}
+
 /// kill -9 of the node moving an actor, between the copy to the new owner
 /// and the switch: the actor stays where it was, with its data — the
 /// slot's next owner finds the mover's fence stale and undoes it — and the

@@ -325,7 +325,14 @@ impl ActorEnv {
             // in seconds (found by a probe): once it is no member any more,
             // the call stops waiting for it, and a keyed one goes where
             // the callee is now.
+            // Only a peer is watched: a call through this node's own API (its
+            // callee moving, its slot failing over) waits there as long as
+            // that takes.
+            let watched = cluster.peers().iter().any(|m| m.advertise == base);
             let gone = async {
+                if !watched {
+                    return std::future::pending().await;
+                }
                 loop {
                     tokio::time::sleep(MEMBERSHIP_CHECK).await;
                     if !cluster.peers().iter().any(|m| m.advertise == base) {

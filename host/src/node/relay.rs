@@ -60,6 +60,11 @@ impl Waiting {
 
     /// `key` was tried: reached, or not (and waits longer).
     fn tried(&mut self, key: ActorKey, reached: bool) {
+        // Recipients not tried again for a minute past their time (their
+        // messages went from another node, or were dropped) are forgotten.
+        if let Some(stale) = tokio::time::Instant::now().checked_sub(Duration::from_secs(60)) {
+            self.0.retain(|_, (at, _)| *at > stale);
+        }
         let key = (key.ty().to_owned(), key.id().to_owned());
         if reached {
             self.0.remove(&key);
