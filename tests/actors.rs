@@ -869,14 +869,7 @@ export default {
 #[tokio::test]
 async fn a_recovered_callers_calls_take_effect_once() {
     const MARKER: &str = "caller-crash-now";
-    let dir = tempdir();
-    let mut m = Marmot::start_with_env(
-        &dir.path().join("data"),
-        &[("MARMOT_FAULT_ABORT_ON_LOG", MARKER)],
-    )
-    .await;
-    let api = m.client();
-    api.deploy("kit", TESTKIT, json!({})).await;
+    let (_dir, mut m, api) = crashing_node(MARKER).await;
     let caller = r#"
 import { actors, state, log } from "marmot";
 export default {
@@ -894,14 +887,7 @@ export default {
         .post_json("/v1/actors/caller/a?wait=false", &json!({}))
         .await;
     assert_eq!(r.status, 202, "{}", r.json);
-    assert!(
-        m.wait_exit(Duration::from_secs(30)),
-        "the caller did not crash the node"
-    );
-    m.set_env("MARMOT_FAULT_ABORT_ON_LOG", None);
-    m.respawn();
-    m.wait_ready().await;
-    let api = m.client();
+    let api = restart_after_crash(&mut m).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while value_of(&api, "caller", "a", "got").await == Value::Null {
         assert!(
@@ -927,14 +913,7 @@ export default {
 #[tokio::test]
 async fn a_retried_direct_messages_calls_take_effect_once() {
     const MARKER: &str = "direct-crash-now";
-    let dir = tempdir();
-    let mut m = Marmot::start_with_env(
-        &dir.path().join("data"),
-        &[("MARMOT_FAULT_ABORT_ON_LOG", MARKER)],
-    )
-    .await;
-    let api = m.client();
-    api.deploy("kit", TESTKIT, json!({})).await;
+    let (_dir, mut m, api) = crashing_node(MARKER).await;
     let caller = r#"
 import { actors, state, log } from "marmot";
 export default {
@@ -959,14 +938,7 @@ export default {
         first.expect("neither an answer nor a crash").is_err(),
         "the cut-off request was answered"
     );
-    assert!(
-        m.wait_exit(Duration::from_secs(30)),
-        "the caller did not crash the node"
-    );
-    m.set_env("MARMOT_FAULT_ABORT_ON_LOG", None);
-    m.respawn();
-    m.wait_ready().await;
-    let api = m.client();
+    let api = restart_after_crash(&mut m).await;
     let r = api.post_with("/v1/actors/caller/a", &json!({}), &key).await;
     assert_eq!(r.status, 200, "{}", r.json);
     assert_eq!(r.json, json!({"value": 1}), "the retry's reply");
@@ -974,6 +946,32 @@ export default {
     // Without a key, asking again is a new message, with a new call.
     let r = api.post_json("/v1/actors/caller/a", &json!({})).await;
     assert_eq!(r.json, json!({"value": 2}), "{}", r.json);
+}
+
+/// A node that aborts when a guest logs `marker`, with the testkit as
+/// `kit`.
+async fn crashing_node(marker: &str) -> (tempfile::TempDir, Marmot, Api) {
+    let dir = tempdir();
+    let m = Marmot::start_with_env(
+        &dir.path().join("data"),
+        &[("MARMOT_FAULT_ABORT_ON_LOG", marker)],
+    )
+    .await;
+    let api = m.client();
+    api.deploy("kit", TESTKIT, json!({})).await;
+    (dir, m, api)
+}
+
+/// Wait for `m` to have crashed, then start it again without the crash.
+async fn restart_after_crash(m: &mut Marmot) -> Api {
+    assert!(
+        m.wait_exit(Duration::from_secs(30)),
+        "the caller did not crash the node"
+    );
+    m.set_env("MARMOT_FAULT_ABORT_ON_LOG", None);
+    m.respawn();
+    m.wait_ready().await;
+    m.client()
 }
 
 /// `key` of actor `ty`/`id` as stored, or null while it is not.

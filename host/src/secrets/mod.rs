@@ -575,18 +575,20 @@ mod tests {
         MasterKey::from_base64(text).unwrap()
     }
 
+    /// A store over a new database in `dir`, under a new master key.
+    async fn fresh_store(dir: &Path) -> SecretStore {
+        SecretStore::open(storage(dir), MasterKeys::new(MasterKey::generate(), vec![]))
+            .await
+            .unwrap()
+    }
+
     /// A replaced or deleted value stays known, for a day, as retired:
     /// what comes back to a type is checked for it too (only the current
     /// values were: found by a probe).
     #[tokio::test]
     async fn replaced_and_deleted_values_are_kept_as_retired() {
         let dir = tempfile::tempdir().unwrap();
-        let store = SecretStore::open(
-            storage(dir.path()),
-            MasterKeys::new(MasterKey::generate(), vec![]),
-        )
-        .await
-        .unwrap();
+        let store = fresh_store(dir.path()).await;
         let hosts = || vec!["api.example.com".to_owned()];
         store.put("K", b"value-one-1111", hosts()).await.unwrap();
         assert!(store.retired("K").is_empty());
@@ -656,12 +658,7 @@ mod tests {
     #[tokio::test]
     async fn bad_input_changes_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let store = SecretStore::open(
-            storage(dir.path()),
-            MasterKeys::new(MasterKey::generate(), vec![]),
-        )
-        .await
-        .unwrap();
+        let store = fresh_store(dir.path()).await;
         let host = || vec!["api.example.com".to_owned()];
         // A secret that each bad write below tries to replace.
         store.put("K", b"sk-kept-value", host()).await.unwrap();
