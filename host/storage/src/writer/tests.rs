@@ -630,6 +630,19 @@ async fn a_failing_fsync_refuses_writes_keeps_reads_and_recovers_without_a_resta
     );
 }
 
+/// A plain message `id`, as a turn sends one.
+fn message(id: &str) -> crate::schema::InboxRecord {
+    crate::schema::InboxRecord {
+        message_id: id.into(),
+        body: b"{}".to_vec(),
+        content_type: None,
+        idempotency_key: None,
+        attempts: 0,
+        enqueued_at_ms: 1,
+        kind: crate::schema::InboxKind::Message,
+    }
+}
+
 #[tokio::test]
 async fn relayed_sends_wait_in_the_relay_with_a_key_until_handed_over() {
     let (_dir, storage) = open();
@@ -640,15 +653,6 @@ async fn relayed_sends_wait_in_the_relay_with_a_key_until_handed_over() {
         unreachable!()
     };
     let to = ActorKey::new("t", "far").unwrap();
-    let message = |id: &str| crate::schema::InboxRecord {
-        message_id: id.into(),
-        body: b"{}".to_vec(),
-        content_type: None,
-        idempotency_key: None,
-        attempts: 0,
-        enqueued_at_ms: 1,
-        kind: crate::schema::InboxKind::Message,
-    };
     t.sends = vec![(to.clone(), message("m1")), (to.clone(), message("m2"))];
     t.relay_sends = true;
     let ready = storage.relay_ready().clone();
@@ -699,22 +703,13 @@ async fn a_relay_page_reads_past_the_rows_it_leaves_out() {
     let WriteOp::Turn(mut t) = op else {
         unreachable!()
     };
-    let message = |id: String| crate::schema::InboxRecord {
-        message_id: id,
-        body: b"{}".to_vec(),
-        content_type: None,
-        idempotency_key: None,
-        attempts: 0,
-        enqueued_at_ms: 1,
-        kind: crate::schema::InboxKind::Message,
-    };
     let (stuck, other) = (
         ActorKey::new("t", "stuck").unwrap(),
         ActorKey::new("t", "ok").unwrap(),
     );
     t.sends = (0..10)
-        .map(|i| (stuck.clone(), message(format!("s{i}"))))
-        .chain((0..2).map(|i| (other.clone(), message(format!("o{i}")))))
+        .map(|i| (stuck.clone(), message(&format!("s{i}"))))
+        .chain((0..2).map(|i| (other.clone(), message(&format!("o{i}")))))
         .collect();
     t.relay_sends = true;
     storage.writer().submit(WriteOp::Turn(t));
