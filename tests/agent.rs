@@ -742,7 +742,8 @@ async fn an_answer_past_the_runs_allowance_has_its_calls_left_unmade() {
 
 /// What ends a run is the code of a model call's error, not words in the
 /// provider's message: one that mentioned `budget_exceeded` ended a run as
-/// if a budget had, with no budget set (found by a probe).
+/// if a budget had, with no budget set (found by a probe), and one that
+/// mentioned `rate_limited` was waited out as if the provider were busy.
 #[tokio::test]
 async fn a_providers_words_do_not_decide_how_a_run_ends() {
     let rig = Rig::new().await;
@@ -750,7 +751,7 @@ async fn a_providers_words_do_not_decide_how_a_run_ends() {
     rig.fake.push([Scripted::ErrorSaying {
         status: 400,
         kind: "invalid_request_error".into(),
-        message: "your request (budget_exceeded) was odd".into(),
+        message: "your request (budget_exceeded, rate_limited) was odd".into(),
     }]);
     let r = rig
         .api
@@ -761,6 +762,7 @@ async fn a_providers_words_do_not_decide_how_a_run_ends() {
     assert_eq!(failed["data"]["reason"], "model_error", "{failed}");
     let k = kinds(&rig.events("wordy", "a").await);
     assert!(!k.contains(&"budget_exceeded".to_owned()), "{k:?}");
+    assert!(!k.contains(&"model_retry".to_owned()), "{k:?}");
 }
 
 /// A call whose arguments do not fit the tool's `input_schema` is answered

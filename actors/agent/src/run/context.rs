@@ -37,7 +37,7 @@ impl Harness {
         // Unavailable: unreachable or failing, or still refusing for its
         // rate limit after the gateway's own retries (that failed the run
         // at once, where a 500 paused it three times).
-        let unavailable = error.starts_with("host error:") || error.contains("rate_limited");
+        let unavailable = error.starts_with("host error:") || code == "rate_limited";
         if unavailable && (run.retries as usize) < RETRY_DELAYS_MS.len() {
             let delay = RETRY_DELAYS_MS[run.retries as usize];
             run.retries += 1;
