@@ -78,6 +78,15 @@ async fn health_ready_metrics_and_request_ids() {
     ] {
         assert!(text.contains(name), "metrics lack {name}:\n{text}");
     }
+    // The process as the kernel sees it, read at the scrape.
+    for (name, at_least) in [
+        ("marmot_process_resident_memory_bytes", 4e6),
+        ("marmot_process_anonymous_memory_bytes", 1e6),
+        ("marmot_process_open_fds", 3.0),
+    ] {
+        let v = common::sample(&text, name);
+        assert!(v.is_some_and(|v| v >= at_least), "{name}: {v:?}");
+    }
     assert_error(&api.get("/nope").await, 404, "not_found");
     assert_error(
         &api.req(Method::PATCH, "/healthz", None, &[]).await,

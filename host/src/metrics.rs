@@ -200,6 +200,72 @@ pub struct Metrics {
     pub degraded_slots: Gauge,
     /// Batches applied as a backup.
     pub replica_batches: Counter,
+    /// What the kernel says the whole process uses, read at each scrape.
+    pub process: ProcessGauges,
+}
+
+/// The process as the kernel sees it (Linux; the gauges stay 0 where
+/// `/proc/self` cannot be read). Guest memory, state caches and sandboxes
+/// have their own gauges; these are what an operator compares with the
+/// machine's memory and file limits.
+#[derive(Debug, Default, Clone)]
+pub struct ProcessGauges {
+    /// Resident memory (`VmRSS`): counts pages shared between sandboxes
+    /// (the JavaScript snapshot) once per mapping's owner, and the code
+    /// cache's mapped files, which the kernel may drop.
+    resident: Gauge,
+    /// Resident anonymous memory (`RssAnon`): heaps, guest memories,
+    /// allocator caches; what the node holds and cannot give back on its own.
+    anonymous: Gauge,
+    /// Open file descriptors (connections, redb, mapped code files).
+    open_fds: Gauge,
+}
+
+impl ProcessGauges {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "process_resident_memory_bytes",
+            "Resident memory of the process (VmRSS)",
+            self.resident.clone(),
+        );
+        registry.register(
+            "process_anonymous_memory_bytes",
+            "Resident anonymous memory of the process (RssAnon): heaps and guest memories",
+            self.anonymous.clone(),
+        );
+        registry.register(
+            "process_open_fds",
+            "Open file descriptors of the process",
+            self.open_fds.clone(),
+        );
+    }
+
+    /// Read `/proc/self` again.
+    pub fn refresh(&self) {
+        if let Ok(status) = std::fs::read_to_string("/proc/self/status") {
+            let (resident, anonymous) = memory_from_status(&status);
+            self.resident.set(resident.map_or(0, kib_to_bytes));
+            self.anonymous.set(anonymous.map_or(0, kib_to_bytes));
+        }
+        if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+            self.open_fds.set(fds.count().min(i64::MAX as usize) as i64);
+        }
+    }
+}
+
+fn kib_to_bytes(kib: u64) -> i64 {
+    kib.saturating_mul(1024).min(i64::MAX as u64) as i64
+}
+
+/// `VmRSS` and `RssAnon`, in KiB, from the text of `/proc/self/status`.
+fn memory_from_status(status: &str) -> (Option<u64>, Option<u64>) {
+    let field = |name: &str| {
+        status.lines().find_map(|line| {
+            let rest = line.strip_prefix(name)?.strip_prefix(':')?;
+            rest.trim().strip_suffix("kB")?.trim().parse().ok()
+        })
+    };
+    (field("VmRSS"), field("RssAnon"))
 }
 
 impl Metrics {
@@ -611,8 +677,11 @@ impl Metrics {
             "Placement entries removed from etcd because their actor was deleted or never created",
             cluster_placements_forgotten.clone(),
         );
+        let process = ProcessGauges::default();
+        process.register(&mut registry);
         Self {
             registry,
+            process,
             cluster_forwards,
             cluster_relayed,
             cluster_moves,
@@ -705,5 +774,23 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_memory_is_read_from_status() {
+        let status = "Name:\tmarmot\nVmPeak:\t 9000 kB\nVmRSS:\t  51200 kB\n\
+                      RssAnon:\t   40960 kB\nRssFile:\t 10240 kB\n";
+        assert_eq!(memory_from_status(status), (Some(51200), Some(40960)));
+        assert_eq!(memory_from_status("Name:\tx\n"), (None, None));
+        // A field whose name only starts the same is not taken.
+        assert_eq!(
+            memory_from_status("VmRSSx:\t 1 kB\nRssAnonymous:\t 2 kB\n"),
+            (None, None)
+        );
     }
 }

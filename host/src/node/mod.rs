@@ -312,6 +312,7 @@ impl Node {
             .inner()
             .store(guest_memory.refused(), std::sync::atomic::Ordering::Relaxed);
         self.update_gauges();
+        m.process.refresh();
         match self.storage.reader().and_then(|r| r.inbox_rows()) {
             Ok(n) => {
                 m.inbox_depth.set(n.min(i64::MAX as u64) as i64);
