@@ -95,6 +95,43 @@ async fn health_ready_metrics_and_request_ids() {
     );
 }
 
+/// A failed turn's log line carries the request id its client was
+/// answered with, so an error reply (which names no message) leads to the
+/// line that says why.
+#[tokio::test]
+async fn a_turns_log_lines_name_the_request_that_caused_it() {
+    let dir = tempdir();
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let body = serde_json::to_vec(&json!({"op": "set_then_trap", "key": "k", "value": 1})).unwrap();
+    let r = api
+        .req(
+            Method::POST,
+            "/v1/actors/kit/k",
+            Some(("application/json", body)),
+            &[("x-request-id", "req-trap-4242")],
+        )
+        .await;
+    assert_eq!(r.status, 500, "{}", r.json);
+    assert_eq!(r.headers["x-request-id"], "req-trap-4242");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let log = m.log_text();
+        let line = log.lines().find(|l| l.contains("turn trapped"));
+        if let Some(line) = line {
+            assert!(line.contains("req-trap-4242"), "{line}");
+            assert!(line.contains("actor_id=\"k\""), "{line}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no trap logged:\n{log}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test]
 async fn deploy_versions_and_type_inspection() {
     let dir = tempdir();

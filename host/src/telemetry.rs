@@ -28,6 +28,27 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
+tokio::task_local! {
+    /// The `x-request-id` of the client request being served (the caller's,
+    /// or the one the node chose), so the turn it causes can log it.
+    static REQUEST_ID: std::sync::Arc<str>;
+}
+
+/// Serve `request` with `id` as its request id ([`request_id`]).
+pub fn with_request_id<F: std::future::Future>(
+    id: std::sync::Arc<str>,
+    request: F,
+) -> impl std::future::Future<Output = F::Output> {
+    REQUEST_ID.scope(id, request)
+}
+
+/// The id of the client request this task serves, if it serves one: a
+/// turn's log lines carry it, so the `x-request-id` a client was answered
+/// with (an error reply too) finds them.
+pub fn request_id() -> Option<std::sync::Arc<str>> {
+    REQUEST_ID.try_with(std::sync::Arc::clone).ok()
+}
+
 /// Whether traces are exported.
 pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)

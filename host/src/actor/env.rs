@@ -201,6 +201,7 @@ impl ActorEnv {
                 chain,
                 reply,
                 trace: crate::telemetry::Parent::current(),
+                request_id: crate::telemetry::request_id(),
                 sent_at: std::time::Instant::now(),
             }))
         })

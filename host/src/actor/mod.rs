@@ -103,6 +103,8 @@ pub struct Delivery {
     /// The sender's span (a caller's turn, a request with a
     /// `traceparent`), parent of the turn's span; `None` with traces off.
     pub trace: Option<crate::telemetry::Parent>,
+    /// The client request's `x-request-id`, for the turn's log lines.
+    pub request_id: Option<std::sync::Arc<str>>,
     /// When the message was handed to the actor.
     pub sent_at: std::time::Instant,
 }

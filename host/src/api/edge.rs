@@ -162,10 +162,12 @@ where
         // Drive the instance that was polled ready; leave a fresh clone behind.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
+        // `request_id` keeps only visible ASCII.
+        let logged = std::sync::Arc::from(id.to_str().unwrap_or_default());
         Box::pin(async move {
             // The body is held until the response is made.
             let charge = charge;
-            let mut resp = inner.call(req).await?;
+            let mut resp = crate::telemetry::with_request_id(logged, inner.call(req)).await?;
             if charge.as_ref().is_some_and(|c| c.was_cut()) {
                 // The rest of the body was never read.
                 resp.headers_mut()

@@ -21,11 +21,13 @@ impl ActorTask {
             chain,
             reply,
             trace,
+            request_id,
             sent_at,
         } = d;
         self.next_trace = TurnTrace {
             parent: trace,
             since: Some(sent_at),
+            request_id,
         };
         if let Err(e) = self.ready_for_turn().await {
             let _ = reply.send(Err(e));

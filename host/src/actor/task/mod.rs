@@ -129,6 +129,8 @@ pub(super) struct TurnTrace {
     pub(super) parent: Option<crate::telemetry::Parent>,
     /// When the delivery reached the actor (the turn's wait starts).
     pub(super) since: Option<Instant>,
+    /// The client request that sent the message, if one did.
+    pub(super) request_id: Option<Arc<str>>,
 }
 
 impl ActorTask {

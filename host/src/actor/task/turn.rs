@@ -229,6 +229,7 @@ impl ActorTask {
             version,
             kind,
             turn_id,
+            request_id = trace.request_id.as_deref(),
             cpu_us = tracing::field::Empty,
             wait_us = tracing::field::Empty,
             run_us = tracing::field::Empty,
