@@ -468,6 +468,7 @@ async fn a_secret_reaches_only_its_https_host_and_nothing_comes_back_with_it() {
         "?key={{secret:API_KEY}}",
         "/{{secret:API_KEY}}",
         "?key={{SECRET:API_KEY}}",
+        "?key=%7B%7B%20secret%3AAPI_KEY%7D%7D",
     ] {
         let r = rig.fetch(json!({ "url": format!("{url}{at}") })).await;
         let e = r["error"].as_str().unwrap_or_default();
@@ -478,6 +479,8 @@ async fn a_secret_reaches_only_its_https_host_and_nothing_comes_back_with_it() {
     for body in [
         r#"{"api_key": "{{secret:API_KEY}}"}"#,
         "k={{Secret:API_KEY}}",
+        r#"{"api_key": "{{ secret:API_KEY }}"}"#,
+        "k=%7B%7Bsecret%3AAPI_KEY%7D%7D",
     ] {
         let r = rig
             .fetch(json!({ "method": "POST", "url": url, "body": body }))
@@ -485,11 +488,13 @@ async fn a_secret_reaches_only_its_https_host_and_nothing_comes_back_with_it() {
         let e = r["error"].as_str().unwrap_or_default();
         assert!(e.contains("not in the body"), "{r}");
     }
-    let r = rig
-        .fetch(json!({ "url": url, "headers": [["authorization", "Bearer {{SECRET:API_KEY}}"]] }))
-        .await;
-    let e = r["error"].as_str().unwrap_or_default();
-    assert!(e.contains("in lower case") && !e.contains(SECRET), "{r}");
+    for header in ["Bearer {{SECRET:API_KEY}}", "Bearer {{ secret:API_KEY }}"] {
+        let r = rig
+            .fetch(json!({ "url": url, "headers": [["authorization", header]] }))
+            .await;
+        let e = r["error"].as_str().unwrap_or_default();
+        assert!(e.contains("in lower case") && !e.contains(SECRET), "{r}");
+    }
     assert_eq!(
         rig.seen.requests().len(),
         before,

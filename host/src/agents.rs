@@ -406,8 +406,19 @@ fn check_endpoint(
             let v = v
                 .as_str()
                 .ok_or_else(|| format!("{at}.headers.{k} must be a string"))?;
+            let miswritten = |text: &str| {
+                if crate::egress::holds_secret_placeholder(text.as_bytes()) {
+                    Err(format!(
+                        "{at}.headers.{k}: a placeholder is written {{{{secret:NAME}}}}, in lower \
+                         case and without spaces; this one would go out as written"
+                    ))
+                } else {
+                    Ok(())
+                }
+            };
             let mut rest = v;
             while let Some(start) = rest.find("{{secret:") {
+                miswritten(&rest[..start])?;
                 let after = &rest[start + 9..];
                 let end = after
                     .find("}}")
@@ -427,6 +438,7 @@ fn check_endpoint(
                 }
                 rest = &after[end + 2..];
             }
+            miswritten(rest)?;
         }
     }
     Ok(())
@@ -490,6 +502,16 @@ mod tests {
             &|m| m["tools"][1]["headers"]["x"] = json!("{{secret:OTHER}}"),
             "config.secrets",
         );
+        for header in [
+            "Bearer {{ secret:TICKETS }}",
+            "{{secret:TICKETS}} and {{SECRET:TICKETS}}",
+            "{{Secret:TICKETS}} then {{secret:TICKETS}}",
+        ] {
+            bad(
+                &|m| m["tools"][1]["headers"]["authorization"] = json!(header),
+                "would go out as written",
+            );
+        }
         bad(
             &|m| m["tools"][2]["name"] = json!("create_ticket"),
             "defined twice",

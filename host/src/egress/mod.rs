@@ -20,5 +20,7 @@ pub mod scrub;
 
 pub use budget::ResponseBudget;
 pub use client::{Egress, EgressError, OutboundHeader, OutboundRequest, StreamingResponse};
-pub use policy::{HostPattern, has_secret_placeholder, holds_secret_placeholder};
+pub use policy::{
+    HostPattern, has_secret_placeholder, holds_secret_placeholder, opens_secret_placeholder,
+};
 pub use scrub::{Scrub, TextStreamScrub};

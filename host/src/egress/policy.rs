@@ -269,16 +269,38 @@ impl AddressPolicy {
 /// Whether `url` holds `{{secret:`, as written or percent-encoded (a URL
 /// parser encodes braces in a path).
 pub fn has_secret_placeholder(url: &str) -> bool {
-    let decoded: Vec<u8> = percent_encoding::percent_decode_str(url).collect();
-    holds_secret_placeholder(&decoded)
+    holds_secret_placeholder(url.as_bytes())
 }
 
-/// Whether `text` holds `{{secret:`, in any ASCII case (`{{SECRET:K}}`
-/// is the same mistake: it went out as written).
+/// Whether `text` holds something written as a `{{secret:` placeholder
+/// where none is substituted: in any ASCII case (`{{SECRET:K}}`), with
+/// blanks inside the braces (`{{ secret: K }}`, a form's `+`), or
+/// percent-encoded (`%7B%7Bsecret%3AK%7D%7D`, what a form or URL encoder
+/// makes of one). Each went out as written, naming the secret.
 pub fn holds_secret_placeholder(text: &[u8]) -> bool {
-    const OPEN: &[u8] = b"{{secret:";
-    text.windows(OPEN.len())
-        .any(|w| w.eq_ignore_ascii_case(OPEN))
+    let decoded = std::borrow::Cow::<[u8]>::from(percent_encoding::percent_decode(text));
+    let text = &*decoded;
+    (0..text.len().saturating_sub(1))
+        .any(|i| text[i..].starts_with(b"{{") && opens_secret_placeholder(&text[i + 2..]))
+}
+
+/// Whether `rest`, what follows a `{{`, opens a secret placeholder, given
+/// or taken case and a few blanks: `secret:`, ` SECRET :`.
+pub fn opens_secret_placeholder(rest: &[u8]) -> bool {
+    // A few blanks, not any number: a run of `{{` and blanks stays linear.
+    const BLANKS: usize = 4;
+    let blanks = |at: &[u8]| {
+        at.iter()
+            .take(BLANKS + 1)
+            .take_while(|b| b.is_ascii_whitespace() || **b == b'+')
+            .count()
+    };
+    let rest = &rest[blanks(rest)..];
+    let Some(word) = rest.get(..6) else {
+        return false;
+    };
+    let rest = &rest[6..];
+    word.eq_ignore_ascii_case(b"secret") && rest.get(blanks(rest)) == Some(&b':')
 }
 
 #[cfg(test)]
@@ -424,5 +446,38 @@ mod tests {
         assert_eq!(p.check("8.8.8.8".parse().unwrap()), Ok(()));
         assert!(AddressPolicy::new(&["nope".into()]).is_err());
         assert!(AddressPolicy::new(&["127.0.0.1".into()]).is_ok());
+    }
+
+    #[test]
+    fn placeholders_are_seen_however_they_are_written() {
+        for text in [
+            "{{secret:K}}",
+            "x={{SECRET:K}}",
+            "{{ secret:K }}",
+            "{{secret :K}}",
+            "{{\tSecret\n:K}}",
+            "k=%7B%7Bsecret%3AK%7D%7D",
+            "k=%7b%7b+secret%3aK%7d%7d",
+            "{{{secret:K}}}",
+            "{ {{{secret:K}}",
+        ] {
+            assert!(holds_secret_placeholder(text.as_bytes()), "{text}");
+        }
+        for text in [
+            "",
+            "{{",
+            "{{secret",
+            "{{secrets:K}}",
+            "{{idempotency-key}}",
+            "{secret:K}",
+            "{{      secret:K}}",
+            "secret:K",
+            "%7B%7Bsecre",
+        ] {
+            assert!(!holds_secret_placeholder(text.as_bytes()), "{text}");
+        }
+        // Blanks are bounded: a run of openers and blanks stays linear.
+        let long = "{{ ".repeat(100_000);
+        assert!(!holds_secret_placeholder(long.as_bytes()));
     }
 }

@@ -196,11 +196,10 @@ fn substitute(
             continue;
         }
         let Some(inner) = after.strip_prefix("{{secret:") else {
-            if crate::egress::holds_secret_placeholder(&after.as_bytes()[..after.len().min(9)]) {
+            if crate::egress::opens_secret_placeholder(&after.as_bytes()[2..]) {
                 return Err(GuestError::Invalid(format!(
                     "header `{header}`: a placeholder is written `{{{{secret:NAME}}}}`, in lower \
-                     case; `{}` would go out as written",
-                    &after[..9]
+                     case and without spaces; this one would go out as written"
                 )));
             }
             // One brace on: `{{{secret:K}}}` is a brace around a placeholder.
