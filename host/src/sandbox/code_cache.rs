@@ -11,13 +11,15 @@
 //! keeps its own files fresh, so one node's sweep never takes another's.
 //! A file removed while mapped stays readable to whoever mapped it; a node
 //! that needs a removed file later compiles it again, as after a wiped
-//! cache. A file counts as used for as long as the node that loaded it
-//! runs, even after its type is deleted: it goes a week after that node's
-//! next restart.
+//! cache. A file counts as used for as long as this node holds the code
+//! loaded from it ([`CacheUse`]): once a type is deleted or a version
+//! replaced and no actor runs it any more, its file ages like any other
+//! and goes a week later. (It used to count as used until the node
+//! restarted: a long-running node kept ~6 MB per JavaScript deploy.)
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 /// A file nobody has used for this long is removed by a sweep.
@@ -30,7 +32,39 @@ const ABANDONED_AFTER: Duration = Duration::from_secs(3600);
 #[derive(Debug)]
 pub(super) struct CodeCache {
     dir: PathBuf,
-    used: Mutex<HashSet<PathBuf>>,
+    used: Arc<Users>,
+}
+
+/// How many holders each file this node uses has.
+type Users = Mutex<HashMap<PathBuf, usize>>;
+
+/// This node's use of one cache file: sweeps keep the file fresh while
+/// any of these for it lives. Held with the code loaded from the file.
+#[derive(Debug)]
+#[must_use = "the file counts as used only while this lives"]
+pub(super) struct CacheUse {
+    users: Arc<Users>,
+    path: PathBuf,
+}
+
+impl CacheUse {
+    /// Keep the file for as long as this node runs (the shared engine's
+    /// files, a few bytes of refused preload).
+    pub(super) fn for_life(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for CacheUse {
+    fn drop(&mut self) {
+        let mut users = self.users.lock().expect("code cache lock");
+        if let Some(n) = users.get_mut(&self.path) {
+            *n -= 1;
+            if *n == 0 {
+                users.remove(&self.path);
+            }
+        }
+    }
 }
 
 /// What a sweep removed.
@@ -63,28 +97,36 @@ impl CodeCache {
     pub(super) fn new(dir: PathBuf) -> Self {
         Self {
             dir,
-            used: Mutex::new(HashSet::new()),
+            used: Arc::default(),
         }
     }
 
     /// Note that this node uses `path` (it loaded or wrote it): its time is
-    /// set to now, and sweeps keep it fresh for as long as the node runs.
-    pub(super) fn used(&self, path: &Path) {
+    /// set to now, and sweeps keep it fresh for as long as the returned
+    /// use lives.
+    pub(super) fn used(&self, path: &Path) -> CacheUse {
         touch(path, SystemTime::now());
-        self.used
+        *self
+            .used
             .lock()
             .expect("code cache lock")
-            .insert(path.to_path_buf());
+            .entry(path.to_path_buf())
+            .or_default() += 1;
+        CacheUse {
+            users: self.used.clone(),
+            path: path.to_path_buf(),
+        }
     }
 
     /// Write `bytes` to `path` (atomically) as a file this node uses. A
     /// failure costs only a compile later, so it is logged, not returned:
     /// `what` names the entry in the log.
-    pub(super) fn store(&self, path: &Path, bytes: &[u8], what: &str) {
+    pub(super) fn store(&self, path: &Path, bytes: &[u8], what: &str) -> Option<CacheUse> {
         match super::write_atomic(path, bytes) {
-            Ok(()) => self.used(path),
+            Ok(()) => Some(self.used(path)),
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "failed to cache {what}");
+                None
             }
         }
     }
@@ -93,7 +135,13 @@ impl CodeCache {
     /// for longer than `unused_for` (and temporary files abandoned for an
     /// hour). Blocking: run it on a blocking thread.
     pub(super) fn sweep(&self, now: SystemTime, unused_for: Duration) -> std::io::Result<Swept> {
-        let used = self.used.lock().expect("code cache lock").clone();
+        let used: std::collections::HashSet<PathBuf> = self
+            .used
+            .lock()
+            .expect("code cache lock")
+            .keys()
+            .cloned()
+            .collect();
         for path in &used {
             touch(path, now);
         }
@@ -207,7 +255,7 @@ mod tests {
         let now = SystemTime::now();
         let path = file(dir.path(), "ab12-e1.cwasm", 3 * DAY, now);
         let cache = CodeCache::new(dir.path().to_path_buf());
-        cache.used(&path);
+        let _held = cache.used(&path);
         // Made old again, as if the node had run for weeks since loading it.
         file(dir.path(), "ab12-e1.cwasm", 30 * DAY, now);
 
@@ -220,6 +268,30 @@ mod tests {
             .duration_since(std::fs::metadata(&path).unwrap().modified().unwrap())
             .unwrap_or_default();
         assert!(age < DAY, "the sweep set the file's time to now");
+    }
+
+    #[test]
+    fn a_file_no_longer_held_ages_like_any_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = SystemTime::now();
+        let path = file(dir.path(), "ab12-e1.cwasm", DAY, now);
+        let cache = CodeCache::new(dir.path().to_path_buf());
+        let (first, second) = (cache.used(&path), cache.used(&path));
+        file(dir.path(), "ab12-e1.cwasm", 30 * DAY, now);
+        drop(first);
+        // Still held by the second user: kept, and made fresh.
+        assert_eq!(cache.sweep(now, 7 * DAY).unwrap(), Swept::default());
+        assert!(path.exists());
+        drop(second);
+        // Fresh from that sweep: kept until it has aged the retention.
+        assert_eq!(cache.sweep(now, 7 * DAY).unwrap(), Swept::default());
+        assert_eq!(cache.sweep(now + 8 * DAY, 7 * DAY).unwrap().files, 1);
+        assert!(!path.exists());
+        // One kept for life is never dropped.
+        let path = file(dir.path(), "cd34-e1.cwasm", 30 * DAY, now);
+        cache.used(&path).for_life();
+        assert_eq!(cache.sweep(now, 7 * DAY).unwrap(), Swept::default());
+        assert!(path.exists());
     }
 
     #[test]

@@ -56,7 +56,7 @@ impl Sandbox {
         ));
         let snapshot = match std::fs::read(&path) {
             Ok(bytes) => {
-                self.cache.used(&path);
+                self.cache.used(&path).for_life();
                 bytes
             }
             Err(_) => {
@@ -66,12 +66,14 @@ impl Sandbox {
                 let preinit = self.preinit()?;
                 let bytes = tokio::runtime::Handle::current()
                     .block_on(preinit.engine(&self.parts.linker, host))?;
-                self.cache.store(&path, &bytes, "the engine snapshot");
+                if let Some(file) = self.cache.store(&path, &bytes, "the engine snapshot") {
+                    file.for_life();
+                }
                 bytes
             }
         };
-        let component = self.compile(&snapshot)?;
-        let prepared = Arc::new(self.link_js_engine(&component)?);
+        let (component, file) = self.compile(&snapshot)?;
+        let prepared = Arc::new(self.link_js_engine(&component, file)?);
         tracing::info!(
             elapsed_ms = started.elapsed().as_millis() as u64,
             "JavaScript engine ready"
@@ -97,11 +99,12 @@ impl Sandbox {
     ) -> Result<Arc<Prepared>, CodeError> {
         let shared = self.js_engine()?;
         let (cwasm, refused) = self.type_cache_paths(module, config);
-        if let Some(c) = self.load_cached(&cwasm) {
-            return Ok(Arc::new(self.link_js_engine(&c)?));
+        if let Some((c, file)) = self.load_cached(&cwasm) {
+            return Ok(Arc::new(self.link_js_engine(&c, Some(file))?));
         }
         if refused.exists() {
-            self.cache.used(&refused);
+            // A few bytes: kept for as long as the node runs.
+            self.cache.used(&refused).for_life();
             return Ok(shared);
         }
         let started = std::time::Instant::now();
@@ -125,8 +128,12 @@ impl Sandbox {
                 self.check_top_level(&preinit, module, config)?;
                 tracing::info!(module = %module.name, reason = %why, "module not preloaded: each sandbox evaluates it in its first turn");
                 // Remembered, so a restart does not run its top level again.
-                self.cache
-                    .store(&refused, why.as_bytes(), "a refused preload");
+                if let Some(file) = self
+                    .cache
+                    .store(&refused, why.as_bytes(), "a refused preload")
+                {
+                    file.for_life();
+                }
                 return Ok(shared);
             }
             Err(PreloadError::Invalid(why)) => return Err(CodeError::Script(why)),
@@ -141,9 +148,9 @@ impl Sandbox {
             }
         };
         let compiling = std::time::Instant::now();
-        let component = self.compile_into(&snapshot, &cwasm)?;
+        let (component, file) = self.compile_into(&snapshot, &cwasm)?;
         let compile_ms = compiling.elapsed().as_millis() as u64;
-        let prepared = Arc::new(self.link_js_engine(&component)?);
+        let prepared = Arc::new(self.link_js_engine(&component, file)?);
         tracing::info!(
             module = %module.name,
             elapsed_ms = started.elapsed().as_millis() as u64,
@@ -200,8 +207,13 @@ impl Sandbox {
         if let Some(p) = &*slot {
             return Ok(p.clone());
         }
+        // Kept for as long as the node runs, like the preinit itself.
         let p = Arc::new(Preinit::new(crate::guests::QUICKJS, |wasm| {
-            self.compile(wasm)
+            let (component, file) = self.compile(wasm)?;
+            if let Some(file) = file {
+                file.for_life();
+            }
+            Ok(component)
         })?);
         *slot = Some(p.clone());
         Ok(p)

@@ -72,6 +72,7 @@ pub use turn::{ActorCounts, Carry, FinishedTurn, TurnLimits, TurnStart, release_
 
 use caps::CapSet;
 use caps::js::JsAccess;
+use code_cache::CacheUse;
 use host::Host;
 
 use crate::config::ResolvedTypeConfig;
@@ -94,6 +95,9 @@ pub struct Prepared {
     /// The pages a fresh instance writes, populated before its first turn
     /// (see [`prefault`]); used only with `origin`.
     writes: Arc<prefault::WriteSet>,
+    /// The code-cache file the code was mapped from, kept fresh while this
+    /// lives (see `code_cache.rs`).
+    _file: Option<CacheUse>,
 }
 
 /// The pristine instance of a [`Prepared`], while trimmed instances hold
@@ -436,8 +440,8 @@ impl Sandbox {
     /// Compile `code` (or load it from the cache) and check that it fits the
     /// actor world. Blocking: call from a blocking thread.
     pub fn prepare(&self, code: &[u8]) -> Result<Prepared, CodeError> {
-        let component = self.compile(code)?;
-        self.link(&component)
+        let (component, file) = self.compile(code)?;
+        self.link(&component, file)
     }
 
     /// The built-in agent harness (`actors/agent`), compiled (or loaded
@@ -457,8 +461,12 @@ impl Sandbox {
     /// [`link`](Self::link), and trims of its sandboxes give back the
     /// snapshot pages their turns left unchanged. Never for deployed code:
     /// only the engine's turns write pages back as they found them.
-    fn link_js_engine(&self, component: &Component) -> Result<Prepared, CodeError> {
-        let mut prepared = self.link(component)?;
+    fn link_js_engine(
+        &self,
+        component: &Component,
+        file: Option<CacheUse>,
+    ) -> Result<Prepared, CodeError> {
+        let mut prepared = self.link(component, file)?;
         if !prepared.is_js_engine() {
             return Err(CodeError::WrongWorld(
                 "the built-in JavaScript engine does not export js-runtime".into(),
@@ -469,8 +477,8 @@ impl Sandbox {
     }
 
     /// Link compiled code against the host and check it fits the actor
-    /// world.
-    fn link(&self, component: &Component) -> Result<Prepared, CodeError> {
+    /// world; `file` is the cache file it was mapped from, if any.
+    fn link(&self, component: &Component, file: Option<CacheUse>) -> Result<Prepared, CodeError> {
         let pre = self
             .parts
             .linker
@@ -499,6 +507,7 @@ impl Sandbox {
             trims_snapshot: false,
             pristine: Default::default(),
             writes: Default::default(),
+            _file: file,
         })
     }
 
@@ -514,7 +523,9 @@ impl Sandbox {
         &self.config.eval
     }
 
-    fn compile(&self, code: &[u8]) -> Result<Component, CodeError> {
+    /// Compiled `code`, from the cache or compiled now, with its cache
+    /// file's use.
+    fn compile(&self, code: &[u8]) -> Result<(Component, Option<CacheUse>), CodeError> {
         check_header(code)?;
         let sha = hex::encode(Sha256::digest(code));
         let path = self
@@ -522,7 +533,7 @@ impl Sandbox {
             .cache_dir
             .join(format!("{sha}-{}.cwasm", self.parts.hash));
         match self.load_cached(&path) {
-            Some(c) => Ok(c),
+            Some((c, file)) => Ok((c, Some(file))),
             None => self.compile_into(code, &path),
         }
     }
@@ -532,26 +543,31 @@ impl Sandbox {
     /// as after a restart. The compiled code in memory was anonymous, ~4 MB
     /// of engine code per JavaScript type held for as long as the type is
     /// deployed (found by a probe: 5 MB per type, actors asleep or not).
-    fn compile_into(&self, code: &[u8], path: &Path) -> Result<Component, CodeError> {
+    fn compile_into(
+        &self,
+        code: &[u8],
+        path: &Path,
+    ) -> Result<(Component, Option<CacheUse>), CodeError> {
         let component = Component::new(&self.parts.engine, code)
             .map_err(|e| CodeError::from_failure(format!("{e:#}")))?;
         self.parts.compile_cache.release();
         match component.serialize() {
             Ok(bytes) => {
-                self.cache.store(path, &bytes, "compiled code");
+                let stored = self.cache.store(path, &bytes, "compiled code");
                 drop(bytes);
-                if let Some(mapped) = self.load_cached(path) {
-                    return Ok(mapped);
+                if let Some((mapped, file)) = self.load_cached(path) {
+                    return Ok((mapped, Some(file)));
                 }
+                return Ok((component, stored));
             }
             Err(e) => tracing::warn!(error = %e, "failed to serialize compiled code"),
         }
-        Ok(component)
+        Ok((component, None))
     }
 
     /// Compiled code from the cache at `path` (mapped, not read), if there
     /// is any; an entry that does not load is removed.
-    fn load_cached(&self, path: &Path) -> Option<Component> {
+    fn load_cached(&self, path: &Path) -> Option<(Component, CacheUse)> {
         if !path.exists() {
             return None;
         }
@@ -561,10 +577,7 @@ impl Sandbox {
         #[allow(unsafe_code, reason = "loading our own compiled-code cache")]
         let loaded = unsafe { Component::deserialize_file(&self.parts.engine, path) };
         match loaded {
-            Ok(c) => {
-                self.cache.used(path);
-                Some(c)
-            }
+            Ok(c) => Some((c, self.cache.used(path))),
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "discarding unusable compiled-code cache entry");
                 let _ = std::fs::remove_file(path);
