@@ -1151,6 +1151,50 @@ export default {
     assert_eq!(r.json, 1, "{}", r.json);
 }
 
+/// A client's request forwarded to an owner that stops answering stops
+/// waiting once that node is no member: one the client made safe to send
+/// again (an `Idempotency-Key`) goes where the actor went after the
+/// failover, and one that is not is answered 503 `owner_left`. Both waited
+/// for as long as the client did (found by a probe).
+#[tokio::test]
+async fn a_request_to_a_paused_owner_stops_waiting_when_it_leaves() {
+    let Some(c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let add = json!({"op": "add", "key": "n", "by": 1});
+    let r = c
+        .api(0)
+        .post_json("/v1/actors/kit/far?region=us", &add)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(owner_of(&c, 0, "far").await, "n3");
+    c.signal(2, "-STOP");
+    let limit = Duration::from_secs(25);
+    let started = Instant::now();
+    // Both sent while the others still see the owner as a member.
+    let (first, second) = (c.api(0), c.api(1));
+    let (bare, keyed) = tokio::join!(
+        tokio::time::timeout(limit, first.post_json("/v1/actors/kit/far", &add)),
+        tokio::time::timeout(
+            limit,
+            second.post_with("/v1/actors/kit/far", &add, &[("idempotency-key", "once")]),
+        )
+    );
+    let took = started.elapsed();
+    c.signal(2, "-CONT");
+    let bare = bare.expect("the request without a key waited for the paused owner");
+    assert_eq!(bare.status, 503, "{}", bare.json);
+    assert_eq!(bare.json["error"]["code"], "owner_left", "{}", bare.json);
+    let keyed = keyed.expect("the keyed request waited for the paused owner");
+    assert_eq!(keyed.status, 200, "{}", keyed.json);
+    assert!(took < Duration::from_secs(20), "they waited {took:?}");
+    // The keyed one took effect once, where the actor is now.
+    assert_eq!(keyed.json["value"], 2, "{}", keyed.json);
+    let r = c.api(0).get("/v1/actors/kit/far/state/n").await;
+    assert_eq!((r.status, &r.json), (200, &json!(2)), "{}", r.json);
+}
+
 /// A node paused past its lease takes the cluster-wide writes it missed
 /// when it joins again: it kept a deleted secret, missed a new one and ran
 /// an old version until it restarted (found by a re-probe).

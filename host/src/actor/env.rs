@@ -271,10 +271,6 @@ impl ActorCalls for ActorEnv {
 /// between nodes (within the call's timeout; pauses of 0.2 s to 1.6 s).
 const CALL_REROUTES: u32 = 12;
 
-/// How often a call waiting on another node checks that the node is still
-/// a member.
-const MEMBERSHIP_CHECK: Duration = Duration::from_millis(500);
-
 /// Whether a failed call may be sent again.
 enum Retry {
     /// The callee's turn failed, or it is not there: no.
@@ -298,7 +294,7 @@ impl CallFailure {
     fn refused(code: &str, message: String) -> Self {
         let retry = match code {
             "wrong_owner" | "slot_unavailable" => Retry::Always,
-            "actor_moved" | "owner_unreachable" | "actor_stopped" => Retry::Keyed,
+            "actor_moved" | "owner_unreachable" | "owner_left" | "actor_stopped" => Retry::Keyed,
             _ => Retry::Never,
         };
         Self {
@@ -334,12 +330,7 @@ impl ActorEnv {
                 if !watched {
                     return std::future::pending().await;
                 }
-                loop {
-                    tokio::time::sleep(MEMBERSHIP_CHECK).await;
-                    if !cluster.peers().iter().any(|m| m.advertise == base) {
-                        return;
-                    }
-                }
+                cluster.until_no_peer(|m| m.advertise == base).await;
             };
             let sent = tokio::select! {
                 r = sent => r,

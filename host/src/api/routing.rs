@@ -247,8 +247,37 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                     parts.uri.path_and_query().map_or("/", |p| p.as_str()),
                     headers,
                     body.clone(),
-                )
-                .await;
+                );
+                // An owner that stops answering (paused, cut off) held the
+                // request for as long as its client waited, though its
+                // slots failed over in seconds (found by a probe): once it
+                // is no member, the request stops waiting for it.
+                let sent = tokio::select! {
+                    sent = sent => sent,
+                    () = cluster.until_no_peer(|m| m.node_id == node_id) => {
+                        s.node.metrics().cluster_forward("error");
+                        if retry_safe(&parts) && rerouted < REROUTES {
+                            rerouted += 1;
+                            tracing::info!(actor = %key, owner = %node_id, "the owner left the cluster while the request waited; routing it where its slot fails over");
+                            deadline = tokio::time::Instant::now() + ROUTING_TIME;
+                            until_new_owner(&cluster, &key, &node_id, deadline).await;
+                            continue;
+                        }
+                        tracing::warn!(actor = %key, owner = %node_id, "the owner left the cluster while the request waited");
+                        let mut e = ApiError::new(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "owner_left",
+                            format!(
+                                "actor {key} lives on node `{node_id}`, which left the cluster while \
+                                 this request waited for it; whether the message ran there is \
+                                 unknown. Send it again with an Idempotency-Key to have it \
+                                 applied once"
+                            ),
+                        );
+                        e.retry_after = Some(1);
+                        return e.into_response();
+                    }
+                };
                 match sent {
                     // The owner's epoch differed (or its actor moved while
                     // the request ran there): re-read and route again. A
@@ -354,6 +383,27 @@ async fn moved_on(
         return false;
     }
     !matches!(cluster.route(key), Route::Remote { node_id, epoch: e, .. } if node_id == owner && e == epoch)
+}
+
+/// Wait (until `deadline` at most) for `key`'s slot to have an owner
+/// other than `gone`, a node that left: its backup takes the slot over
+/// once the lease lapses, and routing meanwhile answers 503.
+async fn until_new_owner(
+    cluster: &crate::cluster::Cluster,
+    key: &ActorKey,
+    gone: &str,
+    deadline: tokio::time::Instant,
+) {
+    const CHECK: Duration = Duration::from_millis(250);
+    while tokio::time::Instant::now() < deadline {
+        match cluster.route(key) {
+            Route::Unavailable { .. } => {}
+            Route::Remote { node_id, .. } if node_id == gone => {}
+            _ => return,
+        }
+        let next = deadline.min(tokio::time::Instant::now() + CHECK);
+        let _ = tokio::time::timeout_at(next, cluster.changed()).await;
+    }
 }
 
 /// Whether the client made `parts` safe to send again: a method HTTP

@@ -532,6 +532,19 @@ impl Cluster {
             .collect()
     }
 
+    /// Resolves once no other member is `which` (checked every half
+    /// second): for a request waiting on a node that stopped answering,
+    /// whose slots fail over once its lease lapses.
+    pub async fn until_no_peer(&self, which: impl Fn(&MemberRecord) -> bool) {
+        const CHECK: std::time::Duration = std::time::Duration::from_millis(500);
+        loop {
+            tokio::time::sleep(CHECK).await;
+            if !self.peers().iter().any(&which) {
+                return;
+            }
+        }
+    }
+
     /// Say that this node is stopping: it keeps what it owns until it
     /// hands it over, and is given nothing more.
     pub async fn announce_leaving(&self) -> anyhow::Result<()> {
