@@ -138,12 +138,15 @@ impl ActorTask {
         &mut self,
         key: &str,
     ) -> Result<Option<(u64, IdemRecord)>, TurnError> {
+        let now = now_ms();
         if let Some((seq, rec)) = self.idem_pending.get(key) {
-            return Ok(Some((*seq, rec.clone())));
+            // Expired like one on disk: whether a key still holds must not
+            // depend on whether its actor stayed awake.
+            return Ok((rec.expires_at_ms > now).then(|| (*seq, rec.clone())));
         }
         let num = self.record().num;
         let rec = self.env.storage.reader()?.idempotency(num, key)?;
-        Ok(rec.filter(|r| r.expires_at_ms > now_ms()).map(|r| (0, r)))
+        Ok(rec.filter(|r| r.expires_at_ms > now).map(|r| (0, r)))
     }
 
     /// Answer a repeated idempotency key without running the turn again,
