@@ -546,6 +546,33 @@ async fn rewritten_and_deleted_files_give_their_blobs_back() {
     assert_eq!(read(&api, "a", "big.bin").await["size"], 300_011);
     let r = api.get("/v1/actors/kit/a/files/big.bin").await;
     assert_eq!(r.status, 200);
+
+    // A child script's file, rolled back when it threw, in a turn that
+    // otherwise changed nothing: its blob goes too (it stayed until the
+    // hourly sweep: found by a probe).
+    let code = "marmot.files.write('outputs/o', 'x'.repeat(100000)); throw new Error('no')";
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({ "op": "js_eval", "code": code, "tools": ["files"] }),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert!(
+        r.json["error"].as_str().is_some_and(|e| e.contains("no")),
+        "{}",
+        r.json
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while blobs(&data) != [live.clone()] {
+        assert!(
+            Instant::now() < deadline,
+            "a rolled-back script's blob stayed: {} on disk",
+            blobs(&data).len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test]
