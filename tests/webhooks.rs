@@ -507,3 +507,64 @@ async fn a_hook_refused_by_its_head_is_answered_before_its_body() {
         }
     }
 }
+
+/// Webhook bodies coming in slowly, which anyone may send, do not keep
+/// clients with credentials out at the connection cap: the one sending
+/// longest makes room. An admin's request waited for the webhooks'
+/// deadlines, 20 s with 30 connections declaring 1 MiB (found by a probe).
+#[tokio::test]
+async fn slow_webhook_bodies_give_way_at_the_connection_cap() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempdir();
+    let m = Marmot::start_opts(
+        &dir.path().join("data"),
+        &[],
+        Some("[limits]\nmax_connections = 4\n"),
+    )
+    .await;
+    let api = m.client();
+    let secret = marmot::webhooks::new_secret();
+    let r = api
+        .deploy("kit", TESTKIT, json!({"webhook_secret": secret}))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    drop(api);
+    let mut slow = Vec::new();
+    for i in 0..4 {
+        let mut c = tokio::net::TcpStream::connect(("127.0.0.1", m.port))
+            .await
+            .unwrap();
+        let head = format!(
+            "POST /v1/hooks/kit/h{i}/gh HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             webhook-id: w{i}\r\nwebhook-timestamp: {}\r\nwebhook-signature: v1,AAAA\r\n\
+             content-length: 1000000\r\n\r\n{{",
+            now_s()
+        );
+        c.write_all(head.as_bytes()).await.unwrap();
+        slow.push(c);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let mut c = tokio::net::TcpStream::connect(("127.0.0.1", m.port))
+        .await
+        .unwrap();
+    c.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut out))
+        .await
+        .expect("never served")
+        .unwrap();
+    let took = started.elapsed();
+    let said = String::from_utf8_lossy(&out);
+    assert!(said.starts_with("HTTP/1.1 200"), "{said}");
+    assert!(took < Duration::from_millis(1_500), "waited {took:?}");
+    // The one sending longest was closed, the others still send.
+    let mut buf = [0u8; 64];
+    let first = tokio::time::timeout(Duration::from_secs(2), slow[0].read(&mut buf)).await;
+    assert!(matches!(first, Ok(Ok(0)) | Ok(Err(_))), "{first:?}");
+    let second = tokio::time::timeout(Duration::from_millis(200), slow[1].read(&mut buf)).await;
+    assert!(second.is_err(), "a younger one was closed too");
+}

@@ -125,7 +125,8 @@ pub struct Metrics {
     pub requests_refused: Family<RefusalLabels, Counter>,
     /// Client connections open (`limits.max_connections` at most).
     pub http_connections: Gauge,
-    /// Idle client connections closed to make room for new ones at the cap.
+    /// Client connections closed to make room for new ones at the cap: idle
+    /// ones, else the one sending a webhook body longest.
     pub http_connections_evicted: Counter,
     /// Bytes of outbound response bodies buffered (charged until handed
     /// on), against `limits.egress_response_budget_bytes`.
@@ -424,7 +425,7 @@ impl Metrics {
         let http_connections_evicted = Counter::default();
         registry.register(
             "http_connections_evicted",
-            "Idle client connections closed to make room for new ones at limits.max_connections",
+            "Client connections closed to make room for new ones at limits.max_connections: idle ones, else the one sending a webhook body longest",
             http_connections_evicted.clone(),
         );
         let egress_response_bytes = Gauge::default();

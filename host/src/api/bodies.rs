@@ -17,10 +17,11 @@
 //! protocol).
 //!
 //! Bytes are charged as they arrive, not as declared, and a body must
-//! arrive within `limits.body_timeout_ms` (at most 5 s for a webhook, which
-//! anyone may send) plus a second per 64 KiB of its declared length, or of
-//! the route's largest body when it declares none (408 `body_timeout`
-//! after that, and the connection closes). Until 2026-12-06 the declared length was charged when the head
+//! arrive within `limits.body_timeout_ms` plus a second per 64 KiB of its
+//! declared length, or of the route's largest body when it declares none
+//! (408 `body_timeout` after that, and the connection closes); a webhook,
+//! which anyone may send, within 5 s in all. A body that declares more
+//! than its route takes is refused at once (413). Until 2026-12-06 the declared length was charged when the head
 //! arrived and a body could take forever: 1,600 connections declaring
 //! 1 MiB each and sending nothing held the whole default budget, with no
 //! credentials (webhook routes read their body before checking it), and
@@ -86,8 +87,8 @@ pub(super) enum BodyCut {
     )]
     OverBudget { held: u64, bytes: u64, limit: u64 },
     #[error(
-        "the request body did not arrive within {}s (limits.body_timeout_ms, at most 5 s for a \
-         webhook, plus a second per 64 KiB it declares)", .0.as_secs()
+        "the request body did not arrive within {}s (limits.body_timeout_ms plus a second per \
+         64 KiB it declares; 5 s in all for a webhook)", .0.as_secs()
     )]
     TimedOut(Duration),
 }
@@ -122,24 +123,44 @@ impl BodyBudget {
         if path.starts_with("/v1/cluster/") {
             return Ok(None);
         }
-        let route_limit = if req.method() == Method::PUT && path.starts_with("/v1/types/") {
-            self.code
-        } else {
-            self.message
-        };
+        let (route_limit, setting) =
+            if req.method() == Method::PUT && path.starts_with("/v1/types/") {
+                (self.code, "limits.max_code_bytes")
+            } else {
+                (self.message, "limits.max_message_bytes")
+            };
         let length = req.headers().get(header::CONTENT_LENGTH).map(|v| {
             v.to_str()
                 .ok()
                 .and_then(|s| s.trim().parse::<u64>().ok())
                 .unwrap_or(route_limit)
         });
+        // Refused before a byte of it is read (or a `100 Continue` sent):
+        // it waited for the whole body, or for the body's deadline when it
+        // never came, and then said only that it took too long.
+        if let Some(n) = length.filter(|n| *n > route_limit) {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!(
+                    "the request body declares {n} bytes; this route takes at most \
+                     {route_limit} ({setting})"
+                ),
+            ));
+        }
+        // Anyone may post a webhook, signed with anything while its body
+        // is not there to check: such a body is given a few seconds in
+        // all, whatever it declares (a made-up signature held a connection
+        // 46 s, then 21 s declaring 1 MiB: probes).
+        let open_route = path.starts_with("/v1/hooks/");
         // The deadline is sized by what the body declares: one of a few
         // bytes was given as long as the route's largest.
-        let sized_by = length.unwrap_or(route_limit).min(route_limit);
-        // Anyone may post a webhook, signed with anything while its body
-        // is not there to check: such a body is given only a few seconds
-        // of slack (a made-up signature held a connection 46 s: a probe).
-        let slack = if path.starts_with("/v1/hooks/") {
+        let sized_by = if open_route {
+            0
+        } else {
+            length.unwrap_or(route_limit).min(route_limit)
+        };
+        let slack = if open_route {
             self.slack.min(OPEN_ROUTE_SLACK)
         } else {
             self.slack
@@ -438,8 +459,7 @@ mod tests {
     }
 
     /// A webhook's body, which anyone may send under a made-up signature,
-    /// gets at most 5 s of slack (here against 30 s configured), plus a
-    /// second per 64 KiB declared (not the route's largest body).
+    /// gets at most 5 s in all (here against 30 s configured).
     #[tokio::test]
     async fn a_webhook_body_gets_little_slack() {
         use futures::StreamExt as _;
@@ -458,8 +478,43 @@ mod tests {
             .err()
             .unwrap();
         assert_eq!(cut_answer(&e).unwrap().code, "body_timeout");
+        // 5 s in all, whatever it declares (a second per 64 KiB declared
+        // came on top: 21 s for 1 MiB).
         let took = started.elapsed();
-        assert!(took >= Duration::from_millis(5_900), "{took:?}");
-        assert!(took < Duration::from_secs(20), "{took:?}");
+        assert!(took >= Duration::from_millis(4_900), "{took:?}");
+        assert!(took < Duration::from_millis(5_900), "{took:?}");
+    }
+
+    /// A body that declares more than its route takes is refused before
+    /// any of it is read: it waited for the whole body (or its deadline)
+    /// first (found by a probe).
+    #[test]
+    fn a_body_declared_too_large_is_refused_at_once() {
+        let (budget, gauge, refused) = budget(1000, 30_000);
+        let e = budget.admit(&post(Some("51"), false)).err().unwrap();
+        assert_eq!(
+            (e.status, e.code),
+            (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large")
+        );
+        assert!(e.message.contains("declares 51 bytes"), "{}", e.message);
+        assert!(
+            e.message.contains("at most 50 (limits.max_message_bytes)"),
+            "{}",
+            e.message
+        );
+        let e = budget
+            .admit(&to("PUT", "/v1/types/t", Some("81"), false))
+            .err()
+            .unwrap();
+        assert!(e.message.contains("limits.max_code_bytes"), "{}", e.message);
+        // At the limit: admitted. Nothing was charged or counted as shed.
+        assert!(budget.admit(&post(Some("50"), false)).unwrap().is_some());
+        assert!(
+            budget
+                .admit(&to("PUT", "/v1/types/t", Some("80"), false))
+                .unwrap()
+                .is_some()
+        );
+        assert_eq!((gauge.get(), refused.get()), (0, 0));
     }
 }

@@ -20,9 +20,11 @@
 //!   connection closes the one *idle* longest — no request in flight and no
 //!   response being sent: a keep-alive connection between requests, or one
 //!   still sending its head, as nginx does with its keep-alive connections
-//!   — and when none is idle it waits in the kernel's backlog until one
-//!   closes. Without that, a thousand connections that never finish their
-//!   heads kept every other client out for the whole head timeout.
+//!   — and when none is idle, the one that has been sending a webhook's
+//!   body longest (anyone may send one); when there is none of those
+//!   either, it waits in the kernel's backlog until one closes. Without
+//!   that, a thousand connections that never finish their heads kept every
+//!   other client out for the whole head timeout.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -118,6 +120,10 @@ struct Tracked {
     drop_now: Notify,
     /// A request body is still coming in.
     receiving: AtomicBool,
+    /// Since when a body to an open route (a webhook, which anyone may
+    /// send) has been coming in (ms since the listener started, 0 when
+    /// none is).
+    open_body_since_ms: AtomicU64,
     /// Asks it to close once idle (at once if it is).
     close: Notify,
 }
@@ -164,8 +170,14 @@ impl Connections {
         }
     }
 
-    /// Ask the connection idle longest, if any, to close.
-    fn evict_idlest(&self) {
+    /// Ask the connection idle longest, if any, to close; when none is
+    /// idle, close the one that has been sending a webhook's body longest,
+    /// if any: anyone may send one, unsigned until its body is there, so
+    /// connections sending them slowly held every slot, and kept clients
+    /// with credentials out for as long as they kept it up (found by a
+    /// probe: 20 s for an admin's request, 30 connections). Whether one
+    /// was closed that way.
+    fn evict_idlest(&self) -> bool {
         let open = self.open.lock().unwrap();
         let idlest = open
             .values()
@@ -173,7 +185,22 @@ impl Connections {
             .min_by_key(|c| c.idle_since_ms.load(Ordering::Relaxed));
         if let Some(c) = idlest {
             c.close.notify_one();
+            return false;
         }
+        let slowest = open
+            .values()
+            .map(|c| (c, c.open_body_since_ms.load(Ordering::Acquire)))
+            .filter(|(_, since)| *since != 0)
+            .min_by_key(|(_, since)| *since);
+        if let Some((c, since)) = slowest {
+            tracing::debug!(
+                sending_ms = self.now_ms().saturating_sub(since),
+                "at the connection cap with none idle: closing the one sending a webhook body longest"
+            );
+            c.drop_now.notify_one();
+            return true;
+        }
+        false
     }
 }
 
@@ -225,7 +252,9 @@ pub async fn serve_app(
         let slot = match slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => {
-                connections.evict_idlest();
+                if connections.evict_idlest() {
+                    metrics.evicted.inc();
+                }
                 loop {
                     tokio::select! {
                         slot = slots.clone().acquire_owned() => break slot.expect("never closed"),
@@ -246,6 +275,7 @@ pub async fn serve_app(
             frame_waiting_since_ms: AtomicU64::new(0),
             drop_now: Notify::new(),
             receiving: AtomicBool::new(false),
+            open_body_since_ms: AtomicU64::new(0),
             close: Notify::new(),
         });
         connections.open.lock().unwrap().insert(id, tracked.clone());
@@ -255,7 +285,9 @@ pub async fn serve_app(
             move |req: Request<Incoming>| {
                 let guard = Busy::enter(&tracked, &connections);
                 let app = app.clone();
-                let mut req = req.map(|body| Body::new(Receiving::new(body, &tracked)));
+                let open_route = req.uri().path().starts_with("/v1/hooks/");
+                let now = open_route.then(|| connections.now_ms());
+                let mut req = req.map(|body| Body::new(Receiving::new(body, &tracked, now)));
                 let early = before(&mut req);
                 async move {
                     let response = match early {
@@ -389,15 +421,24 @@ struct Receiving {
 }
 
 impl Receiving {
-    fn new(body: Incoming, tracked: &Arc<Tracked>) -> Self {
+    /// `open_since_ms`: when the body began, for an open route's.
+    fn new(body: Incoming, tracked: &Arc<Tracked>, open_since_ms: Option<u64>) -> Self {
         use hyper::body::Body as _;
+        let coming = !body.is_end_stream();
+        tracked.receiving.store(coming, Ordering::Release);
+        let open_since = open_since_ms.filter(|_| coming).map_or(0, |ms| ms.max(1));
         tracked
-            .receiving
-            .store(!body.is_end_stream(), Ordering::Release);
+            .open_body_since_ms
+            .store(open_since, Ordering::Release);
         Self {
             body,
             tracked: tracked.clone(),
         }
+    }
+
+    fn done(&self) {
+        self.tracked.receiving.store(false, Ordering::Release);
+        self.tracked.open_body_since_ms.store(0, Ordering::Release);
     }
 }
 
@@ -411,7 +452,7 @@ impl hyper::body::Body for Receiving {
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let polled = Pin::new(&mut self.body).poll_frame(cx);
         if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
-            self.tracked.receiving.store(false, Ordering::Release);
+            self.done();
         }
         polled
     }
@@ -427,7 +468,7 @@ impl hyper::body::Body for Receiving {
 
 impl Drop for Receiving {
     fn drop(&mut self) {
-        self.tracked.receiving.store(false, Ordering::Release);
+        self.done();
     }
 }
 
