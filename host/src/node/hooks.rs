@@ -5,6 +5,7 @@
 //! stores it as a durable inbox row; and counts the outcome.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::http::HeaderMap;
@@ -154,7 +155,15 @@ impl Node {
             | WebhookError::Refused(
                 HookError::NotConfigured(_) | HookError::BadName(_) | HookError::BadId(_),
             ) => tracing::debug!(actor_type = ty, hook = name, error = %e, "webhook rejected"),
-            _ => tracing::info!(actor_type = ty, hook = name, error = %e, "webhook rejected"),
+            // A bad signature says a sender's secret is wrong, worth a
+            // line; but anyone can send one, and 8,000 of them wrote 8,000
+            // lines a second (found by a probe): one in ten seconds at
+            // info, the rest at debug, all counted in /metrics.
+            _ if rejection_worth_a_line(crate::clock::now_ms()) => {
+                tracing::info!(actor_type = ty, hook = name, error = %e,
+                    "webhook rejected (more in the next 10 s at debug; marmot_webhooks_received_total counts them)");
+            }
+            _ => tracing::debug!(actor_type = ty, hook = name, error = %e, "webhook rejected"),
         }
     }
 
@@ -259,5 +268,40 @@ impl Node {
             Ok(Err(e @ TurnError::UnknownType(_))) => Err(e),
             Ok(Err(_)) | Err(_) => self.enqueue_record(key, fallback, dedupe_ttl_ms).await,
         }
+    }
+}
+
+/// When the last rejected webhook got an info line (ms).
+static LAST_REJECTION_LINE_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Whether a rejected webhook at `now_ms` gets an info line: the first in
+/// ten seconds does.
+fn rejection_worth_a_line(now_ms: u64) -> bool {
+    once_in(&LAST_REJECTION_LINE_MS, 10_000, now_ms)
+}
+
+/// Whether `now_ms` is `every_ms` or more past `last` (or the first time),
+/// which it then becomes.
+fn once_in(last: &AtomicU64, every_ms: u64, now_ms: u64) -> bool {
+    let was = last.load(Ordering::Relaxed);
+    (was == 0 || now_ms.saturating_sub(was) >= every_ms)
+        && last
+            .compare_exchange(was, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_line_in_ten_seconds() {
+        let last = AtomicU64::new(0);
+        let t = 1_000_000;
+        assert!(once_in(&last, 10_000, t));
+        assert!(!once_in(&last, 10_000, t + 1));
+        assert!(!once_in(&last, 10_000, t + 9_999));
+        assert!(once_in(&last, 10_000, t + 10_000));
+        assert!(!once_in(&last, 10_000, t + 10_001));
     }
 }
