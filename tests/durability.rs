@@ -74,6 +74,59 @@ async fn a_graceful_stop_leaves_no_journal_to_replay_and_a_kill_9_replays_it() {
     assert_eq!(r.json["value"], 2);
 }
 
+/// A durable message still running when a graceful stop closes the
+/// storage runs again at the next start, and the stop does not count as a
+/// crash: after `recovery.max_attempts` rolling restarts during one long
+/// turn, the message was given up as `recovery_exhausted` though nothing
+/// had crashed (found by a probe). A kill -9 still counts (see
+/// `a_durable_message_that_crashes_the_node_is_given_up`).
+#[tokio::test]
+async fn graceful_stops_do_not_count_as_crashes() {
+    let dir = tempdir();
+    let config = "[recovery]\nmax_attempts = 1\n";
+    let mut m = Marmot::start_opts(&dir.path().join("data"), &[], Some(config)).await;
+    let api = m.client();
+    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let long = json!({"op": "record", "id": "long", "busy_ms": 1500});
+    let r = api.post_json("/v1/actors/kit/a?wait=false", &long).await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    for stop in 0..3 {
+        // Running (it takes 1.5 s; after a restart, as part of the
+        // recovery, before the node is ready), then cut by the stop.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        m.sigterm();
+        assert!(m.wait_exit(Duration::from_secs(10)), "stop {stop}");
+        assert!(
+            dir.path().join("data/clean-stop").exists(),
+            "stop {stop} was not marked clean"
+        );
+        m.respawn();
+    }
+    m.wait_ready().await;
+    let log = m.log_text();
+    assert_eq!(
+        log.matches("recovering=1").count(),
+        3,
+        "not cut 3 times:\n{log}"
+    );
+    let api = m.client();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = api
+            .op("kit", "a", json!({"op": "get", "key": "seen/long"}))
+            .await;
+        if r.json["value"] == 1 {
+            break;
+        }
+        let events = api.get("/v1/actors/kit/a/events").await.json;
+        assert!(Instant::now() < deadline, "never ran whole: {events}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let events = api.get("/v1/actors/kit/a/events").await.json;
+    assert_eq!(events["events"], json!([]), "{events}");
+    assert!(!dir.path().join("data/clean-stop").exists());
+}
+
 /// A graceful stop waits for the turns in flight (up to their time limit,
 /// 15 minutes by default); a second SIGTERM stops the node at once (it
 /// was ignored), and the turn cut short commits nothing.

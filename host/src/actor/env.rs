@@ -42,6 +42,10 @@ pub struct Boot {
     pub inbox_seq: u64,
     /// Wall-clock time the node started.
     pub at_ms: u64,
+    /// The node before this one on the data directory crashed (or was
+    /// killed): what it left running counts as a crash attempt when run
+    /// again. After a clean stop nothing does.
+    pub after_crash: bool,
 }
 
 /// The parts of the node the actor layer uses.

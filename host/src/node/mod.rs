@@ -223,6 +223,7 @@ impl Node {
             boot: Boot {
                 inbox_seq: boot_inbox_seq,
                 at_ms: now_ms(),
+                after_crash: !storage.after_clean_stop(),
             },
             cluster: cluster
                 .clone()

@@ -161,6 +161,10 @@ pub struct Storage {
     file_reservations: Arc<reservations::FileReservations>,
     /// Held by the backup being written: backups go one at a time.
     backups: std::sync::Mutex<()>,
+    /// The data directory.
+    dir: PathBuf,
+    /// The last node on it stopped cleanly (see [`CLEAN_STOP`]).
+    after_clean_stop: bool,
 }
 
 /// Open (or create) the database file `path`, on the journal when
@@ -365,6 +369,9 @@ impl Storage {
             open_error(&path, e)
         })?;
         check_format(&db)?;
+        // Read, then removed (durably) before anything runs: a crash from
+        // here on finds no marker.
+        let after_clean_stop = take_clean_stop(dir);
         let subscriptions = Arc::new(Subscriptions::load(&db)?);
         let blobs = blobs::BlobStore::open(dir.join("blobs"))?;
         let outbox_ready = Arc::new(tokio::sync::Notify::new());
@@ -389,7 +396,16 @@ impl Storage {
             relay_ready,
             file_reservations: Arc::default(),
             backups: std::sync::Mutex::default(),
+            dir: dir.to_path_buf(),
+            after_clean_stop,
         })
+    }
+
+    /// Whether the node that used this directory last stopped cleanly
+    /// ([`Self::close`]): work it left unfinished was cut by that stop,
+    /// not by a crash, and counts against no one's crash attempts.
+    pub fn after_clean_stop(&self) -> bool {
+        self.after_clean_stop
     }
 
     /// Bytes of files that turns in flight add to their types.
@@ -471,7 +487,46 @@ impl Storage {
     /// Writes after this fail with `Unavailable`.
     pub async fn close(&self) {
         self.flush().await;
+        // Before the journal's lock goes: no other node can start on the
+        // directory between this and the database's close.
+        if let Err(e) = mark_clean_stop(&self.dir) {
+            tracing::warn!(error = %e, "cannot mark the stop as clean; the next start counts the turns it cut as crashes");
+        }
         self.db.shut_down();
+    }
+}
+
+/// The file a clean stop leaves in the data directory, removed at the
+/// next start. Turns a stop cuts short (a durable message, an alarm, a
+/// webhook still running when the node closed its storage) run again at
+/// the next start like those a crash cut, but only after a crash is each
+/// such re-run counted towards `recovery.max_attempts`: four rolling
+/// restarts during one long turn gave it up as a crasher (found by a
+/// probe).
+pub const CLEAN_STOP: &str = "clean-stop";
+
+fn mark_clean_stop(dir: &Path) -> std::io::Result<()> {
+    let path = dir.join(CLEAN_STOP);
+    let file = std::fs::File::create(&path)?;
+    file.sync_all()?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Whether the last stop was clean; the marker is removed (durably) either
+/// way. One that cannot be removed counts as no marker: a crash later in
+/// this run would otherwise pass for a clean stop.
+fn take_clean_stop(dir: &Path) -> bool {
+    let path = dir.join(CLEAN_STOP);
+    if !path.exists() {
+        return false;
+    }
+    let removed = std::fs::remove_file(&path).and_then(|()| std::fs::File::open(dir)?.sync_all());
+    match removed {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove the clean-stop marker; counting this start as after a crash");
+            false
+        }
     }
 }
 

@@ -73,7 +73,7 @@ impl ActorTask {
         };
         // Due before this node started: its turn may be what brought the
         // node down. Count the attempt durably before running it again.
-        let counted = due < self.env.boot.at_ms;
+        let counted = self.env.boot.after_crash && due < self.env.boot.at_ms;
         let Ok(_alone) = self.alone(counted && rec.boot_attempts > 0) else {
             ticket.retry_later(SUSPECT_WAIT_MS);
             return;

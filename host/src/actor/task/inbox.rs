@@ -84,7 +84,7 @@ impl ActorTask {
     /// stays queued), true when it ran or was settled.
     async fn run_inbox_message(&mut self, seq: u64, mut row: InboxRecord) -> bool {
         let max_attempts = self.env.config.recovery.max_attempts;
-        let counted = seq <= self.env.boot.inbox_seq;
+        let counted = self.env.boot.after_crash && seq <= self.env.boot.inbox_seq;
         // Held until its turn is submitted: commits are applied in order,
         // so the next suspect's counted attempt is durable only after it.
         let Ok(_alone) = self.alone(counted && row.attempts > 0) else {
