@@ -24,6 +24,8 @@ struct Span {
     span_id: String,
     parent_span_id: String,
     attributes: HashMap<String, String>,
+    /// The span's status code (0 unset, 1 ok, 2 error).
+    status: i32,
 }
 
 /// An OTLP/HTTP collector on loopback, plus an HTTP server for the actor's
@@ -67,6 +69,7 @@ async fn start_collector() -> (String, Arc<Collector>) {
                                             .iter()
                                             .map(|a| (a.key.clone(), text(a.value.as_ref())))
                                             .collect(),
+                                        status: s.status.map_or(0, |s| s.code),
                                     });
                                 }
                             }
@@ -291,4 +294,63 @@ async fn without_an_endpoint_no_traceparent_is_sent() {
     // trace goes no further than the node.
     assert_eq!(r.json["status"], 200, "{}", r.json);
     assert!(c.traceparents.lock().unwrap().is_empty());
+}
+
+/// A failed turn's span says so (status ERROR: what trace backends filter
+/// by; it was unset), and traces do not follow the log's level: with
+/// `--log warn` none were exported, and the trap's warning named no actor
+/// (found by a probe).
+#[tokio::test]
+async fn failed_turns_are_errors_in_traces_whatever_the_log_level() {
+    let (collector_url, c) = start_collector().await;
+    let dir = tempdir();
+    let m = Marmot::start_opts(
+        &dir.path().join("data"),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", collector_url.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("MARMOT_LOG", "warn"),
+        ],
+        None,
+    )
+    .await;
+    let api = m.client();
+    assert_eq!(
+        api.deploy("kit", common::TESTKIT, json!({})).await.status,
+        201
+    );
+    let r = api
+        .op(
+            "kit",
+            "k",
+            json!({"op": "set_then_trap", "key": "k", "value": 1}),
+        )
+        .await;
+    assert_eq!(r.status, 500, "{}", r.json);
+    assert_eq!(api.add("kit", "k", 1).await.status, 200);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let turns = loop {
+        let turns: Vec<Span> = c
+            .spans
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.name == "turn" && s.attributes.get("actor_id").is_some_and(|i| i == "k"))
+            .cloned()
+            .collect();
+        if turns.len() >= 2 {
+            break turns;
+        }
+        assert!(Instant::now() < deadline, "turn spans: {turns:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let statuses: Vec<i32> = turns.iter().map(|t| t.status).collect();
+    assert!(statuses.contains(&2), "{turns:#?}");
+    assert!(statuses.contains(&0), "the turn that succeeded: {turns:#?}");
+    let log = m.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("turn trapped"))
+        .unwrap_or_else(|| panic!("no trap logged:\n{log}"));
+    assert!(line.contains("actor=kit/k"), "{line}");
 }

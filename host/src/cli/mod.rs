@@ -625,9 +625,11 @@ fn init_logging(
     } else {
         (None, None)
     };
+    // Each layer has its own filter: `--log warn` turned off every trace
+    // too (found by a probe). Traces take what is at info and above.
+    let otel = otel.map(|l| l.with_filter(tracing_subscriber::filter::LevelFilter::INFO));
     tracing_subscriber::registry()
-        .with(filter)
-        .with(fmt)
+        .with(fmt.with_filter(filter))
         .with(otel)
         .init();
     exporter

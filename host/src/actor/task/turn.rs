@@ -230,6 +230,8 @@ impl ActorTask {
             kind,
             turn_id,
             request_id = trace.request_id.as_deref(),
+            // Set on a failed turn: what trace backends filter errors by.
+            otel.status_code = tracing::field::Empty,
             cpu_us = tracing::field::Empty,
             wait_us = tracing::field::Empty,
             run_us = tracing::field::Empty,
@@ -301,6 +303,13 @@ impl ActorTask {
         let run_started = Instant::now();
         let outcome = inst.run(request).instrument(span.clone()).await;
         span.record("cpu_us", outcome.cpu.as_micros() as u64);
+        if outcome.result.is_err() {
+            span.record("otel.status_code", "ERROR");
+        }
+        // A warning below names its actor itself: with the span filtered
+        // out of the log (`--log warn`) it said only "turn trapped" (found
+        // by a probe).
+        let actor = &self.key;
         let prefaulted = match inst.is_js() {
             true => &self.env.metrics.js_prefaulted_pages,
             false => &self.env.metrics.prefaulted_pages,
@@ -389,7 +398,7 @@ impl ActorTask {
                 // memory give it back, so a retry may fit.
                 metrics.trap("node_memory");
                 metrics.turn(kind, "overloaded");
-                span.in_scope(|| tracing::warn!(error = %msg, "turn stopped: the node's guest memory is exhausted; instance discarded, asking idle actors holding grown memory to hibernate"));
+                span.in_scope(|| tracing::warn!(actor = %actor, error = %msg, "turn stopped: the node's guest memory is exhausted; instance discarded, asking idle actors holding grown memory to hibernate"));
                 let waiting = self.env.registry.wait_for_room(Room::Memory);
                 let held = self.env.sandbox.pool_size(false);
                 self.env
@@ -403,7 +412,7 @@ impl ActorTask {
             }) => {
                 metrics.trap(trap.label());
                 metrics.turn(kind, "trap");
-                span.in_scope(|| tracing::warn!(reason = trap.label(), error = %message, "turn trapped; instance discarded"));
+                span.in_scope(|| tracing::warn!(actor = %actor, reason = trap.label(), error = %message, "turn trapped; instance discarded"));
                 Err(TurnError::Trap {
                     kind: trap.label(),
                     message,
@@ -413,14 +422,17 @@ impl ActorTask {
                 metrics.trap("timeout");
                 metrics.turn(kind, "timeout");
                 span.in_scope(|| {
-                    tracing::warn!("turn exceeded its wall-clock limit; instance discarded")
+                    tracing::warn!(
+                        actor = %actor,
+                        "turn exceeded its wall-clock limit; instance discarded"
+                    )
                 });
                 Err(TurnError::Timeout(limit.as_millis() as u64))
             }
             Err(TurnFailure::LostState) => unreachable!("handled above: no carry"),
             Err(TurnFailure::Storage(msg)) => {
                 metrics.turn(kind, "storage_error");
-                span.in_scope(|| tracing::warn!(error = %msg, "turn stopped: a host call failed on storage; instance discarded"));
+                span.in_scope(|| tracing::warn!(actor = %actor, error = %msg, "turn stopped: a host call failed on storage; instance discarded"));
                 Err(TurnError::StorageMidTurn(msg))
             }
         };
