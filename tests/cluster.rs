@@ -1195,6 +1195,67 @@ async fn a_request_to_a_paused_owner_stops_waiting_when_it_leaves() {
     assert_eq!((r.status, &r.json), (200, &json!(2)), "{}", r.json);
 }
 
+/// The actor `far` on n3 (region us), with a durable message that takes
+/// 2 s running on it.
+async fn far_message_cut(c: &Cluster, id: &str) {
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let add = json!({"op": "add", "key": "n", "by": 1});
+    let r = c
+        .api(0)
+        .post_json("/v1/actors/kit/far?region=us", &add)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(owner_of(c, 0, "far").await, "n3");
+    let long = json!({"op": "record", "id": id, "busy_ms": 2000});
+    let r = c
+        .api(0)
+        .post_json("/v1/actors/kit/far?wait=false", &long)
+        .await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+}
+
+/// Wait until the message `id` to `far` has run whole; what its guest was
+/// told of earlier starts (`attempt`).
+async fn far_attempt(c: &Cluster, id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let r = c
+            .api(0)
+            .get(&format!("/v1/actors/kit/far/state/seen/{id}"))
+            .await;
+        if r.status == 200 && r.json == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never ran: {} {}",
+            r.status,
+            r.json
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    c.api(0)
+        .get(&format!("/v1/actors/kit/far/state/attempt/{id}"))
+        .await
+        .json
+}
+
+/// A durable message its owner's crash cut off runs again where its slot
+/// fails over, and its guest is told an earlier start may have been cut
+/// off (`attempt` 1), as after a restart: the agent then asks before
+/// repeating a tool call. It was told 0, and the agent re-sent a call in
+/// flight (found by a probe).
+#[tokio::test]
+async fn a_message_cut_by_a_failover_is_a_second_attempt() {
+    let Some(mut c) = Cluster::start().await else {
+        return;
+    };
+    far_message_cut(&c, "cut").await;
+    c.nodes[2].kill9();
+    assert_eq!(far_attempt(&c, "cut").await, 1);
+}
+
 /// A node paused past its lease takes the cluster-wide writes it missed
 /// when it joins again: it kept a deleted secret, missed a new one and ran
 /// an old version until it restarted (found by a re-probe).

@@ -125,6 +125,12 @@ async fn graceful_stops_do_not_count_as_crashes() {
     let events = api.get("/v1/actors/kit/a/events").await.json;
     assert_eq!(events["events"], json!([]), "{events}");
     assert!(!dir.path().join("data/clean-stop").exists());
+    // Uncounted, but its guest is told an earlier start may have been cut
+    // off (the agent then asks before repeating a tool call).
+    let r = api
+        .op("kit", "a", json!({"op": "get", "key": "attempt/long"}))
+        .await;
+    assert_eq!(r.json["value"], 1, "{}", r.json);
 }
 
 /// A graceful stop waits for the turns in flight (up to their time limit,

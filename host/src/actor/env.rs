@@ -74,6 +74,10 @@ pub struct ActorEnv {
     /// Routing to the owners of actors, in a cluster: turns reach actors
     /// of other nodes through it.
     pub(crate) cluster: Option<(Cluster, Peers)>,
+    /// Slots this node took over from another (failover or handoff), each
+    /// with the highest inbox seq present then: those rows may have been
+    /// started by the node before, and cut off.
+    taken_over: std::sync::Mutex<std::collections::HashMap<u32, u64>>,
 }
 
 /// The parts of the node the actor layer uses, to build an [`ActorEnv`].
@@ -127,7 +131,31 @@ impl ActorEnv {
             boot: p.boot,
             suspects: Arc::new(tokio::sync::Semaphore::new(1)),
             cluster: p.cluster,
+            taken_over: Default::default(),
         })
+    }
+
+    /// Note that `slots` came to this node from another, whose inbox rows
+    /// up to `seq` were there then.
+    pub(crate) fn took_over(&self, slots: impl IntoIterator<Item = u32>, seq: u64) {
+        let mut taken = self.taken_over.lock().expect("takeover lock");
+        for slot in slots {
+            taken.insert(slot, seq);
+        }
+    }
+
+    /// Whether `key`'s inbox row `seq` was there when its slot came to
+    /// this node from another: that node may have started it, and been cut
+    /// off (a failover re-sent a tool call in flight without the
+    /// confirmation a restart asks for: found by a probe).
+    pub(crate) fn queued_before_takeover(&self, key: &ActorKey, seq: u64) -> bool {
+        let Some((cluster, _)) = &self.cluster else {
+            return false;
+        };
+        let taken = self.taken_over.lock().expect("takeover lock");
+        taken
+            .get(&cluster.slot_of(key))
+            .is_some_and(|&upto| seq <= upto)
     }
 
     /// The network access of an instance whose type grants `grant`.

@@ -48,6 +48,12 @@ impl Node {
                 cluster
                     .settle_slots(self.storage.writer(), &cluster.owned_epochs(&gained))
                     .await;
+                // The rows queued now may have been started by the node
+                // that had them: their guests are told so (`attempt`).
+                match self.storage.reader().and_then(|r| r.inbox_actors()) {
+                    Ok((_, seq)) => self.actors.took_over(gained.iter().copied(), seq),
+                    Err(e) => tracing::warn!(error = %e, "cannot read the inbox seq at a takeover"),
+                }
                 let woken = self.start_actors(|k| gained.contains(&cluster.slot_of(k)));
                 tracing::info!(
                     slots = gained.len(),

@@ -83,8 +83,20 @@ impl ActorTask {
     /// Run one durable message. Returns false when it could not start (it
     /// stays queued), true when it ran or was settled.
     async fn run_inbox_message(&mut self, seq: u64, mut row: InboxRecord) -> bool {
+        // A row of an actor another node owns now (this one lost its slot
+        // while paused, say) is that node's to run, from its own copy:
+        // left alone here, and not looked at again.
+        if let Some((cluster, _)) = &self.env.cluster
+            && matches!(
+                cluster.route(&self.key),
+                crate::cluster::Route::Remote { .. }
+            )
+        {
+            return true;
+        }
         let max_attempts = self.env.config.recovery.max_attempts;
-        let counted = self.env.boot.after_crash && seq <= self.env.boot.inbox_seq;
+        let at_boot = seq <= self.env.boot.inbox_seq;
+        let counted = self.env.boot.after_crash && at_boot;
         // Held until its turn is submitted: commits are applied in order,
         // so the next suspect's counted attempt is durable only after it.
         let Ok(_alone) = self.alone(counted && row.attempts > 0) else {
@@ -160,8 +172,11 @@ impl ActorTask {
             self.fail_inbox_message(seq, row, e.code(), e.to_string());
             return true;
         }
-        // The guest may ask whether a crash cut off an earlier start.
-        self.next_attempt = row.attempts;
+        // The guest may ask whether an earlier start was cut off: by a
+        // crash (counted above), a clean stop, or the loss of the node
+        // that had the actor before (neither counted towards giving up).
+        let cut = !counted && (at_boot || self.env.queued_before_takeover(&self.key, seq));
+        self.next_attempt = row.attempts + u32::from(cut);
         let (kind, input) = turn_input(&row);
         let version = self.record().version;
         let result = self

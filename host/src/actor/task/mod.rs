@@ -109,6 +109,9 @@ pub(crate) struct ActorTask {
     /// Earlier starts of the delivery the next turn runs (an inbox row's
     /// counted recovery attempts); taken by that turn.
     next_attempt: u32,
+    /// Set once a failed commit showed the actor's slot went to another
+    /// node: why every later turn here is refused.
+    lost: Option<String>,
     /// The next turn is a client's (or another actor's) direct message,
     /// which never runs again under the same turn id, but may under the
     /// same idempotency key: `Some(what names it then)`, or `Some(None)`
@@ -142,6 +145,7 @@ impl ActorTask {
             key,
             shared,
             next_attempt: 0,
+            lost: None,
             next_direct: None,
             next_trace: TurnTrace::default(),
             failed_eval_logs: Vec::new(),
@@ -393,6 +397,10 @@ impl ActorTask {
             // the reloaded actor reads and answers with (its state, an
             // idempotency key's stored reply) must be released first.
             self.env.storage.writer().barrier().await;
+            self.owned_after_failure().await;
+        }
+        if let Some(why) = &self.lost {
+            return Err(TurnError::Moved(why.clone()));
         }
         if self.record.is_none() {
             if self.shared.after_crash.swap(false, Ordering::AcqRel) {
@@ -412,6 +420,33 @@ impl ActorTask {
             self.persisted = self.record.clone();
         }
         Ok(())
+    }
+
+    /// After a failed commit, in a cluster: whether this node still owns
+    /// the actor, asked of etcd (the view may be stale: a node back from a
+    /// pause learns it lost its slots from the refused commit first). One
+    /// that does not runs nothing more: a paused owner back after the
+    /// failover ran the turn it was cut in four more times from its own
+    /// disk, each time calling the agent's tool again (found by a probe).
+    async fn owned_after_failure(&mut self) {
+        let Some((cluster, _)) = &self.env.cluster else {
+            return;
+        };
+        if let Err(e) = cluster.refresh().await {
+            tracing::warn!(actor = %self.key, error = %e, "cannot re-read the slot table after a failed commit");
+        }
+        // Another owner, read from etcd just now (not this node's own lease
+        // unconfirmed for a moment: that is a wait, not a loss).
+        if matches!(
+            cluster.route(&self.key),
+            crate::cluster::Route::Remote { .. }
+        ) {
+            tracing::warn!(actor = %self.key, "a commit failed and the actor's slot is another node's now; it runs nothing more here");
+            self.lost = Some(format!(
+                "actor {} is no longer served by this node (its slot failed over); retry",
+                self.key
+            ));
+        }
     }
 
     /// Create this actor's record. It is answered before the creation

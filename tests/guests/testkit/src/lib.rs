@@ -245,6 +245,8 @@ impl Actor for TestKit {
                 state::set_json(&format!("seen/{id}"), &seen)?;
                 let total = state::get_json::<u64>("total")?.unwrap_or(0) + 1;
                 state::set_json("total", &total)?;
+                // Whether an earlier start of this message was cut off.
+                state::set_json(&format!("attempt/{id}"), &marmot_guest::turn::attempt())?;
                 let start = std::time::Instant::now();
                 while start.elapsed().as_millis() < u128::from(busy_ms) {
                     std::hint::spin_loop();
