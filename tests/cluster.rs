@@ -1096,6 +1096,27 @@ async fn a_cluster_wide_write_reaches_every_node_though_one_is_slow() {
             "node {i} kept the deleted secret: {list}"
         );
     }
+
+    // Paused past its lease: the write stops waiting for it once it is no
+    // member (it waited 60 s: found by a probe), and it catches up when it
+    // joins again.
+    signal("-STOP");
+    let started = Instant::now();
+    let r = common::cluster::put(&c.api(0), "/v1/secrets/y".into(), secret.clone()).await;
+    let took = started.elapsed();
+    assert_eq!(r.status, 201, "{}", r.json);
+    assert!(took < Duration::from_secs(15), "waited {took:?}");
+    signal("-CONT");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let list = c.api(1).get("/v1/secrets").await.json;
+        let names = list["secrets"].as_array().cloned().unwrap_or_default();
+        if names.iter().any(|s| s["name"] == "y") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "n2 never caught up: {list}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// A keyed call whose callee's node stops answering (paused) stops

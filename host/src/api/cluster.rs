@@ -439,10 +439,24 @@ pub(super) async fn fan_out(
         let (s, method, path) = (s.clone(), method.clone(), path.clone());
         let (headers, bytes) = (headers.clone(), bytes.clone());
         let queue = s.fanout.of(&peer.node_id).lock_owned();
+        let cluster = cluster.clone();
         async move {
             let _turn = queue.await;
             let sent = send(&s, method.clone(), &peer.advertise, &path, headers, bytes);
-            match tokio::time::timeout(FANOUT_TIMEOUT, sent).await {
+            // A peer that stops answering and leaves the membership takes
+            // the write when it joins again (`sync_catalog`): waited for,
+            // a paused peer held a secret's rotation 60 s (found by a
+            // probe).
+            let left = cluster.until_no_peer(|m| m.node_id == peer.node_id);
+            let sent = tokio::select! {
+                sent = tokio::time::timeout(FANOUT_TIMEOUT, sent) => sent,
+                () = left => {
+                    tracing::info!(peer = %peer.node_id, path = %path,
+                        "a peer left the cluster while a cluster-wide write waited for it; it catches up when it joins again");
+                    return None;
+                }
+            };
+            match sent {
                 Ok(Ok(r)) if r.status().is_success() => None,
                 // Already gone there (a repeat after a partial delete).
                 Ok(Ok(r)) if method == Method::DELETE && r.status() == StatusCode::NOT_FOUND => {
