@@ -1277,6 +1277,63 @@ async fn a_message_cut_by_a_failover_is_a_second_attempt() {
     assert_eq!(far_attempt(&c, "cut").await, 1);
 }
 
+/// Event streams of an actor whose owner stops answering end, so that
+/// their clients resume where the actor went (`Last-Event-ID`): one
+/// through another node once the owner leaves the membership, one on the
+/// owner itself once it is back and sees the slot gone. Both pinged for
+/// ever, the run long over (found by a probe).
+#[tokio::test]
+async fn streams_from_a_paused_owner_end_so_their_clients_resume() {
+    let Some(c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let emit = json!({"op": "emit", "kind": "k", "data": {}});
+    let r = c
+        .api(0)
+        .post_json("/v1/actors/kit/far?region=us", &emit)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(owner_of(&c, 0, "far").await, "n3");
+    let path = "/v1/actors/kit/far/events";
+    let mut through = c.api(0).sse(path, None).await;
+    let mut direct = c.api(2).sse(path, None).await;
+    for s in [&mut through, &mut direct] {
+        let first = s.next_event(Duration::from_secs(5)).await.expect("event 1");
+        assert_eq!(first.id.as_deref(), Some("1"));
+    }
+    c.signal(2, "-STOP");
+    assert!(
+        through.ends_within(Duration::from_secs(15)).await,
+        "the stream through n1 stalled"
+    );
+    // Back once its slot failed over.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let info = c.api(0).get("/v1/actors/kit/far").await;
+        if info.status == 200 && info.json["node"] != "n3" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no failover: {}", info.json);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    c.signal(2, "-CONT");
+    assert!(
+        direct.ends_within(Duration::from_secs(15)).await,
+        "the stream on the deposed owner stalled:\n{}",
+        c.nodes[2].log_text()
+    );
+    // Resumed anywhere, it goes on from where it was.
+    let r = c.api(1).post_json("/v1/actors/kit/far", &emit).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let mut resumed = c.api(1).sse(path, Some("1")).await;
+    let next = resumed
+        .next_event(Duration::from_secs(10))
+        .await
+        .expect("event 2");
+    assert_eq!(next.id.as_deref(), Some("2"));
+}
+
 /// A node paused past its lease takes the cluster-wide writes it missed
 /// when it joins again: it kept a deleted secret, missed a new one and ran
 /// an old version until it restarted (found by a re-probe).

@@ -38,6 +38,8 @@ pub struct EventBus {
 struct Watched {
     seq: watch::Sender<u64>,
     live: broadcast::Sender<Arc<str>>,
+    /// Turns true when the actor is no longer this node's to serve.
+    left: watch::Sender<bool>,
 }
 
 /// Live frames buffered per actor for a slow stream; one further behind
@@ -57,6 +59,9 @@ pub struct Subscription {
     pub closing: watch::Receiver<bool>,
     /// Live frames (not events) published while the stream is open.
     pub live: broadcast::Receiver<Arc<str>>,
+    /// Turns true when the actor went to another node: the stream ends,
+    /// and its client resumes there (`Last-Event-ID`).
+    pub left: watch::Receiver<bool>,
 }
 
 /// More streams are open than the node (or a client token) may hold.
@@ -118,13 +123,23 @@ impl EventBus {
             return Err(TooManyStreams::Node(self.max_streams));
         }
         self.gauge.inc();
-        let (changed, live) = {
+        let (changed, live, left) = {
             let mut w = self.watched.write().expect("event bus lock");
             let watched = w.entry(key.clone()).or_insert_with(|| Watched {
                 seq: watch::Sender::new(0),
                 live: broadcast::Sender::new(LIVE_BUFFER),
+                left: watch::Sender::new(false),
             });
-            (watched.seq.subscribe(), watched.live.subscribe())
+            // Back to this node (a stream is opened only where the actor
+            // is served): new streams run again.
+            if *watched.left.borrow() {
+                watched.left.send_replace(false);
+            }
+            (
+                watched.seq.subscribe(),
+                watched.live.subscribe(),
+                watched.left.subscribe(),
+            )
         };
         Ok(Subscription {
             bus: self.clone(),
@@ -133,6 +148,7 @@ impl EventBus {
             changed,
             closing: self.closing.subscribe(),
             live,
+            left,
         })
     }
 
@@ -171,6 +187,19 @@ impl EventBus {
         let w = self.watched.read().expect("event bus lock");
         if let Some(tx) = w.get(key) {
             let _ = tx.live.send(frame);
+        }
+    }
+
+    /// End the streams of the actors `which` picks: they went to another
+    /// node (their slots failed over), and a stream here would only ping
+    /// for ever (found by a probe: a follower stalled silently after a
+    /// pause and a failover).
+    pub fn end_where(&self, which: impl Fn(&ActorKey) -> bool) {
+        let w = self.watched.read().expect("event bus lock");
+        for (key, tx) in w.iter() {
+            if which(key) {
+                tx.left.send_replace(true);
+            }
         }
     }
 

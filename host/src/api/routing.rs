@@ -330,7 +330,15 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                     }
                     Ok(resp) => {
                         s.node.metrics().cluster_forward("ok");
-                        return streamed(resp);
+                        // A stream (events, a download) from an owner that
+                        // stops answering ends once it is no member: its
+                        // client resumes where the actor went. It stalled
+                        // for good (found by a probe).
+                        let (cluster, owner) = (cluster.clone(), node_id.clone());
+                        let gone = async move {
+                            cluster.until_no_peer(|m| m.node_id == owner).await;
+                        };
+                        return streamed(resp, gone);
                     }
                     // Nothing reached the owner, and the slot has changed
                     // hands since this node routed (a graceful stop hands
@@ -461,8 +469,12 @@ pub(super) async fn send(
         .await
 }
 
-/// The owner's response, streamed back as it comes.
-fn streamed(resp: reqwest::Response) -> Response {
+/// The owner's response, streamed back as it comes, until `gone`.
+fn streamed(
+    resp: reqwest::Response,
+    gone: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Response {
+    use futures::StreamExt as _;
     let mut out = Response::builder().status(resp.status());
     if let Some(h) = out.headers_mut() {
         *h = forwardable(resp.headers());
@@ -472,10 +484,10 @@ fn streamed(resp: reqwest::Response) -> Response {
             h.insert(header::CONTENT_LENGTH, n.clone());
         }
     }
-    out.body(Body::from_stream(resp.bytes_stream()))
-        .unwrap_or_else(|e| {
-            ApiError::new(StatusCode::BAD_GATEWAY, "owner_response", e.to_string()).into_response()
-        })
+    let body = resp.bytes_stream().take_until(Box::pin(gone));
+    out.body(Body::from_stream(body)).unwrap_or_else(|e| {
+        ApiError::new(StatusCode::BAD_GATEWAY, "owner_response", e.to_string()).into_response()
+    })
 }
 
 /// `resp`, naming who served it, at which epoch of which slot (clients and

@@ -193,7 +193,7 @@ impl Follow {
             if let Some(ev) = self.queue.pop_front() {
                 return Some((Ok(ev), self));
             }
-            if *self.sub.closing.borrow() {
+            if *self.sub.closing.borrow() || *self.sub.left.borrow() {
                 return None;
             }
             if self.read_due {
@@ -247,6 +247,7 @@ impl Follow {
                     Err(_) => return None,
                 },
                 _ = self.sub.closing.changed() => return None,
+                _ = self.sub.left.changed() => return None,
                 frame = self.sub.live.recv() => match frame {
                     Ok(f) => self.queue.push_back(Event::default().event("delta").data(&*f)),
                     Err(broadcast::error::RecvError::Lagged(n)) => {

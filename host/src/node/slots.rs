@@ -41,6 +41,9 @@ impl Node {
                 self.actors
                     .registry()
                     .invalidate_where(|k| lost.contains(&cluster.slot_of(k)));
+                // Their followers resume at the new owner.
+                self.event_bus
+                    .end_where(|k| lost.contains(&cluster.slot_of(k)));
             }
             if !gained.is_empty() {
                 // What this node accepted as their backup lands before
