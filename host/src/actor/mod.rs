@@ -137,6 +137,9 @@ pub enum TurnError {
     /// The mailbox is full.
     #[error("the actor's mailbox is full ({0} messages queued); retry later")]
     MailboxFull(usize),
+    /// The actor's durable inbox holds as much as it may.
+    #[error("{0}; retry later")]
+    InboxFull(String),
     /// No room to run the turn: no instance slot free, or no file
     /// descriptor.
     #[error("{0}; retry later")]
@@ -261,6 +264,7 @@ impl TurnError {
             TurnError::UnknownType(_) => "unknown_type",
             TurnError::NotFound => "actor_not_found",
             TurnError::MailboxFull(_) => "mailbox_full",
+            TurnError::InboxFull(_) => "inbox_full",
             TurnError::Overloaded(_) | TurnError::NoGuestMemory(_) => "overloaded",
             TurnError::ActorError(_) => "actor_error",
             TurnError::Trap { kind, .. } => match *kind {
@@ -290,7 +294,7 @@ impl TurnError {
             TurnError::UnknownType(_) | TurnError::NotFound | TurnError::InputNotFound(_) => 404,
             TurnError::InputSettled { .. } => 409,
             TurnError::InvalidAnswer(_) | TurnError::IdempotencyKeyReused(_) => 422,
-            TurnError::MailboxFull(_) => 429,
+            TurnError::MailboxFull(_) | TurnError::InboxFull(_) => 429,
             TurnError::Overloaded(_)
             | TurnError::NoGuestMemory(_)
             | TurnError::Storage(_)

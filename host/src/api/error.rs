@@ -91,6 +91,7 @@ impl From<TurnError> for ApiError {
         if matches!(
             e,
             TurnError::MailboxFull(_)
+                | TurnError::InboxFull(_)
                 | TurnError::Overloaded(_)
                 | TurnError::NoGuestMemory(_)
                 | TurnError::Storage(_)

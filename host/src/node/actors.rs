@@ -78,6 +78,14 @@ impl Node {
             .catalog
             .get(key.ty())
             .ok_or_else(|| TurnError::UnknownType(key.ty().to_owned()))?;
+        let bytes = message.body.len() as u64;
+        self.inboxes.admit(key, bytes, || {
+            let r = self.storage.reader()?;
+            match r.actor(key)? {
+                Some(rec) => r.inbox_stats(rec.num),
+                None => Ok((0, 0)),
+            }
+        })?;
         let k = key.clone();
         let version = ty.latest_version();
         let outcome = self
@@ -92,7 +100,10 @@ impl Node {
             })
             .await?;
         match &outcome {
-            EnqueueOutcome::Queued { .. } => self.actors.poke(key),
+            EnqueueOutcome::Queued { .. } => {
+                self.inboxes.queued(key, bytes);
+                self.actors.poke(key);
+            }
             EnqueueOutcome::Duplicate {
                 message_id,
                 same_request: false,

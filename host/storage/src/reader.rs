@@ -727,6 +727,18 @@ impl Reader {
         Ok(n)
     }
 
+    /// How many inbox rows actor `num` has, and their bytes.
+    pub fn inbox_stats(&self, num: u64) -> Result<(u64, u64), StorageError> {
+        let t = self.txn.open_table(INBOX)?;
+        let (mut n, mut bytes) = (0, 0);
+        for row in t.range((num, 0)..=(num, u64::MAX))? {
+            let (_, v) = row?;
+            n += 1;
+            bytes += v.value().len() as u64;
+        }
+        Ok((n, bytes))
+    }
+
     /// Actor numbers that have inbox rows, each once, plus the highest seq.
     pub fn inbox_actors(&self) -> Result<(Vec<u64>, u64), StorageError> {
         let t = self.txn.open_table(INBOX)?;

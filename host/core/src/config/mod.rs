@@ -121,6 +121,15 @@ impl NodeConfig {
         if l.mailbox_capacity == 0 {
             return Err("limits.mailbox_capacity must be at least 1".into());
         }
+        if l.max_inbox_messages == 0 {
+            return Err("limits.max_inbox_messages must be at least 1".into());
+        }
+        if l.max_inbox_bytes < l.max_message_bytes as u64 {
+            return Err(
+                "limits.max_inbox_bytes must hold at least one message (limits.max_message_bytes)"
+                    .into(),
+            );
+        }
         for (name, bytes) in [
             ("max_memory_bytes", self.defaults.max_memory_bytes),
             ("js_max_memory_bytes", self.defaults.js_max_memory_bytes),
@@ -243,6 +252,12 @@ pub struct Limits {
     pub max_active_actors: usize,
     /// Messages queued per actor before senders get 429.
     pub mailbox_capacity: usize,
+    /// Durable messages (`?wait=false`, webhooks, relayed sends) queued
+    /// per actor before senders get 429 `inbox_full`.
+    pub max_inbox_messages: u64,
+    /// Bytes of durable message bodies queued per actor before senders
+    /// get 429 `inbox_full`.
+    pub max_inbox_bytes: u64,
     /// JavaScript sandboxes live at once: active JavaScript actors plus
     /// running evals (at least 16). Unset: as many as half of the host's
     /// memory holds at ~640 KB each, up to the instance pool. When they are
@@ -340,6 +355,8 @@ impl Default for Limits {
         Self {
             max_active_actors: 10_000,
             mailbox_capacity: 1024,
+            max_inbox_messages: 10_000,
+            max_inbox_bytes: 256 << 20,
             max_js_sandboxes: None,
             max_message_bytes: 1 << 20,
             max_code_bytes: 64 << 20,

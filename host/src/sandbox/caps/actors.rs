@@ -52,7 +52,9 @@ pub struct CallReply {
 pub fn call_refused(code: &str, message: String) -> GuestError {
     match code {
         "unknown_type" | "actor_not_found" => GuestError::NotFound(message),
-        "mailbox_full" | "rate_limited" | "overloaded" => GuestError::LimitExceeded(message),
+        "mailbox_full" | "inbox_full" | "rate_limited" | "overloaded" => {
+            GuestError::LimitExceeded(message)
+        }
         _ => GuestError::Internal(message),
     }
 }
