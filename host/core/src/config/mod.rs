@@ -864,6 +864,14 @@ mod tests {
                 "models.allow_private",
             ),
             ("[webhooks]\ntimeout_ms = 0\n", "webhooks.timeout_ms"),
+            (
+                "[limits]\nmax_inbox_messages = 0\n",
+                "limits.max_inbox_messages",
+            ),
+            (
+                "[limits]\nmax_inbox_bytes = 1000\n",
+                "limits.max_inbox_bytes",
+            ),
             ("[files]\nmax_file_bytes = 0\n", "files.max_file_bytes"),
             ("[storage]\nmax_batch = 0\n", "storage.max_batch"),
             (
