@@ -75,9 +75,12 @@ pub struct ActorEnv {
     /// of other nodes through it.
     pub(crate) cluster: Option<(Cluster, Peers)>,
     /// Slots this node took over from another (failover or handoff), each
-    /// with the highest inbox seq present then: those rows may have been
+    /// with when (ms since the epoch): rows queued before may have been
     /// started by the node before, and cut off.
     taken_over: std::sync::Mutex<std::collections::HashMap<u32, u64>>,
+    /// When an actor last re-read the slot table after a failed commit
+    /// (ms since the epoch): at most once a second for the node.
+    slots_refreshed_ms: std::sync::atomic::AtomicU64,
 }
 
 /// The parts of the node the actor layer uses, to build an [`ActorEnv`].
@@ -132,30 +135,47 @@ impl ActorEnv {
             suspects: Arc::new(tokio::sync::Semaphore::new(1)),
             cluster: p.cluster,
             taken_over: Default::default(),
+            slots_refreshed_ms: Default::default(),
         })
     }
 
-    /// Note that `slots` came to this node from another, whose inbox rows
-    /// up to `seq` were there then.
-    pub(crate) fn took_over(&self, slots: impl IntoIterator<Item = u32>, seq: u64) {
-        let mut taken = self.taken_over.lock().expect("takeover lock");
-        for slot in slots {
-            taken.insert(slot, seq);
-        }
+    /// Whether an actor whose commit failed may re-read the slot table
+    /// from etcd now (once a second for the whole node).
+    pub(crate) fn may_refresh_slots(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        let now = crate::clock::now_ms();
+        let last = self.slots_refreshed_ms.load(Ordering::Relaxed);
+        now.saturating_sub(last) >= 1000
+            && self
+                .slots_refreshed_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
-    /// Whether `key`'s inbox row `seq` was there when its slot came to
-    /// this node from another: that node may have started it, and been cut
-    /// off (a failover re-sent a tool call in flight without the
-    /// confirmation a restart asks for: found by a probe).
-    pub(crate) fn queued_before_takeover(&self, key: &ActorKey, seq: u64) -> bool {
+    /// Note that `slot` comes to this node from another now, before its
+    /// actors run here (called as the slot settles, by whichever path
+    /// serves it first).
+    pub(crate) fn took_over(&self, slot: u32) {
+        let now = crate::clock::now_ms();
+        self.taken_over
+            .lock()
+            .expect("takeover lock")
+            .insert(slot, now);
+    }
+
+    /// Whether a row of `key`'s inbox queued at `enqueued_at_ms` was
+    /// there when its slot came to this node from another: that node may
+    /// have started it, and been cut off (a failover re-sent a tool call in
+    /// flight without the confirmation a restart asks for: found by a
+    /// probe).
+    pub(crate) fn queued_before_takeover(&self, key: &ActorKey, enqueued_at_ms: u64) -> bool {
         let Some((cluster, _)) = &self.cluster else {
             return false;
         };
         let taken = self.taken_over.lock().expect("takeover lock");
         taken
             .get(&cluster.slot_of(key))
-            .is_some_and(|&upto| seq <= upto)
+            .is_some_and(|&at| enqueued_at_ms <= at)
     }
 
     /// The network access of an instance whose type grants `grant`.

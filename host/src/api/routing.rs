@@ -173,6 +173,7 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                 // Just come to own it: what this node accepted as its
                 // backup lands before any of its actors loads here.
                 if used && !cluster.settled(slot, epoch) {
+                    s.node.note_takeover(&cluster, slot, epoch);
                     cluster
                         .settle_slots(s.node.storage().writer(), &[(slot, epoch)])
                         .await;

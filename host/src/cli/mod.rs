@@ -625,13 +625,18 @@ fn init_logging(
     } else {
         (None, None)
     };
-    // Each layer has its own filter: `--log warn` turned off every trace
-    // too (found by a probe). Traces take what is at info and above.
-    let otel = otel.map(|l| l.with_filter(tracing_subscriber::filter::LevelFilter::INFO));
-    tracing_subscriber::registry()
-        .with(fmt.with_filter(filter))
-        .with(otel)
-        .init();
+    match otel {
+        // Each layer has its own filter: `--log warn` turned off every
+        // trace too (found by a probe). Traces take info and above.
+        Some(otel) => tracing_subscriber::registry()
+            .with(fmt.with_filter(filter))
+            .with(otel.with_filter(tracing_subscriber::filter::LevelFilter::INFO))
+            .init(),
+        // Without traces, one filter for all: a per-layer one beside an
+        // absent layer made every filtered-out `debug!` callsite "sometimes"
+        // (checked at each hit) under a filter with any debug directive.
+        None => tracing_subscriber::registry().with(fmt).with(filter).init(),
+    }
     exporter
 }
 

@@ -48,15 +48,11 @@ impl Node {
             if !gained.is_empty() {
                 // What this node accepted as their backup lands before
                 // their actors start (`cluster/takeover.rs`).
-                cluster
-                    .settle_slots(self.storage.writer(), &cluster.owned_epochs(&gained))
-                    .await;
-                // The rows queued now may have been started by the node
-                // that had them: their guests are told so (`attempt`).
-                match self.storage.reader().and_then(|r| r.inbox_actors()) {
-                    Ok((_, seq)) => self.actors.took_over(gained.iter().copied(), seq),
-                    Err(e) => tracing::warn!(error = %e, "cannot read the inbox seq at a takeover"),
+                let epochs = cluster.owned_epochs(&gained);
+                for &(slot, epoch) in &epochs {
+                    self.note_takeover(&cluster, slot, epoch);
                 }
+                cluster.settle_slots(self.storage.writer(), &epochs).await;
                 let woken = self.start_actors(|k| gained.contains(&cluster.slot_of(k)));
                 tracing::info!(
                     slots = gained.len(),
@@ -256,6 +252,15 @@ impl Node {
     /// their queued messages, and what they committed to send (outbound
     /// webhooks, relayed messages: the workers look again). Returns the
     /// actors woken for messages.
+    /// `slot`, owned here at `epoch`, came from another node and has not
+    /// settled yet: the rows queued in it so far may have been started
+    /// there (their guests are told so: `attempt`).
+    pub fn note_takeover(&self, cluster: &crate::cluster::Cluster, slot: u32, epoch: u64) {
+        if !cluster.settled(slot, epoch) {
+            self.actors.took_over(slot);
+        }
+    }
+
     pub(super) fn start_actors(&self, which: impl Fn(&ActorKey) -> bool) -> usize {
         self.actors.scheduler.notify(Notice::Reload);
         self.storage.outbox_ready().notify_one();

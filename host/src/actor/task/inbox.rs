@@ -20,6 +20,8 @@ impl ActorTask {
             match self.ready(false).await {
                 Ok(()) => {}
                 Err(TurnError::NotFound | TurnError::UnknownType(_)) => return,
+                // Another node's now (see below).
+                Err(TurnError::Moved(_)) if self.served_elsewhere() => return,
                 Err(e) => {
                     tracing::warn!(actor = %self.key, error = %e, "cannot run the inbox now; will retry");
                     self.retry_inbox_later();
@@ -50,6 +52,13 @@ impl ActorTask {
                     self.shared.inbox_dirty.store(true, Ordering::Release);
                     return;
                 }
+                if self.served_elsewhere() {
+                    // Another node owns the actor now (this one lost its
+                    // slot while paused, say): its rows are that node's to
+                    // run, from its own copy. Left alone until the slot
+                    // comes back, if it does (its actors are poked then).
+                    return;
+                }
                 self.inbox_cursor = seq;
                 if !self.run_inbox_message(seq, row).await {
                     // It could not start (no instance slot, code or storage
@@ -65,6 +74,17 @@ impl ActorTask {
                 }
             }
         }
+    }
+
+    /// Whether another node owns this actor now, as this node's view of
+    /// the cluster says.
+    fn served_elsewhere(&self) -> bool {
+        self.env.cluster.as_ref().is_some_and(|(cluster, _)| {
+            matches!(
+                cluster.route(&self.key),
+                crate::cluster::Route::Remote { .. }
+            )
+        })
     }
 
     /// Look at the inbox again after a back-off (doubling up to 30 s).
@@ -83,17 +103,6 @@ impl ActorTask {
     /// Run one durable message. Returns false when it could not start (it
     /// stays queued), true when it ran or was settled.
     async fn run_inbox_message(&mut self, seq: u64, mut row: InboxRecord) -> bool {
-        // A row of an actor another node owns now (this one lost its slot
-        // while paused, say) is that node's to run, from its own copy:
-        // left alone here, and not looked at again.
-        if let Some((cluster, _)) = &self.env.cluster
-            && matches!(
-                cluster.route(&self.key),
-                crate::cluster::Route::Remote { .. }
-            )
-        {
-            return true;
-        }
         let max_attempts = self.env.config.recovery.max_attempts;
         let at_boot = seq <= self.env.boot.inbox_seq;
         let counted = self.env.boot.after_crash && at_boot;
@@ -175,7 +184,11 @@ impl ActorTask {
         // The guest may ask whether an earlier start was cut off: by a
         // crash (counted above), a clean stop, or the loss of the node
         // that had the actor before (neither counted towards giving up).
-        let cut = !counted && (at_boot || self.env.queued_before_takeover(&self.key, seq));
+        let cut = !counted
+            && (at_boot
+                || self
+                    .env
+                    .queued_before_takeover(&self.key, row.enqueued_at_ms));
         self.next_attempt = row.attempts + u32::from(cut);
         let (kind, input) = turn_input(&row);
         let version = self.record().version;

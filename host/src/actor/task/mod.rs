@@ -400,7 +400,14 @@ impl ActorTask {
             self.owned_after_failure().await;
         }
         if let Some(why) = &self.lost {
-            return Err(TurnError::Moved(why.clone()));
+            // Back here (a handoff back): it runs again.
+            let here = self.env.cluster.as_ref().is_some_and(|(c, _)| {
+                matches!(c.route(&self.key), crate::cluster::Route::Local { .. })
+            });
+            if !here {
+                return Err(TurnError::Moved(why.clone()));
+            }
+            self.lost = None;
         }
         if self.record.is_none() {
             if self.shared.after_crash.swap(false, Ordering::AcqRel) {
@@ -432,7 +439,16 @@ impl ActorTask {
         let Some((cluster, _)) = &self.env.cluster else {
             return;
         };
-        if let Err(e) = cluster.refresh().await {
+        // The view first; etcd only when it still says this node, and at
+        // most once a second for the node (a full disk fails every commit
+        // of every actor).
+        let local = |c: &crate::cluster::Cluster| {
+            matches!(c.route(&self.key), crate::cluster::Route::Local { .. })
+        };
+        if local(cluster)
+            && self.env.may_refresh_slots()
+            && let Err(e) = cluster.refresh().await
+        {
             tracing::warn!(actor = %self.key, error = %e, "cannot re-read the slot table after a failed commit");
         }
         // Another owner, read from etcd just now (not this node's own lease
