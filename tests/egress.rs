@@ -488,12 +488,21 @@ async fn a_secret_reaches_only_its_https_host_and_nothing_comes_back_with_it() {
         let e = r["error"].as_str().unwrap_or_default();
         assert!(e.contains("not in the body"), "{r}");
     }
-    for header in ["Bearer {{SECRET:API_KEY}}", "Bearer {{ secret:API_KEY }}"] {
+    for header in [
+        "Bearer {{SECRET:API_KEY}}",
+        "Bearer {{ secret:API_KEY }}",
+        "Bearer %7B%7Bsecret%3AAPI_KEY%7D%7D",
+    ] {
         let r = rig
             .fetch(json!({ "url": url, "headers": [["authorization", header]] }))
             .await;
         let e = r["error"].as_str().unwrap_or_default();
-        assert!(e.contains("in lower case") && !e.contains(SECRET), "{r}");
+        let why = if header.contains('%') {
+            "percent-encoded"
+        } else {
+            "in lower case"
+        };
+        assert!(e.contains(why) && !e.contains(SECRET), "{r}");
     }
     assert_eq!(
         rig.seen.requests().len(),

@@ -226,7 +226,7 @@ impl Node {
             boot: Boot {
                 inbox_seq: boot_inbox_seq,
                 at_ms: now_ms(),
-                after_crash: !storage.after_clean_stop(),
+                after_crash: !storage.take_clean_stop()?,
             },
             cluster: cluster
                 .clone()

@@ -369,9 +369,10 @@ impl Storage {
             open_error(&path, e)
         })?;
         check_format(&db)?;
-        // Read, then removed (durably) before anything runs: a crash from
-        // here on finds no marker.
-        let after_clean_stop = take_clean_stop(dir);
+        // Removed (durably) only once the node is about to run anything
+        // ([`Self::take_clean_stop`]): a start that fails before that (a
+        // bad master key) leaves it for the next.
+        let after_clean_stop = dir.join(CLEAN_STOP).exists();
         let subscriptions = Arc::new(Subscriptions::load(&db)?);
         let blobs = blobs::BlobStore::open(dir.join("blobs"))?;
         let outbox_ready = Arc::new(tokio::sync::Notify::new());
@@ -403,9 +404,25 @@ impl Storage {
 
     /// Whether the node that used this directory last stopped cleanly
     /// ([`Self::close`]): work it left unfinished was cut by that stop,
-    /// not by a crash, and counts against no one's crash attempts.
-    pub fn after_clean_stop(&self) -> bool {
-        self.after_clean_stop
+    /// not by a crash, and counts against no one's crash attempts. The
+    /// marker is removed, durably, before the answer is given: a crash
+    /// from here on finds none. One that cannot be removed is an error: it
+    /// would make a later crash pass for a clean stop.
+    pub fn take_clean_stop(&self) -> Result<bool, StorageError> {
+        if !self.after_clean_stop {
+            return Ok(false);
+        }
+        let path = self.dir.join(CLEAN_STOP);
+        std::fs::remove_file(&path)
+            .and_then(|()| std::fs::File::open(&self.dir)?.sync_all())
+            .map_err(|e| StorageError::Io {
+                what: format!(
+                    "cannot remove `{}` (a later crash would pass for a clean stop)",
+                    path.display()
+                ),
+                source: e,
+            })?;
+        Ok(true)
     }
 
     /// Bytes of files that turns in flight add to their types.
@@ -510,24 +527,6 @@ fn mark_clean_stop(dir: &Path) -> std::io::Result<()> {
     let file = std::fs::File::create(&path)?;
     file.sync_all()?;
     std::fs::File::open(dir)?.sync_all()
-}
-
-/// Whether the last stop was clean; the marker is removed (durably) either
-/// way. One that cannot be removed counts as no marker: a crash later in
-/// this run would otherwise pass for a clean stop.
-fn take_clean_stop(dir: &Path) -> bool {
-    let path = dir.join(CLEAN_STOP);
-    if !path.exists() {
-        return false;
-    }
-    let removed = std::fs::remove_file(&path).and_then(|()| std::fs::File::open(dir)?.sync_all());
-    match removed {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "cannot remove the clean-stop marker; counting this start as after a crash");
-            false
-        }
-    }
 }
 
 /// Type records are stored as JSON: they are rare, small, and carry the

@@ -93,13 +93,16 @@ impl ActorTask {
             self.seq
         };
         self.submitted_seq = seq;
-        if let Some((k, rec)) = &extras.idempotency {
-            // Only records whose commits are in flight stay here (a
-            // committed one is read from disk): they were pruned past 1024
-            // entries only, so an awake actor held up to 1024 replies of up
-            // to 1 MiB each (found by a probe: 1 GB for two actors).
+        // Only records whose commits are in flight stay here (a committed
+        // one is read from disk), looked over at every commit: they were
+        // pruned past 1024 entries only, so an awake actor held up to 1024
+        // replies of up to 1 MiB each (found by a probe: 1 GB for two
+        // actors), then until its next keyed message.
+        if !self.idem_pending.is_empty() {
             let committed = self.shared.tracker.committed_seq();
             self.idem_pending.retain(|_, (s, _)| *s > committed);
+        }
+        if let Some((k, rec)) = &extras.idempotency {
             self.idem_pending.insert(k.clone(), (seq, rec.clone()));
         }
         let write_record = extras.force_record

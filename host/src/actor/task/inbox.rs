@@ -77,13 +77,15 @@ impl ActorTask {
     }
 
     /// Whether another node owns this actor now, as this node's view of
-    /// the cluster says.
+    /// the cluster says, or this node is handing it over (stopping): a row
+    /// started now would be cut by the handover's fence.
     fn served_elsewhere(&self) -> bool {
         self.env.cluster.as_ref().is_some_and(|(cluster, _)| {
-            matches!(
-                cluster.route(&self.key),
-                crate::cluster::Route::Remote { .. }
-            )
+            cluster.is_leaving()
+                || matches!(
+                    cluster.route(&self.key),
+                    crate::cluster::Route::Remote { .. }
+                )
         })
     }
 
@@ -182,13 +184,16 @@ impl ActorTask {
             return true;
         }
         // The guest may ask whether an earlier start was cut off: by a
-        // crash (counted above), a clean stop, or the loss of the node
-        // that had the actor before (neither counted towards giving up).
-        let cut = !counted
-            && (at_boot
-                || self
-                    .env
-                    .queued_before_takeover(&self.key, row.enqueued_at_ms));
+        // crash (counted above), a clean stop, the loss of the node that
+        // had the actor before (neither counted towards giving up), or a
+        // failed commit of its own start here.
+        let started_before = self.inbox_started.replace(seq) == Some(seq);
+        let cut = started_before
+            || (!counted
+                && (at_boot
+                    || self
+                        .env
+                        .queued_before_takeover(&self.key, row.enqueued_at_ms)));
         self.next_attempt = row.attempts + u32::from(cut);
         let (kind, input) = turn_input(&row);
         let version = self.record().version;

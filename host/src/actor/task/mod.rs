@@ -94,6 +94,9 @@ pub(crate) struct ActorTask {
     submitted_seq: u64,
     /// Highest inbox seq run in this activation.
     inbox_cursor: u64,
+    /// The inbox row last started by this activation: started again (its
+    /// commit failed), its guest is told an earlier start was cut off.
+    inbox_started: Option<u64>,
     /// Idempotency records written by commits that may not be durable yet.
     idem_pending: HashMap<String, (u64, IdemRecord)>,
     woke_at: Instant,
@@ -159,6 +162,7 @@ impl ActorTask {
             seq: 0,
             submitted_seq: 0,
             inbox_cursor: 0,
+            inbox_started: None,
             idem_pending: HashMap::new(),
             woke_at: now,
             wake_recorded: false,
@@ -452,11 +456,17 @@ impl ActorTask {
             tracing::warn!(actor = %self.key, error = %e, "cannot re-read the slot table after a failed commit");
         }
         // Another owner, read from etcd just now (not this node's own lease
-        // unconfirmed for a moment: that is a wait, not a loss).
-        if matches!(
-            cluster.route(&self.key),
-            crate::cluster::Route::Remote { .. }
-        ) {
+        // unconfirmed for a moment: that is a wait, not a loss), or the
+        // slot being handed over (a graceful stop fences it: run again
+        // here, the cut turn sent its tool call a second time, unasked:
+        // found by a re-probe).
+        let handing_over = cluster.is_leaving() || cluster.draining(cluster.slot_of(&self.key));
+        if handing_over
+            || matches!(
+                cluster.route(&self.key),
+                crate::cluster::Route::Remote { .. }
+            )
+        {
             tracing::warn!(actor = %self.key, "a commit failed and the actor's slot is another node's now; it runs nothing more here");
             self.lost = Some(format!(
                 "actor {} is no longer served by this node (its slot failed over); retry",

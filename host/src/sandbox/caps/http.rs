@@ -187,7 +187,20 @@ fn substitute(
     let mut out = Zeroizing::new(String::with_capacity(value.len()));
     let mut secret = false;
     let mut rest = value;
+    // Text around the placeholders that still holds one, percent-encoded
+    // (`%7B%7Bsecret%3AK%7D%7D`), would go out as written.
+    let miswritten = |text: &str| {
+        if text.contains('%') && crate::egress::holds_secret_placeholder(text.as_bytes()) {
+            Err(GuestError::Invalid(format!(
+                "header `{header}`: a placeholder is written `{{{{secret:NAME}}}}`, not \
+                 percent-encoded; this one would go out as written"
+            )))
+        } else {
+            Ok(())
+        }
+    };
     while let Some(start) = rest.find("{{") {
+        miswritten(&rest[..start])?;
         out.push_str(&rest[..start]);
         let after = &rest[start..];
         if let Some(tail) = after.strip_prefix(IDEMPOTENCY_PLACEHOLDER) {
@@ -246,6 +259,7 @@ fn substitute(
         scrub.add(value.expose());
         secret = true;
     }
+    miswritten(rest)?;
     out.push_str(rest);
     Ok((out, secret))
 }
