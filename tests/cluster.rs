@@ -1182,14 +1182,8 @@ async fn a_request_to_a_paused_owner_stops_waiting_when_it_leaves() {
     let Some(c) = Cluster::start().await else {
         return;
     };
-    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
     let add = json!({"op": "add", "key": "n", "by": 1});
-    let r = c
-        .api(0)
-        .post_json("/v1/actors/kit/far?region=us", &add)
-        .await;
-    assert_eq!(r.status, 200, "{}", r.json);
-    assert_eq!(owner_of(&c, 0, "far").await, "n3");
+    far_on_n3(&c, &add).await;
     c.signal(2, "-STOP");
     let limit = Duration::from_secs(25);
     let started = Instant::now();
@@ -1216,17 +1210,22 @@ async fn a_request_to_a_paused_owner_stops_waiting_when_it_leaves() {
     assert_eq!((r.status, &r.json), (200, &json!(2)), "{}", r.json);
 }
 
-/// The actor `far` on n3 (region us), with a durable message that takes
-/// 2 s running on it.
-async fn far_message_cut(c: &Cluster, id: &str) {
+/// The testkit deployed, and its actor `far` made on n3 (region us) by
+/// `first`.
+async fn far_on_n3(c: &Cluster, first: &Value) {
     assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
-    let add = json!({"op": "add", "key": "n", "by": 1});
     let r = c
         .api(0)
-        .post_json("/v1/actors/kit/far?region=us", &add)
+        .post_json("/v1/actors/kit/far?region=us", first)
         .await;
     assert_eq!(r.status, 200, "{}", r.json);
     assert_eq!(owner_of(c, 0, "far").await, "n3");
+}
+
+/// The actor `far` on n3 (region us), with a durable message that takes
+/// 2 s running on it.
+async fn far_message_cut(c: &Cluster, id: &str) {
+    far_on_n3(c, &json!({"op": "add", "key": "n", "by": 1})).await;
     let long = json!({"op": "record", "id": id, "busy_ms": 2000});
     let r = c
         .api(0)
@@ -1287,14 +1286,8 @@ async fn streams_from_a_paused_owner_end_so_their_clients_resume() {
     let Some(c) = Cluster::start().await else {
         return;
     };
-    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
     let emit = json!({"op": "emit", "kind": "k", "data": {}});
-    let r = c
-        .api(0)
-        .post_json("/v1/actors/kit/far?region=us", &emit)
-        .await;
-    assert_eq!(r.status, 200, "{}", r.json);
-    assert_eq!(owner_of(&c, 0, "far").await, "n3");
+    far_on_n3(&c, &emit).await;
     let path = "/v1/actors/kit/far/events";
     let mut through = c.api(0).sse(path, None).await;
     let mut direct = c.api(2).sse(path, None).await;
