@@ -404,9 +404,10 @@ impl ActorTask {
             self.owned_after_failure().await;
         }
         if let Some(why) = &self.lost {
-            // Back here (a handoff back): it runs again.
+            // Back here for good (a handoff back): it runs again.
             let here = self.env.cluster.as_ref().is_some_and(|(c, _)| {
-                matches!(c.route(&self.key), crate::cluster::Route::Local { .. })
+                !handing_over(c, &self.key)
+                    && matches!(c.route(&self.key), crate::cluster::Route::Local { .. })
             });
             if !here {
                 return Err(TurnError::Moved(why.clone()));
@@ -460,8 +461,7 @@ impl ActorTask {
         // slot being handed over (a graceful stop fences it: run again
         // here, the cut turn sent its tool call a second time, unasked:
         // found by a re-probe).
-        let handing_over = cluster.is_leaving() || cluster.draining(cluster.slot_of(&self.key));
-        if handing_over
+        if handing_over(cluster, &self.key)
             || matches!(
                 cluster.route(&self.key),
                 crate::cluster::Route::Remote { .. }
@@ -575,6 +575,13 @@ impl ActorTask {
 /// the node's memory, or the actor left the node (not the message's fault,
 /// and nothing of it committed), so a durable message must stay queued
 /// rather than be settled as failed.
+/// Whether this node is handing `key`'s slot to another (a graceful stop,
+/// a rebalance): a turn cut by the handover's fence must not run again
+/// here.
+fn handing_over(cluster: &crate::cluster::Cluster, key: &ActorKey) -> bool {
+    cluster.is_leaving() || cluster.draining(cluster.slot_of(key))
+}
+
 fn not_started(e: &TurnError) -> bool {
     matches!(
         e,
