@@ -287,6 +287,9 @@ pub fn holds_secret_placeholder(text: &[u8]) -> bool {
 /// Whether `rest`, what follows a `{{`, opens a secret placeholder, given
 /// or taken case and a few blanks: `secret:`, ` SECRET :`.
 pub fn opens_secret_placeholder(rest: &[u8]) -> bool {
+    // Its start as written or percent-encoded in part (`{{secret%3AK}}`).
+    let head: Vec<u8> = percent_encoding::percent_decode(&rest[..rest.len().min(48)]).collect();
+    let rest = head.as_slice();
     // A few blanks, not any number: a run of `{{` and blanks stays linear.
     const BLANKS: usize = 4;
     let blanks = |at: &[u8]| {
@@ -460,6 +463,8 @@ mod tests {
             "k=%7b%7b+secret%3aK%7d%7d",
             "{{{secret:K}}}",
             "{ {{{secret:K}}",
+            "{{secret%3AK}}",
+            "{{%20secret%3a K}}",
         ] {
             assert!(holds_secret_placeholder(text.as_bytes()), "{text}");
         }

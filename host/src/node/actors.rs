@@ -79,13 +79,23 @@ impl Node {
             .get(key.ty())
             .ok_or_else(|| TurnError::UnknownType(key.ty().to_owned()))?;
         let bytes = message.body.len() as u64;
-        self.inboxes.admit(key, bytes, || {
+        let admitted = self.inboxes.admit(key, bytes, || {
             let r = self.storage.reader()?;
             match r.actor(key)? {
                 Some(rec) => r.inbox_stats(rec.num),
                 None => Ok((0, 0)),
             }
-        })?;
+        });
+        let counted = admitted.is_ok();
+        if let Err(full) = admitted {
+            // A retry of a message already taken (its key, a webhook's id)
+            // is answered as the first time, full inbox or not: it was
+            // told to retry a message the node held (found by a
+            // re-probe). The writer tells the two apart.
+            if !self.already_taken(key, &message)? {
+                return Err(full);
+            }
+        }
         let k = key.clone();
         let version = ty.latest_version();
         let outcome = self
@@ -98,12 +108,13 @@ impl Node {
                 idempotency_ttl_ms: ttl_ms,
                 done,
             })
-            .await?;
+            .await;
+        if counted && !matches!(outcome, Ok(EnqueueOutcome::Queued { .. })) {
+            self.inboxes.not_queued(key, bytes);
+        }
+        let outcome = outcome?;
         match &outcome {
-            EnqueueOutcome::Queued { .. } => {
-                self.inboxes.queued(key, bytes);
-                self.actors.poke(key);
-            }
+            EnqueueOutcome::Queued { .. } => self.actors.poke(key),
             EnqueueOutcome::Duplicate {
                 message_id,
                 same_request: false,
@@ -111,6 +122,20 @@ impl Node {
             EnqueueOutcome::Duplicate { .. } => {}
         }
         Ok(outcome)
+    }
+
+    /// Whether `message`'s idempotency key already took a message of
+    /// `key`'s (not expired).
+    fn already_taken(&self, key: &ActorKey, message: &InboxRecord) -> Result<bool, TurnError> {
+        let Some(k) = &message.idempotency_key else {
+            return Ok(false);
+        };
+        let r = self.storage.reader()?;
+        let Some(rec) = r.actor(key)? else {
+            return Ok(false);
+        };
+        Ok(r.idempotency(rec.num, k)?
+            .is_some_and(|i| i.expires_at_ms > crate::clock::now_ms()))
     }
 
     /// Run a model-written script in a fresh JavaScript sandbox bound to the

@@ -212,7 +212,7 @@ fn substitute(
             if crate::egress::opens_secret_placeholder(&after.as_bytes()[2..]) {
                 return Err(GuestError::Invalid(format!(
                     "header `{header}`: a placeholder is written `{{{{secret:NAME}}}}`, in lower \
-                     case and without spaces; this one would go out as written"
+                     case, without spaces or percent-encoding; this one would go out as written"
                 )));
             }
             // One brace on: `{{{secret:K}}}` is a brace around a placeholder.
