@@ -1276,6 +1276,24 @@ async fn a_message_cut_by_a_failover_is_a_second_attempt() {
     assert_eq!(far_attempt(&c, "cut").await, 1);
 }
 
+/// A graceful stop lets a turn in flight finish and commit before it
+/// hands its slots over: cut by the handover's fence, it ran again on the
+/// new owner, where an agent asks a person whether its tool call took
+/// effect (most runs of a rolling restart: found by a re-probe).
+#[tokio::test]
+async fn a_graceful_stop_lets_the_turn_in_flight_finish() {
+    let Some(mut c) = Cluster::start().await else {
+        return;
+    };
+    far_message_cut(&c, "term").await;
+    c.nodes[2].sigterm();
+    assert!(
+        c.nodes[2].wait_exit(Duration::from_secs(20)),
+        "n3 never stopped"
+    );
+    assert_eq!(far_attempt(&c, "term").await, 0, "it ran again after a cut");
+}
+
 /// Event streams of an actor whose owner stops answering end, so that
 /// their clients resume where the actor went (`Last-Event-ID`): one
 /// through another node once the owner leaves the membership, one on the

@@ -81,6 +81,17 @@ pub struct ActorEnv {
     /// When an actor last re-read the slot table after a failed commit
     /// (ms since the epoch): at most once a second for the node.
     slots_refreshed_ms: std::sync::atomic::AtomicU64,
+    /// Turns running now (from their start to their commit's submission).
+    running: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// A turn running, counted in [`ActorEnv::turns_running`] until dropped.
+pub(crate) struct Running(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 /// The parts of the node the actor layer uses, to build an [`ActorEnv`].
@@ -136,7 +147,33 @@ impl ActorEnv {
             cluster: p.cluster,
             taken_over: Default::default(),
             slots_refreshed_ms: Default::default(),
+            running: Default::default(),
         })
+    }
+
+    /// Count a turn as running until the returned guard is dropped.
+    pub(crate) fn turn_running(&self) -> Running {
+        self.running
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Running(self.running.clone())
+    }
+
+    /// Wait, at most `bound`, until no turn is running: a graceful stop
+    /// lets the turns in flight commit before it fences its slots. Cut by
+    /// the fence, an agent's tool call ran again on the new owner after a
+    /// confirmation asked of a person, for most runs of a rolling restart
+    /// (found by a re-probe). Whether none was left.
+    pub async fn turns_done(&self, bound: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            if self.running.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Whether an actor whose commit failed may re-read the slot table

@@ -10,6 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Node;
+
+/// How long a graceful stop waits for the turns in flight before it hands
+/// its slots over.
+const TURNS_AT_STOP: Duration = Duration::from_secs(5);
 use crate::alarms::scheduler::Notice;
 use crate::ids::ActorKey;
 
@@ -82,6 +86,16 @@ impl Node {
         // (a probe: 502s and ~2 s without answers).
         if let Err(e) = cluster.announce_leaving().await {
             tracing::warn!(error = %e, "cannot say this node is leaving");
+        }
+        // No new inbox row starts now (`served_elsewhere`); the turns
+        // running finish and submit their commits before the fence, within
+        // a bound (a turn may run for minutes: past it, it is cut, and its
+        // guest told so where it runs again).
+        if !self.actors.turns_done(TURNS_AT_STOP).await {
+            tracing::info!(
+                waited_ms = TURNS_AT_STOP.as_millis() as u64,
+                "stopping: turns still running are cut by the handover"
+            );
         }
         let started = std::time::Instant::now();
         let bound = Duration::from_secs(10);

@@ -213,6 +213,9 @@ impl ActorTask {
         chain: CallChain,
     ) -> Result<(TurnOutput, FinishedTurn), TurnError> {
         let started = Instant::now();
+        // Counted until its outcome is in hand: the caller submits the
+        // commit before its next await that could wait on a stop.
+        let _running = self.env.turn_running();
         let attempt = std::mem::take(&mut self.next_attempt);
         // Run again under the same id after a crash or a failure: an inbox
         // row's, an alarm's, an input's, an upgrade's, a webhook's turn.
