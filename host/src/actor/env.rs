@@ -85,7 +85,7 @@ pub struct ActorEnv {
     running: Arc<std::sync::atomic::AtomicUsize>,
 }
 
-/// A turn running, counted in [`ActorEnv::turns_running`] until dropped.
+/// A turn running, counted (see [`ActorEnv::turn_running`]) until dropped.
 pub(crate) struct Running(Arc<std::sync::atomic::AtomicUsize>);
 
 impl Drop for Running {
