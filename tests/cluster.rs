@@ -1129,7 +1129,8 @@ async fn a_keyed_call_to_a_paused_node_follows_its_callee_after_the_failover() {
     let Some(c) = Cluster::start().await else {
         return;
     };
-    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    // The callee on n3 (us), the caller in eu.
+    far_on_n3(&c, &json!({"op": "add", "key": "n", "by": 1})).await;
     let caller = r#"
 import { actors } from "marmot";
 export default {
@@ -1139,16 +1140,6 @@ export default {
 };
 "#;
     assert_eq!(c.api(0).deploy_js("caller", caller).await.status, 201);
-    // The callee on n3 (us), the caller in eu.
-    let r = c
-        .api(0)
-        .post_json(
-            "/v1/actors/kit/far?region=us",
-            &json!({"op": "add", "key": "n", "by": 1}),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.json);
-    assert_eq!(owner_of(&c, 0, "far").await, "n3");
     let p = 2;
     let asked = 0;
     let caller_id = "near";

@@ -718,13 +718,7 @@ impl Reader {
 
     /// Number of inbox rows of one actor.
     pub fn inbox_len(&self, num: u64) -> Result<u64, StorageError> {
-        let t = self.txn.open_table(INBOX)?;
-        let mut n = 0;
-        for row in t.range((num, 0)..=(num, u64::MAX))? {
-            row?;
-            n += 1;
-        }
-        Ok(n)
+        Ok(self.inbox_stats(num)?.0)
     }
 
     /// How many inbox rows actor `num` has, and their bytes.

@@ -447,11 +447,10 @@ impl ActorTask {
         // The view first; etcd only when it still says this node, and at
         // most once a second for the node (a full disk fails every commit
         // of every actor).
-        let local = |c: &crate::cluster::Cluster| {
-            matches!(c.route(&self.key), crate::cluster::Route::Local { .. })
-        };
-        if local(cluster)
-            && self.env.may_refresh_slots()
+        if matches!(
+            cluster.route(&self.key),
+            crate::cluster::Route::Local { .. }
+        ) && self.env.may_refresh_slots()
             && let Err(e) = cluster.refresh().await
         {
             tracing::warn!(actor = %self.key, error = %e, "cannot re-read the slot table after a failed commit");
