@@ -594,6 +594,44 @@ async fn bad_messages_are_rejected_and_change_nothing() {
     assert_eq!(api.add("kit", "a", 1).await.json["value"], 2);
 }
 
+/// A body refused by its head (declared too large, no credential) is
+/// still read, up to a point, so that the client gets the answer: one
+/// closed at once saw "broken pipe" while writing, not the 413 (a CI run).
+#[tokio::test]
+async fn a_body_refused_by_its_head_still_gets_its_answer() {
+    let dir = tempdir();
+    let m = Marmot::start_serve(&dir.path().join("data"), "an-admin-token-of-some-length").await;
+    let api = m.client();
+    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let anonymous = common::Api {
+        bearer: None,
+        ..api.clone()
+    };
+    let big = vec![b'1'; 4 << 20];
+    for round in 0..20 {
+        let r = api
+            .req(
+                Method::POST,
+                "/v1/actors/kit/a",
+                Some(("application/json", big.clone())),
+                &[],
+            )
+            .await;
+        assert_eq!(r.status, 413, "round {round}: {}", r.json);
+        assert_eq!(r.code(), "payload_too_large");
+        let r = anonymous
+            .req(
+                Method::POST,
+                "/v1/actors/kit/a",
+                Some(("application/json", big.clone())),
+                &[],
+            )
+            .await;
+        assert_eq!(r.status, 401, "round {round}: {}", r.json);
+    }
+    assert_eq!(api.get("/v1/actors/kit/a").await.status, 404);
+}
+
 #[tokio::test]
 async fn idempotency_keys_return_the_first_reply() {
     let (_dir, _node, api) = common::kit_node(json!({})).await;

@@ -15,10 +15,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt as _;
 use tower::{Layer, Service};
 
 use super::ApiError;
@@ -136,11 +138,12 @@ where
                 );
             }
             if has_body(&req) {
-                // The body is never read: the connection cannot carry
+                // The body is not taken: the connection cannot carry
                 // another request, and a client that reused it would see
                 // its next request fail.
                 resp.headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                linger(req);
             }
             gate.decorate(origin.as_ref(), &mut resp);
             return Box::pin(std::future::ready(Ok(resp)));
@@ -281,6 +284,45 @@ pub(super) fn is_open(path: &str) -> bool {
 }
 
 /// Whether `req` declares a body (a non-zero length, or chunks).
+/// How much of a refused body is read and dropped, and for how long, so
+/// that its client gets the answer: one closed at once while still
+/// sending sees only "broken pipe" (reqwest did, for a 413). Twice the
+/// largest route limit by default (code, 64 MiB): a bundle a little too
+/// large is told so. Read into nothing, it costs time, not memory.
+const LINGER_BYTES: u64 = 128 << 20;
+const LINGER_TIME: Duration = Duration::from_secs(2);
+
+/// Read what is left of `req`'s refused body and drop it, within
+/// [`LINGER_BYTES`] and [`LINGER_TIME`]; the connection closes after.
+/// A client that asked to be told before it sends (`Expect: 100-continue`)
+/// is not asked for it, and a body declared past the bound is not waited
+/// for: the connection closes at once.
+fn linger(req: Request) {
+    let h = req.headers();
+    let declared = h
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    if h.contains_key(header::EXPECT) || declared.is_some_and(|n| n > LINGER_BYTES) {
+        return;
+    }
+    let mut body = req.into_body();
+    tokio::spawn(async move {
+        let drain = async {
+            let mut read = 0u64;
+            while read <= LINGER_BYTES {
+                match body.frame().await {
+                    Some(Ok(frame)) => {
+                        read += frame.data_ref().map_or(0, |d| d.len() as u64);
+                    }
+                    _ => return,
+                }
+            }
+        };
+        // Dropped at the bound: the connection closes.
+        let _ = tokio::time::timeout(LINGER_TIME, drain).await;
+    });
+}
+
 fn has_body(req: &Request) -> bool {
     let h = req.headers();
     h.contains_key(header::TRANSFER_ENCODING)
