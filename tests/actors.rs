@@ -250,9 +250,11 @@ async fn a_durable_inbox_is_bounded() {
     let config = "[limits]\nmax_inbox_messages = 5\n";
     let mut m = Marmot::start_opts(&dir.path().join("data"), &[], Some(config)).await;
     let api = m.client();
-    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
-    // Longer than the test: the inbox stays full throughout (the first
-    // one runs, and counts, until it commits).
+    // A turn longer than the test, whose CPU is not cut off at the
+    // default 10 s (a loaded CI machine took that long): the inbox stays
+    // full throughout (the first one runs, and counts, until it commits).
+    let config = json!({"cpu_slice_ms": 120_000});
+    assert_eq!(api.deploy("kit", TESTKIT, config).await.status, 201);
     let busy = json!({"op": "busy", "ms": 60000});
     let path = "/v1/actors/kit/slow?wait=false";
     let first = api
