@@ -628,6 +628,21 @@ async fn a_body_refused_by_its_head_still_gets_its_answer() {
             )
             .await;
         assert_eq!(r.status, 401, "round {round}: {}", r.json);
+        // Sent without a length: refused once past the limit.
+        let chunks = big
+            .chunks(64 << 10)
+            .map(|c| Ok::<_, std::io::Error>(c.to_vec()))
+            .collect::<Vec<_>>();
+        let r = api
+            .http
+            .post(format!("{}/v1/actors/kit/a", api.url))
+            .bearer_auth(api.bearer.as_deref().unwrap())
+            .header("content-type", "application/json")
+            .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e:?}"));
+        assert_eq!(r.status(), 413, "round {round}");
     }
     assert_eq!(api.get("/v1/actors/kit/a").await.status, 404);
 }

@@ -26,6 +26,14 @@
 //! 1 MiB each and sending nothing held the whole default budget, with no
 //! credentials (webhook routes read their body before checking it), and
 //! every request with a body got 503 for as long as they stayed open.
+//!
+//! A body a handler does not read to its end (refused past its route's
+//! limit, or not needed for the answer) is read on and dropped, within
+//! 128 MiB and 2 s, while the answer goes out, and the connection closes
+//! after it: closed at once, a client still sending saw "broken pipe"
+//! instead of its 413, and one that reused the connection saw its next
+//! request fail. Not a webhook's, which anyone may trickle, nor one whose
+//! client waits to be asked for it (`Expect: 100-continue`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -36,6 +44,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{Method, StatusCode, header};
+use http_body_util::BodyExt as _;
 use hyper::body::{Frame, SizeHint};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -47,6 +56,37 @@ const MIN_RATE_BYTES_PER_S: u64 = 64 << 10;
 
 /// The most slack a body to an open route (a webhook) is given.
 const OPEN_ROUTE_SLACK: Duration = Duration::from_secs(5);
+
+/// How much of a body left unread is read and dropped, and for how long,
+/// so that its client gets the answer: one closed at once while still
+/// sending sees only "broken pipe" (reqwest did, for a 413). Twice the
+/// largest route limit by default (code, 64 MiB): a bundle a little too
+/// large is told so. Read into nothing, it costs time, not memory.
+pub(super) const LINGER_BYTES: u64 = 128 << 20;
+const LINGER_TIME: Duration = Duration::from_secs(2);
+
+/// Read what is left of `body` and drop it, within [`LINGER_BYTES`] and
+/// [`LINGER_TIME`], while its answer goes out; the connection closes if
+/// the body does not end by then.
+pub(super) fn linger(mut body: Body) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let drain = async {
+            let mut read = 0u64;
+            while read <= LINGER_BYTES {
+                match body.frame().await {
+                    Some(Ok(frame)) => {
+                        read += frame.data_ref().map_or(0, |d| d.len() as u64);
+                    }
+                    _ => return,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(LINGER_TIME, drain).await;
+    });
+}
 
 /// Bytes of request bodies held, against the budget.
 pub(super) struct BodyBudget {
@@ -70,11 +110,18 @@ pub(super) struct Charge {
     /// Set when the body was cut off: the connection cannot carry another
     /// request.
     cut: Arc<AtomicBool>,
+    /// Set once the body has been read to its end.
+    ended: Arc<AtomicBool>,
     /// What the deadline is sized by: the declared length, or the
     /// route's largest body when none is declared.
     sized_by: u64,
     /// The least time the body is given to arrive.
     slack: Duration,
+    /// Whether what a handler leaves of the body is read and dropped
+    /// ([`linger`]): not when its client waits to be asked for it
+    /// (`Expect: 100-continue`), nor for a webhook, which anyone may
+    /// trickle.
+    linger: bool,
 }
 
 /// Why a body was cut off while it arrived.
@@ -191,8 +238,10 @@ impl BodyBudget {
             budget: self.clone(),
             bytes: Arc::default(),
             cut: Arc::default(),
+            ended: Arc::default(),
             sized_by,
             slack,
+            linger: !open_route && !req.headers().contains_key(header::EXPECT),
         }))
     }
 
@@ -234,15 +283,20 @@ impl Charge {
             budget: self.budget.clone(),
             charged: self.bytes.clone(),
             cut: self.cut.clone(),
+            ended: self.ended.clone(),
             allowed,
             deadline: tokio::time::Instant::now() + allowed,
             timer: None,
+            linger: self.linger,
         })
     }
 
-    /// Whether the body was cut off (the rest of it was never read).
-    pub(super) fn was_cut(&self) -> bool {
-        self.cut.load(Ordering::Acquire)
+    /// Whether the body was cut off, or not read to its end, when the
+    /// response is made: the connection cannot carry another request (a
+    /// client that reused one whose 413 left the body unread saw its next
+    /// request fail).
+    pub(super) fn left_unread(&self) -> bool {
+        self.cut.load(Ordering::Acquire) || !self.ended.load(Ordering::Acquire)
     }
 }
 
@@ -260,11 +314,25 @@ struct Guarded {
     budget: Arc<BodyBudget>,
     charged: Arc<AtomicU64>,
     cut: Arc<AtomicBool>,
+    ended: Arc<AtomicBool>,
     allowed: Duration,
     deadline: tokio::time::Instant,
     /// Made the first time the body is not ready: most bodies arrive with
     /// their head and never wait.
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Whether the rest is read and dropped if a handler leaves it
+    /// ([`Charge::linger`]); cleared once the body ends or is late.
+    linger: bool,
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        // A handler that answered without the whole body (past the
+        // route's limit, or not needing it).
+        if self.linger && !hyper::body::Body::is_end_stream(&self.body) {
+            linger(std::mem::take(&mut self.body));
+        }
+    }
 }
 
 impl hyper::body::Body for Guarded {
@@ -285,6 +353,7 @@ impl hyper::body::Body for Guarded {
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
                 return match timer.as_mut().poll(cx) {
                     Poll::Ready(()) => {
+                        this.linger = false;
                         this.cut.store(true, Ordering::Release);
                         Poll::Ready(Some(Err(axum::Error::new(BodyCut::TimedOut(this.allowed)))))
                     }
@@ -303,6 +372,10 @@ impl hyper::body::Body for Guarded {
                 return Poll::Ready(Some(Err(axum::Error::new(cut))));
             }
             this.charged.fetch_add(n, Ordering::AcqRel);
+        }
+        if frame.is_none() || hyper::body::Body::is_end_stream(&this.body) {
+            this.linger = false;
+            this.ended.store(true, Ordering::Release);
         }
         Poll::Ready(frame)
     }
@@ -380,7 +453,9 @@ mod tests {
         let a = budget.admit(&post(Some("40"), false)).unwrap().unwrap();
         // Admitted, nothing held until bytes arrive.
         assert_eq!(gauge.get(), 0);
+        assert!(a.left_unread());
         assert_eq!(read(&a, 40).await.unwrap(), 40);
+        assert!(!a.left_unread(), "read to its end");
         assert_eq!(gauge.get(), 40);
         // A declared length past what is left: refused at once.
         let err = budget.admit(&post(Some("45"), false)).err().unwrap();
@@ -394,7 +469,7 @@ mod tests {
             (err.status, err.code),
             (StatusCode::SERVICE_UNAVAILABLE, "overloaded")
         );
-        assert!(b.was_cut());
+        assert!(b.left_unread());
         assert_eq!(gauge.get(), 80, "what arrived before the cut is held");
         // No body, never refused.
         assert!(budget.admit(&post(None, false)).unwrap().is_none());
@@ -452,7 +527,7 @@ mod tests {
         let took = started.elapsed();
         assert!(took >= Duration::from_millis(1_100), "{took:?}");
         assert!(took < Duration::from_secs(5), "{took:?}");
-        assert!(c.was_cut());
+        assert!(c.left_unread());
         assert_eq!(gauge.get(), 10, "what arrived is held until the response");
         drop(c);
         assert_eq!(gauge.get(), 0);

@@ -15,12 +15,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use http_body_util::BodyExt as _;
 use tower::{Layer, Service};
 
 use super::ApiError;
@@ -171,8 +169,8 @@ where
             // The body is held until the response is made.
             let charge = charge;
             let mut resp = crate::telemetry::with_request_id(logged, inner.call(req)).await?;
-            if charge.as_ref().is_some_and(|c| c.was_cut()) {
-                // The rest of the body was never read.
+            if charge.as_ref().is_some_and(|c| c.left_unread()) {
+                // The rest of the body is read and dropped, if at all.
                 resp.headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
@@ -284,17 +282,9 @@ pub(super) fn is_open(path: &str) -> bool {
 }
 
 /// Whether `req` declares a body (a non-zero length, or chunks).
-/// How much of a refused body is read and dropped, and for how long, so
-/// that its client gets the answer: one closed at once while still
-/// sending sees only "broken pipe" (reqwest did, for a 413). Twice the
-/// largest route limit by default (code, 64 MiB): a bundle a little too
-/// large is told so. Read into nothing, it costs time, not memory.
-const LINGER_BYTES: u64 = 128 << 20;
-const LINGER_TIME: Duration = Duration::from_secs(2);
-
-/// Read what is left of `req`'s refused body and drop it, within
-/// [`LINGER_BYTES`] and [`LINGER_TIME`]; the connection closes after.
-/// A client that asked to be told before it sends (`Expect: 100-continue`)
+/// Read what is left of `req`'s refused body and drop it
+/// ([`super::bodies::linger`]), so that its client gets the answer. A
+/// client that asked to be told before it sends (`Expect: 100-continue`)
 /// is not asked for it, and a body declared past the bound is not waited
 /// for: the connection closes at once.
 fn linger(req: Request) {
@@ -302,25 +292,10 @@ fn linger(req: Request) {
     let declared = h
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
-    if h.contains_key(header::EXPECT) || declared.is_some_and(|n| n > LINGER_BYTES) {
+    if h.contains_key(header::EXPECT) || declared.is_some_and(|n| n > super::bodies::LINGER_BYTES) {
         return;
     }
-    let mut body = req.into_body();
-    tokio::spawn(async move {
-        let drain = async {
-            let mut read = 0u64;
-            while read <= LINGER_BYTES {
-                match body.frame().await {
-                    Some(Ok(frame)) => {
-                        read += frame.data_ref().map_or(0, |d| d.len() as u64);
-                    }
-                    _ => return,
-                }
-            }
-        };
-        // Dropped at the bound: the connection closes.
-        let _ = tokio::time::timeout(LINGER_TIME, drain).await;
-    });
+    super::bodies::linger(req.into_body());
 }
 
 fn has_body(req: &Request) -> bool {
