@@ -167,13 +167,19 @@ pub(super) async fn send(
     Ok(resp)
 }
 
+/// The deepest nesting of a JSON body a JavaScript actor is sent:
+/// `JSON.parse` in the sandbox runs out of stack past ~16,000 levels.
+const MAX_JSON_DEPTH: usize = 10_000;
+
 /// A JavaScript actor's handler gets a body declared JSON parsed, and a
 /// turn whose body does not parse fails before the handler runs
 /// (`actors/quickjs/src/engine.rs`, `message_body`, which declares JSON by
 /// the same rule). So such a body is the client's error: 400, and nothing
 /// is stored. serde_json reads the grammar `JSON.parse` does (RFC 8259);
 /// like the guest, it passes over what a string holds (bytes that are not
-/// UTF-8 there become U+FFFD in the guest, lone surrogates stay).
+/// UTF-8 there become U+FFFD in the guest, lone surrogates stay). Nor may
+/// it nest deeper than [`MAX_JSON_DEPTH`] (100,000 levels were a 500
+/// `actor_error` from the turn: a probe).
 fn declared_json_parses(content_type: Option<&str>, body: &[u8]) -> Result<(), ApiError> {
     let Some(ct) = content_type.filter(|c| declares_json(c)) else {
         return Ok(());
@@ -181,14 +187,49 @@ fn declared_json_parses(content_type: Option<&str>, body: &[u8]) -> Result<(), A
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(());
     }
-    serde_json::from_slice::<serde::de::IgnoredAny>(body)
-        .map(drop)
-        .map_err(|e| {
-            ApiError::bad_request(
-                "invalid_json",
-                format!("the body is declared JSON (`{ct}`) but is not: {e}"),
-            )
-        })
+    serde_json::from_slice::<serde::de::IgnoredAny>(body).map_err(|e| {
+        ApiError::bad_request(
+            "invalid_json",
+            format!("the body is declared JSON (`{ct}`) but is not: {e}"),
+        )
+    })?;
+    if json_depth(body) > MAX_JSON_DEPTH {
+        return Err(ApiError::bad_request(
+            "invalid_json",
+            format!(
+                "the body nests deeper than {MAX_JSON_DEPTH} levels of arrays and objects, \
+                 more than a JavaScript actor parses"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// How deep `json` (valid JSON) nests arrays and objects.
+fn json_depth(json: &[u8]) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in json {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 /// Whether a content type says JSON: any that names it (`application/json`,
@@ -623,4 +664,20 @@ pub(super) async fn eval(
         "error": out.error,
     }))
     .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_depth;
+
+    #[test]
+    fn json_depth_counts_what_nests_outside_strings() {
+        assert_eq!(json_depth(b"1"), 0);
+        assert_eq!(json_depth(b"[]"), 1);
+        assert_eq!(json_depth(br#"{"a": [[1], {"b": []}], "c": 2}"#), 4);
+        // Brackets and quotes inside strings are text.
+        assert_eq!(json_depth(br#"["[[[{", "\"[[", "\\", []]"#), 2);
+        let deep = format!("{}{}", "[".repeat(20_000), "]".repeat(20_000));
+        assert_eq!(json_depth(deep.as_bytes()), 20_000);
+    }
 }
