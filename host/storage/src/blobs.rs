@@ -233,8 +233,10 @@ impl BlobStore {
             return Ok(hold);
         }
         let parent = path.parent().expect("blob paths have a parent");
-        std::fs::create_dir_all(parent)
-            .map_err(io(format!("failed to create `{}`", parent.display())))?;
+        std::fs::create_dir_all(parent).map_err(io(format!(
+            "failed to make the directory of {}",
+            name(&sha256)
+        )))?;
         let tmp = parent.join(format!(
             ".tmp-{}-{:016x}",
             std::process::id(),
@@ -250,7 +252,7 @@ impl BlobStore {
         };
         if let Err(e) = write() {
             let _ = std::fs::remove_file(&tmp);
-            return Err(io(format!("failed to write blob `{}`", path.display()))(e));
+            return Err(io(format!("failed to write {}", name(&sha256)))(e));
         }
         Ok(hold)
     }
@@ -291,8 +293,7 @@ impl BlobStore {
     /// Read blob `sha256` whole, checked against its name. Blocking.
     pub fn read(&self, sha256: &[u8; 32]) -> Result<Vec<u8>, StorageError> {
         let path = self.path(sha256);
-        let bytes = std::fs::read(&path)
-            .map_err(io(format!("failed to read blob `{}`", path.display())))?;
+        let bytes = std::fs::read(&path).map_err(io(format!("failed to read {}", name(sha256))))?;
         check(&path, sha256, &bytes)?;
         Ok(bytes)
     }
@@ -362,13 +363,20 @@ pub fn check(path: &Path, sha256: &[u8; 32], bytes: &[u8]) -> Result<(), Storage
         return Ok(());
     }
     tracing::error!(path = %path.display(), "a blob's bytes do not match its SHA-256: damaged on disk");
-    Err(damaged(path))
+    Err(damaged(sha256))
 }
 
-/// The error for blob file `path` whose bytes are not what its name says.
-pub fn damaged(path: &Path) -> StorageError {
+/// How errors name blob `sha256`: by its hash, never its path, which would
+/// tell whoever reads the error (a client, through a failed turn) where
+/// the node keeps its data. The operator's log has the path.
+pub fn name(sha256: &[u8; 32]) -> String {
+    format!("blob {}", hex::encode(sha256))
+}
+
+/// The error for blob `sha256` whose bytes are not what its name says.
+pub fn damaged(sha256: &[u8; 32]) -> StorageError {
     StorageError::Io {
-        what: format!("blob `{}`", path.display()),
+        what: name(sha256),
         source: std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             "its bytes do not match its SHA-256: the file was damaged on disk",
@@ -393,6 +401,24 @@ pub fn file_matches(path: &Path, sha256: &[u8; 32]) -> std::io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client sees a turn's storage error: it names the blob, not where
+    /// the node keeps its data (a full disk's error did, found by a probe).
+    #[test]
+    fn errors_name_blobs_by_hash_not_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = BlobStore::open(dir.path().join("blobs")).unwrap();
+        let where_ = dir.path().display().to_string();
+        let sha256: [u8; 32] = Sha256::digest(b"delta").into();
+        let hex = hex::encode(sha256);
+        let e = store.read(&sha256).unwrap_err().to_string();
+        assert!(e.contains(&hex) && !e.contains(&where_), "{e}");
+        // A write that fails: its directory is taken by a file.
+        std::fs::write(dir.path().join("blobs").join(&hex[..2]), b"").unwrap();
+        let e = store.put(b"delta").err().unwrap().to_string();
+        assert!(e.contains(&hex) && !e.contains(&where_), "{e}");
+        assert!(!damaged(&sha256).to_string().contains(&where_));
+    }
 
     #[test]
     fn blobs_are_content_addressed_and_collected_when_unreferenced() {

@@ -146,7 +146,10 @@ impl FilesCtx {
                 let bytes = tokio::fs::read(&blob)
                     .await
                     .map_err(|source| StorageError::Io {
-                        what: format!("failed to read blob `{}`", blob.display()),
+                        what: format!(
+                            "failed to read {}",
+                            crate::storage::blobs::name(&rec.sha256)
+                        ),
                         source,
                     })?;
                 // Damaged on disk: an error, never other bytes as the file.
