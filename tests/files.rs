@@ -422,6 +422,61 @@ async fn a_types_quota_holds_against_concurrent_writers() {
     );
 }
 
+/// A write refused by the turn's cap on stored blobs holds none of the
+/// type's quota: it was refused after the type's reservation grew, which
+/// stayed grown until the turn ended and refused the type's other writers.
+#[tokio::test]
+async fn a_refused_write_reserves_nothing_of_the_types_quota() {
+    const CHURN_JS: &str = r#"
+import { files } from "marmot";
+export default {
+  onMessage(body) {
+    let refused = null;
+    if (body.warm) return { refused };
+    if (body.churn) {
+      files.write("f", "a".repeat(80000));
+      try { files.write("f", "b".repeat(140000)); } catch (e) { refused = String(e.message ?? e); }
+      const until = Date.now() + 1500;
+      while (Date.now() < until) {}
+    } else {
+      files.write("g", "c".repeat(150000));
+    }
+    return { refused };
+  },
+};
+"#;
+    let dir = tempdir();
+    let config = "[files]\nmax_actor_bytes = 150000\nmax_type_bytes = 250000\n";
+    let m = Marmot::start_opts(&dir.path().join("data"), &[], Some(config)).await;
+    let api = m.client();
+    assert_eq!(api.deploy_js("churn", CHURN_JS).await.status, 201);
+    // The code ready, so that `a`'s turn starts at once.
+    let r = api
+        .post_json("/v1/actors/churn/warm", &json!({"warm": true}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let churn = {
+        let api = api.clone();
+        tokio::spawn(async move {
+            api.post_json("/v1/actors/churn/a", &json!({"churn": true}))
+                .await
+        })
+    };
+    // While `a` runs on, holding 80 kB of the type's 250 kB.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let r = api.post_json("/v1/actors/churn/b", &json!({})).await;
+    assert_eq!(
+        (r.status, &r.json),
+        (200, &json!({"refused": null})),
+        "{}",
+        r.json
+    );
+    let r = churn.await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.json);
+    let refused = r.json["refused"].as_str().unwrap_or_default();
+    assert!(refused.contains("a turn may store at most"), "{}", r.json);
+}
+
 #[tokio::test]
 async fn artifacts_download_while_the_actor_hibernates() {
     let (_dir, _m, api) = kit_node(json!({ "idle_timeout_ms": 200 })).await;

@@ -202,6 +202,17 @@ impl FilesCtx {
                 usage.bytes, self.limits.max_actor_bytes
             ))));
         }
+        let blob = data.len() > self.limits.inline_max_bytes;
+        // Every blob a turn stores costs disk until the turn ends, even one
+        // it overwrites again: bound them per turn. Checked before the
+        // type's reservation grows, which a refusal here kept grown for
+        // the rest of the turn, against the type's other writers.
+        if blob && self.blob_bytes + size > self.limits.max_actor_bytes {
+            return Ok(Err(Refusal::Limit(format!(
+                "a turn may store at most {} bytes of files",
+                self.limits.max_actor_bytes
+            ))));
+        }
         let delta = size as i64 - old_size as i64;
         if delta > 0 {
             // Against what is committed and what other turns of the type,
@@ -220,16 +231,8 @@ impl FilesCtx {
                 ))));
             }
         }
-        let (sha256, body) = if data.len() > self.limits.inline_max_bytes {
-            // Every blob a turn stores costs disk until the turn ends, even
-            // one it overwrites again: bound them per turn.
+        let (sha256, body) = if blob {
             let stored = self.blob_bytes + size;
-            if stored > self.limits.max_actor_bytes {
-                return Ok(Err(Refusal::Limit(format!(
-                    "a turn may store at most {} bytes of files",
-                    self.limits.max_actor_bytes
-                ))));
-            }
             // Stored and held before the commit; removed if the turn fails.
             let blobs = self.disk.clone();
             let hold = tokio::task::spawn_blocking(move || blobs.put_blob(&data))
