@@ -5,8 +5,8 @@
 //! stores it as a durable inbox row; and counts the outcome.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+
+use std::sync::{Arc, LazyLock, Mutex};
 
 use axum::http::HeaderMap;
 use bytes::Bytes;
@@ -157,11 +157,11 @@ impl Node {
             ) => tracing::debug!(actor_type = ty, hook = name, error = %e, "webhook rejected"),
             // A bad signature says a sender's secret is wrong, worth a
             // line; but anyone can send one, and 8,000 of them wrote 8,000
-            // lines a second (found by a probe): one in ten seconds at
-            // info, the rest at debug, all counted in /metrics.
-            _ if rejection_worth_a_line(crate::clock::now_ms()) => {
+            // lines a second (found by a probe): one in ten seconds per
+            // type at info, the rest at debug, all counted in /metrics.
+            _ if rejection_worth_a_line(ty, crate::clock::now_ms()) => {
                 tracing::info!(actor_type = ty, hook = name, error = %e,
-                    "webhook rejected (more in the next 10 s at debug; marmot_webhooks_received_total counts them)");
+                    "webhook rejected (more to this type in the next 10 s at debug; marmot_webhooks_received_total counts them)");
             }
             _ => tracing::debug!(actor_type = ty, hook = name, error = %e, "webhook rejected"),
         }
@@ -271,23 +271,34 @@ impl Node {
     }
 }
 
-/// When the last rejected webhook got an info line (ms).
-static LAST_REJECTION_LINE_MS: AtomicU64 = AtomicU64::new(0);
+/// When each type's last rejected webhook got an info line (ms): one per
+/// type, so junk sent to one type cannot keep another's real signature
+/// failures at debug.
+static REJECTION_LINES: LazyLock<Mutex<HashMap<String, u64>>> = LazyLock::new(Mutex::default);
 
-/// Whether a rejected webhook at `now_ms` gets an info line: the first in
-/// ten seconds does.
-fn rejection_worth_a_line(now_ms: u64) -> bool {
-    once_in(&LAST_REJECTION_LINE_MS, 10_000, now_ms)
+/// Types whose last line is remembered; past it the memory starts over
+/// (each type's next rejection gets its line again).
+const REJECTION_TYPES: usize = 4_096;
+
+/// Whether a webhook to type `ty` rejected at `now_ms` gets an info line:
+/// the first in ten seconds for its type does.
+fn rejection_worth_a_line(ty: &str, now_ms: u64) -> bool {
+    let mut lines = REJECTION_LINES.lock().expect("rejection lines lock");
+    if lines.len() >= REJECTION_TYPES && !lines.contains_key(ty) {
+        lines.clear();
+    }
+    let last = lines.entry(ty.to_owned()).or_default();
+    once_in(last, 10_000, now_ms)
 }
 
 /// Whether `now_ms` is `every_ms` or more past `last` (or the first time),
 /// which it then becomes.
-fn once_in(last: &AtomicU64, every_ms: u64, now_ms: u64) -> bool {
-    let was = last.load(Ordering::Relaxed);
-    (was == 0 || now_ms.saturating_sub(was) >= every_ms)
-        && last
-            .compare_exchange(was, now_ms, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
+fn once_in(last: &mut u64, every_ms: u64, now_ms: u64) -> bool {
+    let due = *last == 0 || now_ms.saturating_sub(*last) >= every_ms;
+    if due {
+        *last = now_ms;
+    }
+    due
 }
 
 #[cfg(test)]
@@ -296,12 +307,22 @@ mod tests {
 
     #[test]
     fn one_line_in_ten_seconds() {
-        let last = AtomicU64::new(0);
+        let mut last = 0;
         let t = 1_000_000;
-        assert!(once_in(&last, 10_000, t));
-        assert!(!once_in(&last, 10_000, t + 1));
-        assert!(!once_in(&last, 10_000, t + 9_999));
-        assert!(once_in(&last, 10_000, t + 10_000));
-        assert!(!once_in(&last, 10_000, t + 10_001));
+        assert!(once_in(&mut last, 10_000, t));
+        assert!(!once_in(&mut last, 10_000, t + 1));
+        assert!(!once_in(&mut last, 10_000, t + 9_999));
+        assert!(once_in(&mut last, 10_000, t + 10_000));
+        assert!(!once_in(&mut last, 10_000, t + 10_001));
+    }
+
+    /// Each type has its own line: junk to one does not silence another.
+    #[test]
+    fn one_line_per_type() {
+        let t = 2_000_000;
+        assert!(rejection_worth_a_line("hooks-test-junk", t));
+        assert!(!rejection_worth_a_line("hooks-test-junk", t + 1));
+        assert!(rejection_worth_a_line("hooks-test-real", t + 2));
+        assert!(!rejection_worth_a_line("hooks-test-real", t + 3));
     }
 }
