@@ -281,23 +281,26 @@ pub(super) fn is_open(path: &str) -> bool {
         || path.starts_with("/v1/hooks/")
 }
 
-/// Whether `req` declares a body (a non-zero length, or chunks).
 /// Read what is left of `req`'s refused body and drop it
 /// ([`super::bodies::linger`]), so that its client gets the answer. A
 /// client that asked to be told before it sends (`Expect: 100-continue`)
-/// is not asked for it, and a body declared past the bound is not waited
-/// for: the connection closes at once.
+/// is not asked for it, a body declared past the bound is not waited for,
+/// nor a webhook's, which anyone may trickle: the connection closes at once.
 fn linger(req: Request) {
     let h = req.headers();
     let declared = h
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
-    if h.contains_key(header::EXPECT) || declared.is_some_and(|n| n > super::bodies::LINGER_BYTES) {
+    if h.contains_key(header::EXPECT)
+        || declared.is_some_and(|n| n > super::bodies::LINGER_BYTES)
+        || req.uri().path().starts_with("/v1/hooks/")
+    {
         return;
     }
     super::bodies::linger(req.into_body());
 }
 
+/// Whether `req` declares a body (a non-zero length, or chunks).
 fn has_body(req: &Request) -> bool {
     let h = req.headers();
     h.contains_key(header::TRANSFER_ENCODING)

@@ -5,7 +5,6 @@
 //! stores it as a durable inbox row; and counts the outcome.
 
 use std::collections::HashMap;
-
 use std::sync::{Arc, LazyLock, Mutex};
 
 use axum::http::HeaderMap;
