@@ -301,6 +301,66 @@ async fn a_durable_inbox_is_bounded() {
     );
 }
 
+/// What actors send each other (`actors.send`) is held to the recipient's
+/// inbox bound as clients are: past it the send throws `limit-exceeded`,
+/// nothing more is queued, and clients are still refused. Sends from turns
+/// were never counted: 20 turns of 99 sends queued 1,981 messages against
+/// a limit of 20, and the node went on taking clients' (found by a probe).
+#[tokio::test]
+async fn sends_between_actors_are_held_to_the_inbox_bound() {
+    const SENDER_JS: &str = r#"
+import { actors } from "marmot";
+export default {
+  onMessage(body) {
+    let sent = 0;
+    const refused = [];
+    for (let i = 0; i < body.n; i++) {
+      try { actors.send("kit", body.to, { op: "add", key: "n", by: 1 }); sent++; }
+      catch (e) { refused.push(String(e.message ?? e)); }
+    }
+    return { sent, refused: refused.length, first: refused[0] ?? null };
+  },
+};
+"#;
+    let dir = tempdir();
+    let config = "[limits]\nmax_inbox_messages = 5\n";
+    let m = Marmot::start_opts(&dir.path().join("data"), &[], Some(config)).await;
+    let api = m.client();
+    let config = json!({"cpu_slice_ms": 120_000});
+    assert_eq!(api.deploy("kit", TESTKIT, config).await.status, 201);
+    assert_eq!(api.deploy_js("sender", SENDER_JS).await.status, 201);
+    // The victim's first message runs (and counts) for the whole test.
+    let busy = json!({"op": "busy", "ms": 60000});
+    let r = api
+        .post_json("/v1/actors/kit/victim?wait=false", &busy)
+        .await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    let send = json!({"to": "victim", "n": 10});
+    let r = api.post_json("/v1/actors/sender/s", &send).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(
+        (&r.json["sent"], &r.json["refused"]),
+        (&json!(4), &json!(6)),
+        "{}",
+        r.json
+    );
+    let first = r.json["first"].as_str().unwrap_or_default();
+    assert!(
+        first.starts_with("actors.send: limit exceeded: ")
+            && first.contains("limits.max_inbox_messages"),
+        "{first}"
+    );
+    // Full for the next turn, and for clients.
+    let r = api.post_json("/v1/actors/sender/t", &send).await;
+    assert_eq!(r.json["sent"], 0, "{}", r.json);
+    let r = api
+        .post_json("/v1/actors/kit/victim?wait=false", &busy)
+        .await;
+    assert_eq!((r.status, r.code()), (429, "inbox_full"), "{}", r.json);
+    let info = api.get("/v1/actors/kit/victim").await.json;
+    assert_eq!(info["pending_messages"], 5, "{info}");
+}
+
 const CALLER_JS: &str = r#"
 import { actors } from "marmot";
 export default {

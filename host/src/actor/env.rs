@@ -15,6 +15,7 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use super::caches::StateCaches;
+use super::inboxes::Inboxes;
 use super::registry::Registry;
 use super::{Delivery, Envelope, TurnError, TurnReply};
 use crate::alarms::scheduler::{AlarmTarget, DueAlarm, Scheduler};
@@ -83,6 +84,9 @@ pub struct ActorEnv {
     slots_refreshed_ms: std::sync::atomic::AtomicU64,
     /// Turns running now (from their start to their commit's submission).
     running: Arc<std::sync::atomic::AtomicUsize>,
+    /// The bound on each actor's durable inbox, for what clients, webhooks
+    /// and other actors send.
+    pub(crate) inboxes: Inboxes,
 }
 
 /// A turn running, counted (see [`ActorEnv::turn_running`]) until dropped.
@@ -129,6 +133,7 @@ impl ActorEnv {
         let l = &p.config.limits;
         let registry = Registry::new(l.max_active_actors, l.mailbox_capacity);
         let state_caches = StateCaches::new(l.state_cache_budget_bytes.unwrap_or(u64::MAX));
+        let inboxes = Inboxes::new(l.max_inbox_messages, l.max_inbox_bytes);
         Arc::new(Self {
             config: p.config,
             storage: p.storage,
@@ -148,6 +153,7 @@ impl ActorEnv {
             taken_over: Default::default(),
             slots_refreshed_ms: Default::default(),
             running: Default::default(),
+            inboxes,
         })
     }
 
@@ -353,6 +359,27 @@ impl ActorCalls for ActorEnv {
         entry
             .admit()
             .map_err(|e| GuestError::LimitExceeded(e.to_string()))
+    }
+
+    fn admit_send(&self, to: &ActorKey, bytes: u64) -> Result<(), GuestError> {
+        // An actor of another node: its owner bounds the inbox when the
+        // send is relayed to it.
+        if let Some((cluster, _)) = &self.cluster
+            && matches!(cluster.target(to), Target::Via(_))
+        {
+            return Ok(());
+        }
+        let read = || {
+            let r = self.storage.reader()?;
+            match r.actor(to)? {
+                Some(rec) => r.inbox_stats(rec.num),
+                None => Ok((0, 0)),
+            }
+        };
+        self.inboxes.admit(to, bytes, read).map_err(|e| match e {
+            TurnError::InboxFull(m) => GuestError::LimitExceeded(m),
+            other => GuestError::Internal(other.to_string()),
+        })
     }
 }
 

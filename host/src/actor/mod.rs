@@ -18,6 +18,7 @@
 
 mod caches;
 mod env;
+pub(crate) mod inboxes;
 mod registry;
 mod task;
 

@@ -79,7 +79,7 @@ impl Node {
             .get(key.ty())
             .ok_or_else(|| TurnError::UnknownType(key.ty().to_owned()))?;
         let bytes = message.body.len() as u64;
-        let admitted = self.inboxes.admit(key, bytes, || {
+        let admitted = self.actors.inboxes.admit(key, bytes, || {
             let r = self.storage.reader()?;
             match r.actor(key)? {
                 Some(rec) => r.inbox_stats(rec.num),
@@ -110,7 +110,7 @@ impl Node {
             })
             .await;
         if counted && !matches!(outcome, Ok(EnqueueOutcome::Queued { .. })) {
-            self.inboxes.not_queued(key, bytes);
+            self.actors.inboxes.not_queued(key, bytes);
         }
         let outcome = outcome?;
         match &outcome {

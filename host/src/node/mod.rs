@@ -18,7 +18,6 @@ mod actors;
 mod background;
 mod deploy;
 mod hooks;
-mod inboxes;
 mod moves;
 mod queries;
 mod relay;
@@ -86,8 +85,6 @@ pub struct Node {
     moves: moves::Moves,
     /// Webhook deliveries being handed to their actors now.
     webhooks_in_flight: hooks::InFlight,
-    /// The bound on each actor's durable inbox.
-    inboxes: inboxes::Inboxes,
     /// Blobs another node sent ahead of the rows that name them.
     staged_blobs: replicas::StagedBlobs,
     ready: AtomicBool,
@@ -253,10 +250,6 @@ impl Node {
             cluster,
             moves: moves::Moves::default(),
             webhooks_in_flight: hooks::InFlight::default(),
-            inboxes: inboxes::Inboxes::new(
-                config.limits.max_inbox_messages,
-                config.limits.max_inbox_bytes,
-            ),
             staged_blobs: replicas::StagedBlobs::default(),
             ready: AtomicBool::new(false),
         });

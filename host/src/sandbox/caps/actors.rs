@@ -78,6 +78,13 @@ pub trait ActorCalls: Send + Sync {
     /// limit: `not-found` when no such type is deployed, `limit-exceeded`
     /// past its limit.
     fn admit(&self, ty: &str) -> Result<(), GuestError>;
+
+    /// Count a message of `bytes` sent to `to` against its durable inbox's
+    /// bound (`limits.max_inbox_messages`, `max_inbox_bytes`):
+    /// `limit-exceeded` when it is full. Counted at once, though the send
+    /// is made only if the turn commits: the count is an upper bound, read
+    /// again from disk when it reaches the bound.
+    fn admit_send(&self, to: &ActorKey, bytes: u64) -> Result<(), GuestError>;
 }
 
 /// The last commit an actor submitted before a turn, and its generation.
@@ -370,10 +377,18 @@ impl actors::Host for Host {
         if let Err(e) = turn.actors.check_send(body.len()) {
             return Ok(Err(e.into()));
         }
-        if turn.actors.counts_against_rate(&turn.key, &to)
-            && let Err(e) = calls.admit(&actor_type)
-        {
-            return Ok(Err(e));
+        // A turn's first message to its own actor continues its work and
+        // never grows the inbox (see `counts_against_rate`): neither the
+        // rate nor a full inbox holds it back. Every other send is held
+        // to both: sends from turns grew an inbox without bound, past
+        // the limit clients are held to (found by a probe).
+        if turn.actors.counts_against_rate(&turn.key, &to) {
+            if let Err(e) = calls.admit(&actor_type) {
+                return Ok(Err(e));
+            }
+            if let Err(e) = calls.admit_send(&to, body.len() as u64) {
+                return Ok(Err(e));
+            }
         }
         Ok(turn.actors.send(to, body, now_ms()).map_err(Into::into))
     }

@@ -1,10 +1,12 @@
 //! The bound on each actor's durable inbox (`limits.max_inbox_messages`,
 //! `limits.max_inbox_bytes`).
 //!
-//! `?wait=false` messages, webhooks and relayed sends wait in the inbox on
-//! disk, and nothing bounded how many: one client posting 1 MiB messages to
-//! one slow actor grew the data directory by 600 MB in 4 s, and a client
-//! token allowed to send could fill the disk (found by two probes).
+//! `?wait=false` messages, webhooks, relayed sends and what turns send
+//! (`actors.send`, counted when the turn makes the send) wait in the inbox
+//! on disk, and nothing bounded how many: one client posting 1 MiB
+//! messages to one slow actor grew the data directory by 600 MB in 4 s,
+//! and a client token allowed to send could fill the disk (found by two
+//! probes).
 //!
 //! Counting an actor's rows reads them, so the count is kept here, in
 //! memory: read from disk the first time an actor is sent to, then only
@@ -48,14 +50,14 @@ impl Queued {
 }
 
 /// The per-actor counts and the limits.
-pub(super) struct Inboxes {
+pub(crate) struct Inboxes {
     counted: Mutex<HashMap<ActorKey, Queued>>,
     max_messages: u64,
     max_bytes: u64,
 }
 
 impl Inboxes {
-    pub(super) fn new(max_messages: u64, max_bytes: u64) -> Self {
+    pub(crate) fn new(max_messages: u64, max_bytes: u64) -> Self {
         Self {
             counted: Mutex::default(),
             max_messages,
@@ -74,7 +76,7 @@ impl Inboxes {
     /// seen, and when the kept count is at a limit. Counted at once, so
     /// that senders side by side cannot all pass the same check (60 at
     /// once passed a limit of 5: found by a re-probe).
-    pub(super) fn admit(
+    pub(crate) fn admit(
         &self,
         key: &ActorKey,
         bytes: u64,
@@ -126,7 +128,7 @@ impl Inboxes {
     }
 
     /// A message [`Self::admit`] counted was not queued after all.
-    pub(super) fn not_queued(&self, key: &ActorKey, bytes: u64) {
+    pub(crate) fn not_queued(&self, key: &ActorKey, bytes: u64) {
         let mut counted = self.counted.lock().expect("inbox counts lock");
         if let Some(q) = counted.get_mut(key) {
             q.messages = q.messages.saturating_sub(1);
