@@ -449,7 +449,9 @@ export default {
 
 /// A queued message whose actor's upgrade fails waits for a version whose
 /// upgrade works, then runs (it was failed and dropped, though its
-/// handler never ran).
+/// handler never ran): as soon as that version is deployed (it waited out
+/// its back-off, up to 30 s), and before any message sent after it (one
+/// sent right after the fix ran first, and ran the upgrade: a probe).
 #[tokio::test]
 async fn a_queued_message_waits_out_a_failing_upgrade() {
     let (_dir, _m, api) = node(None).await;
@@ -479,21 +481,36 @@ export default {
         .post_json("/v1/actors/upq/a?wait=false", &json!("m2"))
         .await;
     assert_eq!(r.status, 202, "{}", r.json);
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Its retries back off (0.2 s, doubling: the next one ~6 s in).
+    tokio::time::sleep(Duration::from_millis(3300)).await;
     assert_eq!(
         api.get("/v1/actors/upq/a/state/log").await.json,
         json!(["m1"])
     );
     assert_eq!(api.deploy_js("upq", &fixed).await.status, 201);
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let fixed_at = Instant::now();
     loop {
         let log = api.get("/v1/actors/upq/a/state/log").await.json;
         if log == json!(["m1", "m2"]) {
             break;
         }
-        assert!(Instant::now() < deadline, "m2 never ran: {log}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            fixed_at.elapsed() < Duration::from_millis(2000),
+            "m2 did not run once fixed: {log}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Again, with a message sent right after the fix: it runs second.
+    assert_eq!(api.deploy_js("upq", &broken).await.status, 201);
+    let r = api
+        .post_json("/v1/actors/upq/a?wait=false", &json!("m3"))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(api.deploy_js("upq", v1).await.status, 201);
+    let r = api.post_json("/v1/actors/upq/a", &json!("m4")).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json, json!(["m1", "m2", "m3", "m4"]));
 }
 
 #[tokio::test]

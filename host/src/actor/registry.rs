@@ -27,6 +27,10 @@ pub(crate) struct Shared {
     pub last_used_ms: AtomicU64,
     /// Set when durable messages were added to the inbox.
     pub inbox_dirty: AtomicBool,
+    /// Inbox rows wait for a retry (a version whose upgrade works, say):
+    /// what arrives now must not run before them, and a deploy looks again
+    /// at once.
+    pub inbox_deferred: AtomicBool,
     /// Asks the task to hibernate as soon as it is idle.
     pub hibernate: Notify,
     /// The previous activation's task died without leaving cleanly.
@@ -312,6 +316,7 @@ impl Registry {
             last_used_ms: AtomicU64::new(now_ms()),
             // A waking actor always looks at its inbox once.
             inbox_dirty: AtomicBool::new(true),
+            inbox_deferred: AtomicBool::new(false),
             hibernate: Notify::new(),
             after_crash: AtomicBool::new(after_crash),
             slot: AtomicU8::new(SLOT_NONE),
@@ -496,6 +501,27 @@ impl Registry {
                     h.shared.hibernate.notify_one();
                 }
             }
+        }
+    }
+
+    /// Have the active actors of `ty` whose inbox waits for a retry look
+    /// again now (a new version of the type may be what it waited for:
+    /// a fixed deploy left queued messages to their back-off, up to 30 s).
+    pub(crate) fn retry_deferred_of_type(&self, env: &Arc<ActorEnv>, ty: &str) {
+        let mut deferred = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = shard.lock().expect("registry shard lock");
+            deferred.extend(
+                shard
+                    .iter()
+                    .filter(|(k, h)| {
+                        k.ty() == ty && h.shared.inbox_deferred.load(Ordering::Acquire)
+                    })
+                    .map(|(k, _)| k.clone()),
+            );
+        }
+        for key in deferred {
+            self.poke(env, &key);
         }
     }
 

@@ -308,6 +308,8 @@ impl Node {
         });
         self.catalog.install(record, prepared);
         tracing::info!(ty, version, %sha256, "deployed");
+        // Queued messages held back by the last version's upgrade try again.
+        self.registry().retry_deferred_of_type(&self.actors, ty);
         Ok(Deployed {
             ty: ty.to_owned(),
             version,

@@ -24,6 +24,7 @@ impl ActorTask {
                 Err(TurnError::Moved(_)) if self.served_elsewhere() => return,
                 Err(e) => {
                     tracing::warn!(actor = %self.key, error = %e, "cannot run the inbox now; will retry");
+                    self.inbox_held = Some(e);
                     self.retry_inbox_later();
                     return;
                 }
@@ -42,7 +43,8 @@ impl ActorTask {
                 }
             };
             if rows.is_empty() {
-                self.inbox_deferred = false;
+                self.shared.inbox_deferred.store(false, Ordering::Release);
+                self.inbox_held = None;
                 return;
             }
             for (seq, row) in rows {
@@ -91,7 +93,7 @@ impl ActorTask {
 
     /// Look at the inbox again after a back-off (doubling up to 30 s).
     fn retry_inbox_later(&mut self) {
-        self.inbox_deferred = true;
+        self.shared.inbox_deferred.store(true, Ordering::Release);
         let delay = self.inbox_retry_ms;
         self.inbox_retry_ms = (delay * 2).min(30_000);
         let env = self.env.clone();
@@ -176,6 +178,7 @@ impl ActorTask {
                 if matches!(e, TurnError::UpgradeFailed { .. }) {
                     tracing::warn!(actor = %self.key, error = %e,
                         "queued messages wait for a version whose upgrade works");
+                    self.inbox_held = Some(e.clone());
                 }
                 self.uncount(counted, seq, row).await;
                 return false;

@@ -1,6 +1,8 @@
 //! Messages whose senders wait for the reply, idempotency keys, evals of
 //! model-written scripts, and deleting the actor.
 
+use std::sync::atomic::Ordering;
+
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
@@ -24,6 +26,20 @@ impl ActorTask {
             request_id,
             sent_at,
         } = d;
+        // Turns run in arrival order: durable messages waiting for a retry
+        // (for a version whose upgrade works, say) go first, now, as a
+        // fixed deploy may let them. If they still cannot run, neither can
+        // this one: it is refused as they were held. (It ran before them,
+        // and ran the fixed upgrade: found by a probe.)
+        if self.shared.inbox_deferred.load(Ordering::Acquire) {
+            Box::pin(self.drain_inbox()).await;
+            if self.shared.inbox_deferred.load(Ordering::Acquire)
+                && let Some(e) = self.inbox_held.clone()
+            {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        }
         self.next_trace = TurnTrace {
             parent: trace,
             since: Some(sent_at),

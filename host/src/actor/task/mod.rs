@@ -103,9 +103,10 @@ pub(crate) struct ActorTask {
     wake_recorded: bool,
     /// Current back-off for retrying the inbox.
     inbox_retry_ms: u64,
-    /// Inbox rows are waiting for a retry: a webhook arriving now must
-    /// queue behind them, not run first.
-    inbox_deferred: bool,
+    /// Why inbox rows wait for a retry (`Shared::inbox_deferred`), when
+    /// a message arriving now would meet it too: it is refused with it
+    /// rather than run before them.
+    inbox_held: Option<TurnError>,
     last_activity: Instant,
     /// When the idle JavaScript sandbox is next trimmed.
     trim_clock: TrimClock,
@@ -167,7 +168,7 @@ impl ActorTask {
             woke_at: now,
             wake_recorded: false,
             inbox_retry_ms: INBOX_RETRY_MS,
-            inbox_deferred: false,
+            inbox_held: None,
             last_activity: now,
             trim_clock: TrimClock::new(),
         }

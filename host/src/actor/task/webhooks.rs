@@ -6,6 +6,7 @@
 //! queues it in the durable inbox as before.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use super::super::{TurnError, WebhookDelivery, WebhookOutcome};
 use super::inbox::{failed_turn, turn_input};
@@ -24,7 +25,7 @@ impl ActorTask {
         let not_run = |row| Ok(WebhookOutcome::NotRun(Box::new(row)));
         // Turns run in arrival order: durable work waiting for a retry
         // goes first, so this one queues behind it.
-        if self.inbox_deferred {
+        if self.shared.inbox_deferred.load(Ordering::Acquire) {
             let _ = reply.send(not_run(row));
             return;
         }
