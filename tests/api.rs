@@ -355,8 +355,15 @@ async fn bad_deploys_are_rejected_and_change_nothing() {
         400,
         "invalid_type_name",
     );
-    // The node still serves.
+    // The node still serves, and its log says what was refused (an
+    // operator saw nothing of a failed deploy).
     assert_eq!(api.add("kit", "a", 1).await.status, 200);
+    let log = m.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("deploy refused") && l.contains("at most")),
+        "{log}"
+    );
 }
 
 #[tokio::test]

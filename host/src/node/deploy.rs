@@ -106,6 +106,19 @@ enum Origin {
     Peer,
 }
 
+/// `deployed`, with a log line when it was refused: the client is told
+/// why, and an operator reading the log sees that a deploy (a pipeline's,
+/// say) failed, which it did not.
+fn refused_logged(
+    ty: &str,
+    deployed: Result<Deployed, DeployError>,
+) -> Result<Deployed, DeployError> {
+    if let Err(e) = &deployed {
+        tracing::info!(ty, error = %e, "deploy refused");
+    }
+    deployed
+}
+
 impl Node {
     /// Deploy a new version of `ty`.
     pub async fn deploy(
@@ -115,8 +128,11 @@ impl Node {
         code: Vec<u8>,
         config: TypeConfig,
     ) -> Result<Deployed, DeployError> {
-        self.deploy_from(Origin::User, ty, kind, code, config, None)
-            .await
+        refused_logged(
+            ty,
+            self.deploy_from(Origin::User, ty, kind, code, config, None)
+                .await,
+        )
     }
 
     /// [`Self::deploy`] as version `version`, the number the node that
@@ -136,8 +152,11 @@ impl Node {
         config: TypeConfig,
         version: u32,
     ) -> Result<Deployed, DeployError> {
-        self.deploy_from(Origin::User, ty, kind, code, config, Some(version))
-            .await
+        refused_logged(
+            ty,
+            self.deploy_from(Origin::User, ty, kind, code, config, Some(version))
+                .await,
+        )
     }
 
     /// Install `ty` as a peer's catalog holds it (catching up with the
