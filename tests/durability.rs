@@ -133,6 +133,33 @@ async fn graceful_stops_do_not_count_as_crashes() {
     assert_eq!(r.json["value"], 1, "{}", r.json);
 }
 
+/// A clean stop keeps what awake actors' records were behind on (their
+/// turn counts and last turn's time, written when they hibernate): an
+/// actor of 7 turns read 1 after a restart (found by a probe).
+#[tokio::test]
+async fn a_clean_stop_keeps_the_turn_counts_of_awake_actors() {
+    let dir = tempdir();
+    let mut m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+    for i in 1..=7 {
+        assert_eq!(api.add("kit", "a", 1).await.json["value"], i);
+    }
+    let before = api.get("/v1/actors/kit/a").await.json;
+    assert_eq!(before["status"], "active", "{before}");
+    assert_eq!(before["turns"], 7, "{before}");
+    m.sigterm();
+    assert!(m.wait_exit(Duration::from_secs(20)));
+    m.respawn();
+    m.wait_ready().await;
+    let after = m.client().get("/v1/actors/kit/a").await.json;
+    assert_eq!(
+        (&after["turns"], &after["last_turn_at_ms"]),
+        (&before["turns"], &before["last_turn_at_ms"]),
+        "{after}"
+    );
+}
+
 /// A graceful stop waits for the turns in flight (up to their time limit,
 /// 15 minutes by default); a second SIGTERM stops the node at once (it
 /// was ignored), and the turn cut short commits nothing.

@@ -534,6 +534,20 @@ impl Registry {
         }
     }
 
+    /// Awake actors with no turn running.
+    pub fn idle_count(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                s.lock()
+                    .expect("registry shard lock")
+                    .values()
+                    .filter(|h| !h.shared.busy.load(Ordering::Relaxed))
+                    .count()
+            })
+            .sum()
+    }
+
     /// Active actors of `ty`.
     pub(crate) fn count_type(&self, ty: &str) -> usize {
         self.shards

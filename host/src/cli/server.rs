@@ -200,6 +200,10 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 /// SYN retry).
 const LISTEN_BACKLOG: u32 = 4096;
 
+/// How long a graceful stop of a lone node waits for its idle actors to
+/// hibernate ([`Node::hibernate_idle`]).
+const STOP_HIBERNATE: std::time::Duration = std::time::Duration::from_secs(5);
+
 async fn bind(addr: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
     let listen = || -> std::io::Result<tokio::net::TcpListener> {
         let socket = match addr {
@@ -242,6 +246,10 @@ async fn run_server(node: Arc<Node>, listener: tokio::net::TcpListener) -> anyho
         stopping.hand_over_slots_at_stop().await;
     };
     crate::api::serve(node.clone(), listener, shutdown).await?;
+    if node.cluster().is_none() {
+        // (A cluster node handed its actors over already.)
+        node.hibernate_idle(STOP_HIBERNATE).await;
+    }
     tracing::info!("shutting down: flushing storage");
     node.flush().await;
     if let Some(c) = node.cluster() {

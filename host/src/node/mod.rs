@@ -363,6 +363,32 @@ impl Node {
         self.storage.flush().await;
     }
 
+    /// At a graceful stop, after the last request: ask every awake actor
+    /// to hibernate, and wait (at most `bound`) until those with no turn
+    /// running have. A hibernation writes what the actor's record is
+    /// behind on, its turn count and last turn's time, kept in memory
+    /// between writes: a clean stop lost them for every awake actor (an
+    /// actor of 7 turns read 1 after a restart; found by a probe). A turn
+    /// still running is not waited for: it runs again after the start,
+    /// uncounted, as before.
+    pub async fn hibernate_idle(&self, bound: Duration) {
+        let registry = self.registry();
+        let awake = registry.active_count();
+        if awake == 0 {
+            return;
+        }
+        tracing::info!(awake, "hibernating the awake actors");
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            // Asked again: an alarm may have woken one meanwhile.
+            registry.hibernate_all();
+            if registry.idle_count() == 0 || tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// At shutdown, after the last request: flush and close the database
     /// cleanly.
     pub async fn close_storage(&self) {
