@@ -152,6 +152,45 @@ impl NodeConfig {
                 return Err(format!("defaults.{name} must be greater than 0"));
             }
         }
+        // As a type's are bounded: past them a value was taken and cut to
+        // the bound without a word.
+        const DAY_MS: u64 = 86_400_000;
+        for (name, v, most) in [
+            (
+                "defaults.idle_timeout_ms",
+                self.defaults.idle_timeout_ms,
+                7 * DAY_MS,
+            ),
+            (
+                "defaults.turn_timeout_ms",
+                self.defaults.turn_timeout_ms,
+                DAY_MS,
+            ),
+            ("defaults.cpu_slice_ms", self.defaults.cpu_slice_ms, DAY_MS),
+            // An expiry added to the time wrapped around, and the records
+            // it keeps expired at once: repeats ran again (found by a
+            // probe).
+            (
+                "limits.idempotency_ttl_ms",
+                l.idempotency_ttl_ms,
+                365 * DAY_MS,
+            ),
+            (
+                "webhooks.dedupe_ttl_ms",
+                self.webhooks.dedupe_ttl_ms,
+                365 * DAY_MS,
+            ),
+        ] {
+            if v > most {
+                return Err(format!("{name} may be at most {most} ({v} given)"));
+            }
+        }
+        if l.max_connections == Some(0) {
+            return Err("limits.max_connections must be at least 1 (or left out)".into());
+        }
+        if l.max_message_bytes == 0 {
+            return Err("limits.max_message_bytes must be at least 1".into());
+        }
         for (name, bytes, least) in [
             (
                 "max_memory_bytes",
@@ -874,6 +913,23 @@ mod tests {
             ),
             ("[files]\nmax_file_bytes = 0\n", "files.max_file_bytes"),
             ("[storage]\nmax_batch = 0\n", "storage.max_batch"),
+            (
+                "[limits]\nidempotency_ttl_ms = 18446744073709551615\n",
+                "limits.idempotency_ttl_ms may be at most",
+            ),
+            (
+                "[webhooks]\ndedupe_ttl_ms = 18446744073709551615\n",
+                "webhooks.dedupe_ttl_ms may be at most",
+            ),
+            (
+                "[defaults]\nidle_timeout_ms = 18446744073709551615\n",
+                "defaults.idle_timeout_ms may be at most",
+            ),
+            ("[limits]\nmax_connections = 0\n", "limits.max_connections"),
+            (
+                "[limits]\nmax_message_bytes = 0\n",
+                "limits.max_message_bytes",
+            ),
             (
                 "admin_token = \"pässwörd-long-enough-1\"\n",
                 "visible ASCII",

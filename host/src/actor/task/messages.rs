@@ -212,7 +212,7 @@ impl ActorTask {
     ) -> IdemRecord {
         IdemRecord {
             outcome,
-            expires_at_ms: now_ms() + self.env.config.limits.idempotency_ttl_ms,
+            expires_at_ms: now_ms().saturating_add(self.env.config.limits.idempotency_ttl_ms),
             request_sha256: request,
         }
     }

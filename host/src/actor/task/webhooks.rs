@@ -58,7 +58,7 @@ impl ActorTask {
         }
         let record = |outcome| IdemRecord {
             outcome,
-            expires_at_ms: now_ms() + dedupe_ttl_ms,
+            expires_at_ms: now_ms().saturating_add(dedupe_ttl_ms),
             // The delivery id is the webhook's identity.
             request_sha256: None,
         };

@@ -90,7 +90,7 @@ impl WriterState {
                         outcome: IdemOutcome::Queued {
                             message_id: message_id.clone(),
                         },
-                        expires_at_ms: message.enqueued_at_ms + idempotency_ttl_ms,
+                        expires_at_ms: message.enqueued_at_ms.saturating_add(idempotency_ttl_ms),
                         request_sha256: message.request_fingerprint(),
                     });
                     let seq = self.next_inbox_seq - 1;
@@ -523,7 +523,7 @@ impl WriterState {
                 outcome: IdemOutcome::Queued {
                     message_id: message.message_id.clone(),
                 },
-                expires_at_ms: message.enqueued_at_ms + ttl_ms,
+                expires_at_ms: message.enqueued_at_ms.saturating_add(ttl_ms),
                 request_sha256: request,
             };
             tables
