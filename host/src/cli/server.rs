@@ -145,16 +145,21 @@ pub(super) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     if super::logs_are_json() {
         // One JSON object per line: the greeting is a record too.
         tracing::info!(%addr, data_dir, auth = false, "marmot dev listening");
-    } else if args.no_examples {
-        // (It suggested the counter example, which is not deployed then.)
-        eprintln!("\nmarmot dev listening on http://{addr} (auth off, data in {data_dir})\n");
     } else {
-        eprintln!(
-            "\nmarmot dev listening on http://{addr} (auth off, data in {data_dir})\n\
-             try:\n  curl -s -X POST http://{addr}/v1/actors/counter/alice -d '{{\"by\": 2}}'\n  \
-             curl -s http://{addr}/v1/actors/counter/alice\n  \
-             curl -s -X POST http://{addr}/v1/actors/assistant/alice -d '{{\"input\": \"Write a report to outputs/report.md\"}}'\n"
-        );
+        let mut greeting =
+            format!("\nmarmot dev listening on http://{addr} (auth off, data in {data_dir})\n");
+        // (Not the examples' calls when they are not deployed.)
+        if !args.no_examples {
+            greeting.push_str(&format!(
+                "try:\n  curl -s -X POST http://{addr}/v1/actors/counter/alice -d '{{\"by\": 2}}'\n  \
+                 curl -s http://{addr}/v1/actors/counter/alice\n  \
+                 curl -s -X POST http://{addr}/v1/actors/assistant/alice -d '{{\"input\": \"Write a report to outputs/report.md\"}}'\n"
+            ));
+        }
+        // Not `eprintln!`, which panics when stderr is a pipe whose reader
+        // left (`marmot dev 2>&1 | head -2` stopped the node with a panic).
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), "{greeting}");
     }
     run_server(node, listener).await
 }
