@@ -899,6 +899,26 @@ async fn delete_type_needs_force_while_actors_exist() {
     // An empty type deletes without force.
     api.deploy("empty", TESTKIT, json!({})).await;
     assert_eq!(api.delete("/v1/types/empty").await.status, 200);
+    // A turn a forced delete cuts (after 5 s) is answered as the type's
+    // messages are from then on: it was a 503 `storage_error` (found by a
+    // probe).
+    api.deploy("cut", TESTKIT, json!({})).await;
+    let busy = {
+        let api = api.clone();
+        tokio::spawn(async move { api.op("cut", "b", json!({"op": "busy", "ms": 7000})).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(api.delete("/v1/types/cut?force=true").await.status, 200);
+    let r = busy.await.unwrap();
+    assert_error(&r, 404, "unknown_type");
+    assert!(
+        r.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`cut`"),
+        "{}",
+        r.json
+    );
 }
 
 /// A node alone has one place: moving an actor is refused (it exists or

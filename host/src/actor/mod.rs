@@ -322,6 +322,10 @@ impl From<crate::storage::CommitFailed> for TurnError {
     fn from(e: crate::storage::CommitFailed) -> Self {
         match e {
             crate::storage::CommitFailed::Moved(why) => TurnError::Moved(why),
+            // A forced delete cut the turn: answered as the type's messages
+            // are from then on (it was a 503 `storage_error`, which told
+            // clients and operators the disk was failing: a probe).
+            crate::storage::CommitFailed::TypeDeleted(ty) => TurnError::UnknownType(ty),
             e => TurnError::Storage(e.to_string()),
         }
     }

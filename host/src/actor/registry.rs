@@ -470,7 +470,7 @@ impl Registry {
             let shard = shard.lock().expect("registry shard lock");
             for (k, h) in shard.iter() {
                 if k.ty() == ty {
-                    h.shared.tracker.fence();
+                    h.shared.tracker.fence(ty);
                 }
             }
         }

@@ -311,10 +311,10 @@ impl WriterState {
     ) -> (Applied, Result<(), StorageError>) {
         if t.generation < t.tracker.min_generation() {
             // Why its generation was refused: an earlier commit's failure,
-            // or the actor's rows moving away (`Moved`, which routing
-            // sends on to where the actor went).
+            // the actor's rows moving away (`Moved`, which routing sends on
+            // to where the actor went), or its type's deletion.
             let why = match t.tracker.failure() {
-                moved @ CommitFailed::Moved(_) => moved,
+                why @ (CommitFailed::Moved(_) | CommitFailed::TypeDeleted(_)) => why,
                 _ => CommitFailed::Superseded,
             };
             return (Applied::Refused(t.on_durable, why), Ok(()));

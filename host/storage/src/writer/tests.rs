@@ -261,10 +261,11 @@ async fn a_fenced_actor_commits_nothing_more() {
     let (_dir, storage) = open();
     let (key, rec) = create(&storage, "a").await;
     let tracker = Arc::new(CommitTracker::default());
-    tracker.fence();
+    tracker.fence("t");
     let (op, rx) = turn(&key, &rec, &tracker, 0, 1, "k", "after the fence");
     storage.writer().submit(op);
-    assert!(matches!(rx.await.unwrap(), Err(CommitFailed::Superseded)));
+    // It says why: the type was deleted.
+    assert!(matches!(rx.await.unwrap(), Err(CommitFailed::TypeDeleted(t)) if t == "t"));
     assert_eq!(value(&storage, rec.num, "k"), None);
 }
 

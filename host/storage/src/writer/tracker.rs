@@ -30,6 +30,10 @@ pub enum CommitFailed {
     /// is now.
     #[error("{0}")]
     Moved(String),
+    /// The actor's type (named) was deleted while the turn ran: nothing of
+    /// it was written.
+    #[error("the actor's type `{0}` was deleted while the turn ran; nothing of it was written")]
+    TypeDeleted(String),
 }
 
 impl CommitFailed {
@@ -90,9 +94,10 @@ impl CommitTracker {
             .unwrap_or(CommitFailed::Superseded)
     }
 
-    /// Refuse every later commit of this actor (its type is being deleted).
-    pub fn fence(&self) {
-        self.mark_failed(u64::MAX - 1, &CommitFailed::Superseded);
+    /// Refuse every later commit of this actor: its type `ty` is being
+    /// deleted.
+    pub fn fence(&self, ty: &str) {
+        self.mark_failed(u64::MAX - 1, &CommitFailed::TypeDeleted(ty.to_owned()));
     }
 
     /// Refuse the commits of this actor's current generation, so that its
