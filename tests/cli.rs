@@ -161,6 +161,37 @@ async fn cli_client_commands() {
     ]);
     assert!(out.status.success());
     assert!(serde_json::from_slice::<Value>(&out.stdout).unwrap()["message_id"].is_string());
+    // A message too large for a command line, from a file or stdin.
+    let large = json!({"op": "set", "key": "big", "value": "x".repeat(300_000)});
+    let file = dir.path().join("large.json");
+    std::fs::write(&file, large.to_string()).unwrap();
+    let out = marmot(&["call", "kit", "a", &format!("@{}", file.display())]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut piped = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+        .args(["call", "kit", "b", "-"])
+        .env("MARMOT_URL", &m.url)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        let mut stdin = piped.stdin.take().unwrap();
+        stdin.write_all(large.to_string().as_bytes()).unwrap();
+    }
+    assert!(piped.wait_with_output().unwrap().status.success());
+    for id in ["a", "b"] {
+        let out = marmot(&["call", "kit", id, r#"{"op":"get","key":"big"}"#]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["value"].as_str().map(str::len), Some(300_000), "{id}");
+    }
+    let out = marmot(&["call", "kit", "a", "@/nonexistent/message.json"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read the message"));
     let out = marmot(&["actors", "kit"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("a "));
     let out = marmot(&["inspect", "kit", "a"]);

@@ -181,8 +181,15 @@ pub(super) async fn call(
     idempotency_key: Option<String>,
 ) -> anyhow::Result<()> {
     let c = Client::new(args)?;
-    let body = json.unwrap_or_default();
-    if !body.is_empty() {
+    let body = match json.as_deref() {
+        // As curl's `-d`: neither starts a JSON text.
+        Some("-") => std::io::read_to_string(std::io::stdin())
+            .context("cannot read the message from standard input")?,
+        Some(at) if at.starts_with('@') => std::fs::read_to_string(&at[1..])
+            .with_context(|| format!("cannot read the message from `{}`", &at[1..]))?,
+        _ => json.unwrap_or_default(),
+    };
+    if !body.trim().is_empty() {
         serde_json::from_str::<serde_json::Value>(&body)
             .with_context(|| "the message is not valid JSON")?;
     }

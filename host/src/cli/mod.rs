@@ -68,7 +68,8 @@ enum Command {
         /// Actor id.
         #[arg(value_parser = actor_id)]
         id: String,
-        /// The message (JSON); empty when absent.
+        /// The message (JSON); `-` reads it from standard input and `@FILE`
+        /// from a file (a command line holds ~128 KiB); empty when absent.
         json: Option<String>,
         /// Enqueue durably and return the message id instead of waiting.
         #[arg(long)]
