@@ -192,6 +192,17 @@ async fn cli_client_commands() {
     let out = marmot(&["call", "kit", "a", "@/nonexistent/message.json"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read the message"));
+    // A state larger than `inspect` shows says so.
+    let api = m.client();
+    for i in 0..60 {
+        let set = json!({"op": "set", "key": format!("k{i:02}"), "value": i});
+        assert_eq!(api.post_json("/v1/actors/kit/many", &set).await.status, 200);
+    }
+    let out = marmot(&["inspect", "kit", "many"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["state"].as_array().map(Vec::len), Some(50));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("the first 50 of 60 state entries"), "{said}");
     let out = marmot(&["actors", "kit"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("a "));
     let out = marmot(&["inspect", "kit", "a"]);

@@ -284,6 +284,14 @@ pub(super) async fn inspect(args: &ClientArgs, ty: &str, id: &str) -> anyhow::Re
         )
         .await?;
     let events: serde_json::Value = serde_json::from_slice(&events).context("invalid response")?;
+    if let Some(after) = state["next_after"].as_str() {
+        // Said on stderr: stdout stays the JSON.
+        eprintln!(
+            "… the first {} of {} state entries: page on with GET {base}/state?after={after}",
+            state["entries"].as_array().map_or(0, Vec::len),
+            info["state_keys"]
+        );
+    }
     let out = serde_json::json!({
         "actor": info,
         "state": state["entries"],
