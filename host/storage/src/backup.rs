@@ -416,6 +416,19 @@ pub fn restore(from: &Path, data: &Path, extra: &[&str]) -> Result<RestoreReport
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no marmot.redb in it"),
         });
     }
+    // A running node's data directory: its latest commits may be only in
+    // its journal, which a restore does not read (one was taken, live, and
+    // said it had restored: a probe).
+    if crate::journal::in_use(&src_db) {
+        return Err(StorageError::Io {
+            what: format!("`{}` is not a marmot backup", from.display()),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "it is the data directory of a running node: back it up with `marmot backup`, \
+                 and restore that",
+            ),
+        });
+    }
     let existed = data.exists();
     if existed {
         let mut entries =
@@ -615,6 +628,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let backup = dir.path().join("backup");
         std::fs::create_dir_all(&backup).unwrap();
+        // Not while a node runs on it: what it committed last may be only
+        // in its journal, which a restore does not read.
+        let running = crate::Storage::open(
+            &backup,
+            &crate::StorageConfig::default(),
+            Default::default(),
+        )
+        .unwrap();
+        let err = restore(&backup, &dir.path().join("early"), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("running node"), "{err}");
+        assert!(!dir.path().join("early").exists());
+        running.close().await;
         let original = store_id(&backup).await;
         assert_eq!(original.len(), 32);
         assert_eq!(store_id(&backup).await, original, "kept across opens");

@@ -72,6 +72,15 @@ pub fn log_paths(db: &Path) -> [PathBuf; 2] {
     })
 }
 
+/// Whether a handle (of this process or another: a running node) has the
+/// journal of the database at `db` open.
+pub fn in_use(db: &Path) -> bool {
+    let Ok(log) = File::open(&log_paths(db)[0]) else {
+        return false;
+    };
+    matches!(log.try_lock(), Err(std::fs::TryLockError::WouldBlock))
+}
+
 /// What the journal counts (registered by the node with the writer's).
 #[derive(Clone, Debug)]
 pub struct JournalMetrics {
