@@ -481,8 +481,9 @@ export default {
         .post_json("/v1/actors/upq/a?wait=false", &json!("m2"))
         .await;
     assert_eq!(r.status, 202, "{}", r.json);
-    // Its retries back off (0.2 s, doubling: the next one ~6 s in).
-    tokio::time::sleep(Duration::from_millis(3300)).await;
+    // Its retries back off (0.2 s, doubling: at ~6.2 s, then ~12.6 s),
+    // so the fix below lands well between two.
+    tokio::time::sleep(Duration::from_millis(6500)).await;
     assert_eq!(
         api.get("/v1/actors/upq/a/state/log").await.json,
         json!(["m1"])

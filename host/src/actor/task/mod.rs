@@ -107,6 +107,8 @@ pub(crate) struct ActorTask {
     /// a message arriving now would meet it too: it is refused with it
     /// rather than run before them.
     inbox_held: Option<TurnError>,
+    /// A look at the deferred inbox is scheduled.
+    inbox_retry_pending: Arc<std::sync::atomic::AtomicBool>,
     last_activity: Instant,
     /// When the idle JavaScript sandbox is next trimmed.
     trim_clock: TrimClock,
@@ -169,6 +171,7 @@ impl ActorTask {
             wake_recorded: false,
             inbox_retry_ms: INBOX_RETRY_MS,
             inbox_held: None,
+            inbox_retry_pending: Default::default(),
             last_activity: now,
             trim_clock: TrimClock::new(),
         }
