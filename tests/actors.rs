@@ -306,6 +306,7 @@ async fn a_durable_inbox_is_bounded() {
 /// nothing more is queued, and clients are still refused. Sends from turns
 /// were never counted: 20 turns of 99 sends queued 1,981 messages against
 /// a limit of 20, and the node went on taking clients' (found by a probe).
+/// The sends of a turn that fails are given back.
 #[tokio::test]
 async fn sends_between_actors_are_held_to_the_inbox_bound() {
     const SENDER_JS: &str = r#"
@@ -318,6 +319,7 @@ export default {
       try { actors.send("kit", body.to, { op: "add", key: "n", by: 1 }); sent++; }
       catch (e) { refused.push(String(e.message ?? e)); }
     }
+    if (body.throw) throw new Error("after sending");
     return { sent, refused: refused.length, first: refused[0] ?? null };
   },
 };
@@ -335,6 +337,10 @@ export default {
         .post_json("/v1/actors/kit/victim?wait=false", &busy)
         .await;
     assert_eq!(r.status, 202, "{}", r.json);
+    // A turn that sends and then fails sends nothing, and holds no room.
+    let failing = json!({"to": "victim", "n": 4, "throw": true});
+    let r = api.post_json("/v1/actors/sender/f", &failing).await;
+    assert_eq!(r.status, 500, "{}", r.json);
     let send = json!({"to": "victim", "n": 10});
     let r = api.post_json("/v1/actors/sender/s", &send).await;
     assert_eq!(r.status, 200, "{}", r.json);

@@ -28,8 +28,8 @@ use crate::metrics::Metrics;
 use crate::models::Gateway;
 use crate::sandbox::ModelAccess;
 use crate::sandbox::{
-    ActorCalls, CallChain, CallReply, GuestError, HttpAccess, HttpGrant, Sandbox, call_refused,
-    stored_call_key,
+    ActorCalls, CallChain, CallReply, GuestError, HttpAccess, HttpGrant, InboxClaim, Sandbox,
+    call_refused, stored_call_key,
 };
 use crate::secrets::SecretStore;
 use crate::storage::Storage;
@@ -86,7 +86,7 @@ pub struct ActorEnv {
     running: Arc<std::sync::atomic::AtomicUsize>,
     /// The bound on each actor's durable inbox, for what clients, webhooks
     /// and other actors send.
-    pub(crate) inboxes: Inboxes,
+    pub(crate) inboxes: Arc<Inboxes>,
 }
 
 /// A turn running, counted (see [`ActorEnv::turn_running`]) until dropped.
@@ -133,7 +133,7 @@ impl ActorEnv {
         let l = &p.config.limits;
         let registry = Registry::new(l.max_active_actors, l.mailbox_capacity);
         let state_caches = StateCaches::new(l.state_cache_budget_bytes.unwrap_or(u64::MAX));
-        let inboxes = Inboxes::new(l.max_inbox_messages, l.max_inbox_bytes);
+        let inboxes = Arc::new(Inboxes::new(l.max_inbox_messages, l.max_inbox_bytes));
         Arc::new(Self {
             config: p.config,
             storage: p.storage,
@@ -361,13 +361,15 @@ impl ActorCalls for ActorEnv {
             .map_err(|e| GuestError::LimitExceeded(e.to_string()))
     }
 
-    fn admit_send(&self, to: &ActorKey, bytes: u64) -> Result<(), GuestError> {
-        // An actor of another node: its owner bounds the inbox when the
-        // send is relayed to it.
-        if let Some((cluster, _)) = &self.cluster
-            && matches!(cluster.target(to), Target::Via(_))
-        {
-            return Ok(());
+    fn admit_send(
+        &self,
+        to: &ActorKey,
+        bytes: u64,
+    ) -> Result<Option<Box<dyn InboxClaim>>, GuestError> {
+        // In a cluster sends are relayed, this node's own too, and the
+        // recipient's owner counts them as they arrive.
+        if self.cluster.is_some() {
+            return Ok(None);
         }
         let read = || {
             let r = self.storage.reader()?;
@@ -376,10 +378,11 @@ impl ActorCalls for ActorEnv {
                 None => Ok((0, 0)),
             }
         };
-        self.inboxes.admit(to, bytes, read).map_err(|e| match e {
-            TurnError::InboxFull(m) => GuestError::LimitExceeded(m),
-            other => GuestError::Internal(other.to_string()),
-        })
+        match self.inboxes.admit_send(to, bytes, read) {
+            Ok(claim) => Ok(Some(Box::new(claim))),
+            Err(TurnError::InboxFull(m)) => Err(GuestError::LimitExceeded(m)),
+            Err(other) => Err(GuestError::Internal(other.to_string())),
+        }
     }
 }
 

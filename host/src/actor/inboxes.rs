@@ -18,9 +18,16 @@
 //! full inbox costs one read a second. A retry of a message already
 //! queued (same `Idempotency-Key`, same webhook id) is answered as before,
 //! full or not.
+//!
+//! A turn's send is counted when the turn makes it, but written only when
+//! the turn commits: until then it is *unsettled*, and a read from disk
+//! adds what is unsettled (a read that forgot them let running turns queue
+//! a whole limit more each second: the reviewer). Its [`SendClaim`]
+//! settles it: queued once the commit is durable, taken back if the turn
+//! fails or rolls the send back.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::actor::TurnError;
@@ -38,6 +45,9 @@ const MAX_COUNTED: usize = 65_536;
 struct Queued {
     messages: u64,
     bytes: u64,
+    /// Of those, sends of turns not committed yet (not on disk).
+    unsettled: u64,
+    unsettled_bytes: u64,
     /// When it was last read from disk (`None`: never).
     read_at: Option<Instant>,
 }
@@ -110,13 +120,15 @@ impl Inboxes {
         let q = counted.entry(key.clone()).or_insert(Queued {
             messages: 0,
             bytes: 0,
+            unsettled: 0,
+            unsettled_bytes: 0,
             read_at: None,
         });
         // A sender side by side that read after this one began has the
         // fresher count, with what was admitted since: keep it.
         if q.read_at.is_none_or(|t| t < reading) {
-            q.messages = messages;
-            q.bytes = held;
+            q.messages = messages + q.unsettled;
+            q.bytes = held.saturating_add(q.unsettled_bytes);
             q.read_at = Some(Instant::now());
         }
         if self.fits(q, bytes) {
@@ -136,6 +148,40 @@ impl Inboxes {
         }
     }
 
+    /// [`Self::admit`] a turn's send of `bytes` to `key`, unsettled until
+    /// the claim is (dropped without [`SendClaim::queued`]: not queued).
+    pub(crate) fn admit_send(
+        self: &Arc<Self>,
+        key: &ActorKey,
+        bytes: u64,
+        read: impl FnOnce() -> Result<(u64, u64), StorageError>,
+    ) -> Result<SendClaim, TurnError> {
+        self.admit(key, bytes, read)?;
+        let mut counted = self.counted.lock().expect("inbox counts lock");
+        if let Some(q) = counted.get_mut(key) {
+            q.unsettled += 1;
+            q.unsettled_bytes = q.unsettled_bytes.saturating_add(bytes);
+        }
+        Ok(SendClaim {
+            inboxes: self.clone(),
+            key: key.clone(),
+            bytes,
+            queued: false,
+        })
+    }
+
+    fn settle(&self, key: &ActorKey, bytes: u64, queued: bool) {
+        let mut counted = self.counted.lock().expect("inbox counts lock");
+        if let Some(q) = counted.get_mut(key) {
+            q.unsettled = q.unsettled.saturating_sub(1);
+            q.unsettled_bytes = q.unsettled_bytes.saturating_sub(bytes);
+            if !queued {
+                q.messages = q.messages.saturating_sub(1);
+                q.bytes = q.bytes.saturating_sub(bytes);
+            }
+        }
+    }
+
     fn full(&self, key: &ActorKey, q: &Queued) -> TurnError {
         TurnError::InboxFull(format!(
             "actor {key} has {} durable messages ({} bytes) queued; an actor may hold \
@@ -145,9 +191,69 @@ impl Inboxes {
     }
 }
 
+/// A turn's send counted against its recipient's inbox, until settled
+/// when dropped: as queued if [`Self::queued`] was called (its commit is
+/// durable), else taken back.
+pub(crate) struct SendClaim {
+    inboxes: Arc<Inboxes>,
+    key: ActorKey,
+    bytes: u64,
+    queued: bool,
+}
+
+impl std::fmt::Debug for SendClaim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendClaim")
+            .field("key", &self.key)
+            .field("bytes", &self.bytes)
+            .field("queued", &self.queued)
+            .finish()
+    }
+}
+
+impl crate::sandbox::InboxClaim for SendClaim {
+    fn queued(&mut self) {
+        self.queued = true;
+    }
+}
+
+impl Drop for SendClaim {
+    fn drop(&mut self) {
+        self.inboxes.settle(&self.key, self.bytes, self.queued);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sandbox::InboxClaim as _;
+
+    /// What turns have sent but not committed is not forgotten by a read
+    /// from disk; once settled it is on disk, or taken back.
+    #[test]
+    fn unsettled_sends_survive_a_read_and_settle() {
+        let key = ActorKey::new("t", "a").unwrap();
+        let inboxes = Arc::new(Inboxes::new(3, 1000));
+        let read = |n: u64| move || Ok((n, n * 10));
+        let mut a = inboxes.admit_send(&key, 10, read(0)).unwrap();
+        let b = inboxes.admit_send(&key, 10, read(0)).unwrap();
+        inboxes.admit(&key, 10, read(0)).unwrap();
+        // Full; a second on, the disk shows the one client message: the
+        // two sends in flight still count.
+        inboxes
+            .counted
+            .lock()
+            .unwrap()
+            .get_mut(&key)
+            .unwrap()
+            .read_at = Some(Instant::now() - RECOUNT);
+        assert!(inboxes.admit(&key, 10, read(1)).is_err());
+        // `a` committed, `b`'s turn failed: room for one.
+        a.queued();
+        drop((a, b));
+        inboxes.admit(&key, 10, read(2)).unwrap();
+        assert!(inboxes.admit(&key, 10, read(2)).is_err());
+    }
 
     #[test]
     fn a_full_inbox_is_read_again_before_a_refusal_and_at_most_once_a_second() {

@@ -48,8 +48,8 @@ use wasmtime::{
 
 pub use bindings::{Alarm, GuestError, InputAnswer, Message, Webhook};
 pub use caps::actors::{
-    ActorCalls, ActorLimits, CALL_KEY_PREFIX, CallChain, CallReply, DurableBefore, call_refused,
-    stored_call_key,
+    ActorCalls, ActorLimits, CALL_KEY_PREFIX, CallChain, CallReply, DurableBefore, InboxClaim,
+    call_refused, stored_call_key,
 };
 pub use caps::alarms::AlarmLimits;
 pub use caps::events::EventLimits;

@@ -296,6 +296,7 @@ impl TurnState {
             pending_inputs,
             files: files_cache,
         };
+        let (sends, send_claims) = self.actors.finish();
         let finished = FinishedTurn {
             writes: state.writes,
             events: self.events.finish(),
@@ -303,7 +304,8 @@ impl TurnState {
             state_keys: state.state_keys,
             alarm_writes,
             input_writes: created.into_iter().map(|(id, r)| (id, Some(r))).collect(),
-            sends: self.actors.finish(),
+            sends,
+            send_claims,
             files,
             blob_holds,
             file_reservation: Some(file_reservation),
@@ -376,6 +378,9 @@ pub struct FinishedTurn {
     pub input_writes: Vec<(String, Option<InputRecord>)>,
     /// Messages to other actors: (recipient, the inbox row).
     pub sends: Vec<(ActorKey, InboxRecord)>,
+    /// Their counts against their recipients' inboxes, settled when the
+    /// commit is over.
+    pub send_claims: Vec<Box<dyn crate::sandbox::caps::actors::InboxClaim>>,
     /// Files written (`Some`) or deleted (`None`).
     pub files: Vec<(String, Option<FileRecord>)>,
     /// The blobs those files need, held until the commit is over.

@@ -161,6 +161,20 @@ impl ActorTask {
             })
         };
         let sends = finished.sends;
+        let on_durable = if finished.send_claims.is_empty() {
+            on_durable
+        } else {
+            // Counted against their recipients' inboxes until now: on disk
+            // (counted as queued from here on), or taken back.
+            let mut claims = finished.send_claims;
+            Box::new(move |r: Result<(), CommitFailed>| {
+                if r.is_ok() {
+                    claims.iter_mut().for_each(|c| c.queued());
+                }
+                drop(claims);
+                on_durable(r);
+            }) as OnDurable
+        };
         // In a cluster the relay hands sends over (the writer wakes it).
         let relay_sends = self.env.cluster.is_some();
         let on_durable = if sends.is_empty() || relay_sends {

@@ -82,9 +82,24 @@ pub trait ActorCalls: Send + Sync {
     /// Count a message of `bytes` sent to `to` against its durable inbox's
     /// bound (`limits.max_inbox_messages`, `max_inbox_bytes`):
     /// `limit-exceeded` when it is full. Counted at once, though the send
-    /// is made only if the turn commits: the count is an upper bound, read
-    /// again from disk when it reaches the bound.
-    fn admit_send(&self, to: &ActorKey, bytes: u64) -> Result<(), GuestError>;
+    /// is made only if the turn commits: the claim, if any, settles it
+    /// (`None`: the recipient's own node counts it, in a cluster).
+    fn admit_send(
+        &self,
+        to: &ActorKey,
+        bytes: u64,
+    ) -> Result<Option<Box<dyn InboxClaim>>, GuestError>;
+}
+
+/// A message a turn sends: its recipient, and its inbox row.
+pub type SentMessage = (ActorKey, InboxRecord);
+
+/// A send counted against its recipient's inbox while its turn runs
+/// ([`ActorCalls::admit_send`]): told once the send is on disk, and taken
+/// back if dropped before (the turn failed, or rolled the send back).
+pub trait InboxClaim: Send + std::fmt::Debug {
+    /// The send's commit is durable.
+    fn queued(&mut self);
 }
 
 /// The last commit an actor submitted before a turn, and its generation.
@@ -122,6 +137,8 @@ pub struct ActorsCtx {
     durable_before: Option<DurableBefore>,
     /// Messages sent with `actors.send`, queued when the turn commits.
     sends: Vec<(ActorKey, InboxRecord)>,
+    /// Their counts against their recipients' inboxes, one per send.
+    claims: Vec<Option<Box<dyn InboxClaim>>>,
     /// The turn sent its own actor a message the type's rate limit did not
     /// count (see [`ActorsCtx::counts_against_rate`]).
     continued: bool,
@@ -144,6 +161,7 @@ impl ActorsCtx {
             chain,
             durable_before,
             sends: Vec::new(),
+            claims: Vec::new(),
             continued: false,
             calls_of,
             calls: 0,
@@ -165,8 +183,14 @@ impl ActorsCtx {
     }
 
     /// Queue a message to `to`, sent durably if and only if this turn
-    /// commits.
-    pub fn send(&mut self, to: ActorKey, body: Vec<u8>, now_ms: u64) -> Result<(), Refusal> {
+    /// commits; `claim` counts it against `to`'s inbox meanwhile.
+    pub fn send(
+        &mut self,
+        to: ActorKey,
+        body: Vec<u8>,
+        now_ms: u64,
+        claim: Option<Box<dyn InboxClaim>>,
+    ) -> Result<(), Refusal> {
         self.check_send(body.len())?;
         let message = InboxRecord {
             message_id: crate::ids::new_message_id(),
@@ -178,6 +202,7 @@ impl ActorsCtx {
             kind: InboxKind::Message,
         };
         self.sends.push((to, message));
+        self.claims.push(claim);
         Ok(())
     }
 
@@ -220,9 +245,10 @@ impl ActorsCtx {
         self.sends.len()
     }
 
-    /// Drop the sends since `sp`.
+    /// Drop the sends since `sp` (and their claims: not queued).
     pub(crate) fn rollback(&mut self, sp: usize) {
         self.sends.truncate(sp);
+        self.claims.truncate(sp);
     }
 
     /// Whether one more message of `len` bytes may be sent this turn.
@@ -250,8 +276,8 @@ impl ActorsCtx {
     }
 
     /// The messages to queue in the turn's commit.
-    pub(crate) fn finish(self) -> Vec<(ActorKey, InboxRecord)> {
-        self.sends
+    pub(crate) fn finish(self) -> (Vec<SentMessage>, Vec<Box<dyn InboxClaim>>) {
+        (self.sends, self.claims.into_iter().flatten().collect())
     }
 }
 
@@ -377,19 +403,26 @@ impl actors::Host for Host {
         if let Err(e) = turn.actors.check_send(body.len()) {
             return Ok(Err(e.into()));
         }
-        // A turn's first message to its own actor continues its work and
-        // never grows the inbox (see `counts_against_rate`): neither the
-        // rate nor a full inbox holds it back. Every other send is held
-        // to both: sends from turns grew an inbox without bound, past
-        // the limit clients are held to (found by a probe).
+        // A turn's first message to its own actor continues its work (see
+        // `counts_against_rate`): neither the rate nor a full inbox holds
+        // it back. Every other send is held to both: sends from turns grew
+        // an inbox without bound, past the limit clients are held to
+        // (found by a probe). The inbox first: a send it refuses takes
+        // none of the type's rate, which its other actors share.
+        let mut claim = None;
         if turn.actors.counts_against_rate(&turn.key, &to) {
+            claim = match calls.admit_send(&to, body.len() as u64) {
+                Ok(c) => c,
+                Err(e) => return Ok(Err(e)),
+            };
+            // (A refusal here drops the claim: the send was not made.)
             if let Err(e) = calls.admit(&actor_type) {
                 return Ok(Err(e));
             }
-            if let Err(e) = calls.admit_send(&to, body.len() as u64) {
-                return Ok(Err(e));
-            }
         }
-        Ok(turn.actors.send(to, body, now_ms()).map_err(Into::into))
+        Ok(turn
+            .actors
+            .send(to, body, now_ms(), claim)
+            .map_err(Into::into))
     }
 }
