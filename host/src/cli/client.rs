@@ -287,9 +287,10 @@ pub(super) async fn inspect(args: &ClientArgs, ty: &str, id: &str) -> anyhow::Re
     if let Some(after) = state["next_after"].as_str() {
         // Said on stderr: stdout stays the JSON.
         eprintln!(
-            "… the first {} of {} state entries: page on with GET {base}/state?after={after}",
+            "… the first {} of {} state entries: page on with GET {base}/state?after={}",
             state["entries"].as_array().map_or(0, Vec::len),
-            info["state_keys"]
+            info["state_keys"],
+            seg(after)
         );
     }
     let out = serde_json::json!({
