@@ -436,6 +436,7 @@ export default {
     if (body.churn) {
       files.write("f", "a".repeat(80000));
       try { files.write("f", "b".repeat(140000)); } catch (e) { refused = String(e.message ?? e); }
+      console.log("churn: written");
       const until = Date.now() + 1500;
       while (Date.now() < until) {}
     } else {
@@ -463,7 +464,11 @@ export default {
         })
     };
     // While `a` runs on, holding 80 kB of the type's 250 kB.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !m.log_text().contains("churn: written") {
+        assert!(Instant::now() < deadline, "`a` never wrote");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let r = api.post_json("/v1/actors/churn/b", &json!({})).await;
     assert_eq!(
         (r.status, &r.json),
