@@ -135,7 +135,9 @@ async fn graceful_stops_do_not_count_as_crashes() {
 
 /// A clean stop keeps what awake actors' records were behind on (their
 /// turn counts and last turn's time, written when they hibernate): an
-/// actor of 7 turns read 1 after a restart (found by a probe).
+/// actor of 7 turns read 1 after a restart (found by a probe), and one
+/// with a turn running at the stop lost all its turns since its record
+/// was last written (a re-probe).
 #[tokio::test]
 async fn a_clean_stop_keeps_the_turn_counts_of_awake_actors() {
     let dir = tempdir();
@@ -148,16 +150,28 @@ async fn a_clean_stop_keeps_the_turn_counts_of_awake_actors() {
     let before = api.get("/v1/actors/kit/a").await.json;
     assert_eq!(before["status"], "active", "{before}");
     assert_eq!(before["turns"], 7, "{before}");
+    // One with a turn running at the stop: it is cut (and runs again),
+    // but the turns before it count.
+    for i in 1..=3 {
+        assert_eq!(api.add("kit", "b", 1).await.json["value"], i);
+    }
+    let busy = json!({"op": "busy", "ms": 3000});
+    let r = api.post_json("/v1/actors/kit/b?wait=false", &busy).await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    tokio::time::sleep(Duration::from_millis(300)).await;
     m.sigterm();
     assert!(m.wait_exit(Duration::from_secs(20)));
     m.respawn();
     m.wait_ready().await;
-    let after = m.client().get("/v1/actors/kit/a").await.json;
+    let api = m.client();
+    let after = api.get("/v1/actors/kit/a").await.json;
     assert_eq!(
         (&after["turns"], &after["last_turn_at_ms"]),
         (&before["turns"], &before["last_turn_at_ms"]),
         "{after}"
     );
+    let b = api.get("/v1/actors/kit/b").await.json;
+    assert!(b["turns"].as_u64().unwrap() >= 3, "{b}");
 }
 
 /// A graceful stop waits for the turns in flight (up to their time limit,

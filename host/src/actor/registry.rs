@@ -534,6 +534,21 @@ impl Registry {
         }
     }
 
+    /// `(key, turns, last_turn_at_ms)` of each awake actor that has run
+    /// a turn in this activation.
+    pub fn awake_stats(&self) -> Vec<(ActorKey, u64, u64)> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            for (k, h) in shard.lock().expect("registry shard lock").iter() {
+                let (turns, last) = *h.shared.stats.lock().expect("stats lock");
+                if turns > 0 {
+                    out.push((k.clone(), turns, last));
+                }
+            }
+        }
+        out
+    }
+
     /// Awake actors with no turn running.
     pub fn idle_count(&self) -> usize {
         self.shards

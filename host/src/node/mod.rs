@@ -54,7 +54,7 @@ use crate::sandbox::{
     LogLimits, PoolPlan, Sandbox, SandboxConfig, StateLimits, TurnLimits,
 };
 use crate::secrets::{MasterKeys, SecretStore};
-use crate::storage::Storage;
+use crate::storage::{Storage, WriteOp};
 use crate::streams::EventBus;
 use crate::tokens::Tokens;
 
@@ -370,7 +370,8 @@ impl Node {
     /// between writes: a clean stop lost them for every awake actor (an
     /// actor of 7 turns read 1 after a restart; found by a probe). A turn
     /// still running is not waited for: it runs again after the start,
-    /// uncounted, as before.
+    /// uncounted, as before; its actor's statistics are written without it
+    /// (they went back to the last record written: a probe).
     pub async fn hibernate_idle(&self, bound: Duration) {
         let registry = self.registry();
         let awake = registry.active_count();
@@ -386,6 +387,20 @@ impl Node {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let writer = self.storage.writer();
+        let written = registry.awake_stats().into_iter().map(|(key, turns, at)| {
+            writer.call(move |done| WriteOp::RecordStats {
+                key,
+                turns,
+                last_turn_at_ms: at,
+                done,
+            })
+        });
+        for r in futures::future::join_all(written).await {
+            if let Err(e) = r {
+                tracing::warn!(error = %e, "an awake actor's statistics were not written at the stop");
+            }
         }
     }
 

@@ -216,6 +216,12 @@ impl WriterState {
                 });
                 done(d, r)
             }
+            WriteOp::RecordStats {
+                key,
+                turns,
+                last_turn_at_ms,
+                done: d,
+            } => done(d, tables.raise_stats(&key, turns, last_turn_at_ms)),
             WriteOp::Replica {
                 batch,
                 accept,

@@ -233,6 +233,20 @@ pub enum WriteOp {
         /// Completion.
         done: Reply<()>,
     },
+    /// Raise an actor's turn count and last turn's time to these, where
+    /// its record is behind (an awake actor's, kept in memory between
+    /// record writes, at a stop that cannot wait for it to hibernate).
+    /// A lone node's: nothing of it is replicated.
+    RecordStats {
+        /// The actor.
+        key: ActorKey,
+        /// Turns it has run.
+        turns: u64,
+        /// When the last one ran (ms since the epoch).
+        last_turn_at_ms: u64,
+        /// Completion.
+        done: Reply<()>,
+    },
     /// Apply a batch the owner of its slot shipped to this node, its
     /// backup, if `accept` holds when it is applied.
     Replica {
@@ -330,7 +344,8 @@ impl WriteOp {
             WriteOp::GetOrCreate { key, .. }
             | WriteOp::Enqueue { key, .. }
             | WriteOp::DeleteActor { key, .. }
-            | WriteOp::RecordUsage { key, .. } => Some(key),
+            | WriteOp::RecordUsage { key, .. }
+            | WriteOp::RecordStats { key, .. } => Some(key),
             _ => None,
         }
     }
@@ -370,7 +385,9 @@ impl Applied {
             }
             WriteOp::Enqueue { done, .. } => Applied::reply(done, Err(why())),
             WriteOp::DeleteActor { done, .. } => Applied::reply(done, Err(why())),
-            WriteOp::RecordUsage { done, .. } => Applied::reply(done, Err(why())),
+            WriteOp::RecordUsage { done, .. } | WriteOp::RecordStats { done, .. } => {
+                Applied::reply(done, Err(why()))
+            }
             other => Applied::from_unapplied(other),
         }
     }
@@ -413,7 +430,9 @@ impl Applied {
             | WriteOp::RevokeToken { done, .. } => {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }
-            WriteOp::RecordUsage { done, .. } | WriteOp::RelayDone { done, .. } => {
+            WriteOp::RecordUsage { done, .. }
+            | WriteOp::RecordStats { done, .. }
+            | WriteOp::RelayDone { done, .. } => {
                 Applied::reply(done, Err(StorageError::WriterGone))
             }
             WriteOp::Replica { done, .. } => Applied::reply(done, Err(StorageError::WriterGone)),

@@ -288,6 +288,33 @@ impl Tables<'_> {
         Ok(())
     }
 
+    /// Raise `key`'s turn count and last turn's time to these where its
+    /// record is behind (see `WriteOp::RecordStats`); nothing if it is
+    /// gone.
+    pub(super) fn raise_stats(
+        &mut self,
+        key: &ActorKey,
+        turns: u64,
+        last_turn_at_ms: u64,
+    ) -> Result<(), StorageError> {
+        let Some(mut rec) = self
+            .actors()?
+            .get((key.ty(), key.id()))?
+            .map(|v| decode::<ActorRecord>("actor", v.value()))
+            .transpose()?
+        else {
+            return Ok(());
+        };
+        if turns <= rec.turns && last_turn_at_ms <= rec.last_turn_at_ms {
+            return Ok(());
+        }
+        rec.turns = rec.turns.max(turns);
+        rec.last_turn_at_ms = rec.last_turn_at_ms.max(last_turn_at_ms);
+        self.actors()?
+            .insert((key.ty(), key.id()), encode(&rec).as_slice())?;
+        Ok(())
+    }
+
     /// The number `key` has now, if it exists.
     pub(super) fn current_num(&mut self, key: &ActorKey) -> Result<Option<u64>, StorageError> {
         match self.actors()?.get((key.ty(), key.id()))? {
