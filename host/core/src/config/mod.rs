@@ -185,6 +185,17 @@ impl NodeConfig {
                 return Err(format!("{name} may be at most {most} ({v} given)"));
             }
         }
+        // Sizes of queues made up front: past these a node started, said
+        // it listened, and failed every call (a semaphore's permits) or
+        // aborted (a batch's capacity): a re-probe.
+        for (name, v) in [
+            ("limits.mailbox_capacity", l.mailbox_capacity),
+            ("storage.max_batch", self.storage.max_batch),
+        ] {
+            if v > 1_000_000 {
+                return Err(format!("{name} may be at most 1000000 ({v} given)"));
+            }
+        }
         if l.max_connections == Some(0) {
             return Err("limits.max_connections must be at least 1 (or left out)".into());
         }
@@ -926,6 +937,14 @@ mod tests {
                 "defaults.idle_timeout_ms may be at most",
             ),
             ("[limits]\nmax_connections = 0\n", "limits.max_connections"),
+            (
+                "[limits]\nmailbox_capacity = 2305843009213693952\n",
+                "limits.mailbox_capacity may be at most",
+            ),
+            (
+                "[storage]\nmax_batch = 18446744073709551615\n",
+                "storage.max_batch may be at most",
+            ),
             (
                 "[limits]\nmax_message_bytes = 0\n",
                 "limits.max_message_bytes",
