@@ -514,6 +514,42 @@ export default {
     assert_eq!(r.json, json!(["m1", "m2", "m3", "m4"]));
 }
 
+/// Queued messages waiting for a version whose upgrade works back off
+/// (0.2 s, doubling), also when their actor's idle timeout is shorter:
+/// woken by each retry, a new activation started over at 0.2 s, and the
+/// broken upgrade ran every ~1.4 s for good (found by a re-probe).
+#[tokio::test]
+async fn a_failing_upgrade_backs_off_past_the_idle_timeout() {
+    let (_dir, _m, api) = node(None).await;
+    let v1 = "export default { onMessage() { return 1; } };";
+    let broken = "export default { onUpgrade() { throw new Error(\"bad deploy\"); }, onMessage() { return 2; } };";
+    let manifest =
+        |code: &str| json!({"kind": "js", "code": code, "config": {"idle_timeout_ms": 300}});
+    assert_eq!(api.deploy_manifest("upb", &manifest(v1)).await.status, 201);
+    assert_eq!(
+        api.post_json("/v1/actors/upb/a", &json!({})).await.status,
+        200
+    );
+    assert_eq!(
+        api.deploy_manifest("upb", &manifest(broken)).await.status,
+        201
+    );
+    let failed = || async {
+        let text = String::from_utf8(api.get("/metrics").await.body).unwrap();
+        let name = "marmot_turns_total{kind=\"upgrade\",outcome=\"error\"}";
+        common::sample(&text, name).unwrap_or(0.0)
+    };
+    let before = failed().await;
+    let r = api
+        .post_json("/v1/actors/upb/a?wait=false", &json!({}))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    // At 0, 0.2, 0.6, 1.4, 3.0 and 6.2 s.
+    let tries = failed().await - before;
+    assert!((3.0..=7.0).contains(&tries), "{tries} upgrades in 8 s");
+}
+
 #[tokio::test]
 async fn more_javascript_actors_than_sandboxes_take_turns_by_making_room() {
     // Sixteen sandboxes (the smallest pool) for forty busy actors: the

@@ -271,7 +271,12 @@ impl ActorTask {
                 }
                 () = &mut sleep => {
                     let now = Instant::now();
-                    if now >= self.last_activity + idle {
+                    // An inbox waiting for a retry keeps its actor awake,
+                    // and so its back-off: woken again by the retry, a new
+                    // activation started over at 200 ms, and a broken
+                    // upgrade ran every 1.4 s for good (a re-probe).
+                    let waiting = self.shared.inbox_deferred.load(Ordering::Acquire);
+                    if now >= self.last_activity + idle && !waiting {
                         if Box::pin(self.try_hibernate(&mut rx, true)).await {
                             return;
                         }
