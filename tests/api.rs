@@ -905,7 +905,7 @@ async fn delete_type_needs_force_while_actors_exist() {
     api.deploy("cut", TESTKIT, json!({})).await;
     let busy = {
         let api = api.clone();
-        tokio::spawn(async move { api.op("cut", "b", json!({"op": "busy", "ms": 7000})).await })
+        tokio::spawn(async move { api.op("cut", "b", json!({"op": "busy", "ms": 10000})).await })
     };
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert_eq!(api.delete("/v1/types/cut?force=true").await.status, 200);
