@@ -364,6 +364,11 @@ async fn bad_deploys_are_rejected_and_change_nothing() {
             .any(|l| l.contains("deploy refused") && l.contains("at most")),
         "{log}"
     );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("deploy refused") && l.contains("invalid_manifest")),
+        "{log}"
+    );
 }
 
 #[tokio::test]

@@ -63,8 +63,40 @@ pub(super) async fn deploy(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    validate_type_name(&ty)?;
-    let body = body?;
+    // Refused here, before the node sees it: logged as the node logs what
+    // it refuses (an operator saw nothing of a failed deploy: a probe).
+    let refused = |e: &ApiError| {
+        tracing::info!(ty, code = e.code, error = %e.message, "deploy refused");
+    };
+    validate_type_name(&ty)
+        .map_err(ApiError::from)
+        .inspect_err(refused)?;
+    let body = body.map_err(ApiError::from).inspect_err(refused)?;
+    let parsed = deployable(&s, &ty, &headers, &body).inspect_err(refused)?;
+    let (kind, code, config) = parsed;
+    // Fanned out by the node that took it: under that node's number. Only
+    // in a cluster: on a node alone a client chose its version number
+    // this way (u32::MAX, and the next deploy wrapped to 0: a probe).
+    let numbered = (headers.contains_key(super::cluster::FANOUT_FROM)
+        && s.node.cluster().is_some())
+    .then(|| headers.get(super::cluster::TYPE_VERSION))
+    .flatten()
+    .and_then(|v| v.to_str().ok()?.parse::<u32>().ok())
+    .filter(|v| *v > 0);
+    let deployed = match numbered {
+        Some(v) => s.node.deploy_numbered(&ty, kind, code, config, v).await?,
+        None => s.node.deploy(&ty, kind, code, config).await?,
+    };
+    Ok(super::put_reply(deployed.created, deployed))
+}
+
+/// What a deploy's request asks to deploy: its kind, code and config.
+fn deployable(
+    s: &AppState,
+    ty: &str,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(CodeKind, Vec<u8>, TypeConfig), ApiError> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -82,17 +114,17 @@ pub(super) async fn deploy(
     let current_config = || {
         s.node
             .catalog()
-            .get(&ty)
+            .get(ty)
             .and_then(|e| e.version(e.latest_version()))
             .map(|v| v.config)
             .unwrap_or_default()
     };
-    let (kind, code, config) = match content_type.as_str() {
+    Ok(match content_type.as_str() {
         "application/wasm" | "application/octet-stream" => {
             (CodeKind::Wasm, body.to_vec(), current_config())
         }
         "application/json" => {
-            let m: Manifest = json_object(&body).map_err(|e| {
+            let m: Manifest = json_object(body).map_err(|e| {
                 ApiError::bad_request("invalid_manifest", format!("invalid deploy manifest: {e}"))
             })?;
             match m.kind.as_str() {
@@ -179,21 +211,7 @@ pub(super) async fn deploy(
                 ),
             ));
         }
-    };
-    // Fanned out by the node that took it: under that node's number. Only
-    // in a cluster: on a node alone a client chose its version number
-    // this way (u32::MAX, and the next deploy wrapped to 0: a probe).
-    let numbered = (headers.contains_key(super::cluster::FANOUT_FROM)
-        && s.node.cluster().is_some())
-    .then(|| headers.get(super::cluster::TYPE_VERSION))
-    .flatten()
-    .and_then(|v| v.to_str().ok()?.parse::<u32>().ok())
-    .filter(|v| *v > 0);
-    let deployed = match numbered {
-        Some(v) => s.node.deploy_numbered(&ty, kind, code, config, v).await?,
-        None => s.node.deploy(&ty, kind, code, config).await?,
-    };
-    Ok(super::put_reply(deployed.created, deployed))
+    })
 }
 
 fn type_json(s: &AppState, entry: &crate::catalog::TypeEntry) -> serde_json::Value {
