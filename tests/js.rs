@@ -520,7 +520,7 @@ export default {
 /// broken upgrade ran every ~1.4 s for good (found by a re-probe).
 #[tokio::test]
 async fn a_failing_upgrade_backs_off_past_the_idle_timeout() {
-    let (_dir, _m, api) = node(None).await;
+    let (_dir, m, api) = node(None).await;
     let v1 = "export default { onMessage() { return 1; } };";
     let broken = "export default { onUpgrade() { throw new Error(\"bad deploy\"); }, onMessage() { return 2; } };";
     let manifest =
@@ -539,15 +539,32 @@ async fn a_failing_upgrade_backs_off_past_the_idle_timeout() {
         let name = "marmot_turns_total{kind=\"upgrade\",outcome=\"error\"}";
         common::sample(&text, name).unwrap_or(0.0)
     };
+    // The node's CPU time (user and system), in seconds.
+    let cpu = || {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", m.pid().unwrap())).unwrap();
+        let fields: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+        ticks / 100.0
+    };
     let before = failed().await;
     let r = api
         .post_json("/v1/actors/upb/a?wait=false", &json!({}))
         .await;
     assert_eq!(r.status, 202, "{}", r.json);
+    let cpu_before = cpu();
     tokio::time::sleep(Duration::from_secs(8)).await;
     // At 0, 0.2, 0.6, 1.4, 3.0 and 6.2 s.
     let tries = failed().await - before;
     assert!((3.0..=7.0).contains(&tries), "{tries} upgrades in 8 s");
+    // And it waits in between: kept awake, it spun on its idle deadline
+    // (a core's worth: a re-probe).
+    let burned = cpu() - cpu_before;
+    assert!(burned < 3.0, "{burned} s of CPU in 8 s");
 }
 
 #[tokio::test]

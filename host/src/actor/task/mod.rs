@@ -293,7 +293,13 @@ impl ActorTask {
     /// When the loop must next look at the clock: to hibernate, or to
     /// trim a sandbox a turn ran in.
     fn next_wake(&self, idle: Duration) -> Instant {
-        let hibernate = self.last_activity + idle;
+        let mut hibernate = self.last_activity + idle;
+        if self.shared.inbox_deferred.load(Ordering::Acquire) {
+            // Awake while its inbox waits for a retry: it looks again an
+            // idle period on (its deadline, long past, woke the loop at
+            // once, for ever: a core per such actor, found by a re-probe).
+            hibernate = hibernate.max(Instant::now() + idle);
+        }
         match self.trim_clock.due(self.last_activity) {
             Some(trim) => hibernate.min(trim),
             None => hibernate,
