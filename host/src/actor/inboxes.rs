@@ -183,9 +183,11 @@ impl Inboxes {
     }
 
     fn full(&self, key: &ActorKey, q: &Queued) -> TurnError {
+        // (Counted with what turns are sending it and may still commit.)
         TurnError::InboxFull(format!(
-            "actor {key} has {} durable messages ({} bytes) queued; an actor may hold \
-             {} messages and {} bytes (limits.max_inbox_messages, limits.max_inbox_bytes)",
+            "actor {key} has {} durable messages ({} bytes) queued or on their way; an actor \
+             may hold {} messages and {} bytes (limits.max_inbox_messages, \
+             limits.max_inbox_bytes)",
             q.messages, q.bytes, self.max_messages, self.max_bytes
         ))
     }
