@@ -163,15 +163,16 @@ async fn javascript_errors_are_clear_and_commit_nothing() {
     }
     // Nor nested past what the sandbox parses (100,000 levels were a 500
     // from the turn); as deep as it takes is a message like any other.
-    let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth)).into_bytes();
-    let r = api
-        .req(
-            Method::POST,
-            "/v1/actors/jscount/never",
-            Some(("application/json", nested(100_000))),
-            &[],
-        )
-        .await;
+    let nested = |id: &'static str, depth: usize| {
+        let body = format!("{}{}", "[".repeat(depth), "]".repeat(depth)).into_bytes();
+        let api = api.clone();
+        async move {
+            let path = format!("/v1/actors/jscount/{id}");
+            api.req(Method::POST, &path, Some(("application/json", body)), &[])
+                .await
+        }
+    };
+    let r = nested("never", 100_000).await;
     assert_eq!((r.status, r.code()), (400, "invalid_json"), "{}", r.json);
     assert!(
         r.json["error"]["message"]
@@ -182,14 +183,7 @@ async fn javascript_errors_are_clear_and_commit_nothing() {
         r.json
     );
     assert_eq!(api.get("/v1/actors/jscount/never").await.status, 404);
-    let r = api
-        .req(
-            Method::POST,
-            "/v1/actors/jscount/deep",
-            Some(("application/json", nested(10_000))),
-            &[],
-        )
-        .await;
+    let r = nested("deep", 10_000).await;
     assert_eq!(r.status, 200, "{}", r.json);
     // What another node passes on for a turn is taken as a turn on this
     // node would send it: queued, and the turn reads it.
