@@ -32,7 +32,7 @@ use crate::sandbox::{
     call_refused, stored_call_key,
 };
 use crate::secrets::SecretStore;
-use crate::storage::Storage;
+use crate::storage::{Storage, StorageError};
 use crate::streams::EventBus;
 
 /// Facts about this start of the node.
@@ -162,6 +162,16 @@ impl ActorEnv {
         self.running
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         Running(self.running.clone())
+    }
+
+    /// What `key`'s durable inbox holds on disk: (rows, bytes), what its
+    /// bound ([`Inboxes`]) reads when it must.
+    pub(crate) fn inbox_on_disk(&self, key: &ActorKey) -> Result<(u64, u64), StorageError> {
+        let r = self.storage.reader()?;
+        match r.actor(key)? {
+            Some(rec) => r.inbox_stats(rec.num),
+            None => Ok((0, 0)),
+        }
     }
 
     /// Wait, at most `bound`, until no turn is running: a graceful stop
@@ -371,14 +381,10 @@ impl ActorCalls for ActorEnv {
         if self.cluster.is_some() {
             return Ok(None);
         }
-        let read = || {
-            let r = self.storage.reader()?;
-            match r.actor(to)? {
-                Some(rec) => r.inbox_stats(rec.num),
-                None => Ok((0, 0)),
-            }
-        };
-        match self.inboxes.admit_send(to, bytes, read) {
+        match self
+            .inboxes
+            .admit_send(to, bytes, || self.inbox_on_disk(to))
+        {
             Ok(claim) => Ok(Some(Box::new(claim))),
             Err(TurnError::InboxFull(m)) => Err(GuestError::LimitExceeded(m)),
             Err(other) => Err(GuestError::Internal(other.to_string())),

@@ -79,13 +79,10 @@ impl Node {
             .get(key.ty())
             .ok_or_else(|| TurnError::UnknownType(key.ty().to_owned()))?;
         let bytes = message.body.len() as u64;
-        let admitted = self.actors.inboxes.admit(key, bytes, || {
-            let r = self.storage.reader()?;
-            match r.actor(key)? {
-                Some(rec) => r.inbox_stats(rec.num),
-                None => Ok((0, 0)),
-            }
-        });
+        let admitted = self
+            .actors
+            .inboxes
+            .admit(key, bytes, || self.actors.inbox_on_disk(key));
         let counted = admitted.is_ok();
         if let Err(full) = admitted {
             // A retry of a message already taken (its key, a webhook's id)
