@@ -88,6 +88,13 @@ pub(super) fn linger(mut body: Body) {
     });
 }
 
+/// Whether what is left of `req`'s body may be read on ([`linger`]): not
+/// when its client waits to be asked for it (`Expect: 100-continue`), nor
+/// for a webhook, which anyone may trickle.
+pub(super) fn may_linger(req: &Request) -> bool {
+    !req.headers().contains_key(header::EXPECT) && !req.uri().path().starts_with("/v1/hooks/")
+}
+
 /// Bytes of request bodies held, against the budget.
 pub(super) struct BodyBudget {
     limit: u64,
@@ -118,9 +125,7 @@ pub(super) struct Charge {
     /// The least time the body is given to arrive.
     slack: Duration,
     /// Whether what a handler leaves of the body is read and dropped
-    /// ([`linger`]): not when its client waits to be asked for it
-    /// (`Expect: 100-continue`), nor for a webhook, which anyone may
-    /// trickle.
+    /// ([`linger`], [`may_linger`]).
     linger: bool,
 }
 
@@ -241,7 +246,7 @@ impl BodyBudget {
             ended: Arc::default(),
             sized_by,
             slack,
-            linger: !open_route && !req.headers().contains_key(header::EXPECT),
+            linger: may_linger(req),
         }))
     }
 

@@ -282,18 +282,15 @@ pub(super) fn is_open(path: &str) -> bool {
 }
 
 /// Read what is left of `req`'s refused body and drop it
-/// ([`super::bodies::linger`]), so that its client gets the answer. A
-/// client that asked to be told before it sends (`Expect: 100-continue`)
-/// is not asked for it, a body declared past the bound is not waited for,
-/// nor a webhook's, which anyone may trickle: the connection closes at once.
+/// ([`super::bodies::linger`]), so that its client gets the answer, where
+/// it may be ([`super::bodies::may_linger`]); a body declared past the
+/// bound is not waited for either: the connection closes at once.
 fn linger(req: Request) {
-    let h = req.headers();
-    let declared = h
+    let declared = req
+        .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
-    if h.contains_key(header::EXPECT)
-        || declared.is_some_and(|n| n > super::bodies::LINGER_BYTES)
-        || req.uri().path().starts_with("/v1/hooks/")
+    if !super::bodies::may_linger(&req) || declared.is_some_and(|n| n > super::bodies::LINGER_BYTES)
     {
         return;
     }
