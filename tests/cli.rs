@@ -296,6 +296,23 @@ async fn cli_client_commands() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // A body so far past the node's limit that the node hangs up on it
+    // unread (past 128 MiB) is an error that says so; SIGPIPE from the
+    // socket used to end the command with no word.
+    let huge = dir.path().join("huge.js");
+    std::fs::File::create(&huge)
+        .and_then(|f| f.set_len(130 << 20))
+        .unwrap();
+    let out = marmot(&["deploy", "huge", huge.to_str().unwrap()]);
+    assert_eq!(out.status.signal(), None, "{:?}", out.status);
+    assert_eq!(out.status.code(), Some(1), "{:?}", out.status);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last = err.trim_end().lines().last().unwrap_or("");
+    assert!(
+        last.contains("payload_too_large") || last.contains("closed the connection"),
+        "{err}"
+    );
+    assert_eq!(api.get("/v1/types/huge").await.status, 404);
 
     // `.` and `..` cannot be sent in a URL (every URL parser reads them,
     // encoded or not, as directory steps: `alarms kit ..` asked for the

@@ -57,16 +57,39 @@ impl Client {
 
     /// Send and return the body, turning API errors into one-line errors.
     async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<(StatusCode, Vec<u8>)> {
-        let resp = req
-            .send()
-            .await
-            .with_context(|| format!("cannot reach marmot at {}", self.base))?;
+        let resp = req.send().await.map_err(|e| self.unsent(e))?;
         let status = resp.status();
         let body = resp.bytes().await.context("reading the response")?.to_vec();
         if status.is_client_error() || status.is_server_error() {
             return Err(api_error(status, &body));
         }
         Ok((status, body))
+    }
+}
+
+impl Client {
+    /// Why a request got no answer, in words that fit: a node that is not
+    /// there, or one that hung up on a body it would not take.
+    fn unsent(&self, e: reqwest::Error) -> anyhow::Error {
+        let hung_up = std::iter::successors(Some(&e as &(dyn std::error::Error + 'static)), |e| {
+            e.source()
+        })
+        .filter_map(|e| e.downcast_ref::<std::io::Error>())
+        .any(|e| {
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            )
+        });
+        let base = &self.base;
+        if hung_up && !e.is_connect() {
+            anyhow::Error::new(e).context(format!(
+                "marmot at {base} closed the connection before it took the whole request: \
+                 a body far past the node's limits is refused unread"
+            ))
+        } else {
+            anyhow::Error::new(e).context(format!("cannot reach marmot at {base}"))
+        }
     }
 }
 

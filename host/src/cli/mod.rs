@@ -292,13 +292,16 @@ pub fn main() -> ExitCode {
     let huge_pages = hugepages::turn_off_unless_asked();
     let open_files = open_files::raise();
     let cli = Cli::parse();
-    if cli.command.only_prints() {
+    let only_prints = cli.command.only_prints();
+    if only_prints {
         die_quietly_when_the_reader_leaves();
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if only_prints {
+        builder.on_thread_start(sockets_say_broken_pipe);
+    }
+    let runtime = match builder.build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -360,6 +363,24 @@ fn die_quietly_when_the_reader_leaves() {
     #[allow(unsafe_code, reason = "one signal() back to the default")]
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// On the runtime's threads, where the client's sockets are written (its
+/// connections run as tasks there; the main thread only prints), a write
+/// to a socket the node has closed is an error, as in any Rust program,
+/// not `SIGPIPE`: a body the node refuses without reading it (past
+/// 128 MiB) used to end the CLI with no word at all. `SIGPIPE` from a
+/// write is sent to the writing thread, so blocking it here leaves
+/// `marmot actors | head -1` to die quietly on the main thread.
+fn sockets_say_broken_pipe() {
+    // SAFETY: changes only the calling thread's signal mask.
+    #[allow(unsafe_code, reason = "one pthread_sigmask() on the calling thread")]
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
 }
 
