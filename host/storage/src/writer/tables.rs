@@ -469,8 +469,24 @@ impl Tables<'_> {
         self.types()?
             .insert(record.name.as_str(), encode_type(record).as_slice())?;
         if let Some((version, bytes)) = code {
-            self.code()?
-                .insert((record.name.as_str(), version), bytes.as_slice())?;
+            let name = record.name.as_str();
+            self.code()?.insert((name, version), bytes.as_slice())?;
+            // Turns run the latest version only (an actor on an older one
+            // is upgraded first), so older code is never read again. The
+            // one before stays for a turn that chose it just before this
+            // deploy and loads it now; every older one goes. Each deploy
+            // kept its code for good: a type deployed from CI grew the data
+            // directory by its whole component every time.
+            let mut stale = Vec::new();
+            for row in self
+                .code()?
+                .range((name, 0)..(name, version.saturating_sub(1)))?
+            {
+                stale.push(row?.0.value().1);
+            }
+            for v in stale {
+                self.code()?.remove((name, v))?;
+            }
         }
         Ok(())
     }

@@ -257,6 +257,47 @@ async fn a_failed_commit_fails_its_whole_batch_and_fences_the_generation() {
 }
 
 #[tokio::test]
+async fn a_deploy_keeps_the_code_of_its_version_and_the_one_before() {
+    let (_dir, storage) = open();
+    let mut record = TypeRecord {
+        name: "t".into(),
+        created_at_ms: 1,
+        versions: Vec::new(),
+    };
+    for version in 1..=5u32 {
+        record.versions.push(VersionRecord {
+            version,
+            kind: CodeKind::Wasm,
+            sha256: String::new(),
+            code_bytes: 4,
+            config: Default::default(),
+            deployed_at_ms: 1,
+        });
+        let code = Some((version, format!("v{version:03}").into_bytes()));
+        let rec = record.clone();
+        storage
+            .writer()
+            .call(|done| WriteOp::PutType {
+                record: rec,
+                code,
+                done,
+            })
+            .await
+            .unwrap();
+        let reader = storage.reader().unwrap();
+        let kept: Vec<u32> = (1..=version)
+            .filter(|v| reader.code("t", *v).unwrap().is_some())
+            .collect();
+        let want: Vec<u32> = (version.saturating_sub(1).max(1)..=version).collect();
+        assert_eq!(kept, want, "after deploying version {version}");
+        assert_eq!(
+            reader.code("t", version).unwrap().as_deref(),
+            Some(format!("v{version:03}").as_bytes())
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_fenced_actor_commits_nothing_more() {
     let (_dir, storage) = open();
     let (key, rec) = create(&storage, "a").await;
