@@ -556,3 +556,55 @@ export default {
     assert_eq!(r.status, 200, "{}", r.json);
     assert!(m.log_text().contains("counter quiet q 1"));
 }
+
+/// Actors that loop, one per core, leave the node answering. A guest
+/// yields to tokio's own scheduler at every tick, which polls the node's
+/// sockets before the guest runs on; with wasmtime's plain yield the
+/// workers looked at their sockets every 61 polls (~0.6 s of 10 ms
+/// slices), and two loops on a 2-core node delayed every request by
+/// 125–450 ms (a probe; this test's p90 was ~450 ms, and ~20 ms after).
+#[tokio::test]
+async fn looping_actors_leave_the_node_answering() {
+    let (_dir, _m, api) = node(Some("[defaults]\ncpu_slice_ms = 8000\n")).await;
+    let js = r#"import { state } from "marmot";
+export default { async onMessage(body) {
+  if (body.mode === "spin") for (;;) {}
+  if (body.mode === "hostloop") for (;;) state.get("x");
+  return 1;
+} };"#;
+    let manifest = json!({ "kind": "js", "code": js, "config": { "turn_timeout_ms": 8000 } });
+    assert_eq!(api.deploy_manifest("loop", &manifest).await.status, 201);
+    let idle = healthz_p90(&api).await;
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8));
+    for i in 0..workers {
+        // Both kinds: a loop between host calls, and one that calls the
+        // host all the time (its CPU slice starts over at every call).
+        let mode = if i % 2 == 0 { "spin" } else { "hostloop" };
+        let r = api
+            .post_json(
+                &format!("/v1/actors/loop/l{i}?wait=false"),
+                &json!({ "mode": mode }),
+            )
+            .await;
+        assert_eq!(r.status, 202, "{}", r.json);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let busy = healthz_p90(&api).await;
+    assert!(
+        busy < Duration::from_millis(150),
+        "with {workers} actors looping, /healthz took {busy:?} (p90; {idle:?} idle)"
+    );
+}
+
+/// The 90th percentile of 21 `GET /healthz`, 20 ms apart.
+async fn healthz_p90(api: &Api) -> Duration {
+    let mut took = Vec::new();
+    for _ in 0..21 {
+        let t = Instant::now();
+        assert_eq!(api.get("/healthz").await.status, 200);
+        took.push(t.elapsed());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    took.sort();
+    took[18]
+}
