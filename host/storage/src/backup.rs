@@ -416,6 +416,22 @@ pub fn restore(from: &Path, data: &Path, extra: &[&str]) -> Result<RestoreReport
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no marmot.redb in it"),
         });
     }
+    // A backup cut off before it was complete: its database may be empty
+    // (created, its copy never committed) or lack its key file. Restored,
+    // it was a node with nothing in it, and the restore said it was done
+    // (a probe).
+    if from
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.ends_with(".partial"))
+    {
+        return Err(refused(
+            format!("`{}`", from.display()),
+            "it is a backup that was cut off before it was complete (`DEST.partial`); \
+             take the backup again"
+                .into(),
+        ));
+    }
     // A running node's data directory: its latest commits may be only in
     // its journal, which a restore does not read (one was taken, live, and
     // said it had restored: a probe).
@@ -498,14 +514,25 @@ fn restore_into(from: &Path, data: &Path, extra: &[&str]) -> Result<RestoreRepor
             .open_table(META)?
             .get("format_version")?
             .map(|v| u32::from_le_bytes(v.value().try_into().unwrap_or([0; 4])));
-        if let Some(v) = found
-            && v > FORMAT_VERSION
-        {
-            return Err(FormatError::Mismatch {
-                found: v,
-                expected: FORMAT_VERSION,
+        match found {
+            // Every database a node opened is stamped, and a backup copies
+            // the stamp in the one transaction that copies everything: a
+            // database without one holds nothing of a node's.
+            None => {
+                return Err(damaged(
+                    "it holds no marmot data (no format version: a backup cut off before \
+                     its copy was committed)"
+                        .into(),
+                ));
             }
-            .into());
+            Some(v) if v > FORMAT_VERSION => {
+                return Err(FormatError::Mismatch {
+                    found: v,
+                    expected: FORMAT_VERSION,
+                }
+                .into());
+            }
+            Some(_) => {}
         }
         match read.open_table(BLOB_REFS) {
             Ok(t) => t
@@ -650,6 +677,29 @@ mod tests {
         let restored = store_id(&data).await;
         assert_eq!(restored.len(), 32);
         assert_ne!(restored, original);
+    }
+
+    /// A backup killed mid-way leaves `DEST.partial`, whose database may
+    /// be a valid redb file with nothing in it (created; its copy never
+    /// committed). Restored, it was an empty node, "restored".
+    #[test]
+    fn a_cut_off_backup_is_refused_and_nothing_is_copied() {
+        let dir = tempfile::tempdir().unwrap();
+        // Empty; and stamped, as a copy committed before its key file was
+        // copied would be.
+        for (name, stamped) in [("nightly", false), ("nightly.partial", true)] {
+            let backup = dir.path().join(name);
+            std::fs::create_dir_all(&backup).unwrap();
+            let db = redb::Database::create(backup.join("marmot.redb")).unwrap();
+            if stamped {
+                check_format(&db).unwrap();
+            }
+            drop(db);
+            let data = dir.path().join("data");
+            let err = restore(&backup, &data, &[]).unwrap_err().to_string();
+            assert!(err.contains("cut off"), "{name}: {err}");
+            assert!(!data.exists(), "{name}: {err}");
+        }
     }
 
     #[test]
