@@ -586,6 +586,57 @@ export default {
     assert_eq!(hanging.state.max_in_flight.load(Ordering::SeqCst), 4);
 }
 
+/// Receivers that fail get one attempt at a time each, and half the
+/// slots together: two hanging subscriptions with rows due held all four
+/// slots (of `concurrency = 4`) for their whole timeout, again and again,
+/// and a healthy subscription's event waited behind every one of their
+/// rows (16 hanging receivers did that with the default 64 slots: a probe).
+#[tokio::test]
+async fn failing_receivers_leave_slots_for_the_others() {
+    let hanging = Receiver::start().await;
+    hanging.state.delay_ms.store(20_000, Ordering::SeqCst);
+    let healthy = Receiver::start().await;
+    let config = "[webhooks]\nconcurrency = 4\nper_destination = 2\ntimeout_ms = 1000\n";
+    let (_dir, _m, api) = fast_retry_node(Some(config)).await;
+    let bulk = r#"
+import { events } from "marmot";
+export default {
+  onMessage({ n, kind }) {
+    for (let i = 0; i < n; i++) events.emit(kind, { i });
+    return n;
+  },
+};
+"#;
+    assert_eq!(api.deploy_js("bulk", bulk).await.status, 201);
+    for name in ["slow1", "slow2"] {
+        subscribed(&api, name, json!({"url": hanging.url, "events": ["bulk"]})).await;
+    }
+    subscribed(
+        &api,
+        "fine",
+        json!({"url": healthy.url, "events": ["urgent"]}),
+    )
+    .await;
+    // 60 rows each: 30 s of timeouts through every slot.
+    let r = api
+        .post_json("/v1/actors/bulk/b", &json!({"n": 60, "kind": "bulk"}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    // Both have failed (timed out) at least once.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let r = api
+        .post_json("/v1/actors/bulk/u", &json!({"n": 1, "kind": "urgent"}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let started = Instant::now();
+    healthy.wait_for(1).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the healthy receiver waited {:?}",
+        started.elapsed()
+    );
+}
+
 /// The per-destination limit is per subscription: two subscriptions of
 /// one host each get their own slots. (Per host alone, one subscription's
 /// hanging rows took every slot, and the other's waited out all of their

@@ -248,9 +248,18 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
         }
     };
     let ready = w.storage.outbox_ready().clone();
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u64, String)>();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Finished>();
     let mut in_flight: HashSet<u64> = HashSet::new();
     let mut per_dest: HashMap<String, usize> = HashMap::new();
+    // Destinations whose last attempt failed, and the attempts in flight
+    // to them: each gets one attempt at a time, and all of them together
+    // half the slots. Sixteen receivers that hung held all 64 slots for
+    // their whole timeout, again and again as their retries came due
+    // before anything else, and a healthy receiver's events waited
+    // 10–40 s (a probe).
+    let mut failing: HashSet<String> = HashSet::new();
+    let mut failing_in_flight = 0usize;
+    let failing_share = (cfg.concurrency.max(1) / 2).max(1);
     let mut resume = (0, 0);
     // Walks since the last wait.
     let mut passes = 0;
@@ -258,6 +267,12 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
         let now = now_ms();
         let writer = w.storage.writer();
         let subs = w.storage.subscriptions().snapshot();
+        // (A deleted subscription's destination is forgotten.)
+        failing.retain(|d| {
+            d.split('\n')
+                .next()
+                .is_some_and(|name| subs.contains_key(name))
+        });
         // Rows of a batch whose backups have not acknowledged it yet wait
         // (the output gate); their release wakes this loop.
         let released = writer
@@ -269,7 +284,7 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
         // next time: a receiver that hangs with thousands of rows due holds
         // up only its own (it used to hold up every row behind the first
         // 512 due, which were all its own).
-        let mut starting: HashMap<u64, (SubscriptionRecord, String)> = HashMap::new();
+        let mut starting: HashMap<u64, (SubscriptionRecord, String, bool)> = HashMap::new();
         let scan = w.storage.reader().and_then(|r| {
             r.scan_deliveries_due(now, resume, EXAMINE, |seq, rec| {
                 // In a cluster, only the owner of the emitting actor's slot
@@ -297,13 +312,19 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
                 // path on the same host held every slot, so this one's rows
                 // waited for all of that one's timeouts.
                 let dest = format!("{}\n{}", rec.subscription, destination(&sub.url));
+                let is_failing = failing.contains(&dest);
+                if is_failing && failing_in_flight >= failing_share {
+                    return ControlFlow::Continue(false);
+                }
+                let limit = if is_failing { 1 } else { cfg.per_destination.max(1) };
                 let n = per_dest.entry(dest.clone()).or_default();
-                if *n >= cfg.per_destination.max(1) {
+                if *n >= limit {
                     return ControlFlow::Continue(false);
                 }
                 *n += 1;
                 in_flight.insert(seq);
-                starting.insert(seq, (sub.clone(), dest));
+                failing_in_flight += usize::from(is_failing);
+                starting.insert(seq, (sub.clone(), dest, is_failing));
                 ControlFlow::Continue(true)
             })
         });
@@ -316,16 +337,17 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
             Err(e) => {
                 tracing::error!(error = %e, "webhook worker cannot read the outbox");
                 // What was counted as started is not.
-                for (seq, (_, dest)) in starting.drain() {
+                for (seq, (_, dest, was_failing)) in starting.drain() {
                     in_flight.remove(&seq);
                     release(&mut per_dest, &dest);
+                    failing_in_flight -= usize::from(was_failing);
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
         };
         for (seq, rec) in taken {
-            let Some((sub, dest)) = starting.remove(&seq) else {
+            let Some((sub, dest, was_failing)) = starting.remove(&seq) else {
                 continue;
             };
             let (w, client, done_tx) = (w.clone(), client.clone(), done_tx.clone());
@@ -348,10 +370,16 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
                 {
                     parent.adopt(&span);
                 }
-                w.attempt(&client, seq, rec, &sub, schedule)
+                let delivered = w
+                    .attempt(&client, seq, rec, &sub, schedule)
                     .instrument(span)
                     .await;
-                let _ = done_tx.send((seq, dest));
+                let _ = done_tx.send(Finished {
+                    seq,
+                    dest,
+                    was_failing,
+                    delivered,
+                });
             });
         }
         // A walk that ran out of budget with room left goes on at once, up
@@ -375,14 +403,20 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
             .map_or(1000, |t| t.saturating_sub(now_ms()).min(1000));
         tokio::select! {
             () = ready.notified() => {}
-            Some((seq, dest)) = done_rx.recv() => {
-                let mut finished = vec![(seq, dest)];
+            Some(first) = done_rx.recv() => {
+                let mut finished = vec![first];
                 while let Ok(x) = done_rx.try_recv() {
                     finished.push(x);
                 }
-                for (seq, dest) in finished {
-                    in_flight.remove(&seq);
-                    release(&mut per_dest, &dest);
+                for f in finished {
+                    in_flight.remove(&f.seq);
+                    release(&mut per_dest, &f.dest);
+                    failing_in_flight -= usize::from(f.was_failing);
+                    if f.delivered {
+                        failing.remove(&f.dest);
+                    } else {
+                        failing.insert(f.dest);
+                    }
                 }
             }
             () = tokio::time::sleep(Duration::from_millis(next)) => {}
@@ -391,6 +425,16 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
             w.metrics.webhook_queue_depth.set(depth as i64);
         }
     }
+}
+
+/// An attempt that finished, as its worker loop counts it.
+struct Finished {
+    seq: u64,
+    /// Subscription and `host:port`.
+    dest: String,
+    /// It was started as one of a failing destination's.
+    was_failing: bool,
+    delivered: bool,
 }
 
 /// One attempt at `dest` finished (or never started).
@@ -404,7 +448,8 @@ fn release(per_dest: &mut HashMap<String, usize>, dest: &str) {
 }
 
 impl Worker {
-    /// One attempt; its outcome is durable before this returns.
+    /// One attempt; its outcome is durable before this returns. Whether
+    /// the receiver took it.
     async fn attempt(
         &self,
         client: &reqwest::Client,
@@ -412,7 +457,7 @@ impl Worker {
         mut rec: DeliveryRecord,
         sub: &SubscriptionRecord,
         schedule: Schedule,
-    ) {
+    ) -> bool {
         let ts = (now_ms() / 1000) as i64;
         let signature = super::sign(
             &super::secret_key(&sub.secret),
@@ -509,6 +554,7 @@ impl Worker {
             // The row stays as it was: it will be attempted again (same id).
             tracing::error!(error = %e, seq, "cannot record a webhook delivery attempt");
         }
+        outcome == "delivered"
     }
 }
 

@@ -733,7 +733,8 @@ pub struct WebhooksConfig {
     /// Outbound: deliveries in flight at once.
     pub concurrency: usize,
     /// Outbound: deliveries of one subscription in flight to one host at
-    /// once.
+    /// once (one while its last attempt failed; such destinations share
+    /// half of `concurrency`).
     pub per_destination: usize,
     /// Outbound: whole-request timeout.
     pub timeout_ms: u64,
