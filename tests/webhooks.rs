@@ -313,6 +313,15 @@ async fn github_signatures_are_accepted_and_deliveries_deduped() {
         .post_hook("/v1/hooks/kit/repo/github", body, &headers)
         .await;
     assert_eq!(r.json["duplicate"], true);
+    // Only the body is signed: the same body under another delivery id is
+    // a replay of the same delivery, not a new one.
+    let mut replayed = headers.clone();
+    replayed[1].1 = "d-forged".into();
+    let r = api
+        .post_hook("/v1/hooks/kit/repo/github", body, &replayed)
+        .await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    assert_eq!(r.json["duplicate"], true);
     let h = wait_hooks(&api, "repo", 1).await;
     assert_eq!(h[0]["github_delivery"], "d-1");
     assert_eq!(

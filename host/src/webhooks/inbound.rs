@@ -120,29 +120,46 @@ pub fn check_head(
     Ok(())
 }
 
-/// Verify and return the sender's delivery id.
+/// A verified delivery: the id its sender gave it, and what tells a
+/// redelivery (or a replay) of it from a new one.
+struct Delivery {
+    id: String,
+    dedupe: String,
+}
+
+/// Verify a hook's signature and say which delivery it is.
 fn verify(
     secret: &str,
     headers: &HeaderMap,
     body: &[u8],
     tolerance_s: u64,
-) -> Result<String, VerifyError> {
+) -> Result<Delivery, VerifyError> {
     match signed_by(headers)? {
         Signed::Standard { id, ts, sig } => {
             let now_s = (now_ms() / 1000) as i64;
             let key = super::secret_key(secret);
             super::verify_standard(&key, id, ts, sig, body, now_s, tolerance_s)?;
-            Ok(id.to_owned())
+            // The id is signed.
+            Ok(Delivery {
+                id: id.to_owned(),
+                dedupe: id.to_owned(),
+            })
         }
         Signed::GitHub { sig } => {
             super::verify_github(secret, sig, body)?;
-            // Without a delivery id, identical bodies are the same delivery.
-            Ok(header(headers, "x-github-delivery")
+            // Only the body is signed, and nothing dates it: the body is
+            // what is remembered. Keyed by `X-GitHub-Delivery`, one
+            // captured request was accepted again and again under a new
+            // header each time (a probe). (A redelivery from GitHub has
+            // the same body too.)
+            let hash = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(body));
+            let id = header(headers, "x-github-delivery")
                 .filter(|v| !v.trim().is_empty())
-                .map_or_else(
-                    || hex::encode(<sha2::Sha256 as sha2::Digest>::digest(body)),
-                    str::to_owned,
-                ))
+                .map_or_else(|| hash.clone(), str::to_owned);
+            Ok(Delivery {
+                id,
+                dedupe: format!("sha256:{hash}"),
+            })
         }
     }
 }
@@ -177,7 +194,7 @@ pub fn prepare(
         .webhook_secret
         .as_deref()
         .ok_or_else(|| HookError::NotConfigured(ty.to_owned()))?;
-    let delivery_id = verify(secret, headers, &body, tolerance_s)?;
+    let delivery = verify(secret, headers, &body, tolerance_s)?;
     let actor_id = if id == ROUTED {
         let pointer = config
             .webhook_routes
@@ -209,7 +226,7 @@ pub fn prepare(
         content_type: header(headers, "content-type").map(str::to_owned),
         // NUL cannot appear in an Idempotency-Key header: no collision with
         // keys that clients choose.
-        idempotency_key: Some(format!("\0hook:{name}:{delivery_id}")),
+        idempotency_key: Some(format!("\0hook:{name}:{}", delivery.dedupe)),
         attempts: 0,
         enqueued_at_ms: now_ms(),
         kind: InboxKind::Webhook {
@@ -217,7 +234,7 @@ pub fn prepare(
             headers: kept,
         },
     };
-    Ok((key, delivery_id, message))
+    Ok((key, delivery.id, message))
 }
 
 #[cfg(test)]
