@@ -236,7 +236,11 @@ impl WriterState {
 
     /// The outcome of an attempt at row `seq` (`None`: delivered, or no
     /// longer wanted). A row that is gone, or was replaced, was moved away
-    /// or dropped while it was attempted: nothing to write.
+    /// or dropped while it was attempted: nothing to write. A failure is
+    /// not written over a row retried while it was attempted (its count of
+    /// attempts went back below the one the attempt started from): the
+    /// retry's fresh schedule stands. (A retry asked for during the last allowed
+    /// attempt was answered 202 and then undone: the row went dead.)
     pub(super) fn delivery_attempted(
         &mut self,
         tables: &mut Tables<'_>,
@@ -246,10 +250,9 @@ impl WriterState {
         let Some(old) = tables.delivery(seq)? else {
             return Ok(());
         };
-        if update
-            .as_ref()
-            .is_some_and(|u| u.webhook_id != old.webhook_id)
-        {
+        if update.as_ref().is_some_and(|u| {
+            u.webhook_id != old.webhook_id || u.attempts > old.attempts.saturating_add(1)
+        }) {
             return Ok(());
         }
         self.outbox_touched = true;

@@ -565,6 +565,61 @@ async fn a_backup_keeps_the_slots_outgoing_rows_and_what_became_of_them() {
     backup.reader().unwrap().assert_outbox_heads_in_step();
 }
 
+/// A retry asked for while an attempt is in flight stands: the attempt's
+/// failure (here its last allowed one, so dead) is not written over the
+/// retried row. It was, and the 202 of the retry meant nothing.
+#[tokio::test]
+async fn a_retry_during_an_attempt_is_not_undone_by_its_failure() {
+    use crate::schema::*;
+    let (_dir, storage) = open();
+    subscribe(&storage, None).await;
+    let (key, rec) = create(&storage, "a").await;
+    let (op, rx) = turn(&key, &rec, &Default::default(), 0, 1, "k", "v");
+    storage.writer().submit(emitting(op, "first", false));
+    rx.await.unwrap().unwrap();
+    let all = |_: &DeliveryHead| true;
+    let due = storage.reader().unwrap().deliveries_due(u64::MAX, 10, all);
+    let [(seq, row)] = &due.unwrap()[..] else {
+        panic!("one delivery")
+    };
+    let (seq, row) = (*seq, row.clone());
+    let attempted = |update: DeliveryRecord| {
+        storage.writer().call(|done| WriteOp::DeliveryAttempted {
+            seq,
+            update: Some(update),
+            done,
+        })
+    };
+    // One failed attempt is written.
+    let mut failed = row.clone();
+    failed.attempts = 1;
+    failed.next_attempt_ms = u64::MAX / 2;
+    attempted(failed.clone()).await.unwrap();
+    let now = |s: &Storage| s.reader().unwrap().delivery(seq).unwrap().unwrap();
+    assert_eq!(now(&storage).attempts, 1);
+    // The next one starts from it; a retry comes while it runs; it fails.
+    let retried = storage
+        .writer()
+        .call(|done| WriteOp::RetryDelivery {
+            id: row.webhook_id.clone(),
+            done,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(retried.attempts, 0);
+    let mut dead = failed;
+    dead.attempts = 2;
+    dead.status = DeliveryStatus::Dead;
+    attempted(dead).await.unwrap();
+    let row = now(&storage);
+    assert_eq!(
+        (row.status, row.attempts),
+        (DeliveryStatus::Pending, 0),
+        "the retry was undone"
+    );
+}
+
 /// Deleting a subscription removes its rows, pending or dead, heads and
 /// all, and leaves another subscription's (it finds them by their heads).
 #[tokio::test]
