@@ -255,12 +255,19 @@ async fn deleting_the_actor_or_stopping_the_node_ends_its_streams() {
 
     // So does deleting its type with its actors (the stream went on, and
     // followed a new actor of the same name from the old log's seq).
+    // Also a stream waiting for an actor never created (it went back to
+    // waiting, and pinged for ever).
     emit(&api, "c", 1).await;
     let mut s = api.sse("/v1/actors/kit/c/events", None).await;
     assert_eq!(read_until(&mut s, 1).await, [1]);
+    let mut unborn = api.sse("/v1/actors/kit/unborn/events", None).await;
     let r = api.delete("/v1/types/kit?force=true").await;
     assert_eq!(r.status, 200, "{}", r.json);
     assert!(s.ends_within(WAIT).await, "the stream outlived its type");
+    assert!(
+        unborn.ends_within(WAIT).await,
+        "a stream of an actor never created outlived its type"
+    );
     assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
 
     // A graceful stop is not held up by open streams.

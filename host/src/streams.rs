@@ -172,14 +172,11 @@ impl EventBus {
     }
 
     /// Every actor of type `ty` was deleted (the type with them): their
-    /// streams end as after [`Self::publish`] with 0.
+    /// streams end, those of actors never created too (a deleted actor's
+    /// ends when it reads that its log is gone; one waiting for its actor's
+    /// first commit went back to waiting, and pinged for ever: a probe).
     pub fn publish_type_deleted(&self, ty: &str) {
-        let w = self.watched.read().expect("event bus lock");
-        for (key, tx) in w.iter() {
-            if key.ty() == ty {
-                tx.seq.send_replace(0);
-            }
-        }
+        self.end_where(|key| key.ty() == ty);
     }
 
     /// Send a live frame to `key`'s open streams (none: dropped).
