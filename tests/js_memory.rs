@@ -293,6 +293,37 @@ async fn snapshot_objects_behave_as_javascript_and_turns_still_free_what_they_dr
     }
 }
 
+/// What a turn hangs on an object of the snapshot and the module then
+/// drops is never freed (the snapshot's objects are immortal), so a
+/// sandbox whose memory grew past half its limit starts afresh: "fill 20
+/// MiB, reset, fill" failed its third turn for memory in a 32 MiB sandbox
+/// (a probe).
+#[tokio::test]
+async fn memory_hung_on_a_snapshot_object_and_dropped_does_not_pile_up() {
+    let (_dir, _m, api) = node(None).await;
+    let module = r#"
+let buf = [];
+export default {
+  onMessage(body) {
+    if (body.mode === "fill") {
+      for (let i = 0; i < 5; i++) buf.push(new Uint8Array(4 << 20).fill(1));
+    } else {
+      buf = [];
+    }
+    return buf.length;
+  },
+};
+"#;
+    assert_eq!(api.deploy_js("imm", module).await.status, 201);
+    for (turn, mode) in ["fill", "reset", "fill", "reset", "fill"]
+        .iter()
+        .enumerate()
+    {
+        let r = api.op("imm", "a", json!({ "mode": mode })).await;
+        assert_eq!(r.status, 200, "turn {turn} ({mode}): {}", r.json);
+    }
+}
+
 /// Holds `mb` more MiB of its heap per message, after writing state, so a
 /// refused turn shows whether anything of it committed.
 const HOG: &str = r#"

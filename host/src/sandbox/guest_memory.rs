@@ -105,6 +105,8 @@ pub(super) struct GuestLimits {
     running: bool,
     /// Bytes this store holds of the node's budget.
     held: u64,
+    /// Bytes its memories grew by since instantiation.
+    grown: u64,
 }
 
 impl GuestLimits {
@@ -116,6 +118,7 @@ impl GuestLimits {
             node,
             running: false,
             held: 0,
+            grown: 0,
         }
     }
 
@@ -134,6 +137,12 @@ impl GuestLimits {
     /// The store's memory limit.
     pub(super) fn max_memory(&self) -> usize {
         self.max_memory
+    }
+
+    /// Bytes its memories grew by since instantiation (a high-water mark:
+    /// wasm memory never shrinks).
+    pub(super) fn grown(&self) -> u64 {
+        self.grown
     }
 }
 
@@ -161,6 +170,9 @@ impl ResourceLimiter for GuestLimits {
             return Ok(false);
         }
         let creating = current == 0 && !self.running;
+        if !creating {
+            self.grown += desired.saturating_sub(current) as u64;
+        }
         if let Some(node) = self.node.as_ref().filter(|_| !creating) {
             let asked = desired.saturating_sub(current) as u64;
             node.charge(asked).map_err(wasmtime::Error::new)?;

@@ -363,6 +363,13 @@ impl Instance {
         self.store.data().limits.held()
     }
 
+    /// Whether this instance's memory grew past half its limit since it
+    /// was made.
+    pub fn grew_past_half(&self) -> bool {
+        let limits = &self.store.data().limits;
+        limits.grown() > limits.max_memory() as u64 / 2
+    }
+
     /// Whether this is a JavaScript sandbox (an instance of the built-in
     /// engine).
     pub fn is_js(&self) -> bool {

@@ -334,7 +334,18 @@ impl ActorTask {
             .metrics
             .turn_seconds
             .observe(run_started.elapsed().as_secs_f64());
-        if !outcome.instance_usable() && !is_fresh {
+        // A JavaScript sandbox whose memory grew past half its limit starts
+        // afresh at the next turn. What a turn hangs on an object of the
+        // snapshot (a module-level `let buf = []` filled, then replaced by
+        // `buf = []`) is never freed, the snapshot's objects being immortal
+        // (vendor/rquickjs-sys/MARMOT.md): "fill, reset, fill" of 20 MiB
+        // failed its third turn for memory in a 32 MiB sandbox (a probe).
+        let spent = inst.is_js() && inst.grew_past_half();
+        if (!outcome.instance_usable() || spent) && !is_fresh {
+            if spent && outcome.instance_usable() {
+                tracing::debug!(actor = %actor,
+                    "JavaScript sandbox grew past half its memory limit; the next turn gets a fresh one");
+            }
             self.live = None;
         }
         let usage = outcome.usage;
