@@ -11,7 +11,6 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use std::time::Duration;
 
 use super::extract::{ActorPath, Page};
 use super::{ApiError, AppState, Query};
@@ -213,7 +212,7 @@ pub(super) async fn download(
             }
         },
     };
-    let (body, len) = read(&s, &file, range, format!("{key} `{path}`")).await?;
+    let (body, len) = read(&s, &file, range).await?;
     if let Some((a, b)) = range {
         resp = resp
             .status(StatusCode::PARTIAL_CONTENT)
@@ -247,7 +246,6 @@ async fn read(
     s: &AppState,
     file: &FileRecord,
     range: Option<(u64, u64)>,
-    what: String,
 ) -> Result<(Body, u64), ApiError> {
     let (start, len) = range.map_or((0, file.size), |(a, b)| (a, b - a + 1));
     match &file.body {
@@ -322,52 +320,9 @@ async fn read(
                         Some((Ok(bytes::Bytes::from(buf)), (f, left - n, hasher)))
                     }
                 });
-            let stall = Duration::from_millis(s.node.config().limits.body_timeout_ms);
-            Ok((
-                Body::from_stream(ended_when_stalled(chunks, stall, what)),
-                len,
-            ))
+            Ok((Body::from_stream(chunks), len))
         }
     }
-}
-
-/// `chunks`, read ahead by one chunk on a task of its own, which ends the
-/// download (the response short of its length; its file and download slot
-/// given back) when the client has taken nothing for `stall`
-/// (`limits.body_timeout_ms`, as for a body sent to the node). A client
-/// that asked for a few downloads and never read them held their slots
-/// for good, and every other download got 503 (the node cannot tell a
-/// stall from inside the body: a body nobody reads is never polled).
-fn ended_when_stalled<S>(
-    chunks: S,
-    stall: Duration,
-    what: String,
-) -> impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send + 'static
-where
-    S: futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send + 'static,
-{
-    use futures::StreamExt as _;
-    let (tx, rx) = tokio::sync::mpsc::channel(1);
-    tokio::spawn(async move {
-        let mut chunks = std::pin::pin!(chunks);
-        while let Some(chunk) = chunks.next().await {
-            let last = chunk.is_err();
-            match tokio::time::timeout(stall, tx.send(chunk)).await {
-                Ok(Ok(())) if !last => {}
-                // Sent its error, or the client is gone.
-                Ok(_) => return,
-                Err(_) => {
-                    tracing::info!(
-                        download = %what,
-                        stall_ms = stall.as_millis() as u64,
-                        "a download's client took nothing for limits.body_timeout_ms: ended"
-                    );
-                    return;
-                }
-            }
-        }
-    });
-    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
 }
 
 /// A committed file's blob cannot be read: logged (the database names a

@@ -351,8 +351,7 @@ pub struct Limits {
     pub request_body_budget_bytes: Option<u64>,
     /// How long a request body may take to arrive, plus a second per
     /// 64 KiB of the largest body its route takes (a message: 16 s more);
-    /// 408 `body_timeout` after that. A file download whose client takes
-    /// nothing for this long is ended (it holds a download slot).
+    /// 408 `body_timeout` after that.
     pub body_timeout_ms: u64,
     /// Outbound response bodies the node buffers at once (guests'
     /// `http.fetch`, model calls that do not stream), from the first byte
