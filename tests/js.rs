@@ -1664,3 +1664,38 @@ async fn thrown_values_that_are_not_errors_are_shown() {
         assert_eq!(r.json["error"], shown, "{script}: {}", r.json);
     }
 }
+
+/// JSON nested deeper than `serde_json::Value` goes (128 levels) is shown
+/// as it was stored: an event's data showed as `null`, and a state value
+/// as base64, in pages and streams alike (a probe).
+#[tokio::test]
+async fn deeply_nested_json_is_shown_as_stored() {
+    let (_dir, _m, api) = node(None).await;
+    let js = r#"import { state, events } from "marmot";
+export default { onMessage(body) { state.set("v", body); events.emit("deep", body); return 1; } };"#;
+    assert_eq!(api.deploy_js("deep", js).await.status, 201);
+    let depth = 1_000;
+    let nested = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+    let r = api
+        .req(
+            Method::POST,
+            "/v1/actors/deep/a",
+            Some(("application/json", nested.clone().into_bytes())),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let text = |r: &common::Resp| String::from_utf8(r.body.clone()).unwrap();
+    let events = text(&api.get("/v1/actors/deep/a/events").await);
+    assert!(
+        events.contains(&format!(r#""data":{nested}"#)),
+        "{}",
+        &events[..events.len().min(300)]
+    );
+    let state = text(&api.get("/v1/actors/deep/a/state").await);
+    assert!(
+        state.contains(&format!(r#""value":{nested}"#)) && !state.contains("value_base64"),
+        "{}",
+        &state[..state.len().min(300)]
+    );
+}

@@ -316,15 +316,44 @@ pub(super) async fn list(
     Ok(axum::Json(local).into_response())
 }
 
-/// A state value as JSON: the value itself when it is JSON, else base64.
-fn value_json(key: &str, v: &[u8]) -> serde_json::Value {
-    match serde_json::from_slice::<serde_json::Value>(v) {
-        Ok(j) => serde_json::json!({ "key": key, "value": j }),
-        Err(_) => serde_json::json!({
-            "key": key,
-            "value_base64": base64::engine::general_purpose::STANDARD.encode(v),
-        }),
+/// A state value as the API shows it: the value itself when it is JSON
+/// (as stored, at any depth: see `streams::raw_json`), else base64.
+#[derive(serde::Serialize)]
+struct StateEntry<'a> {
+    key: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<&'a serde_json::value::RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value_base64: Option<String>,
+}
+
+fn value_json<'a>(key: &'a str, v: &'a [u8]) -> StateEntry<'a> {
+    let value = super::streams::raw_json(v);
+    StateEntry {
+        key,
+        value,
+        value_base64: value
+            .is_none()
+            .then(|| base64::engine::general_purpose::STANDARD.encode(v)),
     }
+}
+
+/// A page of state entries.
+#[derive(serde::Serialize)]
+struct StatePage<'a> {
+    entries: Vec<StateEntry<'a>>,
+    next_after: Option<String>,
+}
+
+/// A page of events (keys in the order they always had).
+#[derive(serde::Serialize)]
+struct EventPage<'a> {
+    events: Vec<super::streams::EventJson<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gap: Option<serde_json::Value>,
+    next_after: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reset: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -359,7 +388,11 @@ pub(super) async fn state(
         .then(|| entries.last().map(|(k, _)| k.clone()))
         .flatten();
     let entries: Vec<_> = entries.iter().map(|(k, v)| value_json(k, v)).collect();
-    Ok(axum::Json(serde_json::json!({ "entries": entries, "next_after": next })).into_response())
+    Ok(axum::Json(StatePage {
+        entries,
+        next_after: next,
+    })
+    .into_response())
 }
 
 /// The `{*key}` of `…/state/{*key}`.
@@ -450,17 +483,15 @@ pub(super) async fn events(
         .first()
         .filter(|(first, _)| (after > 0 || reset.is_some()) && *first > after + 1)
         .map(|(first, _)| serde_json::json!({ "after": after, "next": first }));
-    let events: Vec<_> = events
-        .iter()
-        .map(|(seq, e)| super::streams::event_json(*seq, e))
-        .collect();
-    let mut page = serde_json::json!({ "events": events, "next_after": next_after });
-    if let Some(gap) = gap {
-        page["gap"] = gap;
-    }
-    if let Some(reset) = reset {
-        page["reset"] = reset;
-    }
+    let page = EventPage {
+        events: events
+            .iter()
+            .map(|(seq, e)| super::streams::event_json(*seq, e))
+            .collect(),
+        gap,
+        next_after,
+        reset,
+    };
     let mut resp = axum::Json(page).into_response();
     vary_accept(&mut resp);
     Ok(resp)

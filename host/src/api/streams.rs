@@ -52,10 +52,29 @@ const PAGE_BYTES: usize = 256 << 10;
 const RETRY: Duration = Duration::from_secs(1);
 
 /// An event as the API shows it, in pages and in streams.
-pub(super) fn event_json(seq: u64, e: &EventRecord) -> serde_json::Value {
-    let data =
-        serde_json::from_slice::<serde_json::Value>(&e.data).unwrap_or(serde_json::Value::Null);
-    serde_json::json!({ "seq": seq, "kind": e.kind, "data": data, "at_ms": e.at_ms })
+#[derive(serde::Serialize)]
+pub(super) struct EventJson<'a> {
+    seq: u64,
+    kind: &'a str,
+    data: &'a serde_json::value::RawValue,
+    at_ms: u64,
+}
+
+pub(super) fn event_json(seq: u64, e: &EventRecord) -> EventJson<'_> {
+    EventJson {
+        seq,
+        kind: &e.kind,
+        data: raw_json(&e.data).unwrap_or(serde_json::value::RawValue::NULL),
+        at_ms: e.at_ms,
+    }
+}
+
+/// `bytes` as JSON to pass on as they are, if they are JSON. Checked
+/// without building a `serde_json::Value`, which stops at 128 levels of
+/// nesting: an event nested deeper (a JavaScript actor may store 10,000)
+/// showed as `null`, and such a state value as base64 (a probe).
+pub(super) fn raw_json(bytes: &[u8]) -> Option<&serde_json::value::RawValue> {
+    serde_json::from_slice(bytes).ok()
 }
 
 /// Where a stream starts: after `Last-Event-ID` if given, else `?after=`.
@@ -301,7 +320,7 @@ impl Follow {
             self.queue.push_back(
                 Event::default()
                     .id(seq.to_string())
-                    .data(event_json(seq, &e).to_string()),
+                    .data(serde_json::to_string(&event_json(seq, &e)).expect("serializable")),
             );
             self.after = seq;
         }
