@@ -219,6 +219,7 @@ async fn hostile_scripts_are_contained() {
 async fn prototype_pollution_stays_in_its_sandbox() {
     let (_dir, _m, api) = node(None).await;
     let src = r#"
+import { state, alarms, log } from "marmot";
 export default {
   onMessage(body) {
     if (body.op === "pollute") {
@@ -227,11 +228,31 @@ export default {
       JSON.stringify = () => "hijacked";
       return "done";
     }
+    if (body.op === "sdk") {
+      // What the module's own calls used: they kept working (they broke
+      // `state.list` for the actor that did this).
+      const no = (what) => () => { throw new Error(what + " hijacked"); };
+      Array.prototype.push = no("push");
+      Array.prototype.join = no("join");
+      Object.entries = no("entries");
+      state.set("a", 1);
+      state.set("b", { c: 2 });
+      alarms.set("later", { after: 600000 });
+      console.log("logged", 1, { x: 2 });
+      log.info("fields", { k: "v", n: 3 });
+      const listed = state.list("");
+      return { n: listed.length, a: listed[0][0], c: listed[1][1].c, alarms: alarms.list().length };
+    }
     return { polluted: ({}).polluted ?? null, map: [1].map((x) => x + 1) };
   },
 };
 "#;
     api.deploy_js("p", src).await;
+    let r = api.op("p", "sdk", json!({"op": "sdk"})).await;
+    assert_eq!(
+        (r.status, &r.json),
+        (200, &json!({"n": 2, "a": "a", "c": 2, "alarms": 1}))
+    );
     assert_eq!(
         api.op("p", "evil", json!({"op": "pollute"})).await.body,
         b"done"

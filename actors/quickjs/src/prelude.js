@@ -22,6 +22,19 @@
   const isInteger = Number.isInteger;
   const toWellFormed = String.prototype.toWellFormed;
   const indexOf = String.prototype.indexOf;
+  const entriesOf = Object.entries;
+  // Arrays built without their prototype's methods, which user code may
+  // have replaced: `Array.prototype.push` replaced broke `state.list` for
+  // the actor that did it. (An index setter defined on `Array.prototype`
+  // still breaks the engine's own `JSON.stringify`, so every write of that
+  // actor's: it harms only itself.)
+  const append = (arr, v) =>
+    defineProperty(arr, arr.length, { value: v, writable: true, enumerable: true, configurable: true });
+  const mapped = (arr, f) => {
+    const out = [];
+    for (let i = 0; i < arr.length; i++) append(out, f(arr[i]));
+    return out;
+  };
   // Text for the host, which takes UTF-8: a lone surrogate becomes U+FFFD,
   // as WHATWG's TextEncoder has it (it used to throw a TypeError).
   const text = (v) => apply(toWellFormed, StringCtor(v), []);
@@ -102,7 +115,7 @@
       for (;;) {
         const want = limit - out.length < 256 ? limit - out.length : 256;
         const got = host.stateList(key(prefix, "state.list"), after, want);
-        for (const [k, v] of got) out.push([k, fromStored(v)]);
+        for (let i = 0; i < got.length; i++) append(out, [got[i][0], fromStored(got[i][1])]);
         if (got.length < want || out.length >= limit) return out;
         after = got[got.length - 1][0];
       }
@@ -118,7 +131,7 @@
   const fields = (f) => {
     if (f === undefined || f === null) return [];
     if (typeof f !== "object") throw new TypeErrorCtor("log: fields must be an object");
-    return Object.entries(f).map(([k, v]) => [text(k), typeof v === "string" ? text(v) : toJson(v, "log fields")]);
+    return mapped(entriesOf(f), (e) => [text(e[0]), typeof e[1] === "string" ? text(e[1]) : toJson(e[1], "log fields")]);
   };
   const log = freeze({
     debug: (msg, f) => host.log("debug", text(msg), fields(f)),
@@ -173,7 +186,7 @@
       return host.alarmsCancel(alarmName(name, "alarms.cancel"));
     },
     list() {
-      return parse(host.alarmsList()).map((a) => ({ ...a, payload: fromStored(a.payload) }));
+      return mapped(parse(host.alarmsList()), (a) => ({ ...a, payload: fromStored(a.payload) }));
     },
   });
 
@@ -243,7 +256,7 @@
     if (v instanceof ErrorCtor) return v.stack ? `${v.name}: ${v.message}\n${v.stack}` : `${v.name}: ${v.message}`;
     if (typeof v === "function") return `[Function ${v.name || "anonymous"}]`;
     if (typeof v === "bigint") return `${v}n`;
-    if (typeof v === "symbol") return v.toString();
+    if (typeof v === "symbol") return StringCtor(v);
     try {
       const t = stringify(v);
       if (t === undefined) return StringCtor(v);
@@ -252,7 +265,11 @@
       return StringCtor(v);
     }
   };
-  const line = (args) => text(args.map(show).join(" "));
+  const line = (args) => {
+    let out = "";
+    for (let i = 0; i < args.length; i++) out += (i === 0 ? "" : " ") + show(args[i]);
+    return text(out);
+  };
   const consoleObj = {
     log: (...a) => host.console("info", line(a)),
     info: (...a) => host.console("info", line(a)),
