@@ -223,8 +223,11 @@ pub enum TurnError {
 /// What a turn found no room for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shortage {
-    /// Every instance slot (or JavaScript sandbox) is taken.
+    /// Every instance slot is taken.
     Slot,
+    /// As many JavaScript sandboxes are live as the node allows (it said
+    /// "no free instance slot", naming no limit: a probe).
+    JsSandboxes,
     /// The process is at its open-files limit: a module's first instance
     /// needs one for its memory image. It was reported as "no free
     /// instance slot", which sent operators after the wrong limit.
@@ -240,6 +243,8 @@ impl Shortage {
             || message.contains("os error 23")
         {
             Self::OpenFiles
+        } else if message.contains("JavaScript sandboxes are in use") {
+            Self::JsSandboxes
         } else {
             Self::Slot
         }
@@ -250,6 +255,9 @@ impl std::fmt::Display for Shortage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::Slot => "the node has no free instance slot",
+            Self::JsSandboxes => {
+                "every JavaScript sandbox the node allows is in use (limits.max_js_sandboxes)"
+            }
             Self::OpenFiles => {
                 "the node is out of file descriptors (its open-files limit, raised at start \
                  to the hard limit: LimitNOFILE= in a systemd unit, ulimit -Hn)"
@@ -358,5 +366,10 @@ mod tests {
             e.to_string(),
             "the node has no free instance slot; retry later"
         );
+        let e = TurnError::Overloaded(Shortage::of(
+            &crate::sandbox::InstantiateError::TooManyJs(20).to_string(),
+        ));
+        assert!(e.to_string().contains("limits.max_js_sandboxes"), "{e}");
+        assert_eq!((e.status(), e.code()), (503, "overloaded"));
     }
 }
