@@ -1666,13 +1666,19 @@ async fn thrown_values_that_are_not_errors_are_shown() {
 }
 
 /// JSON nested deeper than `serde_json::Value` goes (128 levels) is shown
-/// as it was stored: an event's data showed as `null`, and a state value
-/// as base64, in pages and streams alike (a probe).
+/// as it was stored: an event's data showed as `null` (in pages, streams
+/// and outbound webhooks), a state value and an alarm's payload as base64,
+/// and an eval's result as `null` (probes).
 #[tokio::test]
 async fn deeply_nested_json_is_shown_as_stored() {
     let (_dir, _m, api) = node(None).await;
-    let js = r#"import { state, events } from "marmot";
-export default { onMessage(body) { state.set("v", body); events.emit("deep", body); return 1; } };"#;
+    let js = r#"import { state, events, alarms } from "marmot";
+export default { onMessage(body) {
+  state.set("v", body);
+  events.emit("deep", body);
+  alarms.set("deep", { after: 600000, payload: body });
+  return 1;
+} };"#;
     assert_eq!(api.deploy_js("deep", js).await.status, 201);
     let depth = 1_000;
     let nested = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
@@ -1697,5 +1703,19 @@ export default { onMessage(body) { state.set("v", body); events.emit("deep", bod
         state.contains(&format!(r#""value":{nested}"#)) && !state.contains("value_base64"),
         "{}",
         &state[..state.len().min(300)]
+    );
+    let alarms = text(&api.get("/v1/actors/deep/a/alarms").await);
+    assert!(
+        alarms.contains(&format!(r#""payload":{nested}"#)),
+        "{}",
+        &alarms[..alarms.len().min(300)]
+    );
+    let script = format!("let v = []; for (let i = 1; i < {depth}; i++) v = [v]; v");
+    let r = eval(&api, "deep", "a", &script).await;
+    let result = text(&r);
+    assert!(
+        result.contains(&format!(r#""result":{nested}"#)),
+        "{}",
+        &result[..result.len().min(300)]
     );
 }

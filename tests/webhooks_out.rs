@@ -637,6 +637,40 @@ export default {
     );
 }
 
+/// An event's data goes out as stored, at any depth: nested past 128
+/// levels it was sent (and signed, for every retry) as `null` (a probe).
+#[tokio::test]
+async fn deeply_nested_event_data_is_delivered_as_stored() {
+    let rx = Receiver::start().await;
+    let (_dir, _m, api) = fast_retry_node(None).await;
+    let deep = r#"
+import { events } from "marmot";
+export default { onMessage(body) { events.emit("deep", body); return 1; } };
+"#;
+    assert_eq!(api.deploy_js("deep", deep).await.status, 201);
+    let secret = marmot::webhooks::new_secret();
+    subscribed(
+        &api,
+        "all",
+        json!({"url": rx.url, "events": ["deep"], "secret": secret}),
+    )
+    .await;
+    let nested = format!("{}{}", "[".repeat(300), "]".repeat(300));
+    let r = api
+        .req(
+            Method::POST,
+            "/v1/actors/deep/a",
+            Some(("application/json", nested.clone().into_bytes())),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let got = rx.wait_for(1).await;
+    let body = String::from_utf8(got[0].body.clone()).unwrap();
+    assert!(body.contains(&format!(r#""data":{nested}"#)), "{body}");
+    check_signature(&secret, &got[0]);
+}
+
 /// The per-destination limit is per subscription: two subscriptions of
 /// one host each get their own slots. (Per host alone, one subscription's
 /// hanging rows took every slot, and the other's waited out all of their

@@ -505,14 +505,12 @@ fn vary_accept(resp: &mut Response) {
 }
 
 /// A stored payload as JSON: the value itself when it is JSON, else base64.
-fn payload_json(bytes: &[u8]) -> (&'static str, serde_json::Value) {
-    match serde_json::from_slice::<serde_json::Value>(bytes) {
-        Ok(j) => ("payload", j),
-        Err(_) => (
-            "payload_base64",
-            base64::engine::general_purpose::STANDARD
-                .encode(bytes)
-                .into(),
+fn payload_json(bytes: &[u8]) -> (Option<&serde_json::value::RawValue>, Option<String>) {
+    match super::streams::raw_json(bytes) {
+        Some(j) => (Some(j), None),
+        None => (
+            None,
+            Some(base64::engine::general_purpose::STANDARD.encode(bytes)),
         ),
     }
 }
@@ -524,27 +522,45 @@ pub(super) async fn alarms(
     let Some(alarms) = s.node.alarms(&key)? else {
         return Err(ApiError::actor_not_found(&key));
     };
+    /// An alarm as the API shows it (its payload as stored, at any depth;
+    /// keys in the order they always had).
+    #[derive(serde::Serialize)]
+    struct AlarmJson<'a> {
+        attempts: u32,
+        name: &'a str,
+        next_due_ms: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        payload: Option<&'a serde_json::value::RawValue>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        payload_base64: Option<String>,
+        schedule: serde_json::Value,
+        set_at_ms: u64,
+    }
+    #[derive(serde::Serialize)]
+    struct Alarms<'a> {
+        alarms: Vec<AlarmJson<'a>>,
+    }
     let alarms: Vec<_> = alarms
-        .into_iter()
+        .iter()
         .map(|(name, a)| {
-            let schedule = match a.schedule {
+            let schedule = match &a.schedule {
                 AlarmSchedule::At(t) => serde_json::json!({ "at": t }),
                 AlarmSchedule::After(d) => serde_json::json!({ "after": d }),
                 AlarmSchedule::Cron { expr, tz } => serde_json::json!({ "cron": expr, "tz": tz }),
             };
-            let (field, payload) = payload_json(&a.payload);
-            let mut v = serde_json::json!({
-                "name": name,
-                "schedule": schedule,
-                "next_due_ms": a.next_due_ms,
-                "attempts": a.attempts,
-                "set_at_ms": a.set_at_ms,
-            });
-            v[field] = payload;
-            v
+            let (payload, payload_base64) = payload_json(&a.payload);
+            AlarmJson {
+                attempts: a.attempts,
+                name,
+                next_due_ms: a.next_due_ms,
+                payload,
+                payload_base64,
+                schedule,
+                set_at_ms: a.set_at_ms,
+            }
         })
         .collect();
-    Ok(axum::Json(serde_json::json!({ "alarms": alarms })).into_response())
+    Ok(axum::Json(Alarms { alarms }).into_response())
 }
 
 #[derive(Deserialize)]
@@ -680,20 +696,27 @@ pub(super) async fn eval(
     }
     let out = s.node.eval(&key, code).await?;
     // The script's result is JSON text from `JSON.stringify`, which may
-    // escape lone surrogates: U+FFFD instead, as for events.
-    let result = match &out.result {
-        Some(text) => {
-            let fixed = crate::json::without_lone_surrogates(text);
-            serde_json::from_str::<serde_json::Value>(fixed.as_deref().unwrap_or(text))
-                .unwrap_or(serde_json::Value::Null)
-        }
-        None => serde_json::Value::Null,
-    };
-    Ok(axum::Json(serde_json::json!({
-        "result": result,
-        "logs": out.logs,
-        "error": out.error,
-    }))
+    // escape lone surrogates: U+FFFD instead, as for events. It goes out as
+    // it is, at any depth (nested past 128 levels, it was `null`).
+    let fixed = out
+        .result
+        .as_deref()
+        .map(|text| crate::json::without_lone_surrogates(text).unwrap_or_else(|| text.into()));
+    #[derive(serde::Serialize)]
+    struct EvalJson<'a> {
+        error: &'a Option<String>,
+        logs: &'a [String],
+        result: &'a serde_json::value::RawValue,
+    }
+    let result = fixed
+        .as_deref()
+        .and_then(|t| super::streams::raw_json(t.as_bytes()))
+        .unwrap_or(serde_json::value::RawValue::NULL);
+    Ok(axum::Json(EvalJson {
+        error: &out.error,
+        logs: &out.logs,
+        result,
+    })
     .into_response())
 }
 

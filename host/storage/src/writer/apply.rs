@@ -560,24 +560,41 @@ fn refusal(p: Placement) -> Option<&'static str> {
 }
 
 /// The body of a delivery: Standard Webhooks' `{type, timestamp, data}`,
-/// built once at commit so every attempt sends the same bytes.
+/// built once at commit so every attempt sends the same bytes. The event's
+/// data goes in as stored, at any depth (parsed into a `serde_json::Value`,
+/// data nested past 128 levels went out as `null`, for good: a probe).
 fn event_payload(key: &ActorKey, seq: u64, ev: &EventRecord) -> Vec<u8> {
-    let data: serde_json::Value =
-        serde_json::from_slice(&ev.data).unwrap_or(serde_json::Value::Null);
+    // (Keys in the order they always had.)
+    #[derive(serde::Serialize)]
+    struct Body<'a> {
+        data: Data<'a>,
+        timestamp: String,
+        #[serde(rename = "type")]
+        kind: &'a str,
+    }
+    #[derive(serde::Serialize)]
+    struct Data<'a> {
+        actor_id: &'a str,
+        actor_type: &'a str,
+        at_ms: u64,
+        data: &'a serde_json::value::RawValue,
+        kind: &'a str,
+        seq: u64,
+    }
     let timestamp = chrono::DateTime::from_timestamp_millis(ev.at_ms as i64)
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
         .unwrap_or_default();
-    let body = serde_json::json!({
-        "type": ev.kind,
-        "timestamp": timestamp,
-        "data": {
-            "actor_type": key.ty(),
-            "actor_id": key.id(),
-            "seq": seq,
-            "kind": ev.kind,
-            "data": data,
-            "at_ms": ev.at_ms,
+    let body = Body {
+        data: Data {
+            actor_id: key.id(),
+            actor_type: key.ty(),
+            at_ms: ev.at_ms,
+            data: serde_json::from_slice(&ev.data).unwrap_or(serde_json::value::RawValue::NULL),
+            kind: &ev.kind,
+            seq,
         },
-    });
+        timestamp,
+        kind: &ev.kind,
+    };
     serde_json::to_vec(&body).expect("JSON values serialize")
 }
