@@ -133,6 +133,8 @@ pub struct Registry {
     waiting_for_room: [Arc<AtomicUsize>; 3],
     max_active: usize,
     mailbox_capacity: usize,
+    /// A graceful stop has begun: queued work starts no new turn.
+    stopping: AtomicBool,
 }
 
 impl Registry {
@@ -147,7 +149,19 @@ impl Registry {
             waiting_for_room: Default::default(),
             max_active,
             mailbox_capacity,
+            stopping: AtomicBool::new(false),
         }
+    }
+
+    /// A graceful stop begins: an actor's queued work (its inbox) starts
+    /// no new turn from now on; it runs after the next start.
+    pub fn begin_stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+    }
+
+    /// Whether a graceful stop has begun ([`Self::begin_stop`]).
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
     }
 
     fn shard(&self, key: &ActorKey) -> MutexGuard<'_, HashMap<ActorKey, Handle>> {

@@ -65,6 +65,11 @@ impl ActorTask {
                     // comes back, if it does (its actors are poked then).
                     return;
                 }
+                if self.env.registry.is_stopping() {
+                    // The node is stopping: what is queued runs after the
+                    // next start, rather than start now and be cut.
+                    return;
+                }
                 self.inbox_cursor = seq;
                 if !self.run_inbox_message(seq, row).await {
                     // It could not start (no instance slot, code or storage
