@@ -14,7 +14,7 @@ use super::runs::{self, AgentRequest};
 use super::{ApiError, AppState, Path, Query};
 use crate::ids::validate_idempotency_key;
 use crate::storage::EnqueueOutcome;
-use crate::storage::schema::{AlarmSchedule, CodeKind, InputStatus};
+use crate::storage::schema::{AlarmSchedule, CodeKind, InputRecord, InputStatus};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -566,9 +566,44 @@ pub(super) async fn alarms(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct InputParams {
-    /// `pending` (default), `answered`, `expired` or `all`.
+    /// `pending` (default), `answered`, `expired`, `cancelled` or `all`.
     #[serde(default)]
     status: Option<String>,
+    /// The last id of the previous page.
+    #[serde(default)]
+    after: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// The most bytes of stored input requests (answers included) one page
+/// holds (and at least one): every answer an actor keeps (1,000 of up to
+/// 256 KiB) was read and parsed at once, ~9× their size in memory, for
+/// any holder of an `inputs` token (a probe: 26 MB of answers took the
+/// node from 185 MB to 1 GB).
+const INPUT_PAGE_BYTES: usize = 8 << 20;
+
+/// An input request as the API shows it (its schema and answer as
+/// stored; keys in the order they always had).
+#[derive(serde::Serialize)]
+struct InputJson<'a> {
+    created_at_ms: u64,
+    expires_at_ms: Option<u64>,
+    id: &'a str,
+    kind: &'a str,
+    prompt: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response: Option<&'a serde_json::value::RawValue>,
+    schema: Option<&'a serde_json::value::RawValue>,
+    settled_at_ms: Option<u64>,
+    status: &'static str,
+}
+
+#[derive(serde::Serialize)]
+struct InputPage<'a> {
+    inputs: Vec<InputJson<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_after: Option<&'a str>,
 }
 
 pub(super) async fn inputs(
@@ -583,34 +618,53 @@ pub(super) async fn inputs(
             "status must be pending, answered, expired, cancelled or all",
         ));
     }
-    let Some(inputs) = s.node.inputs(&key, want == "pending")? else {
+    let limit = Page::INPUTS.size(q.limit)?;
+    let after = q.after.as_deref().unwrap_or("");
+    let listed = if want == "pending" {
+        // From their own index: at most 100, without answers.
+        s.node.inputs(&key, true)?.map(|mut all| {
+            all.retain(|(id, _)| id.as_str() > after);
+            let more = all.len() > limit;
+            all.truncate(limit);
+            (all, more)
+        })
+    } else {
+        let keep = |r: &InputRecord| want == "all" || r.status.label() == want;
+        s.node
+            .inputs_page(&key, after, limit, INPUT_PAGE_BYTES, keep)?
+    };
+    let Some((inputs, more)) = listed else {
         return Err(ApiError::actor_not_found(&key));
     };
-    let inputs: Vec<_> = inputs
-        .into_iter()
-        .filter(|(_, r)| want == "all" || r.status.label() == want)
-        .map(|(id, r)| {
-            let schema = r
-                .schema
-                .as_deref()
-                .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok());
-            let mut v = serde_json::json!({
-                "id": id,
-                "kind": r.kind,
-                "prompt": r.prompt,
-                "schema": schema,
-                "status": r.status.label(),
-                "created_at_ms": r.created_at_ms,
-                "expires_at_ms": r.expires_at_ms,
-                "settled_at_ms": r.status.settled_at_ms(),
-            });
-            if let InputStatus::Answered { response, .. } = &r.status {
-                v["response"] = serde_json::from_slice(response).unwrap_or_default();
-            }
-            v
-        })
-        .collect();
-    Ok(axum::Json(serde_json::json!({ "inputs": inputs })).into_response())
+    let page = InputPage {
+        inputs: inputs
+            .iter()
+            .map(|(id, r)| InputJson {
+                created_at_ms: r.created_at_ms,
+                expires_at_ms: r.expires_at_ms,
+                id,
+                kind: &r.kind,
+                prompt: &r.prompt,
+                response: match &r.status {
+                    InputStatus::Answered { response, .. } => Some(
+                        super::streams::raw_json(response)
+                            .unwrap_or(serde_json::value::RawValue::NULL),
+                    ),
+                    _ => None,
+                },
+                schema: r
+                    .schema
+                    .as_deref()
+                    .and_then(|t| super::streams::raw_json(t.as_bytes())),
+                settled_at_ms: r.status.settled_at_ms(),
+                status: r.status.label(),
+            })
+            .collect(),
+        next_after: more
+            .then(|| inputs.last().map(|(id, _)| id.as_str()))
+            .flatten(),
+    };
+    Ok(axum::Json(page).into_response())
 }
 
 /// The `{input}` of `…/inputs/{input}`.

@@ -78,6 +78,13 @@ impl Page {
         default: 100,
         max: 1000,
     };
+    /// An actor's input requests: all it keeps (at most 100 pending and
+    /// `inputs.max_settled_per_actor`, 1,000, settled) by default, as the
+    /// listing had no pages before.
+    pub const INPUTS: Page = Page {
+        default: 1100,
+        max: 10_000,
+    };
     /// An actor's files.
     pub const FILES: Page = Page {
         default: 1000,

@@ -236,6 +236,23 @@ impl Node {
         }))
     }
 
+    /// A page of an actor's committed input requests that `keep`, by id
+    /// after `after` (see [`crate::storage::Reader::inputs_page`]).
+    pub fn inputs_page(
+        &self,
+        key: &ActorKey,
+        after: &str,
+        limit: usize,
+        max_bytes: usize,
+        keep: impl Fn(&InputRecord) -> bool,
+    ) -> Result<Option<(Vec<(String, InputRecord)>, bool)>, StorageError> {
+        let r = self.storage.reader()?;
+        let Some(rec) = r.actor(key)? else {
+            return Ok(None);
+        };
+        Ok(Some(r.inputs_page(rec.num, after, limit, max_bytes, keep)?))
+    }
+
     /// Committed alarms of an actor, by name.
     pub fn alarms(
         &self,

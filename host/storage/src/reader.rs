@@ -328,6 +328,45 @@ impl Reader {
         Ok(out)
     }
 
+    /// A page of one actor's input requests that `keep`, by id after
+    /// `after` (exclusive): at most `limit` of them, and past the first
+    /// no more than `max_bytes` of stored records; whether more follow.
+    /// Each record is read (answer and all) one at a time, so a listing
+    /// holds a page, not every answer the actor keeps.
+    pub fn inputs_page(
+        &self,
+        num: u64,
+        after: &str,
+        limit: usize,
+        max_bytes: usize,
+        keep: impl Fn(&InputRecord) -> bool,
+    ) -> Result<(Vec<(String, InputRecord)>, bool), StorageError> {
+        let t = self.txn.open_table(INPUTS)?;
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        for row in t.range((num, after)..)? {
+            let (k, v) = row?;
+            let (n, id) = k.value();
+            if n != num {
+                break;
+            }
+            if id == after {
+                continue;
+            }
+            let rec: InputRecord = decode("input", v.value())?;
+            if !keep(&rec) {
+                continue;
+            }
+            let size = v.value().len();
+            if out.len() == limit || (!out.is_empty() && bytes + size > max_bytes) {
+                return Ok((out, true));
+            }
+            bytes += size;
+            out.push((id.to_owned(), rec));
+        }
+        Ok((out, false))
+    }
+
     /// One input request.
     pub fn input(&self, num: u64, id: &str) -> Result<Option<InputRecord>, StorageError> {
         let t = self.txn.open_table(INPUTS)?;

@@ -215,14 +215,18 @@ pub(super) fn operations() -> Vec<Op> {
             method: "get",
             path: "/v1/actors/{type}/{id}/inputs",
             id: "inputs",
-            summary: "Input requests",
+            summary: "Input requests, by id: a page holds at most `limit` and 8 MiB of stored requests and answers (at least one); `next_after` is given when more follow",
             params: with(
                 actor(),
-                [query_with(
-                    "status",
-                    "which (default pending)",
-                    json!({"enum": ["pending", "answered", "expired", "cancelled", "all"]}),
-                )],
+                [
+                    query_with(
+                        "status",
+                        "which (default pending)",
+                        json!({"enum": ["pending", "answered", "expired", "cancelled", "all"]}),
+                    ),
+                    query("after", "string", "continue after this input id"),
+                    limit(Page::INPUTS),
+                ],
             ),
             body: None,
             responses: vec![

@@ -239,7 +239,8 @@ pub(super) fn schemas() -> Vec<(&'static str, Value)> {
                         "status": {"enum": ["pending", "answered", "expired", "cancelled"]},
                         "created_at_ms": ms(), "expires_at_ms": either(ms(), null()),
                         "settled_at_ms": either(ms(), null()),
-                        "response": any()})))}),
+                        "response": any()}))),
+                    "next_after": string()}),
             ),
         ),
         (
