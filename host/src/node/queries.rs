@@ -245,7 +245,7 @@ impl Node {
         limit: usize,
         max_bytes: usize,
         keep: impl Fn(&InputRecord) -> bool,
-    ) -> Result<Option<(Vec<(String, InputRecord)>, bool)>, StorageError> {
+    ) -> Result<Option<crate::storage::InputsPage>, StorageError> {
         let r = self.storage.reader()?;
         let Some(rec) = r.actor(key)? else {
             return Ok(None);

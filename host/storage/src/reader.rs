@@ -15,6 +15,9 @@ pub type DeliveryPage = (Vec<(u64, DeliveryRecord)>, Option<u64>);
 /// State entries: (key, value), in key order.
 pub type StateEntries = Vec<(String, Vec<u8>)>;
 
+/// A page of input requests by id, and whether more follow.
+pub type InputsPage = (Vec<(String, InputRecord)>, bool);
+
 /// A read transaction with typed accessors.
 pub struct Reader {
     pub(crate) txn: redb::ReadTransaction,
@@ -340,7 +343,7 @@ impl Reader {
         limit: usize,
         max_bytes: usize,
         keep: impl Fn(&InputRecord) -> bool,
-    ) -> Result<(Vec<(String, InputRecord)>, bool), StorageError> {
+    ) -> Result<InputsPage, StorageError> {
         let t = self.txn.open_table(INPUTS)?;
         let mut out = Vec::new();
         let mut bytes = 0usize;
