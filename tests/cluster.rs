@@ -89,6 +89,29 @@ async fn any_node_serves_any_actor_and_each_actor_lives_on_one_node() {
     expected.sort();
     assert_eq!(listed, expected, "every actor listed once, in order");
 
+    // A type with one actor (on its owner and its backup, not the third
+    // node) is not deleted without `force` through any node: each node
+    // answered for its own disk, so the one holding nothing deleted the
+    // type everywhere but where the actor was.
+    assert_eq!(
+        c.api(0).deploy("lone", TESTKIT, json!({})).await.status,
+        201
+    );
+    assert_eq!(c.api(0).add("lone", "only", 1).await.status, 200);
+    for i in 0..3 {
+        let r = c.api(i).delete("/v1/types/lone").await;
+        assert_eq!(
+            (r.status, r.code()),
+            (409, "type_has_actors"),
+            "via node {i}: {}",
+            r.json
+        );
+    }
+    for i in 0..3 {
+        assert_eq!(c.api(i).get("/v1/types/lone").await.status, 200, "node {i}");
+    }
+    assert_eq!(c.api(2).add("lone", "only", 1).await.json["value"], 2);
+
     // An idempotency key holds across nodes: the owner has the record.
     let key = [("idempotency-key", "k-1")];
     let first = c

@@ -382,6 +382,26 @@ pub(super) async fn fan_out(
         // One hop: another node already fans it out.
         return next.run(req).await;
     }
+    // Not before this node has caught up (just started, or back after its
+    // lease was lost): a deploy it applied 2 ms before its catch-up made
+    // one version number two codes, its own and everyone else's (a probe).
+    if !cluster.caught_up() {
+        return catching_up();
+    }
+    // A delete that must find no actors asks every node first: each
+    // answered for its own disk, so one that held none deleted the type on
+    // every node that held none too, and the type lived on where actors
+    // were (a probe).
+    if req.method() == Method::DELETE
+        && let Some(ty) = req.uri().path().strip_prefix("/v1/types/")
+        && !req
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|kv| kv == "force=true"))
+        && let Err(refused) = no_actors_anywhere(s, cluster, ty, req.headers()).await
+    {
+        return refused;
+    }
     let limit = s.node.config().limits.max_code_bytes / 3 * 4 + 64 * 1024;
     let (parts, body) = req.into_parts();
     let bytes = match axum::body::to_bytes(body, limit).await {
@@ -491,6 +511,84 @@ pub(super) async fn fan_out(
         ),
     )
     .into_response()
+}
+
+/// 503 while this node catches up with the cluster's types.
+pub(super) fn catching_up() -> Response {
+    let mut resp = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "catching_up",
+        "this node is catching up with the cluster's types; retry in a moment, or through \
+         another node",
+    )
+    .into_response();
+    resp.headers_mut().insert(
+        axum::http::header::RETRY_AFTER,
+        HeaderValue::from_static("1"),
+    );
+    resp
+}
+
+/// Whether every other member holds no actor of `ty` (`ty` as in the
+/// request's path, percent-encoded): a 409 naming one that does, or a 503
+/// naming one that cannot tell.
+async fn no_actors_anywhere(
+    s: &AppState,
+    cluster: &crate::cluster::Cluster,
+    ty: &str,
+    headers: &HeaderMap,
+) -> Result<(), Response> {
+    let mut forwarded = forwardable(headers);
+    if let Ok(v) = HeaderValue::from_str(cluster.node_id()) {
+        forwarded.insert(FANOUT_FROM, v);
+    }
+    for peer in cluster.peers() {
+        let asked = s
+            .peers
+            .get(format!("{}/v1/actors/{ty}?limit=1", peer.advertise))
+            .headers(forwarded.clone())
+            .timeout(std::time::Duration::from_secs(10))
+            .send()
+            .await;
+        let holds = match asked {
+            // Unknown there: nothing of it there.
+            Ok(r) if r.status() == StatusCode::NOT_FOUND => Some(false),
+            Ok(r) if r.status().is_success() => r
+                .json::<serde_json::Value>()
+                .await
+                .ok()
+                .and_then(|v| v["actors"].as_array().map(|a| !a.is_empty())),
+            _ => None,
+        };
+        match holds {
+            Some(false) => {}
+            Some(true) => {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "type_has_actors",
+                    format!(
+                        "type `{ty}` still has actors (on {}); delete them first or pass \
+                         ?force=true",
+                        peer.node_id
+                    ),
+                )
+                .into_response());
+            }
+            None => {
+                return Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    format!(
+                        "cannot tell whether {} holds actors of type `{ty}`; nothing was \
+                         deleted: retry once it answers, or pass ?force=true",
+                        peer.node_id
+                    ),
+                )
+                .into_response());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The version a deploy's answer names, and the answer rebuilt.

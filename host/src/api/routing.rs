@@ -86,6 +86,22 @@ fn delivery_actor(s: &AppState, path: &str) -> Option<ActorKey> {
 }
 
 /// Routing middleware (installed only in a cluster).
+/// How long a request for an actor this node owns waits for the node to
+/// catch up with the cluster's types.
+const CATCH_UP_WAIT: Duration = Duration::from_secs(5);
+
+/// Whether `cluster` says it has caught up within `wait`.
+async fn caught_up_within(cluster: &crate::cluster::Cluster, wait: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + wait;
+    while !cluster.caught_up() {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
 pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -> Response {
     let Some(cluster) = s.node.cluster().cloned() else {
         return next.run(req).await;
@@ -158,6 +174,14 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
             Route::Local { slot, epoch, used } => {
                 if expected.is_some_and(|e| e != epoch) {
                     return wrong_owner(&key, epoch);
+                }
+                // Not before this node has caught up with the cluster's
+                // types (just started, or back after its lease was lost):
+                // it answered 404 for types it had not caught up with yet,
+                // and ran the older versions it had (a probe). Waited for a
+                // moment (a catch-up takes seconds), then 503.
+                if !cluster.caught_up() && !caught_up_within(&cluster, CATCH_UP_WAIT).await {
+                    return super::cluster::catching_up();
                 }
                 // Being handed to its backup (a rebalance): wait for the
                 // switch (milliseconds), then route again.

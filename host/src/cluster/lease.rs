@@ -318,6 +318,13 @@ impl Inner {
                         match self.join().await {
                             Ok(()) => {
                                 tracing::info!("joined the cluster again with a new lease");
+                                // It catches up again (`sync_catalog`, on
+                                // this signal) before it serves its actors
+                                // or takes a cluster-wide write: it stayed
+                                // "caught up", and a deploy it took just
+                                // before the catch-up split a version number
+                                // between two codes (a probe).
+                                self.caught_up.store(false, Ordering::Release);
                                 self.rejoins.send_modify(|n| *n += 1);
                                 break;
                             }
