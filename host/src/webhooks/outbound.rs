@@ -304,6 +304,7 @@ async fn run(w: Worker, cfg: WebhooksConfig) {
                     writer.submit(WriteOp::DeliveryAttempted {
                         seq,
                         update: None,
+                        read_as: None,
                         done: tokio::sync::oneshot::channel().0,
                     });
                     return ControlFlow::Continue(false);
@@ -458,6 +459,7 @@ impl Worker {
         sub: &SubscriptionRecord,
         schedule: Schedule,
     ) -> bool {
+        let read_as = (rec.attempts, rec.next_attempt_ms);
         let ts = (now_ms() / 1000) as i64;
         let signature = super::sign(
             &super::secret_key(&sub.secret),
@@ -548,7 +550,12 @@ impl Worker {
         let r: Result<(), StorageError> = self
             .storage
             .writer()
-            .call(|done| WriteOp::DeliveryAttempted { seq, update, done })
+            .call(|done| WriteOp::DeliveryAttempted {
+                seq,
+                update,
+                read_as: Some(read_as),
+                done,
+            })
             .await;
         if let Err(e) = r {
             // The row stays as it was: it will be attempted again (same id).

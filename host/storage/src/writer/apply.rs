@@ -181,9 +181,10 @@ impl WriterState {
             WriteOp::DeliveryAttempted {
                 seq,
                 update,
+                read_as,
                 done: d,
             } => {
-                let r = self.delivery_attempted(tables, seq, update);
+                let r = self.delivery_attempted(tables, seq, update, read_as);
                 done(d, r)
             }
             WriteOp::PutSecret {

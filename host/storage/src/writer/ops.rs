@@ -182,6 +182,10 @@ pub enum WriteOp {
         seq: u64,
         /// The row after the attempt.
         update: Option<DeliveryRecord>,
+        /// The row's `(attempts, next_attempt_ms)` as the attempt read it:
+        /// a failure is not written over a row changed since (retried
+        /// meanwhile). `None`: written whatever the row holds now.
+        read_as: Option<(u32, u64)>,
         /// Completion.
         done: Reply<()>,
     },

@@ -125,7 +125,14 @@ impl Tables<'_> {
         };
         rec.status = DeliveryStatus::Pending;
         rec.attempts = 0;
-        rec.next_attempt_ms = now_ms();
+        // Never the due time it had: an attempt in flight tells a retry by
+        // it (`delivery_attempted`), so 1 ms later when it was now.
+        let now = now_ms();
+        rec.next_attempt_ms = if rec.next_attempt_ms == now {
+            now + 1
+        } else {
+            now
+        };
         self.write_delivery(seq, Some(&rec))?;
         Ok(Some((seq, rec)))
     }
@@ -237,22 +244,24 @@ impl WriterState {
     /// The outcome of an attempt at row `seq` (`None`: delivered, or no
     /// longer wanted). A row that is gone, or was replaced, was moved away
     /// or dropped while it was attempted: nothing to write. A failure is
-    /// not written over a row retried while it was attempted (its count of
-    /// attempts went back below the one the attempt started from): the
-    /// retry's fresh schedule stands. (A retry asked for during the last allowed
-    /// attempt was answered 202 and then undone: the row went dead.)
+    /// not written over a row changed since the attempt read it as
+    /// `read_as` (its attempts and due time): a retry asked for meanwhile
+    /// stands. (One asked for during the last allowed attempt was answered
+    /// 202 and then undone: the row went dead; a probe.)
     pub(super) fn delivery_attempted(
         &mut self,
         tables: &mut Tables<'_>,
         seq: u64,
         update: Option<DeliveryRecord>,
+        read_as: Option<(u32, u64)>,
     ) -> Result<(), StorageError> {
         let Some(old) = tables.delivery(seq)? else {
             return Ok(());
         };
-        if update.as_ref().is_some_and(|u| {
-            u.webhook_id != old.webhook_id || u.attempts > old.attempts.saturating_add(1)
-        }) {
+        if let Some(u) = &update
+            && (u.webhook_id != old.webhook_id
+                || read_as.is_some_and(|r| r != (old.attempts, old.next_attempt_ms)))
+        {
             return Ok(());
         }
         self.outbox_touched = true;

@@ -510,6 +510,7 @@ async fn a_backup_keeps_the_slots_outgoing_rows_and_what_became_of_them() {
     owner.writer().submit(WriteOp::DeliveryAttempted {
         seq: oseq,
         update: Some(failed.clone()),
+        read_as: None,
         done,
     });
     let (batches, release) = collect.next().await;
@@ -534,6 +535,7 @@ async fn a_backup_keeps_the_slots_outgoing_rows_and_what_became_of_them() {
         WriteOp::DeliveryAttempted {
             seq: oseq,
             update: None,
+            read_as: None,
             done: oneshot::channel().0,
         },
         WriteOp::RelayDone {
@@ -557,6 +559,7 @@ async fn a_backup_keeps_the_slots_outgoing_rows_and_what_became_of_them() {
     owner.writer().submit(WriteOp::DeliveryAttempted {
         seq: oseq,
         update: Some(row.clone()),
+        read_as: None,
         done,
     });
     until(&collect, rx).await.unwrap();
@@ -566,8 +569,9 @@ async fn a_backup_keeps_the_slots_outgoing_rows_and_what_became_of_them() {
 }
 
 /// A retry asked for while an attempt is in flight stands: the attempt's
-/// failure (here its last allowed one, so dead) is not written over the
-/// retried row. It was, and the 202 of the retry meant nothing.
+/// failure is not written over the retried row. It was, and the 202 of
+/// the retry meant nothing (the row went dead after the last allowed
+/// attempt; a re-probe found the first attempt's failure undid it too).
 #[tokio::test]
 async fn a_retry_during_an_attempt_is_not_undone_by_its_failure() {
     use crate::schema::*;
@@ -583,41 +587,44 @@ async fn a_retry_during_an_attempt_is_not_undone_by_its_failure() {
         panic!("one delivery")
     };
     let (seq, row) = (*seq, row.clone());
-    let attempted = |update: DeliveryRecord| {
-        storage.writer().call(|done| WriteOp::DeliveryAttempted {
-            seq,
-            update: Some(update),
-            done,
-        })
+    let attempted = |update: DeliveryRecord, read: &DeliveryRecord| {
+        let read_as = Some((read.attempts, read.next_attempt_ms));
+        storage
+            .writer()
+            .call(move |done| WriteOp::DeliveryAttempted {
+                seq,
+                update: Some(update),
+                read_as,
+                done,
+            })
     };
-    // One failed attempt is written.
-    let mut failed = row.clone();
-    failed.attempts = 1;
-    failed.next_attempt_ms = u64::MAX / 2;
-    attempted(failed.clone()).await.unwrap();
     let now = |s: &Storage| s.reader().unwrap().delivery(seq).unwrap().unwrap();
-    assert_eq!(now(&storage).attempts, 1);
-    // The next one starts from it; a retry comes while it runs; it fails.
-    let retried = storage
-        .writer()
-        .call(|done| WriteOp::RetryDelivery {
+    let retry = || {
+        storage.writer().call(|done| WriteOp::RetryDelivery {
             id: row.webhook_id.clone(),
             done,
         })
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(retried.attempts, 0);
-    let mut dead = failed;
-    dead.attempts = 2;
+    };
+    // The first attempt reads the row; a retry comes while it runs; it
+    // fails (for good, as with `max_attempts = 1`).
+    let read = now(&storage);
+    assert_eq!(retry().await.unwrap().unwrap().attempts, 0);
+    let mut dead = read.clone();
+    dead.attempts = 1;
     dead.status = DeliveryStatus::Dead;
-    attempted(dead).await.unwrap();
-    let row = now(&storage);
+    attempted(dead, &read).await.unwrap();
+    let after = now(&storage);
     assert_eq!(
-        (row.status, row.attempts),
+        (after.status, after.attempts),
         (DeliveryStatus::Pending, 0),
         "the retry was undone"
     );
+    // An attempt that nothing overtook is written.
+    let mut failed = after.clone();
+    failed.attempts = 1;
+    failed.next_attempt_ms = u64::MAX / 2;
+    attempted(failed, &after).await.unwrap();
+    assert_eq!(now(&storage).attempts, 1);
 }
 
 /// Deleting a subscription removes its rows, pending or dead, heads and
@@ -643,6 +650,7 @@ async fn deleting_a_subscription_removes_its_rows_and_no_others() {
         .call(|done| WriteOp::DeliveryAttempted {
             seq,
             update: Some(dead.clone()),
+            read_as: None,
             done,
         })
         .await
@@ -723,6 +731,7 @@ async fn dead_deliveries_past_their_retention_are_removed() {
             .call(|done| WriteOp::DeliveryAttempted {
                 seq,
                 update: Some(row),
+                read_as: None,
                 done,
             })
             .await
