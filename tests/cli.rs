@@ -309,7 +309,7 @@ async fn cli_client_commands() {
     let err = String::from_utf8_lossy(&out.stderr);
     let last = err.trim_end().lines().last().unwrap_or("");
     assert!(
-        last.contains("payload_too_large") || last.contains("closed the connection"),
+        last.contains("payload_too_large") || last.contains("refused unread"),
         "{err}"
     );
     assert_eq!(api.get("/v1/types/huge").await.status, 404);

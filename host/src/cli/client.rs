@@ -57,7 +57,16 @@ impl Client {
 
     /// Send and return the body, turning API errors into one-line errors.
     async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<(StatusCode, Vec<u8>)> {
-        let resp = req.send().await.map_err(|e| self.unsent(e))?;
+        let req = req.build().context("building the request")?;
+        let body_bytes = req
+            .body()
+            .and_then(reqwest::Body::as_bytes)
+            .map_or(0, <[u8]>::len);
+        let resp = self
+            .http
+            .execute(req)
+            .await
+            .map_err(|e| self.unsent(e, body_bytes))?;
         let status = resp.status();
         let body = resp.bytes().await.context("reading the response")?.to_vec();
         if status.is_client_error() || status.is_server_error() {
@@ -69,8 +78,9 @@ impl Client {
 
 impl Client {
     /// Why a request got no answer, in words that fit: a node that is not
-    /// there, or one that hung up on a body it would not take.
-    fn unsent(&self, e: reqwest::Error) -> anyhow::Error {
+    /// there, one that hung up on a large body it would not take, or one
+    /// that hung up (it stopped or restarted mid-request).
+    fn unsent(&self, e: reqwest::Error, body_bytes: usize) -> anyhow::Error {
         let hung_up = std::iter::successors(Some(&e as &(dyn std::error::Error + 'static)), |e| {
             e.source()
         })
@@ -83,9 +93,14 @@ impl Client {
         });
         let base = &self.base;
         if hung_up && !e.is_connect() {
+            // Past what a node reads of a body it refuses (128 MiB).
+            let why = if body_bytes > 128 << 20 {
+                "a body far past the node's limits is refused unread"
+            } else {
+                "it may have stopped or restarted; retry"
+            };
             anyhow::Error::new(e).context(format!(
-                "marmot at {base} closed the connection before it took the whole request: \
-                 a body far past the node's limits is refused unread"
+                "marmot at {base} closed the connection before it answered ({why})"
             ))
         } else {
             anyhow::Error::new(e).context(format!("cannot reach marmot at {base}"))
