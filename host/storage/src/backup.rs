@@ -420,7 +420,10 @@ pub fn restore(from: &Path, data: &Path, extra: &[&str]) -> Result<RestoreReport
     // (created, its copy never committed) or lack its key file. Restored,
     // it was a node with nothing in it, and the restore said it was done
     // (a probe).
-    if from
+    // (Named as it is: `.` or `bk.partial/..` name no directory by
+    // themselves.)
+    let named = std::fs::canonicalize(from).unwrap_or_else(|_| from.to_owned());
+    if named
         .file_name()
         .and_then(|n| n.to_str())
         .is_some_and(|n| n.ends_with(".partial"))
@@ -699,6 +702,15 @@ mod tests {
             let err = restore(&backup, &data, &[]).unwrap_err().to_string();
             assert!(err.contains("cut off"), "{name}: {err}");
             assert!(!data.exists(), "{name}: {err}");
+            if stamped {
+                // Also named by a path that ends elsewhere (as `.` does
+                // from inside it: that has no file name).
+                std::fs::create_dir(backup.join("sub")).unwrap();
+                let err = restore(&backup.join("sub").join(".."), &data, &[])
+                    .unwrap_err()
+                    .to_string();
+                assert!(err.contains("cut off"), "{name}/sub/..: {err}");
+            }
         }
     }
 
