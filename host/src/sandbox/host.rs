@@ -24,6 +24,10 @@ pub enum LimitTrap {
     /// The guest ran too long without calling the host.
     #[error("CPU limit exceeded: the guest ran {0} ms without calling the host")]
     Cpu(u64),
+    /// A run whose CPU slice is its whole run (an eval) used it up; host
+    /// calls do not start it again.
+    #[error("CPU limit exceeded: the script ran {0} ms of CPU in all")]
+    CpuInAll(u64),
     /// A host call was made outside a turn (a bug in the host).
     #[error("host call outside a turn")]
     NoTurn,
@@ -46,7 +50,7 @@ pub struct Host {
     /// Ticks allowed between host calls, or in all (`cpu_slice_is_total`).
     pub(super) cpu_tick_limit: u64,
     /// Whether a host call starts the CPU meter again.
-    cpu_per_stretch: bool,
+    pub(super) cpu_per_stretch: bool,
     /// Milliseconds per tick (for messages).
     pub(super) tick_ms: u64,
     /// Captured stdout and stderr.

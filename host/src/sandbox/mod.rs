@@ -785,9 +785,12 @@ fn meter_cpu(store: &mut Store<Host>) {
         let h = ctx.data_mut();
         h.cpu_ticks += 1;
         if h.cpu_ticks > h.cpu_tick_limit {
-            return Err(wasmtime::Error::new(LimitTrap::Cpu(
-                h.cpu_ticks * h.tick_ms,
-            )));
+            let ran = h.cpu_ticks * h.tick_ms;
+            return Err(wasmtime::Error::new(if h.cpu_per_stretch {
+                LimitTrap::Cpu(ran)
+            } else {
+                LimitTrap::CpuInAll(ran)
+            }));
         }
         // tokio's own yield, not wasmtime's plain one: it lets the worker
         // poll for I/O before the guest runs on. With wasmtime's, a guest

@@ -174,7 +174,7 @@ pub enum TrapKind {
 impl TrapKind {
     /// Classify a trap.
     pub fn of(err: &wasmtime::Error) -> Self {
-        if let Some(LimitTrap::Cpu(_)) = err.downcast_ref::<LimitTrap>() {
+        if let Some(LimitTrap::Cpu(_) | LimitTrap::CpuInAll(_)) = err.downcast_ref::<LimitTrap>() {
             return TrapKind::Cpu;
         }
         if let Some(t) = err.downcast_ref::<wasmtime::Trap>()

@@ -142,7 +142,12 @@ impl Preinit {
             // them there, and no turn could ever run (it used to be deployed,
             // and every first turn failed the same way, a CPU-bound one
             // after burning its whole slice).
-            Ok(Err(trap)) if matches!(trap.downcast_ref(), Some(LimitTrap::Cpu(_))) => {
+            Ok(Err(trap))
+                if matches!(
+                    trap.downcast_ref(),
+                    Some(LimitTrap::Cpu(_) | LimitTrap::CpuInAll(_))
+                ) =>
+            {
                 // The limit's own words, without the wasm backtrace.
                 let limit = trap
                     .downcast_ref::<LimitTrap>()
