@@ -625,3 +625,43 @@ export default {
     assert_eq!(got, want[..5]);
     assert_eq!(next.as_deref(), Some(want[4].as_str()));
 }
+
+/// An input's expiry that its actor keeps failing is given up with an
+/// `alarm_failed` event naming the input, not the platform's own alarm
+/// (its NUL-prefixed name, never shown to guests, reached the log).
+#[tokio::test]
+async fn a_failing_expiry_is_given_up_naming_its_input() {
+    let config = "[alarms]\nmax_attempts = 2\nretry_base_ms = 50\n";
+    let (_dir, _m, api) = common::js::node(Some(config)).await;
+    let module = r#"import { inputs } from "marmot";
+export default {
+  onMessage() { return { id: inputs.request({ kind: "q", prompt: "p", expiresInMs: 200 }) }; },
+  onInput(input) { if (input.expired) throw new Error("cannot expire"); },
+};"#;
+    assert_eq!(api.deploy_js("exp", module).await.status, 201);
+    let r = api.post_json("/v1/actors/exp/a", &json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let input = r.json["id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let failed = loop {
+        let r = api.get("/v1/actors/exp/a/events").await;
+        let found = r.json["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["kind"] == "alarm_failed")
+            .cloned();
+        if let Some(e) = found {
+            assert!(
+                !String::from_utf8_lossy(&r.body).contains("\\u0000"),
+                "{}",
+                r.json
+            );
+            break e;
+        }
+        assert!(Instant::now() < deadline, "no alarm_failed: {}", r.json);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(failed["data"]["input_expiry"], input.as_str(), "{failed}");
+    assert!(failed["data"].get("alarm").is_none(), "{failed}");
+}

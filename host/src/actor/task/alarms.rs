@@ -284,12 +284,18 @@ impl ActorTask {
         code: &str,
         error: &str,
     ) -> CommitExtras {
-        let data = serde_json::json!({
-            "alarm": name,
+        let mut data = serde_json::json!({
             "due_at": due,
             "attempts": rec.attempts + rec.boot_attempts,
             "error": { "code": code, "message": error },
         });
+        // The platform's own alarm is named by what it is for: its name
+        // (NUL-prefixed, never shown to guests) reached the event log.
+        match crate::alarms::expiring_input(name) {
+            Some(input) => data["input_expiry"] = input.into(),
+            None if crate::alarms::is_internal(name) => data["alarm"] = serde_json::Value::Null,
+            None => data["alarm"] = name.into(),
+        }
         CommitExtras {
             bookkeeping: true,
             alarm: Some((name.to_owned(), self.after_firing(name, rec, due))),
