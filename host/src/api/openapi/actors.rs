@@ -252,7 +252,12 @@ pub(super) fn operations() -> Vec<Op> {
                     "the answer is not JSON, or does not fit the request's schema",
                     None,
                 ),
-                (409, "already answered or expired", None),
+                (409, "already answered, expired or cancelled", None),
+                (
+                    500,
+                    "the actor's `on-input` failed (the request stays pending: answer again)",
+                    None,
+                ),
             ],
         },
         Op {
