@@ -1671,7 +1671,7 @@ async fn thrown_values_that_are_not_errors_are_shown() {
 /// and an eval's result as `null` (probes).
 #[tokio::test]
 async fn deeply_nested_json_is_shown_as_stored() {
-    let (_dir, _m, api) = node(None).await;
+    let (_dir, m, api) = node(None).await;
     let js = r#"import { state, events, alarms } from "marmot";
 export default { onMessage(body) {
   state.set("v", body);
@@ -1710,6 +1710,21 @@ export default { onMessage(body) {
         "{}",
         &alarms[..alarms.len().min(300)]
     );
+    // And the CLI, which read every answer into a `Value` ("invalid
+    // response" for the whole log or inspection).
+    for args in [["events", "deep", "a"], ["inspect", "deep", "a"]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
+            .args(args)
+            .env("MARMOT_URL", &m.url)
+            .output()
+            .unwrap();
+        let printed = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && printed.contains(&nested),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let script = format!("let v = []; for (let i = 1; i < {depth}; i++) v = [v]; v");
     let r = eval(&api, "deep", "a", &script).await;
     let result = text(&r);

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use anyhow::Context as _;
 use reqwest::{Method, StatusCode};
+use serde_json::value::RawValue;
 
 use super::ClientArgs;
 
@@ -313,7 +314,7 @@ pub(super) async fn inspect(args: &ClientArgs, ty: &str, id: &str) -> anyhow::Re
         )
         .await?;
     let info: serde_json::Value = serde_json::from_slice(&info).context("invalid response")?;
-    let state: serde_json::Value = serde_json::from_slice(&state).context("invalid response")?;
+    let state: StatePage = serde_json::from_slice(&state).context("invalid response")?;
     let last = info["last_event_seq"].as_u64().unwrap_or(0);
     let (_, events) = c
         .send(
@@ -321,23 +322,61 @@ pub(super) async fn inspect(args: &ClientArgs, ty: &str, id: &str) -> anyhow::Re
                 .query(&[("after", last.saturating_sub(10).to_string())]),
         )
         .await?;
-    let events: serde_json::Value = serde_json::from_slice(&events).context("invalid response")?;
-    if let Some(after) = state["next_after"].as_str() {
+    let events: EventPage = serde_json::from_slice(&events).context("invalid response")?;
+    if let Some(after) = &state.next_after {
         // Said on stderr: stdout stays the JSON.
         eprintln!(
             "… the first {} of {} state entries: page on with GET {base}/state?after={}",
-            state["entries"].as_array().map_or(0, Vec::len),
+            state.entries.len(),
             info["state_keys"],
             seg(after)
         );
     }
-    let out = serde_json::json!({
-        "actor": info,
-        "state": state["entries"],
-        "recent_events": events["events"],
-    });
-    println!("{}", serde_json::to_string_pretty(&out)?);
+    // Pretty as a whole; values nested deeper than `serde_json::Value`
+    // goes (128 levels, which an actor may store) as they came (a value
+    // like that made the whole inspection "invalid response").
+    #[derive(serde::Serialize)]
+    struct Inspected<'a> {
+        actor: &'a serde_json::Value,
+        state: &'a [Box<RawValue>],
+        recent_events: &'a [Box<RawValue>],
+    }
+    let values = |raw: &[Box<RawValue>]| -> Option<Vec<serde_json::Value>> {
+        raw.iter()
+            .map(|r| serde_json::from_str(r.get()).ok())
+            .collect()
+    };
+    let out = match (values(&state.entries), values(&events.events)) {
+        (Some(state), Some(recent)) => serde_json::to_string_pretty(&serde_json::json!({
+            "actor": info,
+            "state": state,
+            "recent_events": recent,
+        }))?,
+        _ => serde_json::to_string_pretty(&Inspected {
+            actor: &info,
+            state: &state.entries,
+            recent_events: &events.events,
+        })?,
+    };
+    println!("{out}");
     Ok(())
+}
+
+/// A page of state entries, each as it came.
+#[derive(serde::Deserialize)]
+struct StatePage {
+    entries: Vec<Box<RawValue>>,
+    next_after: Option<String>,
+}
+
+/// A page of events, each as it came (its data may nest deeper than a
+/// `serde_json::Value` goes).
+#[derive(serde::Deserialize)]
+struct EventPage {
+    events: Vec<Box<RawValue>>,
+    next_after: Option<u64>,
+    gap: Option<serde_json::Value>,
+    reset: Option<serde_json::Value>,
 }
 
 pub(super) async fn alarms(args: &ClientArgs, ty: &str, id: &str) -> anyhow::Result<()> {
@@ -367,23 +406,22 @@ pub(super) async fn events(
                 .request(Method::GET, &path)
                 .query(&[("after", after.to_string()), ("limit", "1000".into())]);
             let (_, body) = c.send(req).await?;
-            let page: serde_json::Value =
-                serde_json::from_slice(&body).context("invalid response")?;
-            if let Some(reset) = page.get("reset") {
+            let page: EventPage = serde_json::from_slice(&body).context("invalid response")?;
+            if let Some(reset) = &page.reset {
                 // Past the log's end (the actor was deleted and made
                 // again): the page starts over from the log's start.
                 eprintln!("marmot: {}", reset_note(reset));
                 after = 0;
             }
-            if let Some(gap) = page.get("gap") {
+            if let Some(gap) = &page.gap {
                 eprintln!("marmot: events missing (past retention): {gap}");
             }
-            let events = page["events"].as_array().cloned().unwrap_or_default();
-            for e in &events {
-                println!("{e}");
+            // Each as it came: compact JSON, one per line.
+            for e in &page.events {
+                println!("{}", e.get());
             }
-            match page["next_after"].as_u64() {
-                Some(next) if !events.is_empty() && next > after => after = next,
+            match page.next_after {
+                Some(next) if !page.events.is_empty() && next > after => after = next,
                 _ => return Ok(()),
             }
         }
