@@ -368,6 +368,15 @@ impl Catalog {
         }
         entry
     }
+
+    /// Put back a type [`Self::remove`] took out (its delete was refused).
+    pub(crate) fn restore(&self, entry: Arc<TypeEntry>) {
+        entry.deleted.store(false, Ordering::Release);
+        self.types
+            .write()
+            .expect("catalog lock")
+            .insert(entry.name().to_owned(), entry);
+    }
 }
 
 #[cfg(test)]

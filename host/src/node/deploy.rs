@@ -378,7 +378,7 @@ impl Node {
         }
         // Stop new turns, then wait for live actors to flush and leave so no
         // commit of theirs lands after the delete.
-        self.catalog.remove(ty);
+        let removed = self.catalog.remove(ty);
         let registry = self.registry();
         for _ in 0..500 {
             registry.hibernate_type(ty);
@@ -396,10 +396,26 @@ impl Node {
             .writer()
             .call(|done| WriteOp::DeleteType {
                 name,
-                with_actors: true,
+                with_actors: force,
                 done,
             })
-            .await?;
+            .await;
+        let deleted = match deleted {
+            Ok(Ok(n)) => n,
+            // Made (or handed over) since the count above: without `force`
+            // they are not deleted, and the type is back as it was (they
+            // were deleted with it, unasked: a probe).
+            Ok(Err(count)) => {
+                if let Some(entry) = removed {
+                    self.catalog.restore(entry);
+                }
+                return Err(DeleteTypeError::HasActors {
+                    ty: ty.to_owned(),
+                    count,
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
         // Their event streams end, as a single actor's do when it is
         // deleted (they went on, and followed a new actor of the same name
         // from where the old log had been, skipping its first events).

@@ -126,7 +126,7 @@ impl WriterState {
                 done: d,
             } => {
                 let r = tables.delete_type(&name, with_actors);
-                if let Ok(n) = r {
+                if let Ok(Ok(n)) = r {
                     *created -= n as i64;
                 }
                 done(d, r)

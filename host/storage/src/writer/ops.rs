@@ -135,14 +135,16 @@ pub enum WriteOp {
         /// Completion.
         done: Reply<()>,
     },
-    /// Delete a type, its code and (when `with_actors`) all its actors.
+    /// Delete a type, its code and (when `with_actors`) all its actors;
+    /// without them, nothing is deleted if it has any (`Err` with their
+    /// number, counted in the deleting commit).
     DeleteType {
         /// The type.
         name: String,
         /// Also delete its actors.
         with_actors: bool,
-        /// Completion: actors deleted.
-        done: Reply<u64>,
+        /// Completion: actors deleted, or (refused) how many it has.
+        done: Reply<Result<u64, u64>>,
     },
     /// Remove dead deliveries of events made before `created_before_ms`
     /// (the dead-letter list's retention), a bounded number per call.

@@ -495,8 +495,23 @@ impl Tables<'_> {
         &mut self,
         name: &str,
         with_actors: bool,
-    ) -> Result<u64, StorageError> {
+    ) -> Result<Result<u64, u64>, StorageError> {
         let mut deleted = 0;
+        if !with_actors {
+            // Counted in the deleting commit: an actor made (or handed
+            // over) since the caller counted is seen here, and the delete
+            // refused; it was deleted with the type, unasked (a probe).
+            let mut left = 0;
+            for row in self.actors()?.range((name, "")..)? {
+                if row?.0.value().0 != name {
+                    break;
+                }
+                left += 1;
+            }
+            if left > 0 {
+                return Ok(Err(left));
+            }
+        }
         if with_actors {
             let mut ids = Vec::new();
             for row in self.actors()?.range((name, "")..)? {
@@ -523,7 +538,7 @@ impl Tables<'_> {
         self.type_file_usage()?.remove(name)?;
         self.type_usage()?.remove(name)?;
         self.types()?.remove(name)?;
-        Ok(deleted)
+        Ok(Ok(deleted))
     }
 
     pub(super) fn sweep_idempotency(&mut self, now_ms: u64) -> Result<u64, StorageError> {

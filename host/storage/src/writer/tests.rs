@@ -297,6 +297,42 @@ async fn a_deploy_keeps_the_code_of_its_version_and_the_one_before() {
     }
 }
 
+/// A delete without its actors is refused in its own commit when the type
+/// has any (one made since the caller counted was deleted with the type).
+#[tokio::test]
+async fn a_type_with_actors_is_not_deleted_without_them() {
+    let (_dir, storage) = open();
+    let record = TypeRecord {
+        name: "t".into(),
+        created_at_ms: 1,
+        versions: Vec::new(),
+    };
+    storage
+        .writer()
+        .call(|done| WriteOp::PutType {
+            record,
+            code: Some((1, b"code".to_vec())),
+            done,
+        })
+        .await
+        .unwrap();
+    let (key, _) = create(&storage, "a").await;
+    let delete = |with_actors| {
+        storage.writer().call(move |done| WriteOp::DeleteType {
+            name: "t".into(),
+            with_actors,
+            done,
+        })
+    };
+    assert_eq!(delete(false).await.unwrap(), Err(1));
+    let reader = storage.reader().unwrap();
+    assert!(reader.actor(&key).unwrap().is_some(), "the actor went");
+    assert!(reader.code("t", 1).unwrap().is_some(), "the type went");
+    drop(reader);
+    assert_eq!(delete(true).await.unwrap(), Ok(1));
+    assert!(storage.reader().unwrap().actor(&key).unwrap().is_none());
+}
+
 #[tokio::test]
 async fn a_fenced_actor_commits_nothing_more() {
     let (_dir, storage) = open();
