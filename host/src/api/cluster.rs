@@ -385,7 +385,10 @@ pub(super) async fn fan_out(
     // Not before this node has caught up (just started, or back after its
     // lease was lost): a deploy it applied 2 ms before its catch-up made
     // one version number two codes, its own and everyone else's (a probe).
-    if !cluster.caught_up() {
+    // Nor while its lease is not confirmed alive: back from a pause, it
+    // took a deploy before it noticed that it had lost its lease, so
+    // before it started catching up again (a re-probe).
+    if !cluster.caught_up() || !cluster.alive() {
         return catching_up();
     }
     // A delete that must find no actors asks every node first: each
