@@ -366,7 +366,8 @@ impl Node {
     /// At a graceful stop, after the last request: ask every awake actor
     /// to hibernate, and wait (at most `bound`) until they have, those
     /// running a turn (queued work, an alarm) once it ends. Queued work
-    /// starts no new turn meanwhile (it runs after the next start). A hibernation
+    /// and due alarms start no new turn meanwhile (they run after the next
+    /// start). A hibernation
     /// writes what the actor's record is behind on, its turn count and
     /// last turn's time, kept in memory between writes: a clean stop lost
     /// them for every awake actor (an actor of 7 turns read 1 after a

@@ -22,6 +22,14 @@ impl ActorTask {
             due_ms,
             mut ticket,
         } = d;
+        if self.env.registry.is_stopping() {
+            // The node is stopping: the alarm fires after the next start,
+            // rather than start a turn the stop may cut (alarms kept
+            // starting turns, and a stop lasted its whole 5 s, cutting the
+            // last one: a re-probe).
+            ticket.retry_later(ALARM_RETRY_MS);
+            return;
+        }
         match self.ready(false).await {
             Ok(()) => {}
             // Deleted with its alarms, or its type is gone: nothing to run.
