@@ -87,15 +87,16 @@ async fn graceful_stops_do_not_count_as_crashes() {
     let mut m = Marmot::start_opts(&dir.path().join("data"), &[], Some(config)).await;
     let api = m.client();
     assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
-    let long = json!({"op": "record", "id": "long", "busy_ms": 1500});
+    // Longer than a stop waits for a running turn (5 s).
+    let long = json!({"op": "record", "id": "long", "busy_ms": 6500});
     let r = api.post_json("/v1/actors/kit/a?wait=false", &long).await;
     assert_eq!(r.status, 202, "{}", r.json);
     for stop in 0..3 {
-        // Running (it takes 1.5 s; after a restart, as part of the
-        // recovery, before the node is ready), then cut by the stop.
+        // Running (after a restart, as part of the recovery, before the
+        // node is ready), then cut by the stop.
         tokio::time::sleep(Duration::from_millis(500)).await;
         m.sigterm();
-        assert!(m.wait_exit(Duration::from_secs(10)), "stop {stop}");
+        assert!(m.wait_exit(Duration::from_secs(15)), "stop {stop}");
         assert!(
             dir.path().join("data/clean-stop").exists(),
             "stop {stop} was not marked clean"
