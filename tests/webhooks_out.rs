@@ -524,6 +524,32 @@ async fn deliveries_to_one_host_are_bounded() {
     assert_eq!(max, 2, "deliveries in flight to one host at most");
 }
 
+/// Emits `n` events of `kind` per message.
+const BULK_JS: &str = r#"
+import { events } from "marmot";
+export default {
+  onMessage({ n, kind }) {
+    for (let i = 0; i < n; i++) events.emit(kind, { i });
+    return n;
+  },
+};
+"#;
+
+/// One `urgent` event from `bulk/u` reaches `healthy` within `limit`.
+async fn urgent_arrives_within(api: &Api, healthy: &Receiver, limit: Duration) {
+    let r = api
+        .post_json("/v1/actors/bulk/u", &json!({"n": 1, "kind": "urgent"}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let started = Instant::now();
+    healthy.wait_for(1).await;
+    assert!(
+        started.elapsed() < limit,
+        "the healthy receiver waited {:?}",
+        started.elapsed()
+    );
+}
+
 /// A receiver that hangs holds up only its own deliveries: with more of
 /// its rows due than one read of the outbox took (512), another
 /// subscription's event waited behind all of them (minutes, or for ever
@@ -535,16 +561,7 @@ async fn a_hanging_receiver_holds_up_only_its_own_deliveries() {
     hanging.state.delay_ms.store(20_000, Ordering::SeqCst);
     let healthy = Receiver::start().await;
     let (_dir, _m, api) = fast_retry_node(None).await;
-    let bulk = r#"
-import { events } from "marmot";
-export default {
-  onMessage({ n, kind }) {
-    for (let i = 0; i < n; i++) events.emit(kind, { i });
-    return n;
-  },
-};
-"#;
-    assert_eq!(api.deploy_js("bulk", bulk).await.status, 201);
+    assert_eq!(api.deploy_js("bulk", BULK_JS).await.status, 201);
     subscribed(
         &api,
         "slow",
@@ -572,17 +589,7 @@ export default {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let r = api
-        .post_json("/v1/actors/bulk/u", &json!({"n": 1, "kind": "urgent"}))
-        .await;
-    assert_eq!(r.status, 200, "{}", r.json);
-    let started = Instant::now();
-    healthy.wait_for(1).await;
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "the healthy receiver waited {:?}",
-        started.elapsed()
-    );
+    urgent_arrives_within(&api, &healthy, Duration::from_secs(5)).await;
     assert_eq!(hanging.state.max_in_flight.load(Ordering::SeqCst), 4);
 }
 
@@ -598,16 +605,7 @@ async fn failing_receivers_leave_slots_for_the_others() {
     let healthy = Receiver::start().await;
     let config = "[webhooks]\nconcurrency = 4\nper_destination = 2\ntimeout_ms = 1000\n";
     let (_dir, _m, api) = fast_retry_node(Some(config)).await;
-    let bulk = r#"
-import { events } from "marmot";
-export default {
-  onMessage({ n, kind }) {
-    for (let i = 0; i < n; i++) events.emit(kind, { i });
-    return n;
-  },
-};
-"#;
-    assert_eq!(api.deploy_js("bulk", bulk).await.status, 201);
+    assert_eq!(api.deploy_js("bulk", BULK_JS).await.status, 201);
     for name in ["slow1", "slow2"] {
         subscribed(&api, name, json!({"url": hanging.url, "events": ["bulk"]})).await;
     }
@@ -624,17 +622,7 @@ export default {
     assert_eq!(r.status, 200, "{}", r.json);
     // Both have failed (timed out) at least once.
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let r = api
-        .post_json("/v1/actors/bulk/u", &json!({"n": 1, "kind": "urgent"}))
-        .await;
-    assert_eq!(r.status, 200, "{}", r.json);
-    let started = Instant::now();
-    healthy.wait_for(1).await;
-    assert!(
-        started.elapsed() < Duration::from_secs(4),
-        "the healthy receiver waited {:?}",
-        started.elapsed()
-    );
+    urgent_arrives_within(&api, &healthy, Duration::from_secs(4)).await;
 }
 
 /// An event's data goes out as stored, at any depth: nested past 128

@@ -568,16 +568,19 @@ async fn a_backup_keeps_the_slots_outgoing_rows_and_what_became_of_them() {
     backup.reader().unwrap().assert_outbox_heads_in_step();
 }
 
-/// A retry asked for while an attempt is in flight stands: the attempt's
-/// failure is not written over the retried row. It was, and the 202 of
-/// the retry meant nothing (the row went dead after the last allowed
-/// attempt; a re-probe found the first attempt's failure undid it too).
-#[tokio::test]
-async fn a_retry_during_an_attempt_is_not_undone_by_its_failure() {
-    use crate::schema::*;
-    let (_dir, storage) = open();
-    subscribe(&storage, None).await;
-    let (key, rec) = create(&storage, "a").await;
+/// A subscription, and the one delivery (seq and row) of an event the
+/// actor emitted.
+async fn one_delivery(
+    storage: &Storage,
+) -> (
+    ActorKey,
+    crate::schema::ActorRecord,
+    u64,
+    crate::schema::DeliveryRecord,
+) {
+    use crate::schema::DeliveryHead;
+    subscribe(storage, None).await;
+    let (key, rec) = create(storage, "a").await;
     let (op, rx) = turn(&key, &rec, &Default::default(), 0, 1, "k", "v");
     storage.writer().submit(emitting(op, "first", false));
     rx.await.unwrap().unwrap();
@@ -586,7 +589,18 @@ async fn a_retry_during_an_attempt_is_not_undone_by_its_failure() {
     let [(seq, row)] = &due.unwrap()[..] else {
         panic!("one delivery")
     };
-    let (seq, row) = (*seq, row.clone());
+    (key, rec, *seq, row.clone())
+}
+
+/// A retry asked for while an attempt is in flight stands: the attempt's
+/// failure is not written over the retried row. It was, and the 202 of
+/// the retry meant nothing (the row went dead after the last allowed
+/// attempt; a re-probe found the first attempt's failure undid it too).
+#[tokio::test]
+async fn a_retry_during_an_attempt_is_not_undone_by_its_failure() {
+    use crate::schema::*;
+    let (_dir, storage) = open();
+    let (_, _, seq, row) = one_delivery(&storage).await;
     let attempted = |update: DeliveryRecord, read: &DeliveryRecord| {
         let read_as = Some((read.attempts, read.next_attempt_ms));
         storage
@@ -633,17 +647,8 @@ async fn a_retry_during_an_attempt_is_not_undone_by_its_failure() {
 async fn deleting_a_subscription_removes_its_rows_and_no_others() {
     use crate::schema::*;
     let (_dir, storage) = open();
-    subscribe(&storage, None).await;
-    let (key, rec) = create(&storage, "a").await;
-    let (op, rx) = turn(&key, &rec, &Default::default(), 0, 1, "k", "v");
-    storage.writer().submit(emitting(op, "first", false));
-    rx.await.unwrap().unwrap();
+    let (key, rec, seq, mut dead) = one_delivery(&storage).await;
     let all = |_: &DeliveryHead| true;
-    let due = storage.reader().unwrap().deliveries_due(u64::MAX, 10, all);
-    let [(seq, row)] = &due.unwrap()[..] else {
-        panic!("one delivery")
-    };
-    let (seq, mut dead) = (*seq, row.clone());
     dead.status = DeliveryStatus::Dead;
     storage
         .writer()
