@@ -85,7 +85,6 @@ fn delivery_actor(s: &AppState, path: &str) -> Option<ActorKey> {
     ActorKey::new(&rec.actor_type, &rec.actor_id).ok()
 }
 
-/// Routing middleware (installed only in a cluster).
 /// How long a request for an actor this node owns waits for the node to
 /// catch up with the cluster's types.
 const CATCH_UP_WAIT: Duration = Duration::from_secs(5);
@@ -102,6 +101,7 @@ async fn caught_up_within(cluster: &crate::cluster::Cluster, wait: Duration) -> 
     true
 }
 
+/// Routing middleware (installed only in a cluster).
 pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -> Response {
     let Some(cluster) = s.node.cluster().cloned() else {
         return next.run(req).await;
