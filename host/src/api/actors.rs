@@ -328,13 +328,11 @@ struct StateEntry<'a> {
 }
 
 fn value_json<'a>(key: &'a str, v: &'a [u8]) -> StateEntry<'a> {
-    let value = super::streams::raw_json(v);
+    let (value, value_base64) = json_or_base64(v);
     StateEntry {
         key,
         value,
-        value_base64: value
-            .is_none()
-            .then(|| base64::engine::general_purpose::STANDARD.encode(v)),
+        value_base64,
     }
 }
 
@@ -504,8 +502,9 @@ fn vary_accept(resp: &mut Response) {
         .append(header::VARY, HeaderValue::from_static("accept"));
 }
 
-/// A stored payload as JSON: the value itself when it is JSON, else base64.
-fn payload_json(bytes: &[u8]) -> (Option<&serde_json::value::RawValue>, Option<String>) {
+/// Stored bytes as the API shows them: the value itself when it is JSON
+/// (as stored, at any depth), else base64.
+fn json_or_base64(bytes: &[u8]) -> (Option<&serde_json::value::RawValue>, Option<String>) {
     match super::streams::raw_json(bytes) {
         Some(j) => (Some(j), None),
         None => (
@@ -548,7 +547,7 @@ pub(super) async fn alarms(
                 AlarmSchedule::After(d) => serde_json::json!({ "after": d }),
                 AlarmSchedule::Cron { expr, tz } => serde_json::json!({ "cron": expr, "tz": tz }),
             };
-            let (payload, payload_base64) = payload_json(&a.payload);
+            let (payload, payload_base64) = json_or_base64(&a.payload);
             AlarmJson {
                 attempts: a.attempts,
                 name,
@@ -622,7 +621,7 @@ pub(super) async fn inputs(
     let after = q.after.as_deref().unwrap_or("");
     let listed = if want == "pending" {
         // From their own index: at most 100, without answers.
-        s.node.inputs(&key, true)?.map(|mut all| {
+        s.node.pending_inputs(&key)?.map(|mut all| {
             all.retain(|(id, _)| id.as_str() > after);
             let more = all.len() > limit;
             all.truncate(limit);

@@ -367,11 +367,10 @@ impl Node {
     /// to hibernate, and wait (at most `bound`) until they have, those
     /// running a turn (queued work, an alarm) once it ends. Queued work
     /// and due alarms start no new turn meanwhile (they run after the next
-    /// start). A hibernation
-    /// writes what the actor's record is behind on, its turn count and
-    /// last turn's time, kept in memory between writes: a clean stop lost
-    /// them for every awake actor (an actor of 7 turns read 1 after a
-    /// restart; found by a probe). A turn still running at `bound` is cut:
+    /// start). A hibernation writes what the actor's record is behind on,
+    /// its turn count and last turn's time, kept in memory between writes:
+    /// a clean stop lost them for every awake actor (an actor of 7 turns
+    /// read 1 after a restart; found by a probe). A turn still running at `bound` is cut:
     /// it runs again after the start, uncounted; its actor's statistics
     /// are written without it (they went back to the last record written:
     /// a probe). Turns were not waited for at all: one of a queued message
@@ -392,8 +391,9 @@ impl Node {
                 break;
             }
             if tokio::time::Instant::now() >= deadline {
-                let busy =
-                    registry.active_count() - registry.idle_count().min(registry.active_count());
+                let busy = registry
+                    .active_count()
+                    .saturating_sub(registry.idle_count());
                 if busy > 0 {
                     tracing::warn!(
                         busy,

@@ -218,22 +218,16 @@ impl Node {
         Ok(Some(r.state(rec.num, state_key)?))
     }
 
-    /// Committed input requests of an actor, by id (oldest first): the
-    /// pending ones only, or all it keeps.
-    pub fn inputs(
+    /// An actor's pending input requests (committed), by id.
+    pub fn pending_inputs(
         &self,
         key: &ActorKey,
-        pending_only: bool,
     ) -> Result<Option<Vec<(String, InputRecord)>>, StorageError> {
         let r = self.storage.reader()?;
         let Some(rec) = r.actor(key)? else {
             return Ok(None);
         };
-        Ok(Some(if pending_only {
-            r.pending_inputs(rec.num)?
-        } else {
-            r.inputs(rec.num)?
-        }))
+        Ok(Some(r.pending_inputs(rec.num)?))
     }
 
     /// A page of an actor's committed input requests that `keep`, by id

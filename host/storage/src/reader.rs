@@ -316,21 +316,6 @@ impl Reader {
         Ok(n)
     }
 
-    /// Input requests of one actor, by id.
-    pub fn inputs(&self, num: u64) -> Result<Vec<(String, InputRecord)>, StorageError> {
-        let t = self.txn.open_table(INPUTS)?;
-        let mut out = Vec::new();
-        for row in t.range((num, "")..)? {
-            let (k, v) = row?;
-            let (n, id) = k.value();
-            if n != num {
-                break;
-            }
-            out.push((id.to_owned(), decode("input", v.value())?));
-        }
-        Ok(out)
-    }
-
     /// A page of one actor's input requests that `keep`, by id after
     /// `after` (exclusive): at most `limit` of them, and past the first
     /// no more than `max_bytes` of stored records; whether more follow.

@@ -219,7 +219,14 @@ async fn a_failed_commit_fails_its_whole_batch_and_fences_the_generation() {
     );
     assert!(reader.alarms(rec_a.num).unwrap().is_empty(), "an alarm");
     assert!(reader.alarms_due(0, u64::MAX, 10).unwrap().is_empty());
-    assert!(reader.inputs(rec_a.num).unwrap().is_empty(), "an input");
+    assert!(
+        reader
+            .inputs_page(rec_a.num, "", usize::MAX, usize::MAX, |_| true)
+            .unwrap()
+            .0
+            .is_empty(),
+        "an input"
+    );
     assert_eq!(reader.inbox_len(rec_b.num).unwrap(), 0, "a message");
     drop(reader);
     // The replies of the refused generation say what failed.
@@ -252,7 +259,14 @@ async fn a_failed_commit_fails_its_whole_batch_and_fences_the_generation() {
     );
     assert_eq!(reader.alarms(rec_a.num).unwrap().len(), 1);
     assert_eq!(reader.alarms_due(0, u64::MAX, 10).unwrap().len(), 1);
-    assert_eq!(reader.inputs(rec_a.num).unwrap().len(), 1);
+    assert_eq!(
+        reader
+            .inputs_page(rec_a.num, "", usize::MAX, usize::MAX, |_| true)
+            .unwrap()
+            .0
+            .len(),
+        1
+    );
     assert_eq!(reader.inbox_len(rec_b.num).unwrap(), 1);
 }
 
