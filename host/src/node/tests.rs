@@ -432,3 +432,139 @@ async fn an_origin_report_that_never_returns_fails_each_message_quickly() {
         assert!(send(&node, r#"{"by": 1}"#).await.is_ok());
     }
 }
+
+/// The CPU limit counts the CPU a guest ran, not the wall-clock time its
+/// worker was off the core: a loop that needs about half its slice
+/// completes while five busy threads share its core (it takes longer
+/// than its slice by the clock), and one that needs several slices still
+/// traps there.
+#[tokio::test]
+async fn a_guest_is_charged_its_threads_cpu_not_the_time_it_waited_for_a_core() {
+    const LOOP: &str = "export default { onMessage(m) { let x = 0; \
+        for (let i = 0; i < m.n; i++) { x = (x + i) % 1000003; } return { x }; } };";
+    let (_dir, node) = node().await;
+    let deploy = |ty: &'static str, slice_ms: u64| {
+        let node = node.clone();
+        async move {
+            let config = TypeConfig {
+                cpu_slice_ms: Some(slice_ms),
+                ..Default::default()
+            };
+            node.deploy(ty, CodeKind::Js, LOOP.as_bytes().to_vec(), config)
+                .await
+                .unwrap();
+        }
+    };
+    // A turn runs on this test's one runtime thread: the thread's CPU
+    // clock measures it.
+    let cpu = || crate::sandbox::thread_cpu_time().expect("a thread CPU clock");
+    let run = |ty: &'static str, n: u64| {
+        let node = node.clone();
+        async move {
+            let key = ActorKey::new(ty, "a").unwrap();
+            let body = Bytes::from(format!(r#"{{"n": {n}}}"#));
+            let (started, cpu_before) = (std::time::Instant::now(), cpu());
+            let r =
+                tokio::time::timeout(Duration::from_secs(60), node.send(&key, body, None, None))
+                    .await
+                    .expect("it answered");
+            (r, started.elapsed(), cpu() - cpu_before)
+        }
+    };
+    // A loop of `n` that runs about 150 ms of CPU.
+    deploy("calibrate", 60_000).await;
+    let mut n = 100_000;
+    let alone = loop {
+        let (r, _, ran) = run("calibrate", n).await;
+        r.expect("the calibration loop runs");
+        if ran >= Duration::from_millis(150) {
+            break ran;
+        }
+        n *= 2;
+    };
+    let slice = alone * 2;
+    deploy("meter", slice.as_millis() as u64).await;
+
+    // Five threads spin on the core this test's runtime is pinned to.
+    let core = Pinned::first_core();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let burners: Vec<_> = (0..5)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let _pin = Pinned::to(core);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let pinned = Pinned::to(core);
+    let (fits, fits_took, _) = run("meter", n).await;
+    let (over, over_took, _) = run("meter", n * 8).await;
+    drop(pinned);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for b in burners {
+        b.join().unwrap();
+    }
+
+    assert!(
+        fits_took > slice,
+        "the core was shared: {fits_took:?} by the clock, slice {slice:?}"
+    );
+    fits.unwrap_or_else(|e| {
+        panic!("~{alone:?} of CPU fits a {slice:?} slice (took {fits_took:?}): {e:?}")
+    });
+    let e = format!(
+        "{:?}",
+        over.expect_err("eight times as much is over the slice")
+    );
+    assert!(e.contains("CPU limit"), "{e} (after {over_took:?})");
+}
+
+/// Pins the calling thread to one core while held (Linux).
+struct Pinned;
+
+impl Pinned {
+    /// The first core this thread may run on.
+    #[allow(unsafe_code, reason = "reading this thread's cores")]
+    fn first_core() -> usize {
+        // SAFETY: a zeroed cpu_set_t is empty; sched_getaffinity writes it.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) };
+        assert_eq!(rc, 0, "sched_getaffinity");
+        (0..libc::CPU_SETSIZE as usize)
+            .find(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+            .expect("a core")
+    }
+
+    #[allow(unsafe_code, reason = "pinning this thread")]
+    fn to(core: usize) -> PinGuard {
+        // SAFETY: as above; the sets are plain values on this stack.
+        let mut old: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        unsafe {
+            assert_eq!(
+                libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut old),
+                0
+            );
+            libc::CPU_SET(core, &mut set);
+            assert_eq!(
+                libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set),
+                0
+            );
+        }
+        PinGuard(old)
+    }
+}
+
+/// Gives the thread back the cores it had.
+struct PinGuard(libc::cpu_set_t);
+
+impl Drop for PinGuard {
+    #[allow(unsafe_code, reason = "unpinning this thread")]
+    fn drop(&mut self) {
+        // SAFETY: the set was read by sched_getaffinity for this thread.
+        unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &self.0) };
+    }
+}

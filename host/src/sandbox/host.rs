@@ -13,6 +13,7 @@ use super::caps::http::HttpAccess;
 use super::caps::js::JsAccess;
 use super::caps::model::ModelAccess;
 use super::caps::{Cap, CapSet};
+use super::cpu_meter::CpuMeter;
 use super::guest_memory::{GuestLimits, GuestMemory};
 use super::output::GuestOutput;
 use super::turn::TurnState;
@@ -45,14 +46,8 @@ pub struct Host {
     pub(super) limits: GuestLimits,
     /// The running turn, if any.
     pub(super) turn: Option<TurnState>,
-    /// Epoch ticks the guest has run since its last host call.
-    pub(super) cpu_ticks: u64,
-    /// Ticks allowed between host calls, or in all (`cpu_slice_is_total`).
-    pub(super) cpu_tick_limit: u64,
-    /// Whether a host call starts the CPU meter again.
-    pub(super) cpu_per_stretch: bool,
-    /// Milliseconds per tick (for messages).
-    pub(super) tick_ms: u64,
+    /// The CPU the guest has run since its last host call (or in all).
+    pub(super) cpu: CpuMeter,
     /// Captured stdout and stderr.
     pub(super) stdout: GuestOutput,
     pub(super) stderr: GuestOutput,
@@ -120,18 +115,17 @@ impl Host {
             .memories(8)
             .build();
         let limits = GuestLimits::new(limits, config.max_memory_bytes as usize, guest_memory);
-        let cpu_tick_limit = (config.cpu_slice.as_millis() as u64)
-            .div_ceil(tick_ms.max(1))
-            .max(1);
+        let cpu = CpuMeter::new(
+            config.cpu_slice,
+            !config.cpu_slice_is_total,
+            Duration::from_millis(tick_ms.max(1)),
+        );
         Self {
             wasi: wasi.build(),
             table: ResourceTable::new(),
             limits,
             turn: None,
-            cpu_ticks: 0,
-            cpu_tick_limit,
-            cpu_per_stretch: !config.cpu_slice_is_total,
-            tick_ms,
+            cpu,
             stdout,
             stderr,
             fault_abort_marker,
@@ -162,9 +156,7 @@ impl Host {
     /// A host call (or the wait for one) ends a stretch of guest CPU: the
     /// meter starts again, unless the slice is the whole run's.
     pub(super) fn host_call_ends_stretch(&mut self) {
-        if self.cpu_per_stretch {
-            self.cpu_ticks = 0;
-        }
+        self.cpu.host_call();
     }
 }
 

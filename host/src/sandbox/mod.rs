@@ -11,7 +11,7 @@
 //!   an instance is dropped.
 //! * CPU: an epoch ticker thread advances the engine every `tick`; each store
 //!   yields to tokio on every tick and traps once a guest runs `cpu_slice`
-//!   without calling the host. Memory: `StoreLimits` per store, and one
+//!   of its thread's CPU without calling the host ([`cpu_meter`]). Memory: `StoreLimits` per store, and one
 //!   budget for what all live guests grow ([`guest_memory`]).
 
 mod advise;
@@ -19,6 +19,7 @@ mod bindings;
 mod caps;
 mod cgroup;
 mod code_cache;
+mod cpu_meter;
 mod guest_memory;
 mod host;
 mod js_engine;
@@ -60,6 +61,8 @@ pub use caps::log::{LogBudget, LogLimits};
 pub use caps::model::{ModelAccess, TurnUsage};
 pub use caps::state::StateLimits;
 pub use code_cache::{Swept, UNUSED_FOR as CODE_CACHE_UNUSED_FOR};
+#[cfg(test)]
+pub(crate) use cpu_meter::thread_cpu_time;
 pub use guest_memory::GuestMemory;
 pub use host::{JsModule, LimitTrap};
 pub use pool::{HostLimits, PoolPlan};
@@ -779,27 +782,24 @@ impl Sandbox {
 }
 
 /// Yield to tokio on every epoch tick, and trap once the guest has run
-/// its CPU slice without calling the host.
+/// its CPU slice without calling the host ([`cpu_meter`]).
 fn meter_cpu(store: &mut Store<Host>) {
     store.epoch_deadline_callback(|mut ctx| {
-        let h = ctx.data_mut();
-        h.cpu_ticks += 1;
-        if h.cpu_ticks > h.cpu_tick_limit {
-            let ran = h.cpu_ticks * h.tick_ms;
-            return Err(wasmtime::Error::new(if h.cpu_per_stretch {
-                LimitTrap::Cpu(ran)
-            } else {
-                LimitTrap::CpuInAll(ran)
-            }));
-        }
+        let meter = &mut ctx.data_mut().cpu;
+        meter.tick().map_err(wasmtime::Error::new)?;
+        let id = meter.id();
         // tokio's own yield, not wasmtime's plain one: it lets the worker
         // poll for I/O before the guest runs on. With wasmtime's, a guest
         // woke itself at once and the worker looked at its sockets only
         // every 61 polls, ~0.6 s at 10 ms a slice: two actors looping on
         // a 2-core node delayed every request by 125-450 ms (a probe).
+        // Where it resumes, the meter reads the thread's CPU from.
         Ok(UpdateDeadline::YieldCustom(
             1,
-            Box::pin(tokio::task::yield_now()),
+            Box::pin(async move {
+                tokio::task::yield_now().await;
+                cpu_meter::resumed(id);
+            }),
         ))
     });
     store.set_epoch_deadline(1);

@@ -300,7 +300,7 @@ impl Instance {
             return Ok(Some(origin));
         }
         let host = self.store.data_mut();
-        host.cpu_ticks = 0;
+        host.cpu.start();
         host.origin_asked = true;
         let called =
             tokio::time::timeout(self.turn_timeout, report.call_async(&mut self.store, ())).await;
@@ -513,7 +513,7 @@ impl Instance {
         } = self;
         let host = store.data_mut();
         host.turn = Some(turn);
-        host.cpu_ticks = 0;
+        host.cpu.start();
         store.set_epoch_deadline(1);
         let eval = matches!(input, TurnInput::Eval(_));
         let call = call_handler(store, handlers, js.as_ref(), &ctx, input);
