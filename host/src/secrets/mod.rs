@@ -334,16 +334,7 @@ impl SecretStore {
                 limit: MAX_VALUE_BYTES,
             });
         }
-        // A value goes into header values, which cannot hold these: one
-        // with a newline (a key file's line break, say) could only ever
-        // fail its requests.
-        if value.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
-            return Err(SecretError::Invalid(
-                "value must not contain control characters (line breaks, NUL): it is sent in \
-                 HTTP header values"
-                    .into(),
-            ));
-        }
+        check_value_chars(value)?;
         let hosts = check_hosts(hosts)?;
         let _guard = self.write_lock.lock().await;
         let now = now_ms();
@@ -530,6 +521,41 @@ impl SecretStore {
     }
 }
 
+/// A value goes into HTTP header values, so it is what they can carry:
+/// printable ASCII, with spaces or tabs inside it only.
+/// * A control character (a key file's line break, NUL) could only ever
+///   fail its requests.
+/// * Leading or trailing whitespace is dropped from a header value on the
+///   wire: what was sent would not be what was stored, and a value that is
+///   all spaces would be cut out of every run of spaces in the answers.
+/// * A server that echoes a non-ASCII value reads its bytes as Latin-1
+///   and spells them in ways the answer filter does not recognize (a
+///   probe got one back as `\u00c3\u00a9…` from a JSON echo).
+fn check_value_chars(value: &[u8]) -> Result<(), SecretError> {
+    let invalid = |why: &str| Err(SecretError::Invalid(format!("value {why}")));
+    if value.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+        return invalid(
+            "must not contain control characters (line breaks, NUL): it is sent in HTTP \
+             header values",
+        );
+    }
+    if !value.is_ascii() {
+        return invalid(
+            "must be ASCII: it is sent in HTTP header values, and a server that echoes other \
+             characters spells them in ways the answer filter cannot recognize",
+        );
+    }
+    if value.first().is_some_and(u8::is_ascii_whitespace)
+        || value.last().is_some_and(u8::is_ascii_whitespace)
+    {
+        return invalid(
+            "must not begin or end with whitespace: HTTP drops it from header values, so the \
+             value sent would not be the value stored",
+        );
+    }
+    Ok(())
+}
+
 /// Check a secret's host list: at least one, all valid patterns; returned
 /// in their normal spelling.
 fn check_hosts(hosts: Vec<String>) -> Result<Vec<String>, SecretError> {
@@ -666,6 +692,23 @@ mod tests {
             store.put("bad name", b"sk-value", host()).await,
             Err(SecretError::Name(_))
         ));
+        for (bad, why) in [
+            (&b"sk-line\nbreak"[..], "control characters"),
+            ("sk-caf\u{e9}-value".as_bytes(), "must be ASCII"),
+            (b"        ", "whitespace"),
+            (b" sk-value-1", "whitespace"),
+            (b"sk-value-1\t", "whitespace"),
+        ] {
+            assert!(
+                matches!(
+                    store.put("K", bad, host()).await,
+                    Err(SecretError::Invalid(m)) if m.contains(why)
+                ),
+                "{bad:?}"
+            );
+        }
+        store.put("T", b"sk-inner space", host()).await.unwrap();
+        store.delete("T").await.unwrap();
         for short in [&b""[..], b"x", b"sk-1234"] {
             assert!(matches!(
                 store.put("K", short, host()).await,
