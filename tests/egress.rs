@@ -1013,6 +1013,13 @@ async fn javascript_fetch_uses_the_same_capability() {
     try {{
       await fetch("https://other.test:{}/echo", {{ headers: {{ authorization: "{{{{secret:API_KEY}}}}" }} }});
     }} catch (e) {{ misdirected = String(e.message || e); }}
+    // A timeout that is not whole milliseconds, at least 1: refused
+    // before anything is sent.
+    const badTimeouts = [];
+    for (const timeoutMs of [0, -5, 1.5, "abc", Infinity]) {{
+      try {{ await fetch("https://api.test:{}/echo", {{ timeoutMs }}); badTimeouts.push("sent"); }}
+      catch (e) {{ badTimeouts.push(e instanceof TypeError && e.message.includes("timeoutMs must be a whole number")); }}
+    }}
     const seen = text + heads + refused + misdirected;
     // Bytes both ways (a body used to go as text, and come back as text:
     // 0x80 and up turned into U+FFFD), and WHATWG headers.
@@ -1026,10 +1033,10 @@ async fn javascript_fetch_uses_the_same_capability() {
     await fetch("https://api.test:{}/echo", {{ method: "POST", body: new URLSearchParams({{ a: "1" }}) }});
     await fetch("https://api.test:{}/echo", {{ method: "POST", body: "{{}}", headers: {{ "Content-Type": "application/json" }} }});
     return {{ status: r.status, leaked: seen.includes("{SECRET}"), redacted: text.includes("[redacted]"),
-             echoed: r.headers.get("x-echo-auth"), refused, misdirected, binary }};
+             echoed: r.headers.get("x-echo-auth"), refused, misdirected, binary, badTimeouts }};
   }}
 }};"#,
-        rig.https, rig.http, rig.https, rig.https, rig.https, rig.https, rig.https
+        rig.https, rig.http, rig.https, rig.https, rig.https, rig.https, rig.https, rig.https
     );
     let manifest = json!({ "kind": "js", "code": source, "config": kit_config() });
     let r = rig.api.deploy_manifest("jsfetch", &manifest).await;
@@ -1039,6 +1046,12 @@ async fn javascript_fetch_uses_the_same_capability() {
     assert_eq!(r.json["status"], 200);
     assert_eq!(r.json["leaked"], false, "{}", r.json);
     assert_eq!(r.json["redacted"], true);
+    assert_eq!(
+        r.json["badTimeouts"],
+        json!([true, true, true, true, true]),
+        "{}",
+        r.json
+    );
     assert_eq!(r.json["echoed"], "Bearer [redacted]", "{}", r.json);
     assert_eq!(
         r.json["binary"],

@@ -688,8 +688,14 @@
         given.set("content-type", "text/plain;charset=UTF-8");
       }
     }
+    // Whole milliseconds, at least 1 (`0`, `-5` and `1.5` became 1 ms
+    // without a word, and a string failed in the binding's words).
+    const timeoutMs = init.timeoutMs ?? undefined;
+    if (timeoutMs !== undefined && !(typeof timeoutMs === "number" && timeoutMs >= 1 && timeoutMs % 1 === 0)) {
+      throw new TypeError(`fetch: timeoutMs must be a whole number of milliseconds, at least 1 (got ${text(timeoutMs)})`);
+    }
     const headers = given.toPairs();
-    const [status, h, body] = host.httpFetch(method, url, headers, requestBody(init.body), init.timeoutMs);
+    const [status, h, body] = host.httpFetch(method, url, headers, requestBody(init.body), timeoutMs);
     // (Any status a server sends, 1xx–5xx, not only those a script may make.)
     const empty = method === "HEAD" || status === 204 || status === 205 || status === 304;
     const resp = new Response(empty ? null : body, { headers: h });
