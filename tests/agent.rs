@@ -768,6 +768,10 @@ async fn a_providers_words_do_not_decide_how_a_run_ends() {
 /// A call whose arguments do not fit the tool's `input_schema` is answered
 /// with why, and is neither put to a person nor sent (the schema was only
 /// shown to the model: `{"title": 12345}` reached the endpoint, approved).
+/// Nor is a call of a name no tool has, even an empty one or one no
+/// provider takes back; the conversation goes on (such a call, sent back
+/// as it was, got every later request refused: the actor could not run
+/// again).
 #[tokio::test]
 async fn calls_that_do_not_fit_their_schema_are_refused_before_anything() {
     let rig = Rig::new().await;
@@ -783,9 +787,17 @@ async fn calls_that_do_not_fit_their_schema_are_refused_before_anything() {
                     json!({"title": 12345}),
                 ),
                 ("call_a".into(), "create_ticket".into(), json!([1, 2])),
+                (
+                    "call_j".into(),
+                    "create_ticket".into(),
+                    json!("{\"title\": \"cut o"),
+                ),
+                ("call_e".into(), String::new(), json!({})),
+                ("call_p".into(), "multi_tool_use.parallel".into(), json!({})),
             ],
         },
         Scripted::Text("I could not.".into()),
+        Scripted::Text("Still here.".into()),
     ]);
     let r = rig
         .api
@@ -804,14 +816,35 @@ async fn calls_that_do_not_fit_their_schema_are_refused_before_anything() {
         .iter()
         .filter(|e| e["kind"] == "tool_result")
         .collect();
-    assert_eq!(results.len(), 2, "{events:#?}");
-    for e in results {
-        let text = e["data"].to_string();
+    let texts: Vec<String> = results.iter().map(|e| e["data"].to_string()).collect();
+    assert_eq!(texts.len(), 5, "{events:#?}");
+    for text in &texts[..2] {
         assert!(text.contains("input_schema"), "{text}");
     }
     assert!(
+        texts[2].contains("not valid JSON, or was cut off"),
+        "{}",
+        texts[2]
+    );
+    assert!(texts[3].contains("no tool named ``"), "{}", texts[3]);
+    assert!(
+        texts[4].contains("no tool named `multi_tool_use.parallel`"),
+        "{}",
+        texts[4]
+    );
+    assert!(
         rig.tickets.posts().is_empty(),
         "a call that did not fit was sent"
+    );
+    let r = rig
+        .api
+        .post_json("/v1/actors/strict/s", &json!({"input": "again"}))
+        .await;
+    assert_eq!(
+        (r.status, r.json["output"].as_str()),
+        (200, Some("Still here.")),
+        "{}",
+        r.json
     );
 }
 

@@ -316,9 +316,19 @@ impl Harness {
             return self.record(run, &call_id, &name, outcome);
         };
         if let Err(why) = self.m.check_arguments(tool, &args) {
-            let outcome = Outcome::error(format!(
-                "the arguments do not fit the tool's input_schema ({why}); the call was not made"
-            ));
+            let outcome = Outcome::error(match &args {
+                // What the model wrote was not JSON (the gateway keeps the
+                // text): "expected type object" did not say so.
+                Value::String(text) => format!(
+                    "the arguments are not a JSON object: `{}` is not valid JSON, or was cut \
+                     off; the call was not made",
+                    preview(text)
+                ),
+                _ => format!(
+                    "the arguments do not fit the tool's input_schema ({why}); the call was not \
+                     made"
+                ),
+            });
             return self.record(run, &call_id, &name, outcome);
         }
         let data =
@@ -698,4 +708,13 @@ fn usage(run: &Run) -> Value {
         u["cost_usd"] = json!(run.cost_usd);
     }
     u
+}
+
+/// The start of what a model wrote, for a message about it.
+fn preview(text: &str) -> String {
+    const SHOWN: usize = 120;
+    match text.char_indices().nth(SHOWN) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
+    }
 }

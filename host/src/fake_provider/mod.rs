@@ -7,7 +7,8 @@
 //! It checks requests the way the real APIs do where Marmot could get them
 //! wrong: the key header, tool calls without results (400, like OpenAI and
 //! Anthropic), tool-call ids (Anthropic's `^[a-zA-Z0-9_-]+$`, OpenAI's 40
-//! characters), alternating roles and `max_tokens` (Anthropic). It shares
+//! characters), called tools' names (`^[a-zA-Z0-9_-]{1,64}$`), alternating
+//! roles and `max_tokens` (Anthropic). It shares
 //! no code with the gateway's codecs, so the two check each other.
 //!
 //! Replies come from a queue of [`Scripted`] answers; with the queue empty

@@ -107,6 +107,16 @@ pub(super) fn last_message(vendor: Vendor, body: &Value) -> (String, String) {
     }
 }
 
+/// A called tool's name as both vendors require it in the conversation
+/// sent back (a model may well have called another).
+fn tool_name_ok(name: &Value) -> bool {
+    name.as_str().is_some_and(|n| {
+        (1..=64).contains(&n.len())
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    })
+}
+
 /// The provider's rules Marmot must follow.
 pub(super) fn check(vendor: Vendor, body: &Value) -> Result<(), String> {
     if body.get("model").and_then(Value::as_str).is_none() {
@@ -153,6 +163,11 @@ pub(super) fn check(vendor: Vendor, body: &Value) -> Result<(), String> {
                                 "messages.{i}.content: tool_use.id: String should match pattern '^[a-zA-Z0-9_-]+$'"
                             ));
                         }
+                        if !tool_name_ok(&b["name"]) {
+                            return Err(format!(
+                                "messages.{i}.content: tool_use.name: String should match pattern '^[a-zA-Z0-9_-]{{1,64}}$'"
+                            ));
+                        }
                         open.push(id.to_owned());
                     }
                 }
@@ -190,6 +205,9 @@ pub(super) fn check(vendor: Vendor, body: &Value) -> Result<(), String> {
                             let id = c["id"].as_str().unwrap_or("");
                             if id.len() > 40 {
                                 return Err("Invalid 'messages.tool_calls.id': string too long. Expected a string with maximum length 40".into());
+                            }
+                            if !tool_name_ok(&c["function"]["name"]) {
+                                return Err("Invalid 'messages.tool_calls.function.name': string does not match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.".into());
                             }
                             open.push(id.to_owned());
                         }

@@ -198,6 +198,7 @@ pub struct ToolCall {
     /// The provider's id for the call.
     pub id: String,
     /// The tool.
+    #[serde(default)]
     pub name: String,
     /// Its arguments: JSON, or the text the model wrote when that was not
     /// JSON (a call cut off by `max_tokens`).
@@ -407,12 +408,13 @@ impl ChatRequest {
             {
                 return Err("a tool message needs its tool_call_id".into());
             }
-            if let Message::Assistant { tool_calls, .. } = m {
-                for c in tool_calls {
-                    if c.id.is_empty() || c.name.is_empty() {
-                        return Err("a tool call needs an id and a name".into());
-                    }
-                }
+            // (Not its name: a model's call of a name no tool has, even an
+            // empty one, is history; `sendable` makes it one every format
+            // takes.)
+            if let Message::Assistant { tool_calls, .. } = m
+                && tool_calls.iter().any(|c| c.id.is_empty())
+            {
+                return Err("a tool call needs an id".into());
             }
         }
         Ok(())
@@ -445,7 +447,8 @@ impl ChatRequest {
 /// The conversation as it may be sent: system messages out (every format
 /// takes them apart), tool calls without a result and results without a
 /// call dropped (every provider refuses them, and a run cut off mid-call
-/// leaves one), and tool-call ids made acceptable to every format.
+/// leaves one), and tool-call ids and names made acceptable to every
+/// format.
 pub fn sendable(messages: &[Message]) -> Vec<Message> {
     use std::collections::HashSet;
     let answered: HashSet<&str> = messages
@@ -473,6 +476,7 @@ pub fn sendable(messages: &[Message]) -> Vec<Message> {
                         called.insert(c.id.clone());
                         ToolCall {
                             id: wire_id(&c.id),
+                            name: wire_tool_name(&c.name),
                             ..c.clone()
                         }
                     })
@@ -523,6 +527,36 @@ pub fn wire_id(id: &str) -> String {
     }
     let digest = Sha256::digest(id.as_bytes());
     format!("call_{}", &hex::encode(digest)[..32])
+}
+
+/// The name a past tool call is sent back under: its own when every
+/// format takes it (what a tool's name must be), else its letters, digits,
+/// `_` and `-` with every other character as `_`, cut to 64 (`unnamed_tool`
+/// for an empty one). A model may call a name no tool has
+/// (`multi_tool_use.parallel`, an empty one); its result says there is no
+/// such tool, but sent back as it was, the call got every later request of
+/// the conversation refused (400), and the agent could not run again (a
+/// probe).
+pub fn wire_tool_name(name: &str) -> String {
+    if valid_tool_name(name) {
+        return name.to_owned();
+    }
+    let kept: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(MAX_TOOL_NAME)
+        .collect();
+    if kept.is_empty() {
+        "unnamed_tool".to_owned()
+    } else {
+        kept
+    }
 }
 
 /// Parse a tool call's arguments text: JSON when it is, else the text.
@@ -615,6 +649,54 @@ mod tests {
         assert_eq!(tool_calls[0].id, "a");
         assert!(matches!(&sent[2], Message::Tool { tool_call_id, .. } if tool_call_id == "a"));
         assert_eq!(r.system_text().as_deref(), Some("be brief"));
+    }
+
+    /// A model's call of a name no format takes (here: none, and one
+    /// with a dot) is history the next request carries: it is checked
+    /// and sent under a name every format takes, with its result.
+    #[test]
+    fn calls_of_names_no_format_takes_are_sent_under_names_they_take() {
+        let r = req(json!({
+            "provider": "p", "model": "m",
+            "messages": [
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "a", "name": "", "arguments": {}},
+                    {"id": "b", "arguments": {}},
+                    {"id": "c", "name": "multi_tool_use.parallel", "arguments": {}},
+                    {"id": "d", "name": "lookup", "arguments": {}}]},
+                {"role": "tool", "tool_call_id": "a", "content": "there is no tool named ``"},
+                {"role": "tool", "tool_call_id": "b", "content": "there is no tool named ``"},
+                {"role": "tool", "tool_call_id": "c", "content": "no such tool"},
+                {"role": "tool", "tool_call_id": "d", "content": "found"}
+            ]
+        }))
+        .unwrap();
+        r.check()
+            .expect("the model's own calls are history, not bad input");
+        let sent = sendable(&r.messages);
+        let Message::Assistant { tool_calls, .. } = &sent[1] else {
+            panic!("{sent:?}")
+        };
+        let names: Vec<&str> = tool_calls.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "unnamed_tool",
+                "unnamed_tool",
+                "multi_tool_use_parallel",
+                "lookup"
+            ]
+        );
+        assert_eq!(sent.len(), 6, "every call keeps its result: {sent:?}");
+        let long = wire_tool_name(&format!("é{}", "x".repeat(100)));
+        assert_eq!(long.len(), MAX_TOOL_NAME);
+        assert!(valid_tool_name(&long), "{long}");
+        // A call without an id is still bad input.
+        let e = req(json!({"provider": "p", "model": "m", "messages": [
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "", "name": "f"}]}]}))
+        .unwrap_err();
+        assert!(e.contains("needs an id"), "{e}");
     }
 
     #[test]
