@@ -635,6 +635,45 @@ async fn rewritten_and_deleted_files_give_their_blobs_back() {
     }
 }
 
+/// While the blobs waiting out their delay hold more than
+/// `files.max_released_bytes`, the oldest go at once: a rewrite loop kept
+/// write rate × delay on disk, outside every quota (2 GB against a 6 MiB
+/// type quota: a probe).
+#[tokio::test]
+async fn released_blobs_past_their_bound_go_before_their_delay() {
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    let config = "[files]\nreleased_blob_delay_ms = 600000\nmax_released_bytes = 700000\n\
+                  max_actor_bytes = 1000000\n";
+    let m = Marmot::start_opts(&data, &[], Some(config)).await;
+    let api = m.client();
+    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+    for i in 0..12 {
+        let r = write(
+            &api,
+            "a",
+            json!({ "path": "big.bin", "bytes": 300_000 + i }),
+        )
+        .await;
+        assert_eq!(r, json!({ "ok": true }), "version {i}");
+    }
+    let list = api.get("/v1/actors/kit/a/files").await;
+    let live = list.json["files"][0]["sha256"].as_str().unwrap().to_owned();
+    // The live version, and the two newest old ones (600 kB): a third
+    // would be 900 kB waiting.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while blobs(&data).len() != 3 {
+        assert!(
+            Instant::now() < deadline,
+            "{} blobs on disk, 3 expected",
+            blobs(&data).len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(blobs(&data).contains(&live));
+    assert_eq!(read(&api, "a", "big.bin").await["size"], 300_011);
+}
+
 #[tokio::test]
 async fn javascript_actors_have_files_too() {
     let (_dir, _m, api) = kit_node(json!({})).await;

@@ -11,6 +11,7 @@ use super::Node;
 use crate::actor::Envelope;
 use crate::clock::now_ms;
 use crate::storage::WriteOp;
+use crate::storage::blobs::Release;
 
 impl Node {
     /// Re-run durable messages found at start-up, a bounded number of actors
@@ -94,11 +95,31 @@ impl Node {
         }
     }
 
-    /// Remove the blobs whose last file was overwritten or deleted `delay`
-    /// or more ago.
-    async fn reap_blobs(&self, delay: Duration) {
+    /// Remove the blobs whose last file was overwritten or deleted, once
+    /// due: `files.released_blob_delay_ms` later, or at once while those
+    /// waiting hold more than `files.max_released_bytes`. Looks every
+    /// second, and after every commit that released some (a rewrite loop
+    /// writes hundreds of MB a second).
+    pub(super) async fn reap_released_blobs(self: Arc<Self>) {
+        let release = Release {
+            delay: Duration::from_millis(self.config.files.released_blob_delay_ms),
+            max_waiting_bytes: self.config.files.max_released_bytes,
+        };
+        let unreferenced = self.storage.blobs().unreferenced();
+        loop {
+            tokio::select! {
+                () = unreferenced.added() => {}
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            if self.storage.blobs().reap_due(release) {
+                self.reap_blobs(release).await;
+            }
+        }
+    }
+
+    async fn reap_blobs(&self, release: Release) {
         let storage = self.storage.clone();
-        match tokio::task::spawn_blocking(move || storage.reap_blobs(delay)).await {
+        match tokio::task::spawn_blocking(move || storage.reap_blobs(release)).await {
             Ok(Ok(0)) => {}
             Ok(Ok(n)) => tracing::debug!(blobs = n, "blobs no file refers to any more removed"),
             Ok(Err(e)) => {
@@ -144,10 +165,6 @@ impl Node {
             self.update_gauges();
             if max_age > 0 && n.is_multiple_of(sweep_every) {
                 self.sweep_old_events().await;
-            }
-            let released_delay = Duration::from_millis(self.config.files.released_blob_delay_ms);
-            if self.storage.blobs().reap_due(released_delay) {
-                self.reap_blobs(released_delay).await;
             }
             if n.is_multiple_of(600) {
                 let grace = Duration::from_millis(self.config.files.blob_gc_grace_ms);

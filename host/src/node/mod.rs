@@ -267,6 +267,7 @@ impl Node {
         tokio::spawn(node.clone().recover(recover));
         scheduler.start(storage.clone(), actors, &config.alarms, scheduler_rx);
         tokio::spawn(node.clone().housekeeping());
+        tokio::spawn(node.clone().reap_released_blobs());
         tokio::spawn(node.clone().relay());
         tokio::spawn(node.clone().follow_slots());
         tokio::spawn(node.clone().sweep_placements());

@@ -11,8 +11,10 @@
 //! removes it: at start-up (nothing can hold one then) and periodically.
 //! A commit that removes a blob's last reference (its file overwritten or
 //! deleted) queues it ([`Unreferenced`]), and [`BlobStore::reap`] removes
-//! it a few seconds later: garbage from files rewritten in a loop used to
-//! wait for the periodic sweep, outside every quota.
+//! it a few seconds later, or at once while the queue holds more bytes
+//! than [`Release::max_waiting_bytes`]: garbage from files rewritten in a
+//! loop used to wait for the periodic sweep, outside every quota, and then
+//! for the delay, at whatever rate the disk could write.
 //! One lock orders `put` against the collector's check-and-delete, so a
 //! blob found by `put` is never deleted under a turn that just took it;
 //! whether a committed file refers to a blob is read *under* that lock,
@@ -54,43 +56,111 @@ impl Drop for RemovalPause {
     }
 }
 
-/// Blobs whose last reference a commit removed, oldest first, with when:
-/// filled by the writer after each commit, emptied by
+/// When a blob whose last file went is removed.
+#[derive(Debug, Clone, Copy)]
+pub struct Release {
+    /// This long after its last file went: time for whoever read the
+    /// file's row just before to open the blob (a download; an open blob
+    /// stays readable once removed).
+    pub delay: Duration,
+    /// At once, oldest first, while the blobs waiting hold more bytes than
+    /// this: an actor rewriting a 2 MB file in a loop kept 2 GB on disk
+    /// for the delay against a 6 MiB quota (a probe).
+    pub max_waiting_bytes: u64,
+}
+
+/// A blob waiting for removal: since when, which, and its size.
+type Waiting = (Instant, [u8; 32], u64);
+
+/// Blobs whose last reference a commit removed, oldest first, with when
+/// and their sizes: filled by the writer after each commit, emptied by
 /// [`BlobStore::reap`].
+#[derive(Debug)]
+pub struct Unreferenced {
+    dir: PathBuf,
+    queue: Mutex<WaitingQueue>,
+    /// Told of every addition (the reaper need not wait for its tick when
+    /// too many bytes wait).
+    added: tokio::sync::Notify,
+}
+
 #[derive(Debug, Default)]
-pub struct Unreferenced(Mutex<VecDeque<(Instant, [u8; 32])>>);
+struct WaitingQueue {
+    blobs: VecDeque<Waiting>,
+    bytes: u64,
+}
 
 impl Unreferenced {
-    /// `shas` lost their last reference in a commit that just succeeded.
-    pub fn add(&self, shas: Vec<[u8; 32]>) {
-        let now = Instant::now();
-        let mut q = self.0.lock().expect("unreferenced blobs lock");
-        q.extend(shas.into_iter().map(|sha| (now, sha)));
-    }
-
-    /// Take at most `max` of the blobs unreferenced for `delay` or longer.
-    fn take_due(&self, delay: Duration, max: usize) -> Vec<(Instant, [u8; 32])> {
-        let mut q = self.0.lock().expect("unreferenced blobs lock");
-        let due = q
-            .iter()
-            .take(max)
-            .take_while(|(at, _)| at.elapsed() >= delay)
-            .count();
-        q.drain(..due).collect()
-    }
-
-    /// Put `rest` back at the front, oldest first (a removal failed).
-    fn put_back(&self, rest: impl DoubleEndedIterator<Item = (Instant, [u8; 32])>) {
-        let mut q = self.0.lock().expect("unreferenced blobs lock");
-        for e in rest.rev() {
-            q.push_front(e);
+    fn new(dir: PathBuf) -> Self {
+        Self {
+            dir,
+            queue: Mutex::default(),
+            added: tokio::sync::Notify::new(),
         }
     }
 
-    /// Whether some blob has been unreferenced for `delay`.
-    fn any_due(&self, delay: Duration) -> bool {
-        let q = self.0.lock().expect("unreferenced blobs lock");
-        q.front().is_some_and(|(at, _)| at.elapsed() >= delay)
+    /// `shas` lost their last reference in a commit that just succeeded.
+    pub fn add(&self, shas: Vec<[u8; 32]>) {
+        let now = Instant::now();
+        // Sized outside the lock (one stat each: blobs are large files).
+        let sized: Vec<Waiting> = shas
+            .into_iter()
+            .map(|sha| {
+                let size = std::fs::metadata(blob_path(&self.dir, &sha)).map_or(0, |m| m.len());
+                (now, sha, size)
+            })
+            .collect();
+        let mut q = self.queue.lock().expect("unreferenced blobs lock");
+        q.bytes += sized.iter().map(|w| w.2).sum::<u64>();
+        q.blobs.extend(sized);
+        drop(q);
+        self.added.notify_one();
+    }
+
+    /// Wait until a blob is added (or was, since the last wait).
+    pub async fn added(&self) {
+        self.added.notified().await;
+    }
+
+    /// Take at most `max` of the blobs due under `release`.
+    fn take_due(&self, release: Release, max: usize) -> Vec<Waiting> {
+        let mut q = self.queue.lock().expect("unreferenced blobs lock");
+        let mut bytes = q.bytes;
+        let due = q
+            .blobs
+            .iter()
+            .take(max)
+            .take_while(|(at, _, size)| {
+                let due = bytes > release.max_waiting_bytes || at.elapsed() >= release.delay;
+                bytes -= if due { *size } else { 0 };
+                due
+            })
+            .count();
+        q.bytes = bytes;
+        q.blobs.drain(..due).collect()
+    }
+
+    /// Put `rest` back at the front, oldest first (a removal failed).
+    fn put_back(&self, rest: impl DoubleEndedIterator<Item = Waiting>) {
+        let mut q = self.queue.lock().expect("unreferenced blobs lock");
+        for e in rest.rev() {
+            q.bytes += e.2;
+            q.blobs.push_front(e);
+        }
+    }
+
+    /// Whether some blob is due under `release`.
+    fn any_due(&self, release: Release) -> bool {
+        let q = self.queue.lock().expect("unreferenced blobs lock");
+        q.bytes > release.max_waiting_bytes
+            || q.blobs
+                .front()
+                .is_some_and(|(at, _, _)| at.elapsed() >= release.delay)
+    }
+
+    /// The bytes of the blobs waiting.
+    pub fn waiting_bytes(&self) -> u64 {
+        self.queue.lock().expect("unreferenced blobs lock").bytes
     }
 }
 
@@ -127,6 +197,12 @@ impl std::fmt::Debug for BlobHold {
     }
 }
 
+/// Where blob `sha256` lives under `dir`.
+fn blob_path(dir: &Path, sha256: &[u8; 32]) -> PathBuf {
+    let hex = hex::encode(sha256);
+    dir.join(&hex[..2]).join(&hex)
+}
+
 fn io(what: String) -> impl FnOnce(std::io::Error) -> StorageError {
     move |source| StorageError::Io { what, source }
 }
@@ -139,9 +215,9 @@ impl BlobStore {
             dir.display()
         )))?;
         Ok(Self {
-            dir,
+            dir: dir.clone(),
             held: Arc::default(),
-            unreferenced: Arc::default(),
+            unreferenced: Arc::new(Unreferenced::new(dir.clone())),
             pauses: Arc::default(),
         })
     }
@@ -164,36 +240,34 @@ impl BlobStore {
         self.unreferenced.clone()
     }
 
-    /// Whether [`Self::reap`] with `delay` has something to do.
-    pub fn reap_due(&self, delay: Duration) -> bool {
-        !self.paused() && self.unreferenced.any_due(delay)
+    /// Whether [`Self::reap`] under `release` has something to do.
+    pub fn reap_due(&self, release: Release) -> bool {
+        !self.paused() && self.unreferenced.any_due(release)
     }
 
-    /// Remove the blobs whose last reference went `delay` or more ago, if
-    /// nothing holds them and no committed file refers to them again
-    /// (`referenced`, asked under the lock `put` takes: read it from a
-    /// fresh snapshot). `delay` leaves time for whoever read a file's row
-    /// just before its blob went unreferenced to open the blob: a
-    /// download, a backup's copy. Returns how many were removed. Blocking.
+    /// Remove the blobs due under `release`, if nothing holds them and no
+    /// committed file refers to them again (`referenced`, asked under the
+    /// lock `put` takes: read it from a fresh snapshot). Returns how many
+    /// were removed. Blocking.
     pub fn reap(
         &self,
-        delay: Duration,
+        release: Release,
         referenced: impl Fn(&[u8; 32]) -> Result<bool, StorageError>,
     ) -> Result<usize, StorageError> {
         let mut removed = 0;
         if self.paused() {
             return Ok(0);
         }
-        let due = self.unreferenced.take_due(delay, REAP_AT_ONCE);
+        let due = self.unreferenced.take_due(release, REAP_AT_ONCE);
         let mut due = due.into_iter();
-        while let Some((at, sha)) = due.next() {
-            match self.release_if_unused(&sha, &referenced) {
+        while let Some(waiting) = due.next() {
+            match self.release_if_unused(&waiting.1, &referenced) {
                 Ok(true) => removed += 1,
                 Ok(false) => {}
                 Err(e) => {
                     // Looked at again next time, not left to the sweep.
                     self.unreferenced
-                        .put_back(std::iter::once((at, sha)).chain(due));
+                        .put_back(std::iter::once(waiting).chain(due));
                     return Err(e);
                 }
             }
@@ -203,8 +277,7 @@ impl BlobStore {
 
     /// The path of blob `sha256`.
     pub fn path(&self, sha256: &[u8; 32]) -> PathBuf {
-        let hex = hex::encode(sha256);
-        self.dir.join(&hex[..2]).join(&hex)
+        blob_path(&self.dir, sha256)
     }
 
     /// Store `bytes` durably and hold the blob for the caller's turn.
@@ -480,20 +553,17 @@ mod tests {
         let hold = store.put(b"held").unwrap();
         store.unreferenced().add(shas.clone());
         // Not before the delay.
-        assert!(!store.reap_due(Duration::from_secs(60)));
-        assert_eq!(
-            store.reap(Duration::from_secs(60), |_| Ok(false)).unwrap(),
-            0
-        );
+        assert!(!store.reap_due(after(60)));
+        assert_eq!(store.reap(after(60), |_| Ok(false)).unwrap(), 0);
         // After it: only the one nothing refers to or holds.
-        assert!(store.reap_due(Duration::ZERO));
-        let removed = store.reap(Duration::ZERO, |h| Ok(*h == shas[1])).unwrap();
+        assert!(store.reap_due(after(0)));
+        let removed = store.reap(after(0), |h| Ok(*h == shas[1])).unwrap();
         assert_eq!(removed, 1);
         assert!(store.read(&shas[0]).is_err());
         assert!(store.read(&shas[1]).is_ok());
         assert!(store.read(&shas[2]).is_ok());
         // Each is looked at once: the queue is empty now.
-        assert!(!store.reap_due(Duration::ZERO));
+        assert!(!store.reap_due(after(0)));
         drop(hold);
 
         // A failed look leaves it, and those after it, queued.
@@ -509,12 +579,52 @@ mod tests {
                 Ok(false)
             }
         };
-        assert!(store.reap(Duration::ZERO, failing).is_err());
+        assert!(store.reap(after(0), failing).is_err());
         // Nothing goes while a backup runs.
         let pause = store.pause_removals();
-        assert!(!store.reap_due(Duration::ZERO));
-        assert_eq!(store.reap(Duration::ZERO, |_| Ok(false)).unwrap(), 0);
+        assert!(!store.reap_due(after(0)));
+        assert_eq!(store.reap(after(0), |_| Ok(false)).unwrap(), 0);
         drop(pause);
-        assert_eq!(store.reap(Duration::ZERO, |_| Ok(false)).unwrap(), 2);
+        assert_eq!(store.reap(after(0), |_| Ok(false)).unwrap(), 2);
+    }
+
+    /// A release after `secs`, whatever waits.
+    fn after(secs: u64) -> Release {
+        Release {
+            delay: Duration::from_secs(secs),
+            max_waiting_bytes: u64::MAX,
+        }
+    }
+
+    /// Past `max_waiting_bytes`, the oldest go at once, down to it; the
+    /// rest wait for the delay.
+    #[test]
+    fn too_many_bytes_waiting_go_at_once_oldest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = BlobStore::open(dir.path().join("blobs")).unwrap();
+        let shas: Vec<[u8; 32]> = (0..4u8)
+            .map(|i| *store.put(&[i; 1000]).unwrap().sha256())
+            .collect();
+        store.unreferenced().add(shas.clone());
+        assert_eq!(store.unreferenced().waiting_bytes(), 4000);
+        let release = Release {
+            delay: Duration::from_secs(60),
+            max_waiting_bytes: 2500,
+        };
+        assert!(store.reap_due(release));
+        assert_eq!(store.reap(release, |_| Ok(false)).unwrap(), 2);
+        assert!(store.read(&shas[0]).is_err() && store.read(&shas[1]).is_err());
+        assert!(store.read(&shas[2]).is_ok() && store.read(&shas[3]).is_ok());
+        assert_eq!(store.unreferenced().waiting_bytes(), 2000);
+        assert!(!store.reap_due(release), "at the bound, the rest wait");
+        // A failed look puts the bytes back with the blobs.
+        store
+            .unreferenced()
+            .add(vec![*store.put(&[9; 1000]).unwrap().sha256()]);
+        let failing = |_: &[u8; 32]| Err(StorageError::ShuttingDown);
+        assert!(store.reap(release, failing).is_err());
+        assert_eq!(store.unreferenced().waiting_bytes(), 3000);
+        assert_eq!(store.reap(release, |_| Ok(false)).unwrap(), 1);
+        assert_eq!(store.unreferenced().waiting_bytes(), 2000);
     }
 }

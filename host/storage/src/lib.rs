@@ -483,10 +483,11 @@ impl Storage {
         self.reader()?.blob_referenced(sha256)
     }
 
-    /// Remove the blobs whose last file went `delay` or more ago and that
-    /// nothing took again (see [`blobs::BlobStore::reap`]). Blocking.
-    pub fn reap_blobs(&self, delay: std::time::Duration) -> Result<usize, StorageError> {
-        self.blobs.reap(delay, |sha| self.blob_referenced_now(sha))
+    /// Remove the blobs whose last file went and that nothing took again,
+    /// as `release` says when (see [`blobs::BlobStore::reap`]). Blocking.
+    pub fn reap_blobs(&self, release: blobs::Release) -> Result<usize, StorageError> {
+        self.blobs
+            .reap(release, |sha| self.blob_referenced_now(sha))
     }
 
     /// The group-commit writer.

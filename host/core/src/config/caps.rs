@@ -28,6 +28,10 @@ pub struct FilesConfig {
     /// long after the commit: time for a download that read the file's
     /// row just before to open the blob (backups pause removals).
     pub released_blob_delay_ms: u64,
+    /// Unless blobs waiting so hold more bytes than this: then the oldest
+    /// go at once (files rewritten in a loop kept write rate × delay on
+    /// disk, outside every quota).
+    pub max_released_bytes: u64,
 }
 
 impl Default for FilesConfig {
@@ -40,6 +44,7 @@ impl Default for FilesConfig {
             inline_max_bytes: 64 << 10,
             blob_gc_grace_ms: 3_600_000,
             released_blob_delay_ms: 10_000,
+            max_released_bytes: 256 << 20,
         }
     }
 }
