@@ -514,11 +514,31 @@ fn json_or_base64(bytes: &[u8]) -> (Option<&serde_json::value::RawValue>, Option
     }
 }
 
+/// `?after=NAME&limit=N` of the alarm listing.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AlarmParams {
+    /// The last name of the previous page.
+    #[serde(default)]
+    after: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// The most bytes of stored alarms one page of the listing holds (at least
+/// one alarm): 1,000 alarms with 64 KiB payloads made a 65 MB answer, built
+/// whole in memory for each reader (a probe).
+const ALARM_PAGE_BYTES: usize = 8 << 20;
+
+/// `GET …/alarms`: an actor's alarms by name, a page at a time.
 pub(super) async fn alarms(
     State(s): State<AppState>,
     ActorPath(key): ActorPath,
+    Query(q): Query<AlarmParams>,
 ) -> Result<Response, ApiError> {
-    let Some(alarms) = s.node.alarms(&key)? else {
+    let limit = Page::ALARMS.size(q.limit)?;
+    let after = q.after.as_deref().unwrap_or("");
+    let Some((alarms, more)) = s.node.alarms_page(&key, after, limit, ALARM_PAGE_BYTES)? else {
         return Err(ApiError::actor_not_found(&key));
     };
     /// An alarm as the API shows it (its payload as stored, at any depth;
@@ -538,8 +558,10 @@ pub(super) async fn alarms(
     #[derive(serde::Serialize)]
     struct Alarms<'a> {
         alarms: Vec<AlarmJson<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        next_after: Option<&'a str>,
     }
-    let alarms: Vec<_> = alarms
+    let shown: Vec<_> = alarms
         .iter()
         .map(|(name, a)| {
             let schedule = match &a.schedule {
@@ -559,7 +581,13 @@ pub(super) async fn alarms(
             }
         })
         .collect();
-    Ok(axum::Json(Alarms { alarms }).into_response())
+    let page = Alarms {
+        alarms: shown,
+        next_after: more
+            .then(|| alarms.last().map(|(name, _)| name.as_str()))
+            .flatten(),
+    };
+    Ok(axum::Json(page).into_response())
 }
 
 #[derive(Deserialize)]

@@ -85,6 +85,12 @@ impl Page {
         default: 1100,
         max: 10_000,
     };
+    /// An actor's alarms: all it may have (`alarms.max_per_actor`, 1,000)
+    /// by default, as the listing had no pages before.
+    pub const ALARMS: Page = Page {
+        default: 1000,
+        max: 10_000,
+    };
     /// An actor's files.
     pub const FILES: Page = Page {
         default: 1000,

@@ -7,9 +7,7 @@ use super::Node;
 use crate::catalog::{RateLimited, TypeEntry};
 use crate::clock::now_ms;
 use crate::ids::ActorKey;
-use crate::storage::schema::{
-    ActorRecord, AlarmRecord, EventRecord, FileRecord, InputRecord, UsageRecord,
-};
+use crate::storage::schema::{ActorRecord, EventRecord, FileRecord, InputRecord, UsageRecord};
 use crate::storage::{Page, Reader, StateEntries, StorageError};
 
 /// What `GET /v1/actors/{type}/{id}` shows.
@@ -247,18 +245,20 @@ impl Node {
         Ok(Some(r.inputs_page(rec.num, after, limit, max_bytes, keep)?))
     }
 
-    /// Committed alarms of an actor, by name.
-    pub fn alarms(
+    /// A page of an actor's committed alarms, by name after `after` (see
+    /// [`crate::storage::Reader::alarms_page`]).
+    pub fn alarms_page(
         &self,
         key: &ActorKey,
-    ) -> Result<Option<Vec<(String, AlarmRecord)>>, StorageError> {
+        after: &str,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Option<crate::storage::AlarmsPage>, StorageError> {
         let r = self.storage.reader()?;
         let Some(rec) = r.actor(key)? else {
             return Ok(None);
         };
-        let mut alarms = r.alarms(rec.num)?;
-        alarms.retain(|(name, _)| !crate::alarms::is_internal(name));
-        Ok(Some(alarms))
+        Ok(Some(r.alarms_page(rec.num, after, limit, max_bytes)?))
     }
 
     /// Committed events after `after`: at most `limit`, and no more than

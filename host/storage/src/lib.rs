@@ -33,7 +33,7 @@ use redb::ReadableDatabase;
 
 use db::DbCell;
 pub use marmot_core::config::StorageConfig;
-pub use reader::{DeliveryPage, DueScan, InputsPage, Page, Reader, StateEntries};
+pub use reader::{AlarmsPage, DeliveryPage, DueScan, InputsPage, Page, Reader, StateEntries};
 use schema::*;
 pub use subscriptions::Subscriptions;
 pub use writer::{

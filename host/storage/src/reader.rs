@@ -18,6 +18,9 @@ pub type StateEntries = Vec<(String, Vec<u8>)>;
 /// A page of input requests by id, and whether more follow.
 pub type InputsPage = (Vec<(String, InputRecord)>, bool);
 
+/// A page of alarms by name, and whether more follow.
+pub type AlarmsPage = (Vec<(String, AlarmRecord)>, bool);
+
 /// A read transaction with typed accessors.
 pub struct Reader {
     pub(crate) txn: redb::ReadTransaction,
@@ -296,6 +299,38 @@ impl Reader {
             out.push((name.to_owned(), decode("alarm", v.value())?));
         }
         Ok(out)
+    }
+
+    /// A page of one actor's own alarms (not the platform's, such as input
+    /// expiries) by name after `after`: at most `limit`, and no more than
+    /// `max_bytes` of them as stored (at least one).
+    pub fn alarms_page(
+        &self,
+        num: u64,
+        after: &str,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<AlarmsPage, StorageError> {
+        let t = self.txn.open_table(ALARMS)?;
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        for row in t.range((num, after)..)? {
+            let (k, v) = row?;
+            let (n, name) = k.value();
+            if n != num {
+                break;
+            }
+            if name == after || is_internal_alarm(name) {
+                continue;
+            }
+            let size = v.value().len();
+            if out.len() == limit || (!out.is_empty() && bytes + size > max_bytes) {
+                return Ok((out, true));
+            }
+            bytes += size;
+            out.push((name.to_owned(), decode("alarm", v.value())?));
+        }
+        Ok((out, false))
     }
 
     /// Number of pending alarms of one actor (the platform's own, such as

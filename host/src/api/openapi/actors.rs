@@ -203,8 +203,14 @@ pub(super) fn operations() -> Vec<Op> {
             method: "get",
             path: "/v1/actors/{type}/{id}/alarms",
             id: "alarms",
-            summary: "Pending alarms",
-            params: actor(),
+            summary: "Pending alarms, by name: a page holds at most `limit` and 8 MiB of stored alarms (at least one); `next_after` is given when more follow",
+            params: with(
+                actor(),
+                [
+                    query("after", "string", "continue after this alarm name"),
+                    limit(Page::ALARMS),
+                ],
+            ),
             body: None,
             responses: vec![
                 (200, "alarms", Some(schema("AlarmList"))),

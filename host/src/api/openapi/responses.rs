@@ -224,7 +224,8 @@ pub(super) fn schemas() -> Vec<(&'static str, Value)> {
                                 "tz": either(string(), null())}))]},
                         "next_due_ms": ms(), "attempts": int(), "set_at_ms": ms(),
                         "payload": any(),
-                        "payload_base64": {"type": "string", "contentEncoding": "base64"}})))}),
+                        "payload_base64": {"type": "string", "contentEncoding": "base64"}}))),
+                    "next_after": string()}),
             ),
         ),
         (

@@ -138,10 +138,38 @@ struct EventPage {
     reset: Option<serde_json::Value>,
 }
 
+/// A page of alarms, each as it came.
+#[derive(serde::Deserialize)]
+struct AlarmPage {
+    alarms: Vec<Box<RawValue>>,
+    next_after: Option<String>,
+}
+
+/// `marmot alarms TYPE ID`: every page of the listing, as one object.
 pub(in crate::cli) async fn alarms(args: &ClientArgs, ty: &str, id: &str) -> anyhow::Result<()> {
     let c = Client::new(args)?;
     let path = format!("/v1/actors/{}/{}/alarms", seg(ty), seg(id));
-    let (_, body) = c.send(c.request(Method::GET, &path)).await?;
+    let mut all = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut req = c.request(Method::GET, &path);
+        if let Some(a) = &after {
+            req = req.query(&[("after", a)]);
+        }
+        let (_, body) = c.send(req).await?;
+        let page: AlarmPage =
+            serde_json::from_slice(&body).context("the node's alarm listing is not JSON")?;
+        all.extend(page.alarms);
+        match page.next_after {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    #[derive(serde::Serialize)]
+    struct All {
+        alarms: Vec<Box<RawValue>>,
+    }
+    let body = serde_json::to_vec(&All { alarms: all }).context("cannot print the alarms")?;
     print_json(&body);
     Ok(())
 }
