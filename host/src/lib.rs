@@ -23,7 +23,7 @@
 // The lowest layers are crates of their own (Cargo keeps them from
 // importing anything above): `marmot-core` (clock, names, settings) and
 // `marmot-storage`. They keep their module names here.
-use marmot_core::{clock, config, ids, json};
+use marmot_core::{clock, config, ids, json, throttle};
 use marmot_storage as storage;
 
 mod actor;

@@ -31,11 +31,15 @@ use crate::clock::now_ms;
 use crate::config::AlarmsConfig;
 use crate::ids::ActorKey;
 use crate::storage::Storage;
+use crate::throttle::LogThrottle;
 
 /// How far ahead the scheduler keeps alarms in memory.
 pub const HORIZON_MS: u64 = 60_000;
 /// Delay before delivering again an alarm whose delivery went wrong.
 const REDELIVER_MS: u64 = 200;
+
+/// The "cannot read an actor key" line's throttle.
+static ACTOR_KEY_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(5));
 
 /// One alarm: (actor number, alarm name).
 type AlarmId = (u64, String);
@@ -397,7 +401,10 @@ impl Loop {
                 Ok(Some(k)) => k,
                 Ok(None) => continue, // the actor was deleted with its alarms
                 Err(e) => {
-                    tracing::error!(error = %e, "alarm scheduler: cannot read an actor key");
+                    // (Each due alarm meets it while storage fails.)
+                    if let Some(held_back) = ACTOR_KEY_LOG.admit() {
+                        tracing::error!(error = %e, held_back, "alarm scheduler: cannot read an actor key");
+                    }
                     self.queue.set(id, Some(now_ms() + 1000));
                     continue;
                 }

@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use marmot_core::config::StorageConfig;
 use marmot_core::ids::ActorKey;
+use marmot_core::throttle::LogThrottle;
 use tokio::sync::{Notify, oneshot};
 
 pub use ops::{EnqueueOutcome, Fence, TurnCommit, WriteOp};
@@ -240,6 +241,9 @@ const FIRST_TURN_WINDOW: Duration = Duration::from_secs(5);
 
 /// How often a faulted writer with nothing to do tries a commit.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// The "storage commit failed" line's throttle.
+static COMMIT_FAILED_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(5));
 
 /// What the writer loop does next. (The op moves straight into the batch;
 /// boxing it would cost an allocation per op.)
@@ -603,7 +607,11 @@ impl WriterState {
             }
             Some(e) => {
                 self.metrics.commit_failures.inc();
-                tracing::error!(target: LOG_TARGET, error = %e, ops = n, "storage commit failed; failing every operation in the batch");
+                // (Every batch fails while the disk is full: one line a
+                // few seconds, saying how many it held back.)
+                if let Some(held_back) = COMMIT_FAILED_LOG.admit() {
+                    tracing::error!(target: LOG_TARGET, error = %e, ops = n, held_back, "storage commit failed; failing every operation in the batch");
+                }
                 (
                     self.next_inbox_seq,
                     self.next_delivery_seq,
