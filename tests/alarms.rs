@@ -737,6 +737,8 @@ async fn javascript_actors_set_and_receive_alarms() {
             "`after` must be milliseconds (0 to ",
         ),
         (json!("words"), json!({"after": "1h"}), "not a string"),
+        (json!("none"), json!({"after": null}), "not null"),
+        (json!("obj"), json!({"after": {"ms": 5}}), "not an object"),
         (
             json!("two"),
             json!({"at": 1, "after": 2}),

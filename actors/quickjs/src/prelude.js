@@ -153,7 +153,11 @@
     // (`after` too: now plus it must still be a Date.)
     const max = what === "at" ? MAX_MS : MAX_MS - DateCtor.now();
     if (typeof v !== "number" || !isFinite(v) || v < 0 || v > max) {
-      const got = typeof v === "number" ? StringCtor(v) : `a ${typeof v}`;
+      const got =
+        typeof v === "number" ? StringCtor(v)
+        : v === null || v === undefined ? StringCtor(v)
+        : typeof v === "object" ? "an object"
+        : `a ${typeof v}`;
       const want = what === "at" ? `epoch milliseconds (0 to ${MAX_MS}) or a Date` : `milliseconds (0 to ${max})`;
       throw new TypeErrorCtor(`alarms.set: \`${what}\` must be ${want}, not ${got}`);
     }
