@@ -237,6 +237,13 @@ pub fn check(manifest: &Value, config: &TypeConfig) -> Result<String, String> {
                 "{at}.name `{name}` must be 1-64 letters, digits, `_` or `-`"
             ));
         }
+        // (A script's `tools.__proto__ = …` sets the object's prototype:
+        // the tool was missing from its own list.)
+        if name == "__proto__" {
+            return Err(format!(
+                "{at}.name `__proto__` is reserved in JavaScript; choose another"
+            ));
+        }
         if !names.insert(name.to_owned()) {
             return Err(format!("{at}: a tool named `{name}` is defined twice"));
         }
@@ -515,6 +522,10 @@ mod tests {
         bad(
             &|m| m["tools"][2]["name"] = json!("create_ticket"),
             "defined twice",
+        );
+        bad(
+            &|m| m["tools"][2]["name"] = json!("__proto__"),
+            "reserved in JavaScript",
         );
         bad(
             &|m| m["tools"][1]["url"] = json!("http://api.example.com/tickets"),

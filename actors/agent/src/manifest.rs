@@ -270,7 +270,7 @@ impl Tool {
                 let callable: Vec<String> = manifest
                     .script_tools(tools.as_deref())
                     .iter()
-                    .map(|t| format!("`await tools.{}(args)`", t.name()))
+                    .map(|t| format!("`await {}(args)`", script_callee(t.name())))
                     .collect();
                 let mut d = if description.is_empty() {
                     "Run JavaScript in a sandbox. The value of the last expression (or what the \
@@ -341,5 +341,30 @@ impl Tool {
             ),
         };
         json!({ "name": name, "description": description, "input_schema": schema })
+    }
+}
+
+/// How a script names tool `name`: `tools.name`, or `tools["my-tool"]`
+/// when the name is not an identifier (`tools.my-tool(args)` reads as a
+/// subtraction).
+fn script_callee(name: &str) -> String {
+    let identifier =
+        name.bytes().next().is_some_and(|b| !b.is_ascii_digit()) && !name.contains('-');
+    if identifier {
+        format!("tools.{name}")
+    } else {
+        format!("tools[\"{name}\"]")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::script_callee;
+
+    #[test]
+    fn a_tool_whose_name_is_no_identifier_is_named_by_index() {
+        assert_eq!(script_callee("create_ticket"), "tools.create_ticket");
+        assert_eq!(script_callee("my-tool"), r#"tools["my-tool"]"#);
+        assert_eq!(script_callee("2fa"), r#"tools["2fa"]"#);
     }
 }
