@@ -100,7 +100,41 @@ async fn providers_are_configured_checked_and_listed_without_keys() {
     )
     .await;
     assert_eq!(r.status, 200, "a replacement");
+    // A key whose secret exists goes only where the secret may: one that
+    // may not go to the provider's host is refused here, not at each call.
+    let r = api
+        .req(
+            reqwest::Method::PUT,
+            "/v1/secrets/LOCAL_KEY",
+            Some((
+                "application/json",
+                br#"{"value": "sk-local-123", "hosts": ["models.internal.test"]}"#.to_vec(),
+            )),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
     let before = api.get("/v1/providers").await.json;
+    let r = put_provider(
+        &api,
+        "openai",
+        json!({"format": "openai-chat", "key_secret": "LOCAL_KEY"}),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.code()),
+        (400, "invalid_provider"),
+        "{}",
+        r.json
+    );
+    let msg = r.json["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains(
+            "may be sent only to models.internal.test, not to base_url's host `api.openai.com`"
+        ),
+        "{msg}"
+    );
+    assert!(!String::from_utf8_lossy(&r.body).contains("sk-local-123"));
     for (name, spec, code) in [
         ("x", json!({"format": "gemini"}), "invalid_provider"),
         (

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use url::Url;
 
 use super::wire::{EncodeOptions, Format};
+use crate::egress::policy::HostPattern;
 use crate::ids::{IdError, validate_provider_name, validate_secret_name};
 use crate::storage::schema::ProviderRecord;
 use crate::storage::{Storage, StorageError, WriteOp};
@@ -264,6 +265,37 @@ impl Providers {
             .cloned()
     }
 
+    /// A key whose secret exists must be one the provider may be sent:
+    /// a provider was set whose every call was then refused ("secret `K`
+    /// may not be sent to …"; a probe). A secret not set yet may be set
+    /// later, with the right hosts.
+    fn check_key_hosts(&self, provider: &Provider) -> Result<(), ProviderConfigError> {
+        let Some(secret) = &provider.key_secret else {
+            return Ok(());
+        };
+        let Some(rec) = self.storage.reader()?.secret(secret)? else {
+            return Ok(());
+        };
+        let hosts: Vec<HostPattern> = rec
+            .hosts
+            .iter()
+            .filter_map(|h| HostPattern::parse(h).ok())
+            .collect();
+        let url = &provider.base_url;
+        if url
+            .host()
+            .is_some_and(|h| crate::egress::policy::any_matches(&hosts, &h))
+        {
+            return Ok(());
+        }
+        Err(ProviderConfigError::Invalid(format!(
+            "key_secret `{secret}` may be sent only to {}, not to base_url's host `{}`: add the \
+             host to the secret (PUT /v1/secrets/{secret}) or name another secret",
+            rec.hosts.join(", "),
+            url.host_str().unwrap_or("")
+        )))
+    }
+
     /// Set (or replace) a provider; what the API shows, and whether it is
     /// new.
     pub async fn put(
@@ -282,6 +314,7 @@ impl Providers {
             updated_at_ms: now,
         };
         let (provider, info) = entry(name, &record)?;
+        self.check_key_hosts(&provider)?;
         let existed = self
             .storage
             .writer()
