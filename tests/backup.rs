@@ -222,6 +222,41 @@ async fn backups_touch_only_their_own_directory_and_restores_check_what_they_cop
         .await;
     assert_eq!(r.status, 400, "{}", r.json);
     assert_eq!(r.code(), "invalid_backup");
+    // As is one where no directory can be made (it was a 500).
+    let r = api
+        .post_json("/v1/backup", &json!({"to": "/proc/marmot-backup"}))
+        .await;
+    assert_eq!((r.status, r.code()), (400, "invalid_backup"), "{}", r.json);
+
+    // A blob missing from the node's disk is named, and no use retrying
+    // (five snapshots went by, then "try again").
+    let node_blob = {
+        let shards = std::fs::read_dir(dir.path().join("data/blobs")).unwrap();
+        let shard = shards
+            .map(|e| e.unwrap().path())
+            .find(|p| p.is_dir())
+            .unwrap();
+        std::fs::read_dir(shard)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path()
+    };
+    let aside = dir.path().join("blob-aside");
+    std::fs::rename(&node_blob, &aside).unwrap();
+    let r = api
+        .post_json("/v1/backup", &json!({"to": bk.join("nightly.3")}))
+        .await;
+    assert_eq!((r.status, r.code()), (500, "backup_failed"), "{}", r.json);
+    let msg = r.json["error"]["message"].as_str().unwrap();
+    let sha = node_blob.file_name().unwrap().to_str().unwrap();
+    assert!(
+        msg.contains("retrying will not help") && msg.contains(sha),
+        "{msg}"
+    );
+    assert!(!bk.join("nightly.3").exists() && !bk.join("nightly.3.partial").exists());
+    std::fs::rename(&aside, &node_blob).unwrap();
 
     // The backup's blobs are its own: writing to one leaves the node's file
     // as it was (they were hard links to the same inode).

@@ -58,6 +58,10 @@ pub(super) async fn backup(
                 // Not a place a directory can be made (`x/..`, a file in
                 // the way).
                 std::io::ErrorKind::InvalidInput => ApiError::bad_request("invalid_backup", text),
+                // The destination's disk filled (what was written is gone).
+                std::io::ErrorKind::StorageFull => {
+                    ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "backup_failed", text)
+                }
                 _ => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "backup_failed", text),
             })
         }

@@ -231,10 +231,8 @@ impl Storage {
                     // A file in the way is a bad destination, not a backup
                     // that exists.
                     match e.kind() {
-                        std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotADirectory => {
-                            std::io::ErrorKind::InvalidInput
-                        }
-                        k => k,
+                        std::io::ErrorKind::AlreadyExists => std::io::ErrorKind::InvalidInput,
+                        k => bad_place(k),
                     },
                     format!("cannot make its parent `{}`: {e}", parent.display()),
                 ),
@@ -254,7 +252,13 @@ impl Storage {
                     ),
                 ),
             },
-            _ => io(format!("failed to create `{}`", partial.display()))(e),
+            _ => StorageError::Io {
+                what: format!("backup destination `{}`", dest.display()),
+                source: std::io::Error::new(
+                    bad_place(e.kind()),
+                    format!("cannot create `{}`: {e}", partial.display()),
+                ),
+            },
         })?;
         let written = self.backup_into(&partial, dest, extra, started);
         if written.is_err() {
@@ -273,6 +277,8 @@ impl Storage {
     ) -> Result<BackupReport, StorageError> {
         // Blobs unreferenced since the snapshot stay until it is copied.
         let _pause = self.blobs().pause_removals();
+        // The blob the last snapshot lacked.
+        let mut missing: Option<[u8; 32]> = None;
         for attempt in 1..=MAX_ATTEMPTS {
             // What an earlier attempt left (this backup's own).
             for leftover in [partial.join("blobs"), partial.join("marmot.redb")] {
@@ -289,7 +295,7 @@ impl Storage {
             let read = self.db.get()?.begin_read()?;
             // Blobs first, from the snapshot's references.
             let mut blobs = 0;
-            let mut complete = true;
+            let mut went = None;
             for row in read.open_table(BLOB_REFS)?.iter()? {
                 let (sha, _) = row?;
                 let sha = *sha.value();
@@ -301,16 +307,36 @@ impl Storage {
                         .map_err(io(format!("failed to create `{}`", parent.display())))?;
                 }
                 if !copy_blob(&sha, &from, &to)? {
-                    complete = false;
+                    went = Some((sha, from));
                     break;
                 }
                 blobs += 1;
             }
-            if !complete {
+            if let Some((sha, path)) = went {
+                // The same blob missing from a newer snapshot is not one
+                // that went meanwhile (removals are paused): retrying
+                // took five snapshots, then said "try again".
+                if missing.as_ref() == Some(&sha) {
+                    return Err(StorageError::Io {
+                        what: format!("blob `{}`", path.display()),
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::NotFound,
+                            format!(
+                                "is missing from disk though a file names it (sha256 {}), so \
+                                 no backup can hold it; retrying will not help: the files naming \
+                                 it (their `sha256` in GET /v1/actors/{{type}}/{{id}}/files) must \
+                                 be written again or deleted",
+                                hex::encode(sha)
+                            ),
+                        ),
+                    });
+                }
                 tracing::info!(
                     attempt,
+                    blob = %path.display(),
                     "a blob went away during the backup; taking a newer snapshot"
                 );
+                missing = Some(sha);
                 continue;
             }
             let db_path = partial.join("marmot.redb");
@@ -361,6 +387,18 @@ impl Storage {
                 "blobs kept disappearing during {MAX_ATTEMPTS} snapshots; try again"
             )),
         })
+    }
+}
+
+/// A directory that cannot be made there is a bad destination (what the
+/// client chose), not a failed backup: `/proc/x` answered 500.
+fn bad_place(kind: std::io::ErrorKind) -> std::io::ErrorKind {
+    use std::io::ErrorKind as K;
+    match kind {
+        K::NotADirectory | K::NotFound | K::PermissionDenied | K::ReadOnlyFilesystem => {
+            K::InvalidInput
+        }
+        k => k,
     }
 }
 
