@@ -335,6 +335,44 @@ async fn a_stream_of_keep_alives_alone_times_out() {
             started.elapsed()
         );
     }
+    // The same text again and again is an answer, not a keep-alive, for
+    // longer than the timeout (a model repeating "\n" was cut).
+    let chunk = |delta: Value, finish: Value| {
+        format!(
+            "data: {}\n\n",
+            json!({"id": "c", "object": "chat.completion.chunk", "model": "m1",
+                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        )
+    };
+    let framed = |data: &str| format!("{:x}\r\n{data}\r\n", data.len());
+    let mut pieces = vec![head.to_owned()];
+    let newline = chunk(json!({"content": "\n"}), Value::Null);
+    pieces.extend((0..15).map(|_| framed(&newline)));
+    pieces.push(framed(&format!(
+        "{}data: [DONE]\n\n",
+        chunk(json!({}), json!("stop"))
+    )));
+    pieces.push("0\r\n\r\n".to_owned());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    paced(listener, pieces, Duration::from_millis(100));
+    let r = put_provider(
+        &api,
+        "repeats",
+        json!({"format": "openai-chat", "base_url": url}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({"op": "chat", "request": {"provider": "repeats", "model": "m1", "stream": true,
+                    "messages": [{"role": "user", "content": "hi"}]}}),
+        )
+        .await
+        .json;
+    assert_eq!(r["answer"]["message"]["content"], "\n".repeat(15), "{r}");
 }
 
 /// An Anthropic stream whose connection fails after the answer is whole
@@ -955,6 +993,14 @@ async fn the_key_is_sent_by_the_host_to_its_hosts_only_and_never_comes_back() {
     assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
     let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
     let fake = FakeProvider::start_tls(listener, tls, Behaviour::Strict, Some(KEY.into()));
+    // A provider elsewhere naming the key before it is set (accepted: the
+    // secret may come with these hosts).
+    let other = tokio::net::TcpListener::bind("127.0.0.3:0").await.unwrap();
+    let other_port = other.local_addr().unwrap().port();
+    let elsewhere = json!({"format": "openai-chat",
+        "base_url": format!("https://127.0.0.3:{other_port}/v1"), "key_secret": "MODEL_KEY"});
+    let r = put_provider(&api, "elsewhere", elsewhere.clone()).await;
+    assert_eq!(r.status, 201, "{}", r.json);
     let r = api
         .req(
             reqwest::Method::PUT,
@@ -976,17 +1022,15 @@ async fn the_key_is_sent_by_the_host_to_its_hosts_only_and_never_comes_back() {
         .await;
         assert_eq!(r.status, 201, "{}", r.json);
     }
-    // The same key named by a provider elsewhere: refused before sending.
-    let other = tokio::net::TcpListener::bind("127.0.0.3:0").await.unwrap();
-    let other_port = other.local_addr().unwrap().port();
-    let r = put_provider(
-        &api,
-        "elsewhere",
-        json!({"format": "openai-chat",
-        "base_url": format!("https://127.0.0.3:{other_port}/v1"), "key_secret": "MODEL_KEY"}),
-    )
-    .await;
-    assert_eq!(r.status, 201);
+    // Set now, it is refused (the key may not go there); set before the
+    // secret, its calls are refused before sending (below).
+    let r = put_provider(&api, "elsewhere", elsewhere).await;
+    assert_eq!(
+        (r.status, r.code()),
+        (400, "invalid_provider"),
+        "{}",
+        r.json
+    );
 
     for f in ["openai-chat", "anthropic-messages"] {
         // The model repeats the key (a prompt injection would): redacted.

@@ -327,7 +327,7 @@ async fn success_bodies_are_what_the_openapi_document_says() {
     for (path, body) in [
         (
             "/v1/secrets/{name}",
-            json!({"value": "sk-0123456789", "hosts": ["api.example.com"]}),
+            json!({"value": "sk-0123456789", "hosts": ["api.example.com", "llm.example.com"]}),
         ),
         (
             "/v1/providers/{name}",
