@@ -120,6 +120,8 @@ pub struct StreamingResponse {
     ready: Vec<u8>,
     /// Bytes that may still arrive before the cap.
     remaining: usize,
+    /// The cap (`egress.max_response_bytes`), for its message.
+    limit: usize,
     /// Longest wait for the next chunk.
     idle: Duration,
     /// How the body ended, once what arrived before has been handed out.
@@ -162,9 +164,11 @@ impl StreamingResponse {
                 Some(c) => {
                     if c.len() > self.remaining {
                         self.resp = None;
-                        return Err(EgressError::TooLarge(
-                            "the response body is larger than this node allows".into(),
-                        ));
+                        return Err(EgressError::TooLarge(format!(
+                            "the response body is larger than {} bytes (this node's \
+                             egress.max_response_bytes; a streamed body counts its framing)",
+                            self.limit
+                        )));
                     }
                     self.remaining -= c.len();
                     self.ready = self.scrub.push(&c);
@@ -371,7 +375,7 @@ impl Egress {
         let max = self.config.max_response_bytes;
         if resp.content_length().is_some_and(|n| n > max as u64) {
             return Err(EgressError::TooLarge(format!(
-                "the response body is larger than {max} bytes"
+                "the response body is larger than {max} bytes (this node's egress.max_response_bytes)"
             )));
         }
         Ok(StreamingResponse {
@@ -381,6 +385,7 @@ impl Egress {
             scrub: StreamScrub::new(scrub),
             ready: Vec::new(),
             remaining: max,
+            limit: max,
             idle: timeout,
             failed: None,
             budget: self.responses.clone(),

@@ -339,6 +339,22 @@ pub enum Delta {
     },
 }
 
+impl Delta {
+    /// Whether it carries some of the answer (an empty one is the
+    /// provider's keep-alive, whatever its shape).
+    pub fn carries_content(&self) -> bool {
+        match self {
+            Delta::Text { text } => !text.is_empty(),
+            Delta::ToolCall {
+                id,
+                name,
+                arguments,
+                ..
+            } => id.is_some() || name.is_some() || !arguments.is_empty(),
+        }
+    }
+}
+
 /// The longest tool name any format accepts.
 const MAX_TOOL_NAME: usize = 64;
 

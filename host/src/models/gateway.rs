@@ -480,21 +480,11 @@ impl Gateway {
                 news |= ev.data != last_data;
                 last_data.clone_from(&ev.data);
             }
-            if news {
-                moved = tokio::time::Instant::now();
-            } else if chunk.is_some() && moved.elapsed() > idle {
-                return Err(ProviderError::new(
-                    ErrorKind::Timeout,
-                    None,
-                    format!(
-                        "the provider's stream moved on no further for {} ms (models.timeout_ms): \
-                         it sent only keep-alives, or an event too slowly",
-                        idle.as_millis()
-                    ),
-                ));
-            }
             for ev in events {
                 let flow = decoder.event(&ev, &mut deltas);
+                // Text, even the same again, is the answer going on (a
+                // model repeating "\n" was cut as a keep-alive: a probe).
+                news |= deltas.iter().any(Delta::carries_content);
                 for d in deltas.drain(..).filter_map(|d| scrubbed.delta(d)) {
                     *emitted = true;
                     observer.delta(&d);
@@ -508,6 +498,19 @@ impl Gateway {
                     Ok(Flow::More) => {}
                     Err(e) => return Err(failed.take().map_or(e, egress_error)),
                 }
+            }
+            if news {
+                moved = tokio::time::Instant::now();
+            } else if chunk.is_some() && moved.elapsed() > idle {
+                return Err(ProviderError::new(
+                    ErrorKind::Timeout,
+                    None,
+                    format!(
+                        "the provider's stream moved on no further for {} ms (models.timeout_ms): \
+                         it sent only keep-alives, or an event too slowly",
+                        idle.as_millis()
+                    ),
+                ));
             }
             if chunk.is_none() {
                 break;
