@@ -1342,3 +1342,63 @@ async fn scripts_cannot_bypass_an_approval() {
         "the script reached the gated endpoint"
     );
 }
+
+/// The calls of one answer past `limits.max_tool_calls_per_step` are
+/// answered "not run" and never made (a model answering with 200 calls a
+/// step made 600 in a run of three steps: a probe).
+#[tokio::test]
+async fn calls_past_a_steps_limit_are_not_made() {
+    let rig = Rig::new().await;
+    let tool = rig.ticket_tool(json!({}));
+    let manifest = json!({"kind": "agent", "agent": {
+        "model": {"provider": "fake", "name": "m1"}, "tools": [tool],
+        "limits": {"max_tool_calls_per_step": 2}},
+        "config": {"allowed_hosts": ["127.0.0.1"]}});
+    let r = put(&rig.api, "/v1/types/busy", manifest).await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let calls = (0..5)
+        .map(|i| {
+            (
+                format!("call_{i}"),
+                "create_ticket".to_owned(),
+                json!({"title": format!("t{i}")}),
+            )
+        })
+        .collect();
+    rig.fake.push([
+        Scripted::ToolCalls {
+            text: String::new(),
+            calls,
+        },
+        Scripted::Text("Two made.".into()),
+    ]);
+    let r = rig
+        .api
+        .post_json("/v1/actors/busy/a", &json!({"input": "go"}))
+        .await;
+    assert_eq!(
+        (r.status, r.json["output"].as_str()),
+        (200, Some("Two made.")),
+        "{}",
+        r.json
+    );
+    assert_eq!(rig.tickets.posts().len(), 2, "only the first two were made");
+    let events = rig.events("busy", "a").await;
+    let results: Vec<String> = events
+        .iter()
+        .filter(|e| e["kind"] == "tool_result")
+        .map(|e| e["data"].to_string())
+        .collect();
+    assert_eq!(results.len(), 5, "{events:#?}");
+    for text in &results[2..] {
+        assert!(text.contains("at most 2 tool calls"), "{text}");
+    }
+    let r = put(
+        &rig.api,
+        "/v1/types/busy2",
+        json!({"kind": "agent", "agent": {"model": {"provider": "fake", "name": "m1"},
+               "limits": {"max_tool_calls_per_step": 0}}}),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.json);
+}

@@ -159,6 +159,7 @@ const LIMIT_KEYS: &[&str] = &[
     "max_output_tokens",
     "max_run_ms",
     "context_tokens",
+    "max_tool_calls_per_step",
 ];
 
 /// Check a manifest against the type's config: tool names, endpoints
@@ -357,8 +358,8 @@ pub fn check(manifest: &Value, config: &TypeConfig) -> Result<String, String> {
                     LIMIT_KEYS.join(", ")
                 ));
             }
-            // `max_steps` is read as a 32-bit count.
-            let most = if k == "max_steps" {
+            // The counts are read as 32-bit.
+            let most = if k == "max_steps" || k == "max_tool_calls_per_step" {
                 u64::from(u32::MAX)
             } else {
                 u64::MAX

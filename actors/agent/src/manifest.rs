@@ -65,6 +65,10 @@ pub struct Limits {
     /// Estimated prompt tokens (bytes / 4) above which the transcript is
     /// compacted before the next step.
     pub context_tokens: u64,
+    /// Tool calls one model answer may have made; the rest are answered
+    /// "not run" (a model answering with 200 calls a step made 600 of
+    /// them in a run of 3 steps: a probe).
+    pub max_tool_calls_per_step: u32,
 }
 
 impl Default for Limits {
@@ -74,6 +78,7 @@ impl Default for Limits {
             max_output_tokens: 200_000,
             max_run_ms: 3_600_000,
             context_tokens: 100_000,
+            max_tool_calls_per_step: 32,
         }
     }
 }

@@ -11,7 +11,8 @@ use crate::manifest::{Manifest, Tool};
 use crate::store::{self, Pending, Queued, Run, Wait};
 use crate::tools::{self, Outcome};
 use crate::transcript::{
-    call_name, content_text, next_call, open_calls, set_call_arguments, unique_call_ids,
+    call_name, call_position, content_text, next_call, open_calls, set_call_arguments,
+    unique_call_ids,
 };
 
 /// A step's answer is sent no cap of the run's own while more than this
@@ -202,6 +203,14 @@ impl Harness {
             return self.fail(run, "max_output_tokens", error);
         }
         if let Some((call_id, name, args)) = next_call(&transcript) {
+            let most = limits.max_tool_calls_per_step as usize;
+            if call_position(&transcript, &call_id).is_some_and(|i| i >= most) {
+                let outcome = Outcome::error(format!(
+                    "not run: one model step may make at most {most} tool calls \
+                     (limits.max_tool_calls_per_step)"
+                ));
+                return self.record(run, &call_id, &name, outcome);
+            }
             return self.begin_tool(run, call_id, name, args);
         }
         if run.steps >= limits.max_steps {

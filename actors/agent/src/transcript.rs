@@ -48,6 +48,16 @@ pub fn next_call(transcript: &[(String, Value)]) -> Option<(String, String, Valu
     })
 }
 
+/// Where call `call_id` is among the calls of the newest assistant
+/// message (from 0).
+pub fn call_position(transcript: &[(String, Value)], call_id: &str) -> Option<usize> {
+    let (_, m) = transcript.iter().rfind(|(_, m)| m["role"] == "assistant")?;
+    m["tool_calls"]
+        .as_array()?
+        .iter()
+        .position(|c| c["id"] == call_id)
+}
+
 /// The calls of the newest assistant message that have no result yet, in
 /// order.
 pub fn open_calls(transcript: &[(String, Value)]) -> Vec<&Value> {
