@@ -460,6 +460,13 @@ async fn runs_can_be_cancelled_and_budgets_stop_them() {
         "{}",
         r.json
     );
+    // With what the run used, as every other end of a run says.
+    assert_eq!(
+        r.json["usage"],
+        json!({"input_tokens": 0, "output_tokens": 0}),
+        "{}",
+        r.json
+    );
     let k = kinds(&rig.events("tight", "t1").await);
     assert_eq!(k, ["run_started", "budget_exceeded"]);
 }

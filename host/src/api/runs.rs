@@ -140,7 +140,8 @@ pub(super) async fn run(
         ),
         "budget_exceeded" => (
             StatusCode::PAYMENT_REQUIRED,
-            serde_json::json!({ "run_id": run_id, "error": { "code": "budget_exceeded",
+            serde_json::json!({ "run_id": run_id, "usage": d["usage"], "error": {
+                "code": "budget_exceeded",
                 "message": d["error"].as_str().unwrap_or("the budget is spent") } }),
         ),
         _ => {

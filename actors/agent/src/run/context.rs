@@ -7,7 +7,7 @@ use marmot_guest::alarms::{self, Schedule};
 use marmot_guest::model;
 use serde_json::{Value, json};
 
-use super::{Harness, Next, RETRY_DELAYS_MS, WATCHDOG_MS, count, emit, nonce};
+use super::{Harness, Next, RETRY_DELAYS_MS, WATCHDOG_MS, count, emit, nonce, usage};
 use crate::store::{self, Run};
 use crate::transcript::content_text;
 
@@ -121,7 +121,7 @@ impl Harness {
     fn out_of_budget(&self, run: Run, error: &str) -> Result<()> {
         emit(
             "budget_exceeded",
-            &json!({ "run_id": run.run_id, "error": error }),
+            &json!({ "run_id": run.run_id, "error": error, "usage": usage(&run) }),
         )?;
         self.end(run)
     }
