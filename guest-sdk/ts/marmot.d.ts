@@ -35,7 +35,11 @@ declare module "marmot" {
   export interface AlarmEvent {
     name: string;
     payload: Json;
-    /** Milliseconds since the Unix epoch. */
+    /** When this delivery was due, in milliseconds since the Unix epoch.
+     * A delivery retried after the handler failed is due later than the
+     * alarm was set for (by the retry's backoff): a handler that needs
+     * the occurrence it stands for (a daily digest's date) should carry
+     * it in the payload, or round `dueAt` to the schedule. */
     dueAt: number;
   }
 
