@@ -794,8 +794,10 @@ async fn a_graceful_stop_hands_its_slots_to_their_backups_first() {
         assert_eq!((r.status, &r.json["value"]), (200, &json!(2)), "{id}");
     }
     eprintln!("its backed-up actors served on in {:?}", started.elapsed());
+    // (Under the 3 s the first commit waited, with room for a loaded
+    // machine: 1 s failed once on a busy one.)
     assert!(
-        started.elapsed() < Duration::from_secs(1),
+        started.elapsed() < Duration::from_millis(2500),
         "commits waited for the stopped backup: {:?}",
         started.elapsed()
     );
