@@ -1734,3 +1734,73 @@ export default { onMessage(body) {
         &result[..result.len().min(300)]
     );
 }
+
+/// A promise rejected with nothing to handle it (a `fetch` without
+/// `await`, a `.then` without `.catch`) is logged when its turn ends, as
+/// `console.error` would: `Uncaught (in promise) …` (it left no trace);
+/// one handled later in the turn is not; a script's go with its logs.
+#[tokio::test]
+async fn unhandled_rejections_are_logged_when_the_turn_ends() {
+    let (_dir, m, api) = node(None).await;
+    let js = r#"
+export default {
+  async onMessage() {
+    Promise.reject(new Error("lost in the void"));
+    const late = Promise.reject(new Error("caught later"));
+    await null;
+    late.catch(() => {});
+    Promise.resolve().then(() => { throw 42; });
+    return { ok: true };
+  },
+};
+"#;
+    assert_eq!(api.deploy_js("rejects", js).await.status, 201);
+    let r = api.post_json("/v1/actors/rejects/a", &json!({})).await;
+    assert_eq!(r.json, json!({"ok": true}));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !m
+        .log_text()
+        .contains("Uncaught (in promise) Error: lost in the void")
+    {
+        assert!(Instant::now() < deadline, "{}", m.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = m.log_text();
+    assert!(log.contains("Uncaught (in promise) 42"), "{log}");
+    assert!(!log.contains("caught later"), "{log}");
+
+    // A script's own rejection is its error, not also "unhandled".
+    let r = eval(
+        &api,
+        "rejects",
+        "a",
+        "Promise.reject(new Error('dropped')); 7",
+    )
+    .await;
+    assert_eq!(r.json["result"], 7, "{}", r.json);
+    let logs = r.json["logs"].to_string();
+    assert!(
+        logs.contains("Uncaught (in promise) Error: dropped"),
+        "{logs}"
+    );
+    let r = eval(
+        &api,
+        "rejects",
+        "a",
+        "await Promise.reject(new Error('mine'))",
+    )
+    .await;
+    assert!(
+        r.json["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("mine"),
+        "{}",
+        r.json
+    );
+    assert!(
+        !r.json["logs"].to_string().contains("Uncaught"),
+        "{}",
+        r.json
+    );
+}

@@ -17,6 +17,7 @@ use crate::bindings::marmot::actor::types::{
     Alarm, Context as TurnContext, InputAnswer, Message, Reply, Webhook,
 };
 use crate::host_api::{self, CONSOLE, ConsoleSink};
+use crate::rejections;
 
 const PRELUDE: &str = include_str!("prelude.js");
 
@@ -194,6 +195,7 @@ pub struct Engine {
 impl Engine {
     fn new() -> Self {
         let runtime = Runtime::new().expect("QuickJS runtime");
+        rejections::track(&runtime);
         runtime.set_max_stack_size(MAX_JS_STACK);
         runtime.set_gc_threshold(GC_THRESHOLD);
         runtime.set_loader(
@@ -225,6 +227,7 @@ impl Engine {
                 panic!("warm-up failed: {}", describe_error(&ctx, e));
             }
             run_jobs(&ctx).expect("warm-up jobs");
+            rejections::take(&ctx, describe_reason);
         });
         // Collect what start-up left behind so the snapshot is compact.
         runtime.run_gc();
@@ -341,6 +344,7 @@ impl Engine {
         if host_api::take_timers_touched() {
             self.clear_timers(ctx);
         }
+        report_unhandled(ctx);
         settled
     }
 
@@ -452,6 +456,28 @@ impl Engine {
         })
     }
 
+    /// [`Self::eval`]'s script in `ctx`: its result as JSON (`None`: no
+    /// value), or why it failed.
+    fn eval_in(&mut self, ctx: &Ctx<'_>, code: &str) -> Result<Option<String>, String> {
+        let mut opts = script_options("eval.js");
+        opts.promise = true;
+        let v = ctx
+            .eval_with_options::<Value<'_>, _>(code, opts)
+            .map_err(|e| describe_error(ctx, e))?;
+        // With top-level await the script's value arrives as `{ value }`.
+        let wrapped = settle(ctx, v, "the script")?;
+        let value: Value<'_> = match wrapped.as_object() {
+            Some(o) => o.get("value").map_err(|e| describe_error(ctx, e))?,
+            None => wrapped,
+        };
+        let value = settle(ctx, value, "the script's result")?;
+        self.clear_timers(ctx);
+        if value.is_undefined() {
+            return Ok(None);
+        }
+        json_text(ctx, value, "the script's result").map(Some)
+    }
+
     /// Run a script; its last expression (awaited if a promise) is the result.
     pub fn eval(&mut self, code: &str) -> EvalOutcome {
         CONSOLE.with(|c| {
@@ -463,24 +489,9 @@ impl Engine {
         });
         let context = self.context.clone();
         let outcome: Result<Option<String>, String> = context.with(|ctx| {
-            let mut opts = script_options("eval.js");
-            opts.promise = true;
-            let v = ctx
-                .eval_with_options::<Value<'_>, _>(code, opts)
-                .map_err(|e| describe_error(&ctx, e))?;
-            // With top-level await the script's value arrives as `{ value }`.
-            let wrapped = settle(&ctx, v, "the script")?;
-            let value: Value<'_> = match wrapped.as_object() {
-                Some(o) => o.get("value").map_err(|e| describe_error(&ctx, e))?,
-                None => wrapped,
-            };
-            let value = settle(&ctx, value, "the script's result")?;
-            self.clear_timers(&ctx);
-            if value.is_undefined() {
-                return Ok(None);
-            }
-            let text = json_text(&ctx, value, "the script's result")?;
-            Ok(Some(text))
+            let outcome = self.eval_in(&ctx, code);
+            report_unhandled(&ctx);
+            outcome
         });
         let (logs, dropped) =
             CONSOLE.with(
@@ -644,6 +655,8 @@ fn settle<'js>(ctx: &Ctx<'js>, v: Value<'js>, what: &str) -> Result<Value<'js>, 
                     .map_err(|e| describe_error(ctx, e));
             }
             PromiseState::Rejected => {
+                // Reported as the run's own error, not as unhandled.
+                rejections::forget(ctx, p.as_value());
                 return Err(match p.result::<Value<'js>>() {
                     Some(Err(e)) => describe_error(ctx, e),
                     _ => "the promise was rejected".to_owned(),
@@ -665,6 +678,23 @@ fn settle<'js>(ctx: &Ctx<'js>, v: Value<'js>, what: &str) -> Result<Value<'js>, 
                 fire_timers(ctx)?;
             }
         }
+    }
+}
+
+/// Log the rejections no handler took by the end of a run (see
+/// [`rejections`]).
+fn report_unhandled(ctx: &Ctx<'_>) {
+    for line in rejections::take(ctx, describe_reason) {
+        host_api::console_line("error", line);
+    }
+}
+
+/// A rejection's reason as text: an `Error` with its stack, else the value.
+fn describe_reason(v: &Value<'_>) -> String {
+    if v.as_exception().is_some() {
+        describe_value(v)
+    } else {
+        thrown(v)
     }
 }
 

@@ -44,6 +44,26 @@ fn echo_eval_line(line: &str) {
     let _ = out.flush();
 }
 
+/// A `console` line at `lvl`, where [`CONSOLE`] says.
+pub fn console_line(lvl: &str, line: String) {
+    CONSOLE.with(|c| match &mut *c.borrow_mut() {
+        ConsoleSink::Turn => log::log(level(lvl), &line, &[]),
+        ConsoleSink::Eval {
+            lines,
+            bytes,
+            dropped,
+        } => {
+            if lines.len() >= MAX_EVAL_LOG_LINES || *bytes + line.len() > MAX_EVAL_LOG_BYTES {
+                *dropped += 1;
+            } else {
+                *bytes += line.len();
+                echo_eval_line(&line);
+                lines.push(line);
+            }
+        }
+    });
+}
+
 /// Most console bytes an eval keeps (PRODUCT.md §7: 1 MiB of output).
 pub const MAX_EVAL_LOG_BYTES: usize = 1 << 20;
 /// Most console lines an eval keeps.
@@ -203,23 +223,7 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
     h.set(
         "console",
         Function::new(ctx.clone(), |lvl: String, line: String| {
-            CONSOLE.with(|c| match &mut *c.borrow_mut() {
-                ConsoleSink::Turn => log::log(level(&lvl), &line, &[]),
-                ConsoleSink::Eval {
-                    lines,
-                    bytes,
-                    dropped,
-                } => {
-                    if lines.len() >= MAX_EVAL_LOG_LINES || *bytes + line.len() > MAX_EVAL_LOG_BYTES
-                    {
-                        *dropped += 1;
-                    } else {
-                        *bytes += line.len();
-                        echo_eval_line(&line);
-                        lines.push(line);
-                    }
-                }
-            });
+            console_line(&lvl, line);
         })?,
     )?;
     h.set(
