@@ -829,7 +829,7 @@ async fn calls_that_do_not_fit_their_schema_are_refused_before_anything() {
         assert!(text.contains("input_schema"), "{text}");
     }
     assert!(
-        texts[2].contains("not valid JSON, or was cut off"),
+        texts[2].contains("(not JSON, cut off, or a JSON string)"),
         "{}",
         texts[2]
     );

@@ -329,9 +329,9 @@ impl Harness {
                 // What the model wrote was not JSON (the gateway keeps the
                 // text): "expected type object" did not say so.
                 Value::String(text) => format!(
-                    "the arguments are not a JSON object: `{}` is not valid JSON, or was cut \
-                     off; the call was not made",
-                    preview(text)
+                    "the arguments are not a JSON object: the model wrote {} (not JSON, cut \
+                     off, or a JSON string); the call was not made",
+                    serde_json::to_string(&preview(text)).unwrap_or_default()
                 ),
                 _ => format!(
                     "the arguments do not fit the tool's input_schema ({why}); the call was not \

@@ -197,13 +197,19 @@ impl Content {
 pub struct ToolCall {
     /// The provider's id for the call.
     pub id: String,
-    /// The tool.
-    #[serde(default)]
+    /// The tool (missing or `null` in a past call: empty; `sendable`
+    /// gives it a name every format takes).
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub name: String,
     /// Its arguments: JSON, or the text the model wrote when that was not
     /// JSON (a call cut off by `max_tokens`).
     #[serde(default)]
     pub arguments: Value,
+}
+
+/// A string that may be `null`, as empty.
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_default())
 }
 
 /// A tool the model may call.
@@ -678,7 +684,7 @@ mod tests {
                 {"role": "user", "content": "go"},
                 {"role": "assistant", "content": "", "tool_calls": [
                     {"id": "a", "name": "", "arguments": {}},
-                    {"id": "b", "arguments": {}},
+                    {"id": "b", "name": null, "arguments": {}},
                     {"id": "c", "name": "multi_tool_use.parallel", "arguments": {}},
                     {"id": "d", "name": "lookup", "arguments": {}}]},
                 {"role": "tool", "tool_call_id": "a", "content": "there is no tool named ``"},

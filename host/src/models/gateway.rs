@@ -21,7 +21,7 @@ use url::Url;
 use zeroize::Zeroizing;
 
 use super::budget::{Ledger, Spend};
-use super::chat::{Attempt, ChatRequest, ChatResponse, Delta, Target, sendable};
+use super::chat::{Attempt, ChatRequest, ChatResponse, Delta, Message, Target, sendable};
 use super::errors::{ErrorKind, ProviderError};
 use super::providers::{Provider, Providers};
 use super::scrub;
@@ -657,16 +657,31 @@ fn response(
                 / 1e6,
         );
     }
+    let mut message = d.message;
+    identify_calls(&mut message);
     ChatResponse {
         provider: provider.name.clone(),
         model: d.model.unwrap_or_else(|| target.model.clone()),
         id: d.id,
-        message: d.message,
+        message,
         stop_reason: d.stop_reason,
         provider_stop_reason: d.provider_stop_reason,
         usage,
         provider_fields: d.provider_fields,
         attempts,
+    }
+}
+
+/// Give each tool call the provider sent without an id one of its own
+/// (`call_` and 24 random hex digits): the answer is "ready to append",
+/// and a call without an id is refused in the next request, so a guest's
+/// own agent loop could not go on (some OpenAI-compatible servers leave
+/// ids out; a re-probe).
+fn identify_calls(message: &mut Message) {
+    if let Message::Assistant { tool_calls, .. } = message {
+        for c in tool_calls.iter_mut().filter(|c| c.id.is_empty()) {
+            c.id = format!("call_{:024x}", rand::random::<u128>() >> 32);
+        }
     }
 }
 
@@ -676,6 +691,23 @@ mod tests {
 
     use super::*;
     use crate::models::wire::Format;
+
+    /// A call the provider sent without an id gets one, different from
+    /// any other; one with an id keeps it.
+    #[test]
+    fn calls_without_ids_get_their_own() {
+        let mut m: Message = serde_json::from_value(json!({"role": "assistant", "content": "",
+            "tool_calls": [{"id": "", "name": "f"}, {"id": "", "name": "f"}, {"id": "x", "name": "f"}]}))
+        .unwrap();
+        identify_calls(&mut m);
+        let Message::Assistant { tool_calls, .. } = m else {
+            panic!()
+        };
+        let ids: Vec<&str> = tool_calls.iter().map(|c| c.id.as_str()).collect();
+        assert!(ids[0].starts_with("call_") && ids[0].len() == 29, "{ids:?}");
+        assert_ne!(ids[0], ids[1]);
+        assert_eq!(ids[2], "x");
+    }
 
     /// A hung provider is left for the next one at once: retried, it held
     /// the turn for `max_attempts` timeouts, past the turn's own limit.
