@@ -275,8 +275,6 @@ impl Storage {
         extra: &[PathBuf],
         started: Instant,
     ) -> Result<BackupReport, StorageError> {
-        // Blobs unreferenced since the snapshot stay until it is copied.
-        let _pause = self.blobs().pause_removals();
         // The blob the last snapshot lacked.
         let mut missing: Option<[u8; 32]> = None;
         for attempt in 1..=MAX_ATTEMPTS {
@@ -292,13 +290,21 @@ impl Storage {
             let blob_dir = partial.join("blobs");
             std::fs::create_dir_all(&blob_dir)
                 .map_err(io(format!("failed to create `{}`", blob_dir.display())))?;
+            // The blobs the snapshot names stay until they are copied; the
+            // rest go as usual meanwhile.
+            let pause = self.blobs().pause_removals();
             let read = self.db.get()?.begin_read()?;
-            // Blobs first, from the snapshot's references.
+            let named = read
+                .open_table(BLOB_REFS)?
+                .iter()?
+                .map(|row| row.map(|(sha, _)| *sha.value()))
+                .collect::<Result<Vec<[u8; 32]>, _>>()?;
+            let _pins = self.blobs().pin(named.clone());
+            drop(pause);
+            // Blobs first.
             let mut blobs = 0;
             let mut went = None;
-            for row in read.open_table(BLOB_REFS)?.iter()? {
-                let (sha, _) = row?;
-                let sha = *sha.value();
+            for sha in named {
                 let from = self.blobs().path(&sha);
                 let rel = from.strip_prefix(self.path.parent().unwrap_or(Path::new("")));
                 let to = partial.join(rel.unwrap_or(&from));
