@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::super::TurnError;
-use super::{ALARM_RETRY_MS, ActorTask, CommitExtras, SUSPECT_WAIT_MS};
+use super::{ALARM_RETRY_MS, ActorTask, CommitExtras, SUSPECT_WAIT_MS, throttled};
 use crate::alarms::scheduler::{AlarmTicket, DueAlarm};
 use crate::clock::now_ms;
 use crate::sandbox::{Alarm, FinishedTurn, InputAnswer, TurnInput};
@@ -38,7 +38,9 @@ impl ActorTask {
                 return;
             }
             Err(e) => {
-                tracing::warn!(actor = %self.key, alarm = %name, error = %e, "alarm cannot run now; will retry");
+                if let Some(held_back) = throttled::ALARM_NOT_NOW.admit() {
+                    tracing::warn!(actor = %self.key, alarm = %name, error = %e, held_back, "alarm cannot run now; will retry");
+                }
                 ticket.retry_later(ALARM_RETRY_MS);
                 return;
             }
@@ -46,7 +48,9 @@ impl ActorTask {
         let alarm = match self.current_alarm(&name) {
             Ok(a) => a,
             Err(e) => {
-                tracing::warn!(actor = %self.key, alarm = %name, error = %e, "cannot read the alarm; will retry");
+                if let Some(held_back) = throttled::ALARM_UNREADABLE.admit() {
+                    tracing::warn!(actor = %self.key, alarm = %name, error = %e, held_back, "cannot read the alarm; will retry");
+                }
                 ticket.retry_later(ALARM_RETRY_MS);
                 return;
             }
@@ -154,7 +158,9 @@ impl ActorTask {
                     return;
                 }
                 Err(e) => {
-                    tracing::warn!(actor = %self.key, alarm = %name, error = %e, "cannot read the alarm; will retry");
+                    if let Some(held_back) = throttled::ALARM_UNREADABLE.admit() {
+                        tracing::warn!(actor = %self.key, alarm = %name, error = %e, held_back, "cannot read the alarm; will retry");
+                    }
                     ticket.retry_later(ALARM_RETRY_MS);
                     return;
                 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::super::TurnError;
-use super::{ActorTask, CommitExtras, INBOX_BATCH, INBOX_RETRY_MS, SUSPECT_WAIT_MS};
+use super::{ActorTask, CommitExtras, INBOX_BATCH, INBOX_RETRY_MS, SUSPECT_WAIT_MS, throttled};
 use crate::sandbox::{GuestReply, Message, TurnInput, TurnOutput, Webhook};
 use crate::storage::schema::{IdemOutcome, IdemRecord, InboxKind, InboxRecord, StoredReply};
 
@@ -27,7 +27,9 @@ impl ActorTask {
                 // Another node's now (see below).
                 Err(TurnError::Moved(_)) if self.served_elsewhere() => return,
                 Err(e) => {
-                    tracing::warn!(actor = %self.key, error = %e, "cannot run the inbox now; will retry");
+                    if let Some(held_back) = throttled::INBOX_NOT_NOW.admit() {
+                        tracing::warn!(actor = %self.key, error = %e, held_back, "cannot run the inbox now; will retry");
+                    }
                     self.inbox_held = Some(e);
                     self.retry_inbox_later();
                     return;
@@ -42,7 +44,9 @@ impl ActorTask {
             {
                 Ok(rows) => rows,
                 Err(e) => {
-                    tracing::error!(actor = %self.key, error = %e, "failed to read the inbox");
+                    if let Some(held_back) = throttled::INBOX_UNREADABLE.admit() {
+                        tracing::error!(actor = %self.key, error = %e, held_back, "failed to read the inbox");
+                    }
                     return;
                 }
             };

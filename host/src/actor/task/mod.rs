@@ -69,6 +69,22 @@ const INBOX_BATCH: usize = 64;
 /// [`ActorTask::alone`]) looks again for its turn.
 const SUSPECT_WAIT_MS: u64 = 100;
 
+/// One line per 5 s, saying how many it held back, for each failure every
+/// actor meets at once when storage fails: with the disk full, 30 actors
+/// with alarms wrote 40-90 of these a second (a re-probe).
+mod throttled {
+    use std::time::Duration;
+
+    use crate::throttle::LogThrottle;
+
+    const EVERY: Duration = Duration::from_secs(5);
+    pub(super) static RELOAD: LogThrottle = LogThrottle::new(EVERY);
+    pub(super) static ALARM_NOT_NOW: LogThrottle = LogThrottle::new(EVERY);
+    pub(super) static ALARM_UNREADABLE: LogThrottle = LogThrottle::new(EVERY);
+    pub(super) static INBOX_NOT_NOW: LogThrottle = LogThrottle::new(EVERY);
+    pub(super) static INBOX_UNREADABLE: LogThrottle = LogThrottle::new(EVERY);
+}
+
 pub(crate) struct ActorTask {
     env: Arc<ActorEnv>,
     key: ActorKey,
@@ -403,7 +419,9 @@ impl ActorTask {
         }
         let min = self.shared.tracker.min_generation();
         if min > self.generation {
-            tracing::warn!(actor = %self.key, "a commit failed; reloading the actor from disk");
+            if let Some(held_back) = throttled::RELOAD.admit() {
+                tracing::warn!(actor = %self.key, held_back, "a commit failed; reloading the actor from disk");
+            }
             self.generation = min;
             // Every commit of the old generation has either landed or will
             // be refused, so what is committed now is final: nothing older
