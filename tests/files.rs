@@ -775,4 +775,11 @@ async fn a_blob_damaged_on_disk_is_never_served_as_the_file() {
         .await;
     assert_eq!(r.status, 500, "{}", r.json);
     assert_eq!(r.code(), "file_unreadable");
+
+    // Gone from disk while its row still names it: unreadable too, after
+    // the row is read again (a blob released by a rewrite in between is
+    // served as the file is now).
+    std::fs::remove_file(&blob).unwrap();
+    let r = api.get("/v1/actors/kit/a/files/outputs/r.txt").await;
+    assert_eq!((r.status, r.code()), (500, "file_unreadable"), "{}", r.json);
 }

@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 use super::extract::{ActorPath, Page};
 use super::{ApiError, AppState, Query};
-use crate::ids::{MAX_FILE_PATH, validate_file_path};
+use crate::ids::{ActorKey, MAX_FILE_PATH, validate_file_path};
 use crate::storage::schema::{FileBody, FileRecord};
 
 fn invalid_path(why: impl Into<String>) -> ApiError {
@@ -135,8 +135,30 @@ pub(super) async fn download(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let path = file_path(&uri)?;
-    let file = match s.node.file(&key, &path)? {
-        None => return Err(ApiError::actor_not_found(&key)),
+    // A blob may go between the row's read and its open: the file was
+    // rewritten and its old blob released (at once past
+    // `files.max_released_bytes`). That answered 500 with an error log
+    // that read as data loss (a re-probe); the row read again names what
+    // the file is now.
+    match serve(&s, &key, &path, &headers, false).await? {
+        Some(resp) => Ok(resp),
+        None => Ok(serve(&s, &key, &path, &headers, true)
+            .await?
+            .expect("a last try answers")),
+    }
+}
+
+/// [`download`] from the file's row as committed now; `None` if its blob
+/// went meanwhile, unless this is the `last_try`.
+async fn serve(
+    s: &AppState,
+    key: &ActorKey,
+    path: &str,
+    headers: &HeaderMap,
+    last_try: bool,
+) -> Result<Option<Response>, ApiError> {
+    let file = match s.node.file(key, path)? {
+        None => return Err(ApiError::actor_not_found(key)),
         Some(None) => {
             return Err(ApiError::not_found(
                 "file_not_found",
@@ -149,7 +171,7 @@ pub(super) async fn download(
     let mut resp = Response::builder()
         .header(header::ETAG, &etag)
         .header(header::ACCEPT_RANGES, "bytes")
-        .header(header::CONTENT_TYPE, content_type(&path))
+        .header(header::CONTENT_TYPE, content_type(path))
         .header(header::CACHE_CONTROL, "no-cache")
         // What an actor wrote is data, never active content of this origin.
         .header("x-content-type-options", "nosniff")
@@ -178,10 +200,11 @@ pub(super) async fn download(
                 .any(|t| t == "*" || t.strip_prefix("W/").unwrap_or(t) == etag)
         })
     {
-        return Ok(resp
-            .status(StatusCode::NOT_MODIFIED)
-            .body(Body::empty())
-            .expect("valid response"));
+        return Ok(Some(
+            resp.status(StatusCode::NOT_MODIFIED)
+                .body(Body::empty())
+                .expect("valid response"),
+        ));
     }
     let size = file.size;
     // A resumed download names the version it has: a range of another
@@ -208,11 +231,13 @@ pub(super) async fn download(
                     header::CONTENT_RANGE,
                     HeaderValue::from_str(&format!("bytes */{size}")).expect("ASCII"),
                 );
-                return Ok(refused);
+                return Ok(Some(refused));
             }
         },
     };
-    let (body, len) = read(&s, &file, range).await?;
+    let Some((body, len)) = read(s, &file, range, last_try).await? else {
+        return Ok(None);
+    };
     if let Some((a, b)) = range {
         resp = resp
             .status(StatusCode::PARTIAL_CONTENT)
@@ -220,10 +245,11 @@ pub(super) async fn download(
     }
     // Said up front: a blob that fails mid-way ends the response short of
     // it, which a client can tell from a whole one.
-    Ok(resp
-        .header(header::CONTENT_LENGTH, len)
-        .body(body)
-        .expect("valid response"))
+    Ok(Some(
+        resp.header(header::CONTENT_LENGTH, len)
+            .body(body)
+            .expect("valid response"),
+    ))
 }
 
 /// How much of a blob is read at a time: a download is sent as it is
@@ -241,18 +267,20 @@ pub(super) fn streams_for(max_connections: usize) -> usize {
     (max_connections / 4).clamp(16, tokio::sync::Semaphore::MAX_PERMITS)
 }
 
-/// The bytes of `file`, or of `range` (inclusive) of it, and how many.
+/// The bytes of `file`, or of `range` (inclusive) of it, and how many;
+/// `None` if its blob is gone from disk, unless this is the `last_try`.
 async fn read(
     s: &AppState,
     file: &FileRecord,
     range: Option<(u64, u64)>,
-) -> Result<(Body, u64), ApiError> {
+    last_try: bool,
+) -> Result<Option<(Body, u64)>, ApiError> {
     let (start, len) = range.map_or((0, file.size), |(a, b)| (a, b - a + 1));
     match &file.body {
-        FileBody::Inline(bytes) => Ok((
+        FileBody::Inline(bytes) => Ok(Some((
             Body::from(bytes[start as usize..(start + len) as usize].to_vec()),
             len,
-        )),
+        ))),
         FileBody::Blob => {
             use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _};
             let Ok(permit) = s.downloads.clone().try_acquire_owned() else {
@@ -261,9 +289,13 @@ async fn read(
                 ));
             };
             let path = s.node.blob_path(&file.sha256);
-            let mut f = tokio::fs::File::open(&path)
-                .await
-                .map_err(|e| unreadable(&path, e))?;
+            let mut f = match tokio::fs::File::open(&path).await {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !last_try => {
+                    return Ok(None);
+                }
+                Err(e) => return Err(unreadable(&path, e)),
+            };
             // A blob of another size was damaged (cut short) on disk.
             let on_disk = f.metadata().await.map_err(|e| unreadable(&path, e))?.len();
             if on_disk != file.size {
@@ -320,7 +352,7 @@ async fn read(
                         Some((Ok(bytes::Bytes::from(buf)), (f, left - n, hasher)))
                     }
                 });
-            Ok((Body::from_stream(chunks), len))
+            Ok(Some((Body::from_stream(chunks), len)))
         }
     }
 }
