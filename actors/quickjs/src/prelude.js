@@ -696,7 +696,9 @@
     // without a word, and a string failed in the binding's words).
     const timeoutMs = init.timeoutMs ?? undefined;
     if (timeoutMs !== undefined && !(typeof timeoutMs === "number" && timeoutMs >= 1 && timeoutMs % 1 === 0)) {
-      throw new TypeError(`fetch: timeoutMs must be a whole number of milliseconds, at least 1 (got ${text(timeoutMs)})`);
+      const got = typeof timeoutMs === "number" ? text(timeoutMs)
+        : typeof timeoutMs === "object" ? "an object" : `a ${typeof timeoutMs}`;
+      throw new TypeError(`fetch: timeoutMs must be a whole number of milliseconds, at least 1 (got ${got})`);
     }
     const headers = given.toPairs();
     const [status, h, body] = host.httpFetch(method, url, headers, requestBody(init.body), timeoutMs);
