@@ -7,7 +7,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Api, Marmot, NOTES, TESTKIT, event_kinds, kit_node, metric, tempdir};
+use common::{
+    Api, Marmot, NOTES, TESTKIT, all_pages, cli_ok, event_kinds, kit_node, metric, tempdir,
+};
 use serde_json::{Value, json};
 
 /// Wait until the actor's `fired` list has at least `n` entries; return it.
@@ -820,60 +822,32 @@ async fn the_alarm_listing_comes_in_pages() {
         assert_eq!(r.status, 200, "{}", r.json);
     }
     names.sort();
-    let page = |query: String| {
-        let api = api.clone();
-        async move {
-            let r = api.get(&format!("/v1/actors/kit/a/alarms{query}")).await;
-            assert_eq!(r.status, 200, "{}", r.json);
-            let got: Vec<String> = r.json["alarms"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|a| a["name"].as_str().unwrap().to_owned())
-                .collect();
-            (got, r.json["next_after"].as_str().map(str::to_owned))
-        }
-    };
-    let (mut listed, mut pages, mut after) = (Vec::new(), 0, None::<String>);
-    loop {
-        let query = after
-            .as_ref()
-            .map_or(String::new(), |a| format!("?after={a}"));
-        let (got, next) = page(query).await;
-        assert!(!got.is_empty());
-        listed.extend(got);
-        pages += 1;
-        match next {
-            Some(n) => after = Some(n),
-            None => break,
-        }
-    }
+    let name = |a: &Value| a["name"].as_str().unwrap().to_owned();
+    let (listed, pages) = all_pages(&api, "/v1/actors/kit/a/alarms", "alarms").await;
+    let listed: Vec<String> = listed.iter().map(name).collect();
     assert!(pages >= 2, "one page held 9 MB of alarms");
     assert_eq!(listed, names, "each once, by name");
-    let (got, next) = page("?limit=5".into()).await;
+    let r = api.get("/v1/actors/kit/a/alarms?limit=5").await;
+    let got: Vec<String> = r.json["alarms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(name)
+        .collect();
     assert_eq!(got, names[..5]);
-    assert_eq!(next.as_deref(), Some(names[4].as_str()));
+    assert_eq!(r.json["next_after"].as_str(), Some(names[4].as_str()));
     for bad in ["?limit=0", "?limit=abc", "?limit=-1", "?cursor=a001"] {
         let r = api.get(&format!("/v1/actors/kit/a/alarms{bad}")).await;
         assert_eq!(r.status, 400, "{bad}: {}", r.json);
     }
 
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
-        .args(["alarms", "kit", "a"])
-        .env("MARMOT_URL", &m.url)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let printed: Vec<&str> = printed["alarms"]
+    let out = cli_ok(&m.url, None, &["alarms", "kit", "a"]);
+    let printed: Value = serde_json::from_str(&out).unwrap();
+    let printed: Vec<String> = printed["alarms"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|a| a["name"].as_str().unwrap())
+        .map(name)
         .collect();
     assert_eq!(printed, names, "the CLI shows every page");
 }

@@ -15,6 +15,20 @@ const ACTORS: usize = 20;
 
 /// A node with the test kit deployed and a 200 kB file (a blob) written
 /// by actor `id`.
+/// The first blob under `data` (a node's data directory or a backup).
+fn first_blob(data: &std::path::Path) -> std::path::PathBuf {
+    let shard = std::fs::read_dir(data.join("blobs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .expect("a blob shard");
+    std::fs::read_dir(shard)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .next()
+        .expect("a blob")
+}
+
 async fn node_with_a_blob(dir: &tempfile::TempDir, id: &str) -> (Marmot, common::Api) {
     let m = Marmot::start(&dir.path().join("data")).await;
     let api = m.client();
@@ -230,19 +244,7 @@ async fn backups_touch_only_their_own_directory_and_restores_check_what_they_cop
 
     // A blob missing from the node's disk is named, and no use retrying
     // (five snapshots went by, then "try again").
-    let node_blob = {
-        let shards = std::fs::read_dir(dir.path().join("data/blobs")).unwrap();
-        let shard = shards
-            .map(|e| e.unwrap().path())
-            .find(|p| p.is_dir())
-            .unwrap();
-        std::fs::read_dir(shard)
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap()
-            .path()
-    };
+    let node_blob = first_blob(&dir.path().join("data"));
     let aside = dir.path().join("blob-aside");
     std::fs::rename(&node_blob, &aside).unwrap();
     let r = api
@@ -262,14 +264,7 @@ async fn backups_touch_only_their_own_directory_and_restores_check_what_they_cop
     // as it was (they were hard links to the same inode).
     let live = api.get("/v1/actors/kit/f/files/outputs/big.bin").await.body;
     {
-        let shards = std::fs::read_dir(backup.join("blobs")).unwrap();
-        let shard = shards.map(|e| e.unwrap().path()).next().unwrap();
-        let blob = std::fs::read_dir(shard)
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap()
-            .path();
+        let blob = first_blob(&backup);
         let copy = dir.path().join("copy-of-blob");
         std::fs::copy(&blob, &copy).unwrap();
         std::fs::write(&blob, vec![b'Z'; 200_000]).unwrap();
@@ -281,16 +276,7 @@ async fn backups_touch_only_their_own_directory_and_restores_check_what_they_cop
     }
 
     // Damaged copies are refused, and leave no data directory behind.
-    let blob = {
-        let shards = std::fs::read_dir(backup.join("blobs")).unwrap();
-        let shard = shards.map(|e| e.unwrap().path()).next().unwrap();
-        std::fs::read_dir(shard)
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap()
-            .path()
-    };
+    let blob = first_blob(&backup);
     let rel = blob.strip_prefix(&backup).unwrap().to_owned();
     let tampered = dir.path().join("tampered");
     copy_dir(&backup, &tampered);

@@ -558,21 +558,15 @@ async fn files_survive_kill_9_exactly_when_acknowledged_and_go_with_their_actor(
     assert!(blobs(&data).is_empty(), "a deleted actor's blob was kept");
 }
 
-/// A file rewritten or deleted gives its blob back shortly after the
-/// commit, not at the hourly sweep: an actor rewriting a large file in a
-/// loop, within its quota, used to leave every old version on disk for up
-/// to 70 minutes (a probe grew `blobs/` by 115 MB in two seconds).
-#[tokio::test]
-async fn rewritten_and_deleted_files_give_their_blobs_back() {
+/// A node with `config` on which actor `a` of `kit` wrote twelve versions
+/// of one 300 kB file, `big.bin` (distinct sizes: distinct blobs); its
+/// data directory.
+async fn twelve_versions(config: &str) -> (tempfile::TempDir, std::path::PathBuf, Marmot, Api) {
     let dir = tempdir();
     let data = dir.path().join("data");
-    let config = "[files]\nreleased_blob_delay_ms = 300\nmax_actor_bytes = 1000000\n";
     let m = Marmot::start_opts(&data, &[], Some(config)).await;
     let api = m.client();
     assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
-    // Twelve versions of one 300 kB file (distinct sizes: distinct blobs),
-    // 3.6 MB in all against a quota of 1 MB, and a file written and
-    // deleted.
     for i in 0..12 {
         let r = write(
             &api,
@@ -582,6 +576,19 @@ async fn rewritten_and_deleted_files_give_their_blobs_back() {
         .await;
         assert_eq!(r, json!({ "ok": true }), "version {i}");
     }
+    (dir, data, m, api)
+}
+
+/// A file rewritten or deleted gives its blob back shortly after the
+/// commit, not at the hourly sweep: an actor rewriting a large file in a
+/// loop, within its quota, used to leave every old version on disk for up
+/// to 70 minutes (a probe grew `blobs/` by 115 MB in two seconds).
+#[tokio::test]
+async fn rewritten_and_deleted_files_give_their_blobs_back() {
+    let config = "[files]\nreleased_blob_delay_ms = 300\nmax_actor_bytes = 1000000\n";
+    // 3.6 MB in all against a quota of 1 MB, and a file written and
+    // deleted.
+    let (_dir, data, _m, api) = twelve_versions(config).await;
     let r = write(&api, "a", json!({ "path": "gone.bin", "bytes": 200_000 })).await;
     assert_eq!(r, json!({ "ok": true }));
     let r = api
@@ -641,22 +648,9 @@ async fn rewritten_and_deleted_files_give_their_blobs_back() {
 /// type quota: a probe).
 #[tokio::test]
 async fn released_blobs_past_their_bound_go_before_their_delay() {
-    let dir = tempdir();
-    let data = dir.path().join("data");
     let config = "[files]\nreleased_blob_delay_ms = 600000\nmax_released_bytes = 700000\n\
                   max_actor_bytes = 1000000\n";
-    let m = Marmot::start_opts(&data, &[], Some(config)).await;
-    let api = m.client();
-    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
-    for i in 0..12 {
-        let r = write(
-            &api,
-            "a",
-            json!({ "path": "big.bin", "bytes": 300_000 + i }),
-        )
-        .await;
-        assert_eq!(r, json!({ "ok": true }), "version {i}");
-    }
+    let (_dir, data, _m, api) = twelve_versions(config).await;
     let list = api.get("/v1/actors/kit/a/files").await;
     let live = list.json["files"][0]["sha256"].as_str().unwrap().to_owned();
     // The live version, and the two newest old ones (600 kB): a third

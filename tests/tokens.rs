@@ -279,19 +279,7 @@ async fn a_client_token_opens_its_verbs_on_its_actor_and_nothing_else() {
     assert_eq!(s.send("/v1/actors/kit/alice", &team).await.0, 403);
 
     // The CLI mints and revokes the same tokens.
-    let cli = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_marmot"))
-            .args(args)
-            .args(["--url", &s.url, "--token", ADMIN])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let cli = |args: &[&str]| common::cli_ok(&s.url, Some(ADMIN), args);
     let minted: Value = serde_json::from_str(&cli(&[
         "tokens", "mint", "kit", "dave", "--scopes", "send", "--ttl", "60",
     ]))

@@ -566,6 +566,46 @@ pub async fn kit_node(config: Value) -> (tempfile::TempDir, Marmot, Api) {
 }
 
 /// Seconds since the Unix epoch, as webhook timestamps count them.
+/// Every page of the listing at `path` (its query kept), following
+/// `next_after`: the items under `field`, and how many pages held them.
+pub async fn all_pages(api: &Api, path: &str, field: &str) -> (Vec<Value>, usize) {
+    let sep = if path.contains('?') { '&' } else { '?' };
+    let (mut items, mut pages, mut after) = (Vec::new(), 0, None::<String>);
+    loop {
+        let url = match &after {
+            Some(a) => format!("{path}{sep}after={a}"),
+            None => path.to_owned(),
+        };
+        let r = api.get(&url).await;
+        assert_eq!(r.status, 200, "{url}: {}", r.json);
+        let got = r.json[field].as_array().cloned().unwrap_or_default();
+        assert!(!got.is_empty(), "{url}: an empty page");
+        items.extend(got);
+        pages += 1;
+        match r.json["next_after"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => return (items, pages),
+        }
+    }
+}
+
+/// Run `marmot ARGS` against the node at `url` (with `token`, if any),
+/// and return what it printed, once it succeeded.
+pub fn cli_ok(url: &str, token: Option<&str>, args: &[&str]) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_marmot"));
+    cmd.args(args).args(["--url", url]);
+    if let Some(t) = token {
+        cmd.args(["--token", t]);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "marmot {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 pub fn now_s() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
