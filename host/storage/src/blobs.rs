@@ -107,7 +107,6 @@ type Waiting = (Instant, [u8; 32], u64);
 /// [`BlobStore::reap`].
 #[derive(Debug)]
 pub struct Unreferenced {
-    dir: PathBuf,
     queue: Mutex<WaitingQueue>,
     /// Due ones a backup still copies: back in the queue when it ends.
     deferred: Mutex<Vec<Waiting>>,
@@ -123,29 +122,22 @@ struct WaitingQueue {
 }
 
 impl Unreferenced {
-    fn new(dir: PathBuf) -> Self {
+    fn new() -> Self {
         Self {
-            dir,
             queue: Mutex::default(),
             deferred: Mutex::default(),
             added: tokio::sync::Notify::new(),
         }
     }
 
-    /// `shas` lost their last reference in a commit that just succeeded.
-    pub fn add(&self, shas: Vec<[u8; 32]>) {
+    /// `blobs` (each with its size, from the file row that named it) lost
+    /// their last reference in a commit that just succeeded.
+    pub fn add(&self, blobs: Vec<([u8; 32], u64)>) {
         let now = Instant::now();
-        // Sized outside the lock (one stat each: blobs are large files).
-        let sized: Vec<Waiting> = shas
-            .into_iter()
-            .map(|sha| {
-                let size = std::fs::metadata(blob_path(&self.dir, &sha)).map_or(0, |m| m.len());
-                (now, sha, size)
-            })
-            .collect();
         let mut q = self.queue.lock().expect("unreferenced blobs lock");
-        q.bytes += sized.iter().map(|w| w.2).sum::<u64>();
-        q.blobs.extend(sized);
+        q.bytes += blobs.iter().map(|(_, size)| size).sum::<u64>();
+        q.blobs
+            .extend(blobs.into_iter().map(|(sha, size)| (now, sha, size)));
         drop(q);
         self.added.notify_one();
     }
@@ -249,12 +241,6 @@ impl std::fmt::Debug for BlobHold {
     }
 }
 
-/// Where blob `sha256` lives under `dir`.
-fn blob_path(dir: &Path, sha256: &[u8; 32]) -> PathBuf {
-    let hex = hex::encode(sha256);
-    dir.join(&hex[..2]).join(&hex)
-}
-
 fn io(what: String) -> impl FnOnce(std::io::Error) -> StorageError {
     move |source| StorageError::Io { what, source }
 }
@@ -267,9 +253,9 @@ impl BlobStore {
             dir.display()
         )))?;
         Ok(Self {
-            dir: dir.clone(),
+            dir,
             held: Arc::default(),
-            unreferenced: Arc::new(Unreferenced::new(dir.clone())),
+            unreferenced: Arc::new(Unreferenced::new()),
             pauses: Arc::default(),
             pins: Arc::default(),
         })
@@ -361,7 +347,8 @@ impl BlobStore {
 
     /// The path of blob `sha256`.
     pub fn path(&self, sha256: &[u8; 32]) -> PathBuf {
-        blob_path(&self.dir, sha256)
+        let hex = hex::encode(sha256);
+        self.dir.join(&hex[..2]).join(&hex)
     }
 
     /// Store `bytes` durably and hold the blob for the caller's turn.
@@ -636,7 +623,7 @@ mod tests {
             .map(|b| *store.put(b).unwrap().sha256())
             .collect();
         let hold = store.put(b"held").unwrap();
-        store.unreferenced().add(shas.clone());
+        store.unreferenced().add(sized(&shas, 1000));
         // Not before the delay.
         assert!(!store.reap_due(after(60)));
         assert_eq!(store.reap(after(60), |_| Ok(false)).unwrap(), 0);
@@ -656,7 +643,7 @@ mod tests {
             .iter()
             .map(|b| *store.put(b).unwrap().sha256())
             .collect();
-        store.unreferenced().add(more.clone());
+        store.unreferenced().add(sized(&more, 1000));
         let failing = |h: &[u8; 32]| {
             if *h == more[0] {
                 Err(StorageError::ShuttingDown)
@@ -683,7 +670,7 @@ mod tests {
             .map(|i| *store.put(&[i; 1000]).unwrap().sha256())
             .collect();
         let pins = store.pin(vec![shas[0]]);
-        store.unreferenced().add(shas.clone());
+        store.unreferenced().add(sized(&shas, 1000));
         let release = Release {
             delay: Duration::from_secs(60),
             max_waiting_bytes: 0,
@@ -698,6 +685,11 @@ mod tests {
         assert!(store.reap_due(release));
         assert_eq!(store.reap(release, |_| Ok(false)).unwrap(), 1);
         assert!(store.read(&shas[0]).is_err());
+    }
+
+    /// `shas`, each of `size` bytes.
+    fn sized(shas: &[[u8; 32]], size: u64) -> Vec<([u8; 32], u64)> {
+        shas.iter().map(|sha| (*sha, size)).collect()
     }
 
     /// A release after `secs`, whatever waits.
@@ -717,7 +709,7 @@ mod tests {
         let shas: Vec<[u8; 32]> = (0..4u8)
             .map(|i| *store.put(&[i; 1000]).unwrap().sha256())
             .collect();
-        store.unreferenced().add(shas.clone());
+        store.unreferenced().add(sized(&shas, 1000));
         assert_eq!(store.unreferenced().waiting_bytes(), 4000);
         let release = Release {
             delay: Duration::from_secs(60),
@@ -730,9 +722,8 @@ mod tests {
         assert_eq!(store.unreferenced().waiting_bytes(), 2000);
         assert!(!store.reap_due(release), "at the bound, the rest wait");
         // A failed look puts the bytes back with the blobs.
-        store
-            .unreferenced()
-            .add(vec![*store.put(&[9; 1000]).unwrap().sha256()]);
+        let nine = *store.put(&[9; 1000]).unwrap().sha256();
+        store.unreferenced().add(sized(&[nine], 1000));
         let failing = |_: &[u8; 32]| Err(StorageError::ShuttingDown);
         assert!(store.reap(release, failing).is_err());
         assert_eq!(store.unreferenced().waiting_bytes(), 3000);

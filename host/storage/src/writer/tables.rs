@@ -18,7 +18,7 @@ macro_rules! tables {
         pub(super) struct Tables<'t> {
             txn: &'t WriteTransaction,
             /// Blobs whose last reference this transaction removed.
-            pub(super) unreferenced: Vec<[u8; 32]>,
+            pub(super) unreferenced: Vec<([u8; 32], u64)>,
             $($name: Option<redb::Table<'t, $k, $v>>,)*
         }
 
@@ -202,7 +202,7 @@ impl Tables<'_> {
                 removed += old.size;
                 usage.files -= 1;
                 if old.body == FileBody::Blob {
-                    self.blob_ref(&old.sha256, -1)?;
+                    self.blob_ref(&old.sha256, old.size, -1)?;
                 }
             }
             match rec {
@@ -210,7 +210,7 @@ impl Tables<'_> {
                     added += r.size;
                     usage.files += 1;
                     if r.body == FileBody::Blob {
-                        self.blob_ref(&r.sha256, 1)?;
+                        self.blob_ref(&r.sha256, r.size, 1)?;
                     }
                     self.files()?
                         .insert((num, path.as_str()), encode(r).as_slice())?;
@@ -236,14 +236,14 @@ impl Tables<'_> {
         Ok(())
     }
 
-    /// Add `delta` references to blob `sha256` (a row at zero goes, and
-    /// the blob is noted as [`Tables::unreferenced`]).
-    fn blob_ref(&mut self, sha256: &[u8; 32], delta: i64) -> Result<(), StorageError> {
+    /// Add `delta` references to blob `sha256`, of `size` bytes (a row at
+    /// zero goes, and the blob is noted as [`Tables::unreferenced`]).
+    fn blob_ref(&mut self, sha256: &[u8; 32], size: u64, delta: i64) -> Result<(), StorageError> {
         let n = self.blob_refs()?.get(sha256)?.map_or(0, |v| v.value());
         let n = n.saturating_add_signed(delta);
         if n == 0 {
             self.blob_refs()?.remove(sha256)?;
-            self.unreferenced.push(*sha256);
+            self.unreferenced.push((*sha256, size));
         } else {
             self.blob_refs()?.insert(sha256, n)?;
         }
