@@ -8,7 +8,7 @@ use rquickjs::context::EvalOptions;
 use rquickjs::function::This;
 use rquickjs::loader::{BuiltinLoader, BuiltinResolver};
 use rquickjs::promise::PromiseState;
-use rquickjs::{Coerced, Context, Ctx, Function, Module, Object, Persistent, Runtime, Value};
+use rquickjs::{Context, Ctx, Function, Module, Object, Persistent, Runtime, Value};
 
 use crate::bindings::PreloadFailure;
 use crate::bindings::exports::marmot::actor::js_runtime::EvalOutcome;
@@ -16,6 +16,7 @@ use crate::bindings::marmot::actor::js_module;
 use crate::bindings::marmot::actor::types::{
     Alarm, Context as TurnContext, InputAnswer, Message, Reply, Webhook,
 };
+use crate::describe::{describe_error, well_formed};
 use crate::host_api::{self, CONSOLE, ConsoleSink};
 use crate::rejections;
 
@@ -227,7 +228,7 @@ impl Engine {
                 panic!("warm-up failed: {}", describe_error(&ctx, e));
             }
             run_jobs(&ctx).expect("warm-up jobs");
-            rejections::take(&ctx, describe_reason);
+            rejections::clear();
         });
         // Collect what start-up left behind so the snapshot is compact.
         runtime.run_gc();
@@ -344,7 +345,7 @@ impl Engine {
         if host_api::take_timers_touched() {
             self.clear_timers(ctx);
         }
-        report_unhandled(ctx);
+        rejections::report(ctx);
         settled
     }
 
@@ -490,7 +491,7 @@ impl Engine {
         let context = self.context.clone();
         let outcome: Result<Option<String>, String> = context.with(|ctx| {
             let outcome = self.eval_in(&ctx, code);
-            report_unhandled(&ctx);
+            rejections::report(&ctx);
             outcome
         });
         let (logs, dropped) =
@@ -681,23 +682,6 @@ fn settle<'js>(ctx: &Ctx<'js>, v: Value<'js>, what: &str) -> Result<Value<'js>, 
     }
 }
 
-/// Log the rejections no handler took by the end of a run (see
-/// [`rejections`]).
-fn report_unhandled(ctx: &Ctx<'_>) {
-    for line in rejections::take(ctx, describe_reason) {
-        host_api::console_line("error", line);
-    }
-}
-
-/// A rejection's reason as text: an `Error` with its stack, else the value.
-fn describe_reason(v: &Value<'_>) -> String {
-    if v.as_exception().is_some() {
-        describe_value(v)
-    } else {
-        thrown(v)
-    }
-}
-
 fn run_jobs(ctx: &Ctx<'_>) -> Result<(), String> {
     while ctx.execute_pending_job() {}
     Ok(())
@@ -721,102 +705,4 @@ fn fire_timers(ctx: &Ctx<'_>) -> Result<(), String> {
         .get("fire")
         .map_err(|e| describe_error(ctx, e))?;
     fire.call::<_, ()>(()).map_err(|e| describe_error(ctx, e))
-}
-
-/// A JavaScript error as one message: `Name: message` plus the stack.
-pub fn describe_error(ctx: &Ctx<'_>, e: rquickjs::Error) -> String {
-    if !e.is_exception() {
-        return e.to_string();
-    }
-    let v = ctx.catch();
-    describe_value(&v)
-}
-
-fn describe_value(v: &Value<'_>) -> String {
-    if let Some(ex) = v.as_exception() {
-        // Each as text that may hold lone surrogates (see `well_formed`);
-        // a property that cannot be read or shown is left out.
-        let text = |key: &str| {
-            ex.get::<_, Option<Coerced<rquickjs::String<'_>>>>(key)
-                .ok()
-                .flatten()
-                .and_then(|s| well_formed(&s.0).ok())
-        };
-        let name = text("name").unwrap_or_else(|| "Error".into());
-        let message = text("message").unwrap_or_default();
-        let stack = text("stack").unwrap_or_default();
-        let head = if message.is_empty() {
-            name
-        } else {
-            format!("{name}: {message}")
-        };
-        return if stack.trim().is_empty() {
-            head
-        } else {
-            format!("{head}\n{}", stack.trim_end())
-        };
-    }
-    format!("Uncaught {}", thrown(v))
-}
-
-/// What a thrown value that is not an `Error` was, as the client reads it:
-/// `throw 42` is "42", `throw {code: 7}` is `{"code":7}` (it used to be
-/// only "int" or "object").
-fn thrown(v: &Value<'_>) -> String {
-    if let Some(s) = v.as_string() {
-        return well_formed(s).unwrap_or_default();
-    }
-    if v.is_undefined() {
-        return "undefined".into();
-    }
-    if let Some(s) = v.as_symbol() {
-        return match s.description() {
-            Ok(d) if !d.is_undefined() => format!("Symbol({})", thrown(&d)),
-            _ => "Symbol()".into(),
-        };
-    }
-    let ctx = v.ctx();
-    match ctx.json_stringify(v.clone()) {
-        Ok(Some(text)) => well_formed(&text).unwrap_or_default(),
-        Ok(None) => format!("a thrown {}", v.type_name()),
-        Err(_) => {
-            // A getter or `toJSON` threw while it was shown.
-            let _ = ctx.catch();
-            format!("a thrown {} that cannot be shown", v.type_name())
-        }
-    }
-}
-
-/// A JavaScript string as Rust text. JavaScript strings may hold lone
-/// surrogates, which UTF-8 cannot; QuickJS hands those out as three-byte
-/// WTF-8 sequences (`ED A0..BF ..`), which `rquickjs::String::to_string`
-/// refuses, so a string reply or an error message holding one used to fail
-/// or vanish. Each lone surrogate becomes U+FFFD, as
-/// `String.prototype.toWellFormed` (and the prelude's `text`) does.
-fn well_formed(s: &rquickjs::String<'_>) -> rquickjs::Result<String> {
-    let c = rquickjs::CString::from_string(s.clone())?;
-    #[allow(
-        unsafe_code,
-        reason = "reading the bytes of a C string QuickJS keeps alive while `c` lives"
-    )]
-    // SAFETY: `as_ptr` points at `len` bytes QuickJS owns until `c` drops.
-    let bytes = unsafe { std::slice::from_raw_parts(c.as_ptr().cast::<u8>(), c.len()) };
-    if let Ok(text) = std::str::from_utf8(bytes) {
-        return Ok(text.to_owned());
-    }
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut rest = bytes;
-    while let Some((&first, tail)) = rest.split_first() {
-        // A surrogate, high or low, encoded on its own: ED A0..BF 80..BF.
-        if let [0xED, 0xA0..=0xBF, 0x80..=0xBF, ..] = rest {
-            out.extend_from_slice("\u{FFFD}".as_bytes());
-            rest = &rest[3..];
-        } else {
-            out.push(first);
-            rest = tail;
-        }
-    }
-    // Anything else QuickJS might hand out that is still not UTF-8.
-    Ok(String::from_utf8(out)
-        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
 }

@@ -12,6 +12,7 @@
 //! imports; the prelude removes `WebAssembly` and `SharedArrayBuffer`, and
 //! WASI gives it no files, network or environment.
 
+mod describe;
 mod engine;
 mod host_api;
 mod rejections;

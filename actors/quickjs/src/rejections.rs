@@ -15,6 +15,8 @@ use std::cell::RefCell;
 
 use rquickjs::{Ctx, Persistent, Runtime, Value};
 
+use crate::describe::{describe_value, thrown};
+
 /// The most noted at once (a loop rejecting millions keeps the first).
 const MAX_NOTED: usize = 100;
 
@@ -58,12 +60,27 @@ pub fn forget<'js>(ctx: &Ctx<'js>, promise: &Value<'js>) {
     });
 }
 
-/// Take what is still unhandled, each as the line to log.
-pub fn take(ctx: &Ctx<'_>, describe: impl Fn(&Value<'_>) -> String) -> Vec<String> {
+/// Log what is still unhandled as a run ends, as `console.error` would.
+pub fn report(ctx: &Ctx<'_>) {
     let noted = UNHANDLED.with(|u| std::mem::take(&mut *u.borrow_mut()));
-    noted
-        .into_iter()
-        .filter_map(|(_, reason)| reason.restore(ctx).ok())
-        .map(|reason| format!("Uncaught (in promise) {}", describe(&reason)))
-        .collect()
+    for (_, reason) in noted {
+        if let Ok(reason) = reason.restore(ctx) {
+            let line = format!("Uncaught (in promise) {}", describe(&reason));
+            crate::host_api::console_line("error", line);
+        }
+    }
+}
+
+/// Forget what is noted (the snapshot's warm-up: none of it is a run's).
+pub fn clear() {
+    UNHANDLED.with(|u| u.borrow_mut().clear());
+}
+
+/// A rejection's reason as text: an `Error` with its stack, else the value.
+fn describe(v: &Value<'_>) -> String {
+    if v.as_exception().is_some() {
+        describe_value(v)
+    } else {
+        thrown(v)
+    }
 }
