@@ -6,6 +6,7 @@
 //! 404/405 here; what a connection may hold in [`listen`].
 
 mod actors;
+mod alarms;
 mod backup;
 mod bodies;
 mod clients;
@@ -135,7 +136,7 @@ pub fn router(node: Arc<Node>) -> Router {
             get(actors::state_key),
         )
         .route("/v1/actors/{type}/{id}/events", get(actors::events))
-        .route("/v1/actors/{type}/{id}/alarms", get(actors::alarms))
+        .route("/v1/actors/{type}/{id}/alarms", get(alarms::list))
         .route("/v1/actors/{type}/{id}/inputs", get(actors::inputs))
         .route(
             "/v1/actors/{type}/{id}/inputs/{input}",
