@@ -20,6 +20,19 @@ pub type InputsPage = (Vec<(String, InputRecord)>, bool);
 /// A page of alarms by name, and whether more follow.
 pub type AlarmsPage = (Vec<(String, AlarmRecord)>, bool);
 
+/// A table of per-actor rows keyed by name: state, alarms, inputs.
+type NamedTable = redb::TableDefinition<'static, (u64, &'static str), &'static [u8]>;
+
+/// What [`Reader::named_page`] does with one row.
+enum Row<T> {
+    /// Put it in the page.
+    Take(T),
+    /// Leave it out and go on.
+    Skip,
+    /// Stop: no row past this one belongs to the listing.
+    End,
+}
+
 /// A read transaction with typed accessors.
 pub struct Reader {
     pub(crate) txn: redb::ReadTransaction,
@@ -152,30 +165,19 @@ impl Reader {
         limit: usize,
         max_bytes: usize,
     ) -> Result<(StateEntries, bool), StorageError> {
-        let t = self.txn.open_table(STATE)?;
         let start = match start_after {
             Some(a) if a >= prefix => a,
             _ => prefix,
         };
-        let mut out = Vec::new();
-        let mut bytes = 0usize;
-        for row in t.range((num, start)..)? {
-            let (k, v) = row?;
-            let (n, key) = k.value();
-            if n != num || !key.starts_with(prefix) {
-                break;
-            }
-            if Some(key) == start_after {
-                continue;
-            }
-            let size = v.value().len();
-            if out.len() == limit || (!out.is_empty() && bytes + size > max_bytes) {
-                return Ok((out, true));
-            }
-            bytes += size;
-            out.push((key.to_owned(), v.value().to_vec()));
-        }
-        Ok((out, false))
+        self.named_page(STATE, num, start, limit, max_bytes, |key, value| {
+            Ok(if !key.starts_with(prefix) {
+                Row::End
+            } else if Some(key) == start_after {
+                Row::Skip
+            } else {
+                Row::Take(value.to_vec())
+            })
+        })
     }
 
     /// Events with seq > `after`, at most `limit`, and no more than
@@ -301,26 +303,13 @@ impl Reader {
         limit: usize,
         max_bytes: usize,
     ) -> Result<AlarmsPage, StorageError> {
-        let t = self.txn.open_table(ALARMS)?;
-        let mut out = Vec::new();
-        let mut bytes = 0usize;
-        for row in t.range((num, after)..)? {
-            let (k, v) = row?;
-            let (n, name) = k.value();
-            if n != num {
-                break;
-            }
-            if name == after || is_internal_alarm(name) {
-                continue;
-            }
-            let size = v.value().len();
-            if out.len() == limit || (!out.is_empty() && bytes + size > max_bytes) {
-                return Ok((out, true));
-            }
-            bytes += size;
-            out.push((name.to_owned(), decode("alarm", v.value())?));
-        }
-        Ok((out, false))
+        self.named_page(ALARMS, num, after, limit, max_bytes, |name, value| {
+            Ok(if name == after || is_internal_alarm(name) {
+                Row::Skip
+            } else {
+                Row::Take(decode("alarm", value)?)
+            })
+        })
     }
 
     /// Number of pending alarms of one actor (the platform's own, such as
@@ -354,28 +343,53 @@ impl Reader {
         max_bytes: usize,
         keep: impl Fn(&InputRecord) -> bool,
     ) -> Result<InputsPage, StorageError> {
-        let t = self.txn.open_table(INPUTS)?;
+        self.named_page(INPUTS, num, after, limit, max_bytes, |id, value| {
+            if id == after {
+                return Ok(Row::Skip);
+            }
+            let rec: InputRecord = decode("input", value)?;
+            Ok(if keep(&rec) {
+                Row::Take(rec)
+            } else {
+                Row::Skip
+            })
+        })
+    }
+
+    /// A page of one actor's rows of a table keyed by (actor, name), from
+    /// `start` in name order: what `row` takes of each, at most `limit` of
+    /// them and, past the first, no more than `max_bytes` as stored; and
+    /// whether more follow. Each row is read and decoded one at a time, so
+    /// a listing holds a page, not the actor's whole table.
+    fn named_page<T>(
+        &self,
+        table: NamedTable,
+        num: u64,
+        start: &str,
+        limit: usize,
+        max_bytes: usize,
+        mut row: impl FnMut(&str, &[u8]) -> Result<Row<T>, StorageError>,
+    ) -> Result<(Vec<(String, T)>, bool), StorageError> {
+        let t = self.txn.open_table(table)?;
         let mut out = Vec::new();
         let mut bytes = 0usize;
-        for row in t.range((num, after)..)? {
-            let (k, v) = row?;
-            let (n, id) = k.value();
+        for entry in t.range((num, start)..)? {
+            let (k, v) = entry?;
+            let (n, name) = k.value();
             if n != num {
                 break;
             }
-            if id == after {
-                continue;
-            }
-            let rec: InputRecord = decode("input", v.value())?;
-            if !keep(&rec) {
-                continue;
-            }
-            let size = v.value().len();
-            if out.len() == limit || (!out.is_empty() && bytes + size > max_bytes) {
+            let value = v.value();
+            let item = match row(name, value)? {
+                Row::Take(item) => item,
+                Row::Skip => continue,
+                Row::End => break,
+            };
+            if out.len() == limit || (!out.is_empty() && bytes + value.len() > max_bytes) {
                 return Ok((out, true));
             }
-            bytes += size;
-            out.push((id.to_owned(), rec));
+            bytes += value.len();
+            out.push((name.to_owned(), item));
         }
         Ok((out, false))
     }
