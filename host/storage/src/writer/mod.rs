@@ -19,12 +19,16 @@
 
 mod apply;
 #[cfg(test)]
+mod disk_tests;
+#[cfg(test)]
 mod input_tests;
 #[cfg(test)]
 mod move_tests;
 mod moves;
 mod ops;
 mod outgoing;
+#[cfg(test)]
+mod relay_tests;
 #[cfg(test)]
 mod release_tests;
 mod replica;
