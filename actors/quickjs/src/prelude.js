@@ -140,6 +140,10 @@
     error: (msg, f) => host.log("error", text(msg), fields(f)),
   });
 
+  // What a value is, for an error naming what was given instead.
+  const kindOf = (v) =>
+    v === null || v === undefined ? StringCtor(v) : typeof v === "object" ? "an object" : `a ${typeof v}`;
+
   // Milliseconds for `at` or `after`: a finite number ≥ 0 (a Date for
   // `at`). `+spec.at` used to make a date string NaN and NaN 0, so an alarm
   // meant for next year fired at once.
@@ -153,11 +157,7 @@
     // (`after` too: now plus it must still be a Date.)
     const max = what === "at" ? MAX_MS : MAX_MS - DateCtor.now();
     if (typeof v !== "number" || !isFinite(v) || v < 0 || v > max) {
-      const got =
-        typeof v === "number" ? StringCtor(v)
-        : v === null || v === undefined ? StringCtor(v)
-        : typeof v === "object" ? "an object"
-        : `a ${typeof v}`;
+      const got = typeof v === "number" ? StringCtor(v) : kindOf(v);
       const want = what === "at" ? `epoch milliseconds (0 to ${MAX_MS}) or a Date` : `milliseconds (0 to ${max})`;
       throw new TypeErrorCtor(`alarms.set: \`${what}\` must be ${want}, not ${got}`);
     }
@@ -181,6 +181,13 @@
       }
       const payload = toJson(spec.payload === undefined ? null : spec.payload, "alarms.set payload");
       if (spec.cron !== undefined) {
+        // (`String(null)` was a cron expression "null", refused as invalid.)
+        if (typeof spec.cron !== "string") {
+          throw new TypeErrorCtor(`alarms.set: \`cron\` must be a string such as "0 9 * * *", not ${kindOf(spec.cron)}`);
+        }
+        if (spec.tz != null && typeof spec.tz !== "string") {
+          throw new TypeErrorCtor(`alarms.set: \`tz\` must be a time zone name such as "Europe/Berlin", not ${kindOf(spec.tz)}`);
+        }
         return host.alarmsSet(n, "cron", 0, text(spec.cron), spec.tz == null ? undefined : text(spec.tz), payload);
       }
       if (spec.at !== undefined) return host.alarmsSet(n, "at", millis(spec.at, "at"), undefined, undefined, payload);
