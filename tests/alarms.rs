@@ -757,7 +757,11 @@ async fn javascript_actors_set_and_receive_alarms() {
             "tz goes with cron",
         ),
         (json!(null), json!({"after": 10}), "name must be a string"),
-        (json!("cronless"), json!({"cron": null}), "`cron` must be a string"),
+        (
+            json!("cronless"),
+            json!({"cron": null}),
+            "`cron` must be a string",
+        ),
         (json!("cron5"), json!({"cron": 5}), "not a number"),
         (
             json!("tz5"),

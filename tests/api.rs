@@ -1043,6 +1043,26 @@ async fn page_sizes_and_cursors_are_checked() {
         );
         let r = api.get(&format!("{listing}?limit=1000000")).await;
         assert_eq!(r.status, 200, "{listing}: {}", r.json);
+        // In the API's words, naming the parameter (it was "Failed to
+        // deserialize query string: limit: invalid digit found in string").
+        for (query, says) in [
+            ("limit=-1", "query parameter `limit` must be a whole number"),
+            (
+                "limit=1.5",
+                "query parameter `limit` must be a whole number",
+            ),
+            ("limit=", "query parameter `limit` must be a whole number"),
+            (
+                "limit=99999999999999999999",
+                "query parameter `limit` is too large",
+            ),
+            ("colour=red", "unknown query parameter `colour`; expected"),
+        ] {
+            let r = api.get(&format!("{listing}?{query}")).await;
+            assert_error(&r, 400, "invalid_query");
+            let message = r.json["error"]["message"].as_str().unwrap();
+            assert!(message.starts_with(says), "{listing}?{query}: {message}");
+        }
     }
     let page = api.get("/v1/actors/kit?limit=2").await.json;
     assert_eq!(page["actors"].as_array().unwrap().len(), 2);

@@ -214,8 +214,32 @@ impl From<PathRejection> for ApiError {
 
 impl From<QueryRejection> for ApiError {
     fn from(e: QueryRejection) -> Self {
-        Self::bad_request("invalid_query", e.body_text())
+        Self::bad_request("invalid_query", query_message(&e.body_text()))
     }
+}
+
+/// A refused query string's message in the API's words: axum's says
+/// "Failed to deserialize query string: limit: invalid digit found in
+/// string" of `?limit=-1`.
+fn query_message(text: &str) -> String {
+    let text = text
+        .strip_prefix("Failed to deserialize query string: ")
+        .unwrap_or(text);
+    let Some((name, why)) = text.split_once(": ") else {
+        return format!("invalid query string: {text}");
+    };
+    if why.starts_with("unknown field") {
+        let expected = why.split_once(", ").map_or("", |(_, e)| e);
+        return format!("unknown query parameter `{name}`; {expected}");
+    }
+    let why = match why {
+        "invalid digit found in string" | "cannot parse integer from empty string" => {
+            "must be a whole number (digits only)"
+        }
+        "number too large to fit in target type" => "is too large",
+        other => other,
+    };
+    format!("query parameter `{name}` {why}")
 }
 
 impl From<BytesRejection> for ApiError {
