@@ -20,7 +20,7 @@ pub type InputsPage = (Vec<(String, InputRecord)>, bool);
 /// A page of alarms by name, and whether more follow.
 pub type AlarmsPage = (Vec<(String, AlarmRecord)>, bool);
 
-/// A table of per-actor rows keyed by name: state, alarms, inputs.
+/// A table of per-actor rows keyed by name: state, alarms, inputs, files.
 type NamedTable = redb::TableDefinition<'static, (u64, &'static str), &'static [u8]>;
 
 /// What [`Reader::named_page`] does with one row.
@@ -509,24 +509,20 @@ impl Reader {
         start_after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<(String, FileRecord)>, StorageError> {
-        let t = self.txn.open_table(FILES)?;
         let start = match start_after {
             Some(a) if a >= prefix => a,
             _ => prefix,
         };
-        let mut out = Vec::new();
-        for row in t.range((num, start)..)? {
-            let (k, v) = row?;
-            let (n, path) = k.value();
-            if n != num || !path.starts_with(prefix) || out.len() == limit {
-                break;
-            }
-            if Some(path) == start_after {
-                continue;
-            }
-            out.push((path.to_owned(), decode("file", v.value())?));
-        }
-        Ok(out)
+        let page = self.named_page(FILES, num, start, limit, usize::MAX, |path, value| {
+            Ok(if !path.starts_with(prefix) {
+                Row::End
+            } else if Some(path) == start_after {
+                Row::Skip
+            } else {
+                Row::Take(decode("file", value)?)
+            })
+        })?;
+        Ok(page.0)
     }
 
     /// How much an actor keeps in files.
