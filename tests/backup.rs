@@ -257,6 +257,8 @@ async fn backups_touch_only_their_own_directory_and_restores_check_what_they_cop
         msg.contains("retrying will not help") && msg.contains(sha),
         "{msg}"
     );
+    // The file that lost its bytes is named, with its actor.
+    assert!(msg.contains("`outputs/big.bin` of kit/f names it"), "{msg}");
     assert!(!bk.join("nightly.3").exists() && !bk.join("nightly.3.partial").exists());
     std::fs::rename(&aside, &node_blob).unwrap();
 

@@ -132,3 +132,36 @@ async fn a_full_disk_refuses_writes_keeps_reads_and_recovers_by_itself() {
     drop(m);
     drop(disk);
 }
+
+/// A backup whose destination fills is refused as 507, names the place
+/// that is full (it named only the node's own blob, as if the node's disk
+/// were full), and leaves nothing there.
+#[tokio::test]
+async fn a_backup_onto_a_full_disk_is_507_and_names_the_destination() {
+    let dir = tempdir();
+    let Some(disk) = SmallDisk::mount(&dir.path().join("backups"), 1) else {
+        return;
+    };
+    let m = Marmot::start(&dir.path().join("data")).await;
+    let api = m.client();
+    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let r = api
+        .op(
+            "kit",
+            "f",
+            json!({"op": "file_write", "path": "big.bin", "bytes": 2_000_000}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let to = disk.dir.join("nightly");
+    let r = api.post_json("/v1/backup", &json!({"to": to})).await;
+    assert_eq!((r.status, r.code()), (507, "backup_failed"), "{}", r.json);
+    let msg = r.json["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains(&format!("to `{}", disk.dir.display())),
+        "{msg}"
+    );
+    assert_eq!(std::fs::read_dir(&disk.dir).unwrap().count(), 0);
+    // The node is unharmed.
+    assert_eq!(api.add("kit", "f", 1).await.status, 200);
+}

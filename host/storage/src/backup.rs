@@ -169,8 +169,14 @@ fn copy_blob(sha256: &[u8; 32], from: &Path, to: &Path) -> Result<bool, StorageE
             Ok(true)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        // Named by both ends: a full destination said only the node's own
+        // blob, as if its disk were the full one.
         Err(e) => Err(StorageError::Io {
-            what: format!("failed to copy blob `{}`", from.display()),
+            what: format!(
+                "failed to copy blob `{}` to `{}`",
+                from.display(),
+                to.display()
+            ),
             source: e,
         }),
     }
@@ -328,10 +334,10 @@ impl Storage {
                         source: std::io::Error::new(
                             std::io::ErrorKind::NotFound,
                             format!(
-                                "is missing from disk though a file names it (sha256 {}), so \
-                                 no backup can hold it; retrying will not help: the files naming \
-                                 it (their `sha256` in GET /v1/actors/{{type}}/{{id}}/files) must \
-                                 be written again or deleted",
+                                "is missing from disk though {} (sha256 {}), so no backup can \
+                                 hold it; retrying will not help: the files naming it must be \
+                                 written again or deleted",
+                                files_naming(&read, &sha)?,
                                 hex::encode(sha)
                             ),
                         ),
@@ -394,6 +400,42 @@ impl Storage {
             )),
         })
     }
+}
+
+/// The files whose bytes are blob `sha256`, for an error naming it: "`a/b`
+/// of kit/f names it", the first few of them (the whole table is read, as
+/// no index goes from a blob to its files; this is a rare failure's path).
+fn files_naming(read: &ReadTransaction, sha256: &[u8; 32]) -> Result<String, StorageError> {
+    const NAMED: usize = 3;
+    let keys = read.open_table(ACTOR_KEYS)?;
+    let mut found = Vec::new();
+    let mut more = 0usize;
+    for row in read.open_table(FILES)?.iter()? {
+        let (k, v) = row?;
+        let file: FileRecord = decode("file", v.value())?;
+        if file.blob().as_ref() != Some(sha256) {
+            continue;
+        }
+        if found.len() == NAMED {
+            more += 1;
+            continue;
+        }
+        let (num, path) = k.value();
+        let actor = match keys.get(num)? {
+            Some(key) => {
+                let (ty, id) = key.value();
+                format!("{ty}/{id}")
+            }
+            None => format!("actor #{num}"),
+        };
+        found.push(format!("`{path}` of {actor}"));
+    }
+    Ok(match (found.len(), more) {
+        (0, _) => "a file names it".to_owned(),
+        (1, _) => format!("{} names it", found[0]),
+        (_, 0) => format!("{} name it", found.join(", ")),
+        (_, more) => format!("{} and {more} more files name it", found.join(", ")),
+    })
 }
 
 /// A directory that cannot be made there is a bad destination (what the
