@@ -9,6 +9,8 @@
 //! link-local and metadata addresses happen before a connection.
 
 mod common;
+#[path = "egress/side_by_side.rs"]
+mod side_by_side;
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};

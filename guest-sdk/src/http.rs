@@ -97,11 +97,62 @@ impl Request {
         })
     }
 
+    /// Send it without waiting for the answer: it runs while the actor
+    /// goes on, beside any others sent so; [`Pending::wait`] takes its
+    /// answer. One still under way when the turn ends is cancelled.
+    pub fn start(self) -> Result<Pending> {
+        Ok(Pending(host::start(&self.0)?))
+    }
+
     /// Send it and read the body as it arrives (server-sent events, large
     /// downloads): `read` the returned stream until it gives `None`.
     pub fn send_streaming(self) -> Result<host::StreamedResponse> {
         Ok(host::fetch_stream(&self.0)?)
     }
+}
+
+/// A request sent with [`Request::start`], its answer not yet taken.
+#[derive(Debug)]
+#[must_use = "a started fetch is cancelled at the end of the turn unless waited for"]
+pub struct Pending(u32);
+
+impl Pending {
+    /// Wait for the answer (at once if it is in).
+    pub fn wait(self) -> Result<Response> {
+        let r = host::finish(self.0)?;
+        Ok(Response {
+            status: r.status,
+            headers: r.headers,
+            body: r.body,
+        })
+    }
+}
+
+/// Send every request at once and wait for all the answers, in the
+/// requests' order: as long as the slowest one, not all of them in turn.
+///
+/// ```no_run
+/// use marmot_guest::http::{Request, send_all};
+///
+/// # fn run() -> marmot_guest::Result<()> {
+/// let pages = send_all(vec![
+///     Request::get("https://api.example.com/a"),
+///     Request::get("https://api.example.com/b"),
+/// ])?;
+/// for page in pages {
+///     let page = page?;
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// A request refused before it was sent (a host not allowed) fails the
+/// call; an answer that failed (a timeout) is its own `Err`.
+pub fn send_all(requests: Vec<Request>) -> Result<Vec<Result<Response>>> {
+    let started: Vec<Pending> = requests
+        .into_iter()
+        .map(Request::start)
+        .collect::<Result<_>>()?;
+    Ok(started.into_iter().map(Pending::wait).collect())
 }
 
 impl Response {

@@ -665,16 +665,19 @@ fn settle<'js>(ctx: &Ctx<'js>, v: Value<'js>, what: &str) -> Result<Value<'js>, 
             }
             PromiseState::Pending => {
                 let next = timer_delay(ctx)?;
-                if next < 0.0 {
-                    return Err(format!(
-                        "{what} never settles: it waits for something that cannot \
-                         happen within the turn"
-                    ));
-                }
-                if next > 0.0 {
-                    std::thread::sleep(
-                        Duration::try_from_secs_f64(next / 1000.0).unwrap_or(Duration::MAX),
-                    );
+                // A fetch's answer, or the next timer, whichever comes first.
+                if !wait_for_a_fetch(ctx, next)? {
+                    if next < 0.0 {
+                        return Err(format!(
+                            "{what} never settles: it waits for something that cannot \
+                             happen within the turn"
+                        ));
+                    }
+                    if next > 0.0 {
+                        std::thread::sleep(
+                            Duration::try_from_secs_f64(next / 1000.0).unwrap_or(Duration::MAX),
+                        );
+                    }
                 }
                 fire_timers(ctx)?;
             }
@@ -698,6 +701,18 @@ fn timer_delay(ctx: &Ctx<'_>) -> Result<f64, String> {
         .get("next")
         .map_err(|e| describe_error(ctx, e))?;
     next.call::<_, f64>(()).map_err(|e| describe_error(ctx, e))
+}
+
+/// Wait up to `timeout_ms` (< 0: no limit) for a started fetch to answer
+/// and settle its promise; false if no fetch is under way.
+fn wait_for_a_fetch(ctx: &Ctx<'_>, timeout_ms: f64) -> Result<bool, String> {
+    let fetches: Object<'_> = ctx
+        .globals()
+        .get("__marmot_fetches")
+        .map_err(|e| describe_error(ctx, e))?;
+    let wait: Function<'_> = fetches.get("wait").map_err(|e| describe_error(ctx, e))?;
+    wait.call::<_, bool>((timeout_ms,))
+        .map_err(|e| describe_error(ctx, e))
 }
 
 fn fire_timers(ctx: &Ctx<'_>) -> Result<(), String> {

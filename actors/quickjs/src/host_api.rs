@@ -77,9 +77,10 @@ thread_local! {
     static TIMERS_TOUCHED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Whether a timer may have been set since the last call: a turn that set
-/// none need not call the prelude to drop pending timers (a call that
-/// writes to the snapshot's shared pages in every fresh sandbox).
+/// Whether a timer may have been set or a fetch started since the last
+/// call: a turn that did neither need not call the prelude to drop what it
+/// left pending (a call that writes to the snapshot's shared pages in
+/// every fresh sandbox).
 pub fn take_timers_touched() -> bool {
     TIMERS_TOUCHED.with(|t| t.replace(false))
 }
@@ -428,6 +429,9 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
         )?,
     )?;
     h.set("httpFetch", Function::new(ctx.clone(), http_fetch)?)?;
+    h.set("httpStart", Function::new(ctx.clone(), http_start)?)?;
+    h.set("httpWaitAny", Function::new(ctx.clone(), http_wait_any)?)?;
+    h.set("httpFinish", Function::new(ctx.clone(), http_finish)?)?;
     h.set("now", Function::new(ctx.clone(), now_ms)?)?;
     h.set("randomBytes", Function::new(ctx.clone(), random_bytes)?)?;
     h.set(
@@ -591,25 +595,26 @@ fn utf8_encode<'js>(ctx: Ctx<'js>, s: String) -> Result<TypedArray<'js, u8>> {
 /// `fetch` through the host's `http` capability (allow-listed hosts only;
 /// headers may name secrets the host fills in). Returns
 /// `[status, [[name, value], …], bodyText]`.
-fn http_fetch<'js>(
-    ctx: Ctx<'js>,
+/// The request `fetch` asks for, from what the prelude passes.
+fn http_request(
+    ctx: &Ctx<'_>,
     method: String,
     url: String,
     headers: Vec<Vec<String>>,
-    body: Option<TypedArray<'js, u8>>,
+    body: Option<TypedArray<'_, u8>>,
     timeout_ms: Option<f64>,
-) -> Result<Array<'js>> {
+) -> Result<http::Request> {
     let body = match body.as_ref().map(bytes_of) {
         None => None,
         Some(Some(bytes)) => Some(bytes),
         Some(None) => {
             return Err(Exception::throw_type(
-                &ctx,
+                ctx,
                 "fetch: the body's buffer is detached or out of bounds",
             ));
         }
     };
-    let req = http::Request {
+    Ok(http::Request {
         method,
         url,
         headers: headers
@@ -622,23 +627,69 @@ fn http_fetch<'js>(
             .collect(),
         body,
         timeout_ms: timeout_ms.map(|t| t.clamp(0.0, f64::from(u32::MAX)) as u32),
-    };
-    let resp = match http::fetch(&req) {
-        Ok(r) => r,
-        Err(e) => return throw(&ctx, "fetch", e),
-    };
+    })
+}
+
+/// An answer as the prelude takes it: `[status, [[name, value]…], body]`.
+fn http_answer<'js>(ctx: &Ctx<'js>, answer: http::Response) -> Result<Array<'js>> {
     let out = Array::new(ctx.clone())?;
-    out.set(0, resp.status)?;
+    out.set(0, answer.status)?;
     let hs = Array::new(ctx.clone())?;
-    for (i, (k, v)) in resp.headers.into_iter().enumerate() {
+    for (i, (k, v)) in answer.headers.into_iter().enumerate() {
         let pair = Array::new(ctx.clone())?;
         pair.set(0, k)?;
         pair.set(1, v)?;
         hs.set(i, pair)?;
     }
     out.set(1, hs)?;
-    out.set(2, TypedArray::new(ctx.clone(), resp.body)?)?;
+    out.set(2, TypedArray::new(ctx.clone(), answer.body)?)?;
     Ok(out)
+}
+
+/// A fetch, waited for.
+fn http_fetch<'js>(
+    ctx: Ctx<'js>,
+    method: String,
+    url: String,
+    headers: Vec<Vec<String>>,
+    body: Option<TypedArray<'js, u8>>,
+    timeout_ms: Option<f64>,
+) -> Result<Array<'js>> {
+    let req = http_request(&ctx, method, url, headers, body, timeout_ms)?;
+    match http::fetch(&req) {
+        Ok(answer) => http_answer(&ctx, answer),
+        Err(e) => throw(&ctx, "fetch", e),
+    }
+}
+
+/// A fetch started without waiting: its handle.
+fn http_start<'js>(
+    ctx: Ctx<'js>,
+    method: String,
+    url: String,
+    headers: Vec<Vec<String>>,
+    body: Option<TypedArray<'js, u8>>,
+    timeout_ms: Option<f64>,
+) -> Result<u32> {
+    let req = http_request(&ctx, method, url, headers, body, timeout_ms)?;
+    // The turn's end drops the promise (with its timers).
+    TIMERS_TOUCHED.with(|t| t.set(true));
+    http::start(&req).or_else(|e| throw(&ctx, "fetch", e))
+}
+
+/// Which of the started fetches `handles` has its answer, waiting at most
+/// `timeout_ms` (none: until one has).
+fn http_wait_any(handles: Vec<u32>, timeout_ms: Option<f64>) -> Option<u32> {
+    let timeout = timeout_ms.map(|t| t.ceil().clamp(0.0, f64::from(u32::MAX)) as u32);
+    http::wait_any(&handles, timeout)
+}
+
+/// The answer of a started fetch.
+fn http_finish(ctx: Ctx<'_>, handle: u32) -> Result<Array<'_>> {
+    match http::finish(handle) {
+        Ok(answer) => http_answer(&ctx, answer),
+        Err(e) => throw(&ctx, "fetch", e),
+    }
 }
 
 /// The WHATWG URL components, as JSON.

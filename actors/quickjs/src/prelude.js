@@ -330,8 +330,11 @@
           }
         }
       },
+      // Drop what the turn left pending: its timers, and its fetches
+      // (which the host cancels).
       clear() {
         timers.clear();
+        fetching.clear();
       },
     }),
     enumerable: false,
@@ -685,6 +688,35 @@
     if (raw !== undefined) return new Uint8ArrayCtor(raw);
     return host.utf8Encode(text(b));
   };
+  // Fetches under way, by the host's handle: how to settle each one's
+  // promise. The engine waits for them (`wait`) whenever the turn has
+  // nothing else to run; the host cancels those left when the turn ends,
+  // and `__marmot_timers.clear` forgets them.
+  const PromiseCtor = Promise;
+  const fetching = new Map();
+  defineProperty(globalThis, "__marmot_fetches", {
+    value: freeze({
+      // Wait up to `timeoutMs` (< 0: as long as it takes) for one fetch
+      // to answer, and settle its promise; false if none is under way.
+      wait(timeoutMs) {
+        if (fetching.size === 0) return false;
+        const handle = host.httpWaitAny([...fetching.keys()], timeoutMs < 0 ? undefined : timeoutMs);
+        if (handle === undefined) return true;
+        const settle = fetching.get(handle);
+        fetching.delete(handle);
+        let answer;
+        try {
+          answer = host.httpFinish(handle);
+        } catch (e) {
+          settle.reject(e);
+          return true;
+        }
+        settle.resolve(answer);
+        return true;
+      },
+    }),
+    enumerable: false,
+  });
   globalThis.fetch = async (input, options = undefined) => {
     const init = options ?? {};
     const url = input instanceof URL ? input.href : text(input);
@@ -708,7 +740,10 @@
       throw new TypeError(`fetch: timeoutMs must be a whole number of milliseconds, at least 1 (got ${got})`);
     }
     const headers = given.toPairs();
-    const [status, h, body] = host.httpFetch(method, url, headers, requestBody(init.body), timeoutMs);
+    // Started at once, answered while the script goes on: fetches the
+    // script does not await one by one (`Promise.all`) run side by side.
+    const handle = host.httpStart(method, url, headers, requestBody(init.body), timeoutMs);
+    const [status, h, body] = await new PromiseCtor((resolve, reject) => fetching.set(handle, { resolve, reject }));
     // (Any status a server sends, 1xx–5xx, not only those a script may make.)
     const empty = method === "HEAD" || status === 204 || status === 205 || status === 304;
     const resp = new Response(empty ? null : body, { headers: h });

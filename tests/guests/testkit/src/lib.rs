@@ -119,6 +119,9 @@ enum Op {
         body: Option<String>,
         timeout_ms: Option<u32>,
     },
+    /// GET every url at once (the SDK's `send_all`); reply with each body,
+    /// or each error, in order.
+    FetchAll { urls: Vec<String> },
     /// Fetch with the body streamed, read `max` bytes at a time; reply with
     /// `status`, the number of chunks and the body as text.
     FetchStream {
@@ -448,6 +451,22 @@ impl Actor for TestKit {
                     Err(e) => Reply::json(&json!({
                         "error": marmot_guest::Error::from(e).message(),
                     })),
+                }
+            }
+            Op::FetchAll { urls } => {
+                let requests = urls.iter().map(|u| marmot_guest::http::Request::get(u));
+                match marmot_guest::http::send_all(requests.collect()) {
+                    Ok(answers) => {
+                        let answers: Vec<Value> = answers
+                            .into_iter()
+                            .map(|a| match a {
+                                Ok(r) => json!({ "body": r.text() }),
+                                Err(e) => json!({ "error": e.message() }),
+                            })
+                            .collect();
+                        Reply::json(&json!({ "answers": answers }))
+                    }
+                    Err(e) => Reply::json(&json!({ "error": e.message() })),
                 }
             }
             Op::FetchStream { url, headers, max } => {

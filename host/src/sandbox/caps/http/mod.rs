@@ -16,11 +16,14 @@
 //! n-th fetch of the turn) when the turn runs again, so a receiver that
 //! honours it (`Idempotency-Key`) applies the effect once.
 
+mod started;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
+use tracing::Instrument;
 use url::Url;
 use zeroize::Zeroizing;
 
@@ -129,11 +132,13 @@ const MAX_OPEN_STREAMS: usize = 16;
 type StreamSlot = Arc<tokio::sync::Mutex<Option<StreamingResponse>>>;
 
 /// The http part of a turn: how many fetches it made (the index in each
-/// idempotency key), and the bodies it streams.
+/// idempotency key), the bodies it streams and the fetches it started.
 #[derive(Default)]
 pub struct HttpCtx {
     fetches: u32,
     open: Vec<StreamSlot>,
+    /// Fetches started without waiting, and their answers not yet taken.
+    started: started::Started,
 }
 
 impl HttpCtx {
@@ -454,11 +459,20 @@ fn begin(
     Ok(prepare(&access, req, &idempotency, &mut scrub).map(|r| (access, r, scrub)))
 }
 
-impl http::Host for Host {
-    async fn fetch(
-        &mut self,
-        req: http::Request,
-    ) -> wasmtime::Result<Result<http::Response, GuestError>> {
+/// A fetch [`begin`] checked, ready to send.
+struct Begun {
+    access: HttpAccess,
+    request: OutboundRequest,
+    scrub: Scrub,
+    key: ActorKey,
+    started: std::time::Instant,
+    /// The most body bytes the guest is handed.
+    cap: usize,
+}
+
+impl Host {
+    /// [`begin`], with what sending needs besides; a refusal is counted.
+    fn begin_fetch(&mut self, req: http::Request) -> wasmtime::Result<Result<Begun, GuestError>> {
         let started = std::time::Instant::now();
         let key = self.enter(Cap::Http)?.key.clone();
         let (access, request, scrub) = match begin(self, req)? {
@@ -478,10 +492,30 @@ impl http::Host for Host {
         // for other guests. (Of the limit, not of what the memory may
         // still grow by: memory grown once is free again inside.)
         let share = if self.js_module.is_some() { 3 } else { 2 };
-        let cap = self.limits.max_memory() / share;
-        let mut request = request;
+        Ok(Ok(Begun {
+            access,
+            request,
+            scrub,
+            key,
+            started,
+            cap: self.limits.max_memory() / share,
+        }))
+    }
+}
+
+impl Begun {
+    /// Send it and read the answer, within the request's timeout (the
+    /// wait for the type's permit included); counted.
+    async fn send(self) -> Result<http::Response, GuestError> {
+        let Begun {
+            access,
+            mut request,
+            scrub,
+            key,
+            started,
+            cap,
+        } = self;
         let sent = match access.grant.permit(request.timeout).await {
-            // The whole fetch within its timeout, the wait included.
             Ok((_permit, waited)) => {
                 request.timeout = request
                     .timeout
@@ -498,20 +532,74 @@ impl http::Host for Host {
             }
             Err(e) => Err(e),
         };
-        let sent = sent.map_err(|e| {
-            let label = outcome(&e);
-            let e = guest_error(e);
-            record(&access, &key, started, label, Some(&e));
-            e
-        });
-        if sent.is_ok() {
-            record(&access, &key, started, "ok", None);
+        match sent {
+            Ok(r) => {
+                record(&access, &key, started, "ok", None);
+                Ok(http::Response {
+                    status: r.status,
+                    headers: r.headers,
+                    body: r.body,
+                })
+            }
+            Err(e) => {
+                let label = outcome(&e);
+                let e = guest_error(e);
+                record(&access, &key, started, label, Some(&e));
+                Err(e)
+            }
         }
-        Ok(sent.map(|r| http::Response {
-            status: r.status,
-            headers: r.headers,
-            body: r.body,
-        }))
+    }
+}
+
+impl http::Host for Host {
+    async fn fetch(
+        &mut self,
+        req: http::Request,
+    ) -> wasmtime::Result<Result<http::Response, GuestError>> {
+        Ok(match self.begin_fetch(req)? {
+            Ok(begun) => begun.send().await,
+            Err(e) => Err(e),
+        })
+    }
+
+    async fn start(&mut self, req: http::Request) -> wasmtime::Result<Result<u32, GuestError>> {
+        if self.enter(Cap::Http)?.http.started.len() >= started::MAX_STARTED {
+            return Ok(Err(GuestError::LimitExceeded(format!(
+                "a turn may have at most {} fetches started and not finished",
+                started::MAX_STARTED
+            ))));
+        }
+        let begun = match self.begin_fetch(req)? {
+            Ok(begun) => begun,
+            Err(e) => return Ok(Err(e)),
+        };
+        let turn = self.enter(Cap::Http)?;
+        let (handle, report) = turn.http.started.next();
+        let task = tokio::spawn(
+            async move {
+                let _ = report.send((handle, begun.send().await));
+            }
+            .instrument(tracing::Span::current()),
+        );
+        turn.http.started.under_way(handle, task.abort_handle());
+        Ok(Ok(handle))
+    }
+
+    async fn wait_any(
+        &mut self,
+        handles: Vec<u32>,
+        timeout_ms: Option<u32>,
+    ) -> wasmtime::Result<Option<u32>> {
+        let started = &mut self.enter(Cap::Http)?.http.started;
+        let timeout = timeout_ms.map(|ms| Duration::from_millis(ms.into()));
+        Ok(started.wait_any(&handles, timeout).await)
+    }
+
+    async fn finish(
+        &mut self,
+        handle: u32,
+    ) -> wasmtime::Result<Result<http::Response, GuestError>> {
+        Ok(self.enter(Cap::Http)?.http.started.finish(handle).await)
     }
 
     async fn fetch_stream(

@@ -1,0 +1,236 @@
+//! Fetches a turn does not await one by one run side by side: JavaScript's
+//! `Promise.all` of fetches and Rust's `http::send_all` take as long as
+//! the slowest request, not the sum. Each answer goes to its own promise
+//! (a refused or failed one rejects alone), timers still fire while
+//! fetches are under way, and a fetch the turn leaves behind is cancelled
+//! with it.
+
+use std::convert::Infallible;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crate::common::{Api, Marmot, TESTKIT, tempdir};
+use bytes::Bytes;
+use http_body_util::Full;
+use serde_json::{Value, json};
+
+/// Where the test server listens (the node may reach exactly it).
+const SERVER_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 5);
+
+/// What the server saw: requests in flight now, the most at once, and the
+/// requests whose client went away before their answer.
+#[derive(Default)]
+struct Seen {
+    in_flight: AtomicUsize,
+    most: AtomicUsize,
+    abandoned: AtomicUsize,
+}
+
+/// Counts a request in flight; one dropped before it answered was
+/// abandoned by its client.
+struct InFlight {
+    seen: Arc<Seen>,
+    answered: bool,
+}
+
+impl InFlight {
+    fn new(seen: &Arc<Seen>) -> Self {
+        let now = seen.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        seen.most.fetch_max(now, Ordering::SeqCst);
+        Self {
+            seen: seen.clone(),
+            answered: false,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.seen.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if !self.answered {
+            self.seen.abandoned.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// `/slow?ms=N` answers `slow` after N ms; `/hang` answers after a minute.
+async fn serve(seen: Arc<Seen>) -> u16 {
+    let listener = tokio::net::TcpListener::bind((SERVER_IP, 0)).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req| {
+                    let seen = seen.clone();
+                    async move {
+                        let mut guard = InFlight::new(&seen);
+                        let ms = match req.uri().path() {
+                            "/hang" => 60_000,
+                            _ => req
+                                .uri()
+                                .query()
+                                .and_then(|q| q.strip_prefix("ms="))
+                                .and_then(|v| v.parse().ok())
+                                .unwrap_or(0),
+                        };
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                        guard.answered = true;
+                        Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from_static(
+                            b"slow",
+                        ))))
+                    }
+                });
+                let io = hyper_util::rt::TokioIo::new(tcp);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
+    });
+    port
+}
+
+async fn node(seen: &Arc<Seen>) -> (tempfile::TempDir, Marmot, Api, String) {
+    let dir = tempdir();
+    let port = serve(seen.clone()).await;
+    let config = format!("[egress]\nallow_private = [\"{SERVER_IP}/32\"]\n");
+    let node = Marmot::start_opts(&dir.path().join("data"), &[], Some(&config)).await;
+    let api = node.client();
+    (dir, node, api, format!("http://{SERVER_IP}:{port}"))
+}
+
+fn type_config() -> Value {
+    json!({ "allowed_hosts": [SERVER_IP.to_string()] })
+}
+
+const SCRIPT: &str = r#"export default {
+  async onMessage(body) {
+    const base = body.base;
+    if (body.op === "limit") {
+      const all = [];
+      for (let i = 0; i < 70; i++) all.push(fetch(`${base}/slow?ms=20`));
+      const settled = await Promise.allSettled(all);
+      const refused = settled.filter((s) => s.status === "rejected").map((s) => String(s.reason.message));
+      return { fulfilled: settled.length - refused.length, refused: refused.length, says: refused[0] };
+    }
+    const four = await Promise.all([1, 2, 3, 4].map(() => fetch(`${base}/slow?ms=600`).then((r) => r.text())));
+    // One refused among them rejects alone.
+    const mixed = await Promise.allSettled([fetch(`${base}/slow?ms=50`), fetch("http://127.0.0.1:1/")]);
+    // A timer fires while a fetch is under way.
+    const order = [];
+    await Promise.all([
+      fetch(`${base}/slow?ms=400`).then(() => order.push("fetch")),
+      new Promise((resolve) => setTimeout(() => { order.push("timer"); resolve(); }, 20)),
+    ]);
+    // Awaited one by one, still in order.
+    const a = await (await fetch(`${base}/slow?ms=1`)).text();
+    // Left behind (once it reached the server): cancelled when the turn ends.
+    fetch(`${base}/hang`);
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    return { four, mixed: mixed.map((m) => m.status), why: String(mixed[1].reason?.message), order, a };
+  },
+};
+"#;
+
+#[tokio::test]
+async fn javascript_fetches_run_side_by_side_and_end_with_their_turn() {
+    let seen = Arc::new(Seen::default());
+    let (_dir, _node, api, base) = node(&seen).await;
+    let manifest = json!({ "kind": "js", "code": SCRIPT, "config": type_config() });
+    let r = api.deploy_manifest("par", &manifest).await;
+    assert_eq!(r.status, 201, "{}", r.json);
+
+    let r = api
+        .post_json("/v1/actors/par/a", &json!({ "base": base }))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["four"], json!(["slow", "slow", "slow", "slow"]));
+    // All four were in flight at once (one after another, never two).
+    assert_eq!(seen.most.load(Ordering::SeqCst), 4, "{}", r.json);
+    assert_eq!(
+        r.json["mixed"],
+        json!(["fulfilled", "rejected"]),
+        "{}",
+        r.json
+    );
+    assert!(
+        r.json["why"].as_str().unwrap().contains("does not allow"),
+        "{}",
+        r.json
+    );
+    assert_eq!(r.json["order"], json!(["timer", "fetch"]), "{}", r.json);
+    assert_eq!(r.json["a"], "slow");
+
+    // The turn did not wait for the fetch it left behind, and that fetch
+    // was cancelled: its connection closed long before its minute.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while seen.abandoned.load(Ordering::SeqCst) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fetch left behind was not cancelled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen.in_flight.load(Ordering::SeqCst), 0);
+
+    // At most 64 started and not finished in a turn: the rest are refused,
+    // each its own rejection, and the others answer.
+    let r = api
+        .post_json("/v1/actors/par/a", &json!({ "base": base, "op": "limit" }))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["fulfilled"], 64, "{}", r.json);
+    assert_eq!(r.json["refused"], 6, "{}", r.json);
+    assert!(
+        r.json["says"]
+            .as_str()
+            .unwrap()
+            .contains("at most 64 fetches started"),
+        "{}",
+        r.json
+    );
+}
+
+#[tokio::test]
+async fn rust_send_all_runs_requests_side_by_side() {
+    let seen = Arc::new(Seen::default());
+    let (_dir, _node, api, base) = node(&seen).await;
+    let r = api.deploy("kit", TESTKIT, type_config()).await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let slow = format!("{base}/slow?ms=600");
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({ "op": "fetch_all", "urls": [slow, slow, slow] }),
+        )
+        .await;
+    assert_eq!(
+        r.json["answers"],
+        json!([{ "body": "slow" }, { "body": "slow" }, { "body": "slow" }]),
+        "{}",
+        r.json
+    );
+    assert_eq!(seen.most.load(Ordering::SeqCst), 3);
+    // A request refused before it was sent fails the call (the ones
+    // started before it are cancelled with the turn).
+    let r = api
+        .op(
+            "kit",
+            "a",
+            json!({ "op": "fetch_all", "urls": [slow, slow, "http://127.0.0.1:1/"] }),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert!(
+        r.json["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("does not allow"),
+        "{}",
+        r.json
+    );
+}
