@@ -3,6 +3,8 @@
 //! modules. Hostile code is in `tests/js_hostile.rs`.
 
 mod common;
+#[path = "js/state_list.rs"]
+mod state_list;
 
 use std::time::{Duration, Instant};
 
@@ -1554,89 +1556,6 @@ export default {
         i.is_object()
     })
     .await;
-}
-
-/// `state.list(prefix, {after, limit})` reads a page at a time: a state
-/// larger than the sandbox's memory could not be listed at all (the whole
-/// list trapped on memory).
-#[tokio::test]
-async fn state_is_listed_a_page_at_a_time() {
-    let (_dir, _m, api) = node(None).await;
-    assert_eq!(api.deploy_js("paged", COUNTER_JS).await.status, 201);
-    let fill =
-        "for (let i = 0; i < 600; i++) marmot.state.set('k/' + String(i).padStart(3, '0'), i); 1";
-    assert_eq!(eval(&api, "paged", "p", fill).await.json["result"], 1);
-    let read = "const s = marmot.state;
-        const a = s.list('k/', {limit: 300});
-        const b = s.list('k/', {after: a[a.length - 1][0], limit: 1000});
-        [a.length, a[0][0], b.length, b[0][0], b[b.length - 1][1], s.list('k/').length,
-         s.list('k/', {after: 'k/100', limit: 2}), s.list('k/', {after: 'k/599'}).length]";
-    let r = eval(&api, "paged", "p", read).await;
-    assert_eq!(
-        r.json["result"],
-        json!([
-            300,
-            "k/000",
-            300,
-            "k/300",
-            599,
-            600,
-            [["k/101", 101], ["k/102", 102]],
-            0
-        ]),
-        "{}",
-        r.json
-    );
-    for bad in ["{limit: 0}", "{limit: 1.5}", "7"] {
-        let r = eval(
-            &api,
-            "paged",
-            "p",
-            &format!("marmot.state.list('k/', {bad})"),
-        )
-        .await;
-        let error = r.json["error"].as_str().unwrap_or_default();
-        assert!(
-            error.starts_with("TypeError: state.list"),
-            "{bad}: {}",
-            r.json
-        );
-    }
-}
-
-/// `GET …/state` pages are bounded in bytes too (at least one entry
-/// each), and `next_after` leads through every key: a page of a thousand
-/// 1 MiB values was one answer of a gigabyte.
-#[tokio::test]
-async fn state_pages_are_bounded_in_bytes() {
-    let (_dir, _m, api) = node(None).await;
-    assert_eq!(api.deploy_js("big", COUNTER_JS).await.status, 201);
-    let fill = "for (let i = 0; i < 20; i++) \
-                marmot.state.set('b' + String(i).padStart(2, '0'), 'v'.repeat(1000000)); 1";
-    assert_eq!(eval(&api, "big", "p", fill).await.json["result"], 1);
-    let mut keys = Vec::new();
-    let mut pages = 0;
-    let mut path = "/v1/actors/big/p/state?limit=1000".to_owned();
-    loop {
-        let r = api.get(&path).await;
-        assert_eq!(r.status, 200, "{}", r.json);
-        assert!(r.body.len() < 10 << 20, "a page of {} bytes", r.body.len());
-        let entries = r.json["entries"].as_array().unwrap();
-        assert!(!entries.is_empty());
-        keys.extend(
-            entries
-                .iter()
-                .map(|e| e["key"].as_str().unwrap().to_owned()),
-        );
-        pages += 1;
-        match r.json["next_after"].as_str() {
-            Some(next) => path = format!("/v1/actors/big/p/state?limit=1000&after={next}"),
-            None => break,
-        }
-    }
-    let want: Vec<String> = (0..20).map(|i| format!("b{i:02}")).collect();
-    assert_eq!(keys, want);
-    assert!(pages >= 3, "{pages} pages");
 }
 
 /// A thrown value that is not an `Error` reaches the caller as what it
