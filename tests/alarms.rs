@@ -779,6 +779,15 @@ async fn javascript_actors_set_and_receive_alarms() {
         let message = r.json["error"]["message"].as_str().unwrap();
         assert!(message.contains(says), "{spec}: {message}");
     }
+    // A module without `onAlarm` cannot set one (each firing failed, long
+    // after the turn that set it).
+    let no_handler = "import { alarms } from 'marmot';
+        export default { onMessage() { alarms.set('x', { after: 100 }); return 'set'; } };";
+    assert_eq!(api.deploy_js("deaf", no_handler).await.status, 201);
+    let r = api.post_json("/v1/actors/deaf/d", &json!({})).await;
+    assert_eq!(r.status, 500, "{}", r.json);
+    let message = r.json["error"]["message"].as_str().unwrap();
+    assert!(message.contains("no `onAlarm` handler"), "{message}");
     let pending = api.get("/v1/actors/timer/t/alarms").await.json;
     let names: Vec<_> = pending["alarms"]
         .as_array()

@@ -215,6 +215,10 @@ async fn javascript_errors_are_clear_and_commit_nothing() {
         ),
         // It read as "none of the handlers".
         (
+            "export default { onMessage: 5 };",
+            "`onMessage` of the default export must be a function, not int",
+        ),
+        (
             "export default { get onMessage() { throw new RangeError('lazy'); } };",
             "reading `onMessage` of the default export threw: RangeError: lazy",
         ),
@@ -280,6 +284,7 @@ export default {
     return "done";
   },
   onInput() {},
+  onAlarm() {},
 };
 "#;
     let r = api.deploy_js("atomic", js).await;
@@ -1597,7 +1602,7 @@ export default { onMessage(body) {
   events.emit("deep", body);
   alarms.set("deep", { after: 600000, payload: body });
   return 1;
-} };"#;
+}, onAlarm() {} };"#;
     assert_eq!(api.deploy_js("deep", js).await.status, 201);
     let depth = 1_000;
     let nested = format!("{}{}", "[".repeat(depth), "]".repeat(depth));

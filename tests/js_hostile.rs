@@ -248,6 +248,7 @@ export default {
     }
     return { polluted: ({}).polluted ?? null, map: [1].map((x) => x + 1) };
   },
+  onAlarm() {},
 };
 "#;
     api.deploy_js("p", src).await;

@@ -96,6 +96,58 @@ async fn signed_hooks_run_once_and_redeliveries_are_dropped() {
     );
 }
 
+/// A hook whose turn failed is not a duplicate: its sender was told 202
+/// and saw nothing fail, so a redelivery (a provider's "resend") runs it
+/// again, whether the actor is idle or busy; once one run succeeds, later
+/// copies are duplicates. Each redelivery used to be dropped as a
+/// duplicate of the failure, so the delivery was lost for good (a probe).
+#[tokio::test]
+async fn a_hook_whose_turn_failed_runs_again_when_redelivered() {
+    let (_dir, _m, api, secret) = kit_with_secret(json!({})).await;
+    let path = "/v1/hooks/kit/f1/support";
+    let send = |body: &'static [u8]| {
+        let (api, secret) = (api.clone(), secret.clone());
+        async move { api.post_signed(path, &secret, "msg_f", now_s(), body).await }
+    };
+    for _ in 0..2 {
+        let r = send(br#"{"fail": true}"#).await;
+        assert_eq!(
+            (r.status, &r.json["duplicate"]),
+            (202, &json!(false)),
+            "{}",
+            r.json
+        );
+    }
+    assert!(hooks(&api, "f1").await.is_empty());
+    let failed = common::event_kinds(&api.get("/v1/actors/kit/f1/events").await.json);
+    assert_eq!(failed, ["turn_failed", "turn_failed"]);
+
+    // Redelivered while the actor is busy: queued, not dropped.
+    let slow = {
+        let (api, secret) = (api.clone(), secret.clone());
+        tokio::spawn(async move {
+            api.post_signed(path, &secret, "msg_busy", now_s(), br#"{"busy_ms": 600}"#)
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let r = send(br#"{"n": 1}"#).await;
+    assert_eq!(
+        (r.status, &r.json["duplicate"]),
+        (202, &json!(false)),
+        "{}",
+        r.json
+    );
+    assert_eq!(slow.await.unwrap().status, 202);
+    let h = wait_hooks(&api, "f1", 2).await;
+    assert_eq!(h[1]["webhook_id"], "msg_f", "{h:?}");
+    // It ran: the next copy is a duplicate, and runs nothing.
+    let r = send(br#"{"n": 1}"#).await;
+    assert_eq!(r.json["duplicate"], true, "{}", r.json);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(hooks(&api, "f1").await.len(), 2);
+}
+
 /// Copies of one delivery sent at once (a sender retrying early): one is
 /// new, every other is a duplicate of it, all name its message id, and it
 /// runs once. Each copy used to be answered as new, with an id of its own.

@@ -59,6 +59,8 @@ thread_local! {
     /// Whether the module's default export has an `onInput` handler (set
     /// when the module is loaded).
     static ON_INPUT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Whether it has an `onAlarm` handler.
+    static ON_ALARM: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// While [`Engine::preload`] runs the module's top level: `Some`, with
     /// the first thing it did that only a turn may do.
     static PRELOADING: RefCell<Option<Option<&'static str>>> = const { RefCell::new(None) };
@@ -102,6 +104,12 @@ pub fn refused_in_preload(what: &'static str) -> bool {
 /// the request stayed pending; its expiry failed for ever).
 pub fn takes_inputs() -> bool {
     ON_INPUT.with(std::cell::Cell::get)
+}
+
+/// Whether the module can run an alarm: one set without `onAlarm` failed
+/// each of its attempts when due, long after the turn that set it.
+pub fn takes_alarms() -> bool {
+    ON_ALARM.with(std::cell::Cell::get)
 }
 
 /// Set up the runtime (idempotent). Runs inside `wizer-initialize` so the
@@ -269,6 +277,13 @@ impl Engine {
                         describe_error(&ctx, e)
                     )
                 })?;
+                // (`onMessage: 5` read as "none of the handlers".)
+                if !handler.is_function() && !handler.is_undefined() && !handler.is_null() {
+                    return Err(format!(
+                        "`{name}` of the default export must be a function, not {}",
+                        handler.type_name()
+                    ));
+                }
                 any |= handler.is_function();
             }
             if any {
@@ -309,10 +324,12 @@ impl Engine {
                 "module `{name}` must `export default` an object with handlers such as onMessage"
             ));
         };
-        let on_input = obj
-            .get::<_, Value<'js>>("onInput")
-            .is_ok_and(|f| f.is_function());
-        ON_INPUT.with(|c| c.set(on_input));
+        let exports = |name| {
+            obj.get::<_, Value<'js>>(name)
+                .is_ok_and(|f| f.is_function())
+        };
+        ON_INPUT.with(|c| c.set(exports("onInput")));
+        ON_ALARM.with(|c| c.set(exports("onAlarm")));
         self.handlers = Some(Persistent::save(ctx, obj.clone()));
         Ok(obj)
     }

@@ -238,6 +238,17 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
              expr: Option<String>,
              tz: Option<String>,
              payload: String| {
+                if !crate::engine::takes_alarms() {
+                    return throw(
+                        &ctx,
+                        "alarms.set",
+                        HostError::Invalid(
+                            "the module's default export has no `onAlarm` handler, so the \
+                             alarm could never run"
+                                .into(),
+                        ),
+                    );
+                }
                 let schedule = match kind.as_str() {
                     "at" => alarms::Schedule::At(number.max(0.0) as u64),
                     "after" => alarms::Schedule::After(number.max(0.0) as u64),

@@ -43,6 +43,8 @@ impl ActorTask {
         };
         match self.idempotency(&key) {
             Ok(None) => {}
+            // A redelivery of one that failed runs again.
+            Ok(Some((_, rec))) if rec.outcome.redelivery_runs(&row) => {}
             Ok(Some((seq, rec))) => {
                 let dup = WebhookOutcome::Done(EnqueueOutcome::Duplicate {
                     message_id: rec.outcome.into_message_id(),

@@ -352,6 +352,17 @@ pub enum IdemOutcome {
 }
 
 impl IdemOutcome {
+    /// Whether `message`, with this outcome's key, runs again instead of
+    /// being a duplicate: a webhook whose turn failed. Its sender was
+    /// told 202 and saw no failure, so a redelivery (a provider's "resend"
+    /// button) is the way to run it again; a client's message with an
+    /// `Idempotency-Key` gets the failure it already had.
+    pub fn redelivery_runs(&self, message: &InboxRecord) -> bool {
+        matches!(self, Self::Failed { .. }) && matches!(message.kind, InboxKind::Webhook { .. })
+    }
+}
+
+impl IdemOutcome {
     /// The message the outcome belongs to.
     pub fn into_message_id(self) -> String {
         match self {

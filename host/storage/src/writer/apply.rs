@@ -520,7 +520,10 @@ impl WriterState {
                 None => None,
             };
             let request = message.request_fingerprint();
-            if let Some(rec) = existing.filter(|r| r.expires_at_ms > message.enqueued_at_ms) {
+            let binding = existing.filter(|r| {
+                r.expires_at_ms > message.enqueued_at_ms && !r.outcome.redelivery_runs(&message)
+            });
+            if let Some(rec) = binding {
                 return Ok(EnqueueOutcome::Duplicate {
                     same_request: !rec.refuses(request.as_ref()),
                     message_id: rec.outcome.into_message_id(),
