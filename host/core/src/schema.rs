@@ -3,16 +3,26 @@
 //! (the agent component, before a call runs or is put to a person).
 //!
 //! Keywords: `type` (one or a list), `enum`, `const`, `properties`,
-//! `required`, `additionalProperties` (boolean or schema), `items`,
-//! `minItems`, `maxItems`, `minLength`, `maxLength`, `minimum`,
-//! `maximum`, `exclusiveMinimum`, `exclusiveMaximum`, `anyOf`, `allOf`,
-//! `oneOf`, `not`, `prefixItems`, `minProperties`, `maxProperties`;
-//! others are ignored, as JSON Schema ignores keywords a validator does
-//! not know: `description`, `title`, `default`, and also `pattern` and
-//! `format` (no regular expressions here: this module is compiled into the
-//! agent's sandbox too) and `if`/`then`/`else`. A schema these would
-//! misread is refused by [`validate`] (a `$ref`, which is never resolved;
-//! the tuple form of `items`, which is `prefixItems` now).
+//! `required`, `additionalProperties` (boolean or schema),
+//! `patternProperties`, `propertyNames`, `dependentRequired`,
+//! `dependentSchemas`, `items`, `prefixItems`, `contains` (with
+//! `minContains`, `maxContains`), `uniqueItems`, `minItems`, `maxItems`,
+//! `minLength`, `maxLength`, `pattern`, `minimum`, `maximum`,
+//! `exclusiveMinimum`, `exclusiveMaximum`, `multipleOf`, `anyOf`, `allOf`,
+//! `oneOf`, `not`, `if`/`then`/`else`, `minProperties`, `maxProperties`.
+//! Others are ignored, as JSON Schema ignores keywords a validator does
+//! not know: annotations (`description`, `title`, `default`, `examples`)
+//! and `format`, which JSON Schema 2020-12 makes an annotation unless a
+//! validator opts in. A schema these would misread is refused by
+//! [`validate`]: a `$ref` (never resolved), `unevaluatedProperties` and
+//! `unevaluatedItems` (which need every other keyword's annotations), the
+//! tuple form of `items` (which is `prefixItems` now), and a `pattern`
+//! this module's regular expressions cannot take (they are Rust's syntax,
+//! `regex-lite`, without look-around or backreferences: an ECMA-262
+//! pattern that uses them is refused, not ignored). Until 2026-12-07
+//! `pattern`, `multipleOf`, `uniqueItems` and the rest of the list above
+//! past `maxProperties` were ignored, so an answer breaking them was
+//! taken (a probe).
 
 use serde_json::Value;
 
@@ -61,6 +71,49 @@ fn validate_at(schema: &Value, path: &str) -> Result<(), String> {
             ));
         }
     }
+    for key in ["unevaluatedProperties", "unevaluatedItems"] {
+        if s.contains_key(key) {
+            return Err(format!(
+                "{path}.{key}: not supported; use additionalProperties or items"
+            ));
+        }
+    }
+    if let Some(p) = s.get("pattern") {
+        let Some(p) = p.as_str() else {
+            return Err(format!(
+                "{path}.pattern: must be a regular expression (a string)"
+            ));
+        };
+        regex(p).map_err(|e| format!("{path}.pattern: {e}"))?;
+    }
+    if let Some(m) = s.get("multipleOf")
+        && !m.as_f64().is_some_and(|m| m > 0.0)
+    {
+        return Err(format!("{path}.multipleOf: must be a number above 0"));
+    }
+    if s.get("uniqueItems").is_some_and(|u| !u.is_boolean()) {
+        return Err(format!("{path}.uniqueItems: must be true or false"));
+    }
+    if let Some(d) = s.get("dependentRequired") {
+        let names = |v: &Value| v.as_array().is_some_and(|r| r.iter().all(Value::is_string));
+        if !d.as_object().is_some_and(|d| d.values().all(names)) {
+            return Err(format!(
+                "{path}.dependentRequired: must map property names to lists of names"
+            ));
+        }
+    }
+    for key in ["patternProperties", "dependentSchemas"] {
+        let Some(map) = s.get(key) else { continue };
+        let Some(map) = map.as_object() else {
+            return Err(format!("{path}.{key}: must be an object of schemas"));
+        };
+        for (k, sub) in map {
+            if key == "patternProperties" {
+                regex(k).map_err(|e| format!("{path}.{key}: {e}"))?;
+            }
+            validate_at(sub, &format!("{path}.{key}.{k}"))?;
+        }
+    }
     if s.get("enum").is_some_and(|e| !e.is_array()) {
         return Err(format!("{path}.enum: must be a list of values"));
     }
@@ -81,6 +134,8 @@ fn validate_at(schema: &Value, path: &str) -> Result<(), String> {
         "maxItems",
         "minProperties",
         "maxProperties",
+        "minContains",
+        "maxContains",
     ] {
         // `2.0` is a whole number to JSON Schema.
         let whole = |n: &Value| n.as_f64().is_some_and(|f| f >= 0.0 && f.fract() == 0.0);
@@ -96,7 +151,16 @@ fn validate_at(schema: &Value, path: &str) -> Result<(), String> {
             validate_at(p, &format!("{path}.properties.{k}"))?;
         }
     }
-    for key in ["items", "additionalProperties", "not"] {
+    for key in [
+        "items",
+        "additionalProperties",
+        "not",
+        "if",
+        "then",
+        "else",
+        "propertyNames",
+        "contains",
+    ] {
         if let Some(sub) = s.get(key) {
             validate_at(sub, &format!("{path}.{key}"))?;
         }
@@ -118,6 +182,43 @@ fn validate_at(schema: &Value, path: &str) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Longest `pattern` taken: a schema comes from a request or a deploy, and
+/// a pattern is compiled at every check.
+const MAX_PATTERN: usize = 1_000;
+
+/// A `pattern` (or a `patternProperties` name) as a regular expression;
+/// the error says why it cannot be one here.
+fn regex(pattern: &str) -> Result<regex_lite::Regex, String> {
+    if pattern.len() > MAX_PATTERN {
+        return Err(format!(
+            "a pattern of {} bytes is longer than the {MAX_PATTERN} taken",
+            pattern.len()
+        ));
+    }
+    regex_lite::RegexBuilder::new(pattern)
+        .size_limit(1 << 20)
+        .build()
+        .map_err(|e| {
+            format!(
+                "`{pattern}` is not a regular expression Marmot can check (Rust syntax, no \
+                 look-around or backreferences): {e}"
+            )
+        })
+}
+
+/// Whether `x` is a whole multiple of `m` (> 0): exactly for integers,
+/// within rounding for the rest (`0.3` is a multiple of `0.1`).
+fn multiple_of(x: &serde_json::Number, m: &serde_json::Number) -> bool {
+    if let (Some(x), Some(m)) = (x.as_i128(), m.as_i128()) {
+        return x % m == 0;
+    }
+    let (Some(x), Some(m)) = (x.as_f64(), m.as_f64()) else {
+        return false;
+    };
+    let q = x / m;
+    q.is_finite() && (q - q.round()).abs() <= 1e-9 * q.abs().max(1.0)
 }
 
 /// JSON Schema's equality: numbers by value (`1.0` is `1`; serde_json
@@ -212,6 +313,21 @@ fn check_at(schema: &Value, v: &Value, path: &str) -> Result<(), String> {
     {
         return Err(format!("{path}: matches a shape that is not allowed"));
     }
+    if let Some(cond) = s.get("if") {
+        let branch = if check_at(cond, v, path).is_ok() {
+            s.get("then")
+        } else {
+            s.get("else")
+        };
+        if let Some(branch) = branch {
+            check_at(branch, v, path)?;
+        }
+    }
+    if let (Some(Value::Number(x)), Some(Value::Number(m))) = (Some(v), s.get("multipleOf"))
+        && !multiple_of(x, m)
+    {
+        return Err(format!("{path}: must be a multiple of {m}"));
+    }
     let num = |k: &str| s.get(k).and_then(Value::as_f64);
     if let Some(x) = v.as_f64() {
         if let Some(min) = num("minimum")
@@ -253,6 +369,11 @@ fn check_at(schema: &Value, v: &Value, path: &str) -> Result<(), String> {
             ["minLength", "maxLength"],
             ["too short", "too long"],
         )?;
+        if let Some(p) = s.get("pattern").and_then(Value::as_str)
+            && !regex(p).is_ok_and(|re| re.is_match(text))
+        {
+            return Err(format!("{path}: does not match the pattern `{p}`"));
+        }
     }
     if let Some(items) = v.as_array() {
         count(
@@ -260,6 +381,28 @@ fn check_at(schema: &Value, v: &Value, path: &str) -> Result<(), String> {
             ["minItems", "maxItems"],
             ["too few items", "too many items"],
         )?;
+        if s.get("uniqueItems") == Some(&Value::Bool(true)) {
+            for (i, a) in items.iter().enumerate() {
+                if let Some(j) = items[..i].iter().position(|b| same(a, b)) {
+                    return Err(format!("{path}: items {j} and {i} are the same"));
+                }
+            }
+        }
+        if let Some(want) = s.get("contains") {
+            let n = items
+                .iter()
+                .filter(|item| check_at(want, item, path).is_ok())
+                .count();
+            let at_least = num("minContains").unwrap_or(1.0);
+            if (n as f64) < at_least {
+                return Err(format!(
+                    "{path}: {n} items match `contains`, fewer than {at_least}"
+                ));
+            }
+            if num("maxContains").is_some_and(|m| n as f64 > m) {
+                return Err(format!("{path}: {n} items match `contains`, too many"));
+            }
+        }
         let positional = s.get("prefixItems").and_then(Value::as_array);
         for (i, item) in items.iter().enumerate() {
             let at = format!("{path}[{i}]");
@@ -286,18 +429,60 @@ fn check_at(schema: &Value, v: &Value, path: &str) -> Result<(), String> {
                 }
             }
         }
+        if let Some(Value::Object(deps)) = s.get("dependentRequired") {
+            for (k, needs) in deps.iter().filter(|(k, _)| obj.contains_key(*k)) {
+                for r in needs
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                {
+                    if !obj.contains_key(r) {
+                        return Err(format!("{path}: `{k}` needs property `{r}` too"));
+                    }
+                }
+            }
+        }
+        if let Some(Value::Object(deps)) = s.get("dependentSchemas") {
+            for (_, dep) in deps.iter().filter(|(k, _)| obj.contains_key(*k)) {
+                check_at(dep, v, path)?;
+            }
+        }
         let props = s.get("properties").and_then(Value::as_object);
+        let patterns: Vec<(regex_lite::Regex, &Value)> = match s.get("patternProperties") {
+            Some(Value::Object(p)) => p
+                .iter()
+                .filter_map(|(k, sub)| regex(k).ok().map(|re| (re, sub)))
+                .collect(),
+            _ => Vec::new(),
+        };
         for (k, val) in obj {
             let sub = format!("{path}.{k}");
-            match props.and_then(|p| p.get(k)) {
-                Some(p) => check_at(p, val, &sub)?,
-                None => match s.get("additionalProperties") {
+            if let Some(names) = s.get("propertyNames") {
+                check_at(names, &Value::String(k.clone()), &sub)?;
+            }
+            // A property is checked by its `properties` schema and by
+            // every `patternProperties` schema its name matches; only one
+            // neither names is "additional".
+            let mut named = false;
+            if let Some(p) = props.and_then(|p| p.get(k)) {
+                check_at(p, val, &sub)?;
+                named = true;
+            }
+            for (re, p) in &patterns {
+                if re.is_match(k) {
+                    check_at(p, val, &sub)?;
+                    named = true;
+                }
+            }
+            if !named {
+                match s.get("additionalProperties") {
                     Some(Value::Bool(false)) => {
                         return Err(format!("{path}: unexpected property `{k}`"));
                     }
                     Some(extra @ Value::Object(_)) => check_at(extra, val, &sub)?,
                     _ => {}
-                },
+                }
             }
         }
     }
@@ -377,6 +562,116 @@ mod tests {
         ] {
             let e = validate(&schema).expect_err(&schema.to_string());
             assert!(e.starts_with(&format!("{says}:")), "{schema}: {e}");
+        }
+    }
+
+    /// Each assertion keyword past the first list is checked: each was
+    /// ignored, so an answer breaking it was taken (a probe).
+    #[test]
+    fn every_assertion_keyword_is_checked() {
+        for (schema, good, bad) in [
+            (json!({"pattern": "^a+$"}), json!("aaa"), json!("b")),
+            // Unanchored, as JSON Schema has it.
+            (json!({"pattern": "b"}), json!("abc"), json!("ac")),
+            (json!({"multipleOf": 2}), json!(4), json!(3)),
+            (json!({"multipleOf": 0.1}), json!(0.3), json!(0.35)),
+            (
+                json!({"uniqueItems": true}),
+                json!([1, "1", [1]]),
+                json!([1, 1.0]),
+            ),
+            (
+                json!({"contains": {"const": 3}, "maxContains": 1}),
+                json!([1, 3]),
+                json!([3, 3]),
+            ),
+            (
+                json!({"contains": {"type": "string"}, "minContains": 2}),
+                json!(["a", 1, "b"]),
+                json!(["a", 1]),
+            ),
+            (
+                json!({"dependentRequired": {"card": ["cvc"]}}),
+                json!({"card": 1, "cvc": 2}),
+                json!({"card": 1}),
+            ),
+            (
+                json!({"dependentSchemas": {"card": {"required": ["cvc"]}}}),
+                json!({"other": 1}),
+                json!({"card": 1}),
+            ),
+            (
+                json!({"patternProperties": {"^x-": {"type": "string"}},
+                       "additionalProperties": false}),
+                json!({"x-a": "s"}),
+                json!({"x-a": 1}),
+            ),
+            (
+                json!({"patternProperties": {"^x-": true}, "additionalProperties": false}),
+                json!({"x-a": 1}),
+                json!({"y": 1}),
+            ),
+            (
+                json!({"propertyNames": {"maxLength": 3}}),
+                json!({"abc": 1}),
+                json!({"abcd": 1}),
+            ),
+            (
+                json!({"if": {"properties": {"kind": {"const": "refund"}}},
+                       "then": {"required": ["amount"]}, "else": {"maxProperties": 1}}),
+                json!({"kind": "refund", "amount": 3}),
+                json!({"kind": "refund"}),
+            ),
+            (
+                json!({"if": {"properties": {"kind": {"const": "refund"}}},
+                       "then": {"required": ["amount"]}, "else": {"maxProperties": 1}}),
+                json!({"kind": "note"}),
+                json!({"kind": "note", "x": 1}),
+            ),
+        ] {
+            assert_eq!(validate(&schema), Ok(()), "{schema}");
+            assert_eq!(check(&schema, &good), Ok(()), "{schema} {good}");
+            assert!(check(&schema, &bad).is_err(), "{schema} took {bad}");
+        }
+        let e = check(&json!({"pattern": "^a"}), &json!("b")).unwrap_err();
+        assert_eq!(e, "$: does not match the pattern `^a`");
+        // What cannot be checked as written is refused, saying why.
+        for (schema, says) in [
+            (
+                json!({"pattern": "(?=a)"}),
+                "$.pattern: `(?=a)` is not a regular expression",
+            ),
+            (
+                json!({"pattern": 5}),
+                "$.pattern: must be a regular expression",
+            ),
+            (
+                json!({"patternProperties": {"(": {}}}),
+                "$.patternProperties: `(` is not",
+            ),
+            (
+                json!({"pattern": "a".repeat(1001)}),
+                "$.pattern: a pattern of 1001 bytes",
+            ),
+            (
+                json!({"multipleOf": 0}),
+                "$.multipleOf: must be a number above 0",
+            ),
+            (json!({"uniqueItems": "yes"}), "$.uniqueItems"),
+            (
+                json!({"dependentRequired": {"a": "b"}}),
+                "$.dependentRequired",
+            ),
+            (
+                json!({"unevaluatedProperties": false}),
+                "$.unevaluatedProperties",
+            ),
+            (json!({"if": {"type": "nope"}}), "$.if.type"),
+            (json!({"contains": {"$ref": "#"}}), "$.contains.$ref"),
+            (json!({"minContains": -1}), "$.minContains"),
+        ] {
+            let e = validate(&schema).expect_err(&schema.to_string());
+            assert!(e.starts_with(says), "{schema}: {e}");
         }
     }
 
