@@ -318,3 +318,48 @@ async fn sends_waiting_in_a_dead_owners_relay_are_handed_over_by_its_backup() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     wait_value(&c, b, &recipient, "s", 3).await;
 }
+
+/// When a backup dies, its owner drops it from every slot it backed at
+/// once: writes to the owner's other slots wait for the first drop (3 s)
+/// and no more. Each slot used to be dropped only when a write of its own
+/// had waited 3 s, so one node's death stopped every owner's writes in
+/// waves, 12–18 s in all (a probe).
+#[tokio::test]
+async fn a_dead_backup_is_dropped_from_all_its_slots_at_once() {
+    let Some(mut c) = Cluster::start().await else {
+        return;
+    };
+    assert_eq!(c.api(0).deploy("kit", TESTKIT, json!({})).await.status, 201);
+    // Actors of node 0 whose slots node 1 backs (of 1,024 slots, four
+    // actors' are all but surely different).
+    let mut picked: Vec<String> = Vec::new();
+    for i in 0..400 {
+        let id = format!("w{i}");
+        assert_eq!(c.api(0).add("kit", &id, 1).await.status, 200);
+        let info = c.api(0).get(&format!("/v1/actors/kit/{id}")).await.json;
+        if info["node"] == NODES[0].0 && info["backup"] == NODES[1].0 {
+            picked.push(id);
+            if picked.len() == 4 {
+                break;
+            }
+        }
+    }
+    assert_eq!(picked.len(), 4, "too few actors of node 0 backed by node 1");
+    c.nodes[1].kill9();
+    // The first write waits for the dead backup, then it is dropped...
+    let r = c.api(0).add("kit", &picked[0], 1).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    // ...from the other slots too: theirs are answered at once.
+    for id in &picked[1..] {
+        let started = Instant::now();
+        let r = c.api(0).add("kit", id, 1).await;
+        assert_eq!(r.status, 200, "{}", r.json);
+        assert!(
+            started.elapsed() < Duration::from_millis(1500),
+            "{id} waited {:?} for the dead backup",
+            started.elapsed()
+        );
+        let info = c.api(0).get(&format!("/v1/actors/kit/{id}")).await.json;
+        assert_ne!(info["backup"], NODES[1].0, "{info}");
+    }
+}

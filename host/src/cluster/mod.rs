@@ -497,6 +497,22 @@ impl Cluster {
         .await
     }
 
+    /// Slots this node owns (with their epochs) that `node` backs up or
+    /// is catching up to.
+    pub fn slots_backed_by(&self, node: &str) -> Vec<(u32, u64)> {
+        let v = self.inner.view();
+        let me = &self.inner.config.node_id;
+        v.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| {
+                let r = &e.as_ref()?.record;
+                let backs = r.backup.as_deref() == Some(node) || r.joining.as_deref() == Some(node);
+                (&r.owner == me && backs).then_some((i as u32, r.epoch))
+            })
+            .collect()
+    }
+
     /// Slots this node owns and has used, and how many of them have no
     /// backup.
     pub fn owned_used(&self) -> (Vec<u32>, usize) {
