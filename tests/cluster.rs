@@ -1757,6 +1757,37 @@ fn one_node_config(etcd: &Etcd, id: &str, port: u16) -> String {
     )
 }
 
+/// A node whose `advertise` URL reaches nothing is refused before it
+/// joins, naming the address and what it listens on: it joined, was made
+/// a backup nobody could reach, and held every owner's writes for 21 s (a
+/// probe).
+#[tokio::test]
+async fn a_node_whose_advertised_address_reaches_nothing_is_refused() {
+    let dir = common::tempdir();
+    let Some(etcd) = Etcd::start(dir.path()) else {
+        return;
+    };
+    let (port, nowhere) = (common::free_port(), common::free_port());
+    let config = one_node_config(&etcd, "n1", port).replace(
+        &format!("http://127.0.0.1:{port}"),
+        &format!("http://127.0.0.1:{nowhere}"),
+    );
+    let mut node =
+        common::Marmot::spawn_on(port, &dir.path().join("n1"), &[MASTER_KEY], Some(&config));
+    assert!(
+        node.wait_exit(Duration::from_secs(30)),
+        "it ran: {}",
+        node.log_text()
+    );
+    let log = node.log_text();
+    assert!(
+        log.contains(&format!(
+            "cluster.advertise `http://127.0.0.1:{nowhere}` does not reach this node"
+        )) && log.contains(&format!("listener on 127.0.0.1:{port}")),
+        "{log}"
+    );
+}
+
 /// A node whose admin token differs from the cluster's nodes' is refused
 /// before it joins, saying so: it joined, took slots that no other node
 /// could reach (they refused its requests and it theirs) and stalled the

@@ -108,7 +108,7 @@ pub(super) async fn dev(args: DevArgs) -> anyhow::Result<()> {
     if !args.no_examples {
         super::assistant::prepare_config(&mut config);
     }
-    let node = Node::start(config).await?;
+    let node = start_node(config, &listener).await?;
     if !args.no_examples {
         for (name, code) in crate::guests::EXAMPLES {
             // A type of that name is the user's (or an example from an
@@ -193,9 +193,21 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Listen first: in a cluster, the node is routed to as soon as it
     // joins.
     let listener = bind(listen).await?;
-    let node = Node::start(config).await?;
+    let node = start_node(config, &listener).await?;
     tracing::info!(addr = %listener.local_addr()?, "marmot serve listening");
     run_server(node, listener).await
+}
+
+/// Start the node that is to serve on `listener` (bound, not yet
+/// accepting): in a cluster, once its `advertise` URL is known to reach.
+async fn start_node(
+    config: NodeConfig,
+    listener: &tokio::net::TcpListener,
+) -> anyhow::Result<Arc<Node>> {
+    if let Some(cluster) = &config.cluster {
+        crate::cluster::check_advertise(&cluster.advertise, listener.local_addr()?).await?;
+    }
+    Node::start(config).await
 }
 
 /// Connections the kernel queues for the accept loop (capped by

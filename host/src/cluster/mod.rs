@@ -19,6 +19,7 @@
 //! placed in a region at creation, or moved).
 
 mod admission;
+mod advertise;
 mod blobs;
 mod controller;
 mod lease;
@@ -32,6 +33,8 @@ mod status;
 mod takeover;
 mod target;
 mod view;
+
+pub use advertise::check_advertise;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
