@@ -187,6 +187,10 @@ async fn streams_get_heartbeats_and_bad_requests_get_errors() {
         (seqs, r.json["next_after"].as_u64()),
         (vec![second], Some(second))
     );
+    // An empty one is none, as the SSE standard has it (it was a 400).
+    let r = page(String::new()).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["events"].as_array().unwrap().len(), 2, "{}", r.json);
     let r = api.sse_response("/v1/actors/nope/a/events", None).await;
     assert_eq!(r.status(), 404);
 }

@@ -419,6 +419,14 @@ async fn the_edge_refuses_plainly_counts_refusals_and_ties_tokens_to_the_admin_t
     .await
     .unwrap();
     assert_eq!(r.status(), 401);
+    // Saying where the query's token is taken (it read "missing or wrong
+    // bearer token" of a valid token).
+    let body: serde_json::Value = r.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("taken only on an actor's event stream"),
+        "{body}"
+    );
     let r = get(format!("/v1/actors/kit/alice/events?access_token={files}"))
         .await
         .unwrap();

@@ -308,6 +308,52 @@ async fn dead_letters_are_kept_and_can_be_replayed() {
     assert_eq!(r.code(), "delivery_not_found");
 }
 
+/// "Retry now" of a delivery still being retried keeps its attempts (it
+/// reset them, so each call put off its dead-lettering and the logs'
+/// attempt numbers started over: a probe); a dead one replayed starts
+/// its schedule again (above).
+#[tokio::test]
+async fn retrying_a_pending_delivery_now_keeps_its_attempts() {
+    let rx = Receiver::start().await;
+    rx.state.status.store(503, Ordering::SeqCst);
+    let dir = tempdir();
+    // The second attempt would be a minute away.
+    let m = Marmot::start_opts(
+        &dir.path().join("data"),
+        &[("MARMOT_WEBHOOK_RETRY_BASE_MS", "60000")],
+        None,
+    )
+    .await;
+    let api = m.client();
+    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+    assert_eq!(
+        subscribe(&api, "all", json!({"url": rx.url})).await.status,
+        201
+    );
+    emit_kind(&api, "a", "x", 1).await;
+    rx.wait_for(1).await;
+    let pending = |api: &Api| {
+        let api = api.clone();
+        async move { api.get("/v1/deliveries").await.json["deliveries"][0].clone() }
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pending(&api).await["attempts"] != 1 {
+        assert!(Instant::now() < deadline, "{}", pending(&api).await);
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let id = pending(&api).await["id"].as_str().unwrap().to_owned();
+    let r = retry(&api, &id).await;
+    assert_eq!(r.status, 202, "{}", r.json);
+    assert_eq!(r.json["attempts"], 1, "{}", r.json);
+    // Tried now, not in a minute, and counted on from there.
+    rx.wait_for(2).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pending(&api).await["attempts"] != 2 {
+        assert!(Instant::now() < deadline, "{}", pending(&api).await);
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 /// A delivery belongs to the subscription it was queued for. Deleted,
 /// that subscription's rows (pending and dead) go with it, and a new
 /// subscription that takes its name (another URL, another secret) never

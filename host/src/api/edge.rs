@@ -243,6 +243,18 @@ impl<S> Edge<S> {
             self.gate.admit(grant, &ty, &id)?;
             return Ok(Some(grant.clone()));
         }
+        // A token in the query of another route is not read: said, as it
+        // read "missing or wrong" of a valid token (a probe). (The admin
+        // token in an event stream's query is only "wrong": it is never
+        // taken there, and naming it would help a guesser.)
+        if header.is_none() && query_token(req).is_some() && !is_event_stream(path) {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "`?access_token=` is taken only on an actor's event stream \
+                 (`/v1/actors/{type}/{id}/events`); send `Authorization: Bearer …`",
+            ));
+        }
         Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",

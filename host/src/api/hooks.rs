@@ -44,9 +44,11 @@ impl From<HookError> for ApiError {
         match e {
             HookError::NotConfigured(_) => no_endpoint(&e),
             HookError::BadName(_) => Self::bad_request("invalid_hook_name", msg),
-            HookError::Verify(VerifyError::BadTimestamp | VerifyError::OutOfTolerance(..)) => {
-                Self::new(StatusCode::UNAUTHORIZED, "invalid_timestamp", msg)
-            }
+            HookError::Verify(
+                VerifyError::BadTimestamp
+                | VerifyError::Milliseconds
+                | VerifyError::OutOfTolerance(..),
+            ) => Self::new(StatusCode::UNAUTHORIZED, "invalid_timestamp", msg),
             HookError::Verify(_) => Self::new(StatusCode::UNAUTHORIZED, "invalid_signature", msg),
             HookError::NoRoute(_) => Self::bad_request("no_route", msg),
             HookError::RouteField(_) => {

@@ -78,8 +78,12 @@ pub(super) fn raw_json(bytes: &[u8]) -> Option<&serde_json::value::RawValue> {
 }
 
 /// Where a stream starts: after `Last-Event-ID` if given, else `?after=`.
+/// An empty one is none, as the SSE standard has it (it was a 400).
 pub(super) fn start_after(headers: &HeaderMap, after: u64) -> Result<u64, ApiError> {
-    match headers.get("last-event-id") {
+    let given = headers
+        .get("last-event-id")
+        .filter(|v| !v.as_bytes().iter().all(u8::is_ascii_whitespace));
+    match given {
         None => Ok(after),
         Some(v) => v
             .to_str()

@@ -84,7 +84,18 @@ enum Signed<'h> {
 fn signed_by(headers: &HeaderMap) -> Result<Signed<'_>, VerifyError> {
     // An empty id is none: every sender leaving it out would share one
     // de-duplication key.
-    let id = header(headers, "webhook-id").filter(|v| !v.trim().is_empty());
+    // Present, it must be a key: visible ASCII (a header that is not said
+    // "is missing"), not empty, not huge.
+    let id = match headers.get("webhook-id") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .map(str::trim)
+                .filter(|v| !v.is_empty() && v.len() <= super::MAX_ID)
+                .ok_or(VerifyError::BadId)?,
+        ),
+    };
     let ts = header(headers, "webhook-timestamp");
     let sig = header(headers, "webhook-signature");
     if id.is_some() || ts.is_some() || sig.is_some() {
@@ -255,6 +266,49 @@ mod tests {
         assert!(route("/n", br#"{"n": 12345678901234567890123}"#).is_err());
     }
 
+    /// An id that cannot be a key is refused as such: one that is not
+    /// visible ASCII read as "webhook-id is missing", and one of 5,000
+    /// bytes was kept for days.
+    #[test]
+    fn a_delivery_id_must_be_a_short_visible_key() {
+        let secret = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+        let ts = (now_ms() / 1000) as i64;
+        let body = b"{}";
+        for (id, ok) in [
+            (axum::http::HeaderValue::from_static("msg_1"), true),
+            (
+                axum::http::HeaderValue::from_str(&"a".repeat(256)).unwrap(),
+                true,
+            ),
+            (
+                axum::http::HeaderValue::from_str(&"a".repeat(257)).unwrap(),
+                false,
+            ),
+            (
+                axum::http::HeaderValue::from_bytes("msg_é".as_bytes()).unwrap(),
+                false,
+            ),
+            (axum::http::HeaderValue::from_static("   "), false),
+        ] {
+            let mut headers = HeaderMap::new();
+            let key = String::from_utf8_lossy(id.as_bytes()).into_owned();
+            headers.insert("webhook-id", id);
+            headers.insert("webhook-timestamp", ts.to_string().parse().unwrap());
+            let sig = super::super::sign(&super::super::secret_key(secret), &key, ts, body);
+            headers.insert("webhook-signature", sig.parse().unwrap());
+            let got = verify(secret, &headers, body, 300).map(|_| ());
+            assert_eq!(got.is_ok(), ok, "{key}: {got:?}");
+            if !ok {
+                assert_eq!(got, Err(VerifyError::BadId), "{key}");
+            }
+        }
+        // A timestamp in milliseconds says so.
+        assert_eq!(
+            super::super::check_timestamp(&(ts * 1000).to_string(), ts, 300),
+            Err(VerifyError::Milliseconds)
+        );
+    }
+
     #[test]
     fn an_empty_delivery_id_is_none() {
         let secret = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
@@ -267,7 +321,7 @@ mod tests {
         headers.insert("webhook-signature", sig.parse().unwrap());
         assert!(matches!(
             verify(secret, &headers, body, 300),
-            Err(VerifyError::Missing("webhook-id"))
+            Err(VerifyError::BadId)
         ));
     }
 }

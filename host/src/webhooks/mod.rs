@@ -32,9 +32,15 @@ pub enum VerifyError {
     /// Some Standard Webhooks headers but not all.
     #[error("incomplete Standard Webhooks headers: {0} is missing")]
     Missing(&'static str),
+    /// The id is empty, not visible ASCII, or too long to be a key.
+    #[error("webhook-id must be 1 to {MAX_ID} visible ASCII characters")]
+    BadId,
     /// The timestamp is not a number.
     #[error("webhook-timestamp is not a Unix timestamp")]
     BadTimestamp,
+    /// The timestamp is in milliseconds (it was "-1794887173810 s away").
+    #[error("webhook-timestamp looks like milliseconds; Standard Webhooks sends seconds")]
+    Milliseconds,
     /// Too old or too far in the future.
     #[error("webhook-timestamp is {0} s away from this node's clock (tolerance {1} s)")]
     OutOfTolerance(i64, u64),
@@ -42,6 +48,11 @@ pub enum VerifyError {
     #[error("signature does not match")]
     Mismatch,
 }
+
+/// Longest `webhook-id` taken: it is kept as the delivery's
+/// de-duplication key for days (a 5,000-byte one was, and came back in
+/// every answer).
+pub const MAX_ID: usize = 256;
 
 /// The HMAC key of a Standard Webhooks secret: the base64 after `whsec_`.
 /// Secrets without the prefix are used as raw bytes (some senders do that).
@@ -130,6 +141,10 @@ pub fn check_timestamp(timestamp: &str, now_s: i64, tolerance_s: u64) -> Result<
         .trim()
         .parse()
         .map_err(|_| VerifyError::BadTimestamp)?;
+    // Seconds reach 10^11 in the year 5138; milliseconds passed it in 1973.
+    if ts >= 100_000_000_000 {
+        return Err(VerifyError::Milliseconds);
+    }
     // Saturating: a sender picks `ts`, and i64::MIN must not overflow.
     let skew = now_s.saturating_sub(ts);
     if skew.unsigned_abs() > tolerance_s {

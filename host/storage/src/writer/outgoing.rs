@@ -123,8 +123,14 @@ impl Tables<'_> {
         let Some(mut rec) = self.delivery(seq)? else {
             return Ok(None);
         };
+        // A dead delivery replayed gets its whole schedule again; one still
+        // being retried is only tried now, its attempts kept (they were
+        // reset too, so each call put off its dead-lettering and the
+        // attempt numbers in the logs started over: a probe).
+        if rec.status == DeliveryStatus::Dead {
+            rec.attempts = 0;
+        }
         rec.status = DeliveryStatus::Pending;
-        rec.attempts = 0;
         // Never the due time it had: an attempt in flight tells a retry by
         // it (`delivery_attempted`), so 1 ms later when it was now.
         let now = now_ms();
