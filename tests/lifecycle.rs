@@ -311,6 +311,12 @@ async fn cpu_memory_and_wall_limits_stop_only_the_offender() {
     let r = api.op("kit", "hog", json!({"op": "alloc", "mb": 64})).await;
     assert_eq!(r.status, 500);
     assert_eq!(r.code(), "memory_limit_exceeded", "{}", r.json);
+    // With the limit, not only what was asked (which read as the limit).
+    let message = r.json["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("passes the limit of") && message.contains("config.max_memory_bytes"),
+        "{message}"
+    );
     assert_eq!(
         api.op("kit", "hog", json!({"op": "alloc", "mb": 4}))
             .await

@@ -166,6 +166,17 @@ impl ResourceLimiter for GuestLimits {
                  to that was refused"
             )));
         }
+        // Past the limit while running: said with the limit (wasmtime's
+        // "forcing trap when growing memory to 64552960 bytes" read as if
+        // that were the limit; a probe). The words "growing memory" are
+        // what trap reports key on.
+        let allowed = allowed.map_err(|_| {
+            wasmtime::Error::msg(format!(
+                "growing memory to {desired} bytes passes the limit of {} bytes (the type's \
+                 config.max_memory_bytes)",
+                self.max_memory
+            ))
+        });
         if !allowed? {
             return Ok(false);
         }

@@ -279,7 +279,7 @@ impl Instance {
             Ok(Ok(r)) => r,
             Ok(Err(trap)) => Err(format!(
                 "compiling the module stopped the engine: {}",
-                trap.root_cause()
+                trap_message(&trap)
             )),
             Err(_) => Err("compiling the module took too long".into()),
         }
