@@ -407,6 +407,14 @@ async fn messages_state_events_listing_and_delete() {
     assert_eq!(info.status, 200);
     assert_eq!(info.json["status"], "active");
     assert_eq!(info.json["turns"], 5);
+    // A turn that writes nothing counts too (only committed ones did).
+    let r = api
+        .op("kit", "alice", json!({"op": "get", "key": "n"}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let again = api.get("/v1/actors/kit/alice").await.json;
+    assert_eq!(again["turns"], 6, "{again}");
+    assert!(again["last_turn_at_ms"].as_u64() >= info.json["last_turn_at_ms"].as_u64());
     assert_eq!(info.json["version"], 1);
     assert_eq!(info.json["last_event_seq"], 2);
     assert_eq!(info.json["state_keys"], 2);
@@ -832,12 +840,10 @@ async fn failed_turns_commit_nothing() {
         json!([])
     );
     let info = api.get("/v1/actors/kit/a").await.json;
-    // `turns` counts committed turns: the set. Failed turns commit nothing,
-    // and read-only turns need no commit.
-    assert_eq!(
-        info["turns"], 1,
-        "failed turns are not counted as committed"
-    );
+    // `turns` counts the turns that succeeded: the set and the read (read
+    // and write-free turns were not counted; a probe). Failed turns do not
+    // count: they commit nothing.
+    assert_eq!(info["turns"], 2, "failed turns are not counted");
 
     // Statuses chosen by the actor pass through; a capability refusing a
     // call answers with a clear error instead of trapping.

@@ -152,9 +152,17 @@ impl ActorTask {
     /// A turn that changed nothing commits nothing; the blobs it stored and
     /// then let go (a child script's files, rolled back when it threw) are
     /// removed now. They stayed on disk, counted by no quota, until the
-    /// hourly sweep (found by a probe: 26 MB from ten such turns).
-    fn forget_unchanged(&self, finished: FinishedTurn) {
+    /// hourly sweep (found by a probe: 26 MB from ten such turns). It is
+    /// a turn all the same: counted in the activity statistics (kept in
+    /// memory, written with the record's next durable change), which
+    /// counted only turns that committed (a probe).
+    fn forget_unchanged(&mut self, finished: FinishedTurn) {
         crate::sandbox::release_blobs(self.env.storage.clone(), finished.blob_holds);
+        if let Some(record) = self.record.as_mut() {
+            record.turns += 1;
+            record.last_turn_at_ms = now_ms();
+            self.shared.note_turn(record.turns, record.last_turn_at_ms);
+        }
     }
 
     /// The idempotency record for `key`: pending in memory (with the seq
