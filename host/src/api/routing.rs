@@ -293,10 +293,10 @@ pub(super) async fn route(State(s): State<AppState>, req: Request, next: Next) -
                             StatusCode::SERVICE_UNAVAILABLE,
                             "owner_left",
                             format!(
-                                "actor {key} lives on node `{node_id}`, which left the cluster while \
-                                 this request waited for it; whether the message ran there is \
-                                 unknown. Send it again with an Idempotency-Key to have it \
-                                 applied once"
+                                "actor {key} lives on node `{node_id}`, whose lease lapsed while \
+                                 this request waited for it (it stopped, paused or was cut off); \
+                                 whether the message ran there is unknown. Send it again with an \
+                                 Idempotency-Key to have it applied once"
                             ),
                         );
                         e.retry_after = Some(1);

@@ -30,6 +30,13 @@ where
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(2));
             }
+            // One sentence first (it ended on the raw gRPC error alone).
+            Err(e) if unreachable(&e) => {
+                return Err(e.context(format!(
+                    "{what}: etcd could not be reached for {STARTUP_PATIENCE:?}; giving up (is \
+                     it running, and are the `etcd` endpoints of [cluster] right?)"
+                )));
+            }
             result => return result,
         }
     }

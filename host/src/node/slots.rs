@@ -297,6 +297,8 @@ impl Node {
                 }
                 keys.len()
             }
+            // Stopping (a SIGTERM while the node started): no fault.
+            Err(crate::storage::StorageError::ShuttingDown) => 0,
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the inboxes of actors to start");
                 0
