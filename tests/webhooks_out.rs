@@ -192,10 +192,15 @@ fn check_signature(secret: &str, r: &Received) {
 }
 
 async fn fast_retry_node(config: Option<&str>) -> (tempfile::TempDir, Marmot, Api) {
+    retry_node("40", config).await
+}
+
+/// A node whose outbound retries start `base_ms` apart, with `kit`.
+async fn retry_node(base_ms: &str, config: Option<&str>) -> (tempfile::TempDir, Marmot, Api) {
     let dir = tempdir();
     let m = Marmot::start_opts(
         &dir.path().join("data"),
-        &[("MARMOT_WEBHOOK_RETRY_BASE_MS", "40")],
+        &[("MARMOT_WEBHOOK_RETRY_BASE_MS", base_ms)],
         config,
     )
     .await;
@@ -316,16 +321,8 @@ async fn dead_letters_are_kept_and_can_be_replayed() {
 async fn retrying_a_pending_delivery_now_keeps_its_attempts() {
     let rx = Receiver::start().await;
     rx.state.status.store(503, Ordering::SeqCst);
-    let dir = tempdir();
     // The second attempt would be a minute away.
-    let m = Marmot::start_opts(
-        &dir.path().join("data"),
-        &[("MARMOT_WEBHOOK_RETRY_BASE_MS", "60000")],
-        None,
-    )
-    .await;
-    let api = m.client();
-    assert_eq!(api.deploy("kit", TESTKIT, json!({})).await.status, 201);
+    let (_dir, _m, api) = retry_node("60000", None).await;
     assert_eq!(
         subscribe(&api, "all", json!({"url": rx.url})).await.status,
         201

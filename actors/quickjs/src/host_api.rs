@@ -439,7 +439,6 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
             },
         )?,
     )?;
-    h.set("httpFetch", Function::new(ctx.clone(), http_fetch)?)?;
     h.set("httpStart", Function::new(ctx.clone(), http_start)?)?;
     h.set("httpWaitAny", Function::new(ctx.clone(), http_wait_any)?)?;
     h.set("httpFinish", Function::new(ctx.clone(), http_finish)?)?;
@@ -655,22 +654,6 @@ fn http_answer<'js>(ctx: &Ctx<'js>, answer: http::Response) -> Result<Array<'js>
     out.set(1, hs)?;
     out.set(2, TypedArray::new(ctx.clone(), answer.body)?)?;
     Ok(out)
-}
-
-/// A fetch, waited for.
-fn http_fetch<'js>(
-    ctx: Ctx<'js>,
-    method: String,
-    url: String,
-    headers: Vec<Vec<String>>,
-    body: Option<TypedArray<'js, u8>>,
-    timeout_ms: Option<f64>,
-) -> Result<Array<'js>> {
-    let req = http_request(&ctx, method, url, headers, body, timeout_ms)?;
-    match http::fetch(&req) {
-        Ok(answer) => http_answer(&ctx, answer),
-        Err(e) => throw(&ctx, "fetch", e),
-    }
 }
 
 /// A fetch started without waiting: its handle.

@@ -612,16 +612,16 @@ impl http::Host for Host {
                 "a turn may stream at most {MAX_OPEN_STREAMS} response bodies at once"
             ))));
         }
-        let started = std::time::Instant::now();
-        let key = self.enter(Cap::Http)?.key.clone();
-        let (access, request, scrub) = match begin(self, req)? {
-            Ok(x) => x,
-            Err(e) => {
-                if let Some(access) = &self.http {
-                    record(access, &key, started, prepare_outcome(&e), Some(&e));
-                }
-                return Ok(Err(e));
-            }
+        let Begun {
+            access,
+            request,
+            scrub,
+            key,
+            started,
+            cap: _,
+        } = match self.begin_fetch(req)? {
+            Ok(begun) => begun,
+            Err(e) => return Ok(Err(e)),
         };
         // A stream's timeout bounds the wait for a place, then its head
         // and each of its chunks (not shortened by the wait: it is the
