@@ -314,25 +314,7 @@ pub struct Catalog {
     types: RwLock<HashMap<String, Arc<TypeEntry>>>,
     /// Serializes deploys and deletes.
     pub(crate) deploy_lock: tokio::sync::Mutex<()>,
-    /// Types deleted while this process ran, newest last: what a peer
-    /// catching up learns was deleted while it was away.
-    deleted: std::sync::Mutex<std::collections::VecDeque<DeletedType>>,
 }
-
-/// A type deleted here: the version it had, by number and code.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct DeletedType {
-    /// Its name.
-    #[serde(rename = "type")]
-    pub ty: String,
-    /// Its latest version then.
-    pub version: u32,
-    /// That version's code's SHA-256 (hex).
-    pub sha256: String,
-}
-
-/// Deleted types remembered, at most.
-const DELETED_KEPT: usize = 1_000;
 
 impl Catalog {
     /// Load every type record (code is compiled lazily).
@@ -385,39 +367,6 @@ impl Catalog {
             e.deleted.store(true, Ordering::Release);
         }
         entry
-    }
-
-    /// `entry` (taken out by [`Self::remove`]) is deleted for good.
-    pub(crate) fn record_deleted(&self, entry: &TypeEntry) {
-        let Some(v) = entry.version(entry.latest_version()) else {
-            return;
-        };
-        let mut deleted = self.deleted.lock().unwrap_or_else(|p| p.into_inner());
-        if deleted.len() == DELETED_KEPT {
-            deleted.pop_front();
-        }
-        deleted.push_back(DeletedType {
-            ty: entry.name().to_owned(),
-            version: v.version,
-            sha256: v.sha256.clone(),
-        });
-    }
-
-    /// Types deleted while this process ran, oldest first.
-    pub fn deleted(&self) -> Vec<DeletedType> {
-        let deleted = self.deleted.lock().unwrap_or_else(|p| p.into_inner());
-        deleted.iter().cloned().collect()
-    }
-
-    /// Whether `gone` names this very type as this node has it: the same
-    /// latest version, with the same code. (A type of that name deployed
-    /// again since is another, and stays.)
-    pub fn is_the_deleted(&self, gone: &DeletedType) -> bool {
-        self.get(&gone.ty).is_some_and(|e| {
-            e.latest_version() == gone.version
-                && e.version(gone.version)
-                    .is_some_and(|v| v.sha256 == gone.sha256)
-        })
     }
 
     /// Put back a type [`Self::remove`] took out (its delete was refused).

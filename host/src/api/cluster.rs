@@ -73,11 +73,7 @@ pub(super) async fn catalog(State(s): State<AppState>) -> Result<Response, ApiEr
         })
         .collect();
     let shared = s.node.shared_state()?;
-    let deleted = s.node.catalog().deleted();
-    Ok(
-        axum::Json(serde_json::json!({ "types": types, "deleted": deleted, "shared": shared }))
-            .into_response(),
-    )
+    Ok(axum::Json(serde_json::json!({ "types": types, "shared": shared })).into_response())
 }
 
 /// Catch up with what changed while this node was away: take the catalog
@@ -154,24 +150,6 @@ async fn catch_up(
                     tracing::error!(peer = %peer.node_id, ty, error = %e,
                         "cannot install a type of the cluster's catalog; it is not served here until it is deployed again");
                 }
-            }
-        }
-        // Deleted while this node was away: the peer remembers, for as
-        // long as it has run, which version of which type it deleted;
-        // this node deletes its copy if it is that very one (a type of
-        // the name deployed again since is not). A type deleted while a
-        // node was down stayed there for good, and served (a probe).
-        let deleted: Vec<crate::catalog::DeletedType> =
-            serde_json::from_value(body["deleted"].take()).unwrap_or_default();
-        for gone in deleted.iter().filter(|g| node.catalog().is_the_deleted(g)) {
-            match node.delete_type(&gone.ty, true).await {
-                Ok(actors) => {
-                    changed += 1;
-                    tracing::info!(peer = %peer.node_id, ty = %gone.ty, actors,
-                        "deleted a type the cluster deleted while this node was away");
-                }
-                Err(e) => tracing::error!(peer = %peer.node_id, ty = %gone.ty, error = %e,
-                    "cannot delete a type the cluster deleted while this node was away"),
             }
         }
         let shared: crate::node::SharedState = serde_json::from_value(body["shared"].take())

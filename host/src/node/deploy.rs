@@ -416,9 +416,6 @@ impl Node {
             }
             Err(e) => return Err(e.into()),
         };
-        if let Some(entry) = &removed {
-            self.catalog.record_deleted(entry);
-        }
         // Their event streams end, as a single actor's do when it is
         // deleted (they went on, and followed a new actor of the same name
         // from where the old log had been, skipping its first events).
