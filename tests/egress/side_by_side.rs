@@ -55,7 +55,8 @@ impl Drop for InFlight {
     }
 }
 
-/// `/slow?ms=N` answers `slow` after N ms; `/hang` answers after a minute.
+/// `/slow?ms=N` answers `slow` after N ms; `/hang` answers after a minute;
+/// `/big?mb=N` answers N MiB at once.
 async fn serve(seen: Arc<Seen>) -> u16 {
     let listener = tokio::net::TcpListener::bind((SERVER_IP, 0)).await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -67,6 +68,17 @@ async fn serve(seen: Arc<Seen>) -> u16 {
                     let seen = seen.clone();
                     async move {
                         let mut guard = InFlight::new(&seen);
+                        if req.uri().path() == "/big" {
+                            guard.answered = true;
+                            let mb: usize = req
+                                .uri()
+                                .query()
+                                .and_then(|q| q.strip_prefix("mb="))
+                                .and_then(|v| v.parse().ok())
+                                .unwrap_or(1);
+                            let body = Bytes::from(vec![b'x'; mb << 20]);
+                            return Ok(hyper::Response::new(Full::new(body)));
+                        }
                         let ms = match req.uri().path() {
                             "/hang" => 60_000,
                             _ => req
@@ -76,6 +88,9 @@ async fn serve(seen: Arc<Seen>) -> u16 {
                                 .and_then(|v| v.parse().ok())
                                 .unwrap_or(0),
                         };
+                        // The whole request first (an answer before it
+                        // closed the connection on a body being sent).
+                        let _ = http_body_util::BodyExt::collect(req.into_body()).await;
                         tokio::time::sleep(Duration::from_millis(ms)).await;
                         guard.answered = true;
                         Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from_static(
@@ -232,5 +247,70 @@ async fn rust_send_all_runs_requests_side_by_side() {
             .contains("does not allow"),
         "{}",
         r.json
+    );
+}
+
+const BOUNDED: &str = r#"export default {
+  async onMessage(body) {
+    const base = body.base;
+    const settled = async (all) =>
+      (await Promise.allSettled(all)).map((s) => (s.status === "fulfilled" ? "ok" : String(s.reason.message)));
+    if (body.op === "lanes") return settled([1, 2, 3, 4, 5, 6].map(() => fetch(`${base}/slow?ms=300`)));
+    if (body.op === "bodies") {
+      const big = new Uint8Array(4 << 20);
+      return settled([...Array(9).keys()].map(() => fetch(`${base}/slow?ms=200`, { method: "POST", body: big })));
+    }
+    return settled([1, 2].map(() => fetch(`${base}/big?mb=6`).then((r) => r.arrayBuffer())));
+  },
+};
+"#;
+
+/// What a turn's fetches side by side may take, each found by a re-probe:
+/// a quarter of the type's places at once (one actor's `Promise.all` held
+/// every place, and a neighbour's fetch waited 11.6 s), request bodies up
+/// to the actor's memory limit (64 slow 4 MiB POSTs held 256 MB), and
+/// answers that together fit what one fetch may hand over (four 10 MiB
+/// answers trapped the sandbox past any `catch`; now the one that does not
+/// fit rejects).
+#[tokio::test]
+async fn fetches_side_by_side_are_bounded() {
+    let seen = Arc::new(Seen::default());
+    let (_dir, _node, api, base) = node(&seen).await;
+    let mut config = type_config();
+    config["http_concurrency"] = json!(8);
+    let manifest = json!({ "kind": "js", "code": BOUNDED, "config": config });
+    let r = api.deploy_manifest("bounded", &manifest).await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    let run = |op: &'static str| {
+        let (api, base) = (api.clone(), base.clone());
+        async move {
+            let r = api
+                .post_json("/v1/actors/bounded/a", &json!({ "base": base, "op": op }))
+                .await;
+            assert_eq!(r.status, 200, "{op}: {}", r.json);
+            r.json
+        }
+    };
+    // Eight places for the type: two for one turn.
+    assert_eq!(
+        run("lanes").await,
+        json!(["ok", "ok", "ok", "ok", "ok", "ok"])
+    );
+    assert_eq!(seen.most.load(Ordering::SeqCst), 2);
+    // 8 × 4 MiB (the most one request may send) of request bodies under
+    // way, in a 32 MiB actor: the ninth is refused.
+    let r = run("bodies").await;
+    assert_eq!(r.as_array().unwrap()[..8], vec![json!("ok"); 8], "{r}");
+    let ninth = r[8].as_str().unwrap();
+    assert!(ninth.contains("bytes of request bodies"), "{r}");
+    // Two 6 MiB answers side by side, where one fetch may hand over a
+    // third of 32 MiB: the second is refused, and the turn goes on.
+    let r = run("answers").await;
+    let (ok, refused): (Vec<&Value>, Vec<&Value>) =
+        r.as_array().unwrap().iter().partition(|a| *a == "ok");
+    assert_eq!((ok.len(), refused.len()), (1, 1), "{r}");
+    assert!(
+        refused[0].as_str().unwrap().contains("side by side share"),
+        "{r}"
     );
 }

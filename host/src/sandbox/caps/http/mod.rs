@@ -93,6 +93,13 @@ impl HttpGrant {
         }
     }
 
+    /// How many of one turn's started fetches may be in flight at once: a
+    /// quarter of the type's places, so that one actor's `Promise.all`
+    /// leaves room for its neighbours.
+    fn turn_lanes(&self) -> usize {
+        (self.concurrency as usize / 4).max(1)
+    }
+
     /// Whether the type may reach `url`'s host.
     fn allows(&self, url: &Url) -> Result<(), EgressError> {
         let host = url
@@ -484,29 +491,35 @@ impl Host {
                 return Ok(Err(e));
             }
         };
-        // A body the guest's memory cannot take trapped it (a 12 MB body
-        // in a JavaScript actor's 32 MiB, found by a probe), which it
-        // cannot catch: it fails as a fetch instead, past a share of the
-        // memory limit: the body is copied into it, and a script makes a
-        // string of it too (a third: 12 MB took 2.4 times as much); half
-        // for other guests. (Of the limit, not of what the memory may
-        // still grow by: memory grown once is free again inside.)
-        let share = if self.js_module.is_some() { 3 } else { 2 };
         Ok(Ok(Begun {
             access,
             request,
             scrub,
             key,
             started,
-            cap: self.limits.max_memory() / share,
+            cap: self.body_cap(),
         }))
+    }
+
+    /// The most body bytes one fetch hands the guest. A body the guest's
+    /// memory cannot take trapped it (a 12 MB body in a JavaScript actor's
+    /// 32 MiB, found by a probe), which it cannot catch: it fails as a
+    /// fetch instead, past a share of the memory limit: the body is copied
+    /// into it, and a script makes a string of it too (a third: 12 MB took
+    /// 2.4 times as much); half for other guests. (Of the limit, not of
+    /// what the memory may still grow by: memory grown once is free again
+    /// inside.)
+    fn body_cap(&self) -> usize {
+        let share = if self.js_module.is_some() { 3 } else { 2 };
+        self.limits.max_memory() / share
     }
 }
 
 impl Begun {
     /// Send it and read the answer, within the request's timeout (the
-    /// wait for the type's permit included); counted.
-    async fn send(self) -> Result<http::Response, GuestError> {
+    /// waits for one of the turn's `lanes`, if it started side by side,
+    /// and for the type's permit included); counted.
+    async fn send(self, lanes: Option<Arc<Semaphore>>) -> Result<http::Response, GuestError> {
         let Begun {
             access,
             mut request,
@@ -515,23 +528,33 @@ impl Begun {
             started,
             cap,
         } = self;
-        let sent = match access.grant.permit(request.timeout).await {
-            Ok((_permit, waited)) => {
-                request.timeout = request
-                    .timeout
-                    .saturating_sub(waited)
-                    .max(Duration::from_millis(1));
-                let grant = access.grant.clone();
-                let allowed = move |url: &Url| grant.allows(url);
-                let why = "a share of this actor's memory limit, config.max_memory_bytes: \
-                           raise that, or from Rust read the body with fetch-stream";
-                access
-                    .egress
-                    .fetch_within(request, &allowed, &scrub, Some((cap, why)))
-                    .await
-            }
-            Err(e) => Err(e),
-        };
+        let sent = async {
+            let _lane = match lanes {
+                Some(lanes) => {
+                    let (lane, waited) = lane(lanes, request.timeout).await?;
+                    request.timeout = request
+                        .timeout
+                        .saturating_sub(waited)
+                        .max(Duration::from_millis(1));
+                    Some(lane)
+                }
+                None => None,
+            };
+            let (_permit, waited) = access.grant.permit(request.timeout).await?;
+            request.timeout = request
+                .timeout
+                .saturating_sub(waited)
+                .max(Duration::from_millis(1));
+            let grant = access.grant.clone();
+            let allowed = move |url: &Url| grant.allows(url);
+            let why = "a share of this actor's memory limit, config.max_memory_bytes: \
+                       raise that, or from Rust read the body with fetch-stream";
+            access
+                .egress
+                .fetch_within(request, &allowed, &scrub, Some((cap, why)))
+                .await
+        }
+        .await;
         match sent {
             Ok(r) => {
                 record(&access, &key, started, "ok", None);
@@ -551,37 +574,70 @@ impl Begun {
     }
 }
 
+/// One of a turn's places for fetches in flight, waited for no longer than
+/// `timeout`; how long it waited.
+async fn lane(
+    lanes: Arc<Semaphore>,
+    timeout: Duration,
+) -> Result<(tokio::sync::OwnedSemaphorePermit, Duration), EgressError> {
+    let started = std::time::Instant::now();
+    let places = lanes.available_permits();
+    match tokio::time::timeout(timeout, lanes.acquire_owned()).await {
+        Ok(Ok(permit)) => Ok((permit, started.elapsed())),
+        Ok(Err(_)) => Err(EgressError::Failed("the turn's requests were shut".into())),
+        Err(_) => Err(EgressError::Overloaded(format!(
+            "this turn's fetches in flight (a quarter of its type's config.http_concurrency; \
+             {places} free when this one started) took the whole timeout of {} ms: none was sent",
+            timeout.as_millis()
+        ))),
+    }
+}
+
 impl http::Host for Host {
     async fn fetch(
         &mut self,
         req: http::Request,
     ) -> wasmtime::Result<Result<http::Response, GuestError>> {
         Ok(match self.begin_fetch(req)? {
-            Ok(begun) => begun.send().await,
+            Ok(begun) => begun.send(None).await,
             Err(e) => Err(e),
         })
     }
 
     async fn start(&mut self, req: http::Request) -> wasmtime::Result<Result<u32, GuestError>> {
-        if self.enter(Cap::Http)?.http.started.len() >= started::MAX_STARTED {
+        let body = req.body.as_ref().map_or(0, Vec::len);
+        let max_bodies = self.limits.max_memory();
+        let started = &self.enter(Cap::Http)?.http.started;
+        if started.len() >= started::MAX_STARTED {
             return Ok(Err(GuestError::LimitExceeded(format!(
                 "a turn may have at most {} fetches started and not finished",
                 started::MAX_STARTED
+            ))));
+        }
+        let held = started.body_bytes();
+        if held.saturating_add(body) > max_bodies {
+            return Ok(Err(GuestError::LimitExceeded(format!(
+                "the fetches under way hold {held} bytes of request bodies; with this one's \
+                 {body} that passes this actor's memory limit ({max_bodies} bytes, \
+                 config.max_memory_bytes): await some first"
             ))));
         }
         let begun = match self.begin_fetch(req)? {
             Ok(begun) => begun,
             Err(e) => return Ok(Err(e)),
         };
+        let lanes = begun.access.grant.turn_lanes();
         let turn = self.enter(Cap::Http)?;
-        let (handle, report) = turn.http.started.next();
+        let (handle, report, lanes) = turn.http.started.next(lanes);
         let task = tokio::spawn(
             async move {
-                let _ = report.send((handle, begun.send().await));
+                let _ = report.send((handle, begun.send(Some(lanes)).await));
             }
             .instrument(tracing::Span::current()),
         );
-        turn.http.started.under_way(handle, task.abort_handle());
+        turn.http
+            .started
+            .under_way(handle, task.abort_handle(), body);
         Ok(Ok(handle))
     }
 
@@ -599,7 +655,13 @@ impl http::Host for Host {
         &mut self,
         handle: u32,
     ) -> wasmtime::Result<Result<http::Response, GuestError>> {
-        Ok(self.enter(Cap::Http)?.http.started.finish(handle).await)
+        let cap = self.body_cap();
+        Ok(self
+            .enter(Cap::Http)?
+            .http
+            .started
+            .finish(handle, cap)
+            .await)
     }
 
     async fn fetch_stream(
