@@ -1786,6 +1786,34 @@ async fn a_node_whose_advertised_address_reaches_nothing_is_refused() {
         )) && log.contains(&format!("listener on 127.0.0.1:{port}")),
         "{log}"
     );
+    // Nor one where something else answers (another node's address, a
+    // config copied unchanged, joined and stalled the cluster: a
+    // re-probe).
+    // (A thread: the wait below blocks this test's runtime.)
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let elsewhere = other.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        while let Ok((mut conn, _)) = other.accept() {
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
+        }
+    });
+    let config = one_node_config(&etcd, "n1", port).replace(
+        &format!("http://127.0.0.1:{port}"),
+        &format!("http://127.0.0.1:{elsewhere}"),
+    );
+    let mut node =
+        common::Marmot::spawn_on(port, &dir.path().join("n1b"), &[MASTER_KEY], Some(&config));
+    assert!(
+        node.wait_exit(Duration::from_secs(30)),
+        "it ran: {}",
+        node.log_text()
+    );
+    let log = node.log_text();
+    assert!(log.contains("something else answers there"), "{log}");
 }
 
 /// A node whose admin token differs from the cluster's nodes' is refused

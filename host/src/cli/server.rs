@@ -205,7 +205,7 @@ async fn start_node(
     listener: &tokio::net::TcpListener,
 ) -> anyhow::Result<Arc<Node>> {
     if let Some(cluster) = &config.cluster {
-        crate::cluster::check_advertise(&cluster.advertise, listener.local_addr()?).await?;
+        crate::cluster::check_advertise(&cluster.advertise, listener).await?;
     }
     Node::start(config).await
 }
