@@ -216,7 +216,7 @@ async fn javascript_errors_are_clear_and_commit_nothing() {
         // It read as "none of the handlers".
         (
             "export default { onMessage: 5 };",
-            "`onMessage` of the default export must be a function, not int",
+            "`onMessage` of the default export must be a function, not a number",
         ),
         (
             "export default { get onMessage() { throw new RangeError('lazy'); } };",

@@ -279,9 +279,12 @@ impl Engine {
                 })?;
                 // (`onMessage: 5` read as "none of the handlers".)
                 if !handler.is_function() && !handler.is_undefined() && !handler.is_null() {
+                    let what = match handler.type_name() {
+                        "int" | "float" => "number",
+                        other => other,
+                    };
                     return Err(format!(
-                        "`{name}` of the default export must be a function, not {}",
-                        handler.type_name()
+                        "`{name}` of the default export must be a function, not a {what}"
                     ));
                 }
                 any |= handler.is_function();

@@ -92,7 +92,11 @@ fn signed_by(headers: &HeaderMap) -> Result<Signed<'_>, VerifyError> {
             v.to_str()
                 .ok()
                 .map(str::trim)
-                .filter(|v| !v.is_empty() && v.len() <= super::MAX_ID)
+                .filter(|v| {
+                    !v.is_empty()
+                        && v.len() <= super::MAX_ID
+                        && v.bytes().all(|b| b.is_ascii_graphic())
+                })
                 .ok_or(VerifyError::BadId)?,
         ),
     };
@@ -289,6 +293,11 @@ mod tests {
                 false,
             ),
             (axum::http::HeaderValue::from_static("   "), false),
+            (
+                axum::http::HeaderValue::from_static("id with spaces"),
+                false,
+            ),
+            (axum::http::HeaderValue::from_static("a\tb"), false),
         ] {
             let mut headers = HeaderMap::new();
             let key = String::from_utf8_lossy(id.as_bytes()).into_owned();

@@ -33,13 +33,15 @@ pub enum VerifyError {
     #[error("incomplete Standard Webhooks headers: {0} is missing")]
     Missing(&'static str),
     /// The id is empty, not visible ASCII, or too long to be a key.
-    #[error("webhook-id must be 1 to {MAX_ID} visible ASCII characters")]
+    #[error("webhook-id must be 1 to {MAX_ID} visible ASCII characters (no spaces)")]
     BadId,
     /// The timestamp is not a number.
     #[error("webhook-timestamp is not a Unix timestamp")]
     BadTimestamp,
     /// The timestamp is in milliseconds (it was "-1794887173810 s away").
-    #[error("webhook-timestamp looks like milliseconds; Standard Webhooks sends seconds")]
+    #[error(
+        "webhook-timestamp looks like milliseconds (or finer); Standard Webhooks sends seconds"
+    )]
     Milliseconds,
     /// Too old or too far in the future.
     #[error("webhook-timestamp is {0} s away from this node's clock (tolerance {1} s)")]
