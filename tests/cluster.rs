@@ -1767,19 +1767,25 @@ async fn a_node_whose_advertised_address_reaches_nothing_is_refused() {
     let Some(etcd) = Etcd::start(dir.path()) else {
         return;
     };
-    let (port, nowhere) = (common::free_port(), common::free_port());
-    let config = one_node_config(&etcd, "n1", port).replace(
-        &format!("http://127.0.0.1:{port}"),
-        &format!("http://127.0.0.1:{nowhere}"),
-    );
-    let mut node =
-        common::Marmot::spawn_on(port, &dir.path().join("n1"), &[MASTER_KEY], Some(&config));
-    assert!(
-        node.wait_exit(Duration::from_secs(30)),
-        "it ran: {}",
+    let port = common::free_port();
+    // The log of a node on `port` that advertises `advertise_port`, once it
+    // has exited (it must).
+    let refused = |data: &str, advertise_port: u16| {
+        let config = one_node_config(&etcd, "n1", port).replace(
+            &format!("http://127.0.0.1:{port}"),
+            &format!("http://127.0.0.1:{advertise_port}"),
+        );
+        let mut node =
+            common::Marmot::spawn_on(port, &dir.path().join(data), &[MASTER_KEY], Some(&config));
+        assert!(
+            node.wait_exit(Duration::from_secs(30)),
+            "it ran: {}",
+            node.log_text()
+        );
         node.log_text()
-    );
-    let log = node.log_text();
+    };
+    let nowhere = common::free_port();
+    let log = refused("n1", nowhere);
     assert!(
         log.contains(&format!(
             "cluster.advertise `http://127.0.0.1:{nowhere}` does not reach this node"
@@ -1788,8 +1794,7 @@ async fn a_node_whose_advertised_address_reaches_nothing_is_refused() {
     );
     // Nor one where something else answers (another node's address, a
     // config copied unchanged, joined and stalled the cluster: a
-    // re-probe).
-    // (A thread: the wait below blocks this test's runtime.)
+    // re-probe). (A thread: the wait above blocks this test's runtime.)
     let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let elsewhere = other.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -1801,18 +1806,7 @@ async fn a_node_whose_advertised_address_reaches_nothing_is_refused() {
                 .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
         }
     });
-    let config = one_node_config(&etcd, "n1", port).replace(
-        &format!("http://127.0.0.1:{port}"),
-        &format!("http://127.0.0.1:{elsewhere}"),
-    );
-    let mut node =
-        common::Marmot::spawn_on(port, &dir.path().join("n1b"), &[MASTER_KEY], Some(&config));
-    assert!(
-        node.wait_exit(Duration::from_secs(30)),
-        "it ran: {}",
-        node.log_text()
-    );
-    let log = node.log_text();
+    let log = refused("n1b", elsewhere);
     assert!(log.contains("something else answers there"), "{log}");
 }
 

@@ -125,6 +125,13 @@ fn code(e: &HostError) -> &'static str {
     }
 }
 
+/// `what` refused because the module's default export has no `handler`,
+/// so `then`.
+fn without_handler<T>(ctx: &Ctx<'_>, what: &str, handler: &str, then: &str) -> Result<T> {
+    let why = format!("the module's default export has no `{handler}` handler, so {then}");
+    throw(ctx, what, HostError::Invalid(why))
+}
+
 fn throw<T>(ctx: &Ctx<'_>, what: &str, e: HostError) -> Result<T> {
     let code = code(&e);
     let exc = Exception::from_message(ctx.clone(), &format!("{what}: {}", describe(e)))?;
@@ -239,14 +246,11 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
              tz: Option<String>,
              payload: String| {
                 if !crate::engine::takes_alarms() {
-                    return throw(
+                    return without_handler(
                         &ctx,
                         "alarms.set",
-                        HostError::Invalid(
-                            "the module's default export has no `onAlarm` handler, so the \
-                             alarm could never run"
-                                .into(),
-                        ),
+                        "onAlarm",
+                        "the alarm could never run",
                     );
                 }
                 let schedule = match kind.as_str() {
@@ -313,14 +317,11 @@ pub fn install(ctx: &Ctx<'_>) -> Result<()> {
              schema: Option<String>,
              expires: Option<f64>| {
                 if !crate::engine::takes_inputs() {
-                    return throw(
+                    return without_handler(
                         &ctx,
                         "inputs.request",
-                        HostError::Invalid(
-                            "the module's default export has no `onInput` handler, so no \
-                             answer (nor the request's expiry) could reach it"
-                                .into(),
-                        ),
+                        "onInput",
+                        "no answer (nor the request's expiry) could reach it",
                     );
                 }
                 let req = inputs::InputRequest {
