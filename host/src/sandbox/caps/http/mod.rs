@@ -79,18 +79,20 @@ impl HttpGrant {
         &self,
         timeout: Duration,
     ) -> Result<(tokio::sync::OwnedSemaphorePermit, Duration), EgressError> {
-        let started = std::time::Instant::now();
-        let acquire = self.permits.clone().acquire_owned();
-        match tokio::time::timeout(timeout, acquire).await {
-            Ok(Ok(permit)) => Ok((permit, started.elapsed())),
-            Ok(Err(_)) => Err(EgressError::Failed("the type's requests were shut".into())),
-            Err(_) => Err(EgressError::Overloaded(format!(
-                "the type's {} requests in flight (its config.http_concurrency) took the whole \
-                 timeout of {} ms: none was sent",
-                self.concurrency,
-                timeout.as_millis()
-            ))),
-        }
+        place(
+            self.permits.clone(),
+            timeout,
+            "the type's requests were shut",
+            || {
+                format!(
+                    "the type's {} requests in flight (its config.http_concurrency) took the \
+                     whole timeout of {} ms: none was sent",
+                    self.concurrency,
+                    timeout.as_millis()
+                )
+            },
+        )
+        .await
     }
 
     /// How many of one turn's started fetches may be in flight at once: a
@@ -446,27 +448,7 @@ fn guest_error(e: EgressError) -> GuestError {
     }
 }
 
-/// The start of every fetch: the grant, the call's idempotency key, and the
-/// checked request with its placeholders substituted.
-fn begin(
-    host: &mut Host,
-    req: http::Request,
-) -> wasmtime::Result<Result<(HttpAccess, OutboundRequest, Scrub), GuestError>> {
-    let access = host.http.clone();
-    let turn = host.enter(Cap::Http)?;
-    let Some(access) = access else {
-        return Ok(Err(GuestError::Unsupported(
-            "outbound HTTP is not available in this sandbox".into(),
-        )));
-    };
-    let index = turn.http.fetches;
-    turn.http.fetches += 1;
-    let idempotency = idempotency_key(&turn.key, &turn.turn_id, index);
-    let mut scrub = Scrub::default();
-    Ok(prepare(&access, req, &idempotency, &mut scrub).map(|r| (access, r, scrub)))
-}
-
-/// A fetch [`begin`] checked, ready to send.
+/// A fetch [`Host::begin_fetch`] checked, ready to send.
 struct Begun {
     access: HttpAccess,
     request: OutboundRequest,
@@ -478,16 +460,27 @@ struct Begun {
 }
 
 impl Host {
-    /// [`begin`], with what sending needs besides; a refusal is counted.
+    /// The start of every fetch: the grant, the call's idempotency key,
+    /// and the checked request with its placeholders substituted, with
+    /// what sending needs besides; a refusal is counted.
     fn begin_fetch(&mut self, req: http::Request) -> wasmtime::Result<Result<Begun, GuestError>> {
         let started = std::time::Instant::now();
-        let key = self.enter(Cap::Http)?.key.clone();
-        let (access, request, scrub) = match begin(self, req)? {
-            Ok(x) => x,
+        let access = self.http.clone();
+        let turn = self.enter(Cap::Http)?;
+        let key = turn.key.clone();
+        let Some(access) = access else {
+            return Ok(Err(GuestError::Unsupported(
+                "outbound HTTP is not available in this sandbox".into(),
+            )));
+        };
+        let index = turn.http.fetches;
+        turn.http.fetches += 1;
+        let idempotency = idempotency_key(&turn.key, &turn.turn_id, index);
+        let mut scrub = Scrub::default();
+        let request = match prepare(&access, req, &idempotency, &mut scrub) {
+            Ok(request) => request,
             Err(e) => {
-                if let Some(access) = &self.http {
-                    record(access, &key, started, prepare_outcome(&e), Some(&e));
-                }
+                record(&access, &key, started, prepare_outcome(&e), Some(&e));
                 return Ok(Err(e));
             }
         };
@@ -528,23 +521,32 @@ impl Begun {
             started,
             cap,
         } = self;
+        // What is left of the request's timeout after a wait.
+        let left = |timeout: Duration, waited| {
+            timeout.saturating_sub(waited).max(Duration::from_millis(1))
+        };
         let sent = async {
             let _lane = match lanes {
                 Some(lanes) => {
-                    let (lane, waited) = lane(lanes, request.timeout).await?;
-                    request.timeout = request
-                        .timeout
-                        .saturating_sub(waited)
-                        .max(Duration::from_millis(1));
+                    let free = lanes.available_permits();
+                    let timeout = request.timeout;
+                    let (lane, waited) =
+                        place(lanes, timeout, "the turn's requests were shut", || {
+                            format!(
+                                "this turn's fetches in flight (a quarter of its type's \
+                                 config.http_concurrency; {free} free when this one started) \
+                                 took the whole timeout of {} ms: none was sent",
+                                timeout.as_millis()
+                            )
+                        })
+                        .await?;
+                    request.timeout = left(request.timeout, waited);
                     Some(lane)
                 }
                 None => None,
             };
             let (_permit, waited) = access.grant.permit(request.timeout).await?;
-            request.timeout = request
-                .timeout
-                .saturating_sub(waited)
-                .max(Duration::from_millis(1));
+            request.timeout = left(request.timeout, waited);
             let grant = access.grant.clone();
             let allowed = move |url: &Url| grant.allows(url);
             let why = "a share of this actor's memory limit, config.max_memory_bytes: \
@@ -574,22 +576,20 @@ impl Begun {
     }
 }
 
-/// One of a turn's places for fetches in flight, waited for no longer than
-/// `timeout`; how long it waited.
-async fn lane(
-    lanes: Arc<Semaphore>,
+/// One of `places` (the type's, or a turn's for its fetches side by side),
+/// waited for no longer than `timeout`; how long it waited. `shut` says
+/// why none can come, `full` why none came in time.
+async fn place(
+    places: Arc<Semaphore>,
     timeout: Duration,
+    shut: &str,
+    full: impl FnOnce() -> String,
 ) -> Result<(tokio::sync::OwnedSemaphorePermit, Duration), EgressError> {
     let started = std::time::Instant::now();
-    let places = lanes.available_permits();
-    match tokio::time::timeout(timeout, lanes.acquire_owned()).await {
+    match tokio::time::timeout(timeout, places.acquire_owned()).await {
         Ok(Ok(permit)) => Ok((permit, started.elapsed())),
-        Ok(Err(_)) => Err(EgressError::Failed("the turn's requests were shut".into())),
-        Err(_) => Err(EgressError::Overloaded(format!(
-            "this turn's fetches in flight (a quarter of its type's config.http_concurrency; \
-             {places} free when this one started) took the whole timeout of {} ms: none was sent",
-            timeout.as_millis()
-        ))),
+        Ok(Err(_)) => Err(EgressError::Failed(shut.into())),
+        Err(_) => Err(EgressError::Overloaded(full())),
     }
 }
 
