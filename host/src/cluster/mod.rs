@@ -385,19 +385,24 @@ impl Cluster {
     /// Slots this node owns whose joining node needs a snapshot:
     /// (slot, epoch, session).
     pub fn joining_slots(&self) -> Vec<(u32, u64, i64)> {
+        self.owned_slots(|slot, e| {
+            let r = &e.record;
+            r.joining
+                .is_some()
+                .then_some((slot, r.epoch, e.mod_revision))
+        })
+    }
+
+    /// What `pick` takes of each slot this node owns, in slot order.
+    fn owned_slots<T>(&self, mut pick: impl FnMut(u32, &view::SlotEntry) -> Option<T>) -> Vec<T> {
         let v = self.inner.view();
         let me = &self.inner.config.node_id;
         v.slots
             .iter()
             .enumerate()
             .filter_map(|(i, e)| {
-                let e = e.as_ref()?;
-                let r = &e.record;
-                (&r.owner == me && r.joining.is_some()).then_some((
-                    i as u32,
-                    r.epoch,
-                    e.mod_revision,
-                ))
+                let e = e.as_ref().filter(|e| &e.record.owner == me)?;
+                pick(i as u32, e)
             })
             .collect()
     }
@@ -503,35 +508,22 @@ impl Cluster {
     /// Slots this node owns (with their epochs) that `node` backs up or
     /// is catching up to.
     pub fn slots_backed_by(&self, node: &str) -> Vec<(u32, u64)> {
-        let v = self.inner.view();
-        let me = &self.inner.config.node_id;
-        v.slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, e)| {
-                let r = &e.as_ref()?.record;
-                let backs = r.backup.as_deref() == Some(node) || r.joining.as_deref() == Some(node);
-                (&r.owner == me && backs).then_some((i as u32, r.epoch))
-            })
-            .collect()
+        self.owned_slots(|slot, e| {
+            let r = &e.record;
+            let backs = r.backup.as_deref() == Some(node) || r.joining.as_deref() == Some(node);
+            backs.then_some((slot, r.epoch))
+        })
     }
 
     /// Slots this node owns and has used, and how many of them have no
     /// backup.
     pub fn owned_used(&self) -> (Vec<u32>, usize) {
-        let v = self.inner.view();
-        let me = &self.inner.config.node_id;
-        let mut slots = Vec::new();
         let mut degraded = 0;
-        for (i, e) in v.slots.iter().enumerate() {
-            if let Some(e) = e
-                && e.record.used
-                && &e.record.owner == me
-            {
-                slots.push(i as u32);
-                degraded += usize::from(e.record.backup.is_none());
-            }
-        }
+        let slots = self.owned_slots(|slot, e| {
+            let r = &e.record;
+            degraded += usize::from(r.used && r.backup.is_none());
+            r.used.then_some(slot)
+        });
         (slots, degraded)
     }
 
