@@ -112,7 +112,7 @@ impl ActorTask {
                 // read may come from turns still being committed: release
                 // the reply once those are durable. (The first turn of a
                 // new actor commits all the same: its record.)
-                self.forget_unchanged(finished);
+                self.finish_unchanged(finished);
                 self.release_when_durable(self.submitted_seq, Ok(out), reply);
             }
             Ok((out, finished)) => {
@@ -156,7 +156,7 @@ impl ActorTask {
     /// a turn all the same: counted in the activity statistics (kept in
     /// memory, written with the record's next durable change), which
     /// counted only turns that committed (a probe).
-    fn forget_unchanged(&mut self, finished: FinishedTurn) {
+    fn finish_unchanged(&mut self, finished: FinishedTurn) {
         crate::sandbox::release_blobs(self.env.storage.clone(), finished.blob_holds);
         if let Some(record) = self.record.as_mut() {
             record.turns += 1;
@@ -271,7 +271,7 @@ impl ActorTask {
                 );
             }
             Ok((TurnOutput::Eval(out), finished)) => {
-                self.forget_unchanged(finished);
+                self.finish_unchanged(finished);
                 self.release_when_durable(self.submitted_seq, Ok(out), reply)
             }
             Ok(_) => unreachable!("an eval turn returns an eval result"),
